@@ -1,0 +1,1 @@
+"""The ``device-loop`` command: client commands plus ``up``, ``coordinator``, ``exporter``."""

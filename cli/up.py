@@ -1,0 +1,91 @@
+"""``device-loop up``: a whole lab on this machine, in the foreground.
+
+A coordinator on SQLite in the data folder, an exporter for this host, and simulated
+boards ``sim-board-0`` and ``sim-board-1`` (plus the devices of ``--config``). Both run
+as child processes; Ctrl-C stops the exporter (which stops every service) and then the
+coordinator.
+"""
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import threading
+import tomllib
+from pathlib import Path
+
+import click
+import tomli_w
+
+from device_loop.coordinator.serve import default_data_dir
+from device_loop.core.ports import wait_port_open
+from device_loop.core.process import ProcessRegistry
+from device_loop.exporter.config import ConfigError, parse_config
+
+SIM_BOARDS = 2
+
+
+def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
+    """The exporter config of the local lab: simulated boards plus the user's devices."""
+    user: dict = {}
+    if config_path:
+        try:
+            user = tomllib.loads(Path(config_path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise click.ClickException(f"cannot use {config_path}: {exc}") from None
+    exporter = {"name": socket.gethostname().split(".")[0] or "local", **user.get("exporter", {}),
+                "coordinator": url, "state_dir": str(data_dir / "exporter")}
+    sims = [{"name": f"sim-board-{i}", "plugin": "sim", "class": "sim-board", "tags": ["sim"]}
+            for i in range(SIM_BOARDS)]
+    config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": sims + user.get("devices", [])}
+    try:
+        parse_config(config, config_path or "the lab config")
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    return config
+
+
+@click.command("up")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir,
+              show_default="~/.local/share/device-loop")
+@click.option("--port", default=7420, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
+              help="an exporter config whose devices join the lab (e.g. a real UART)")
+def up_command(data_dir: Path, port: int, config_path: str | None):
+    """Start a local lab: coordinator + exporter + simulated boards. Ctrl-C stops it."""
+    data_dir = data_dir.expanduser().resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    config = lab_config(data_dir, url, config_path)
+    config_file = data_dir / "exporter.toml"
+    config_file.write_text(tomli_w.dumps(config))
+
+    registry = ProcessRegistry(data_dir / "up")
+    registry.stop_leftovers()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+
+    run = [sys.executable, "-m", "device_loop.cli"]
+    coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port)],
+                                 name="coordinator")
+    children = [coordinator]
+    try:
+        if not wait_port_open("127.0.0.1", port, timeout=20) or not coordinator.alive():
+            raise click.ClickException(f"the coordinator did not start:\n{coordinator.output()[-2000:]}")
+        exporter = registry.spawn(run + ["exporter", "--config", str(config_file)], name="exporter")
+        children.insert(0, exporter)
+        devices = ", ".join(d["name"] for d in config["devices"])
+        click.echo(f"device-loop lab up (single-user trust mode: anyone on this machine may use it)\n"
+                   f"  coordinator  {url}  (SQLite in {data_dir})\n"
+                   f"  exporter     {config['exporter']['name']}  devices: {devices}\n"
+                   f"  logs         {registry.logs}\n"
+                   f"Try: device-loop ls; device-loop reserve sim-board-0 --wait\nCtrl-C stops the lab.")
+        while not stop.wait(0.5):
+            dead = [p for p in children if not p.alive()]
+            if dead:
+                raise click.ClickException(f"{dead[0].name} exited:\n{dead[0].output()[-2000:]}")
+    finally:
+        for proc in children:
+            proc.stop(grace=15)
+        click.echo("lab stopped")

@@ -1,0 +1,143 @@
+"""The client commands of ``device-loop``: ls, hosts, reserve, release, renew, status, log."""
+from __future__ import annotations
+
+import functools
+
+import click
+
+from device_loop.core.durations import parse_duration
+
+from .http import Coordinator, CoordinatorError
+from .lab import Lab, Lease, LeaseFailed
+from .output import emit, fail, lease_text, table, time_left
+
+json_option = click.option("--json", "as_json", is_flag=True, help="print JSON only (errors too)")
+
+
+def _ttl(ctx, param, value):
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def lab_command(func):
+    """Give the command a ``Lab`` and turn coordinator refusals into exit code 1."""
+
+    @functools.wraps(func)
+    @click.pass_obj
+    def wrapper(obj, *args, as_json=False, **kwargs):
+        lab = Lab(obj["coordinator"], obj["user"])
+        try:
+            return func(lab, *args, as_json=as_json, **kwargs)
+        except CoordinatorError as exc:
+            fail(as_json, exc.code, exc.message)
+        finally:
+            lab.api.close()
+
+    return wrapper
+
+
+def _my_lease(lab: Lab, target: str) -> Lease:
+    """A lease id, or the caller's live lease on a device name."""
+    if target.startswith("lease-"):
+        return lab.lease(target)
+    for lease in lab.my_leases():
+        if lease.data["device"] == target:
+            return lease
+    raise CoordinatorError("no_lease", f"you hold no lease on {target!r}")
+
+
+@click.command("ls")
+@json_option
+@lab_command
+def ls_command(lab: Lab, as_json: bool):
+    """List devices: class, state, host, holder and time left."""
+    def text(devices):
+        rows = [[d["name"], d["class"], d["state"], d["host"] or "-", d["holder"] or "-",
+                 time_left(d["expires_at"]), ",".join(sorted({r["kind"] for r in d["resources"]}))]
+                for d in devices]
+        return table(["NAME", "CLASS", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows) if rows else "no devices yet"
+    emit(as_json, lab.devices(), text)
+
+
+@click.command("hosts")
+@json_option
+@lab_command
+def hosts_command(lab: Lab, as_json: bool):
+    """List exporters: versions, plugins, heartbeat age."""
+    def text(hosts):
+        rows = [[h["name"], "online" if h["online"] else "OFFLINE", h["version"], f"p{h['protocol']}",
+                 f"{h['heartbeat_age_s']:.0f}s ago", ",".join(h["plugins"]["loaded"]) or "-",
+                 ",".join(s["name"] for s in h["plugins"]["skipped"]) or "-", str(len(h["devices"]))]
+                for h in hosts]
+        out = table(["HOST", "STATUS", "VERSION", "PROTO", "HEARTBEAT", "LOADED", "SKIPPED", "DEVICES"], rows)
+        skipped = [f"  {h['name']}: {s['name']}: {s['reason']}" for h in hosts for s in h["plugins"]["skipped"]]
+        return (out + ("\nskipped plugins:\n" + "\n".join(skipped) if skipped else "")) if rows else "no exporter has reported yet"
+    emit(as_json, lab.hosts(), text)
+
+
+@click.command("reserve")
+@click.argument("device")
+@click.option("--ttl", default="30m", show_default=True, callback=_ttl, help="90s, 30m, 2h, 1d")
+@click.option("--wait", is_flag=True, help="return once the endpoints are up")
+@click.option("--timeout", default="60s", show_default=True, callback=_ttl, help="how long --wait waits")
+@json_option
+@lab_command
+def reserve_command(lab: Lab, device: str, ttl: float, wait: bool, timeout: float, as_json: bool):
+    """Reserve DEVICE. Answers at once (pending) unless --wait."""
+    lease = lab.reserve(device, ttl)
+    if wait:
+        try:
+            lease.wait_ready(timeout)
+        except LeaseFailed as exc:
+            kept = f" (the lease is kept: device-loop release {lease.id})" if exc.code == "timeout" else ""
+            fail(as_json, exc.code, exc.message + kept)
+    emit(as_json, lease.data, lease_text)
+
+
+@click.command("release")
+@click.argument("target", metavar="LEASE|DEVICE")
+@json_option
+@lab_command
+def release_command(lab: Lab, target: str, as_json: bool):
+    """Release a lease (or your lease on a device)."""
+    emit(as_json, _my_lease(lab, target).release().data, lease_text)
+
+
+@click.command("renew")
+@click.argument("target", metavar="LEASE|DEVICE")
+@click.option("--ttl", default="30m", show_default=True, callback=_ttl, help="new time left, from now")
+@json_option
+@lab_command
+def renew_command(lab: Lab, target: str, ttl: float, as_json: bool):
+    """Extend a lease: it then expires TTL from now."""
+    emit(as_json, _my_lease(lab, target).renew(ttl).data, lease_text)
+
+
+@click.command("status")
+@click.argument("target", metavar="[LEASE|DEVICE]", required=False)
+@json_option
+@lab_command
+def status_command(lab: Lab, target: str | None, as_json: bool):
+    """Show a lease with its endpoints; without an argument, all of yours."""
+    if target:
+        emit(as_json, _my_lease(lab, target).data, lease_text)
+    else:
+        leases = [lease.data for lease in lab.my_leases()]
+        emit(as_json, leases, lambda ls: "\n".join(map(lease_text, ls)) or "you hold no lease")
+
+
+@click.command("log")
+@click.argument("device")
+@json_option
+@lab_command
+def log_command(lab: Lab, device: str, as_json: bool):
+    """A device's last 20 state changes: time, cause, actor."""
+    def text(entries):
+        return table(["TIME", "CHANGE", "CAUSE", "ACTOR"],
+                     [[e["at"], f"{e['from']} -> {e['to']}", e["cause"], e["actor"]] for e in entries])
+    emit(as_json, lab.log(device), text)
+
+
+COMMANDS = [ls_command, hosts_command, reserve_command, release_command, renew_command, status_command, log_command]

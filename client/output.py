@@ -1,0 +1,46 @@
+"""How the CLI prints: readable tables, or JSON only (errors included) with --json."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from device_loop.core.durations import format_duration, parse_iso
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
+    lines = [headers] + rows
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def time_left(expires_at: str | None) -> str:
+    return format_duration(parse_iso(expires_at) - time.time()) if expires_at else "-"
+
+
+def emit(as_json: bool, data, text) -> None:
+    """Print ``data`` as JSON, or ``text(data)`` for people."""
+    click.echo(json.dumps(data, indent=2) if as_json else text(data))
+
+
+def fail(as_json: bool, code: str, message: str, exit_code: int = 1) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": code, "message": message}))
+    else:
+        click.echo(f"device-loop: {message}", err=True)
+    sys.exit(exit_code)
+
+
+def lease_text(lease: dict) -> str:
+    head = f"{lease['id']} on {lease['device']}: {lease['state']}"
+    if lease["state"] in ("pending", "active"):
+        head += f", expires {lease['expires_at']} (in {time_left(lease['expires_at'])})"
+    lines = [head]
+    if not lease["ready"]:
+        lines.append(f"  {lease['reason']}")
+    for e in lease["endpoints"]:
+        where = e.get("url") or f"{e['host']}:{e['port']}"
+        lines.append(f"  {e['kind']:<6} {where}" + (f"  ({e['protocol']})" if e.get("protocol") else ""))
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""REST routes under /api/v1: parse, ask ``rules``, answer JSON. Nothing else."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from device_loop.core import PROTOCOL_VERSION, __version__
+
+from .errors import APIError, bad_request
+from .identity import caller_identity
+from .rules import Rules
+from .schemas import HeartbeatIn, RenewIn, ReserveIn
+
+MAX_WAIT_S = 60.0
+
+
+def _rules(request: Request) -> Rules:
+    return request.app.state.rules
+
+
+async def _body(request: Request, model: type[BaseModel]) -> BaseModel:
+    raw = await request.body()
+    try:
+        data = json.loads(raw or b"{}")
+    except ValueError:
+        raise bad_request("request body is not valid JSON") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise APIError(422, "invalid", problems) from None
+
+
+def _wait_s(request: Request) -> float:
+    try:
+        wait = float(request.query_params.get("wait", "0"))
+    except ValueError:
+        raise bad_request("wait must be a number of seconds") from None
+    if not 0 <= wait <= MAX_WAIT_S:
+        raise bad_request(f"wait must be between 0 and {MAX_WAIT_S:g} seconds")
+    return wait
+
+
+def _json(data, status: int = 200) -> JSONResponse:
+    return JSONResponse(data, status_code=status)
+
+
+def idempotent(handler):
+    """Replay the first answer to a repeated ``Idempotency-Key`` from the same caller."""
+
+    @functools.wraps(handler)
+    async def wrapper(request: Request) -> Response:
+        key = request.headers.get("Idempotency-Key")
+        if not key:
+            return await handler(request)
+        if len(key) > 200:
+            raise bad_request("Idempotency-Key is longer than 200 characters")
+        store, caller = _rules(request).store, caller_identity(request).name
+        fingerprint = hashlib.sha256(
+            request.method.encode() + request.url.path.encode() + await request.body()).hexdigest()
+        seen = await store.claim_idempotency_key(caller, key, fingerprint, _rules(request).clock())
+        if seen is not None:
+            if seen["request"] != fingerprint:
+                raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
+            if seen["status"] is None:
+                raise APIError(409, "in_progress", "a request with this Idempotency-Key is still running")
+            return Response(seen["body"], status_code=seen["status"], media_type="application/json")
+        try:
+            response = await handler(request)
+        except APIError as exc:
+            response = _json(exc.to_json(), exc.status)
+        except BaseException:
+            await store.drop_idempotency_key(caller, key)
+            raise
+        await store.finish_idempotency_key(caller, key, response.status_code, response.body.decode())
+        return response
+
+    return wrapper
+
+
+async def health(request: Request) -> Response:
+    return _json({"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION})
+
+
+async def list_devices(request: Request) -> Response:
+    return _json(await _rules(request).list_devices())
+
+
+async def device_info(request: Request) -> Response:
+    return _json(await _rules(request).device_info(request.path_params["name"]))
+
+
+async def device_log(request: Request) -> Response:
+    return _json(await _rules(request).device_log(request.path_params["name"]))
+
+
+async def list_hosts(request: Request) -> Response:
+    return _json(await _rules(request).hosts())
+
+
+async def heartbeat(request: Request) -> Response:
+    report = await _body(request, HeartbeatIn)
+    actor = f"exporter:{request.path_params['name']}"
+    return _json(await _rules(request).heartbeat(request.path_params["name"], report, actor))
+
+
+async def desired(request: Request) -> Response:
+    etag = request.query_params.get("etag")
+    return _json(await _rules(request).wait_desired(request.path_params["name"], etag, _wait_s(request)))
+
+
+@idempotent
+async def reserve(request: Request) -> Response:
+    body = await _body(request, ReserveIn)
+    return _json(await _rules(request).reserve(body.device, body.ttl_s, caller_identity(request).name), 201)
+
+
+async def my_leases(request: Request) -> Response:
+    return _json(await _rules(request).my_leases(caller_identity(request).name))
+
+
+async def lease_status(request: Request) -> Response:
+    rules, caller = _rules(request), caller_identity(request).name
+    lease_id = request.path_params["lease_id"]
+    unless = request.query_params.get("unless")
+    return _json(await rules.wait_lease(lease_id, caller, unless, _wait_s(request)))
+
+
+@idempotent
+async def renew(request: Request) -> Response:
+    body = await _body(request, RenewIn)
+    rules, caller = _rules(request), caller_identity(request).name
+    return _json(await rules.renew(request.path_params["lease_id"], body.ttl_s, caller))
+
+
+@idempotent
+async def release(request: Request) -> Response:
+    rules, caller = _rules(request), caller_identity(request).name
+    return _json(await rules.release(request.path_params["lease_id"], caller))
+
+
+routes = [
+    Route("/api/v1/health", health),
+    Route("/api/v1/devices", list_devices),
+    Route("/api/v1/devices/{name}", device_info),
+    Route("/api/v1/devices/{name}/log", device_log),
+    Route("/api/v1/hosts", list_hosts),
+    Route("/api/v1/hosts/{name}/heartbeat", heartbeat, methods=["POST"]),
+    Route("/api/v1/hosts/{name}/desired", desired),
+    Route("/api/v1/leases", reserve, methods=["POST"]),
+    Route("/api/v1/leases", my_leases, methods=["GET"]),
+    Route("/api/v1/leases/{lease_id}", lease_status),
+    Route("/api/v1/leases/{lease_id}/renew", renew, methods=["POST"]),
+    Route("/api/v1/leases/{lease_id}/release", release, methods=["POST"]),
+]

@@ -1,0 +1,70 @@
+"""The coordinator's Starlette app: routes, error handlers, the reaper, the database."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from .api import routes
+from .errors import APIError
+from .rules import Rules, Settings
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.to_json(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return JSONResponse({"error": code, "message": f"{request.method} {request.url.path}: {exc.detail}"},
+                        status_code=exc.status_code)
+
+
+async def _crash(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return JSONResponse({"error": "internal", "message": "the coordinator hit an unexpected error; see its log"},
+                        status_code=500)
+
+
+async def _reaper(rules: Rules) -> None:
+    while True:
+        try:
+            await rules.reap()
+        except Exception:
+            log.exception("reaper pass failed; retrying")
+        await asyncio.sleep(rules.settings.reaper_interval_s)
+
+
+def create_app(database_url: str, settings: Settings | None = None) -> Starlette:
+    """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``)."""
+    store = Store(database_url)
+    rules = Rules(store, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        await store.connect()
+        reaper = asyncio.create_task(_reaper(rules))
+        log.info("coordinator ready on %s", store.dialect)
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reaper
+            await store.disconnect()
+
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _crash},
+    )
+    app.state.rules = rules
+    return app

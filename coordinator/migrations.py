@@ -1,0 +1,94 @@
+"""Versioned schema migrations, applied in order at start-up.
+
+Plain SQL valid on SQLite and PostgreSQL; the one difference (auto-increment keys) is
+the ``{serial}`` placeholder.
+"""
+
+SERIAL = {
+    "sqlite": "INTEGER PRIMARY KEY AUTOINCREMENT",
+    "postgresql": "BIGSERIAL PRIMARY KEY",
+}
+
+MIGRATIONS: list[list[str]] = [
+    # 1: devices, resources, hosts, leases, logs, idempotency keys
+    [
+        """CREATE TABLE hosts (
+            name TEXT PRIMARY KEY,
+            boot_id TEXT NOT NULL,
+            generation BIGINT NOT NULL,
+            protocol INTEGER NOT NULL,
+            version TEXT NOT NULL,
+            heartbeat_s DOUBLE PRECISION NOT NULL,
+            plugins TEXT NOT NULL,
+            services TEXT NOT NULL,
+            last_seen DOUBLE PRECISION NOT NULL,
+            online BOOLEAN NOT NULL
+        )""",
+        """CREATE TABLE devices (
+            name TEXT PRIMARY KEY,
+            class TEXT NOT NULL,
+            tags TEXT NOT NULL,
+            host TEXT,
+            state TEXT NOT NULL,
+            present BOOLEAN NOT NULL,
+            health TEXT NOT NULL,
+            health_reason TEXT NOT NULL,
+            conflict_host TEXT,
+            reclaim_lease TEXT,
+            busy_by TEXT NOT NULL,
+            retired BOOLEAN NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL
+        )""",
+        """CREATE TABLE resources (
+            identifier TEXT PRIMARY KEY,
+            device TEXT NOT NULL REFERENCES devices(name),
+            kind TEXT NOT NULL,
+            plugin TEXT NOT NULL,
+            health TEXT NOT NULL,
+            reason TEXT NOT NULL
+        )""",
+        "CREATE INDEX resources_device ON resources(device)",
+        """CREATE TABLE leases (
+            id TEXT PRIMARY KEY,
+            device TEXT NOT NULL REFERENCES devices(name),
+            holder TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            ended_at DOUBLE PRECISION,
+            end_reason TEXT
+        )""",
+        # Exclusivity lives here, in the database, so several coordinators stay correct.
+        "CREATE UNIQUE INDEX leases_one_live_per_device ON leases(device) WHERE state IN ('pending', 'active')",
+        "CREATE INDEX leases_holder ON leases(holder, state)",
+        """CREATE TABLE device_log (
+            id {serial},
+            device TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            from_state TEXT NOT NULL,
+            to_state TEXT NOT NULL,
+            cause TEXT NOT NULL,
+            actor TEXT NOT NULL
+        )""",
+        "CREATE INDEX device_log_device ON device_log(device, id)",
+        """CREATE TABLE audit (
+            id {serial},
+            at DOUBLE PRECISION NOT NULL,
+            actor TEXT NOT NULL,
+            action TEXT NOT NULL,
+            device TEXT,
+            lease_id TEXT,
+            detail TEXT NOT NULL
+        )""",
+        """CREATE TABLE idempotency (
+            caller TEXT NOT NULL,
+            key TEXT NOT NULL,
+            request TEXT NOT NULL,
+            status INTEGER,
+            body TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (caller, key)
+        )""",
+    ],
+]

@@ -1,0 +1,51 @@
+"""``device-loop coordinator``: serve the coordinator with uvicorn."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import click
+import uvicorn
+
+from device_loop.core.durations import parse_duration
+
+from .app import create_app
+from .rules import Settings
+
+
+def default_data_dir() -> Path:
+    base = Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share"))
+    return base / "device-loop"
+
+
+def sqlite_url(data_dir: Path) -> str:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{data_dir.resolve() / 'coordinator.sqlite'}"
+
+
+def _seconds(ctx, param, value):
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("coordinator")
+@click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL",
+              help="sqlite:///PATH or postgresql://... (default: SQLite in --data-dir)")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir, show_default="~/.local/share/device-loop")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=7420, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--allocating-timeout", default="30s", show_default=True, callback=_seconds,
+              help="how long a lease may stay pending before it fails")
+@click.option("--default-ttl", default="30m", show_default=True, callback=_seconds)
+@click.option("--max-ttl", default="7d", show_default=True, callback=_seconds)
+def coordinator_command(database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl):
+    """Run the coordinator (leases, devices, hosts, audit log) in the foreground."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl)
+    app = create_app(database_url or sqlite_url(data_dir), settings)
+    # proxy_headers=False: a local caller must not be able to forge its address.
+    uvicorn.run(app, host=host, port=port, proxy_headers=False, log_level="info", access_log=False,
+                timeout_graceful_shutdown=3)  # long-polls would otherwise hold shutdown for 25 s

@@ -1,0 +1,45 @@
+"""What a plugin is told about the host it runs on."""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import ports
+from .model import ConfiguredResource
+from .process import ProcessRegistry
+
+
+@dataclass
+class HostContext:
+    """The exporter's host, as plugins see it.
+
+    ``bind_address`` is where services listen; ``advertise_address`` is what endpoints
+    tell clients to dial (the host's tailnet name or address in a real lab).
+    """
+
+    name: str
+    state_dir: Path
+    sysfs_root: Path = Path("/sys")
+    bind_address: str = "127.0.0.1"
+    advertise_address: str = "127.0.0.1"
+    configured_resources: list[ConfiguredResource] = field(default_factory=list)
+    plugin_settings: dict[str, dict] = field(default_factory=dict)
+    processes: ProcessRegistry = None
+
+    def __post_init__(self):
+        self.state_dir = Path(self.state_dir)
+        self.sysfs_root = Path(self.sysfs_root)
+        if self.processes is None:
+            self.processes = ProcessRegistry(self.state_dir)
+
+    def configured(self, plugin: str) -> list[ConfiguredResource]:
+        """The config entries (``[[devices]]`` resources) that name ``plugin``."""
+        return [r for r in self.configured_resources if r.settings.get("plugin") == plugin]
+
+    def listen(self) -> socket.socket:
+        """A listening socket on a free port of ``bind_address``."""
+        return ports.listen_socket(self.bind_address)
+
+    def free_port(self) -> int:
+        return ports.free_port(self.bind_address)

@@ -1,0 +1,97 @@
+"""Plain data passed between plugins, the exporter and the coordinator."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HEALTH_STATES = ("ok", "degraded", "failed")
+
+
+class ServiceError(Exception):
+    """A plugin could not start a service; the message says why, for the lease holder."""
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One thing of a device that a plugin serves: its UART, its ADB, its camera...
+
+    ``identifier`` is stable and unique in the whole lab (a USB serial, a MAC); never
+    an IP or a ``/dev/ttyUSBn`` name. ``node`` is the device node the service opens,
+    if any: the exporter watches who holds it (DESIGN §8, orphans). ``config`` holds
+    the plugin's own keys from the exporter config.
+    """
+
+    device: str
+    kind: str
+    identifier: str
+    device_class: str = "generic"
+    tags: tuple[str, ...] = ()
+    node: str | None = None
+    config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    plugin: str = ""
+
+    def to_report(self) -> dict[str, Any]:
+        return {"kind": self.kind, "plugin": self.plugin, "identifier": self.identifier}
+
+
+@dataclass(frozen=True)
+class Health:
+    status: str = "ok"
+    reason: str = ""
+
+    def __post_init__(self):
+        if self.status not in HEALTH_STATES:
+            raise ValueError(f"health status must be one of {HEALTH_STATES}, not {self.status!r}")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a client connects: ``kind`` is the resource kind (``uart``, ``adb``...)."""
+
+    kind: str
+    host: str
+    port: int
+    url: str | None = None
+    protocol: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass(frozen=True)
+class LeaseRef:
+    """What a plugin is told about the lease it starts a service for."""
+
+    id: str
+    holder: str
+
+
+@dataclass
+class Service:
+    """A running service: its endpoints, and the processes the exporter supervises."""
+
+    endpoints: list[Endpoint]
+    processes: list = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def alive(self) -> bool:
+        return all(p.alive() for p in self.processes)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+
+@dataclass(frozen=True)
+class ConfiguredResource:
+    """One ``[[devices.resources]]`` entry of the exporter config, for its plugin."""
+
+    device: str
+    device_class: str
+    tags: tuple[str, ...]
+    settings: dict[str, Any] = field(hash=False, compare=False)
+
+    def resource(self, kind: str, identifier: str, node: str | None = None) -> Resource:
+        """The discovered resource for this entry."""
+        return Resource(device=self.device, kind=kind, identifier=identifier,
+                        device_class=self.device_class, tags=self.tags, node=node,
+                        config=self.settings)

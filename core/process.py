@@ -1,0 +1,148 @@
+"""Process supervision shared by every plugin and by ``device-loop up``.
+
+Every process is recorded in ``STATE_DIR/processes/PID.json`` with its kernel start
+time, so that after a crash (kill -9 of the exporter) the next start finds what the
+last one left running and stops it: nothing started for a lease outlives it unseen.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), None if gone or a zombie.
+
+    Together with the pid it names one process, even after the pid is reused.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+class Proc:
+    """One supervised process: ours (a child) or one recorded by an earlier run."""
+
+    def __init__(self, registry: "ProcessRegistry", record: dict, popen: subprocess.Popen | None = None):
+        self.registry = registry
+        self.record = record
+        self.popen = popen
+
+    @property
+    def pid(self) -> int:
+        return self.record["pid"]
+
+    @property
+    def name(self) -> str:
+        return self.record["name"]
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.record["log"])
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return start_ticks(self.pid) == self.record["start_ticks"]
+
+    def output(self) -> str:
+        """What the process wrote so far (stdout and stderr)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until the process is gone (and reaped, if it is our child)."""
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def stop(self, grace: float = 3.0) -> None:
+        """SIGTERM, wait ``grace`` seconds, then SIGKILL; return once it is reaped."""
+        self.signal(signal.SIGTERM)
+        if not self.wait(grace):
+            log.warning("%s (pid %d) ignored SIGTERM; sending SIGKILL", self.name, self.pid)
+            self.signal(signal.SIGKILL)
+            if not self.wait(10.0):
+                raise RuntimeError(f"{self.name} (pid {self.pid}) survived SIGKILL")
+        self.registry.forget(self)
+
+
+class ProcessRegistry:
+    """Starts processes and remembers them on disk until they are stopped."""
+
+    def __init__(self, state_dir: str | os.PathLike):
+        self.dir = Path(state_dir) / "processes"
+        self.logs = Path(state_dir) / "logs"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+    def spawn(self, argv: list[str], *, name: str, lease: str | None = None,
+              pass_fds: tuple[int, ...] = (), env: dict | None = None) -> Proc:
+        """Start ``argv`` in its own session, output to ``logs/NAME.log``, and record it."""
+        log_path = self.logs / f"{name}.log"
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                pass_fds=pass_fds, env=env, start_new_session=True,
+            )
+        record = {"pid": popen.pid, "start_ticks": start_ticks(popen.pid), "name": name,
+                  "lease": lease, "argv": argv, "log": str(log_path)}
+        (self.dir / f"{popen.pid}.json").write_text(json.dumps(record))
+        return Proc(self, record, popen)
+
+    def forget(self, proc: Proc) -> None:
+        (self.dir / f"{proc.pid}.json").unlink(missing_ok=True)
+
+    def recorded(self) -> list[Proc]:
+        """Processes recorded by any run (including this one) that are still alive."""
+        procs = []
+        for path in sorted(self.dir.glob("*.json")):
+            try:
+                proc = Proc(self, json.loads(path.read_text()))
+            except (OSError, ValueError):
+                path.unlink(missing_ok=True)
+                continue
+            if proc.alive():
+                procs.append(proc)
+            else:
+                self.forget(proc)
+        return procs
+
+    def stop_leftovers(self) -> list[dict]:
+        """Stop everything an earlier run left behind; return what was stopped."""
+        stopped = []
+        for proc in self.recorded():
+            log.warning("stopping %s (pid %d) left by an earlier run", proc.name, proc.pid)
+            proc.stop()
+            stopped.append(proc.record)
+        return stopped

@@ -1,0 +1,1 @@
+"""The exporter: one per host; discovers resources, heartbeats, converges services."""

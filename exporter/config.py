@@ -1,0 +1,116 @@
+"""The exporter's TOML config (every key is documented in docs/exporter-config.md)."""
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from device_loop.core.model import ConfiguredResource
+
+DEFAULT_COORDINATOR = "http://127.0.0.1:7420"
+
+
+class ConfigError(Exception):
+    """The config file cannot be used; the message says where and why."""
+
+
+def default_state_dir(name: str) -> Path:
+    base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    return base / "device-loop" / f"exporter-{name}"
+
+
+class ExporterSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    coordinator: str = Field(default_factory=lambda: os.environ.get("DEVICE_LOOP_COORDINATOR", DEFAULT_COORDINATOR))
+    heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
+    sysfs_root: Path = Path("/sys")
+    state_dir: Path | None = None
+    bind_address: str = "127.0.0.1"
+    advertise_address: str | None = None
+
+
+class PluginsSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enable: list[str] | None = None
+    disable: list[str] = Field(default_factory=list)
+
+
+class ResourceEntry(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    plugin: str = Field(min_length=1)
+
+
+class DeviceEntry(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    device_class: str | None = Field(default=None, alias="class")
+    tags: list[str] = Field(default_factory=list)
+    plugin: str | None = None
+    resources: list[ResourceEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_form(self):
+        if self.name.startswith("lease-"):
+            raise ValueError("device names must not start with 'lease-'")
+        if self.plugin and self.resources:
+            raise ValueError("give either 'plugin' (one resource) or [[devices.resources]], not both")
+        if not self.plugin and not self.resources:
+            raise ValueError("a device needs 'plugin' or at least one [[devices.resources]] entry")
+        return self
+
+    def resource_settings(self) -> list[dict[str, Any]]:
+        if self.plugin:
+            extra = dict(self.model_extra or {})
+            return [{"plugin": self.plugin, **extra}]
+        return [r.model_dump() for r in self.resources]
+
+
+class ExporterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    exporter: ExporterSection = Field(default_factory=ExporterSection)
+    plugins: PluginsSection = Field(default_factory=PluginsSection)
+    devices: list[DeviceEntry] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_names(self):
+        names = [d.name for d in self.devices]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"device names appear twice: {', '.join(dupes)}")
+        return self
+
+    @property
+    def state_dir(self) -> Path:
+        return (self.exporter.state_dir or default_state_dir(self.exporter.name)).expanduser()
+
+    def configured_resources(self) -> list[ConfiguredResource]:
+        out = []
+        for device in self.devices:
+            default_class = device.device_class or "generic"
+            for settings in device.resource_settings():
+                out.append(ConfiguredResource(device=device.name, device_class=default_class,
+                                              tags=tuple(device.tags), settings=settings))
+        return out
+
+
+def parse_config(data: dict, source: str = "config") -> ExporterConfig:
+    try:
+        return ExporterConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{source} is not a valid exporter config:\n{problems}") from None
+
+
+def load_config(path: str | os.PathLike) -> ExporterConfig:
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,258 @@
+"""The exporter loop: discover -> health -> heartbeat -> reconcile (DESIGN §4).
+
+Level-triggered: each heartbeat answer is the whole desired state of this host, and
+the exporter stops what is extra and starts what is missing. A long-poll of the desired
+state wakes the loop early, so a new lease's services start within milliseconds; the
+periodic heartbeat stays the source of truth.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import httpx2
+
+from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core.holders import command_of, holders
+from device_loop.core.host import HostContext
+from device_loop.core.model import Health, LeaseRef, Resource, Service
+from device_loop.core.plugins import PluginSet
+from device_loop.core.ports import wait_port_free
+
+from .config import ExporterConfig
+
+log = logging.getLogger("device_loop.exporter")
+LONG_POLL_S = 25.0
+
+
+@dataclass
+class Running:
+    resource: Resource
+    lease: LeaseRef
+    service: Service
+
+
+class Exporter:
+    def __init__(self, config: ExporterConfig):
+        self.config = config
+        section = config.exporter
+        self.name = section.name
+        self.boot_id = uuid.uuid4().hex
+        self.generation = 0
+        self.plugins = PluginSet(config.plugins.enable, config.plugins.disable)
+        self.host = HostContext(
+            name=self.name, state_dir=config.state_dir, sysfs_root=section.sysfs_root,
+            bind_address=section.bind_address,
+            advertise_address=section.advertise_address or section.bind_address,
+            configured_resources=config.configured_resources(),
+        )
+        self.loaded: list[str] = []
+        self.skipped: list[dict] = []
+        self.running: dict[tuple[str, str], Running] = {}
+        self.start_errors: dict[tuple[str, str], dict] = {}
+        self.baseline: dict[str, set[int]] = {}
+        self.applied: set[str] = set()
+        self.etag: str | None = None
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self.http = httpx2.Client(base_url=section.coordinator, timeout=10.0)
+
+    # ---- start and stop ---------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Stop what an earlier run left behind, pick the plugins this host can use."""
+        for record in self.host.processes.stop_leftovers():
+            log.warning("stopped leftover %s of lease %s from an earlier run", record["name"], record["lease"])
+        for name in self.plugins.names():
+            try:
+                reason = self.plugins.call(name, "devloop_available", host=self.host)
+            except Exception as exc:  # a broken third-party plugin must not stop the host
+                reason = f"availability check crashed: {exc!r}"
+            if reason:
+                self.skipped.append({"name": name, "reason": reason})
+                self.plugins.unregister(name)
+                log.info("plugin %s skipped: %s", name, reason)
+            else:
+                self.loaded.append(name)
+        log.info("plugins loaded: %s", ", ".join(self.loaded) or "none")
+        for name in self.loaded:
+            self.plugins.call(name, "devloop_startup", host=self.host)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for key in list(self.running):
+                self._stop(key)
+        for name in self.loaded:
+            self.plugins.call(name, "devloop_shutdown", host=self.host)
+        self.http.close()
+
+    # ---- one pass -------------------------------------------------------------------------
+
+    def discover(self) -> list[Resource]:
+        """Every resource of every loaded plugin (read-only; no process is spawned)."""
+        resources = []
+        for name in self.loaded:
+            try:
+                found = self.plugins.call(name, "devloop_discover", host=self.host) or []
+            except Exception:
+                log.exception("discovery of plugin %s failed", name)
+                continue
+            resources += [dataclasses.replace(r, plugin=name) for r in found]
+        return resources
+
+    def health(self, resource: Resource) -> Health:
+        try:
+            return self.plugins.call(resource.plugin, "devloop_health", host=self.host, resource=resource) or Health()
+        except Exception as exc:
+            return Health("failed", f"health check crashed: {exc!r}")
+
+    def _orphans(self, resource: Resource) -> list[dict]:
+        """Processes holding the node that neither we started nor held it before (DESIGN §8)."""
+        if not resource.node:
+            return []
+        ours = {os.getpid()} | {pid for r in self.running.values() for pid in r.service.pids()}
+        current = holders(resource.node)
+        baseline = self.baseline.setdefault(resource.identifier, current - ours)
+        return [{"pid": pid, "command": command_of(pid)} for pid in sorted(current - ours - baseline)]
+
+    def report(self, resources: list[Resource]) -> dict:
+        devices: dict[str, dict] = {}
+        for r in resources:
+            health = self.health(r)
+            entry = devices.setdefault(r.device, {"name": r.device, "class": r.device_class,
+                                                  "tags": list(r.tags), "resources": [], "busy_by": []})
+            entry["resources"].append({**r.to_report(), "health": health.status, "reason": health.reason})
+            entry["busy_by"] += self._orphans(r)
+        services = [{"lease": lease_id, "device": run.resource.device, "identifier": ident,
+                     "kind": run.resource.kind, "endpoints": [e.to_json() for e in run.service.endpoints]}
+                    for (lease_id, ident), run in self.running.items()]
+        services += [{"lease": lease_id, "identifier": ident, **failure}
+                     for (lease_id, ident), failure in self.start_errors.items()]
+        self.generation += 1
+        return {"protocol": PROTOCOL_VERSION, "version": __version__, "boot_id": self.boot_id,
+                "generation": self.generation, "heartbeat_s": self.config.exporter.heartbeat_s,
+                "plugins": {"loaded": self.loaded, "skipped": self.skipped},
+                "devices": list(devices.values()), "services": services, "applied": sorted(self.applied)}
+
+    def heartbeat(self, resources: list[Resource]) -> dict | None:
+        try:
+            response = self.http.post(f"/api/v1/hosts/{self.name}/heartbeat", json=self.report(resources))
+        except httpx2.HTTPError as exc:
+            log.warning("coordinator unreachable (%s); services keep running as they are", exc)
+            return None
+        if response.status_code != 200:
+            log.error("heartbeat refused (%d): %s", response.status_code, response.text)
+            return None
+        desired = response.json()
+        self.etag = desired["etag"]
+        return desired
+
+    def reconcile(self, desired: dict, resources: list[Resource]) -> bool:
+        """Stop the extra, start the missing; True if anything changed."""
+        wanted = {(s["lease"], s["identifier"]): s for s in desired["services"]}
+        by_identifier = {r.identifier: r for r in resources}
+        changed = False
+        for key in [k for k, run in self.running.items() if k not in wanted or not run.service.alive()]:
+            if key in wanted:
+                log.warning("service for %s of %s died; restarting it", key[1], key[0])
+            self._stop(key)
+            changed = True
+        self._stop_lease_leftovers({lease for lease, _ in wanted})
+        for key in [k for k in self.start_errors if k not in wanted]:
+            del self.start_errors[key]
+        for key, spec in wanted.items():
+            if key in self.running:
+                continue
+            resource = by_identifier.get(spec["identifier"])
+            if resource is None:
+                self._failed(key, spec["device"], spec["kind"], f"{spec['identifier']} is not present on host {self.name}")
+                continue
+            changed |= self._start(key, resource, LeaseRef(spec["lease"], spec["holder"]))
+        self.applied = {lease for lease, _ in wanted}
+        return changed
+
+    def _start(self, key: tuple[str, str], resource: Resource, lease: LeaseRef) -> bool:
+        if resource.node:
+            self.baseline[resource.identifier] = holders(resource.node) - {os.getpid()}
+        try:
+            service = self.plugins.call(resource.plugin, "devloop_start", host=self.host,
+                                        resource=resource, lease=lease)
+        except Exception as exc:
+            log.error("starting %s for %s failed: %s", resource.identifier, lease.id, exc)
+            self._failed(key, resource.device, resource.kind, f"{resource.kind}: {exc}")
+            return True
+        self.start_errors.pop(key, None)
+        self.running[key] = Running(resource, lease, service)
+        log.info("started %s for %s: %s", resource.identifier, lease.id,
+                 ", ".join(f"{e.host}:{e.port}" for e in service.endpoints))
+        return True
+
+    def _failed(self, key: tuple[str, str], device: str, kind: str, message: str) -> None:
+        self.start_errors[key] = {"device": device, "kind": kind, "error": message}
+
+    def _stop(self, key: tuple[str, str]) -> None:
+        run = self.running.pop(key)
+        self.plugins.call(run.resource.plugin, "devloop_stop", host=self.host, service=run.service)
+        for endpoint in run.service.endpoints:
+            if not wait_port_free(self.host.bind_address, endpoint.port):
+                log.error("port %d of %s is still taken after stop", endpoint.port, key[0])
+        log.info("stopped %s for %s", key[1], key[0])
+
+    def _stop_lease_leftovers(self, live_leases: set[str]) -> None:
+        """A process started for a lease that is over is an orphan: stop it."""
+        tracked = {pid for run in self.running.values() for pid in run.service.pids()}
+        for proc in self.host.processes.recorded():
+            if proc.record.get("lease") not in live_leases and proc.pid not in tracked:
+                log.warning("stopping orphan %s (pid %d) of ended lease %s", proc.name, proc.pid, proc.record["lease"])
+                proc.stop()
+
+    def cycle(self) -> None:
+        """One pass; a second heartbeat follows at once when services changed."""
+        with self._lock:
+            for _ in range(2):
+                resources = self.discover()
+                desired = self.heartbeat(resources)
+                if desired is None or not self.reconcile(desired, resources):
+                    return
+
+    # ---- loops ----------------------------------------------------------------------------
+
+    def _long_poll(self) -> None:
+        client = httpx2.Client(base_url=self.config.exporter.coordinator, timeout=LONG_POLL_S + 10)
+        seen = self.etag
+        while not self.stopping.is_set():
+            try:
+                response = client.get(f"/api/v1/hosts/{self.name}/desired",
+                                      params={"etag": seen or "", "wait": LONG_POLL_S})
+                if response.status_code == 200 and response.json()["etag"] != seen:
+                    seen = response.json()["etag"]
+                    self.wake.set()
+                elif response.status_code != 200:
+                    self.stopping.wait(self.config.exporter.heartbeat_s)
+            except httpx2.HTTPError:
+                self.stopping.wait(self.config.exporter.heartbeat_s)
+        client.close()
+
+    def run(self) -> None:
+        """Run until ``stopping`` is set; then stop every service and return."""
+        self.setup()
+        poller = threading.Thread(target=self._long_poll, name="long-poll", daemon=True)
+        poller.start()
+        try:
+            while not self.stopping.is_set():
+                self.wake.clear()
+                started = time.monotonic()
+                self.cycle()
+                self.wake.wait(max(0.0, self.config.exporter.heartbeat_s - (time.monotonic() - started)))
+        finally:
+            self.shutdown()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()

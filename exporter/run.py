@@ -1,0 +1,29 @@
+"""``device-loop exporter --config FILE``: run this host's exporter in the foreground."""
+from __future__ import annotations
+
+import logging
+import signal
+
+import click
+
+from .config import ConfigError, load_config
+from .daemon import Exporter
+
+
+@click.command("exporter")
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+              help="exporter TOML config (see docs/exporter-config.md)")
+def exporter_command(config_path):
+    """Run the exporter: discover this host's devices and serve their leases."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    exporter = Exporter(config)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: exporter.stop())
+    logging.getLogger("device_loop.exporter").info(
+        "exporter %s -> %s, state in %s", exporter.name, config.exporter.coordinator, config.state_dir)
+    exporter.run()

@@ -1,0 +1,1 @@
+"""Built-in exporter plugins, one per resource kind (see ``docs/plugins.md``)."""

@@ -1,0 +1,101 @@
+"""A simulated board: a pty whose other end is a small scripted console.
+
+It prints a boot banner at power-on, echoes what it is sent like a shell on a serial
+line does, and answers ``help``, ``uname``, ``hostname``, ``echo`` and ``reboot``
+(which prints the banner again).
+"""
+from __future__ import annotations
+
+import os
+import select
+import threading
+import tty
+from pathlib import Path
+
+COMMANDS = {
+    "help": "commands: help uname hostname echo reboot",
+    "uname": "Linux {name} 6.1.0-sim #1 SMP PREEMPT riscv64 GNU/Linux",
+    "hostname": "{name}",
+}
+
+
+class SimBoard:
+    """One powered-on board; ``node`` is the pty its UART appears on."""
+
+    def __init__(self, name: str, link: Path):
+        self.name = name
+        self._master, self._slave = os.openpty()
+        tty.setraw(self._slave)  # a real UART has no line discipline of its own
+        os.set_blocking(self._master, False)
+        self.node = os.ttyname(self._slave)
+        self.link = link
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(self.node)
+        self._line = b""
+        self._last = b""
+        self._stop_r, self._stop_w = os.pipe()
+        self._thread = threading.Thread(target=self._run, name=f"sim-{name}", daemon=True)
+        self._thread.start()
+        self._boot()
+
+    def banner(self) -> str:
+        return (f"\r\ndevice-loop simulated board {self.name}\r\n"
+                f"Linux {self.name} 6.1.0-sim riscv64\r\n\r\n{self.prompt()}")
+
+    def prompt(self) -> str:
+        return f"{self.name}:~# "
+
+    def _write(self, text: str) -> None:
+        try:
+            os.write(self._master, text.encode())
+        except BlockingIOError:
+            pass  # nobody reads the line and its buffer is full: bytes are lost, as on a wire
+
+    def _boot(self) -> None:
+        self._write(self.banner())
+
+    def answer(self, line: str) -> str:
+        """What the console prints after ``line`` is entered, up to the next prompt."""
+        command, _, rest = line.strip().partition(" ")
+        if command == "reboot":
+            return "Rebooting...\r\n" + self.banner()
+        if not command:
+            output = ""
+        elif command == "echo":
+            output = rest + "\r\n"
+        elif command in COMMANDS:
+            output = COMMANDS[command].format(name=self.name) + "\r\n"
+        else:
+            output = f"sh: {command}: not found\r\n"
+        return output + self.prompt()
+
+    def _run(self) -> None:
+        while True:
+            ready, _, _ = select.select([self._master, self._stop_r], [], [])
+            if self._stop_r in ready:
+                return
+            try:
+                data = os.read(self._master, 4096)
+            except (BlockingIOError, OSError):
+                continue
+            for byte in data:
+                char, previous = bytes([byte]), self._last
+                self._last = char
+                if char == b"\n" and previous == b"\r" or char == b"\0":
+                    continue  # CR LF and telnet's CR NUL end one line, not two
+                if char in (b"\r", b"\n"):
+                    self._write("\r\n" + self.answer(self._line.decode(errors="replace")))
+                    self._line = b""
+                elif char in (b"\x7f", b"\x08"):
+                    self._line = self._line[:-1]
+                else:
+                    self._line += char
+                    self._write(char.decode(errors="replace"))
+
+    def power_off(self) -> None:
+        os.write(self._stop_w, b"x")
+        self._thread.join(5)
+        for fd in (self._master, self._slave, self._stop_r, self._stop_w):
+            os.close(fd)
+        self.link.unlink(missing_ok=True)

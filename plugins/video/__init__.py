@@ -1,0 +1,7 @@
+"""Camera pointed at a device's screen, served as MJPEG (not yet: no issue filed)."""
+from device_loop.core.hookspecs import hookimpl
+
+
+@hookimpl
+def devloop_available(host):
+    return "not yet: the camera plugin has not been built"

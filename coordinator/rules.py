@@ -330,7 +330,7 @@ class Rules:
                     claimed.add(device.name)
                     touched |= await self._claim(device.name, host_name)
                     continue
-                await self._log_move(row, host_name, actor)
+                await self._move(row, host_name, actor)
             if await self._store_device(host_name, device, row, report, now):
                 causes[device.name] = "exporter confirmed: services stopped, no orphan holds it"
             reported.add(device.name)
@@ -363,7 +363,9 @@ class Rules:
             await self.store.update_device(name, conflict_host=host_name)
         return {name}
 
-    async def _log_move(self, row: dict, host_name: str, actor: str) -> None:
+    async def _move(self, row: dict, host_name: str, actor: str) -> None:
+        """The owner lost the device (offline or unplugged) and another host has it now."""
+        await self.store.update_device(row["name"], host=host_name, conflict_host=None)
         await self.store.add_device_log({"device": row["name"], "at": self.clock(), "from_state": row["state"],
                                          "to_state": row["state"], "actor": actor,
                                          "cause": f"moved from host {row['host']} to {host_name}"}, LOG_KEEP)
@@ -372,12 +374,12 @@ class Rules:
         """Record a device as its owner reports it; True if this report completes its reclaim."""
         health, reason = _worst_health(device.resources)
         fields = {"class": device.device_class, "tags": device.tags, "host": host_name, "present": True,
-                  "health": health, "health_reason": reason, "conflict_host": None,
+                  "health": health, "health_reason": reason,
                   "busy_by": [h.model_dump() for h in device.busy_by], "updated_at": now}
         reclaimed = bool(row and row["reclaim_lease"] and self._reclaimed(device, row["reclaim_lease"], report))
         if row is None:
             await self.store.insert_device({"name": device.name, "state": "unregistered", "reclaim_lease": None,
-                                            "retired": False, "created_at": now, **fields})
+                                            "retired": False, "conflict_host": None, "created_at": now, **fields})
         else:
             if reclaimed:
                 fields["reclaim_lease"] = None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import ports
-from .model import ConfiguredResource
+from .model import ConfiguredResource, Endpoint, LeaseRef, Resource, Service
 from .process import ProcessRegistry
 
 
@@ -43,3 +43,22 @@ class HostContext:
 
     def free_port(self) -> int:
         return ports.free_port(self.bind_address)
+
+    def serve_on_free_port(self, argv: list[str], resource: Resource, lease: LeaseRef, *,
+                           name: str, protocol: str = "raw") -> Service:
+        """Start ``argv`` on a listening socket of a free port; ``{fd}`` in ``argv`` is its fd.
+
+        The socket is bound before the process starts, so the endpoint accepts
+        connections (queued by the kernel) the moment this returns, and no other process
+        can take the port in between.
+        """
+        listener = self.listen()
+        try:
+            fd = str(listener.fileno())
+            proc = self.processes.spawn([a.replace("{fd}", fd) for a in argv], name=f"{name}-{resource.device}-{lease.id}",
+                                        lease=lease.id, pass_fds=(listener.fileno(),))
+            port = listener.getsockname()[1]
+        finally:
+            listener.close()  # the child holds it now; our copy would keep the port bound
+        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol)
+        return Service(endpoints=[endpoint], processes=[proc])

@@ -13,7 +13,7 @@ import sys
 
 import serial
 
-from .model import Endpoint, Service
+from .model import Service
 
 
 def _open(device: str, baud: int):
@@ -74,18 +74,8 @@ def serve(listener: socket.socket, device: str, baud: int) -> None:
 
 def start_bridge(host, resource, lease, device: str, baud: int) -> Service:
     """Serve ``device`` on a free port of ``host`` for ``lease``: one raw TCP endpoint."""
-    listener = host.listen()
-    try:
-        proc = host.processes.spawn(
-            [sys.executable, "-m", "device_loop.core.serial_bridge", "--fd", str(listener.fileno()),
-             "--device", device, "--baud", str(baud)],
-            name=f"bridge-{resource.device}-{lease.id}", lease=lease.id, pass_fds=(listener.fileno(),),
-        )
-        port = listener.getsockname()[1]
-    finally:
-        listener.close()  # the child holds it now; our copy would keep the port bound
-    endpoint = Endpoint(kind=resource.kind, host=host.advertise_address, port=port, protocol="raw")
-    return Service(endpoints=[endpoint], processes=[proc])
+    argv = [sys.executable, "-m", "device_loop.core.serial_bridge", "--fd", "{fd}", "--device", device, "--baud", str(baud)]
+    return host.serve_on_free_port(argv, resource, lease, name="bridge")
 
 
 def main() -> None:

@@ -1,0 +1,58 @@
+"""A TCP relay process: ``python -m device_loop.core.tcp_relay --fd N --to HOST:PORT``.
+
+Every connection accepted on the inherited listening socket is piped to ``HOST:PORT``.
+Plugins whose device already speaks TCP (a console server, a BMC) serve it with this.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import sys
+
+from .model import Service
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _relay(listener: socket.socket, target_host: str, target_port: int) -> None:
+    async def handle(client_reader, client_writer):
+        try:
+            target_reader, target_writer = await asyncio.open_connection(target_host, target_port)
+        except OSError as exc:
+            client_writer.write(f"cannot reach {target_host}:{target_port}: {exc.strerror}\r\n".encode())
+            client_writer.close()
+            return
+        await asyncio.gather(_pipe(client_reader, target_writer), _pipe(target_reader, client_writer))
+
+    server = await asyncio.start_server(handle, sock=listener)
+    async with server:
+        await server.serve_forever()
+
+
+def start_relay(host, resource, lease, target: str) -> Service:
+    """Relay a free port of ``host`` to ``target`` (``host:port``) for ``lease``."""
+    argv = [sys.executable, "-m", "device_loop.core.tcp_relay", "--fd", "{fd}", "--to", target]
+    return host.serve_on_free_port(argv, resource, lease, name="relay")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True, help="inherited listening socket")
+    parser.add_argument("--to", required=True, help="HOST:PORT to relay to")
+    args = parser.parse_args()
+    target_host, _, target_port = args.to.rpartition(":")
+    asyncio.run(_relay(socket.socket(fileno=args.fd), target_host, int(target_port)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""device-loop plugin ``netconsole``: a console that already speaks TCP.
+
+Many labs reach board consoles through a console server (one TCP port per serial line)
+or a BMC's serial-over-LAN. This plugin publishes such a console under a lease: each
+lease gets its own port on the exporter, relayed to the console's address.
+
+Exporter config::
+
+    [[devices]]
+    name = "bmc-7"
+    class = "bmc"
+    plugin = "netconsole"
+    address = "console-server-3:7007"   # host:port of the console
+    serial = "CS3-PORT7"                 # a stable identity (never the IP)
+"""
+import socket
+
+from device_loop.core.hookspecs import hookimpl
+from device_loop.core.model import Health
+from device_loop.core.tcp_relay import start_relay
+
+
+@hookimpl
+def devloop_available(host):
+    return None  # needs nothing but the network
+
+
+@hookimpl
+def devloop_discover(host):
+    # Configured consoles only: this plugin never scans the network.
+    return [entry.resource("uart", f"netconsole:{entry.settings['serial']}")
+            for entry in host.configured("netconsole") if "serial" in entry.settings and "address" in entry.settings]
+
+
+@hookimpl
+def devloop_health(resource):
+    address, _, port = resource.config["address"].rpartition(":")
+    if not port.isdigit():
+        return Health("failed", f"address {resource.config['address']!r} is not host:port")
+    try:
+        socket.getaddrinfo(address, int(port), type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return Health("failed", f"cannot resolve {address}: {exc}")
+    return Health("ok")
+
+
+@hookimpl
+def devloop_start(host, resource, lease):
+    return start_relay(host, resource, lease, resource.config["address"])

@@ -1,0 +1,133 @@
+"""Shared fixtures: real coordinator and exporter processes on free ports."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+import tomli_w
+
+from device_loop.core.ports import free_port
+
+SRC = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.fixture
+def env(tmp_path):
+    """An environment of our own: HOME, XDG dirs, no coordinator from the caller."""
+    home = tmp_path / "home"
+    home.mkdir()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
+    environ.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
+                   DEVICE_LOOP_USER="alice", PYTHONUNBUFFERED="1")
+    return environ
+
+
+class Proc:
+    """A device-loop subprocess with its output in a file, stopped at teardown."""
+
+    def __init__(self, args: list[str], env: dict, log: Path):
+        self.args, self.env, self.log = args, env, log
+        self.popen = None
+        self.start()
+
+    def start(self):
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen([sys.executable, "-m", "device_loop.cli", *self.args], env=self.env,
+                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+                raise AssertionError(f"{self.args[0]} ignored {sig!r}:\n{self.output()[-3000:]}")
+        return self.popen.returncode
+
+
+def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Coordinator(Proc):
+    def __init__(self, tmp_path: Path, env: dict, extra=()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(["coordinator", "--data-dir", str(tmp_path / "coord"), "--port", str(self.port), *extra],
+                         env, tmp_path / "coordinator.log")
+        self.wait_ready()
+
+    def wait_ready(self):
+        def up():
+            assert self.popen.poll() is None, f"coordinator exited:\n{self.output()}"
+            try:
+                return httpx2.get(f"{self.url}/api/v1/health", timeout=1).status_code == 200
+            except httpx2.HTTPError:
+                return False
+        wait_for(up, what="coordinator health")
+
+    def api(self, path: str, method="GET", **kwargs):
+        kwargs.setdefault("headers", {"X-Device-Loop-User": "alice"})
+        return httpx2.request(method, f"{self.url}/api/v1{path}", timeout=10, **kwargs)
+
+
+class Exporter(Proc):
+    def __init__(self, tmp_path: Path, env: dict, coordinator_url: str, devices: list[dict],
+                 name="host-a", heartbeat_s=1.0, plugins=None):
+        config = {"exporter": {"name": name, "coordinator": coordinator_url, "heartbeat_s": heartbeat_s,
+                               "state_dir": str(tmp_path / f"state-{name}")},
+                  "devices": devices}
+        if plugins:
+            config["plugins"] = plugins
+        self.config_path = tmp_path / f"exporter-{name}.toml"
+        self.config_path.write_text(tomli_w.dumps(config))
+        self.state_dir = tmp_path / f"state-{name}"
+        super().__init__(["exporter", "--config", str(self.config_path)], env, tmp_path / f"exporter-{name}.log")
+
+
+def sim_devices(*names):
+    return [{"name": n, "plugin": "sim", "class": "sim-board"} for n in names]
+
+
+@pytest.fixture
+def coordinator(tmp_path, env):
+    proc = Coordinator(tmp_path, env)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def exporter_factory(tmp_path, env, coordinator):
+    started = []
+
+    def start(devices=None, **kwargs):
+        proc = Exporter(tmp_path, env, coordinator.url, devices or sim_devices("sim-board-0", "sim-board-1"), **kwargs)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()

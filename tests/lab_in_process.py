@@ -1,0 +1,80 @@
+"""A coordinator app in this process, with a clock the test moves by hand."""
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import httpx2
+
+from device_loop.coordinator.app import create_app
+from device_loop.coordinator.rules import Settings
+from device_loop.core import PROTOCOL_VERSION
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_800_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@contextlib.asynccontextmanager
+async def in_process_lab(tmp_path, **settings):
+    """(client factory, rules, clock): ``client(user)`` talks to the app as ``user``."""
+    settings.setdefault("reaper_interval_s", 3600)
+    app = create_app(f"sqlite:///{tmp_path / f'lab-{uuid.uuid4().hex[:6]}.sqlite'}", Settings(**settings))
+    clock = FakeClock()
+    app.state.rules.clock = clock
+    clients = []
+
+    def client(user: str = "alice") -> httpx2.AsyncClient:
+        c = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://lab/api/v1",
+                               headers={"X-Device-Loop-User": user})
+        clients.append(c)
+        return c
+
+    async with app.router.lifespan_context(app):
+        try:
+            yield client, app.state.rules, clock
+        finally:
+            for c in clients:
+                await c.aclose()
+
+
+def device(name: str, identifier: str | None = None, health: str = "ok", busy_by=(), kind="uart") -> dict:
+    return {"name": name, "class": "sim-board", "tags": ["sim"], "busy_by": list(busy_by),
+            "resources": [{"kind": kind, "plugin": "sim", "identifier": identifier or f"sim:{name}",
+                           "health": health, "reason": "" if health == "ok" else "broken"}]}
+
+
+class FakeExporter:
+    """Sends heartbeats the way an exporter does, with a generation per boot."""
+
+    def __init__(self, client: httpx2.AsyncClient, name: str):
+        self.client, self.name = client, name
+        self.boot_id = uuid.uuid4().hex
+        self.generation = 0
+
+    def reboot(self) -> None:
+        self.boot_id, self.generation = uuid.uuid4().hex, 0
+
+    def report(self, devices=(), services=(), applied=(), generation=None, **extra) -> dict:
+        if generation is None:
+            self.generation += 1
+            generation = self.generation
+        return {"protocol": PROTOCOL_VERSION, "version": "test", "boot_id": self.boot_id, "generation": generation,
+                "heartbeat_s": 1.0, "plugins": {"loaded": ["sim"], "skipped": []},
+                "devices": list(devices), "services": list(services), "applied": list(applied), **extra}
+
+    async def beat(self, *args, **kwargs) -> httpx2.Response:
+        return await self.client.post(f"/hosts/{self.name}/heartbeat", json=self.report(*args, **kwargs))
+
+    async def serve(self, lease: dict, port: int = 4000, **kwargs) -> httpx2.Response:
+        """Report the lease's service up (as the exporter does once it started it)."""
+        service = {"lease": lease["id"], "device": lease["device"], "identifier": f"sim:{lease['device']}",
+                   "kind": "uart", "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": port}]}
+        return await self.beat([device(lease["device"])], [service], [lease["id"]], **kwargs)

@@ -1,0 +1,258 @@
+"""The coordinator's REST rules, driven in-process with a hand-moved clock."""
+import pytest
+
+from device_loop.core import PROTOCOL_VERSION
+from lab_in_process import FakeExporter, device, in_process_lab
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+
+
+async def state_of(api, name):
+    return (await api.get(f"/devices/{name}")).json()["state"]
+
+
+async def test_bad_input_gets_clear_4xx(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        await FakeExporter(api, "host-a").beat([device("b0")])
+        cases = [
+            (await api.post("/leases", content=b"{nope"), 400, "bad_request"),
+            (await api.post("/leases", json={}), 422, "invalid"),
+            (await api.post("/leases", json={"device": "b0", "ttl_s": -5}), 422, "invalid"),
+            (await api.post("/leases", json={"device": "b0", "ttl_s": 30 * 86400}), 422, "ttl_too_long"),
+            (await api.post("/leases", json={"device": "b0", "owner": "mallory"}), 422, "invalid"),
+            (await api.post("/leases", json={"device": "nope"}), 404, "unknown_device"),
+            (await api.get("/leases/lease-nope"), 404, "unknown_lease"),
+            (await api.get("/leases/lease-nope", params={"wait": "soon"}), 400, "bad_request"),
+            (await api.get("/leases/lease-nope", params={"wait": "600"}), 400, "bad_request"),
+            (await api.get("/devices/nope/log"), 404, "unknown_device"),
+            (await api.get("/no/such/route"), 404, "not_found"),
+            (await api.delete("/devices"), 405, "method_not_allowed"),
+            (await api.post("/leases/lease-nope/renew", json={"ttl_s": "x"}), 422, "invalid"),
+        ]
+        for response, status, code in cases:
+            assert (response.status_code, response.json()["error"]) == (status, code), response.text
+            assert response.json()["message"]
+        assert "known devices: b0" in cases[5][0].json()["message"]
+
+
+async def test_reports_cannot_carry_coordinator_owned_fields(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        exporter = FakeExporter(client(), "host-a")
+        with_mediated = {**device("b0"), "mediated": False}
+        response = await exporter.beat([with_mediated])
+        assert response.status_code == 422 and "mediated" in response.json()["message"]
+        service = {"lease": "lease-x", "device": "b0", "identifier": "sim:b0", "kind": "uart", "owner": "me",
+                   "endpoints": []}
+        assert (await exporter.beat([device("b0")], [service])).status_code == 422
+        bad_port = {**service, "endpoints": [{"kind": "uart", "host": "h", "port": 70000}]}
+        del bad_port["owner"]
+        assert (await exporter.beat([device("b0")], [bad_port])).status_code == 422
+        assert (await exporter.beat([device("lease-1")])).status_code == 422
+        mismatch = await exporter.beat([device("b0")], protocol=PROTOCOL_VERSION + 1)
+        assert mismatch.status_code == 400 and mismatch.json()["error"] == "protocol_mismatch"
+        assert f"protocol {PROTOCOL_VERSION + 1}" in mismatch.json()["message"]
+        assert f"speaks {PROTOCOL_VERSION}" in mismatch.json()["message"]
+        assert (await client().get("/devices")).json() == []
+
+
+async def test_stale_and_duplicate_heartbeats_change_nothing(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        assert (await exporter.beat([device("b0"), device("b1")])).status_code == 200
+        assert (await exporter.beat([device("b0"), device("b1")])).status_code == 200  # generation 2
+        stale = await exporter.beat([device("b0")], generation=1)
+        assert stale.status_code == 409 and stale.json()["error"] == "stale_heartbeat"
+        duplicate = await exporter.beat([device("b0")], generation=2)
+        assert duplicate.status_code == 200 and "services" in duplicate.json()
+        assert await state_of(api, "b1") == "idle"
+        # a new boot's first snapshot replaces everything the host said before
+        exporter.reboot()
+        assert (await exporter.beat([device("b0")])).status_code == 200
+        assert await state_of(api, "b1") == "offline"
+        assert await state_of(api, "b0") == "idle"
+
+
+async def test_lease_lifecycle_with_expiry_and_reclaim(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0")])
+        lease = (await api.post("/leases", json={"device": "b0", "ttl_s": 60})).json()
+        assert lease["state"] == "pending" and lease["device_state"] == "allocating"
+        desired = (await exporter.beat([device("b0")])).json()
+        assert [(s["lease"], s["identifier"]) for s in desired["services"]] == [(lease["id"], "sim:b0")]
+        await exporter.serve(lease)
+        active = (await api.get(f"/leases/{lease['id']}")).json()
+        assert active["state"] == "active" and active["ready"] and active["endpoints"][0]["port"] == 4000
+
+        clock.advance(61)
+        await exporter.serve(lease)
+        await rules.reap()
+        expired = (await api.get(f"/leases/{lease['id']}")).json()
+        assert expired["state"] == "expired" and expired["endpoints"] == []
+        assert expired["device_state"] == "reclaiming"
+        # still reclaiming while the exporter has not seen the lease end or still runs it
+        await exporter.serve(lease)
+        assert await state_of(api, "b0") == "reclaiming"
+        await exporter.beat([device("b0")], [], [])
+        assert await state_of(api, "b0") == "idle"
+        again = await api.post("/leases", json={"device": "b0"})
+        assert again.status_code == 201
+
+
+async def test_reclaim_waits_for_orphans(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0")])
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        await exporter.serve(lease)
+        await api.post(f"/leases/{lease['id']}/release")
+        orphan = {"pid": 4242, "command": "picocom /dev/ttyUSB0"}
+        await exporter.beat([device("b0", busy_by=[orphan])], [], [])
+        info = (await api.get("/devices/b0")).json()
+        assert info["state"] == "reclaiming" and info["busy_by"] == [orphan]
+        assert (await api.post("/leases", json={"device": "b0"})).status_code == 409
+        await exporter.beat([device("b0")], [], [])
+        assert await state_of(api, "b0") == "idle"
+
+
+async def test_only_the_holder_sees_renews_and_releases(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        alice, bob = client("alice"), client("bob")
+        await FakeExporter(alice, "host-a").beat([device("b0")])
+        lease = (await alice.post("/leases", json={"device": "b0"})).json()
+        for response in [await bob.get(f"/leases/{lease['id']}"),
+                         await bob.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 60}),
+                         await bob.post(f"/leases/{lease['id']}/release")]:
+            assert response.status_code == 404
+            assert response.json() == {"error": "unknown_lease", "message": f"unknown lease {lease['id']!r}"}
+        refused = await bob.post("/leases", json={"device": "b0"})
+        assert refused.status_code == 409 and "held by alice until" in refused.json()["message"]
+        assert (await bob.get("/devices/b0")).json()["holder"] == "alice"
+        assert (await alice.get(f"/leases/{lease['id']}")).json()["state"] == "pending"
+
+
+async def test_idempotency_key_replays_and_is_scoped_to_the_caller(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        alice, bob = client("alice"), client("bob")
+        await FakeExporter(alice, "host-a").beat([device("b0"), device("b1")])
+        key = {"Idempotency-Key": "k1"}
+        first = await alice.post("/leases", json={"device": "b0"}, headers=key)
+        repeat = await alice.post("/leases", json={"device": "b0"}, headers=key)
+        assert first.status_code == repeat.status_code == 201
+        assert first.json() == repeat.json()
+        assert len((await alice.get("/leases")).json()) == 1
+        other = await alice.post("/leases", json={"device": "b1"}, headers=key)
+        assert other.status_code == 422 and other.json()["error"] == "idempotency_key_reused"
+        bobs = await bob.post("/leases", json={"device": "b1"}, headers=key)
+        assert bobs.status_code == 201 and bobs.json()["holder"] == "bob"
+        # a refusal is replayed too, even after the device became free
+        refused = await bob.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k2"})
+        assert refused.status_code == 409
+        await alice.post(f"/leases/{first.json()['id']}/release")
+        replay = await bob.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k2"})
+        assert replay.status_code == 409 and replay.json() == refused.json()
+
+
+async def test_allocation_timeout_reports_the_service_error(tmp_path):
+    async with in_process_lab(tmp_path, allocating_timeout_s=30) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0")])
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        failure = {"lease": lease["id"], "device": "b0", "identifier": "sim:b0", "kind": "uart",
+                   "error": "uart: ser2net: Address already in use"}
+        await exporter.beat([device("b0")], [failure], [lease["id"]])
+        pending = (await api.get(f"/leases/{lease['id']}")).json()
+        assert pending["state"] == "pending" and "Address already in use" in pending["reason"]
+        clock.advance(31)
+        await exporter.beat([device("b0")], [failure], [lease["id"]])
+        await rules.reap()
+        failed = (await api.get(f"/leases/{lease['id']}")).json()
+        assert failed["state"] == "failed" and "Address already in use" in failed["end_reason"]
+        assert failed["device_state"] == "reclaiming"
+
+
+async def test_silent_host_goes_offline_and_lease_survives(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0")])
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        await exporter.serve(lease)
+        clock.advance(11)
+        await rules.reap()
+        offline = (await api.get(f"/leases/{lease['id']}")).json()
+        assert offline["state"] == "active" and offline["device_state"] == "offline"
+        assert not offline["ready"] and "host host-a is offline" in offline["reason"]
+        hosts = (await api.get("/hosts")).json()
+        assert hosts[0]["online"] is False and hosts[0]["heartbeat_age_s"] == 11
+        await exporter.serve(lease)
+        back = (await api.get(f"/leases/{lease['id']}")).json()
+        assert back["ready"] and back["device_state"] == "in_use"
+        causes = [e["cause"] for e in (await api.get("/devices/b0/log")).json()]
+        assert "host host-a stopped heartbeating" in causes and "host is heartbeating again" in causes
+
+
+async def test_two_hosts_claiming_one_device_conflict_without_flapping(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        a, b = FakeExporter(api, "host-a"), FakeExporter(api, "host-b")
+        await a.beat([device("b0")])
+        for _ in range(3):
+            await b.beat([device("b0")])
+            await a.beat([device("b0")])
+            info = (await api.get("/devices/b0")).json()
+            assert info["state"] == "conflict" and info["host"] == "host-a"
+            assert info["conflict_hosts"] == ["host-a", "host-b"]
+        # the same identifier under another name is the same device
+        await b.beat([device("other-name", identifier="sim:b0")])
+        assert (await api.get("/devices/other-name")).status_code == 404
+        assert (await api.post("/leases", json={"device": "b0"})).json()["error"] == "conflict"
+        await b.beat([])
+        assert await state_of(api, "b0") == "idle"
+        assert len([e for e in (await api.get("/devices/b0/log")).json() if e["to"] == "conflict"]) == 1
+
+
+async def test_device_moves_to_another_host_and_keeps_its_lease(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        a, b = FakeExporter(api, "host-a"), FakeExporter(api, "host-b")
+        await a.beat([device("b0")])
+        await b.beat([])
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        await a.serve(lease)
+        await a.beat([], [], [lease["id"]])  # unplugged from host-a
+        assert (await api.get(f"/leases/{lease['id']}")).json()["device_state"] == "offline"
+        await b.beat([device("b0")])  # plugged into host-b
+        assert [s["lease"] for s in (await b.beat([device("b0")])).json()["services"]] == [lease["id"]]
+        await b.serve(lease, port=5000)
+        moved = (await api.get(f"/leases/{lease['id']}")).json()
+        assert moved["host"] == "host-b" and moved["ready"] and moved["endpoints"][0]["port"] == 5000
+        assert any("moved from host host-a to host-b" in e["cause"] for e in (await api.get("/devices/b0/log")).json())
+
+
+async def test_faulty_device_is_refused_and_recovers(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0", health="failed"), device("b1")])
+        refused = await api.post("/leases", json={"device": "b0"})
+        assert refused.status_code == 409 and refused.json()["error"] == "faulty"
+        assert "try b1" in refused.json()["message"]
+        await exporter.beat([device("b0"), device("b1")])
+        assert await state_of(api, "b0") == "idle"
+
+
+async def test_ring_log_keeps_last_twenty(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        for i in range(15):
+            await exporter.beat([device("b0", health="failed")])
+            await exporter.beat([device("b0")])
+        log = (await api.get("/devices/b0/log")).json()
+        assert len(log) == 20 and log[-1]["to"] == "idle" and log[-1]["actor"] == "exporter:host-a"

@@ -1,0 +1,68 @@
+"""Exporter config: every form the docs show parses; mistakes are named clearly."""
+import pytest
+
+from device_loop.exporter.config import ConfigError, load_config, parse_config
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_shorthand_and_multi_resource_devices(tmp_path):
+    path = tmp_path / "exporter.toml"
+    path.write_text('''
+[exporter]
+name = "bench-3"
+coordinator = "http://coord:7420"
+heartbeat_s = 2
+sysfs_root = "/tmp/fake-sys"
+state_dir = "/tmp/state"
+
+[plugins]
+disable = ["video"]
+
+[[devices]]
+name = "sim-board-0"
+plugin = "sim"
+baud = 9600
+
+[[devices]]
+name = "jupiter"
+class = "riscv-sbc"
+tags = ["rack-2"]
+[[devices.resources]]
+plugin = "uart"
+path = "/dev/serial/by-id/usb-FTDI_X-if00"
+[[devices.resources]]
+plugin = "sim"
+''')
+    config = load_config(path)
+    assert config.exporter.name == "bench-3" and config.exporter.heartbeat_s == 2
+    assert config.plugins.disable == ["video"] and config.plugins.enable is None
+    entries = config.configured_resources()
+    assert [(e.device, e.device_class, e.settings["plugin"]) for e in entries] == [
+        ("sim-board-0", "generic", "sim"), ("jupiter", "riscv-sbc", "uart"), ("jupiter", "riscv-sbc", "sim")]
+    assert entries[0].settings["baud"] == 9600 and entries[1].tags == ("rack-2",)
+    assert str(config.state_dir) == "/tmp/state"
+
+
+@pytest.mark.parametrize("data, complaint", [
+    ({"exporter": {"heartbeat_s": 0}}, "exporter.heartbeat_s"),
+    ({"exporter": {"nmae": "x"}}, "exporter.nmae"),
+    ({"devices": [{"name": "a"}]}, "needs 'plugin'"),
+    ({"devices": [{"name": "a", "plugin": "sim", "resources": [{"plugin": "uart"}]}]}, "not both"),
+    ({"devices": [{"name": "a", "plugin": "sim"}, {"name": "a", "plugin": "sim"}]}, "appear twice: a"),
+    ({"devices": [{"name": "lease-7", "plugin": "sim"}]}, "must not start with 'lease-'"),
+    ({"devices": [{"name": "bad name", "plugin": "sim"}]}, "devices.0.name"),
+])
+def test_mistakes_are_named(data, complaint):
+    with pytest.raises(ConfigError, match="not a valid exporter config") as err:
+        parse_config(data)
+    assert complaint in str(err.value)
+
+
+def test_unreadable_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[exporter\nname = ")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)

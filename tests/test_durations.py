@@ -1,0 +1,22 @@
+import pytest
+
+from device_loop.core.durations import format_duration, iso, parse_duration, parse_iso
+
+pytestmark = pytest.mark.timeout(5)
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400), ("45", 45),
+                                           (" 1.5h ", 5400)])
+def test_parse(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5x", "0s", "-3m", "1w"])
+def test_refuse(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_format_and_iso():
+    assert [format_duration(s) for s in (5, 600, 3900, 93600)] == ["5s", "10m", "1h05m", "1d02h"]
+    assert iso(0) == "1970-01-01T00:00:00Z" and parse_iso("1970-01-01T00:01:00Z") == 60

@@ -1,0 +1,174 @@
+"""Coordinator and exporter as real processes: reserve, talk to a board, release, crash, restart."""
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import Coordinator, Exporter, sim_devices, wait_for
+from helpers import pid_alive, port_open, recorded_pids, uart_exchange
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def device(coordinator, name):
+    return coordinator.api(f"/devices/{name}").json()
+
+
+def wait_state(coordinator, name, state, timeout=15):
+    wait_for(lambda: device(coordinator, name).get("state") == state, timeout, what=f"{name} {state}")
+
+
+def reserve(coordinator, name, ttl_s=600):
+    response = coordinator.api("/leases", "POST", json={"device": name, "ttl_s": ttl_s})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def wait_active(coordinator, lease_id):
+    def active():
+        lease = coordinator.api(f"/leases/{lease_id}", params={"wait": 5, "unless": "pending"}).json()
+        return lease if lease["ready"] else None
+    return wait_for(active, 20, what=f"{lease_id} ready")
+
+
+def test_reserve_talk_release(coordinator, exporter_factory):
+    exporter = exporter_factory()
+    wait_state(coordinator, "sim-board-0", "idle")
+
+    lease = reserve(coordinator, "sim-board-0")
+    assert lease["id"].startswith("lease-")
+    assert lease["state"] == "pending" and lease["endpoints"] == []
+    assert "pending is not an error" in lease["reason"]
+
+    lease = wait_active(coordinator, lease["id"])
+    assert lease["device_state"] == "in_use"
+    (endpoint,) = lease["endpoints"]
+    assert endpoint["kind"] == "uart"
+    said = uart_exchange(endpoint["host"], endpoint["port"], b"uname\r", b"sim-board-0:~# ")
+    assert b"Linux sim-board-0" in said
+    said = uart_exchange(endpoint["host"], endpoint["port"], b"reboot\r", b"simulated board sim-board-0")
+    assert device(coordinator, "sim-board-0")["holder"] == "alice"
+
+    bridges = recorded_pids(exporter.state_dir)
+    assert [r["lease"] for r in bridges.values()] == [lease["id"]]
+
+    released = coordinator.api(f"/leases/{lease['id']}/release", "POST").json()
+    assert released["state"] == "released" and released["endpoints"] == []
+    wait_state(coordinator, "sim-board-0", "idle")
+    assert not port_open(endpoint["host"], endpoint["port"])
+    assert not any(pid_alive(pid) for pid in bridges)
+    assert recorded_pids(exporter.state_dir) == {}
+    log = coordinator.api("/devices/sim-board-0/log").json()
+    assert [(e["from"], e["to"]) for e in log][-4:] == [
+        ("idle", "allocating"), ("allocating", "in_use"), ("in_use", "reclaiming"), ("reclaiming", "idle")]
+
+
+def test_exporter_killed_and_restarted_converges(coordinator, exporter_factory):
+    exporter = exporter_factory()
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
+    (old_pid,) = recorded_pids(exporter.state_dir)
+
+    exporter.stop(signal.SIGKILL)
+    assert pid_alive(old_pid), "the bridge outlives a kill -9 of its exporter: that is the orphan to clean"
+    exporter.start()
+
+    def republished():
+        current = coordinator.api(f"/leases/{lease['id']}").json()
+        pids = recorded_pids(exporter.state_dir)
+        if current["ready"] and pids and old_pid not in pids:
+            return current
+    current = wait_for(republished, 20, what="service back with a new process")
+    assert current["state"] == "active" and current["id"] == lease["id"]
+    assert not pid_alive(old_pid), "the old bridge was left running"
+    (endpoint,) = current["endpoints"]
+    uart_exchange(endpoint["host"], endpoint["port"], b"uname\r", b"Linux sim-board-0")
+
+
+def test_coordinator_restart_keeps_leases(coordinator, exporter_factory):
+    exporter_factory()
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
+
+    coordinator.stop()
+    coordinator.start()
+    coordinator.wait_ready()
+
+    after = coordinator.api(f"/leases/{lease['id']}").json()
+    assert after["state"] == "active"
+    assert after["expires_at"] == lease["expires_at"]
+    assert after["endpoints"] == lease["endpoints"]
+    busy = coordinator.api("/leases", "POST", json={"device": "sim-board-0"}, headers={"X-Device-Loop-User": "bob"})
+    assert busy.status_code == 409 and "held by alice" in busy.json()["message"]
+    (endpoint,) = after["endpoints"]
+    uart_exchange(endpoint["host"], endpoint["port"], b"uname\r", b"Linux sim-board-0")
+
+
+def test_allocation_timeout_fails_lease_cleanly(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=["--allocating-timeout", "2s"])
+    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0"))
+    try:
+        wait_state(coordinator, "sim-board-0", "idle")
+        exporter.popen.send_signal(signal.SIGSTOP)  # a hung exporter: it never starts the service
+        lease = reserve(coordinator, "sim-board-0")
+        failed = wait_for(lambda: (l := coordinator.api(f"/leases/{lease['id']}").json())["state"] == "failed" and l,
+                          10, what="lease failed")
+        assert "did not come up within 2s" in failed["end_reason"]
+        assert device(coordinator, "sim-board-0")["state"] == "reclaiming"
+        exporter.popen.send_signal(signal.SIGCONT)
+        wait_state(coordinator, "sim-board-0", "idle")
+    finally:
+        exporter.popen.send_signal(signal.SIGCONT)
+        exporter.stop()
+        coordinator.stop()
+
+
+def run_cli(env, url, *args, check=True):
+    result = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", url, *args],
+                            env=env, capture_output=True, text=True, timeout=60)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_cli_round_trip(coordinator, exporter_factory, env):
+    exporter_factory()
+    wait_state(coordinator, "sim-board-0", "idle")
+    url = coordinator.url
+
+    pending = json.loads(run_cli(env, url, "reserve", "sim-board-1", "--ttl", "90s", "--json").stdout)
+    assert pending["state"] == "pending" and pending["endpoints"] == []
+
+    lease = json.loads(run_cli(env, url, "reserve", "sim-board-0", "--ttl", "30m", "--wait", "--json").stdout)
+    assert lease["state"] == "active" and lease["endpoints"][0]["kind"] == "uart"
+    uart_exchange("127.0.0.1", lease["endpoints"][0]["port"], b"help\r", b"commands:")
+
+    devices = json.loads(run_cli(env, url, "ls", "--json").stdout)
+    row = next(d for d in devices if d["name"] == "sim-board-0")
+    assert {"name", "class", "tags", "state", "host", "holder", "expires_at", "resources"} <= row.keys()
+    assert row["holder"] == "alice" and row["resources"][0] == {**row["resources"][0], "kind": "uart", "plugin": "sim"}
+    table = run_cli(env, url, "ls").stdout
+    assert "sim-board-0" in table and "in_use" in table and "alice" in table
+
+    renewed = json.loads(run_cli(env, url, "renew", lease["id"], "--ttl", "2h", "--json").stdout)
+    assert renewed["expires_at"] > lease["expires_at"]
+    status = json.loads(run_cli(env, url, "status", "sim-board-0", "--json").stdout)
+    assert status["id"] == lease["id"]
+
+    refused = run_cli(env, url, "reserve", "sim-board-0", "--json", check=False)
+    assert refused.returncode == 1 and json.loads(refused.stdout)["error"] == "busy"
+    usage = run_cli(env, url, "reserve", "sim-board-0", "--ttl", "soon", "--json", check=False)
+    assert usage.returncode == 2 and json.loads(usage.stdout)["error"] == "usage"
+    unknown = run_cli(env, url, "status", "lease-0000", "--json", check=False)
+    assert unknown.returncode == 1 and json.loads(unknown.stdout)["error"] == "unknown_lease"
+
+    released = json.loads(run_cli(env, url, "release", lease["id"], "--json").stdout)
+    assert released["state"] == "released"
+    wait_state(coordinator, "sim-board-0", "idle")
+    log = json.loads(run_cli(env, url, "log", "sim-board-0", "--json").stdout)
+    assert log[-1]["to"] == "idle" and all({"at", "cause", "actor"} <= e.keys() for e in log)
+    hosts = json.loads(run_cli(env, url, "hosts", "--json").stdout)
+    assert hosts[0]["name"] == "host-a" and "sim" in hosts[0]["plugins"]["loaded"]
+    assert {s["name"] for s in hosts[0]["plugins"]["skipped"]} >= {"uart", "adb"}

@@ -1,0 +1,71 @@
+"""`device-loop up` as a user runs it, and the Python client library against it."""
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import wait_for
+from device_loop.client import Lab
+from device_loop.core.ports import free_port
+from helpers import pid_alive, recorded_pids, uart_exchange
+from test_end_to_end import run_cli
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def lab(tmp_path, env):
+    """`device-loop up` with an extra board from --config; yields (url, data dir, process)."""
+    port = free_port()
+    extra = tmp_path / "extra.toml"
+    extra.write_text('[[devices]]\nname = "sim-extra"\nplugin = "sim"\nclass = "sim-board"\n')
+    data_dir = tmp_path / "lab"
+    log = open(tmp_path / "up.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(data_dir),
+                             "--port", str(port), "--config", str(extra)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: "Ctrl-C stops the lab" in (tmp_path / "up.log").read_text() or proc.poll() is not None,
+             30, what="lab up")
+    assert proc.poll() is None, (tmp_path / "up.log").read_text()
+    yield url, data_dir, proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_up_serves_sim_boards_and_stops_cleanly_on_ctrl_c(lab, env, tmp_path):
+    url, data_dir, proc = lab
+    wait_for(lambda: {"sim-board-0", "sim-board-1", "sim-extra"} <= {
+        line.split()[0] for line in run_cli(env, url, "ls").stdout.splitlines()[1:] if "idle" in line},
+        20, what="three idle boards")
+    out = run_cli(env, url, "reserve", "sim-extra", "--ttl", "30m", "--wait").stdout
+    assert "active" in out and "uart" in out
+    port = int(out.split("127.0.0.1:")[1].split()[0])
+    uart_exchange("127.0.0.1", port, b"hostname\r", b"sim-extra\r\n")
+    services = recorded_pids(data_dir / "exporter")
+    children = recorded_pids(data_dir / "up")
+    assert len(services) == 1 and {r["name"] for r in children.values()} == {"coordinator", "exporter"}
+
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 0
+    assert "lab stopped" in (tmp_path / "up.log").read_text()
+    assert not any(pid_alive(pid) for pid in [*services, *children]), "something outlived the lab"
+    assert recorded_pids(data_dir / "exporter") == {} and recorded_pids(data_dir / "up") == {}
+
+
+def test_client_library_waits_and_releases_even_on_error(lab):
+    url, _, _ = lab
+    lab_client = Lab(url, user="carol")
+    wait_for(lambda: any(d["name"] == "sim-board-1" and d["state"] == "idle" for d in lab_client.devices()),
+             20, what="sim-board-1 idle")
+    with pytest.raises(RuntimeError, match="test failure"):
+        with lab_client.reserve("sim-board-1", ttl="10m") as lease:
+            assert lease.state == "active"
+            host, port = lease.endpoint("uart")
+            uart_exchange(host, port, b"uname\r", b"Linux sim-board-1")
+            raise RuntimeError("test failure")
+    assert lease.state == "released"
+    assert lab_client.lease(lease.id).state == "released"
+    assert lab_client.my_leases() == []

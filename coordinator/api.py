@@ -112,7 +112,8 @@ async def heartbeat(request: Request) -> Response:
 
 async def desired(request: Request) -> Response:
     etag = request.query_params.get("etag")
-    return _json(await _rules(request).wait_desired(request.path_params["name"], etag, _wait_s(request)))
+    rules, name = _rules(request), request.path_params["name"]
+    return _json(await rules.wait_desired(name, etag, _wait_s(request), request.is_disconnected))
 
 
 @idempotent
@@ -129,7 +130,7 @@ async def lease_status(request: Request) -> Response:
     rules, caller = _rules(request), caller_identity(request).name
     lease_id = request.path_params["lease_id"]
     unless = request.query_params.get("unless")
-    return _json(await rules.wait_lease(lease_id, caller, unless, _wait_s(request)))
+    return _json(await rules.wait_lease(lease_id, caller, unless, _wait_s(request), request.is_disconnected))
 
 
 @idempotent

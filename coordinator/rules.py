@@ -419,27 +419,27 @@ class Rules:
         etag = hashlib.sha256(json.dumps(services, sort_keys=True).encode()).hexdigest()[:16]
         return {"services": services, "etag": etag}
 
-    async def wait_desired(self, host_name: str, etag: str | None, wait_s: float) -> dict:
-        """Long-poll: the desired state as soon as its etag differs from ``etag``."""
-        deadline = self.clock() + wait_s
+    async def _long_poll(self, key: str, read, done, wait_s: float, gone) -> dict:
+        """``read()`` again at each change of ``key`` until ``done(value)``, ``wait_s`` runs
+        out, or the caller has ``gone()`` away."""
+        deadline = time.monotonic() + wait_s
         while True:
-            event = self.notifier.watch(host_key(host_name))
-            desired = await self.desired(host_name)
-            remaining = deadline - self.clock()
-            if desired["etag"] != etag or remaining <= 0:
-                return desired
+            event = self.notifier.watch(key)
+            value = await read()
+            remaining = deadline - time.monotonic()
+            if done(value) or remaining <= 0 or await gone():
+                return value
             await self.notifier.wait(event, remaining)
 
-    async def wait_lease(self, lease_id: str, caller: str, unless_state: str | None, wait_s: float) -> dict:
+    async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone) -> dict:
+        """Long-poll: the desired state as soon as its etag differs from ``etag``."""
+        return await self._long_poll(host_key(host_name), lambda: self.desired(host_name),
+                                     lambda desired: desired["etag"] != etag, wait_s, gone)
+
+    async def wait_lease(self, lease_id: str, caller: str, unless_state: str | None, wait_s: float, gone) -> dict:
         """Long-poll: the lease as soon as its state is not ``unless_state``."""
-        deadline = self.clock() + wait_s
-        while True:
-            event = self.notifier.watch(lease_key(lease_id))
-            view = await self.lease_status(lease_id, caller)
-            remaining = deadline - self.clock()
-            if view["state"] != unless_state or remaining <= 0:
-                return view
-            await self.notifier.wait(event, remaining)
+        return await self._long_poll(lease_key(lease_id), lambda: self.lease_status(lease_id, caller),
+                                     lambda view: view["state"] != unless_state, wait_s, gone)
 
     # ---- time ------------------------------------------------------------------------
 

@@ -34,13 +34,15 @@ async def _crash(request: Request, exc: Exception) -> JSONResponse:
                         status_code=500)
 
 
-async def _reaper(rules: Rules) -> None:
-    while True:
+async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
+    """Reap every ``reaper_interval_s`` until ``stopping``; a pass is never cut in half."""
+    while not stopping.is_set():
         try:
             await rules.reap()
         except Exception:
             log.exception("reaper pass failed; retrying")
-        await asyncio.sleep(rules.settings.reaper_interval_s)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stopping.wait(), rules.settings.reaper_interval_s)
 
 
 def create_app(database_url: str, settings: Settings | None = None) -> Starlette:
@@ -51,14 +53,14 @@ def create_app(database_url: str, settings: Settings | None = None) -> Starlette
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         await store.connect()
-        reaper = asyncio.create_task(_reaper(rules))
+        stopping = asyncio.Event()
+        reaper = asyncio.create_task(_reaper(rules, stopping))
         log.info("coordinator ready on %s", store.dialect)
         try:
             yield
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            stopping.set()
+            await reaper
             await store.disconnect()
 
     app = Starlette(

@@ -7,6 +7,7 @@ coordinator.
 """
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -19,7 +20,7 @@ import tomli_w
 
 from device_loop.coordinator.serve import default_data_dir
 from device_loop.core.ports import wait_port_open
-from device_loop.core.process import ProcessRegistry
+from device_loop.core.process import ProcessRegistry, start_ticks
 from device_loop.exporter.config import ConfigError, parse_config
 
 SIM_BOARDS = 2
@@ -45,6 +46,19 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
     return config
 
 
+def _claim_data_dir(data_dir: Path) -> None:
+    """Refuse to start a second lab on a data folder whose lab is still running."""
+    pidfile = data_dir / "up.pid"
+    try:
+        pid, ticks = (int(x) for x in pidfile.read_text().split())
+    except (OSError, ValueError):
+        pid, ticks = 0, None
+    if pid and pid != os.getpid() and start_ticks(pid) == ticks:
+        raise click.ClickException(f"a lab on {data_dir} is already running (pid {pid}); stop it first, "
+                                   "or give this one another --data-dir and --port")
+    pidfile.write_text(f"{os.getpid()} {start_ticks(os.getpid())}")
+
+
 @click.command("up")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir,
               show_default="~/.local/share/device-loop")
@@ -61,6 +75,7 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
     config_file.write_text(tomli_w.dumps(config))
 
     registry = ProcessRegistry(data_dir / "up")
+    _claim_data_dir(data_dir)
     registry.stop_leftovers()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,5 +1,6 @@
 """Coordinator and exporter as real processes: reserve, talk to a board, release, crash, restart."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -85,6 +86,24 @@ def test_exporter_killed_and_restarted_converges(coordinator, exporter_factory):
     assert not pid_alive(old_pid), "the old bridge was left running"
     (endpoint,) = current["endpoints"]
     uart_exchange(endpoint["host"], endpoint["port"], b"uname\r", b"Linux sim-board-0")
+
+
+def test_a_service_that_dies_is_restarted(coordinator, exporter_factory):
+    exporter = exporter_factory()
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
+    (old_pid,) = recorded_pids(exporter.state_dir)
+    os.kill(old_pid, signal.SIGKILL)
+
+    def restarted():
+        pids = recorded_pids(exporter.state_dir)
+        current = coordinator.api(f"/leases/{lease['id']}").json()
+        fresh = current["endpoints"] and current["endpoints"] != lease["endpoints"]
+        return current if pids and old_pid not in pids and fresh else None
+    current = wait_for(restarted, 15, what="a new bridge")
+    (endpoint,) = current["endpoints"]
+    uart_exchange(endpoint["host"], endpoint["port"], b"uname\r", b"Linux sim-board-0")
+    assert "died; restarting it" in exporter.output()
 
 
 def test_coordinator_restart_keeps_leases(coordinator, exporter_factory):

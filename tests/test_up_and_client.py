@@ -48,6 +48,11 @@ def test_up_serves_sim_boards_and_stops_cleanly_on_ctrl_c(lab, env, tmp_path):
     children = recorded_pids(data_dir / "up")
     assert len(services) == 1 and {r["name"] for r in children.values()} == {"coordinator", "exporter"}
 
+    second = subprocess.run([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(data_dir),
+                             "--port", str(free_port())], env=env, capture_output=True, text=True, timeout=30)
+    assert second.returncode == 1 and "already running" in second.stderr
+    assert all(pid_alive(pid) for pid in [*services, *children]), "a second 'up' broke the running lab"
+
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 0
     assert "lab stopped" in (tmp_path / "up.log").read_text()

@@ -7,7 +7,7 @@ import click
 
 from device_loop.core.durations import parse_duration
 
-from .http import Coordinator, CoordinatorError
+from .http import CoordinatorError
 from .lab import Lab, Lease, LeaseFailed
 from .output import emit, fail, lease_text, table, time_left
 

@@ -21,6 +21,7 @@ MIGRATIONS: list[list[str]] = [
             heartbeat_s DOUBLE PRECISION NOT NULL,
             plugins TEXT NOT NULL,
             services TEXT NOT NULL,
+            superseded_boots TEXT NOT NULL,
             last_seen DOUBLE PRECISION NOT NULL,
             online BOOLEAN NOT NULL
         )""",

@@ -134,6 +134,9 @@ class Rules:
         host = await self.store.host(device["host"]) if device["host"] else None
         services = [s for s in (host["services"] if host else []) if s["lease"] == lease["id"]]
         endpoints = [e for s in services for e in s["endpoints"]] if lease["state"] in LIVE else []
+        up = {s["identifier"] for s in services if s["endpoints"] and not s.get("error")}
+        resources = {r["identifier"] for r in await self.store.resources_of(lease["device"])}
+        ready = lease["state"] == "active" and device["state"] == "in_use" and bool(resources) and resources <= up
         return {
             "id": lease["id"],
             "device": lease["device"],
@@ -146,8 +149,8 @@ class Rules:
             "device_state": device["state"],
             "host": device["host"],
             "endpoints": endpoints,
-            "ready": lease["state"] == "active" and device["state"] == "in_use",
-            "reason": self._lease_reason(lease, device, host, services),
+            "ready": ready,
+            "reason": "ready" if ready else self._lease_reason(lease, device, host, services),
         }
 
     def _lease_reason(self, lease: dict, device: dict, host: dict | None, services: list[dict]) -> str:
@@ -161,7 +164,7 @@ class Rules:
             return "service failed to start: " + "; ".join(errors)
         if lease["state"] == "pending":
             return f"waiting for exporter {device['host']} to start the services (pending is not an error)"
-        return "ready"
+        return f"exporter {device['host']} is restarting the services; endpoints come back shortly"
 
     # ---- leases --------------------------------------------------------------------
 
@@ -289,44 +292,60 @@ class Rules:
             raise APIError(400, "protocol_mismatch",
                            f"exporter {host_name} speaks protocol {report.protocol}, this coordinator "
                            f"speaks {PROTOCOL_VERSION}: run the same device-loop version on both")
-        async with self.store.tx():
-            previous = await self.store.host(host_name)
-            same_boot = previous is not None and previous["boot_id"] == report.boot_id
-            if same_boot and report.generation < previous["generation"]:
-                raise conflict("stale_heartbeat",
-                               f"generation {report.generation} is older than {previous['generation']} "
-                               f"for boot {report.boot_id}")
-            if not (same_boot and report.generation == previous["generation"]):
-                changed_leases = await self._apply_snapshot(host_name, report, actor)
-            else:
-                changed_leases = []
+        try:
+            async with self.store.tx():
+                previous = await self.store.host(host_name)
+                self._refuse_stale(host_name, previous, report)
+                same_boot = previous is not None and previous["boot_id"] == report.boot_id
+                if not (same_boot and report.generation == previous["generation"]):
+                    changed_leases = await self._apply_snapshot(host_name, report, actor)
+                else:
+                    changed_leases = []
+        except UniqueViolation:  # another coordinator process wrote the same row first
+            raise conflict("concurrent_update", "another report changed these devices at the same time; "
+                                                "the next heartbeat will go through") from None
         self.notifier.changed(host_key(host_name), *map(lease_key, changed_leases))
         return await self.desired(host_name)
+
+    @staticmethod
+    def _refuse_stale(host_name: str, previous: dict | None, report: HeartbeatIn) -> None:
+        """An older generation of this boot, or a boot that a newer start replaced: 409."""
+        if previous is None:
+            return
+        if report.boot_id in previous["superseded_boots"]:
+            raise conflict("superseded_boot",
+                           f"boot {report.boot_id} of exporter {host_name} was replaced by a newer start; "
+                           f"if two exporters run with the name {host_name!r}, give each its own [exporter] name")
+        if previous["boot_id"] == report.boot_id and report.generation < previous["generation"]:
+            raise conflict("stale_heartbeat", f"generation {report.generation} is older than "
+                                              f"{previous['generation']} for boot {report.boot_id}")
 
     async def _apply_snapshot(self, host_name: str, report: HeartbeatIn, actor: str) -> list[str]:
         now = self.clock()
         previous = await self.store.host(host_name)
+        superseded = previous["superseded_boots"] if previous else []
+        if previous and previous["boot_id"] != report.boot_id:
+            superseded = (superseded + [previous["boot_id"]])[-8:]
         await self.store.save_host({
             "name": host_name, "boot_id": report.boot_id, "generation": report.generation,
             "protocol": report.protocol, "version": report.version, "heartbeat_s": report.heartbeat_s,
             "plugins": report.plugins.model_dump(),
             "services": [s.model_dump(exclude_none=True) for s in report.services],
-            "last_seen": now, "online": True,
+            "superseded_boots": superseded, "last_seen": now, "online": True,
         })
         cause = "host is heartbeating again" if previous and not previous["online"] else "exporter report"
         reported, claimed = set(), set()
         touched: set[str] = set()
         causes: dict[str, str] = {}
         for device in report.devices:
-            owner = await self._owner_by_identifier(device)
-            if owner is not None and owner != device.name:
+            owner = await self._owner_by_identifier(device, host_name)
+            if owner is not None:
                 claimed.add(owner)
                 touched |= await self._claim(owner, host_name)
                 continue
             row = await self.store.device(device.name)
             if row is not None and row["host"] not in (None, host_name):
-                owner_host = await self.store.host(row["host"])
-                if owner_host and owner_host["online"] and row["present"]:
+                if row["present"] and await self._host_online(row["host"]):
                     claimed.add(device.name)
                     touched |= await self._claim(device.name, host_name)
                     continue
@@ -349,12 +368,24 @@ class Rules:
             await self._refresh(name, causes.get(name, cause), actor)
         return list(activated.values())
 
-    async def _owner_by_identifier(self, device) -> str | None:
+    async def _owner_by_identifier(self, device, host_name: str) -> str | None:
+        """The device that holds one of these identifiers on another live host, if any.
+
+        On this host (a renamed device, a camera moved to another device in the config)
+        or on a host that lost it, the identifier simply changes hands.
+        """
         for resource in device.resources:
             row = await self.store.resource(resource.identifier)
-            if row is not None:
-                return row["device"]
+            if row is None or row["device"] == device.name:
+                continue
+            owner = await self.store.device(row["device"])
+            if owner["host"] != host_name and owner["present"] and await self._host_online(owner["host"]):
+                return owner["name"]
         return None
+
+    async def _host_online(self, name: str | None) -> bool:
+        host = await self.store.host(name) if name else None
+        return bool(host and host["online"])
 
     async def _claim(self, name: str, host_name: str) -> set[str]:
         """A second host reports a device another host owns: the first keeps it (conflict)."""
@@ -463,7 +494,11 @@ class Rules:
                 now, self.settings.offline_after_periods, self.settings.offline_after_min_s)
             for host_name in silent:
                 await self.store.set_host_offline(host_name)
+                cause = f"host {host_name} stopped heartbeating"
+                for device in await self.store.devices_claimed_by(host_name):
+                    await self.store.update_device(device["name"], conflict_host=None)
+                    await self._refresh(device["name"], cause + " (it claimed this device too)", actor)
                 for device in await self.store.devices_of_host(host_name):
-                    await self._refresh(device["name"], f"host {host_name} stopped heartbeating", actor)
+                    await self._refresh(device["name"], cause, actor)
             await self.store.drop_idempotency_keys_before(now - 86400)
         self.notifier.changed(*changed)

@@ -2,13 +2,13 @@
 not smuggle in a field the coordinator owns (``mediated``, ``owner``, a lease binding)."""
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ReserveIn(Strict):
@@ -37,7 +37,7 @@ class ResourceIn(Strict):
 
 
 class HolderIn(Strict):
-    pid: int
+    pid: int = Field(ge=0, le=2**31)
     command: str = Field(max_length=1000)
 
 
@@ -79,9 +79,19 @@ class HeartbeatIn(Strict):
     protocol: int
     version: str = Field(max_length=64)
     boot_id: str = Field(min_length=1, max_length=64)
-    generation: int = Field(ge=0)
+    generation: int = Field(ge=0, le=2**63 - 1)
     heartbeat_s: float = Field(gt=0, le=3600)
     plugins: PluginsIn = Field(default_factory=PluginsIn)
     devices: list[DeviceIn] = Field(default_factory=list, max_length=1000)
     services: list[ServiceIn] = Field(default_factory=list, max_length=4000)
     applied: list[str] = Field(default_factory=list, description="lease ids of the desired state last converged to")
+
+    @model_validator(mode="after")
+    def _each_thing_once(self):
+        names = [d.name for d in self.devices]
+        identifiers = [r.identifier for d in self.devices for r in d.resources]
+        for what, values in (("device name", names), ("resource identifier", identifiers)):
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(f"each {what} may appear once in a report: {', '.join(repeated)}")
+        return self

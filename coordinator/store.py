@@ -11,7 +11,7 @@ import databases
 from .migrations import MIGRATIONS, SERIAL
 
 LIVE = ("pending", "active")
-_JSON_COLUMNS = {"tags", "plugins", "services", "busy_by", "detail"}
+_JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail"}
 _BOOL_COLUMNS = {"online", "present", "retired"}
 
 
@@ -20,8 +20,9 @@ class UniqueViolation(Exception):
 
 
 def _is_unique_violation(exc: Exception) -> bool:
+    """sqlite3 / aiosqlite, asyncpg and psycopg each name it their own way."""
     name = type(exc).__name__
-    return name == "IntegrityError" and "UNIQUE" in str(exc).upper() or name == "UniqueViolationError"
+    return name == "IntegrityError" and "UNIQUE" in str(exc).upper() or name in ("UniqueViolationError", "UniqueViolation")
 
 
 def _row(record) -> dict[str, Any] | None:
@@ -157,8 +158,10 @@ class Store:
         return await self._one("SELECT * FROM resources WHERE identifier = :i", i=identifier)
 
     async def replace_resources(self, device: str, rows: list[dict]) -> None:
+        """Give ``device`` exactly these resources, taking identifiers from other devices."""
         await self._exec("DELETE FROM resources WHERE device = :d", d=device)
         for row in rows:
+            await self._exec("DELETE FROM resources WHERE identifier = :i", i=row["identifier"])
             await self._insert("resources", {**row, "device": device})
 
     # leases
@@ -189,15 +192,13 @@ class Store:
             f"SELECT * FROM leases WHERE state IN ({marks}) AND {column} < :before", before=before)
 
     async def end_lease(self, lease_id: str, state: str, reason: str, now: float) -> bool:
-        """Move a live lease to a final state; False if it was no longer live."""
-        before = await self.lease(lease_id)
-        if before is None or before["state"] not in LIVE:
-            return False
-        await self._exec(
+        """Move a live lease to a final state; False if it was no longer live (here or in
+        another coordinator process)."""
+        ended = await self.db.fetch_one(
             "UPDATE leases SET state = :state, end_reason = :reason, ended_at = :now "
-            "WHERE id = :id AND state IN ('pending', 'active')",
-            state=state, reason=reason, now=now, id=lease_id)
-        return True
+            "WHERE id = :id AND state IN ('pending', 'active') RETURNING id",
+            {"state": state, "reason": reason, "now": now, "id": lease_id})
+        return ended is not None
 
     async def activate_lease(self, lease_id: str) -> None:
         await self._exec("UPDATE leases SET state = 'active' WHERE id = :id AND state = 'pending'", id=lease_id)

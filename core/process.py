@@ -55,7 +55,18 @@ class Proc:
     def alive(self) -> bool:
         if self.popen is not None:
             return self.popen.poll() is None
-        return start_ticks(self.pid) == self.record["start_ticks"]
+        ticks = start_ticks(self.pid)
+        return ticks is not None and ticks == self.record["start_ticks"]
+
+    def _group_exists(self) -> bool:
+        """Whether anything is left in the process group the process leads."""
+        try:
+            os.killpg(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
     def output(self) -> str:
         """What the process wrote so far (stdout and stderr)."""
@@ -65,29 +76,29 @@ class Proc:
             return ""
 
     def signal(self, sig: int) -> None:
-        if self.alive():
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        """Signal the process and everything it forked (its process group).
+
+        A recorded process of an earlier run is signalled only while its start time
+        still matches, so a reused pid is never hit.
+        """
+        if self.popen is None and not self.alive():
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def wait(self, timeout: float) -> bool:
-        """Wait until the process is gone (and reaped, if it is our child)."""
-        if self.popen is not None:
-            try:
-                self.popen.wait(timeout)
-                return True
-            except subprocess.TimeoutExpired:
-                return False
+        """Wait until the process and its group are gone (reaped, if it is our child)."""
         deadline = time.monotonic() + timeout
-        while self.alive():
+        while self.alive() or (self.popen is not None and self._group_exists()):
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
         return True
 
     def stop(self, grace: float = 3.0) -> None:
-        """SIGTERM, wait ``grace`` seconds, then SIGKILL; return once it is reaped."""
+        """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; return once all is reaped."""
         self.signal(signal.SIGTERM)
         if not self.wait(grace):
             log.warning("%s (pid %d) ignored SIGTERM; sending SIGKILL", self.name, self.pid)
@@ -117,7 +128,9 @@ class ProcessRegistry:
             )
         record = {"pid": popen.pid, "start_ticks": start_ticks(popen.pid), "name": name,
                   "lease": lease, "argv": argv, "log": str(log_path)}
-        (self.dir / f"{popen.pid}.json").write_text(json.dumps(record))
+        partial = self.dir / f".{popen.pid}.json.tmp"
+        partial.write_text(json.dumps(record))
+        partial.replace(self.dir / f"{popen.pid}.json")  # a crash never leaves half a record
         return Proc(self, record, popen)
 
     def forget(self, proc: Proc) -> None:

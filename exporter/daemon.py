@@ -3,13 +3,13 @@
 Level-triggered: each heartbeat answer is the whole desired state of this host, and
 the exporter stops what is extra and starts what is missing. A long-poll of the desired
 state wakes the loop early, so a new lease's services start within milliseconds; the
-periodic heartbeat stays the source of truth.
+periodic heartbeat stays the source of truth. Nothing a plugin does (raise, hang in a
+stop, return junk) may take the exporter down with it.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 import uuid
@@ -18,16 +18,17 @@ from dataclasses import dataclass
 import httpx2
 
 from device_loop.core import PROTOCOL_VERSION, __version__
-from device_loop.core.holders import command_of, holders
 from device_loop.core.host import HostContext
 from device_loop.core.model import Health, LeaseRef, Resource, Service
 from device_loop.core.plugins import PluginSet
 from device_loop.core.ports import wait_port_free
 
 from .config import ExporterConfig
+from .orphans import OrphanWatch
 
 log = logging.getLogger("device_loop.exporter")
 LONG_POLL_S = 25.0
+NOTHING_DESIRED = {"services": [], "etag": None}
 
 
 @dataclass
@@ -51,11 +52,12 @@ class Exporter:
             advertise_address=section.advertise_address or section.bind_address,
             configured_resources=config.configured_resources(),
         )
+        self.orphans = OrphanWatch(config.state_dir)
         self.loaded: list[str] = []
         self.skipped: list[dict] = []
         self.running: dict[tuple[str, str], Running] = {}
         self.start_errors: dict[tuple[str, str], dict] = {}
-        self.baseline: dict[str, set[int]] = {}
+        self.last_found: dict[str, list[Resource]] = {}
         self.applied: set[str] = set()
         self.etag: str | None = None
         self.wake = threading.Event()
@@ -70,10 +72,9 @@ class Exporter:
         for record in self.host.processes.stop_leftovers():
             log.warning("stopped leftover %s of lease %s from an earlier run", record["name"], record["lease"])
         for name in self.plugins.names():
-            try:
-                reason = self.plugins.call(name, "devloop_available", host=self.host)
-            except Exception as exc:  # a broken third-party plugin must not stop the host
-                reason = f"availability check crashed: {exc!r}"
+            reason = self._try(name, "availability check", "devloop_available", host=self.host)
+            if not reason:
+                reason = self._try(name, "startup", "devloop_startup", host=self.host, ok=None)
             if reason:
                 self.skipped.append({"name": name, "reason": reason})
                 self.plugins.unregister(name)
@@ -81,29 +82,40 @@ class Exporter:
             else:
                 self.loaded.append(name)
         log.info("plugins loaded: %s", ", ".join(self.loaded) or "none")
-        for name in self.loaded:
-            self.plugins.call(name, "devloop_startup", host=self.host)
+
+    def _try(self, plugin: str, what: str, hook: str, ok=..., **kwargs):
+        """Call a hook; a crash becomes a reason string (a broken plugin must not stop the host)."""
+        try:
+            result = self.plugins.call(plugin, hook, **kwargs)
+            return result if ok is ... else ok
+        except Exception as exc:
+            log.exception("%s of plugin %s crashed", what, plugin)
+            return f"{what} crashed: {exc!r}"
 
     def shutdown(self) -> None:
         with self._lock:
             for key in list(self.running):
                 self._stop(key)
         for name in self.loaded:
-            self.plugins.call(name, "devloop_shutdown", host=self.host)
+            self._try(name, "shutdown", "devloop_shutdown", host=self.host)
         self.http.close()
 
     # ---- one pass -------------------------------------------------------------------------
 
     def discover(self) -> list[Resource]:
-        """Every resource of every loaded plugin (read-only; no process is spawned)."""
+        """Every resource of every loaded plugin (read-only; no process is spawned).
+
+        A plugin whose discovery fails keeps its last good result: a failure to look is
+        not evidence that the devices are gone (their leases would be torn down).
+        """
         resources = []
         for name in self.loaded:
             try:
                 found = self.plugins.call(name, "devloop_discover", host=self.host) or []
+                self.last_found[name] = [dataclasses.replace(r, plugin=name) for r in found]
             except Exception:
-                log.exception("discovery of plugin %s failed", name)
-                continue
-            resources += [dataclasses.replace(r, plugin=name) for r in found]
+                log.exception("discovery of plugin %s failed; keeping what it found before", name)
+            resources += self.last_found.get(name, [])
         return resources
 
     def health(self, resource: Resource) -> Health:
@@ -112,23 +124,18 @@ class Exporter:
         except Exception as exc:
             return Health("failed", f"health check crashed: {exc!r}")
 
-    def _orphans(self, resource: Resource) -> list[dict]:
-        """Processes holding the node that neither we started nor held it before (DESIGN §8)."""
-        if not resource.node:
-            return []
-        ours = {os.getpid()} | {pid for r in self.running.values() for pid in r.service.pids()}
-        current = holders(resource.node)
-        baseline = self.baseline.setdefault(resource.identifier, current - ours)
-        return [{"pid": pid, "command": command_of(pid)} for pid in sorted(current - ours - baseline)]
+    def _our_pids(self) -> set[int]:
+        return {pid for run in self.running.values() for pid in run.service.pids()}
 
     def report(self, resources: list[Resource]) -> dict:
         devices: dict[str, dict] = {}
+        ours = self._our_pids()
         for r in resources:
             health = self.health(r)
             entry = devices.setdefault(r.device, {"name": r.device, "class": r.device_class,
                                                   "tags": list(r.tags), "resources": [], "busy_by": []})
             entry["resources"].append({**r.to_report(), "health": health.status, "reason": health.reason})
-            entry["busy_by"] += self._orphans(r)
+            entry["busy_by"] += self.orphans.orphans(r, ours)
         services = [{"lease": lease_id, "device": run.resource.device, "identifier": ident,
                      "kind": run.resource.kind, "endpoints": [e.to_json() for e in run.service.endpoints]}
                     for (lease_id, ident), run in self.running.items()]
@@ -141,17 +148,29 @@ class Exporter:
                 "devices": list(devices.values()), "services": services, "applied": sorted(self.applied)}
 
     def heartbeat(self, resources: list[Resource]) -> dict | None:
+        """Send the snapshot; the desired state to converge to, or None to leave all as is.
+
+        When the coordinator refuses the report, the exporter still converges: to the
+        desired state it can read, or to nothing if a newer exporter took its name.
+        """
         try:
             response = self.http.post(f"/api/v1/hosts/{self.name}/heartbeat", json=self.report(resources))
-        except httpx2.HTTPError as exc:
+            answer = response.json()
+        except (httpx2.HTTPError, ValueError) as exc:
             log.warning("coordinator unreachable (%s); services keep running as they are", exc)
             return None
-        if response.status_code != 200:
-            log.error("heartbeat refused (%d): %s", response.status_code, response.text)
-            return None
-        desired = response.json()
-        self.etag = desired["etag"]
-        return desired
+        if response.status_code == 200:
+            self.etag = answer["etag"]
+            return answer
+        log.error("heartbeat refused (%d): %s", response.status_code, answer.get("message", answer))
+        if answer.get("error") == "superseded_boot":
+            return NOTHING_DESIRED
+        if 400 <= response.status_code < 500:
+            try:
+                return self.http.get(f"/api/v1/hosts/{self.name}/desired").json()
+            except (httpx2.HTTPError, ValueError):
+                return None
+        return None
 
     def reconcile(self, desired: dict, resources: list[Resource]) -> bool:
         """Stop the extra, start the missing; True if anything changed."""
@@ -163,7 +182,7 @@ class Exporter:
                 log.warning("service for %s of %s died; restarting it", key[1], key[0])
             self._stop(key)
             changed = True
-        self._stop_lease_leftovers({lease for lease, _ in wanted})
+        self._stop_strays({lease for lease, _ in wanted})
         for key in [k for k in self.start_errors if k not in wanted]:
             del self.start_errors[key]
         for key, spec in wanted.items():
@@ -173,44 +192,58 @@ class Exporter:
             if resource is None:
                 self._failed(key, spec["device"], spec["kind"], f"{spec['identifier']} is not present on host {self.name}")
                 continue
-            changed |= self._start(key, resource, LeaseRef(spec["lease"], spec["holder"]))
+            self._start(key, resource, LeaseRef(spec["lease"], spec["holder"]))
+            changed = True
         self.applied = {lease for lease, _ in wanted}
         return changed
 
-    def _start(self, key: tuple[str, str], resource: Resource, lease: LeaseRef) -> bool:
-        if resource.node:
-            self.baseline[resource.identifier] = holders(resource.node) - {os.getpid()}
+    def _start(self, key: tuple[str, str], resource: Resource, lease: LeaseRef) -> None:
+        if not any(k[1] == resource.identifier for k in self.running):
+            self.orphans.lease_begins(resource)
         try:
             service = self.plugins.call(resource.plugin, "devloop_start", host=self.host,
                                         resource=resource, lease=lease)
+            if not isinstance(service, Service):
+                raise TypeError(f"plugin {resource.plugin} returned {service!r}, not a Service")
         except Exception as exc:
             log.error("starting %s for %s failed: %s", resource.identifier, lease.id, exc)
             self._failed(key, resource.device, resource.kind, f"{resource.kind}: {exc}")
-            return True
+            self._stop_strays({k[0] for k in self.running}, also=lease.id)
+            return
         self.start_errors.pop(key, None)
         self.running[key] = Running(resource, lease, service)
         log.info("started %s for %s: %s", resource.identifier, lease.id,
                  ", ".join(f"{e.host}:{e.port}" for e in service.endpoints))
-        return True
 
     def _failed(self, key: tuple[str, str], device: str, kind: str, message: str) -> None:
         self.start_errors[key] = {"device": device, "kind": kind, "error": message}
 
     def _stop(self, key: tuple[str, str]) -> None:
+        """Stop one service. If its plugin fails to, its processes stay recorded and
+        ``_stop_strays`` tries again on the next pass."""
         run = self.running.pop(key)
-        self.plugins.call(run.resource.plugin, "devloop_stop", host=self.host, service=run.service)
+        try:
+            self.plugins.call(run.resource.plugin, "devloop_stop", host=self.host, service=run.service)
+        except Exception:
+            log.exception("stopping %s for %s failed; will retry", key[1], key[0])
+            return
         for endpoint in run.service.endpoints:
             if not wait_port_free(self.host.bind_address, endpoint.port):
                 log.error("port %d of %s is still taken after stop", endpoint.port, key[0])
         log.info("stopped %s for %s", key[1], key[0])
 
-    def _stop_lease_leftovers(self, live_leases: set[str]) -> None:
-        """A process started for a lease that is over is an orphan: stop it."""
-        tracked = {pid for run in self.running.values() for pid in run.service.pids()}
+    def _stop_strays(self, live_leases: set[str], also: str | None = None) -> None:
+        """Stop recorded processes that no running service owns and whose lease is over
+        (or is ``also``, whose start just failed): orphans of ours."""
+        ours = self._our_pids()
         for proc in self.host.processes.recorded():
-            if proc.record.get("lease") not in live_leases and proc.pid not in tracked:
-                log.warning("stopping orphan %s (pid %d) of ended lease %s", proc.name, proc.pid, proc.record["lease"])
-                proc.stop()
+            lease = proc.record.get("lease")
+            if proc.pid not in ours and (lease not in live_leases or lease == also):
+                log.warning("stopping stray %s (pid %d) of lease %s", proc.name, proc.pid, lease)
+                try:
+                    proc.stop()
+                except RuntimeError:
+                    log.exception("could not stop %s", proc.name)
 
     def cycle(self) -> None:
         """One pass; a second heartbeat follows at once when services changed."""
@@ -230,13 +263,14 @@ class Exporter:
             try:
                 response = client.get(f"/api/v1/hosts/{self.name}/desired",
                                       params={"etag": seen or "", "wait": LONG_POLL_S})
-                if response.status_code == 200 and response.json()["etag"] != seen:
-                    seen = response.json()["etag"]
-                    self.wake.set()
-                elif response.status_code != 200:
-                    self.stopping.wait(self.config.exporter.heartbeat_s)
-            except httpx2.HTTPError:
+                etag = response.json()["etag"] if response.status_code == 200 else None
+            except (httpx2.HTTPError, ValueError, KeyError):
+                etag = None
+            if etag is None:
                 self.stopping.wait(self.config.exporter.heartbeat_s)
+            elif etag != seen:
+                seen = etag
+                self.wake.set()
         client.close()
 
     def run(self) -> None:
@@ -248,7 +282,10 @@ class Exporter:
             while not self.stopping.is_set():
                 self.wake.clear()
                 started = time.monotonic()
-                self.cycle()
+                try:
+                    self.cycle()
+                except Exception:
+                    log.exception("exporter pass failed; trying again next period")
                 self.wake.wait(max(0.0, self.config.exporter.heartbeat_s - (time.monotonic() - started)))
         finally:
             self.shutdown()

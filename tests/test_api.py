@@ -251,8 +251,82 @@ async def test_ring_log_keeps_last_twenty(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api = client()
         exporter = FakeExporter(api, "host-a")
-        for i in range(15):
+        for _ in range(15):
             await exporter.beat([device("b0", health="failed")])
             await exporter.beat([device("b0")])
         log = (await api.get("/devices/b0/log")).json()
         assert len(log) == 20 and log[-1]["to"] == "idle" and log[-1]["actor"] == "exporter:host-a"
+
+
+async def test_numbers_out_of_range_are_refused_not_crashed(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        assert (await exporter.beat([device("b0")], generation=2**64)).status_code == 422
+        infinite = await api.post("/leases", content=b'{"device": "b0", "ttl_s": Infinity}',
+                                  headers={"content-type": "application/json"})
+        assert infinite.status_code == 422
+        twice = await exporter.beat([device("b0"), device("b1", identifier="sim:b0")])
+        assert twice.status_code == 422 and "sim:b0" in twice.json()["message"]
+
+
+async def test_identifiers_change_hands_on_one_host(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0", identifier="cam-1"), device("b1", identifier="uart-1")])
+        # the admin moves the camera to b1 in the config, and renames b0
+        moved = {**device("b1", identifier="uart-1")}
+        moved["resources"] = moved["resources"] + [{"kind": "video", "plugin": "sim", "identifier": "cam-1"}]
+        response = await exporter.beat([moved, device("b0-new", identifier="cam-9")])
+        assert response.status_code == 200, response.text
+        b1 = (await api.get("/devices/b1")).json()
+        assert {r["identifier"] for r in b1["resources"]} == {"uart-1", "cam-1"} and b1["state"] == "idle"
+        renamed = await exporter.beat([device("b1-renamed", identifier="uart-1"), device("b0-new", identifier="cam-9")])
+        assert renamed.status_code == 200
+        assert await state_of(api, "b1-renamed") == "idle"
+        assert await state_of(api, "b1") == "offline"
+
+
+async def test_claims_of_a_silent_host_are_dropped(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        a, b = FakeExporter(api, "host-a"), FakeExporter(api, "host-b")
+        await a.beat([device("b0")])
+        await b.beat([device("b0")])
+        assert await state_of(api, "b0") == "conflict"
+        clock.advance(11)
+        await a.beat([device("b0")])
+        await rules.reap()
+        assert await state_of(api, "b0") == "idle"
+
+
+async def test_a_replaced_boot_is_refused_so_two_exporters_with_one_name_do_not_flap(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        first, second = FakeExporter(api, "pi"), FakeExporter(api, "pi")
+        assert (await first.beat([device("b0")])).status_code == 200
+        assert (await second.beat([device("b1")])).status_code == 200
+        for _ in range(3):
+            refused = await first.beat([device("b0")])
+            assert refused.status_code == 409 and refused.json()["error"] == "superseded_boot"
+            assert "own [exporter] name" in refused.json()["message"]
+            assert (await second.beat([device("b1")])).status_code == 200
+        assert await state_of(api, "b1") == "idle"
+        assert len((await api.get("/devices/b1/log")).json()) == 1
+
+
+async def test_active_lease_is_not_ready_while_its_services_are_rebuilt(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0")])
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        await exporter.serve(lease)
+        exporter.reboot()  # killed and restarted: runs nothing yet
+        await exporter.beat([device("b0")])
+        rebuilding = (await api.get(f"/leases/{lease['id']}")).json()
+        assert rebuilding["state"] == "active" and not rebuilding["ready"] and rebuilding["endpoints"] == []
+        assert "restarting the services" in rebuilding["reason"]
+        await exporter.serve(lease, port=4001)
+        assert (await api.get(f"/leases/{lease['id']}")).json()["ready"]

@@ -1,4 +1,6 @@
 """Process supervision: stop means reaped, stubborn processes get SIGKILL, leftovers are found."""
+import json
+import subprocess
 import sys
 import time
 
@@ -41,16 +43,45 @@ def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
     assert time.monotonic() - started < 5
 
 
+CRASHING_RUN = """
+import os, sys
+from device_loop.core.process import ProcessRegistry
+proc = ProcessRegistry(sys.argv[1]).spawn(sys.argv[2:], name="left-behind", lease="lease-9")
+print(proc.pid, flush=True)
+os._exit(0)  # like kill -9: nothing is stopped, the child is re-parented
+"""
+
+
 def test_leftovers_of_a_crashed_run_are_stopped(tmp_path):
-    first = ProcessRegistry(tmp_path)
-    proc = first.spawn(IGNORES_SIGTERM, name="left-behind", lease="lease-9")
-    wait_output(proc, "ready")
-    # a new run (after kill -9 of the old one) knows the process only from its record
-    second = ProcessRegistry(tmp_path)
-    stopped = second.stop_leftovers()
-    assert [r["pid"] for r in stopped] == [proc.pid] and stopped[0]["lease"] == "lease-9"
-    proc.popen.wait(5)  # our test process is still its parent: reap it here
-    assert second.recorded() == []
+    crashed = subprocess.run([sys.executable, "-c", CRASHING_RUN, str(tmp_path), *IGNORES_SIGTERM],
+                             capture_output=True, text=True, timeout=10, check=True)
+    pid = int(crashed.stdout)
+    assert pid_alive(pid)
+    # a new run knows the process only from its record; it is nobody's child here
+    registry = ProcessRegistry(tmp_path)
+    stopped = registry.stop_leftovers()
+    assert [r["pid"] for r in stopped] == [pid] and stopped[0]["lease"] == "lease-9"
+    assert not pid_alive(pid)
+    assert registry.recorded() == []
+
+
+def test_stop_takes_what_the_process_forked_with_it(tmp_path):
+    registry = ProcessRegistry(tmp_path)
+    forks = registry.spawn(["sh", "-c", "sleep 60 & echo $!; wait"], name="forker")
+    wait_output(forks, "\n")
+    grandchild = int(forks.output().split()[0])
+    assert pid_alive(grandchild)
+    forks.stop()
+    assert not pid_alive(grandchild)
+
+
+def test_a_process_gone_before_it_was_recorded_is_not_alive(tmp_path):
+    registry = ProcessRegistry(tmp_path)
+    proc = registry.spawn(["true"], name="quick")
+    proc.popen.wait()
+    record = dict(proc.record, start_ticks=None)
+    (registry.dir / f"{proc.pid}.json").write_text(json.dumps(record))
+    assert ProcessRegistry(tmp_path).recorded() == []
 
 
 def test_a_reused_pid_is_not_mistaken_for_a_leftover(tmp_path):

@@ -41,7 +41,9 @@ class Coordinator:
         self.http.close()
 
     def get(self, path: str, **params):
-        return self._request("GET", path, params=params or None)
+        """A read; a long-poll (``wait=S``) gets S seconds more than the usual timeout."""
+        timeout = self.http.timeout.read + float(params.get("wait", 0))
+        return self._request("GET", path, params=params or None, timeout=timeout)
 
     def post(self, path: str, body: dict | None = None):
         """A mutating call: one Idempotency-Key, reused on every retry."""

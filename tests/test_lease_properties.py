@@ -1,6 +1,6 @@
 """Property test of the lease rules: whatever clients and exporters do, in any order,
 a device never has two live leases, expiry frees it, a repeated Idempotency-Key changes
-nothing, and stale or duplicate heartbeats change nothing."""
+nothing, stale or duplicate heartbeats change nothing, and the lab always settles."""
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -107,3 +107,10 @@ async def test_lease_rules_hold_under_any_sequence(tmp_path, ops):
                 assert d["holder"] == (live[0]["holder"] if live else None)
                 if live:
                     assert d["state"] in ("allocating", "in_use", "offline")
+
+        # whatever happened, once every lease has run out and the exporter runs nothing, all is idle
+        clock.advance(3600)
+        await exporter.beat([device(d) for d in DEVICES], [], [])
+        await rules.reap()
+        await exporter.beat([device(d) for d in DEVICES], [], [])
+        assert {d["name"]: d["state"] for d in (await api["alice"].get("/devices")).json()} == dict.fromkeys(DEVICES, "idle")

@@ -1,0 +1,121 @@
+"""A misbehaving plugin cannot take the exporter down, leak processes, or drop leases."""
+import sys
+
+import pytest
+
+from device_loop.core.hookspecs import hookimpl
+from device_loop.core.model import Resource
+from device_loop.exporter.config import parse_config
+from device_loop.exporter.daemon import Exporter
+from device_loop.core.ports import free_port
+from helpers import pid_alive
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Flaky:
+    """A plugin whose hooks fail on demand; its service is a real process."""
+
+    def __init__(self):
+        self.discover_fails = self.stop_fails = self.start_fails_after_spawn = self.startup_fails = False
+
+    @hookimpl
+    def devloop_startup(self, host):
+        if self.startup_fails:
+            raise OSError("cannot open /dev/flaky")
+
+    @hookimpl
+    def devloop_discover(self, host):
+        if self.discover_fails:
+            raise OSError("sysfs read failed")
+        return [e.resource("uart", f"flaky:{e.device}") for e in host.configured("flaky")]
+
+    @hookimpl
+    def devloop_start(self, host, resource, lease):
+        service = host.serve_on_free_port([sys.executable, "-c", "import time; time.sleep(60)"], resource, lease,
+                                          name="flaky")
+        if self.start_fails_after_spawn:
+            raise RuntimeError("helper did not answer")
+        return service
+
+    @hookimpl
+    def devloop_stop(self, host, service):
+        if self.stop_fails:
+            raise RuntimeError("stop hook broke")
+        return None  # fall through to the default: stop the processes
+
+
+def make(tmp_path, plugin):
+    config = parse_config({
+        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+                     "coordinator": f"http://127.0.0.1:{free_port()}"},  # nobody listens there
+        "devices": [{"name": "x0", "plugin": "flaky"}]})
+    exporter = Exporter(config)
+    exporter.plugins.pm.register(plugin, name="flaky")
+    exporter.setup()
+    return exporter
+
+
+def desired(lease="lease-1"):
+    return {"services": [{"lease": lease, "holder": "alice", "device": "x0", "identifier": "flaky:x0",
+                          "kind": "uart", "plugin": "flaky"}], "etag": "e1"}
+
+
+def test_failed_discovery_keeps_the_last_result_and_the_lease(tmp_path):
+    plugin = Flaky()
+    exporter = make(tmp_path, plugin)
+    try:
+        resources = exporter.discover()
+        exporter.reconcile(desired(), resources)
+        plugin.discover_fails = True
+        again = exporter.discover()
+        assert again == resources and isinstance(again[0], Resource)
+        assert not exporter.reconcile(desired(), again), "the running service must be left alone"
+        assert ("lease-1", "flaky:x0") in exporter.running
+    finally:
+        exporter.shutdown()
+
+
+def test_a_stop_hook_that_raises_is_retried_and_nothing_leaks(tmp_path):
+    plugin = Flaky()
+    exporter = make(tmp_path, plugin)
+    try:
+        resources = exporter.discover()
+        exporter.reconcile(desired(), resources)
+        (run,) = exporter.running.values()
+        pid = run.service.processes[0].pid
+        plugin.stop_fails = True
+        exporter.reconcile({"services": [], "etag": "e2"}, resources)  # lease over; stop hook raises
+        assert exporter.running == {}
+        exporter.reconcile({"services": [], "etag": "e2"}, resources)  # next pass: the stray is stopped
+        assert not pid_alive(pid)
+        assert exporter.host.processes.recorded() == []
+    finally:
+        exporter.shutdown()
+
+
+def test_a_start_that_fails_after_spawning_leaves_no_process(tmp_path):
+    plugin = Flaky()
+    plugin.start_fails_after_spawn = True
+    exporter = make(tmp_path, plugin)
+    try:
+        exporter.reconcile(desired(), exporter.discover())
+        assert exporter.start_errors[("lease-1", "flaky:x0")]["error"] == "uart: helper did not answer"
+        assert exporter.host.processes.recorded() == []
+        report = exporter.report(exporter.discover())
+        assert [s.get("error") for s in report["services"]] == ["uart: helper did not answer"]
+    finally:
+        exporter.shutdown()
+
+
+def test_a_plugin_that_fails_to_start_up_is_skipped_with_its_reason(tmp_path):
+    plugin = Flaky()
+    plugin.startup_fails = True
+    exporter = make(tmp_path, plugin)
+    try:
+        assert "flaky" not in exporter.loaded
+        (skipped,) = [s for s in exporter.skipped if s["name"] == "flaky"]
+        assert "cannot open /dev/flaky" in skipped["reason"]
+        assert exporter.heartbeat(exporter.discover()) is None  # coordinator down: no exception
+    finally:
+        exporter.shutdown()

@@ -1,24 +1,38 @@
 """Entry point of the ``device-loop`` command. Exit codes: 0 ok, 1 refused, 2 usage."""
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 
 import click
 
 from device_loop.client.commands import COMMANDS
-from device_loop.client.http import default_url, default_user
-from device_loop.coordinator.serve import coordinator_command
-from device_loop.exporter.run import exporter_command
 
-from .up import up_command
+# Commands that run a server import its whole stack; load them only when they run, so
+# that client commands start fast.
+SERVER_COMMANDS = {
+    "up": "device_loop.cli.up:up_command",
+    "coordinator": "device_loop.coordinator.serve:coordinator_command",
+    "exporter": "device_loop.exporter.run:exporter_command",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR", default=default_url, show_default=True,
-              help="coordinator URL (or DEVICE_LOOP_COORDINATOR)")
-@click.option("--user", envvar="DEVICE_LOOP_USER", default=default_user,
-              help="who you are to the lab (or DEVICE_LOOP_USER; default: your login)")
+class Commands(click.Group):
+    def list_commands(self, ctx):
+        return sorted([*super().list_commands(ctx), *SERVER_COMMANDS])
+
+    def get_command(self, ctx, name):
+        if name in SERVER_COMMANDS:
+            module, attr = SERVER_COMMANDS[name].split(":")
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR",
+              help="coordinator URL (or DEVICE_LOOP_COORDINATOR; default http://127.0.0.1:7420)")
+@click.option("--user", envvar="DEVICE_LOOP_USER", help="who you are to the lab (or DEVICE_LOOP_USER; default: your login)")
 @click.version_option(package_name="device-loop")
 @click.pass_context
 def cli(ctx, coordinator, user):
@@ -26,7 +40,7 @@ def cli(ctx, coordinator, user):
     ctx.obj = {"coordinator": coordinator, "user": user}
 
 
-for command in [*COMMANDS, up_command, coordinator_command, exporter_command]:
+for command in COMMANDS:
     cli.add_command(command)
 
 

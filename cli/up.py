@@ -38,7 +38,8 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
                 "coordinator": url, "state_dir": str(data_dir / "exporter")}
     sims = [{"name": f"sim-board-{i}", "plugin": "sim", "class": "sim-board", "tags": ["sim"]}
             for i in range(SIM_BOARDS)]
-    config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": sims + user.get("devices", [])}
+    # the user's devices first, so that config errors name the same positions as in their file
+    config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": user.get("devices", []) + sims}
     try:
         parse_config(config, config_path or "the lab config")
     except ConfigError as exc:
@@ -78,24 +79,26 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
     _claim_data_dir(data_dir)
     registry.stop_leftovers()
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(sig, lambda *_: stop.set())
 
     run = [sys.executable, "-m", "device_loop.cli"]
     coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port)],
-                                 name="coordinator")
+                                 name="coordinator", die_with_parent=True)
     children = [coordinator]
     try:
         if not wait_port_open("127.0.0.1", port, timeout=20) or not coordinator.alive():
             raise click.ClickException(f"the coordinator did not start:\n{coordinator.output()[-2000:]}")
-        exporter = registry.spawn(run + ["exporter", "--config", str(config_file)], name="exporter")
+        exporter = registry.spawn(run + ["exporter", "--config", str(config_file)], name="exporter",
+                                  die_with_parent=True)
         children.insert(0, exporter)
         devices = ", ".join(d["name"] for d in config["devices"])
+        point = "" if port == 7420 else f"export DEVICE_LOOP_COORDINATOR={url}; "
         click.echo(f"device-loop lab up (single-user trust mode: anyone on this machine may use it)\n"
                    f"  coordinator  {url}  (SQLite in {data_dir})\n"
                    f"  exporter     {config['exporter']['name']}  devices: {devices}\n"
                    f"  logs         {registry.logs}\n"
-                   f"Try: device-loop ls; device-loop reserve sim-board-0 --wait\nCtrl-C stops the lab.")
+                   f"Try: {point}device-loop ls; device-loop reserve sim-board-0 --wait\nCtrl-C stops the lab.")
         while not stop.wait(0.5):
             dead = [p for p in children if not p.alive()]
             if dead:

@@ -22,12 +22,17 @@ def _ttl(ctx, param, value):
 
 
 def lab_command(func):
-    """Give the command a ``Lab`` and turn coordinator refusals into exit code 1."""
+    """Give the command a ``Lab`` and turn coordinator refusals into exit code 1.
 
+    ``--coordinator`` and ``--user`` work after the command name as well as before it.
+    """
+
+    @click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR", help="coordinator URL")
+    @click.option("--user", envvar="DEVICE_LOOP_USER", help="who you are to the lab")
     @functools.wraps(func)
     @click.pass_obj
-    def wrapper(obj, *args, as_json=False, **kwargs):
-        lab = Lab(obj["coordinator"], obj["user"])
+    def wrapper(obj, *args, coordinator=None, user=None, as_json=False, **kwargs):
+        lab = Lab(coordinator or obj["coordinator"], user or obj["user"])
         try:
             return func(lab, *args, as_json=as_json, **kwargs)
         except CoordinatorError as exc:
@@ -72,8 +77,15 @@ def hosts_command(lab: Lab, as_json: bool):
                  ",".join(s["name"] for s in h["plugins"]["skipped"]) or "-", str(len(h["devices"]))]
                 for h in hosts]
         out = table(["HOST", "STATUS", "VERSION", "PROTO", "HEARTBEAT", "LOADED", "SKIPPED", "DEVICES"], rows)
+        if not rows:
+            return "no exporter has reported yet"
         skipped = [f"  {h['name']}: {s['name']}: {s['reason']}" for h in hosts for s in h["plugins"]["skipped"]]
-        return (out + ("\nskipped plugins:\n" + "\n".join(skipped) if skipped else "")) if rows else "no exporter has reported yet"
+        unserved = [f"  {h['name']}: {u['device']}: {u['reason']}"
+                    for h in hosts for u in h["plugins"].get("unserved", [])]
+        for title, lines in (("skipped plugins", skipped), ("configured devices not served", unserved)):
+            if lines:
+                out += f"\n{title}:\n" + "\n".join(lines)
+        return out
     emit(as_json, lab.hosts(), text)
 
 
@@ -91,7 +103,7 @@ def reserve_command(lab: Lab, device: str, ttl: float, wait: bool, timeout: floa
         try:
             lease.wait_ready(timeout)
         except LeaseFailed as exc:
-            kept = f" (the lease is kept: device-loop release {lease.id})" if exc.code == "timeout" else ""
+            kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == "timeout" else ""
             fail(as_json, exc.code, exc.message + kept)
     emit(as_json, lease.data, lease_text)
 
@@ -107,7 +119,7 @@ def release_command(lab: Lab, target: str, as_json: bool):
 
 @click.command("renew")
 @click.argument("target", metavar="LEASE|DEVICE")
-@click.option("--ttl", default="30m", show_default=True, callback=_ttl, help="new time left, from now")
+@click.option("--ttl", required=True, callback=_ttl, help="new time left, from now (e.g. 2h)")
 @json_option
 @lab_command
 def renew_command(lab: Lab, target: str, ttl: float, as_json: bool):

@@ -85,7 +85,7 @@ class Lease:
                 raise LeaseFailed(self.state, f"lease {self.id} is {self.state}: {self.data['reason']}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise LeaseFailed("timeout", f"lease {self.id} not ready after {timeout:g}s: {self.data['reason']}")
+                raise LeaseFailed("timeout", f"lease {self.id} not ready after {timeout:g}s ({self.data['reason']})")
             # Long-poll while pending; poll gently while active but not ready (device offline).
             if self.state == "pending":
                 self.refresh(wait_s=min(remaining, 30.0))

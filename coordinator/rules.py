@@ -163,7 +163,7 @@ class Rules:
         if errors:
             return "service failed to start: " + "; ".join(errors)
         if lease["state"] == "pending":
-            return f"waiting for exporter {device['host']} to start the services (pending is not an error)"
+            return f"waiting for exporter {device['host']} to start the services"
         return f"exporter {device['host']} is restarting the services; endpoints come back shortly"
 
     # ---- leases --------------------------------------------------------------------

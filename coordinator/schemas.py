@@ -11,13 +11,16 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
+TTL = {"ge": 1, "le": 10 * 365 * 86400}  # the lab's own --max-ttl is checked by the rules
+
+
 class ReserveIn(Strict):
     device: str = Field(min_length=1, max_length=64)
-    ttl_s: float | None = Field(default=None, gt=0)
+    ttl_s: float | None = Field(default=None, **TTL)
 
 
 class RenewIn(Strict):
-    ttl_s: float = Field(gt=0)
+    ttl_s: float = Field(**TTL)
 
 
 class EndpointIn(Strict):
@@ -70,9 +73,16 @@ class SkippedPlugin(Strict):
     reason: str
 
 
+class UnservedDevice(Strict):
+    device: str
+    plugin: str
+    reason: str
+
+
 class PluginsIn(Strict):
     loaded: list[str] = Field(default_factory=list)
     skipped: list[SkippedPlugin] = Field(default_factory=list)
+    unserved: list[UnservedDevice] = Field(default_factory=list, description="configured, but no plugin serves it")
 
 
 class HeartbeatIn(Strict):

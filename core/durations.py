@@ -3,18 +3,23 @@ import re
 from datetime import datetime, timezone
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_PART = r"(\d+(?:\.\d+)?)([smhd])"
+_PATTERN = re.compile(rf"^(?:{_PART})+$")
 
 
 def parse_duration(text: str | int | float) -> float:
-    """Seconds in ``text``: ``90s``, ``30m``, ``2h``, ``1d`` or a bare number of seconds."""
+    """Seconds in ``text``: ``90s``, ``30m``, ``2h``, ``1d``, ``1h30m`` (what
+    :func:`format_duration` prints), or a bare number of seconds."""
     if isinstance(text, (int, float)):
         seconds = float(text)
     else:
-        match = _PATTERN.match(text)
-        if not match:
-            raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 30m, 2h, 1d)")
-        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+        compact = text.strip().replace(" ", "")
+        if re.fullmatch(r"\d+(?:\.\d+)?", compact):
+            seconds = float(compact)
+        elif _PATTERN.match(compact):
+            seconds = sum(float(n) * _UNITS[unit] for n, unit in re.findall(_PART, compact))
+        else:
+            raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 30m, 2h, 1d, 1h30m)")
     if seconds <= 0:
         raise ValueError(f"duration must be positive, not {text!r}")
     return seconds

@@ -6,6 +6,7 @@ last one left running and stops it: nothing started for a lease outlives it unse
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def start_ticks(pid: int) -> int | None:
@@ -30,6 +32,14 @@ def start_ticks(pid: int) -> int | None:
     if fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
+
+
+def _term_when_parent_dies(parent: int):
+    def arrange() -> None:  # runs in the child, between fork and exec
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before we asked
+            os._exit(1)
+    return arrange
 
 
 class Proc:
@@ -118,13 +128,18 @@ class ProcessRegistry:
         self.logs.mkdir(parents=True, exist_ok=True)
 
     def spawn(self, argv: list[str], *, name: str, lease: str | None = None,
-              pass_fds: tuple[int, ...] = (), env: dict | None = None) -> Proc:
-        """Start ``argv`` in its own session, output to ``logs/NAME.log``, and record it."""
+              pass_fds: tuple[int, ...] = (), env: dict | None = None, die_with_parent: bool = False) -> Proc:
+        """Start ``argv`` in its own session, output to ``logs/NAME.log``, and record it.
+
+        ``die_with_parent`` sends it SIGTERM when this process dies, however it dies. Use
+        it only from the main thread: the kernel ties it to the thread that spawned.
+        """
         log_path = self.logs / f"{name}.log"
         with open(log_path, "ab") as out:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=pass_fds, env=env, start_new_session=True,
+                preexec_fn=_term_when_parent_dies(os.getpid()) if die_with_parent else None,
             )
         record = {"pid": popen.pid, "start_ticks": start_ticks(popen.pid), "name": name,
                   "lease": lease, "argv": argv, "log": str(log_path)}
@@ -152,9 +167,9 @@ class ProcessRegistry:
         return procs
 
     def stop_leftovers(self) -> list[dict]:
-        """Stop everything an earlier run left behind; return what was stopped."""
+        """Stop everything an earlier run left behind, newest first; return what was stopped."""
         stopped = []
-        for proc in self.recorded():
+        for proc in sorted(self.recorded(), key=lambda p: p.record["start_ticks"], reverse=True):
             log.warning("stopping %s (pid %d) left by an earlier run", proc.name, proc.pid)
             proc.stop()
             stopped.append(proc.record)

@@ -102,7 +102,8 @@ def parse_config(data: dict, source: str = "config") -> ExporterConfig:
     try:
         return ExporterConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in exc.errors())
         raise ConfigError(f"{source} is not a valid exporter config:\n{problems}") from None
 
 

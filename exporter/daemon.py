@@ -82,6 +82,17 @@ class Exporter:
             else:
                 self.loaded.append(name)
         log.info("plugins loaded: %s", ", ".join(self.loaded) or "none")
+        for entry in self.unserved():
+            log.warning("device %s will not be served: %s", entry["device"], entry["reason"])
+
+    def unserved(self) -> list[dict]:
+        """Configured resources whose plugin is not loaded here, and why."""
+        skipped = {s["name"]: s["reason"] for s in self.skipped}
+        return [{"device": r.device, "plugin": r.settings["plugin"],
+                 "reason": f"plugin {r.settings['plugin']!r} " + (
+                     f"is skipped: {skipped[r.settings['plugin']]}" if r.settings["plugin"] in skipped
+                     else "is not installed (or disabled in [plugins])")}
+                for r in self.host.configured_resources if r.settings["plugin"] not in self.loaded]
 
     def _try(self, plugin: str, what: str, hook: str, ok=..., **kwargs):
         """Call a hook; a crash becomes a reason string (a broken plugin must not stop the host)."""
@@ -144,7 +155,7 @@ class Exporter:
         self.generation += 1
         return {"protocol": PROTOCOL_VERSION, "version": __version__, "boot_id": self.boot_id,
                 "generation": self.generation, "heartbeat_s": self.config.exporter.heartbeat_s,
-                "plugins": {"loaded": self.loaded, "skipped": self.skipped},
+                "plugins": {"loaded": self.loaded, "skipped": self.skipped, "unserved": self.unserved()},
                 "devices": list(devices.values()), "services": services, "applied": sorted(self.applied)}
 
     def heartbeat(self, resources: list[Resource]) -> dict | None:

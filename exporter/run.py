@@ -11,7 +11,7 @@ from .daemon import Exporter
 
 
 @click.command("exporter")
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, exists=True),
               help="exporter TOML config (see docs/exporter-config.md)")
 def exporter_command(config_path):
     """Run the exporter: discover this host's devices and serve their leases."""
@@ -22,7 +22,7 @@ def exporter_command(config_path):
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     exporter = Exporter(config)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: exporter.stop())
     logging.getLogger("device_loop.exporter").info(
         "exporter %s -> %s, state in %s", exporter.name, config.exporter.coordinator, config.state_dir)

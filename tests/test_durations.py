@@ -6,7 +6,7 @@ pytestmark = pytest.mark.timeout(5)
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("30m", 1800), ("2h", 7200), ("1d", 86400), ("45", 45),
-                                           (" 1.5h ", 5400)])
+                                           (" 1.5h ", 5400), ("1h30m", 5400), ("2d04h", 187200), ("1h05m", 3900)])
 def test_parse(text, seconds):
     assert parse_duration(text) == seconds
 
@@ -15,6 +15,11 @@ def test_parse(text, seconds):
 def test_refuse(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("seconds", [5, 600, 3900, 93600, 8_640_000])
+def test_what_is_printed_can_be_typed_back(seconds):
+    assert parse_duration(format_duration(seconds)) == seconds
 
 
 def test_format_and_iso():

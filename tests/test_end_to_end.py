@@ -41,7 +41,7 @@ def test_reserve_talk_release(coordinator, exporter_factory):
     lease = reserve(coordinator, "sim-board-0")
     assert lease["id"].startswith("lease-")
     assert lease["state"] == "pending" and lease["endpoints"] == []
-    assert "pending is not an error" in lease["reason"]
+    assert lease["reason"] == "waiting for exporter host-a to start the services"
 
     lease = wait_active(coordinator, lease["id"])
     assert lease["device_state"] == "in_use"

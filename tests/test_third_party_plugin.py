@@ -72,5 +72,9 @@ def test_plugin_is_absent_without_the_package(tmp_path, env, coordinator):
     try:
         wait_state(coordinator, "sim-board-0", "idle")
         assert coordinator.api("/devices/bmc-7").status_code == 404
+        (host,) = coordinator.api("/hosts").json()
+        assert host["plugins"]["unserved"] == [{"device": "bmc-7", "plugin": "netconsole",
+                                                "reason": "plugin 'netconsole' is not installed (or disabled in [plugins])"}]
+        assert "device bmc-7 will not be served" in exporter.output()
     finally:
         exporter.stop()

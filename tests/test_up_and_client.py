@@ -31,8 +31,9 @@ def lab(tmp_path, env):
     assert proc.poll() is None, (tmp_path / "up.log").read_text()
     yield url, data_dir, proc
     if proc.poll() is None:
-        proc.kill()
+        proc.kill()  # the harshest end: its children must still go (they die with their parent)
         proc.wait()
+    wait_for(lambda: not any(pid_alive(p) for p in recorded_pids(data_dir / "up")), 30, what="lab children gone")
 
 
 def test_up_serves_sim_boards_and_stops_cleanly_on_ctrl_c(lab, env, tmp_path):

@@ -78,3 +78,13 @@ class FakeExporter:
         service = {"lease": lease["id"], "device": lease["device"], "identifier": f"sim:{lease['device']}",
                    "kind": "uart", "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": port}]}
         return await self.beat([device(lease["device"])], [service], [lease["id"]], **kwargs)
+
+
+async def leased_board(client) -> tuple[httpx2.AsyncClient, FakeExporter, dict]:
+    """Board b0 on host-a, leased by alice, its service up: (alice's client, exporter, lease)."""
+    api = client()
+    exporter = FakeExporter(api, "host-a")
+    await exporter.beat([device("b0")])
+    lease = (await api.post("/leases", json={"device": "b0"})).json()
+    await exporter.serve(lease)
+    return api, exporter, lease

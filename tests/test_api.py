@@ -2,7 +2,7 @@
 import pytest
 
 from device_loop.core import PROTOCOL_VERSION
-from lab_in_process import FakeExporter, device, in_process_lab
+from lab_in_process import FakeExporter, device, in_process_lab, leased_board
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
@@ -104,11 +104,7 @@ async def test_lease_lifecycle_with_expiry_and_reclaim(tmp_path):
 
 async def test_reclaim_waits_for_orphans(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
-        api = client()
-        exporter = FakeExporter(api, "host-a")
-        await exporter.beat([device("b0")])
-        lease = (await api.post("/leases", json={"device": "b0"})).json()
-        await exporter.serve(lease)
+        api, exporter, lease = await leased_board(client)
         await api.post(f"/leases/{lease['id']}/release")
         orphan = {"pid": 4242, "command": "picocom /dev/ttyUSB0"}
         await exporter.beat([device("b0", busy_by=[orphan])], [], [])
@@ -178,11 +174,7 @@ async def test_allocation_timeout_reports_the_service_error(tmp_path):
 
 async def test_silent_host_goes_offline_and_lease_survives(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
-        api = client()
-        exporter = FakeExporter(api, "host-a")
-        await exporter.beat([device("b0")])
-        lease = (await api.post("/leases", json={"device": "b0"})).json()
-        await exporter.serve(lease)
+        api, exporter, lease = await leased_board(client)
         clock.advance(11)
         await rules.reap()
         offline = (await api.get(f"/leases/{lease['id']}")).json()
@@ -318,11 +310,7 @@ async def test_a_replaced_boot_is_refused_so_two_exporters_with_one_name_do_not_
 
 async def test_active_lease_is_not_ready_while_its_services_are_rebuilt(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
-        api = client()
-        exporter = FakeExporter(api, "host-a")
-        await exporter.beat([device("b0")])
-        lease = (await api.post("/leases", json={"device": "b0"})).json()
-        await exporter.serve(lease)
+        api, exporter, lease = await leased_board(client)
         exporter.reboot()  # killed and restarted: runs nothing yet
         await exporter.beat([device("b0")])
         rebuilding = (await api.get(f"/leases/{lease['id']}")).json()

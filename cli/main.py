@@ -9,9 +9,12 @@ import click
 
 from device_loop.client.commands import COMMANDS
 
-# Commands that run a server import its whole stack; load them only when they run, so
-# that client commands start fast.
-SERVER_COMMANDS = {
+# Commands that run a server (or a terminal) import a larger stack; load them only when
+# they run, so that the other client commands start fast.
+LAZY_COMMANDS = {
+    "console": "device_loop.client.console:console_command",
+    "adb": "device_loop.client.adb:adb_command",
+    "env": "device_loop.client.adb:env_command",
     "up": "device_loop.cli.up:up_command",
     "coordinator": "device_loop.coordinator.serve:coordinator_command",
     "exporter": "device_loop.exporter.run:exporter_command",
@@ -20,11 +23,11 @@ SERVER_COMMANDS = {
 
 class Commands(click.Group):
     def list_commands(self, ctx):
-        return sorted([*super().list_commands(ctx), *SERVER_COMMANDS])
+        return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 
     def get_command(self, ctx, name):
-        if name in SERVER_COMMANDS:
-            module, attr = SERVER_COMMANDS[name].split(":")
+        if name in LAZY_COMMANDS:
+            module, attr = LAZY_COMMANDS[name].split(":")
             return getattr(importlib.import_module(module), attr)
         return super().get_command(ctx, name)
 

@@ -350,6 +350,8 @@ class Rules:
                     touched |= await self._claim(device.name, host_name)
                     continue
                 await self._move(row, host_name, actor)
+            if row is not None and not row["present"]:
+                causes[device.name] = f"host {host_name} reports it again"
             if await self._store_device(host_name, device, row, report, now):
                 causes[device.name] = "exporter confirmed: services stopped, no orphan holds it"
             reported.add(device.name)
@@ -357,6 +359,7 @@ class Rules:
         for row in await self.store.devices_of_host(host_name):
             if row["name"] not in reported and row["present"]:
                 await self.store.update_device(row["name"], present=False, updated_at=now)
+                causes[row["name"]] = f"host {host_name} no longer reports it (unplugged?)"
                 touched.add(row["name"])
         for row in await self.store.devices_claimed_by(host_name):
             if row["name"] not in claimed:

@@ -29,6 +29,7 @@ class EndpointIn(Strict):
     port: int = Field(ge=1, le=65535)
     url: str | None = Field(default=None, max_length=2048)
     protocol: str | None = Field(default=None, max_length=32)
+    params: dict[str, str | int] | None = Field(default=None, max_length=16)
 
 
 class ResourceIn(Strict):

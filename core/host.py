@@ -45,7 +45,7 @@ class HostContext:
         return ports.free_port(self.bind_address)
 
     def serve_on_free_port(self, argv: list[str], resource: Resource, lease: LeaseRef, *,
-                           name: str, protocol: str = "raw") -> Service:
+                           name: str, protocol: str = "raw", params: dict | None = None) -> Service:
         """Start ``argv`` on a listening socket of a free port; ``{fd}`` in ``argv`` is its fd.
 
         The socket is bound before the process starts, so the endpoint accepts
@@ -60,5 +60,5 @@ class HostContext:
             port = listener.getsockname()[1]
         finally:
             listener.close()  # the child holds it now; our copy would keep the port bound
-        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol)
+        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol, params=params)
         return Service(endpoints=[endpoint], processes=[proc])

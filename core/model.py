@@ -53,6 +53,7 @@ class Endpoint:
     port: int
     url: str | None = None
     protocol: str | None = None
+    params: dict[str, str | int] | None = None  # what a client needs to speak it: baud, serial...
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -174,3 +174,16 @@ class ProcessRegistry:
             proc.stop()
             stopped.append(proc.record)
         return stopped
+
+
+def run(argv: list[str], timeout: float = 10.0, env: dict | None = None) -> tuple[int, str]:
+    """Run a short command to completion: (exit code, output). For tools asked one thing
+    (``adb --help``, ``adb kill-server``), never for services."""
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as exc:
+        return -1, f"{argv[0]} did not finish within {timeout:g}s: {(exc.output or b'').decode(errors='replace')}"
+    except OSError as exc:
+        return -1, str(exc)
+    return done.returncode, done.stdout.decode(errors="replace")

@@ -1,28 +1,99 @@
-"""A raw TCP <-> serial bridge process: ``python -m device_loop.core.serial_bridge``.
+"""A TCP <-> serial bridge process: ``python -m device_loop.core.serial_bridge``.
 
-Used where ser2net is not the server (the simulated boards). Like ser2net it opens the
-serial device for each client, so a device that vanishes and comes back is picked up
-again, and a new client takes over from the previous one (``kickolduser``).
-The listening socket is inherited from the exporter (``--fd``), so the endpoint is
-ready the moment this process exists.
+Serves a serial device raw, or over telnet with RFC 2217 (so a remote client can change
+the baud rate), the two modes ser2net offers. Used for the simulated boards, and for
+real UARTs where ser2net is not installed. Like ser2net it opens the device for each
+client, so a device that vanishes and comes back is picked up again, and a new client
+takes over from the previous one (``kickolduser``). The listening socket is inherited
+from the exporter (``--fd``), so the endpoint accepts the moment this process exists.
 """
+from __future__ import annotations
+
 import argparse
 import selectors
 import socket
 import sys
 
 import serial
+from serial.rfc2217 import PortManager
 
 from .model import Service
 
-
-def _open(device: str, baud: int):
-    port = serial.Serial(device, baud, timeout=0)
-    port.reset_input_buffer()
-    return port
+FRAMING = {"N": serial.PARITY_NONE, "E": serial.PARITY_EVEN, "O": serial.PARITY_ODD}
 
 
-def _pump(listener: socket.socket, conn: socket.socket, port) -> socket.socket | None:
+def parse_framing(text: str) -> dict:
+    """``8N1`` -> pyserial's bytesize, parity, stopbits."""
+    if len(text) != 3 or text[0] not in "5678" or text[1].upper() not in FRAMING or text[2] not in "12":
+        raise ValueError(f"framing must look like 8N1, not {text!r}")
+    return {"bytesize": int(text[0]), "parity": FRAMING[text[1].upper()], "stopbits": int(text[2])}
+
+
+class _Port(serial.Serial):
+    """A serial port whose modem lines may not exist (a pty has none): setting them is a
+    no-op and reading them says 'low', instead of failing the RFC 2217 session."""
+
+    def _line(self, name: str) -> bool:
+        try:
+            return getattr(serial.Serial, name).fget(self)
+        except OSError:
+            return False
+
+    cts = property(lambda self: self._line("cts"))
+    dsr = property(lambda self: self._line("dsr"))
+    ri = property(lambda self: self._line("ri"))
+    cd = property(lambda self: self._line("cd"))
+
+    def _update_dtr_state(self):
+        try:
+            super()._update_dtr_state()
+        except OSError:
+            pass
+
+    def _update_rts_state(self):
+        try:
+            super()._update_rts_state()
+        except OSError:
+            pass
+
+    def _update_break_state(self):
+        try:
+            super()._update_break_state()
+        except OSError:
+            pass
+
+
+class _Telnet:
+    """RFC 2217 for one client: telnet in, serial out, and back."""
+
+    def __init__(self, conn: socket.socket, port: serial.Serial):
+        self.conn = conn
+        self.manager = PortManager(port, self)
+
+    def write(self, data: bytes) -> None:  # PortManager's way to answer the client
+        self.conn.sendall(data)
+
+    def from_client(self, data: bytes) -> bytes:
+        return b"".join(self.manager.filter(data))
+
+    def to_client(self, data: bytes) -> bytes:
+        return b"".join(self.manager.escape(data))
+
+
+class _Raw:
+    def __init__(self, conn, port):
+        pass
+
+    @staticmethod
+    def from_client(data: bytes) -> bytes:
+        return data
+
+    @staticmethod
+    def to_client(data: bytes) -> bytes:
+        return data
+
+
+def _pump(listener: socket.socket, conn: socket.socket, port, protocol) -> socket.socket | None:
     """Copy bytes both ways until one side closes; return a new client if one took over."""
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "listener")
@@ -38,44 +109,48 @@ def _pump(listener: socket.socket, conn: socket.socket, port) -> socket.socket |
                     data = conn.recv(65536)
                     if not data:
                         return None
-                    port.write(data)
+                    port.write(protocol.from_client(data))
                 else:
                     try:
                         data = port.read(65536)
                     except serial.SerialException:
                         return None
                     if data:
-                        conn.sendall(data)
+                        conn.sendall(protocol.to_client(data))
     except OSError:
         return None
     finally:
         sel.close()
 
 
-def serve(listener: socket.socket, device: str, baud: int) -> None:
+def serve(listener: socket.socket, device: str, baud: int, framing: str, rfc2217: bool) -> None:
+    protocol_for = _Telnet if rfc2217 else _Raw
     conn = None
     while True:
         if conn is None:
             conn, _ = listener.accept()
         try:
-            port = _open(device, baud)
+            port = _Port(device, baud, timeout=0, **parse_framing(framing))
+            port.reset_input_buffer()
         except (serial.SerialException, OSError) as exc:
             conn.sendall(f"device open failure: {exc}\r\n".encode())
             conn.close()
             conn = None
             continue
         try:
-            newcomer = _pump(listener, conn, port)
+            newcomer = _pump(listener, conn, port, protocol_for(conn, port))
         finally:
             port.close()
             conn.close()
         conn = newcomer
 
 
-def start_bridge(host, resource, lease, device: str, baud: int) -> Service:
-    """Serve ``device`` on a free port of ``host`` for ``lease``: one raw TCP endpoint."""
-    argv = [sys.executable, "-m", "device_loop.core.serial_bridge", "--fd", "{fd}", "--device", device, "--baud", str(baud)]
-    return host.serve_on_free_port(argv, resource, lease, name="bridge")
+def start_bridge(host, resource, lease, device: str, baud: int, framing: str = "8N1", rfc2217: bool = False) -> Service:
+    """Serve ``device`` on a free port of ``host`` for ``lease``: one endpoint, raw or RFC 2217."""
+    argv = [sys.executable, "-m", "device_loop.core.serial_bridge", "--fd", "{fd}", "--device", device,
+            "--baud", str(baud), "--framing", framing] + (["--rfc2217"] if rfc2217 else [])
+    return host.serve_on_free_port(argv, resource, lease, name="bridge", protocol="rfc2217" if rfc2217 else "raw",
+                                   params={"baud": baud, "framing": framing})
 
 
 def main() -> None:
@@ -83,9 +158,10 @@ def main() -> None:
     parser.add_argument("--fd", type=int, required=True, help="inherited listening socket")
     parser.add_argument("--device", required=True)
     parser.add_argument("--baud", type=int, default=115200)
+    parser.add_argument("--framing", default="8N1")
+    parser.add_argument("--rfc2217", action="store_true", help="speak telnet with RFC 2217, not raw bytes")
     args = parser.parse_args()
-    listener = socket.socket(fileno=args.fd)
-    serve(listener, args.device, args.baud)
+    serve(socket.socket(fileno=args.fd), args.device, args.baud, args.framing, args.rfc2217)
 
 
 if __name__ == "__main__":

@@ -96,9 +96,9 @@ class Coordinator(Proc):
 
 class Exporter(Proc):
     def __init__(self, tmp_path: Path, env: dict, coordinator_url: str, devices: list[dict],
-                 name="host-a", heartbeat_s=1.0, plugins=None):
+                 name="host-a", heartbeat_s=1.0, plugins=None, **settings):
         config = {"exporter": {"name": name, "coordinator": coordinator_url, "heartbeat_s": heartbeat_s,
-                               "state_dir": str(tmp_path / f"state-{name}")},
+                               "state_dir": str(tmp_path / f"state-{name}"), **settings},
                   "devices": devices}
         if plugins:
             config["plugins"] = plugins

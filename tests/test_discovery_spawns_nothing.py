@@ -1,4 +1,6 @@
-"""Watching must not change what is watched: discovery and health spawn no process."""
+"""Watching must not change what is watched: discovery and health spawn no process,
+for every built-in plugin that has something to discover (sim boards, a USB serial
+adapter, a static UART, a phone)."""
 import contextlib
 import subprocess
 import sys
@@ -8,6 +10,7 @@ import pytest
 from device_loop.core.hookspecs import hookimpl
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
+from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device, usb_tty
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -35,9 +38,18 @@ def no_process_may_start():
 
 
 def make_exporter(tmp_path, extra_plugin=None):
+    sysfs = tmp_path / "sys"
+    serial_adapter = usb_device(sysfs, "1-1.2", vendor="0403", product="6001", serial="A10K3XYZ",
+                                interfaces=(VENDOR_SPECIFIC,))
+    usb_tty(sysfs, "ttyUSB0", serial_adapter)
+    usb_device(sysfs, "2-1", vendor="18d1", product="4ee7", serial="8AAY0GCXH", interfaces=(ADB,))
+    pty = tmp_path / "ttyA"
+    pty.touch()
     config = parse_config({
-        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "sysfs_root": str(tmp_path / "sys")},
-        "devices": [{"name": "sim-board-0", "plugin": "sim"}, {"name": "sim-board-1", "plugin": "sim"}],
+        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "sysfs_root": str(sysfs)},
+        "devices": [{"name": "sim-board-0", "plugin": "sim"}, {"name": "sim-board-1", "plugin": "sim"},
+                    {"name": "jupiter", "plugin": "uart", "path": str(pty)},
+                    {"name": "pixel", "plugin": "adb", "serial": "8AAY0GCXH"}],
     })
     exporter = Exporter(config)
     if extra_plugin is not None:
@@ -52,8 +64,12 @@ def test_discovery_and_health_spawn_no_process(tmp_path):
         with no_process_may_start() as spawned:
             resources = exporter.discover()
             report = exporter.report(resources)
-        assert {r.device for r in resources} == {"sim-board-0", "sim-board-1"}
-        assert all(res["health"] == "ok" for d in report["devices"] for res in d["resources"])
+        assert {(r.device, r.plugin) for r in resources} == {
+            ("sim-board-0", "sim"), ("sim-board-1", "sim"), ("jupiter", "uart"), ("uart-A10K3XYZ", "uart"),
+            ("pixel", "adb")}
+        health = {d["name"]: d["resources"][0]["health"] for d in report["devices"]}
+        assert health == {"sim-board-0": "ok", "sim-board-1": "ok", "jupiter": "ok", "pixel": "ok",
+                          "uart-A10K3XYZ": "failed"}  # its /dev/ttyUSB0 does not exist here
         assert spawned == []
     finally:
         exporter.shutdown()

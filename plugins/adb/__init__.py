@@ -1,7 +1,136 @@
-"""Android Debug Bridge, one adb server per leased phone (issue #3: not yet)."""
+"""Android phones over ADB: one adb server per leased phone, on a port of its own.
+
+Discovery reads sysfs only: a USB device is an Android phone when one of its interfaces
+is class/subclass/protocol ``ff/42/01``; its identity is its USB serial number (which is
+also its adb serial). It never runs ``adb devices``: that starts the global server, which
+grabs every phone and fights the per-phone servers. A phone nobody named in the config
+becomes a device of its own, ``android-SERIAL``.
+
+Config (``[[devices]]`` with ``plugin = "adb"``, or a ``[[devices.resources]]`` entry):
+``serial``, the phone's USB serial number.
+
+An adb that knows ``--one-device`` (platform-tools 35+) serves exactly one phone per
+server. Debian's adb 29 does not: its private server would claim every phone on the
+host, so the plugin then serves a phone only while it is the only one here, refuses
+otherwise, and marks a phone plugged in later as failed instead of letting two servers
+fight over it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+
 from device_loop.core.hookspecs import hookimpl
+from device_loop.core.holders import listening_ports
+from device_loop.core.model import Endpoint, Health, Resource, Service, ServiceError
+from device_loop.core.ports import port_is_free, wait_port_free
+from device_loop.core.process import run
+from device_loop.core.usb import UsbDevice, usb_devices
+
+log = logging.getLogger(__name__)
+ADB_INTERFACE = ("ff", "42", "01")
+NO_ONE_DEVICE = ("this adb lacks --one-device (platform-tools 35+ has it), so one adb server "
+                 "would claim every phone on the host")
+
+_one_device: dict[str, bool] = {}    # host name -> does its adb know --one-device
+_serving: dict[str, set[str]] = {}   # host name -> serials with a server of ours
+
+
+def _phones(host) -> list[UsbDevice]:
+    return [d for d in usb_devices(host.sysfs_root) if ADB_INTERFACE in (i.triple for i in d.interfaces) and d.serial]
+
+
+def global_server_port() -> int:
+    """Where a global adb server listens (adb's own variable, default 5037)."""
+    return int(os.environ.get("ANDROID_ADB_SERVER_PORT", 5037))
 
 
 @hookimpl
 def devloop_available(host):
-    return "not yet: the ADB plugin lands with issue #3"
+    if not shutil.which("adb"):
+        return "adb is not installed (Debian: apt-get install adb)"
+    return None
+
+
+@hookimpl
+def devloop_startup(host):
+    code, output = run(["adb", "--help"])
+    _one_device[host.name] = "--one-device" in output
+    _serving.setdefault(host.name, set())
+    log.info("adb: %s", "one server per phone (--one-device)" if _one_device[host.name] else
+             NO_ONE_DEVICE + ": serving a phone only while it is the only one")
+
+
+@hookimpl
+def devloop_discover(host):
+    named = {str(e.settings.get("serial")): e for e in host.configured("adb")}
+    resources = []
+    for phone in _phones(host):
+        identifier = f"adb:{phone.serial}"
+        entry = named.get(phone.serial)
+        if entry is not None:
+            resources.append(entry.resource("adb", identifier, node=phone.node))
+        else:
+            resources.append(Resource(device=f"android-{phone.serial}"[:64], kind="adb", identifier=identifier,
+                                      device_class="android", tags=("usb",), node=phone.node))
+    return resources
+
+
+def _serial(resource: Resource) -> str:
+    return resource.identifier.removeprefix("adb:")
+
+
+@hookimpl
+def devloop_health(host, resource):
+    phones = _phones(host)
+    if _serial(resource) not in {p.serial for p in phones}:
+        return Health("failed", "the phone is gone from USB")
+    if _one_device.get(host.name) or len(phones) == 1:
+        return Health("ok")
+    served = _serving.get(host.name, set())
+    if _serial(resource) in served:
+        return Health("ok")
+    others = "another phone is served here by a private adb server" if served else f"{len(phones)} phones are on this host"
+    return Health("failed", f"{others}; {NO_ONE_DEVICE}")
+
+
+def _stop_global_server() -> None:
+    """A global adb server holds every phone: stop it, and wait until it is gone."""
+    port = global_server_port()
+    if port_is_free("127.0.0.1", port):
+        return
+    log.warning("adb: stopping the global adb server on port %d: it would hold the phones", port)
+    run(["adb", "-P", str(port), "kill-server"], timeout=10)
+    if not wait_port_free("127.0.0.1", port, timeout=10):
+        raise ServiceError(f"the global adb server on port {port} did not stop")
+
+
+@hookimpl
+def devloop_start(host, resource, lease):
+    serial = _serial(resource)
+    one_device = _one_device.get(host.name, False)
+    if not one_device and len(_phones(host)) > 1:
+        raise ServiceError(f"{len(_phones(host))} phones are on this host; {NO_ONE_DEVICE}")
+    _stop_global_server()
+    port = host.free_port()
+    everywhere = [] if host.bind_address in ("127.0.0.1", "localhost") else ["-a"]
+    argv = ["adb", *everywhere, "-P", str(port), "server", "nodaemon"] + (["--one-device", serial] if one_device else [])
+    proc = host.processes.spawn(argv, name=f"adb-{resource.device}-{lease.id}", lease=lease.id)
+    deadline = time.monotonic() + 5.0
+    while port not in listening_ports(proc.pid):
+        if not proc.alive() or time.monotonic() > deadline:
+            output = proc.output().strip() or "no answer in 5 s"
+            proc.stop()
+            raise ServiceError(f"adb server did not start: {output.splitlines()[-1]}")
+        time.sleep(0.01)
+    _serving[host.name].add(serial)
+    endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", params={"serial": serial})
+    return Service(endpoints=[endpoint], processes=[proc], data={"serial": serial})
+
+
+@hookimpl
+def devloop_stop(host, service):
+    _serving.get(host.name, set()).discard(service.data["serial"])
+    # returning nothing lets the default stop the server process

@@ -1,0 +1,48 @@
+"""``device-loop adb`` and ``device-loop env``: the local adb against a lease's adb server."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+
+import click
+
+from .commands import _my_lease, json_option, lab_command
+from .lab import Lab
+from .output import emit, fail
+
+
+def adb_environment(lease) -> dict[str, str]:
+    """The variables that point adb (and scrcpy, and friends) at the lease's phone."""
+    endpoint = next((e for e in lease.endpoints if e["kind"] == "adb"), None)
+    if endpoint is None:
+        raise click.ClickException(f"lease {lease.id} has no ADB endpoint ({lease.data['reason']})")
+    return {"ANDROID_ADB_SERVER_ADDRESS": endpoint["host"], "ANDROID_ADB_SERVER_PORT": str(endpoint["port"]),
+            "ANDROID_SERIAL": str((endpoint.get("params") or {}).get("serial", ""))}
+
+
+@click.command("adb", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("target", metavar="DEVICE|LEASE")
+@click.argument("adb_args", nargs=-1, type=click.UNPROCESSED)
+@lab_command
+def adb_command(lab: Lab, target: str, adb_args: tuple[str, ...], as_json: bool):
+    """Run the local adb against your lease's phone: device-loop adb DEVICE -- shell ls"""
+    env = adb_environment(_my_lease(lab, target))
+    if adb_args[:1] == ("--",):  # the separator is ours, not adb's
+        adb_args = adb_args[1:]
+    if not shutil.which("adb"):
+        fail(as_json, "no_adb", "adb is not installed here (Debian: apt-get install adb)")
+    argv = ["adb", "-H", env["ANDROID_ADB_SERVER_ADDRESS"], "-P", env["ANDROID_ADB_SERVER_PORT"],
+            "-s", env["ANDROID_SERIAL"], *adb_args]
+    lab.api.close()
+    os.execvp("adb", argv)
+
+
+@click.command("env")
+@click.argument("target", metavar="DEVICE|LEASE")
+@json_option
+@lab_command
+def env_command(lab: Lab, target: str, as_json: bool):
+    """Shell exports for your lease's phone: eval "$(device-loop env LEASE)" """
+    emit(as_json, adb_environment(_my_lease(lab, target)),
+         lambda env: "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))

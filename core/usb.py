@@ -1,0 +1,101 @@
+"""USB devices as sysfs shows them (read-only: files only, no process, no device opened).
+
+``sysfs_root`` is ``/sys`` on a real host and a fake tree in tests. Layout relied on:
+``bus/usb/devices/1-1.2`` (a device: ``idVendor``, ``idProduct``, ``serial``,
+``manufacturer``, ``product``, ``busnum``, ``devnum``), ``bus/usb/devices/1-1.2:1.0``
+(an interface: ``bInterfaceNumber``, ``bInterfaceClass``, ``bInterfaceSubClass``,
+``bInterfaceProtocol``, two hex digits each), and ``class/tty/NAME/device`` leading
+into an interface directory (directly for cdc_acm, one level down for usb-serial).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _attr(path: Path, name: str) -> str:
+    try:
+        return (path / name).read_text().strip()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class UsbInterface:
+    number: str
+    triple: tuple[str, str, str]  # class, subclass, protocol, as sysfs writes them ("ff", "42", "01")
+
+
+@dataclass(frozen=True)
+class UsbDevice:
+    path: Path
+    vendor: str
+    product: str
+    serial: str
+    manufacturer: str
+    product_name: str
+    busnum: int
+    devnum: int
+    interfaces: tuple[UsbInterface, ...] = field(default=())
+
+    @property
+    def node(self) -> str:
+        """The usbfs node (what adb and fastboot open)."""
+        return f"/dev/bus/usb/{self.busnum:03d}/{self.devnum:03d}"
+
+    def by_id(self, interface: str) -> str:
+        """The name udev gives it under /dev/serial/by-id (without ``-port0``)."""
+        def clean(text: str) -> str:
+            return re.sub(r"[^A-Za-z0-9.+-]", "_", text.strip()) or "unknown"
+        return f"usb-{clean(self.manufacturer or self.vendor)}_{clean(self.product_name or self.product)}_" \
+               f"{clean(self.serial)}-if{interface}"
+
+
+def read_device(path: Path) -> UsbDevice | None:
+    """The USB device in sysfs directory ``path`` (None if it is not one)."""
+    if not (path / "idVendor").exists():
+        return None
+    interfaces = []
+    for child in sorted(path.parent.glob(f"{path.name}:*")) + sorted(path.glob(f"{path.name}:*")):
+        if (child / "bInterfaceClass").exists():
+            interfaces.append(UsbInterface(_attr(child, "bInterfaceNumber"), (
+                _attr(child, "bInterfaceClass"), _attr(child, "bInterfaceSubClass"), _attr(child, "bInterfaceProtocol"))))
+    return UsbDevice(path=path, vendor=_attr(path, "idVendor"), product=_attr(path, "idProduct"),
+                     serial=_attr(path, "serial"), manufacturer=_attr(path, "manufacturer"),
+                     product_name=_attr(path, "product"), busnum=int(_attr(path, "busnum") or 0),
+                     devnum=int(_attr(path, "devnum") or 0), interfaces=tuple(dict.fromkeys(interfaces)))
+
+
+def usb_devices(sysfs_root: Path) -> list[UsbDevice]:
+    """Every USB device (not hub interfaces, not root hubs without a serial)."""
+    devices = []
+    for entry in sorted((Path(sysfs_root) / "bus" / "usb" / "devices").glob("*")):
+        if ":" not in entry.name:
+            device = read_device(entry)
+            if device is not None:
+                devices.append(device)
+    return devices
+
+
+@dataclass(frozen=True)
+class UsbTty:
+    name: str            # ttyUSB0
+    device: UsbDevice
+    interface: str       # "00"
+
+
+def usb_ttys(sysfs_root: Path) -> list[UsbTty]:
+    """Serial ports that sit on a USB interface, with the device they belong to."""
+    ttys = []
+    for tty in sorted((Path(sysfs_root) / "class" / "tty").glob("*")):
+        link = tty / "device"
+        if not link.exists():
+            continue
+        here = link.resolve()
+        while here != here.parent and not (here / "bInterfaceNumber").exists():
+            here = here.parent
+        device = read_device(here.parent) if (here / "bInterfaceNumber").exists() else None
+        if device is not None:
+            ttys.append(UsbTty(tty.name, device, _attr(here, "bInterfaceNumber") or "00"))
+    return ttys

@@ -1,0 +1,181 @@
+"""The UART plugin end to end: a socat pty pair is the board's serial line, the real
+ser2net (or the built-in bridge) serves it through a lease."""
+import os
+import signal
+import subprocess
+import sys
+import termios
+import threading
+import time
+
+import pytest
+import serial
+
+from conftest import Exporter, wait_for
+from device_loop.client.console import open_uart
+from helpers import port_open, recorded_pids
+from test_end_to_end import reserve, run_cli, wait_active, wait_state
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class PtyPair:
+    """``socat`` joining two ptys: the exporter serves ``board_side``; the test plays the
+    board on ``far_side``. Pulling it out removes both links, as unplugging would."""
+
+    def __init__(self, folder):
+        self.board_side, self.far_side = folder / "ttyA", folder / "ttyB"
+        self.proc = None
+        self.plug()
+
+    def plug(self):
+        self.proc = subprocess.Popen(["socat", "pty,raw,echo=0,link=" + str(self.board_side),
+                                      "pty,raw,echo=0,link=" + str(self.far_side)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self.board_side.exists() and self.far_side.exists(), 5, what="socat links")
+
+    def unplug(self):
+        self.proc.terminate()
+        self.proc.wait(5)
+        wait_for(lambda: not self.board_side.exists(), 5, what="links gone")
+
+    def far(self, timeout=3):
+        return serial.Serial(str(self.far_side), 115200, timeout=timeout)
+
+
+@pytest.fixture
+def pty_pair(tmp_path):
+    pair = PtyPair(tmp_path)
+    yield pair
+    if pair.proc.poll() is None:
+        pair.unplug()
+
+
+def uart_device(pty_pair, **settings):
+    return [{"name": "jupiter", "class": "riscv-sbc", "plugin": "uart", "path": str(pty_pair.board_side), **settings}]
+
+
+def line_speed(path) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)  # opening a pty resets nothing
+    try:
+        return termios.tcgetattr(fd)[4]
+    finally:
+        os.close(fd)
+
+
+def change_speed(endpoint, line, before, before_code, after, after_code):
+    """While a client is connected the line runs at the configured speed, until the client
+    changes it over RFC 2217 (with nobody connected a pty falls back to 38400)."""
+    client = open_uart(endpoint)
+    try:
+        assert client.baudrate == before
+        wait_for(lambda: line_speed(line) == before_code, 5, what=f"{before} baud on the line")
+        client.baudrate = after
+        wait_for(lambda: line_speed(line) == after_code, 5, what=f"{after} baud on the line")
+    finally:
+        client.close()
+
+
+def bytes_both_ways(endpoint, far, baud=None):
+    client = open_uart(endpoint, baud)
+    try:
+        client.write(b"to the board\n")
+        assert far.read_until(b"\n") == b"to the board\n"
+        far.write(b"from the board\n")
+        client.timeout = 3
+        assert client.read_until(b"\n") == b"from the board\n"
+    finally:
+        client.close()
+
+
+def test_ser2net_serves_the_uart_both_ways_with_baud_change(tmp_path, env, coordinator, pty_pair):
+    exporter = Exporter(tmp_path, env, coordinator.url, uart_device(pty_pair, raw=True))
+    try:
+        wait_state(coordinator, "jupiter", "idle")
+        lease = wait_active(coordinator, reserve(coordinator, "jupiter")["id"])
+        by_protocol = {e["protocol"]: e for e in lease["endpoints"]}
+        assert set(by_protocol) == {"rfc2217", "raw"}
+        assert by_protocol["rfc2217"]["params"] == {"baud": 115200, "framing": "8N1"}
+        (server,) = recorded_pids(exporter.state_dir).values()
+        assert server["argv"][0] == "ser2net" and "-u" in server["argv"]
+
+        far = pty_pair.far()
+        bytes_both_ways(by_protocol["rfc2217"], far)
+        change_speed(by_protocol["rfc2217"], pty_pair.board_side, 115200, termios.B115200, 9600, termios.B9600)
+        bytes_both_ways(by_protocol["raw"], far)
+
+        coordinator.api(f"/leases/{lease['id']}/release", "POST")
+        wait_state(coordinator, "jupiter", "idle")
+        assert not any(port_open(e["host"], e["port"]) for e in lease["endpoints"])
+        assert recorded_pids(exporter.state_dir) == {}
+        assert "serving with ser2net" in exporter.output()
+    finally:
+        exporter.stop()
+
+
+def test_built_in_bridge_serves_the_same_endpoint_without_ser2net(tmp_path, env, coordinator, pty_pair):
+    no_ser2net = {**env, "PATH": "/usr/bin:/bin"}  # Debian installs ser2net in /usr/sbin
+    assert subprocess.run(["sh", "-c", "command -v ser2net"], env=no_ser2net, capture_output=True).returncode != 0
+    exporter = Exporter(tmp_path, no_ser2net, coordinator.url, uart_device(pty_pair))
+    try:
+        wait_state(coordinator, "jupiter", "idle")
+        lease = wait_active(coordinator, reserve(coordinator, "jupiter")["id"])
+        (endpoint,) = lease["endpoints"]
+        assert endpoint["protocol"] == "rfc2217"
+        far = pty_pair.far()
+        bytes_both_ways(endpoint, far)
+        change_speed(endpoint, pty_pair.board_side, 115200, termios.B115200, 57600, termios.B57600)
+        assert "the built-in bridge (pyserial): ser2net is not installed" in exporter.output()
+    finally:
+        exporter.stop()
+
+
+def test_unplugging_turns_the_device_offline_and_back(tmp_path, env, coordinator, pty_pair):
+    exporter = Exporter(tmp_path, env, coordinator.url, uart_device(pty_pair))
+    try:
+        wait_state(coordinator, "jupiter", "idle")
+        lease = wait_active(coordinator, reserve(coordinator, "jupiter")["id"])
+        pty_pair.unplug()
+        offline = wait_for(lambda: (l := coordinator.api(f"/leases/{lease['id']}").json())["device_state"] == "offline"
+                           and l, 15, what="lease shows the device offline")
+        assert offline["state"] == "active" and not offline["ready"] and "offline" in offline["reason"]
+        assert exporter.popen.poll() is None, "the exporter must survive an unplug"
+        pty_pair.plug()
+        back = wait_active(coordinator, lease["id"])
+        (endpoint,) = back["endpoints"]
+        bytes_both_ways(endpoint, pty_pair.far())
+        causes = [e["cause"] for e in coordinator.api("/devices/jupiter/log").json()]
+        assert "host host-a no longer reports it (unplugged?)" in causes and "host host-a reports it again" in causes
+    finally:
+        exporter.stop()
+
+
+def test_console_command_piped_and_logged(tmp_path, env, coordinator, pty_pair):
+    exporter = Exporter(tmp_path, env, coordinator.url, uart_device(pty_pair))
+    far = pty_pair.far(timeout=0.2)
+    stop = threading.Event()
+
+    def board():  # answers each line like a shell would
+        while not stop.is_set():
+            line = far.read_until(b"\n")
+            if line.strip():
+                far.write(b"you said: " + line.strip() + b"\r\njupiter# ")
+
+    thread = threading.Thread(target=board, daemon=True)
+    thread.start()
+    try:
+        wait_state(coordinator, "jupiter", "idle")
+        run_cli(env, coordinator.url, "reserve", "jupiter", "--wait")
+        log = tmp_path / "session.log"
+        result = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url,
+                                 "console", "jupiter", "--timeout", "1", "--log", str(log)],
+                                input=b"uname -a\n", env=env, capture_output=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        assert b"you said: uname -a" in result.stdout
+        assert b"you said: uname -a" in log.read_bytes()
+        nobody = run_cli(env, coordinator.url, "console", "nope", check=False)
+        assert nobody.returncode == 1 and "you hold no lease on 'nope'" in nobody.stderr
+    finally:
+        stop.set()
+        thread.join(2)
+        exporter.stop()

@@ -2,7 +2,8 @@
 installed for the tests, does not). Only what the plugin uses, and never more lenient than
 the real one: the server takes a moment before it listens, and after ``kill-server``
 returns the old server still holds its port for a while, so a caller that does not wait
-for the port is caught. Every call is appended to ``$FAKE_ADB_LOG``."""
+for the port is caught. Every call is appended to ``$FAKE_ADB_LOG``, with whether the
+global server's port was free at that moment."""
 import json
 import os
 import socket
@@ -10,8 +11,19 @@ import sys
 import time
 
 args = sys.argv[1:]
-with open(os.environ["FAKE_ADB_LOG"], "a") as log:
-    log.write(json.dumps(args) + "\n")
+global_port = int(os.environ.get("ANDROID_ADB_SERVER_PORT", 5037))
+
+
+def port_free(port: int) -> bool:
+    try:
+        socket.create_server(("127.0.0.1", port)).close()
+        return True
+    except OSError:
+        return False
+
+
+with open(os.environ["FAKE_ADB_LOG"], "a") as log:  # with what a server would find at its start
+    log.write(json.dumps({"args": args, "global_port_free": port_free(global_port)}) + "\n")
 
 if "--help" in args or args[:1] == ["help"]:
     print("Android Debug Bridge version 1.0.41\nVersion 35.0.2-12147458\n\nglobal options:\n"
@@ -21,7 +33,7 @@ if "--help" in args or args[:1] == ["help"]:
           " only connect to one USB device, specified by a serial number or USB device address.")
     sys.exit(0)
 
-port = int(args[args.index("-P") + 1]) if "-P" in args else int(os.environ.get("ANDROID_ADB_SERVER_PORT", 5037))
+port = int(args[args.index("-P") + 1]) if "-P" in args else global_port
 
 if "server" in args and "nodaemon" in args:
     time.sleep(0.3)  # a real server needs a moment before it listens

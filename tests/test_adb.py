@@ -121,7 +121,7 @@ def adb35(tmp_path, monkeypatch):
     log = tmp_path / "adb-calls.jsonl"
     monkeypatch.setenv("FAKE_ADB_LOG", str(log))
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    return lambda: [json.loads(line) for line in log.read_text().splitlines()]
+    return lambda: [json.loads(line) for line in log.read_text().splitlines()]  # [{args, global_port_free}]
 
 
 def test_one_device_serves_each_phone_on_its_own_server(tmp_path, adb_env, adb35):
@@ -134,10 +134,10 @@ def test_one_device_serves_each_phone_on_its_own_server(tmp_path, adb_env, adb35
         assert {exporter.health(r).status for r in resources} == {"ok"}
         exporter.reconcile(desired("PHONE1", "PHONE2"), resources)
         assert exporter.start_errors == {}
-        assert port_is_free("127.0.0.1", global_port), "started before the global server had let go"
-        servers = [call for call in adb35() if "server" in call and "--one-device" in call]
-        assert sorted(call[-1] for call in servers) == ["PHONE1", "PHONE2"]
-        assert all(call[-2] == "--one-device" for call in servers)
+        servers = [call for call in adb35() if "--one-device" in call["args"]]
+        assert sorted(call["args"][-1] for call in servers) == ["PHONE1", "PHONE2"]
+        assert all(call["args"][-2] == "--one-device" for call in servers)
+        assert all(call["global_port_free"] for call in servers), "started before the global server had let go"
         for run in exporter.running.values():
             assert not port_is_free("127.0.0.1", run.service.endpoints[0].port)
     finally:

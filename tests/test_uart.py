@@ -1,12 +1,10 @@
 """The UART plugin end to end: a socat pty pair is the board's serial line, the real
 ser2net (or the built-in bridge) serves it through a lease."""
 import os
-import signal
 import subprocess
 import sys
 import termios
 import threading
-import time
 
 import pytest
 import serial

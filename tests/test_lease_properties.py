@@ -69,8 +69,20 @@ async def test_lease_rules_hold_under_any_sequence(tmp_path, ops):
                 _, user, index, extra = op
                 holder, lease_id = leases[index % len(leases)]
                 if kind == "release":
+                    path = f"/leases/{lease_id}/release"
                     headers = {"Idempotency-Key": extra} if extra else {}
-                    response = await api[user].post(f"/leases/{lease_id}/release", headers=headers)
+                    before = await snapshot(rules)
+                    response = await api[user].post(path, headers=headers)
+                    first = answers.get((user, extra)) if extra else None
+                    if first is not None:
+                        if first[2] == path:
+                            assert (response.status_code, response.json()) == first[:2]
+                            assert await snapshot(rules) == before, "a replayed key changed the lab"
+                        else:
+                            assert response.status_code == 422  # the key was used for another request
+                        continue
+                    if extra:
+                        answers[(user, extra)] = (response.status_code, response.json(), path)
                 else:
                     response = await api[user].post(f"/leases/{lease_id}/renew", json={"ttl_s": extra})
                 if user != holder:

@@ -14,11 +14,13 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx2
 
 from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.host import HostContext
+from device_loop.core.hotplug import watch_hotplug
 from device_loop.core.model import Health, LeaseRef, Resource, Service
 from device_loop.core.plugins import PluginSet
 from device_loop.core.ports import wait_port_free
@@ -289,6 +291,9 @@ class Exporter:
         self.setup()
         poller = threading.Thread(target=self._long_poll, name="long-poll", daemon=True)
         poller.start()
+        if self.host.sysfs_root == Path("/sys"):  # a fake tree gets no udev events
+            why_not = watch_hotplug(self.wake.set)
+            log.info("hot-plug wake-ups %s", f"off ({why_not})" if why_not else "on (udev)")
         try:
             while not self.stopping.is_set():
                 self.wake.clear()

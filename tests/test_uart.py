@@ -1,6 +1,8 @@
 """The UART plugin end to end: a socat pty pair is the board's serial line, the real
 ser2net (or the built-in bridge) serves it through a lease."""
 import os
+import pty
+import select
 import subprocess
 import sys
 import termios
@@ -177,3 +179,35 @@ def test_console_command_piped_and_logged(tmp_path, env, coordinator, pty_pair):
         stop.set()
         thread.join(2)
         exporter.stop()
+
+
+def test_console_interactive_on_a_terminal_until_ctrl_bracket(tmp_path, env, coordinator, exporter_factory):
+    exporter_factory()
+    wait_state(coordinator, "sim-board-0", "idle")
+    run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait")
+    master, slave = pty.openpty()
+    console = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url,
+                                "console", "sim-board-0"], stdin=slave, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    screen = b""
+
+    def read_until(marker: bytes) -> bytes:
+        nonlocal screen
+        def seen():
+            nonlocal screen
+            if select.select([master], [], [], 0.1)[0]:
+                screen += os.read(master, 4096)
+            return marker in screen
+        wait_for(seen, 10, what=f"{marker!r} on the terminal")
+        return screen
+
+    try:
+        read_until(b"Ctrl-] leaves")
+        os.write(master, b"uname\r")
+        assert b"Linux sim-board-0" in read_until(b"sim-board-0:~# ")
+        os.write(master, b"\x1d")
+        assert console.wait(10) == 0
+    finally:
+        if console.poll() is None:
+            console.kill()
+        os.close(master)

@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from .holders import listening_ports
+
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -79,9 +81,12 @@ class Proc:
         return True
 
     def output(self) -> str:
-        """What the process wrote so far (stdout and stderr)."""
+        """What this process wrote so far (stdout and stderr; not earlier runs' lines in
+        the same log)."""
         try:
-            return self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log:
+                log.seek(self.record.get("log_offset", 0))
+                return log.read().decode(errors="replace")
         except OSError:
             return ""
 
@@ -106,6 +111,22 @@ class Proc:
                 return False
             time.sleep(0.01)
         return True
+
+    def wait_listening(self, ports: set[int], timeout: float = 5.0, failure_signs: tuple[str, ...] = ()) -> str | None:
+        """Wait until the process listens on every one of ``ports``.
+
+        For programs that take a port number rather than an inherited socket. Returns
+        None once they listen, else why not: it exited, its output shows one of
+        ``failure_signs``, or ``timeout`` ran out (its last line of output, if any).
+        """
+        deadline = time.monotonic() + timeout
+        while not ports <= listening_ports(self.pid):
+            output = self.output()
+            if not self.alive() or any(sign in output for sign in failure_signs) or time.monotonic() > deadline:
+                lines = output.strip().splitlines()
+                return lines[-1] if lines else f"no answer within {timeout:g}s"
+            time.sleep(0.01)
+        return None
 
     def stop(self, grace: float = 3.0) -> None:
         """SIGTERM the group, wait ``grace`` seconds, then SIGKILL; return once all is reaped."""
@@ -136,13 +157,14 @@ class ProcessRegistry:
         """
         log_path = self.logs / f"{name}.log"
         with open(log_path, "ab") as out:
+            offset = out.tell()
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=pass_fds, env=env, start_new_session=True,
                 preexec_fn=_term_when_parent_dies(os.getpid()) if die_with_parent else None,
             )
         record = {"pid": popen.pid, "start_ticks": start_ticks(popen.pid), "name": name,
-                  "lease": lease, "argv": argv, "log": str(log_path)}
+                  "lease": lease, "argv": argv, "log": str(log_path), "log_offset": offset}
         partial = self.dir / f".{popen.pid}.json.tmp"
         partial.write_text(json.dumps(record))
         partial.replace(self.dir / f"{popen.pid}.json")  # a crash never leaves half a record

@@ -211,3 +211,33 @@ def test_console_interactive_on_a_terminal_until_ctrl_bracket(tmp_path, env, coo
         if console.poll() is None:
             console.kill()
         os.close(master)
+
+
+def test_ser2net_whose_port_was_taken_is_replaced(tmp_path, pty_pair):
+    """Between our pick of a port and ser2net's bind another process can take it: the real
+    ser2net then keeps running, bound to nothing, and ignores the first SIGTERM."""
+    from device_loop.core.host import HostContext
+    from device_loop.core.model import LeaseRef, Resource
+    from device_loop.core.ports import listen_socket
+    from device_loop.plugins.uart.ser2net import start_ser2net
+
+    squatter = listen_socket()
+
+    class RacyHost(HostContext):
+        picks = [squatter.getsockname()[1]]
+
+        def free_port(self):
+            return self.picks.pop() if self.picks else super().free_port()
+
+    host = RacyHost(name="h", state_dir=tmp_path / "state")
+    resource = Resource(device="jupiter", kind="uart", identifier="uart:h:x", node=str(pty_pair.board_side))
+    try:
+        service = start_ser2net(host, resource, LeaseRef("lease-1", "alice"), str(pty_pair.board_side),
+                                115200, "8N1", raw=False)
+        (endpoint,) = service.endpoints
+        assert endpoint.port != squatter.getsockname()[1]
+        assert len(host.processes.recorded()) == 1, "the ser2net that lost its port is gone"
+        bytes_both_ways(endpoint.to_json(), pty_pair.far())
+        service.processes[0].stop()
+    finally:
+        squatter.close()

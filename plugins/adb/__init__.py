@@ -20,10 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 
 from device_loop.core.hookspecs import hookimpl
-from device_loop.core.holders import listening_ports
 from device_loop.core.model import Endpoint, Health, Resource, Service, ServiceError
 from device_loop.core.ports import port_is_free, wait_port_free
 from device_loop.core.process import run
@@ -118,13 +116,10 @@ def devloop_start(host, resource, lease):
     everywhere = [] if host.bind_address in ("127.0.0.1", "localhost") else ["-a"]
     argv = ["adb", *everywhere, "-P", str(port), "server", "nodaemon"] + (["--one-device", serial] if one_device else [])
     proc = host.processes.spawn(argv, name=f"adb-{resource.device}-{lease.id}", lease=lease.id)
-    deadline = time.monotonic() + 5.0
-    while port not in listening_ports(proc.pid):
-        if not proc.alive() or time.monotonic() > deadline:
-            output = proc.output().strip() or "no answer in 5 s"
-            proc.stop()
-            raise ServiceError(f"adb server did not start: {output.splitlines()[-1]}")
-        time.sleep(0.01)
+    problem = proc.wait_listening({port})
+    if problem is not None:
+        proc.stop()
+        raise ServiceError(f"adb server did not start: {problem}")
     _serving[host.name].add(serial)
     endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", params={"serial": serial})
     return Service(endpoints=[endpoint], processes=[proc], data={"serial": serial})

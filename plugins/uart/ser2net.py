@@ -1,9 +1,6 @@
 """One ser2net 4.x process per leased UART: telnet with RFC 2217, and raw TCP if asked."""
 from __future__ import annotations
 
-import time
-
-from device_loop.core.holders import listening_ports
 from device_loop.core.model import Endpoint, Service, ServiceError
 
 ATTEMPTS = 3
@@ -32,7 +29,6 @@ def start_ser2net(host, resource, lease, device: str, baud: int, framing: str, r
     """
     folder = host.state_dir / "ser2net"
     folder.mkdir(parents=True, exist_ok=True)
-    problem = ""
     for _ in range(ATTEMPTS):
         ports = {"rfc2217": host.free_port()} | ({"raw": host.free_port()} if raw else {})
         accepters = {"rfc2217": f"telnet(rfc2217),tcp,{host.bind_address},{ports['rfc2217']}",
@@ -41,18 +37,12 @@ def start_ser2net(host, resource, lease, device: str, baud: int, framing: str, r
         config.write_text("".join(_connection(f"c_{p}", accepters[p], device, baud, framing) for p in ports))
         proc = host.processes.spawn(["ser2net", "-n", "-d", "-u", "-c", str(config)],
                                     name=f"ser2net-{resource.device}-{lease.id}", lease=lease.id)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline:
-            output = proc.output()
-            if any(sign in output for sign in FAILED) or not proc.alive():
-                break
-            if set(ports.values()) <= listening_ports(proc.pid):
-                params = {"baud": baud, "framing": framing}
-                return Service(endpoints=[Endpoint(resource.kind, host.advertise_address, port, protocol=p, params=params)
-                                          for p, port in ports.items()], processes=[proc])
-            time.sleep(0.01)
-        problem = proc.output().replace("Unable to start mdns: Out of memory", "").strip() or "no answer in 5 s"
+        problem = proc.wait_listening(set(ports.values()), failure_signs=FAILED)
+        if problem is None:
+            params = {"baud": baud, "framing": framing}
+            return Service(endpoints=[Endpoint(resource.kind, host.advertise_address, port, protocol=p, params=params)
+                                      for p, port in ports.items()], processes=[proc])
         proc.stop(grace=0.5)  # a ser2net that failed to bind ignores the first SIGTERM anyway
         if "invalid" in problem:
             break  # another port will not help
-    raise ServiceError(f"ser2net did not start: {problem.splitlines()[-1]}")
+    raise ServiceError(f"ser2net did not start: {problem}")

@@ -43,7 +43,8 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
     try:
         parse_config(config, config_path or "the lab config")
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        names = ", ".join(d["name"] for d in sims)
+        raise click.ClickException(f"{exc}\n(the lab adds simulated boards named {names})") from None
     return config
 
 

@@ -8,6 +8,7 @@ import shutil
 import click
 
 from .commands import _my_lease, json_option, lab_command
+from .http import CoordinatorError
 from .lab import Lab
 from .output import emit, fail
 
@@ -15,8 +16,10 @@ from .output import emit, fail
 def adb_environment(lease) -> dict[str, str]:
     """The variables that point adb (and scrcpy, and friends) at the lease's phone."""
     endpoint = next((e for e in lease.endpoints if e["kind"] == "adb"), None)
+    if endpoint is None and not lease.data["ready"]:
+        raise CoordinatorError("not_ready", f"{lease.data['device']} is not ready: {lease.data['reason']}")
     if endpoint is None:
-        raise click.ClickException(f"lease {lease.id} has no ADB endpoint ({lease.data['reason']})")
+        raise CoordinatorError("no_adb", f"{lease.data['device']} has no ADB")
     return {"ANDROID_ADB_SERVER_ADDRESS": endpoint["host"], "ANDROID_ADB_SERVER_PORT": str(endpoint["port"]),
             "ANDROID_SERIAL": str((endpoint.get("params") or {}).get("serial", ""))}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import sys
 import termios
 import threading
@@ -18,7 +19,10 @@ import tty
 import click
 import serial
 
+from device_loop.core.serial_bridge import parse_framing
+
 from .commands import _my_lease, json_option, lab_command
+from .http import CoordinatorError
 from .lab import Lab
 from .output import fail
 
@@ -26,29 +30,35 @@ ESCAPE = b"\x1d"  # Ctrl-], as in telnet
 
 
 def open_uart(endpoint: dict, baud: int | None = None) -> serial.SerialBase:
-    """A pyserial port on a UART endpoint, at the device's configured speed unless ``baud``."""
+    """A pyserial port on a UART endpoint, at the device's configured line settings
+    (RFC 2217 sends them all when it opens) unless ``baud`` changes the speed."""
     params = endpoint.get("params") or {}
+    settings = parse_framing(str(params.get("framing", "8N1")))
     speed = baud or int(params.get("baud", 115200))
     if endpoint.get("protocol") == "rfc2217":
         # ser2net on a pty never acknowledges DTR: without this, opening stalls for seconds
         url = f"rfc2217://{endpoint['host']}:{endpoint['port']}?ign_set_control"
     else:
         url = f"socket://{endpoint['host']}:{endpoint['port']}"
-    return serial.serial_for_url(url, baudrate=speed, timeout=0.1)
+    return serial.serial_for_url(url, baudrate=speed, timeout=0.1, **settings)
 
 
-def _uart_endpoint(lease) -> dict:
+def uart_endpoint(lease) -> dict:
+    """The lease's UART endpoint, RFC 2217 first."""
     endpoints = [e for e in lease.endpoints if e["kind"] == "uart"]
-    if not endpoints:
-        raise click.ClickException(f"lease {lease.id} has no UART endpoint ({lease.data['reason']})")
-    return min(endpoints, key=lambda e: e.get("protocol") != "rfc2217")  # RFC 2217 first
+    if endpoints:
+        return min(endpoints, key=lambda e: e.get("protocol") != "rfc2217")
+    if not lease.data["ready"]:
+        raise CoordinatorError("not_ready", f"{lease.data['device']} is not ready: {lease.data['reason']}")
+    raise CoordinatorError("no_uart", f"{lease.data['device']} has no UART")
 
 
-def _pump_to(out, port, log, stop: threading.Event) -> None:
+def _pump_to(out, port, log, stop: threading.Event, lost: threading.Event) -> None:
     while not stop.is_set():
         try:
             data = port.read(4096)
         except (serial.SerialException, OSError):
+            lost.set()
             stop.set()
             return
         if data:
@@ -58,10 +68,14 @@ def _pump_to(out, port, log, stop: threading.Event) -> None:
                 log.write(data)
 
 
-def _interactive(port, log) -> None:
-    stop = threading.Event()
-    reader = threading.Thread(target=_pump_to, args=(sys.stdout.buffer, port, log, stop), daemon=True)
+def _interactive(port, log) -> bool:
+    """Until Ctrl-]; False if the connection was lost. The terminal is restored however
+    it ends (SIGTERM and SIGHUP included)."""
+    stop, lost = threading.Event(), threading.Event()
+    reader = threading.Thread(target=_pump_to, args=(sys.stdout.buffer, port, log, stop, lost), daemon=True)
     saved = termios.tcgetattr(sys.stdin)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_, sig=sig: sys.exit(128 + sig))
     tty.setraw(sys.stdin)
     reader.start()
     try:
@@ -72,25 +86,42 @@ def _interactive(port, log) -> None:
                 if not data or ESCAPE in data:
                     break
                 port.write(data)
+    except (serial.SerialException, OSError):
+        lost.set()
     finally:
         stop.set()
         termios.tcsetattr(sys.stdin, termios.TCSADRAIN, saved)
         reader.join(1)
+    return not lost.is_set()
 
 
-def _batch(port, log, timeout: float) -> None:
-    port.write(sys.stdin.buffer.read())
-    stop = threading.Event()
-    reader = threading.Thread(target=_pump_to, args=(sys.stdout.buffer, port, log, stop), daemon=True)
+def _batch(port, log, timeout: float) -> bool:
+    """Send stdin as it comes, print what comes back; end ``timeout`` s after the last
+    input (or its end), even if stdin stays open. False if the connection was lost."""
+    stop, lost = threading.Event(), threading.Event()
+    reader = threading.Thread(target=_pump_to, args=(sys.stdout.buffer, port, log, stop, lost), daemon=True)
     reader.start()
-    time.sleep(timeout)
+    deadline, stdin_open = time.monotonic() + timeout, True
+    try:
+        while not lost.is_set() and time.monotonic() < deadline:
+            if stdin_open and select.select([sys.stdin], [], [], min(0.1, timeout))[0]:
+                data = os.read(sys.stdin.fileno(), 65536)
+                stdin_open = bool(data)
+                port.write(data)
+                deadline = time.monotonic() + timeout
+            elif not stdin_open:
+                lost.wait(max(0.0, deadline - time.monotonic()))
+    except (serial.SerialException, OSError):
+        lost.set()
     stop.set()
     reader.join(1)
+    return not lost.is_set()
 
 
 @click.command("console")
 @click.argument("target", metavar="DEVICE|LEASE")
-@click.option("--log", "log_path", type=click.Path(dir_okay=False), help="also write what the board prints here")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False),
+              help="also append what the board prints to this file")
 @click.option("--baud", type=click.IntRange(50, 10_000_000), help="change the line speed (RFC 2217)")
 @click.option("--timeout", default=2.0, show_default=True, type=click.FloatRange(0, 3600),
               help="with piped input: seconds to wait for the answer")
@@ -99,21 +130,29 @@ def _batch(port, log, timeout: float) -> None:
 def console_command(lab: Lab, target: str, log_path: str | None, baud: int | None, timeout: float, as_json: bool):
     """A terminal on the UART of your lease (Ctrl-] leaves)."""
     lease = _my_lease(lab, target)
-    endpoint = _uart_endpoint(lease)
+    device, endpoint = lease.data["device"], uart_endpoint(lease)
+    where = f"{endpoint['host']}:{endpoint['port']}"
+    if baud and endpoint.get("protocol") != "rfc2217":
+        click.echo(f"device-loop: {device}'s UART is raw TCP: --baud needs RFC 2217 and is ignored", err=True)
+    threading.excepthook = lambda args: None  # pyserial's reader thread reports what we report below
     try:
         port = open_uart(endpoint, baud)
     except (serial.SerialException, OSError, ValueError) as exc:
-        fail(as_json, "unreachable", f"cannot open the UART of {lease.data['device']} at "
-                                     f"{endpoint['host']}:{endpoint['port']}: {exc}")
+        busy = isinstance(exc, BrokenPipeError) or "Broken pipe" in str(exc)
+        fail(as_json, "busy" if busy else "unreachable",
+             f"the UART of {device} is in use by another client" if busy
+             else f"cannot open the UART of {device} at {where}: {exc}")
     log = open(log_path, "ab") if log_path else None
     try:
         if sys.stdin.isatty():
-            click.echo(f"connected to {lease.data['device']} ({endpoint['host']}:{endpoint['port']}, "
-                       f"{port.baudrate} baud); Ctrl-] leaves", err=True)
-            _interactive(port, log)
+            click.echo(f"connected to {device} ({where}, {port.baudrate} baud); Ctrl-] leaves", err=True)
+            kept = _interactive(port, log)
         else:
-            _batch(port, log, timeout)
+            kept = _batch(port, log, timeout)
     finally:
         port.close()
         if log:
             log.close()
+    if not kept:
+        fail(as_json, "connection_lost", f"the connection to {device}'s UART was lost "
+                                         "(unplugged, its exporter stopped, or another client took over)")

@@ -132,7 +132,7 @@ class Rules:
     async def _lease_json(self, lease: dict) -> dict:
         device = await self.store.device(lease["device"])
         host = await self.store.host(device["host"]) if device["host"] else None
-        services = [s for s in (host["services"] if host else []) if s["lease"] == lease["id"]]
+        services = [s for s in (host["services"] if host and host["online"] else []) if s["lease"] == lease["id"]]
         endpoints = [e for s in services for e in s["endpoints"]] if lease["state"] in LIVE else []
         up = {s["identifier"] for s in services if s["endpoints"] and not s.get("error")}
         resources = {r["identifier"] for r in await self.store.resources_of(lease["device"])}
@@ -331,9 +331,14 @@ class Rules:
             "protocol": report.protocol, "version": report.version, "heartbeat_s": report.heartbeat_s,
             "plugins": report.plugins.model_dump(),
             "services": [s.model_dump(exclude_none=True) for s in report.services],
-            "superseded_boots": superseded, "last_seen": now, "online": True,
+            "superseded_boots": superseded, "last_seen": now, "online": not report.stopping,
         })
-        cause = "host is heartbeating again" if previous and not previous["online"] else "exporter report"
+        if report.stopping:
+            cause = f"exporter {host_name} stopped"
+        elif previous and not previous["online"]:
+            cause = "host is heartbeating again"
+        else:
+            cause = "exporter report"
         reported, claimed = set(), set()
         touched: set[str] = set()
         causes: dict[str, str] = {}

@@ -96,6 +96,7 @@ class HeartbeatIn(Strict):
     devices: list[DeviceIn] = Field(default_factory=list, max_length=1000)
     services: list[ServiceIn] = Field(default_factory=list, max_length=4000)
     applied: list[str] = Field(default_factory=list, description="lease ids of the desired state last converged to")
+    stopping: bool = Field(default=False, description="the exporter's last report: it is going away")
 
     @model_validator(mode="after")
     def _each_thing_once(self):

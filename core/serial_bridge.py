@@ -132,8 +132,11 @@ def serve(listener: socket.socket, device: str, baud: int, framing: str, rfc2217
         try:
             port = _Port(device, baud, timeout=0, **parse_framing(framing))
             port.reset_input_buffer()
-        except (serial.SerialException, OSError) as exc:
-            conn.sendall(f"device open failure: {exc}\r\n".encode())
+        except (serial.SerialException, OSError, ValueError) as exc:
+            try:
+                conn.sendall(f"device open failure: {exc}\r\n".encode())
+            except OSError:
+                pass  # the client is gone already
             conn.close()
             conn = None
             continue

@@ -82,12 +82,13 @@ def usb_devices(sysfs_root: Path) -> list[UsbDevice]:
 class UsbTty:
     name: str            # ttyUSB0
     device: UsbDevice
-    interface: str       # "00"
+    interface: str       # "00", as sysfs writes bInterfaceNumber (hex)
+    port: int = 0        # which of the interface's ttys (a few adapters put several on one)
 
 
 def usb_ttys(sysfs_root: Path) -> list[UsbTty]:
     """Serial ports that sit on a USB interface, with the device they belong to."""
-    ttys = []
+    found = []
     for tty in sorted((Path(sysfs_root) / "class" / "tty").glob("*")):
         link = tty / "device"
         if not link.exists():
@@ -97,5 +98,10 @@ def usb_ttys(sysfs_root: Path) -> list[UsbTty]:
             here = here.parent
         device = read_device(here.parent) if (here / "bInterfaceNumber").exists() else None
         if device is not None:
-            ttys.append(UsbTty(tty.name, device, _attr(here, "bInterfaceNumber") or "00"))
+            found.append((here, tty.name, device, _attr(here, "bInterfaceNumber") or "00"))
+    per_interface: dict[Path, int] = {}
+    ttys = []
+    for interface_dir, name, device, number in sorted(found, key=lambda f: (str(f[0]), len(f[1]), f[1])):
+        port = per_interface[interface_dir] = per_interface.get(interface_dir, -1) + 1
+        ttys.append(UsbTty(name, device, number, port))
     return ttys

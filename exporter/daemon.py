@@ -62,6 +62,7 @@ class Exporter:
         self.last_found: dict[str, list[Resource]] = {}
         self.applied: set[str] = set()
         self.etag: str | None = None
+        self.last_beat = 0.0
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -87,14 +88,24 @@ class Exporter:
         for entry in self.unserved():
             log.warning("device %s will not be served: %s", entry["device"], entry["reason"])
 
-    def unserved(self) -> list[dict]:
-        """Configured resources whose plugin is not loaded here, and why."""
+    def unserved(self, found: list[Resource] | None = None) -> list[dict]:
+        """Configured resources that nothing serves now, and why: their plugin is not
+        loaded, or it did not find them (unplugged, or a typo in the entry)."""
         skipped = {s["name"]: s["reason"] for s in self.skipped}
-        return [{"device": r.device, "plugin": r.settings["plugin"],
-                 "reason": f"plugin {r.settings['plugin']!r} " + (
-                     f"is skipped: {skipped[r.settings['plugin']]}" if r.settings["plugin"] in skipped
-                     else "is not installed (or disabled in [plugins])")}
-                for r in self.host.configured_resources if r.settings["plugin"] not in self.loaded]
+        seen = {(r.device, r.plugin) for r in found or ()}
+        out = []
+        for entry in self.host.configured_resources:
+            plugin = entry.settings["plugin"]
+            if plugin in skipped:
+                reason = f"plugin {plugin!r} is skipped: {skipped[plugin]}"
+            elif plugin not in self.loaded:
+                reason = f"plugin {plugin!r} is not installed (or disabled in [plugins])"
+            elif found is not None and (entry.device, plugin) not in seen:
+                reason = f"plugin {plugin!r} does not find it (not plugged in, or a typo in its settings)"
+            else:
+                continue
+            out.append({"device": entry.device, "plugin": plugin, "reason": reason})
+        return out
 
     def _try(self, plugin: str, what: str, hook: str, ok=..., **kwargs):
         """Call a hook; a crash becomes a reason string (a broken plugin must not stop the host)."""
@@ -106,9 +117,16 @@ class Exporter:
             return f"{what} crashed: {exc!r}"
 
     def shutdown(self) -> None:
+        """Stop every service, then tell the coordinator this host is going away, so that
+        nobody is handed endpoints that no longer answer."""
         with self._lock:
             for key in list(self.running):
                 self._stop(key)
+            report = self.report(self.discover()) | {"stopping": True}
+        try:
+            self.http.post(f"/api/v1/hosts/{self.name}/heartbeat", json=report)
+        except httpx2.HTTPError:
+            pass  # the coordinator finds out when the heartbeats stop
         for name in self.loaded:
             self._try(name, "shutdown", "devloop_shutdown", host=self.host)
         self.http.close()
@@ -157,7 +175,7 @@ class Exporter:
         self.generation += 1
         return {"protocol": PROTOCOL_VERSION, "version": __version__, "boot_id": self.boot_id,
                 "generation": self.generation, "heartbeat_s": self.config.exporter.heartbeat_s,
-                "plugins": {"loaded": self.loaded, "skipped": self.skipped, "unserved": self.unserved()},
+                "plugins": {"loaded": self.loaded, "skipped": self.skipped, "unserved": self.unserved(resources)},
                 "devices": list(devices.values()), "services": services, "applied": sorted(self.applied)}
 
     def heartbeat(self, resources: list[Resource]) -> dict | None:
@@ -166,6 +184,7 @@ class Exporter:
         When the coordinator refuses the report, the exporter still converges: to the
         desired state it can read, or to nothing if a newer exporter took its name.
         """
+        self.last_beat = time.monotonic()
         try:
             response = self.http.post(f"/api/v1/hosts/{self.name}/heartbeat", json=self.report(resources))
             answer = response.json()
@@ -190,11 +209,18 @@ class Exporter:
         wanted = {(s["lease"], s["identifier"]): s for s in desired["services"]}
         by_identifier = {r.identifier: r for r in resources}
         changed = False
-        for key in [k for k, run in self.running.items() if k not in wanted or not run.service.alive()]:
-            if key in wanted:
+        for key, run in list(self.running.items()):
+            now = by_identifier.get(key[1])
+            if key in wanted and not run.service.alive():
                 log.warning("service for %s of %s died; restarting it", key[1], key[0])
+            elif key in wanted and now is not None and now.node != run.resource.node:
+                log.warning("%s moved from %s to %s (replugged); restarting its service", key[1],
+                            run.resource.node, now.node)
+            elif key in wanted:
+                continue
             self._stop(key)
             changed = True
+            self._keepalive(resources)
         self._stop_strays({lease for lease, _ in wanted})
         for key in [k for k in self.start_errors if k not in wanted]:
             del self.start_errors[key]
@@ -207,8 +233,14 @@ class Exporter:
                 continue
             self._start(key, resource, LeaseRef(spec["lease"], spec["holder"]))
             changed = True
+            self._keepalive(resources)
         self.applied = {lease for lease, _ in wanted}
         return changed
+
+    def _keepalive(self, resources: list[Resource]) -> None:
+        """Starting many services (or a slow one) must not make this host look dead."""
+        if time.monotonic() - self.last_beat >= self.config.exporter.heartbeat_s:
+            self.heartbeat(resources)
 
     def _start(self, key: tuple[str, str], resource: Resource, lease: LeaseRef) -> None:
         if not any(k[1] == resource.identifier for k in self.running):

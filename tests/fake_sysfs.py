@@ -19,15 +19,24 @@ def _write(folder: Path, **attrs) -> None:
 
 def usb_device(root: Path, port: str, *, vendor: str, product: str, serial: str | None,
                manufacturer="", product_name="", busnum=1, devnum=2, interfaces=(ADB,)) -> Path:
-    """A device at USB port ``port`` (e.g. ``1-1.2``) with interfaces 0, 1, ... of these classes."""
-    real = root / "devices" / "pci0000:00" / "usb1" / port
+    """A device at USB port ``port`` (e.g. ``1-1.2``: bus 1, hub port 1, port 2) with interfaces
+    0, 1, ... of these classes, nested below its root hub and hubs as the kernel nests them."""
+    bus_number = port.split("-")[0]
+    chain = [port.split(".")[0]] + [".".join(port.split(".")[:i]) for i in range(2, port.count(".") + 2)]
+    root_hub = root / "devices" / "pci0000:00" / f"usb{bus_number}"
+    bus = root / "bus" / "usb" / "devices"
+    bus.mkdir(parents=True, exist_ok=True)
+    if not root_hub.exists():  # root hubs have a serial too (the controller's address)
+        _write(root_hub, idVendor="1d6b", idProduct="0002", serial="0000:00:14.0", busnum=bus_number, devnum=1)
+        _write(root_hub / f"{bus_number}-0:1.0", bInterfaceNumber="00", bInterfaceClass="09",
+               bInterfaceSubClass="00", bInterfaceProtocol="00")
+        os.symlink(root_hub, bus / f"usb{bus_number}")
+    real = root_hub.joinpath(*chain)
     attrs = {"idVendor": vendor, "idProduct": product, "busnum": busnum, "devnum": devnum,
              "manufacturer": manufacturer, "product": product_name}
     if serial is not None:
         attrs["serial"] = serial
     _write(real, **attrs)
-    bus = root / "bus" / "usb" / "devices"
-    bus.mkdir(parents=True, exist_ok=True)
     os.symlink(real, bus / port)
     for number, (cls, sub, proto) in enumerate(interfaces):
         interface = real / f"{port}:1.{number}"

@@ -82,3 +82,23 @@ def test_adb_discovery_finds_phones_by_interface(tmp_path, sysfs):
                         configured_resources=[configured("pixel-7", plugin="adb", serial="8AAY0GCXH")])
     (phone,) = adb.devloop_discover(named)
     assert phone.device == "pixel-7" and phone.identifier == "adb:8AAY0GCXH"
+
+
+def test_adapters_that_share_a_serial_are_told_apart_by_port(tmp_path):
+    root = tmp_path / "sys"
+    for port, tty in (("1-1.2", "ttyUSB0"), ("1-1.3", "ttyUSB1")):  # two CP2102s, both "0001"
+        usb_tty(root, tty, usb_device(root, port, vendor="10c4", product="ea60", serial="0001",
+                                      interfaces=(VENDOR_SPECIFIC,)))
+    quad = usb_device(root, "1-1.4", vendor="0403", product="6011", serial="FT4Q",
+                      interfaces=(VENDOR_SPECIFIC,) * 4)
+    for number in range(4):
+        usb_tty(root, f"ttyUSB{2 + number}", quad, interface=number)
+    host = HostContext(name="h", state_dir=tmp_path / "state", sysfs_root=root, configured_resources=[
+        configured("quad-c", plugin="uart", usb_serial="FT4Q", usb_interface=2),
+        configured("nothing", plugin="uart", baud=9600)])
+    found = {r.device: r.identifier for r in uart.devloop_discover(host)}
+    assert found == {
+        "uart-port-1-1.2": "usb-port:1-1.2:if00", "uart-port-1-1.3": "usb-port:1-1.3:if00",
+        "uart-FT4Q": "usb-serial:0403:6011:FT4Q:if00", "uart-FT4Q-if01": "usb-serial:0403:6011:FT4Q:if01",
+        "quad-c": "usb-serial:0403:6011:FT4Q:if02", "uart-FT4Q-if03": "usb-serial:0403:6011:FT4Q:if03"}
+    assert len(set(found.values())) == len(found)

@@ -20,7 +20,7 @@ def _connection(name: str, accepter: str, device: str, baud: int, framing: str) 
             f"    chardelay: false\n")
 
 
-def start_ser2net(host, resource, lease, device: str, baud: int, framing: str, raw: bool) -> Service:
+def start_ser2net(host, resource, lease, ser2net: str, device: str, baud: int, framing: str, raw: bool) -> Service:
     """Start ser2net and return once it listens on every port we gave it.
 
     ser2net takes port numbers, not sockets, so another process can take a port between
@@ -35,7 +35,7 @@ def start_ser2net(host, resource, lease, device: str, baud: int, framing: str, r
                      "raw": f"tcp,{host.bind_address},{ports.get('raw')}"}
         config = folder / f"{lease.id}-{resource.device}.yaml"
         config.write_text("".join(_connection(f"c_{p}", accepters[p], device, baud, framing) for p in ports))
-        proc = host.processes.spawn(["ser2net", "-n", "-d", "-u", "-c", str(config)],
+        proc = host.processes.spawn([ser2net, "-n", "-d", "-u", "-c", str(config)],
                                     name=f"ser2net-{resource.device}-{lease.id}", lease=lease.id)
         problem = proc.wait_listening(set(ports.values()), failure_signs=FAILED)
         if problem is None:

@@ -106,6 +106,17 @@ def test_a_service_that_dies_is_restarted(coordinator, exporter_factory):
     assert "died; restarting it" in exporter.output()
 
 
+def test_an_exporter_that_stops_says_so(coordinator, exporter_factory):
+    exporter = exporter_factory(heartbeat_s=30.0)  # silence alone would take 90 s to notice
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
+    exporter.stop()
+    gone = coordinator.api(f"/leases/{lease['id']}").json()
+    assert gone["device_state"] == "offline" and gone["endpoints"] == [] and not gone["ready"]
+    assert coordinator.api("/hosts").json()[0]["online"] is False
+    assert coordinator.api("/devices/sim-board-0/log").json()[-1]["cause"] == "exporter host-a stopped"
+
+
 def test_coordinator_restart_keeps_leases(coordinator, exporter_factory):
     exporter_factory()
     wait_state(coordinator, "sim-board-0", "idle")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import termios
 import threading
+import time
 
 import pytest
 import serial
@@ -129,11 +130,18 @@ def test_built_in_bridge_serves_the_same_endpoint(tmp_path, env, coordinator, pt
 
 
 def test_unplugging_turns_the_device_offline_and_back(tmp_path, env, coordinator, pty_pair):
+    """...and a console on it ends with an error, not as if nothing happened."""
     exporter = Exporter(tmp_path, env, coordinator.url, uart_device(pty_pair))
     try:
         wait_state(coordinator, "jupiter", "idle")
         lease = wait_active(coordinator, reserve(coordinator, "jupiter")["id"])
+        console = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url,
+                                    "console", "jupiter", "--timeout", "30"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        time.sleep(1)  # connected, waiting for the board
         pty_pair.unplug()
+        _, err = console.communicate(timeout=20)
+        assert console.returncode == 1 and b"the connection to jupiter's UART was lost" in err
         offline = wait_for(lambda: (l := coordinator.api(f"/leases/{lease['id']}").json())["device_state"] == "offline"
                            and l, 15, what="lease shows the device offline")
         assert offline["state"] == "active" and not offline["ready"] and "offline" in offline["reason"]

@@ -47,7 +47,8 @@ def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
         return subprocess.Popen([sys.executable, "-m", "device_loop.cli", *args], env=env,
                                 stdout=open(tmp / log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
-    procs = [start(["coordinator", "--data-dir", str(tmp / "coord"), "--port", str(port)], "coordinator.log")]
+    procs = [start(["coordinator", "--data-dir", str(tmp / "coord"), "--port", str(port), "--single-user"],
+                   "coordinator.log")]
     api = httpx2.Client(base_url=f"{url}/api/v1", headers={"X-Device-Loop-User": "bench"}, timeout=30)
     try:
         wait(lambda: _healthy(api), 20, "coordinator")

@@ -15,6 +15,7 @@ LAZY_COMMANDS = {
     "console": "device_loop.client.console:console_command",
     "adb": "device_loop.client.adb:adb_command",
     "env": "device_loop.client.adb:env_command",
+    "admin": "device_loop.cli.admin:admin_group",
     "up": "device_loop.cli.up:up_command",
     "coordinator": "device_loop.coordinator.serve:coordinator_command",
     "exporter": "device_loop.exporter.run:exporter_command",

@@ -84,7 +84,7 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
         signal.signal(sig, lambda *_: stop.set())
 
     run = [sys.executable, "-m", "device_loop.cli"]
-    coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port)],
+    coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port), "--single-user"],
                                  name="coordinator", die_with_parent=True)
     children = [coordinator]
     try:

@@ -32,13 +32,15 @@ def lab_command(func):
     @functools.wraps(func)
     @click.pass_obj
     def wrapper(obj, *args, coordinator=None, user=None, as_json=False, **kwargs):
-        lab = Lab(coordinator or obj["coordinator"], user or obj["user"])
+        lab = None
         try:
+            lab = Lab(coordinator or obj["coordinator"], user or obj["user"])
             return func(lab, *args, as_json=as_json, **kwargs)
         except CoordinatorError as exc:
             fail(as_json, exc.code, exc.message)
         finally:
-            lab.api.close()
+            if lab is not None:
+                lab.api.close()
 
     return wrapper
 

@@ -8,6 +8,8 @@ import uuid
 
 import httpx2
 
+from device_loop.core.tokens import TokenFileError, load_token
+
 DEFAULT_URL = "http://127.0.0.1:7420"
 USER_HEADER = "X-Device-Loop-User"
 
@@ -35,7 +37,12 @@ class Coordinator:
         self.url = (url or default_url()).rstrip("/")
         self.user = user or default_user()
         self.retries = retries
-        self.http = httpx2.Client(base_url=self.url, timeout=timeout, headers={USER_HEADER: self.user})
+        try:
+            token = load_token()
+        except TokenFileError as exc:
+            raise CoordinatorError("token_file_unsafe", str(exc)) from None
+        headers = {USER_HEADER: self.user} | ({"Authorization": f"Bearer {token}"} if token else {})
+        self.http = httpx2.Client(base_url=self.url, timeout=timeout, headers=headers)
 
     def close(self) -> None:
         self.http.close()

@@ -12,10 +12,10 @@ from starlette.routing import Route
 
 from device_loop.core import PROTOCOL_VERSION, __version__
 
-from .errors import APIError, bad_request
-from .identity import caller_identity
+from .errors import APIError, bad_request, not_found
+from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
 from .rules import Rules
-from .schemas import HeartbeatIn, RenewIn, ReserveIn
+from .schemas import HeartbeatIn, RenewIn, ReserveIn, TokenIn
 
 MAX_WAIT_S = 60.0
 
@@ -62,7 +62,7 @@ def idempotent(handler):
             return await handler(request)
         if len(key) > 200:
             raise bad_request("Idempotency-Key is longer than 200 characters")
-        store, caller = _rules(request).store, caller_identity(request).name
+        store, caller = _rules(request).store, (await caller_identity(request)).name
         fingerprint = hashlib.sha256(
             request.method.encode() + request.url.path.encode() + await request.body()).hexdigest()
         seen = await store.claim_idempotency_key(caller, key, fingerprint, _rules(request).clock())
@@ -111,6 +111,10 @@ async def heartbeat(request: Request) -> Response:
     return _json(await _rules(request).heartbeat(request.path_params["name"], report, actor))
 
 
+async def _caller(request: Request) -> str:
+    return (await caller_identity(request)).name
+
+
 async def desired(request: Request) -> Response:
     etag = request.query_params.get("etag")
     rules, name = _rules(request), request.path_params["name"]
@@ -120,15 +124,15 @@ async def desired(request: Request) -> Response:
 @idempotent
 async def reserve(request: Request) -> Response:
     body = await _body(request, ReserveIn)
-    return _json(await _rules(request).reserve(body.device, body.ttl_s, caller_identity(request).name), 201)
+    return _json(await _rules(request).reserve(body.device, body.ttl_s, await _caller(request)), 201)
 
 
 async def my_leases(request: Request) -> Response:
-    return _json(await _rules(request).my_leases(caller_identity(request).name))
+    return _json(await _rules(request).my_leases(await _caller(request)))
 
 
 async def lease_status(request: Request) -> Response:
-    rules, caller = _rules(request), caller_identity(request).name
+    rules, caller = _rules(request), await _caller(request)
     lease_id = request.path_params["lease_id"]
     unless = request.query_params.get("unless")
     return _json(await rules.wait_lease(lease_id, caller, unless, _wait_s(request), request.is_disconnected))
@@ -137,27 +141,63 @@ async def lease_status(request: Request) -> Response:
 @idempotent
 async def renew(request: Request) -> Response:
     body = await _body(request, RenewIn)
-    rules, caller = _rules(request), caller_identity(request).name
+    rules, caller = _rules(request), await _caller(request)
     return _json(await rules.renew(request.path_params["lease_id"], body.ttl_s, caller))
 
 
 @idempotent
 async def release(request: Request) -> Response:
-    rules, caller = _rules(request), caller_identity(request).name
+    rules, caller = _rules(request), await _caller(request)
     return _json(await rules.release(request.path_params["lease_id"], caller))
 
 
-routes = [
-    Route("/api/v1/health", health),
-    Route("/api/v1/devices", list_devices),
-    Route("/api/v1/devices/{name}", device_info),
-    Route("/api/v1/devices/{name}/log", device_log),
-    Route("/api/v1/hosts", list_hosts),
-    Route("/api/v1/hosts/{name}/heartbeat", heartbeat, methods=["POST"]),
-    Route("/api/v1/hosts/{name}/desired", desired),
-    Route("/api/v1/leases", reserve, methods=["POST"]),
-    Route("/api/v1/leases", my_leases, methods=["GET"]),
-    Route("/api/v1/leases/{lease_id}", lease_status),
-    Route("/api/v1/leases/{lease_id}/renew", renew, methods=["POST"]),
-    Route("/api/v1/leases/{lease_id}/release", release, methods=["POST"]),
+@idempotent
+async def create_token(request: Request) -> Response:
+    body = await _body(request, TokenIn)
+    rules = _rules(request)
+    return _json(await issue_token(rules.store, rules.clock, body.user, body.admin, body.exporter_host,
+                                   body.expires_s), 201)
+
+
+async def list_tokens(request: Request) -> Response:
+    return _json([token_view(row) for row in await _rules(request).store.tokens()])
+
+
+@idempotent
+async def revoke_token(request: Request) -> Response:
+    rules, token_id = _rules(request), request.path_params["token_id"]
+    if not await rules.store.revoke_token(token_id, rules.clock()):
+        raise not_found("token", token_id)
+    return _json({"id": token_id, "revoked": True})
+
+
+# The route table: every route, and who may call it. Only the ANYONE rows take callers
+# without a token (tests/test_access.py calls every route to hold this table to it).
+ROUTES = [
+    ("GET", "/api/v1/health", ANYONE, health),
+    ("GET", "/api/v1/devices", ANYONE, list_devices),  # the public board: who holds what, until when
+    ("GET", "/api/v1/devices/{name}", ANYONE, device_info),
+    ("GET", "/api/v1/devices/{name}/log", ANYONE, device_log),
+    ("GET", "/api/v1/hosts", ANYONE, list_hosts),
+    ("POST", "/api/v1/hosts/{name}/heartbeat", EXPORTER, heartbeat),
+    ("GET", "/api/v1/hosts/{name}/desired", EXPORTER, desired),
+    ("POST", "/api/v1/leases", USER, reserve),
+    ("GET", "/api/v1/leases", USER, my_leases),
+    ("GET", "/api/v1/leases/{lease_id}", USER, lease_status),
+    ("POST", "/api/v1/leases/{lease_id}/renew", USER, renew),
+    ("POST", "/api/v1/leases/{lease_id}/release", USER, release),
+    ("POST", "/api/v1/admin/tokens", ADMIN, create_token),
+    ("GET", "/api/v1/admin/tokens", ADMIN, list_tokens),
+    ("POST", "/api/v1/admin/tokens/{token_id}/revoke", ADMIN, revoke_token),
 ]
+
+
+def _guarded(access: str, handler):
+    @functools.wraps(handler)
+    async def guard(request: Request) -> Response:
+        check_access(access, await caller_identity(request), request.path_params.get("name"))
+        return await handler(request)
+    return guard
+
+
+routes = [Route(path, _guarded(access, handler), methods=[method]) for method, path, access, handler in ROUTES]

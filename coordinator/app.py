@@ -45,8 +45,12 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
             await asyncio.wait_for(stopping.wait(), rules.settings.reaper_interval_s)
 
 
-def create_app(database_url: str, settings: Settings | None = None) -> Starlette:
-    """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``)."""
+def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False) -> Starlette:
+    """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
+
+    ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
+    caller is who it says it is, with admin rights.
+    """
     store = Store(database_url)
     rules = Rules(store, settings)
 
@@ -69,4 +73,5 @@ def create_app(database_url: str, settings: Settings | None = None) -> Starlette
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _crash},
     )
     app.state.rules = rules
+    app.state.single_user = single_user
     return app

@@ -1,23 +1,115 @@
-"""Who is calling: the one function every route asks (DESIGN §7)."""
+"""Who is calling, and what they may call: the one place that decides (DESIGN §7).
+
+``caller_identity(request)`` answers for every route. Behind it: API tokens (random,
+shown once, stored as SHA-256 hashes, with an owner, an optional expiry, and for
+exporters the one host they may report for), or, in the explicit single-user trust
+mode of ``device-loop up`` on loopback, whoever the caller says it is.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
 from dataclasses import dataclass
 
 from starlette.requests import Request
 
+from device_loop.core.durations import iso
+
+from .errors import APIError
+
 USER_HEADER = "X-Device-Loop-User"
+USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+
+# Who may call a route: a route names one of these in the route table (api.ROUTES).
+ANYONE = "anyone"        # no token needed: health, the public board
+USER = "user"            # any person's token (not an exporter's)
+EXPORTER = "exporter"    # the token of the exporter whose host is in the path
+ADMIN = "admin"
 
 
 @dataclass(frozen=True)
 class Identity:
     name: str
+    admin: bool = False
+    host: str | None = None  # exporter tokens only: the host they report for
+    known: bool = True        # False: no credentials at all
 
 
-def caller_identity(request: Request) -> Identity:
-    """The caller of ``request``.
+ANONYMOUS = Identity("anonymous", known=False)
 
-    This release runs in single-user trust mode only: the caller is whoever the
-    ``X-Device-Loop-User`` header names (the CLI and client send the login name), or
-    ``anonymous``. Nothing checks that claim; the README says so. Tokens (issue #4)
-    plug in here and nowhere else.
-    """
-    name = request.headers.get(USER_HEADER, "").strip()[:64]
-    return Identity(name or "anonymous")
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> tuple[str, str]:
+    """(token id, token): the id is public (lists, revocation); the token is shown once."""
+    token_id = "tok-" + secrets.token_hex(4)
+    return token_id, f"dl_{secrets.token_urlsafe(32)}"
+
+
+async def caller_identity(request: Request) -> Identity:
+    """The caller of ``request`` (computed once per request)."""
+    if not hasattr(request.state, "identity"):
+        request.state.identity = await _identify(request)
+    return request.state.identity
+
+
+async def _identify(request: Request) -> Identity:
+    app = request.app.state
+    if app.single_user:
+        # `device-loop up` on loopback: one person's lab, everyone local is trusted
+        return Identity(request.headers.get(USER_HEADER, "").strip()[:64] or "local", admin=True)
+    header = request.headers.get("authorization", "")
+    if not header:
+        return ANONYMOUS
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise APIError(401, "unauthenticated", "send the token as 'Authorization: Bearer TOKEN'")
+    row = await app.rules.store.token_by_hash(hash_token(token.strip()))
+    if row is None or row["revoked_at"] is not None or (row["expires_at"] or float("inf")) <= app.rules.clock():
+        raise APIError(401, "bad_token", "this token is unknown, revoked or expired")
+    if row["host"]:
+        return Identity(f"exporter:{row['host']}", host=row["host"])
+    return Identity(row["username"], admin=row["admin"])
+
+
+def check_access(access: str, identity: Identity, host: str | None = None) -> None:
+    """Refuse (401 without credentials, 403 with the wrong ones) unless ``identity`` may call."""
+    if access == ANYONE or identity.admin:
+        return
+    if not identity.known:
+        raise APIError(401, "unauthenticated", "this needs a token: set DEVICE_LOOP_TOKEN or write it to "
+                                               "~/.config/device-loop/token (ask a lab admin for one)")
+    if access == USER and identity.host is None:
+        return
+    if access == EXPORTER and identity.host is not None and identity.host == host:
+        return
+    what = {USER: "a person's token", EXPORTER: f"the exporter token of host {host}", ADMIN: "an admin token"}
+    raise APIError(403, "forbidden", f"this needs {what[access]}; you are {identity.name}")
+
+
+async def issue_token(store, clock, username: str | None = None, admin: bool = False,
+                      host: str | None = None, expires_s: float | None = None) -> dict:
+    """A new token for a person (``username``) or an exporter (``host``); the answer holds
+    the token itself, which is never shown again."""
+    if (username is None) == (host is None):
+        raise APIError(422, "invalid", "a token is for a person or for an exporter's host, not both")
+    name = username if host is None else host
+    if not USERNAME.match(name) or name == ANONYMOUS.name:
+        raise APIError(422, "invalid", f"{name!r} is not a usable name (letters, digits, . _ @ -)")
+    token_id, token = new_token()
+    now = clock()
+    row = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",
+           "admin": bool(admin and host is None), "host": host, "created_at": now,
+           "expires_at": now + expires_s if expires_s else None, "revoked_at": None}
+    await store.insert_token(row)
+    return {**token_view(row), "token": token}
+
+
+def token_view(row: dict) -> dict:
+    """A token as lists show it: everything but the secret and its hash."""
+    return {"id": row["id"], "user": row["username"], "admin": bool(row["admin"]), "host": row["host"],
+            "created_at": iso(row["created_at"]), "expires_at": iso(row["expires_at"]),
+            "revoked_at": iso(row["revoked_at"])}

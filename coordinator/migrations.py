@@ -92,4 +92,17 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (caller, key)
         )""",
     ],
+    # 2: API tokens (DESIGN §7): stored hashed; exporter tokens are bound to one host
+    [
+        """CREATE TABLE tokens (
+            id TEXT PRIMARY KEY,
+            hash TEXT NOT NULL UNIQUE,
+            username TEXT NOT NULL,
+            admin BOOLEAN NOT NULL,
+            host TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION,
+            revoked_at DOUBLE PRECISION
+        )""",
+    ],
 ]

@@ -107,3 +107,10 @@ class HeartbeatIn(Strict):
             if repeated:
                 raise ValueError(f"each {what} may appear once in a report: {', '.join(repeated)}")
         return self
+
+
+class TokenIn(Strict):
+    user: str | None = Field(default=None, max_length=64)
+    admin: bool = False
+    exporter_host: str | None = Field(default=None, max_length=64)
+    expires_s: float | None = Field(default=None, ge=60, le=10 * 365 * 86400)

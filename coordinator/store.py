@@ -12,7 +12,7 @@ from .migrations import MIGRATIONS, SERIAL
 
 LIVE = ("pending", "active")
 _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail"}
-_BOOL_COLUMNS = {"online", "present", "retired"}
+_BOOL_COLUMNS = {"online", "present", "retired", "admin"}
 
 
 class UniqueViolation(Exception):
@@ -246,3 +246,21 @@ class Store:
 
     async def drop_idempotency_keys_before(self, before: float) -> None:
         await self._exec("DELETE FROM idempotency WHERE created_at < :t", t=before)
+
+    # API tokens (only their hashes are stored)
+    async def insert_token(self, row: dict) -> None:
+        async with self.tx():
+            await self._insert("tokens", row)
+
+    async def token_by_hash(self, digest: str) -> dict | None:
+        return await self._one("SELECT * FROM tokens WHERE hash = :h", h=digest)
+
+    async def tokens(self) -> list[dict]:
+        return await self._all("SELECT * FROM tokens ORDER BY created_at")
+
+    async def revoke_token(self, token_id: str, now: float) -> bool:
+        async with self.tx():
+            done = await self.db.fetch_one(
+                "UPDATE tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL RETURNING id",
+                {"now": now, "id": token_id})
+        return done is not None

@@ -32,6 +32,7 @@ class ExporterSection(BaseModel):
     state_dir: Path | None = None
     bind_address: str = "127.0.0.1"
     advertise_address: str | None = None
+    token_file: Path | None = None
 
 
 class PluginsSection(BaseModel):

@@ -24,6 +24,7 @@ from device_loop.core.hotplug import watch_hotplug
 from device_loop.core.model import Health, LeaseRef, Resource, Service
 from device_loop.core.plugins import PluginSet
 from device_loop.core.ports import wait_port_free
+from device_loop.core.tokens import load_token
 
 from .config import ExporterConfig
 from .orphans import OrphanWatch
@@ -66,7 +67,9 @@ class Exporter:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self.http = httpx2.Client(base_url=section.coordinator, timeout=10.0)
+        token = load_token(section.token_file)
+        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx2.Client(base_url=section.coordinator, timeout=10.0, headers=self.auth)
 
     # ---- start and stop ---------------------------------------------------------------
 
@@ -302,7 +305,7 @@ class Exporter:
     # ---- loops ----------------------------------------------------------------------------
 
     def _long_poll(self) -> None:
-        client = httpx2.Client(base_url=self.config.exporter.coordinator, timeout=LONG_POLL_S + 10)
+        client = httpx2.Client(base_url=self.config.exporter.coordinator, timeout=LONG_POLL_S + 10, headers=self.auth)
         seen = self.etag
         while not self.stopping.is_set():
             try:

@@ -6,6 +6,8 @@ import signal
 
 import click
 
+from device_loop.core.tokens import TokenFileError
+
 from .config import ConfigError, load_config
 from .daemon import Exporter
 
@@ -21,7 +23,10 @@ def exporter_command(config_path):
         config = load_config(config_path)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    exporter = Exporter(config)
+    try:
+        exporter = Exporter(config)
+    except TokenFileError as exc:
+        raise click.ClickException(str(exc)) from None
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: exporter.stop())
     logging.getLogger("device_loop.exporter").info(

@@ -73,7 +73,9 @@ def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
 
 
 class Coordinator(Proc):
-    def __init__(self, tmp_path: Path, env: dict, extra=()):
+    """A coordinator process; in the single-user trust mode unless ``extra`` says otherwise."""
+
+    def __init__(self, tmp_path: Path, env: dict, extra=("--single-user",)):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__(["coordinator", "--data-dir", str(tmp_path / "coord"), "--port", str(self.port), *extra],

@@ -23,17 +23,20 @@ class FakeClock:
 
 
 @contextlib.asynccontextmanager
-async def in_process_lab(tmp_path, **settings):
-    """(client factory, rules, clock): ``client(user)`` talks to the app as ``user``."""
+async def in_process_lab(tmp_path, single_user=True, **settings):
+    """(client factory, rules, clock): ``client(user)`` talks to the app as ``user`` (in the
+    single-user trust mode, by default), ``client(token=T)`` with a token."""
     settings.setdefault("reaper_interval_s", 3600)
-    app = create_app(f"sqlite:///{tmp_path / f'lab-{uuid.uuid4().hex[:6]}.sqlite'}", Settings(**settings))
+    app = create_app(f"sqlite:///{tmp_path / f'lab-{uuid.uuid4().hex[:6]}.sqlite'}", Settings(**settings),
+                     single_user=single_user)
     clock = FakeClock()
     app.state.rules.clock = clock
     clients = []
 
-    def client(user: str = "alice") -> httpx2.AsyncClient:
+    def client(user: str = "alice", token: str | None = None) -> httpx2.AsyncClient:
+        headers = {"X-Device-Loop-User": user} | ({"Authorization": f"Bearer {token}"} if token else {})
         c = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://lab/api/v1",
-                               headers={"X-Device-Loop-User": user})
+                               headers=headers)
         clients.append(c)
         return c
 

@@ -137,7 +137,7 @@ def test_coordinator_restart_keeps_leases(coordinator, exporter_factory):
 
 
 def test_allocation_timeout_fails_lease_cleanly(tmp_path, env):
-    coordinator = Coordinator(tmp_path, env, extra=["--allocating-timeout", "2s"])
+    coordinator = Coordinator(tmp_path, env, extra=["--single-user", "--allocating-timeout", "2s"])
     exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0"))
     try:
         wait_state(coordinator, "sim-board-0", "idle")

@@ -1,0 +1,149 @@
+"""``device-loop admin``: tokens. With ``--database-url`` or ``--data-dir`` it works on the
+database itself, which is how the first admin token of a new lab is made; otherwise it
+asks the coordinator, with an admin token."""
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import click
+
+from device_loop.client.commands import json_option, lab_command
+from device_loop.client.output import emit, table
+from device_loop.core.durations import parse_duration
+
+direct_options = [
+    click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL", help="work on this database directly"),
+    click.option("--data-dir", type=click.Path(path_type=Path), help="work on the SQLite database in this folder"),
+]
+
+
+def _direct(func):
+    for option in reversed(direct_options):
+        func = option(func)
+    return func
+
+
+async def _on_database(url: str, action):
+    from device_loop.coordinator.errors import APIError
+    from device_loop.coordinator.store import Store
+
+    store = Store(url)
+    await store.connect()
+    try:
+        return await action(store)
+    except APIError as exc:
+        raise click.ClickException(exc.message) from None
+    finally:
+        await store.disconnect()
+
+
+def _database_url(database_url, data_dir) -> str | None:
+    if database_url:
+        return database_url
+    if data_dir:
+        from device_loop.coordinator.serve import sqlite_url
+        return sqlite_url(data_dir)
+    return None
+
+
+def _token_text(made: dict) -> str:
+    who = f"exporter {made['host']}" if made["host"] else made["user"] + (" (admin)" if made["admin"] else "")
+    return (f"token {made['id']} for {who}; it is shown this once:\n{made['token']}\n"
+            "keep it where only you can read it, e.g.:\n"
+            "  mkdir -p ~/.config/device-loop && (umask 077; cat > ~/.config/device-loop/token)")
+
+
+def _tokens_text(rows: list[dict]) -> str:
+    return table(["ID", "FOR", "ADMIN", "CREATED", "EXPIRES", "REVOKED"],
+                 [[r["id"], r["host"] and f"exporter {r['host']}" or r["user"], "yes" if r["admin"] else "-",
+                   r["created_at"], r["expires_at"] or "-", r["revoked_at"] or "-"] for r in rows]) if rows else "no tokens"
+
+
+@click.group("admin")
+def admin_group():
+    """Lab administration (needs an admin token, or the database itself)."""
+
+
+@admin_group.group("token")
+def token_group():
+    """API tokens for people and exporters."""
+
+
+@token_group.command("create")
+@click.argument("user", required=False)
+@click.option("--admin", is_flag=True, help="an admin token")
+@click.option("--exporter", "host", help="a token for the exporter of this host (instead of USER)")
+@click.option("--expires", help="e.g. 30d (default: never)")
+@_direct
+@json_option
+@click.pass_context
+def token_create(ctx, user, admin, host, expires, database_url, data_dir, as_json):
+    """Make a token for USER, or for an exporter (--exporter HOST)."""
+    if (user is None) == (host is None):
+        raise click.UsageError("name a USER or give --exporter HOST")
+    try:
+        expires_s = parse_duration(expires) if expires else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--expires") from None
+    url = _database_url(database_url, data_dir)
+    if url:
+        from device_loop.coordinator.identity import issue_token
+        made = asyncio.run(_on_database(url, lambda store: issue_token(store, time.time, user, admin, host, expires_s)))
+        emit(as_json, made, _token_text)
+    else:
+        ctx.invoke(_token_create_api, username=user, admin=admin, host=host, expires_s=expires_s, as_json=as_json)
+
+
+@click.command()
+@lab_command
+def _token_create_api(lab, username, admin, host, expires_s, as_json):
+    made = lab.api.post("/admin/tokens", {"user": username, "admin": admin, "exporter_host": host,
+                                          "expires_s": expires_s})
+    emit(as_json, made, _token_text)
+
+
+@token_group.command("ls")
+@_direct
+@json_option
+@click.pass_context
+def token_ls(ctx, database_url, data_dir, as_json):
+    """List tokens (never their secrets)."""
+    url = _database_url(database_url, data_dir)
+    if url:
+        from device_loop.coordinator.identity import token_view
+        rows = asyncio.run(_on_database(url, lambda store: store.tokens()))
+        emit(as_json, [token_view(r) for r in rows], _tokens_text)
+    else:
+        ctx.invoke(_token_ls_api, as_json=as_json)
+
+
+@click.command()
+@lab_command
+def _token_ls_api(lab, as_json):
+    emit(as_json, lab.api.get("/admin/tokens"), _tokens_text)
+
+
+@token_group.command("revoke")
+@click.argument("token_id")
+@_direct
+@json_option
+@click.pass_context
+def token_revoke(ctx, token_id, database_url, data_dir, as_json):
+    """Revoke a token at once (by its id, tok-...)."""
+    url = _database_url(database_url, data_dir)
+    if url:
+        async def revoke(store):
+            if not await store.revoke_token(token_id, time.time()):
+                raise click.ClickException(f"unknown token {token_id!r} (or revoked already)")
+            return {"id": token_id, "revoked": True}
+        emit(as_json, asyncio.run(_on_database(url, revoke)), lambda r: f"{token_id} revoked")
+    else:
+        ctx.invoke(_token_revoke_api, token_id=token_id, as_json=as_json)
+
+
+@click.command()
+@lab_command
+def _token_revoke_api(lab, token_id, as_json):
+    emit(as_json, lab.api.post(f"/admin/tokens/{token_id}/revoke"), lambda r: f"{token_id} revoked")

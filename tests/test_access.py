@@ -1,0 +1,74 @@
+"""Who may call what: every route is called without credentials, with a bad token, and
+with each kind of token, and held to the route table (DESIGN §7)."""
+import re
+
+import pytest
+
+from device_loop.coordinator.api import ROUTES
+from device_loop.coordinator.identity import ANYONE, issue_token
+from lab_in_process import FakeExporter, device, in_process_lab
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+def concrete(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", lambda m: {"{name}": "host-a"}.get(m.group(0), "x"), path)
+
+
+async def tokens(rules, **kinds):
+    return {name: (await issue_token(rules.store, rules.clock, **spec))["token"] for name, spec in kinds.items()}
+
+
+async def test_every_route_is_held_to_the_table(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        anonymous, forged = client(), client(token="dl_not-a-real-token")
+        for method, path, access, _ in ROUTES:
+            url = concrete(path).removeprefix("/api/v1")
+            for caller, refused in ((anonymous, 401), (forged, 401)):
+                response = await caller.request(method, url, json={})
+                if access == ANYONE and caller is anonymous:
+                    assert response.status_code not in (401, 403), f"{method} {path}: {response.text}"
+                else:
+                    assert response.status_code == refused, f"{method} {path} let {caller.headers} in"
+                    assert response.json()["error"] in ("unauthenticated", "bad_token")
+
+
+async def test_each_kind_of_token_reaches_only_its_routes(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        t = await tokens(rules, alice={"username": "alice"}, root={"username": "root", "admin": True},
+                         host_a={"host": "host-a"}, host_b={"host": "host-b"})
+        alice, root = client(token=t["alice"]), client(token=t["root"])
+        exporter_a, exporter_b = client(token=t["host_a"]), client(token=t["host_b"])
+        assert (await FakeExporter(exporter_a, "host-a").beat([device("b0")])).status_code == 200
+        refused = await FakeExporter(exporter_b, "host-a").beat([device("b0")])
+        assert refused.status_code == 403 and "exporter token of host host-a" in refused.json()["message"]
+        assert (await FakeExporter(alice, "host-a").beat([device("b0")])).status_code == 403
+        assert (await exporter_a.post("/leases", json={"device": "b0"})).status_code == 403
+        assert (await alice.get("/admin/tokens")).status_code == 403
+        listed = await root.get("/admin/tokens")
+        assert listed.status_code == 200 and all("token" not in row and "hash" not in row for row in listed.json())
+
+        # the header that names the caller in trust mode means nothing here
+        alice.headers["X-Device-Loop-User"] = "mallory"
+        alice.headers["X-Forwarded-For"] = "10.9.9.9"
+        lease = (await alice.post("/leases", json={"device": "b0"})).json()
+        assert lease["holder"] == "alice"
+
+
+async def test_revoked_and_expired_tokens_stop_working(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        root = client(token=(await issue_token(rules.store, rules.clock, "root", admin=True))["token"])
+        made = (await root.post("/admin/tokens", json={"user": "bob", "expires_s": 3600})).json()
+        assert made["token"].startswith("dl_") and made["expires_at"]
+        bob = client(token=made["token"])
+        assert (await bob.get("/leases")).status_code == 200
+        clock.advance(3601)
+        assert (await bob.get("/leases")).json()["error"] == "bad_token"
+
+        carol = (await root.post("/admin/tokens", json={"user": "carol"})).json()
+        assert (await client(token=carol["token"]).get("/leases")).status_code == 200
+        assert (await root.post(f"/admin/tokens/{carol['id']}/revoke")).status_code == 200
+        assert (await client(token=carol["token"]).get("/leases")).status_code == 401
+        assert (await root.post("/admin/tokens/tok-nope/revoke")).status_code == 404
+        both = await root.post("/admin/tokens", json={"user": "x", "exporter_host": "h"})
+        assert both.status_code == 422

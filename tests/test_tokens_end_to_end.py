@@ -1,0 +1,67 @@
+"""A lab with tokens, as an admin sets one up: the first token straight on the database,
+the rest through the coordinator; exporters and people each with their own."""
+import json
+import stat
+
+import pytest
+
+from conftest import Coordinator, Exporter, sim_devices, wait_for
+from helpers import uart_exchange
+from test_end_to_end import run_cli, wait_state
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_lab_with_tokens(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=())
+    data_dir = str(tmp_path / "coord")
+    url = coordinator.url
+    try:
+        first = run_cli(env, url, "admin", "token", "create", "root", "--admin", "--data-dir", data_dir, "--json")
+        root = {**env, "DEVICE_LOOP_TOKEN": json.loads(first.stdout)["token"]}
+
+        anonymous = run_cli(env, url, "reserve", "sim-board-0", "--json", check=False)
+        assert anonymous.returncode == 1 and json.loads(anonymous.stdout)["error"] == "unauthenticated"
+
+        made = json.loads(run_cli(root, url, "admin", "token", "create", "--exporter", "host-a", "--json").stdout)
+        token_file = tmp_path / "exporter.token"
+        token_file.write_text(made["token"])
+        token_file.chmod(0o600)
+        exporter = Exporter(tmp_path, env, url, sim_devices("sim-board-0"), token_file=str(token_file))
+        try:
+            wait_state(coordinator, "sim-board-0", "idle")
+
+            alice_token = json.loads(run_cli(root, url, "admin", "token", "create", "alice", "--json").stdout)
+            token_path = tmp_path / "home" / ".config" / "device-loop" / "token"
+            token_path.parent.mkdir(parents=True)
+            token_path.write_text(alice_token["token"] + "\n")
+            token_path.chmod(0o644)
+            unsafe = run_cli(env, url, "ls", "--json", check=False)
+            assert unsafe.returncode == 1 and "chmod 600" in json.loads(unsafe.stdout)["message"]
+            token_path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+
+            bob = {**env, "DEVICE_LOOP_USER": "bob"}  # the name means nothing: the token says alice
+            lease = json.loads(run_cli(bob, url, "reserve", "sim-board-0", "--wait", "--json").stdout)
+            assert lease["holder"] == "alice"
+            uart_exchange("127.0.0.1", lease["endpoints"][0]["port"], b"uname\r", b"Linux sim-board-0")
+
+            listed = run_cli(root, url, "admin", "token", "ls").stdout
+            assert "exporter host-a" in listed and "alice" in listed and alice_token["token"] not in listed
+            run_cli(root, url, "admin", "token", "revoke", alice_token["id"])
+            revoked = run_cli(env, url, "status", lease["id"], "--json", check=False)
+            assert revoked.returncode == 1 and json.loads(revoked.stdout)["error"] == "bad_token"
+        finally:
+            exporter.stop()
+    finally:
+        coordinator.stop()
+
+
+def test_an_exporter_without_its_token_is_refused(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=())
+    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0"))
+    try:
+        wait_for(lambda: "heartbeat refused (401)" in exporter.output(), 15, what="the refusal in the log")
+        assert coordinator.api("/devices").json() == []
+    finally:
+        exporter.stop()
+        coordinator.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from device_loop.client.commands import json_option, lab_command
-from device_loop.client.output import emit, table
+from device_loop.client.output import emit, lease_text, table
 from device_loop.core.durations import parse_duration
 
 direct_options = [
@@ -147,3 +147,45 @@ def token_revoke(ctx, token_id, database_url, data_dir, as_json):
 @lab_command
 def _token_revoke_api(lab, token_id, as_json):
     emit(as_json, lab.api.post(f"/admin/tokens/{token_id}/revoke"), lambda r: f"{token_id} revoked")
+
+
+@admin_group.command("release")
+@click.argument("lease_id", metavar="LEASE")
+@click.option("--force", is_flag=True, required=True, help="yes, take it from its holder")
+@json_option
+@lab_command
+def admin_release(lab, lease_id, force, as_json):
+    """Take a lease back from its holder (it ends as revoked)."""
+    emit(as_json, lab.api.post(f"/admin/leases/{lease_id}/revoke"), lease_text)
+
+
+@admin_group.command("retire")
+@click.argument("device")
+@click.option("--undo", is_flag=True, help="bring a retired device back")
+@json_option
+@lab_command
+def admin_retire(lab, device, undo, as_json):
+    """Take a device out of the lab (its lease, if any, is revoked)."""
+    emit(as_json, lab.api.post(f"/admin/devices/{device}/retire", {"retired": not undo}),
+         lambda d: f"{d['name']} is {d['state']}")
+
+
+@admin_group.command("drain")
+@click.argument("host")
+@click.option("--undo", is_flag=True, help="take leases on this host again")
+@json_option
+@lab_command
+def admin_drain(lab, host, undo, as_json):
+    """No new leases on HOST's devices; the live ones run out."""
+    emit(as_json, lab.api.post(f"/admin/hosts/{host}/drain", {"draining": not undo}),
+         lambda h: f"{h['name']} {'drains: no new leases' if h['draining'] else 'takes leases again'}")
+
+
+@admin_group.command("audit")
+@json_option
+@lab_command
+def admin_audit(lab, as_json):
+    """The last 100 entries of the audit log (leases, admin actions)."""
+    emit(as_json, lab.api.get("/admin/audit"), lambda rows: table(
+        ["TIME", "ACTOR", "ACTION", "DEVICE", "LEASE"],
+        [[r["at"], r["actor"], r["action"], r["device"] or "-", r["lease"] or "-"] for r in rows]))

@@ -15,7 +15,7 @@ from device_loop.core import PROTOCOL_VERSION, __version__
 from .errors import APIError, bad_request, not_found
 from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
 from .rules import Rules
-from .schemas import HeartbeatIn, RenewIn, ReserveIn, TokenIn
+from .schemas import DrainIn, HeartbeatIn, RenewIn, ReserveIn, RetireIn, TokenIn
 
 MAX_WAIT_S = 60.0
 
@@ -111,8 +111,8 @@ async def heartbeat(request: Request) -> Response:
     return _json(await _rules(request).heartbeat(request.path_params["name"], report, actor))
 
 
-async def _caller(request: Request) -> str:
-    return (await caller_identity(request)).name
+async def _caller(request: Request):
+    return await caller_identity(request)
 
 
 async def desired(request: Request) -> Response:
@@ -124,31 +124,33 @@ async def desired(request: Request) -> Response:
 @idempotent
 async def reserve(request: Request) -> Response:
     body = await _body(request, ReserveIn)
-    return _json(await _rules(request).reserve(body.device, body.ttl_s, await _caller(request)), 201)
+    caller = await _caller(request)
+    return _json(await _rules(request).reserve(body.device, body.ttl_s, caller.name, caller.admin), 201)
 
 
 async def my_leases(request: Request) -> Response:
-    return _json(await _rules(request).my_leases(await _caller(request)))
+    return _json(await _rules(request).my_leases((await _caller(request)).name))
 
 
 async def lease_status(request: Request) -> Response:
     rules, caller = _rules(request), await _caller(request)
     lease_id = request.path_params["lease_id"]
     unless = request.query_params.get("unless")
-    return _json(await rules.wait_lease(lease_id, caller, unless, _wait_s(request), request.is_disconnected))
+    return _json(await rules.wait_lease(lease_id, caller.name, unless, _wait_s(request), request.is_disconnected,
+                                        caller.admin))
 
 
 @idempotent
 async def renew(request: Request) -> Response:
     body = await _body(request, RenewIn)
     rules, caller = _rules(request), await _caller(request)
-    return _json(await rules.renew(request.path_params["lease_id"], body.ttl_s, caller))
+    return _json(await rules.renew(request.path_params["lease_id"], body.ttl_s, caller.name, caller.admin))
 
 
 @idempotent
 async def release(request: Request) -> Response:
     rules, caller = _rules(request), await _caller(request)
-    return _json(await rules.release(request.path_params["lease_id"], caller))
+    return _json(await rules.release(request.path_params["lease_id"], caller.name, caller.admin))
 
 
 @idempotent
@@ -171,6 +173,30 @@ async def revoke_token(request: Request) -> Response:
     return _json({"id": token_id, "revoked": True})
 
 
+@idempotent
+async def revoke_lease(request: Request) -> Response:
+    rules, caller = _rules(request), await _caller(request)
+    return _json(await rules.revoke(request.path_params["lease_id"], caller.name))
+
+
+@idempotent
+async def retire_device(request: Request) -> Response:
+    body = await _body(request, RetireIn)
+    rules, caller = _rules(request), await _caller(request)
+    return _json(await rules.retire(request.path_params["device"], caller.name, body.retired))
+
+
+@idempotent
+async def drain_host(request: Request) -> Response:
+    body = await _body(request, DrainIn)
+    rules, caller = _rules(request), await _caller(request)
+    return _json(await rules.drain(request.path_params["host"], caller.name, body.draining))
+
+
+async def audit_log(request: Request) -> Response:
+    return _json(await _rules(request).audit())
+
+
 # The route table: every route, and who may call it. Only the ANYONE rows take callers
 # without a token (tests/test_access.py calls every route to hold this table to it).
 ROUTES = [
@@ -189,6 +215,10 @@ ROUTES = [
     ("POST", "/api/v1/admin/tokens", ADMIN, create_token),
     ("GET", "/api/v1/admin/tokens", ADMIN, list_tokens),
     ("POST", "/api/v1/admin/tokens/{token_id}/revoke", ADMIN, revoke_token),
+    ("POST", "/api/v1/admin/leases/{lease_id}/revoke", ADMIN, revoke_lease),
+    ("POST", "/api/v1/admin/devices/{device}/retire", ADMIN, retire_device),
+    ("POST", "/api/v1/admin/hosts/{host}/drain", ADMIN, drain_host),
+    ("GET", "/api/v1/admin/audit", ADMIN, audit_log),
 ]
 
 

@@ -49,7 +49,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
 
     ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
-    caller is who it says it is, with admin rights.
+    caller is who it says it is and may call every route.
     """
     store = Store(database_url)
     rules = Rules(store, settings)

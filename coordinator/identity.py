@@ -3,7 +3,8 @@
 ``caller_identity(request)`` answers for every route. Behind it: API tokens (random,
 shown once, stored as SHA-256 hashes, with an owner, an optional expiry, and for
 exporters the one host they may report for), or, in the explicit single-user trust
-mode of ``device-loop up`` on loopback, whoever the caller says it is.
+mode of ``device-loop up`` on loopback, whoever the caller says it is (who may then call
+every route, admin ones included, but holds only its own leases).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Identity:
     admin: bool = False
     host: str | None = None  # exporter tokens only: the host they report for
     known: bool = True        # False: no credentials at all
+    trusted: bool = False     # single-user trust mode: may call every route
 
 
 ANONYMOUS = Identity("anonymous", known=False)
@@ -60,7 +62,7 @@ async def _identify(request: Request) -> Identity:
     app = request.app.state
     if app.single_user:
         # `device-loop up` on loopback: one person's lab, everyone local is trusted
-        return Identity(request.headers.get(USER_HEADER, "").strip()[:64] or "local", admin=True)
+        return Identity(request.headers.get(USER_HEADER, "").strip()[:64] or "local", trusted=True)
     header = request.headers.get("authorization", "")
     if not header:
         return ANONYMOUS
@@ -77,7 +79,7 @@ async def _identify(request: Request) -> Identity:
 
 def check_access(access: str, identity: Identity, host: str | None = None) -> None:
     """Refuse (401 without credentials, 403 with the wrong ones) unless ``identity`` may call."""
-    if access == ANYONE or identity.admin:
+    if access == ANYONE or identity.admin or identity.trusted:
         return
     if not identity.known:
         raise APIError(401, "unauthenticated", "this needs a token: set DEVICE_LOOP_TOKEN or write it to "

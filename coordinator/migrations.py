@@ -105,4 +105,6 @@ MIGRATIONS: list[list[str]] = [
             revoked_at DOUBLE PRECISION
         )""",
     ],
+    # 3: admins drain hosts: no new leases there
+    ["ALTER TABLE hosts ADD COLUMN draining BOOLEAN NOT NULL DEFAULT FALSE"],
 ]

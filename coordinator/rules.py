@@ -30,6 +30,7 @@ class Settings:
     offline_after_periods: float = 3.0
     offline_after_min_s: float = 10.0
     reaper_interval_s: float = 1.0
+    max_leases_per_user: int = 10  # 0: no limit
 
 
 def device_state(device: dict, host_online: bool, lease_state: str | None) -> str:
@@ -111,20 +112,21 @@ class Rules:
                 "name": h["name"], "online": h["online"], "protocol": h["protocol"],
                 "version": h["version"], "boot_id": h["boot_id"], "generation": h["generation"],
                 "heartbeat_s": h["heartbeat_s"], "heartbeat_age_s": round(now - h["last_seen"], 1),
+                "draining": h["draining"],
                 "last_seen": iso(h["last_seen"]), "plugins": h["plugins"],
                 "devices": [d["name"] for d in await self.store.devices_of_host(h["name"])],
             })
         return out
 
-    async def _own_lease(self, lease_id: str, caller: str) -> dict:
-        """The lease, if ``caller`` holds it; anyone else is told it does not exist."""
+    async def _own_lease(self, lease_id: str, caller: str, admin: bool = False) -> dict:
+        """The lease, if ``caller`` holds it (or is an admin); anyone else is told it does not exist."""
         lease = await self.store.lease(lease_id)
-        if lease is None or lease["holder"] != caller:
+        if lease is None or (lease["holder"] != caller and not admin):
             raise not_found("lease", lease_id)
         return lease
 
-    async def lease_status(self, lease_id: str, caller: str) -> dict:
-        return await self._lease_json(await self._own_lease(lease_id, caller))
+    async def lease_status(self, lease_id: str, caller: str, admin: bool = False) -> dict:
+        return await self._lease_json(await self._own_lease(lease_id, caller, admin))
 
     async def my_leases(self, caller: str) -> list[dict]:
         return [await self._lease_json(l) for l in await self.store.live_leases_of_holder(caller)]
@@ -168,7 +170,7 @@ class Rules:
 
     # ---- leases --------------------------------------------------------------------
 
-    async def reserve(self, device_name: str, ttl_s: float | None, caller: str) -> dict:
+    async def reserve(self, device_name: str, ttl_s: float | None, caller: str, admin: bool = False) -> dict:
         ttl = self._check_ttl(ttl_s if ttl_s is not None else self.settings.default_ttl_s)
         now = self.clock()
         async with self.store.tx():
@@ -176,6 +178,7 @@ class Rules:
             if device is None:
                 raise await self._unknown_device(device_name)
             await self._refuse_unless_free(device, caller)
+            await self._refuse_hoarding(caller, admin)
             lease = {"id": "lease-" + secrets.token_hex(8), "device": device_name, "holder": caller,
                      "state": "pending", "created_at": now, "expires_at": now + ttl,
                      "ended_at": None, "end_reason": None}
@@ -203,6 +206,10 @@ class Rules:
 
     async def _refuse_unless_free(self, device: dict, caller: str) -> None:
         state, name = device["state"], device["name"]
+        host = await self.store.host(device["host"]) if device["host"] else None
+        if state == "idle" and host and host["draining"]:
+            raise conflict("draining", f"{name}'s host {device['host']} is being drained by an admin: "
+                                       "no new leases there")
         if state == "idle":
             return
         lease = await self.store.live_lease_of(name)
@@ -224,16 +231,24 @@ class Rules:
             message += f"; try {alternative}"
         raise conflict("busy" if lease or state == "reclaiming" else state, message)
 
+    async def _refuse_hoarding(self, caller: str, admin: bool) -> None:
+        limit = self.settings.max_leases_per_user
+        held = await self.store.live_leases_of_holder(caller)
+        if limit and not admin and len(held) >= limit:
+            devices = ", ".join(l["device"] for l in held)
+            raise conflict("too_many_leases", f"you hold {len(held)} leases ({devices}), this lab's limit per "
+                                              f"person; release one first")
+
     async def _idle_alternative(self, device: dict) -> str | None:
         for other in await self.store.devices():
             if other["name"] != device["name"] and other["class"] == device["class"] and other["state"] == "idle":
                 return other["name"]
         return None
 
-    async def renew(self, lease_id: str, ttl_s: float, caller: str) -> dict:
+    async def renew(self, lease_id: str, ttl_s: float, caller: str, admin: bool = False) -> dict:
         ttl = self._check_ttl(ttl_s)
         async with self.store.tx():
-            lease = await self._own_lease(lease_id, caller)
+            lease = await self._own_lease(lease_id, caller, admin)
             if lease["state"] not in LIVE:
                 raise conflict("lease_ended", f"{lease_id} is {lease['state']}; reserve the device again")
             await self.store.set_lease_expiry(lease_id, self.clock() + ttl)
@@ -242,15 +257,59 @@ class Rules:
         self.notifier.changed(lease_key(lease_id))
         return view
 
-    async def release(self, lease_id: str, caller: str) -> dict:
+    async def release(self, lease_id: str, caller: str, admin: bool = False) -> dict:
         async with self.store.tx():
-            lease = await self._own_lease(lease_id, caller)
+            lease = await self._own_lease(lease_id, caller, admin)
             changed = await self._end_lease(lease, "released", f"released by {caller}", caller)
             if changed:
                 await self._audit(caller, "release", lease["device"], lease_id, {})
             view = await self._lease_json(await self.store.lease(lease_id))
         self.notifier.changed(*changed)
         return view
+
+    # ---- admin -----------------------------------------------------------------------
+
+    async def revoke(self, lease_id: str, admin: str) -> dict:
+        """An admin takes a lease back (``admin release --force``)."""
+        async with self.store.tx():
+            lease = await self.store.lease(lease_id)
+            if lease is None:
+                raise not_found("lease", lease_id)
+            changed = await self._end_lease(lease, "revoked", f"revoked by admin {admin}", admin)
+            if changed:
+                await self._audit(admin, "revoke", lease["device"], lease_id, {"holder": lease["holder"]})
+            view = await self._lease_json(await self.store.lease(lease_id))
+        self.notifier.changed(*changed)
+        return view
+
+    async def retire(self, name: str, admin: str, retired: bool = True) -> dict:
+        """Take a device out of the lab (its lease is revoked), or bring it back."""
+        changed: list[str] = []
+        async with self.store.tx():
+            device = await self.store.device(name)
+            if device is None:
+                raise not_found("device", name)
+            lease = await self.store.live_lease_of(name)
+            if retired and lease:
+                changed = await self._end_lease(lease, "revoked", f"device retired by admin {admin}", admin)
+            await self.store.update_device(name, retired=retired)
+            await self._refresh(name, f"{'retired' if retired else 'returned'} by admin {admin}", admin)
+            await self._audit(admin, "retire" if retired else "unretire", name, lease["id"] if lease else None, {})
+        self.notifier.changed(*changed)
+        return await self.device_info(name)
+
+    async def drain(self, host_name: str, admin: str, draining: bool = True) -> dict:
+        """No new leases on a host's devices (live ones run out), or lift that."""
+        async with self.store.tx():
+            if await self.store.host(host_name) is None:
+                raise not_found("host", host_name)
+            await self.store.set_host_draining(host_name, draining)
+            await self._audit(admin, "drain" if draining else "undrain", None, None, {"host": host_name})
+        return next(h for h in await self.hosts() if h["name"] == host_name)
+
+    async def audit(self, limit: int = 100) -> list[dict]:
+        return [{"at": iso(a["at"]), "actor": a["actor"], "action": a["action"], "device": a["device"],
+                 "lease": a["lease_id"], "detail": a["detail"]} for a in await self.store.audit(limit)]
 
     async def _end_lease(self, lease: dict, state: str, reason: str, actor: str) -> list[str]:
         """End a live lease and start reclaiming its device.
@@ -475,9 +534,10 @@ class Rules:
         return await self._long_poll(host_key(host_name), lambda: self.desired(host_name),
                                      lambda desired: desired["etag"] != etag, wait_s, gone)
 
-    async def wait_lease(self, lease_id: str, caller: str, unless_state: str | None, wait_s: float, gone) -> dict:
+    async def wait_lease(self, lease_id: str, caller: str, unless_state: str | None, wait_s: float, gone,
+                         admin: bool = False) -> dict:
         """Long-poll: the lease as soon as its state is not ``unless_state``."""
-        return await self._long_poll(lease_key(lease_id), lambda: self.lease_status(lease_id, caller),
+        return await self._long_poll(lease_key(lease_id), lambda: self.lease_status(lease_id, caller, admin),
                                      lambda view: view["state"] != unless_state, wait_s, gone)
 
     # ---- time ------------------------------------------------------------------------

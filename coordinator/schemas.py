@@ -114,3 +114,11 @@ class TokenIn(Strict):
     admin: bool = False
     exporter_host: str | None = Field(default=None, max_length=64)
     expires_s: float | None = Field(default=None, ge=60, le=10 * 365 * 86400)
+
+
+class RetireIn(Strict):
+    retired: bool = True
+
+
+class DrainIn(Strict):
+    draining: bool = True

@@ -42,8 +42,11 @@ def _seconds(ctx, param, value):
 @click.option("--default-ttl", default="30m", show_default=True, callback=_seconds)
 @click.option("--max-ttl", default="7d", show_default=True, callback=_seconds)
 @click.option("--single-user", is_flag=True,
-              help="trust mode: no tokens, every caller is who it says, with admin rights (loopback only)")
-def coordinator_command(database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user):
+              help="trust mode: no tokens, every caller is who it says and may do anything (loopback only)")
+@click.option("--max-leases-per-user", default=10, show_default=True, type=click.IntRange(0),
+              help="live leases one person may hold at once (0: no limit; admins are exempt)")
+def coordinator_command(database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user,
+                        max_leases_per_user):
     """Run the coordinator (leases, devices, hosts, audit log) in the foreground."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if single_user and host not in ("127.0.0.1", "localhost", "::1"):
@@ -51,8 +54,9 @@ def coordinator_command(database_url, data_dir, host, port, allocating_timeout, 
     if single_user:
         logging.getLogger("device_loop.coordinator").warning(
             "SINGLE-USER TRUST MODE: no tokens; every caller on this machine is trusted as whoever it says it is, "
-            "with admin rights")
-    settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl)
+            "and may call every route, admin ones included")
+    settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl,
+                        max_leases_per_user=max_leases_per_user)
     app = create_app(database_url or sqlite_url(data_dir), settings, single_user=single_user)
     # proxy_headers=False: a local caller must not be able to forge its address.
     uvicorn.run(app, host=host, port=port, proxy_headers=False, log_level="info", access_log=False,

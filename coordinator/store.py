@@ -12,7 +12,7 @@ from .migrations import MIGRATIONS, SERIAL
 
 LIVE = ("pending", "active")
 _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail"}
-_BOOL_COLUMNS = {"online", "present", "retired", "admin"}
+_BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining"}
 
 
 class UniqueViolation(Exception):
@@ -121,6 +121,9 @@ class Store:
             "CASE WHEN heartbeat_s * :periods > :minimum THEN heartbeat_s * :periods ELSE :minimum END",
             now=now, periods=periods, minimum=minimum)
         return [r["name"] for r in rows]
+
+    async def set_host_draining(self, name: str, draining: bool) -> None:
+        await self._exec("UPDATE hosts SET draining = :d WHERE name = :name", d=draining, name=name)
 
     async def set_host_offline(self, name: str) -> None:
         await self._exec("UPDATE hosts SET online = :off WHERE name = :name", off=False, name=name)

@@ -72,3 +72,36 @@ async def test_revoked_and_expired_tokens_stop_working(tmp_path):
         assert (await root.post("/admin/tokens/tok-nope/revoke")).status_code == 404
         both = await root.post("/admin/tokens", json={"user": "x", "exporter_host": "h"})
         assert both.status_code == 422
+
+
+async def test_admins_act_on_any_lease_and_every_action_is_audited(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, max_leases_per_user=1) as (client, rules, clock):
+        t = await tokens(rules, alice={"username": "alice"}, root={"username": "root", "admin": True},
+                         exporter={"host": "host-a"})
+        alice, root = client(token=t["alice"]), client(token=t["root"])
+        await FakeExporter(client(token=t["exporter"]), "host-a").beat([device("b0"), device("b1"), device("b2")])
+        lease = (await alice.post("/leases", json={"device": "b0"})).json()
+        hoard = await alice.post("/leases", json={"device": "b1"})
+        assert hoard.status_code == 409 and hoard.json()["error"] == "too_many_leases" and "b0" in hoard.json()["message"]
+        assert (await root.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 120})).status_code == 200
+
+        revoked = (await root.post(f"/admin/leases/{lease['id']}/revoke")).json()
+        assert revoked["state"] == "revoked" and revoked["end_reason"] == "revoked by admin root"
+        assert (await alice.post(f"/admin/leases/{lease['id']}/revoke")).status_code == 403
+
+        retired = (await root.post("/admin/devices/b1/retire", json={})).json()
+        assert retired["state"] == "retired"
+        assert (await alice.post("/leases", json={"device": "b1"})).json()["error"] == "retired"
+        assert (await root.post("/admin/devices/b1/retire", json={"retired": False})).json()["state"] == "idle"
+
+        drained = (await root.post("/admin/hosts/host-a/drain", json={})).json()
+        assert drained["draining"] is True
+        refused = await alice.post("/leases", json={"device": "b2"})
+        assert refused.status_code == 409 and refused.json()["error"] == "draining"
+        await root.post("/admin/hosts/host-a/drain", json={"draining": False})
+        assert (await alice.post("/leases", json={"device": "b2"})).status_code == 201
+
+        actions = [(a["actor"], a["action"]) for a in (await root.get("/admin/audit")).json()]
+        for expected in [("root", "revoke"), ("root", "retire"), ("root", "unretire"), ("root", "drain"),
+                         ("root", "undrain"), ("root", "renew"), ("alice", "reserve")]:
+            assert expected in actions

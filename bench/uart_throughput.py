@@ -16,7 +16,7 @@ from pathlib import Path
 
 import serial
 
-from device_loop.client.console import open_uart
+from device_loop.core.uart_client import open_uart
 from local_lab import lease_ready, local_lab, wait
 
 PAYLOAD = 1 << 20  # bytes sent for throughput

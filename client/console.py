@@ -19,7 +19,7 @@ import tty
 import click
 import serial
 
-from device_loop.core.serial_bridge import parse_framing
+from device_loop.core.uart_client import open_uart
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
@@ -27,20 +27,6 @@ from .lab import Lab
 from .output import fail
 
 ESCAPE = b"\x1d"  # Ctrl-], as in telnet
-
-
-def open_uart(endpoint: dict, baud: int | None = None) -> serial.SerialBase:
-    """A pyserial port on a UART endpoint, at the device's configured line settings
-    (RFC 2217 sends them all when it opens) unless ``baud`` changes the speed."""
-    params = endpoint.get("params") or {}
-    settings = parse_framing(str(params.get("framing", "8N1")))
-    speed = baud or int(params.get("baud", 115200))
-    if endpoint.get("protocol") == "rfc2217":
-        # ser2net on a pty never acknowledges DTR: without this, opening stalls for seconds
-        url = f"rfc2217://{endpoint['host']}:{endpoint['port']}?ign_set_control"
-    else:
-        url = f"socket://{endpoint['host']}:{endpoint['port']}"
-    return serial.serial_for_url(url, baudrate=speed, timeout=0.1, **settings)
 
 
 def uart_endpoint(lease) -> dict:

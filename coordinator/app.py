@@ -9,9 +9,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from .api import routes
 from .errors import APIError
+from .mcp_tools import mcp_app
 from .rules import Rules, Settings
 from .store import Store
 
@@ -45,14 +47,17 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
             await asyncio.wait_for(stopping.wait(), rules.settings.reaper_interval_s)
 
 
-def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False) -> Starlette:
+def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False,
+               mcp_hosts: list[str] = ()) -> Starlette:
     """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
 
     ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
-    caller is who it says it is and may call every route.
+    caller is who it says it is and may call every route. ``mcp_hosts``: the Host headers
+    (``name`` or ``name:port``) agents dial the MCP route by, besides loopback.
     """
     store = Store(database_url)
     rules = Rules(store, settings)
+    agents, agent_sessions = mcp_app(rules, single_user, list(mcp_hosts))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -61,14 +66,15 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         reaper = asyncio.create_task(_reaper(rules, stopping))
         log.info("coordinator ready on %s", store.dialect)
         try:
-            yield
+            async with agent_sessions.run():  # Starlette does not run a mounted app's lifespan
+                yield
         finally:
             stopping.set()
             await reaper
             await store.disconnect()
 
     app = Starlette(
-        routes=routes,
+        routes=[*routes, Route("/mcp", endpoint=agents)],
         lifespan=lifespan,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _crash},
     )

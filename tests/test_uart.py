@@ -13,7 +13,7 @@ import pytest
 import serial
 
 from conftest import Exporter, wait_for
-from device_loop.client.console import open_uart
+from device_loop.core.uart_client import open_uart
 from helpers import port_open, recorded_pids
 from test_end_to_end import reserve, run_cli, wait_active, wait_state
 

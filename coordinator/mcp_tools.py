@@ -1,0 +1,149 @@
+"""The MCP route for agents: the same rules as REST, as tools (DESIGN §7).
+
+Streamable HTTP, stateless (any coordinator process can answer), JSON answers. Each
+tool asks ``caller_identity`` who calls, exactly as a REST route does, and every
+refusal is a ``ToolError`` whose message an agent can act on.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
+
+from device_loop.core.uart_client import exchange
+
+from .errors import APIError
+from .identity import USER, Identity, caller_identity, check_access
+
+log = logging.getLogger(__name__)
+EXCHANGE_MAX_WAIT_S = 10.0
+EXCHANGE_MAX_BYTES = 64 * 1024
+LOCAL_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+
+def allowed_hosts(extra: list[str]) -> list[str]:
+    """Host headers the MCP route answers: loopback plus what the admin configured.
+
+    The SDK matches ``name:*`` only when a port is present, so each name goes in twice.
+    """
+    def has_port(name: str) -> bool:
+        return ":" in (name.rsplit("]", 1)[-1] if name.startswith("[") else name)
+
+    names = LOCAL_HOSTS + [h for h in extra if h not in LOCAL_HOSTS]
+    return [form for name in names for form in ((name,) if has_port(name) else (name, f"{name}:*"))]
+
+
+def build_mcp(rules) -> MCPServer:
+    server = MCPServer("device-loop", instructions=(
+        "Reserve lab devices by name, wait until their endpoints are up, talk to them, give them back. "
+        "reserve never blocks: poll lease_status until ready. Release what you no longer need."))
+
+    async def who(ctx: Context) -> Identity:
+        try:
+            identity = await caller_identity(ctx.request_context.request)
+            check_access(USER, identity)
+        except APIError as exc:
+            raise ToolError(exc.message) from None
+        return identity
+
+    async def ask(call) -> Any:
+        try:
+            return await call
+        except APIError as exc:
+            raise ToolError(exc.message) from None
+
+    @server.tool()
+    async def list_devices(ctx: Context, state: str | None = None, tags: list[str] | None = None) -> dict[str, Any]:
+        """Devices of the lab with state, host, holder and time left; filter by state
+        (idle, in_use, ...) and by tags (all must match)."""
+        await who(ctx)
+        devices = [d for d in await rules.list_devices()
+                   if (state is None or d["state"] == state) and set(tags or ()) <= set(d["tags"])]
+        return {"devices": devices}
+
+    @server.tool()
+    async def device_info(ctx: Context, device: str) -> dict[str, Any]:
+        """One device: class, tags, state, host, holder, resources and their health."""
+        await who(ctx)
+        return await ask(rules.device_info(device))
+
+    @server.tool()
+    async def reserve(ctx: Context, device: str, ttl_s: float | None = None) -> dict[str, Any]:
+        """Reserve a device by name. Answers at once with a lease (state 'pending' until its
+        endpoints are up: then poll lease_status) or says why not and what is free instead."""
+        caller = await who(ctx)
+        return await ask(rules.reserve(device, ttl_s, caller.name, caller.admin))
+
+    @server.tool()
+    async def lease_status(ctx: Context, lease_id: str) -> dict[str, Any]:
+        """A lease: state, endpoints, expires_at, a plain reason while it is not ready, and
+        commands to run against its endpoints."""
+        caller = await who(ctx)
+        lease = await ask(rules.lease_status(lease_id, caller.name, caller.admin))
+        return lease | {"commands": commands(lease)}
+
+    @server.tool()
+    async def renew(ctx: Context, lease_id: str, ttl_s: float) -> dict[str, Any]:
+        """Extend a lease: it then expires ttl_s seconds from now."""
+        caller = await who(ctx)
+        return await ask(rules.renew(lease_id, ttl_s, caller.name, caller.admin))
+
+    @server.tool()
+    async def release(ctx: Context, lease_id: str) -> dict[str, Any]:
+        """Give a device back."""
+        caller = await who(ctx)
+        return await ask(rules.release(lease_id, caller.name, caller.admin))
+
+    @server.tool()
+    async def device_log(ctx: Context, device: str) -> dict[str, Any]:
+        """The device's last 20 state changes: time, from, to, cause, actor."""
+        await who(ctx)
+        return {"entries": await ask(rules.device_log(device))}
+
+    @server.tool()
+    async def uart_exchange(ctx: Context, lease_id: str, send: str, wait_s: float = 2.0) -> dict[str, Any]:
+        """Send text to the leased device's UART once (include the line ending, e.g. '\\r')
+        and return what it printed within wait_s seconds (at most 10 s and 64 KiB)."""
+        caller = await who(ctx)
+        lease = await ask(rules.lease_status(lease_id, caller.name, caller.admin))
+        uarts = sorted((e for e in lease["endpoints"] if e["kind"] == "uart"), key=lambda e: e.get("protocol") != "rfc2217")
+        if not lease["ready"] or not uarts:
+            raise ToolError(f"{lease['device']} has no UART to talk to now: {lease['reason']}")
+        wait = min(max(wait_s, 0.0), EXCHANGE_MAX_WAIT_S)
+        try:
+            output, cut = await asyncio.to_thread(exchange, uarts[0], send.encode(), wait, EXCHANGE_MAX_BYTES)
+        except Exception as exc:  # the serial link: refused, lost, busy
+            raise ToolError(f"cannot talk to {lease['device']}'s UART: {exc}") from None
+        return {"output": output.decode(errors="replace"), "truncated": cut, "waited_s": wait}
+
+    return server
+
+
+def commands(lease: dict) -> list[str]:
+    """Ready-to-run commands for a lease's endpoints."""
+    out = []
+    for e in lease["endpoints"]:
+        if e["kind"] == "uart":
+            out.append(f"device-loop console {lease['id']}")
+        elif e["kind"] == "adb":
+            serial = (e.get("params") or {}).get("serial", "")
+            out.append(f"adb -H {e['host']} -P {e['port']} -s {serial} shell")
+    return sorted(set(out))
+
+
+def mcp_app(rules, single_user: bool, extra_hosts: list[str]):
+    """(the Starlette app serving /mcp, its session manager: run it in the parent's lifespan)."""
+    server = build_mcp(rules)
+    hosts = allowed_hosts(extra_hosts)
+    origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
+    app = server.streamable_http_app(
+        streamable_http_path="/mcp", stateless_http=True, json_response=True,
+        transport_security=TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=origins))
+    app.state.rules = rules  # caller_identity reads these from the app serving the request
+    app.state.single_user = single_user
+    log.info("MCP route /mcp answers these Host headers (others get 421): %s", ", ".join(hosts))
+    return app, server.session_manager

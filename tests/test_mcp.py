@@ -1,0 +1,107 @@
+"""Agents through the MCP route, with the SDK's own client, against a coordinator under
+uvicorn: the same rules as REST, tools that never block, refusals an agent can act on."""
+import json
+
+import anyio
+import httpx2
+import pytest
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from conftest import Coordinator, Exporter, sim_devices
+from test_end_to_end import run_cli, wait_state
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+def agent(url: str, token: str | None = None, host: str | None = None) -> Client:
+    headers = ({"Authorization": f"Bearer {token}"} if token else {}) | ({"Host": host} if host else {})
+    http = httpx2.AsyncClient(headers=headers, timeout=30)
+    return Client(streamable_http_client(f"{url}/mcp", http_client=http))
+
+
+async def call(client: Client, tool: str, **args) -> dict:
+    result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+@pytest.fixture
+def lab_with_tokens(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=("--mcp-host", "lab.example:7420"))
+    data_dir = str(tmp_path / "coord")
+    made = {}
+    for args in (["alice"], ["bob"], ["--exporter", "host-a"]):
+        out = run_cli(env, coordinator.url, "admin", "token", "create", *args, "--data-dir", data_dir, "--json").stdout
+        made[args[-1]] = json.loads(out)["token"]
+    token_file = tmp_path / "exporter.token"
+    token_file.write_text(made["host-a"])
+    token_file.chmod(0o600)
+    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0", "sim-board-1"),
+                        token_file=str(token_file))
+    wait_state(coordinator, "sim-board-0", "idle")
+    yield coordinator, made
+    exporter.stop()
+    coordinator.stop()
+
+
+async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
+    coordinator, tokens = lab_with_tokens
+    async with agent(coordinator.url, tokens["alice"]) as alice:
+        names = {tool.name for tool in (await alice.list_tools()).tools}
+        assert names == {"list_devices", "device_info", "reserve", "lease_status", "renew", "release",
+                         "device_log", "uart_exchange"}
+        idle = await call(alice, "list_devices", state="idle")
+        assert {d["name"] for d in idle["devices"]} == {"sim-board-0", "sim-board-1"}
+        lease = await call(alice, "reserve", device="sim-board-0", ttl_s=600)
+        assert lease["state"] == "pending" and lease["holder"] == "alice"
+
+        for _ in range(200):  # an agent polls; the tool itself never blocks
+            status = await call(alice, "lease_status", lease_id=lease["id"])
+            if status["ready"]:
+                break
+            assert status["reason"]
+            await anyio.sleep(0.05)
+        assert status["ready"] and status["commands"] == [f"device-loop console {lease['id']}"]
+        said = await call(alice, "uart_exchange", lease_id=lease["id"], send="uname\r", wait_s=1)
+        assert "Linux sim-board-0" in said["output"] and not said["truncated"]
+        renewed = await call(alice, "renew", lease_id=lease["id"], ttl_s=1200)
+        assert renewed["expires_at"] > lease["expires_at"]
+        assert [e["to"] for e in (await call(alice, "device_log", device="sim-board-0"))["entries"]][-1] == "in_use"
+
+        async with agent(coordinator.url, tokens["bob"]) as bob:
+            busy = await bob.call_tool("reserve", {"device": "sim-board-0"})
+            assert busy.is_error and "held by alice" in busy.content[0].text and "try sim-board-1" in busy.content[0].text
+            stranger = await bob.call_tool("uart_exchange", {"lease_id": lease["id"], "send": "reboot\r"})
+            assert stranger.is_error and "unknown lease" in stranger.content[0].text
+
+        released = await call(alice, "release", lease_id=lease["id"])
+        assert released["state"] == "released"
+
+
+async def test_tools_refuse_callers_without_a_good_token(lab_with_tokens):
+    coordinator, tokens = lab_with_tokens
+    for token in (None, "dl_forged"):
+        async with agent(coordinator.url, token) as nobody:
+            for tool in (await nobody.list_tools()).tools:
+                args = {name: ("x" if spec.get("type") == "string" else 1)
+                        for name, spec in tool.input_schema.get("properties", {}).items()
+                        if name in tool.input_schema.get("required", [])}
+                refused = await nobody.call_tool(tool.name, args)
+                assert refused.is_error, f"{tool.name} answered {token!r}"
+                text = refused.content[0].text
+                assert "needs a token" in text or "unknown, revoked or expired" in text
+
+
+async def test_unknown_host_header_gets_421_and_a_configured_one_works(lab_with_tokens):
+    coordinator, tokens = lab_with_tokens
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Authorization": f"Bearer {tokens['alice']}", "Accept": "application/json, text/event-stream",
+               "Content-Type": "application/json", "MCP-Protocol-Version": "2025-06-18"}
+    async with httpx2.AsyncClient(timeout=10) as http:
+        evil = await http.post(f"{coordinator.url}/mcp", json=body, headers=headers | {"Host": "evil.example"})
+        assert evil.status_code == 421
+        good = await http.post(f"{coordinator.url}/mcp", json=body, headers=headers | {"Host": "lab.example:7420"})
+        assert good.status_code != 421
+    async with agent(coordinator.url, tokens["alice"], host="lab.example:7420") as alice:
+        assert (await call(alice, "list_devices"))["devices"]

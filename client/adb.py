@@ -1,11 +1,14 @@
 """``device-loop adb`` and ``device-loop env``: the local adb against a lease's adb server."""
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
+import subprocess
+import sys
 
 import click
+
+from device_loop.core.gate import forward_in_background
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
@@ -13,13 +16,19 @@ from .lab import Lab
 from .output import emit, fail
 
 
-def adb_environment(lease) -> dict[str, str]:
-    """The variables that point adb (and scrcpy, and friends) at the lease's phone."""
+def adb_environment(lease, forward: bool = False) -> dict[str, str]:
+    """The variables that point adb (and scrcpy, and friends) at the lease's phone. A gated
+    endpoint is reached through a local port of this process if ``forward``."""
     endpoint = next((e for e in lease.endpoints if e["kind"] == "adb"), None)
     if endpoint is None and not lease.data["ready"]:
         raise CoordinatorError("not_ready", f"{lease.data['device']} is not ready: {lease.data['reason']}")
     if endpoint is None:
         raise CoordinatorError("no_adb", f"{lease.data['device']} has no ADB")
+    if lease.data.get("secret"):
+        if not forward:
+            raise CoordinatorError("gated", f"this lab's endpoints ask for the lease's secret: run "
+                                            f"'device-loop forward {lease.id}' and point adb at the port it prints")
+        endpoint = forward_in_background(endpoint, lease.data["secret"])
     return {"ANDROID_ADB_SERVER_ADDRESS": endpoint["host"], "ANDROID_ADB_SERVER_PORT": str(endpoint["port"]),
             "ANDROID_SERIAL": str((endpoint.get("params") or {}).get("serial", ""))}
 
@@ -30,15 +39,16 @@ def adb_environment(lease) -> dict[str, str]:
 @lab_command
 def adb_command(lab: Lab, target: str, adb_args: tuple[str, ...], as_json: bool):
     """Run the local adb against your lease's phone: device-loop adb DEVICE -- shell ls"""
-    env = adb_environment(_my_lease(lab, target))
-    if adb_args[:1] == ("--",):  # the separator is ours, not adb's
-        adb_args = adb_args[1:]
     if not shutil.which("adb"):
         fail(as_json, "no_adb", "adb is not installed here (Debian: apt-get install adb)")
+    env = adb_environment(_my_lease(lab, target), forward=True)
+    if adb_args[:1] == ("--",):  # the separator is ours, not adb's
+        adb_args = adb_args[1:]
     argv = ["adb", "-H", env["ANDROID_ADB_SERVER_ADDRESS"], "-P", env["ANDROID_ADB_SERVER_PORT"],
             "-s", env["ANDROID_SERIAL"], *adb_args]
     lab.api.close()
-    os.execvp("adb", argv)
+    # not exec: a gated endpoint's local port lives in this process
+    sys.exit(subprocess.run(argv).returncode)
 
 
 @click.command("env")

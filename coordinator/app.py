@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from starlette.applications import Starlette
@@ -56,7 +57,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     (``name`` or ``name:port``) agents dial the MCP route by, besides loopback.
     """
     store = Store(database_url)
-    rules = Rules(store, settings)
+    # the data-plane gate goes with authentication: off exactly in the trust mode
+    rules = Rules(store, dataclasses.replace(settings or Settings(), gated=not single_user))
     agents, agent_sessions = mcp_app(rules, single_user, list(mcp_hosts))
 
     @contextlib.asynccontextmanager

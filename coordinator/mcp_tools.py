@@ -115,7 +115,8 @@ def build_mcp(rules) -> MCPServer:
             raise ToolError(f"{lease['device']} has no UART to talk to now: {lease['reason']}")
         wait = min(max(wait_s, 0.0), EXCHANGE_MAX_WAIT_S)
         try:
-            output, cut = await asyncio.to_thread(exchange, uarts[0], send.encode(), wait, EXCHANGE_MAX_BYTES)
+            output, cut = await asyncio.to_thread(exchange, uarts[0], send.encode(), wait, EXCHANGE_MAX_BYTES,
+                                                  lease["secret"])
         except Exception as exc:  # the serial link: refused, lost, busy
             raise ToolError(f"cannot talk to {lease['device']}'s UART: {exc}") from None
         return {"output": output.decode(errors="replace"), "truncated": cut, "waited_s": wait}
@@ -125,10 +126,12 @@ def build_mcp(rules) -> MCPServer:
 
 def commands(lease: dict) -> list[str]:
     """Ready-to-run commands for a lease's endpoints."""
-    out = []
+    out = [f"device-loop forward {lease['id']}"] if lease.get("secret") else []
     for e in lease["endpoints"]:
         if e["kind"] == "uart":
             out.append(f"device-loop console {lease['id']}")
+        elif e["kind"] == "adb" and lease.get("secret"):
+            out.append(f"device-loop adb {lease['id']} -- shell")
         elif e["kind"] == "adb":
             serial = (e.get("params") or {}).get("serial", "")
             out.append(f"adb -H {e['host']} -P {e['port']} -s {serial} shell")

@@ -107,4 +107,6 @@ MIGRATIONS: list[list[str]] = [
     ],
     # 3: admins drain hosts: no new leases there
     ["ALTER TABLE hosts ADD COLUMN draining BOOLEAN NOT NULL DEFAULT FALSE"],
+    # 4: each lease's secret, which its gated endpoints ask for (NULL where the gate is off)
+    ["ALTER TABLE leases ADD COLUMN secret TEXT"],
 ]

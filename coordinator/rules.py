@@ -31,6 +31,7 @@ class Settings:
     offline_after_min_s: float = 10.0
     reaper_interval_s: float = 1.0
     max_leases_per_user: int = 10  # 0: no limit
+    gated: bool = True  # endpoints ask for the lease's secret (off in the single-user trust mode)
 
 
 def device_state(device: dict, host_online: bool, lease_state: str | None) -> str:
@@ -153,6 +154,8 @@ class Rules:
             "endpoints": endpoints,
             "ready": ready,
             "reason": "ready" if ready else self._lease_reason(lease, device, host, services),
+            # the gate's password: only the holder (and admins) ever see a lease
+            "secret": lease["secret"] if lease["state"] in LIVE else None,
         }
 
     def _lease_reason(self, lease: dict, device: dict, host: dict | None, services: list[dict]) -> str:
@@ -181,7 +184,8 @@ class Rules:
             await self._refuse_hoarding(caller, admin)
             lease = {"id": "lease-" + secrets.token_hex(8), "device": device_name, "holder": caller,
                      "state": "pending", "created_at": now, "expires_at": now + ttl,
-                     "ended_at": None, "end_reason": None}
+                     "ended_at": None, "end_reason": None,
+                     "secret": secrets.token_urlsafe(24) if self.settings.gated else None}
             try:
                 await self.store.insert_lease(lease)
             except UniqueViolation:
@@ -513,7 +517,8 @@ class Rules:
         for lease in await self.store.live_leases_on_host(host_name):
             for r in await self.store.resources_of(lease["device"]):
                 services.append({"lease": lease["id"], "holder": lease["holder"], "device": lease["device"],
-                                 "identifier": r["identifier"], "kind": r["kind"], "plugin": r["plugin"]})
+                                 "identifier": r["identifier"], "kind": r["kind"], "plugin": r["plugin"],
+                                 "secret": lease["secret"]})
         etag = hashlib.sha256(json.dumps(services, sort_keys=True).encode()).hexdigest()[:16]
         return {"services": services, "etag": etag}
 

@@ -45,7 +45,8 @@ class HostContext:
         return ports.free_port(self.bind_address)
 
     def serve_on_free_port(self, argv: list[str], resource: Resource, lease: LeaseRef, *,
-                           name: str, protocol: str = "raw", params: dict | None = None) -> Service:
+                           name: str, protocol: str = "raw", params: dict | None = None,
+                           env: dict | None = None) -> Service:
         """Start ``argv`` on a listening socket of a free port; ``{fd}`` in ``argv`` is its fd.
 
         The socket is bound before the process starts, so the endpoint accepts
@@ -56,7 +57,7 @@ class HostContext:
         try:
             fd = str(listener.fileno())
             proc = self.processes.spawn([a.replace("{fd}", fd) for a in argv], name=f"{name}-{resource.device}-{lease.id}",
-                                        lease=lease.id, pass_fds=(listener.fileno(),))
+                                        lease=lease.id, pass_fds=(listener.fileno(),), env=env)
             port = listener.getsockname()[1]
         finally:
             listener.close()  # the child holds it now; our copy would keep the port bound

@@ -61,10 +61,12 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class LeaseRef:
-    """What a plugin is told about the lease it starts a service for."""
+    """What a plugin is told about the lease it starts a service for. ``secret``: set in
+    an authenticated lab, where the exporter gates the service's endpoints with it."""
 
     id: str
     holder: str
+    secret: str | None = field(default=None, repr=False)
 
 
 @dataclass

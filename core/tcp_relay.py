@@ -13,7 +13,7 @@ import sys
 from .model import Service
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while data := await reader.read(65536):
             writer.write(data)
@@ -32,7 +32,7 @@ async def _relay(listener: socket.socket, target_host: str, target_port: int) ->
             client_writer.write(f"cannot reach {target_host}:{target_port}: {exc.strerror}\r\n".encode())
             client_writer.close()
             return
-        await asyncio.gather(_pipe(client_reader, target_writer), _pipe(target_reader, client_writer))
+        await asyncio.gather(pipe(client_reader, target_writer), pipe(target_reader, client_writer))
 
     server = await asyncio.start_server(handle, sock=listener)
     async with server:

@@ -5,6 +5,7 @@ import time
 
 import serial
 
+from .gate import forward_in_background
 from .serial_bridge import parse_framing
 
 
@@ -22,9 +23,11 @@ def open_uart(endpoint: dict, baud: int | None = None, timeout: float = 0.1) -> 
     return serial.serial_for_url(url, baudrate=speed, timeout=timeout, **settings)
 
 
-def exchange(endpoint: dict, send: bytes, wait_s: float, limit: int) -> tuple[bytes, bool]:
+def exchange(endpoint: dict, send: bytes, wait_s: float, limit: int, secret: str | None = None) -> tuple[bytes, bool]:
     """Send ``send`` once and collect what comes back for ``wait_s`` seconds, at most
-    ``limit`` bytes: (output, whether it was cut)."""
+    ``limit`` bytes: (output, whether it was cut). ``secret``: the endpoint is gated."""
+    if secret:
+        endpoint = forward_in_background(endpoint, secret)
     port = open_uart(endpoint, timeout=0.05)
     try:
         port.write(send)

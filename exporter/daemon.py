@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx2
 
 from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core.gate import gate_service
 from device_loop.core.host import HostContext
 from device_loop.core.hotplug import watch_hotplug
 from device_loop.core.model import Health, LeaseRef, Resource, Service
@@ -234,7 +235,7 @@ class Exporter:
             if resource is None:
                 self._failed(key, spec["device"], spec["kind"], f"{spec['identifier']} is not present on host {self.name}")
                 continue
-            self._start(key, resource, LeaseRef(spec["lease"], spec["holder"]))
+            self._start(key, resource, LeaseRef(spec["lease"], spec["holder"], spec.get("secret")))
             changed = True
             self._keepalive(resources)
         self.applied = {lease for lease, _ in wanted}
@@ -248,11 +249,15 @@ class Exporter:
     def _start(self, key: tuple[str, str], resource: Resource, lease: LeaseRef) -> None:
         if not any(k[1] == resource.identifier for k in self.running):
             self.orphans.lease_begins(resource)
+        # A gated lease's service listens on loopback only; its gates face the network.
+        host = dataclasses.replace(self.host, bind_address="127.0.0.1", advertise_address="127.0.0.1") \
+            if lease.secret else self.host
         try:
-            service = self.plugins.call(resource.plugin, "devloop_start", host=self.host,
-                                        resource=resource, lease=lease)
+            service = self.plugins.call(resource.plugin, "devloop_start", host=host, resource=resource, lease=lease)
             if not isinstance(service, Service):
                 raise TypeError(f"plugin {resource.plugin} returned {service!r}, not a Service")
+            if lease.secret:
+                gate_service(self.host, resource, lease, service)
         except Exception as exc:
             log.error("starting %s for %s failed: %s", resource.identifier, lease.id, exc)
             self._failed(key, resource.device, resource.kind, f"{resource.kind}: {exc}")

@@ -2,6 +2,8 @@
 the rest through the coordinator; exporters and people each with their own."""
 import json
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -42,8 +44,12 @@ def test_a_lab_with_tokens(tmp_path, env):
 
             bob = {**env, "DEVICE_LOOP_USER": "bob"}  # the name means nothing: the token says alice
             lease = json.loads(run_cli(bob, url, "reserve", "sim-board-0", "--wait", "--json").stdout)
-            assert lease["holder"] == "alice"
-            uart_exchange("127.0.0.1", lease["endpoints"][0]["port"], b"uname\r", b"Linux sim-board-0")
+            assert lease["holder"] == "alice" and lease["secret"]
+            uart_exchange("127.0.0.1", lease["endpoints"][0]["port"], b"uname\r\n", b"DENIED")  # the gate
+            said = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", url, "console",
+                                   lease["id"], "--timeout", "1"], input=b"uname\r", env=env,
+                                  capture_output=True, timeout=30)
+            assert b"Linux sim-board-0" in said.stdout, said.stderr
 
             listed = run_cli(root, url, "admin", "token", "ls").stdout
             assert "exporter host-a" in listed and "alice" in listed and alice_token["token"] not in listed

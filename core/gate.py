@@ -1,0 +1,121 @@
+"""The lease gate (DESIGN §7): endpoints that admit only the lease's holder.
+
+In an authenticated lab every service of a lease listens on the exporter's loopback, and
+what is published is a gate: a relay process that reads one line, ``DEVLOOP <secret>``,
+answers ``OK`` and only then relays to the service. A connection without the secret is
+closed before a byte reaches the device. The secret comes with the lease and dies with it.
+
+Clients speak the handshake through :func:`forward_in_background` (the CLI's console
+and adb) or ``device-loop forward`` (local ports for unmodified tools).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import os
+import socket
+import sys
+import threading
+
+from .tcp_relay import pipe
+
+SECRET_ENV = "DEVLOOP_GATE_SECRET"  # not argv: others on the host may read command lines
+HELLO = b"DEVLOOP "
+HANDSHAKE_S = 5.0
+
+
+async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes) -> None:
+    async def handle(reader, writer):
+        try:
+            line = await asyncio.wait_for(reader.readline(), HANDSHAKE_S)
+        except (asyncio.TimeoutError, ConnectionError, ValueError):
+            line = b""
+        if not hmac.compare_digest(line.rstrip(b"\r\n"), HELLO + secret):
+            writer.write(b"DENIED: this endpoint belongs to a lease; connect with device-loop forward\n")
+            writer.close()
+            return
+        try:
+            service_reader, service_writer = await asyncio.open_connection(*target)
+        except OSError:
+            writer.close()
+            return
+        writer.write(b"OK\n")
+        await asyncio.gather(pipe(reader, service_writer), pipe(service_reader, writer))
+
+    server = await asyncio.start_server(handle, sock=listener)
+    async with server:
+        await server.serve_forever()
+
+
+def gate_service(host, resource, lease, service):
+    """Put a gate in front of every endpoint of ``service`` (which listens on loopback)."""
+    gated = []
+    for endpoint in service.endpoints:
+        argv = [sys.executable, "-m", "device_loop.core.gate", "--fd", "{fd}", "--to", f"127.0.0.1:{endpoint.port}"]
+        front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
+                                        protocol=endpoint.protocol, params=endpoint.params,
+                                        env={**os.environ, SECRET_ENV: lease.secret})
+        gated += front.endpoints
+        service.processes += front.processes
+    service.endpoints = gated
+    return service
+
+
+def connect_gated(host: str, port: int, secret: str, timeout: float = 10.0) -> socket.socket:
+    """A socket past the gate of ``host:port``: the handshake is done."""
+    sock = socket.create_connection((host, port), timeout=timeout)
+    sock.sendall(HELLO + secret.encode() + b"\n")
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        answer += chunk
+    if answer != b"OK\n":
+        sock.close()
+        raise ConnectionRefusedError(f"the gate of {host}:{port} refused: {answer.decode(errors='replace').strip()}")
+    sock.settimeout(None)
+    return sock
+
+
+async def serve_forward(listener: socket.socket, host: str, port: int, secret: str) -> None:
+    """Relay every local connection on ``listener`` through the gate of ``host:port``."""
+    async def handle(reader, writer):
+        try:
+            sock = await asyncio.to_thread(connect_gated, host, port, secret)
+        except OSError:
+            writer.close()
+            return
+        remote_reader, remote_writer = await asyncio.open_connection(sock=sock)
+        await asyncio.gather(pipe(reader, remote_writer), pipe(remote_reader, writer))
+
+    server = await asyncio.start_server(handle, sock=listener)
+    async with server:
+        await server.serve_forever()
+
+
+def forward_in_background(endpoint: dict, secret: str) -> dict:
+    """The same endpoint, reachable without a handshake on a local port, for as long as
+    this process lives (a daemon thread)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    thread = threading.Thread(target=asyncio.run, args=(serve_forward(listener, endpoint["host"], endpoint["port"],
+                                                                      secret),), daemon=True)
+    thread.start()
+    return {**endpoint, "host": "127.0.0.1", "port": listener.getsockname()[1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True, help="inherited listening socket")
+    parser.add_argument("--to", required=True, help="HOST:PORT of the service")
+    args = parser.parse_args()
+    secret = os.environ.pop(SECRET_ENV, "")
+    if not secret:
+        sys.exit(f"{SECRET_ENV} is not set: a gate without a secret would admit nobody")
+    host, _, port = args.to.rpartition(":")
+    asyncio.run(_gate(socket.socket(fileno=args.fd), (host, int(port)), secret.encode()))
+
+
+if __name__ == "__main__":
+    main()

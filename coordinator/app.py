@@ -49,17 +49,20 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
 
 
 def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False,
-               mcp_hosts: list[str] = ()) -> Starlette:
+               mcp_hosts: list[str] = (), tailnet_socket: str | None = None,
+               tailnet_admins: list[str] = ()) -> Starlette:
     """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
 
     ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
     caller is who it says it is and may call every route. ``mcp_hosts``: the Host headers
     (``name`` or ``name:port``) agents dial the MCP route by, besides loopback.
+    ``tailnet_socket``: tailscaled's LocalAPI socket, to know callers without a token by
+    their tailnet login (``tailnet_admins`` are admins).
     """
     store = Store(database_url)
     # the data-plane gate goes with authentication: off exactly in the trust mode
     rules = Rules(store, dataclasses.replace(settings or Settings(), gated=not single_user))
-    agents, agent_sessions = mcp_app(rules, single_user, list(mcp_hosts))
+    agents, agent_sessions = mcp_app(rules, list(mcp_hosts))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -80,6 +83,9 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         lifespan=lifespan,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _crash},
     )
-    app.state.rules = rules
-    app.state.single_user = single_user
+    for state in (app.state, agents.state):  # caller_identity reads these from the app it is asked by
+        state.rules, state.single_user = rules, single_user
+        state.tailnet_socket, state.tailnet_admins = tailnet_socket, set(tailnet_admins)
+    if tailnet_socket:
+        log.info("tailnet identities from %s; admins: %s", tailnet_socket, ", ".join(tailnet_admins) or "none")
     return app

@@ -2,7 +2,8 @@
 
 ``caller_identity(request)`` answers for every route. Behind it: API tokens (random,
 shown once, stored as SHA-256 hashes, with an owner, an optional expiry, and for
-exporters the one host they may report for), or, in the explicit single-user trust
+exporters the one host they may report for); where configured, the tailnet identity of
+the peer (tailscaled's LocalAPI ``whois``) for callers without a token; or, in the explicit single-user trust
 mode of ``device-loop up`` on loopback, whoever the caller says it is (who may then call
 every route, admin ones included, but holds only its own leases).
 """
@@ -13,6 +14,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
+import httpx2
 from starlette.requests import Request
 
 from device_loop.core.durations import iso
@@ -65,7 +67,7 @@ async def _identify(request: Request) -> Identity:
         return Identity(request.headers.get(USER_HEADER, "").strip()[:64] or "local", trusted=True)
     header = request.headers.get("authorization", "")
     if not header:
-        return ANONYMOUS
+        return await _tailnet_identity(request) if app.tailnet_socket else ANONYMOUS
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise APIError(401, "unauthenticated", "send the token as 'Authorization: Bearer TOKEN'")
@@ -75,6 +77,28 @@ async def _identify(request: Request) -> Identity:
     if row["host"]:
         return Identity(f"exporter:{row['host']}", host=row["host"])
     return Identity(row["username"], admin=row["admin"])
+
+
+async def _tailnet_identity(request: Request) -> Identity:
+    """The tailnet user behind the peer address, from tailscaled's LocalAPI ``whois``.
+
+    Only where the admin turned it on (``--tailnet-socket``): the peer address must be the
+    tailnet's own, so never behind a proxy. Logins listed as admins (``--tailnet-admin``)
+    are admins.
+    """
+    app, peer = request.app.state, request.client
+    if peer is None:
+        return ANONYMOUS
+    transport = httpx2.AsyncHTTPTransport(uds=str(app.tailnet_socket))
+    try:
+        async with httpx2.AsyncClient(transport=transport, base_url="http://local-tailscaled.sock", timeout=3) as api:
+            answer = await api.get("/localapi/v0/whois", params={"addr": f"{peer.host}:{peer.port}"})
+        login = answer.json()["UserProfile"]["LoginName"] if answer.status_code == 200 else None
+    except (httpx2.HTTPError, ValueError, KeyError, TypeError):
+        login = None
+    if not login:
+        return ANONYMOUS
+    return Identity(login, admin=login in app.tailnet_admins)
 
 
 def check_access(access: str, identity: Identity, host: str | None = None) -> None:

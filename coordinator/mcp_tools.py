@@ -138,7 +138,7 @@ def commands(lease: dict) -> list[str]:
     return sorted(set(out))
 
 
-def mcp_app(rules, single_user: bool, extra_hosts: list[str]):
+def mcp_app(rules, extra_hosts: list[str]):
     """(the Starlette app serving /mcp, its session manager: run it in the parent's lifespan)."""
     server = build_mcp(rules)
     hosts = allowed_hosts(extra_hosts)
@@ -146,7 +146,5 @@ def mcp_app(rules, single_user: bool, extra_hosts: list[str]):
     app = server.streamable_http_app(
         streamable_http_path="/mcp", stateless_http=True, json_response=True,
         transport_security=TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=origins))
-    app.state.rules = rules  # caller_identity reads these from the app serving the request
-    app.state.single_user = single_user
     log.info("MCP route /mcp answers these Host headers (others get 421): %s", ", ".join(hosts))
     return app, server.session_manager

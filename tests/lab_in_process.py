@@ -23,19 +23,19 @@ class FakeClock:
 
 
 @contextlib.asynccontextmanager
-async def in_process_lab(tmp_path, single_user=True, **settings):
+async def in_process_lab(tmp_path, single_user=True, tailnet_socket=None, tailnet_admins=(), **settings):
     """(client factory, rules, clock): ``client(user)`` talks to the app as ``user`` (in the
     single-user trust mode, by default), ``client(token=T)`` with a token."""
     settings.setdefault("reaper_interval_s", 3600)
     app = create_app(f"sqlite:///{tmp_path / f'lab-{uuid.uuid4().hex[:6]}.sqlite'}", Settings(**settings),
-                     single_user=single_user)
+                     single_user=single_user, tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins)
     clock = FakeClock()
     app.state.rules.clock = clock
     clients = []
 
-    def client(user: str = "alice", token: str | None = None) -> httpx2.AsyncClient:
+    def client(user: str = "alice", token: str | None = None, peer=("127.0.0.1", 123)) -> httpx2.AsyncClient:
         headers = {"X-Device-Loop-User": user} | ({"Authorization": f"Bearer {token}"} if token else {})
-        c = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://lab/api/v1",
+        c = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app, client=peer), base_url="http://lab/api/v1",
                                headers=headers)
         clients.append(c)
         return c

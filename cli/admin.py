@@ -189,3 +189,27 @@ def admin_audit(lab, as_json):
     emit(as_json, lab.api.get("/admin/audit"), lambda rows: table(
         ["TIME", "ACTOR", "ACTION", "DEVICE", "LEASE"],
         [[r["at"], r["actor"], r["action"], r["device"] or "-", r["lease"] or "-"] for r in rows]))
+
+
+@admin_group.command("candidates")
+@json_option
+@lab_command
+def admin_candidates(lab, as_json):
+    """What exporters found on the network; adopt one to make it bookable."""
+    emit(as_json, lab.api.get("/admin/candidates"), lambda rows: table(
+        ["IDENTIFIER", "HOST", "KIND", "PLUGIN", "LABEL", "SEEN", "ADOPTED AS"],
+        [[c["identifier"], c["host"], c["kind"], c["plugin"], c["label"], c["last_seen"], c["adopted_as"] or "-"]
+         for c in rows]) if rows else "no candidates")
+
+
+@admin_group.command("adopt")
+@click.argument("identifier", metavar="CANDIDATE")
+@click.option("--name", required=True, help="the device's name in the lab")
+@click.option("--class", "device_class", default="generic", show_default=True)
+@click.option("--tag", "tags", multiple=True)
+@json_option
+@lab_command
+def admin_adopt(lab, identifier, name, device_class, tags, as_json):
+    """Make a network candidate a device, named NAME, of the host that found it."""
+    emit(as_json, lab.api.post(f"/admin/candidates/{identifier}/adopt",
+                               {"name": name, "class": device_class, "tags": list(tags)}), lambda r: r["note"])

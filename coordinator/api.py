@@ -15,7 +15,7 @@ from device_loop.core import PROTOCOL_VERSION, __version__
 from .errors import APIError, bad_request, not_found
 from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
 from .rules import Rules
-from .schemas import DrainIn, HeartbeatIn, RenewIn, ReserveIn, RetireIn, TokenIn
+from .schemas import AdoptIn, DrainIn, HeartbeatIn, RenewIn, ReserveIn, RetireIn, TokenIn
 
 MAX_WAIT_S = 60.0
 
@@ -193,6 +193,18 @@ async def drain_host(request: Request) -> Response:
     return _json(await rules.drain(request.path_params["host"], caller.name, body.draining))
 
 
+async def list_candidates(request: Request) -> Response:
+    return _json(await _rules(request).candidates())
+
+
+@idempotent
+async def adopt_candidate(request: Request) -> Response:
+    body = await _body(request, AdoptIn)
+    rules, caller = _rules(request), await _caller(request)
+    return _json(await rules.adopt(request.path_params["identifier"], body.name, body.device_class, body.tags,
+                                   caller.name), 201)
+
+
 async def audit_log(request: Request) -> Response:
     return _json(await _rules(request).audit())
 
@@ -219,6 +231,8 @@ ROUTES = [
     ("POST", "/api/v1/admin/devices/{device}/retire", ADMIN, retire_device),
     ("POST", "/api/v1/admin/hosts/{host}/drain", ADMIN, drain_host),
     ("GET", "/api/v1/admin/audit", ADMIN, audit_log),
+    ("GET", "/api/v1/admin/candidates", ADMIN, list_candidates),
+    ("POST", "/api/v1/admin/candidates/{identifier:path}/adopt", ADMIN, adopt_candidate),
 ]
 
 

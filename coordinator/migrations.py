@@ -109,4 +109,24 @@ MIGRATIONS: list[list[str]] = [
     ["ALTER TABLE hosts ADD COLUMN draining BOOLEAN NOT NULL DEFAULT FALSE"],
     # 4: each lease's secret, which its gated endpoints ask for (NULL where the gate is off)
     ["ALTER TABLE leases ADD COLUMN secret TEXT"],
+    # 5: network-discovered candidates, and the names admins adopted them under
+    [
+        """CREATE TABLE candidates (
+            identifier TEXT PRIMARY KEY,
+            host TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            plugin TEXT NOT NULL,
+            label TEXT NOT NULL,
+            last_seen DOUBLE PRECISION NOT NULL
+        )""",
+        """CREATE TABLE adoptions (
+            identifier TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            class TEXT NOT NULL,
+            tags TEXT NOT NULL,
+            host TEXT NOT NULL,
+            adopted_by TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL
+        )""",
+    ],
 ]

@@ -311,6 +311,31 @@ class Rules:
             await self._audit(admin, "drain" if draining else "undrain", None, None, {"host": host_name})
         return next(h for h in await self.hosts() if h["name"] == host_name)
 
+    async def candidates(self) -> list[dict]:
+        """What exporters found on the network and nobody adopted yet (and what they did)."""
+        return [{"identifier": c["identifier"], "host": c["host"], "kind": c["kind"], "plugin": c["plugin"],
+                 "label": c["label"], "last_seen": iso(c["last_seen"]), "adopted_as": c["adopted_as"]}
+                for c in await self.store.candidates()]
+
+    async def adopt(self, identifier: str, name: str, device_class: str, tags: list[str], admin: str) -> dict:
+        """Make a network candidate a device of the host that found it, named ``name``."""
+        async with self.store.tx():
+            candidate = await self.store.candidate(identifier)
+            if candidate is None:
+                raise not_found("candidate", identifier)
+            if await self.store.device(name) is not None:
+                raise conflict("name_taken", f"a device named {name!r} exists already")
+            try:
+                await self.store.insert_adoption({"identifier": identifier, "name": name, "class": device_class,
+                                                  "tags": tags, "host": candidate["host"], "adopted_by": admin,
+                                                  "at": self.clock()})
+            except UniqueViolation:
+                raise conflict("adopted", f"{identifier} is adopted already, or {name!r} is taken") from None
+            await self._audit(admin, "adopt", name, None, {"identifier": identifier, "host": candidate["host"]})
+        self.notifier.changed(host_key(candidate["host"]))
+        return {"identifier": identifier, "name": name, "host": candidate["host"],
+                "note": f"{name} appears once exporter {candidate['host']} reports it (at its next heartbeat)"}
+
     async def audit(self, limit: int = 100) -> list[dict]:
         return [{"at": iso(a["at"]), "actor": a["actor"], "action": a["action"], "device": a["device"],
                  "lease": a["lease_id"], "detail": a["detail"]} for a in await self.store.audit(limit)]
@@ -433,6 +458,8 @@ class Rules:
             if row["name"] not in claimed:
                 await self.store.update_device(row["name"], conflict_host=None)
                 touched.add(row["name"])
+        for candidate in report.candidates:
+            await self.store.save_candidate({**candidate.model_dump(), "host": host_name, "last_seen": now})
         activated = await self._activate_leases(host_name, report)
         causes |= dict.fromkeys(activated, "services up, endpoints published")
         for name in sorted(touched | {d["name"] for d in await self.store.devices_of_host(host_name)}):
@@ -519,8 +546,10 @@ class Rules:
                 services.append({"lease": lease["id"], "holder": lease["holder"], "device": lease["device"],
                                  "identifier": r["identifier"], "kind": r["kind"], "plugin": r["plugin"],
                                  "secret": lease["secret"]})
-        etag = hashlib.sha256(json.dumps(services, sort_keys=True).encode()).hexdigest()[:16]
-        return {"services": services, "etag": etag}
+        adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": a["tags"]}
+                   for a in await self.store.adoptions_on_host(host_name)]
+        etag = hashlib.sha256(json.dumps([services, adopted], sort_keys=True).encode()).hexdigest()[:16]
+        return {"services": services, "adopted": adopted, "etag": etag}
 
     async def _long_poll(self, key: str, read, done, wait_s: float, gone) -> dict:
         """``read()`` again at each change of ``key`` until ``done(value)``, ``wait_s`` runs

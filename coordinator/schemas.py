@@ -69,6 +69,13 @@ class ServiceIn(Strict):
     error: str | None = Field(default=None, max_length=2000)
 
 
+class CandidateIn(Strict):
+    identifier: str = Field(min_length=1, max_length=255)
+    kind: str = Field(min_length=1, max_length=32)
+    plugin: str = Field(min_length=1, max_length=64)
+    label: str = Field(default="", max_length=200)
+
+
 class SkippedPlugin(Strict):
     name: str
     reason: str
@@ -97,6 +104,7 @@ class HeartbeatIn(Strict):
     services: list[ServiceIn] = Field(default_factory=list, max_length=4000)
     applied: list[str] = Field(default_factory=list, description="lease ids of the desired state last converged to")
     stopping: bool = Field(default=False, description="the exporter's last report: it is going away")
+    candidates: list[CandidateIn] = Field(default_factory=list, max_length=1000)
 
     @model_validator(mode="after")
     def _each_thing_once(self):
@@ -122,3 +130,14 @@ class RetireIn(Strict):
 
 class DrainIn(Strict):
     draining: bool = True
+
+
+class AdoptIn(Strict):
+    name: str = Field(pattern=NAME)
+    device_class: str = Field(default="generic", alias="class", min_length=1, max_length=64)
+    tags: list[str] = Field(default_factory=list, max_length=64)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_lease_id(cls, name: str) -> str:
+        return DeviceIn._not_a_lease_id(name)

@@ -267,3 +267,25 @@ class Store:
                 "UPDATE tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL RETURNING id",
                 {"now": now, "id": token_id})
         return done is not None
+
+    # network candidates and adoptions
+    async def save_candidate(self, row: dict) -> None:
+        if await self._one("SELECT identifier FROM candidates WHERE identifier = :i", i=row["identifier"]):
+            await self._update("candidates", "identifier", row["identifier"],
+                               {k: v for k, v in row.items() if k != "identifier"})
+        else:
+            await self._insert("candidates", row)
+
+    async def candidates(self) -> list[dict]:
+        return await self._all(
+            "SELECT c.*, a.name AS adopted_as FROM candidates c LEFT JOIN adoptions a ON a.identifier = c.identifier "
+            "ORDER BY c.host, c.identifier")
+
+    async def candidate(self, identifier: str) -> dict | None:
+        return await self._one("SELECT * FROM candidates WHERE identifier = :i", i=identifier)
+
+    async def insert_adoption(self, row: dict) -> None:
+        await self._insert("adoptions", row)
+
+    async def adoptions_on_host(self, host: str) -> list[dict]:
+        return await self._all("SELECT * FROM adoptions WHERE host = :h ORDER BY identifier", h=host)

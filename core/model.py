@@ -16,7 +16,8 @@ class Resource:
     """One thing of a device that a plugin serves: its UART, its ADB, its camera...
 
     ``identifier`` is stable and unique in the whole lab (a USB serial, a MAC); never
-    an IP or a ``/dev/ttyUSBn`` name. ``node`` is the device node the service opens,
+    an IP or a ``/dev/ttyUSBn`` name. A ``candidate`` (network discovery) becomes a device
+    only when an admin adopts it, under the name the admin gives. ``node`` is the device node the service opens,
     if any: the exporter watches who holds it (DESIGN §8, orphans). ``config`` holds
     the plugin's own keys from the exporter config.
     """
@@ -29,6 +30,7 @@ class Resource:
     node: str | None = None
     config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     plugin: str = ""
+    candidate: bool = False  # found on the network: an admin adopts it before anyone can book it
 
     def to_report(self) -> dict[str, Any]:
         return {"kind": self.kind, "plugin": self.plugin, "identifier": self.identifier}

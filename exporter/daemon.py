@@ -62,9 +62,12 @@ class Exporter:
         self.running: dict[tuple[str, str], Running] = {}
         self.start_errors: dict[tuple[str, str], dict] = {}
         self.last_found: dict[str, list[Resource]] = {}
+        self.adoptions: dict[str, dict] = {}  # candidate identifier -> the device an admin made of it
+        self.candidates: list[Resource] = []
         self.applied: set[str] = set()
         self.etag: str | None = None
         self.last_beat = 0.0
+        self.adopted_changed = False
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
@@ -151,7 +154,16 @@ class Exporter:
             except Exception:
                 log.exception("discovery of plugin %s failed; keeping what it found before", name)
             resources += self.last_found.get(name, [])
-        return resources
+        self.candidates = [r for r in resources if r.candidate and r.identifier not in self.adoptions]
+        return [self._adopted(r) for r in resources if not r.candidate or r.identifier in self.adoptions]
+
+    def _adopted(self, resource: Resource) -> Resource:
+        """A candidate an admin adopted: the device it now belongs to."""
+        adoption = self.adoptions.get(resource.identifier) if resource.candidate else None
+        if adoption is None:
+            return resource
+        return dataclasses.replace(resource, device=adoption["name"], device_class=adoption["class"],
+                                   tags=tuple(adoption["tags"]), candidate=False)
 
     def health(self, resource: Resource) -> Health:
         try:
@@ -180,7 +192,9 @@ class Exporter:
         return {"protocol": PROTOCOL_VERSION, "version": __version__, "boot_id": self.boot_id,
                 "generation": self.generation, "heartbeat_s": self.config.exporter.heartbeat_s,
                 "plugins": {"loaded": self.loaded, "skipped": self.skipped, "unserved": self.unserved(resources)},
-                "devices": list(devices.values()), "services": services, "applied": sorted(self.applied)}
+                "devices": list(devices.values()), "services": services, "applied": sorted(self.applied),
+                "candidates": [{"identifier": c.identifier, "kind": c.kind, "plugin": c.plugin, "label": c.device}
+                               for c in self.candidates]}
 
     def heartbeat(self, resources: list[Resource]) -> dict | None:
         """Send the snapshot; the desired state to converge to, or None to leave all as is.
@@ -197,6 +211,8 @@ class Exporter:
             return None
         if response.status_code == 200:
             self.etag = answer["etag"]
+            adoptions = {a["identifier"]: a for a in answer.get("adopted", [])}
+            self.adopted_changed, self.adoptions = adoptions != self.adoptions, adoptions
             return answer
         log.error("heartbeat refused (%d): %s", response.status_code, answer.get("message", answer))
         if answer.get("error") == "superseded_boot":
@@ -304,8 +320,10 @@ class Exporter:
             for _ in range(2):
                 resources = self.discover()
                 desired = self.heartbeat(resources)
-                if desired is None or not self.reconcile(desired, resources):
+                if desired is None:
                     return
+                if not self.reconcile(desired, resources) and not self.adopted_changed:
+                    return  # (a new adoption is reported at once: one more pass)
 
     # ---- loops ----------------------------------------------------------------------------
 

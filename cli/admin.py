@@ -4,6 +4,7 @@ asks the coordinator, with an admin token."""
 from __future__ import annotations
 
 import asyncio
+import getpass
 import time
 from pathlib import Path
 
@@ -37,6 +38,13 @@ async def _on_database(url: str, action):
         raise click.ClickException(exc.message) from None
     finally:
         await store.disconnect()
+
+
+async def _audit_direct(store, action: str, detail: dict) -> None:
+    """Work done on the database itself is audited too, as the login that did it."""
+    async with store.tx():
+        await store.add_audit({"at": time.time(), "actor": f"database:{getpass.getuser()}", "action": action,
+                               "device": None, "lease_id": None, "detail": detail})
 
 
 def _database_url(database_url, data_dir) -> str | None:
@@ -90,8 +98,12 @@ def token_create(ctx, user, admin, host, expires, database_url, data_dir, as_jso
     url = _database_url(database_url, data_dir)
     if url:
         from device_loop.coordinator.identity import issue_token
-        made = asyncio.run(_on_database(url, lambda store: issue_token(store, time.time, user, admin, host, expires_s)))
-        emit(as_json, made, _token_text)
+
+        async def create(store):
+            made = await issue_token(store, time.time, user, admin, host, expires_s)
+            await _audit_direct(store, "token_create", {k: made[k] for k in ("id", "user", "admin", "host")})
+            return made
+        emit(as_json, asyncio.run(_on_database(url, create)), _token_text)
     else:
         ctx.invoke(_token_create_api, username=user, admin=admin, host=host, expires_s=expires_s, as_json=as_json)
 
@@ -137,6 +149,7 @@ def token_revoke(ctx, token_id, database_url, data_dir, as_json):
         async def revoke(store):
             if not await store.revoke_token(token_id, time.time()):
                 raise click.ClickException(f"unknown token {token_id!r} (or revoked already)")
+            await _audit_direct(store, "token_revoke", {"id": token_id})
             return {"id": token_id, "revoked": True}
         emit(as_json, asyncio.run(_on_database(url, revoke)), lambda r: f"{token_id} revoked")
     else:

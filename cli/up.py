@@ -34,8 +34,10 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
             user = tomllib.loads(Path(config_path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise click.ClickException(f"cannot use {config_path}: {exc}") from None
+    # the trust mode gates nothing: the lab's services listen on loopback, whatever the file says
     exporter = {"name": socket.gethostname().split(".")[0] or "local", **user.get("exporter", {}),
-                "coordinator": url, "state_dir": str(data_dir / "exporter")}
+                "coordinator": url, "state_dir": str(data_dir / "exporter"),
+                "bind_address": "127.0.0.1", "advertise_address": "127.0.0.1"}
     sims = [{"name": f"sim-board-{i}", "plugin": "sim", "class": "sim-board", "tags": ["sim"]}
             for i in range(SIM_BOARDS)]
     # the user's devices first, so that config errors name the same positions as in their file
@@ -84,14 +86,16 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
         signal.signal(sig, lambda *_: stop.set())
 
     run = [sys.executable, "-m", "device_loop.cli"]
+    # a token in the caller's shell is for some other lab: this one has none
+    env = {k: v for k, v in os.environ.items() if k != "DEVICE_LOOP_TOKEN"}
     coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port), "--single-user"],
-                                 name="coordinator", die_with_parent=True)
+                                 name="coordinator", die_with_parent=True, env=env)
     children = [coordinator]
     try:
         if not wait_port_open("127.0.0.1", port, timeout=20) or not coordinator.alive():
             raise click.ClickException(f"the coordinator did not start:\n{coordinator.output()[-2000:]}")
         exporter = registry.spawn(run + ["exporter", "--config", str(config_file)], name="exporter",
-                                  die_with_parent=True)
+                                  die_with_parent=True, env=env)
         children.insert(0, exporter)
         devices = ", ".join(d["name"] for d in config["devices"])
         point = "" if port == 7420 else f"export DEVICE_LOOP_COORDINATOR={url}; "

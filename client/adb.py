@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from device_loop.core.gate import forward_in_background
+from device_loop.core.gate import LocalForward
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
@@ -28,7 +28,7 @@ def adb_environment(lease, forward: bool = False) -> dict[str, str]:
         if not forward:
             raise CoordinatorError("gated", f"this lab's endpoints ask for the lease's secret: run "
                                             f"'device-loop forward {lease.id}' and point adb at the port it prints")
-        endpoint = forward_in_background(endpoint, lease.data["secret"])
+        endpoint = LocalForward(endpoint, lease.data["secret"]).endpoint  # for as long as this process runs
     return {"ANDROID_ADB_SERVER_ADDRESS": endpoint["host"], "ANDROID_ADB_SERVER_PORT": str(endpoint["port"]),
             "ANDROID_SERIAL": str((endpoint.get("params") or {}).get("serial", ""))}
 

@@ -19,7 +19,7 @@ import tty
 import click
 import serial
 
-from device_loop.core.gate import forward_in_background
+from device_loop.core.gate import LocalForward
 from device_loop.core.uart_client import open_uart
 
 from .commands import _my_lease, json_option, lab_command
@@ -119,7 +119,7 @@ def console_command(lab: Lab, target: str, log_path: str | None, baud: int | Non
     lease = _my_lease(lab, target)
     device, endpoint = lease.data["device"], uart_endpoint(lease)
     if lease.data.get("secret"):  # a gated endpoint: speak its handshake through a local port
-        endpoint = forward_in_background(endpoint, lease.data["secret"])
+        endpoint = LocalForward(endpoint, lease.data["secret"]).endpoint  # for as long as the console runs
     where = f"{endpoint['host']}:{endpoint['port']}"
     if baud and endpoint.get("protocol") != "rfc2217":
         click.echo(f"device-loop: {device}'s UART is raw TCP: --baud needs RFC 2217 and is ignored", err=True)

@@ -156,9 +156,10 @@ async def release(request: Request) -> Response:
 @idempotent
 async def create_token(request: Request) -> Response:
     body = await _body(request, TokenIn)
-    rules = _rules(request)
-    return _json(await issue_token(rules.store, rules.clock, body.user, body.admin, body.exporter_host,
-                                   body.expires_s), 201)
+    rules, caller = _rules(request), await _caller(request)
+    made = await issue_token(rules.store, rules.clock, body.user, body.admin, body.exporter_host, body.expires_s)
+    await rules.record(caller.name, "token_create", {k: made[k] for k in ("id", "user", "admin", "host")})
+    return _json(made, 201)
 
 
 async def list_tokens(request: Request) -> Response:
@@ -170,6 +171,7 @@ async def revoke_token(request: Request) -> Response:
     rules, token_id = _rules(request), request.path_params["token_id"]
     if not await rules.store.revoke_token(token_id, rules.clock()):
         raise not_found("token", token_id)
+    await rules.record((await _caller(request)).name, "token_revoke", {"id": token_id})
     return _json({"id": token_id, "revoked": True})
 
 

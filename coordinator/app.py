@@ -10,11 +10,13 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from .api import routes
 from .errors import APIError
 from .mcp_tools import mcp_app
+from .origin import KnownOrigins
 from .rules import Rules, Settings
 from .store import Store
 
@@ -49,20 +51,21 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
 
 
 def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False,
-               mcp_hosts: list[str] = (), tailnet_socket: str | None = None,
+               allowed_hosts: list[str] = (), tailnet_socket: str | None = None,
                tailnet_admins: list[str] = ()) -> Starlette:
     """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
 
     ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
-    caller is who it says it is and may call every route. ``mcp_hosts``: the Host headers
-    (``name`` or ``name:port``) agents dial the MCP route by, besides loopback.
+    caller is who it says it is and may call every route. ``allowed_hosts``: the Host
+    headers (``name`` or ``name:port``) clients and agents reach this coordinator by,
+    besides loopback; others get 421.
     ``tailnet_socket``: tailscaled's LocalAPI socket, to know callers without a token by
     their tailnet login (``tailnet_admins`` are admins).
     """
     store = Store(database_url)
     # the data-plane gate goes with authentication: off exactly in the trust mode
     rules = Rules(store, dataclasses.replace(settings or Settings(), gated=not single_user))
-    agents, agent_sessions = mcp_app(rules, list(mcp_hosts))
+    agents, agent_sessions = mcp_app(rules, list(allowed_hosts))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -80,6 +83,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
 
     app = Starlette(
         routes=[*routes, Route("/mcp", endpoint=agents)],
+        middleware=[Middleware(KnownOrigins, allowed=list(allowed_hosts))],
         lifespan=lifespan,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _crash},
     )

@@ -22,7 +22,8 @@ from device_loop.core.durations import iso
 from .errors import APIError
 
 USER_HEADER = "X-Device-Loop-User"
-USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
+# no "@" in token names: tailnet logins have one, so the two never name the same person
+USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 # Who may call a route: a route names one of these in the route table (api.ROUTES).
 ANYONE = "anyone"        # no token needed: health, the public board
@@ -93,10 +94,12 @@ async def _tailnet_identity(request: Request) -> Identity:
     try:
         async with httpx2.AsyncClient(transport=transport, base_url="http://local-tailscaled.sock", timeout=3) as api:
             answer = await api.get("/localapi/v0/whois", params={"addr": f"{peer.host}:{peer.port}"})
-        login = answer.json()["UserProfile"]["LoginName"] if answer.status_code == 200 else None
+        whois = answer.json() if answer.status_code == 200 else {}
+        login = whois["UserProfile"]["LoginName"] if whois else None
+        tagged = bool(whois and whois["Node"].get("Tags")) or login == "tagged-devices"
     except (httpx2.HTTPError, ValueError, KeyError, TypeError):
-        login = None
-    if not login:
+        login, tagged = None, False
+    if not login or tagged:  # tagged nodes (servers, CI) all share one login: they are nobody
         return ANONYMOUS
     return Identity(login, admin=login in app.tailnet_admins)
 
@@ -124,7 +127,7 @@ async def issue_token(store, clock, username: str | None = None, admin: bool = F
         raise APIError(422, "invalid", "a token is for a person or for an exporter's host, not both")
     name = username if host is None else host
     if not USERNAME.match(name) or name == ANONYMOUS.name:
-        raise APIError(422, "invalid", f"{name!r} is not a usable name (letters, digits, . _ @ -)")
+        raise APIError(422, "invalid", f"{name!r} is not a usable name (letters, digits, . _ -)")
     token_id, token = new_token()
     now = clock()
     row = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",

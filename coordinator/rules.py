@@ -336,6 +336,11 @@ class Rules:
         return {"identifier": identifier, "name": name, "host": candidate["host"],
                 "note": f"{name} appears once exporter {candidate['host']} reports it (at its next heartbeat)"}
 
+    async def record(self, actor: str, action: str, detail: dict) -> None:
+        """An admin action that is not about a device or lease (tokens), for the audit log."""
+        async with self.store.tx():
+            await self._audit(actor, action, None, None, detail)
+
     async def audit(self, limit: int = 100) -> list[dict]:
         return [{"at": iso(a["at"]), "actor": a["actor"], "action": a["action"], "device": a["device"],
                  "lease": a["lease_id"], "detail": a["detail"]} for a in await self.store.audit(limit)]

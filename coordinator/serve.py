@@ -43,8 +43,9 @@ def _seconds(ctx, param, value):
 @click.option("--max-ttl", default="7d", show_default=True, callback=_seconds)
 @click.option("--single-user", is_flag=True,
               help="trust mode: no tokens, every caller is who it says and may do anything (loopback only)")
-@click.option("--mcp-host", "mcp_hosts", multiple=True, metavar="NAME[:PORT]",
-              help="a Host header agents use to reach /mcp (repeatable); loopback is always allowed")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME[:PORT]",
+              help="a name clients, exporters and agents reach this coordinator by (repeatable); others get 421. "
+                   "Loopback is always allowed")
 @click.option("--tailnet-socket", type=click.Path(dir_okay=False),
               help="tailscaled's LocalAPI socket: callers without a token are known by their tailnet login")
 @click.option("--tailnet-admin", "tailnet_admins", multiple=True, metavar="LOGIN",
@@ -52,7 +53,7 @@ def _seconds(ctx, param, value):
 @click.option("--max-leases-per-user", default=10, show_default=True, type=click.IntRange(0),
               help="live leases one person may hold at once (0: no limit; admins are exempt)")
 def coordinator_command(database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user,
-                        mcp_hosts, tailnet_socket, tailnet_admins, max_leases_per_user):
+                        allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user):
     """Run the coordinator (leases, devices, hosts, audit log) in the foreground."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if single_user and host not in ("127.0.0.1", "localhost", "::1"):
@@ -63,7 +64,7 @@ def coordinator_command(database_url, data_dir, host, port, allocating_timeout, 
             "and may call every route, admin ones included")
     settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl,
                         max_leases_per_user=max_leases_per_user)
-    app = create_app(database_url or sqlite_url(data_dir), settings, single_user=single_user, mcp_hosts=mcp_hosts,
+    app = create_app(database_url or sqlite_url(data_dir), settings, single_user=single_user, allowed_hosts=allowed_hosts,
                      tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins)
     # proxy_headers=False: a local caller must not be able to forge its address.
     uvicorn.run(app, host=host, port=port, proxy_headers=False, log_level="info", access_log=False,

@@ -5,13 +5,15 @@ what is published is a gate: a relay process that reads one line, ``DEVLOOP <sec
 answers ``OK`` and only then relays to the service. A connection without the secret is
 closed before a byte reaches the device. The secret comes with the lease and dies with it.
 
-Clients speak the handshake through :func:`forward_in_background` (the CLI's console
-and adb) or ``device-loop forward`` (local ports for unmodified tools).
+Clients speak the handshake through :class:`LocalForward` (the CLI's console and adb,
+the coordinator's ``uart_exchange``) or ``device-loop forward`` (local ports for
+unmodified tools).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hmac
 import os
 import socket
@@ -95,14 +97,36 @@ async def serve_forward(listener: socket.socket, host: str, port: int, secret: s
         await server.serve_forever()
 
 
-def forward_in_background(endpoint: dict, secret: str) -> dict:
-    """The same endpoint, reachable without a handshake on a local port, for as long as
-    this process lives (a daemon thread)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    thread = threading.Thread(target=asyncio.run, args=(serve_forward(listener, endpoint["host"], endpoint["port"],
-                                                                      secret),), daemon=True)
-    thread.start()
-    return {**endpoint, "host": "127.0.0.1", "port": listener.getsockname()[1]}
+class LocalForward:
+    """A local port that passes the gate of ``endpoint``, served from a thread, until
+    closed. ``.endpoint`` is where to connect instead. Anyone on this machine may use the
+    port while it is open: keep it open no longer than needed."""
+
+    def __init__(self, endpoint: dict, secret: str):
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = {**endpoint, "host": "127.0.0.1", "port": listener.getsockname()[1]}
+        self._loop = asyncio.new_event_loop()
+        self._serving = self._loop.create_task(serve_forward(listener, endpoint["host"], endpoint["port"], secret))
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and close the port; returns once it is closed."""
+        async def stop():
+            self._serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._serving  # closes the listening socket
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def __enter__(self) -> "LocalForward":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 def main() -> None:

@@ -1,11 +1,12 @@
 """Opening a lease's UART endpoint as a pyserial port: RFC 2217 or raw TCP."""
 from __future__ import annotations
 
+import contextlib
 import time
 
 import serial
 
-from .gate import forward_in_background
+from .gate import LocalForward
 from .serial_bridge import parse_framing
 
 
@@ -26,14 +27,12 @@ def open_uart(endpoint: dict, baud: int | None = None, timeout: float = 0.1) -> 
 def exchange(endpoint: dict, send: bytes, wait_s: float, limit: int, secret: str | None = None) -> tuple[bytes, bool]:
     """Send ``send`` once and collect what comes back for ``wait_s`` seconds, at most
     ``limit`` bytes: (output, whether it was cut). ``secret``: the endpoint is gated."""
-    if secret:
-        endpoint = forward_in_background(endpoint, secret)
-    port = open_uart(endpoint, timeout=0.05)
-    try:
+    with contextlib.ExitStack() as stack:
+        if secret:  # the local port lives only for this exchange
+            endpoint = stack.enter_context(LocalForward(endpoint, secret)).endpoint
+        port = stack.enter_context(contextlib.closing(open_uart(endpoint, timeout=0.05)))
         port.write(send)
         output, deadline = b"", time.monotonic() + wait_s
         while time.monotonic() < deadline and len(output) <= limit:
             output += port.read(4096)
-    finally:
-        port.close()
     return output[:limit], len(output) > limit

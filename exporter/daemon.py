@@ -263,6 +263,10 @@ class Exporter:
             self.heartbeat(resources)
 
     def _start(self, key: tuple[str, str], resource: Resource, lease: LeaseRef) -> None:
+        if self.auth and not lease.secret:  # an authenticated lab gates every endpoint
+            self._failed(key, resource.device, resource.kind, "the lease has no secret: this exporter serves "
+                                                              "only gated endpoints (its coordinator has tokens)")
+            return
         if not any(k[1] == resource.identifier for k in self.running):
             self.orphans.lease_begins(resource)
         # A gated lease's service listens on loopback only; its gates face the network.

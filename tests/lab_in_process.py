@@ -35,7 +35,7 @@ async def in_process_lab(tmp_path, single_user=True, tailnet_socket=None, tailne
 
     def client(user: str = "alice", token: str | None = None, peer=("127.0.0.1", 123)) -> httpx2.AsyncClient:
         headers = {"X-Device-Loop-User": user} | ({"Authorization": f"Bearer {token}"} if token else {})
-        c = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app, client=peer), base_url="http://lab/api/v1",
+        c = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app, client=peer), base_url="http://127.0.0.1/api/v1",
                                headers=headers)
         clients.append(c)
         return c

@@ -4,8 +4,7 @@ import re
 
 import pytest
 
-from device_loop.coordinator.api import ROUTES
-from device_loop.coordinator.identity import ANYONE, issue_token
+from device_loop.coordinator.identity import issue_token
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
@@ -19,18 +18,64 @@ async def tokens(rules, **kinds):
     return {name: (await issue_token(rules.store, rules.clock, **spec))["token"] for name, spec in kinds.items()}
 
 
+# Who may call what, written out here on purpose: the app's own table must agree with it.
+EXPECTED = {
+    ("GET", "/api/v1/health"): "anyone", ("GET", "/api/v1/devices"): "anyone",
+    ("GET", "/api/v1/devices/{name}"): "anyone", ("GET", "/api/v1/devices/{name}/log"): "anyone",
+    ("GET", "/api/v1/hosts"): "anyone",
+    ("POST", "/api/v1/hosts/{name}/heartbeat"): "exporter", ("GET", "/api/v1/hosts/{name}/desired"): "exporter",
+    ("POST", "/api/v1/leases"): "user", ("GET", "/api/v1/leases"): "user",
+    ("GET", "/api/v1/leases/{lease_id}"): "user", ("POST", "/api/v1/leases/{lease_id}/renew"): "user",
+    ("POST", "/api/v1/leases/{lease_id}/release"): "user",
+    ("POST", "/api/v1/admin/tokens"): "admin", ("GET", "/api/v1/admin/tokens"): "admin",
+    ("POST", "/api/v1/admin/tokens/{token_id}/revoke"): "admin",
+    ("POST", "/api/v1/admin/leases/{lease_id}/revoke"): "admin",
+    ("POST", "/api/v1/admin/devices/{device}/retire"): "admin", ("POST", "/api/v1/admin/hosts/{host}/drain"): "admin",
+    ("GET", "/api/v1/admin/audit"): "admin", ("GET", "/api/v1/admin/candidates"): "admin",
+    ("POST", "/api/v1/admin/candidates/{identifier:path}/adopt"): "admin",
+    ("ANY", "/mcp"): "tools",  # each tool checks its caller: tests/test_mcp.py calls them all
+}
+ALLOWED = {"anyone": {"nobody", "user", "host-a", "host-b", "admin"}, "user": {"user", "admin"},
+           "exporter": {"host-a", "admin"}, "admin": {"admin"}}
+
+
 async def test_every_route_is_held_to_the_table(tmp_path):
+    from device_loop.coordinator.app import create_app  # the app's real routes, not the table
+    app = create_app("sqlite:///:memory:")
+    served = {(m, r.path) for r in app.routes for m in (r.methods or {"ANY"}) if m != "HEAD"}
+    assert served == set(EXPECTED), "a route was added or removed: decide who may call it, here"
     async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
-        anonymous, forged = client(), client(token="dl_not-a-real-token")
-        for method, path, access, _ in ROUTES:
+        t = await tokens(rules, user={"username": "carol"}, admin={"username": "root", "admin": True},
+                         **{"host-a": {"host": "host-a"}, "host-b": {"host": "host-b"}})
+        callers = {"nobody": client(), "forged": client(token="dl_not-a-real-token"),
+                   **{name: client(token=token) for name, token in t.items()}}
+        for (method, path), access in EXPECTED.items():
+            if access == "tools":
+                continue
             url = concrete(path).removeprefix("/api/v1")
-            for caller, refused in ((anonymous, 401), (forged, 401)):
-                response = await caller.request(method, url, json={})
-                if access == ANYONE and caller is anonymous:
-                    assert response.status_code not in (401, 403), f"{method} {path}: {response.text}"
+            for name, caller in callers.items():
+                status = (await caller.request(method, url, json={})).status_code
+                if name in ALLOWED[access]:
+                    assert status not in (401, 403), f"{name} refused on {method} {path}"
                 else:
-                    assert response.status_code == refused, f"{method} {path} let {caller.headers} in"
-                    assert response.json()["error"] in ("unauthenticated", "bad_token")
+                    assert status == (401 if name in ("nobody", "forged") else 403), \
+                        f"{name} got {status} on {method} {path}"
+
+
+async def test_no_public_answer_carries_a_lease_secret(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        t = await tokens(rules, alice={"username": "alice"}, exporter={"host": "host-a"})
+        alice, exporter = client(token=t["alice"]), FakeExporter(client(token=t["exporter"]), "host-a")
+        await exporter.beat([device("b0")])
+        lease = (await alice.post("/leases", json={"device": "b0"})).json()
+        await exporter.serve(lease)
+        secret = (await alice.get(f"/leases/{lease['id']}")).json()["secret"]
+        assert secret
+        anyone = client()
+        for (method, path), access in EXPECTED.items():
+            if access == "anyone":
+                answer = await anyone.request(method, concrete(path).replace("host-a", "b0").removeprefix("/api/v1"))
+                assert secret not in answer.text, f"{path} shows the secret"
 
 
 async def test_each_kind_of_token_reaches_only_its_routes(tmp_path):

@@ -9,6 +9,7 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from conftest import Coordinator, Exporter, sim_devices
+from device_loop.core.holders import listening_ports
 from test_end_to_end import run_cli, wait_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -28,7 +29,7 @@ async def call(client: Client, tool: str, **args) -> dict:
 
 @pytest.fixture
 def lab_with_tokens(tmp_path, env):
-    coordinator = Coordinator(tmp_path, env, extra=("--mcp-host", "lab.example:7420"))
+    coordinator = Coordinator(tmp_path, env, extra=("--allowed-host", "lab.example:7420"))
     data_dir = str(tmp_path / "coord")
     made = {}
     for args in (["alice"], ["bob"], ["--exporter", "host-a"]):
@@ -66,6 +67,7 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
                                                           f"device-loop forward {lease['id']}"]
         said = await call(alice, "uart_exchange", lease_id=lease["id"], send="uname\r", wait_s=1)
         assert "Linux sim-board-0" in said["output"] and not said["truncated"]
+        assert listening_ports(coordinator.popen.pid) == {coordinator.port}, "a way past the gate was left open"
         renewed = await call(alice, "renew", lease_id=lease["id"], ttl_s=1200)
         assert renewed["expires_at"] > lease["expires_at"]
         assert [e["to"] for e in (await call(alice, "device_log", device="sim-board-0"))["entries"]][-1] == "in_use"
@@ -104,5 +106,11 @@ async def test_unknown_host_header_gets_421_and_a_configured_one_works(lab_with_
         assert evil.status_code == 421
         good = await http.post(f"{coordinator.url}/mcp", json=body, headers=headers | {"Host": "lab.example:7420"})
         assert good.status_code != 421
+        # the REST routes too: DNS rebinding, and a web page posting a form at the lab
+        rest = await http.get(f"{coordinator.url}/api/v1/devices", headers={"Host": "evil.example"})
+        assert rest.status_code == 421 and rest.json()["error"] == "unknown_host"
+        forged_form = await http.post(f"{coordinator.url}/api/v1/admin/tokens", content=b'{"user": "mallory"}',
+                                      headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
+        assert forged_form.status_code == 403 and forged_form.json()["error"] == "cross_site"
     async with agent(coordinator.url, tokens["alice"], host="lab.example:7420") as alice:
         assert (await call(alice, "list_devices"))["devices"]

@@ -56,6 +56,12 @@ async def test_an_unknown_peer_or_a_dead_socket_is_anonymous(tmp_path):
             assert (await client().get("/leases")).status_code == 401
     finally:
         server.close()
+    server = await fake_tailscaled(sock, {"127.0.0.1:123": "tagged-devices"})  # a tagged server node
+    try:
+        async with in_process_lab(tmp_path, single_user=False, tailnet_socket=str(sock)) as (client, rules, clock):
+            assert (await client().get("/leases")).status_code == 401
+    finally:
+        server.close()
     async with in_process_lab(tmp_path, single_user=False, tailnet_socket=str(tmp_path / "none.sock")) as (
             client, rules, clock):
         assert (await client().get("/leases")).status_code == 401

@@ -1,0 +1,46 @@
+"""Requests from where they should come from: a known Host, and no cross-site browser.
+
+Tokens travel in a header a web page cannot set, but tailnet identities and the trust
+mode of ``up`` are ambient, like cookies: a page in someone's browser could use them.
+So every route answers only the Host names this lab is reached by (loopback and what
+the admin configured; anything else, e.g. DNS rebinding, gets 421), and refuses a
+request a browser marks as coming from another site.
+"""
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from starlette.responses import JSONResponse
+
+LOOPBACK = ["127.0.0.1", "localhost", "[::1]"]
+
+
+def _name(host: str) -> str:
+    """``name:port`` -> ``name`` (``[::1]:7420`` -> ``[::1]``)."""
+    if host.startswith("["):
+        return host.split("]")[0] + "]"
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class KnownOrigins:
+    """ASGI middleware: 421 for an unknown Host, 403 for a cross-site browser request."""
+
+    def __init__(self, app, allowed: list[str]):
+        self.app = app
+        self.names = {_name(h) for h in LOOPBACK + list(allowed)}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode().lower(): v.decode(errors="replace") for k, v in scope["headers"]}
+        problem = None
+        if _name(headers.get("host", "")) not in self.names:
+            problem = (421, "unknown_host", f"this coordinator does not answer to Host {headers.get('host', '')!r}; "
+                                            "an admin adds it with --allowed-host")
+        elif headers.get("sec-fetch-site") == "cross-site" or (
+                "origin" in headers and _name(urlsplit(headers["origin"]).netloc) not in self.names):
+            problem = (403, "cross_site", "requests from another web site are refused")
+        if problem:
+            status, code, message = problem
+            return await JSONResponse({"error": code, "message": message}, status_code=status)(scope, receive, send)
+        return await self.app(scope, receive, send)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -133,3 +135,28 @@ def exporter_factory(tmp_path, env, coordinator):
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def echo_server():
+    """A TCP 'console' that answers every line with 'console: LINE'."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                data = conn.recv(1024)
+                conn.sendall(b"console: " + data)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    server.close()

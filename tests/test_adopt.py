@@ -1,7 +1,6 @@
 """Network discovery is not ownership: a candidate is listed, never booked, until an admin
 adopts it under a name; then its host serves it like any device."""
 import socket
-import threading
 
 import pytest
 
@@ -33,34 +32,11 @@ class NetScanner:
         return start_relay(host, resource, lease, resource.config["address"])
 
 
-@pytest.fixture
-def echo():
-    server = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
-                continue
-            with conn:
-                conn.sendall(b"echo: " + conn.recv(100))
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.getsockname()[1]}"
-    stop.set()
-    thread.join(2)
-    server.close()
-
-
-def test_a_candidate_is_adopted_then_served(tmp_path, coordinator, echo):
+def test_a_candidate_is_adopted_then_served(tmp_path, coordinator, echo_server):
     config = parse_config({"exporter": {"name": "host-a", "coordinator": coordinator.url,
                                         "state_dir": str(tmp_path / "state")}})
     exporter = Exporter(config)
-    scanner = NetScanner(echo)
+    scanner = NetScanner(f"127.0.0.1:{echo_server}")
     exporter.plugins.pm.register(scanner, name="netscan")
     exporter.setup()
     try:
@@ -91,7 +67,7 @@ def test_a_candidate_is_adopted_then_served(tmp_path, coordinator, echo):
         (endpoint,) = lease["endpoints"]
         with socket.create_connection((endpoint["host"], endpoint["port"]), timeout=5) as conn:
             conn.sendall(b"hello")
-            assert conn.recv(100) == b"echo: hello"
+            assert conn.recv(100) == b"console: hello"
         audit = [(a["action"], a["device"]) for a in coordinator.api("/admin/audit").json()]
         assert ("adopt", "bmc-7") in audit
     finally:

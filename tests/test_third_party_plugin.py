@@ -2,7 +2,6 @@
 import socket
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -10,31 +9,6 @@ from conftest import SRC, Exporter, wait_for
 from test_end_to_end import reserve, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def echo_server():
-    """A TCP 'console' that answers every line with 'console: LINE'."""
-    server = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve():
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except socket.timeout:
-                continue
-            with conn:
-                data = conn.recv(1024)
-                conn.sendall(b"console: " + data)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join()
-    server.close()
 
 
 def test_pip_installed_plugin_serves_its_device(tmp_path, env, coordinator, echo_server):

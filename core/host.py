@@ -24,7 +24,6 @@ class HostContext:
     bind_address: str = "127.0.0.1"
     advertise_address: str = "127.0.0.1"
     configured_resources: list[ConfiguredResource] = field(default_factory=list)
-    plugin_settings: dict[str, dict] = field(default_factory=dict)
     processes: ProcessRegistry = None
 
     def __post_init__(self):

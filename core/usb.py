@@ -9,7 +9,6 @@ into an interface directory (directly for cdc_acm, one level down for usb-serial
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,13 +42,6 @@ class UsbDevice:
     def node(self) -> str:
         """The usbfs node (what adb and fastboot open)."""
         return f"/dev/bus/usb/{self.busnum:03d}/{self.devnum:03d}"
-
-    def by_id(self, interface: str) -> str:
-        """The name udev gives it under /dev/serial/by-id (without ``-port0``)."""
-        def clean(text: str) -> str:
-            return re.sub(r"[^A-Za-z0-9.+-]", "_", text.strip()) or "unknown"
-        return f"usb-{clean(self.manufacturer or self.vendor)}_{clean(self.product_name or self.product)}_" \
-               f"{clean(self.serial)}-if{interface}"
 
 
 def read_device(path: Path) -> UsbDevice | None:

@@ -58,9 +58,10 @@ def _database_url(database_url, data_dir) -> str | None:
 
 def _token_text(made: dict) -> str:
     who = f"exporter {made['host']}" if made["host"] else made["user"] + (" (admin)" if made["admin"] else "")
-    return (f"token {made['id']} for {who}; it is shown this once:\n{made['token']}\n"
-            "keep it where only you can read it, e.g.:\n"
-            "  mkdir -p ~/.config/device-loop && (umask 077; cat > ~/.config/device-loop/token)")
+    where = ("the exporter's token_file (chmod 600)" if made["host"] else
+             "~/.config/device-loop/token, e.g.: mkdir -p ~/.config/device-loop && "
+             "(umask 077; cat > ~/.config/device-loop/token)")
+    return f"token {made['id']} for {who}; it is shown this once:\n{made['token']}\nkeep it in {where}"
 
 
 def _tokens_text(rows: list[dict]) -> str:
@@ -175,11 +176,12 @@ def admin_release(lab, lease_id, force, as_json):
 @admin_group.command("retire")
 @click.argument("device")
 @click.option("--undo", is_flag=True, help="bring a retired device back")
+@click.option("--force", is_flag=True, help="also when it is leased: its lease is revoked")
 @json_option
 @lab_command
-def admin_retire(lab, device, undo, as_json):
-    """Take a device out of the lab (its lease, if any, is revoked)."""
-    emit(as_json, lab.api.post(f"/admin/devices/{device}/retire", {"retired": not undo}),
+def admin_retire(lab, device, undo, force, as_json):
+    """Take a device out of the lab."""
+    emit(as_json, lab.api.post(f"/admin/devices/{device}/retire", {"retired": not undo, "force": force}),
          lambda d: f"{d['name']} is {d['state']}")
 
 

@@ -43,4 +43,6 @@ def lease_text(lease: dict) -> str:
     for e in lease["endpoints"]:
         where = e.get("url") or f"{e['host']}:{e['port']}"
         lines.append(f"  {e['kind']:<6} {where}" + (f"  ({e['protocol']})" if e.get("protocol") else ""))
+    if lease["endpoints"] and lease.get("secret"):
+        lines.append(f"  gated: connect through 'device-loop forward {lease['id']}' (or use console / adb)")
     return "\n".join(lines)

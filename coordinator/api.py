@@ -185,7 +185,7 @@ async def revoke_lease(request: Request) -> Response:
 async def retire_device(request: Request) -> Response:
     body = await _body(request, RetireIn)
     rules, caller = _rules(request), await _caller(request)
-    return _json(await rules.retire(request.path_params["device"], caller.name, body.retired))
+    return _json(await rules.retire(request.path_params["device"], caller.name, body.retired, body.force))
 
 
 @idempotent

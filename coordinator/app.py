@@ -82,7 +82,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
             await store.disconnect()
 
     app = Starlette(
-        routes=[*routes, Route("/mcp", endpoint=agents)],
+        routes=[*routes, Route("/mcp", endpoint=agents, methods=["POST"])],  # stateless: no GET event stream
         middleware=[Middleware(KnownOrigins, allowed=list(allowed_hosts))],
         lifespan=lifespan,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _crash},

@@ -146,5 +146,5 @@ def mcp_app(rules, extra_hosts: list[str]):
     app = server.streamable_http_app(
         streamable_http_path="/mcp", stateless_http=True, json_response=True,
         transport_security=TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=origins))
-    log.info("MCP route /mcp answers these Host headers (others get 421): %s", ", ".join(hosts))
+    log.info("every route (REST and /mcp) answers these Host headers, others get 421: %s", ", ".join(hosts))
     return app, server.session_manager

@@ -16,7 +16,8 @@ LOOPBACK = ["127.0.0.1", "localhost", "[::1]"]
 
 
 def _name(host: str) -> str:
-    """``name:port`` -> ``name`` (``[::1]:7420`` -> ``[::1]``)."""
+    """``Name:port`` -> ``name`` (``[::1]:7420`` -> ``[::1]``); host names know no case."""
+    host = host.lower()
     if host.startswith("["):
         return host.split("]")[0] + "]"
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host

@@ -197,6 +197,8 @@ class Rules:
         return view
 
     def _check_ttl(self, ttl_s: float) -> float:
+        if not ttl_s >= 1 or ttl_s == float("inf"):  # REST's schema says so too; MCP comes here directly
+            raise APIError(422, "invalid", f"ttl_s must be at least 1 second, not {ttl_s!r}")
         if ttl_s > self.settings.max_ttl_s:
             raise APIError(422, "ttl_too_long",
                            f"ttl {format_duration(ttl_s)} is over this lab's maximum of "
@@ -217,9 +219,10 @@ class Rules:
         if state == "idle":
             return
         lease = await self.store.live_lease_of(name)
+        if lease is not None and lease["holder"] == caller:
+            raise conflict("already_yours", f"you hold {name} already: {lease['id']}, until {iso(lease['expires_at'])}")
         if lease is not None:
-            who = "you" if lease["holder"] == caller else lease["holder"]
-            message = f"{name} is held by {who} until {iso(lease['expires_at'])}"
+            message = f"{name} is held by {lease['holder']} until {iso(lease['expires_at'])}"
         elif state == "reclaiming":
             message = f"{name} is being reclaimed after its last lease; try again in a few seconds"
         elif state == "offline":
@@ -286,14 +289,17 @@ class Rules:
         self.notifier.changed(*changed)
         return view
 
-    async def retire(self, name: str, admin: str, retired: bool = True) -> dict:
-        """Take a device out of the lab (its lease is revoked), or bring it back."""
+    async def retire(self, name: str, admin: str, retired: bool = True, force: bool = False) -> dict:
+        """Take a device out of the lab (a live lease is revoked only with ``force``), or bring it back."""
         changed: list[str] = []
         async with self.store.tx():
             device = await self.store.device(name)
             if device is None:
                 raise not_found("device", name)
             lease = await self.store.live_lease_of(name)
+            if retired and lease and not force:
+                raise conflict("leased", f"{name} is leased by {lease['holder']}; retiring it with --force "
+                                         "revokes that lease")
             if retired and lease:
                 changed = await self._end_lease(lease, "revoked", f"device retired by admin {admin}", admin)
             await self.store.update_device(name, retired=retired)

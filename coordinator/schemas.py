@@ -126,6 +126,7 @@ class TokenIn(Strict):
 
 class RetireIn(Strict):
     retired: bool = True
+    force: bool = False
 
 
 class DrainIn(Strict):

@@ -27,13 +27,24 @@ HELLO = b"DEVLOOP "
 HANDSHAKE_S = 5.0
 
 
+async def _first_line(reader: asyncio.StreamReader) -> bytes:
+    """Up to the first CR or LF (a serial console user ends lines with CR), 256 bytes at most."""
+    line = b""
+    while len(line) < 256:
+        byte = await reader.read(1)
+        if byte in (b"", b"\r", b"\n"):
+            break
+        line += byte
+    return line
+
+
 async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes) -> None:
     async def handle(reader, writer):
         try:
-            line = await asyncio.wait_for(reader.readline(), HANDSHAKE_S)
-        except (asyncio.TimeoutError, ConnectionError, ValueError):
+            line = await asyncio.wait_for(_first_line(reader), HANDSHAKE_S)
+        except (asyncio.TimeoutError, ConnectionError):
             line = b""
-        if not hmac.compare_digest(line.rstrip(b"\r\n"), HELLO + secret):
+        if not hmac.compare_digest(line, HELLO + secret):
             writer.write(b"DENIED: this endpoint belongs to a lease; connect with device-loop forward\n")
             writer.close()
             return

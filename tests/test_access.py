@@ -33,7 +33,7 @@ EXPECTED = {
     ("POST", "/api/v1/admin/devices/{device}/retire"): "admin", ("POST", "/api/v1/admin/hosts/{host}/drain"): "admin",
     ("GET", "/api/v1/admin/audit"): "admin", ("GET", "/api/v1/admin/candidates"): "admin",
     ("POST", "/api/v1/admin/candidates/{identifier:path}/adopt"): "admin",
-    ("ANY", "/mcp"): "tools",  # each tool checks its caller: tests/test_mcp.py calls them all
+    ("POST", "/mcp"): "tools",  # each tool checks its caller: tests/test_mcp.py calls them all
 }
 ALLOWED = {"anyone": {"nobody", "user", "host-a", "host-b", "admin"}, "user": {"user", "admin"},
            "exporter": {"host-a", "admin"}, "admin": {"admin"}}
@@ -124,7 +124,8 @@ async def test_admins_act_on_any_lease_and_every_action_is_audited(tmp_path):
         t = await tokens(rules, alice={"username": "alice"}, root={"username": "root", "admin": True},
                          exporter={"host": "host-a"})
         alice, root = client(token=t["alice"]), client(token=t["root"])
-        await FakeExporter(client(token=t["exporter"]), "host-a").beat([device("b0"), device("b1"), device("b2")])
+        exporter = FakeExporter(client(token=t["exporter"]), "host-a")
+        await exporter.beat([device("b0"), device("b1"), device("b2")])
         lease = (await alice.post("/leases", json={"device": "b0"})).json()
         hoard = await alice.post("/leases", json={"device": "b1"})
         assert hoard.status_code == 409 and hoard.json()["error"] == "too_many_leases" and "b0" in hoard.json()["message"]
@@ -134,9 +135,14 @@ async def test_admins_act_on_any_lease_and_every_action_is_audited(tmp_path):
         assert revoked["state"] == "revoked" and revoked["end_reason"] == "revoked by admin root"
         assert (await alice.post(f"/admin/leases/{lease['id']}/revoke")).status_code == 403
 
-        retired = (await root.post("/admin/devices/b1/retire", json={})).json()
+        leased = (await root.post("/leases", json={"device": "b1"})).json()
+        refused = await root.post("/admin/devices/b1/retire", json={})
+        assert refused.status_code == 409 and "--force" in refused.json()["message"]
+        retired = (await root.post("/admin/devices/b1/retire", json={"force": True})).json()
+        assert (await root.get(f"/leases/{leased['id']}")).json()["state"] == "revoked"
         assert retired["state"] == "retired"
         assert (await alice.post("/leases", json={"device": "b1"})).json()["error"] == "retired"
+        await exporter.beat([device("b0"), device("b1"), device("b2")])  # it ran nothing for the revoked lease
         assert (await root.post("/admin/devices/b1/retire", json={"retired": False})).json()["state"] == "idle"
 
         drained = (await root.post("/admin/hosts/host-a/drain", json={})).json()

@@ -187,8 +187,11 @@ def test_cli_round_trip(coordinator, exporter_factory, env):
     status = json.loads(run_cli(env, url, "status", "sim-board-0", "--json").stdout)
     assert status["id"] == lease["id"]
 
-    refused = run_cli(env, url, "reserve", "sim-board-0", "--json", check=False)
+    refused = run_cli({**env, "DEVICE_LOOP_USER": "bob"}, url, "reserve", "sim-board-0", "--json", check=False)
     assert refused.returncode == 1 and json.loads(refused.stdout)["error"] == "busy"
+    mine = run_cli(env, url, "reserve", "sim-board-0", "--json", check=False)
+    assert mine.returncode == 1 and json.loads(mine.stdout)["error"] == "already_yours"
+    assert lease["id"] in json.loads(mine.stdout)["message"]
     usage = run_cli(env, url, "reserve", "sim-board-0", "--ttl", "soon", "--json", check=False)
     assert usage.returncode == 2 and json.loads(usage.stdout)["error"] == "usage"
     unknown = run_cli(env, url, "status", "lease-0000", "--json", check=False)

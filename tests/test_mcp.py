@@ -54,8 +54,12 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
                          "device_log", "uart_exchange"}
         idle = await call(alice, "list_devices", state="idle")
         assert {d["name"] for d in idle["devices"]} == {"sim-board-0", "sim-board-1"}
+        negative = await alice.call_tool("reserve", {"device": "sim-board-0", "ttl_s": -5})
+        assert negative.is_error and "at least 1 second" in negative.content[0].text
         lease = await call(alice, "reserve", device="sim-board-0", ttl_s=600)
         assert lease["state"] == "pending" and lease["holder"] == "alice"
+        again = await alice.call_tool("reserve", {"device": "sim-board-0"})
+        assert again.is_error and f"you hold sim-board-0 already: {lease['id']}" in again.content[0].text
 
         for _ in range(200):  # an agent polls; the tool itself never blocks
             status = await call(alice, "lease_status", lease_id=lease["id"])

@@ -60,10 +60,11 @@ def devloop_health(host, resource):
 def devloop_start(host, resource, lease):
     """Start the service that exposes ``resource`` for ``lease``.
 
-    ``lease`` is a :class:`device_loop.core.model.LeaseRef`. Take listening ports from
-    ``host.listen()`` / ``host.free_port()`` rather than choosing numbers, and start
-    processes with ``host.processes.spawn(...)`` so the exporter finds them again after
-    a crash. Return a :class:`device_loop.core.model.Service` only once its endpoints
+    ``lease`` is a :class:`device_loop.core.model.LeaseRef`. Never choose port numbers:
+    ``host.serve_on_free_port(argv, ...)`` starts a program on a pre-bound socket;
+    for one that only takes a number, ``host.free_port()``, ``host.processes.spawn(...)``
+    and ``proc.wait_listening(...)``. Processes started that way are found again after a
+    crash of the exporter. Return a :class:`device_loop.core.model.Service` only once its endpoints
     accept connections; raise :class:`device_loop.core.model.ServiceError` on failure.
     """
 

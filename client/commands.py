@@ -5,6 +5,7 @@ import functools
 
 import click
 
+from device_loop.core import LEASE_PREFIX
 from device_loop.core.durations import parse_duration
 
 from .http import CoordinatorError
@@ -47,7 +48,7 @@ def lab_command(func):
 
 def _my_lease(lab: Lab, target: str) -> Lease:
     """A lease id, or the caller's live lease on a device name."""
-    if target.startswith("lease-"):
+    if target.startswith(LEASE_PREFIX):
         return lab.lease(target)
     for lease in lab.my_leases():
         if lease.data["device"] == target:

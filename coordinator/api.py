@@ -11,11 +11,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core.protocol import Heartbeat
 
 from .errors import APIError, bad_request, not_found
 from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
 from .rules import Rules
-from .schemas import AdoptIn, DrainIn, HeartbeatIn, RenewIn, ReserveIn, RetireIn, TokenIn
+from .schemas import AdoptIn, DrainIn, RenewIn, ReserveIn, RetireIn, TokenIn
+from .store import UniqueViolation
 
 MAX_WAIT_S = 60.0
 
@@ -53,7 +55,12 @@ def _json(data, status: int = 200) -> JSONResponse:
 
 
 def idempotent(handler):
-    """Replay the first answer to a repeated ``Idempotency-Key`` from the same caller."""
+    """Replay the first answer to a repeated ``Idempotency-Key`` from the same caller.
+
+    The key is looked up, the request carried out and its answer stored in one
+    transaction: a request that fails changes nothing, and of two concurrent requests
+    with one key (in two coordinator processes) one commits and the other replays it.
+    """
 
     @functools.wraps(handler)
     async def wrapper(request: Request) -> Response:
@@ -62,25 +69,33 @@ def idempotent(handler):
             return await handler(request)
         if len(key) > 200:
             raise bad_request("Idempotency-Key is longer than 200 characters")
-        store, caller = _rules(request).store, (await caller_identity(request)).name
+        rules, caller = _rules(request), (await caller_identity(request)).name
         fingerprint = hashlib.sha256(
             request.method.encode() + request.url.path.encode() + await request.body()).hexdigest()
-        seen = await store.claim_idempotency_key(caller, key, fingerprint, _rules(request).clock())
-        if seen is not None:
-            if seen["request"] != fingerprint:
-                raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
-            if seen["status"] is None:
-                raise APIError(409, "in_progress", "a request with this Idempotency-Key is still running")
-            return Response(seen["body"], status_code=seen["status"], media_type="application/json")
+
+        def record(response: Response) -> dict:
+            return {"caller": caller, "key": key, "request": fingerprint, "status": response.status_code,
+                    "body": response.body.decode(), "created_at": rules.clock()}
+
         try:
-            response = await handler(request)
-        except APIError as exc:
+            async with rules.store.tx():
+                seen = await rules.store.idempotency_key(caller, key)
+                if seen is None:
+                    response = await handler(request)
+                    await rules.store.save_idempotency_key(record(response))
+        except APIError as exc:  # refused: nothing changed, and a repeat gets the same refusal
             response = _json(exc.to_json(), exc.status)
-        except BaseException:
-            await store.drop_idempotency_key(caller, key)
-            raise
-        await store.finish_idempotency_key(caller, key, response.status_code, response.body.decode())
-        return response
+            try:
+                await rules.store.save_idempotency_key(record(response))
+            except UniqueViolation:
+                seen = await rules.store.idempotency_key(caller, key)
+        except UniqueViolation:  # a concurrent request with this key committed first
+            seen = await rules.store.idempotency_key(caller, key)
+        if seen is None:
+            return response
+        if seen["request"] != fingerprint:
+            raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
+        return Response(seen["body"], status_code=seen["status"], media_type="application/json")
 
     return wrapper
 
@@ -106,7 +121,7 @@ async def list_hosts(request: Request) -> Response:
 
 
 async def heartbeat(request: Request) -> Response:
-    report = await _body(request, HeartbeatIn)
+    report = await _body(request, Heartbeat)
     actor = f"exporter:{request.path_params['name']}"
     return _json(await _rules(request).heartbeat(request.path_params["name"], report, actor))
 

@@ -129,4 +129,37 @@ MIGRATIONS: list[list[str]] = [
             at DOUBLE PRECISION NOT NULL
         )""",
     ],
+    # 6: heartbeats write only what changed: each device keeps the digest of its last
+    # report and its resources' health; the ring log is 20 slots per device, one upsert a
+    # change. The resources table keeps identity only (which device owns an identifier).
+    # Devices get their resources back at their host's next heartbeat.
+    [
+        "ALTER TABLE devices ADD COLUMN resources TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE devices ADD COLUMN report_digest TEXT",
+        "ALTER TABLE devices ADD COLUMN log_seq BIGINT NOT NULL DEFAULT 0",
+        "CREATE INDEX devices_host ON devices(host)",
+        "CREATE INDEX devices_conflict_host ON devices(conflict_host)",
+        "CREATE INDEX idempotency_created_at ON idempotency(created_at)",
+        "ALTER TABLE resources DROP COLUMN health",
+        "ALTER TABLE resources DROP COLUMN reason",
+        "ALTER TABLE hosts ADD COLUMN devices_digest TEXT",
+        """CREATE TABLE device_ring (
+            device TEXT NOT NULL,
+            slot INTEGER NOT NULL,
+            seq BIGINT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            from_state TEXT NOT NULL,
+            to_state TEXT NOT NULL,
+            cause TEXT NOT NULL,
+            actor TEXT NOT NULL,
+            PRIMARY KEY (device, slot)
+        )""",
+        """INSERT INTO device_ring (device, slot, seq, at, from_state, to_state, cause, actor)
+           SELECT device, seq % {ring}, seq, at, from_state, to_state, cause, actor FROM
+           (SELECT l.*, ROW_NUMBER() OVER (PARTITION BY device ORDER BY id) AS seq FROM device_log l) numbered
+           WHERE seq > (SELECT COUNT(*) FROM device_log c WHERE c.device = numbered.device) - {ring}""",
+        "UPDATE devices SET log_seq = COALESCE((SELECT MAX(seq) FROM device_ring r WHERE r.device = devices.name), 0)",
+        "DROP TABLE device_log",
+        "CREATE INDEX leases_state_expiry ON leases(state, expires_at)",
+    ],
 ]

@@ -4,6 +4,7 @@ Other coordinator processes are not told: every wait is also capped (``RECHECK_S
 a long-poll notices a change made elsewhere within that time.
 """
 import asyncio
+import time
 
 RECHECK_S = 1.0
 
@@ -22,12 +23,20 @@ class Notifier:
             if event is not None:
                 event.set()
 
-    @staticmethod
-    async def wait(event: asyncio.Event, timeout: float) -> None:
-        try:
-            await asyncio.wait_for(event.wait(), min(timeout, RECHECK_S))
-        except asyncio.TimeoutError:
-            pass
+    async def long_poll(self, key: str, read, done, wait_s: float, gone):
+        """``read()`` again at each change of ``key`` (or every ``RECHECK_S``) until
+        ``done(value)``, ``wait_s`` runs out, or the caller has ``gone()`` away."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            event = self.watch(key)
+            value = await read()
+            remaining = deadline - time.monotonic()
+            if done(value) or remaining <= 0 or await gone():
+                return value
+            try:
+                await asyncio.wait_for(event.wait(), min(remaining, RECHECK_S))
+            except asyncio.TimeoutError:
+                pass
 
 
 def host_key(name: str) -> str:

@@ -6,5 +6,10 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0"
 
-#: Heartbeat protocol spoken between exporter and coordinator. Bump on incompatible change.
+#: Heartbeat protocol spoken between exporter and coordinator (``core/protocol.py``).
+#: Bump on an incompatible change; a coordinator refuses exporters of another version.
 PROTOCOL_VERSION = 1
+#: Device, host and user names: letters, digits, ``.``, ``_``, ``-``; at most 64 characters.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+#: Lease ids start with this; device names may not, so a name never reads as a lease.
+LEASE_PREFIX = "lease-"

@@ -3,26 +3,33 @@ import os
 from pathlib import Path
 
 
-def holders(node: str) -> set[int]:
-    """Pids of processes with ``node`` open (those whose fds we may read)."""
-    try:
-        target = os.path.realpath(node)
-    except OSError:
-        return set()
-    found = set()
-    for proc in Path("/proc").iterdir():
+def holders(nodes: set[str]) -> dict[str, set[int]]:
+    """For each of ``nodes``, the pids of processes that have it open (those whose fds we
+    may read), in one pass over /proc however many nodes are asked about."""
+    targets: dict[str, str] = {}
+    for node in nodes:
+        try:
+            targets[os.path.realpath(node)] = node
+        except OSError:
+            continue
+    found: dict[str, set[int]] = {node: set() for node in nodes}
+    if not targets:
+        return found
+    for proc in os.scandir("/proc"):
         if not proc.name.isdigit():
             continue
         try:
-            for fd in (proc / "fd").iterdir():
-                try:
-                    if os.readlink(fd) == target:
-                        found.add(int(proc.name))
-                        break
-                except OSError:
-                    continue
+            fds = os.scandir(f"/proc/{proc.name}/fd")
         except OSError:
             continue
+        with fds:
+            for fd in fds:
+                try:
+                    node = targets.get(os.readlink(fd.path))
+                except OSError:
+                    continue
+                if node is not None:
+                    found[node].add(int(proc.name))
     return found
 
 

@@ -106,10 +106,17 @@ class Proc:
     def wait(self, timeout: float) -> bool:
         """Wait until the process and its group are gone (reaped, if it is our child)."""
         deadline = time.monotonic() + timeout
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout)  # a child of ours: the kernel tells us when it exits
+            except subprocess.TimeoutExpired:
+                return False
+        pause = 0.001
         while self.alive() or (self.popen is not None and self._group_exists()):
             if time.monotonic() > deadline:
                 return False
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.02)
         return True
 
     def wait_listening(self, ports: set[int], timeout: float = 5.0, failure_signs: tuple[str, ...] = ()) -> str | None:
@@ -125,7 +132,7 @@ class Proc:
             if not self.alive() or any(sign in output for sign in failure_signs) or time.monotonic() > deadline:
                 lines = output.strip().splitlines()
                 return lines[-1] if lines else f"no answer within {timeout:g}s"
-            time.sleep(0.01)
+            time.sleep(0.002)
         return None
 
     def stop(self, grace: float = 3.0) -> None:

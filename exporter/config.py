@@ -9,7 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from device_loop.core import NAME_PATTERN
 from device_loop.core.model import ConfiguredResource
+from device_loop.core.protocol import check_device_name
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:7420"
 
@@ -25,7 +27,7 @@ def default_state_dir(name: str) -> Path:
 
 class ExporterSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(default_factory=socket.gethostname, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    name: str = Field(default_factory=socket.gethostname, pattern=NAME_PATTERN)
     coordinator: str = Field(default_factory=lambda: os.environ.get("DEVICE_LOOP_COORDINATOR", DEFAULT_COORDINATOR))
     heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
     sysfs_root: Path = Path("/sys")
@@ -48,7 +50,7 @@ class ResourceEntry(BaseModel):
 
 class DeviceEntry(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    name: str = Field(pattern=NAME_PATTERN)
     device_class: str | None = Field(default=None, alias="class")
     tags: list[str] = Field(default_factory=list)
     plugin: str | None = None
@@ -56,8 +58,7 @@ class DeviceEntry(BaseModel):
 
     @model_validator(mode="after")
     def _one_form(self):
-        if self.name.startswith("lease-"):
-            raise ValueError("device names must not start with 'lease-'")
+        check_device_name(self.name)
         if self.plugin and self.resources:
             raise ValueError("give either 'plugin' (one resource) or [[devices.resources]], not both")
         if not self.plugin and not self.resources:

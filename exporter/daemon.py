@@ -1,45 +1,36 @@
-"""The exporter loop: discover -> health -> heartbeat -> reconcile (DESIGN §4).
+"""The exporter (DESIGN §4): scan -> heartbeat -> converge, on three threads.
 
-Level-triggered: each heartbeat answer is the whole desired state of this host, and
-the exporter stops what is extra and starts what is missing. A long-poll of the desired
-state wakes the loop early, so a new lease's services start within milliseconds; the
-periodic heartbeat stays the source of truth. Nothing a plugin does (raise, hang in a
-stop, return junk) may take the exporter down with it.
+- The report loop scans the host once a heartbeat period (or at a hot-plug wake-up) and
+  sends a report then, and at once whenever a service came up or went away.
+- The long-poll thread waits for the coordinator's desired state to change and hands it
+  to the reconciler the moment it does: a new lease's services start within milliseconds.
+- The reconciler starts and stops services in worker threads, concurrently.
+
+Level-triggered throughout: each desired state is the whole of it, and the periodic
+heartbeat stays the source of truth.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx2
-
-from device_loop.core import PROTOCOL_VERSION, __version__
-from device_loop.core.gate import gate_service
 from device_loop.core.host import HostContext
 from device_loop.core.hotplug import watch_hotplug
-from device_loop.core.model import Health, LeaseRef, Resource, Service
+from device_loop.core.model import Health, Resource
 from device_loop.core.plugins import PluginSet
-from device_loop.core.ports import wait_port_free
-from device_loop.core.tokens import load_token
+from device_loop.core.protocol import DesiredState, Heartbeat
 
 from .config import ExporterConfig
+from .link import CoordinatorLink
 from .orphans import OrphanWatch
+from .reconcile import Reconciler
+from .report import Reporter
 
 log = logging.getLogger("device_loop.exporter")
 LONG_POLL_S = 25.0
-NOTHING_DESIRED = {"services": [], "etag": None}
-
-
-@dataclass
-class Running:
-    resource: Resource
-    lease: LeaseRef
-    service: Service
 
 
 class Exporter:
@@ -47,8 +38,7 @@ class Exporter:
         self.config = config
         section = config.exporter
         self.name = section.name
-        self.boot_id = uuid.uuid4().hex
-        self.generation = 0
+        self.heartbeat_s = section.heartbeat_s
         self.plugins = PluginSet(config.plugins.enable, config.plugins.disable)
         self.host = HostContext(
             name=self.name, state_dir=config.state_dir, sysfs_root=section.sysfs_root,
@@ -56,24 +46,61 @@ class Exporter:
             advertise_address=section.advertise_address or section.bind_address,
             configured_resources=config.configured_resources(),
         )
-        self.orphans = OrphanWatch(config.state_dir)
-        self.loaded: list[str] = []
-        self.skipped: list[dict] = []
-        self.running: dict[tuple[str, str], Running] = {}
-        self.start_errors: dict[tuple[str, str], dict] = {}
-        self.last_found: dict[str, list[Resource]] = {}
-        self.adoptions: dict[str, dict] = {}  # candidate identifier -> the device an admin made of it
-        self.candidates: list[Resource] = []
-        self.applied: set[str] = set()
-        self.etag: str | None = None
-        self.last_beat = 0.0
-        self.adopted_changed = False
-        self.wake = threading.Event()
+        self.link = CoordinatorLink(section.coordinator, self.name, section.token_file)
+        orphans = OrphanWatch(config.state_dir)
+        self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex)
+        self.reconciler = Reconciler(self.host, self.plugins, orphans, gated_only=self.link.authenticated,
+                                     on_change=self._changed)
+        self.wake = threading.Event()       # report now
+        self.scan_due = threading.Event()   # ... after scanning the host again
         self.stopping = threading.Event()
-        self._lock = threading.Lock()
-        token = load_token(section.token_file)
-        self.auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx2.Client(base_url=section.coordinator, timeout=10.0, headers=self.auth)
+        self._desired_lock = threading.Lock()
+        self._desired_as_of = float("-inf")  # coordinator time of the desired state applied
+        self.etag: str | None = None
+
+    # ---- what tests and the loops share -----------------------------------------------
+
+    @property
+    def loaded(self) -> list[str]:
+        return self.reporter.loaded
+
+    @property
+    def skipped(self) -> list[dict]:
+        return self.reporter.skipped
+
+    @property
+    def running(self):
+        return self.reconciler.running
+
+    @property
+    def start_errors(self):
+        return self.reconciler.start_errors
+
+    def discover(self) -> list[Resource]:
+        return self.reporter.discover()
+
+    def health(self, resource: Resource) -> Health:
+        return self.reporter.health(resource)
+
+    def report(self, scan: bool = False, stopping: bool = False) -> Heartbeat:
+        """A snapshot (after scanning the host again, if ``scan``)."""
+        ours = self.reconciler.pids()
+        if scan:
+            self.reporter.scan(ours)
+        return self.reporter.build(self.reconciler.services(), self.reconciler.applied, ours,
+                                   self.reconciler.take_rechecks(), self.unserved(self.reporter.resources), stopping)
+
+    def heartbeat(self, scan: bool = False) -> DesiredState | None:
+        """Send a snapshot; the desired state to converge to, or None to leave all as is."""
+        return self.link.heartbeat(self.report(scan))
+
+    def reconcile(self, desired: DesiredState | dict, resources: list[Resource]) -> bool:
+        """Converge to ``desired`` and wait until done; True if anything changed."""
+        desired = DesiredState.model_validate(desired)
+        changed = self.reconciler.converge(desired.services, resources, retry=True)
+        self.reconciler.wait_idle()
+        self.reconciler.stop_strays()
+        return changed
 
     # ---- start and stop ---------------------------------------------------------------
 
@@ -126,245 +153,82 @@ class Exporter:
     def shutdown(self) -> None:
         """Stop every service, then tell the coordinator this host is going away, so that
         nobody is handed endpoints that no longer answer."""
-        with self._lock:
-            for key in list(self.running):
-                self._stop(key)
-            report = self.report(self.discover()) | {"stopping": True}
-        try:
-            self.http.post(f"/api/v1/hosts/{self.name}/heartbeat", json=report)
-        except httpx2.HTTPError:
-            pass  # the coordinator finds out when the heartbeats stop
+        self.reconciler.stop_all()
+        self.link.heartbeat(self.report(stopping=True))
         for name in self.loaded:
             self._try(name, "shutdown", "devloop_shutdown", host=self.host)
-        self.http.close()
+        self.link.close()
 
-    # ---- one pass -------------------------------------------------------------------------
+    # ---- the loops ----------------------------------------------------------------------
 
-    def discover(self) -> list[Resource]:
-        """Every resource of every loaded plugin (read-only; no process is spawned).
+    def _changed(self) -> None:
+        self.wake.set()
 
-        A plugin whose discovery fails keeps its last good result: a failure to look is
-        not evidence that the devices are gone (their leases would be torn down).
-        """
-        resources = []
-        for name in self.loaded:
-            try:
-                found = self.plugins.call(name, "devloop_discover", host=self.host) or []
-                self.last_found[name] = [dataclasses.replace(r, plugin=name) for r in found]
-            except Exception:
-                log.exception("discovery of plugin %s failed; keeping what it found before", name)
-            resources += self.last_found.get(name, [])
-        self.candidates = [r for r in resources if r.candidate and r.identifier not in self.adoptions]
-        return [self._adopted(r) for r in resources if not r.candidate or r.identifier in self.adoptions]
+    def _apply(self, desired: DesiredState | None) -> bool:
+        """Converge to ``desired`` unless a newer answer came meanwhile (the heartbeat's and
+        the long-poll's answers may cross); True if a start or stop began."""
+        if desired is None:
+            return False
+        with self._desired_lock:
+            if desired.as_of < self._desired_as_of:
+                return False
+            self._desired_as_of, self.etag = desired.as_of, desired.etag
+            adoptions = {a.identifier: a for a in desired.adopted}
+            if adoptions != self.reporter.adoptions:  # report the adopted devices at once
+                self.reporter.adoptions = adoptions
+                self.scan_due.set()
+                self.wake.set()
+            return self.reconciler.converge(desired.services)
 
-    def _adopted(self, resource: Resource) -> Resource:
-        """A candidate an admin adopted: the device it now belongs to."""
-        adoption = self.adoptions.get(resource.identifier) if resource.candidate else None
-        if adoption is None:
-            return resource
-        return dataclasses.replace(resource, device=adoption["name"], device_class=adoption["class"],
-                                   tags=tuple(adoption["tags"]), candidate=False)
-
-    def health(self, resource: Resource) -> Health:
-        try:
-            return self.plugins.call(resource.plugin, "devloop_health", host=self.host, resource=resource) or Health()
-        except Exception as exc:
-            return Health("failed", f"health check crashed: {exc!r}")
-
-    def _our_pids(self) -> set[int]:
-        return {pid for run in self.running.values() for pid in run.service.pids()}
-
-    def report(self, resources: list[Resource]) -> dict:
-        devices: dict[str, dict] = {}
-        ours = self._our_pids()
-        for r in resources:
-            health = self.health(r)
-            entry = devices.setdefault(r.device, {"name": r.device, "class": r.device_class,
-                                                  "tags": list(r.tags), "resources": [], "busy_by": []})
-            entry["resources"].append({**r.to_report(), "health": health.status, "reason": health.reason})
-            entry["busy_by"] += self.orphans.orphans(r, ours)
-        services = [{"lease": lease_id, "device": run.resource.device, "identifier": ident,
-                     "kind": run.resource.kind, "endpoints": [e.to_json() for e in run.service.endpoints]}
-                    for (lease_id, ident), run in self.running.items()]
-        services += [{"lease": lease_id, "identifier": ident, **failure}
-                     for (lease_id, ident), failure in self.start_errors.items()]
-        self.generation += 1
-        return {"protocol": PROTOCOL_VERSION, "version": __version__, "boot_id": self.boot_id,
-                "generation": self.generation, "heartbeat_s": self.config.exporter.heartbeat_s,
-                "plugins": {"loaded": self.loaded, "skipped": self.skipped, "unserved": self.unserved(resources)},
-                "devices": list(devices.values()), "services": services, "applied": sorted(self.applied),
-                "candidates": [{"identifier": c.identifier, "kind": c.kind, "plugin": c.plugin, "label": c.device}
-                               for c in self.candidates]}
-
-    def heartbeat(self, resources: list[Resource]) -> dict | None:
-        """Send the snapshot; the desired state to converge to, or None to leave all as is.
-
-        When the coordinator refuses the report, the exporter still converges: to the
-        desired state it can read, or to nothing if a newer exporter took its name.
-        """
-        self.last_beat = time.monotonic()
-        try:
-            response = self.http.post(f"/api/v1/hosts/{self.name}/heartbeat", json=self.report(resources))
-            answer = response.json()
-        except (httpx2.HTTPError, ValueError) as exc:
-            log.warning("coordinator unreachable (%s); services keep running as they are", exc)
-            return None
-        if response.status_code == 200:
-            self.etag = answer["etag"]
-            adoptions = {a["identifier"]: a for a in answer.get("adopted", [])}
-            self.adopted_changed, self.adoptions = adoptions != self.adoptions, adoptions
-            return answer
-        log.error("heartbeat refused (%d): %s", response.status_code, answer.get("message", answer))
-        if answer.get("error") == "superseded_boot":
-            return NOTHING_DESIRED
-        if 400 <= response.status_code < 500:
-            try:
-                return self.http.get(f"/api/v1/hosts/{self.name}/desired").json()
-            except (httpx2.HTTPError, ValueError):
-                return None
-        return None
-
-    def reconcile(self, desired: dict, resources: list[Resource]) -> bool:
-        """Stop the extra, start the missing; True if anything changed."""
-        wanted = {(s["lease"], s["identifier"]): s for s in desired["services"]}
-        by_identifier = {r.identifier: r for r in resources}
-        changed = False
-        for key, run in list(self.running.items()):
-            now = by_identifier.get(key[1])
-            if key in wanted and not run.service.alive():
-                log.warning("service for %s of %s died; restarting it", key[1], key[0])
-            elif key in wanted and now is not None and now.node != run.resource.node:
-                log.warning("%s moved from %s to %s (replugged); restarting its service", key[1],
-                            run.resource.node, now.node)
-            elif key in wanted:
-                continue
-            self._stop(key)
-            changed = True
-            self._keepalive(resources)
-        self._stop_strays({lease for lease, _ in wanted})
-        for key in [k for k in self.start_errors if k not in wanted]:
-            del self.start_errors[key]
-        for key, spec in wanted.items():
-            if key in self.running:
-                continue
-            resource = by_identifier.get(spec["identifier"])
-            if resource is None:
-                self._failed(key, spec["device"], spec["kind"], f"{spec['identifier']} is not present on host {self.name}")
-                continue
-            self._start(key, resource, LeaseRef(spec["lease"], spec["holder"], spec.get("secret")))
-            changed = True
-            self._keepalive(resources)
-        self.applied = {lease for lease, _ in wanted}
-        return changed
-
-    def _keepalive(self, resources: list[Resource]) -> None:
-        """Starting many services (or a slow one) must not make this host look dead."""
-        if time.monotonic() - self.last_beat >= self.config.exporter.heartbeat_s:
-            self.heartbeat(resources)
-
-    def _start(self, key: tuple[str, str], resource: Resource, lease: LeaseRef) -> None:
-        if self.auth and not lease.secret:  # an authenticated lab gates every endpoint
-            self._failed(key, resource.device, resource.kind, "the lease has no secret: this exporter serves "
-                                                              "only gated endpoints (its coordinator has tokens)")
-            return
-        if not any(k[1] == resource.identifier for k in self.running):
-            self.orphans.lease_begins(resource)
-        # A gated lease's service listens on loopback only; its gates face the network.
-        host = dataclasses.replace(self.host, bind_address="127.0.0.1", advertise_address="127.0.0.1") \
-            if lease.secret else self.host
-        try:
-            service = self.plugins.call(resource.plugin, "devloop_start", host=host, resource=resource, lease=lease)
-            if not isinstance(service, Service):
-                raise TypeError(f"plugin {resource.plugin} returned {service!r}, not a Service")
-            if lease.secret:
-                gate_service(self.host, resource, lease, service)
-        except Exception as exc:
-            log.error("starting %s for %s failed: %s", resource.identifier, lease.id, exc)
-            self._failed(key, resource.device, resource.kind, f"{resource.kind}: {exc}")
-            self._stop_strays({k[0] for k in self.running}, also=lease.id)
-            return
-        self.start_errors.pop(key, None)
-        self.running[key] = Running(resource, lease, service)
-        log.info("started %s for %s: %s", resource.identifier, lease.id,
-                 ", ".join(f"{e.host}:{e.port}" for e in service.endpoints))
-
-    def _failed(self, key: tuple[str, str], device: str, kind: str, message: str) -> None:
-        self.start_errors[key] = {"device": device, "kind": kind, "error": message}
-
-    def _stop(self, key: tuple[str, str]) -> None:
-        """Stop one service. If its plugin fails to, its processes stay recorded and
-        ``_stop_strays`` tries again on the next pass."""
-        run = self.running.pop(key)
-        try:
-            self.plugins.call(run.resource.plugin, "devloop_stop", host=self.host, service=run.service)
-        except Exception:
-            log.exception("stopping %s for %s failed; will retry", key[1], key[0])
-            return
-        for endpoint in run.service.endpoints:
-            if not wait_port_free(self.host.bind_address, endpoint.port):
-                log.error("port %d of %s is still taken after stop", endpoint.port, key[0])
-        log.info("stopped %s for %s", key[1], key[0])
-
-    def _stop_strays(self, live_leases: set[str], also: str | None = None) -> None:
-        """Stop recorded processes that no running service owns and whose lease is over
-        (or is ``also``, whose start just failed): orphans of ours."""
-        ours = self._our_pids()
-        for proc in self.host.processes.recorded():
-            lease = proc.record.get("lease")
-            if proc.pid not in ours and (lease not in live_leases or lease == also):
-                log.warning("stopping stray %s (pid %d) of lease %s", proc.name, proc.pid, lease)
-                try:
-                    proc.stop()
-                except RuntimeError:
-                    log.exception("could not stop %s", proc.name)
+    def step(self, scan: bool) -> bool:
+        """One report (after a scan of the host, if ``scan``); begin to converge to its
+        answer. True if a start or stop began."""
+        if scan:
+            resources = self.reporter.scan(self.reconciler.pids())
+            self.reconciler.converge(resources=resources, retry=True)
+            self.reconciler.stop_strays()
+        return self._apply(self.heartbeat())
 
     def cycle(self) -> None:
-        """One pass; a second heartbeat follows at once when services changed."""
-        with self._lock:
-            for _ in range(2):
-                resources = self.discover()
-                desired = self.heartbeat(resources)
-                if desired is None:
-                    return
-                if not self.reconcile(desired, resources) and not self.adopted_changed:
-                    return  # (a new adoption is reported at once: one more pass)
-
-    # ---- loops ----------------------------------------------------------------------------
+        """One whole pass, for tests and tools that drive an exporter by hand: scan, report,
+        converge and wait for it, and report once more if that changed anything."""
+        for _ in range(2):
+            self.scan_due.clear()
+            began = self.step(scan=True)
+            self.reconciler.wait_idle()
+            if not began and not self.scan_due.is_set():
+                return
 
     def _long_poll(self) -> None:
-        client = httpx2.Client(base_url=self.config.exporter.coordinator, timeout=LONG_POLL_S + 10, headers=self.auth)
-        seen = self.etag
+        client = self.link.long_poll_client(LONG_POLL_S)
         while not self.stopping.is_set():
-            try:
-                response = client.get(f"/api/v1/hosts/{self.name}/desired",
-                                      params={"etag": seen or "", "wait": LONG_POLL_S})
-                etag = response.json()["etag"] if response.status_code == 200 else None
-            except (httpx2.HTTPError, ValueError, KeyError):
-                etag = None
-            if etag is None:
-                self.stopping.wait(self.config.exporter.heartbeat_s)
-            elif etag != seen:
-                seen = etag
-                self.wake.set()
+            desired = self.link.wait_desired(client, self.etag, LONG_POLL_S)
+            if desired is None:
+                self.stopping.wait(self.heartbeat_s)
+            elif desired.etag != self.etag:
+                self._apply(desired)
         client.close()
 
     def run(self) -> None:
         """Run until ``stopping`` is set; then stop every service and return."""
         self.setup()
-        poller = threading.Thread(target=self._long_poll, name="long-poll", daemon=True)
-        poller.start()
+        threading.Thread(target=self._long_poll, name="long-poll", daemon=True).start()
         if self.host.sysfs_root == Path("/sys"):  # a fake tree gets no udev events
-            why_not = watch_hotplug(self.wake.set)
+            why_not = watch_hotplug(lambda: (self.scan_due.set(), self.wake.set()))
             log.info("hot-plug wake-ups %s", f"off ({why_not})" if why_not else "on (udev)")
+        next_scan = 0.0
         try:
             while not self.stopping.is_set():
                 self.wake.clear()
-                started = time.monotonic()
+                scan = time.monotonic() >= next_scan or self.scan_due.is_set()
+                if scan:
+                    self.scan_due.clear()
+                    next_scan = time.monotonic() + self.heartbeat_s
                 try:
-                    self.cycle()
+                    self.step(scan)
                 except Exception:
                     log.exception("exporter pass failed; trying again next period")
-                self.wake.wait(max(0.0, self.config.exporter.heartbeat_s - (time.monotonic() - started)))
+                self.wake.wait(max(0.0, next_scan - time.monotonic()))
         finally:
             self.shutdown()
 

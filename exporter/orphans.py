@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 from device_loop.core.holders import command_of, holders
@@ -18,28 +19,40 @@ from device_loop.core.model import Resource
 class OrphanWatch:
     def __init__(self, state_dir: Path):
         self.path = Path(state_dir) / "node-holders.json"
+        self._lock = threading.Lock()  # leases begin in several service threads at once
         try:
             self.baseline = {k: set(v) for k, v in json.loads(self.path.read_text()).items()}
         except (OSError, ValueError):
             self.baseline = {}
 
     def _save(self) -> None:
-        partial = self.path.with_suffix(".tmp")
+        partial = self.path.with_suffix(f".{threading.get_ident()}.tmp")
         partial.write_text(json.dumps({k: sorted(v) for k, v in self.baseline.items()}))
         partial.replace(self.path)
 
     def lease_begins(self, resource: Resource) -> None:
         """Remember who holds the node now, as the lease for it begins."""
         if resource.node:
-            self.baseline[resource.identifier] = holders(resource.node) - {os.getpid()}
-            self._save()
+            now = holders({resource.node})[resource.node] - {os.getpid()}
+            with self._lock:
+                self.baseline[resource.identifier] = now
+                self._save()
 
-    def orphans(self, resource: Resource, ours: set[int]) -> list[dict]:
-        """Holders of the node that are neither ``ours`` nor held it before."""
-        if not resource.node:
-            return []
-        current = holders(resource.node) - ours - {os.getpid()}
-        if resource.identifier not in self.baseline:  # first sight: whoever holds it now was there first
-            self.baseline[resource.identifier] = current
-            self._save()
-        return [{"pid": pid, "command": command_of(pid)} for pid in sorted(current - self.baseline[resource.identifier])]
+    def orphans(self, resources: list[Resource], ours: set[int]) -> dict[str, list[dict]]:
+        """Identifier -> holders of its node that are neither ``ours`` nor held it before."""
+        with_node = [r for r in resources if r.node]
+        held = holders({r.node for r in with_node})
+        out: dict[str, list[dict]] = {}
+        with self._lock:
+            first_sight = False
+            for resource in with_node:
+                current = held[resource.node] - ours - {os.getpid()}
+                if resource.identifier not in self.baseline:  # whoever holds it now was there first
+                    self.baseline[resource.identifier] = current
+                    first_sight = True
+                extra = sorted(current - self.baseline[resource.identifier])
+                if extra:
+                    out[resource.identifier] = [{"pid": pid, "command": command_of(pid)} for pid in extra]
+            if first_sight:
+                self._save()
+        return out

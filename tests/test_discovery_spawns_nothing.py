@@ -70,11 +70,11 @@ def test_discovery_and_health_spawn_no_process(tmp_path):
         nodes = {r.node for r in exporter.discover() if r.node}
         with no_process_may_start(nodes) as spawned:
             resources = exporter.discover()
-            report = exporter.report(resources)
+            report = exporter.report(scan=True)
         assert {(r.device, r.plugin) for r in resources} == {
             ("sim-board-0", "sim"), ("sim-board-1", "sim"), ("jupiter", "uart"), ("uart-A10K3XYZ", "uart"),
             ("pixel", "adb")}
-        health = {d["name"]: d["resources"][0]["health"] for d in report["devices"]}
+        health = {d.name: d.resources[0].health for d in report.devices}
         assert {k: v for k, v in health.items() if k != "uart-A10K3XYZ"} == dict.fromkeys(
             ["sim-board-0", "sim-board-1", "jupiter", "pixel"], "ok")  # (no /dev/ttyUSB0 need exist here)
         assert spawned == []

@@ -102,8 +102,8 @@ def test_a_start_that_fails_after_spawning_leaves_no_process(tmp_path):
         exporter.reconcile(desired(), exporter.discover())
         assert exporter.start_errors[("lease-1", "flaky:x0")]["error"] == "uart: helper did not answer"
         assert exporter.host.processes.recorded() == []
-        report = exporter.report(exporter.discover())
-        assert [s.get("error") for s in report["services"]] == ["uart: helper did not answer"]
+        report = exporter.report(scan=True)
+        assert [s.error for s in report.services] == ["uart: helper did not answer"]
     finally:
         exporter.shutdown()
 
@@ -116,6 +116,6 @@ def test_a_plugin_that_fails_to_start_up_is_skipped_with_its_reason(tmp_path):
         assert "flaky" not in exporter.loaded
         (skipped,) = [s for s in exporter.skipped if s["name"] == "flaky"]
         assert "cannot open /dev/flaky" in skipped["reason"]
-        assert exporter.heartbeat(exporter.discover()) is None  # coordinator down: no exception
+        assert exporter.heartbeat(scan=True) is None  # coordinator down: no exception
     finally:
         exporter.shutdown()

@@ -23,9 +23,8 @@ operations = st.lists(st.one_of(
 
 
 async def snapshot(rules):
-    db = rules.store.db
-    leases = [tuple(r) for r in await db.fetch_all("SELECT * FROM leases ORDER BY id")]
-    devices = [tuple(r) for r in await db.fetch_all(
+    leases = [tuple(r.values()) for r in await rules.store.read("SELECT * FROM leases ORDER BY id")]
+    devices = [tuple(r.values()) for r in await rules.store.read(
         "SELECT name, state, host, present, reclaim_lease, conflict_host FROM devices ORDER BY name")]
     return leases, devices
 
@@ -93,7 +92,7 @@ async def test_lease_rules_hold_under_any_sequence(tmp_path, ops):
                 clock.advance(op[1])
                 await rules.reap()
                 now = clock()
-                rows = await rules.store.db.fetch_all(
+                rows = await rules.store.read(
                     "SELECT expires_at FROM leases WHERE state IN ('pending', 'active')")
                 assert all(r["expires_at"] > now for r in rows), "an expired lease is still live after the reaper"
             elif kind == "heartbeat":
@@ -110,12 +109,12 @@ async def test_lease_rules_hold_under_any_sequence(tmp_path, ops):
                     services = await live_services() if mode == "serve" else []
                     await exporter.beat([device(d) for d in DEVICES], services, [s["lease"] for s in services])
 
-            counts = await rules.store.db.fetch_all(
+            counts = await rules.store.read(
                 "SELECT device, COUNT(*) AS n FROM leases WHERE state IN ('pending', 'active') GROUP BY device")
             assert all(r["n"] <= 1 for r in counts), "two live leases on one device"
             for d in (await api["alice"].get("/devices")).json():
-                live = [r for r in await rules.store.db.fetch_all(
-                    "SELECT holder FROM leases WHERE device = :d AND state IN ('pending', 'active')", {"d": d["name"]})]
+                live = [r for r in await rules.store.read(
+                    "SELECT holder FROM leases WHERE device = :d AND state IN ('pending', 'active')", d=d["name"])]
                 assert d["holder"] == (live[0]["holder"] if live else None)
                 if live:
                     assert d["state"] in ("allocating", "in_use", "offline")

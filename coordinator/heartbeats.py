@@ -1,0 +1,270 @@
+"""Heartbeats (DESIGN §4): each one replaces its host's snapshot, and is answered with the
+services that host should run.
+
+The snapshot stays the source of truth; what changes is how it is applied. It is compared
+with what the coordinator holds and only the difference is written, in batches: an
+unchanged snapshot costs a fixed handful of statements whatever the host's size, a
+changed one a fixed number more. Validation and digests happen before the transaction.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+from device_loop.core import PROTOCOL_VERSION
+from device_loop.core.protocol import DesiredState, DeviceReport, Heartbeat
+
+from .errors import APIError, conflict
+from .lifecycle import Lifecycle, device_state, ring_entry
+from .notify import host_key, lease_key
+from .store import UniqueViolation
+
+SUPERSEDED_KEPT = 8  # boot ids of a host remembered as replaced
+_HEALTH_ORDER = {"ok": 0, "degraded": 1, "failed": 2}
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def _worst_health(device: DeviceReport) -> tuple[str, str]:
+    worst = max(device.resources, key=lambda r: _HEALTH_ORDER[r.health])
+    reasons = "; ".join(f"{r.kind}: {r.reason}" for r in device.resources if r.health != "ok" and r.reason)
+    return worst.health, reasons
+
+
+class _Changes:
+    """The writes one snapshot leads to, collected so they go out in batches."""
+
+    def __init__(self, now: float, actor: str, default_cause: str):
+        self.now, self.actor, self.default_cause = now, actor, default_cause
+        self.rows: dict[str, dict] = {}     # device -> its row (with facts) as it will be
+        self.dirty: set[str] = set()        # devices whose columns changed
+        self.causes: dict[str, str] = {}
+        self.ring: list[dict] = []
+        self.identities: dict[str, list[dict]] = {}
+        self.wake_host = False              # the host's desired state may have changed
+
+    def touch(self, row: dict, cause: str | None = None, **fields) -> dict:
+        """Take ``row`` into account (its state is recomputed), with ``fields`` changed."""
+        current = self.rows.setdefault(row["name"], dict(row))
+        if any(current.get(k) != v for k, v in fields.items()):
+            current.update(fields)
+            self.dirty.add(row["name"])
+        if cause:
+            self.causes[row["name"]] = cause
+        return current
+
+    def log(self, row: dict, to_state: str, cause: str) -> None:
+        row["log_seq"] += 1
+        self.ring.append(ring_entry(row, row["log_seq"], to_state, self.now, cause, self.actor))
+        self.dirty.add(row["name"])
+
+    def settle(self) -> list[dict]:
+        """Recompute each touched device's state; the rows to write."""
+        for name, row in self.rows.items():
+            new = device_state(row)
+            if new != row["state"]:
+                self.log(row, new, self.causes.get(name, self.default_cause))
+                row["state"] = new
+            if name in self.dirty:
+                row["updated_at"] = self.now
+        return [row for name, row in self.rows.items() if name in self.dirty]
+
+
+class Heartbeats(Lifecycle):
+    async def heartbeat(self, host_name: str, report: Heartbeat, actor: str) -> dict:
+        """Replace this host's snapshot and answer with its desired state."""
+        if report.protocol != PROTOCOL_VERSION:
+            raise APIError(400, "protocol_mismatch",
+                           f"exporter {host_name} speaks protocol {report.protocol}, this coordinator "
+                           f"speaks {PROTOCOL_VERSION}: run the same device-loop version on both")
+        digests = {d.name: _digest(d.model_dump_json()) for d in report.devices}
+        # a new candidate or device, or one that changed, takes the full path below
+        snapshot = _digest("".join(f"{n}={d};" for n, d in digests.items())
+                           + "".join(c.model_dump_json() for c in report.candidates))
+        try:
+            async with self.store.tx():
+                previous = await self.store.host(host_name, for_update=True)
+                self._refuse_stale(host_name, previous, report)
+                if previous is None or (previous["boot_id"], previous["generation"]) != (report.boot_id,
+                                                                                       report.generation):
+                    await self._apply(host_name, previous, report, digests, snapshot, actor)
+        except UniqueViolation:  # another coordinator process wrote the same row first
+            raise conflict("concurrent_update", "another report changed these devices at the same time; "
+                                                "the next heartbeat will go through") from None
+        return await self.desired(host_name)
+
+    @staticmethod
+    def _refuse_stale(host_name: str, previous: dict | None, report: Heartbeat) -> None:
+        """An older generation of this boot, or a boot that a newer start replaced: 409."""
+        if previous is None:
+            return
+        if report.boot_id in previous["superseded_boots"]:
+            raise conflict("superseded_boot",
+                           f"boot {report.boot_id} of exporter {host_name} was replaced by a newer start; "
+                           f"if two exporters run with the name {host_name!r}, give each its own [exporter] name")
+        if previous["boot_id"] == report.boot_id and report.generation < previous["generation"]:
+            raise conflict("stale_heartbeat", f"generation {report.generation} is older than "
+                                              f"{previous['generation']} for boot {report.boot_id}")
+
+    async def _apply(self, host_name: str, previous: dict | None, report: Heartbeat, digests: dict[str, str],
+                     snapshot: str, actor: str) -> None:
+        now, online = self.clock(), not report.stopping
+        full = (previous is None or previous["boot_id"] != report.boot_id or previous["online"] != online
+                or previous["devices_digest"] != snapshot)
+        if previous is None or online and previous["online"]:
+            cause = "exporter report"
+        else:
+            cause = f"exporter {host_name} stopped" if report.stopping else "host is heartbeating again"
+        changes = _Changes(now, actor, cause)
+        rows = await self.store.devices_of_host(host_name, in_transition_only=not full)
+        own = {r["name"]: {**r, "host_online": online} for r in rows if r["host"] == host_name}
+        if full:
+            claimed_before = {r["name"]: r for r in rows if r["conflict_host"] == host_name}
+            await self._apply_devices(host_name, report, digests, own, claimed_before, changes, online)
+            for name, row in own.items():
+                changes.touch(row)  # the host's online state may have changed: recompute all
+            await self.store.save_candidates([{**c.model_dump(), "host": host_name, "last_seen": now}
+                                              for c in report.candidates])
+        activated = self._progress(report, own, changes)
+        rows_to_write = changes.settle()
+        await self.store.write_devices(rows_to_write)
+        if changes.identities:
+            await self.store.replace_identities(list(changes.identities),
+                                                [r for rs in changes.identities.values() for r in rs])
+        await self.store.add_ring_entries(changes.ring)
+        await self.store.activate_leases(activated)
+        await self._save_host(host_name, previous, report, snapshot, now, online)
+        if changes.wake_host:
+            self._notify(host_key(host_name))
+        if activated:
+            self._notify(*map(lease_key, activated))
+
+    async def _apply_devices(self, host_name: str, report: Heartbeat, digests: dict[str, str], own: dict[str, dict],
+                             claimed_before: dict[str, dict], changes: _Changes, online: bool) -> None:
+        """The full comparison: new, changed, moved, claimed and vanished devices."""
+        new_identity = [d for d in report.devices if d.name not in own
+                        or {r["identifier"] for r in own[d.name]["resources"]} != {r.identifier for r in d.resources}]
+        owners = {o["identifier"]: o for o in await self.store.identifier_owners(
+            [r.identifier for d in new_identity for r in d.resources])}
+        elsewhere = {r["name"]: r for r in await self.store.devices_named(sorted(
+            ({d.name for d in report.devices} | {o["device"] for o in owners.values()}) - own.keys()))}
+        claimed: set[str] = set()
+        for device in report.devices:
+            owner = self._owner_elsewhere(device, host_name, owners)
+            row = own.get(device.name) or elsewhere.get(device.name)
+            if owner is None and row is not None and row["host"] not in (None, host_name):
+                if row["present"] and row["host_online"]:
+                    owner = device.name  # its host still has it: that host keeps it
+                else:  # its host lost it (offline or unplugged) and this one has it now
+                    row = changes.touch(row, host=host_name, conflict_host=None, host_online=online)
+                    changes.log(row, row["state"], f"moved from host {elsewhere[device.name]['host']} to {host_name}")
+                    changes.wake_host = True
+            if owner is not None:
+                claimed.add(owner)
+                changes.touch(claimed_before.get(owner) or elsewhere[owner], conflict_host=host_name)
+                continue
+            health, reason = _worst_health(device)
+            fields = {"class": device.device_class, "tags": device.tags, "host": host_name, "present": True,
+                      "health": health, "health_reason": reason, "busy_by": [h.model_dump() for h in device.busy_by],
+                      "resources": [r.model_dump() for r in device.resources], "report_digest": digests[device.name]}
+            if row is None:
+                row = {"name": device.name, "state": "unregistered", "reclaim_lease": None, "retired": False,
+                       "conflict_host": None, "created_at": changes.now, "log_seq": 0, "lease_id": None,
+                       "lease_state": None, "host_online": online, "present": False, **fields}
+                changes.dirty.add(device.name)
+            elif not row["present"]:
+                changes.causes[device.name] = f"host {host_name} reports it again"
+            if row["report_digest"] != digests[device.name] or not row["present"] or device.name not in own:
+                changes.wake_host |= not row["present"]
+                own[device.name] = changes.touch(row, **fields)
+            if device in new_identity:
+                changes.identities[device.name] = [{"identifier": r.identifier, "device": device.name, "kind": r.kind,
+                                                    "plugin": r.plugin} for r in device.resources]
+                changes.wake_host = True
+        reported = {d.name for d in report.devices}
+        for name, row in own.items():
+            if name not in reported and row["present"]:
+                changes.touch(row, f"host {host_name} no longer reports it (unplugged?)", present=False)
+                changes.wake_host = True
+        for name, row in claimed_before.items():
+            if name not in claimed:
+                changes.touch(row, conflict_host=None)
+
+    @staticmethod
+    def _owner_elsewhere(device: DeviceReport, host_name: str, owners: dict[str, dict]) -> str | None:
+        """The device that holds one of these identifiers on another live host, if any.
+
+        On this host (a renamed device, a camera moved to another device in the config)
+        or on a host that lost it, the identifier simply changes hands.
+        """
+        for resource in device.resources:
+            row = owners.get(resource.identifier)
+            if row is None or row["device"] == device.name:
+                continue
+            if row["host"] != host_name and row["present"] and row["host_online"]:
+                return row["device"]
+        return None
+
+    @staticmethod
+    def _progress(report: Heartbeat, own: dict[str, dict], changes: _Changes) -> list[str]:
+        """Reclaims the report completes and pending leases it makes ready; the leases to activate."""
+        reported = {d.name: d for d in report.devices}
+        serving = {s.device for s in report.services}
+        up = {(s.lease, s.identifier) for s in report.services if s.endpoints and not s.error}
+        activated = []
+        for name, row in own.items():
+            device = reported.get(name)
+            if device is None:
+                continue
+            if (row["reclaim_lease"] and row["reclaim_lease"] not in report.applied and name not in serving
+                    and not device.busy_by):
+                changes.touch(row, "exporter confirmed: services stopped, no orphan holds it", reclaim_lease=None)
+            if row["lease_state"] == "pending" and not row["retired"] and all((row["lease_id"], r.identifier) in up for r in device.resources):
+                activated.append(row["lease_id"])
+                changes.touch(row, "services up, endpoints published")["lease_state"] = "active"
+        return activated
+
+    async def _save_host(self, host_name: str, previous: dict | None, report: Heartbeat, snapshot: str,
+                         now: float, online: bool) -> None:
+        row = {"boot_id": report.boot_id, "generation": report.generation, "protocol": report.protocol,
+               "version": report.version, "heartbeat_s": report.heartbeat_s, "plugins": report.plugins.model_dump(),
+               "services": [s.model_dump(exclude_none=True) for s in report.services],
+               "last_seen": now, "online": online, "devices_digest": snapshot}
+        if previous is None:
+            await self.store.save_host({"name": host_name, **row, "superseded_boots": []}, new=True)
+            return
+        if previous["boot_id"] != report.boot_id:
+            row["superseded_boots"] = (previous["superseded_boots"] + [previous["boot_id"]])[-SUPERSEDED_KEPT:]
+        changed = {k: v for k, v in row.items() if previous.get(k) != v or k in ("generation", "last_seen")}
+        await self.store.save_host({"name": host_name, **changed}, new=False)
+
+    async def desired(self, host_name: str) -> dict:
+        """The services ``host_name`` should run, from the live leases on its devices."""
+        as_of = self.clock()
+        services = [{"lease": r["id"], "holder": r["holder"], "device": r["device"], "identifier": res["identifier"],
+                     "kind": res["kind"], "plugin": res["plugin"], "secret": r["secret"]}
+                    for r in await self.store.desired_services(host_name) for res in r["resources"]]
+        adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": a["tags"]}
+                   for a in await self.store.adoptions_on_host(host_name)]
+        etag = _digest(json.dumps([services, adopted], sort_keys=True))
+        return DesiredState(services=services, adopted=adopted, etag=etag, as_of=as_of).model_dump(by_alias=True)
+
+    async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone) -> dict:
+        """Long-poll: the desired state as soon as its etag differs from ``etag``."""
+        return await self.notifier.long_poll(host_key(host_name), lambda: self.desired(host_name),
+                                             lambda desired: desired["etag"] != etag, wait_s, gone)
+
+    async def _mark_silent_hosts(self, now: float, actor: str) -> None:
+        """Hosts that stopped heartbeating go offline, with their devices and claims."""
+        silent = await self.store.hosts_silent_since(now, self.settings.offline_after_periods,
+                                                     self.settings.offline_after_min_s)
+        for host_name in silent:
+            await self.store.set_host_offline(host_name)
+            cause = f"host {host_name} stopped heartbeating"
+            for device in await self.store.devices_of_host(host_name):
+                if device["conflict_host"] == host_name:
+                    await self._change(device, cause + " (it claimed this device too)", actor, {"conflict_host": None})
+                else:
+                    await self._change(device, cause, actor)

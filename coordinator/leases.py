@@ -1,0 +1,160 @@
+"""Leases (DESIGN §2): reserve, renew, release, and their end by time.
+
+Each is one short transaction of a fixed number of statements, with the clock read
+inside it. Exclusivity is the database's: a partial UNIQUE index allows one live lease a
+device, so two coordinator processes on one PostgreSQL stay correct.
+"""
+from __future__ import annotations
+
+import secrets
+
+from device_loop.core import LEASE_PREFIX
+from device_loop.core.durations import format_duration, iso
+
+from .errors import APIError, conflict, not_found
+from .notify import host_key, lease_key
+from .store import LIVE, UniqueViolation
+from .views import Views, lease_json
+
+
+class Leases(Views):
+    async def reserve(self, device_name: str, ttl_s: float | None, caller: str, admin: bool = False) -> dict:
+        ttl = self._check_ttl(ttl_s if ttl_s is not None else self.settings.default_ttl_s)
+        async with self.store.tx():
+            device = await self.store.device(device_name, holder=caller)
+            if device is None:
+                raise await self._unknown_device(device_name)
+            await self._refuse_unless_free(device, caller)
+            limit = self.settings.max_leases_per_user
+            if limit and not admin and device["held"] >= limit:
+                await self._refuse_hoarding(caller)
+            now = self.clock()
+            lease = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device_name, "holder": caller,
+                     "state": "pending", "created_at": now, "expires_at": now + ttl,
+                     "ended_at": None, "end_reason": None,
+                     "secret": secrets.token_urlsafe(24) if self.settings.gated else None}
+            try:
+                await self.store.insert_lease(lease)
+            except UniqueViolation:
+                raise conflict("busy", f"{device_name} was just reserved by someone else") from None
+            state = await self._change({**device, "lease_state": "pending"},
+                                       f"reserved ({format_duration(ttl)})", caller)
+            await self._audit(caller, "reserve", device_name, lease["id"], {"ttl_s": ttl})
+            self._notify(host_key(device["host"] or ""))
+        return lease_json({**lease, "device_state": state, "device_host": device["host"],
+                           "resources": device["resources"], "host_online": device["host_online"],
+                           "host_services": []})
+
+    def _check_ttl(self, ttl_s: float) -> float:
+        if not ttl_s >= 1 or ttl_s == float("inf"):  # REST's schema says so too; MCP comes here directly
+            raise APIError(422, "invalid", f"ttl_s must be at least 1 second, not {ttl_s!r}")
+        if ttl_s > self.settings.max_ttl_s:
+            raise APIError(422, "ttl_too_long",
+                           f"ttl {format_duration(ttl_s)} is over this lab's maximum of "
+                           f"{format_duration(self.settings.max_ttl_s)}")
+        return ttl_s
+
+    async def _unknown_device(self, name: str) -> APIError:
+        names = await self.store.device_names(10)
+        hint = f"; known devices: {', '.join(names)}" if names else "; no device is registered yet"
+        return APIError(404, "unknown_device", f"unknown device {name!r}{hint}")
+
+    async def _refuse_unless_free(self, device: dict, caller: str) -> None:
+        state, name = device["state"], device["name"]
+        if state == "idle" and device["host_draining"]:
+            raise conflict("draining", f"{name}'s host {device['host']} is being drained by an admin: "
+                                       "no new leases there")
+        if state == "idle":
+            return
+        if device["lease_id"] is not None and device["holder"] == caller:
+            raise conflict("already_yours", f"you hold {name} already: {device['lease_id']}, "
+                                            f"until {iso(device['expires_at'])}")
+        if device["lease_id"] is not None:
+            message = f"{name} is held by {device['holder']} until {iso(device['expires_at'])}"
+        elif state == "reclaiming":
+            message = f"{name} is being reclaimed after its last lease; try again in a few seconds"
+        elif state == "offline":
+            message = f"{name} is offline (host {device['host']} not heartbeating or the device is unplugged)"
+        elif state == "faulty":
+            message = f"{name} is faulty: {device['health_reason'] or 'health check failed'}"
+        elif state == "conflict":
+            message = (f"{name} is claimed by two hosts ({device['host']}, {device['conflict_host']}); "
+                       "an admin must fix the exporter configs")
+        else:
+            message = f"{name} is {state}"
+        alternative = await self.store.idle_device_of_class(device["class"], other_than=name)
+        if alternative:
+            message += f"; try {alternative}"
+        raise conflict("busy" if device["lease_id"] or state == "reclaiming" else state, message)
+
+    async def _refuse_hoarding(self, caller: str) -> None:
+        held = await self.store.live_leases_of_holder(caller)
+        devices = ", ".join(lease["device"] for lease in held)
+        raise conflict("too_many_leases", f"you hold {len(held)} leases ({devices}), this lab's limit per "
+                                          f"person; release one first")
+
+    async def renew(self, lease_id: str, ttl_s: float, caller: str, admin: bool = False) -> dict:
+        ttl = self._check_ttl(ttl_s)
+        async with self.store.tx():
+            view = await self._own_lease_view(lease_id, caller, admin)
+            if view["state"] not in LIVE:
+                raise conflict("lease_ended", f"{lease_id} is {view['state']}; reserve the device again")
+            view["expires_at"] = self.clock() + ttl
+            await self.store.set_lease_expiry(lease_id, view["expires_at"])
+            await self._audit(caller, "renew", view["device"], lease_id, {"ttl_s": ttl})
+            self._notify(lease_key(lease_id))
+        return lease_json(view)
+
+    async def release(self, lease_id: str, caller: str, admin: bool = False) -> dict:
+        async with self.store.tx():
+            lease = await self.store.lease(lease_id)
+            if lease is None or (lease["holder"] != caller and not admin):
+                raise not_found("lease", lease_id)
+            return await self._end_and_show(lease, "released", f"released by {caller}", caller, "release", {})
+
+    async def revoke(self, lease_id: str, admin: str) -> dict:
+        """An admin takes a lease back (``admin release --force``)."""
+        async with self.store.tx():
+            lease = await self.store.lease(lease_id)
+            if lease is None:
+                raise not_found("lease", lease_id)
+            return await self._end_and_show(lease, "revoked", f"revoked by admin {admin}", admin, "revoke",
+                                            {"holder": lease["holder"]})
+
+    async def _end_and_show(self, lease: dict, state: str, reason: str, actor: str, action: str,
+                            detail: dict) -> dict:
+        """End ``lease`` (if still live; audited as ``action``) and show it as it is now."""
+        device = await self._end_lease(lease, state, reason, actor)
+        if device is None:  # it had ended already
+            view = await self.store.lease_view(lease["id"])
+            return lease_json(view)
+        await self._audit(actor, action, lease["device"], lease["id"], detail)
+        now_ended = {**lease, "state": state, "end_reason": reason, "ended_at": self.clock()}
+        return lease_json({**now_ended, "device_state": device["state"], "device_host": device["host"],
+                           "resources": device["resources"], "host_online": device["host_online"],
+                           "host_services": []})
+
+    async def _end_lease(self, lease: dict, state: str, reason: str, actor: str) -> dict | None:
+        """End a live lease and start reclaiming its device; the device as it is now, or
+        None if the lease had ended already (here or in another coordinator process)."""
+        if not await self.store.end_lease(lease["id"], state, reason, self.clock()):
+            return None
+        device = await self.store.device(lease["device"])
+        device["state"] = await self._change(device, f"lease {state}: {reason}", actor,
+                                             {"reclaim_lease": lease["id"]})
+        self._notify(lease_key(lease["id"]), host_key(device["host"] or ""))
+        return device
+
+    async def _end_overdue_leases(self, now: float, actor: str) -> None:
+        """Expire leases past their ttl; fail those whose services never came up."""
+        for lease in await self.store.leases_past("expires_at", LIVE, now):
+            if await self._end_lease(lease, "expired", "its ttl ran out", actor):
+                await self._audit(actor, "expire", lease["device"], lease["id"], {})
+        timeout = self.settings.allocating_timeout_s
+        for lease in await self.store.leases_past("created_at", ("pending",), now - timeout):
+            view = lease_json(await self.store.lease_view(lease["id"]))
+            reason = f"services did not come up within {format_duration(timeout)}"
+            if view["reason"].startswith("service failed"):
+                reason += f" ({view['reason']})"
+            if await self._end_lease(lease, "failed", reason, actor):
+                await self._audit(actor, "fail", lease["device"], lease["id"], {"reason": reason})

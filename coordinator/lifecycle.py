@@ -1,0 +1,78 @@
+"""The device lifecycle (DESIGN §8), shared by every rule: a device's state follows from
+its facts in one function, and every change of state goes to the device's ring log."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .notify import Notifier
+from .store import Store
+
+
+@dataclass
+class Settings:
+    allocating_timeout_s: float = 30.0
+    default_ttl_s: float = 1800.0
+    max_ttl_s: float = 7 * 86400.0
+    offline_after_periods: float = 3.0
+    offline_after_min_s: float = 10.0
+    reaper_interval_s: float = 1.0
+    max_leases_per_user: int = 10  # 0: no limit
+    gated: bool = True  # endpoints ask for the lease's secret (off in the single-user trust mode)
+
+
+def device_state(facts: dict) -> str:
+    """The lifecycle state that follows from a device's facts: its row, ``host_online``
+    and ``lease_state`` (of its live lease, if any)."""
+    if facts["retired"]:
+        return "retired"
+    if facts["conflict_host"]:
+        return "conflict"
+    if not facts["host_online"] or not facts["present"]:
+        return "offline"
+    if facts["lease_state"] == "pending":
+        return "allocating"
+    if facts["lease_state"] == "active":
+        return "in_use"
+    if facts["reclaim_lease"]:
+        return "reclaiming"
+    if facts["health"] == "failed":
+        return "faulty"
+    return "idle"
+
+
+def ring_entry(device: dict, seq: int, new_state: str, at: float, cause: str, actor: str) -> dict:
+    return {"device": device["name"], "seq": seq, "at": at, "from_state": device["state"], "to_state": new_state,
+            "cause": cause, "actor": actor}
+
+
+class Lifecycle:
+    """What every rule needs: the store, the settings, the clock, the long-poll notifier."""
+
+    def __init__(self, store: Store, settings: Settings | None = None, clock=time.time):
+        self.store = store
+        self.settings = settings or Settings()
+        self.clock = clock
+        self.notifier = Notifier()
+
+    async def _change(self, device: dict, cause: str, actor: str, fields: dict | None = None) -> str:
+        """Write ``fields`` of ``device`` (a row with its facts, as ``Store.device`` reads it)
+        and the state they lead to; a change of state goes to the ring log. Returns the state."""
+        fields = fields or {}
+        new = device_state({**device, **fields})
+        if new == device["state"]:
+            if fields:
+                await self.store.update_device(device["name"], **fields)
+            return new
+        now = self.clock()
+        seq = await self.store.update_device_logged(device["name"], state=new, updated_at=now, **fields)
+        await self.store.add_ring_entries([ring_entry(device, seq, new, now, cause, actor)])
+        return new
+
+    def _notify(self, *keys: str) -> None:
+        """Wake the long-polls watching ``keys`` once the current transaction commits."""
+        self.store.after_commit(lambda: self.notifier.changed(*keys))
+
+    async def _audit(self, actor: str, action: str, device: str | None, lease_id: str | None, detail: dict) -> None:
+        await self.store.add_audit({"at": self.clock(), "actor": actor, "action": action,
+                                    "device": device, "lease_id": lease_id, "detail": detail})

@@ -1,0 +1,127 @@
+"""What the lab looks like to its users: devices, hosts, leases, logs. Reads only."""
+from __future__ import annotations
+
+from device_loop.core.durations import iso
+
+from .errors import not_found
+from .lifecycle import Lifecycle
+from .notify import lease_key
+from .store import LIVE
+
+
+def device_json(row: dict) -> dict:
+    return {
+        "name": row["name"],
+        "class": row["class"],
+        "tags": row["tags"],
+        "state": row["state"],
+        "host": row["host"],
+        "holder": row["holder"],
+        "expires_at": iso(row["expires_at"]),
+        "health": row["health"],
+        "health_reason": row["health_reason"],
+        "conflict_hosts": [row["host"], row["conflict_host"]] if row["conflict_host"] else [],
+        "busy_by": row["busy_by"],
+        "resources": row["resources"],
+    }
+
+
+def lease_json(view: dict) -> dict:
+    """A lease as its holder sees it, from ``Store.lease_view``'s row: with its endpoints
+    once its services are up, and why not while they are not."""
+    live = view["state"] in LIVE
+    services = [s for s in (view["host_services"] or []) if s["lease"] == view["id"]] if view["host_online"] else []
+    up = {s["identifier"] for s in services if s["endpoints"] and not s.get("error")}
+    resources = {r["identifier"] for r in view["resources"]}
+    ready = view["state"] == "active" and view["device_state"] == "in_use" and bool(resources) and resources <= up
+    return {
+        "id": view["id"],
+        "device": view["device"],
+        "holder": view["holder"],
+        "state": view["state"],
+        "created_at": iso(view["created_at"]),
+        "expires_at": iso(view["expires_at"]),
+        "ended_at": iso(view["ended_at"]),
+        "end_reason": view["end_reason"],
+        "device_state": view["device_state"],
+        "host": view["device_host"],
+        "endpoints": [e for s in services for e in s["endpoints"]] if live else [],
+        "ready": ready,
+        "reason": "ready" if ready else _lease_reason(view, services),
+        # the gate's password: only the holder (and admins) ever see a lease
+        "secret": view["secret"] if live else None,
+    }
+
+
+def _lease_reason(view: dict, services: list[dict]) -> str:
+    if view["state"] not in LIVE:
+        return view["end_reason"] or view["state"]
+    host = view["device_host"]
+    if view["device_state"] == "offline":
+        where = f"host {host}" if not view["host_online"] else "the device"
+        return f"{where} is offline; the lease is kept and endpoints come back with it"
+    errors = [s["error"] for s in services if s.get("error")]
+    if errors:
+        return "service failed to start: " + "; ".join(errors)
+    if view["state"] == "pending":
+        return f"waiting for exporter {host} to start the services"
+    return f"exporter {host} is restarting the services; endpoints come back shortly"
+
+
+class Views(Lifecycle):
+    async def list_devices(self) -> list[dict]:
+        return [device_json(d) for d in await self.store.devices()]
+
+    async def device_info(self, name: str) -> dict:
+        row = await self.store.device(name)
+        if row is None:
+            raise not_found("device", name)
+        return device_json(row)
+
+    async def device_log(self, name: str) -> list[dict]:
+        if await self.store.device(name) is None:
+            raise not_found("device", name)
+        return [{"at": iso(e["at"]), "from": e["from_state"], "to": e["to_state"],
+                 "cause": e["cause"], "actor": e["actor"]} for e in await self.store.device_log(name)]
+
+    async def hosts(self, only: str | None = None) -> list[dict]:
+        now = self.clock()
+        devices: dict[str, list[str]] = {}
+        for row in await self.store.device_hosts():
+            devices.setdefault(row["host"], []).append(row["name"])
+        return [{
+            "name": h["name"], "online": h["online"], "protocol": h["protocol"],
+            "version": h["version"], "boot_id": h["boot_id"], "generation": h["generation"],
+            "heartbeat_s": h["heartbeat_s"], "heartbeat_age_s": round(now - h["last_seen"], 1),
+            "draining": h["draining"], "last_seen": iso(h["last_seen"]), "plugins": h["plugins"],
+            "devices": devices.get(h["name"], []),
+        } for h in await self.store.hosts() if only in (None, h["name"])]
+
+    async def _own_lease_view(self, lease_id: str, caller: str, admin: bool = False) -> dict:
+        """The lease, if ``caller`` holds it (or is an admin); anyone else is told it does not exist."""
+        view = await self.store.lease_view(lease_id)
+        if view is None or (view["holder"] != caller and not admin):
+            raise not_found("lease", lease_id)
+        return view
+
+    async def lease_status(self, lease_id: str, caller: str, admin: bool = False) -> dict:
+        return lease_json(await self._own_lease_view(lease_id, caller, admin))
+
+    async def my_leases(self, caller: str) -> list[dict]:
+        return [lease_json(v) for v in await self.store.live_lease_views_of_holder(caller)]
+
+    async def wait_lease(self, lease_id: str, caller: str, unless_state: str | None, wait_s: float, gone,
+                         admin: bool = False) -> dict:
+        """Long-poll: the lease as soon as its state is not ``unless_state``."""
+        return await self.notifier.long_poll(lease_key(lease_id), lambda: self.lease_status(lease_id, caller, admin),
+                                             lambda view: view["state"] != unless_state, wait_s, gone)
+
+    async def candidates(self) -> list[dict]:
+        """What exporters found on the network and nobody adopted yet (and what they did)."""
+        return [{"identifier": c["identifier"], "host": c["host"], "kind": c["kind"], "plugin": c["plugin"],
+                 "label": c["label"], "last_seen": iso(c["last_seen"]), "adopted_as": c["adopted_as"]}
+                for c in await self.store.candidates()]
+
+    async def audit(self, limit: int = 100) -> list[dict]:
+        return [{"at": iso(a["at"]), "actor": a["actor"], "action": a["action"], "device": a["device"],
+                 "lease": a["lease_id"], "detail": a["detail"]} for a in await self.store.audit(limit)]

@@ -1,0 +1,63 @@
+"""The exporter's link to its coordinator: heartbeats out, desired state back.
+
+Each call answers with the desired state to converge to, or None to leave everything as
+it is (the coordinator is unreachable). A refused heartbeat still yields a desired state:
+the one the coordinator holds, or nothing at all if a newer exporter took this name.
+"""
+from __future__ import annotations
+
+import logging
+
+import httpx2
+
+from device_loop.core.protocol import DesiredState, Heartbeat
+from device_loop.core.tokens import load_token
+
+log = logging.getLogger("device_loop.exporter")
+# a newer start of this exporter took its name: serve nothing, whatever comes later
+NOTHING_DESIRED = DesiredState.model_construct(as_of=float("inf"))
+
+
+class CoordinatorLink:
+    def __init__(self, url: str, host_name: str, token_file=None, timeout: float = 10.0):
+        token = load_token(token_file)
+        self.authenticated = bool(token)
+        self.url, self.host_name = url, host_name
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx2.Client(base_url=url, timeout=timeout, headers=self._headers)
+        self._path = f"/api/v1/hosts/{host_name}"
+
+    def heartbeat(self, report: Heartbeat) -> DesiredState | None:
+        try:
+            response = self._http.post(f"{self._path}/heartbeat", content=report.model_dump_json(by_alias=True),
+                                       headers={"Content-Type": "application/json"})
+            answer = response.json()
+        except (httpx2.HTTPError, ValueError) as exc:
+            log.warning("coordinator unreachable (%s); services keep running as they are", exc)
+            return None
+        if response.status_code == 200:
+            return DesiredState.model_validate(answer)
+        log.error("heartbeat refused (%d): %s", response.status_code, answer.get("message", answer))
+        if answer.get("error") == "superseded_boot":
+            return NOTHING_DESIRED
+        if 400 <= response.status_code < 500:
+            return self._desired(self._http, {})
+        return None
+
+    def wait_desired(self, client: httpx2.Client, etag: str | None, wait_s: float) -> DesiredState | None:
+        """Long-poll: the desired state once its etag is not ``etag`` (or ``wait_s`` passed)."""
+        return self._desired(client, {"etag": etag or "", "wait": wait_s})
+
+    def long_poll_client(self, wait_s: float) -> httpx2.Client:
+        """A client of its own for the long-poll thread, with room for the wait."""
+        return httpx2.Client(base_url=self.url, timeout=wait_s + 10, headers=self._headers)
+
+    def _desired(self, client: httpx2.Client, params: dict) -> DesiredState | None:
+        try:
+            response = client.get(f"{self._path}/desired", params=params)
+            return DesiredState.model_validate(response.json()) if response.status_code == 200 else None
+        except (httpx2.HTTPError, ValueError):
+            return None
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,213 @@
+"""Converging the services this host runs to the desired state (DESIGN §4).
+
+Level-triggered: given the whole desired state, stop what is extra and start what is
+missing. Each start and stop runs in a worker thread of its own, so a slow start holds up
+neither the others nor the heartbeats; when one finishes, the exporter is told at once
+(``on_change``) and reports it. Nothing a plugin does (raise, hang in a stop, return junk)
+may take the exporter down with it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from device_loop.core.gate import gate_service
+from device_loop.core.host import HostContext
+from device_loop.core.model import LeaseRef, Resource, Service
+from device_loop.core.plugins import PluginSet
+from device_loop.core.ports import wait_port_free
+from device_loop.core.protocol import DesiredService, ServiceReport
+
+from .orphans import OrphanWatch
+
+log = logging.getLogger("device_loop.exporter")
+WORKERS = 16
+Key = tuple[str, str]  # (lease id, resource identifier)
+
+
+@dataclass
+class Running:
+    resource: Resource
+    lease: LeaseRef
+    service: Service
+
+
+class Reconciler:
+    def __init__(self, host: HostContext, plugins: PluginSet, orphans: OrphanWatch, gated_only: bool,
+                 on_change: Callable[[], None]):
+        self.host, self.plugins, self.orphans = host, plugins, orphans
+        self.gated_only = gated_only  # an exporter with a token serves only gated leases
+        self.on_change = on_change
+        self.running: dict[Key, Running] = {}
+        self.stopping: dict[Key, Running] = {}  # still reported until really gone
+        self.start_errors: dict[Key, dict] = {}
+        self.applied: set[str] = set()  # leases of the desired state being converged to
+        self.recheck: set[str] = set()  # devices whose services stopped: look for orphans again
+        self._busy: dict[Key, object] = {}  # starts and stops in flight
+        self._desired: dict[Key, DesiredService] = {}
+        self._resources: dict[str, Resource] = {}
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="service")
+
+    def converge(self, desired: list[DesiredService] | None = None, resources: list[Resource] | None = None,
+                 retry: bool = False) -> bool:
+        """Begin to stop what is extra and start what is missing; True if anything began.
+
+        ``desired`` and ``resources`` replace the last ones given. Failed starts are tried
+        again only with ``retry`` (once a heartbeat period), not at every change.
+        """
+        with self._lock:
+            if desired is not None:
+                self._desired = {(s.lease, s.identifier): s for s in desired}
+                self.applied = {s.lease for s in desired}
+            if resources is not None:
+                self._resources = {r.identifier: r for r in resources}
+            began = False
+            for key, run in list(self.running.items()):
+                if key not in self._busy and self._should_stop(key, run):
+                    del self.running[key]
+                    self.stopping[key] = run
+                    self._begin(key, self._stop, key, run)
+                    began = True
+            for key in [k for k in self.start_errors if k not in self._desired or retry]:
+                del self.start_errors[key]
+            stopping = {identifier for _, identifier in self.stopping}
+            for key, spec in self._desired.items():
+                # a resource starts again only once its last service is gone (same device, same port)
+                if key in self.running or key in self._busy or key in self.start_errors or key[1] in stopping:
+                    continue
+                resource = self._resources.get(spec.identifier)
+                if resource is None:
+                    self._failed(key, spec.device, spec.kind, f"{spec.identifier} is not present on host {self.host.name}")
+                    continue
+                self._begin(key, self._start, key, resource, LeaseRef(spec.lease, spec.holder, spec.secret))
+                began = True
+            return began
+
+    def _should_stop(self, key: Key, run: Running) -> bool:
+        if key not in self._desired:
+            return True
+        if not run.service.alive():
+            log.warning("service for %s of %s died; restarting it", key[1], key[0])
+            return True
+        now = self._resources.get(key[1])
+        if now is not None and now.node != run.resource.node:
+            log.warning("%s moved from %s to %s (replugged); restarting its service", key[1], run.resource.node, now.node)
+            return True
+        return False
+
+    def _begin(self, key: Key, job, *args) -> None:
+        self._busy[key] = self._pool.submit(self._run_job, key, job, *args)
+
+    def _run_job(self, key: Key, job, *args) -> None:
+        try:
+            job(*args)
+        except Exception:
+            log.exception("service job for %s of %s failed", key[1], key[0])
+        finally:
+            with self._lock:
+                self._busy.pop(key, None)
+                self.converge()  # a start may have waited for this stop
+                self._idle.notify_all()
+            self.on_change()
+
+    def _start(self, key: Key, resource: Resource, lease: LeaseRef) -> None:
+        if self.gated_only and not lease.secret:
+            self._failed(key, resource.device, resource.kind, "the lease has no secret: this exporter serves "
+                                                              "only gated endpoints (its coordinator has tokens)")
+            return
+        self.orphans.lease_begins(resource)
+        # A gated lease's service listens on loopback only; its gates face the network.
+        host = dataclasses.replace(self.host, bind_address="127.0.0.1", advertise_address="127.0.0.1") \
+            if lease.secret else self.host
+        try:
+            service = self.plugins.call(resource.plugin, "devloop_start", host=host, resource=resource, lease=lease)
+            if not isinstance(service, Service):
+                raise TypeError(f"plugin {resource.plugin} returned {service!r}, not a Service")
+            if lease.secret:
+                gate_service(self.host, resource, lease, service)
+        except Exception as exc:
+            log.error("starting %s for %s failed: %s", resource.identifier, lease.id, exc)
+            self._failed(key, resource.device, resource.kind, f"{resource.kind}: {exc}")
+            self.stop_strays(also=lease.id)
+            return
+        with self._lock:
+            self.start_errors.pop(key, None)
+            self.running[key] = Running(resource, lease, service)
+        log.info("started %s for %s: %s", resource.identifier, lease.id,
+                 ", ".join(f"{e.host}:{e.port}" for e in service.endpoints))
+
+    def _failed(self, key: Key, device: str, kind: str, message: str) -> None:
+        with self._lock:
+            self.start_errors[key] = {"device": device, "kind": kind, "error": message}
+
+    def _stop(self, key: Key, run: Running) -> None:
+        """Stop one service. If its plugin fails to, its recorded processes are stopped
+        as strays (and again at every sweep, should that fail too)."""
+        try:
+            self.plugins.call(run.resource.plugin, "devloop_stop", host=self.host, service=run.service)
+        except Exception:
+            log.exception("stopping %s for %s failed; stopping its processes instead", key[1], key[0])
+            with self._lock:
+                self.stopping.pop(key, None)
+            self.stop_strays()
+        else:
+            for endpoint in run.service.endpoints:
+                if not wait_port_free(self.host.bind_address, endpoint.port):
+                    log.error("port %d of %s is still taken after stop", endpoint.port, key[0])
+            log.info("stopped %s for %s", key[1], key[0])
+        finally:
+            with self._lock:
+                self.stopping.pop(key, None)
+                self.recheck.add(run.resource.device)
+
+    def stop_strays(self, also: str | None = None) -> None:
+        """Stop recorded processes that no service owns and whose lease is not wanted (or
+        is ``also``, whose start just failed): orphans of ours."""
+        with self._lock:
+            ours = self.pids()
+            wanted = {lease for lease, _ in self._desired}
+        for proc in self.host.processes.recorded():
+            lease = proc.record.get("lease")
+            if proc.pid not in ours and (lease not in wanted or lease == also):
+                log.warning("stopping stray %s (pid %d) of lease %s", proc.name, proc.pid, lease)
+                try:
+                    proc.stop()
+                except RuntimeError:
+                    log.exception("could not stop %s", proc.name)
+
+    def pids(self) -> set[int]:
+        with self._lock:
+            return {pid for run in [*self.running.values(), *self.stopping.values()] for pid in run.service.pids()}
+
+    def services(self) -> list[ServiceReport]:
+        """What runs (or is still being stopped), and what failed to start."""
+        with self._lock:
+            runs = [*self.running.items(), *self.stopping.items()]
+            out = [ServiceReport(lease=lease_id, device=run.resource.device, identifier=identifier,
+                                 kind=run.resource.kind, endpoints=[e.to_json() for e in run.service.endpoints])
+                   for (lease_id, identifier), run in runs]
+            out += [ServiceReport(lease=lease_id, identifier=identifier, **failure)
+                    for (lease_id, identifier), failure in self.start_errors.items()]
+            return out
+
+    def take_rechecks(self) -> set[str]:
+        with self._lock:
+            devices, self.recheck = self.recheck, set()
+            return devices
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Block until no start or stop is in flight."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._busy, timeout)
+
+    def stop_all(self) -> None:
+        """Stop every service and wait until they are gone (the exporter is going away)."""
+        self.converge(desired=[])
+        self.wait_idle()
+        self._pool.shutdown()

@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import httpx2
+import serial
 import tomli_w
 
 from device_loop.core.ports import free_port
@@ -32,9 +34,22 @@ def _healthy(api: httpx2.Client) -> bool:
         return False
 
 
+class LocalLab:
+    """A running lab: ``api`` (a client for user ``bench``), ``url``, and its processes."""
+
+    def __init__(self, api: httpx2.Client, url: str, coordinator: subprocess.Popen, env: dict):
+        self.api, self.url, self.coordinator, self.env = api, url, coordinator, env
+
+    def coordinator_rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.coordinator.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise SystemExit("coordinator is gone")
+
+
 @contextlib.contextmanager
 def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
-    """Yield an API client (user ``bench``) of a lab serving ``devices``, all idle."""
+    """Yield a :class:`LocalLab` serving ``devices``, all idle."""
     tmp = Path(tempfile.mkdtemp(prefix="devloop-bench-"))
     env = {**os.environ, "HOME": str(tmp), "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data")}
     port = free_port()
@@ -54,8 +69,8 @@ def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
         wait(lambda: _healthy(api), 20, "coordinator")
         procs.insert(0, start(["exporter", "--config", str(tmp / "exporter.toml")], "exporter.log"))
         names = {d["name"] for d in devices}
-        wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, 20, "idle devices")
-        yield api
+        wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, 60, "idle devices")
+        yield LocalLab(api, url, procs[-1], env | {"DEVICE_LOOP_COORDINATOR": url, "DEVICE_LOOP_USER": "bench"})
     finally:
         api.close()
         for proc in procs:
@@ -71,3 +86,41 @@ def lease_ready(api: httpx2.Client, device: str) -> dict:
         if lease["state"] not in ("pending", "active"):
             raise SystemExit(f"lease ended: {lease['reason']}")
     return lease
+
+
+class FarEnd(threading.Thread):
+    """The board: echoes in ``echo`` mode, counts in ``sink`` mode."""
+
+    def __init__(self, path: Path):
+        super().__init__(daemon=True)
+        self.port = serial.Serial(str(path), 115200, timeout=0.05)
+        self.mode, self.received, self.stop = "echo", 0, threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                data = self.port.read(1)  # returns as soon as a byte is there
+                data += self.port.read(self.port.in_waiting)
+            except serial.SerialException:
+                return  # socat is gone: the line is cut
+            if data and self.mode == "echo":
+                self.port.write(data)
+            self.received += len(data)
+
+
+@contextlib.contextmanager
+def pty_pair():
+    """A serial line from socat: ``(near end's path, FarEnd thread on the other end)``."""
+    folder = Path(tempfile.mkdtemp(prefix="devloop-uart-"))
+    near, far_path = folder / "ttyA", folder / "ttyB"
+    socat = subprocess.Popen(["socat", f"pty,raw,echo=0,link={near}", f"pty,raw,echo=0,link={far_path}"],
+                             stderr=subprocess.DEVNULL)
+    try:
+        wait(lambda: near.exists() and far_path.exists(), 5, "socat")
+        far = FarEnd(far_path)
+        far.start()
+        yield near, far
+        far.stop.set()
+    finally:
+        socat.terminate()
+        socat.wait()

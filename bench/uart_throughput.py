@@ -8,35 +8,14 @@ lease's RFC 2217 endpoint, and its raw TCP endpoint; ratios are to the direct pt
 from __future__ import annotations
 
 import argparse
-import subprocess
-import tempfile
-import threading
 import time
-from pathlib import Path
 
 import serial
 
 from device_loop.core.uart_client import open_uart
-from local_lab import lease_ready, local_lab, wait
+from local_lab import FarEnd, lease_ready, local_lab, pty_pair, wait
 
 PAYLOAD = 1 << 20  # bytes sent for throughput
-
-
-class FarEnd(threading.Thread):
-    """The board: echoes in ``echo`` mode, counts in ``sink`` mode."""
-
-    def __init__(self, path: Path):
-        super().__init__(daemon=True)
-        self.port = serial.Serial(str(path), 115200, timeout=0.05)
-        self.mode, self.received, self.stop = "echo", 0, threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            data = self.port.read(1)  # returns as soon as a byte is there
-            data += self.port.read(self.port.in_waiting)
-            if data and self.mode == "echo":
-                self.port.write(data)
-            self.received += len(data)
 
 
 def measure(port, far: FarEnd, rounds: int) -> tuple[float, float]:
@@ -66,28 +45,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=200, help="round trips to time (default 200)")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="devloop-uart-"))
-    near, far_path = folder / "ttyA", folder / "ttyB"
-    socat = subprocess.Popen(["socat", f"pty,raw,echo=0,link={near}", f"pty,raw,echo=0,link={far_path}"],
-                             stderr=subprocess.DEVNULL)
-    try:
-        wait(lambda: near.exists() and far_path.exists(), 5, "socat")
-        far = FarEnd(far_path)
-        far.start()
+    with pty_pair() as (near, far):
         results = {}
         direct = serial.Serial(str(near), 115200)
         results["pty, opened directly"] = measure(direct, far, args.n)
         direct.close()
         device = {"name": "jupiter", "plugin": "uart", "path": str(near), "raw": True}
-        with local_lab([device]) as api:
-            lease = lease_ready(api, "jupiter")
+        with local_lab([device]) as lab:
+            lease = lease_ready(lab.api, "jupiter")
             for endpoint in lease["endpoints"]:
                 port = open_uart(endpoint)
                 results[f"lease endpoint, {endpoint['protocol']} (ser2net)"] = measure(port, far, args.n)
                 port.close()
-        far.stop.set()
-    finally:
-        socat.terminate()
     base_trip, base_rate = results["pty, opened directly"]
     print(f"UART over a socat pty pair: {args.n} round trips of 16 bytes, then 1 MiB one way")
     print(f"  {'path':<34} {'round trip p50':>15} {'ratio':>7} {'throughput':>12} {'ratio':>7}")

@@ -27,14 +27,11 @@ def _rules(request: Request) -> Rules:
 
 
 async def _body(request: Request, model: type[BaseModel]) -> BaseModel:
-    raw = await request.body()
-    try:
-        data = json.loads(raw or b"{}")
-    except ValueError:
-        raise bad_request("request body is not valid JSON") from None
-    try:
-        return model.model_validate(data)
+    try:  # pydantic parses the JSON itself: a 1000-device heartbeat in a few milliseconds
+        return model.model_validate_json(await request.body() or b"{}")
     except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise bad_request("request body is not valid JSON") from None
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
                              for e in exc.errors())
         raise APIError(422, "invalid", problems) from None

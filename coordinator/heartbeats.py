@@ -146,6 +146,7 @@ class Heartbeats(Lifecycle):
         """The full comparison: new, changed, moved, claimed and vanished devices."""
         new_identity = [d for d in report.devices if d.name not in own
                         or {r["identifier"] for r in own[d.name]["resources"]} != {r.identifier for r in d.resources}]
+        new_names = {d.name for d in new_identity}
         owners = {o["identifier"]: o for o in await self.store.identifier_owners(
             [r.identifier for d in new_identity for r in d.resources])}
         elsewhere = {r["name"]: r for r in await self.store.devices_named(sorted(
@@ -179,7 +180,7 @@ class Heartbeats(Lifecycle):
             if row["report_digest"] != digests[device.name] or not row["present"] or device.name not in own:
                 changes.wake_host |= not row["present"]
                 own[device.name] = changes.touch(row, **fields)
-            if device in new_identity:
+            if device.name in new_names:
                 changes.identities[device.name] = [{"identifier": r.identifier, "device": device.name, "kind": r.kind,
                                                     "plugin": r.plugin} for r in device.resources]
                 changes.wake_host = True

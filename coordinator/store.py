@@ -6,8 +6,8 @@ PostgreSQL through ``databases`` + asyncpg. ``databases`` opens a new SQLite con
 with a thread of its own, for every query outside a transaction (1.2 ms a SELECT on the
 benchmark machine, against 0.06 ms on a kept connection), hence the SQLite driver.
 
-Every statement is counted (``Store.statements``): the tests hold the heartbeat to a
-fixed number of statements plus one per changed device.
+Every statement is counted (``Store.statements``; a batch of rows counts once): the tests
+hold the heartbeat to a fixed number of statements whatever the number of devices.
 """
 from __future__ import annotations
 
@@ -68,44 +68,51 @@ def _marks(prefix: str, values: Iterable) -> tuple[str, dict[str, Any]]:
 
 
 class _SQLite:
+    """SQLite on the event loop's own thread: a statement on a local file takes
+    microseconds, less than handing it to a worker thread and back (the benchmark in
+    bench/fast_path.py measured both). Two connections: one writes, under a lock, since
+    SQLite has one writer; one reads what is committed (WAL)."""
+
     def __init__(self, path: str):
         self.path = path
         self.writer = self.reader = None
         self.lock = asyncio.Lock()
 
     async def connect(self) -> None:
-        import aiosqlite
-
-        self.writer = await aiosqlite.connect(self.path, isolation_level=None)
-        self.reader = await aiosqlite.connect(self.path, isolation_level=None)
+        self.writer, self.reader = (sqlite3.connect(self.path, isolation_level=None) for _ in range(2))
         for conn in (self.writer, self.reader):
             conn.row_factory = sqlite3.Row
-            await conn.execute("PRAGMA busy_timeout = 30000")
-        await self.writer.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA busy_timeout = 30000")
+        self.writer.execute("PRAGMA journal_mode = WAL")
         # WAL + NORMAL: a commit survives a crash of this process (kill -9), not a power cut.
-        await self.writer.execute("PRAGMA synchronous = NORMAL")
+        self.writer.execute("PRAGMA synchronous = NORMAL")
 
     async def disconnect(self) -> None:
         for conn in (self.writer, self.reader):
-            await conn.close()
+            conn.close()
 
     async def fetch(self, sql: str, values: dict, in_tx: bool) -> list[dict]:
-        rows = await (self.writer if in_tx else self.reader).execute_fetchall(sql, values)
-        return [dict(r) for r in rows]
+        return [dict(r) for r in (self.writer if in_tx else self.reader).execute(sql, values)]
 
     async def execute(self, sql: str, values: dict) -> None:
-        await self.writer.execute(sql, values)
+        self.writer.execute(sql, values)
+
+    async def insert_many(self, table: str, columns: list[str], conflict: str, rows: list[dict]) -> None:
+        # one statement prepared once, run per row: sqlite3 binds a name in time linear in
+        # the number of names, so one multi-row INSERT of 1000 rows took 0.9 s here
+        marks = ", ".join(f":{c}" for c in columns)
+        self.writer.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){conflict}", rows)
 
     @contextlib.asynccontextmanager
     async def transaction(self):
         async with self.lock:
-            await self.writer.execute("BEGIN IMMEDIATE")
+            self.writer.execute("BEGIN IMMEDIATE")
             try:
                 yield
             except BaseException:
-                await self.writer.execute("ROLLBACK")
+                self.writer.execute("ROLLBACK")
                 raise
-            await self.writer.execute("COMMIT")
+            self.writer.execute("COMMIT")
 
 
 class _Databases:
@@ -125,6 +132,17 @@ class _Databases:
 
     async def execute(self, sql: str, values: dict) -> None:
         await self.db.execute(sql, values)
+
+    async def insert_many(self, table: str, columns: list[str], conflict: str, rows: list[dict]) -> None:
+        """One multi-row INSERT per chunk: one round trip to the server for many rows."""
+        per_chunk = max(1, _MAX_PARAMS // len(columns))
+        for start in range(0, len(rows), per_chunk):
+            values, marks = {}, []
+            for i, row in enumerate(rows[start:start + per_chunk]):
+                marks.append("(" + ", ".join(f":{c}_{i}" for c in columns) + ")")
+                values |= {f"{c}_{i}": row[c] for c in columns}
+            await self.db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(marks)}{conflict}",
+                                  values)
 
     def transaction(self):
         return self.db.transaction()
@@ -221,22 +239,24 @@ class Store:
         await self._insert_many(table, [row])
 
     async def _insert_many(self, table: str, rows: list[dict[str, Any]], upsert_key: str | None = None) -> None:
-        """One multi-row INSERT per chunk; with ``upsert_key``, rows already there are updated."""
+        """Insert ``rows`` as one batch; with ``upsert_key``, rows already there are updated."""
         if not rows:
             return
+        if _CURRENT_TX.get() is None:
+            async with self.tx():
+                return await self._insert_many(table, rows, upsert_key)
         columns = list(rows[0])
         conflict = ""
         if upsert_key:
             sets = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in upsert_key.split(", "))
             conflict = f" ON CONFLICT ({upsert_key}) DO UPDATE SET {sets}"
-        per_chunk = max(1, _MAX_PARAMS // len(columns))
-        for start in range(0, len(rows), per_chunk):
-            values, marks = {}, []
-            for i, row in enumerate(rows[start:start + per_chunk]):
-                marks.append("(" + ", ".join(f":{c}_{i}" for c in columns) + ")")
-                values |= {f"{c}_{i}": v for c, v in _encode(row).items()}
-            await self._exec(f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(marks)}{conflict}",
-                             **values)
+        self.statements += 1
+        try:
+            await self.driver.insert_many(table, columns, conflict, [_encode(row) for row in rows])
+        except Exception as exc:
+            if _is_unique_violation(exc):
+                raise UniqueViolation(str(exc)) from exc
+            raise
 
     async def _update(self, table: str, key: str, key_value: Any, fields: dict[str, Any]) -> None:
         sets = ", ".join(f"{c} = :{c}" for c in fields)

@@ -3,9 +3,9 @@ import os
 from pathlib import Path
 
 
-def holders(nodes: set[str]) -> dict[str, set[int]]:
+def holders(nodes: set[str], skip: set[int] = frozenset()) -> dict[str, set[int]]:
     """For each of ``nodes``, the pids of processes that have it open (those whose fds we
-    may read), in one pass over /proc however many nodes are asked about."""
+    may read, but for ``skip``), in one pass over /proc however many nodes are asked about."""
     targets: dict[str, str] = {}
     for node in nodes:
         try:
@@ -16,7 +16,7 @@ def holders(nodes: set[str]) -> dict[str, set[int]]:
     if not targets:
         return found
     for proc in os.scandir("/proc"):
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) in skip:
             continue
         try:
             fds = os.scandir(f"/proc/{proc.name}/fd")

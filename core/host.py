@@ -8,6 +8,7 @@ from pathlib import Path
 from . import ports
 from .model import ConfiguredResource, Endpoint, LeaseRef, Resource, Service
 from .process import ProcessRegistry
+from .thread_server import ThreadServer
 
 
 @dataclass
@@ -62,3 +63,15 @@ class HostContext:
             listener.close()  # the child holds it now; our copy would keep the port bound
         endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol, params=params)
         return Service(endpoints=[endpoint], processes=[proc])
+
+    def serve_in_thread(self, serve, resource: Resource, lease: LeaseRef, *, name: str, protocol: str = "raw",
+                        params: dict | None = None) -> Service:
+        """Run ``serve(listener, stop_fd)`` in a thread of the exporter, on a listening socket
+        of a free port; it must return once ``stop_fd`` is readable. For services that
+        cost next to nothing (the simulated boards'); real devices get processes, which
+        ``serve_on_free_port`` supervises."""
+        listener = self.listen()
+        server = ThreadServer(f"{name}-{resource.device}-{lease.id}", serve, listener)
+        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=listener.getsockname()[1],
+                            protocol=protocol, params=params)
+        return Service(endpoints=[endpoint], processes=[server])

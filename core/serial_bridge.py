@@ -93,15 +93,36 @@ class _Raw:
         return data
 
 
-def _pump(listener: socket.socket, conn: socket.socket, port, protocol) -> socket.socket | None:
-    """Copy bytes both ways until one side closes; return a new client if one took over."""
+STOPPED = object()
+
+
+def _accept(listener: socket.socket, stop_fd: int | None):
+    """The next client, or ``STOPPED`` once ``stop_fd`` is readable."""
+    if stop_fd is None:
+        return listener.accept()[0]
+    with selectors.DefaultSelector() as sel:
+        sel.register(listener, selectors.EVENT_READ, "listener")
+        sel.register(stop_fd, selectors.EVENT_READ, "stop")
+        for key, _ in sel.select():
+            if key.data == "stop":
+                return STOPPED
+        return listener.accept()[0]
+
+
+def _pump(listener: socket.socket, conn: socket.socket, port, protocol, stop_fd: int | None):
+    """Copy bytes both ways until one side closes; return a new client if one took over
+    (``STOPPED`` once ``stop_fd`` is readable)."""
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "listener")
     sel.register(conn, selectors.EVENT_READ, "client")
     sel.register(port.fileno(), selectors.EVENT_READ, "serial")
+    if stop_fd is not None:
+        sel.register(stop_fd, selectors.EVENT_READ, "stop")
     try:
         while True:
             for key, _ in sel.select():
+                if key.data == "stop":
+                    return STOPPED
                 if key.data == "listener":
                     newcomer, _ = listener.accept()
                     return newcomer
@@ -123,12 +144,16 @@ def _pump(listener: socket.socket, conn: socket.socket, port, protocol) -> socke
         sel.close()
 
 
-def serve(listener: socket.socket, device: str, baud: int, framing: str, rfc2217: bool) -> None:
+def serve(listener: socket.socket, device: str, baud: int, framing: str, rfc2217: bool,
+          stop_fd: int | None = None) -> None:
+    """Serve clients one after another (a newcomer takes over) until ``stop_fd`` is readable."""
     protocol_for = _Telnet if rfc2217 else _Raw
     conn = None
     while True:
         if conn is None:
-            conn, _ = listener.accept()
+            conn = _accept(listener, stop_fd)
+            if conn is STOPPED:
+                return
         try:
             port = _Port(device, baud, timeout=0, **parse_framing(framing))
             port.reset_input_buffer()
@@ -141,19 +166,29 @@ def serve(listener: socket.socket, device: str, baud: int, framing: str, rfc2217
             conn = None
             continue
         try:
-            newcomer = _pump(listener, conn, port, protocol_for(conn, port))
+            newcomer = _pump(listener, conn, port, protocol_for(conn, port), stop_fd)
         finally:
             port.close()
             conn.close()
+        if newcomer is STOPPED:
+            return
         conn = newcomer
 
 
-def start_bridge(host, resource, lease, device: str, baud: int, framing: str = "8N1", rfc2217: bool = False) -> Service:
-    """Serve ``device`` on a free port of ``host`` for ``lease``: one endpoint, raw or RFC 2217."""
+def start_bridge(host, resource, lease, device: str, baud: int, framing: str = "8N1", rfc2217: bool = False,
+                 in_thread: bool = False) -> Service:
+    """Serve ``device`` on a free port of ``host`` for ``lease``: one endpoint, raw or RFC 2217.
+
+    ``in_thread``: as a thread of the exporter rather than a process of its own (for
+    the simulated boards, whose consoles live in the exporter too).
+    """
+    protocol, params = "rfc2217" if rfc2217 else "raw", {"baud": baud, "framing": framing}
+    if in_thread:
+        return host.serve_in_thread(lambda listener, stop_fd: serve(listener, device, baud, framing, rfc2217, stop_fd),
+                                    resource, lease, name="bridge", protocol=protocol, params=params)
     argv = [sys.executable, "-m", "device_loop.core.serial_bridge", "--fd", "{fd}", "--device", device,
             "--baud", str(baud), "--framing", framing] + (["--rfc2217"] if rfc2217 else [])
-    return host.serve_on_free_port(argv, resource, lease, name="bridge", protocol="rfc2217" if rfc2217 else "raw",
-                                   params={"baud": baud, "framing": framing})
+    return host.serve_on_free_port(argv, resource, lease, name="bridge", protocol=protocol, params=params)
 
 
 def main() -> None:

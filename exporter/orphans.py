@@ -30,23 +30,24 @@ class OrphanWatch:
         partial.write_text(json.dumps({k: sorted(v) for k, v in self.baseline.items()}))
         partial.replace(self.path)
 
-    def lease_begins(self, resource: Resource) -> None:
-        """Remember who holds the node now, as the lease for it begins."""
+    def lease_begins(self, resource: Resource, ours: set[int]) -> None:
+        """Remember who holds the node now, as the lease for it begins (but for ``ours``)."""
         if resource.node:
-            now = holders({resource.node})[resource.node] - {os.getpid()}
+            now = holders({resource.node}, skip=ours | {os.getpid()})[resource.node]
             with self._lock:
-                self.baseline[resource.identifier] = now
-                self._save()
+                if self.baseline.get(resource.identifier) != now:
+                    self.baseline[resource.identifier] = now
+                    self._save()
 
     def orphans(self, resources: list[Resource], ours: set[int]) -> dict[str, list[dict]]:
         """Identifier -> holders of its node that are neither ``ours`` nor held it before."""
         with_node = [r for r in resources if r.node]
-        held = holders({r.node for r in with_node})
+        held = holders({r.node for r in with_node}, skip=ours | {os.getpid()})
         out: dict[str, list[dict]] = {}
         with self._lock:
             first_sight = False
             for resource in with_node:
-                current = held[resource.node] - ours - {os.getpid()}
+                current = held[resource.node]
                 if resource.identifier not in self.baseline:  # whoever holds it now was there first
                     self.baseline[resource.identifier] = current
                     first_sight = True

@@ -121,7 +121,6 @@ class Reconciler:
             self._failed(key, resource.device, resource.kind, "the lease has no secret: this exporter serves "
                                                               "only gated endpoints (its coordinator has tokens)")
             return
-        self.orphans.lease_begins(resource)
         # A gated lease's service listens on loopback only; its gates face the network.
         host = dataclasses.replace(self.host, bind_address="127.0.0.1", advertise_address="127.0.0.1") \
             if lease.secret else self.host
@@ -139,8 +138,12 @@ class Reconciler:
         with self._lock:
             self.start_errors.pop(key, None)
             self.running[key] = Running(resource, lease, service)
+        self.on_change()  # report the endpoints now; the rest of this job is bookkeeping
         log.info("started %s for %s: %s", resource.identifier, lease.id,
                  ", ".join(f"{e.host}:{e.port}" for e in service.endpoints))
+        # who held the node as the lease began (our own service excepted, so taking this
+        # after the start is the same as before it, and keeps it off the way to ready)
+        self.orphans.lease_begins(resource, self.pids())
 
     def _failed(self, key: Key, device: str, kind: str, message: str) -> None:
         with self._lock:

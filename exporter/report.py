@@ -37,6 +37,7 @@ class Reporter:
         self._last_found: dict[str, list[Resource]] = {}
         self._health: dict[str, Health] = {}
         self._busy: dict[str, list[dict]] = {}
+        self._devices: list[DeviceReport] | None = None  # as last scanned, until the next scan
 
     def discover(self) -> list[Resource]:
         """Every resource of every loaded plugin (read-only; no process is spawned).
@@ -74,6 +75,7 @@ class Reporter:
         self.resources = self.discover()
         self._health = {r.identifier: self.health(r) for r in self.resources}
         self._busy = self.orphans.orphans(self.resources, ours)
+        self._devices = None
         return self.resources
 
     def build(self, services: list[ServiceReport], applied: set[str], ours: set[int],
@@ -85,6 +87,20 @@ class Reporter:
             for resource in again:
                 self._busy.pop(resource.identifier, None)
             self._busy |= self.orphans.orphans(again, ours)
+            self._devices = None
+        if self._devices is None:
+            self._devices = self._device_reports()
+        self.generation += 1
+        return Heartbeat(
+            protocol=PROTOCOL_VERSION, version=__version__, boot_id=self.boot_id, generation=self.generation,
+            heartbeat_s=self.heartbeat_s, stopping=stopping,
+            plugins=PluginsReport(loaded=self.loaded, skipped=self.skipped, unserved=list(unserved)),
+            devices=self._devices, services=services,
+            applied=sorted(applied),
+            candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)
+                        for c in self.candidates])
+
+    def _device_reports(self) -> list[DeviceReport]:
         devices: dict[str, dict] = {}
         for r in self.resources:
             health = self._health.get(r.identifier) or Health()
@@ -93,12 +109,4 @@ class Reporter:
             entry["resources"].append({"kind": r.kind, "plugin": r.plugin, "identifier": r.identifier,
                                        "health": health.status, "reason": health.reason})
             entry["busy_by"] += self._busy.get(r.identifier, [])
-        self.generation += 1
-        return Heartbeat(
-            protocol=PROTOCOL_VERSION, version=__version__, boot_id=self.boot_id, generation=self.generation,
-            heartbeat_s=self.heartbeat_s, stopping=stopping,
-            plugins=PluginsReport(loaded=self.loaded, skipped=self.skipped, unserved=list(unserved)),
-            devices=[DeviceReport.model_validate(d) for d in devices.values()], services=services,
-            applied=sorted(applied),
-            candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)
-                        for c in self.candidates])
+        return [DeviceReport.model_validate(d) for d in devices.values()]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
+import serial
 import tomli_w
 
 from device_loop.core.ports import free_port
@@ -160,3 +161,71 @@ def echo_server():
     stop.set()
     thread.join()
     server.close()
+
+
+class PtyPair:
+    """``socat`` joining two ptys: the exporter serves ``board_side``; the test plays the
+    board on ``far_side``. Pulling it out removes both links, as unplugging would."""
+
+    def __init__(self, folder):
+        self.board_side, self.far_side = folder / "ttyA", folder / "ttyB"
+        self.proc = None
+        self.plug()
+
+    def plug(self):
+        self.proc = subprocess.Popen(["socat", "pty,raw,echo=0,link=" + str(self.board_side),
+                                      "pty,raw,echo=0,link=" + str(self.far_side)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self.board_side.exists() and self.far_side.exists(), 5, what="socat links")
+
+    def unplug(self):
+        self.proc.terminate()
+        self.proc.wait(5)
+        wait_for(lambda: not self.board_side.exists(), 5, what="links gone")
+
+    def far(self, timeout=3):
+        return serial.Serial(str(self.far_side), 115200, timeout=timeout)
+
+
+@pytest.fixture
+def pty_pair(tmp_path):
+    pair = PtyPair(tmp_path)
+    yield pair
+    if pair.proc.poll() is None:
+        pair.unplug()
+
+
+def uart_device(pty_pair, **settings):
+    """The exporter config of ``jupiter``, a board on ``pty_pair`` served by the UART plugin."""
+    return [{"name": "jupiter", "class": "riscv-sbc", "plugin": "uart", "path": str(pty_pair.board_side), **settings}]
+
+
+class EchoBoard:
+    """Plays a board on the far side of a pty pair that echoes each byte back."""
+
+    def __init__(self, pair: PtyPair):
+        self.port = pair.far(timeout=0.1)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                data = self.port.read(64)
+            except (serial.SerialException, OSError):
+                return
+            if data:
+                self.port.write(data)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.port.close()
+
+
+@pytest.fixture
+def echo_board(pty_pair):
+    board = EchoBoard(pty_pair)
+    yield board
+    board.close()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import Coordinator, Exporter, sim_devices, wait_for
+from conftest import Coordinator, Exporter, sim_devices, uart_device, wait_for
 from helpers import pid_alive, port_open, recorded_pids, uart_exchange
 
 pytestmark = pytest.mark.timeout(90)
@@ -51,29 +51,44 @@ def test_reserve_talk_release(coordinator, exporter_factory):
     assert b"Linux sim-board-0" in said
     said = uart_exchange(endpoint["host"], endpoint["port"], b"reboot\r", b"simulated board sim-board-0")
     assert device(coordinator, "sim-board-0")["holder"] == "alice"
-
-    bridges = recorded_pids(exporter.state_dir)
-    assert [r["lease"] for r in bridges.values()] == [lease["id"]]
+    assert recorded_pids(exporter.state_dir) == {}, "a sim board's console is a thread of the exporter"
 
     released = coordinator.api(f"/leases/{lease['id']}/release", "POST").json()
     assert released["state"] == "released" and released["endpoints"] == []
     wait_state(coordinator, "sim-board-0", "idle")
     assert not port_open(endpoint["host"], endpoint["port"])
-    assert not any(pid_alive(pid) for pid in bridges)
-    assert recorded_pids(exporter.state_dir) == {}
     log = coordinator.api("/devices/sim-board-0/log").json()
     assert [(e["from"], e["to"]) for e in log][-4:] == [
         ("idle", "allocating"), ("allocating", "in_use"), ("in_use", "reclaiming"), ("reclaiming", "idle")]
 
 
-def test_exporter_killed_and_restarted_converges(coordinator, exporter_factory):
-    exporter = exporter_factory()
-    wait_state(coordinator, "sim-board-0", "idle")
-    lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
+def raw_endpoint(lease):
+    return next(e for e in lease["endpoints"] if e["protocol"] == "raw")
+
+
+def test_a_service_process_ends_with_its_lease(coordinator, exporter_factory, pty_pair, echo_board):
+    exporter = exporter_factory(uart_device(pty_pair, raw=True))
+    wait_state(coordinator, "jupiter", "idle")
+    lease = wait_active(coordinator, reserve(coordinator, "jupiter")["id"])
+    endpoint = raw_endpoint(lease)
+    uart_exchange(endpoint["host"], endpoint["port"], b"ping", b"ping")
+    (pid, record), = recorded_pids(exporter.state_dir).items()
+    assert record["lease"] == lease["id"] and "ser2net" in record["name"]
+
+    coordinator.api(f"/leases/{lease['id']}/release", "POST")
+    wait_state(coordinator, "jupiter", "idle")
+    assert not pid_alive(pid) and not port_open(endpoint["host"], endpoint["port"])
+    assert recorded_pids(exporter.state_dir) == {}
+
+
+def test_exporter_killed_and_restarted_converges(coordinator, exporter_factory, pty_pair, echo_board):
+    exporter = exporter_factory(uart_device(pty_pair, raw=True))
+    wait_state(coordinator, "jupiter", "idle")
+    lease = wait_active(coordinator, reserve(coordinator, "jupiter")["id"])
     (old_pid,) = recorded_pids(exporter.state_dir)
 
     exporter.stop(signal.SIGKILL)
-    assert pid_alive(old_pid), "the bridge outlives a kill -9 of its exporter: that is the orphan to clean"
+    assert pid_alive(old_pid), "ser2net outlives a kill -9 of its exporter: that is the orphan to clean"
     exporter.start()
 
     def republished():
@@ -83,15 +98,15 @@ def test_exporter_killed_and_restarted_converges(coordinator, exporter_factory):
             return current
     current = wait_for(republished, 20, what="service back with a new process")
     assert current["state"] == "active" and current["id"] == lease["id"]
-    assert not pid_alive(old_pid), "the old bridge was left running"
-    (endpoint,) = current["endpoints"]
-    uart_exchange(endpoint["host"], endpoint["port"], b"uname\r", b"Linux sim-board-0")
+    assert not pid_alive(old_pid), "the old ser2net was left running"
+    endpoint = raw_endpoint(current)
+    uart_exchange(endpoint["host"], endpoint["port"], b"ping", b"ping")
 
 
-def test_a_service_that_dies_is_restarted(coordinator, exporter_factory):
-    exporter = exporter_factory()
-    wait_state(coordinator, "sim-board-0", "idle")
-    lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
+def test_a_service_that_dies_is_restarted(coordinator, exporter_factory, pty_pair, echo_board):
+    exporter = exporter_factory(uart_device(pty_pair, raw=True))
+    wait_state(coordinator, "jupiter", "idle")
+    lease = wait_active(coordinator, reserve(coordinator, "jupiter")["id"])
     (old_pid,) = recorded_pids(exporter.state_dir)
     os.kill(old_pid, signal.SIGKILL)
 
@@ -100,9 +115,9 @@ def test_a_service_that_dies_is_restarted(coordinator, exporter_factory):
         current = coordinator.api(f"/leases/{lease['id']}").json()
         fresh = current["endpoints"] and current["endpoints"] != lease["endpoints"]
         return current if pids and old_pid not in pids and fresh else None
-    current = wait_for(restarted, 15, what="a new bridge")
-    (endpoint,) = current["endpoints"]
-    uart_exchange(endpoint["host"], endpoint["port"], b"uname\r", b"Linux sim-board-0")
+    current = wait_for(restarted, 15, what="a new ser2net")
+    endpoint = raw_endpoint(current)
+    uart_exchange(endpoint["host"], endpoint["port"], b"ping", b"ping")
     assert "died; restarting it" in exporter.output()
 
 

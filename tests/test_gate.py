@@ -12,7 +12,8 @@ from conftest import Coordinator, Exporter
 from device_loop.core.ports import free_port
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device
 from test_end_to_end import run_cli, wait_state
-from test_uart import PtyPair, bytes_both_ways
+from conftest import PtyPair
+from test_uart import bytes_both_ways
 
 pytestmark = pytest.mark.timeout(120)
 

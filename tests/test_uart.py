@@ -12,48 +12,12 @@ import time
 import pytest
 import serial
 
-from conftest import Exporter, wait_for
+from conftest import Exporter, uart_device, wait_for
 from device_loop.core.uart_client import open_uart
 from helpers import port_open, recorded_pids
 from test_end_to_end import reserve, run_cli, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class PtyPair:
-    """``socat`` joining two ptys: the exporter serves ``board_side``; the test plays the
-    board on ``far_side``. Pulling it out removes both links, as unplugging would."""
-
-    def __init__(self, folder):
-        self.board_side, self.far_side = folder / "ttyA", folder / "ttyB"
-        self.proc = None
-        self.plug()
-
-    def plug(self):
-        self.proc = subprocess.Popen(["socat", "pty,raw,echo=0,link=" + str(self.board_side),
-                                      "pty,raw,echo=0,link=" + str(self.far_side)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: self.board_side.exists() and self.far_side.exists(), 5, what="socat links")
-
-    def unplug(self):
-        self.proc.terminate()
-        self.proc.wait(5)
-        wait_for(lambda: not self.board_side.exists(), 5, what="links gone")
-
-    def far(self, timeout=3):
-        return serial.Serial(str(self.far_side), 115200, timeout=timeout)
-
-
-@pytest.fixture
-def pty_pair(tmp_path):
-    pair = PtyPair(tmp_path)
-    yield pair
-    if pair.proc.poll() is None:
-        pair.unplug()
-
-
-def uart_device(pty_pair, **settings):
-    return [{"name": "jupiter", "class": "riscv-sbc", "plugin": "uart", "path": str(pty_pair.board_side), **settings}]
 
 
 def line_speed(path) -> int:

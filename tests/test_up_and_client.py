@@ -8,7 +8,7 @@ import pytest
 from conftest import wait_for
 from device_loop.client import Lab
 from device_loop.core.ports import free_port
-from helpers import pid_alive, recorded_pids, uart_exchange
+from helpers import pid_alive, port_open, recorded_pids, uart_exchange
 from test_end_to_end import run_cli
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,19 +45,20 @@ def test_up_serves_sim_boards_and_stops_cleanly_on_ctrl_c(lab, env, tmp_path):
     assert "active" in out and "uart" in out
     port = int(out.split("127.0.0.1:")[1].split()[0])
     uart_exchange("127.0.0.1", port, b"hostname\r", b"sim-extra\r\n")
-    services = recorded_pids(data_dir / "exporter")
+    assert recorded_pids(data_dir / "exporter") == {}, "a sim board's console is a thread of the exporter"
     children = recorded_pids(data_dir / "up")
-    assert len(services) == 1 and {r["name"] for r in children.values()} == {"coordinator", "exporter"}
+    assert {r["name"] for r in children.values()} == {"coordinator", "exporter"}
 
     second = subprocess.run([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(data_dir),
                              "--port", str(free_port())], env=env, capture_output=True, text=True, timeout=30)
     assert second.returncode == 1 and "already running" in second.stderr
-    assert all(pid_alive(pid) for pid in [*services, *children]), "a second 'up' broke the running lab"
+    assert all(pid_alive(pid) for pid in children), "a second 'up' broke the running lab"
 
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 0
     assert "lab stopped" in (tmp_path / "up.log").read_text()
-    assert not any(pid_alive(pid) for pid in [*services, *children]), "something outlived the lab"
+    assert not any(pid_alive(pid) for pid in children), "something outlived the lab"
+    assert not port_open("127.0.0.1", port)
     assert recorded_pids(data_dir / "exporter") == {} and recorded_pids(data_dir / "up") == {}
 
 

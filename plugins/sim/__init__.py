@@ -3,7 +3,7 @@
 Config: ``[[devices]]`` with ``plugin = "sim"``, ``name``, and optionally ``class``,
 ``tags`` and ``baud``. The board powers on when the exporter starts
 and off when it stops; its UART is served as a raw TCP endpoint by the bridge in
-``device_loop.core.serial_bridge``.
+``device_loop.core.serial_bridge``, as a thread of the exporter (the boards live there too).
 """
 import os
 
@@ -54,4 +54,4 @@ def devloop_health(resource):
 
 @hookimpl
 def devloop_start(host, resource, lease):
-    return start_bridge(host, resource, lease, resource.node, int(resource.config.get("baud", 115200)))
+    return start_bridge(host, resource, lease, resource.node, int(resource.config.get("baud", 115200)), in_thread=True)

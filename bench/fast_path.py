@@ -200,7 +200,7 @@ def heartbeat_load(seconds: float) -> dict:
                     at = started + t + k * 5.0 / len(hosts)
                     time.sleep(max(0.0, at - time.perf_counter()))
                     pool.submit(beat, host, host.body(), beats)
-                    if t == 5.0 and k in (0, 30, 60, 90):  # the 1000-device host: new, changed, unchanged
+                    if t == 5.0 and k in (0, 30, 60, 90):  # the 1000-device host: new, changed, back, unchanged
                         pool.submit(beat, giant, giant.body("failed" if k == 30 else "ok"), big)
                 t += 5.0
         stop.set()
@@ -234,16 +234,9 @@ def cli(rounds: int) -> dict:
     return {"bare": statistics.median(bare), "ls": statistics.median(ls), "pair": statistics.median(pair)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=30, help="reservations of the UART per lab size (default 30)")
-    parser.add_argument("--seconds", type=float, default=5, help="seconds of reserve/release cycles (default 5)")
-    parser.add_argument("--load-seconds", type=float, default=15, help="seconds of heartbeat load (default 15)")
-    args = parser.parse_args()
-
-    sizes = per_size([0, 20, 200], args.n, args.seconds)
+def report_sizes(sizes: dict[int, dict], rounds: int) -> None:
     floor = sizes[0]["floor"]
-    print(f"reserve -> first byte through ser2net, {args.n} leases of one UART; floor: ser2net by hand "
+    print(f"reserve -> first byte through ser2net, {rounds} leases of one UART; floor: ser2net by hand "
           f"p50 {ms(pct(floor, 50))}")
     print(f"  {'sim boards':>10} {'p50':>10} {'p99':>10} {'p50/floor':>10} {'p50/alone':>10} "
           f"{'release->idle p50':>18} {'cycles/s':>9} {'floor/s':>8} {'ratio':>6} {'RSS':>9}")
@@ -254,20 +247,38 @@ def main() -> None:
         print(f"  {n:>10} {ms(p50)} {ms(pct(r['byte'], 99))} {p50 / pct(floor, 50):9.2f}x {p50 / alone:9.2f}x "
               f"{ms(pct(r['idle'], 50)):>18} {cycle} {r['rss']:6.1f} MiB")
 
-    load = heartbeat_load(args.load_seconds)
+
+def report_load(load: dict, seconds: float) -> None:
     beats, reserves = load["beats"], load["reserves"]
-    print(f"heartbeats of 100 hosts x 20 devices every 5 s for {args.load_seconds:g} s, with a reserve/release "
+    print(f"heartbeats of 100 hosts x 20 devices every 5 s for {seconds:g} s, with a reserve/release "
           f"loop over 200 sim boards (answers: {sorted(load['codes'])})")
     print(f"  heartbeat: {len(beats)}, p50 {ms(pct(beats, 50))}, p99 {ms(pct(beats, 99))}")
-    print(f"  1000-device heartbeat (new, changed, unchanged x2): {', '.join(ms(b).strip() for b in load['big'])}")
+    print(f"  1000-device heartbeat (new, changed, changed back, unchanged): "
+          f"{', '.join(ms(b).strip() for b in load['big'])}")
     print(f"  reserve under load: {len(reserves)}, p50 {ms(pct(reserves, 50))}, p99 {ms(pct(reserves, 99))}, "
           f"max {ms(max(reserves))}; overlapping a 1000-device heartbeat: "
           f"max {ms(max(load['behind_big'], default=0))}")
 
-    timings = cli(7)
+
+def report_cli(timings: dict) -> None:
     print(f"CLI as processes (median of 7): python -c pass {ms(timings['bare'])}; device-loop ls {ms(timings['ls'])} "
           f"({timings['ls'] / timings['bare']:.1f}x); reserve + release pair {ms(timings['pair'])} "
           f"({timings['pair'] / timings['bare']:.1f}x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=30, help="reservations of the UART per lab size (default 30)")
+    parser.add_argument("--seconds", type=float, default=5, help="seconds of reserve/release cycles (default 5)")
+    parser.add_argument("--load-seconds", type=float, default=15, help="seconds of heartbeat load (default 15)")
+    parser.add_argument("--only", choices=["sizes", "load", "cli"], help="run one part")
+    args = parser.parse_args()
+    if args.only in (None, "sizes"):
+        report_sizes(per_size([0, 20, 200], args.n, args.seconds), args.n)
+    if args.only in (None, "load"):
+        report_load(heartbeat_load(args.load_seconds), args.load_seconds)
+    if args.only in (None, "cli"):
+        report_cli(cli(7))
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ def devloop_start(host, resource, lease):
     and ``proc.wait_listening(...)``. Processes started that way are found again after a
     crash of the exporter. Return a :class:`device_loop.core.model.Service` only once its endpoints
     accept connections; raise :class:`device_loop.core.model.ServiceError` on failure.
+
+    Starts and stops run in worker threads, several at once: a plugin that keeps state
+    across resources guards it with a lock. One resource never has two at once: its next
+    start waits until its last service is stopped.
     """
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 
 from device_loop.core.hookspecs import hookimpl
 from device_loop.core.model import Endpoint, Health, Resource, Service, ServiceError
@@ -34,6 +35,7 @@ NO_ONE_DEVICE = ("this adb lacks --one-device (platform-tools 35+ has it), so on
 
 _one_device: dict[str, bool] = {}    # host name -> does its adb know --one-device
 _serving: dict[str, set[str]] = {}   # host name -> serials with a server of ours
+_starting = threading.Lock()          # starts run in parallel; the global server is stopped once
 
 
 def _phones(host) -> list[UsbDevice]:
@@ -107,6 +109,11 @@ def _stop_global_server() -> None:
 
 @hookimpl
 def devloop_start(host, resource, lease):
+    with _starting:
+        return _start(host, resource, lease)
+
+
+def _start(host, resource, lease):
     serial = _serial(resource)
     one_device = _one_device.get(host.name, False)
     if not one_device and len(_phones(host)) > 1:

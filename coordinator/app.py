@@ -16,8 +16,8 @@ from starlette.routing import Route
 
 from .api import routes
 from .errors import APIError
-from .mcp_tools import mcp_app
-from .origin import KnownOrigins
+from .agents import LazyAgents
+from .origin import KnownOrigins, allowed_hosts as known_hosts
 from .rules import Rules, Settings
 from .store import Store
 
@@ -66,7 +66,11 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     store = Store(database_url)
     # the data-plane gate goes with authentication: off exactly in the trust mode
     rules = Rules(store, dataclasses.replace(settings or Settings(), gated=not single_user))
-    agents, agent_sessions = mcp_app(rules, list(allowed_hosts))
+    state = {"rules": rules, "single_user": single_user, "tailnet_socket": tailnet_socket,
+             "tailnet_admins": set(tailnet_admins)}
+    agents = LazyAgents(rules, list(allowed_hosts), state)
+    log.info("every route (REST and /mcp) answers these Host headers, others get 421: %s",
+             ", ".join(known_hosts(list(allowed_hosts))))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -78,10 +82,10 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         reaper = asyncio.create_task(_reaper(rules, stopping))
         log.info("coordinator ready on %s", store.dialect)
         try:
-            async with agent_sessions.run():  # Starlette does not run a mounted app's lifespan
-                yield
+            yield
         finally:
             stopping.set()
+            await agents.close()
             await reaper
             await store.disconnect()
 
@@ -91,9 +95,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         lifespan=lifespan,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _crash},
     )
-    for state in (app.state, agents.state):  # caller_identity reads these from the app it is asked by
-        state.rules, state.single_user = rules, single_user
-        state.tailnet_socket, state.tailnet_admins = tailnet_socket, set(tailnet_admins)
+    for key, value in state.items():  # caller_identity reads these from the app it is asked by
+        setattr(app.state, key, value)
     if tailnet_socket:
         log.info("tailnet identities from %s; admins: %s", tailnet_socket, ", ".join(tailnet_admins) or "none")
     return app

@@ -7,7 +7,6 @@ refusal is a ``ToolError`` whose message an agent can act on.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -18,23 +17,10 @@ from device_loop.core.uart_client import exchange
 
 from .errors import APIError
 from .identity import USER, Identity, caller_identity, check_access
+from .origin import allowed_hosts
 
-log = logging.getLogger(__name__)
 EXCHANGE_MAX_WAIT_S = 10.0
 EXCHANGE_MAX_BYTES = 64 * 1024
-LOCAL_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
-
-
-def allowed_hosts(extra: list[str]) -> list[str]:
-    """Host headers the MCP route answers: loopback plus what the admin configured.
-
-    The SDK matches ``name:*`` only when a port is present, so each name goes in twice.
-    """
-    def has_port(name: str) -> bool:
-        return ":" in (name.rsplit("]", 1)[-1] if name.startswith("[") else name)
-
-    names = LOCAL_HOSTS + [h for h in extra if h not in LOCAL_HOSTS]
-    return [form for name in names for form in ((name,) if has_port(name) else (name, f"{name}:*"))]
 
 
 def build_mcp(rules) -> MCPServer:
@@ -146,5 +132,4 @@ def mcp_app(rules, extra_hosts: list[str]):
     app = server.streamable_http_app(
         streamable_http_path="/mcp", stateless_http=True, json_response=True,
         transport_security=TransportSecuritySettings(allowed_hosts=hosts, allowed_origins=origins))
-    log.info("every route (REST and /mcp) answers these Host headers, others get 421: %s", ", ".join(hosts))
     return app, server.session_manager

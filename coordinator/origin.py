@@ -15,6 +15,17 @@ from starlette.responses import JSONResponse
 LOOPBACK = ["127.0.0.1", "localhost", "[::1]"]
 
 
+def allowed_hosts(extra: list[str]) -> list[str]:
+    """Host headers the coordinator answers: loopback plus what the admin configured, in
+    the MCP SDK's form, which matches ``name:*`` only when a port is present (so each name
+    goes in twice)."""
+    def has_port(name: str) -> bool:
+        return ":" in (name.rsplit("]", 1)[-1] if name.startswith("[") else name)
+
+    names = LOOPBACK + [h for h in extra if h not in LOOPBACK]
+    return [form for name in names for form in ((name,) if has_port(name) else (name, f"{name}:*"))]
+
+
 def _name(host: str) -> str:
     """``Name:port`` -> ``name`` (``[::1]:7420`` -> ``[::1]``); host names know no case."""
     host = host.lower()

@@ -1,10 +1,4 @@
 """Shared mechanics of device-loop: the plugin contract, data model, processes, ports."""
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("device-loop")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0"
 
 #: Heartbeat protocol spoken between exporter and coordinator (``core/protocol.py``).
 #: Bump on an incompatible change; a coordinator refuses exporters of another version.
@@ -13,3 +7,16 @@ PROTOCOL_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 #: Lease ids start with this; device names may not, so a name never reads as a lease.
 LEASE_PREFIX = "lease-"
+
+
+def __getattr__(name: str):
+    # __version__ is looked up when asked for: importlib.metadata costs a short command
+    # like `device-loop ls` 13 ms of its start
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("device-loop")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            return "0.0.0"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

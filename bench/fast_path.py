@@ -8,7 +8,7 @@ real UART (ser2net on a socat pty pair), for N = 0, 20 and 200:
 - reserve -> first byte back through the lease's ser2net endpoint; floor: ser2net started
   by hand on a free port, connected to and read from.
 - release -> device idle again.
-- coordinator RSS.
+- coordinator RSS, before and after the first agent (MCP) call.
 
 Then, at 200 boards: 100 simulated hosts x 20 devices heartbeating every 5 s while a
 reserve/release loop runs, and one host of 1000 devices reporting (new, then changed)
@@ -138,7 +138,18 @@ def per_size(sizes: list[int], rounds: int, seconds: float) -> dict[int, dict]:
                 rate, rate_floor = cycles(lab.url, [f"sim-{i}" for i in range(n)], seconds) if n else (0, 0)
                 results[n] = {"byte": to_byte, "idle": to_idle, "rate": rate, "rate_floor": rate_floor,
                               "rss": lab.coordinator_rss_mib(), "floor": floor}
+                agent_hello(lab.url)  # the MCP SDK loads at the first agent call
+                results[n]["rss_agents"] = lab.coordinator_rss_mib()
     return results
+
+
+def agent_hello(url: str) -> None:
+    """One MCP call (initialize), as an agent's first."""
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}}
+    answer = httpx2.post(f"{url}/mcp", json=hello, headers={"Accept": "application/json, text/event-stream"})
+    if answer.status_code != 200:
+        raise SystemExit(f"/mcp answered {answer.status_code}: {answer.text}")
 
 
 # ---- heartbeats under load ---------------------------------------------------------------
@@ -239,13 +250,13 @@ def report_sizes(sizes: dict[int, dict], rounds: int) -> None:
     print(f"reserve -> first byte through ser2net, {rounds} leases of one UART; floor: ser2net by hand "
           f"p50 {ms(pct(floor, 50))}")
     print(f"  {'sim boards':>10} {'p50':>10} {'p99':>10} {'p50/floor':>10} {'p50/alone':>10} "
-          f"{'release->idle p50':>18} {'cycles/s':>9} {'floor/s':>8} {'ratio':>6} {'RSS':>9}")
+          f"{'release->idle p50':>18} {'cycles/s':>9} {'floor/s':>8} {'ratio':>6} {'RSS':>9} {'+MCP':>9}")
     alone = pct(sizes[0]["byte"], 50)
     for n, r in sizes.items():
         p50 = pct(r["byte"], 50)
         cycle = f"{r['rate']:9.0f} {r['rate_floor']:8.0f} {r['rate'] / r['rate_floor']:6.2f}" if n else f"{'-':>9} {'-':>8} {'-':>6}"
         print(f"  {n:>10} {ms(p50)} {ms(pct(r['byte'], 99))} {p50 / pct(floor, 50):9.2f}x {p50 / alone:9.2f}x "
-              f"{ms(pct(r['idle'], 50)):>18} {cycle} {r['rss']:6.1f} MiB")
+              f"{ms(pct(r['idle'], 50)):>18} {cycle} {r['rss']:6.1f} MiB {r['rss_agents']:5.1f} MiB")
 
 
 def report_load(load: dict, seconds: float) -> None:

@@ -245,7 +245,8 @@ class Heartbeats(Lifecycle):
             if (row["reclaim_lease"] and row["reclaim_lease"] not in report.applied and name not in serving
                     and not device.busy_by):
                 changes.touch(row, "exporter confirmed: services stopped, no orphan holds it", reclaim_lease=None)
-            if row["lease_state"] == "pending" and not row["retired"] and all((row["lease_id"], r.identifier) in up for r in device.resources):
+            ready = all((row["lease_id"], r.identifier) in up for r in device.resources)
+            if row["lease_state"] == "pending" and not row["retired"] and ready:
                 activated.append(row["lease_id"])
                 changes.touch(row, "services up, endpoints published")["lease_state"] = "active"
         return activated

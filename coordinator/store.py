@@ -395,9 +395,6 @@ class Store:
         return await self._all(f"{self._LEASE_VIEW} WHERE l.holder = :h AND l.state IN {_LIVE_SQL} "
                                "ORDER BY l.created_at", h=holder)
 
-    async def live_lease_of(self, device: str) -> dict | None:
-        return await self._one(f"SELECT * FROM leases WHERE device = :d AND state IN {_LIVE_SQL}", d=device)
-
     async def live_leases_of_holder(self, holder: str) -> list[dict]:
         return await self._all(f"SELECT * FROM leases WHERE holder = :h AND state IN {_LIVE_SQL} ORDER BY created_at",
                                h=holder)

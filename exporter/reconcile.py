@@ -50,6 +50,7 @@ class Reconciler:
         self._busy: dict[Key, object] = {}  # starts and stops in flight
         self._desired: dict[Key, DesiredService] = {}
         self._resources: dict[str, Resource] = {}
+        self._closed = False  # the exporter is stopping: nothing starts any more
         self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="service")
@@ -63,8 +64,8 @@ class Reconciler:
         """
         with self._lock:
             if desired is not None:
-                self._desired = {(s.lease, s.identifier): s for s in desired}
-                self.applied = {s.lease for s in desired}
+                self._desired = {} if self._closed else {(s.lease, s.identifier): s for s in desired}
+                self.applied = {lease for lease, _ in self._desired}
             if resources is not None:
                 self._resources = {r.identifier: r for r in resources}
             began = False
@@ -211,6 +212,8 @@ class Reconciler:
 
     def stop_all(self) -> None:
         """Stop every service and wait until they are gone (the exporter is going away)."""
+        with self._lock:
+            self._closed = True
         self.converge(desired=[])
         self.wait_idle()
         self._pool.shutdown()

@@ -132,12 +132,12 @@ def test_an_exporter_that_stops_says_so(coordinator, exporter_factory):
     assert coordinator.api("/devices/sim-board-0/log").json()[-1]["cause"] == "exporter host-a stopped"
 
 
-def test_coordinator_restart_keeps_leases(coordinator, exporter_factory):
+def test_coordinator_killed_and_restarted_keeps_leases(coordinator, exporter_factory):
     exporter_factory()
     wait_state(coordinator, "sim-board-0", "idle")
     lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
 
-    coordinator.stop()
+    coordinator.stop(signal.SIGKILL)  # an acknowledged lease survives a crash, not only a clean stop
     coordinator.start()
     coordinator.wait_ready()
 

@@ -9,6 +9,8 @@ import httpx2
 from device_loop.coordinator.app import create_app
 from device_loop.coordinator.rules import Settings
 from device_loop.core import PROTOCOL_VERSION
+from device_loop.core.protocol import (DeviceReport, EndpointReport, Heartbeat, Holder, PluginsReport,
+                                       ResourceReport, ServiceReport)
 
 
 class FakeClock:
@@ -49,9 +51,11 @@ async def in_process_lab(tmp_path, single_user=True, tailnet_socket=None, tailne
 
 
 def device(name: str, identifier: str | None = None, health: str = "ok", busy_by=(), kind="uart") -> dict:
-    return {"name": name, "class": "sim-board", "tags": ["sim"], "busy_by": list(busy_by),
-            "resources": [{"kind": kind, "plugin": "sim", "identifier": identifier or f"sim:{name}",
-                           "health": health, "reason": "" if health == "ok" else "broken"}]}
+    """A device as an exporter reports it (unchecked: tests send bad ones too)."""
+    resource = ResourceReport.model_construct(kind=kind, plugin="sim", identifier=identifier or f"sim:{name}",
+                                              health=health, reason="" if health == "ok" else "broken")
+    return DeviceReport.model_construct(name=name, device_class="sim-board", tags=["sim"], resources=[resource],
+                                        busy_by=[Holder.model_construct(**h) for h in busy_by]).model_dump(by_alias=True)
 
 
 class FakeExporter:
@@ -69,18 +73,21 @@ class FakeExporter:
         if generation is None:
             self.generation += 1
             generation = self.generation
-        return {"protocol": PROTOCOL_VERSION, "version": "test", "boot_id": self.boot_id, "generation": generation,
-                "heartbeat_s": 1.0, "plugins": {"loaded": ["sim"], "skipped": []},
-                "devices": list(devices), "services": list(services), "applied": list(applied), **extra}
+        report = Heartbeat.model_construct(protocol=PROTOCOL_VERSION, version="test", boot_id=self.boot_id,
+                                           generation=generation, heartbeat_s=1.0,
+                                           plugins=PluginsReport.model_construct(loaded=["sim"]),
+                                           devices=[], services=[], applied=list(applied))
+        return {**report.model_dump(by_alias=True), "devices": list(devices), "services": list(services), **extra}
 
     async def beat(self, *args, **kwargs) -> httpx2.Response:
         return await self.client.post(f"/hosts/{self.name}/heartbeat", json=self.report(*args, **kwargs))
 
     async def serve(self, lease: dict, port: int = 4000, **kwargs) -> httpx2.Response:
         """Report the lease's service up (as the exporter does once it started it)."""
-        service = {"lease": lease["id"], "device": lease["device"], "identifier": f"sim:{lease['device']}",
-                   "kind": "uart", "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": port}]}
-        return await self.beat([device(lease["device"])], [service], [lease["id"]], **kwargs)
+        service = ServiceReport(lease=lease["id"], device=lease["device"], identifier=f"sim:{lease['device']}",
+                                kind="uart", endpoints=[EndpointReport(kind="uart", host="127.0.0.1", port=port)])
+        return await self.beat([device(lease["device"])], [service.model_dump(exclude_none=True)], [lease["id"]],
+                               **kwargs)
 
 
 async def leased_board(client) -> tuple[httpx2.AsyncClient, FakeExporter, dict]:

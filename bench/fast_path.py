@@ -200,8 +200,18 @@ def heartbeat_load(seconds: float) -> dict:
                 lease.release()
                 time.sleep(0.005)
 
-        loop = threading.Thread(target=reserve_loop, daemon=True)
-        loop.start()
+        health = []
+
+        def health_loop() -> None:  # the floor: a bare round trip to the same coordinator, under the same load
+            while not stop.is_set():
+                started = time.perf_counter()
+                http.get("/health")
+                health.append(time.perf_counter() - started)
+                time.sleep(0.02)
+
+        loops = [threading.Thread(target=reserve_loop, daemon=True), threading.Thread(target=health_loop, daemon=True)]
+        for loop in loops:
+            loop.start()
         giant = SimHost("giant", 1000)
         with ThreadPoolExecutor(8) as pool:
             started = time.perf_counter()
@@ -215,14 +225,15 @@ def heartbeat_load(seconds: float) -> dict:
                         pool.submit(beat, giant, giant.body("failed" if k == 30 else "ok"), big)
                 t += 5.0
         stop.set()
-        loop.join()
+        for loop in loops:
+            loop.join()
         http.close()
     latency = [end - start for start, end, _ in beats]
     reserve_latency = [end - start for start, end in reserves]
     behind_big = [end - start for start, end in reserves
                   if any(s <= end and start <= e for s, e, _ in big)]
     return {"beats": latency, "codes": {c for *_, c in beats + big}, "big": [e - s for s, e, _ in big],
-            "reserves": reserve_latency, "behind_big": behind_big}
+            "reserves": reserve_latency, "behind_big": behind_big, "health": health}
 
 
 # ---- the CLI ---------------------------------------------------------------------------------
@@ -263,7 +274,8 @@ def report_load(load: dict, seconds: float) -> None:
     beats, reserves = load["beats"], load["reserves"]
     print(f"heartbeats of 100 hosts x 20 devices every 5 s for {seconds:g} s, with a reserve/release "
           f"loop over 200 sim boards (answers: {sorted(load['codes'])})")
-    print(f"  heartbeat: {len(beats)}, p50 {ms(pct(beats, 50))}, p99 {ms(pct(beats, 99))}")
+    print(f"  heartbeat: {len(beats)}, p50 {ms(pct(beats, 50))}, p99 {ms(pct(beats, 99))}; floor, GET /health "
+          f"meanwhile: p50 {ms(pct(load['health'], 50))}, p99 {ms(pct(load['health'], 99))}")
     print(f"  1000-device heartbeat (new, changed, changed back, unchanged): "
           f"{', '.join(ms(b).strip() for b in load['big'])}")
     print(f"  reserve under load: {len(reserves)}, p50 {ms(pct(reserves, 50))}, p99 {ms(pct(reserves, 99))}, "

@@ -212,11 +212,11 @@ class Exporter:
     def run(self) -> None:
         """Run until ``stopping`` is set; then stop every service and return."""
         self.setup()
-        threading.Thread(target=self._long_poll, name="long-poll", daemon=True).start()
         if self.host.sysfs_root == Path("/sys"):  # a fake tree gets no udev events
             why_not = watch_hotplug(lambda: (self.scan_due.set(), self.wake.set()))
             log.info("hot-plug wake-ups %s", f"off ({why_not})" if why_not else "on (udev)")
         next_scan = 0.0
+        long_poll = threading.Thread(target=self._long_poll, name="long-poll", daemon=True)
         try:
             while not self.stopping.is_set():
                 self.wake.clear()
@@ -228,6 +228,10 @@ class Exporter:
                     self.step(scan)
                 except Exception:
                     log.exception("exporter pass failed; trying again next period")
+                if long_poll.ident is None:
+                    # only after this boot's first report: until then the coordinator shows
+                    # the last boot's services, and nothing may start beside them
+                    long_poll.start()
                 self.wake.wait(max(0.0, next_scan - time.monotonic()))
         finally:
             self.shutdown()

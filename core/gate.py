@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 
+from .ports import inherited_listener
 from .tcp_relay import pipe
 
 SECRET_ENV = "DEVLOOP_GATE_SECRET"  # not argv: others on the host may read command lines
@@ -149,7 +150,7 @@ def main() -> None:
     if not secret:
         sys.exit(f"{SECRET_ENV} is not set: a gate without a secret would admit nobody")
     host, _, port = args.to.rpartition(":")
-    asyncio.run(_gate(socket.socket(fileno=args.fd), (host, int(port)), secret.encode()))
+    asyncio.run(_gate(inherited_listener(args.fd), (host, int(port)), secret.encode()))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,13 @@
 """The plugin contract: every hook an exporter plugin may implement.
 
-A plugin is a plain module with ``@hookimpl`` functions (see ``docs/plugins.md``).
-The exporter calls each hook *per plugin*: a plugin only ever sees the resources it
-discovered itself, so no hook needs to check whose resource it was handed.
+A plugin is a plain module with ``@hookimpl`` functions that imports ``device_loop.plugin``
+and nothing else of ours (see ``docs/plugins.md``). The exporter calls each hook *per
+plugin*: a plugin only ever sees the resources it discovered itself, so no hook needs to
+check whose resource it was handed. Every hook is ``firstresult``: the plugin's own
+answer is the answer, and each docstring says what an answer of ``None`` means. A hook
+that raises is that plugin's failure alone: the exporter logs it and goes on (a
+``devloop_available`` or ``devloop_startup`` that raises skips the plugin, with the
+error as the reason).
 """
 import pluggy
 
@@ -26,23 +31,26 @@ def devloop_startup(host):
     """Prepare what discovery will look at, once, when the exporter starts.
 
     Most plugins do not need this. The simulated boards use it to power on their
-    consoles. Whatever is created here is torn down in ``devloop_shutdown``.
+    consoles. Whatever is created here is torn down in ``devloop_shutdown``. The result
+    is ignored; raise to be skipped (the message is the reason ``hosts`` shows).
     """
 
 
 @hookspec(firstresult=True)
 def devloop_shutdown(host):
-    """Undo ``devloop_startup`` when the exporter stops."""
+    """Undo ``devloop_startup`` when the exporter stops. The result is ignored."""
 
 
 @hookspec(firstresult=True)
 def devloop_discover(host):
     """Return the resources of this plugin's kind present on this host.
 
-    A list of :class:`device_loop.core.model.Resource`. Read-only: look at sysfs (under
+    A list of :class:`Resource` (``None`` means none). Read-only: look at sysfs (under
     ``host.sysfs_root``), ``host.configured(...)`` entries and files, never spawn a
-    process, never open a device (opening a UART toggles DTR and resets boards).
-    Identifiers must be stable across replugs and reboots (USB serial, MAC, ...).
+    process, never open a device (opening a UART toggles DTR and resets boards); a test
+    fails if a built-in does. Identifiers must be stable across replugs and reboots (USB
+    serial, MAC, ...). A discovery that raises keeps the plugin's last good result: a
+    failure to look is not evidence that the devices are gone.
     """
 
 
@@ -50,9 +58,10 @@ def devloop_discover(host):
 def devloop_health(host, resource):
     """Cheap, periodic health check of one resource.
 
-    Return a :class:`device_loop.core.model.Health` (``ok``, ``degraded`` or ``failed``
-    with a reason). Must not open the device. Plugins without this hook are ``ok``
-    while discovered.
+    Return a :class:`Health` (``ok``, ``degraded`` or ``failed`` with a reason; the
+    worst of a device's resources is its health, and ``failed`` makes it ``faulty`` with
+    the reason in its log). ``None``, or no such hook, means ``ok`` while discovered; a
+    check that raises means ``failed``, with the error. Must not open the device.
     """
 
 
@@ -60,12 +69,13 @@ def devloop_health(host, resource):
 def devloop_start(host, resource, lease):
     """Start the service that exposes ``resource`` for ``lease``.
 
-    ``lease`` is a :class:`device_loop.core.model.LeaseRef`. Never choose port numbers:
+    ``lease`` is a :class:`LeaseRef`. Never choose port numbers:
     ``host.serve_on_free_port(argv, ...)`` starts a program on a pre-bound socket;
     for one that only takes a number, ``host.free_port()``, ``host.processes.spawn(...)``
     and ``proc.wait_listening(...)``. Processes started that way are found again after a
-    crash of the exporter. Return a :class:`device_loop.core.model.Service` only once its endpoints
-    accept connections; raise :class:`device_loop.core.model.ServiceError` on failure.
+    crash of the exporter. Return a :class:`Service` only once its endpoints accept
+    connections; raise :class:`ServiceError` on failure (its message reaches the lease
+    holder). ``None`` is a failure too ("returned None, not a Service").
 
     Starts and stops run in worker threads, several at once: a plugin that keeps state
     across resources guards it with a lock. One resource never has two at once: its next
@@ -77,6 +87,8 @@ def devloop_start(host, resource, lease):
 def devloop_stop(host, service):
     """Stop a service returned by ``devloop_start``.
 
-    Return only when it is really gone: processes reaped, ports free. The default
-    (used when a plugin does not implement this hook) stops ``service.processes``.
+    Return only when it is really gone: processes reaped, ports free. Return ``None``
+    (or leave the hook out) to have the default stop ``service.processes`` after the
+    plugin's own clean-up: the adb plugin forgets its phone and lets the default stop the
+    server. Return anything else when the plugin stopped the processes itself.
     """

@@ -1,15 +1,27 @@
-"""Loading plugins: built-ins by module, third parties by the ``device_loop`` entry points."""
+"""Loading plugins: every plugin, built-in or installed with pip, through the ``device_loop``
+entry points.
+
+Loading is fault-isolated. Which plugins to load is decided before anything is imported
+(``[plugins] enable/disable`` in the exporter config, and ``DEVICE_LOOP_LOAD_PLUGINS``),
+so an uninstallable package that is not wanted is never touched. A plugin that fails to
+import, marks a function as a hook that does not exist (``devloop_discovr``), or has a
+``devloop_`` function without ``@hookimpl`` is skipped with the reason, and the others load.
+"""
 from __future__ import annotations
 
-import importlib
+import os
+from importlib.metadata import entry_points
 
 import pluggy
 
 from . import hookspecs
 from .hookspecs import PROJECT, hookimpl
 
-BUILTIN_PLUGINS = ("sim", "uart", "adb", "video", "vnc", "flash")
 ENTRY_POINT_GROUP = "device_loop"
+#: A comma-separated list of the plugins to load (all installed ones when unset), as
+#: datasette's DATASETTE_LOAD_PLUGINS: a test suite or a trial run loads what it names.
+LOAD_ENV = "DEVICE_LOOP_LOAD_PLUGINS"
+HOOKS = frozenset(name for name in dir(hookspecs) if name.startswith("devloop_"))
 
 
 class _Defaults:
@@ -22,23 +34,57 @@ class _Defaults:
         return True
 
 
+def wanted_by_environment() -> set[str] | None:
+    value = os.environ.get(LOAD_ENV)
+    return None if value is None else {name.strip() for name in value.split(",") if name.strip()}
+
+
+def hook_problems(plugin) -> list[str]:
+    """What is wrong with a plugin's hooks that pluggy would let pass in silence."""
+    problems = []
+    for name in dir(plugin):
+        value = getattr(plugin, name, None)
+        marked = hasattr(value, f"{PROJECT}_impl")
+        if (marked or name.startswith("devloop_") and callable(value)) and name not in HOOKS:
+            problems.append(f"{name} is not a device-loop hook (a typo? hooks: {', '.join(sorted(HOOKS))})")
+        elif name in HOOKS and not marked:
+            problems.append(f"{name} lacks @hookimpl, so it would never be called")
+    return problems
+
+
 class PluginSet:
-    """The plugins one exporter may use, each callable on its own."""
+    """The plugins one exporter may use, each callable on its own; ``skipped`` says which
+    were not loaded, and why."""
 
     def __init__(self, enable: list[str] | None = None, disable: list[str] = ()):
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
-        for name in disable:
-            self.pm.set_blocked(name)
-        for name in BUILTIN_PLUGINS:
-            if not self.pm.is_blocked(name):
-                self.pm.register(importlib.import_module(f"device_loop.plugins.{name}"), name=name)
-        self.pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        if enable is not None:
-            for name, plugin in self._registered():
-                if name not in enable:
-                    self.pm.unregister(plugin)
+        self.skipped: list[dict] = []
+        from_environment = wanted_by_environment()
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            if self.pm.has_plugin(entry.name) or any(s["name"] == entry.name for s in self.skipped):
+                continue  # the first package to claim a name has it
+            if enable is not None and entry.name not in enable or entry.name in disable:
+                continue  # not wanted here: never imported
+            if from_environment is not None and entry.name not in from_environment:
+                continue
+            self._load(entry)
         self.pm.register(_Defaults(), name="defaults")
+
+    def _load(self, entry) -> None:
+        try:
+            plugin = entry.load()
+        except Exception as exc:  # an import error, a syntax error, a missing dependency...
+            self.skipped.append({"name": entry.name, "reason": f"cannot import {entry.value}: {exc!r}"})
+            return
+        problems = hook_problems(plugin)
+        if problems:
+            self.skipped.append({"name": entry.name, "reason": "; ".join(problems)})
+            return
+        try:
+            self.pm.register(plugin, name=entry.name)
+        except Exception as exc:  # pluggy refuses a hook whose arguments the spec does not have
+            self.skipped.append({"name": entry.name, "reason": f"invalid hook: {exc}"})
 
     def _registered(self) -> list[tuple[str, object]]:
         return [(name, p) for name, p in self.pm.list_name_plugin() if p is not None]

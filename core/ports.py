@@ -12,6 +12,12 @@ def listen_socket(address: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
+def inherited_listener(fd: int) -> socket.socket:
+    """The listening socket a service process was started with: ``{fd}`` in the argv given
+    to ``HostContext.serve_on_free_port``. Accept connections on it as on any socket."""
+    return socket.socket(fileno=fd)
+
+
 def free_port(address: str = "127.0.0.1") -> int:
     """A port that was free a moment ago, for programs that only take a number."""
     with listen_socket(address) as sock:

@@ -18,6 +18,7 @@ import serial
 from serial.rfc2217 import PortManager
 
 from .model import Service
+from .ports import inherited_listener
 
 FRAMING = {"N": serial.PARITY_NONE, "E": serial.PARITY_EVEN, "O": serial.PARITY_ODD}
 
@@ -199,7 +200,7 @@ def main() -> None:
     parser.add_argument("--framing", default="8N1")
     parser.add_argument("--rfc2217", action="store_true", help="speak telnet with RFC 2217, not raw bytes")
     args = parser.parse_args()
-    serve(socket.socket(fileno=args.fd), args.device, args.baud, args.framing, args.rfc2217)
+    serve(inherited_listener(args.fd), args.device, args.baud, args.framing, args.rfc2217)
 
 
 if __name__ == "__main__":

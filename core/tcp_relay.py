@@ -11,6 +11,7 @@ import socket
 import sys
 
 from .model import Service
+from .ports import inherited_listener
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--to", required=True, help="HOST:PORT to relay to")
     args = parser.parse_args()
     target_host, _, target_port = args.to.rpartition(":")
-    asyncio.run(_relay(socket.socket(fileno=args.fd), target_host, int(target_port)))
+    asyncio.run(_relay(inherited_listener(args.fd), target_host, int(target_port)))
 
 
 if __name__ == "__main__":

@@ -108,6 +108,9 @@ class Exporter:
         """Stop what an earlier run left behind, pick the plugins this host can use."""
         for record in self.host.processes.stop_leftovers():
             log.warning("stopped leftover %s of lease %s from an earlier run", record["name"], record["lease"])
+        for skipped in self.plugins.skipped:
+            self.skipped.append(skipped)
+            log.warning("plugin %s skipped: %s", skipped["name"], skipped["reason"])
         for name in self.plugins.names():
             reason = self._try(name, "availability check", "devloop_available", host=self.host)
             if not reason:

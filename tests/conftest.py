@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import httpx2
@@ -15,9 +16,15 @@ import pytest
 import serial
 import tomli_w
 
+from device_loop.core.plugins import ENTRY_POINT_GROUP, LOAD_ENV
 from device_loop.core.ports import free_port
 
 SRC = Path(__file__).resolve().parent.parent
+# A plugin someone installed into this venv (the example's README suggests it) must not
+# change what the tests see: they load the built-in plugins, and name any other they use.
+BUILT_IN_PLUGINS = ",".join(sorted(e.name for e in entry_points(group=ENTRY_POINT_GROUP)
+                                   if e.value.startswith("device_loop.plugins.")))
+os.environ[LOAD_ENV] = BUILT_IN_PLUGINS
 
 
 @pytest.fixture
@@ -32,7 +39,7 @@ def env(tmp_path):
     home.mkdir()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
     environ.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
-                   DEVICE_LOOP_USER="alice", PYTHONUNBUFFERED="1")
+                   DEVICE_LOOP_USER="alice", PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
     return environ
 
 

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from conftest import SRC, Exporter, wait_for
+from conftest import BUILT_IN_PLUGINS, SRC, Exporter, wait_for
+from device_loop.core.plugins import LOAD_ENV
 from test_end_to_end import reserve, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(120)
@@ -16,7 +17,7 @@ def test_pip_installed_plugin_serves_its_device(tmp_path, env, coordinator, echo
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(SRC / "examples" / "devloop-netconsole")],
                    check=True, capture_output=True, timeout=120)
-    plugin_env = {**env, "PYTHONPATH": str(target)}
+    plugin_env = {**env, "PYTHONPATH": str(target), LOAD_ENV: f"{BUILT_IN_PLUGINS},netconsole"}
     devices = [{"name": "bmc-7", "class": "bmc", "plugin": "netconsole",
                 "address": f"127.0.0.1:{echo_server}", "serial": "CS3-PORT7"}]
     exporter = Exporter(tmp_path, plugin_env, coordinator.url, devices)

@@ -22,11 +22,8 @@ import os
 import shutil
 import threading
 
-from device_loop.core.hookspecs import hookimpl
-from device_loop.core.model import Endpoint, Health, Resource, Service, ServiceError
-from device_loop.core.ports import port_is_free, wait_port_free
-from device_loop.core.process import run
-from device_loop.core.usb import UsbDevice, usb_devices
+from device_loop.plugin import (Endpoint, Health, Resource, Service, ServiceError, UsbDevice, hookimpl, port_is_free,
+                                run, usb_devices, wait_port_free)
 
 log = logging.getLogger(__name__)
 ADB_INTERFACE = ("ff", "42", "01")

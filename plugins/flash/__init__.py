@@ -1,5 +1,5 @@
 """Mediated flashing from the image registry (not yet: no issue filed)."""
-from device_loop.core.hookspecs import hookimpl
+from device_loop.plugin import hookimpl
 
 
 @hookimpl

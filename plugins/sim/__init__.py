@@ -2,14 +2,12 @@
 
 Config: ``[[devices]]`` with ``plugin = "sim"``, ``name``, and optionally ``class``,
 ``tags`` and ``baud``. The board powers on when the exporter starts
-and off when it stops; its UART is served as a raw TCP endpoint by the bridge in
-``device_loop.core.serial_bridge``, as a thread of the exporter (the boards live there too).
+and off when it stops; its UART is served as a raw TCP endpoint by
+the serial bridge (``start_bridge``), as a thread of the exporter (the boards live there too).
 """
 import os
 
-from device_loop.core.hookspecs import hookimpl
-from device_loop.core.model import Health
-from device_loop.core.serial_bridge import start_bridge
+from device_loop.plugin import Health, hookimpl, start_bridge
 
 from .board import SimBoard
 

@@ -12,7 +12,7 @@ Config (``[[devices]]`` with ``plugin = "uart"``, or a ``[[devices.resources]]``
 ``framing`` (``8N1``), ``raw`` (false; true adds a raw TCP endpoint), ``server``
 (``auto``: ser2net where installed, else the built-in bridge; or ``ser2net``, ``bridge``).
 
-Where ser2net is not installed, the built-in bridge (``device_loop.core.serial_bridge``)
+Where ser2net is not installed, the built-in bridge (``start_bridge``)
 serves the same RFC 2217 endpoint (but no raw one); the exporter log says which is used.
 """
 from __future__ import annotations
@@ -22,10 +22,7 @@ import os
 import re
 import shutil
 
-from device_loop.core.hookspecs import hookimpl
-from device_loop.core.model import Health, Resource
-from device_loop.core.serial_bridge import parse_framing, start_bridge
-from device_loop.core.usb import UsbTty, usb_ttys
+from device_loop.plugin import Health, Resource, UsbTty, hookimpl, parse_framing, start_bridge, usb_ttys
 
 from .ser2net import start_ser2net
 

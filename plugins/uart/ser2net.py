@@ -1,7 +1,7 @@
 """One ser2net 4.x process per leased UART: telnet with RFC 2217, and raw TCP if asked."""
 from __future__ import annotations
 
-from device_loop.core.model import Endpoint, Service, ServiceError
+from device_loop.plugin import Endpoint, Service, ServiceError
 
 ATTEMPTS = 3
 FAILED = ("Address already in use", "Unable to startup network port", "invalid")

@@ -1,5 +1,5 @@
 """Camera pointed at a device's screen, served as MJPEG (not yet: no issue filed)."""
-from device_loop.core.hookspecs import hookimpl
+from device_loop.plugin import hookimpl
 
 
 @hookimpl

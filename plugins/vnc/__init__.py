@@ -1,5 +1,5 @@
 """A device's screen over VNC with a web viewer (not yet: no issue filed)."""
-from device_loop.core.hookspecs import hookimpl
+from device_loop.plugin import hookimpl
 
 
 @hookimpl

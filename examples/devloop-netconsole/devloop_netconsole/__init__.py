@@ -15,9 +15,7 @@ Exporter config::
 """
 import socket
 
-from device_loop.core.hookspecs import hookimpl
-from device_loop.core.model import Health
-from device_loop.core.tcp_relay import start_relay
+from device_loop.plugin import Health, hookimpl, start_relay
 
 
 @hookimpl

@@ -1,0 +1,33 @@
+"""The public plugin API: everything a plugin may use, and nothing else.
+
+    from device_loop.plugin import hookimpl, Health, Resource, Service
+
+A plugin imports this module and no other of device-loop's; ``tests/test_plugin_api.py``
+pins the names below, so removing or renaming one is a deliberate, visible change (and a
+new ``API_VERSION``). ``docs/plugins.md`` describes each.
+"""
+from device_loop.core.hookspecs import hookimpl
+from device_loop.core.host import HostContext
+from device_loop.core.model import ConfiguredResource, Endpoint, Health, LeaseRef, Resource, Service, ServiceError
+from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
+from device_loop.core.process import run
+from device_loop.core.serial_bridge import parse_framing, start_bridge
+from device_loop.core.tcp_relay import start_relay
+from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
+
+#: Bumped when a name below goes away or changes meaning.
+API_VERSION = 1
+
+__all__ = [
+    "API_VERSION",
+    # the hooks: implement them with @hookimpl (the contract is device_loop.core.hookspecs)
+    "hookimpl",
+    # what hooks are handed and return
+    "ConfiguredResource", "Endpoint", "Health", "HostContext", "LeaseRef", "Resource", "Service", "ServiceError",
+    # services, ready-made: a serial device as raw TCP or RFC 2217, a TCP relay
+    "parse_framing", "start_bridge", "start_relay",
+    # ports and programs
+    "inherited_listener", "port_is_free", "run", "wait_port_free", "wait_port_open",
+    # USB facts from sysfs (read-only, for discovery)
+    "UsbDevice", "UsbTty", "usb_devices", "usb_ttys",
+]

@@ -1,0 +1,44 @@
+"""The plugin surface is one public module, pinned: changing it is a deliberate act."""
+import ast
+from pathlib import Path
+
+import device_loop.plugin
+from conftest import SRC
+
+PUBLIC = [
+    "API_VERSION", "ConfiguredResource", "Endpoint", "Health", "HostContext", "LeaseRef", "Resource", "Service",
+    "ServiceError", "UsbDevice", "UsbTty", "hookimpl", "inherited_listener", "parse_framing", "port_is_free", "run",
+    "start_bridge", "start_relay", "usb_devices", "usb_ttys", "wait_port_free", "wait_port_open",
+]
+
+
+def imports_of(path: Path) -> set[str]:
+    """The absolute modules a file imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_public_names_are_pinned():
+    assert sorted(device_loop.plugin.__all__) == sorted(PUBLIC), \
+        "the plugin API changed: update PUBLIC, docs/plugins.md and API_VERSION together"
+    for name in PUBLIC:
+        assert getattr(device_loop.plugin, name) is not None
+    assert device_loop.plugin.API_VERSION == 1
+
+
+def test_plugins_import_only_the_public_api():
+    files = [*SRC.glob("plugins/**/*.py"), *SRC.glob("examples/*/*/*.py")]
+    assert len(files) >= 9
+    for path in files:
+        ours = {m for m in imports_of(path) if m.split(".")[0] == "device_loop"}
+        assert ours <= {"device_loop.plugin"}, f"{path.relative_to(SRC)} imports {sorted(ours)}"
+
+
+def test_core_does_not_import_the_plugins():
+    for path in SRC.glob("core/*.py"):
+        assert not any(m.startswith("device_loop.plugins") for m in imports_of(path)), path.name

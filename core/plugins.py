@@ -1,5 +1,7 @@
 """Loading plugins: every plugin, built-in or installed with pip, through the ``device_loop``
-entry points.
+entry points. An entry point names a module of ``@hookimpl`` functions, or a class whose
+methods are the hooks: each exporter then gets an object of its own, which holds the
+plugin's state.
 
 Loading is fault-isolated. Which plugins to load is decided before anything is imported
 (``[plugins] enable/disable`` in the exporter config, and ``DEVICE_LOOP_LOAD_PLUGINS``),
@@ -74,6 +76,8 @@ class PluginSet:
     def _load(self, entry) -> None:
         try:
             plugin = entry.load()
+            if isinstance(plugin, type):  # a plugin class: this exporter's own object keeps its state
+                plugin = plugin()
         except Exception as exc:  # an import error, a syntax error, a missing dependency...
             self.skipped.append({"name": entry.name, "reason": f"cannot import {entry.value}: {exc!r}"})
             return

@@ -3,6 +3,7 @@ import ast
 from pathlib import Path
 
 import device_loop.plugin
+from device_loop.core.plugins import PluginSet
 from conftest import SRC
 
 PUBLIC = [
@@ -42,3 +43,9 @@ def test_plugins_import_only_the_public_api():
 def test_core_does_not_import_the_plugins():
     for path in SRC.glob("core/*.py"):
         assert not any(m.startswith("device_loop.plugins") for m in imports_of(path)), path.name
+
+
+def test_each_exporter_has_its_own_plugin_objects():
+    first, second = PluginSet(), PluginSet()
+    assert first.pm.get_plugin("sim") is not second.pm.get_plugin("sim"), "plugin state must not be shared"
+    assert first.pm.get_plugin("adb").serving is not second.pm.get_plugin("adb").serving

@@ -30,11 +30,6 @@ ADB_INTERFACE = ("ff", "42", "01")
 NO_ONE_DEVICE = ("this adb lacks --one-device (platform-tools 35+ has it), so one adb server "
                  "would claim every phone on the host")
 
-_one_device: dict[str, bool] = {}    # host name -> does its adb know --one-device
-_serving: dict[str, set[str]] = {}   # host name -> serials with a server of ours
-_starting = threading.Lock()          # starts run in parallel; the global server is stopped once
-
-
 def _phones(host) -> list[UsbDevice]:
     return [d for d in usb_devices(host.sysfs_root) if ADB_INTERFACE in (i.triple for i in d.interfaces) and d.serial]
 
@@ -44,53 +39,8 @@ def global_server_port() -> int:
     return int(os.environ.get("ANDROID_ADB_SERVER_PORT", 5037))
 
 
-@hookimpl
-def devloop_available(host):
-    if not shutil.which("adb"):
-        return "adb is not installed (Debian: apt-get install adb)"
-    return None
-
-
-@hookimpl
-def devloop_startup(host):
-    code, output = run(["adb", "--help"])
-    _one_device[host.name] = "--one-device" in output
-    _serving.setdefault(host.name, set())
-    log.info("adb: %s", "one server per phone (--one-device)" if _one_device[host.name] else
-             NO_ONE_DEVICE + ": serving a phone only while it is the only one")
-
-
-@hookimpl
-def devloop_discover(host):
-    named = {str(e.settings.get("serial")): e for e in host.configured("adb")}
-    resources = []
-    for phone in _phones(host):
-        identifier = f"adb:{phone.serial}"
-        entry = named.get(phone.serial)
-        if entry is not None:
-            resources.append(entry.resource("adb", identifier, node=phone.node))
-        else:
-            resources.append(Resource(device=f"android-{phone.serial}"[:64], kind="adb", identifier=identifier,
-                                      device_class="android", tags=("usb",), node=phone.node))
-    return resources
-
-
 def _serial(resource: Resource) -> str:
     return resource.identifier.removeprefix("adb:")
-
-
-@hookimpl
-def devloop_health(host, resource):
-    phones = _phones(host)
-    if _serial(resource) not in {p.serial for p in phones}:
-        return Health("failed", "the phone is gone from USB")
-    if _one_device.get(host.name) or len(phones) == 1:
-        return Health("ok")
-    served = _serving.get(host.name, set())
-    if _serial(resource) in served:
-        return Health("ok")
-    others = "another phone is served here by a private adb server" if served else f"{len(phones)} phones are on this host"
-    return Health("failed", f"{others}; {NO_ONE_DEVICE}")
 
 
 def _stop_global_server() -> None:
@@ -104,32 +54,76 @@ def _stop_global_server() -> None:
         raise ServiceError(f"the global adb server on port {port} did not stop")
 
 
-@hookimpl
-def devloop_start(host, resource, lease):
-    with _starting:
-        return _start(host, resource, lease)
+class AdbPlugin:
+    """The phones one exporter serves (a plugin object: each exporter has its own)."""
 
+    def __init__(self):
+        self.one_device = False            # does this host's adb know --one-device
+        self.serving: set[str] = set()     # serials with a server of ours
+        self.starting = threading.Lock()   # starts run in parallel; the global server is stopped once
 
-def _start(host, resource, lease):
-    serial = _serial(resource)
-    one_device = _one_device.get(host.name, False)
-    if not one_device and len(_phones(host)) > 1:
-        raise ServiceError(f"{len(_phones(host))} phones are on this host; {NO_ONE_DEVICE}")
-    _stop_global_server()
-    port = host.free_port()
-    everywhere = [] if host.bind_address in ("127.0.0.1", "localhost") else ["-a"]
-    argv = ["adb", *everywhere, "-P", str(port), "server", "nodaemon"] + (["--one-device", serial] if one_device else [])
-    proc = host.processes.spawn(argv, name=f"adb-{resource.device}-{lease.id}", lease=lease.id)
-    problem = proc.wait_listening({port})
-    if problem is not None:
-        proc.stop()
-        raise ServiceError(f"adb server did not start: {problem}")
-    _serving[host.name].add(serial)
-    endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", params={"serial": serial})
-    return Service(endpoints=[endpoint], processes=[proc], data={"serial": serial})
+    @hookimpl
+    def devloop_available(self, host):
+        if not shutil.which("adb"):
+            return "adb is not installed (Debian: apt-get install adb)"
+        return None
 
+    @hookimpl
+    def devloop_startup(self, host):
+        code, output = run(["adb", "--help"])
+        self.one_device = "--one-device" in output
+        log.info("adb: %s", "one server per phone (--one-device)" if self.one_device else
+                 NO_ONE_DEVICE + ": serving a phone only while it is the only one")
 
-@hookimpl
-def devloop_stop(host, service):
-    _serving.get(host.name, set()).discard(service.data["serial"])
-    # returning nothing lets the default stop the server process
+    @hookimpl
+    def devloop_discover(self, host):
+        named = {str(e.settings.get("serial")): e for e in host.configured("adb")}
+        resources = []
+        for phone in _phones(host):
+            identifier = f"adb:{phone.serial}"
+            entry = named.get(phone.serial)
+            if entry is not None:
+                resources.append(entry.resource("adb", identifier, node=phone.node))
+            else:
+                resources.append(Resource(device=f"android-{phone.serial}"[:64], kind="adb", identifier=identifier,
+                                          device_class="android", tags=("usb",), node=phone.node))
+        return resources
+
+    @hookimpl
+    def devloop_health(self, host, resource):
+        phones = _phones(host)
+        if _serial(resource) not in {p.serial for p in phones}:
+            return Health("failed", "the phone is gone from USB")
+        if self.one_device or len(phones) == 1 or _serial(resource) in self.serving:
+            return Health("ok")
+        others = ("another phone is served here by a private adb server" if self.serving
+                  else f"{len(phones)} phones are on this host")
+        return Health("failed", f"{others}; {NO_ONE_DEVICE}")
+
+    @hookimpl
+    def devloop_start(self, host, resource, lease):
+        with self.starting:
+            return self._start(host, resource, lease)
+
+    def _start(self, host, resource, lease):
+        serial = _serial(resource)
+        if not self.one_device and len(_phones(host)) > 1:
+            raise ServiceError(f"{len(_phones(host))} phones are on this host; {NO_ONE_DEVICE}")
+        _stop_global_server()
+        port = host.free_port()
+        everywhere = [] if host.bind_address in ("127.0.0.1", "localhost") else ["-a"]
+        argv = (["adb", *everywhere, "-P", str(port), "server", "nodaemon"]
+                + (["--one-device", serial] if self.one_device else []))
+        proc = host.processes.spawn(argv, name=f"adb-{resource.device}-{lease.id}", lease=lease.id)
+        problem = proc.wait_listening({port})
+        if problem is not None:
+            proc.stop()
+            raise ServiceError(f"adb server did not start: {problem}")
+        self.serving.add(serial)
+        endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", params={"serial": serial})
+        return Service(endpoints=[endpoint], processes=[proc], data={"serial": serial})
+
+    @hookimpl
+    def devloop_stop(self, host, service):
+        self.serving.discard(service.data["serial"])
+        # returning nothing lets the default stop the server process

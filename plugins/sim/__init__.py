@@ -11,45 +11,39 @@ from device_loop.plugin import Health, hookimpl, start_bridge
 
 from .board import SimBoard
 
-_boards: dict[tuple[str, str], SimBoard] = {}
+class SimPlugin:
+    """The boards of one exporter (a plugin object: each exporter that loads it has its own)."""
 
+    def __init__(self):
+        self.boards: dict[str, SimBoard] = {}
 
-@hookimpl
-def devloop_available(host):
-    return None
+    @hookimpl
+    def devloop_available(self, host):
+        return None
 
+    @hookimpl
+    def devloop_startup(self, host):
+        for entry in host.configured("sim"):
+            if entry.device not in self.boards:
+                self.boards[entry.device] = SimBoard(entry.device, host.state_dir / "sim" / entry.device)
 
-@hookimpl
-def devloop_startup(host):
-    for entry in host.configured("sim"):
-        key = (host.name, entry.device)
-        if key not in _boards:
-            _boards[key] = SimBoard(entry.device, host.state_dir / "sim" / entry.device)
+    @hookimpl
+    def devloop_shutdown(self, host):
+        while self.boards:
+            self.boards.popitem()[1].power_off()
 
+    @hookimpl
+    def devloop_discover(self, host):
+        return [entry.resource("uart", f"sim:{host.name}:{entry.device}", node=self.boards[entry.device].node)
+                for entry in host.configured("sim") if entry.device in self.boards]
 
-@hookimpl
-def devloop_shutdown(host):
-    for key in [k for k in _boards if k[0] == host.name]:
-        _boards.pop(key).power_off()
+    @hookimpl
+    def devloop_health(self, resource):
+        if resource.node and os.path.exists(resource.node):
+            return Health("ok")
+        return Health("failed", f"console {resource.node} is gone")
 
-
-@hookimpl
-def devloop_discover(host):
-    resources = []
-    for entry in host.configured("sim"):
-        board = _boards.get((host.name, entry.device))
-        if board is not None:
-            resources.append(entry.resource("uart", f"sim:{host.name}:{entry.device}", node=board.node))
-    return resources
-
-
-@hookimpl
-def devloop_health(resource):
-    if resource.node and os.path.exists(resource.node):
-        return Health("ok")
-    return Health("failed", f"console {resource.node} is gone")
-
-
-@hookimpl
-def devloop_start(host, resource, lease):
-    return start_bridge(host, resource, lease, resource.node, int(resource.config.get("baud", 115200)), in_thread=True)
+    @hookimpl
+    def devloop_start(self, host, resource, lease):
+        return start_bridge(host, resource, lease, resource.node, int(resource.config.get("baud", 115200)),
+                            in_thread=True)

@@ -42,6 +42,17 @@ def devloop_shutdown(host):
 
 
 @hookspec(firstresult=True)
+def devloop_check_config(host, entry):
+    """Say what is wrong with one of this plugin's config entries (a
+    :class:`ConfiguredResource`), or ``None`` when nothing is.
+
+    Asked for an entry the plugin's discovery did not find: the reason ("relay_serial is
+    missing") is shown by ``device-loop hosts`` instead of "not plugged in, or a typo".
+    Read-only, like discovery.
+    """
+
+
+@hookspec(firstresult=True)
 def devloop_discover(host):
     """Return the resources of this plugin's kind present on this host.
 
@@ -80,6 +91,19 @@ def devloop_start(host, resource, lease):
     Starts and stops run in worker threads, several at once: a plugin that keeps state
     across resources guards it with a lock. One resource never has two at once: its next
     start waits until its last service is stopped.
+    """
+
+
+@hookspec(firstresult=True)
+def devloop_cleanup(host, data):
+    """Undo what a service changed outside its processes, after its exporter died.
+
+    A service of this plugin was running when the exporter was killed (kill -9, a crash):
+    at the next start its processes are stopped as leftovers, and this hook gets the
+    ``data`` its :class:`Service` carried (so keep there what undoing needs: the relay
+    that was switched on). Called once per such service, after ``devloop_startup`` and
+    before the first discovery. ``Service.data`` must be JSON to survive. The result is
+    ignored; an error is logged.
     """
 
 

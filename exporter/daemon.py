@@ -122,6 +122,11 @@ class Exporter:
             else:
                 self.loaded.append(name)
         log.info("plugins loaded: %s", ", ".join(self.loaded) or "none")
+        for record in self.reconciler.records.take_leftovers():
+            if record["plugin"] in self.loaded:
+                log.warning("cleaning up after %s of lease %s, left when this exporter died", record["identifier"],
+                            record["lease"])
+                self._try(record["plugin"], "clean-up", "devloop_cleanup", host=self.host, data=record["data"])
         for entry in self.unserved():
             log.warning("device %s will not be served: %s", entry["device"], entry["reason"])
 
@@ -138,7 +143,9 @@ class Exporter:
             elif plugin not in self.loaded:
                 reason = f"plugin {plugin!r} is not installed (or disabled in [plugins])"
             elif found is not None and (entry.device, plugin) not in seen:
-                reason = f"plugin {plugin!r} does not find it (not plugged in, or a typo in its settings)"
+                problem = self._try(plugin, "config check", "devloop_check_config", host=self.host, entry=entry)
+                reason = (f"plugin {plugin!r}: {problem}" if problem else
+                          f"plugin {plugin!r} does not find it (not plugged in, or a typo in its settings)")
             else:
                 continue
             out.append({"device": entry.device, "plugin": plugin, "reason": reason})

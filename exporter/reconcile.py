@@ -23,6 +23,7 @@ from device_loop.core.ports import wait_port_free
 from device_loop.core.protocol import DesiredService, ServiceReport
 
 from .orphans import OrphanWatch
+from .service_records import ServiceRecords
 
 log = logging.getLogger("device_loop.exporter")
 WORKERS = 16
@@ -42,6 +43,7 @@ class Reconciler:
         self.host, self.plugins, self.orphans = host, plugins, orphans
         self.gated_only = gated_only  # an exporter with a token serves only gated leases
         self.on_change = on_change
+        self.records = ServiceRecords(host.state_dir)
         self.running: dict[Key, Running] = {}
         self.stopping: dict[Key, Running] = {}  # still reported until really gone
         self.start_errors: dict[Key, dict] = {}
@@ -136,6 +138,7 @@ class Reconciler:
             self._failed(key, resource.device, resource.kind, f"{resource.kind}: {exc}")
             self.stop_strays(also=lease.id)
             return
+        self.records.started(lease.id, resource.identifier, resource.plugin, service.data)
         with self._lock:
             self.start_errors.pop(key, None)
             self.running[key] = Running(resource, lease, service)
@@ -166,6 +169,7 @@ class Reconciler:
                     log.error("port %d of %s is still taken after stop", endpoint.port, key[0])
             log.info("stopped %s for %s", key[1], key[0])
         finally:
+            self.records.stopped(*key)
             with self._lock:
                 self.stopping.pop(key, None)
                 self.recheck.add(run.resource.device)

@@ -1,4 +1,5 @@
 """A misbehaving plugin cannot take the exporter down, leak processes, or drop leases."""
+import os
 import sys
 
 import pytest
@@ -119,3 +120,61 @@ def test_a_plugin_that_fails_to_start_up_is_skipped_with_its_reason(tmp_path):
         assert exporter.heartbeat(scan=True) is None  # coordinator down: no exception
     finally:
         exporter.shutdown()
+
+
+class Relay:
+    """A 'power' plugin: switches a relay (a file here) on for a lease, off when it ends."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    @hookimpl
+    def devloop_discover(self, host):
+        return [e.resource("power", f"relay:{e.device}") for e in host.configured("relay") if "relay_serial" in e.settings]
+
+    @hookimpl
+    def devloop_check_config(self, entry):
+        return None if "relay_serial" in entry.settings else "relay_serial is missing"
+
+    @hookimpl
+    def devloop_start(self, host, resource, lease):
+        switch = self.folder / f"{resource.device}.on"
+        switch.touch()
+        service = host.serve_on_free_port([sys.executable, "-c", "import time; time.sleep(60)"], resource, lease,
+                                          name="relay")
+        service.data["switch"] = str(switch)
+        return service
+
+    @hookimpl
+    def devloop_stop(self, host, service):
+        os.unlink(service.data["switch"])
+
+    @hookimpl
+    def devloop_cleanup(self, host, data):
+        os.unlink(data["switch"])
+
+
+def test_what_a_plugin_changed_is_undone_after_its_exporter_died(tmp_path):
+    config = parse_config({
+        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+                     "coordinator": f"http://127.0.0.1:{free_port()}"},
+        "devices": [{"name": "x0", "plugin": "relay", "relay_serial": "R1"}, {"name": "x1", "plugin": "relay"}]})
+    first = Exporter(config)
+    first.plugins.pm.register(Relay(tmp_path), name="relay")
+    first.setup()
+    first.reconcile({"services": [{"lease": "lease-1", "holder": "alice", "device": "x0", "identifier": "relay:x0",
+                                   "kind": "power", "plugin": "relay"}]}, first.discover())
+    assert (tmp_path / "x0.on").exists()
+    (run,) = first.running.values()
+    pid = run.service.processes[0].pid
+    # the exporter dies here (kill -9): no stop, no shutdown; a new one starts on the same state
+    second = Exporter(config)
+    second.plugins.pm.register(Relay(tmp_path), name="relay")
+    try:
+        second.setup()
+        assert not pid_alive(pid), "the service process of the dead exporter was left running"
+        assert not (tmp_path / "x0.on").exists(), "the relay stayed on"
+        (unserved,) = second.unserved(second.discover())
+        assert unserved["reason"] == "plugin 'relay': relay_serial is missing"
+    finally:
+        second.shutdown()

@@ -34,9 +34,8 @@ def _ser2net() -> str | None:
     return shutil.which("ser2net", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
 
 
-def _settings(resource) -> tuple[int, str, bool, str]:
+def _settings(config: dict) -> tuple[int, str, bool, str]:
     """(baud, framing, raw, server) from the config entry; ValueError names what is wrong."""
-    config = resource.config
     baud = config.get("baud", 115200)
     if not isinstance(baud, int) or isinstance(baud, bool) or not 50 <= baud <= 20_000_000:
         raise ValueError(f"baud must be a whole number of bits per second, not {baud!r}")
@@ -53,6 +52,20 @@ def _settings(resource) -> tuple[int, str, bool, str]:
     if server == "auto":
         server = "ser2net" if _ser2net() else "bridge"
     return baud, str(framing), raw, server
+
+
+@hookimpl
+def devloop_check_config(entry):
+    settings = entry.settings
+    try:
+        _settings(settings)
+    except ValueError as exc:
+        return str(exc)
+    if "path" in settings:
+        return f"{settings['path']} does not exist (unplugged?)"
+    if "usb_serial" in settings:
+        return f"no USB serial adapter with serial number {settings['usb_serial']!r} is plugged in"
+    return "give path (a device node) or usb_serial (a USB adapter's serial number)"
 
 
 @hookimpl
@@ -128,7 +141,7 @@ def devloop_health(resource):
     if not os.access(resource.node, os.R_OK | os.W_OK):
         return Health("failed", f"the exporter may not read and write {resource.node}")
     try:
-        _settings(resource)
+        _settings(resource.config)
     except ValueError as exc:
         return Health("failed", f"config: {exc}")
     return Health("ok")
@@ -136,7 +149,7 @@ def devloop_health(resource):
 
 @hookimpl
 def devloop_start(host, resource, lease):
-    baud, framing, raw, server = _settings(resource)
+    baud, framing, raw, server = _settings(resource.config)
     if server == "ser2net":
         return start_ser2net(host, resource, lease, _ser2net(), resource.node, baud, framing, raw)
     if raw:

@@ -75,7 +75,7 @@ def test_uart_static_path_maps_to_its_usb_identity(tmp_path, sysfs):
 
 def test_adb_discovery_finds_phones_by_interface(tmp_path, sysfs):
     host = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs, configured_resources=[])
-    (phone,) = adb.devloop_discover(host)
+    (phone,) = adb.AdbPlugin().devloop_discover(host)
     assert (phone.device, phone.identifier, phone.device_class) == ("android-8AAY0GCXH", "adb:8AAY0GCXH", "android")
     assert phone.node == "/dev/bus/usb/002/005"
     named = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs,

@@ -80,7 +80,7 @@ def test_adb_discovery_finds_phones_by_interface(tmp_path, sysfs):
     assert phone.node == "/dev/bus/usb/002/005"
     named = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs,
                         configured_resources=[configured("pixel-7", plugin="adb", serial="8AAY0GCXH")])
-    (phone,) = adb.devloop_discover(named)
+    (phone,) = adb.AdbPlugin().devloop_discover(named)
     assert phone.device == "pixel-7" and phone.identifier == "adb:8AAY0GCXH"
 
 

@@ -9,6 +9,7 @@ import sys
 import click
 
 from device_loop.core.gate import LocalForward
+from device_loop.core.usage import environment
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
@@ -29,8 +30,7 @@ def adb_environment(lease, forward: bool = False) -> dict[str, str]:
             raise CoordinatorError("gated", f"this lab's endpoints ask for the lease's secret: run "
                                             f"'device-loop forward {lease.id}' and point adb at the port it prints")
         endpoint = LocalForward(endpoint, lease.data["secret"]).endpoint  # for as long as this process runs
-    return {"ANDROID_ADB_SERVER_ADDRESS": endpoint["host"], "ANDROID_ADB_SERVER_PORT": str(endpoint["port"]),
-            "ANDROID_SERIAL": str((endpoint.get("params") or {}).get("serial", ""))}
+    return environment(lease.data, [endpoint])
 
 
 @click.command("adb", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -56,6 +56,12 @@ def adb_command(lab: Lab, target: str, adb_args: tuple[str, ...], as_json: bool)
 @json_option
 @lab_command
 def env_command(lab: Lab, target: str, as_json: bool):
-    """Shell exports for your lease's phone: eval "$(device-loop env LEASE)" """
-    emit(as_json, adb_environment(_my_lease(lab, target)),
-         lambda env: "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items()))
+    """Shell exports that point tools at your lease's endpoints: eval "$(device-loop env LEASE)" """
+    lease = _my_lease(lab, target)
+    if not lease.data["ready"]:
+        raise CoordinatorError("not_ready", f"{lease.data['device']} is not ready: {lease.data['reason']}")
+    if lease.data.get("secret"):
+        raise CoordinatorError("gated", f"this lab's endpoints ask for the lease's secret: run "
+                                        f"'device-loop forward {lease.id}' and point your tools at the ports it prints")
+    emit(as_json, environment(lease.data), lambda env: "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+         or f"# {lease.data['device']}'s endpoints name no environment")

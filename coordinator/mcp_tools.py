@@ -14,6 +14,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
 from device_loop.core.uart_client import exchange
+from device_loop.core.usage import commands
 
 from .errors import APIError
 from .identity import USER, Identity, caller_identity, check_access
@@ -108,20 +109,6 @@ def build_mcp(rules) -> MCPServer:
         return {"output": output.decode(errors="replace"), "truncated": cut, "waited_s": wait}
 
     return server
-
-
-def commands(lease: dict) -> list[str]:
-    """Ready-to-run commands for a lease's endpoints."""
-    out = [f"device-loop forward {lease['id']}"] if lease.get("secret") else []
-    for e in lease["endpoints"]:
-        if e["kind"] == "uart":
-            out.append(f"device-loop console {lease['id']}")
-        elif e["kind"] == "adb" and lease.get("secret"):
-            out.append(f"device-loop adb {lease['id']} -- shell")
-        elif e["kind"] == "adb":
-            serial = (e.get("params") or {}).get("serial", "")
-            out.append(f"adb -H {e['host']} -P {e['port']} -s {serial} shell")
-    return sorted(set(out))
 
 
 def mcp_app(rules, extra_hosts: list[str]):

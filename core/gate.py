@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import os
 import socket
@@ -69,8 +70,8 @@ def gate_service(host, resource, lease, service):
         argv = [sys.executable, "-m", "device_loop.core.gate", "--fd", "{fd}", "--to", f"127.0.0.1:{endpoint.port}"]
         front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
                                         protocol=endpoint.protocol, params=endpoint.params,
-                                        env={**os.environ, SECRET_ENV: lease.secret})
-        gated += front.endpoints
+                                        env={**os.environ, SECRET_ENV: lease.secret}, command=endpoint.command)
+        gated += [dataclasses.replace(e, env=endpoint.env) for e in front.endpoints]
         service.processes += front.processes
     service.endpoints = gated
     return service

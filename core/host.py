@@ -46,12 +46,13 @@ class HostContext:
 
     def serve_on_free_port(self, argv: list[str], resource: Resource, lease: LeaseRef, *,
                            name: str, protocol: str = "raw", params: dict | None = None,
-                           env: dict | None = None) -> Service:
+                           env: dict | None = None, command: str | None = None) -> Service:
         """Start ``argv`` on a listening socket of a free port; ``{fd}`` in ``argv`` is its fd.
 
         The socket is bound before the process starts, so the endpoint accepts
         connections (queued by the kernel) the moment this returns, and no other process
-        can take the port in between.
+        can take the port in between. ``env`` is the process's environment; ``command`` is
+        the endpoint's (see ``Endpoint``).
         """
         listener = self.listen()
         try:
@@ -61,11 +62,12 @@ class HostContext:
             port = listener.getsockname()[1]
         finally:
             listener.close()  # the child holds it now; our copy would keep the port bound
-        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol, params=params)
+        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol, params=params,
+                            command=command)
         return Service(endpoints=[endpoint], processes=[proc])
 
     def serve_in_thread(self, serve, resource: Resource, lease: LeaseRef, *, name: str, protocol: str = "raw",
-                        params: dict | None = None) -> Service:
+                        params: dict | None = None, command: str | None = None) -> Service:
         """Run ``serve(listener, stop_fd)`` in a thread of the exporter, on a listening socket
         of a free port; it must return once ``stop_fd`` is readable. For services that
         cost next to nothing (the simulated boards'); real devices get processes, which
@@ -73,5 +75,5 @@ class HostContext:
         listener = self.listen()
         server = ThreadServer(f"{name}-{resource.device}-{lease.id}", serve, listener)
         endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=listener.getsockname()[1],
-                            protocol=protocol, params=params)
+                            protocol=protocol, params=params, command=command)
         return Service(endpoints=[endpoint], processes=[server])

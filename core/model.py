@@ -48,7 +48,14 @@ class Health:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a client connects: ``kind`` is the resource kind (``uart``, ``adb``...)."""
+    """Where a client connects: ``kind`` is the resource kind (``uart``, ``adb``...).
+
+    ``command`` and ``env`` tell a client how to use it, so that a new kind needs no change
+    outside its plugin: a ready-to-run command and environment exports, as templates
+    filled with ``{host}``, ``{port}``, ``{url}``, ``{lease}`` and the keys of ``params``
+    (``adb -H {host} -P {port} -s {serial} shell``). ``device-loop status``, ``device-loop
+    env`` and the MCP ``lease_status`` show them.
+    """
 
     kind: str
     host: str
@@ -56,6 +63,8 @@ class Endpoint:
     url: str | None = None
     protocol: str | None = None
     params: dict[str, str | int] | None = None  # what a client needs to speak it: baud, serial...
+    command: str | None = None
+    env: dict[str, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -38,6 +38,8 @@ class EndpointReport(Strict):
     url: str | None = Field(default=None, max_length=2048)
     protocol: str | None = Field(default=None, max_length=32)
     params: dict[str, str | int] | None = Field(default=None, max_length=16)
+    command: str | None = Field(default=None, max_length=500, description="how to use it: a template")
+    env: dict[str, str] | None = Field(default=None, max_length=16, description="exports that point tools at it")
 
 
 class ResourceReport(Strict):

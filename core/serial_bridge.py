@@ -20,6 +20,8 @@ from serial.rfc2217 import PortManager
 from .model import Service
 from .ports import inherited_listener
 
+#: How a person uses a serial console endpoint (it speaks the lease gate where there is one).
+CONSOLE_COMMAND = "device-loop console {lease}"
 FRAMING = {"N": serial.PARITY_NONE, "E": serial.PARITY_EVEN, "O": serial.PARITY_ODD}
 
 
@@ -186,10 +188,12 @@ def start_bridge(host, resource, lease, device: str, baud: int, framing: str = "
     protocol, params = "rfc2217" if rfc2217 else "raw", {"baud": baud, "framing": framing}
     if in_thread:
         return host.serve_in_thread(lambda listener, stop_fd: serve(listener, device, baud, framing, rfc2217, stop_fd),
-                                    resource, lease, name="bridge", protocol=protocol, params=params)
+                                    resource, lease, name="bridge", protocol=protocol, params=params,
+                                    command=CONSOLE_COMMAND)
     argv = [sys.executable, "-m", "device_loop.core.serial_bridge", "--fd", "{fd}", "--device", device,
             "--baud", str(baud), "--framing", framing] + (["--rfc2217"] if rfc2217 else [])
-    return host.serve_on_free_port(argv, resource, lease, name="bridge", protocol=protocol, params=params)
+    return host.serve_on_free_port(argv, resource, lease, name="bridge", protocol=protocol, params=params,
+                                   command=CONSOLE_COMMAND)
 
 
 def main() -> None:

@@ -67,8 +67,8 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
                 break
             assert status["reason"]
             await anyio.sleep(0.05)
-        assert status["ready"] and status["commands"] == [f"device-loop console {lease['id']}",
-                                                          f"device-loop forward {lease['id']}"]
+        assert status["ready"] and status["commands"] == [f"device-loop forward {lease['id']}",
+                                                          f"device-loop console {lease['id']}"]
         said = await call(alice, "uart_exchange", lease_id=lease["id"], send="uname\r", wait_s=1)
         assert "Linux sim-board-0" in said["output"] and not said["truncated"]
         assert listening_ports(coordinator.popen.pid) == {coordinator.port}, "a way past the gate was left open"

@@ -4,10 +4,11 @@ from pathlib import Path
 
 import device_loop.plugin
 from device_loop.core.plugins import PluginSet
+from device_loop.core.usage import commands, environment
 from conftest import SRC
 
 PUBLIC = [
-    "API_VERSION", "ConfiguredResource", "Endpoint", "Health", "HostContext", "LeaseRef", "Resource", "Service",
+    "API_VERSION", "CONSOLE_COMMAND", "ConfiguredResource", "Endpoint", "Health", "HostContext", "LeaseRef", "Resource", "Service",
     "ServiceError", "UsbDevice", "UsbTty", "hookimpl", "inherited_listener", "parse_framing", "port_is_free", "run",
     "start_bridge", "start_relay", "usb_devices", "usb_ttys", "wait_port_free", "wait_port_open",
 ]
@@ -49,3 +50,14 @@ def test_each_exporter_has_its_own_plugin_objects():
     first, second = PluginSet(), PluginSet()
     assert first.pm.get_plugin("sim") is not second.pm.get_plugin("sim"), "plugin state must not be shared"
     assert first.pm.get_plugin("adb").serving is not second.pm.get_plugin("adb").serving
+
+
+def test_a_new_endpoint_kind_says_how_it_is_used():
+    power = {"kind": "power", "host": "10.0.0.7", "port": 4000, "params": {"outlet": 3},
+             "command": "relayctl --host {host} --port {port} --outlet {outlet} on",
+             "env": {"RELAY_ADDRESS": "{host}:{port}", "RELAY_LEASE": "{lease}"}}
+    lease = {"id": "lease-1", "endpoints": [power], "secret": None}
+    assert commands(lease) == ["relayctl --host 10.0.0.7 --port 4000 --outlet 3 on"]
+    assert environment(lease) == {"RELAY_ADDRESS": "10.0.0.7:4000", "RELAY_LEASE": "lease-1"}
+    gated = {**lease, "secret": "s3cret"}
+    assert commands(gated)[0] == "device-loop forward lease-1"

@@ -120,7 +120,10 @@ class AdbPlugin:
             proc.stop()
             raise ServiceError(f"adb server did not start: {problem}")
         self.serving.add(serial)
-        endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", params={"serial": serial})
+        endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", params={"serial": serial},
+                            command="adb -H {host} -P {port} -s {serial} shell",
+                            env={"ANDROID_ADB_SERVER_ADDRESS": "{host}", "ANDROID_ADB_SERVER_PORT": "{port}",
+                                 "ANDROID_SERIAL": "{serial}"})
         return Service(endpoints=[endpoint], processes=[proc], data={"serial": serial})
 
     @hookimpl

@@ -15,7 +15,7 @@ Exporter config::
 """
 import socket
 
-from device_loop.plugin import Health, hookimpl, start_relay
+from device_loop.plugin import CONSOLE_COMMAND, Health, hookimpl, start_relay
 
 
 @hookimpl
@@ -44,4 +44,4 @@ def devloop_health(resource):
 
 @hookimpl
 def devloop_start(host, resource, lease):
-    return start_relay(host, resource, lease, resource.config["address"])
+    return start_relay(host, resource, lease, resource.config["address"], command=CONSOLE_COMMAND)

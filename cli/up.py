@@ -19,7 +19,7 @@ import click
 import tomli_w
 
 from device_loop.coordinator.serve import default_data_dir
-from device_loop.core.ports import wait_port_open
+from device_loop.core.ports import free_port, port_is_free, wait_port_open
 from device_loop.core.process import ProcessRegistry, start_ticks
 from device_loop.exporter.config import ConfigError, parse_config
 
@@ -73,6 +73,9 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
     """Start a local lab: coordinator + exporter + simulated boards. Ctrl-C stops it."""
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    if not port_is_free("127.0.0.1", port):  # before anything starts: its exporter would join that lab
+        raise click.ClickException(f"port {port} is taken (another lab?): stop it, or start this one with "
+                                   f"--port {free_port()} and its own --data-dir")
     url = f"http://127.0.0.1:{port}"
     config = lab_config(data_dir, url, config_path)
     config_file = data_dir / "exporter.toml"

@@ -119,7 +119,8 @@ class Heartbeats(Lifecycle):
         """An older generation of this boot, or a boot that a newer start replaced: 409."""
         if previous is None:
             return
-        if report.boot_id in previous["superseded_boots"]:
+        # a replaced boot may take over again once its successor said goodbye or went silent
+        if report.boot_id in previous["superseded_boots"] and previous["online"]:
             raise conflict("superseded_boot",
                            f"boot {report.boot_id} of exporter {host_name} was replaced by a newer start; "
                            f"if two exporters run with the name {host_name!r}, give each its own [exporter] name")
@@ -261,7 +262,8 @@ class Heartbeats(Lifecycle):
             await self.store.save_host({"name": host_name, **row, "superseded_boots": []}, new=True)
             return
         if previous["boot_id"] != report.boot_id:
-            row["superseded_boots"] = (previous["superseded_boots"] + [previous["boot_id"]])[-SUPERSEDED_KEPT:]
+            earlier = [b for b in previous["superseded_boots"] if b != report.boot_id]
+            row["superseded_boots"] = (earlier + [previous["boot_id"]])[-SUPERSEDED_KEPT:]
         changed = {k: v for k, v in row.items() if previous.get(k) != v or k in ("generation", "last_seen")}
         await self.store.save_host({"name": host_name, **changed}, new=False)
 

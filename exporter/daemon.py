@@ -24,7 +24,7 @@ from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import DesiredState, Heartbeat
 
 from .config import ExporterConfig
-from .link import CoordinatorLink
+from .link import SUPERSEDED, CoordinatorLink
 from .orphans import OrphanWatch
 from .reconcile import Reconciler
 from .report import Reporter
@@ -56,6 +56,7 @@ class Exporter:
         self.stopping = threading.Event()
         self._desired_lock = threading.Lock()
         self._desired_as_of = float("-inf")  # coordinator time of the desired state applied
+        self.superseded = False  # a newer start took this exporter's name: it serves nothing
         self.etag: str | None = None
 
     # ---- what tests and the loops share -----------------------------------------------
@@ -174,12 +175,17 @@ class Exporter:
     def _changed(self) -> None:
         self.wake.set()
 
-    def _apply(self, desired: DesiredState | None) -> bool:
+    def _apply(self, desired: DesiredState | None, from_heartbeat: bool = False) -> bool:
         """Converge to ``desired`` unless a newer answer came meanwhile (the heartbeat's and
         the long-poll's answers may cross); True if a start or stop began."""
         if desired is None:
             return False
         with self._desired_lock:
+            if from_heartbeat:  # only a heartbeat's answer says whether this boot still has the name
+                self.superseded = desired is SUPERSEDED
+            if self.superseded:
+                self._desired_as_of, self.etag = float("-inf"), None
+                return self.reconciler.converge([])
             if desired.as_of < self._desired_as_of:
                 return False
             self._desired_as_of, self.etag = desired.as_of, desired.etag
@@ -197,7 +203,7 @@ class Exporter:
             resources = self.reporter.scan(self.reconciler.pids())
             self.reconciler.converge(resources=resources, retry=True)
             self.reconciler.stop_strays()
-        return self._apply(self.heartbeat())
+        return self._apply(self.heartbeat(), from_heartbeat=True)
 
     def cycle(self) -> None:
         """One whole pass, for tests and tools that drive an exporter by hand: scan, report,

@@ -14,8 +14,8 @@ from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.tokens import load_token
 
 log = logging.getLogger("device_loop.exporter")
-# a newer start of this exporter took its name: serve nothing, whatever comes later
-NOTHING_DESIRED = DesiredState.model_construct(as_of=float("inf"))
+# a newer start of this exporter took its name: serve nothing while it has it
+SUPERSEDED = DesiredState()
 
 
 class CoordinatorLink:
@@ -39,7 +39,7 @@ class CoordinatorLink:
             return DesiredState.model_validate(answer)
         log.error("heartbeat refused (%d): %s", response.status_code, answer.get("message", answer))
         if answer.get("error") == "superseded_boot":
-            return NOTHING_DESIRED
+            return SUPERSEDED
         if 400 <= response.status_code < 500:
             return self._desired(self._http, {})
         return None

@@ -308,6 +308,24 @@ async def test_a_replaced_boot_is_refused_so_two_exporters_with_one_name_do_not_
         assert len((await api.get("/devices/b1/log")).json()) == 1
 
 
+async def test_a_replaced_boot_takes_over_once_its_successor_is_gone(tmp_path):
+    async with in_process_lab(tmp_path, offline_after_min_s=10) as (client, rules, clock):
+        api = client()
+        first, second = FakeExporter(api, "pi"), FakeExporter(api, "pi")
+        assert (await first.beat([device("b0")])).status_code == 200
+        assert (await second.beat([device("b0")], stopping=True)).status_code == 200  # came, and said goodbye
+        assert (await first.beat([device("b0")])).status_code == 200, "the first may serve again"
+        assert await state_of(api, "b0") == "idle"
+
+        second.reboot()
+        assert (await second.beat([device("b0")])).status_code == 200  # a newer start again
+        assert (await first.beat([device("b0")])).status_code == 409
+        clock.advance(60)
+        await rules.reap()  # ... which went silent
+        assert (await first.beat([device("b0")])).status_code == 200
+        assert await state_of(api, "b0") == "idle"
+
+
 async def test_active_lease_is_not_ready_while_its_services_are_rebuilt(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api, exporter, lease = await leased_board(client)

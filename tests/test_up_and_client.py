@@ -1,5 +1,6 @@
 """`device-loop up` as a user runs it, and the Python client library against it."""
 import signal
+import socket
 import subprocess
 import sys
 
@@ -76,3 +77,12 @@ def test_client_library_waits_and_releases_even_on_error(lab):
     assert lease.state == "released"
     assert lab_client.lease(lease.id).state == "released"
     assert lab_client.my_leases() == []
+
+
+def test_up_on_a_taken_port_starts_nothing(tmp_path, env):
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # another lab's coordinator, say
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(tmp_path / "lab"),
+                                 "--port", str(port)], env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and f"port {port} is taken" in result.stderr
+    assert recorded_pids(tmp_path / "lab" / "up") == {} and not (tmp_path / "lab" / "exporter.toml").exists()

@@ -33,12 +33,13 @@ def default_user() -> str:
 
 
 class Coordinator:
-    def __init__(self, url: str | None = None, user: str | None = None, timeout: float = 15.0, retries: int = 3):
+    def __init__(self, url: str | None = None, user: str | None = None, timeout: float = 15.0, retries: int = 3,
+                 token: str | None = None):
         self.url = (url or default_url()).rstrip("/")
         self.user = user or default_user()
         self.retries = retries
         try:
-            token = load_token()
+            token = token or load_token()
         except TokenFileError as exc:
             raise CoordinatorError("token_file_unsafe", str(exc)) from None
         headers = {USER_HEADER: self.user} | ({"Authorization": f"Bearer {token}"} if token else {})

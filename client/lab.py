@@ -1,14 +1,15 @@
 """The Python client library.
 
     with Lab(url).reserve("sim-board-0", ttl="10m") as lease:
-        host, port = lease.endpoint("uart")
-        ...
+        with lease.connect("uart") as console:   # a socket, past the lease gate if the lab has one
+            console.sendall(b"uname\r")
 
 ``reserve`` answers at once with a pending lease; entering the ``with`` block waits
 until its endpoints are up, and leaving it releases the lease, also on exceptions.
 """
 from __future__ import annotations
 
+import socket
 import time
 
 from device_loop.core.durations import parse_duration
@@ -23,8 +24,10 @@ class LeaseFailed(CoordinatorError):
 
 
 class Lab:
-    def __init__(self, url: str | None = None, user: str | None = None):
-        self.api = Coordinator(url, user)
+    def __init__(self, url: str | None = None, user: str | None = None, token: str | None = None):
+        """``url`` (else ``$DEVICE_LOOP_COORDINATOR``), ``token`` (else ``$DEVICE_LOOP_TOKEN`` or
+        ``~/.config/device-loop/token``); ``user`` counts only in a lab without tokens."""
+        self.api = Coordinator(url, user, token=token)
 
     def devices(self) -> list[dict]:
         return self.api.get("/devices")
@@ -63,13 +66,29 @@ class Lease:
     def endpoints(self) -> list[dict]:
         return self.data["endpoints"]
 
-    def endpoint(self, kind: str) -> tuple[str, int]:
-        """``(host, port)`` of the first endpoint of ``kind`` (``uart``, ``adb``...)."""
+    def _endpoint(self, kind: str, protocol: str | None = None) -> dict:
         for endpoint in self.endpoints:
-            if endpoint["kind"] == kind:
-                return endpoint["host"], endpoint["port"]
-        raise KeyError(f"lease {self.id} has no {kind} endpoint (it has: "
+            if endpoint["kind"] == kind and protocol in (None, endpoint.get("protocol")):
+                return endpoint
+        raise KeyError(f"lease {self.id} has no {kind} endpoint{f' speaking {protocol}' if protocol else ''} (it has: "
                        f"{', '.join(e['kind'] for e in self.endpoints) or 'none yet'})")
+
+    def endpoint(self, kind: str) -> tuple[str, int]:
+        """``(host, port)`` of the first endpoint of ``kind`` (``uart``, ``adb``...). In a lab
+        with tokens it asks for the lease's secret first: use ``connect``."""
+        endpoint = self._endpoint(kind)
+        return endpoint["host"], endpoint["port"]
+
+    def connect(self, kind: str, protocol: str | None = None, timeout: float = 10.0) -> socket.socket:
+        """A TCP connection to the first endpoint of ``kind`` (and ``protocol``), past the
+        lease gate where there is one: in a lab with tokens the connection first sends
+        ``DEVLOOP <secret>\n`` and reads ``OK\n``, and then it is the service's."""
+        endpoint = self._endpoint(kind, protocol)
+        if self.data.get("secret"):
+            from device_loop.core.gate import connect_gated  # (asyncio and friends: only when needed)
+
+            return connect_gated(endpoint["host"], endpoint["port"], self.data["secret"], timeout)
+        return socket.create_connection((endpoint["host"], endpoint["port"]), timeout=timeout)
 
     def refresh(self, wait_s: float = 0) -> "Lease":
         """Fetch the lease again; with ``wait_s``, wait that long for it to leave ``pending``."""

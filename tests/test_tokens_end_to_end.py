@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import Coordinator, Exporter, sim_devices, wait_for
+from device_loop.client import Lab
 from helpers import uart_exchange
 from test_end_to_end import run_cli, wait_state
 
@@ -50,6 +51,14 @@ def test_a_lab_with_tokens(tmp_path, env):
                                    lease["id"], "--timeout", "1"], input=b"uname\r", env=env,
                                   capture_output=True, timeout=30)
             assert b"Linux sim-board-0" in said.stdout, said.stderr
+            with Lab(url, token=alice_token["token"]).lease(lease["id"]).connect("uart") as conn:
+                conn.settimeout(5)  # the Python client spoke the gate's handshake: this is the console now
+                conn.sendall(b"hostname\r")
+                said = b""
+                while b"sim-board-0\r\n" not in said:
+                    chunk = conn.recv(4096)
+                    assert chunk, f"the console closed after {said!r}"
+                    said += chunk
 
             listed = run_cli(root, url, "admin", "token", "ls").stdout
             assert "exporter host-a" in listed and "alice" in listed and alice_token["token"] not in listed

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import wait_for
+from conftest import SRC, wait_for
 from device_loop.client import Lab
 from device_loop.core.ports import free_port
 from helpers import pid_alive, port_open, recorded_pids, uart_exchange
@@ -86,3 +86,15 @@ def test_up_on_a_taken_port_starts_nothing(tmp_path, env):
                                  "--port", str(port)], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 1 and f"port {port} is taken" in result.stderr
     assert recorded_pids(tmp_path / "lab" / "up") == {} and not (tmp_path / "lab" / "exporter.toml").exists()
+
+
+def test_lab_up_installs_only_when_the_project_changed(env):
+    if not (SRC / ".venv" / ".installed-test").exists():
+        pytest.skip("the suite was not started with ./lab test")
+    installed_before = (SRC / ".venv" / ".installed").exists()
+    result = subprocess.run([str(SRC / "lab"), "up", "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "Start a local lab" in result.stdout
+    if installed_before:  # installed for `up` before: nothing to do now
+        assert "installing" not in result.stderr, result.stderr
+    result = subprocess.run([str(SRC / "lab"), "up", "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert "installing" not in result.stderr and "Editable" not in result.stderr, result.stderr

@@ -49,9 +49,9 @@ class Leases(Views):
         if not ttl_s >= 1 or ttl_s == float("inf"):  # REST's schema says so too; MCP comes here directly
             raise APIError(422, "invalid", f"ttl_s must be at least 1 second, not {ttl_s!r}")
         if ttl_s > self.settings.max_ttl_s:
-            raise APIError(422, "ttl_too_long",
-                           f"ttl {format_duration(ttl_s)} is over this lab's maximum of "
-                           f"{format_duration(self.settings.max_ttl_s)}")
+            asked = f"of {format_duration(ttl_s)}" if ttl_s < 100 * 365 * 86400 else "of over a century"
+            raise APIError(422, "ttl_too_long", f"a ttl {asked} is over this lab's maximum of "
+                                                f"{format_duration(self.settings.max_ttl_s)}")
         return ttl_s
 
     async def _unknown_device(self, name: str) -> APIError:

@@ -26,6 +26,7 @@ class CoordinatorLink:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx2.Client(base_url=url, timeout=timeout, headers=self._headers)
         self._path = f"/api/v1/hosts/{host_name}"
+        self._last_refusal: str | None = None  # said once, not at every heartbeat
 
     def heartbeat(self, report: Heartbeat) -> DesiredState | None:
         try:
@@ -36,8 +37,14 @@ class CoordinatorLink:
             log.warning("coordinator unreachable (%s); services keep running as they are", exc)
             return None
         if response.status_code == 200:
+            if self._last_refusal:
+                log.info("heartbeats are accepted again")
+            self._last_refusal = None
             return DesiredState.model_validate(answer)
-        log.error("heartbeat refused (%d): %s", response.status_code, answer.get("message", answer))
+        refusal = f"heartbeat refused ({response.status_code}): {answer.get('message', answer)}"
+        if refusal != self._last_refusal:
+            log.error("%s%s", refusal, "; retrying every heartbeat period, quietly" if response.status_code < 500 else "")
+        self._last_refusal = refusal
         if answer.get("error") == "superseded_boot":
             return SUPERSEDED
         if 400 <= response.status_code < 500:

@@ -29,11 +29,17 @@ async def test_bad_input_gets_clear_4xx(tmp_path):
             (await api.get("/no/such/route"), 404, "not_found"),
             (await api.delete("/devices"), 405, "method_not_allowed"),
             (await api.post("/leases/lease-nope/renew", json={"ttl_s": "x"}), 422, "invalid"),
+            (await api.post("/leases", json={"device": "b0", "ttl_s": True}), 422, "invalid"),
+            (await api.post("/leases", json={"device": "b0", "ttl_s": "60"}), 422, "invalid"),
+            (await api.post("/leases", json={"device": "b0", "ttl_s": 1e308}), 422, "ttl_too_long"),
+            (await api.post("/leases", json={"device": "b0", "ttl_s": 3651 * 86400}), 422, "ttl_too_long"),
         ]
         for response, status, code in cases:
             assert (response.status_code, response.json()["error"]) == (status, code), response.text
             assert response.json()["message"]
         assert "known devices: b0" in cases[5][0].json()["message"]
+        assert cases[-2][0].json()["message"] == "a ttl of over a century is over this lab's maximum of 7d00h"
+        assert cases[-1][0].json()["message"] == "a ttl of 3651d00h is over this lab's maximum of 7d00h"
 
 
 async def test_reports_cannot_carry_coordinator_owned_fields(tmp_path):

@@ -4,6 +4,7 @@ import json
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -73,10 +74,12 @@ def test_a_lab_with_tokens(tmp_path, env):
 
 def test_an_exporter_without_its_token_is_refused(tmp_path, env):
     coordinator = Coordinator(tmp_path, env, extra=())
-    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0"))
+    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0"), heartbeat_s=0.2)
     try:
         wait_for(lambda: "heartbeat refused (401)" in exporter.output(), 15, what="the refusal in the log")
+        time.sleep(1.5)  # several heartbeat periods
         assert coordinator.api("/devices").json() == []
+        assert exporter.output().count("heartbeat refused") == 1 and "Traceback" not in exporter.output()
     finally:
         exporter.stop()
         coordinator.stop()

@@ -12,6 +12,7 @@ from device_loop.core.gate import serve_forward
 
 from .commands import _my_lease, json_option, lab_command
 from .lab import Lab
+from .output import fail
 
 
 def _hint(local: dict) -> str:
@@ -24,8 +25,21 @@ def _hint(local: dict) -> str:
     return f"nc 127.0.0.1 {local['port']}"
 
 
-async def _forward_all(pairs) -> None:
-    await asyncio.gather(*(serve_forward(listener, e["host"], e["port"], secret) for listener, e, secret in pairs))
+async def _forward_until_the_lease_ends(pairs, lease) -> dict:
+    """Serve every local port until the lease ends; the lease as it ended."""
+    forwarding = asyncio.gather(*(serve_forward(listener, e["host"], e["port"], secret)
+                                  for listener, e, secret in pairs))
+    while True:
+        watching = asyncio.create_task(asyncio.to_thread(lease.api.get, f"/leases/{lease.id}", wait=30,
+                                                         unless="active"))
+        done, _ = await asyncio.wait([forwarding, watching], return_when=asyncio.FIRST_COMPLETED)
+        if forwarding in done:
+            watching.cancel()
+            return forwarding.result()
+        ended = watching.result()
+        if ended["state"] not in ("pending", "active"):
+            forwarding.cancel()
+            return ended
 
 
 @click.command("forward")
@@ -33,7 +47,8 @@ async def _forward_all(pairs) -> None:
 @json_option
 @lab_command
 def forward_command(lab: Lab, target: str, as_json: bool):
-    """Local ports that pass your lease's gate; runs until Ctrl-C."""
+    """Local ports that pass your lease's gate; runs until Ctrl-C, or until the lease ends
+    (exit status 1)."""
     lease = _my_lease(lab, target)
     if not lease.data["ready"]:
         lease.wait_ready(60)
@@ -53,6 +68,7 @@ def forward_command(lab: Lab, target: str, as_json: bool):
             click.echo(f"  {entry['kind']:<6} 127.0.0.1:{entry['port']:<6} {_hint(entry)}")
     click.get_text_stream("stdout").flush()
     try:
-        asyncio.run(_forward_all(pairs))
+        ended = asyncio.run(_forward_until_the_lease_ends(pairs, lease))
     except KeyboardInterrupt:
-        pass
+        return
+    fail(as_json, "lease_ended", f"lease {lease.id} is {ended['state']} ({ended['reason']}): forwarding stopped")

@@ -9,6 +9,7 @@ every route, admin ones included, but holds only its own leases).
 """
 from __future__ import annotations
 
+import getpass
 import hashlib
 import re
 import secrets
@@ -22,6 +23,7 @@ from device_loop.core.durations import iso
 from .errors import APIError
 
 USER_HEADER = "X-Device-Loop-User"
+LAB_OWNER = getpass.getuser()  # the login the coordinator runs as
 # no "@" in token names: tailnet logins have one, so the two never name the same person
 USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -64,8 +66,9 @@ async def caller_identity(request: Request) -> Identity:
 async def _identify(request: Request) -> Identity:
     app = request.app.state
     if app.single_user:
-        # `device-loop up` on loopback: one person's lab, everyone local is trusted
-        return Identity(request.headers.get(USER_HEADER, "").strip()[:64] or "local", trusted=True)
+        # `device-loop up` on loopback: one person's lab, everyone local is trusted; who
+        # does not say (an agent) is that person, as the CLI in their shell is
+        return Identity(request.headers.get(USER_HEADER, "").strip()[:64] or LAB_OWNER, trusted=True)
     header = request.headers.get("authorization", "")
     if not header:
         return await _tailnet_identity(request) if app.tailnet_socket else ANONYMOUS

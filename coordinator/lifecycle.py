@@ -21,6 +21,9 @@ class Settings:
     gated: bool = True  # endpoints ask for the lease's secret (off in the single-user trust mode)
 
 
+STATES = ("unregistered", "idle", "allocating", "in_use", "reclaiming", "faulty", "offline", "conflict", "retired")
+
+
 def device_state(facts: dict) -> str:
     """The lifecycle state that follows from a device's facts: its row, ``host_online``
     and ``lease_state`` (of its live lease, if any)."""

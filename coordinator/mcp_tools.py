@@ -17,7 +17,8 @@ from device_loop.core.uart_client import exchange
 from device_loop.core.usage import commands
 
 from .errors import APIError
-from .identity import USER, Identity, caller_identity, check_access
+from .identity import ANYONE, USER, Identity, caller_identity, check_access
+from .lifecycle import STATES
 from .origin import allowed_hosts
 
 EXCHANGE_MAX_WAIT_S = 10.0
@@ -29,11 +30,16 @@ def build_mcp(rules) -> MCPServer:
         "Reserve lab devices by name, wait until their endpoints are up, talk to them, give them back. "
         "reserve never blocks: poll lease_status until ready. Release what you no longer need."))
 
-    async def who(ctx: Context) -> Identity:
+    async def who(ctx: Context, access: str = USER) -> Identity:
+        """The caller, if it may call a tool of ``access`` (the public board's are ANYONE's,
+        as the same REST routes are)."""
         try:
             identity = await caller_identity(ctx.request_context.request)
-            check_access(USER, identity)
+            check_access(access, identity)
         except APIError as exc:
+            if exc.code == "unauthenticated":  # an agent has no token file: say what it sends
+                raise ToolError("this needs a token: send it as the HTTP header 'Authorization: Bearer TOKEN' "
+                                "(ask a lab admin for one)") from None
             raise ToolError(exc.message) from None
         return identity
 
@@ -47,7 +53,9 @@ def build_mcp(rules) -> MCPServer:
     async def list_devices(ctx: Context, state: str | None = None, tags: list[str] | None = None) -> dict[str, Any]:
         """Devices of the lab with state, host, holder and time left; filter by state
         (idle, in_use, ...) and by tags (all must match)."""
-        await who(ctx)
+        await who(ctx, ANYONE)
+        if state is not None and state not in STATES:
+            raise ToolError(f"no device state is called {state!r}; the states are {', '.join(STATES)}")
         devices = [d for d in await rules.list_devices()
                    if (state is None or d["state"] == state) and set(tags or ()) <= set(d["tags"])]
         return {"devices": devices}
@@ -55,7 +63,7 @@ def build_mcp(rules) -> MCPServer:
     @server.tool()
     async def device_info(ctx: Context, device: str) -> dict[str, Any]:
         """One device: class, tags, state, host, holder, resources and their health."""
-        await who(ctx)
+        await who(ctx, ANYONE)
         return await ask(rules.device_info(device))
 
     @server.tool()
@@ -88,7 +96,7 @@ def build_mcp(rules) -> MCPServer:
     @server.tool()
     async def device_log(ctx: Context, device: str) -> dict[str, Any]:
         """The device's last 20 state changes: time, from, to, cause, actor."""
-        await who(ctx)
+        await who(ctx, ANYONE)
         return {"entries": await ask(rules.device_log(device))}
 
     @server.tool()
@@ -96,6 +104,8 @@ def build_mcp(rules) -> MCPServer:
         """Send text to the leased device's UART once (include the line ending, e.g. '\\r')
         and return what it printed within wait_s seconds (at most 10 s and 64 KiB)."""
         caller = await who(ctx)
+        if len(send.encode()) > EXCHANGE_MAX_BYTES:
+            raise ToolError(f"send is {len(send.encode())} bytes; at most {EXCHANGE_MAX_BYTES // 1024} KiB go at once")
         lease = await ask(rules.lease_status(lease_id, caller.name, caller.admin))
         uarts = sorted((e for e in lease["endpoints"] if e["kind"] == "uart"), key=lambda e: e.get("protocol") != "rfc2217")
         if not lease["ready"] or not uarts:

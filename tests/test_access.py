@@ -1,5 +1,6 @@
 """Who may call what: every route is called without credentials, with a bad token, and
 with each kind of token, and held to the route table (DESIGN §7)."""
+import getpass
 import re
 
 import pytest
@@ -156,3 +157,12 @@ async def test_admins_act_on_any_lease_and_every_action_is_audited(tmp_path):
         for expected in [("root", "revoke"), ("root", "retire"), ("root", "unretire"), ("root", "drain"),
                          ("root", "undrain"), ("root", "renew"), ("alice", "reserve")]:
             assert expected in actions
+
+
+async def test_in_the_trust_mode_who_does_not_say_is_the_lab_owner(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        await FakeExporter(client(), "host-a").beat([device("b0")])
+        agent = client(user="")  # an MCP client sends no user header; the CLI sends the login name
+        lease = (await agent.post("/leases", json={"device": "b0"})).json()
+        assert lease["holder"] == getpass.getuser()
+        assert (await client(user=getpass.getuser()).get(f"/leases/{lease['id']}")).status_code == 200

@@ -89,6 +89,10 @@ def test_forward_gives_unmodified_tools_the_uart_and_adb(gated_lab):
         assert "List of devices attached" in through_cli.stdout
         gated_env = run_cli(alice, url, "env", "pixel", "--json", check=False)
         assert gated_env.returncode == 1 and "device-loop forward" in json.loads(gated_env.stdout)["message"]
+
+        run_cli(alice, url, "release", phone["id"])  # the forward of a lease that ended says so, and exits
+        assert proc.wait(15) == 1
+        assert json.loads(proc.stdout.read())["error"] == "lease_ended"
     finally:
         for proc in procs:
             proc.terminate()

@@ -148,10 +148,9 @@ def token_revoke(ctx, token_id, database_url, data_dir, as_json):
     url = _database_url(database_url, data_dir)
     if url:
         async def revoke(store):
-            if not await store.revoke_token(token_id, time.time()):
-                raise click.ClickException(f"unknown token {token_id!r} (or revoked already)")
-            await _audit_direct(store, "token_revoke", {"id": token_id})
-            return {"id": token_id, "revoked": True}
+            from device_loop.coordinator.rules import Rules
+
+            return await Rules(store).revoke_token(token_id, f"database:{getpass.getuser()}")
         emit(as_json, asyncio.run(_on_database(url, revoke)), lambda r: f"{token_id} revoked")
     else:
         ctx.invoke(_token_revoke_api, token_id=token_id, as_json=as_json)
@@ -201,9 +200,12 @@ def admin_drain(lab, host, undo, as_json):
 @lab_command
 def admin_audit(lab, as_json):
     """The last 100 entries of the audit log (leases, admin actions)."""
+    def detail(row: dict) -> str:
+        return " ".join(f"{k}={v}" for k, v in sorted(row["detail"].items())) or "-"
+
     emit(as_json, lab.api.get("/admin/audit"), lambda rows: table(
-        ["TIME", "ACTOR", "ACTION", "DEVICE", "LEASE"],
-        [[r["at"], r["actor"], r["action"], r["device"] or "-", r["lease"] or "-"] for r in rows]))
+        ["TIME", "ACTOR", "ACTION", "DEVICE", "LEASE", "DETAIL"],
+        [[r["at"], r["actor"], r["action"], r["device"] or "-", r["lease"] or "-", detail(r)] for r in rows]))
 
 
 @admin_group.command("candidates")

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from device_loop.client.commands import COMMANDS
+from device_loop.client.commands import COMMANDS, coordinator_url
 
 # Commands that run a server (or a terminal) import a larger stack; load them only when
 # they run, so that the other client commands start fast.
@@ -39,7 +39,7 @@ class Commands(click.Group):
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR",
+@click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR", callback=coordinator_url,
               help="coordinator URL (or DEVICE_LOOP_COORDINATOR; default http://127.0.0.1:7420)")
 @click.option("--user", envvar="DEVICE_LOOP_USER", help="who you are to the lab (or DEVICE_LOOP_USER; default: your login)")
 @click.version_option(package_name="device-loop")

@@ -16,10 +16,27 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON o
 
 
 def _ttl(ctx, param, value):
+    if value is None:
+        return None
     try:
         return parse_duration(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def coordinator_url(ctx, param, value):
+    """``--coordinator``: a URL, not a bare address (which would fail later, obscurely)."""
+    if value and not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{value!r} is not a URL; did you mean http://{value} ?")
+    return value
+
+
+def _said_on_the_command_line(ctx: click.Context, name: str) -> bool:
+    while ctx is not None:
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            return True
+        ctx = ctx.parent
+    return False
 
 
 def lab_command(func):
@@ -28,14 +45,17 @@ def lab_command(func):
     ``--coordinator`` and ``--user`` work after the command name as well as before it.
     """
 
-    @click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR", help="coordinator URL")
-    @click.option("--user", envvar="DEVICE_LOOP_USER", help="who you are to the lab")
+    @click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR", callback=coordinator_url, help="coordinator URL")
+    @click.option("--user", envvar="DEVICE_LOOP_USER", help="who you are to the lab (without tokens only)")
     @functools.wraps(func)
-    @click.pass_obj
-    def wrapper(obj, *args, coordinator=None, user=None, as_json=False, **kwargs):
+    @click.pass_context
+    def wrapper(ctx, *args, coordinator=None, user=None, as_json=False, **kwargs):
         lab = None
         try:
-            lab = Lab(coordinator or obj["coordinator"], user or obj["user"])
+            lab = Lab(coordinator or ctx.obj["coordinator"], user or ctx.obj["user"])
+            if "Authorization" in lab.api.http.headers and _said_on_the_command_line(ctx, "user"):
+                click.echo("device-loop: note: --user counts only in a lab without tokens; "
+                           "this one knows you by your token", err=True)
             return func(lab, *args, as_json=as_json, **kwargs)
         except CoordinatorError as exc:
             fail(as_json, exc.code, exc.message)
@@ -46,13 +66,19 @@ def lab_command(func):
     return wrapper
 
 
-def _my_lease(lab: Lab, target: str) -> Lease:
-    """A lease id, or the caller's live lease on a device name."""
+def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
+    """A lease id, or the caller's live lease on a device name (``ended_too``: else their
+    last one there, to say how it ended)."""
     if target.startswith(LEASE_PREFIX):
         return lab.lease(target)
-    for lease in lab.my_leases():
-        if lease.data["device"] == target:
-            return lease
+    leases = lab.my_leases(device=target)
+    if leases and (ended_too or leases[0].state in ("pending", "active")):
+        return leases[0]
+    lab.api.get(f"/devices/{target}")  # an unknown device says so
+    if leases:
+        ended = leases[0].data
+        raise CoordinatorError("lease_ended", f"your last lease on {target}, {ended['id']}, is {ended['state']} "
+                                              f"({ended['reason']}, at {ended['ended_at']})")
     raise CoordinatorError("no_lease", f"you hold no lease on {target!r}")
 
 
@@ -97,18 +123,20 @@ def hosts_command(lab: Lab, as_json: bool):
 @click.argument("device")
 @click.option("--ttl", default="30m", show_default=True, callback=_ttl, help="90s, 30m, 2h, 1d")
 @click.option("--wait", is_flag=True, help="return once the endpoints are up")
-@click.option("--timeout", default="60s", show_default=True, callback=_ttl, help="how long --wait waits")
+@click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: 60s]")
 @json_option
 @lab_command
-def reserve_command(lab: Lab, device: str, ttl: float, wait: bool, timeout: float, as_json: bool):
+def reserve_command(lab: Lab, device: str, ttl: float, wait: bool, timeout: float | None, as_json: bool):
     """Reserve DEVICE. Answers at once (pending) unless --wait."""
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout is how long --wait waits: give --wait too")
     lease = lab.reserve(device, ttl)
     if wait:
         try:
-            lease.wait_ready(timeout)
+            lease.wait_ready(60 if timeout is None else timeout)
         except LeaseFailed as exc:
             kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == "timeout" else ""
-            fail(as_json, exc.code, exc.message + kept)
+            fail(as_json, exc.code, exc.message + kept, lease=lease.id)
     emit(as_json, lease.data, lease_text)
 
 
@@ -138,7 +166,7 @@ def renew_command(lab: Lab, target: str, ttl: float, as_json: bool):
 def status_command(lab: Lab, target: str | None, as_json: bool):
     """Show a lease with its endpoints; without an argument, all of yours."""
     if target:
-        emit(as_json, _my_lease(lab, target).data, lease_text)
+        emit(as_json, _my_lease(lab, target, ended_too=True).data, lease_text)
     else:
         leases = [lease.data for lease in lab.my_leases()]
         emit(as_json, leases, lambda ls: "\n".join(map(lease_text, ls)) or "you hold no lease")

@@ -42,8 +42,10 @@ class Lab:
     def lease(self, lease_id: str) -> "Lease":
         return Lease(self.api, self.api.get(f"/leases/{lease_id}"))
 
-    def my_leases(self) -> list["Lease"]:
-        return [Lease(self.api, data) for data in self.api.get("/leases")]
+    def my_leases(self, device: str | None = None) -> list["Lease"]:
+        """Your live leases; with ``device``, your lease on it (or, if it ended, your last)."""
+        params = {"device": device} if device else {}
+        return [Lease(self.api, data) for data in self.api.get("/leases", **params)]
 
     def log(self, device: str) -> list[dict]:
         return self.api.get(f"/devices/{device}/log")

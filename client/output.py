@@ -26,9 +26,10 @@ def emit(as_json: bool, data, text) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else text(data))
 
 
-def fail(as_json: bool, code: str, message: str, exit_code: int = 1) -> None:
+def fail(as_json: bool, code: str, message: str, exit_code: int = 1, **fields) -> None:
+    """Refuse: ``{"error", "message", **fields}`` with --json (``lease`` when one is left behind)."""
     if as_json:
-        click.echo(json.dumps({"error": code, "message": message}))
+        click.echo(json.dumps({"error": code, "message": message, **fields}))
     else:
         click.echo(f"device-loop: {message}", err=True)
     sys.exit(exit_code)

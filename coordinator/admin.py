@@ -1,6 +1,8 @@
 """What only admins do: retire devices, drain hosts, adopt network candidates."""
 from __future__ import annotations
 
+from device_loop.core.durations import iso
+
 from .errors import conflict, not_found
 from .leases import Leases
 from .notify import host_key
@@ -53,6 +55,17 @@ class Admin(Leases):
             self._notify(host_key(candidate["host"]))
         return {"identifier": identifier, "name": name, "host": candidate["host"],
                 "note": f"{name} appears once exporter {candidate['host']} reports it (at its next heartbeat)"}
+
+    async def revoke_token(self, token_id: str, admin: str) -> dict:
+        async with self.store.tx():
+            token = await self.store.token(token_id)
+            if token is None:
+                raise not_found("token", token_id)
+            if token["revoked_at"] is not None:
+                raise conflict("already_revoked", f"token {token_id} was revoked already, at {iso(token['revoked_at'])}")
+            await self.store.revoke_token(token_id, self.clock())
+            await self._audit(admin, "token_revoke", None, None, {"id": token_id})
+        return {"id": token_id, "revoked": True}
 
     async def record(self, actor: str, action: str, detail: dict) -> None:
         """An admin action that is not about a device or lease (tokens), for the audit log."""

@@ -141,7 +141,8 @@ async def reserve(request: Request) -> Response:
 
 
 async def my_leases(request: Request) -> Response:
-    return _json(await _rules(request).my_leases((await _caller(request)).name))
+    device = request.query_params.get("device")
+    return _json(await _rules(request).my_leases((await _caller(request)).name, device))
 
 
 async def lease_status(request: Request) -> Response:
@@ -180,11 +181,8 @@ async def list_tokens(request: Request) -> Response:
 
 @idempotent
 async def revoke_token(request: Request) -> Response:
-    rules, token_id = _rules(request), request.path_params["token_id"]
-    if not await rules.store.revoke_token(token_id, rules.clock()):
-        raise not_found("token", token_id)
-    await rules.record((await _caller(request)).name, "token_revoke", {"id": token_id})
-    return _json({"id": token_id, "revoked": True})
+    rules = _rules(request)
+    return _json(await rules.revoke_token(request.path_params["token_id"], (await _caller(request)).name))
 
 
 @idempotent

@@ -395,6 +395,11 @@ class Store:
         return await self._all(f"{self._LEASE_VIEW} WHERE l.holder = :h AND l.state IN {_LIVE_SQL} "
                                "ORDER BY l.created_at", h=holder)
 
+    async def last_lease_view(self, holder: str, device: str) -> dict | None:
+        """``holder``'s latest lease on ``device``, live or ended."""
+        return await self._one(f"{self._LEASE_VIEW} WHERE l.holder = :h AND l.device = :d "
+                               "ORDER BY l.created_at DESC LIMIT 1", h=holder, d=device)
+
     async def live_leases_of_holder(self, holder: str) -> list[dict]:
         return await self._all(f"SELECT * FROM leases WHERE holder = :h AND state IN {_LIVE_SQL} ORDER BY created_at",
                                h=holder)
@@ -450,17 +455,17 @@ class Store:
         async with self.tx():
             await self._insert("tokens", row)
 
+    async def token(self, token_id: str) -> dict | None:
+        return await self._one("SELECT * FROM tokens WHERE id = :id", id=token_id)
+
     async def token_by_hash(self, digest: str) -> dict | None:
         return await self._one("SELECT * FROM tokens WHERE hash = :h", h=digest)
 
     async def tokens(self) -> list[dict]:
         return await self._all("SELECT * FROM tokens ORDER BY created_at")
 
-    async def revoke_token(self, token_id: str, now: float) -> bool:
-        async with self.tx():
-            done = await self._one("UPDATE tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL "
-                                   "RETURNING id", now=now, id=token_id)
-        return done is not None
+    async def revoke_token(self, token_id: str, now: float) -> None:
+        await self._exec("UPDATE tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL", now=now, id=token_id)
 
     # ---- network candidates and adoptions ---------------------------------------------
 

@@ -107,7 +107,11 @@ class Views(Lifecycle):
     async def lease_status(self, lease_id: str, caller: str, admin: bool = False) -> dict:
         return lease_json(await self._own_lease_view(lease_id, caller, admin))
 
-    async def my_leases(self, caller: str) -> list[dict]:
+    async def my_leases(self, caller: str, device: str | None = None) -> list[dict]:
+        """The caller's live leases; on one ``device``, their lease there, live or the last that ended."""
+        if device is not None:
+            view = await self.store.last_lease_view(caller, device)
+            return [lease_json(view)] if view else []
         return [lease_json(v) for v in await self.store.live_lease_views_of_holder(caller)]
 
     async def wait_lease(self, lease_id: str, caller: str, unless_state: str | None, wait_s: float, gone,

@@ -157,7 +157,11 @@ def test_allocation_timeout_fails_lease_cleanly(tmp_path, env):
     try:
         wait_state(coordinator, "sim-board-0", "idle")
         exporter.popen.send_signal(signal.SIGSTOP)  # a hung exporter: it never starts the service
-        lease = reserve(coordinator, "sim-board-0")
+        waited = run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait", "--timeout", "1s", "--json",
+                         check=False)
+        answer = json.loads(waited.stdout)
+        assert waited.returncode == 1 and answer["error"] == "timeout"
+        lease = {"id": answer["lease"]}  # the lease left behind is named as a field, not only in the message
         failed = wait_for(lambda: (l := coordinator.api(f"/leases/{lease['id']}").json())["state"] == "failed" and l,
                           10, what="lease failed")
         assert "did not come up within 2s" in failed["end_reason"]
@@ -212,8 +216,17 @@ def test_cli_round_trip(coordinator, exporter_factory, env):
     unknown = run_cli(env, url, "status", "lease-0000", "--json", check=False)
     assert unknown.returncode == 1 and json.loads(unknown.stdout)["error"] == "unknown_lease"
 
+    assert run_cli(env, url, "reserve", "sim-board-1", "--timeout", "5s", check=False).returncode == 2  # needs --wait
+    assert run_cli(env, "127.0.0.1:7521", "ls", check=False).returncode == 2  # not a URL
+    nosuch = run_cli(env, url, "release", "nosuch", "--json", check=False)
+    assert nosuch.returncode == 1 and json.loads(nosuch.stdout)["error"] == "unknown_device"
+
     released = json.loads(run_cli(env, url, "release", lease["id"], "--json").stdout)
     assert released["state"] == "released"
+    ended = json.loads(run_cli(env, url, "status", "sim-board-0", "--json").stdout)  # the last lease, ended
+    assert ended["id"] == lease["id"] and ended["state"] == "released"
+    again = run_cli(env, url, "release", "sim-board-0", "--json", check=False)
+    assert again.returncode == 1 and "is released" in json.loads(again.stdout)["message"]
     wait_state(coordinator, "sim-board-0", "idle")
     log = json.loads(run_cli(env, url, "log", "sim-board-0", "--json").stdout)
     assert log[-1]["to"] == "idle" and all({"at", "cause", "actor"} <= e.keys() for e in log)

@@ -64,6 +64,8 @@ def test_a_lab_with_tokens(tmp_path, env):
             listed = run_cli(root, url, "admin", "token", "ls").stdout
             assert "exporter host-a" in listed and "alice" in listed and alice_token["token"] not in listed
             run_cli(root, url, "admin", "token", "revoke", alice_token["id"])
+            twice = run_cli(root, url, "admin", "token", "revoke", alice_token["id"], "--json", check=False)
+            assert twice.returncode == 1 and "revoked already" in json.loads(twice.stdout)["message"]
             revoked = run_cli(env, url, "status", lease["id"], "--json", check=False)
             assert revoked.returncode == 1 and json.loads(revoked.stdout)["error"] == "bad_token"
         finally:

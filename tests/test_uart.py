@@ -144,7 +144,7 @@ def test_console_command_piped_and_logged(tmp_path, env, coordinator, pty_pair):
         assert b"you said: uname -a" in result.stdout
         assert b"you said: uname -a" in log.read_bytes()
         nobody = run_cli(env, coordinator.url, "console", "nope", check=False)
-        assert nobody.returncode == 1 and "you hold no lease on 'nope'" in nobody.stderr
+        assert nobody.returncode == 1 and "unknown device 'nope'" in nobody.stderr
     finally:
         stop.set()
         thread.join(2)

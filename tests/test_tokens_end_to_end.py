@@ -61,6 +61,13 @@ def test_a_lab_with_tokens(tmp_path, env):
                     assert chunk, f"the console closed after {said!r}"
                     said += chunk
 
+            mine = run_cli(env, url, "status", "--user", "carol")  # --user counts only without tokens: said so
+            assert lease["id"] in mine.stdout and "this one knows you by your token" in mine.stderr
+            run_cli(root, url, "admin", "drain", "host-a")
+            audit = run_cli(root, url, "admin", "audit").stdout
+            assert "drain" in audit and "host=host-a" in audit
+            run_cli(root, url, "admin", "drain", "host-a", "--undo")
+
             listed = run_cli(root, url, "admin", "token", "ls").stdout
             assert "exporter host-a" in listed and "alice" in listed and alice_token["token"] not in listed
             run_cli(root, url, "admin", "token", "revoke", alice_token["id"])

@@ -31,6 +31,9 @@ from .report import Reporter
 
 log = logging.getLogger("device_loop.exporter")
 LONG_POLL_S = 25.0
+# A report between scans goes at once, unless more starts and stops are in flight: then it
+# waits for them this long at most, so that a burst is reported in a few snapshots, not one each.
+REPORT_GAP_S = 0.01
 
 
 class Exporter:
@@ -235,6 +238,7 @@ class Exporter:
         long_poll = threading.Thread(target=self._long_poll, name="long-poll", daemon=True)
         try:
             while not self.stopping.is_set():
+                self.reconciler.wait_idle(REPORT_GAP_S)
                 self.wake.clear()
                 scan = time.monotonic() >= next_scan or self.scan_due.is_set()
                 if scan:

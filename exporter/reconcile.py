@@ -138,7 +138,8 @@ class Reconciler:
             self._failed(key, resource.device, resource.kind, f"{resource.kind}: {exc}")
             self.stop_strays(also=lease.id)
             return
-        self.records.started(lease.id, resource.identifier, resource.plugin, service.data)
+        if service.data:  # nothing noted, nothing to undo after a crash
+            self.records.started(lease.id, resource.identifier, resource.plugin, service.data)
         with self._lock:
             self.start_errors.pop(key, None)
             self.running[key] = Running(resource, lease, service)

@@ -109,10 +109,11 @@ def hosts_command(lab: Lab, as_json: bool):
         out = table(["HOST", "STATUS", "VERSION", "PROTO", "HEARTBEAT", "LOADED", "SKIPPED", "DEVICES"], rows)
         if not rows:
             return "no exporter has reported yet"
-        skipped = [f"  {h['name']}: {s['name']}: {s['reason']}" for h in hosts for s in h["plugins"]["skipped"]]
+        skipped = [f"  {h['name']}: {s['name']}: {s['reason']}" for h in hosts
+                   for s in h["plugins"]["skipped"] + h["plugins"].get("failing", [])]
         unserved = [f"  {h['name']}: {u['device']}: {u['reason']}"
                     for h in hosts for u in h["plugins"].get("unserved", [])]
-        for title, lines in (("skipped plugins", skipped), ("configured devices not served", unserved)):
+        for title, lines in (("skipped or failing plugins", skipped), ("configured devices not served", unserved)):
             if lines:
                 out += f"\n{title}:\n" + "\n".join(lines)
         return out

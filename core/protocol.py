@@ -101,6 +101,7 @@ class UnservedDevice(Strict):
 class PluginsReport(Strict):
     loaded: list[str] = Field(default_factory=list)
     skipped: list[SkippedPlugin] = Field(default_factory=list)
+    failing: list[SkippedPlugin] = Field(default_factory=list, description="loaded, but its last discovery raised")
     unserved: list[UnservedDevice] = Field(default_factory=list, description="configured, but no plugin serves it")
 
 

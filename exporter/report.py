@@ -35,6 +35,7 @@ class Reporter:
         self.resources: list[Resource] = []
         self.candidates: list[Resource] = []
         self._last_found: dict[str, list[Resource]] = {}
+        self.failing: dict[str, str] = {}  # plugin -> why its last discovery failed
         self._health: dict[str, Health] = {}
         self._busy: dict[str, list[dict]] = {}
         self._devices: list[DeviceReport] | None = None  # as last scanned, until the next scan
@@ -50,8 +51,10 @@ class Reporter:
             try:
                 found = self.plugins.call(name, "devloop_discover", host=self.host) or []
                 self._last_found[name] = [dataclasses.replace(r, plugin=name) for r in found]
-            except Exception:
+                self.failing.pop(name, None)
+            except Exception as exc:
                 log.exception("discovery of plugin %s failed; keeping what it found before", name)
+                self.failing[name] = f"discovery failed ({exc!r}); serving what it found before"
             resources += self._last_found.get(name, [])
         self.candidates = [r for r in resources if r.candidate and r.identifier not in self.adoptions]
         return [self._adopted(r) for r in resources if not r.candidate or r.identifier in self.adoptions]
@@ -94,7 +97,8 @@ class Reporter:
         return Heartbeat(
             protocol=PROTOCOL_VERSION, version=__version__, boot_id=self.boot_id, generation=self.generation,
             heartbeat_s=self.heartbeat_s, stopping=stopping,
-            plugins=PluginsReport(loaded=self.loaded, skipped=self.skipped, unserved=list(unserved)),
+            plugins=PluginsReport(loaded=self.loaded, skipped=self.skipped, unserved=list(unserved),
+                                  failing=[{"name": n, "reason": r} for n, r in sorted(self.failing.items())]),
             devices=self._devices, services=services,
             applied=sorted(applied),
             candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)

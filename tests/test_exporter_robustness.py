@@ -71,6 +71,8 @@ def test_failed_discovery_keeps_the_last_result_and_the_lease(tmp_path):
         plugin.discover_fails = True
         again = exporter.discover()
         assert again == resources and isinstance(again[0], Resource)
+        (failing,) = exporter.report().plugins.failing  # and hosts says so
+        assert failing.name == "flaky" and "sysfs read failed" in failing.reason
         assert not exporter.reconcile(desired(), again), "the running service must be left alone"
         assert ("lease-1", "flaky:x0") in exporter.running
     finally:

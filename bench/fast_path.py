@@ -265,7 +265,8 @@ def report_sizes(sizes: dict[int, dict], rounds: int) -> None:
     alone = pct(sizes[0]["byte"], 50)
     for n, r in sizes.items():
         p50 = pct(r["byte"], 50)
-        cycle = f"{r['rate']:9.0f} {r['rate_floor']:8.0f} {r['rate'] / r['rate_floor']:6.2f}" if n else f"{'-':>9} {'-':>8} {'-':>6}"
+        cycle = (f"{r['rate']:9.0f} {r['rate_floor']:8.0f} {r['rate'] / r['rate_floor']:6.2f}" if n
+                 else f"{'-':>9} {'-':>8} {'-':>6}")
         print(f"  {n:>10} {ms(p50)} {ms(pct(r['byte'], 99))} {p50 / pct(floor, 50):9.2f}x {p50 / alone:9.2f}x "
               f"{ms(pct(r['idle'], 50)):>18} {cycle} {r['rss']:6.1f} MiB {r['rss_agents']:5.1f} MiB")
 

@@ -69,7 +69,8 @@ def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
         wait(lambda: _healthy(api), 20, "coordinator")
         procs.insert(0, start(["exporter", "--config", str(tmp / "exporter.toml")], "exporter.log"))
         names = {d["name"] for d in devices}
-        wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, 60, "idle devices")
+        wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, 60,
+             "idle devices")
         yield LocalLab(api, url, procs[-1], env | {"DEVICE_LOOP_COORDINATOR": url, "DEVICE_LOOP_USER": "bench"})
     finally:
         api.close()

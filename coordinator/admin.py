@@ -62,7 +62,8 @@ class Admin(Leases):
             if token is None:
                 raise not_found("token", token_id)
             if token["revoked_at"] is not None:
-                raise conflict("already_revoked", f"token {token_id} was revoked already, at {iso(token['revoked_at'])}")
+                raise conflict("already_revoked",
+                               f"token {token_id} was revoked already, at {iso(token['revoked_at'])}")
             await self.store.revoke_token(token_id, self.clock())
             await self._audit(admin, "token_revoke", None, None, {"id": token_id})
         return {"id": token_id, "revoked": True}

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -13,7 +12,7 @@ from starlette.routing import Route
 from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.protocol import Heartbeat
 
-from .errors import APIError, bad_request, not_found
+from .errors import APIError, bad_request
 from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
 from .rules import Rules
 from .schemas import AdoptIn, DrainIn, RenewIn, ReserveIn, RetireIn, TokenIn

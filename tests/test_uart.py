@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-import serial
 
 from conftest import Exporter, uart_device, wait_for
 from device_loop.core.uart_client import open_uart

@@ -17,6 +17,7 @@ LAZY_COMMANDS = {
     "adb": "device_loop.client.adb:adb_command",
     "env": "device_loop.client.adb:env_command",
     "admin": "device_loop.cli.admin:admin_group",
+    "images": "device_loop.client.images:images_group",
     "forward": "device_loop.client.forward:forward_command",
     "up": "device_loop.cli.up:up_command",
     "coordinator": "device_loop.coordinator.serve:coordinator_command",

@@ -59,13 +59,20 @@ class Coordinator:
         """A mutating call: one Idempotency-Key, reused on every retry."""
         return self._request("POST", path, json=body or {}, headers={"Idempotency-Key": uuid.uuid4().hex})
 
-    def _request(self, method: str, path: str, **kwargs):
-        for attempt in range(self.retries):
+    def upload(self, path: str, params: dict, chunks):
+        """POST a body streamed from ``chunks`` (an iterator of bytes); tried once: a body
+        that was partly sent cannot be sent again. The upload itself may take long."""
+        timeout = httpx2.Timeout(self.http.timeout.read, write=None, read=600.0)
+        return self._request("POST", path, params=params, content=chunks, timeout=timeout, retries=1)
+
+    def _request(self, method: str, path: str, retries: int | None = None, **kwargs):
+        retries = retries or self.retries
+        for attempt in range(retries):
             try:
                 response = self.http.request(method, f"/api/v1{path}", **kwargs)
                 break
             except httpx2.TransportError as exc:
-                if attempt == self.retries - 1:
+                if attempt == retries - 1:
                     raise CoordinatorError("unreachable", f"cannot reach the coordinator at {self.url}: {exc}") from None
                 time.sleep(0.2 * 2 ** attempt)
         try:

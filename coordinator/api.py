@@ -15,7 +15,7 @@ from device_loop.core.protocol import Heartbeat
 from .errors import APIError, bad_request
 from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
 from .rules import Rules
-from .schemas import AdoptIn, DrainIn, RenewIn, ReserveIn, RetireIn, TokenIn
+from .schemas import AdoptIn, CollectIn, DrainIn, KnownGoodIn, RenewIn, ReserveIn, RetireIn, TokenIn
 from .store import UniqueViolation
 
 MAX_WAIT_S = 60.0
@@ -216,6 +216,46 @@ async def adopt_candidate(request: Request) -> Response:
                                    caller.name), 201)
 
 
+async def upload_image(request: Request) -> Response:
+    """The body is the image, streamed; what it is comes in the query string (name, for,
+    description; sha256 and size if the uploader knows them)."""
+    query, caller = request.query_params, await _caller(request)
+    try:
+        size = int(query["size"]) if "size" in query else None
+    except ValueError:
+        raise bad_request("size must be a whole number of bytes") from None
+    image, new = await _rules(request).upload(request.stream(), query.get("name", ""), query.get("for", ""),
+                                              query.get("description", ""), query.get("sha256"), size, caller.name)
+    return _json(image, 201 if new else 200)
+
+
+async def list_images(request: Request) -> Response:
+    return _json(await _rules(request).list_images(request.query_params.get("device")))
+
+
+async def image_info(request: Request) -> Response:
+    return _json(await _rules(request).image_info(request.path_params["ref"]))
+
+
+@idempotent
+async def remove_image(request: Request) -> Response:
+    caller = await _caller(request)
+    return _json(await _rules(request).remove_image(request.path_params["ref"], caller.name, caller.admin))
+
+
+@idempotent
+async def mark_image_good(request: Request) -> Response:
+    body = await _body(request, KnownGoodIn)
+    caller = await _caller(request)
+    return _json(await _rules(request).mark_good(request.path_params["ref"], body.target, caller.name))
+
+
+@idempotent
+async def collect_images(request: Request) -> Response:
+    body = await _body(request, CollectIn)
+    return _json(await _rules(request).collect_images(body.unused_days, (await _caller(request)).name))
+
+
 async def audit_log(request: Request) -> Response:
     return _json(await _rules(request).audit())
 
@@ -235,6 +275,10 @@ ROUTES = [
     ("GET", "/api/v1/leases/{lease_id}", USER, lease_status),
     ("POST", "/api/v1/leases/{lease_id}/renew", USER, renew),
     ("POST", "/api/v1/leases/{lease_id}/release", USER, release),
+    ("POST", "/api/v1/images", USER, upload_image),
+    ("GET", "/api/v1/images", USER, list_images),
+    ("GET", "/api/v1/images/{ref}", USER, image_info),
+    ("POST", "/api/v1/images/{ref}/remove", USER, remove_image),  # its uploader, or an admin
     ("POST", "/api/v1/admin/tokens", ADMIN, create_token),
     ("GET", "/api/v1/admin/tokens", ADMIN, list_tokens),
     ("POST", "/api/v1/admin/tokens/{token_id}/revoke", ADMIN, revoke_token),
@@ -244,6 +288,8 @@ ROUTES = [
     ("GET", "/api/v1/admin/audit", ADMIN, audit_log),
     ("GET", "/api/v1/admin/candidates", ADMIN, list_candidates),
     ("POST", "/api/v1/admin/candidates/{identifier:path}/adopt", ADMIN, adopt_candidate),
+    ("POST", "/api/v1/admin/images/{ref}/known-good", ADMIN, mark_image_good),
+    ("POST", "/api/v1/admin/images/gc", ADMIN, collect_images),
 ]
 
 

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -64,8 +65,13 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     their tailnet login (``tailnet_admins`` are admins).
     """
     store = Store(database_url)
+    settings = settings or Settings()
+    if settings.image_dir is None and store.dialect == "sqlite" and ":memory:" not in database_url:
+        # images beside the database, unless told otherwise (--image-dir)
+        settings = dataclasses.replace(settings, image_dir=str(Path(database_url.split("sqlite:///", 1)[1]).parent
+                                                              / "images"))
     # the data-plane gate goes with authentication: off exactly in the trust mode
-    rules = Rules(store, dataclasses.replace(settings or Settings(), gated=not single_user))
+    rules = Rules(store, dataclasses.replace(settings, gated=not single_user))
     state = {"rules": rules, "single_user": single_user, "tailnet_socket": tailnet_socket,
              "tailnet_admins": set(tailnet_admins)}
     agents = LazyAgents(rules, list(allowed_hosts), state)

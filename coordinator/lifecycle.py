@@ -19,6 +19,8 @@ class Settings:
     reaper_interval_s: float = 1.0
     max_leases_per_user: int = 10  # 0: no limit
     gated: bool = True  # endpoints ask for the lease's secret (off in the single-user trust mode)
+    image_dir: str | None = None  # where the image registry keeps its files
+    max_image_bytes: int = 8 << 30
 
 
 STATES = ("unregistered", "idle", "allocating", "in_use", "reclaiming", "faulty", "offline", "conflict", "retired")

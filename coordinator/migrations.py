@@ -162,4 +162,25 @@ MIGRATIONS: list[list[str]] = [
         "DROP TABLE device_log",
         "CREATE INDEX leases_state_expiry ON leases(state, expires_at)",
     ],
+    # 7: the image registry: content-addressed images, and which are known-good for what
+    [
+        """CREATE TABLE images (
+            sha256 TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            size BIGINT NOT NULL,
+            description TEXT NOT NULL,
+            target TEXT NOT NULL,
+            uploader TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            last_used_at DOUBLE PRECISION NOT NULL
+        )""",
+        """CREATE TABLE known_good (
+            id {serial},
+            target TEXT NOT NULL,
+            sha256 TEXT NOT NULL REFERENCES images(sha256),
+            marked_by TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX known_good_target ON known_good(target, id)",
+    ],
 ]

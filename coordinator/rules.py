@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from .admin import Admin
 from .heartbeats import Heartbeats
+from .image_files import ImageFiles
+from .images import Images
 from .lifecycle import Settings
 
 __all__ = ["Rules", "Settings"]
 
 
-class Rules(Admin, Heartbeats):
+class Rules(Admin, Heartbeats, Images):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.image_files = ImageFiles(self.settings.image_dir)
+
     async def reap(self) -> None:
         """Expire leases, fail allocations that took too long, mark silent hosts offline."""
         async with self.store.tx():

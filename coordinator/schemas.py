@@ -45,3 +45,11 @@ class AdoptIn(Strict):
     @classmethod
     def _not_a_lease_id(cls, name: str) -> str:
         return check_device_name(name)
+
+
+class KnownGoodIn(Strict):
+    target: str = Field(alias="for", min_length=1, max_length=64)
+
+
+class CollectIn(Strict):
+    unused_days: float = Field(default=30, ge=0, le=100 * 365)

@@ -52,8 +52,12 @@ def _seconds(ctx, param, value):
               help="a tailnet login that is an admin (repeatable)")
 @click.option("--max-leases-per-user", default=10, show_default=True, type=click.IntRange(0),
               help="live leases one person may hold at once (0: no limit; admins are exempt)")
+@click.option("--image-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="where the image registry keeps its files (default: DATA_DIR/images)")
+@click.option("--max-image-size", default=8192, show_default=True, type=click.IntRange(1),
+              help="the largest image an upload may bring, in MiB")
 def coordinator_command(database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user,
-                        allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user):
+                        allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir, max_image_size):
     """Run the coordinator (leases, devices, hosts, audit log) in the foreground."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if single_user and host not in ("127.0.0.1", "localhost", "::1"):
@@ -63,7 +67,8 @@ def coordinator_command(database_url, data_dir, host, port, allocating_timeout, 
             "SINGLE-USER TRUST MODE: no tokens; every caller on this machine is trusted as whoever it says it is, "
             "and may call every route, admin ones included")
     settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl,
-                        max_leases_per_user=max_leases_per_user)
+                        max_leases_per_user=max_leases_per_user, max_image_bytes=max_image_size << 20,
+                        image_dir=str(image_dir or Path(data_dir).expanduser() / "images"))
     app = create_app(database_url or sqlite_url(data_dir), settings, single_user=single_user, allowed_hosts=allowed_hosts,
                      tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins)
     # proxy_headers=False: a local caller must not be able to forge its address.

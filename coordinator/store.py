@@ -467,6 +467,50 @@ class Store:
     async def revoke_token(self, token_id: str, now: float) -> None:
         await self._exec("UPDATE tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL", now=now, id=token_id)
 
+    # ---- the image registry ---------------------------------------------------------------
+
+    async def insert_image(self, row: dict) -> None:
+        await self._insert("images", row)
+
+    async def image(self, ref: str) -> dict | None:
+        """An image by its sha256 or its name."""
+        return await self._one("SELECT * FROM images WHERE sha256 = :r OR name = :r", r=ref)
+
+    async def images(self, targets: list[str] | None = None) -> list[dict]:
+        """Every image (or those for ``targets``), with the targets it is known-good for."""
+        rows = await self._all("SELECT * FROM images ORDER BY created_at DESC")
+        good: dict[str, list[str]] = {}
+        for mark in await self._all("SELECT DISTINCT sha256, target FROM known_good ORDER BY target"):
+            good.setdefault(mark["sha256"], []).append(mark["target"])
+        return [{**r, "known_good_for": good.get(r["sha256"], [])} for r in rows
+                if targets is None or r["target"] in targets]
+
+    async def mark_known_good(self, row: dict) -> None:
+        await self._insert("known_good", row)
+
+    async def latest_known_good(self, target: str) -> dict | None:
+        return await self._one("SELECT i.*, k.at AS marked_at FROM known_good k JOIN images i ON i.sha256 = k.sha256 "
+                               "WHERE k.target = :t ORDER BY k.id DESC LIMIT 1", t=target)
+
+    async def sole_known_good_targets(self, sha256: str) -> list[str]:
+        """The targets for which this image is the only known-good one."""
+        rows = await self._all(
+            "SELECT target FROM known_good WHERE sha256 = :s AND target NOT IN "
+            "(SELECT target FROM known_good WHERE sha256 <> :s) GROUP BY target ORDER BY target", s=sha256)
+        return [r["target"] for r in rows]
+
+    async def delete_image(self, sha256: str) -> None:
+        await self._exec("DELETE FROM known_good WHERE sha256 = :s", s=sha256)
+        await self._exec("DELETE FROM images WHERE sha256 = :s", s=sha256)
+
+    async def images_unused_since(self, before: float) -> list[dict]:
+        """Images no target has as known-good, and that nothing used since ``before``."""
+        return await self._all("SELECT * FROM images WHERE last_used_at < :b AND sha256 NOT IN "
+                               "(SELECT sha256 FROM known_good) ORDER BY name", b=before)
+
+    async def device_classes(self) -> list[str]:
+        return [r["class"] for r in await self._all("SELECT DISTINCT class FROM devices ORDER BY class")]
+
     # ---- network candidates and adoptions ---------------------------------------------
 
     async def save_candidates(self, rows: list[dict]) -> None:

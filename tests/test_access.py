@@ -34,6 +34,9 @@ EXPECTED = {
     ("POST", "/api/v1/admin/devices/{device}/retire"): "admin", ("POST", "/api/v1/admin/hosts/{host}/drain"): "admin",
     ("GET", "/api/v1/admin/audit"): "admin", ("GET", "/api/v1/admin/candidates"): "admin",
     ("POST", "/api/v1/admin/candidates/{identifier:path}/adopt"): "admin",
+    ("POST", "/api/v1/images"): "user", ("GET", "/api/v1/images"): "user", ("GET", "/api/v1/images/{ref}"): "user",
+    ("POST", "/api/v1/images/{ref}/remove"): "user",
+    ("POST", "/api/v1/admin/images/{ref}/known-good"): "admin", ("POST", "/api/v1/admin/images/gc"): "admin",
     ("POST", "/mcp"): "tools",  # each tool checks its caller: tests/test_mcp.py calls them all
 }
 ALLOWED = {"anyone": {"nobody", "user", "host-a", "host-b", "admin"}, "user": {"user", "admin"},

@@ -100,6 +100,13 @@ def build_mcp(rules) -> MCPServer:
         return {"entries": await ask(rules.device_log(device))}
 
     @server.tool()
+    async def list_images(ctx: Context, device: str | None = None) -> dict[str, Any]:
+        """Images in the lab's registry (for ``device`` and its class, if given): name,
+        sha256, size, and which devices or classes each is known-good for."""
+        await who(ctx)
+        return {"images": await ask(rules.list_images(device))}
+
+    @server.tool()
     async def uart_exchange(ctx: Context, lease_id: str, send: str, wait_s: float = 2.0) -> dict[str, Any]:
         """Send text to the leased device's UART once (include the line ending, e.g. '\\r')
         and return what it printed within wait_s seconds (at most 10 s and 64 KiB)."""

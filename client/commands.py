@@ -18,6 +18,9 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON o
 def _ttl(ctx, param, value):
     if value is None:
         return None
+    if value.strip().replace(".", "", 1).isdigit():  # 30 minutes, or 30 seconds? say it
+        raise click.BadParameter(f"give a unit: {value.strip()}s, {value.strip()}m, {value.strip()}h or "
+                                 f"{value.strip()}d")
     try:
         return parse_duration(value)
     except ValueError as exc:
@@ -74,7 +77,9 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
     leases = lab.my_leases(device=target)
     if leases and (ended_too or leases[0].state in ("pending", "active")):
         return leases[0]
-    lab.api.get(f"/devices/{target}")  # an unknown device says so
+    device = lab.api.get(f"/devices/{target}")  # an unknown device says so
+    if device["holder"]:  # not this caller's, or it would have been found
+        raise CoordinatorError("not_yours", f"{target} is held by {device['holder']} until {device['expires_at']}")
     if leases:
         ended = leases[0].data
         raise CoordinatorError("lease_ended", f"your last lease on {target}, {ended['id']}, is {ended['state']} "

@@ -8,7 +8,6 @@ import time
 import click
 
 from device_loop.core.durations import format_duration, parse_iso
-from device_loop.core.usage import commands
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -47,5 +46,5 @@ def lease_text(lease: dict) -> str:
         lines.append(f"  {e['kind']:<6} {where}" + (f"  ({e['protocol']})" if e.get("protocol") else ""))
     if lease["endpoints"] and lease.get("secret"):
         lines.append(f"  gated: connect through 'device-loop forward {lease['id']}' (or use console / adb)")
-    lines += [f"  $ {command}" for command in commands(lease) if lease["ready"]]
+    lines += [f"  $ {command}" for command in lease.get("commands", [])]
     return "\n".join(lines)

@@ -57,7 +57,8 @@ class Leases(Views):
     async def _unknown_device(self, name: str) -> APIError:
         names = await self.store.device_names(10)
         hint = f"; known devices: {', '.join(names)}" if names else "; no device is registered yet"
-        return APIError(404, "unknown_device", f"unknown device {name!r}{hint}")
+        return APIError(404, "unknown_device", f"unknown device {name!r}{hint} (a configured device that no "
+                                               "plugin serves is listed by 'device-loop hosts')")
 
     async def _refuse_unless_free(self, device: dict, caller: str) -> None:
         state, name = device["state"], device["name"]

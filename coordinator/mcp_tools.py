@@ -14,7 +14,6 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
 from device_loop.core.uart_client import exchange
-from device_loop.core.usage import commands
 
 from .errors import APIError
 from .identity import ANYONE, USER, Identity, caller_identity, check_access
@@ -78,8 +77,7 @@ def build_mcp(rules) -> MCPServer:
         """A lease: state, endpoints, expires_at, a plain reason while it is not ready, and
         commands to run against its endpoints."""
         caller = await who(ctx)
-        lease = await ask(rules.lease_status(lease_id, caller.name, caller.admin))
-        return lease | {"commands": commands(lease)}
+        return await ask(rules.lease_status(lease_id, caller.name, caller.admin))
 
     @server.tool()
     async def renew(ctx: Context, lease_id: str, ttl_s: float) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from device_loop.core.durations import iso
+from device_loop.core.usage import commands
 
 from .errors import not_found
 from .lifecycle import Lifecycle
@@ -34,7 +35,7 @@ def lease_json(view: dict) -> dict:
     up = {s["identifier"] for s in services if s["endpoints"] and not s.get("error")}
     resources = {r["identifier"] for r in view["resources"]}
     ready = view["state"] == "active" and view["device_state"] == "in_use" and bool(resources) and resources <= up
-    return {
+    answer = {
         "id": view["id"],
         "device": view["device"],
         "holder": view["holder"],
@@ -51,6 +52,7 @@ def lease_json(view: dict) -> dict:
         # the gate's password: only the holder (and admins) ever see a lease
         "secret": view["secret"] if live else None,
     }
+    return answer | {"commands": commands(answer) if ready else []}  # how to use it, as its plugins said
 
 
 def _lease_reason(view: dict, services: list[dict]) -> str:

@@ -23,5 +23,6 @@ def test_what_is_printed_can_be_typed_back(seconds):
 
 
 def test_format_and_iso():
-    assert [format_duration(s) for s in (5, 600, 3900, 93600)] == ["5s", "10m", "1h05m", "1d02h"]
+    assert [format_duration(s) for s in (5, 600, 3900, 93600, 7200, 7 * 86400)] == [
+        "5s", "10m", "1h05m", "1d02h", "2h", "7d"]
     assert iso(0) == "1970-01-01T00:00:00Z" and parse_iso("1970-01-01T00:01:00Z") == 60

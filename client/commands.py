@@ -5,7 +5,7 @@ import functools
 
 import click
 
-from device_loop.core import LEASE_PREFIX
+from device_loop.core import LEASE_PREFIX, LIVE_LEASE_STATES
 from device_loop.core.durations import parse_duration
 
 from .http import CoordinatorError
@@ -75,7 +75,7 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
     if target.startswith(LEASE_PREFIX):
         return lab.lease(target)
     leases = lab.my_leases(device=target)
-    if leases and (ended_too or leases[0].state in ("pending", "active")):
+    if leases and (ended_too or leases[0].state in LIVE_LEASE_STATES):
         return leases[0]
     device = lab.api.get(f"/devices/{target}")  # an unknown device says so
     if device["holder"]:  # not this caller's, or it would have been found

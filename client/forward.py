@@ -8,6 +8,7 @@ import socket
 
 import click
 
+from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.gate import serve_forward
 
 from .commands import _my_lease, json_option, lab_command
@@ -37,7 +38,7 @@ async def _forward_until_the_lease_ends(pairs, lease) -> dict:
             watching.cancel()
             return forwarding.result()
         ended = watching.result()
-        if ended["state"] not in ("pending", "active"):
+        if ended["state"] not in LIVE_LEASE_STATES:
             forwarding.cancel()
             return ended
 

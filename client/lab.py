@@ -12,12 +12,10 @@ from __future__ import annotations
 import socket
 import time
 
+from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.durations import parse_duration
 
 from .http import Coordinator, CoordinatorError
-
-FINAL_STATES = ("released", "expired", "failed", "revoked")
-
 
 class LeaseFailed(CoordinatorError):
     """The lease ended, or did not get ready in time."""
@@ -102,7 +100,7 @@ class Lease:
         """Block until the endpoints are up; raise ``LeaseFailed`` if it ends or times out."""
         deadline = time.monotonic() + timeout
         while not self.data["ready"]:
-            if self.state in FINAL_STATES:
+            if self.state not in LIVE_LEASE_STATES:
                 raise LeaseFailed(self.state, f"lease {self.id} is {self.state}: {self.data['reason']}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:

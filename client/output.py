@@ -7,6 +7,7 @@ import time
 
 import click
 
+from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.durations import format_duration, parse_iso
 
 
@@ -36,7 +37,7 @@ def fail(as_json: bool, code: str, message: str, exit_code: int = 1, **fields) -
 
 def lease_text(lease: dict) -> str:
     head = f"{lease['id']} on {lease['device']}: {lease['state']}"
-    if lease["state"] in ("pending", "active"):
+    if lease["state"] in LIVE_LEASE_STATES:
         head += f", expires {lease['expires_at']} (in {time_left(lease['expires_at'])})"
     lines = [head]
     if not lease["ready"]:

@@ -50,11 +50,11 @@ def _seconds(ctx, param, value):
               help="tailscaled's LocalAPI socket: callers without a token are known by their tailnet login")
 @click.option("--tailnet-admin", "tailnet_admins", multiple=True, metavar="LOGIN",
               help="a tailnet login that is an admin (repeatable)")
-@click.option("--max-leases-per-user", default=10, show_default=True, type=click.IntRange(0),
+@click.option("--max-leases-per-user", default=Settings.max_leases_per_user, show_default=True, type=click.IntRange(0),
               help="live leases one person may hold at once (0: no limit; admins are exempt)")
 @click.option("--image-dir", type=click.Path(file_okay=False, path_type=Path),
               help="where the image registry keeps its files (default: DATA_DIR/images)")
-@click.option("--max-image-size", default=8192, show_default=True, type=click.IntRange(1),
+@click.option("--max-image-size", default=Settings.max_image_bytes >> 20, show_default=True, type=click.IntRange(1),
               help="the largest image an upload may bring, in MiB")
 def coordinator_command(database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user,
                         allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir, max_image_size):

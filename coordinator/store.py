@@ -18,11 +18,13 @@ import json
 import sqlite3
 from typing import Any, Callable
 
+from device_loop.core import LIVE_LEASE_STATES
+
 from .migrations import MIGRATIONS, SERIAL
 
-LIVE = ("pending", "active")
+LIVE = LIVE_LEASE_STATES
 RING_SLOTS = 20  # state changes each device keeps (DESIGN §8)
-_LIVE_SQL = "('pending', 'active')"
+_LIVE_SQL = "(" + ", ".join(f"'{state}'" for state in LIVE) + ")"
 _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail", "resources", "host_services"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",

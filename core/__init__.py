@@ -7,6 +7,8 @@ PROTOCOL_VERSION = 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 #: Lease ids start with this; device names may not, so a name never reads as a lease.
 LEASE_PREFIX = "lease-"
+#: A lease in these states is live (it holds its device); every other state is final.
+LIVE_LEASE_STATES = ("pending", "active")
 
 
 def __getattr__(name: str):

@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from .files import write_atomically
 from .holders import listening_ports
 
 log = logging.getLogger(__name__)
@@ -172,9 +173,7 @@ class ProcessRegistry:
             )
         record = {"pid": popen.pid, "start_ticks": start_ticks(popen.pid), "name": name,
                   "lease": lease, "argv": argv, "log": str(log_path), "log_offset": offset}
-        partial = self.dir / f".{popen.pid}.json.tmp"
-        partial.write_text(json.dumps(record))
-        partial.replace(self.dir / f"{popen.pid}.json")  # a crash never leaves half a record
+        write_atomically(self.dir / f"{popen.pid}.json", json.dumps(record))
         return Proc(self, record, popen)
 
     def forget(self, proc: Proc) -> None:

@@ -12,6 +12,7 @@ import os
 import threading
 from pathlib import Path
 
+from device_loop.core.files import write_atomically
 from device_loop.core.holders import command_of, holders
 from device_loop.core.model import Resource
 
@@ -26,9 +27,7 @@ class OrphanWatch:
             self.baseline = {}
 
     def _save(self) -> None:
-        partial = self.path.with_suffix(f".{threading.get_ident()}.tmp")
-        partial.write_text(json.dumps({k: sorted(v) for k, v in self.baseline.items()}))
-        partial.replace(self.path)
+        write_atomically(self.path, json.dumps({k: sorted(v) for k, v in self.baseline.items()}))
 
     def lease_begins(self, resource: Resource, ours: set[int]) -> None:
         """Remember who holds the node now, as the lease for it begins (but for ``ours``)."""

@@ -12,6 +12,8 @@ import json
 import logging
 from pathlib import Path
 
+from device_loop.core.files import write_atomically
+
 log = logging.getLogger("device_loop.exporter")
 
 
@@ -30,10 +32,7 @@ class ServiceRecords:
             log.error("plugin %s: Service.data of %s is not JSON (%s); it cannot be cleaned up after a crash",
                       plugin, identifier, exc)
             return
-        path = self._path(lease, identifier)
-        partial = path.with_suffix(".tmp")
-        partial.write_text(text)
-        partial.replace(path)  # a crash never leaves half a record
+        write_atomically(self._path(lease, identifier), text)
 
     def stopped(self, lease: str, identifier: str) -> None:
         self._path(lease, identifier).unlink(missing_ok=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import uvicorn
 
-from device_loop.core.durations import parse_duration
+from device_loop.core.durations import format_duration, parse_duration
 
 from .app import create_app
 from .rules import Settings
@@ -37,10 +37,10 @@ def _seconds(ctx, param, value):
 @click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir, show_default="~/.local/share/device-loop")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=7420, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--allocating-timeout", default="30s", show_default=True, callback=_seconds,
+@click.option("--allocating-timeout", default=format_duration(Settings.allocating_timeout_s), show_default=True, callback=_seconds,
               help="how long a lease may stay pending before it fails")
-@click.option("--default-ttl", default="30m", show_default=True, callback=_seconds)
-@click.option("--max-ttl", default="7d", show_default=True, callback=_seconds)
+@click.option("--default-ttl", default=format_duration(Settings.default_ttl_s), show_default=True, callback=_seconds)
+@click.option("--max-ttl", default=format_duration(Settings.max_ttl_s), show_default=True, callback=_seconds)
 @click.option("--single-user", is_flag=True,
               help="trust mode: no tokens, every caller is who it says and may do anything (loopback only)")
 @click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME[:PORT]",

@@ -1,13 +1,16 @@
 """``device-loop up``: a whole lab on this machine, in the foreground.
 
 A coordinator on SQLite in the data folder, an exporter for this host, and simulated
-boards ``sim-board-0`` and ``sim-board-1`` (plus the devices of ``--config``). Both run
+boards ``sim-board-0`` and ``sim-board-1`` (plus the devices of ``--config``), each with a
+file-backed flash target, and their firmware in the image registry, known-good. Both run
 as child processes; Ctrl-C stops the exporter (which stops every service) and then the
 coordinator.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import random
 import signal
 import socket
 import sys
@@ -23,7 +26,54 @@ from device_loop.core.ports import free_port, port_is_free, wait_port_open
 from device_loop.core.process import ProcessRegistry, start_ticks
 from device_loop.exporter.config import ConfigError, parse_config
 
-SIM_BOARDS = 2
+SIM_NAMES = ("sim-board-0", "sim-board-1")
+SIM_CLASS = "sim-board"
+SIM_FIRMWARE = "sim-firmware-1.0"  # the simulated boards' known-good image
+SIM_FIRMWARE_BYTES = 8 << 20
+
+
+def sim_firmware() -> bytes:
+    return random.Random(SIM_FIRMWARE).randbytes(SIM_FIRMWARE_BYTES)
+
+
+def sim_flash_target(data_dir: Path, board: str) -> Path:
+    """A simulated board's flash: a file, as a VM's disk would be."""
+    return data_dir / "flash" / f"{board}.img"
+
+
+def _prepare_sim_flash(data_dir: Path) -> None:
+    """Each simulated board's flash holds its firmware when first seen."""
+    for board in SIM_NAMES:
+        target = sim_flash_target(data_dir, board)
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(sim_firmware())
+
+
+def _register_sim_firmware(url: str, exporter, stop: threading.Event) -> str | None:
+    """Put the simulated boards' firmware in the registry, known-good for their class, once
+    the boards are registered; None, or why it could not."""
+    from device_loop.client.http import Coordinator, CoordinatorError
+
+    api = Coordinator(url)
+    try:
+        while not stop.is_set() and exporter.alive():
+            if {d["name"] for d in api.get("/devices")} >= set(SIM_NAMES):
+                break
+            stop.wait(0.2)
+        else:
+            return "the simulated boards never registered"
+        if not any(i["name"] == SIM_FIRMWARE for i in api.get("/images")):
+            firmware = sim_firmware()
+            api.upload("/images", {"name": SIM_FIRMWARE, "for": SIM_CLASS, "size": len(firmware),
+                                   "sha256": hashlib.sha256(firmware).hexdigest(),
+                                   "description": "the simulated boards' firmware"}, iter([firmware]))
+            api.post(f"/admin/images/{SIM_FIRMWARE}/known-good", {"for": SIM_CLASS})
+        return None
+    except CoordinatorError as exc:
+        return exc.message
+    finally:
+        api.close()
 
 
 def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
@@ -38,8 +88,9 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
     exporter = {"name": socket.gethostname().split(".")[0] or "local", **user.get("exporter", {}),
                 "coordinator": url, "state_dir": str(data_dir / "exporter"),
                 "bind_address": "127.0.0.1", "advertise_address": "127.0.0.1"}
-    sims = [{"name": f"sim-board-{i}", "plugin": "sim", "class": "sim-board", "tags": ["sim"]}
-            for i in range(SIM_BOARDS)]
+    sims = [{"name": name, "class": SIM_CLASS, "tags": ["sim"],
+             "resources": [{"plugin": "sim"}, {"plugin": "flash", "target": str(sim_flash_target(data_dir, name))}]}
+            for name in SIM_NAMES]
     # the user's devices first, so that config errors name the same positions as in their file
     config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": user.get("devices", []) + sims}
     try:
@@ -97,16 +148,22 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
     try:
         if not wait_port_open("127.0.0.1", port, timeout=20) or not coordinator.alive():
             raise click.ClickException(f"the coordinator did not start:\n{coordinator.output()[-2000:]}")
+        _prepare_sim_flash(data_dir)
         exporter = registry.spawn(run + ["exporter", "--config", str(config_file)], name="exporter",
                                   die_with_parent=True, env=env)
         children.insert(0, exporter)
+        problem = _register_sim_firmware(url, exporter, stop)
+        if problem:
+            click.echo(f"note: the simulated boards' firmware is not in the registry: {problem}", err=True)
         devices = ", ".join(d["name"] for d in config["devices"])
         point = "" if port == 7420 else f"export DEVICE_LOOP_COORDINATOR={url}; "
         click.echo(f"device-loop lab up (single-user trust mode: anyone on this machine may use it)\n"
                    f"  coordinator  {url}  (SQLite in {data_dir})\n"
                    f"  exporter     {config['exporter']['name']}  devices: {devices}\n"
                    f"  logs         {registry.logs}\n"
-                   f"Try: {point}device-loop ls; device-loop reserve sim-board-0 --wait\nCtrl-C stops the lab.")
+                   f"Try: {point}device-loop ls; device-loop reserve sim-board-0 --wait\n"
+                   f"     device-loop flash sim-board-0 {SIM_FIRMWARE}  (its flash is the file "
+                   f"{sim_flash_target(data_dir, SIM_NAMES[0])})\nCtrl-C stops the lab.")
         while not stop.wait(0.5):
             dead = [p for p in children if not p.alive()]
             if dead:

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import hashlib
-import sys
 from pathlib import Path
 
 import click
 
 from .commands import json_option, lab_command
 from .lab import Lab
-from .output import emit, table
+from .output import emit, on_terminal, progress_bar, table
 
 CHUNK = 1 << 20
 
@@ -29,12 +28,8 @@ def _chunks(path: Path, show_progress: bool):
         while chunk := image.read(CHUNK):
             sent += len(chunk)
             if show_progress:
-                filled = 30 * sent // max(total, 1)
-                sys.stderr.write(f"\r  [{'#' * filled}{'.' * (30 - filled)}] {sent >> 20}/{total >> 20} MiB")
-                sys.stderr.flush()
+                progress_bar("uploading", sent, total, end=sent == total)
             yield chunk
-    if show_progress:
-        sys.stderr.write("\n")
 
 
 def _image_text(image: dict) -> str:
@@ -59,8 +54,7 @@ def upload_command(lab: Lab, file: Path, name: str, target: str, description: st
     """Upload FILE (streamed; its sha256 and size are checked on arrival)."""
     params = {"name": name, "for": target, "description": description, "sha256": _digest(file),
               "size": file.stat().st_size}
-    show_progress = not as_json and sys.stdout.isatty() and sys.stderr.isatty()
-    emit(as_json, lab.api.upload("/images", params, _chunks(file, show_progress)), _image_text)
+    emit(as_json, lab.api.upload("/images", params, _chunks(file, on_terminal(as_json))), _image_text)
 
 
 @images_group.command("ls")

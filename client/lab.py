@@ -12,13 +12,29 @@ from __future__ import annotations
 import socket
 import time
 
-from device_loop.core import LIVE_LEASE_STATES
+from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 from device_loop.core.durations import parse_duration
 
 from .http import Coordinator, CoordinatorError
 
 class LeaseFailed(CoordinatorError):
     """The lease ended, or did not get ready in time."""
+
+
+def follow_op(api: Coordinator, op: dict, on_progress=None, timeout: float | None = None) -> dict:
+    """Wait until a flash operation ends (``on_progress(op)`` at each news); the op as it ended.
+
+    Raises ``CoordinatorError("timeout")`` after ``timeout`` seconds (the flash goes on).
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while op["state"] in LIVE_OP_STATES:
+        if on_progress:
+            on_progress(op)
+        if deadline is not None and time.monotonic() > deadline:
+            raise CoordinatorError("timeout", f"{op['id']} is still {op['state']} after {timeout:g}s; "
+                                              f"follow it with: device-loop op {op['id']}")
+        op = api.get(f"/ops/{op['id']}", wait=1, unless=op["state"])
+    return op
 
 
 class Lab:
@@ -47,6 +63,10 @@ class Lab:
 
     def log(self, device: str) -> list[dict]:
         return self.api.get(f"/devices/{device}/log")
+
+    def op(self, op_id: str) -> dict:
+        """A flash operation: state, phase, bytes done, its result's message."""
+        return self.api.get(f"/ops/{op_id}")
 
 
 class Lease:
@@ -116,6 +136,17 @@ class Lease:
     def renew(self, ttl: str | float) -> "Lease":
         self.data = self.api.post(f"/leases/{self.id}/renew", {"ttl_s": parse_duration(ttl)})
         return self
+
+    def flash(self, image: str, wait: bool = True, timeout: float | None = None) -> dict:
+        """Flash ``image`` (its name or sha256) onto the leased device; with ``wait``, the
+        operation once it ended (check its ``state``: ``done`` or ``failed``)."""
+        op = self.api.post(f"/leases/{self.id}/flash", {"image": image})
+        return follow_op(self.api, op, timeout=timeout) if wait else op
+
+    def recover(self, wait: bool = True, timeout: float | None = None) -> dict:
+        """Flash the device's latest known-good image (this clears ``needs_recovery``)."""
+        op = self.api.post(f"/leases/{self.id}/recover")
+        return follow_op(self.api, op, timeout=timeout) if wait else op
 
     def release(self) -> "Lease":
         self.data = self.api.post(f"/leases/{self.id}/release")

@@ -49,3 +49,16 @@ def lease_text(lease: dict) -> str:
         lines.append(f"  gated: connect through 'device-loop forward {lease['id']}' (or use console / adb)")
     lines += [f"  $ {command}" for command in lease.get("commands", [])]
     return "\n".join(lines)
+
+
+def on_terminal(as_json: bool) -> bool:
+    """Whether to draw progress: for people at a terminal, not with --json or when piped."""
+    return not as_json and sys.stdout.isatty() and sys.stderr.isatty()
+
+
+def progress_bar(label: str, done: int, total: int, end: bool = False) -> None:
+    """Draw (over the last one) a progress bar on stderr: ``label [####....] 12/64 MiB``."""
+    filled = 30 * min(done, total) // max(total, 1)
+    sys.stderr.write(f"\r  {label:<10} [{'#' * filled}{'.' * (30 - filled)}] {done >> 20}/{total >> 20} MiB\033[K"
+                     + ("\n" if end else ""))
+    sys.stderr.flush()

@@ -6,7 +6,7 @@ import hashlib
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from device_loop.core import PROTOCOL_VERSION, __version__
@@ -15,7 +15,7 @@ from device_loop.core.protocol import Heartbeat
 from .errors import APIError, bad_request
 from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
 from .rules import Rules
-from .schemas import AdoptIn, CollectIn, DrainIn, KnownGoodIn, RenewIn, ReserveIn, RetireIn, TokenIn
+from .schemas import AdoptIn, CollectIn, DrainIn, FlashIn, KnownGoodIn, RenewIn, ReserveIn, RetireIn, TokenIn
 from .store import UniqueViolation
 
 MAX_WAIT_S = 60.0
@@ -256,6 +256,45 @@ async def collect_images(request: Request) -> Response:
     return _json(await _rules(request).collect_images(body.unused_days, (await _caller(request)).name))
 
 
+@idempotent
+async def flash(request: Request) -> Response:
+    body = await _body(request, FlashIn)
+    caller = await _caller(request)
+    return _json(await _rules(request).flash(request.path_params["lease_id"], body.image, caller.name, caller.admin),
+                 201)
+
+
+@idempotent
+async def recover(request: Request) -> Response:
+    caller = await _caller(request)
+    return _json(await _rules(request).recover(request.path_params["lease_id"], caller.name, caller.admin), 201)
+
+
+@idempotent
+async def recover_unleased(request: Request) -> Response:
+    rules, caller = _rules(request), await _caller(request)
+    return _json(await rules.recover_unleased(request.path_params["device"], caller.name), 201)
+
+
+async def flash_op(request: Request) -> Response:
+    rules, unless = _rules(request), request.query_params.get("unless")
+    return _json(await rules.wait_op(request.path_params["op_id"], unless, _wait_s(request), request.is_disconnected))
+
+
+async def device_flashes(request: Request) -> Response:
+    return _json(await _rules(request).flashes_of(request.path_params["name"]))
+
+
+class _ImageFile(FileResponse):
+    chunk_size = 1 << 20  # Starlette's 64 KiB: 16,384 sends a GiB
+
+
+async def image_content(request: Request) -> Response:
+    """An image's bytes, for the exporter of a host where a flash writes it."""
+    path = await _rules(request).image_for_host(request.path_params["name"], request.path_params["sha256"])
+    return _ImageFile(path, media_type="application/octet-stream")
+
+
 async def audit_log(request: Request) -> Response:
     return _json(await _rules(request).audit())
 
@@ -267,14 +306,19 @@ ROUTES = [
     ("GET", "/api/v1/devices", ANYONE, list_devices),  # the public board: who holds what, until when
     ("GET", "/api/v1/devices/{name}", ANYONE, device_info),
     ("GET", "/api/v1/devices/{name}/log", ANYONE, device_log),
+    ("GET", "/api/v1/devices/{name}/flashes", ANYONE, device_flashes),
     ("GET", "/api/v1/hosts", ANYONE, list_hosts),
     ("POST", "/api/v1/hosts/{name}/heartbeat", EXPORTER, heartbeat),
     ("GET", "/api/v1/hosts/{name}/desired", EXPORTER, desired),
+    ("GET", "/api/v1/hosts/{name}/images/{sha256}", EXPORTER, image_content),  # only images its flashes write
     ("POST", "/api/v1/leases", USER, reserve),
     ("GET", "/api/v1/leases", USER, my_leases),
     ("GET", "/api/v1/leases/{lease_id}", USER, lease_status),
     ("POST", "/api/v1/leases/{lease_id}/renew", USER, renew),
     ("POST", "/api/v1/leases/{lease_id}/release", USER, release),
+    ("POST", "/api/v1/leases/{lease_id}/flash", USER, flash),  # its holder (or an admin)
+    ("POST", "/api/v1/leases/{lease_id}/recover", USER, recover),
+    ("GET", "/api/v1/ops/{op_id}", USER, flash_op),
     ("POST", "/api/v1/images", USER, upload_image),
     ("GET", "/api/v1/images", USER, list_images),
     ("GET", "/api/v1/images/{ref}", USER, image_info),
@@ -284,6 +328,7 @@ ROUTES = [
     ("POST", "/api/v1/admin/tokens/{token_id}/revoke", ADMIN, revoke_token),
     ("POST", "/api/v1/admin/leases/{lease_id}/revoke", ADMIN, revoke_lease),
     ("POST", "/api/v1/admin/devices/{device}/retire", ADMIN, retire_device),
+    ("POST", "/api/v1/admin/devices/{device}/recover", ADMIN, recover_unleased),
     ("POST", "/api/v1/admin/hosts/{host}/drain", ADMIN, drain_host),
     ("GET", "/api/v1/admin/audit", ADMIN, audit_log),
     ("GET", "/api/v1/admin/candidates", ADMIN, list_candidates),

@@ -14,11 +14,12 @@ import asyncio
 import hashlib
 import json
 
-from device_loop.core import PROTOCOL_VERSION
+from device_loop.core import FLASH_KIND, PROTOCOL_VERSION
 from device_loop.core.protocol import DesiredState, DeviceReport, Heartbeat
 
 from .errors import APIError, conflict
-from .lifecycle import Lifecycle, device_state, ring_entry
+from .flashes import Flashes
+from .lifecycle import device_state, ring_entry
 from .notify import host_key, lease_key
 from .store import UniqueViolation
 
@@ -79,7 +80,7 @@ class _Changes:
         return [row for name, row in self.rows.items() if name in self.dirty]
 
 
-class Heartbeats(Lifecycle):
+class Heartbeats(Flashes):
     async def heartbeat(self, host_name: str, report: Heartbeat, actor: str) -> dict:
         """Replace this host's snapshot and answer with its desired state."""
         if report.protocol != PROTOCOL_VERSION:
@@ -156,6 +157,7 @@ class Heartbeats(Lifecycle):
         await self.store.add_ring_entries(changes.ring)
         await self.store.activate_leases(activated)
         await self._save_host(host_name, previous, report, snapshot, now, online)
+        await self._apply_flash_reports(host_name, previous, report, actor)
         if changes.wake_host:
             self._notify(host_key(host_name))
         if activated:
@@ -246,7 +248,7 @@ class Heartbeats(Lifecycle):
             if (row["reclaim_lease"] and row["reclaim_lease"] not in report.applied and name not in serving
                     and not device.busy_by):
                 changes.touch(row, "exporter confirmed: services stopped, no orphan holds it", reclaim_lease=None)
-            ready = all((row["lease_id"], r.identifier) in up for r in device.resources)
+            ready = all((row["lease_id"], r.identifier) in up for r in device.resources if r.kind != FLASH_KIND)
             if row["lease_state"] == "pending" and not row["retired"] and ready:
                 activated.append(row["lease_id"])
                 changes.touch(row, "services up, endpoints published")["lease_state"] = "active"
@@ -268,15 +270,21 @@ class Heartbeats(Lifecycle):
         await self.store.save_host({"name": host_name, **changed}, new=False)
 
     async def desired(self, host_name: str) -> dict:
-        """The services ``host_name`` should run, from the live leases on its devices."""
+        """What ``host_name`` should run: the services of the live leases on its devices (a
+        flash target is not served: it is written through flashes only), and the flashes to begin."""
         as_of = self.clock()
         services = [{"lease": r["id"], "holder": r["holder"], "device": r["device"], "identifier": res["identifier"],
                      "kind": res["kind"], "plugin": res["plugin"], "secret": r["secret"]}
-                    for r in await self.store.desired_services(host_name) for res in r["resources"]]
+                    for r in await self.store.desired_services(host_name) for res in r["resources"]
+                    if res["kind"] != FLASH_KIND]
         adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": a["tags"]}
                    for a in await self.store.adoptions_on_host(host_name)]
-        etag = _digest(json.dumps([services, adopted], sort_keys=True))
-        return DesiredState(services=services, adopted=adopted, etag=etag, as_of=as_of).model_dump(by_alias=True)
+        flashes = [{"op": f["id"], "device": f["device"], "identifier": f["identifier"], "plugin": f["plugin"],
+                    "sha256": f["sha256"], "size": f["size"], "image": f["image_name"]}
+                   for f in await self.store.queued_flashes(host_name)]
+        etag = _digest(json.dumps([services, adopted, flashes], sort_keys=True))
+        return DesiredState(services=services, adopted=adopted, flashes=flashes, etag=etag,
+                            as_of=as_of).model_dump(by_alias=True)
 
     async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone) -> dict:
         """Long-poll: the desired state as soon as its etag differs from ``etag``."""

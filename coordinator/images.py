@@ -106,6 +106,10 @@ class Images(Lifecycle):
             if sole:
                 raise conflict("only_known_good", f"image {image['name']!r} is the only known-good image for "
                                                   f"{', '.join(sole)}: mark another one first")
+            using = await self.store.live_flash_uses(image["sha256"])
+            if using:
+                raise conflict("image_in_use", f"image {image['name']!r} is being flashed onto {using[0]['device']} "
+                                               f"({using[0]['id']}): remove it once that ends")
             await self.store.delete_image(image["sha256"])
             await self._audit(caller, "image_remove", None, None, {"image": image["name"], "sha256": image["sha256"]})
             self.store.after_commit(lambda: self.image_files.remove(image["sha256"]))

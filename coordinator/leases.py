@@ -65,13 +65,18 @@ class Leases(Views):
         if state == "idle" and device["host_draining"]:
             raise conflict("draining", f"{name}'s host {device['host']} is being drained by an admin: "
                                        "no new leases there")
-        if state == "idle":
+        if state == "idle" and not (device["needs_recovery"] or device["flash_op"]):
             return
         if device["lease_id"] is not None and device["holder"] == caller:
             raise conflict("already_yours", f"you hold {name} already: {device['lease_id']}, "
                                             f"until {iso(device['expires_at'])}")
         if device["lease_id"] is not None:
             message = f"{name} is held by {device['holder']} until {iso(device['expires_at'])}"
+        elif device["flash_op"]:
+            message = f"{name} is being flashed ({device['flash_op']}); it is free again when that ends"
+        elif device["needs_recovery"]:
+            message = (f"{name} needs recovery (flash {device['needs_recovery']}): no lease is granted until a "
+                       f"known-good image is written back; an admin runs: device-loop recover {name}")
         elif state == "reclaiming":
             message = f"{name} is being reclaimed after its last lease; try again in a few seconds"
         elif state == "offline":
@@ -86,7 +91,9 @@ class Leases(Views):
         alternative = await self.store.idle_device_of_class(device["class"], other_than=name)
         if alternative:
             message += f"; try {alternative}"
-        raise conflict("busy" if device["lease_id"] or state == "reclaiming" else state, message)
+        code = ("busy" if device["lease_id"] or state == "reclaiming" or device["flash_op"] else
+                "needs_recovery" if device["needs_recovery"] else state)
+        raise conflict(code, message)
 
     async def _refuse_hoarding(self, caller: str) -> None:
         held = await self.store.live_leases_of_holder(caller)

@@ -22,6 +22,11 @@ from .origin import allowed_hosts
 
 EXCHANGE_MAX_WAIT_S = 10.0
 EXCHANGE_MAX_BYTES = 64 * 1024
+FLASH_STATUS_MAX_WAIT_S = 30.0
+
+
+async def _never_gone() -> bool:
+    return False
 
 
 def build_mcp(rules) -> MCPServer:
@@ -103,6 +108,32 @@ def build_mcp(rules) -> MCPServer:
         sha256, size, and which devices or classes each is known-good for."""
         await who(ctx)
         return {"images": await ask(rules.list_images(device))}
+
+    @server.tool()
+    async def flash(ctx: Context, lease_id: str, image: str) -> dict[str, Any]:
+        """Flash an image (its name or sha256, from list_images) onto the device of your
+        lease. Answers at once with the operation (state 'queued'): follow it with
+        flash_status until its state is 'done' or 'failed'. A failure part-way leaves the
+        device needing recovery: then call recover."""
+        caller = await who(ctx)
+        return await ask(rules.flash(lease_id, image, caller.name, caller.admin))
+
+    @server.tool()
+    async def flash_status(ctx: Context, op_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        """A flash operation: state (queued, running, done, failed), phase (fetching,
+        writing, verifying), bytes done of total, and its result's message. With wait_s
+        (at most 30), answers as soon as its state changes, or after wait_s."""
+        await who(ctx)
+        op = await ask(rules.op(op_id))
+        wait = min(max(wait_s, 0.0), FLASH_STATUS_MAX_WAIT_S)
+        return await ask(rules.wait_op(op_id, op["state"], wait, _never_gone)) if wait else op
+
+    @server.tool()
+    async def recover(ctx: Context, lease_id: str) -> dict[str, Any]:
+        """Flash the latest known-good image of your leased device (else of its class) back
+        onto it; its success clears the device's needs_recovery. Follow it with flash_status."""
+        caller = await who(ctx)
+        return await ask(rules.recover(lease_id, caller.name, caller.admin))
 
     @server.tool()
     async def uart_exchange(ctx: Context, lease_id: str, send: str, wait_s: float = 2.0) -> dict[str, Any]:

@@ -183,4 +183,33 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX known_good_target ON known_good(target, id)",
     ],
+    # 8: mediated flash: one operation per flash, at most one running per device; a device
+    # whose last flash failed part-way needs recovery (the reason; NULL when it does not)
+    [
+        """CREATE TABLE flash_ops (
+            id TEXT PRIMARY KEY,
+            device TEXT NOT NULL,
+            host TEXT NOT NULL,
+            lease_id TEXT,
+            requester TEXT NOT NULL,
+            purpose TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            image_name TEXT NOT NULL,
+            size BIGINT NOT NULL,
+            identifier TEXT NOT NULL,
+            plugin TEXT NOT NULL,
+            state TEXT NOT NULL,
+            phase TEXT NOT NULL,
+            done_bytes BIGINT NOT NULL,
+            message TEXT NOT NULL,
+            boot_id TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            started_at DOUBLE PRECISION,
+            ended_at DOUBLE PRECISION
+        )""",
+        "CREATE UNIQUE INDEX flash_ops_one_per_device ON flash_ops(device) WHERE state IN ('queued', 'running')",
+        "CREATE INDEX flash_ops_host ON flash_ops(host, state)",
+        "CREATE INDEX flash_ops_device ON flash_ops(device, created_at)",
+        "ALTER TABLE devices ADD COLUMN needs_recovery TEXT",
+    ],
 ]

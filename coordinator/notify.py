@@ -45,3 +45,7 @@ def host_key(name: str) -> str:
 
 def lease_key(lease_id: str) -> str:
     return f"lease:{lease_id}"
+
+
+def op_key(op_id: str) -> str:
+    return f"op:{op_id}"

@@ -2,7 +2,7 @@
 
 Each job reads alone: ``lifecycle`` (device states and their ring log), ``views`` (what
 users see), ``leases`` (reserve, renew, release), ``heartbeats`` (snapshots and desired
-state), ``admin``. SQL lives in ``store``. Each method that writes runs in one
+state), ``images`` (the registry), ``flashes`` (mediated flash), ``admin``. SQL lives in ``store``. Each method that writes runs in one
 transaction and wakes the long-polls once it committed.
 """
 from __future__ import annotations
@@ -10,13 +10,12 @@ from __future__ import annotations
 from .admin import Admin
 from .heartbeats import Heartbeats
 from .image_files import ImageFiles
-from .images import Images
 from .lifecycle import Settings
 
 __all__ = ["Rules", "Settings"]
 
 
-class Rules(Admin, Heartbeats, Images):
+class Rules(Admin, Heartbeats):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.image_files = ImageFiles(self.settings.image_dir)

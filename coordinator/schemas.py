@@ -53,3 +53,7 @@ class KnownGoodIn(Strict):
 
 class CollectIn(Strict):
     unused_days: float = Field(default=30, ge=0, le=100 * 365)
+
+
+class FlashIn(Strict):
+    image: str = Field(min_length=1, max_length=64, description="the image's name or sha256")

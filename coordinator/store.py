@@ -18,13 +18,14 @@ import json
 import sqlite3
 from typing import Any, Callable
 
-from device_loop.core import LIVE_LEASE_STATES
+from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 
 from .migrations import MIGRATIONS, SERIAL
 
 LIVE = LIVE_LEASE_STATES
 RING_SLOTS = 20  # state changes each device keeps (DESIGN §8)
 _LIVE_SQL = "(" + ", ".join(f"'{state}'" for state in LIVE) + ")"
+_LIVE_OP_SQL = "(" + ", ".join(f"'{state}'" for state in LIVE_OP_STATES) + ")"
 _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail", "resources", "host_services"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
@@ -32,12 +33,14 @@ DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health",
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining"}
 _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
 
-# A device with the facts its state follows from: its live lease and its host.
+# A device with the facts its state follows from: its live lease and its host (and the
+# flash running on it: each at most one, by partial UNIQUE indexes).
 _DEVICE_FACTS = (
     "SELECT d.*, l.id AS lease_id, l.state AS lease_state, l.holder AS holder, l.expires_at AS expires_at, "
-    "h.online AS host_online, h.draining AS host_draining FROM devices d "
+    "h.online AS host_online, h.draining AS host_draining, f.id AS flash_op FROM devices d "
     f"LEFT JOIN leases l ON l.device = d.name AND l.state IN {_LIVE_SQL} "
-    "LEFT JOIN hosts h ON h.name = d.host")
+    "LEFT JOIN hosts h ON h.name = d.host "
+    f"LEFT JOIN flash_ops f ON f.device = d.name AND f.state IN {_LIVE_OP_SQL}")
 
 
 class UniqueViolation(Exception):
@@ -312,7 +315,7 @@ class Store:
 
     async def idle_device_of_class(self, device_class: str, other_than: str) -> str | None:
         row = await self._one("SELECT name FROM devices WHERE class = :c AND name <> :n AND state = 'idle' "
-                              "ORDER BY name LIMIT 1", c=device_class, n=other_than)
+                              "AND needs_recovery IS NULL ORDER BY name LIMIT 1", c=device_class, n=other_than)
         return row["name"] if row else None
 
     async def devices_of_host(self, host: str, in_transition_only: bool = False, decode_json: bool = True) -> list[dict]:
@@ -508,7 +511,52 @@ class Store:
     async def images_unused_since(self, before: float) -> list[dict]:
         """Images no target has as known-good, and that nothing used since ``before``."""
         return await self._all("SELECT * FROM images WHERE last_used_at < :b AND sha256 NOT IN "
-                               "(SELECT sha256 FROM known_good) ORDER BY name", b=before)
+                               "(SELECT sha256 FROM known_good) AND sha256 NOT IN "
+                               f"(SELECT sha256 FROM flash_ops WHERE state IN {_LIVE_OP_SQL}) ORDER BY name", b=before)
+
+    async def known_good_targets(self, sha256: str) -> list[str]:
+        return [r["target"] for r in await self._all("SELECT DISTINCT target FROM known_good WHERE sha256 = :s "
+                                                     "ORDER BY target", s=sha256)]
+
+    async def set_image_used(self, sha256: str, at: float) -> None:
+        await self._exec("UPDATE images SET last_used_at = :at WHERE sha256 = :s", at=at, s=sha256)
+
+    # ---- flash operations -------------------------------------------------------------------
+
+    async def insert_flash_op(self, row: dict) -> None:
+        await self._insert("flash_ops", row)
+
+    async def flash_op(self, op_id: str) -> dict | None:
+        return await self._one("SELECT o.*, h.online AS host_online FROM flash_ops o LEFT JOIN hosts h "
+                               "ON h.name = o.host WHERE o.id = :id", id=op_id)
+
+    async def flash_ops_of_device(self, device: str, limit: int) -> list[dict]:
+        return await self._all("SELECT o.*, h.online AS host_online FROM flash_ops o LEFT JOIN hosts h "
+                               "ON h.name = o.host WHERE o.device = :d ORDER BY o.created_at DESC LIMIT :n",
+                               d=device, n=limit)
+
+    async def live_flash_uses(self, sha256: str, host: str | None = None) -> list[dict]:
+        """The live flashes that write image ``sha256`` (on ``host``)."""
+        on_host = "" if host is None else " AND host = :h"
+        return await self._all(f"SELECT * FROM flash_ops WHERE sha256 = :s AND state IN {_LIVE_OP_SQL}{on_host} "
+                               "ORDER BY created_at", s=sha256, **({"h": host} if host else {}))
+
+    async def queued_flashes(self, host: str) -> list[dict]:
+        """The flashes ``host`` should begin (those it began are its own to finish)."""
+        return await self._all("SELECT * FROM flash_ops WHERE host = :h AND state = 'queued' ORDER BY created_at",
+                               h=host)
+
+    async def flash_ops_to_update(self, host: str, reported: list[str], restarted: bool, boot_id: str) -> list[dict]:
+        """The operations a report speaks of, and (after a restart of its exporter) those the
+        host ran under an earlier boot."""
+        where, params = self._in("id", "ids", reported)
+        if restarted:
+            where += " OR (host = :h AND state = 'running' AND boot_id <> :boot)"
+            params |= {"h": host, "boot": boot_id}
+        return await self._all(f"SELECT * FROM flash_ops WHERE {where}", **params)
+
+    async def update_flash_op(self, op_id: str, fields: dict) -> None:
+        await self._update("flash_ops", "id", op_id, fields)
 
     async def device_classes(self) -> list[str]:
         return [r["class"] for r in await self._all("SELECT DISTINCT class FROM devices ORDER BY class")]

@@ -1,6 +1,7 @@
 """What the lab looks like to its users: devices, hosts, leases, logs. Reads only."""
 from __future__ import annotations
 
+from device_loop.core import FLASH_KIND
 from device_loop.core.durations import iso
 from device_loop.core.usage import commands
 
@@ -24,6 +25,10 @@ def device_json(row: dict) -> dict:
         "conflict_hosts": [row["host"], row["conflict_host"]] if row["conflict_host"] else [],
         "busy_by": row["busy_by"],
         "resources": row["resources"],
+        # a failed flash left it half-written: no lease until a known-good image is back on it
+        "needs_recovery": row["needs_recovery"] is not None,
+        "recovery_reason": row["needs_recovery"],
+        "flashing": row["flash_op"],
     }
 
 
@@ -33,7 +38,7 @@ def lease_json(view: dict) -> dict:
     live = view["state"] in LIVE
     services = [s for s in (view["host_services"] or []) if s["lease"] == view["id"]] if view["host_online"] else []
     up = {s["identifier"] for s in services if s["endpoints"] and not s.get("error")}
-    resources = {r["identifier"] for r in view["resources"]}
+    resources = {r["identifier"] for r in view["resources"] if r["kind"] != FLASH_KIND}
     ready = view["state"] == "active" and view["device_state"] == "in_use" and bool(resources) and resources <= up
     answer = {
         "id": view["id"],

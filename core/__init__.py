@@ -9,6 +9,16 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 LEASE_PREFIX = "lease-"
 #: A lease in these states is live (it holds its device); every other state is final.
 LIVE_LEASE_STATES = ("pending", "active")
+#: The one resource kind the coordinator mediates (DESIGN §6): a flash target is never
+#: served to a lease holder; it is written only through a flash operation.
+FLASH_KIND = "flash"
+#: Flash operation ids start with this.
+OP_PREFIX = "op-"
+#: A flash operation in these states is live (a device has one at most); then done or failed.
+LIVE_OP_STATES = ("queued", "running")
+#: The phases of a flash in which its target is being changed: a flash that fails in one
+#: of them leaves the device needing recovery.
+WRITING_PHASES = ("writing", "verifying")
 
 
 def __getattr__(name: str):

@@ -95,6 +95,25 @@ def devloop_start(host, resource, lease):
 
 
 @hookspec(firstresult=True)
+def devloop_flash(host, resource, image, progress):
+    """Write ``image`` to the flash target ``resource`` and check it where it can be read back.
+
+    Only for resources of kind ``flash``, which the coordinator never serves to a lease:
+    they are written through mediated flash operations alone. ``image`` is a
+    :class:`FlashImage`, a local file whose sha256 the exporter verified. Call
+    ``progress(phase, done_bytes)`` as the work goes on (``phase``: ``"writing"`` or
+    ``"verifying"``). Return a short sentence of what was done ("written and verified by
+    read-back"); raise :class:`FlashError` with the reason. The device is marked as needing
+    recovery when this raises. How to write (a block device, fastboot, a command) comes
+    from the resource's config, never from the request.
+
+    Runs in a worker thread, beside the heartbeats, one flash at a time per device. It
+    must end: a program it runs gets a timeout and, past it, its whole process group is
+    killed (``host.run_to_end(argv, name=..., timeout=...)`` does both).
+    """
+
+
+@hookspec(firstresult=True)
 def devloop_cleanup(host, data):
     """Undo what a service changed outside its processes, after its exporter died.
 

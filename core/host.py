@@ -77,3 +77,15 @@ class HostContext:
         endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=listener.getsockname()[1],
                             protocol=protocol, params=params, command=command)
         return Service(endpoints=[endpoint], processes=[server])
+
+    def run_to_end(self, argv: list[str], *, name: str, timeout: float, env: dict | None = None) -> tuple[int | None, str]:
+        """Run a program to its end: ``(exit code, output)``, the code None when it overstayed
+        ``timeout`` and was killed with everything it forked (its process group). Recorded
+        like a service's processes, so a crash of the exporter leaves nothing running unseen.
+        Raises ``OSError`` when it cannot start."""
+        proc = self.processes.spawn(argv, name=name, env=env)
+        if proc.wait(timeout):
+            self.processes.forget(proc)
+            return proc.popen.returncode, proc.output()
+        proc.stop(grace=2.0)
+        return None, proc.output()

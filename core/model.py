@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 HEALTH_STATES = ("ok", "degraded", "failed")
@@ -9,6 +10,10 @@ HEALTH_STATES = ("ok", "degraded", "failed")
 
 class ServiceError(Exception):
     """A plugin could not start a service; the message says why, for the lease holder."""
+
+
+class FlashError(Exception):
+    """A flash backend failed; the message says why, for the one who asked for the flash."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,17 @@ class Service:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
+
+
+@dataclass(frozen=True)
+class FlashImage:
+    """An image to write, as a flash backend gets it: a local file whose ``sha256`` the
+    exporter checked (``name`` is the registry's, for messages)."""
+
+    path: Path
+    sha256: str
+    size: int
+    name: str
 
 
 @dataclass(frozen=True)

@@ -101,5 +101,9 @@ class PluginSet:
         others = [p for name, p in self._registered() if name not in (plugin, "defaults")]
         return self.pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
 
+    def implements(self, plugin: str, hook: str) -> bool:
+        """Whether ``plugin`` is loaded and has ``hook`` itself (not by a fallback)."""
+        return any(impl.plugin_name == plugin for impl in getattr(self.pm.hook, hook).get_hookimpls())
+
     def unregister(self, plugin: str) -> None:
         self.pm.unregister(name=plugin)

@@ -17,6 +17,7 @@ MAX_DEVICES_PER_REPORT = 1000
 MAX_RESOURCES_PER_DEVICE = 32
 
 HealthStatus = Literal["ok", "degraded", "failed"]
+FlashPhase = Literal["fetching", "writing", "verifying"]
 
 
 class Strict(BaseModel):
@@ -79,6 +80,17 @@ class ServiceReport(Strict):
     error: str | None = Field(default=None, max_length=2000)
 
 
+class FlashReport(Strict):
+    """A flash the exporter runs, or finished and has not had acknowledged yet (a
+    heartbeat that carried its result was answered)."""
+    op: str = Field(min_length=1, max_length=64)
+    device: str = Field(min_length=1, max_length=64)
+    state: Literal["running", "done", "failed"]
+    phase: FlashPhase
+    done_bytes: int = Field(default=0, ge=0, le=2**63 - 1)
+    message: str = Field(default="", max_length=2000)
+
+
 class CandidateReport(Strict):
     """Something found on the network: an admin adopts it before anyone can book it."""
     identifier: str = Field(min_length=1, max_length=255)
@@ -119,6 +131,7 @@ class Heartbeat(Strict):
     applied: list[str] = Field(default_factory=list, description="lease ids of the desired state last converged to")
     stopping: bool = Field(default=False, description="the exporter's last report: it is going away")
     candidates: list[CandidateReport] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
+    flashes: list[FlashReport] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
 
     @model_validator(mode="after")
     def _each_thing_once(self):
@@ -151,9 +164,21 @@ class Adoption(Strict):
     tags: list[str] = Field(default_factory=list)
 
 
+class DesiredFlash(Strict):
+    """A flash the exporter should run: write image ``sha256`` to a device's flash target."""
+    op: str
+    device: str
+    identifier: str
+    plugin: str
+    sha256: str
+    size: int
+    image: str
+
+
 class DesiredState(Strict):
     """The heartbeat's answer (and the long-poll's): what this host should run."""
     services: list[DesiredService] = Field(default_factory=list)
+    flashes: list[DesiredFlash] = Field(default_factory=list)
     adopted: list[Adoption] = Field(default_factory=list)
     etag: str | None = None
     as_of: float = Field(default=0.0, description="coordinator time of the read: of two answers, the later wins")

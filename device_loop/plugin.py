@@ -8,7 +8,8 @@ new ``API_VERSION``). ``docs/plugins.md`` describes each.
 """
 from device_loop.core.hookspecs import hookimpl
 from device_loop.core.host import HostContext
-from device_loop.core.model import ConfiguredResource, Endpoint, Health, LeaseRef, Resource, Service, ServiceError
+from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, FlashImage, Health, LeaseRef, Resource,
+                                    Service, ServiceError)
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
 from device_loop.core.process import run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
@@ -24,6 +25,8 @@ __all__ = [
     "hookimpl",
     # what hooks are handed and return
     "ConfiguredResource", "Endpoint", "Health", "HostContext", "LeaseRef", "Resource", "Service", "ServiceError",
+    # flash backends: what devloop_flash is handed, and raises
+    "FlashError", "FlashImage",
     # services, ready-made: a serial device as raw TCP or RFC 2217, a TCP relay
     "CONSOLE_COMMAND", "parse_framing", "start_bridge", "start_relay",
     # ports and programs

@@ -35,6 +35,7 @@ class ExporterSection(BaseModel):
     bind_address: str = "127.0.0.1"
     advertise_address: str | None = None
     token_file: Path | None = None
+    image_cache_gib: float = Field(default=20.0, gt=0)
 
 
 class PluginsSection(BaseModel):

@@ -24,6 +24,8 @@ from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import DesiredState, Heartbeat
 
 from .config import ExporterConfig
+from .flashing import Flasher
+from .image_cache import ImageCache
 from .link import SUPERSEDED, CoordinatorLink
 from .orphans import OrphanWatch
 from .reconcile import Reconciler
@@ -31,6 +33,7 @@ from .report import Reporter
 
 log = logging.getLogger("device_loop.exporter")
 LONG_POLL_S = 25.0
+FLASH_STOP_WAIT_S = 60.0  # a stop waits this long for running flashes; later, they count as interrupted
 # A report between scans goes at once, unless more starts and stops are in flight: then it
 # waits for them this long at most, so that a burst is reported in a few snapshots, not one each.
 REPORT_GAP_S = 0.01
@@ -54,6 +57,8 @@ class Exporter:
         self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex)
         self.reconciler = Reconciler(self.host, self.plugins, orphans, gated_only=self.link.authenticated,
                                      on_change=self._changed)
+        cache = ImageCache(config.state_dir / "images", int(section.image_cache_gib * (1 << 30)))
+        self.flasher = Flasher(self.host, self.plugins, cache, self.link.fetch_image, on_change=self._changed)
         self.wake = threading.Event()       # report now
         self.scan_due = threading.Event()   # ... after scanning the host again
         self.stopping = threading.Event()
@@ -92,11 +97,16 @@ class Exporter:
         if scan:
             self.reporter.scan(ours)
         return self.reporter.build(self.reconciler.services(), self.reconciler.applied, ours,
-                                   self.reconciler.take_rechecks(), self.unserved(self.reporter.resources), stopping)
+                                   self.reconciler.take_rechecks(), self.unserved(self.reporter.resources), stopping,
+                                   self.flasher.reports())
 
     def heartbeat(self, scan: bool = False) -> DesiredState | None:
         """Send a snapshot; the desired state to converge to, or None to leave all as is."""
-        return self.link.heartbeat(self.report(scan))
+        report = self.report(scan)
+        desired = self.link.heartbeat(report)
+        if self.link.accepted:
+            self.flasher.acknowledged(report.flashes)
+        return desired
 
     def reconcile(self, desired: DesiredState | dict, resources: list[Resource]) -> bool:
         """Converge to ``desired`` and wait until done; True if anything changed."""
@@ -165,10 +175,16 @@ class Exporter:
             return f"{what} crashed: {exc!r}"
 
     def shutdown(self) -> None:
-        """Stop every service, then tell the coordinator this host is going away, so that
-        nobody is handed endpoints that no longer answer."""
+        """Stop every service and let running flashes finish, then tell the coordinator
+        this host is going away, so that nobody is handed endpoints that no longer answer."""
         self.reconciler.stop_all()
-        self.link.heartbeat(self.report(stopping=True))
+        for job in self.flasher.running():
+            log.warning("waiting for flash %s of %s to finish (at most %gs)", job.op, job.device, FLASH_STOP_WAIT_S)
+        self.flasher.wait(FLASH_STOP_WAIT_S)
+        last = self.report(stopping=True)
+        self.link.heartbeat(last)
+        if self.link.accepted:
+            self.flasher.acknowledged(last.flashes)
         for name in self.loaded:
             self._try(name, "shutdown", "devloop_shutdown", host=self.host)
         self.link.close()
@@ -192,6 +208,7 @@ class Exporter:
             if desired.as_of < self._desired_as_of:
                 return False
             self._desired_as_of, self.etag = desired.as_of, desired.etag
+            self.flasher.converge(desired.flashes, self.reporter.resources)
             adoptions = {a.identifier: a for a in desired.adopted}
             if adoptions != self.reporter.adoptions:  # report the adopted devices at once
                 self.reporter.adoptions = adoptions

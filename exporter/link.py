@@ -7,9 +7,11 @@ the one the coordinator holds, or nothing at all if a newer exporter took this n
 from __future__ import annotations
 
 import logging
+from typing import Iterator
 
 import httpx2
 
+from device_loop.core.model import FlashError
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.tokens import load_token
 
@@ -27,8 +29,10 @@ class CoordinatorLink:
         self._http = httpx2.Client(base_url=url, timeout=timeout, headers=self._headers)
         self._path = f"/api/v1/hosts/{host_name}"
         self._last_refusal: str | None = None  # said once, not at every heartbeat
+        self.accepted = False  # whether the last heartbeat was taken (answered 200)
 
     def heartbeat(self, report: Heartbeat) -> DesiredState | None:
+        self.accepted = False
         try:
             response = self._http.post(f"{self._path}/heartbeat", content=report.model_dump_json(by_alias=True),
                                        headers={"Content-Type": "application/json"})
@@ -37,6 +41,7 @@ class CoordinatorLink:
             log.warning("coordinator unreachable (%s); services keep running as they are", exc)
             return None
         if response.status_code == 200:
+            self.accepted = True
             if self._last_refusal:
                 log.info("heartbeats are accepted again")
             self._last_refusal = None
@@ -65,6 +70,23 @@ class CoordinatorLink:
             return DesiredState.model_validate(response.json()) if response.status_code == 200 else None
         except (httpx2.HTTPError, ValueError):
             return None
+
+    def fetch_image(self, sha256: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        """The bytes of an image a flash on this host writes, streamed from the registry."""
+        timeout = httpx2.Timeout(30.0, read=120.0)
+        try:
+            with httpx2.Client(base_url=self.url, headers=self._headers, timeout=timeout) as client, \
+                    client.stream("GET", f"{self._path}/images/{sha256}") as response:
+                if response.status_code != 200:
+                    response.read()
+                    try:
+                        why = response.json().get("message", response.text)
+                    except ValueError:
+                        why = response.text[:200]
+                    raise FlashError(f"cannot fetch image {sha256} ({response.status_code}): {why}")
+                yield from response.iter_bytes(chunk_size)
+        except httpx2.HTTPError as exc:
+            raise FlashError(f"cannot fetch image {sha256} from {self.url}: {exc}") from None
 
     def close(self) -> None:
         self._http.close()

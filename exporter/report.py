@@ -15,8 +15,8 @@ from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.host import HostContext
 from device_loop.core.model import Health, Resource
 from device_loop.core.plugins import PluginSet
-from device_loop.core.protocol import (Adoption, CandidateReport, DeviceReport, Heartbeat, PluginsReport,
-                                       ServiceReport)
+from device_loop.core.protocol import (Adoption, CandidateReport, DeviceReport, FlashReport, Heartbeat,
+                                       PluginsReport, ServiceReport)
 
 from .orphans import OrphanWatch
 
@@ -82,7 +82,8 @@ class Reporter:
         return self.resources
 
     def build(self, services: list[ServiceReport], applied: set[str], ours: set[int],
-              recheck: set[str] = frozenset(), unserved: list[dict] = (), stopping: bool = False) -> Heartbeat:
+              recheck: set[str] = frozenset(), unserved: list[dict] = (), stopping: bool = False,
+              flashes: list[FlashReport] = ()) -> Heartbeat:
         """The next snapshot: devices as last scanned (``recheck``: devices to look at
         again for orphans), with ``services`` as they run now."""
         if recheck:
@@ -100,7 +101,7 @@ class Reporter:
             plugins=PluginsReport(loaded=self.loaded, skipped=self.skipped, unserved=list(unserved),
                                   failing=[{"name": n, "reason": r} for n, r in sorted(self.failing.items())]),
             devices=self._devices, services=services,
-            applied=sorted(applied),
+            applied=sorted(applied), flashes=list(flashes),
             candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)
                         for c in self.candidates])
 

@@ -5,8 +5,9 @@ from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
-UNCHANGED_MAX = 6   # read the host (before and in the transaction), the devices in transition, desired state, adoptions; write the host
-CHANGED_FIXED = 8   # besides one per changed device
+UNCHANGED_MAX = 7   # read the host (before and in the transaction), the devices in transition; write the host;
+                    # the answer: desired services, adoptions, flashes to begin
+CHANGED_FIXED = 9   # besides one per changed device
 
 
 async def count(rules, call) -> int:

@@ -1,0 +1,71 @@
+"""Writing an image onto a block device or a file, and reading it back to check."""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from device_loop.plugin import FlashError
+
+CHUNK = 4 << 20  # bytes per read and write: one buffer, reused (memory stays flat whatever the image's size)
+
+
+def write_and_verify(target: Path, image, progress) -> str:
+    """Stream ``image`` onto ``target``, sync it, then hash what the target holds.
+
+    A regular file becomes the image (truncated to its size); a block device is written
+    from its start. The read-back asks the kernel to drop the target's cached pages first,
+    so it reads what reached the disk, not what is still in memory.
+    """
+    block = stat.S_ISBLK(os.stat(target).st_mode)
+    if block and _device_size(target) < image.size:
+        raise FlashError(f"{target} holds {_device_size(target)} bytes, less than the image's {image.size}")
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    flags = os.O_WRONLY | (0 if block else os.O_TRUNC)
+    source = os.open(image.path, os.O_RDONLY)
+    try:
+        out = os.open(target, flags)
+        try:
+            done = 0
+            while n := os.readv(source, [buffer]):
+                written = 0
+                while written < n:
+                    written += os.write(out, view[written:n])
+                done += n
+                progress("writing", done)
+            os.fsync(out)
+        finally:
+            os.close(out)
+    finally:
+        os.close(source)
+    if done != image.size:
+        raise FlashError(f"the cached image had {done} bytes, not {image.size}")
+    got = _read_back(target, image.size, buffer, progress)
+    if got != image.sha256:
+        raise FlashError(f"read-back of {target} hashes to {got}, not to the image's {image.sha256}: the target "
+                         "did not keep what was written")
+    return f"written to {target} and verified by read-back (sha256 {image.sha256[:12]}...)"
+
+
+def _read_back(target: Path, size: int, buffer: bytearray, progress) -> str:
+    digest, view, done = hashlib.sha256(), memoryview(buffer), 0
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        while done < size and (n := os.readv(fd, [view[:min(len(buffer), size - done)]])):
+            digest.update(view[:n])
+            done += n
+            progress("verifying", done)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def _device_size(target: Path) -> int:
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)

@@ -42,6 +42,12 @@ def _said_on_the_command_line(ctx: click.Context, name: str) -> bool:
     return False
 
 
+def _given(ctx: click.Context, name: str, value):
+    """An option of the command itself, if typed there (its environment variable is the
+    group's too, and a value typed before the command name must win over it)."""
+    return value if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE else None
+
+
 def lab_command(func):
     """Give the command a ``Lab`` and turn coordinator refusals into exit code 1.
 
@@ -55,7 +61,8 @@ def lab_command(func):
     def wrapper(ctx, *args, coordinator=None, user=None, as_json=False, **kwargs):
         lab = None
         try:
-            lab = Lab(coordinator or ctx.obj["coordinator"], user or ctx.obj["user"])
+            lab = Lab(_given(ctx, "coordinator", coordinator) or ctx.obj["coordinator"],
+                      _given(ctx, "user", user) or ctx.obj["user"])
             if "Authorization" in lab.api.http.headers and _said_on_the_command_line(ctx, "user"):
                 click.echo("device-loop: note: --user counts only in a lab without tokens; "
                            "this one knows you by your token", err=True)

@@ -83,7 +83,7 @@ class HostContext:
         ``timeout`` and was killed with everything it forked (its process group). Recorded
         like a service's processes, so a crash of the exporter leaves nothing running unseen.
         Raises ``OSError`` when it cannot start."""
-        proc = self.processes.spawn(argv, name=name, env=env)
+        proc = self.processes.spawn(argv, name=name, env=env, job=True)
         if proc.wait(timeout):
             self.processes.forget(proc)
             return proc.popen.returncode, proc.output()

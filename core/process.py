@@ -156,9 +156,12 @@ class ProcessRegistry:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
 
-    def spawn(self, argv: list[str], *, name: str, lease: str | None = None,
-              pass_fds: tuple[int, ...] = (), env: dict | None = None, die_with_parent: bool = False) -> Proc:
+    def spawn(self, argv: list[str], *, name: str, lease: str | None = None, pass_fds: tuple[int, ...] = (),
+              env: dict | None = None, die_with_parent: bool = False, job: bool = False) -> Proc:
         """Start ``argv`` in its own session, output to ``logs/NAME.log``, and record it.
+
+        A ``job`` runs to its end for whoever started it (a flash tool), not for a lease:
+        only a later start finds it as a leftover.
 
         ``die_with_parent`` sends it SIGTERM when this process dies, however it dies. Use
         it only from the main thread: the kernel ties it to the thread that spawned.
@@ -172,7 +175,7 @@ class ProcessRegistry:
                 preexec_fn=_term_when_parent_dies(os.getpid()) if die_with_parent else None,
             )
         record = {"pid": popen.pid, "start_ticks": start_ticks(popen.pid), "name": name,
-                  "lease": lease, "argv": argv, "log": str(log_path), "log_offset": offset}
+                  "lease": lease, "argv": argv, "log": str(log_path), "log_offset": offset, "job": job}
         write_atomically(self.dir / f"{popen.pid}.json", json.dumps(record))
         return Proc(self, record, popen)
 

@@ -177,13 +177,14 @@ class Reconciler:
 
     def stop_strays(self, also: str | None = None) -> None:
         """Stop recorded processes that no service owns and whose lease is not wanted (or
-        is ``also``, whose start just failed): orphans of ours."""
+        is ``also``, whose start just failed): orphans of ours. Jobs (a flash's tool) are
+        their starters' to stop."""
         with self._lock:
             ours = self.pids()
             wanted = {lease for lease, _ in self._desired}
         for proc in self.host.processes.recorded():
             lease = proc.record.get("lease")
-            if proc.pid not in ours and (lease not in wanted or lease == also):
+            if proc.pid not in ours and not proc.record.get("job") and (lease not in wanted or lease == also):
                 log.warning("stopping stray %s (pid %d) of lease %s", proc.name, proc.pid, lease)
                 try:
                     proc.stop()

@@ -1,4 +1,5 @@
 """`device-loop up` as a user runs it, and the Python client library against it."""
+import hashlib
 import signal
 import socket
 import subprocess
@@ -77,6 +78,25 @@ def test_client_library_waits_and_releases_even_on_error(lab):
     assert lease.state == "released"
     assert lab_client.lease(lease.id).state == "released"
     assert lab_client.my_leases() == []
+
+
+def test_the_demo_boards_flash_and_recover_without_hardware(lab, env):
+    url, data_dir, _ = lab
+    lab_client = Lab(url, user="carol")
+    wait_for(lambda: any(i["name"] == "sim-firmware-1.0" for i in lab_client.api.get("/images")), 20,
+             what="the demo firmware in the registry")
+    firmware = next(i for i in lab_client.api.get("/images") if i["name"] == "sim-firmware-1.0")
+    assert firmware["known_good_for"] == ["class:sim-board"]
+    target = data_dir / "flash" / "sim-board-0.img"
+    target.write_bytes(b"a broken build")
+    with lab_client.reserve("sim-board-0", ttl="10m") as lease:
+        done = lease.flash("sim-firmware-1.0")
+        assert done["state"] == "done" and "verified by read-back" in done["message"]
+        assert hashlib.sha256(target.read_bytes()).hexdigest() == firmware["sha256"]
+        target.write_bytes(b"broken again")
+        recovered = run_cli(env, url, "--user", "carol", "recover", "sim-board-0").stdout
+        assert "recover of sim-board-0 with sim-firmware-1.0" in recovered and ": done" in recovered
+        assert hashlib.sha256(target.read_bytes()).hexdigest() == firmware["sha256"]
 
 
 def test_up_on_a_taken_port_starts_nothing(tmp_path, env):

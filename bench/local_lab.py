@@ -34,17 +34,25 @@ def _healthy(api: httpx2.Client) -> bool:
         return False
 
 
-class LocalLab:
-    """A running lab: ``api`` (a client for user ``bench``), ``url``, and its processes."""
+def memory_mib(proc: subprocess.Popen, field: str = "VmRSS") -> float:
+    """A process's resident memory now (``VmRSS``), or its peak so far (``VmHWM``)."""
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit(f"{proc.args} is gone")
 
-    def __init__(self, api: httpx2.Client, url: str, coordinator: subprocess.Popen, env: dict):
-        self.api, self.url, self.coordinator, self.env = api, url, coordinator, env
+
+class LocalLab:
+    """A running lab: ``api`` (a client for user ``bench``), ``url``, its processes and
+    its ``folder`` (the coordinator's data in ``coord/``, the exporter's state in ``exporter/``)."""
+
+    def __init__(self, api: httpx2.Client, url: str, coordinator: subprocess.Popen, exporter: subprocess.Popen,
+                 env: dict, folder: Path):
+        self.api, self.url, self.coordinator, self.exporter, self.env = api, url, coordinator, exporter, env
+        self.folder = folder
 
     def coordinator_rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.coordinator.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        raise SystemExit("coordinator is gone")
+        return memory_mib(self.coordinator)
 
 
 @contextlib.contextmanager
@@ -71,7 +79,8 @@ def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
         names = {d["name"] for d in devices}
         wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, 60,
              "idle devices")
-        yield LocalLab(api, url, procs[-1], env | {"DEVICE_LOOP_COORDINATOR": url, "DEVICE_LOOP_USER": "bench"})
+        yield LocalLab(api, url, procs[-1], procs[0], env | {"DEVICE_LOOP_COORDINATOR": url, "DEVICE_LOOP_USER": "bench"},
+                       tmp)
     finally:
         api.close()
         for proc in procs:

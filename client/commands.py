@@ -94,13 +94,18 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
     raise CoordinatorError("no_lease", f"you hold no lease on {target!r}")
 
 
+def _state(device: dict) -> str:
+    marks = ["flashing"] * bool(device.get("flashing")) + ["needs recovery"] * bool(device.get("needs_recovery"))
+    return device["state"] + (f" ({', '.join(marks)})" if marks else "")
+
+
 @click.command("ls")
 @json_option
 @lab_command
 def ls_command(lab: Lab, as_json: bool):
     """List devices: class, state, host, holder and time left."""
     def text(devices):
-        rows = [[d["name"], d["class"], d["state"], d["host"] or "-", d["holder"] or "-",
+        rows = [[d["name"], d["class"], _state(d), d["host"] or "-", d["holder"] or "-",
                  time_left(d["expires_at"]), ",".join(sorted({r["kind"] for r in d["resources"]}))]
                 for d in devices]
         return table(["NAME", "CLASS", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows) if rows else "no devices yet"

@@ -16,6 +16,8 @@ def op_text(op: dict) -> str:
                                  if op["state"] == "running" else "")]
     if op["message"]:
         lines.append(f"  {op['message']}")
+    if op["seconds"]:
+        lines.append("  " + ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in op["seconds"].items()))
     lines.append(f"  asked by {op['requester']} at {op['created_at']}"
                  + (f", ended {op['ended_at']}" if op["ended_at"] else ""))
     return "\n".join(lines)

@@ -29,7 +29,8 @@ def op_json(op: dict) -> dict:
         "requester": op["requester"], "purpose": op["purpose"],
         "image": {"name": op["image_name"], "sha256": op["sha256"], "size": op["size"]},
         "state": op["state"], "phase": op["phase"], "done_bytes": op["done_bytes"], "total_bytes": op["size"],
-        "message": op["message"], "created_at": iso(op["created_at"]), "started_at": iso(op["started_at"]),
+        "message": op["message"], "seconds": op["seconds"], "created_at": iso(op["created_at"]),
+        "started_at": iso(op["started_at"]),
         "ended_at": iso(op["ended_at"]),
     }
     if op["state"] in LIVE_OP_STATES and not op.get("host_online", True):
@@ -124,7 +125,7 @@ class Flashes(Images, Views):
         op = {"id": OP_PREFIX + secrets.token_hex(8), "device": name, "host": device["host"], "lease_id": lease_id,
               "requester": caller, "purpose": purpose, "sha256": image["sha256"], "image_name": image["name"],
               "size": image["size"], "identifier": target["identifier"], "plugin": target["plugin"],
-              "state": "queued", "phase": "queued", "done_bytes": 0, "message": "", "boot_id": None,
+              "state": "queued", "phase": "queued", "done_bytes": 0, "message": "", "seconds": {}, "boot_id": None,
               "created_at": now, "started_at": None, "ended_at": None}
         try:
             await self.store.insert_flash_op(op)
@@ -159,10 +160,11 @@ class Flashes(Images, Views):
             if seen is None:  # running under an earlier boot of this exporter, which is gone
                 seen = FlashReport(op=op["id"], device=op["device"], state="failed",
                                    phase=op["phase"] if op["phase"] in WRITING_PHASES else "fetching",
-                                   done_bytes=op["done_bytes"],
+                                   done_bytes=op["done_bytes"], seconds=op["seconds"],
                                    message=f"interrupted: exporter {host_name} restarted during the flash")
             fields = {"state": seen.state, "phase": seen.phase, "done_bytes": seen.done_bytes,
-                      "message": seen.message, "boot_id": report.boot_id}
+                      "message": seen.message, "seconds": {k: round(v, 3) for k, v in seen.seconds.items()},
+                      "boot_id": report.boot_id}
             if all(op[k] == v for k, v in fields.items()):
                 continue
             fields["started_at"] = op["started_at"] or now

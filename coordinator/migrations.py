@@ -202,6 +202,7 @@ MIGRATIONS: list[list[str]] = [
             phase TEXT NOT NULL,
             done_bytes BIGINT NOT NULL,
             message TEXT NOT NULL,
+            seconds TEXT NOT NULL,
             boot_id TEXT,
             created_at DOUBLE PRECISION NOT NULL,
             started_at DOUBLE PRECISION,

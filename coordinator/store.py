@@ -26,7 +26,8 @@ LIVE = LIVE_LEASE_STATES
 RING_SLOTS = 20  # state changes each device keeps (DESIGN §8)
 _LIVE_SQL = "(" + ", ".join(f"'{state}'" for state in LIVE) + ")"
 _LIVE_OP_SQL = "(" + ", ".join(f"'{state}'" for state in LIVE_OP_STATES) + ")"
-_JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail", "resources", "host_services"}
+_JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail", "resources", "host_services",
+                 "seconds"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
                   "log_seq")
@@ -547,13 +548,13 @@ class Store:
                                h=host)
 
     async def flash_ops_to_update(self, host: str, reported: list[str], restarted: bool, boot_id: str) -> list[dict]:
-        """The operations a report speaks of, and (after a restart of its exporter) those the
-        host ran under an earlier boot."""
+        """The operations of ``host`` its report speaks of (an exporter speaks only for its
+        own host), and after a restart of its exporter those it ran under an earlier boot."""
         where, params = self._in("id", "ids", reported)
         if restarted:
-            where += " OR (host = :h AND state = 'running' AND boot_id <> :boot)"
-            params |= {"h": host, "boot": boot_id}
-        return await self._all(f"SELECT * FROM flash_ops WHERE {where}", **params)
+            where += " OR (state = 'running' AND boot_id <> :boot)"
+            params["boot"] = boot_id
+        return await self._all(f"SELECT * FROM flash_ops WHERE host = :h AND ({where})", h=host, **params)
 
     async def update_flash_op(self, op_id: str, fields: dict) -> None:
         await self._update("flash_ops", "id", op_id, fields)

@@ -89,6 +89,7 @@ class FlashReport(Strict):
     phase: FlashPhase
     done_bytes: int = Field(default=0, ge=0, le=2**63 - 1)
     message: str = Field(default="", max_length=2000)
+    seconds: dict[FlashPhase, float] = Field(default_factory=dict, description="how long each phase took so far")
 
 
 class CandidateReport(Strict):

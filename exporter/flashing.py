@@ -37,10 +37,21 @@ class FlashJob:
         self.op, self.device = op, device
         self.state, self.phase, self.done_bytes, self.message = state, phase, 0, message
         self.thread: threading.Thread | None = None
+        self.seconds: dict[str, float] = {}  # phase -> how long it took (the current one: so far)
+        self._phase_began = time.monotonic()
+
+    def enter(self, phase: str) -> None:
+        self.clock()
+        self.phase, self._phase_began = phase, time.monotonic()
+
+    def clock(self) -> None:
+        self.seconds[self.phase] = time.monotonic() - self._phase_began
 
     def report(self) -> FlashReport:
+        if self.state == "running":
+            self.clock()
         return FlashReport(op=self.op, device=self.device, state=self.state, phase=self.phase,
-                           done_bytes=self.done_bytes, message=self.message)
+                           done_bytes=self.done_bytes, message=self.message, seconds=dict(self.seconds))
 
 
 class Flasher:
@@ -117,7 +128,9 @@ class Flasher:
 
     def _progress(self, job: FlashJob, phase: str, done_bytes: int) -> None:
         changed = phase != job.phase
-        job.phase, job.done_bytes = phase, done_bytes
+        if changed:
+            job.enter(phase)
+        job.done_bytes = done_bytes
         if changed and phase != "fetching":
             self._mark(job)
         now = time.monotonic()
@@ -145,13 +158,15 @@ class Flasher:
                                          image=image, progress=lambda phase, done: self._backend_progress(job, phase,
                                                                                                           done))
             job.message, job.state = said or "written", "done"
-            log.info("flash %s of %s with %s: done (%s)", job.op, job.device, flash.image, job.message)
+            log.info("flash %s of %s with %s: done (%s); %s", job.op, job.device, flash.image, job.message,
+                     ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in job.seconds.items()))
         except FlashError as exc:
             job.message, job.state = str(exc), "failed"
             log.error("flash %s of %s with %s failed while %s: %s", job.op, job.device, flash.image, job.phase, exc)
         except Exception as exc:  # a plugin's bug is this flash's failure, not the exporter's
             log.exception("flash %s of %s crashed", job.op, job.device)
             job.message, job.state = f"the flash backend crashed: {exc!r}", "failed"
+        job.clock()
         if job.phase != "fetching":
             self._mark(job)
         self.on_change()

@@ -78,6 +78,9 @@ async def test_a_flash_goes_to_the_exporter_and_its_reports_make_its_result(tmp_
         other_host = await client("exporter:host-b").get(f"/hosts/host-b/images/{SHA}")
         assert other_host.status_code == 404, "an exporter fetches only the images its own flashes write"
 
+        impostor = FakeExporter(client("exporter:host-b"), "host-b")
+        await impostor.beat([], flashes=[flash_report(op, "done", "verifying", 1, "not mine")])
+        assert (await api.get(f"/ops/{op['id']}")).json()["state"] == "queued", "a host speaks for its own flashes"
         desired = (await exporter.beat([board(), board("b1")],
                                        flashes=[flash_report(op, "running", "writing", 4096)])).json()
         assert desired["flashes"] == [], "a flash begun is the exporter's to finish, not to begin again"

@@ -21,6 +21,7 @@ LAZY_COMMANDS = {
     "flash": "device_loop.client.flash:flash_command",
     "recover": "device_loop.client.flash:recover_command",
     "op": "device_loop.client.flash:op_command",
+    "flashes": "device_loop.client.flash:flashes_command",
     "forward": "device_loop.client.forward:forward_command",
     "up": "device_loop.cli.up:up_command",
     "coordinator": "device_loop.coordinator.serve:coordinator_command",

@@ -45,14 +45,14 @@ def images_group():
 
 @images_group.command("upload")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--name", required=True, help="the image's name (letters, digits, . _ -)")
+@click.option("--name", help="the image's name (letters, digits, . _ -)  [default: the file's name]")
 @click.option("--for", "target", required=True, metavar="DEVICE|CLASS", help="the device or device class it is for")
 @click.option("--description", default="", help="what it is (a build, a version)")
 @json_option
 @lab_command
-def upload_command(lab: Lab, file: Path, name: str, target: str, description: str, as_json: bool):
+def upload_command(lab: Lab, file: Path, name: str | None, target: str, description: str, as_json: bool):
     """Upload FILE (streamed; its sha256 and size are checked on arrival)."""
-    params = {"name": name, "for": target, "description": description, "sha256": _digest(file),
+    params = {"name": name or file.name, "for": target, "description": description, "sha256": _digest(file),
               "size": file.stat().st_size}
     emit(as_json, lab.api.upload("/images", params, _chunks(file, on_terminal(as_json))), _image_text)
 

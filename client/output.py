@@ -42,6 +42,10 @@ def lease_text(lease: dict) -> str:
     lines = [head]
     if not lease["ready"]:
         lines.append(f"  {lease['reason']}")
+    if lease.get("flashing"):
+        lines.append(f"  being flashed: device-loop op {lease['flashing']}")
+    if lease.get("needs_recovery"):
+        lines.append(f"  NEEDS RECOVERY ({lease['needs_recovery']}): device-loop recover {lease['device']}")
     for e in lease["endpoints"]:
         where = e.get("url") or f"{e['host']}:{e['port']}"
         lines.append(f"  {e['kind']:<6} {where}" + (f"  ({e['protocol']})" if e.get("protocol") else ""))

@@ -139,8 +139,8 @@ class Flashes(Images, Views):
 
     @staticmethod
     def _busy(name: str, op_id: str) -> APIError:
-        return conflict("flash_running", f"{name} is being flashed already ({op_id}): one flash at a time; "
-                                         f"follow it with: device-loop op {op_id}")
+        return conflict("flash_running", f"{name} is being flashed already ({op_id}): one flash at a time "
+                                         f"(follow it with 'device-loop op {op_id}', or the flash_status tool)")
 
     # ---- what exporters report ----------------------------------------------------------------
 
@@ -161,6 +161,7 @@ class Flashes(Images, Views):
                 seen = FlashReport(op=op["id"], device=op["device"], state="failed",
                                    phase=op["phase"] if op["phase"] in WRITING_PHASES else "fetching",
                                    done_bytes=op["done_bytes"], seconds=op["seconds"],
+                                   changed=op["phase"] in WRITING_PHASES,
                                    message=f"interrupted: exporter {host_name} restarted during the flash")
             fields = {"state": seen.state, "phase": seen.phase, "done_bytes": seen.done_bytes,
                       "message": seen.message, "seconds": {k: round(v, 3) for k, v in seen.seconds.items()},
@@ -172,23 +173,22 @@ class Flashes(Images, Views):
                 fields["ended_at"] = now
             await self.store.update_flash_op(op["id"], fields)
             if seen.state != "running":
-                await self._finished({**op, **fields}, actor)
+                await self._finished({**op, **fields}, seen.changed, actor)
             self._notify(op_key(op["id"]))
 
-    async def _finished(self, op: dict, actor: str) -> None:
+    async def _finished(self, op: dict, changed: bool, actor: str) -> None:
         detail = {"op": op["id"], "image": op["image_name"], "sha256": op["sha256"], "message": op["message"]}
         await self._audit(actor, f"flash_{op['state']}", op["device"], op["lease_id"], detail)
         device = await self.store.device(op["device"])
         if device is None:
             return
-        if op["state"] == "failed" and op["phase"] in WRITING_PHASES:
-            reason = f"{op['id']} ({op['image_name']}) failed while {op['phase']}: {op['message']}"
-            await self._flag(device, reason, f"needs recovery: flash {reason}", actor)
+        if op["state"] == "failed" and changed:
+            what = f"{op['purpose']} {op['id']} of {op['image_name']} failed while {op['phase']}"
+            await self._flag(device, f"{what}: {op['message']}", f"needs recovery: {what}", actor)
         elif op["state"] == "done" and device["needs_recovery"]:
             good = await self.store.known_good_targets(op["sha256"])
             if {f"device:{device['name']}", f"class:{device['class']}"} & set(good):
-                await self._flag(device, None, f"recovered: known-good {op['image_name']} written by {op['id']}",
-                                 actor)
+                await self._flag(device, None, f"recovered by {op['id']} (known-good {op['image_name']})", actor)
 
     async def _flag(self, device: dict, needs_recovery: str | None, cause: str, actor: str) -> None:
         """Set or clear ``needs_recovery``; the device's ring log says so (its state stays)."""

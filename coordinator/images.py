@@ -17,6 +17,7 @@ from .lifecycle import Lifecycle
 from .store import UniqueViolation
 
 SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+SHA256_PREFIX = re.compile(r"^[0-9a-fA-F]{8,63}$")
 
 
 def image_json(row: dict) -> dict:
@@ -27,15 +28,25 @@ def image_json(row: dict) -> dict:
 
 class Images(Lifecycle):
     async def _target(self, name: str) -> str:
-        """``device:NAME`` or ``class:NAME`` for what an image is for."""
-        if await self.store.device(name) is not None:
-            return f"device:{name}"
-        if name in await self.store.device_classes():
-            return f"class:{name}"
+        """``device:NAME`` or ``class:NAME`` for what an image is for (given as a name, or
+        in that form, as listings print it)."""
+        kind, _, bare = name.rpartition(":")
+        if kind in ("", "device") and await self.store.device(bare) is not None:
+            return f"device:{bare}"
+        if kind in ("", "class") and bare in await self.store.device_classes():
+            return f"class:{bare}"
         raise APIError(422, "unknown_target", f"no device or device class is called {name!r}")
 
     async def _image(self, ref: str) -> dict:
+        """An image by its name, its sha256, or the start of it (8 digits or more, as
+        listings print 12)."""
         image = await self.store.image(ref)
+        if image is None and SHA256_PREFIX.match(ref):
+            found = await self.store.images_by_prefix(ref.lower())
+            if len(found) > 1:
+                raise APIError(422, "ambiguous_image", f"{ref!r} starts the sha256 of several images: "
+                                                       f"{', '.join(i['name'] for i in found)}; give more digits")
+            image = found[0] if found else None
         if image is None:
             raise not_found("image", ref)
         return image
@@ -57,7 +68,9 @@ class Images(Lifecycle):
                 existing = await self.store.image(sha256)
                 if existing is not None:
                     if existing["name"] != name:
-                        raise conflict("image_exists", f"these bytes are image {existing['name']!r} already")
+                        raise conflict("image_exists", f"these bytes are image {existing['name']!r} already (for "
+                                                       f"{existing['target']}); to flash them onto {target_name} "
+                                                       f"too, an admin marks that image known-good for it")
                     return image_json(existing), False
                 now = self.clock()
                 row = {"sha256": sha256, "name": name, "size": size, "description": description, "target": target,

@@ -43,7 +43,8 @@ class Leases(Views):
             self._notify(host_key(device["host"] or ""))
         return lease_json({**lease, "device_state": state, "device_host": device["host"],
                            "resources": device["resources"], "host_online": device["host_online"],
-                           "host_services": []})
+                           "host_services": [], "needs_recovery": device["needs_recovery"],
+                           "flashing": device["flash_op"]})
 
     def _check_ttl(self, ttl_s: float) -> float:
         if not ttl_s >= 1 or ttl_s == float("inf"):  # REST's schema says so too; MCP comes here directly
@@ -75,7 +76,7 @@ class Leases(Views):
         elif device["flash_op"]:
             message = f"{name} is being flashed ({device['flash_op']}); it is free again when that ends"
         elif device["needs_recovery"]:
-            message = (f"{name} needs recovery (flash {device['needs_recovery']}): no lease is granted until a "
+            message = (f"{name} needs recovery ({device['needs_recovery']}): no lease is granted until a "
                        f"known-good image is written back; an admin runs: device-loop recover {name}")
         elif state == "reclaiming":
             message = f"{name} is being reclaimed after its last lease; try again in a few seconds"
@@ -140,7 +141,8 @@ class Leases(Views):
         now_ended = {**lease, "state": state, "end_reason": reason, "ended_at": self.clock()}
         return lease_json({**now_ended, "device_state": device["state"], "device_host": device["host"],
                            "resources": device["resources"], "host_online": device["host_online"],
-                           "host_services": []})
+                           "host_services": [], "needs_recovery": device["needs_recovery"],
+                           "flashing": device["flash_op"]})
 
     async def _end_lease(self, lease: dict, state: str, reason: str, actor: str) -> dict | None:
         """End a live lease and start reclaiming its device; the device as it is now, or

@@ -50,8 +50,8 @@ def build_mcp(rules) -> MCPServer:
     async def ask(call) -> Any:
         try:
             return await call
-        except APIError as exc:
-            raise ToolError(exc.message) from None
+        except APIError as exc:  # the same code REST answers with, for agents that branch on it
+            raise ToolError(f"{exc.message} [{exc.code}]") from None
 
     @server.tool()
     async def list_devices(ctx: Context, state: str | None = None, tags: list[str] | None = None) -> dict[str, Any]:

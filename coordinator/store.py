@@ -389,9 +389,10 @@ class Store:
     async def lease(self, lease_id: str) -> dict | None:
         return await self._one("SELECT * FROM leases WHERE id = :id", id=lease_id)
 
-    _LEASE_VIEW = ("SELECT l.*, d.state AS device_state, d.host AS device_host, d.resources, "
-                   "h.online AS host_online, h.services AS host_services FROM leases l "
-                   "JOIN devices d ON d.name = l.device LEFT JOIN hosts h ON h.name = d.host")
+    _LEASE_VIEW = ("SELECT l.*, d.state AS device_state, d.host AS device_host, d.resources, d.needs_recovery, "
+                   "h.online AS host_online, h.services AS host_services, f.id AS flashing FROM leases l "
+                   "JOIN devices d ON d.name = l.device LEFT JOIN hosts h ON h.name = d.host "
+                   f"LEFT JOIN flash_ops f ON f.device = l.device AND f.state IN {_LIVE_OP_SQL}")
 
     async def lease_view(self, lease_id: str) -> dict | None:
         """A lease with what its answer shows: its device's state and resources, its host's services."""
@@ -481,6 +482,9 @@ class Store:
     async def image(self, ref: str) -> dict | None:
         """An image by its sha256 or its name."""
         return await self._one("SELECT * FROM images WHERE sha256 = :r OR name = :r", r=ref)
+
+    async def images_by_prefix(self, prefix: str) -> list[dict]:
+        return await self._all("SELECT * FROM images WHERE sha256 LIKE :p ORDER BY name LIMIT 5", p=prefix + "%")
 
     async def images(self, targets: list[str] | None = None) -> list[dict]:
         """Every image (or those for ``targets``), with the targets it is known-good for."""

@@ -56,6 +56,8 @@ def lease_json(view: dict) -> dict:
         "reason": "ready" if ready else _lease_reason(view, services),
         # the gate's password: only the holder (and admins) ever see a lease
         "secret": view["secret"] if live else None,
+        "needs_recovery": view["needs_recovery"],  # why (a failed flash), or None
+        "flashing": view["flashing"],  # the flash operation running on the device, if any
     }
     return answer | {"commands": commands(answer) if ready else []}  # how to use it, as its plugins said
 

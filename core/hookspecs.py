@@ -104,8 +104,9 @@ def devloop_flash(host, resource, image, progress):
     ``progress(phase, done_bytes)`` as the work goes on (``phase``: ``"writing"`` or
     ``"verifying"``). Return a short sentence of what was done ("written and verified by
     read-back"); raise :class:`FlashError` with the reason. The device is marked as needing
-    recovery when this raises. How to write (a block device, fastboot, a command) comes
-    from the resource's config, never from the request.
+    recovery when this raises, unless the error says the target was not touched
+    (``FlashError(why, changed=False)``: it could not be opened). How to write (a block
+    device, fastboot, a command) comes from the resource's config, never from the request.
 
     Runs in a worker thread, beside the heartbeats, one flash at a time per device. It
     must end: a program it runs gets a timeout and, past it, its whole process group is

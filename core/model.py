@@ -13,7 +13,15 @@ class ServiceError(Exception):
 
 
 class FlashError(Exception):
-    """A flash backend failed; the message says why, for the one who asked for the flash."""
+    """A flash backend failed; the message says why, for the one who asked for the flash.
+
+    ``changed=False`` says the target was not touched (it could not even be opened): the
+    device then does not need recovery. Leave it True whenever in doubt.
+    """
+
+    def __init__(self, message: str, changed: bool = True):
+        super().__init__(message)
+        self.changed = changed
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ class FlashReport(Strict):
     done_bytes: int = Field(default=0, ge=0, le=2**63 - 1)
     message: str = Field(default="", max_length=2000)
     seconds: dict[FlashPhase, float] = Field(default_factory=dict, description="how long each phase took so far")
+    changed: bool = Field(default=False, description="the target may have been changed (its backend began)")
 
 
 class CandidateReport(Strict):

@@ -37,6 +37,7 @@ class FlashJob:
         self.op, self.device = op, device
         self.state, self.phase, self.done_bytes, self.message = state, phase, 0, message
         self.thread: threading.Thread | None = None
+        self.changed = phase != "fetching"  # the target may have been changed
         self.seconds: dict[str, float] = {}  # phase -> how long it took (the current one: so far)
         self._phase_began = time.monotonic()
 
@@ -51,7 +52,8 @@ class FlashJob:
         if self.state == "running":
             self.clock()
         return FlashReport(op=self.op, device=self.device, state=self.state, phase=self.phase,
-                           done_bytes=self.done_bytes, message=self.message, seconds=dict(self.seconds))
+                           done_bytes=self.done_bytes, message=self.message, seconds=dict(self.seconds),
+                           changed=self.changed)
 
 
 class Flasher:
@@ -82,7 +84,9 @@ class Flasher:
                           mark["phase"])
                 mark |= {"state": "failed", "message": f"interrupted while {mark['phase']}: the exporter stopped "
                                                        "(the target may be half-written)"}
-            jobs.append(FlashJob(mark["op"], mark["device"], mark["phase"], mark["state"], mark["message"]))
+            job = FlashJob(mark["op"], mark["device"], mark["phase"], mark["state"], mark["message"])
+            job.changed = mark.get("changed", True)
+            jobs.append(job)
         return jobs
 
     def converge(self, desired: list[DesiredFlash], resources: list[Resource]) -> None:
@@ -130,6 +134,7 @@ class Flasher:
         changed = phase != job.phase
         if changed:
             job.enter(phase)
+            job.changed = job.changed or phase != "fetching"
         job.done_bytes = done_bytes
         if changed and phase != "fetching":
             self._mark(job)
@@ -161,6 +166,7 @@ class Flasher:
             log.info("flash %s of %s with %s: done (%s); %s", job.op, job.device, flash.image, job.message,
                      ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in job.seconds.items()))
         except FlashError as exc:
+            job.changed = job.changed and exc.changed
             job.message, job.state = str(exc), "failed"
             log.error("flash %s of %s with %s failed while %s: %s", job.op, job.device, flash.image, job.phase, exc)
         except Exception as exc:  # a plugin's bug is this flash's failure, not the exporter's
@@ -176,4 +182,5 @@ class Flasher:
         acknowledged: a next start reports it (as interrupted, if it was still running)."""
         self.markers.mkdir(parents=True, exist_ok=True)
         write_atomically(self.markers / f"{job.op}.json", json.dumps(
-            {"op": job.op, "device": job.device, "state": job.state, "phase": job.phase, "message": job.message}))
+            {"op": job.op, "device": job.device, "state": job.state, "phase": job.phase, "message": job.message,
+             "changed": job.changed}))

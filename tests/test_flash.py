@@ -64,12 +64,24 @@ def test_a_flash_writes_the_image_verifies_it_and_is_audited(tmp_path, env, coor
     assert (asked["detail"]["image"], asked["detail"]["sha256"], asked["detail"]["op"]) == ("build-1", sha, done["id"])
     assert any(a["action"] == "flash_done" and a["detail"]["op"] == done["id"] for a in audit)
     assert cli_json(env, coordinator, "op", done["id"])["state"] == "done"
+    by_prefix = cli_json(env, coordinator, "flash", "sim-board-0", sha[:12])  # as `images ls` prints it
+    assert by_prefix["image"]["name"] == "build-1"
+    history = cli_json(env, coordinator, "flashes", "sim-board-0")
+    assert [h["id"] for h in history] == [by_prefix["id"], done["id"]]
 
     # the exporter's cache has it now: the registry's copy is not needed again
     (tmp_path / "coord" / "images" / sha).unlink()
     target.write_bytes(b"scribbled over")
     again = cli_json(env, coordinator, "flash", "sim-board-0", "build-1")
     assert again["state"] == "done" and target.read_bytes() == build.read_bytes()
+
+    target.unlink()
+    target.mkdir()  # a target that cannot even be opened: the flash fails and the device was not touched
+    refused = run_cli(env, coordinator.url, "flash", "sim-board-0", "build-1", "--json", check=False)
+    said = json.loads(refused.stdout)
+    assert refused.returncode == 1 and "cannot open the flash target" in said["message"], said
+    assert "the device was not changed" in said["message"]
+    assert not coordinator.api("/devices/sim-board-0").json()["needs_recovery"]
 
 
 def test_heartbeats_and_other_leases_go_on_during_a_long_flash(tmp_path, env, coordinator, exporter_factory):
@@ -101,14 +113,15 @@ def test_an_image_altered_in_the_registry_is_never_written(tmp_path, env, coordi
     exporter_factory([flashable("sim-board-0", target=str(target))])
     wait_state(coordinator, "sim-board-0", "idle")
     build, sha = image_file(tmp_path, "build", 1 << 20)
-    cli_json(env, coordinator, "images", "upload", str(build), "--name", "build-1", "--for", "sim-board-0")
+    made = cli_json(env, coordinator, "images", "upload", str(build), "--for", "device:sim-board-0")
+    assert made["name"] == "build.img", "an image is named after its file unless told otherwise"
     stored = tmp_path / "coord" / "images" / sha
     damaged = bytearray(stored.read_bytes())
     damaged[1000] ^= 0xFF
     stored.write_bytes(damaged)
     cli_json(env, coordinator, "reserve", "sim-board-0", "--wait")
 
-    refused = run_cli(env, coordinator.url, "flash", "sim-board-0", "build-1", "--json", check=False)
+    refused = run_cli(env, coordinator.url, "flash", "sim-board-0", "build.img", "--json", check=False)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     said = json.loads(refused.stdout)
     assert said["error"] == "flash_failed" and "nothing written" in said["message"]
@@ -199,7 +212,7 @@ async def test_an_agent_flashes_and_recovers(tmp_path, env, coordinator, exporte
                 break
         assert status["state"] == "done" and target.read_bytes() == build.read_bytes()
         busy = await bot.call_tool("flash", {"lease_id": "lease-nosuch", "image": "build-1"})
-        assert busy.is_error and "unknown lease" in busy.content[0].text
+        assert busy.is_error and "unknown lease 'lease-nosuch' [unknown_lease]" in busy.content[0].text
         recovering = await call(bot, "recover", lease_id=lease["id"])
         done = await call(bot, "flash_status", op_id=recovering["id"], wait_s=10)
         while done["state"] not in ("done", "failed"):

@@ -31,9 +31,9 @@ async def upload(api, name: str, data: bytes, target: str = "sim-board"):
     return made.json()
 
 
-def flash_report(op: dict, state: str, phase: str, done: int = 0, message: str = "") -> dict:
+def flash_report(op: dict, state: str, phase: str, done: int = 0, message: str = "", changed=None) -> dict:
     return {"op": op["id"], "device": op["device"], "state": state, "phase": phase, "done_bytes": done,
-            "message": message}
+            "message": message, "changed": phase != "fetching" if changed is None else changed}
 
 
 async def lab_with_board(client, lease_it: bool = True):
@@ -84,6 +84,7 @@ async def test_a_flash_goes_to_the_exporter_and_its_reports_make_its_result(tmp_
         desired = (await exporter.beat([board(), board("b1")],
                                        flashes=[flash_report(op, "running", "writing", 4096)])).json()
         assert desired["flashes"] == [], "a flash begun is the exporter's to finish, not to begin again"
+        assert (await api.get(f"/leases/{lease['id']}")).json()["flashing"] == op["id"]
         running = (await api.get(f"/ops/{op['id']}")).json()
         assert (running["state"], running["phase"], running["done_bytes"]) == ("running", "writing", 4096)
         busy = await client("bob").post("/leases", json={"device": "b0"})
@@ -134,11 +135,17 @@ async def test_a_failure_while_writing_needs_recovery_until_a_known_good_image_i
         await exporter.beat(devices, flashes=[flash_report(fetch_fail, "failed", "fetching", 0, "bad sha256")])
         assert not (await api.get("/devices/b0")).json()["needs_recovery"], "nothing was written yet"
 
+        unopened = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
+        await exporter.beat(devices, flashes=[flash_report(unopened, "failed", "writing", 0, "cannot open", False)])
+        assert not (await api.get("/devices/b0")).json()["needs_recovery"], "its backend said: not touched"
+
         op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
         await exporter.beat(devices, flashes=[flash_report(op, "failed", "writing", 512, "I/O error")])
         info = (await api.get("/devices/b0")).json()
         assert info["needs_recovery"] and "I/O error" in info["recovery_reason"]
         assert info["holder"] == "alice", "the holder keeps the lease"
+        held = (await api.get(f"/leases/{lease['id']}")).json()
+        assert held["state"] == "active" and "flash " + op["id"] in held["needs_recovery"]
         log = (await api.get("/devices/b0/log")).json()
         assert log[-1]["cause"].startswith("needs recovery: flash")
 

@@ -39,6 +39,8 @@ async def test_an_upload_is_stored_once_by_its_digest(tmp_path):
         assert again.status_code == 200 and again.json()["sha256"] == SHA and files(tmp_path) == [SHA]
         assert (await api.get("/images/jupiter-v1")).json()["sha256"] == SHA
         assert (await api.get(f"/images/{SHA}")).json()["name"] == "jupiter-v1"
+        assert (await api.get(f"/images/{SHA[:12]}")).json()["name"] == "jupiter-v1", "as listings print it"
+        assert (await api.get(f"/images/{SHA[:6]}")).status_code == 404, "too short to be a digest's start"
         assert [i["name"] for i in (await api.get("/images", params={"device": "b0"})).json()] == ["jupiter-v1"]
         other = await upload(api, data=IMAGE[:1000])  # another image, the same name
         assert other.status_code == 409 and "another image is called" in other.json()["message"]

@@ -65,7 +65,10 @@ def flash_with(host, resource, image, progress) -> str:
         argv = [arg.format(**fields) for arg in settings["argv"]]
         what = argv[0]
     progress("writing", 0)
-    code, output = host.run_to_end(argv, name=f"flash-{resource.device}", timeout=settings["timeout"])
+    try:
+        code, output = host.run_to_end(argv, name=f"flash-{resource.device}", timeout=settings["timeout"])
+    except OSError as exc:
+        raise FlashError(f"cannot run {argv[0]}: {exc.strerror}", changed=False) from None
     last = " / ".join(line.strip() for line in output.strip().splitlines()[-3:] if line.strip())
     if code is None:
         hint = f" (is {settings['fastboot']} plugged in and in fastboot mode?)" if backend == "fastboot" else ""

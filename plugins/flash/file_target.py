@@ -18,28 +18,28 @@ def write_and_verify(target: Path, image, progress) -> str:
     from its start. The read-back asks the kernel to drop the target's cached pages first,
     so it reads what reached the disk, not what is still in memory.
     """
-    block = stat.S_ISBLK(os.stat(target).st_mode)
-    if block and _device_size(target) < image.size:
-        raise FlashError(f"{target} holds {_device_size(target)} bytes, less than the image's {image.size}")
+    try:
+        block = stat.S_ISBLK(os.stat(target).st_mode)
+        if block and _device_size(target) < image.size:
+            raise FlashError(f"{target} holds {_device_size(target)} bytes, less than the image's {image.size}",
+                             changed=False)
+        out = os.open(target, os.O_WRONLY | (0 if block else os.O_TRUNC))
+    except OSError as exc:
+        raise FlashError(f"cannot open the flash target {target}: {exc.strerror}", changed=False) from None
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
-    flags = os.O_WRONLY | (0 if block else os.O_TRUNC)
-    source = os.open(image.path, os.O_RDONLY)
+    done = 0
     try:
-        out = os.open(target, flags)
-        try:
-            done = 0
-            while n := os.readv(source, [buffer]):
+        with open(image.path, "rb", buffering=0) as source:
+            while n := source.readinto(buffer):
                 written = 0
                 while written < n:
                     written += os.write(out, view[written:n])
                 done += n
                 progress("writing", done)
-            os.fsync(out)
-        finally:
-            os.close(out)
+        os.fsync(out)
     finally:
-        os.close(source)
+        os.close(out)
     if done != image.size:
         raise FlashError(f"the cached image had {done} bytes, not {image.size}")
     got = _read_back(target, image.size, buffer, progress)

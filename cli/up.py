@@ -2,7 +2,8 @@
 
 A coordinator on SQLite in the data folder, an exporter for this host, and simulated
 boards ``sim-board-0`` and ``sim-board-1`` (plus the devices of ``--config``), each with a
-file-backed flash target, and their firmware in the image registry, known-good. Both run
+simulated camera and a file-backed flash target, and their firmware in the image
+registry, known-good. Both run
 as child processes; Ctrl-C stops the exporter (which stops every service) and then the
 coordinator.
 """
@@ -89,7 +90,8 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
                 "coordinator": url, "state_dir": str(data_dir / "exporter"),
                 "bind_address": "127.0.0.1", "advertise_address": "127.0.0.1"}
     sims = [{"name": name, "class": SIM_CLASS, "tags": ["sim"],
-             "resources": [{"plugin": "sim"}, {"plugin": "flash", "target": str(sim_flash_target(data_dir, name))}]}
+             "resources": [{"plugin": "sim"}, {"plugin": "flash", "target": str(sim_flash_target(data_dir, name))},
+                           {"plugin": "video", "source": "sim"}]}
             for name in SIM_NAMES]
     # the user's devices first, so that config errors name the same positions as in their file
     config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": user.get("devices", []) + sims}
@@ -162,6 +164,7 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
                    f"  exporter     {config['exporter']['name']}  devices: {devices}\n"
                    f"  logs         {registry.logs}\n"
                    f"Try: {point}device-loop ls; device-loop reserve sim-board-0 --wait\n"
+                   f"     device-loop video sim-board-0  (its camera, for a browser)\n"
                    f"     device-loop flash sim-board-0 {SIM_FIRMWARE}  (its flash is the file "
                    f"{sim_flash_target(data_dir, SIM_NAMES[0])})\nCtrl-C stops the lab.")
         while not stop.wait(0.5):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from mcp.server.mcpserver import Context, MCPServer
+import httpx2
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
@@ -23,6 +24,7 @@ from .origin import allowed_hosts
 EXCHANGE_MAX_WAIT_S = 10.0
 EXCHANGE_MAX_BYTES = 64 * 1024
 FLASH_STATUS_MAX_WAIT_S = 30.0
+SNAPSHOT_TIMEOUT_S = 15.0
 
 
 async def _never_gone() -> bool:
@@ -134,6 +136,26 @@ def build_mcp(rules) -> MCPServer:
         onto it; its success clears the device's needs_recovery. Follow it with flash_status."""
         caller = await who(ctx)
         return await ask(rules.recover(lease_id, caller.name, caller.admin))
+
+    @server.tool()
+    async def camera_snapshot(ctx: Context, lease_id: str) -> Image:
+        """The current frame of the leased device's camera, as an image: see its screen (a
+        boot menu, a panic, a login prompt) even when its OS is dead."""
+        caller = await who(ctx)
+        lease = await ask(rules.lease_status(lease_id, caller.name, caller.admin))
+        cameras = [e for e in lease["endpoints"] if e["kind"] == "video"]
+        if not lease["ready"] or not cameras:
+            raise ToolError(f"{lease['device']} has no camera to look through now: "
+                            + (lease["reason"] if not lease["ready"] else "it has none"))
+        url = cameras[0]["url"] + cameras[0]["params"]["snapshot"]
+        try:
+            async with httpx2.AsyncClient(timeout=SNAPSHOT_TIMEOUT_S, verify=False) as http:
+                answer = await http.get(url)
+        except httpx2.HTTPError as exc:
+            raise ToolError(f"cannot reach {lease['device']}'s camera: {exc}") from None
+        if answer.status_code != 200:
+            raise ToolError(f"{lease['device']}'s camera answered {answer.status_code}: {answer.text.strip()}")
+        return Image(data=answer.content, format="jpeg")
 
     @server.tool()
     async def uart_exchange(ctx: Context, lease_id: str, send: str, wait_s: float = 2.0) -> dict[str, Any]:

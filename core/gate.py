@@ -8,6 +8,11 @@ closed before a byte reaches the device. The secret comes with the lease and die
 Clients speak the handshake through :class:`LocalForward` (the CLI's console and adb,
 the coordinator's ``uart_exchange``) or ``device-loop forward`` (local ports for
 unmodified tools).
+
+A browser cannot send that line, so the gate of an HTTP endpoint (a camera's stream)
+also admits a request whose path starts with ``/<secret>/``: the capability is in the
+URL, which goes only to the lease's holder. The gate takes it out of the path before
+the service sees the request; anything else gets 403 and not a byte of the service.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import os
 import socket
 import sys
 import threading
+import urllib.parse
 
 from .ports import inherited_listener
 from .tcp_relay import pipe
@@ -27,6 +33,8 @@ from .tcp_relay import pipe
 SECRET_ENV = "DEVLOOP_GATE_SECRET"  # not argv: others on the host may read command lines
 HELLO = b"DEVLOOP "
 HANDSHAKE_S = 5.0
+HTTP_DENIED = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+               b"this endpoint belongs to a lease: use the URL its lease gives (device-loop status)\n")
 
 
 async def _first_line(reader: asyncio.StreamReader) -> bytes:
@@ -40,14 +48,27 @@ async def _first_line(reader: asyncio.StreamReader) -> bytes:
     return line
 
 
-async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes) -> None:
+def _capability(line: bytes, secret: bytes) -> bytes | None:
+    """An HTTP request line whose path starts with ``/<secret>/``, without that prefix."""
+    method, _, rest = line.partition(b" ")
+    path, _, version = rest.partition(b" ")
+    prefix = b"/" + secret + b"/"
+    if method in (b"GET", b"HEAD") and version.startswith(b"HTTP/1.") \
+            and hmac.compare_digest(path[:len(prefix)], prefix):
+        return b"%s /%s %s" % (method, path[len(prefix):], version)
+    return None
+
+
+async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes, http: bool = False) -> None:
     async def handle(reader, writer):
         try:
             line = await asyncio.wait_for(_first_line(reader), HANDSHAKE_S)
         except (asyncio.TimeoutError, ConnectionError):
             line = b""
-        if not hmac.compare_digest(line, HELLO + secret):
-            writer.write(b"DENIED: this endpoint belongs to a lease; connect with device-loop forward\n")
+        request = _capability(line, secret) if http else None
+        if request is None and not hmac.compare_digest(line, HELLO + secret):
+            writer.write(HTTP_DENIED if http else b"DENIED: this endpoint belongs to a lease; connect with "
+                                                   b"device-loop forward\n")
             writer.close()
             return
         try:
@@ -55,7 +76,10 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes)
         except OSError:
             writer.close()
             return
-        writer.write(b"OK\n")
+        if request is None:
+            writer.write(b"OK\n")
+        else:
+            service_writer.write(request + b"\r")  # the rest of the request follows, from its LF on
         await asyncio.gather(pipe(reader, service_writer), pipe(service_reader, writer))
 
     server = await asyncio.start_server(handle, sock=listener)
@@ -67,14 +91,25 @@ def gate_service(host, resource, lease, service):
     """Put a gate in front of every endpoint of ``service`` (which listens on loopback)."""
     gated = []
     for endpoint in service.endpoints:
-        argv = [sys.executable, "-m", "device_loop.core.gate", "--fd", "{fd}", "--to", f"127.0.0.1:{endpoint.port}"]
+        http = endpoint.protocol == "http"
+        argv = [sys.executable, "-m", "device_loop.core.gate", "--fd", "{fd}", "--to", f"127.0.0.1:{endpoint.port}",
+                *(["--http"] if http else [])]
         front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
                                         protocol=endpoint.protocol, params=endpoint.params,
                                         env={**os.environ, SECRET_ENV: lease.secret}, command=endpoint.command)
-        gated += [dataclasses.replace(e, env=endpoint.env) for e in front.endpoints]
+        gated += [dataclasses.replace(e, env=endpoint.env, url=_gated_url(endpoint, e, lease.secret))
+                  for e in front.endpoints]
         service.processes += front.processes
     service.endpoints = gated
     return service
+
+
+def _gated_url(service_endpoint, gate_endpoint, secret: str) -> str | None:
+    """The URL of an HTTP endpoint through its gate: the capability is its first path segment."""
+    if service_endpoint.protocol != "http" or service_endpoint.url is None:
+        return None
+    path = urllib.parse.urlsplit(service_endpoint.url).path or "/"
+    return f"http://{gate_endpoint.host}:{gate_endpoint.port}/{secret}{path}"
 
 
 def connect_gated(host: str, port: int, secret: str, timeout: float = 10.0) -> socket.socket:
@@ -146,12 +181,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="inherited listening socket")
     parser.add_argument("--to", required=True, help="HOST:PORT of the service")
+    parser.add_argument("--http", action="store_true", help="also admit HTTP requests under /<secret>/")
     args = parser.parse_args()
     secret = os.environ.pop(SECRET_ENV, "")
     if not secret:
         sys.exit(f"{SECRET_ENV} is not set: a gate without a secret would admit nobody")
     host, _, port = args.to.rpartition(":")
-    asyncio.run(_gate(inherited_listener(args.fd), (host, int(port)), secret.encode()))
+    asyncio.run(_gate(inherited_listener(args.fd), (host, int(port)), secret.encode(), args.http))
 
 
 if __name__ == "__main__":

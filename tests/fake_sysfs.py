@@ -63,3 +63,16 @@ def console_tty(root: Path, tty: str = "ttyS0") -> None:
     tty_dir = root / "class" / "tty" / tty
     tty_dir.mkdir(parents=True)
     os.symlink(platform, tty_dir / "device")
+
+
+UVC = ("0e", "01", "00")  # USB video class, video control interface
+
+
+def v4l2_node(root: Path, node: str, device: Path, interface: int = 0, index: int = 0, name: str = "USB Camera") -> None:
+    """``/sys/class/video4linux/NODE`` of a USB camera: ``index`` 0 is its picture, 1 its metadata."""
+    real = device / f"{device.name}:1.{interface}" / "video4linux" / node
+    _write(real, index=index, name=name)
+    os.symlink(real.parent.parent, real / "device")
+    links = root / "class" / "video4linux"
+    links.mkdir(parents=True, exist_ok=True)
+    os.symlink(real, links / node)

@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 
+import httpx2
 import pytest
 
 from conftest import SRC, wait_for
@@ -94,6 +95,8 @@ def test_the_demo_boards_flash_and_recover_without_hardware(lab, env):
         assert done["state"] == "done" and "verified by read-back" in done["message"]
         assert hashlib.sha256(target.read_bytes()).hexdigest() == firmware["sha256"]
         target.write_bytes(b"broken again")
+        camera = next(e for e in lease.endpoints if e["kind"] == "video")
+        assert httpx2.get(camera["url"] + "snapshot.jpg", timeout=10).content.startswith(b"\xff\xd8")
         recovered = run_cli(env, url, "--user", "carol", "recover", "sim-board-0").stdout
         assert "recover of sim-board-0 with sim-firmware-1.0" in recovered and ": done" in recovered
         assert hashlib.sha256(target.read_bytes()).hexdigest() == firmware["sha256"]

@@ -1,0 +1,49 @@
+"""``device-loop video``: a leased device's camera, as a URL to open or a snapshot to save."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import httpx2
+
+from .commands import _my_lease, json_option, lab_command
+from .http import CoordinatorError
+from .lab import Lab
+from .output import emit
+
+
+def camera_urls(lease: dict) -> dict:
+    """The page, stream and snapshot URLs of a ready lease's camera (they carry the lease's
+    capability in a lab with tokens: only its holder has them)."""
+    if not lease["ready"]:
+        raise CoordinatorError("not_ready", f"{lease['id']} is not ready: {lease['reason']}")
+    cameras = [e for e in lease["endpoints"] if e["kind"] == "video"]
+    if not cameras:
+        raise CoordinatorError("no_camera", f"{lease['device']} has no camera (kinds: "
+                                            f"{', '.join(sorted({e['kind'] for e in lease['endpoints']})) or 'none'})")
+    base = cameras[0]["url"]
+    return {"page": base, "stream": base + cameras[0]["params"]["stream"],
+            "snapshot": base + cameras[0]["params"]["snapshot"]}
+
+
+@click.command("video")
+@click.argument("target", metavar="DEVICE|LEASE")
+@click.option("--snapshot", "snapshot", type=click.Path(dir_okay=False, path_type=Path),
+              help="save the current frame as this JPEG file instead")
+@json_option
+@lab_command
+def video_command(lab: Lab, target: str, snapshot: Path | None, as_json: bool):
+    """The camera of a device you hold: its stream's URL (a browser shows it), or a snapshot."""
+    urls = camera_urls(_my_lease(lab, target).data)
+    if snapshot is None:
+        emit(as_json, urls, lambda u: f"{u['stream']}\n  a page that shows it: {u['page']}")
+        return
+    try:
+        answer = httpx2.get(urls["snapshot"], timeout=15, verify=False)
+    except httpx2.HTTPError as exc:
+        raise CoordinatorError("camera_unreachable", f"cannot reach the camera: {exc}") from None
+    if answer.status_code != 200:
+        raise CoordinatorError("camera_failed", f"the camera answered {answer.status_code}: {answer.text.strip()}")
+    snapshot.write_bytes(answer.content)
+    emit(as_json, {"snapshot": str(snapshot), "bytes": len(answer.content)},
+         lambda s: f"{s['snapshot']}: {s['bytes']} bytes of JPEG")

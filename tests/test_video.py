@@ -1,0 +1,183 @@
+"""Cameras: the video plugin's MJPEG service from the simulated source, read by real HTTP
+clients and decoded with OpenCV; its gate in a lab with tokens; the CLI and the agent tool;
+V4L2 discovery on a fake sysfs tree (no camera is plugged into these machines)."""
+import json
+import threading
+
+import cv2
+import httpx2
+import numpy as np
+import pytest
+
+from conftest import Coordinator, Exporter, wait_for
+from device_loop.core.host import HostContext
+from device_loop.core.model import ConfiguredResource
+from device_loop.plugins import video
+from fake_sysfs import UVC, usb_device, v4l2_node
+from test_end_to_end import run_cli, wait_state
+from test_mcp import agent
+
+pytestmark = pytest.mark.timeout(90)
+SIZE = (320, 240)
+
+
+def with_camera(name: str, **camera) -> dict:
+    camera = {"source": "sim", "width": SIZE[0], "height": SIZE[1], "fps": 20, **camera}
+    return {"name": name, "class": "sim-board", "resources": [{"plugin": "sim"}, {"plugin": "video", **camera}]}
+
+
+def camera_of(lease: dict) -> dict:
+    return next(e for e in lease["endpoints"] if e["kind"] == "video")
+
+
+def frames(url: str, count: int, timeout: float = 15) -> list[np.ndarray]:
+    """Read ``count`` frames of an MJPEG stream (fewer if it ends), decoded."""
+    got, buffer = [], b""
+    with httpx2.stream("GET", url, timeout=timeout) as response:
+        assert response.status_code == 200, response.read()
+        boundary = response.headers["content-type"].split("boundary=")[1].encode()
+        for chunk in response.iter_bytes():
+            buffer += chunk
+            while (head := buffer.find(b"\r\n\r\n")) != -1 and buffer.startswith(b"--" + boundary + b"\r\n"):
+                length = int(next(line.split(b":")[1] for line in buffer[:head].split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                if len(buffer) < head + 4 + length + 2:
+                    break
+                jpeg = buffer[head + 4:head + 4 + length]
+                buffer = buffer[head + 4 + length + 2:]
+                got.append(cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR))
+                if len(got) == count:
+                    return got
+    return got
+
+
+def test_a_sim_camera_streams_to_two_viewers_and_ends_when_it_fails(tmp_path, env, coordinator, exporter_factory):
+    exporter = exporter_factory([with_camera("sim-board-0")])
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = json.loads(run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
+    camera = camera_of(lease)
+    assert camera["protocol"] == "http" and lease["ready"]
+    base = camera["url"]
+
+    seen = {}
+    viewers = [threading.Thread(target=lambda n=n: seen.__setitem__(n, frames(base + "stream.mjpg", 5)))
+               for n in range(2)]
+    for viewer in viewers:
+        viewer.start()
+    for viewer in viewers:
+        viewer.join(30)
+    assert [len(seen[n]) for n in range(2)] == [5, 5], "both viewers get frames at once"
+    assert all(frame.shape == (SIZE[1], SIZE[0], 3) for frame in seen[0] + seen[1])
+    assert not np.array_equal(seen[0][0], seen[0][-1]), "the pattern moves"
+
+    snapshot = httpx2.get(base + "snapshot.jpg", timeout=10)
+    assert snapshot.status_code == 200 and snapshot.headers["content-type"] == "image/jpeg"
+    assert cv2.imdecode(np.frombuffer(snapshot.content, np.uint8), cv2.IMREAD_COLOR).shape == (SIZE[1], SIZE[0], 3)
+    cli = tmp_path / "frame.jpg"
+    run_cli(env, coordinator.url, "video", "sim-board-0", "--snapshot", str(cli))
+    assert cv2.imread(str(cli)).shape == (SIZE[1], SIZE[0], 3)
+    urls = json.loads(run_cli(env, coordinator.url, "video", "sim-board-0", "--json").stdout)
+    assert urls["stream"] == base + "stream.mjpg"
+
+    ended = {}
+    watcher = threading.Thread(target=lambda: ended.setdefault("frames", frames(base + "stream.mjpg", 10_000)))
+    watcher.start()
+    wait_for(lambda: watcher.is_alive(), 5)
+    switch = video.fail_switch(HostContext("host-a", exporter.state_dir), "sim-board-0")
+    switch.parent.mkdir(parents=True, exist_ok=True)
+    switch.write_text("lens cap on")
+    watcher.join(10)
+    assert not watcher.is_alive(), "the stream ends when the source fails, viewers are not left hanging"
+    wait_for(lambda: coordinator.api("/devices/sim-board-0").json()["health"] == "failed", 10, what="health failed")
+    assert "lens cap on" in coordinator.api("/devices/sim-board-0").json()["health_reason"]
+    assert httpx2.get(base + "snapshot.jpg", timeout=10).status_code == 503
+
+
+@pytest.fixture
+def gated_lab(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=())
+    data_dir = str(tmp_path / "coord")
+    made = {}
+    for args in (["alice"], ["--exporter", "host-a"]):
+        out = run_cli(env, coordinator.url, "admin", "token", "create", *args, "--data-dir", data_dir, "--json").stdout
+        made[args[-1]] = json.loads(out)["token"]
+    token_file = tmp_path / "exporter.token"
+    token_file.write_text(made["host-a"])
+    token_file.chmod(0o600)
+    exporter = Exporter(tmp_path, env, coordinator.url, [with_camera("sim-board-0")], token_file=str(token_file))
+    wait_for(lambda: httpx2.get(f"{coordinator.url}/api/v1/devices/sim-board-0").json().get("state") == "idle", 20)
+    yield coordinator, {**env, "DEVICE_LOOP_TOKEN": made["alice"]}
+    exporter.stop()
+    coordinator.stop()
+
+
+def test_behind_the_gate_only_the_lease_s_url_shows_frames(gated_lab):
+    coordinator, env = gated_lab
+    lease = json.loads(run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
+    camera = camera_of(lease)
+    secret_url = camera["url"]
+    assert lease["secret"] in secret_url, "the capability is in the URL, which only the holder gets"
+    bare = f"http://{camera['host']}:{camera['port']}/"
+    for path in ("stream.mjpg", "snapshot.jpg", "", f"not-{lease['secret']}/stream.mjpg"):
+        refused = httpx2.get(bare + path, timeout=10)
+        assert refused.status_code == 403 and b"\xff\xd8" not in refused.content, path
+    assert len(frames(secret_url + "stream.mjpg", 2)) == 2
+    assert httpx2.get(secret_url + "snapshot.jpg", timeout=10).content.startswith(b"\xff\xd8")
+    anonymous = json.loads(run_cli({**env, "DEVICE_LOOP_TOKEN": ""}, coordinator.url, "ls", "--json").stdout)
+    assert lease["secret"] not in json.dumps(anonymous)
+
+    run_cli(env, coordinator.url, "release", lease["id"])
+    wait_state(coordinator, "sim-board-0", "idle")
+    try:
+        after = httpx2.get(secret_url + "snapshot.jpg", timeout=5)
+        assert after.status_code == 403
+    except httpx2.ConnectError:
+        pass  # its gate is gone with the lease: nothing answers there at all
+
+
+@pytest.mark.anyio
+async def test_an_agent_sees_the_board_s_screen(tmp_path, env, coordinator, exporter_factory):
+    exporter_factory([with_camera("sim-board-0")])
+    wait_state(coordinator, "sim-board-0", "idle")
+    async with agent(coordinator.url) as bot:
+        lease = (await bot.call_tool("reserve", {"device": "sim-board-0"})).structured_content
+        wait_for(lambda: coordinator.api(f"/leases/{lease['id']}", headers={}).json().get("ready"), 15)
+        shot = await bot.call_tool("camera_snapshot", {"lease_id": lease["id"]})
+        assert not shot.is_error, shot.content
+        image = shot.content[0]
+        assert image.type == "image" and image.mime_type == "image/jpeg"
+        import base64
+        decoded = cv2.imdecode(np.frombuffer(base64.b64decode(image.data), np.uint8), cv2.IMREAD_COLOR)
+        assert decoded.shape == (SIZE[1], SIZE[0], 3)
+
+
+def test_v4l2_cameras_are_found_by_usb_serial_not_by_node_name(tmp_path):
+    sysfs = tmp_path / "sys"
+    camera = usb_device(sysfs, "1-1.3", vendor="046d", product="0825", serial="CAM123", interfaces=(UVC, UVC))
+    v4l2_node(sysfs, "video2", camera, interface=0, index=0)
+    v4l2_node(sysfs, "video3", camera, interface=0, index=1)  # its metadata node
+    entries = [ConfiguredResource("jupiter", "riscv-sbc", (), {"plugin": "video", "usb_serial": "CAM123"}),
+               ConfiguredResource("phone", "android", (), {"plugin": "video", "usb_serial": "ABSENT"})]
+    host = HostContext("host-a", tmp_path / "state", sysfs_root=sysfs, configured_resources=entries)
+    found = video.devloop_discover(host)
+    assert [(r.device, r.identifier, r.node) for r in found] == [("jupiter", "v4l2:046d:0825:CAM123", "/dev/video2")]
+    assert "ABSENT" in video.devloop_check_config(host, entries[1])
+    assert "exactly one of" in video.devloop_check_config(host, ConfiguredResource("x", "c", (), {"plugin": "video"}))
+
+
+def test_a_viewer_that_reads_nothing_slows_no_one(tmp_path, env, coordinator, exporter_factory):
+    import socket
+    import time
+    exporter_factory([with_camera("sim-board-0", width=640, height=480, fps=20)])
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = json.loads(run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
+    camera = camera_of(lease)
+    stuck = socket.create_connection((camera["host"], camera["port"]))
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck.sendall(b"GET /stream.mjpg HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads a byte
+    time.sleep(2)  # its buffers fill up
+    began = time.monotonic()
+    got = frames(camera["url"] + "stream.mjpg", 40)
+    took = time.monotonic() - began
+    assert len(got) == 40 and took < 3.5, f"40 frames at 20 fps took {took:.1f}s beside a stuck viewer"
+    stuck.close()

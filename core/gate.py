@@ -9,10 +9,12 @@ Clients speak the handshake through :class:`LocalForward` (the CLI's console and
 the coordinator's ``uart_exchange``) or ``device-loop forward`` (local ports for
 unmodified tools).
 
-A browser cannot send that line, so the gate of an HTTP endpoint (a camera's stream)
-also admits a request whose path starts with ``/<secret>/``: the capability is in the
-URL, which goes only to the lease's holder. The gate takes it out of the path before
-the service sees the request; anything else gets 403 and not a byte of the service.
+A browser cannot send that line, so the gate of an HTTP endpoint (a camera's stream, a
+VNC viewer) also admits requests whose path starts with ``/<secret>/``: the capability is
+in the URL, which goes only to the lease's holder. The gate checks every request of the
+connection (browsers keep connections open) and takes the capability out of its path
+before the service sees it; a websocket upgrade then turns the connection into a plain
+relay. Anything else gets 403, or the connection closed, and not a byte of the service.
 """
 from __future__ import annotations
 
@@ -59,6 +61,25 @@ def _capability(line: bytes, secret: bytes) -> bytes | None:
     return None
 
 
+async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes,
+                    request: bytes) -> None:
+    """Client -> service through an HTTP endpoint's gate: each request's line (``request``,
+    checked already, then the next ones) with its capability taken out; a websocket upgrade
+    makes the rest a plain relay. A request without the capability ends the connection."""
+    try:
+        while request is not None:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_S * 12)
+            writer.write(request + b"\r" + head)  # (the head goes on from the LF after the line)
+            if b"\nupgrade:" in head.lower():
+                return await pipe(reader, writer)
+            line = await _first_line(reader)
+            request = _capability(line, secret) if line else None
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
 async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes, http: bool = False) -> None:
     async def handle(reader, writer):
         try:
@@ -78,9 +99,10 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes,
             return
         if request is None:
             writer.write(b"OK\n")
+            upstream = pipe(reader, service_writer)
         else:
-            service_writer.write(request + b"\r")  # the rest of the request follows, from its LF on
-        await asyncio.gather(pipe(reader, service_writer), pipe(service_reader, writer))
+            upstream = _requests(reader, service_writer, secret, request)
+        await asyncio.gather(upstream, pipe(service_reader, writer))
 
     server = await asyncio.start_server(handle, sock=listener)
     async with server:
@@ -97,7 +119,7 @@ def gate_service(host, resource, lease, service):
         front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
                                         protocol=endpoint.protocol, params=endpoint.params,
                                         env={**os.environ, SECRET_ENV: lease.secret}, command=endpoint.command)
-        gated += [dataclasses.replace(e, env=endpoint.env, url=_gated_url(endpoint, e, lease.secret))
+        gated += [dataclasses.replace(e, kind=endpoint.kind, env=endpoint.env, url=_gated_url(endpoint, e, lease.secret))
                   for e in front.endpoints]
         service.processes += front.processes
     service.endpoints = gated
@@ -108,8 +130,9 @@ def _gated_url(service_endpoint, gate_endpoint, secret: str) -> str | None:
     """The URL of an HTTP endpoint through its gate: the capability is its first path segment."""
     if service_endpoint.protocol != "http" or service_endpoint.url is None:
         return None
-    path = urllib.parse.urlsplit(service_endpoint.url).path or "/"
-    return f"http://{gate_endpoint.host}:{gate_endpoint.port}/{secret}{path}"
+    parts = urllib.parse.urlsplit(service_endpoint.url)
+    query = f"?{parts.query}" if parts.query else ""
+    return f"http://{gate_endpoint.host}:{gate_endpoint.port}/{secret}{parts.path or '/'}{query}"
 
 
 def connect_gated(host: str, port: int, secret: str, timeout: float = 10.0) -> socket.socket:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import Coordinator, Exporter, wait_for
+from device_loop.core.gate import LocalForward
 from device_loop.core.host import HostContext
 from device_loop.core.model import ConfiguredResource
 from device_loop.plugins import video
@@ -123,6 +124,9 @@ def test_behind_the_gate_only_the_lease_s_url_shows_frames(gated_lab):
         assert refused.status_code == 403 and b"\xff\xd8" not in refused.content, path
     assert len(frames(secret_url + "stream.mjpg", 2)) == 2
     assert httpx2.get(secret_url + "snapshot.jpg", timeout=10).content.startswith(b"\xff\xd8")
+    with LocalForward(camera, lease["secret"]) as forward:  # what device-loop forward does
+        local = f"http://{forward.endpoint['host']}:{forward.endpoint['port']}/snapshot.jpg"
+        assert httpx2.get(local, timeout=10).content.startswith(b"\xff\xd8")
     anonymous = json.loads(run_cli({**env, "DEVICE_LOOP_TOKEN": ""}, coordinator.url, "ls", "--json").stdout)
     assert lease["secret"] not in json.dumps(anonymous)
 

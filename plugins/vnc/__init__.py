@@ -1,7 +1,133 @@
-"""A device's screen over VNC with a web viewer (not yet: no issue filed)."""
-from device_loop.plugin import hookimpl
+"""Screens over VNC (RFB): a board's desktop, a VM's console, a local X display.
+
+Config: a ``[[devices.resources]]`` entry with ``plugin = "vnc"`` and one of
+
+- ``upstream = "host:port"``: a VNC server that is already there (the board's own, a VM's);
+- ``display = ":N"``: an X display of this host (its socket ``/tmp/.X11-unix/XN`` is the
+  proof it is this host's): x11vnc serves it, for the lease only.
+
+A lease gets two endpoints: ``vnc`` (RFB, for any VNC viewer) and ``vnc-web``, an
+``http://`` URL of noVNC, a viewer that runs in the browser, served by websockify with
+Debian's noVNC files (``novnc`` and ``websockify`` packages; ``x11vnc`` for displays).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from device_loop.plugin import Endpoint, Health, Service, ServiceError, hookimpl, start_relay
+
+NOVNC = Path("/usr/share/novnc")
+X_SOCKETS = Path("/tmp/.X11-unix")
+COMMAND = "device-loop vnc {lease}"
+DISPLAY = re.compile(r"^:(\d{1,4})$")
+UPSTREAM = re.compile(r"^(.+):(\d{1,5})$")
+
+
+def _settings(config: dict) -> tuple[str, str]:
+    """("upstream", "host:port") or ("display", "N"); ValueError says what is wrong."""
+    given = [key for key in ("upstream", "display") if key in config]
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of upstream (host:port) or display (:N) (found: "
+                         f"{', '.join(given) or 'none'})")
+    value = str(config[given[0]])
+    if given[0] == "display":
+        if not DISPLAY.match(value):
+            raise ValueError(f"display must look like :0, not {value!r}")
+        return "display", value[1:]
+    if not UPSTREAM.match(value) or not 0 < int(UPSTREAM.match(value).group(2)) < 65536:
+        raise ValueError(f"upstream must be host:port, not {value!r}")
+    return "upstream", value
 
 
 @hookimpl
 def devloop_available(host):
-    return "not yet: the VNC plugin has not been built"
+    if shutil.which("websockify") is None or not (NOVNC / "vnc.html").exists():
+        return "websockify and noVNC are not installed (apt-get install novnc)"
+    return None
+
+
+@hookimpl
+def devloop_check_config(host, entry):
+    try:
+        kind, value = _settings(entry.settings)
+    except ValueError as exc:
+        return str(exc)
+    if kind == "display":
+        if shutil.which("x11vnc") is None:
+            return "serving an X display needs x11vnc (apt-get install x11vnc)"
+        return f"no X server has display :{value} on this host"
+    return None
+
+
+@hookimpl
+def devloop_discover(host):
+    found = []
+    for entry in host.configured("vnc"):
+        try:
+            kind, value = _settings(entry.settings)
+        except ValueError:
+            continue  # devloop_check_config says why
+        if kind == "display":
+            if shutil.which("x11vnc") is None or not (X_SOCKETS / f"X{value}").exists():
+                continue
+            found.append(entry.resource("vnc", f"x-display:{host.name}:{value}"))
+        else:
+            found.append(entry.resource("vnc", f"vnc:{host.name}:{entry.device}"))
+    return found
+
+
+@hookimpl
+def devloop_health(host, resource):
+    kind, value = _settings(resource.config)
+    if kind == "display" and not (X_SOCKETS / f"X{value}").exists():
+        return Health("failed", f"display :{value} is gone (its X server stopped)")
+    return Health("ok")
+
+
+@hookimpl
+def devloop_start(host, resource, lease):
+    kind, value = _settings(resource.config)
+    service = Service(endpoints=[])
+    try:
+        if kind == "display":
+            port = host.free_port()
+            where = ["-localhost"] if host.bind_address == "127.0.0.1" else ["-listen", host.bind_address]
+            server = host.processes.spawn(["x11vnc", "-display", f":{value}", "-rfbport", str(port), *where,
+                                           "-nopw", "-forever", "-shared", "-quiet", "-noxdamage"],
+                                          name=f"x11vnc-{resource.device}-{lease.id}", lease=lease.id)
+            service.processes.append(server)
+            failed = server.wait_listening({port}, timeout=10)
+            if failed:
+                raise ServiceError(f"x11vnc did not start on display :{value}: {failed}")
+            target = f"127.0.0.1:{port}"
+            service.endpoints.append(Endpoint(kind="vnc", host=host.advertise_address, port=port, protocol="rfb",
+                                              command=COMMAND))
+        else:
+            target = value
+            relay = start_relay(host, resource, lease, target, command=COMMAND, protocol="rfb")
+            service.endpoints += relay.endpoints
+            service.processes += relay.processes
+        service.endpoints.append(_web_viewer(host, resource, lease, target, service))
+    except BaseException:
+        for proc in service.processes:
+            proc.stop()
+        raise
+    return service
+
+
+def _web_viewer(host, resource, lease, target: str, service: Service) -> Endpoint:
+    """noVNC over websockify, bridging the browser's websocket to ``target``."""
+    port = host.free_port()
+    bridge = host.processes.spawn(["websockify", "--web", str(NOVNC), f"{host.bind_address}:{port}", target],
+                                  name=f"websockify-{resource.device}-{lease.id}", lease=lease.id)
+    service.processes.append(bridge)
+    failed = bridge.wait_listening({port}, timeout=10)
+    if failed:
+        raise ServiceError(f"websockify did not start: {failed}")
+    # behind a gate the websocket's path carries the lease's capability too (noVNC asks for it)
+    socket_path = f"{lease.secret}/websockify" if lease.secret else "websockify"
+    url = f"http://{host.advertise_address}:{port}/vnc.html?autoconnect=1&resize=scale&path={socket_path}"
+    return Endpoint(kind="vnc-web", host=host.advertise_address, port=port, protocol="http", url=url,
+                    command=COMMAND)

@@ -1,0 +1,33 @@
+"""``device-loop vnc``: a leased device's screen, in a browser or a VNC viewer."""
+from __future__ import annotations
+
+import click
+
+from .commands import _my_lease, json_option, lab_command
+from .http import CoordinatorError
+from .lab import Lab
+from .output import emit
+
+
+def screen(lease: dict) -> dict:
+    """The browser viewer's URL and how to point a VNC viewer at a ready lease's screen."""
+    if not lease["ready"]:
+        raise CoordinatorError("not_ready", f"{lease['id']} is not ready: {lease['reason']}")
+    by_kind = {e["kind"]: e for e in lease["endpoints"]}
+    if "vnc" not in by_kind:
+        raise CoordinatorError("no_screen", f"{lease['device']} has no VNC screen (kinds: "
+                                            f"{', '.join(sorted(by_kind)) or 'none'})")
+    rfb = by_kind["vnc"]
+    viewer = (f"device-loop forward {lease['id']}   # then: vncviewer 127.0.0.1::PORT (the vnc port it prints)"
+              if lease.get("secret") else f"vncviewer {rfb['host']}::{rfb['port']}")
+    return {"browser": by_kind.get("vnc-web", {}).get("url"), "vncviewer": viewer}
+
+
+@click.command("vnc")
+@click.argument("target", metavar="DEVICE|LEASE")
+@json_option
+@lab_command
+def vnc_command(lab: Lab, target: str, as_json: bool):
+    """The screen of a device you hold: a URL that shows it in a browser, and a vncviewer command."""
+    emit(as_json, screen(_my_lease(lab, target).data),
+         lambda s: f"{s['browser']}\n  or: {s['vncviewer']}" if s["browser"] else s["vncviewer"])

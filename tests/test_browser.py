@@ -1,0 +1,73 @@
+"""In a real browser (Debian's Chromium, driven by Playwright): a lease's noVNC viewer shows
+the virtual display, and a camera's MJPEG stream renders in an <img>. The screenshots are
+kept in ``test-artifacts/``."""
+import json
+import subprocess
+
+import cv2
+import numpy as np
+import pytest
+from playwright.sync_api import sync_playwright
+
+from conftest import SRC
+from test_end_to_end import run_cli, wait_state
+from test_video import with_camera
+from test_vnc import display, vnc_server  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.timeout(120)
+ARTIFACTS = SRC / "test-artifacts"
+ORANGE_BGR = (0, 128, 255)  # xsetroot -solid '#ff8000'
+
+
+@pytest.fixture
+def browser():
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", chromium_sandbox=False,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        yield chromium
+        chromium.close()
+
+
+def screenshot(page, name: str) -> np.ndarray:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    return cv2.imread(str(path))
+
+
+def share_of(image: np.ndarray, bgr: tuple[int, int, int]) -> float:
+    close = np.all(np.abs(image.astype(int) - np.array(bgr)) <= 12, axis=2)
+    return float(close.mean())
+
+
+def test_the_viewer_url_shows_the_screen(env, coordinator, exporter_factory, vnc_server, browser):  # noqa: F811
+    port, number = vnc_server
+    subprocess.run(["xsetroot", "-display", f":{number}", "-solid", "#ff8000"], check=True)
+    exporter_factory([{"name": "desk", "class": "vm", "plugin": "vnc", "upstream": f"127.0.0.1:{port}"}])
+    wait_state(coordinator, "desk", "idle")
+    run_cli(env, coordinator.url, "reserve", "desk", "--wait")
+    url = json.loads(run_cli(env, coordinator.url, "vnc", "desk", "--json").stdout)["browser"]
+    page = browser.new_page(viewport={"width": 1000, "height": 700})
+    page.goto(url)
+    page.wait_for_selector("canvas", timeout=20_000)
+    page.wait_for_function("() => { const c = document.querySelector('canvas');"
+                           " return c && c.width >= 640 && c.height >= 480; }", timeout=20_000)
+    page.wait_for_timeout(1000)  # the first frame update
+    shot = screenshot(page, "novnc-viewer")
+    assert share_of(shot, ORANGE_BGR) > 0.2, "the display's colour is not on the viewer page"
+
+
+def test_the_camera_stream_renders_in_an_img(env, coordinator, exporter_factory, browser):
+    exporter_factory([with_camera("sim-board-0")])
+    wait_state(coordinator, "sim-board-0", "idle")
+    run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait")
+    urls = json.loads(run_cli(env, coordinator.url, "video", "sim-board-0", "--json").stdout)
+    page = browser.new_page(viewport={"width": 800, "height": 600})
+    page.goto(urls["page"])
+    page.wait_for_function("() => { const i = document.querySelector('img'); return i && i.naturalWidth === 320; }",
+                           timeout=20_000)
+    page.wait_for_timeout(500)
+    shot = screenshot(page, "camera-stream")
+    assert shot[40:200, 20:300].std() > 10, "the stream's picture is not on the page"

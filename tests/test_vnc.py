@@ -1,0 +1,128 @@
+"""Screens over VNC with real components: a virtual display (Xvfb), x11vnc serving it, the
+vnc plugin's relay and its noVNC viewer (websockify), in the trust mode and behind the
+gate of a lab with tokens."""
+import base64
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+
+from conftest import Coordinator, Exporter, wait_for
+from device_loop.core.gate import connect_gated
+from device_loop.core.ports import free_port, wait_port_open
+from test_end_to_end import run_cli, wait_state
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def display():
+    """A virtual display ``:N`` (Xvfb picks a free one), yielded as N."""
+    read, write = os.pipe()
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", "640x480x24", "-nolisten", "tcp",
+                             "-nolock"], pass_fds=(write,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(write)
+    with os.fdopen(read) as said:
+        number = said.readline().strip()
+    yield number
+    xvfb.terminate()
+    xvfb.wait(10)
+
+
+@pytest.fixture
+def vnc_server(display):
+    """x11vnc on the display: (its port, the display number)."""
+    port = free_port()
+    server = subprocess.Popen(["x11vnc", "-display", f":{display}", "-rfbport", str(port), "-localhost", "-nopw",
+                               "-forever", "-shared", "-quiet", "-noxdamage"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_port_open("127.0.0.1", port, timeout=15), "x11vnc did not start"
+    yield port, display
+    server.terminate()
+    server.wait(10)
+
+
+def banner(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    got = b""
+    while len(got) < 12:
+        got += sock.recv(12 - len(got))
+    return got
+
+
+def upgrade(host: str, port: int, path: str) -> str:
+    """The status line of a websocket upgrade request for ``path``."""
+    with socket.create_connection((host, port), timeout=10) as sock:
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                     f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: binary\r\n"
+                     f"\r\n".encode())
+        return sock.recv(4096).split(b"\r\n")[0].decode()
+
+
+def screen_of(lease: dict) -> tuple[dict, dict]:
+    by_kind = {e["kind"]: e for e in lease["endpoints"]}
+    return by_kind["vnc"], by_kind["vnc-web"]
+
+
+def test_a_declared_vnc_server_is_relayed_and_viewable(tmp_path, env, coordinator, exporter_factory, vnc_server):
+    port, _ = vnc_server
+    exporter_factory([{"name": "desk", "class": "vm", "plugin": "vnc", "upstream": f"127.0.0.1:{port}"}])
+    wait_state(coordinator, "desk", "idle")
+    lease = json.loads(run_cli(env, coordinator.url, "reserve", "desk", "--wait", "--json").stdout)
+    rfb, web = screen_of(lease)
+    assert rfb["protocol"] == "rfb" and rfb["port"] != port, "the lease gets a relay of its own"
+    with socket.create_connection((rfb["host"], rfb["port"])) as sock:
+        assert banner(sock).startswith(b"RFB 003.00")
+    assert web["url"].startswith(f"http://{web['host']}:{web['port']}/vnc.html?")
+    assert upgrade(web["host"], web["port"], "/websockify").startswith("HTTP/1.1 101")
+    said = json.loads(run_cli(env, coordinator.url, "vnc", "desk", "--json").stdout)
+    assert said == {"browser": web["url"], "vncviewer": f"vncviewer {rfb['host']}::{rfb['port']}"}
+
+
+def test_an_x_display_is_served_by_x11vnc_for_the_lease_only(tmp_path, env, coordinator, exporter_factory, display):
+    exporter_factory([{"name": "host-screen", "class": "x-display", "plugin": "vnc", "display": f":{display}"}])
+    wait_state(coordinator, "host-screen", "idle")
+    lease = json.loads(run_cli(env, coordinator.url, "reserve", "host-screen", "--wait", "--json").stdout)
+    rfb, _ = screen_of(lease)
+    with socket.create_connection((rfb["host"], rfb["port"])) as sock:
+        assert banner(sock).startswith(b"RFB 003.00")
+    run_cli(env, coordinator.url, "release", lease["id"])
+    wait_state(coordinator, "host-screen", "idle")
+    with pytest.raises(OSError):
+        socket.create_connection((rfb["host"], rfb["port"]), timeout=2).close()
+
+
+def test_behind_the_gate_the_screen_needs_the_lease(tmp_path, env, vnc_server):
+    port, _ = vnc_server
+    coordinator = Coordinator(tmp_path, env, extra=())
+    data_dir = str(tmp_path / "coord")
+    made = {args[-1]: json.loads(run_cli(env, coordinator.url, "admin", "token", "create", *args, "--data-dir",
+                                         data_dir, "--json").stdout)["token"]
+            for args in (["alice"], ["--exporter", "host-a"])}
+    token_file = tmp_path / "exporter.token"
+    token_file.write_text(made["host-a"])
+    token_file.chmod(0o600)
+    exporter = Exporter(tmp_path, env, coordinator.url,
+                        [{"name": "desk", "class": "vm", "plugin": "vnc", "upstream": f"127.0.0.1:{port}"}],
+                        token_file=str(token_file))
+    alice = {**env, "DEVICE_LOOP_TOKEN": made["alice"]}
+    try:
+        wait_for(lambda: coordinator.api("/devices/desk", headers={}).json().get("state") == "idle", 20)
+        lease = json.loads(run_cli(alice, coordinator.url, "reserve", "desk", "--wait", "--json").stdout)
+        rfb, web = screen_of(lease)
+        with connect_gated(rfb["host"], rfb["port"], lease["secret"]) as sock:
+            assert banner(sock).startswith(b"RFB 003.00")
+        with socket.create_connection((rfb["host"], rfb["port"]), timeout=10) as sock:
+            sock.sendall(b"RFB 003.008\n")
+            assert not sock.recv(100).startswith(b"RFB"), "no RFB byte without the lease's secret"
+        assert f"/{lease['secret']}/vnc.html?" in web["url"] and f"path={lease['secret']}/websockify" in web["url"]
+        assert upgrade(web["host"], web["port"], f"/{lease['secret']}/websockify").startswith("HTTP/1.1 101")
+        assert upgrade(web["host"], web["port"], "/websockify").startswith("HTTP/1.1 403")
+        said = json.loads(run_cli(alice, coordinator.url, "vnc", "desk", "--json").stdout)
+        assert said["vncviewer"].startswith(f"device-loop forward {lease['id']}")
+    finally:
+        exporter.stop()
+        coordinator.stop()

@@ -51,7 +51,8 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
     async with agent(coordinator.url, tokens["alice"]) as alice:
         names = {tool.name for tool in (await alice.list_tools()).tools}
         assert names == {"list_devices", "device_info", "reserve", "lease_status", "renew", "release",
-                         "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover"}
+                         "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
+                         "camera_snapshot"}
         assert (await call(alice, "list_images", device="sim-board-0")) == {"images": []}
         idle = await call(alice, "list_devices", state="idle")
         assert {d["name"] for d in idle["devices"]} == {"sim-board-0", "sim-board-1"}

@@ -23,7 +23,8 @@ SIZE = (320, 240)
 
 
 def with_camera(name: str, **camera) -> dict:
-    camera = {"source": "sim", "width": SIZE[0], "height": SIZE[1], "fps": 20, **camera}
+    camera = {k: v for k, v in {"source": "sim", "width": SIZE[0], "height": SIZE[1], "fps": 20, **camera}.items()
+              if v is not None}
     return {"name": name, "class": "sim-board", "resources": [{"plugin": "sim"}, {"plugin": "video", **camera}]}
 
 
@@ -160,11 +161,15 @@ def test_v4l2_cameras_are_found_by_usb_serial_not_by_node_name(tmp_path):
     camera = usb_device(sysfs, "1-1.3", vendor="046d", product="0825", serial="CAM123", interfaces=(UVC, UVC))
     v4l2_node(sysfs, "video2", camera, interface=0, index=0)
     v4l2_node(sysfs, "video3", camera, interface=0, index=1)  # its metadata node
+    cheap = usb_device(sysfs, "1-1.4", vendor="1b3f", product="2247", serial=None, interfaces=(UVC,))
+    v4l2_node(sysfs, "video0", cheap)
     entries = [ConfiguredResource("jupiter", "riscv-sbc", (), {"plugin": "video", "usb_serial": "CAM123"}),
-               ConfiguredResource("phone", "android", (), {"plugin": "video", "usb_serial": "ABSENT"})]
+               ConfiguredResource("phone", "android", (), {"plugin": "video", "usb_serial": "ABSENT"}),
+               ConfiguredResource("bmc", "bmc", (), {"plugin": "video", "usb_port": "1-1.4"})]
     host = HostContext("host-a", tmp_path / "state", sysfs_root=sysfs, configured_resources=entries)
     found = video.devloop_discover(host)
-    assert [(r.device, r.identifier, r.node) for r in found] == [("jupiter", "v4l2:046d:0825:CAM123", "/dev/video2")]
+    assert [(r.device, r.identifier, r.node) for r in found] == [
+        ("jupiter", "v4l2:046d:0825:CAM123", "/dev/video2"), ("bmc", "v4l2:1b3f:2247:port-1-1.4", "/dev/video0")]
     assert "ABSENT" in video.devloop_check_config(host, entries[1])
     assert "exactly one of" in video.devloop_check_config(host, ConfiguredResource("x", "c", (), {"plugin": "video"}))
 
@@ -185,3 +190,18 @@ def test_a_viewer_that_reads_nothing_slows_no_one(tmp_path, env, coordinator, ex
     took = time.monotonic() - began
     assert len(got) == 40 and took < 3.5, f"40 frames at 20 fps took {took:.1f}s beside a stuck viewer"
     stuck.close()
+
+
+def test_a_video_file_is_a_camera_too(tmp_path, env, coordinator, exporter_factory):
+    clip = tmp_path / "screen.avi"
+    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"MJPG"), 10, (160, 120))
+    for shade in range(0, 250, 25):  # one second of a screen going from black to white
+        writer.write(np.full((120, 160, 3), shade, np.uint8))
+    writer.release()
+    exporter_factory([with_camera("sim-board-0", source=None, file=str(clip))])
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = json.loads(run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
+    got = frames(camera_of(lease)["url"] + "stream.mjpg", 25)
+    assert len(got) == 25, "the file plays in a loop"
+    assert all(frame.shape == (SIZE[1], SIZE[0], 3) for frame in got), "scaled to the configured size"
+    assert len({int(frame.mean()) // 20 for frame in got}) >= 5, "its frames, not one picture"

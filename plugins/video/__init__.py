@@ -8,7 +8,8 @@ entry with ``plugin = "video"`` and one of
   counter and the time). It fails while ``STATE_DIR/video/DEVICE.fail`` exists, with that
   file's text as the reason;
 - ``usb_serial = "..."``: a V4L2 USB camera, found in sysfs by its serial number (its
-  ``/dev/videoN`` name changes across replugs; its serial does not);
+  ``/dev/videoN`` name changes across replugs; its serial does not); or ``usb_port =
+  "1-1.3"`` for a camera without a serial number: the USB port it is plugged into;
 - ``path = "/dev/v4l/by-id/..."``, ``file = "screen.mp4"`` (played in a loop) or
   ``url = "rtsp://..."``: anything OpenCV opens.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from device_loop.plugin import Health, ServiceError, hookimpl, usb_devices
 
-SOURCES = ("source", "usb_serial", "path", "file", "url")
+SOURCES = ("source", "usb_serial", "usb_port", "path", "file", "url")
 DEFAULTS = {"width": 1280, "height": 720, "fps": 15, "quality": 80}
 LIMITS = {"width": (16, 7680), "height": (16, 4320), "fps": (1, 60), "quality": (10, 100)}
 COMMAND = "device-loop video {lease}"
@@ -55,8 +56,9 @@ def fail_switch(host, device: str) -> Path:
     return host.state_dir / "video" / f"{device}.fail"
 
 
-def _usb_cameras(host) -> dict[str, tuple[str, object]]:
-    """USB serial -> (its capture node, its UsbDevice), from /sys/class/video4linux."""
+def _usb_cameras(host) -> dict[tuple[str, str], tuple[str, object]]:
+    """("usb_serial", serial) and ("usb_port", port) -> (the camera's capture node, its
+    UsbDevice), from /sys/class/video4linux."""
     found = {}
     by_path = {usb.path.resolve(): usb for usb in usb_devices(host.sysfs_root)}
     for entry in sorted((Path(host.sysfs_root) / "class" / "video4linux").glob("video*")):
@@ -67,8 +69,10 @@ def _usb_cameras(host) -> dict[str, tuple[str, object]]:
         except OSError:
             continue
         usb = by_path.get(interface.parent)
-        if usb is not None and usb.serial and usb.serial not in found:
-            found[usb.serial] = (f"/dev/{entry.name}", usb)
+        if usb is not None:
+            if usb.serial:
+                found.setdefault(("usb_serial", usb.serial), (f"/dev/{entry.name}", usb))
+            found.setdefault(("usb_port", interface.parent.name), (f"/dev/{entry.name}", usb))
     return found
 
 
@@ -85,8 +89,8 @@ def devloop_check_config(host, entry):
         settings = _settings(entry.settings)
     except ValueError as exc:
         return str(exc)
-    if settings["from"] == "usb_serial":
-        return f"no V4L2 camera with USB serial {settings['where']} is plugged in"
+    if settings["from"].startswith("usb_"):
+        return f"no V4L2 camera with {settings['from']} {settings['where']} is plugged in"
     return None
 
 
@@ -99,12 +103,14 @@ def devloop_discover(host):
             settings = _settings(entry.settings)
         except ValueError:
             continue  # devloop_check_config says why
-        if settings["from"] == "usb_serial":
+        if settings["from"].startswith("usb_"):
             cameras = _usb_cameras(host) if cameras is None else cameras
-            if settings["where"] not in cameras:
+            key = (settings["from"], settings["where"])
+            if key not in cameras:
                 continue
-            node, usb = cameras[settings["where"]]
-            found.append(entry.resource("video", f"v4l2:{usb.vendor}:{usb.product}:{usb.serial}", node=node))
+            node, usb = cameras[key]
+            who = usb.serial if settings["from"] == "usb_serial" else f"port-{settings['where']}"
+            found.append(entry.resource("video", f"v4l2:{usb.vendor}:{usb.product}:{who}", node=node))
         else:
             found.append(entry.resource("video", f"video:{host.name}:{entry.device}"))
     return found

@@ -14,7 +14,6 @@ import os
 import random
 import signal
 import socket
-import sys
 import threading
 import tomllib
 from pathlib import Path
@@ -24,7 +23,7 @@ import tomli_w
 
 from device_loop.coordinator.serve import default_data_dir
 from device_loop.core.ports import free_port, port_is_free, wait_port_open
-from device_loop.core.process import ProcessRegistry, start_ticks
+from device_loop.core.process import ProcessRegistry, python_module, start_ticks
 from device_loop.exporter.config import ConfigError, parse_config
 
 SIM_NAMES = ("sim-board-0", "sim-board-1")
@@ -141,7 +140,7 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
         signal.signal(sig, lambda *_: stop.set())
 
-    run = [sys.executable, "-m", "device_loop.cli"]
+    run = python_module("device_loop.cli")
     # a token in the caller's shell is for some other lab: this one has none
     env = {k: v for k, v in os.environ.items() if k != "DEVICE_LOOP_TOKEN"}
     coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port), "--single-user"],

@@ -21,6 +21,14 @@ class LeaseFailed(CoordinatorError):
     """The lease ended, or did not get ready in time."""
 
 
+def require_ready(lease: dict) -> None:
+    """Refuse (``CoordinatorError``) a lease, as JSON, whose endpoints cannot be used now."""
+    if lease["state"] not in LIVE_LEASE_STATES:
+        raise CoordinatorError("lease_ended", f"{lease['id']} has ended ({lease['reason']})")
+    if not lease["ready"]:
+        raise CoordinatorError("not_ready", f"{lease['id']} is not ready yet: {lease['reason']}")
+
+
 def follow_op(api: Coordinator, op: dict, on_progress=None, timeout: float | None = None) -> dict:
     """Wait until a flash operation ends (``on_progress(op)`` at each news); the op as it ended.
 

@@ -48,7 +48,7 @@ def lease_text(lease: dict) -> str:
         lines.append(f"  NEEDS RECOVERY ({lease['needs_recovery']}): device-loop recover {lease['device']}")
     for e in lease["endpoints"]:
         where = e.get("url") or f"{e['host']}:{e['port']}"
-        lines.append(f"  {e['kind']:<6} {where}" + (f"  ({e['protocol']})" if e.get("protocol") else ""))
+        lines.append(f"  {e['kind']:<7} {where}" + (f"  ({e['protocol']})" if e.get("protocol") else ""))
     if lease["endpoints"] and lease.get("secret"):
         lines.append(f"  gated: connect through 'device-loop forward {lease['id']}' (or use console / adb)")
     lines += [f"  $ {command}" for command in lease.get("commands", [])]

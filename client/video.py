@@ -1,6 +1,7 @@
 """``device-loop video``: a leased device's camera, as a URL to open or a snapshot to save."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -8,15 +9,14 @@ import httpx2
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
-from .lab import Lab
+from .lab import Lab, require_ready
 from .output import emit
 
 
 def camera_urls(lease: dict) -> dict:
     """The page, stream and snapshot URLs of a ready lease's camera (they carry the lease's
     capability in a lab with tokens: only its holder has them)."""
-    if not lease["ready"]:
-        raise CoordinatorError("not_ready", f"{lease['id']} is not ready: {lease['reason']}")
+    require_ready(lease)
     cameras = [e for e in lease["endpoints"] if e["kind"] == "video"]
     if not cameras:
         raise CoordinatorError("no_camera", f"{lease['device']} has no camera (kinds: "
@@ -28,8 +28,8 @@ def camera_urls(lease: dict) -> dict:
 
 @click.command("video")
 @click.argument("target", metavar="DEVICE|LEASE")
-@click.option("--snapshot", "snapshot", type=click.Path(dir_okay=False, path_type=Path),
-              help="save the current frame as this JPEG file instead")
+@click.option("--snapshot", "snapshot", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+              help="save the current frame as this JPEG file instead (- for standard output)")
 @json_option
 @lab_command
 def video_command(lab: Lab, target: str, snapshot: Path | None, as_json: bool):
@@ -44,6 +44,12 @@ def video_command(lab: Lab, target: str, snapshot: Path | None, as_json: bool):
         raise CoordinatorError("camera_unreachable", f"cannot reach the camera: {exc}") from None
     if answer.status_code != 200:
         raise CoordinatorError("camera_failed", f"the camera answered {answer.status_code}: {answer.text.strip()}")
-    snapshot.write_bytes(answer.content)
+    if str(snapshot) == "-":
+        sys.stdout.buffer.write(answer.content)
+        return
+    try:
+        snapshot.write_bytes(answer.content)
+    except OSError as exc:
+        raise CoordinatorError("cannot_write", f"cannot write {snapshot}: {exc.strerror}") from None
     emit(as_json, {"snapshot": str(snapshot), "bytes": len(answer.content)},
          lambda s: f"{s['snapshot']}: {s['bytes']} bytes of JPEG")

@@ -5,14 +5,13 @@ import click
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
-from .lab import Lab
+from .lab import Lab, require_ready
 from .output import emit
 
 
 def screen(lease: dict) -> dict:
     """The browser viewer's URL and how to point a VNC viewer at a ready lease's screen."""
-    if not lease["ready"]:
-        raise CoordinatorError("not_ready", f"{lease['id']} is not ready: {lease['reason']}")
+    require_ready(lease)
     by_kind = {e["kind"]: e for e in lease["endpoints"]}
     if "vnc" not in by_kind:
         raise CoordinatorError("no_screen", f"{lease['device']} has no VNC screen (kinds: "

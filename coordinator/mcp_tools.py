@@ -144,9 +144,11 @@ def build_mcp(rules) -> MCPServer:
         caller = await who(ctx)
         lease = await ask(rules.lease_status(lease_id, caller.name, caller.admin))
         cameras = [e for e in lease["endpoints"] if e["kind"] == "video"]
-        if not lease["ready"] or not cameras:
-            raise ToolError(f"{lease['device']} has no camera to look through now: "
-                            + (lease["reason"] if not lease["ready"] else "it has none"))
+        if not lease["ready"]:
+            raise ToolError(f"{lease['device']}'s camera cannot be looked through now: {lease['reason']}")
+        if not cameras:
+            raise ToolError(f"{lease['device']} has no camera (its endpoints: "
+                            f"{', '.join(e['kind'] for e in lease['endpoints'])})")
         url = cameras[0]["url"] + cameras[0]["params"]["snapshot"]
         try:
             async with httpx2.AsyncClient(timeout=SNAPSHOT_TIMEOUT_S, verify=False) as http:

@@ -30,6 +30,7 @@ import threading
 import urllib.parse
 
 from .ports import inherited_listener
+from .process import python_module
 from .tcp_relay import pipe
 
 SECRET_ENV = "DEVLOOP_GATE_SECRET"  # not argv: others on the host may read command lines
@@ -114,7 +115,7 @@ def gate_service(host, resource, lease, service):
     gated = []
     for endpoint in service.endpoints:
         http = endpoint.protocol == "http"
-        argv = [sys.executable, "-m", "device_loop.core.gate", "--fd", "{fd}", "--to", f"127.0.0.1:{endpoint.port}",
+        argv = [*python_module("device_loop.core.gate"), "--fd", "{fd}", "--to", f"127.0.0.1:{endpoint.port}",
                 *(["--http"] if http else [])]
         front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
                                         protocol=endpoint.protocol, params=endpoint.params,

@@ -128,6 +128,14 @@ class ConfiguredResource:
     tags: tuple[str, ...]
     settings: dict[str, Any] = field(hash=False, compare=False)
 
+    def unknown_keys(self, known) -> str | None:
+        """Why the entry's settings are not all ``known`` keys (a misspelt one), or None."""
+        unknown = sorted(set(self.settings) - set(known) - {"plugin"})
+        if unknown:
+            return f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} (the keys: " \
+                   f"{', '.join(sorted(known))})"
+        return None
+
     def resource(self, kind: str, identifier: str, node: str | None = None) -> Resource:
         """The discovered resource for this entry."""
         return Resource(device=self.device, kind=kind, identifier=identifier,

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -205,6 +206,13 @@ class ProcessRegistry:
             proc.stop()
             stopped.append(proc.record)
         return stopped
+
+
+def python_module(module: str) -> list[str]:
+    """The argv that runs ``module`` (``python -m``) in this Python, without the current
+    folder on its import path: a ``mcp.py`` or ``cv2.py`` lying where the lab was started
+    must not stand in for the real one (``-P``, Python 3.11+)."""
+    return [sys.executable, "-P", "-m", module]
 
 
 def run(argv: list[str], timeout: float = 10.0, env: dict | None = None) -> tuple[int, str]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import selectors
 import socket
-import sys
 
 import serial
 from serial.rfc2217 import PortManager
 
 from .model import Service
 from .ports import inherited_listener
+from .process import python_module
 
 #: How a person uses a serial console endpoint (it speaks the lease gate where there is one).
 CONSOLE_COMMAND = "device-loop console {lease}"
@@ -190,7 +190,7 @@ def start_bridge(host, resource, lease, device: str, baud: int, framing: str = "
         return host.serve_in_thread(lambda listener, stop_fd: serve(listener, device, baud, framing, rfc2217, stop_fd),
                                     resource, lease, name="bridge", protocol=protocol, params=params,
                                     command=CONSOLE_COMMAND)
-    argv = [sys.executable, "-m", "device_loop.core.serial_bridge", "--fd", "{fd}", "--device", device,
+    argv = [*python_module("device_loop.core.serial_bridge"), "--fd", "{fd}", "--device", device,
             "--baud", str(baud), "--framing", framing] + (["--rfc2217"] if rfc2217 else [])
     return host.serve_on_free_port(argv, resource, lease, name="bridge", protocol=protocol, params=params,
                                    command=CONSOLE_COMMAND)

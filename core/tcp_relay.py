@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
-import sys
 
 from .model import Service
 from .ports import inherited_listener
+from .process import python_module
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -43,7 +43,7 @@ async def _relay(listener: socket.socket, target_host: str, target_port: int) ->
 def start_relay(host, resource, lease, target: str, command: str | None = None, protocol: str = "raw") -> Service:
     """Relay a free port of ``host`` to ``target`` (``host:port``) for ``lease``; ``command``
     tells clients how to use it, ``protocol`` what they speak there (see ``Endpoint``)."""
-    argv = [sys.executable, "-m", "device_loop.core.tcp_relay", "--fd", "{fd}", "--to", target]
+    argv = [*python_module("device_loop.core.tcp_relay"), "--fd", "{fd}", "--to", target]
     return host.serve_on_free_port(argv, resource, lease, name="relay", command=command, protocol=protocol)
 
 

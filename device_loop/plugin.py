@@ -11,7 +11,7 @@ from device_loop.core.host import HostContext
 from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, FlashImage, Health, LeaseRef, Resource,
                                     Service, ServiceError)
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
-from device_loop.core.process import run
+from device_loop.core.process import python_module, run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
@@ -30,7 +30,7 @@ __all__ = [
     # services, ready-made: a serial device as raw TCP or RFC 2217, a TCP relay
     "CONSOLE_COMMAND", "parse_framing", "start_bridge", "start_relay",
     # ports and programs
-    "inherited_listener", "port_is_free", "run", "wait_port_free", "wait_port_open",
+    "inherited_listener", "port_is_free", "python_module", "run", "wait_port_free", "wait_port_open",
     # USB facts from sysfs (read-only, for discovery)
     "UsbDevice", "UsbTty", "usb_devices", "usb_ttys",
 ]

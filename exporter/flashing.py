@@ -17,7 +17,6 @@ import json
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Callable, Iterator
 
 from device_loop.core.files import write_atomically

@@ -25,9 +25,13 @@ def lab(tmp_path, env):
     extra.write_text('[[devices]]\nname = "sim-extra"\nplugin = "sim"\nclass = "sim-board"\n')
     data_dir = tmp_path / "lab"
     log = open(tmp_path / "up.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(data_dir),
+    here = tmp_path / "somewhere"  # where the user starts it: a script of theirs must not stand in for a library
+    here.mkdir()
+    for module in ("cv2", "mcp", "serial"):
+        (here / f"{module}.py").write_text(f"raise SystemExit('the {module}.py of the folder up was started in')\n")
+    proc = subprocess.Popen([str(SRC / ".venv" / "bin" / "device-loop"), "up", "--data-dir", str(data_dir),
                              "--port", str(port), "--config", str(extra)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=here)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: "Ctrl-C stops the lab" in (tmp_path / "up.log").read_text() or proc.poll() is not None,
              30, what="lab up")

@@ -205,3 +205,23 @@ def test_a_video_file_is_a_camera_too(tmp_path, env, coordinator, exporter_facto
     assert len(got) == 25, "the file plays in a loop"
     assert all(frame.shape == (SIZE[1], SIZE[0], 3) for frame in got), "scaled to the configured size"
     assert len({int(frame.mean()) // 20 for frame in got}) >= 5, "its frames, not one picture"
+
+
+def test_a_misspelt_key_is_named(tmp_path):
+    entry = ConfiguredResource("jupiter", "riscv-sbc", (), {"plugin": "video", "source": "sim", "qualty": 50})
+    host = HostContext("host-a", tmp_path, configured_resources=[entry])
+    assert video.devloop_discover(host) == []
+    assert video.devloop_check_config(host, entry).startswith("unknown key 'qualty' (the keys: ")
+
+
+def test_a_camera_that_cannot_open_fails_the_start_with_the_reason(tmp_path, env, coordinator, exporter_factory):
+    junk = tmp_path / "notavideo.mp4"
+    junk.write_bytes(b"this is no video")
+    exporter_factory([with_camera("sim-board-0", source=None, file=str(junk))])
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = json.loads(run_cli(env, coordinator.url, "reserve", "sim-board-0", "--json").stdout)
+
+    def reason():
+        said = coordinator.api(f"/leases/{lease['id']}").json()["reason"]
+        return said if "cannot be used" in said else None
+    assert "the camera cannot be used: cannot open" in wait_for(reason, 20, what="the start's failure")

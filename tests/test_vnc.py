@@ -126,3 +126,15 @@ def test_behind_the_gate_the_screen_needs_the_lease(tmp_path, env, vnc_server):
     finally:
         exporter.stop()
         coordinator.stop()
+
+
+def test_a_vnc_server_that_does_not_answer_fails_the_start_with_the_reason(env, coordinator, exporter_factory):
+    nobody = free_port()
+    exporter_factory([{"name": "desk", "class": "vm", "plugin": "vnc", "upstream": f"127.0.0.1:{nobody}"}])
+    wait_state(coordinator, "desk", "idle")
+    lease = json.loads(run_cli(env, coordinator.url, "reserve", "desk", "--json").stdout)
+
+    def reason():
+        said = coordinator.api(f"/leases/{lease['id']}").json()["reason"]
+        return said if "cannot reach" in said else None
+    assert f"cannot reach the VNC server 127.0.0.1:{nobody}" in wait_for(reason, 15, what="the start's failure")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from device_loop.plugin import FlashError, Health, hookimpl, usb_devices
 
-from .backends import backend_of, flash_with
+from .backends import KEYS, backend_of, flash_with
 
 
 @hookimpl
@@ -31,6 +31,9 @@ def devloop_available(host):
 
 @hookimpl
 def devloop_check_config(entry):
+    unknown = entry.unknown_keys(KEYS)
+    if unknown:
+        return unknown
     try:
         backend_of(entry.settings)
     except ValueError as exc:
@@ -46,6 +49,8 @@ def devloop_discover(host):
             backend_of(entry.settings)
         except ValueError:
             continue  # devloop_check_config says why
+        if entry.unknown_keys(KEYS):
+            continue
         found.append(entry.resource("flash", f"flash:{host.name}:{entry.device}"))
     return found
 

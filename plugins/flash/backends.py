@@ -11,6 +11,7 @@ from .file_target import write_and_verify
 BACKENDS = ("target", "fastboot", "command")
 DEFAULT_TIMEOUT_S = {"fastboot": 600.0, "command": 1800.0}
 FIELDS = ("image", "sha256", "size", "device", "name")
+KEYS = (*BACKENDS, "partition", "timeout")
 
 
 def _seconds(value) -> float:

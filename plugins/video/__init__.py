@@ -23,15 +23,18 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
-import sys
+import time
 from pathlib import Path
 
-from device_loop.plugin import Health, ServiceError, hookimpl, usb_devices
+from device_loop.plugin import Health, ServiceError, hookimpl, python_module, usb_devices
 
 SOURCES = ("source", "usb_serial", "usb_port", "path", "file", "url")
 DEFAULTS = {"width": 1280, "height": 720, "fps": 15, "quality": 80}
 LIMITS = {"width": (16, 7680), "height": (16, 4320), "fps": (1, 60), "quality": (10, 100)}
+KEYS = (*SOURCES, *DEFAULTS)
 COMMAND = "device-loop video {lease}"
+OPEN_TIMEOUT_S = 15.0  # a network stream may take a while to answer
+READY, FAILED = "camera ready", "camera failed: "  # what the stream service says once it tried its source
 
 
 def _settings(config: dict) -> dict:
@@ -85,6 +88,9 @@ def devloop_available(host):
 
 @hookimpl
 def devloop_check_config(host, entry):
+    unknown = entry.unknown_keys(KEYS)
+    if unknown:
+        return unknown
     try:
         settings = _settings(entry.settings)
     except ValueError as exc:
@@ -103,6 +109,8 @@ def devloop_discover(host):
             settings = _settings(entry.settings)
         except ValueError:
             continue  # devloop_check_config says why
+        if entry.unknown_keys(KEYS):
+            continue
         if settings["from"].startswith("usb_"):
             cameras = _usb_cameras(host) if cameras is None else cameras
             key = (settings["from"], settings["where"])
@@ -126,7 +134,8 @@ def devloop_health(host, resource):
     elif settings["from"] in ("path", "file") or resource.node:
         where = resource.node or settings["where"]
         if not os.path.exists(where):
-            return Health("failed", f"{where} is gone (unplugged?)")
+            return Health("failed", f"{where} does not exist" if settings["from"] == "file" else
+                          f"{where} is gone (unplugged?)")
         if not os.access(where, os.R_OK):
             return Health("failed", f"{where} is not readable by the exporter")
     return Health("ok")
@@ -139,7 +148,7 @@ def devloop_start(host, resource, lease):
         raise ServiceError(f"the camera cannot be used: {health.reason}")
     settings = _settings(resource.config)
     sim = settings["from"] == "source"
-    argv = [sys.executable, "-m", "device_loop.plugins.video.stream", "--fd", "{fd}",
+    argv = [*python_module("device_loop.plugins.video.stream"), "--fd", "{fd}",
             "--kind", "sim" if sim else "capture", "--source", "" if sim else (resource.node or settings["where"]),
             "--name", resource.device, "--fail-switch", str(fail_switch(host, resource.device)),
             "--width", str(settings["width"]), "--height", str(settings["height"]),
@@ -148,5 +157,24 @@ def devloop_start(host, resource, lease):
               "height": settings["height"]}
     service = host.serve_on_free_port(argv, resource, lease, name="video", protocol="http", params=params,
                                       command=COMMAND)
+    problem = _opened(service.processes[0])
+    if problem:
+        service.processes[0].stop()
+        raise ServiceError(problem)
     service.endpoints = [dataclasses.replace(e, url=f"http://{e.host}:{e.port}/") for e in service.endpoints]
     return service
+
+
+def _opened(proc) -> str | None:
+    """Wait until the stream service opened its source: None, or why it could not."""
+    deadline = time.monotonic() + OPEN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        said = proc.output()
+        if READY in said:
+            return None
+        if FAILED in said:
+            return "the camera cannot be used: " + said.split(FAILED, 1)[1].strip().splitlines()[0]
+        if not proc.alive():
+            return f"the stream service exited: {said.strip()[-300:]}"
+        time.sleep(0.01)
+    return f"the camera did not open within {OPEN_TIMEOUT_S:g}s"

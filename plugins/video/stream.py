@@ -22,6 +22,7 @@ import cv2
 
 from device_loop.plugin import inherited_listener
 
+from . import FAILED, READY
 from .sources import SourceFailed, open_source
 
 BOUNDARY = "devloopframe"
@@ -146,9 +147,12 @@ def serve(broadcaster: Broadcaster):
 async def run(args) -> None:
     loop = asyncio.get_running_loop()
     try:
-        source = open_source(args.kind, args.source, args.name, args.width, args.height, args.fail_switch)
+        source = await asyncio.to_thread(open_source, args.kind, args.source, args.name, args.width, args.height,
+                                         args.fail_switch)
         broadcaster = Broadcaster(loop, source, args.fps, args.quality)
+        print(READY, flush=True)  # the plugin waits for this line (or FAILED) before the lease is ready
     except SourceFailed as exc:  # say so to whoever asks, rather than refuse connections
+        print(f"{FAILED}{exc}", flush=True)
         broadcaster = Broadcaster(loop, None, args.fps, args.quality, failed=str(exc))
     server = await asyncio.start_server(serve(broadcaster), sock=inherited_listener(args.fd), limit=MAX_REQUEST)
     async with server:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 from pathlib import Path
 
 from device_loop.plugin import Endpoint, Health, Service, ServiceError, hookimpl, start_relay
@@ -23,6 +24,8 @@ X_SOCKETS = Path("/tmp/.X11-unix")
 COMMAND = "device-loop vnc {lease}"
 DISPLAY = re.compile(r"^:(\d{1,4})$")
 UPSTREAM = re.compile(r"^(.+):(\d{1,5})$")
+REACH_TIMEOUT_S = 5.0
+KEYS = ("upstream", "display")
 
 
 def _settings(config: dict) -> tuple[str, str]:
@@ -50,6 +53,9 @@ def devloop_available(host):
 
 @hookimpl
 def devloop_check_config(host, entry):
+    unknown = entry.unknown_keys(KEYS)
+    if unknown:
+        return unknown
     try:
         kind, value = _settings(entry.settings)
     except ValueError as exc:
@@ -69,6 +75,8 @@ def devloop_discover(host):
             kind, value = _settings(entry.settings)
         except ValueError:
             continue  # devloop_check_config says why
+        if entry.unknown_keys(KEYS):
+            continue
         if kind == "display":
             if shutil.which("x11vnc") is None or not (X_SOCKETS / f"X{value}").exists():
                 continue
@@ -106,6 +114,7 @@ def devloop_start(host, resource, lease):
                                               command=COMMAND))
         else:
             target = value
+            _reachable(value)
             relay = start_relay(host, resource, lease, target, command=COMMAND, protocol="rfb")
             service.endpoints += relay.endpoints
             service.processes += relay.processes
@@ -115,6 +124,16 @@ def devloop_start(host, resource, lease):
             proc.stop()
         raise
     return service
+
+
+def _reachable(target: str) -> None:
+    """Refuse a lease's start when its VNC server does not answer (rather than publish a screen
+    that is not there)."""
+    where, _, port = target.rpartition(":")
+    try:
+        socket.create_connection((where, int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ServiceError(f"cannot reach the VNC server {target}: {exc.strerror or exc}") from None
 
 
 def _web_viewer(host, resource, lease, target: str, service: Service) -> Endpoint:

@@ -27,6 +27,28 @@ BUILT_IN_PLUGINS = ",".join(sorted(e.name for e in entry_points(group=ENTRY_POIN
 os.environ[LOAD_ENV] = BUILT_IN_PLUGINS
 
 
+POSTGRES_ENV = "DEVICE_LOOP_TEST_POSTGRES"  # an admin URL; ./lab test starts a throwaway server and sets it
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request):
+    """Run the test on SQLite, and again on PostgreSQL: every in-process lab it makes then
+    gets a database of its own on that server."""
+    import lab_in_process
+
+    if request.param == "postgresql":
+        admin = os.environ.get(POSTGRES_ENV)
+        if not admin:
+            if os.environ.get("CI"):
+                pytest.fail(f"CI runs every database test on PostgreSQL too, and {POSTGRES_ENV} is not set")
+            pytest.skip(f"no PostgreSQL to test on ({POSTGRES_ENV}; ./lab test starts one)")
+        lab_in_process.POSTGRES["admin_url"] = admin
+    try:
+        yield request.param
+    finally:
+        lab_in_process.POSTGRES["admin_url"] = None
+
+
 @pytest.fixture
 def anyio_backend():
     return "asyncio"

@@ -24,12 +24,44 @@ class FakeClock:
         self.now += seconds
 
 
+#: The PostgreSQL server the ``database`` fixture (conftest.py) points in-process labs at: an
+#: admin URL (each lab gets a database of its own there), or None for SQLite.
+POSTGRES: dict[str, str | None] = {"admin_url": None}
+
+
+@contextlib.asynccontextmanager
+async def _database(tmp_path):
+    """A fresh, empty database for one lab: a SQLite file, or a PostgreSQL database."""
+    admin_url = POSTGRES["admin_url"]
+    if admin_url is None:
+        yield f"sqlite:///{tmp_path / f'lab-{uuid.uuid4().hex[:6]}.sqlite'}"
+        return
+    import asyncpg
+
+    name = f"lab_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(admin_url)
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+        yield f"{admin_url.rsplit('/', 1)[0]}/{name}"
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
 @contextlib.asynccontextmanager
 async def in_process_lab(tmp_path, single_user=True, tailnet_socket=None, tailnet_admins=(), **settings):
     """(client factory, rules, clock): ``client(user)`` talks to the app as ``user`` (in the
     single-user trust mode, by default), ``client(token=T)`` with a token."""
     settings.setdefault("reaper_interval_s", 3600)
-    app = create_app(f"sqlite:///{tmp_path / f'lab-{uuid.uuid4().hex[:6]}.sqlite'}", Settings(**settings),
+    settings.setdefault("image_dir", str(tmp_path / "images"))
+    async with _database(tmp_path) as url:
+        async with _lab(url, single_user, tailnet_socket, tailnet_admins, settings) as lab:
+            yield lab
+
+
+@contextlib.asynccontextmanager
+async def _lab(url: str, single_user, tailnet_socket, tailnet_admins, settings):
+    app = create_app(url, Settings(**settings),
                      single_user=single_user, tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins)
     clock = FakeClock()
     app.state.rules.clock = clock

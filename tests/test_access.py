@@ -8,7 +8,7 @@ import pytest
 from device_loop.coordinator.identity import issue_token
 from lab_in_process import FakeExporter, device, in_process_lab
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
 
 
 def concrete(path: str) -> str:

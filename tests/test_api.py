@@ -4,7 +4,7 @@ import pytest
 from device_loop.core import PROTOCOL_VERSION
 from lab_in_process import FakeExporter, device, in_process_lab, leased_board
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30), pytest.mark.usefixtures("database")]
 
 
 async def state_of(api, name):

@@ -5,7 +5,7 @@ import pytest
 
 from lab_in_process import FakeExporter, device, in_process_lab
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
 
 IMAGE = bytes(range(256)) * 4096  # 1 MiB
 SHA = hashlib.sha256(IMAGE).hexdigest()

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from lab_in_process import FakeExporter, device, in_process_lab
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300), pytest.mark.usefixtures("database")]
 
 DEVICES = ["b0", "b1"]
 USERS = ["alice", "bob"]

@@ -3,7 +3,7 @@ import pytest
 
 from lab_in_process import FakeExporter, device, in_process_lab
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
 
 UNCHANGED_MAX = 7   # read the host (before and in the transaction), the devices in transition; write the host;
                     # the answer: desired services, adoptions, flashes to begin

@@ -9,7 +9,7 @@ import pytest
 from device_loop.coordinator.identity import issue_token
 from lab_in_process import FakeExporter, device, in_process_lab
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30), pytest.mark.usefixtures("database")]
 
 
 async def fake_tailscaled(path, peers: dict[str, str]):

@@ -1,0 +1,76 @@
+"""Exclusivity that holds across coordinator processes: two real coordinators on one
+PostgreSQL, and clients racing for the same devices through both."""
+import asyncio
+import os
+import uuid
+
+import asyncpg
+import httpx2
+import pytest
+
+from conftest import POSTGRES_ENV, Coordinator
+from lab_in_process import FakeExporter, device
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+async def postgres_database():
+    admin = os.environ.get(POSTGRES_ENV)
+    if not admin:
+        if os.environ.get("CI"):
+            pytest.fail(f"{POSTGRES_ENV} is not set")
+        pytest.skip(f"no PostgreSQL ({POSTGRES_ENV}; ./lab test starts one)")
+    name = f"storm_{uuid.uuid4().hex[:10]}"
+    connection = await asyncpg.connect(admin)
+    await connection.execute(f"CREATE DATABASE {name}")
+    yield f"{admin.rsplit('/', 1)[0]}/{name}"
+    await connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    await connection.close()
+
+
+@pytest.fixture
+def two_coordinators(tmp_path, env, postgres_database):
+    procs = []
+    for n in range(2):
+        folder = tmp_path / f"c{n}"
+        folder.mkdir()
+        procs.append(Coordinator(folder, env, extra=("--single-user", "--database-url", postgres_database)))
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+async def test_a_reserve_storm_through_two_processes_grants_each_device_once(two_coordinators):
+    first, second = two_coordinators
+    names = [f"b{i}" for i in range(20)]
+    async with httpx2.AsyncClient(base_url=f"{first.url}/api/v1", timeout=30) as exporter_client:
+        answer = await FakeExporter(exporter_client, "host-a").beat([device(n) for n in names])
+        assert answer.status_code == 200, answer.text
+
+    async def storm(targets: list[str], clients_per_device: int) -> dict[str, list[int]]:
+        statuses: dict[str, list[int]] = {name: [] for name in targets}
+        clients = [httpx2.AsyncClient(base_url=f"{c.url}/api/v1", timeout=60) for c in two_coordinators]
+
+        async def one(name: str, n: int) -> None:
+            response = await clients[n % 2].post("/leases", json={"device": name},
+                                                 headers={"X-Device-Loop-User": f"racer-{name}-{n}"})
+            assert response.status_code in (201, 409), response.text
+            statuses[name].append(response.status_code)
+
+        try:
+            await asyncio.gather(*(one(name, n) for name in targets for n in range(clients_per_device)))
+        finally:
+            for client in clients:
+                await client.aclose()
+        return statuses
+
+    single = await storm(["b0"], 50)
+    assert sorted(single["b0"]) == [201] + [409] * 49, "exactly one lease; every other racer a clean 409"
+
+    many = await storm(names[1:], 50)
+    assert all(sorted(s) == [201] + [409] * 49 for s in many.values()), {n: s.count(201) for n, s in many.items()}
+
+    async with httpx2.AsyncClient(base_url=f"{second.url}/api/v1", timeout=30) as check:
+        devices = (await check.get("/devices")).json()
+    assert all(d["holder"] and d["holder"].startswith(f"racer-{d['name']}-") for d in devices)

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core import LEASE_PREFIX, PROTOCOL_VERSION, __version__
 from device_loop.core.protocol import Heartbeat
 
 from .errors import APIError, bad_request
@@ -71,7 +72,7 @@ def idempotent(handler):
 
         def record(response: Response) -> dict:
             return {"caller": caller, "key": key, "request": fingerprint, "status": response.status_code,
-                    "body": response.body.decode(), "created_at": rules.clock()}
+                    "body": _without_secret(response.body), "created_at": rules.clock()}
 
         try:
             async with rules.store.tx():
@@ -91,9 +92,29 @@ def idempotent(handler):
             return response
         if seen["request"] != fingerprint:
             raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
-        return Response(seen["body"], status_code=seen["status"], media_type="application/json")
+        return Response(await _with_secret(rules, seen["body"]), status_code=seen["status"],
+                        media_type="application/json")
 
     return wrapper
+
+
+def _without_secret(body: bytes) -> str:
+    """A stored answer keeps no lease secret: it outlives the lease (a day), the secret must not."""
+    answer = json.loads(body)
+    if isinstance(answer, dict) and answer.get("secret"):
+        answer["secret"] = None
+        return json.dumps(answer)
+    return body.decode()
+
+
+async def _with_secret(rules: Rules, body: str) -> str:
+    """A replayed lease answer, with its secret again while the lease lives (the first answer had it)."""
+    answer = json.loads(body)
+    if not (isinstance(answer, dict) and "secret" in answer and str(answer.get("id", "")).startswith(LEASE_PREFIX)):
+        return body
+    lease = await rules.store.lease(answer["id"])
+    answer["secret"] = lease["secret"] if lease else None
+    return json.dumps(answer)
 
 
 async def health(request: Request) -> Response:

@@ -26,7 +26,7 @@ class ImageFiles:
     def _need_folder(self) -> Path:
         if self.folder is None:
             raise APIError(503, "no_image_folder", "this coordinator keeps no images: start it with --image-dir")
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self.folder
 
     def path(self, sha256: str) -> Path:

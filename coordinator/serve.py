@@ -20,7 +20,9 @@ def default_data_dir() -> Path:
 
 
 def sqlite_url(data_dir: Path) -> str:
-    data_dir.mkdir(parents=True, exist_ok=True)
+    # the database holds live leases' secrets: the coordinator's folder is its account's alone
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    data_dir.chmod(0o700)
     return f"sqlite:///{data_dir.resolve() / 'coordinator.sqlite'}"
 
 

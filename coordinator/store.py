@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import os
 import sqlite3
 from typing import Any, Callable
 
@@ -80,6 +81,9 @@ class _SQLite:
         self.lock = asyncio.Lock()
 
     async def connect(self) -> None:
+        if self.path != ":memory:":  # readable by this account only (SQLite gives its -wal, -shm the same mode)
+            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+            os.chmod(self.path, 0o600)
         self.writer, self.reader = (sqlite3.connect(self.path, isolation_level=None) for _ in range(2))
         for conn in (self.writer, self.reader):
             conn.row_factory = sqlite3.Row
@@ -424,8 +428,8 @@ class Store:
     async def end_lease(self, lease_id: str, state: str, reason: str, now: float) -> bool:
         """Move a live lease to a final state; False if it was no longer live (here or in
         another coordinator process)."""
-        ended = await self._one(
-            "UPDATE leases SET state = :state, end_reason = :reason, ended_at = :now "
+        ended = await self._one(  # its secret dies with it: nothing keeps it longer
+            "UPDATE leases SET state = :state, end_reason = :reason, ended_at = :now, secret = NULL "
             f"WHERE id = :id AND state IN {_LIVE_SQL} RETURNING id", state=state, reason=reason, now=now, id=lease_id)
         return ended is not None
 

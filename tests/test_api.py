@@ -342,3 +342,22 @@ async def test_active_lease_is_not_ready_while_its_services_are_rebuilt(tmp_path
         assert "restarting the services" in rebuilding["reason"]
         await exporter.serve(lease, port=4001)
         assert (await api.get(f"/leases/{lease['id']}")).json()["ready"]
+
+
+async def test_no_secret_outlives_its_lease(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, gated=True) as (client, rules, clock):
+        from device_loop.coordinator.identity import issue_token
+        alice = client(token=(await issue_token(rules.store, rules.clock, "alice"))["token"])
+        exporter = FakeExporter(client(token=(await issue_token(rules.store, rules.clock, host="host-a"))["token"]),
+                                "host-a")
+        await exporter.beat([device("b0")])
+        lease = (await alice.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k"})).json()
+        assert lease["secret"]
+        stored = await rules.store.read("SELECT body FROM idempotency")
+        assert lease["secret"] not in stored[0]["body"], "a stored answer keeps no secret"
+        replay = (await alice.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k"})).json()
+        assert replay["secret"] == lease["secret"], "a replay while the lease lives has it, as the first answer"
+        await alice.post(f"/leases/{lease['id']}/release")
+        assert (await rules.store.read("SELECT secret FROM leases"))[0]["secret"] is None
+        after = (await alice.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k"})).json()
+        assert after["id"] == lease["id"] and after["secret"] is None

@@ -11,7 +11,7 @@ import pytest
 from conftest import POSTGRES_ENV, Coordinator
 from lab_in_process import FakeExporter, device
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
@@ -41,6 +41,7 @@ def two_coordinators(tmp_path, env, postgres_database):
         proc.stop()
 
 
+@pytest.mark.anyio
 async def test_a_reserve_storm_through_two_processes_grants_each_device_once(two_coordinators):
     first, second = two_coordinators
     names = [f"b{i}" for i in range(20)]
@@ -74,3 +75,13 @@ async def test_a_reserve_storm_through_two_processes_grants_each_device_once(two
     async with httpx2.AsyncClient(base_url=f"{second.url}/api/v1", timeout=30) as check:
         devices = (await check.get("/devices")).json()
     assert all(d["holder"] and d["holder"].startswith(f"racer-{d['name']}-") for d in devices)
+
+
+def test_the_database_is_readable_by_its_account_only(tmp_path, env, coordinator):
+    import stat
+    folder = tmp_path / "coord"
+    assert coordinator.api("/leases", "POST", json={"device": "nosuch"}).status_code == 404  # a write or two
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    files = [p for p in folder.iterdir() if p.name.startswith("coordinator.sqlite")]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in files), \
+        {p.name: oct(p.stat().st_mode) for p in files}

@@ -361,3 +361,17 @@ async def test_no_secret_outlives_its_lease(tmp_path):
         assert (await rules.store.read("SELECT secret FROM leases"))[0]["secret"] is None
         after = (await alice.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k"})).json()
         assert after["id"] == lease["id"] and after["secret"] is None
+
+
+async def test_a_deeply_nested_body_is_a_400_not_a_crash(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        deep = "[" * 1000 + "]" * 1000
+        for path in ("/leases", "/hosts/host-a/heartbeat", "/leases/lease-x/flash"):
+            answer = await api.post(path, content=deep, headers={"Content-Type": "application/json"})
+            assert answer.status_code == 400 and answer.json()["error"] == "bad_request", (path, answer.text)
+        mcp = await api.post("http://127.0.0.1/mcp", content='{"jsonrpc": "2.0", "id": 1, "method": "tools/list", '
+                                                            f'"params": {deep}}}',
+                             headers={"Content-Type": "application/json",
+                                      "Accept": "application/json, text/event-stream"})
+        assert mcp.status_code == 400

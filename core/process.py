@@ -3,6 +3,9 @@
 Every process is recorded in ``STATE_DIR/processes/PID.json`` with its kernel start
 time, so that after a crash (kill -9 of the exporter) the next start finds what the
 last one left running and stops it: nothing started for a lease outlives it unseen.
+A process is started before it can be recorded (its pid comes from starting it), so each
+also carries its registry's name in its environment: a crash between the two leaves a
+process the next start finds in /proc instead.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from .holders import listening_ports
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SPAWNED_BY = "DEVICE_LOOP_SPAWNED_BY"  # in a spawned process's environment: the registry that started it
 
 
 def start_ticks(pid: int) -> int | None:
@@ -168,6 +172,7 @@ class ProcessRegistry:
         it only from the main thread: the kernel ties it to the thread that spawned.
         """
         log_path = self.logs / f"{name}.log"
+        env = {**(os.environ if env is None else env), SPAWNED_BY: str(self.dir)}
         with open(log_path, "ab") as out:
             offset = out.tell()
             popen = subprocess.Popen(
@@ -201,11 +206,33 @@ class ProcessRegistry:
     def stop_leftovers(self) -> list[dict]:
         """Stop everything an earlier run left behind, newest first; return what was stopped."""
         stopped = []
-        for proc in sorted(self.recorded(), key=lambda p: p.record["start_ticks"], reverse=True):
+        for proc in sorted(self.recorded() + self._unrecorded(), key=lambda p: p.record["start_ticks"], reverse=True):
             log.warning("stopping %s (pid %d) left by an earlier run", proc.name, proc.pid)
             proc.stop()
             stopped.append(proc.record)
         return stopped
+
+    def _unrecorded(self) -> list[Proc]:
+        """Processes this registry started that were never recorded (their starter died in
+        between): session leaders whose environment names this registry."""
+        mark = f"{SPAWNED_BY}={self.dir}".encode()
+        recorded = {p.pid for p in self.recorded()}
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in recorded | {os.getpid()}:
+                continue
+            pid = int(entry.name)
+            try:
+                if os.getsid(pid) != pid or mark not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                name = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            except OSError:  # gone, or another account's
+                continue
+            ticks = start_ticks(pid)
+            if ticks is not None:
+                found.append(Proc(self, {"pid": pid, "start_ticks": ticks, "name": f"unrecorded {name}",
+                                         "lease": None, "argv": [], "log": "", "job": False}))
+        return found
 
 
 def python_module(module: str) -> list[str]:

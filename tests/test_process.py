@@ -7,7 +7,7 @@ import time
 import pytest
 
 from device_loop.core.ports import listen_socket, port_is_free
-from device_loop.core.process import ProcessRegistry, start_ticks
+from device_loop.core.process import ProcessRegistry
 from helpers import pid_alive
 
 pytestmark = pytest.mark.timeout(30)
@@ -85,14 +85,16 @@ def test_a_process_gone_before_it_was_recorded_is_not_alive(tmp_path):
 
 
 def test_a_reused_pid_is_not_mistaken_for_a_leftover(tmp_path):
+    import json
+    import subprocess
     registry = ProcessRegistry(tmp_path)
-    proc = registry.spawn(["sleep", "60"], name="innocent")
-    record = (registry.dir / f"{proc.pid}.json")
-    record.write_text(record.read_text().replace(f'"start_ticks": {start_ticks(proc.pid)}', '"start_ticks": 1'))
+    innocent = subprocess.Popen(["sleep", "60"], start_new_session=True)  # someone else's, on a recorded pid
+    (registry.dir / f"{innocent.pid}.json").write_text(json.dumps(
+        {"pid": innocent.pid, "start_ticks": 1, "name": "ours, long gone", "lease": None, "argv": [], "log": ""}))
     assert ProcessRegistry(tmp_path).stop_leftovers() == []
-    assert proc.alive()
-    proc.popen.kill()
-    proc.popen.wait()
+    assert innocent.poll() is None
+    innocent.kill()
+    innocent.wait()
 
 
 def test_inherited_listening_socket_is_freed_with_the_process(tmp_path):
@@ -104,3 +106,24 @@ def test_inherited_listening_socket_is_freed_with_the_process(tmp_path):
     assert not port_is_free("127.0.0.1", port)
     proc.stop()
     assert port_is_free("127.0.0.1", port)
+
+
+def test_a_process_started_but_never_recorded_is_found_by_the_next_start(tmp_path):
+    """The starter died between starting a process and recording it (kill -9 in between)."""
+    import os
+    import subprocess
+    import sys
+    from device_loop.core.process import SPAWNED_BY
+    registry = ProcessRegistry(tmp_path / "ours")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    lost = subprocess.Popen(sleeper, env={**os.environ, SPAWNED_BY: str(registry.dir)}, start_new_session=True)
+    others = subprocess.Popen(sleeper, env={**os.environ, SPAWNED_BY: str(tmp_path / "theirs" / "processes")},
+                              start_new_session=True)
+    try:
+        stopped = ProcessRegistry(tmp_path / "ours").stop_leftovers()
+        assert [r["pid"] for r in stopped] == [lost.pid]
+        assert lost.wait(5) is not None and others.poll() is None, "only this registry's processes"
+    finally:
+        for proc in (lost, others):
+            proc.kill()
+            proc.wait()

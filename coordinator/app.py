@@ -85,6 +85,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         # collector's full passes, which otherwise stall a request for tens of milliseconds.
         gc.freeze()
         stopping = asyncio.Event()
+        rules.serving_since = rules.clock()
         reaper = asyncio.create_task(_reaper(rules, stopping))
         log.info("coordinator ready on %s", store.dialect)
         try:

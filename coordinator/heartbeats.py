@@ -294,7 +294,7 @@ class Heartbeats(Flashes):
     async def _mark_silent_hosts(self, now: float, actor: str) -> None:
         """Hosts that stopped heartbeating go offline, with their devices and claims."""
         silent = await self.store.hosts_silent_since(now, self.settings.offline_after_periods,
-                                                     self.settings.offline_after_min_s)
+                                                     self.settings.offline_after_min_s, self.serving_since)
         for host_name in silent:
             await self.store.set_host_offline(host_name)
             cause = f"host {host_name} stopped heartbeating"

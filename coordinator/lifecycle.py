@@ -59,6 +59,9 @@ class Lifecycle:
         self.settings = settings or Settings()
         self.clock = clock
         self.notifier = Notifier()
+        # hosts are silent only counting from here: after an outage of the coordinator they
+        # get their heartbeat periods to report before they are taken for offline
+        self.serving_since = 0.0
 
     async def _change(self, device: dict, cause: str, actor: str, fields: dict | None = None) -> str:
         """Write ``fields`` of ``device`` (a row with its facts, as ``Store.device`` reads it)

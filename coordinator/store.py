@@ -290,11 +290,14 @@ class Store:
         else:
             await self._update("hosts", "name", row["name"], {k: v for k, v in row.items() if k != "name"})
 
-    async def hosts_silent_since(self, now: float, periods: float, minimum: float) -> list[str]:
+    async def hosts_silent_since(self, now: float, periods: float, minimum: float, serving_since: float) -> list[str]:
+        """Online hosts not heard of for ``periods`` of their heartbeat (``minimum`` seconds at
+        least), counting from ``serving_since`` at the earliest."""
         rows = await self._all(
-            "SELECT name FROM hosts WHERE online AND last_seen < :now - "
+            "SELECT name FROM hosts WHERE online AND "
+            "CASE WHEN last_seen > :since THEN last_seen ELSE :since END < :now - "
             "CASE WHEN heartbeat_s * :periods > :minimum THEN heartbeat_s * :periods ELSE :minimum END",
-            now=now, periods=periods, minimum=minimum)
+            now=now, periods=periods, minimum=minimum, since=serving_since)
         return [r["name"] for r in rows]
 
     async def set_host_draining(self, name: str, draining: bool) -> None:

@@ -375,3 +375,16 @@ async def test_a_deeply_nested_body_is_a_400_not_a_crash(tmp_path):
                              headers={"Content-Type": "application/json",
                                       "Accept": "application/json, text/event-stream"})
         assert mcp.status_code == 400
+
+
+async def test_after_a_coordinator_outage_hosts_get_their_periods_to_report(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        exporter = FakeExporter(client(), "host-a")  # heartbeat_s 1: offline after 10 s of silence
+        await exporter.beat([device("b0")])
+        clock.advance(300)  # the coordinator was down for five minutes, and is back now
+        rules.serving_since = clock.now
+        await rules.reap()
+        assert (await client().get("/hosts")).json()[0]["online"], "nobody could report to a coordinator that was down"
+        clock.advance(11)
+        await rules.reap()
+        assert not (await client().get("/hosts")).json()[0]["online"], "silent since the coordinator is back"

@@ -28,10 +28,11 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_lab import lease_ready, local_lab, memory_mib, wait  # noqa: E402
+from local_lab import lease_ready, local_lab, memory_mib  # noqa: E402
 
 from device_loop.core.ports import free_port, wait_port_open  # noqa: E402
-from device_loop.exporter.image_cache import file_sha256  # noqa: E402
+from device_loop.core import LIVE_OP_STATES  # noqa: E402
+from device_loop.core.files import file_sha256  # noqa: E402
 
 TARGET_RATIO = 0.8  # each phase at least this fast, relative to its plain tool
 REPEATS = 5  # each phase and its tool, in turns: the medians are compared
@@ -71,7 +72,7 @@ def flash_once(lab, lease: dict, image: str) -> dict:
     began = time.perf_counter()
     op = lab.api.post(f"/leases/{lease['id']}/flash", json={"image": image}).json()
     oldest = 0.0
-    while op["state"] in ("queued", "running"):
+    while op["state"] in LIVE_OP_STATES:
         op = lab.api.get(f"/ops/{op['id']}", params={"wait": 0.5, "unless": op["state"]}).json()
         oldest = max(oldest, lab.api.get("/hosts").json()[0]["heartbeat_age_s"])
     if op["state"] != "done":

@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_lab import lease_ready, local_lab  # noqa: E402
 
+from device_loop.core.holders import listening_ports  # noqa: E402
+
 TARGET = 1.3
 
 
@@ -30,16 +32,10 @@ def cpu_seconds(pid: int) -> float:
 
 def stream_pid(port: int) -> int:
     """The stream service listening on ``port`` (it holds the socket the exporter bound)."""
-    inode = None
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":
-            inode = fields[9]
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if "device_loop.plugins.video.stream" not in Path(f"/proc/{pid}/cmdline").read_text():
-                continue
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]" for fd in os.listdir(f"/proc/{pid}/fd")):
+            if "device_loop.plugins.video.stream" in Path(f"/proc/{pid}/cmdline").read_text() \
+                    and port in listening_ports(int(pid)):
                 return int(pid)
         except OSError:
             continue

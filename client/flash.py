@@ -11,6 +11,10 @@ from .lab import Lab, follow_op
 from .output import emit, fail, on_terminal, progress_bar, table
 
 
+detach_option = click.option("--detach", is_flag=True,
+                             help="print the operation's id and return; follow it with 'device-loop op'")
+
+
 def op_text(op: dict) -> str:
     image = op["image"]
     lines = [f"{op['id']}: {op['purpose']} of {op['device']} with {image['name']} ({image['sha256'][:12]}): "
@@ -68,7 +72,7 @@ def _failure(lab: Lab, op: dict) -> str:
 @click.command("flash")
 @click.argument("target", metavar="DEVICE|LEASE")
 @click.argument("image")
-@click.option("--detach", is_flag=True, help="print the operation's id and return; follow it with 'device-loop op'")
+@detach_option
 @json_option
 @lab_command
 def flash_command(lab: Lab, target: str, image: str, detach: bool, as_json: bool):
@@ -80,7 +84,7 @@ def flash_command(lab: Lab, target: str, image: str, detach: bool, as_json: bool
 
 @click.command("recover")
 @click.argument("target", metavar="DEVICE|LEASE")
-@click.option("--detach", is_flag=True, help="print the operation's id and return")
+@detach_option
 @json_option
 @lab_command
 def recover_command(lab: Lab, target: str, detach: bool, as_json: bool):

@@ -1,24 +1,17 @@
 """``device-loop images``: the image registry (upload, list, mark known-good, remove, clean up)."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import click
+
+from device_loop.core.files import file_sha256
 
 from .commands import json_option, lab_command
 from .lab import Lab
 from .output import emit, on_terminal, progress_bar, table
 
 CHUNK = 1 << 20
-
-
-def _digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as image:
-        while chunk := image.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _chunks(path: Path, show_progress: bool):
@@ -52,7 +45,7 @@ def images_group():
 @lab_command
 def upload_command(lab: Lab, file: Path, name: str | None, target: str, description: str, as_json: bool):
     """Upload FILE (streamed; its sha256 and size are checked on arrival)."""
-    params = {"name": name or file.name, "for": target, "description": description, "sha256": _digest(file),
+    params = {"name": name or file.name, "for": target, "description": description, "sha256": file_sha256(file),
               "size": file.stat().st_size}
     emit(as_json, lab.api.upload("/images", params, _chunks(file, on_terminal(as_json))), _image_text)
 

@@ -7,23 +7,23 @@ from pathlib import Path
 import click
 import httpx2
 
+from device_loop.core.usage import camera_urls
+
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
 from .lab import Lab, require_ready
 from .output import emit
 
 
-def camera_urls(lease: dict) -> dict:
-    """The page, stream and snapshot URLs of a ready lease's camera (they carry the lease's
-    capability in a lab with tokens: only its holder has them)."""
+def _camera(lease: dict) -> dict:
+    """The URLs of a ready lease's camera (they carry the lease's capability in a lab with
+    tokens: only its holder has them)."""
     require_ready(lease)
-    cameras = [e for e in lease["endpoints"] if e["kind"] == "video"]
-    if not cameras:
+    urls = camera_urls(lease)
+    if urls is None:
         raise CoordinatorError("no_camera", f"{lease['device']} has no camera (kinds: "
                                             f"{', '.join(sorted({e['kind'] for e in lease['endpoints']})) or 'none'})")
-    base = cameras[0]["url"]
-    return {"page": base, "stream": base + cameras[0]["params"]["stream"],
-            "snapshot": base + cameras[0]["params"]["snapshot"]}
+    return urls
 
 
 @click.command("video")
@@ -34,7 +34,7 @@ def camera_urls(lease: dict) -> dict:
 @lab_command
 def video_command(lab: Lab, target: str, snapshot: Path | None, as_json: bool):
     """The camera of a device you hold: its stream's URL (a browser shows it), or a snapshot."""
-    urls = camera_urls(_my_lease(lab, target).data)
+    urls = _camera(_my_lease(lab, target).data)
     if snapshot is None:
         emit(as_json, urls, lambda u: f"{u['stream']}\n  a page that shows it: {u['page']}")
         return

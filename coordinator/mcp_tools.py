@@ -15,6 +15,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
 from device_loop.core.uart_client import exchange
+from device_loop.core.usage import camera_urls
 
 from .errors import APIError
 from .identity import ANYONE, USER, Identity, caller_identity, check_access
@@ -143,13 +144,13 @@ def build_mcp(rules) -> MCPServer:
         boot menu, a panic, a login prompt) even when its OS is dead."""
         caller = await who(ctx)
         lease = await ask(rules.lease_status(lease_id, caller.name, caller.admin))
-        cameras = [e for e in lease["endpoints"] if e["kind"] == "video"]
         if not lease["ready"]:
             raise ToolError(f"{lease['device']}'s camera cannot be looked through now: {lease['reason']}")
-        if not cameras:
+        urls = camera_urls(lease)
+        if urls is None:
             raise ToolError(f"{lease['device']} has no camera (its endpoints: "
                             f"{', '.join(e['kind'] for e in lease['endpoints'])})")
-        url = cameras[0]["url"] + cameras[0]["params"]["snapshot"]
+        url = urls["snapshot"]
         try:
             async with httpx2.AsyncClient(timeout=SNAPSHOT_TIMEOUT_S, verify=False) as http:
                 answer = await http.get(url)

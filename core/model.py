@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 HEALTH_STATES = ("ok", "degraded", "failed")
 
@@ -128,12 +128,18 @@ class ConfiguredResource:
     tags: tuple[str, ...]
     settings: dict[str, Any] = field(hash=False, compare=False)
 
-    def unknown_keys(self, known) -> str | None:
-        """Why the entry's settings are not all ``known`` keys (a misspelt one), or None."""
+    def problem(self, known, parse: Callable[[dict], Any]) -> str | None:
+        """Why this entry cannot be used, or None: a key not among ``known`` (a misspelt one),
+        or the ``ValueError`` that ``parse(settings)`` raises. For discovery (skip the entry)
+        and ``devloop_check_config`` (say why) alike."""
         unknown = sorted(set(self.settings) - set(known) - {"plugin"})
         if unknown:
             return f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} (the keys: " \
                    f"{', '.join(sorted(known))})"
+        try:
+            parse(self.settings)
+        except ValueError as exc:
+            return str(exc)
         return None
 
     def resource(self, kind: str, identifier: str, node: str | None = None) -> Resource:

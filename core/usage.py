@@ -33,3 +33,13 @@ def environment(lease: dict, endpoints: list[dict] | None = None) -> dict[str, s
     for endpoint in endpoints if endpoints is not None else lease["endpoints"]:
         env |= {name: fill(value, endpoint, lease["id"]) for name, value in (endpoint.get("env") or {}).items()}
     return env
+
+
+def camera_urls(lease: dict) -> dict | None:
+    """The URLs of a lease's camera (the ``video`` plugin's endpoint), or None without one:
+    ``page`` (shows the stream), ``stream`` (MJPEG) and ``snapshot`` (a JPEG)."""
+    for endpoint in lease["endpoints"]:
+        if endpoint["kind"] == "video" and endpoint.get("url"):
+            return {"page": endpoint["url"], "stream": endpoint["url"] + endpoint["params"]["stream"],
+                    "snapshot": endpoint["url"] + endpoint["params"]["snapshot"]}
+    return None

@@ -7,6 +7,7 @@ pins the names below, so removing or renaming one is a deliberate, visible chang
 new ``API_VERSION``). ``docs/plugins.md`` describes each.
 """
 from device_loop.core.hookspecs import hookimpl
+from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
 from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, FlashImage, Health, LeaseRef, Resource,
                                     Service, ServiceError)
@@ -29,6 +30,8 @@ __all__ = [
     "FlashError", "FlashImage",
     # services, ready-made: a serial device as raw TCP or RFC 2217, a TCP relay
     "CONSOLE_COMMAND", "parse_framing", "start_bridge", "start_relay",
+    # config values as people write them: 90s, 10m, 1h30m
+    "parse_duration",
     # ports and programs
     "inherited_listener", "port_is_free", "python_module", "run", "wait_port_free", "wait_port_open",
     # USB facts from sysfs (read-only, for discovery)

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Callable, Iterator
 
+from device_loop.core import WRITING_PHASES
 from device_loop.core.files import write_atomically
 from device_loop.core.host import HostContext
 from device_loop.core.model import FlashError, FlashImage, Resource
@@ -144,7 +145,7 @@ class Flasher:
 
     def _backend_progress(self, job: FlashJob, phase: str, done_bytes: int) -> None:
         """What a plugin says of its progress, in the protocol's terms whatever it passes."""
-        self._progress(job, phase if phase in ("writing", "verifying") else "writing", max(0, int(done_bytes)))
+        self._progress(job, phase if phase in WRITING_PHASES else "writing", max(0, int(done_bytes)))
 
     def _run(self, job: FlashJob, flash: DesiredFlash, resource: Resource | None) -> None:
         try:

@@ -20,21 +20,12 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from device_loop.core.files import file_sha256
 from device_loop.core.model import FlashError
 
 log = logging.getLogger("device_loop.exporter")
 CHUNK = 1 << 20
 GROUP_BYTES, GROUP_PIECES = 256 << 10, 64
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as image:
-        buffer = bytearray(CHUNK)
-        view = memoryview(buffer)
-        while n := image.readinto(buffer):
-            digest.update(view[:n])
-    return digest.hexdigest()
 
 
 def _pass_on(fd: int, pieces: list[bytes], hasher: "_Hasher") -> None:

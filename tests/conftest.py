@@ -1,6 +1,7 @@
 """Shared fixtures: real coordinator and exporter processes on free ports."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import serial
 import tomli_w
 
 from device_loop.core.plugins import ENTRY_POINT_GROUP, LOAD_ENV
-from device_loop.core.ports import free_port
+from device_loop.core.ports import free_port, wait_port_open
 
 SRC = Path(__file__).resolve().parent.parent
 # A plugin someone installed into this venv (the example's README suggests it) must not
@@ -142,6 +143,21 @@ class Exporter(Proc):
         super().__init__(["exporter", "--config", str(self.config_path)], env, tmp_path / f"exporter-{name}.log")
 
 
+def lab_tokens(env: dict, coordinator: "Coordinator", folder: Path, *users: str) -> tuple[dict, Path]:
+    """Tokens made on the lab's database, as its first admin makes them: (user -> token,
+    the token file of exporter ``host-a``, readable by its owner only)."""
+    made = {}
+    for args in [[user] for user in users] + [["--exporter", "host-a"]]:
+        out = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url, "admin",
+                              "token", "create", *args, "--data-dir", str(folder / "coord"), "--json"],
+                             env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+        made[args[-1]] = json.loads(out)["token"]
+    token_file = folder / "exporter.token"
+    token_file.write_text(made.pop("host-a"))
+    token_file.chmod(0o600)
+    return made, token_file
+
+
 def sim_devices(*names):
     return [{"name": n, "plugin": "sim", "class": "sim-board"} for n in names]
 
@@ -258,3 +274,30 @@ def echo_board(pty_pair):
     board = EchoBoard(pty_pair)
     yield board
     board.close()
+
+
+@pytest.fixture
+def display():
+    """A virtual display ``:N`` (Xvfb picks a free one), yielded as N."""
+    read, write = os.pipe()
+    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", "640x480x24", "-nolisten", "tcp",
+                             "-nolock"], pass_fds=(write,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(write)
+    with os.fdopen(read) as said:
+        number = said.readline().strip()
+    yield number
+    xvfb.terminate()
+    xvfb.wait(10)
+
+
+@pytest.fixture
+def vnc_server(display):
+    """x11vnc on the display: (its port, the display number)."""
+    port = free_port()
+    server = subprocess.Popen(["x11vnc", "-display", f":{display}", "-rfbport", str(port), "-localhost", "-nopw",
+                               "-forever", "-shared", "-quiet", "-noxdamage"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_port_open("127.0.0.1", port, timeout=15), "x11vnc did not start"
+    yield port, display
+    server.terminate()
+    server.wait(10)

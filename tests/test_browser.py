@@ -12,7 +12,6 @@ from playwright.sync_api import sync_playwright
 from conftest import SRC
 from test_end_to_end import run_cli, wait_state
 from test_video import with_camera
-from test_vnc import display, vnc_server  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.timeout(120)
 ARTIFACTS = SRC / "test-artifacts"
@@ -42,7 +41,7 @@ def share_of(image: np.ndarray, bgr: tuple[int, int, int]) -> float:
     return float(close.mean())
 
 
-def test_the_viewer_url_shows_the_screen(env, coordinator, exporter_factory, vnc_server, browser):  # noqa: F811
+def test_the_viewer_url_shows_the_screen(env, coordinator, exporter_factory, vnc_server, browser):
     port, number = vnc_server
     subprocess.run(["xsetroot", "-display", f":{number}", "-solid", "#ff8000"], check=True)
     exporter_factory([{"name": "desk", "class": "vm", "plugin": "vnc", "upstream": f"127.0.0.1:{port}"}])

@@ -10,7 +10,7 @@ import time
 import anyio
 import pytest
 
-from conftest import Exporter, wait_for
+from conftest import wait_for
 from test_end_to_end import run_cli, wait_state
 from test_mcp import agent, call
 
@@ -31,6 +31,16 @@ def image_file(tmp_path, name: str, size: int = 8 << 20) -> tuple:
 def cli_json(env, coordinator, *args, check=True) -> dict:
     result = run_cli(env, coordinator.url, *args, "--json", check=check)
     return json.loads(result.stdout)
+
+
+def golden_and(tmp_path, env, coordinator, name: str) -> tuple:
+    """Two 1 MiB images uploaded for class sim-board: ``golden`` (known-good) and ``name``."""
+    golden, _ = image_file(tmp_path, "golden", 1 << 20)
+    other, _ = image_file(tmp_path, name, 1 << 20)
+    cli_json(env, coordinator, "images", "upload", str(golden), "--name", "golden", "--for", "sim-board")
+    cli_json(env, coordinator, "images", "mark-good", "golden", "--for", "sim-board")
+    cli_json(env, coordinator, "images", "upload", str(other), "--name", name, "--for", "sim-board")
+    return golden, other
 
 
 def op(coordinator, op_id: str) -> dict:
@@ -138,11 +148,7 @@ def test_kill_9_while_writing_needs_recovery_and_recover_brings_it_back(tmp_path
     devices = [flashable("sim-board-0", command=tool)]
     exporter = exporter_factory(devices)
     wait_state(coordinator, "sim-board-0", "idle")
-    golden, _ = image_file(tmp_path, "golden", 1 << 20)
-    slow, _ = image_file(tmp_path, "slow", 1 << 20)
-    cli_json(env, coordinator, "images", "upload", str(golden), "--name", "golden", "--for", "sim-board")
-    cli_json(env, coordinator, "images", "mark-good", "golden", "--for", "sim-board")
-    cli_json(env, coordinator, "images", "upload", str(slow), "--name", "build-slow", "--for", "sim-board")
+    golden, _ = golden_and(tmp_path, env, coordinator, "build-slow")
     lease = cli_json(env, coordinator, "reserve", "sim-board-0", "--wait")
     op_id = run_cli(env, coordinator.url, "flash", "sim-board-0", "build-slow", "--detach").stdout.strip()
     wait_op(coordinator, op_id, lambda o: o["phase"] == "writing", "the write to begin")
@@ -194,11 +200,7 @@ async def test_an_agent_flashes_and_recovers(tmp_path, env, coordinator, exporte
     target.write_bytes(b"factory")
     exporter_factory([flashable("sim-board-0", target=str(target))])
     wait_state(coordinator, "sim-board-0", "idle")
-    golden, _ = image_file(tmp_path, "golden", 1 << 20)
-    build, _ = image_file(tmp_path, "build", 1 << 20)
-    cli_json(env, coordinator, "images", "upload", str(golden), "--name", "golden", "--for", "sim-board")
-    cli_json(env, coordinator, "images", "mark-good", "golden", "--for", "sim-board")
-    cli_json(env, coordinator, "images", "upload", str(build), "--name", "build-1", "--for", "sim-board")
+    golden, build = golden_and(tmp_path, env, coordinator, "build-1")
     async with agent(coordinator.url) as bot:
         assert [i["name"] for i in (await call(bot, "list_images", device="sim-board-0"))["images"]] == [
             "build-1", "golden"]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import Coordinator, Exporter
+from conftest import Coordinator, Exporter, lab_tokens
 from device_loop.core.ports import free_port
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device
 from test_end_to_end import run_cli, wait_state
@@ -23,19 +23,13 @@ def gated_lab(tmp_path, env):
     """A lab with tokens: a UART on a pty pair and a phone (fake sysfs, real adb)."""
     env = {**env, "ANDROID_ADB_SERVER_PORT": str(free_port())}
     coordinator = Coordinator(tmp_path, env, extra=())
-    data_dir = str(tmp_path / "coord")
-    tokens = {}
-    for args in (["alice"], ["--exporter", "host-a"]):
-        out = run_cli(env, coordinator.url, "admin", "token", "create", *args, "--data-dir", data_dir, "--json").stdout
-        tokens[args[-1]] = json.loads(out)["token"]
-    (tmp_path / "exporter.token").write_text(tokens["host-a"])
-    (tmp_path / "exporter.token").chmod(0o600)
+    tokens, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
     pair = PtyPair(tmp_path)
     sysfs = tmp_path / "sys"
     usb_device(sysfs, "2-1", vendor="18d1", product="4ee7", serial="8AAY0GCXH", interfaces=(VENDOR_SPECIFIC, ADB))
     devices = [{"name": "jupiter", "plugin": "uart", "path": str(pair.board_side), "raw": True},
                {"name": "pixel", "plugin": "adb", "serial": "8AAY0GCXH"}]
-    exporter = Exporter(tmp_path, env, coordinator.url, devices, token_file=str(tmp_path / "exporter.token"),
+    exporter = Exporter(tmp_path, env, coordinator.url, devices, token_file=str(token_file),
                         sysfs_root=str(sysfs))
     alice = {**env, "DEVICE_LOOP_TOKEN": tokens["alice"]}
     wait_state(coordinator, "jupiter", "idle")

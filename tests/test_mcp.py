@@ -1,6 +1,5 @@
 """Agents through the MCP route, with the SDK's own client, against a coordinator under
 uvicorn: the same rules as REST, tools that never block, refusals an agent can act on."""
-import json
 
 import anyio
 import httpx2
@@ -8,9 +7,9 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import Coordinator, Exporter, sim_devices
+from conftest import Coordinator, Exporter, lab_tokens, sim_devices
 from device_loop.core.holders import listening_ports
-from test_end_to_end import run_cli, wait_state
+from test_end_to_end import wait_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -30,14 +29,7 @@ async def call(client: Client, tool: str, **args) -> dict:
 @pytest.fixture
 def lab_with_tokens(tmp_path, env):
     coordinator = Coordinator(tmp_path, env, extra=("--allowed-host", "lab.example:7420"))
-    data_dir = str(tmp_path / "coord")
-    made = {}
-    for args in (["alice"], ["bob"], ["--exporter", "host-a"]):
-        out = run_cli(env, coordinator.url, "admin", "token", "create", *args, "--data-dir", data_dir, "--json").stdout
-        made[args[-1]] = json.loads(out)["token"]
-    token_file = tmp_path / "exporter.token"
-    token_file.write_text(made["host-a"])
-    token_file.chmod(0o600)
+    made, token_file = lab_tokens(env, coordinator, tmp_path, "alice", "bob")
     exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0", "sim-board-1"),
                         token_file=str(token_file))
     wait_state(coordinator, "sim-board-0", "idle")

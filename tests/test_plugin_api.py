@@ -9,7 +9,7 @@ from conftest import SRC
 
 PUBLIC = [
     "API_VERSION", "CONSOLE_COMMAND", "ConfiguredResource", "Endpoint", "Health", "HostContext", "LeaseRef", "Resource", "Service",
-    "ServiceError", "FlashError", "FlashImage", "UsbDevice", "UsbTty", "hookimpl", "inherited_listener", "parse_framing", "port_is_free", "python_module", "run",
+    "ServiceError", "FlashError", "FlashImage", "UsbDevice", "UsbTty", "hookimpl", "inherited_listener", "parse_duration", "parse_framing", "port_is_free", "python_module", "run",
     "start_bridge", "start_relay", "usb_devices", "usb_ttys", "wait_port_free", "wait_port_open",
 ]
 

@@ -9,7 +9,7 @@ import httpx2
 import numpy as np
 import pytest
 
-from conftest import Coordinator, Exporter, wait_for
+from conftest import Coordinator, Exporter, lab_tokens, wait_for
 from device_loop.core.gate import LocalForward
 from device_loop.core.host import HostContext
 from device_loop.core.model import ConfiguredResource
@@ -32,9 +32,10 @@ def camera_of(lease: dict) -> dict:
     return next(e for e in lease["endpoints"] if e["kind"] == "video")
 
 
-def frames(url: str, count: int, timeout: float = 15) -> list[np.ndarray]:
-    """Read ``count`` frames of an MJPEG stream (fewer if it ends), decoded."""
-    got, buffer = [], b""
+def frames(url: str, count: int, timeout: float = 15, into: list | None = None) -> list[np.ndarray]:
+    """Read ``count`` frames of an MJPEG stream (fewer if it ends), decoded (into ``into``
+    as they come, if given)."""
+    got, buffer = ([] if into is None else into), b""
     with httpx2.stream("GET", url, timeout=timeout) as response:
         assert response.status_code == 200, response.read()
         boundary = response.headers["content-type"].split("boundary=")[1].encode()
@@ -81,10 +82,10 @@ def test_a_sim_camera_streams_to_two_viewers_and_ends_when_it_fails(tmp_path, en
     urls = json.loads(run_cli(env, coordinator.url, "video", "sim-board-0", "--json").stdout)
     assert urls["stream"] == base + "stream.mjpg"
 
-    ended = {}
-    watcher = threading.Thread(target=lambda: ended.setdefault("frames", frames(base + "stream.mjpg", 10_000)))
+    watched: list = []
+    watcher = threading.Thread(target=frames, args=(base + "stream.mjpg", 10_000), kwargs={"into": watched})
     watcher.start()
-    wait_for(lambda: watcher.is_alive(), 5)
+    wait_for(lambda: len(watched) >= 2, 10, what="the stream flowing before the camera fails")
     switch = video.fail_switch(HostContext("host-a", exporter.state_dir), "sim-board-0")
     switch.parent.mkdir(parents=True, exist_ok=True)
     switch.write_text("lens cap on")
@@ -98,14 +99,7 @@ def test_a_sim_camera_streams_to_two_viewers_and_ends_when_it_fails(tmp_path, en
 @pytest.fixture
 def gated_lab(tmp_path, env):
     coordinator = Coordinator(tmp_path, env, extra=())
-    data_dir = str(tmp_path / "coord")
-    made = {}
-    for args in (["alice"], ["--exporter", "host-a"]):
-        out = run_cli(env, coordinator.url, "admin", "token", "create", *args, "--data-dir", data_dir, "--json").stdout
-        made[args[-1]] = json.loads(out)["token"]
-    token_file = tmp_path / "exporter.token"
-    token_file.write_text(made["host-a"])
-    token_file.chmod(0o600)
+    made, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
     exporter = Exporter(tmp_path, env, coordinator.url, [with_camera("sim-board-0")], token_file=str(token_file))
     wait_for(lambda: httpx2.get(f"{coordinator.url}/api/v1/devices/sim-board-0").json().get("state") == "idle", 20)
     yield coordinator, {**env, "DEVICE_LOOP_TOKEN": made["alice"]}

@@ -5,43 +5,15 @@ import base64
 import json
 import os
 import socket
-import subprocess
 
 import pytest
 
-from conftest import Coordinator, Exporter, wait_for
+from conftest import Coordinator, Exporter, lab_tokens, wait_for
 from device_loop.core.gate import connect_gated
-from device_loop.core.ports import free_port, wait_port_open
+from device_loop.core.ports import free_port
 from test_end_to_end import run_cli, wait_state
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def display():
-    """A virtual display ``:N`` (Xvfb picks a free one), yielded as N."""
-    read, write = os.pipe()
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", "640x480x24", "-nolisten", "tcp",
-                             "-nolock"], pass_fds=(write,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(write)
-    with os.fdopen(read) as said:
-        number = said.readline().strip()
-    yield number
-    xvfb.terminate()
-    xvfb.wait(10)
-
-
-@pytest.fixture
-def vnc_server(display):
-    """x11vnc on the display: (its port, the display number)."""
-    port = free_port()
-    server = subprocess.Popen(["x11vnc", "-display", f":{display}", "-rfbport", str(port), "-localhost", "-nopw",
-                               "-forever", "-shared", "-quiet", "-noxdamage"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert wait_port_open("127.0.0.1", port, timeout=15), "x11vnc did not start"
-    yield port, display
-    server.terminate()
-    server.wait(10)
 
 
 def banner(sock: socket.socket) -> bytes:
@@ -98,13 +70,7 @@ def test_an_x_display_is_served_by_x11vnc_for_the_lease_only(tmp_path, env, coor
 def test_behind_the_gate_the_screen_needs_the_lease(tmp_path, env, vnc_server):
     port, _ = vnc_server
     coordinator = Coordinator(tmp_path, env, extra=())
-    data_dir = str(tmp_path / "coord")
-    made = {args[-1]: json.loads(run_cli(env, coordinator.url, "admin", "token", "create", *args, "--data-dir",
-                                         data_dir, "--json").stdout)["token"]
-            for args in (["alice"], ["--exporter", "host-a"])}
-    token_file = tmp_path / "exporter.token"
-    token_file.write_text(made["host-a"])
-    token_file.chmod(0o600)
+    made, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
     exporter = Exporter(tmp_path, env, coordinator.url,
                         [{"name": "desk", "class": "vm", "plugin": "vnc", "upstream": f"127.0.0.1:{port}"}],
                         token_file=str(token_file))

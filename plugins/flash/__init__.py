@@ -31,26 +31,15 @@ def devloop_available(host):
 
 @hookimpl
 def devloop_check_config(entry):
-    unknown = entry.unknown_keys(KEYS)
-    if unknown:
-        return unknown
-    try:
-        backend_of(entry.settings)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    return entry.problem(KEYS, backend_of)
 
 
 @hookimpl
 def devloop_discover(host):
     found = []
     for entry in host.configured("flash"):
-        try:
-            backend_of(entry.settings)
-        except ValueError:
+        if entry.problem(KEYS, backend_of):
             continue  # devloop_check_config says why
-        if entry.unknown_keys(KEYS):
-            continue
         found.append(entry.resource("flash", f"flash:{host.name}:{entry.device}"))
     return found
 

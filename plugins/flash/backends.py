@@ -4,7 +4,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from device_loop.plugin import FlashError
+from device_loop.plugin import FlashError, parse_duration
 
 from .file_target import write_and_verify
 
@@ -12,20 +12,6 @@ BACKENDS = ("target", "fastboot", "command")
 DEFAULT_TIMEOUT_S = {"fastboot": 600.0, "command": 1800.0}
 FIELDS = ("image", "sha256", "size", "device", "name")
 KEYS = (*BACKENDS, "partition", "timeout")
-
-
-def _seconds(value) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    if isinstance(value, str):
-        units = {"s": 1, "m": 60, "h": 3600}
-        number, unit = (value[:-1], value[-1]) if value[-1:] in units else (value, "s")
-        try:
-            if float(number) > 0:
-                return float(number) * units[unit]
-        except ValueError:
-            pass
-    raise ValueError(f"timeout must be a positive number of seconds (or 90s, 10m, 1h), not {value!r}")
 
 
 def backend_of(settings: dict) -> tuple[str, dict]:
@@ -49,7 +35,14 @@ def backend_of(settings: dict) -> tuple[str, dict]:
                              f"{', '.join('{' + f + '}' for f in FIELDS)}") from None
         out["argv"] = argv
     if backend in DEFAULT_TIMEOUT_S:
-        out["timeout"] = _seconds(settings.get("timeout", DEFAULT_TIMEOUT_S[backend]))
+        timeout = settings.get("timeout", DEFAULT_TIMEOUT_S[backend])
+        try:
+            if isinstance(timeout, bool):
+                raise ValueError(timeout)
+            out["timeout"] = parse_duration(timeout)
+        except (ValueError, TypeError):
+            raise ValueError(f"timeout must be a positive number of seconds (or 90s, 10m, 1h), not {timeout!r}") \
+                from None
     return backend, out
 
 

@@ -88,13 +88,10 @@ def devloop_available(host):
 
 @hookimpl
 def devloop_check_config(host, entry):
-    unknown = entry.unknown_keys(KEYS)
-    if unknown:
-        return unknown
-    try:
-        settings = _settings(entry.settings)
-    except ValueError as exc:
-        return str(exc)
+    problem = entry.problem(KEYS, _settings)
+    if problem:
+        return problem
+    settings = _settings(entry.settings)
     if settings["from"].startswith("usb_"):
         return f"no V4L2 camera with {settings['from']} {settings['where']} is plugged in"
     return None
@@ -105,12 +102,9 @@ def devloop_discover(host):
     cameras = None
     found = []
     for entry in host.configured("video"):
-        try:
-            settings = _settings(entry.settings)
-        except ValueError:
+        if entry.problem(KEYS, _settings):
             continue  # devloop_check_config says why
-        if entry.unknown_keys(KEYS):
-            continue
+        settings = _settings(entry.settings)
         if settings["from"].startswith("usb_"):
             cameras = _usb_cameras(host) if cameras is None else cameras
             key = (settings["from"], settings["where"])

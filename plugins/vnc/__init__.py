@@ -53,13 +53,10 @@ def devloop_available(host):
 
 @hookimpl
 def devloop_check_config(host, entry):
-    unknown = entry.unknown_keys(KEYS)
-    if unknown:
-        return unknown
-    try:
-        kind, value = _settings(entry.settings)
-    except ValueError as exc:
-        return str(exc)
+    problem = entry.problem(KEYS, _settings)
+    if problem:
+        return problem
+    kind, value = _settings(entry.settings)
     if kind == "display":
         if shutil.which("x11vnc") is None:
             return "serving an X display needs x11vnc (apt-get install x11vnc)"
@@ -71,12 +68,9 @@ def devloop_check_config(host, entry):
 def devloop_discover(host):
     found = []
     for entry in host.configured("vnc"):
-        try:
-            kind, value = _settings(entry.settings)
-        except ValueError:
+        if entry.problem(KEYS, _settings):
             continue  # devloop_check_config says why
-        if entry.unknown_keys(KEYS):
-            continue
+        kind, value = _settings(entry.settings)
         if kind == "display":
             if shutil.which("x11vnc") is None or not (X_SOCKETS / f"X{value}").exists():
                 continue

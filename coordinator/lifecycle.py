@@ -59,6 +59,7 @@ class Lifecycle:
         self.settings = settings or Settings()
         self.clock = clock
         self.notifier = Notifier()
+        store.subscribe(self.notifier.heard)
         # hosts are silent only counting from here: after an outage of the coordinator they
         # get their heartbeat periods to report before they are taken for offline
         self.serving_since = 0.0
@@ -78,8 +79,8 @@ class Lifecycle:
         return new
 
     def _notify(self, *keys: str) -> None:
-        """Wake the long-polls watching ``keys`` once the current transaction commits."""
-        self.store.after_commit(lambda: self.notifier.changed(*keys))
+        """Wake the long-polls watching ``keys``, in every process, once the current transaction commits."""
+        self.store.changed(*keys)
 
     async def _audit(self, actor: str, action: str, device: str | None, lease_id: str | None, detail: dict) -> None:
         await self.store.add_audit({"at": self.clock(), "actor": actor, "action": action,

@@ -1,12 +1,7 @@
-"""Wake long-polls in this process as soon as what they watch changes.
-
-Other coordinator processes are not told: every wait is also capped (``RECHECK_S``), so
-a long-poll notices a change made elsewhere within that time.
-"""
+"""Wake long-polls as soon as what they watch changes, whichever coordinator process
+changed it (the store tells every process: ``Store.subscribe``)."""
 import asyncio
 import time
-
-RECHECK_S = 1.0
 
 
 class Notifier:
@@ -17,15 +12,16 @@ class Notifier:
         """The event set at the next change of ``key``; take it *before* reading the state."""
         return self._events.setdefault(key, asyncio.Event())
 
-    def changed(self, *keys: str) -> None:
-        for key in keys:
+    def heard(self, keys: set[str] | None) -> None:
+        """``keys`` changed (``None``: anything may have)."""
+        for key in list(self._events) if keys is None else keys:
             event = self._events.pop(key, None)
             if event is not None:
                 event.set()
 
     async def long_poll(self, key: str, read, done, wait_s: float, gone):
-        """``read()`` again at each change of ``key`` (or every ``RECHECK_S``) until
-        ``done(value)``, ``wait_s`` runs out, or the caller has ``gone()`` away."""
+        """``read()`` again at each change of ``key`` until ``done(value)``, ``wait_s`` runs
+        out, or the caller has ``gone()`` away."""
         deadline = time.monotonic() + wait_s
         while True:
             event = self.watch(key)
@@ -34,7 +30,7 @@ class Notifier:
             if done(value) or remaining <= 0 or await gone():
                 return value
             try:
-                await asyncio.wait_for(event.wait(), min(remaining, RECHECK_S))
+                await asyncio.wait_for(event.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
 

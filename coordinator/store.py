@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import logging
 import os
 import sqlite3
 from typing import Any, Callable
@@ -23,6 +24,9 @@ from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 
 from .migrations import MIGRATIONS, SERIAL
 
+log = logging.getLogger(__name__)
+
+CHANNEL = "device_loop"  # PostgreSQL notifications: the keys a commit changed, one a line
 LIVE = LIVE_LEASE_STATES
 RING_SLOTS = 20  # state changes each device keeps (DESIGN §8)
 _LIVE_SQL = "(" + ", ".join(f"'{state}'" for state in LIVE) + ")"
@@ -153,9 +157,56 @@ class _Databases:
         return self.db.transaction()
 
 
+class _Listener:
+    """PostgreSQL's LISTEN on a connection of its own, for ``Store.subscribe``."""
+
+    RETRY_S = 1.0
+
+    def __init__(self, url: str, heard: Callable[[set[str] | None], None]):
+        self.dsn = url.replace("postgresql+asyncpg://", "postgresql://", 1)
+        self.heard = heard
+        self.connection = None
+        self.retrying: asyncio.Task | None = None
+        self.closing = False
+
+    async def start(self) -> None:
+        import asyncpg
+
+        self.connection = await asyncpg.connect(self.dsn)
+        await self.connection.add_listener(CHANNEL, lambda _c, _pid, _ch, payload: self.heard(set(payload.split("\n"))))
+        self.connection.add_termination_listener(self._lost)
+
+    def _lost(self, _connection) -> None:
+        if not self.closing:
+            log.warning("lost the PostgreSQL notification channel; long-polls re-read every %gs until it is back",
+                        self.RETRY_S)
+            self.retrying = asyncio.get_running_loop().create_task(self._retry())
+
+    async def _retry(self) -> None:
+        while not self.closing:
+            self.heard(None)  # what changed meanwhile was not heard
+            await asyncio.sleep(self.RETRY_S)
+            try:
+                await self.start()
+            except Exception as exc:  # the server is away: asyncpg raises OSError or its own errors
+                log.warning("PostgreSQL notification channel: %s; retrying", exc)
+                continue
+            log.info("PostgreSQL notification channel back")
+            self.heard(None)
+            return
+
+    async def close(self) -> None:
+        self.closing = True
+        if self.retrying:
+            self.retrying.cancel()
+        if self.connection and not self.connection.is_closed():
+            await self.connection.close()
+
+
 class _Tx:
     def __init__(self):
         self.after_commit: list[Callable[[], None]] = []
+        self.changed: set[str] = set()
 
 
 _CURRENT_TX: contextvars.ContextVar[_Tx | None] = contextvars.ContextVar("device_loop_tx", default=None)
@@ -169,6 +220,8 @@ class Store:
         # lock the host's row for the whole heartbeat (SQLite has one writer anyway)
         self._for_update = " FOR UPDATE" if self.dialect == "postgresql" else ""
         self.statements = 0
+        self._heard: Callable[[set[str] | None], None] = lambda keys: None
+        self._listener: _Listener | None = None
 
     def _in(self, column: str, param: str, values: list) -> tuple[str, dict[str, Any]]:
         """``column`` is one of ``values``, as one parameter (SQLite binds each named
@@ -180,8 +233,13 @@ class Store:
     async def connect(self) -> None:
         await self.driver.connect()
         await self._migrate()
+        if self.dialect == "postgresql":
+            self._listener = _Listener(self.url, lambda keys: self._heard(keys))
+            await self._listener.start()
 
     async def disconnect(self) -> None:
+        if self._listener:
+            await self._listener.close()
         await self.driver.disconnect()
 
     async def _migrate(self) -> None:
@@ -208,10 +266,38 @@ class Store:
         try:
             async with self.driver.transaction():
                 yield
+                if current.changed:
+                    await self._publish(current)
         finally:
             _CURRENT_TX.reset(token)
         for callback in current.after_commit:
             callback()
+
+    def subscribe(self, heard: Callable[[set[str] | None], None]) -> None:
+        """Call ``heard(keys)`` whenever a transaction that ``changed(keys)`` commits, in any
+        coordinator process on this database; ``heard(None)``: anything may have changed
+        (PostgreSQL: the channel was lost, and again each second until it is back)."""
+        self._heard = heard
+
+    async def _publish(self, current: _Tx) -> None:
+        if self.dialect == "sqlite":  # one process: its own commit is all there is to hear
+            current.after_commit.append(lambda: self._heard(current.changed))
+            return
+        chunk: list[str] = []
+        for key in sorted(current.changed):  # pg_notify takes 8000 bytes at most
+            if sum(map(len, chunk)) + len(key) > 7000:
+                await self._exec("SELECT pg_notify(:channel, :keys)", channel=CHANNEL, keys="\n".join(chunk))
+                chunk = []
+            chunk.append(key)
+        await self._exec("SELECT pg_notify(:channel, :keys)", channel=CHANNEL, keys="\n".join(chunk))
+
+    def changed(self, *keys: str) -> None:
+        """``keys`` change when the current transaction commits: every coordinator process
+        on this database hears of it (``subscribe``), nobody if it rolls back."""
+        current = _CURRENT_TX.get()
+        if current is None:
+            raise RuntimeError("Store.changed() outside a transaction")
+        current.changed.update(keys)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the current transaction commits (now, outside one)."""

@@ -95,7 +95,8 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
 
 
 def _state(device: dict) -> str:
-    marks = ["flashing"] * bool(device.get("flashing")) + ["needs recovery"] * bool(device.get("needs_recovery"))
+    marks = (["flashing"] * bool(device.get("flashing")) + ["needs recovery"] * bool(device.get("needs_recovery"))
+             + [f"also claimed by {host}" for host in device.get("conflict_hosts", [])[1:]])
     return device["state"] + (f" ({', '.join(marks)})" if marks else "")
 
 
@@ -130,7 +131,10 @@ def hosts_command(lab: Lab, as_json: bool):
                    for s in h["plugins"]["skipped"] + h["plugins"].get("failing", [])]
         unserved = [f"  {h['name']}: {u['device']}: {u['reason']}"
                     for h in hosts for u in h["plugins"].get("unserved", [])]
-        for title, lines in (("skipped or failing plugins", skipped), ("configured devices not served", unserved)):
+        claims = [f"  {h['name']}: {name} (owned and served by another host; fix this host's config)"
+                  for h in hosts for name in h.get("claims", [])]
+        for title, lines in (("skipped or failing plugins", skipped), ("configured devices not served", unserved),
+                             ("devices also reported by a host that does not own them", claims)):
             if lines:
                 out += f"\n{title}:\n" + "\n".join(lines)
         return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 
 from device_loop.core import FLASH_KIND, PROTOCOL_VERSION
 from device_loop.core.protocol import DesiredState, DeviceReport, Heartbeat
@@ -22,6 +23,8 @@ from .flashes import Flashes
 from .lifecycle import device_state, ring_entry
 from .notify import host_key, lease_key
 from .store import UniqueViolation
+
+log = logging.getLogger(__name__)
 
 SUPERSEDED_KEPT = 8  # boot ids of a host remembered as replaced
 _HEALTH_ORDER = {"ok": 0, "degraded": 1, "failed": 2}
@@ -191,7 +194,6 @@ class Heartbeats(Flashes):
                     changes.wake_host = True
             if owner is not None:
                 claimed.add(owner)
-                changes.touch(claimed_before.get(owner) or elsewhere[owner], conflict_host=host_name)
                 continue
             if row is not None and row["report_digest"] == digests[device.name] and row["present"] \
                     and device.name in own:
@@ -215,9 +217,18 @@ class Heartbeats(Flashes):
             if name not in reported and row["present"]:
                 changes.touch(row, f"host {host_name} no longer reports it (unplugged?)", present=False)
                 changes.wake_host = True
-        for name, row in claimed_before.items():
-            if name not in claimed:
-                changes.touch(row, conflict_host=None)
+        await self._record_claims(host_name, claimed, set(claimed_before))
+
+    async def _record_claims(self, host_name: str, claimed: set[str], before: set[str]) -> None:
+        """Note the devices ``host_name`` reports that another host owns: shown to admins,
+        and nothing else (the owner keeps serving them). Only that column is written, so a
+        claim never writes back what it read of another host's device."""
+        if claimed - before:
+            log.warning("host %s reports devices that another host owns, which keeps them: %s",
+                        host_name, ", ".join(sorted(claimed - before)))
+            await self.store.set_claims(host_name, sorted(claimed - before))
+        if before - claimed:
+            await self.store.drop_claims(host_name, sorted(before - claimed))
 
     @staticmethod
     def _owner_elsewhere(device: DeviceReport, host_name: str, owners: dict[str, dict]) -> str | None:
@@ -297,9 +308,6 @@ class Heartbeats(Flashes):
                                                      self.settings.offline_after_min_s, self.serving_since)
         for host_name in silent:
             await self.store.set_host_offline(host_name)
-            cause = f"host {host_name} stopped heartbeating"
+            await self.store.drop_claims(host_name)
             for device in await self.store.devices_of_host(host_name):
-                if device["conflict_host"] == host_name:
-                    await self._change(device, cause + " (it claimed this device too)", actor, {"conflict_host": None})
-                else:
-                    await self._change(device, cause, actor)
+                await self._change(device, f"host {host_name} stopped heartbeating", actor)

@@ -84,9 +84,6 @@ class Leases(Views):
             message = f"{name} is offline (host {device['host']} not heartbeating or the device is unplugged)"
         elif state == "faulty":
             message = f"{name} is faulty: {device['health_reason'] or 'health check failed'}"
-        elif state == "conflict":
-            message = (f"{name} is claimed by two hosts ({device['host']}, {device['conflict_host']}); "
-                       "an admin must fix the exporter configs")
         else:
             message = f"{name} is {state}"
         alternative = await self.store.idle_device_of_class(device["class"], other_than=name)

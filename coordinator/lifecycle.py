@@ -23,16 +23,16 @@ class Settings:
     max_image_bytes: int = 8 << 30
 
 
-STATES = ("unregistered", "idle", "allocating", "in_use", "reclaiming", "faulty", "offline", "conflict", "retired")
+STATES = ("unregistered", "idle", "allocating", "in_use", "reclaiming", "faulty", "offline", "retired")
 
 
 def device_state(facts: dict) -> str:
     """The lifecycle state that follows from a device's facts: its row, ``host_online``
-    and ``lease_state`` (of its live lease, if any)."""
+    and ``lease_state`` (of its live lease, if any). Another host claiming the device
+    (``conflict_host``) is not among them: its owner keeps serving it, so no exporter can
+    lock another host's devices out by reporting their names."""
     if facts["retired"]:
         return "retired"
-    if facts["conflict_host"]:
-        return "conflict"
     if not facts["host_online"] or not facts["present"]:
         return "offline"
     if facts["lease_state"] == "pending":

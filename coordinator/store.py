@@ -433,11 +433,22 @@ class Store:
         return await self._all(f"{_DEVICE_FACTS} WHERE {where}", **params)
 
     async def device_hosts(self) -> list[dict]:
-        return await self._all("SELECT name, host FROM devices ORDER BY name")
+        return await self._all("SELECT name, host, conflict_host FROM devices ORDER BY name")
 
     async def write_devices(self, rows: list[dict]) -> None:
         """Insert or update whole device rows (keys other than ``DEVICE_COLUMNS`` are facts, not columns)."""
         await self._insert_many("devices", [{c: row[c] for c in DEVICE_COLUMNS} for row in rows], upsert_key="name")
+
+    async def set_claims(self, host: str, names: list[str]) -> None:
+        """``host`` reports ``names`` too, which other hosts own."""
+        where, params = self._in("name", "names", names)
+        await self._exec(f"UPDATE devices SET conflict_host = :host WHERE {where}", host=host, **params)
+
+    async def drop_claims(self, host: str, names: list[str] | None = None) -> None:
+        """``host`` no longer reports ``names`` (default: any device) that other hosts own."""
+        where, params = self._in("name", "names", names) if names is not None else ("TRUE", {})
+        await self._exec(f"UPDATE devices SET conflict_host = NULL WHERE conflict_host = :host AND {where}",
+                         host=host, **params)
 
     async def update_device(self, name: str, **fields) -> None:
         await self._update("devices", "name", name, fields)

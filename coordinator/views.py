@@ -22,6 +22,7 @@ def device_json(row: dict) -> dict:
         "expires_at": iso(row["expires_at"]),
         "health": row["health"],
         "health_reason": row["health_reason"],
+        # its owner first, then a host that claims it too (the owner keeps serving it)
         "conflict_hosts": [row["host"], row["conflict_host"]] if row["conflict_host"] else [],
         "busy_by": row["busy_by"],
         "resources": row["resources"],
@@ -96,14 +97,18 @@ class Views(Lifecycle):
     async def hosts(self, only: str | None = None) -> list[dict]:
         now = self.clock()
         devices: dict[str, list[str]] = {}
+        claims: dict[str, list[str]] = {}
         for row in await self.store.device_hosts():
             devices.setdefault(row["host"], []).append(row["name"])
+            if row["conflict_host"]:
+                claims.setdefault(row["conflict_host"], []).append(row["name"])
         return [{
             "name": h["name"], "online": h["online"], "protocol": h["protocol"],
             "version": h["version"], "boot_id": h["boot_id"], "generation": h["generation"],
             "heartbeat_s": h["heartbeat_s"], "heartbeat_age_s": round(now - h["last_seen"], 1),
             "draining": h["draining"], "last_seen": iso(h["last_seen"]), "plugins": h["plugins"],
             "devices": devices.get(h["name"], []),
+            "claims": claims.get(h["name"], []),  # devices it reports that another host owns
         } for h in await self.store.hosts() if only in (None, h["name"])]
 
     async def _own_lease_view(self, lease_id: str, caller: str, admin: bool = False) -> dict:

@@ -25,28 +25,16 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx2
 
 from device_loop.client.lab import Lab
-from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.ports import free_port, wait_port_open
-from device_loop.core.protocol import DeviceReport, Heartbeat, ResourceReport
 from device_loop.plugins.uart import _ser2net
 from device_loop.plugins.uart.ser2net import _connection
-from local_lab import local_lab, pty_pair, wait
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:7.1f} ms"
+from local_lab import SimHost, local_lab, ms, pct, pty_pair, wait
 
 
 def sim_boards(n: int) -> list[dict]:
@@ -153,24 +141,6 @@ def agent_hello(url: str) -> None:
 
 
 # ---- heartbeats under load ---------------------------------------------------------------
-
-class SimHost:
-    """An exporter as the coordinator sees it: heartbeats of ``n`` devices."""
-
-    def __init__(self, name: str, n: int):
-        self.name, self.boot, self.generation = name, uuid.uuid4().hex, 0
-        self.devices = [DeviceReport.model_validate(
-            {"name": f"{name}-d{i}", "class": "load", "resources": [
-                {"kind": "uart", "plugin": "sim", "identifier": f"{name}:d{i}"}]}) for i in range(n)]
-
-    def body(self, health: str = "ok") -> bytes:
-        self.generation += 1
-        for device in self.devices:
-            device.resources = [ResourceReport(kind="uart", plugin="sim", identifier=device.resources[0].identifier,
-                                               health=health, reason="" if health == "ok" else "bench")]
-        return Heartbeat(protocol=PROTOCOL_VERSION, version="bench", boot_id=self.boot, generation=self.generation,
-                         heartbeat_s=5, devices=self.devices).model_dump_json(by_alias=True).encode()
-
 
 def heartbeat_load(seconds: float) -> dict:
     with local_lab(sim_boards(200)) as lab:

@@ -9,13 +9,25 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import httpx2
 import serial
 import tomli_w
 
+from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.ports import free_port
+from device_loop.core.protocol import DeviceReport, Heartbeat, ResourceReport
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:7.1f} ms"
 
 
 def wait(predicate, timeout: float, what: str):
@@ -42,6 +54,43 @@ def memory_mib(proc: subprocess.Popen, field: str = "VmRSS") -> float:
     raise SystemExit(f"{proc.args} is gone")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_env(folder: Path) -> dict:
+    """This environment with HOME and the XDG folders in ``folder``."""
+    return {**os.environ, "HOME": str(folder), "XDG_STATE_HOME": str(folder / "state"),
+            "XDG_DATA_HOME": str(folder / "data")}
+
+
+def spawn(args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """``device-loop ARGS`` in a session of its own, its output in ``log``."""
+    return subprocess.Popen([sys.executable, "-m", "device_loop.cli", *args], env=env,
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_coordinator(folder: Path, env: dict, port: int, *extra: str) -> subprocess.Popen:
+    """A single-user coordinator on ``port``, its data in ``folder``, its log beside it;
+    healthy when this returns."""
+    proc = spawn(["coordinator", "--data-dir", str(folder), "--port", str(port), "--single-user", *extra], env,
+                 folder.with_name(folder.name + ".log"))
+    with httpx2.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=5) as api:
+        wait(lambda: _healthy(api) or proc.poll() is not None, 20, "coordinator")
+    if proc.poll() is not None:
+        raise SystemExit(f"the coordinator on port {port} exited: see {folder.name}.log in {folder.parent}")
+    return proc
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM each of ``procs`` and wait for it to end."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
 class LocalLab:
     """A running lab: ``api`` (a client for user ``bench``), ``url``, its processes and
     its ``folder`` (the coordinator's data in ``coord/``, the exporter's state in ``exporter/``)."""
@@ -59,23 +108,16 @@ class LocalLab:
 def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
     """Yield a :class:`LocalLab` serving ``devices``, all idle."""
     tmp = Path(tempfile.mkdtemp(prefix="devloop-bench-"))
-    env = {**os.environ, "HOME": str(tmp), "XDG_STATE_HOME": str(tmp / "state"), "XDG_DATA_HOME": str(tmp / "data")}
+    env = bench_env(tmp)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = {"exporter": {"name": "bench", "coordinator": url, "heartbeat_s": heartbeat_s,
                            "state_dir": str(tmp / "exporter")}, "devices": devices}
     (tmp / "exporter.toml").write_text(tomli_w.dumps(config))
-
-    def start(args: list[str], log: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "device_loop.cli", *args], env=env,
-                                stdout=open(tmp / log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-
-    procs = [start(["coordinator", "--data-dir", str(tmp / "coord"), "--port", str(port), "--single-user"],
-                   "coordinator.log")]
+    procs = [start_coordinator(tmp / "coord", env, port)]
     api = httpx2.Client(base_url=f"{url}/api/v1", headers={"X-Device-Loop-User": "bench"}, timeout=30)
     try:
-        wait(lambda: _healthy(api), 20, "coordinator")
-        procs.insert(0, start(["exporter", "--config", str(tmp / "exporter.toml")], "exporter.log"))
+        procs.insert(0, spawn(["exporter", "--config", str(tmp / "exporter.toml")], env, tmp / "exporter.log"))
         names = {d["name"] for d in devices}
         wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, 60,
              "idle devices")
@@ -83,9 +125,7 @@ def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
                        tmp)
     finally:
         api.close()
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+        stop(procs)
 
 
 def lease_ready(api: httpx2.Client, device: str) -> dict:
@@ -96,6 +136,24 @@ def lease_ready(api: httpx2.Client, device: str) -> dict:
         if lease["state"] not in ("pending", "active"):
             raise SystemExit(f"lease ended: {lease['reason']}")
     return lease
+
+
+class SimHost:
+    """An exporter as the coordinator sees it: heartbeats of ``n`` devices."""
+
+    def __init__(self, name: str, n: int):
+        self.name, self.boot, self.generation = name, uuid.uuid4().hex, 0
+        self.devices = [DeviceReport.model_validate(
+            {"name": f"{name}-d{i}", "class": "load", "resources": [
+                {"kind": "uart", "plugin": "sim", "identifier": f"{name}:d{i}"}]}) for i in range(n)]
+
+    def body(self, health: str = "ok") -> bytes:
+        self.generation += 1
+        for device in self.devices:
+            device.resources = [ResourceReport(kind="uart", plugin="sim", identifier=device.resources[0].identifier,
+                                               health=health, reason="" if health == "ok" else "bench")]
+        return Heartbeat(protocol=PROTOCOL_VERSION, version="bench", boot_id=self.boot, generation=self.generation,
+                         heartbeat_s=5, devices=self.devices).model_dump_json(by_alias=True).encode()
 
 
 class FarEnd(threading.Thread):

@@ -18,16 +18,11 @@ import httpx2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from local_lab import lease_ready, local_lab  # noqa: E402
+from local_lab import cpu_seconds, lease_ready, local_lab  # noqa: E402
 
 from device_loop.core.holders import listening_ports  # noqa: E402
 
 TARGET = 1.3
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stream_pid(port: int) -> int:

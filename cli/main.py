@@ -24,6 +24,7 @@ LAZY_COMMANDS = {
     "flashes": "device_loop.client.flash:flashes_command",
     "video": "device_loop.client.video:video_command",
     "vnc": "device_loop.client.vnc:vnc_command",
+    "watch": "device_loop.client.watch:watch_command",
     "forward": "device_loop.client.forward:forward_command",
     "up": "device_loop.cli.up:up_command",
     "coordinator": "device_loop.coordinator.serve:coordinator_command",

@@ -160,6 +160,7 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
         point = "" if port == 7420 else f"export DEVICE_LOOP_COORDINATOR={url}; "
         click.echo(f"device-loop lab up (single-user trust mode: anyone on this machine may use it)\n"
                    f"  coordinator  {url}  (SQLite in {data_dir})\n"
+                   f"  web page     {url}/  (live board; /metrics for Prometheus)\n"
                    f"  exporter     {config['exporter']['name']}  devices: {devices}\n"
                    f"  logs         {registry.logs}\n"
                    f"Try: {point}device-loop ls; device-loop reserve sim-board-0 --wait\n"

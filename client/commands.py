@@ -119,7 +119,8 @@ def ls_command(lab: Lab, as_json: bool):
 def hosts_command(lab: Lab, as_json: bool):
     """List exporters: versions, plugins, heartbeat age."""
     def text(hosts):
-        rows = [[h["name"], ("online" if h["online"] else "OFFLINE") + (", draining" if h.get("draining") else ""),
+        rows = [[h["name"], ("online" if h["online"] else "OFFLINE") + (", draining" if h.get("draining") else "")
+                 + (", connection lost" if h["online"] and h.get("link_lost") else ""),
                  h["version"], f"p{h['protocol']}",
                  f"{h['heartbeat_age_s']:.0f}s ago", ",".join(h["plugins"]["loaded"]) or "-",
                  ",".join(s["name"] for s in h["plugins"]["skipped"]) or "-", str(len(h["devices"]))]

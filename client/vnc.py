@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from device_loop.core.usage import screen_url
+
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
 from .lab import Lab, require_ready
@@ -19,7 +21,7 @@ def screen(lease: dict) -> dict:
     rfb = by_kind["vnc"]
     viewer = (f"device-loop forward {lease['id']}   # then: vncviewer 127.0.0.1::PORT (the vnc port it prints)"
               if lease.get("secret") else f"vncviewer {rfb['host']}::{rfb['port']}")
-    return {"browser": by_kind.get("vnc-web", {}).get("url"), "vncviewer": viewer}
+    return {"browser": screen_url(lease), "vncviewer": viewer}
 
 
 @click.command("vnc")

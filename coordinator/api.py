@@ -4,22 +4,30 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from device_loop.core import LEASE_PREFIX, PROTOCOL_VERSION, __version__
 from device_loop.core.protocol import Heartbeat
 
+from . import openapi
 from .errors import APIError, bad_request
 from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
 from .rules import Rules
 from .schemas import AdoptIn, CollectIn, DrainIn, FlashIn, KnownGoodIn, RenewIn, ReserveIn, RetireIn, TokenIn
 from .store import UniqueViolation
+from .web import pages
 
 MAX_WAIT_S = 60.0
+MAX_KEY_CHARS = 200  # of an Idempotency-Key
+# PostgreSQL's text holds no NUL character (SQLite's does): it is refused on both, before
+# the store sees it. In JSON it can only come escaped: a backslash (after an even number
+# of them) and u0000.
+ESCAPED_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _rules(request: Request) -> Rules:
@@ -27,14 +35,32 @@ def _rules(request: Request) -> Rules:
 
 
 async def _body(request: Request, model: type[BaseModel]) -> BaseModel:
+    body = await request.body() or b"{}"
+    if b"\\u0000" in body and ESCAPED_NUL.search(body):  # the search alone: 14 ms for a 1000-device heartbeat
+        raise APIError(422, "invalid", "text may not contain the NUL character (\\u0000)")
     try:  # pydantic parses the JSON itself: a 1000-device heartbeat in a few milliseconds
-        return model.model_validate_json(await request.body() or b"{}")
+        return model.model_validate_json(body, strict=True)  # a number is not true or "60"
     except ValidationError as exc:
         if any(e["type"] == "json_invalid" for e in exc.errors()):
             raise bad_request("request body is not valid JSON") from None
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
                              for e in exc.errors())
         raise APIError(422, "invalid", problems) from None
+
+
+def takes(model: type[BaseModel]):
+    """The handler is called as ``handler(request, body)``, with the JSON body validated
+    as ``model``; the OpenAPI document describes the body with the same model."""
+
+    def decorate(handler):
+        @functools.wraps(handler)
+        async def parsed(request: Request) -> Response:
+            return await handler(request, await _body(request, model))
+
+        parsed.body_model = model
+        return parsed
+
+    return decorate
 
 
 def _wait_s(request: Request) -> float:
@@ -64,8 +90,8 @@ def idempotent(handler):
         key = request.headers.get("Idempotency-Key")
         if not key:
             return await handler(request)
-        if len(key) > 200:
-            raise bad_request("Idempotency-Key is longer than 200 characters")
+        if len(key) > MAX_KEY_CHARS:
+            raise bad_request(f"Idempotency-Key is longer than {MAX_KEY_CHARS} characters")
         rules, caller = _rules(request), (await caller_identity(request)).name
         fingerprint = hashlib.sha256(
             request.method.encode() + request.url.path.encode() + await request.body()).hexdigest()
@@ -95,6 +121,7 @@ def idempotent(handler):
         return Response(await _with_secret(rules, seen["body"]), status_code=seen["status"],
                         media_type="application/json")
 
+    wrapper.idempotent = True  # the OpenAPI document lists its Idempotency-Key
     return wrapper
 
 
@@ -137,8 +164,8 @@ async def list_hosts(request: Request) -> Response:
     return _json(await _rules(request).hosts())
 
 
-async def heartbeat(request: Request) -> Response:
-    report = await _body(request, Heartbeat)
+@takes(Heartbeat)
+async def heartbeat(request: Request, report: Heartbeat) -> Response:
     actor = f"exporter:{request.path_params['name']}"
     return _json(await _rules(request).heartbeat(request.path_params["name"], report, actor))
 
@@ -147,15 +174,23 @@ async def _caller(request: Request):
     return await caller_identity(request)
 
 
+def _hung_up(request: Request):
+    """For a long-poll: a function that returns once the caller has hung up."""
+    async def hung_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    return hung_up
+
+
 async def desired(request: Request) -> Response:
-    etag = request.query_params.get("etag")
+    etag, boot_id = request.query_params.get("etag"), request.query_params.get("boot")
     rules, name = _rules(request), request.path_params["name"]
-    return _json(await rules.wait_desired(name, etag, _wait_s(request), request.is_disconnected))
+    return _json(await rules.wait_desired(name, etag, _wait_s(request), _hung_up(request), boot_id))
 
 
 @idempotent
-async def reserve(request: Request) -> Response:
-    body = await _body(request, ReserveIn)
+@takes(ReserveIn)
+async def reserve(request: Request, body: ReserveIn) -> Response:
     caller = await _caller(request)
     return _json(await _rules(request).reserve(body.device, body.ttl_s, caller.name, caller.admin), 201)
 
@@ -169,13 +204,13 @@ async def lease_status(request: Request) -> Response:
     rules, caller = _rules(request), await _caller(request)
     lease_id = request.path_params["lease_id"]
     unless = request.query_params.get("unless")
-    return _json(await rules.wait_lease(lease_id, caller.name, unless, _wait_s(request), request.is_disconnected,
+    return _json(await rules.wait_lease(lease_id, caller.name, unless, _wait_s(request), _hung_up(request),
                                         caller.admin))
 
 
 @idempotent
-async def renew(request: Request) -> Response:
-    body = await _body(request, RenewIn)
+@takes(RenewIn)
+async def renew(request: Request, body: RenewIn) -> Response:
     rules, caller = _rules(request), await _caller(request)
     return _json(await rules.renew(request.path_params["lease_id"], body.ttl_s, caller.name, caller.admin))
 
@@ -187,8 +222,8 @@ async def release(request: Request) -> Response:
 
 
 @idempotent
-async def create_token(request: Request) -> Response:
-    body = await _body(request, TokenIn)
+@takes(TokenIn)
+async def create_token(request: Request, body: TokenIn) -> Response:
     rules, caller = _rules(request), await _caller(request)
     made = await issue_token(rules.store, rules.clock, body.user, body.admin, body.exporter_host, body.expires_s)
     await rules.record(caller.name, "token_create", {k: made[k] for k in ("id", "user", "admin", "host")})
@@ -212,15 +247,15 @@ async def revoke_lease(request: Request) -> Response:
 
 
 @idempotent
-async def retire_device(request: Request) -> Response:
-    body = await _body(request, RetireIn)
+@takes(RetireIn)
+async def retire_device(request: Request, body: RetireIn) -> Response:
     rules, caller = _rules(request), await _caller(request)
     return _json(await rules.retire(request.path_params["device"], caller.name, body.retired, body.force))
 
 
 @idempotent
-async def drain_host(request: Request) -> Response:
-    body = await _body(request, DrainIn)
+@takes(DrainIn)
+async def drain_host(request: Request, body: DrainIn) -> Response:
     rules, caller = _rules(request), await _caller(request)
     return _json(await rules.drain(request.path_params["host"], caller.name, body.draining))
 
@@ -230,8 +265,8 @@ async def list_candidates(request: Request) -> Response:
 
 
 @idempotent
-async def adopt_candidate(request: Request) -> Response:
-    body = await _body(request, AdoptIn)
+@takes(AdoptIn)
+async def adopt_candidate(request: Request, body: AdoptIn) -> Response:
     rules, caller = _rules(request), await _caller(request)
     return _json(await rules.adopt(request.path_params["identifier"], body.name, body.device_class, body.tags,
                                    caller.name), 201)
@@ -265,21 +300,21 @@ async def remove_image(request: Request) -> Response:
 
 
 @idempotent
-async def mark_image_good(request: Request) -> Response:
-    body = await _body(request, KnownGoodIn)
+@takes(KnownGoodIn)
+async def mark_image_good(request: Request, body: KnownGoodIn) -> Response:
     caller = await _caller(request)
     return _json(await _rules(request).mark_good(request.path_params["ref"], body.target, caller.name))
 
 
 @idempotent
-async def collect_images(request: Request) -> Response:
-    body = await _body(request, CollectIn)
+@takes(CollectIn)
+async def collect_images(request: Request, body: CollectIn) -> Response:
     return _json(await _rules(request).collect_images(body.unused_days, (await _caller(request)).name))
 
 
 @idempotent
-async def flash(request: Request) -> Response:
-    body = await _body(request, FlashIn)
+@takes(FlashIn)
+async def flash(request: Request, body: FlashIn) -> Response:
     caller = await _caller(request)
     return _json(await _rules(request).flash(request.path_params["lease_id"], body.image, caller.name, caller.admin),
                  201)
@@ -299,7 +334,7 @@ async def recover_unleased(request: Request) -> Response:
 
 async def flash_op(request: Request) -> Response:
     rules, unless = _rules(request), request.query_params.get("unless")
-    return _json(await rules.wait_op(request.path_params["op_id"], unless, _wait_s(request), request.is_disconnected))
+    return _json(await rules.wait_op(request.path_params["op_id"], unless, _wait_s(request), _hung_up(request)))
 
 
 async def device_flashes(request: Request) -> Response:
@@ -320,10 +355,40 @@ async def audit_log(request: Request) -> Response:
     return _json(await _rules(request).audit())
 
 
+@openapi.answers("text/event-stream")
+async def events(request: Request) -> Response:
+    """Server-sent events: a ``snapshot`` of every device, then each ``device`` that changed
+    (``?html=1``: with its board row)."""
+    if "text/event-stream" not in request.headers.get("accept", ""):  # a plain GET would never end
+        raise APIError(406, "not_acceptable", "this is a stream of server-sent events: send "
+                                              "'Accept: text/event-stream'")
+    stream = request.app.state.events.stream(html=request.query_params.get("html") == "1")
+    return StreamingResponse(stream, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+@openapi.answers("text/plain")
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics: the lab as the database has it, and what this process counted."""
+    rules = _rules(request)
+    return Response(await rules.metrics.exposition(rules.store, rules.clock()), media_type=rules.metrics.content_type)
+
+
+async def openapi_json(request: Request) -> Response:
+    """This API's OpenAPI description."""
+    return Response(_openapi_document(), media_type="application/json")
+
+
+@functools.cache
+def _openapi_document() -> bytes:
+    return json.dumps(openapi.document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS)).encode()
+
+
 # The route table: every route, and who may call it. Only the ANYONE rows take callers
 # without a token (tests/test_access.py calls every route to hold this table to it).
 ROUTES = [
     ("GET", "/api/v1/health", ANYONE, health),
+    ("GET", "/api/v1/openapi.json", ANYONE, openapi_json),
     ("GET", "/api/v1/devices", ANYONE, list_devices),  # the public board: who holds what, until when
     ("GET", "/api/v1/devices/{name}", ANYONE, device_info),
     ("GET", "/api/v1/devices/{name}/log", ANYONE, device_log),
@@ -356,6 +421,14 @@ ROUTES = [
     ("POST", "/api/v1/admin/candidates/{identifier:path}/adopt", ADMIN, adopt_candidate),
     ("POST", "/api/v1/admin/images/{ref}/known-good", ADMIN, mark_image_good),
     ("POST", "/api/v1/admin/images/gc", ADMIN, collect_images),
+    ("GET", "/api/v1/events", ANYONE, events),  # the board's changes, as they happen
+    ("GET", "/metrics", ANYONE, metrics),
+    # the web page (README "Web page and metrics"): what it changes goes through the routes above
+    ("GET", "/", ANYONE, pages.board),
+    ("GET", "/devices/{name}", ANYONE, pages.device_page),
+    ("POST", "/login", ANYONE, pages.login),
+    ("POST", "/logout", ANYONE, pages.logout),
+    ("GET", "/static/{file}", ANYONE, pages.static_file),
 ]
 
 
@@ -363,6 +436,9 @@ def _guarded(access: str, handler):
     @functools.wraps(handler)
     async def guard(request: Request) -> Response:
         check_access(access, await caller_identity(request), request.path_params.get("name"))
+        if any("\x00" in text for text in [*request.path_params.values(), *request.query_params.keys(),
+                                          *request.query_params.values()]):
+            raise bad_request("the URL has a NUL character (%00)")
         return await handler(request)
     return guard
 

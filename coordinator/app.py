@@ -11,16 +11,19 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from .api import routes
 from .errors import APIError
 from .agents import LazyAgents
+from .events import Broadcaster
+from .notify import CallerGone
 from .origin import KnownOrigins, allowed_hosts as known_hosts
 from .rules import Rules, Settings
 from .store import Store
+from .web.pages import device_row
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,11 @@ async def _api_error(request: Request, exc: APIError) -> JSONResponse:
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return JSONResponse({"error": code, "message": f"{request.method} {request.url.path}: {exc.detail}"},
-                        status_code=exc.status_code)
+                        status_code=exc.status_code, headers=exc.headers)  # a 405's Allow
+
+
+async def _hung_up(request: Request, exc: CallerGone) -> Response:
+    return Response(status_code=499)  # nobody reads it: the caller hung up (nginx's code for that)
 
 
 async def _crash(request: Request, exc: Exception) -> JSONResponse:
@@ -72,8 +79,9 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
                                                               / "images"))
     # the data-plane gate goes with authentication: off exactly in the trust mode
     rules = Rules(store, dataclasses.replace(settings, gated=not single_user))
+    events = Broadcaster(rules.list_devices, rules.notifier, render_row=device_row)  # the board's, one a process
     state = {"rules": rules, "single_user": single_user, "tailnet_socket": tailnet_socket,
-             "tailnet_admins": set(tailnet_admins)}
+             "tailnet_admins": set(tailnet_admins), "events": events}
     agents = LazyAgents(rules, list(allowed_hosts), state)
     log.info("every route (REST and /mcp) answers these Host headers, others get 421: %s",
              ", ".join(known_hosts(list(allowed_hosts))))
@@ -92,6 +100,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
             yield
         finally:
             stopping.set()
+            await events.close()
             await agents.close()
             await reaper
             await store.disconnect()
@@ -100,7 +109,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         routes=[*routes, Route("/mcp", endpoint=agents, methods=["POST"])],  # stateless: no GET event stream
         middleware=[Middleware(KnownOrigins, allowed=list(allowed_hosts))],
         lifespan=lifespan,
-        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _crash},
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, CallerGone: _hung_up,
+                            Exception: _crash},
     )
     for key, value in state.items():  # caller_identity reads these from the app it is asked by
         setattr(app.state, key, value)

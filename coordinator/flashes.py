@@ -17,7 +17,7 @@ from device_loop.core.protocol import FlashReport, Heartbeat
 from .errors import APIError, conflict, not_found
 from .images import Images
 from .lifecycle import ring_entry
-from .notify import host_key, op_key
+from .notify import BOARD_KEY, host_key, op_key
 from .store import LIVE, UniqueViolation
 from .views import Views
 
@@ -98,10 +98,9 @@ class Flashes(Images, Views):
         return await self.store.device(view["device"])
 
     async def _known_good(self, device: dict) -> dict:
-        for target in (f"device:{device['name']}", f"class:{device['class']}"):
-            image = await self.store.latest_known_good(target)
-            if image is not None:
-                return image
+        image = await self.known_good_image(device)
+        if image is not None:
+            return image
         raise conflict("no_known_good", f"no image is known-good for {device['name']} or its class "
                                         f"{device['class']}: an admin marks one (device-loop images mark-good)")
 
@@ -134,7 +133,7 @@ class Flashes(Images, Views):
         await self.store.set_image_used(image["sha256"], now)
         await self._audit(caller, purpose, name, lease_id, {"op": op["id"], "image": image["name"],
                                                             "sha256": image["sha256"], "size": image["size"]})
-        self._notify(host_key(device["host"]))
+        self._notify(host_key(device["host"]), BOARD_KEY)  # the board shows it flashing
         return op_json(op)
 
     @staticmethod
@@ -179,6 +178,8 @@ class Flashes(Images, Views):
     async def _finished(self, op: dict, changed: bool, actor: str) -> None:
         detail = {"op": op["id"], "image": op["image_name"], "sha256": op["sha256"], "message": op["message"]}
         await self._audit(actor, f"flash_{op['state']}", op["device"], op["lease_id"], detail)
+        self._notify(BOARD_KEY)  # no longer flashing, perhaps needing recovery
+        self.store.after_commit(self.metrics.flashes.labels(outcome=op["state"], purpose=op["purpose"]).inc)
         device = await self.store.device(op["device"])
         if device is None:
             return

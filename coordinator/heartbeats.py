@@ -21,7 +21,7 @@ from device_loop.core.protocol import DesiredState, DeviceReport, Heartbeat
 from .errors import APIError, conflict
 from .flashes import Flashes
 from .lifecycle import device_state, ring_entry
-from .notify import host_key, lease_key
+from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .store import UniqueViolation
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class _Changes:
             new = device_state(row)
             if new != row["state"]:
                 self.log(row, new, self.causes.get(name, self.default_cause))
-                row["state"] = new
+                row["state"], row["state_since"] = new, self.now
             if name in self.dirty:
                 row["updated_at"] = self.now
         return [row for name, row in self.rows.items() if name in self.dirty]
@@ -158,9 +158,15 @@ class Heartbeats(Flashes):
             await self.store.replace_identities(list(changes.identities),
                                                 [r for rs in changes.identities.values() for r in rs])
         await self.store.add_ring_entries(changes.ring)
-        await self.store.activate_leases(activated)
+        ready = await self.store.activate_leases(activated)
+        if ready:
+            self.store.after_commit(lambda: self.metrics.leases_ready([now - r["created_at"] for r in ready]))
+        if rows_to_write:
+            self._notify(BOARD_KEY)
         await self._save_host(host_name, previous, report, snapshot, now, online)
         await self._apply_flash_reports(host_name, previous, report, actor)
+        if previous is not None and previous["link_lost"]:
+            await self._wake_leases_of(host_name)  # ready again
         if changes.wake_host:
             self._notify(host_key(host_name))
         if activated:
@@ -201,8 +207,8 @@ class Heartbeats(Flashes):
             fields = {**(columns.get(device.name) or _columns(device, digests[device.name])), "host": host_name}
             if row is None:
                 row = {"name": device.name, "state": "unregistered", "reclaim_lease": None, "retired": False,
-                       "conflict_host": None, "created_at": changes.now, "log_seq": 0, "lease_id": None,
-                       "lease_state": None, "host_online": online, "present": False, **fields}
+                       "conflict_host": None, "created_at": changes.now, "state_since": changes.now, "log_seq": 0,
+                       "lease_id": None, "lease_state": None, "host_online": online, "present": False, **fields}
                 changes.dirty.add(device.name)
             elif not row["present"]:
                 changes.causes[device.name] = f"host {host_name} reports it again"
@@ -229,6 +235,8 @@ class Heartbeats(Flashes):
             await self.store.set_claims(host_name, sorted(claimed - before))
         if before - claimed:
             await self.store.drop_claims(host_name, sorted(before - claimed))
+        if claimed != before:
+            self._notify(BOARD_KEY)
 
     @staticmethod
     def _owner_elsewhere(device: DeviceReport, host_name: str, owners: dict[str, dict]) -> str | None:
@@ -270,7 +278,7 @@ class Heartbeats(Flashes):
         row = {"boot_id": report.boot_id, "generation": report.generation, "protocol": report.protocol,
                "version": report.version, "heartbeat_s": report.heartbeat_s, "plugins": report.plugins.model_dump(),
                "services": [s.model_dump(exclude_none=True) for s in report.services],
-               "last_seen": now, "online": online, "devices_digest": snapshot}
+               "last_seen": now, "online": online, "devices_digest": snapshot, "link_lost": False}
         if previous is None:
             await self.store.save_host({"name": host_name, **row, "superseded_boots": []}, new=True)
             return
@@ -297,10 +305,26 @@ class Heartbeats(Flashes):
         return DesiredState(services=services, adopted=adopted, flashes=flashes, etag=etag,
                             as_of=as_of).model_dump(by_alias=True)
 
-    async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone) -> dict:
-        """Long-poll: the desired state as soon as its etag differs from ``etag``."""
-        return await self.notifier.long_poll(host_key(host_name), lambda: self.desired(host_name),
-                                             lambda desired: desired["etag"] != etag, wait_s, gone)
+    async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone,
+                           boot_id: str | None = None) -> dict:
+        """Long-poll: the desired state as soon as its etag differs from ``etag``.
+
+        An exporter long-polls all the time, so one hung up before its answer most likely
+        died (kill -9 closes its sockets): ``boot_id``'s leases are not ready until it
+        heartbeats again, rather than showing endpoints nobody serves for the seconds it
+        takes to count it silent."""
+        try:
+            return await self.notifier.long_poll(host_key(host_name), lambda: self.desired(host_name),
+                                                 lambda desired: desired["etag"] != etag, wait_s, gone)
+        except CallerGone:
+            if boot_id:
+                async with self.store.tx():
+                    await self.store.set_link_lost(host_name, boot_id)
+                    await self._wake_leases_of(host_name)
+            raise
+
+    async def _wake_leases_of(self, host_name: str) -> None:
+        self._notify(*[lease_key(r["id"]) for r in await self.store.desired_services(host_name)])
 
     async def _mark_silent_hosts(self, now: float, actor: str) -> None:
         """Hosts that stopped heartbeating go offline, with their devices and claims."""
@@ -309,5 +333,6 @@ class Heartbeats(Flashes):
         for host_name in silent:
             await self.store.set_host_offline(host_name)
             await self.store.drop_claims(host_name)
+            self._notify(BOARD_KEY)
             for device in await self.store.devices_of_host(host_name):
                 await self._change(device, f"host {host_name} stopped heartbeating", actor)

@@ -6,11 +6,18 @@ exporters the one host they may report for); where configured, the tailnet ident
 the peer (tailscaled's LocalAPI ``whois``) for callers without a token; or, in the explicit single-user trust
 mode of ``device-loop up`` on loopback, whoever the caller says it is (who may then call
 every route, admin ones included, but holds only its own leases).
+
+A browser signed in on the web page sends its token in a cookie (HttpOnly, SameSite=Strict).
+A cookie goes with every request to the coordinator, whoever made the page that sends it, so
+a request it authenticates that changes anything must also carry ``X-Device-Loop-CSRF``,
+a value made from the token that only the coordinator's own pages hold.
 """
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import hashlib
+import hmac
 import re
 import secrets
 from dataclasses import dataclass
@@ -23,6 +30,9 @@ from device_loop.core.durations import iso
 from .errors import APIError
 
 USER_HEADER = "X-Device-Loop-User"
+COOKIE = "device_loop_token"  # the web page's sign-in: the token itself
+CSRF_HEADER = "X-Device-Loop-CSRF"
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 LAB_OWNER = getpass.getuser()  # the login the coordinator runs as
 # no "@" in token names: tailnet logins have one, so the two never name the same person
 USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -41,6 +51,7 @@ class Identity:
     host: str | None = None  # exporter tokens only: the host they report for
     known: bool = True        # False: no credentials at all
     trusted: bool = False     # single-user trust mode: may call every route
+    csrf: str | None = None   # signed in by the page's cookie: what its unsafe requests carry
 
 
 ANONYMOUS = Identity("anonymous", known=False)
@@ -48,6 +59,11 @@ ANONYMOUS = Identity("anonymous", known=False)
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def csrf_token(token: str) -> str:
+    """What a page signed in with ``token`` sends as ``X-Device-Loop-CSRF``."""
+    return hashlib.sha256(f"csrf:{token}".encode()).hexdigest()
 
 
 def new_token() -> tuple[str, str]:
@@ -70,14 +86,32 @@ async def _identify(request: Request) -> Identity:
         # does not say (an agent) is that person, as the CLI in their shell is
         return Identity(request.headers.get(USER_HEADER, "").strip()[:64] or LAB_OWNER, trusted=True)
     header = request.headers.get("authorization", "")
-    if not header:
-        return await _tailnet_identity(request) if app.tailnet_socket else ANONYMOUS
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise APIError(401, "unauthenticated", "send the token as 'Authorization: Bearer TOKEN'")
-    row = await app.rules.store.token_by_hash(hash_token(token.strip()))
-    if row is None or row["revoked_at"] is not None or (row["expires_at"] or float("inf")) <= app.rules.clock():
-        raise APIError(401, "bad_token", "this token is unknown, revoked or expired")
+    if header:
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise APIError(401, "unauthenticated", "send the token as 'Authorization: Bearer TOKEN'")
+        identity = await token_identity(app.rules, token.strip())
+        if identity is None:
+            raise APIError(401, "bad_token", "this token is unknown, revoked or expired")
+        return identity
+    cookie = request.cookies.get(COOKIE)
+    # a cookie whose token died is no sign-in: the page shows its sign-in form again
+    identity = await token_identity(app.rules, cookie) if cookie else None
+    if identity is not None:
+        csrf = csrf_token(cookie)
+        if request.method not in SAFE_METHODS and not hmac.compare_digest(
+                request.headers.get(CSRF_HEADER, "").encode(), csrf.encode()):
+            raise APIError(403, "csrf", f"a request signed in by the web page's cookie needs the page's "
+                                        f"{CSRF_HEADER} header")
+        return dataclasses.replace(identity, csrf=csrf)
+    return await _tailnet_identity(request) if app.tailnet_socket else ANONYMOUS
+
+
+async def token_identity(rules, token: str) -> Identity | None:
+    """Whose ``token`` is, or None if it is unknown, revoked or expired."""
+    row = await rules.store.token_by_hash(hash_token(token))
+    if row is None or row["revoked_at"] is not None or (row["expires_at"] or float("inf")) <= rules.clock():
+        return None
     if row["host"]:
         return Identity(f"exporter:{row['host']}", host=row["host"])
     return Identity(row["username"], admin=row["admin"])

@@ -51,6 +51,15 @@ class Images(Lifecycle):
             raise not_found("image", ref)
         return image
 
+    async def known_good_image(self, device: dict) -> dict | None:
+        """The image recovery writes onto ``device`` (its name and class): the latest marked
+        known-good for it, else for its class (with ``marked_at``)."""
+        for target in (f"device:{device['name']}", f"class:{device['class']}"):
+            image = await self.store.latest_known_good(target)
+            if image is not None:
+                return image
+        return None
+
     async def upload(self, chunks: AsyncIterator[bytes], name: str, target_name: str, description: str,
                      declared_sha256: str | None, declared_size: int | None, caller: str) -> tuple[dict, bool]:
         """Store an image streamed in ``chunks``: (the image, whether it is new)."""

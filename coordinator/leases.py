@@ -12,10 +12,17 @@ from device_loop.core import LEASE_PREFIX
 from device_loop.core.durations import format_duration, iso
 
 from .errors import APIError, conflict, not_found
-from .notify import host_key, lease_key
+from .notify import BOARD_KEY, host_key, lease_key
 from .store import LIVE, UniqueViolation
 from .views import Views, lease_json
 
+
+
+def _view(lease: dict, device: dict, device_state: str) -> dict:
+    """What ``lease_json`` reads, for a lease just begun or ended (no service runs for it)."""
+    return {**lease, "device_state": device_state, "device_host": device["host"], "resources": device["resources"],
+            "host_online": device["host_online"], "host_link_lost": False, "host_services": [],
+            "needs_recovery": device["needs_recovery"], "flashing": device["flash_op"]}
 
 class Leases(Views):
     async def reserve(self, device_name: str, ttl_s: float | None, caller: str, admin: bool = False) -> dict:
@@ -41,10 +48,8 @@ class Leases(Views):
                                        f"reserved ({format_duration(ttl)})", caller)
             await self._audit(caller, "reserve", device_name, lease["id"], {"ttl_s": ttl})
             self._notify(host_key(device["host"] or ""))
-        return lease_json({**lease, "device_state": state, "device_host": device["host"],
-                           "resources": device["resources"], "host_online": device["host_online"],
-                           "host_services": [], "needs_recovery": device["needs_recovery"],
-                           "flashing": device["flash_op"]})
+            self.store.after_commit(self.metrics.leases_granted.inc)
+        return lease_json(_view(lease, device, state))
 
     def _check_ttl(self, ttl_s: float) -> float:
         if not ttl_s >= 1 or ttl_s == float("inf"):  # REST's schema says so too; MCP comes here directly
@@ -106,9 +111,10 @@ class Leases(Views):
             if view["state"] not in LIVE:
                 raise conflict("lease_ended", f"{lease_id} is {view['state']}; reserve the device again")
             view["expires_at"] = self.clock() + ttl
-            await self.store.set_lease_expiry(lease_id, view["expires_at"])
+            if not await self.store.set_lease_expiry(lease_id, view["expires_at"]):
+                raise conflict("lease_ended", f"{lease_id} ended just now; reserve the device again")
             await self._audit(caller, "renew", view["device"], lease_id, {"ttl_s": ttl})
-            self._notify(lease_key(lease_id))
+            self._notify(lease_key(lease_id), BOARD_KEY)
         return lease_json(view)
 
     async def release(self, lease_id: str, caller: str, admin: bool = False) -> dict:
@@ -136,26 +142,25 @@ class Leases(Views):
             return lease_json(view)
         await self._audit(actor, action, lease["device"], lease["id"], detail)
         now_ended = {**lease, "state": state, "end_reason": reason, "ended_at": self.clock()}
-        return lease_json({**now_ended, "device_state": device["state"], "device_host": device["host"],
-                           "resources": device["resources"], "host_online": device["host_online"],
-                           "host_services": [], "needs_recovery": device["needs_recovery"],
-                           "flashing": device["flash_op"]})
+        return lease_json(_view(now_ended, device, device["state"]))
 
-    async def _end_lease(self, lease: dict, state: str, reason: str, actor: str) -> dict | None:
+    async def _end_lease(self, lease: dict, state: str, reason: str, actor: str, **still) -> dict | None:
         """End a live lease and start reclaiming its device; the device as it is now, or
-        None if the lease had ended already (here or in another coordinator process)."""
-        if not await self.store.end_lease(lease["id"], state, reason, self.clock()):
+        None if the lease had ended already (here or in another coordinator process), or
+        is no longer what ``still`` says (``Store.end_lease``)."""
+        if not await self.store.end_lease(lease["id"], state, reason, self.clock(), **still):
             return None
         device = await self.store.device(lease["device"])
         device["state"] = await self._change(device, f"lease {state}: {reason}", actor,
                                              {"reclaim_lease": lease["id"]})
         self._notify(lease_key(lease["id"]), host_key(device["host"] or ""))
+        self.store.after_commit(self.metrics.leases_ended.labels(reason=state).inc)
         return device
 
     async def _end_overdue_leases(self, now: float, actor: str) -> None:
         """Expire leases past their ttl; fail those whose services never came up."""
         for lease in await self.store.leases_past("expires_at", LIVE, now):
-            if await self._end_lease(lease, "expired", "its ttl ran out", actor):
+            if await self._end_lease(lease, "expired", "its ttl ran out", actor, overdue=True):
                 await self._audit(actor, "expire", lease["device"], lease["id"], {})
         timeout = self.settings.allocating_timeout_s
         for lease in await self.store.leases_past("created_at", ("pending",), now - timeout):
@@ -163,5 +168,5 @@ class Leases(Views):
             reason = f"services did not come up within {format_duration(timeout)}"
             if view["reason"].startswith("service failed"):
                 reason += f" ({view['reason']})"
-            if await self._end_lease(lease, "failed", reason, actor):
+            if await self._end_lease(lease, "failed", reason, actor, pending=True):
                 await self._audit(actor, "fail", lease["device"], lease["id"], {"reason": reason})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .notify import Notifier
+from .metrics import LabMetrics
+from .notify import BOARD_KEY, Notifier
 from .store import Store
 
 
@@ -60,6 +61,7 @@ class Lifecycle:
         self.clock = clock
         self.notifier = Notifier()
         store.subscribe(self.notifier.heard)
+        self.metrics = LabMetrics(STATES)
         # hosts are silent only counting from here: after an outage of the coordinator they
         # get their heartbeat periods to report before they are taken for offline
         self.serving_since = 0.0
@@ -72,10 +74,13 @@ class Lifecycle:
         if new == device["state"]:
             if fields:
                 await self.store.update_device(device["name"], **fields)
+                self._notify(BOARD_KEY)
             return new
         now = self.clock()
-        seq = await self.store.update_device_logged(device["name"], state=new, updated_at=now, **fields)
+        seq = await self.store.update_device_logged(device["name"], state=new, updated_at=now, state_since=now,
+                                                    **fields)
         await self.store.add_ring_entries([ring_entry(device, seq, new, now, cause, actor)])
+        self._notify(BOARD_KEY)
         return new
 
     def _notify(self, *keys: str) -> None:

@@ -28,8 +28,9 @@ FLASH_STATUS_MAX_WAIT_S = 30.0
 SNAPSHOT_TIMEOUT_S = 15.0
 
 
-async def _never_gone() -> bool:
-    return False
+async def _never_hangs_up() -> None:
+    """A tool's wait is bounded by its own ``wait_s``; the SDK ends the call if the agent goes."""
+    await asyncio.get_running_loop().create_future()
 
 
 def build_mcp(rules) -> MCPServer:
@@ -129,7 +130,7 @@ def build_mcp(rules) -> MCPServer:
         await who(ctx)
         op = await ask(rules.op(op_id))
         wait = min(max(wait_s, 0.0), FLASH_STATUS_MAX_WAIT_S)
-        return await ask(rules.wait_op(op_id, op["state"], wait, _never_gone)) if wait else op
+        return await ask(rules.wait_op(op_id, op["state"], wait, _never_hangs_up)) if wait else op
 
     @server.tool()
     async def recover(ctx: Context, lease_id: str) -> dict[str, Any]:

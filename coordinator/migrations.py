@@ -213,4 +213,14 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX flash_ops_device ON flash_ops(device, created_at)",
         "ALTER TABLE devices ADD COLUMN needs_recovery TEXT",
     ],
+    # 9: the exporter's long-poll was cut before its answer (its process died): its leases
+    # are not ready until its next heartbeat
+    ["ALTER TABLE hosts ADD COLUMN link_lost BOOLEAN NOT NULL DEFAULT FALSE"],
+    # 10: when a device's state last changed ("offline since" on the web page): its last
+    # change into that state in the ring log, else its last update
+    [
+        "ALTER TABLE devices ADD COLUMN state_since DOUBLE PRECISION",
+        """UPDATE devices SET state_since = COALESCE((SELECT MAX(r.at) FROM device_ring r WHERE r.device = devices.name
+           AND r.to_state = devices.state AND r.from_state <> r.to_state), updated_at)""",
+    ],
 ]

@@ -4,6 +4,10 @@ import asyncio
 import time
 
 
+class CallerGone(Exception):
+    """The caller of a long-poll hung up before its answer."""
+
+
 class Notifier:
     def __init__(self):
         self._events: dict[str, asyncio.Event] = {}
@@ -20,19 +24,24 @@ class Notifier:
                 event.set()
 
     async def long_poll(self, key: str, read, done, wait_s: float, gone):
-        """``read()`` again at each change of ``key`` until ``done(value)``, ``wait_s`` runs
-        out, or the caller has ``gone()`` away."""
+        """``read()`` again at each change of ``key`` until ``done(value)`` or ``wait_s`` runs
+        out; ``CallerGone`` once ``gone()`` (which returns when the caller hangs up) returned."""
         deadline = time.monotonic() + wait_s
-        while True:
-            event = self.watch(key)
-            value = await read()
-            remaining = deadline - time.monotonic()
-            if done(value) or remaining <= 0 or await gone():
-                return value
-            try:
-                await asyncio.wait_for(event.wait(), remaining)
-            except asyncio.TimeoutError:
-                pass
+        hung_up = asyncio.ensure_future(gone())
+        try:
+            while True:
+                event = self.watch(key)
+                value = await read()
+                remaining = deadline - time.monotonic()
+                if done(value) or remaining <= 0:
+                    return value
+                woken = asyncio.ensure_future(event.wait())
+                await asyncio.wait({woken, hung_up}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                if hung_up.done():
+                    raise CallerGone()
+        finally:
+            hung_up.cancel()
 
 
 def host_key(name: str) -> str:
@@ -45,3 +54,8 @@ def lease_key(lease_id: str) -> str:
 
 def op_key(op_id: str) -> str:
     return f"op:{op_id}"
+
+
+# Any device's public view may have changed (state, holder, expiry, flash, claims): the
+# board's event stream (events.py) reads the devices again.
+BOARD_KEY = "board"

@@ -4,7 +4,9 @@ Tokens travel in a header a web page cannot set, but tailnet identities and the 
 mode of ``up`` are ambient, like cookies: a page in someone's browser could use them.
 So every route answers only the Host names this lab is reached by (loopback and what
 the admin configured; anything else, e.g. DNS rebinding, gets 421), and refuses a
-request a browser marks as coming from another site.
+request a browser marks as coming from another site, except a person following a link
+to one of the web pages (a navigation: a GET that shows the page to whoever clicked, and
+whose answer the other site never sees).
 """
 from __future__ import annotations
 
@@ -34,6 +36,12 @@ def _name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+def _page_navigation(scope, headers: dict[str, str]) -> bool:
+    """A link followed to a web page (not to the API)."""
+    return (scope["method"] == "GET" and headers.get("sec-fetch-mode") == "navigate"
+            and not scope["path"].startswith(("/api/", "/mcp")))
+
+
 class KnownOrigins:
     """ASGI middleware: 421 for an unknown Host, 403 for a cross-site browser request."""
 
@@ -49,7 +57,7 @@ class KnownOrigins:
         if _name(headers.get("host", "")) not in self.names:
             problem = (421, "unknown_host", f"this coordinator does not answer to Host {headers.get('host', '')!r}; "
                                             "an admin adds it with --allowed-host")
-        elif headers.get("sec-fetch-site") == "cross-site" or (
+        elif (headers.get("sec-fetch-site") == "cross-site" and not _page_navigation(scope, headers)) or (
                 "origin" in headers and _name(urlsplit(headers["origin"]).netloc) not in self.names):
             problem = (403, "cross_site", "requests from another web site are refused")
         if problem:

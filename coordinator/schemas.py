@@ -1,23 +1,19 @@
 """What clients may send (exporters speak ``device_loop.core.protocol``). Unknown fields
-are refused (422)."""
+are refused (422), and so is a value of another JSON type (api.py parses strictly)."""
 from pydantic import Field, field_validator
 
 from device_loop.core import NAME_PATTERN
 from device_loop.core.protocol import Strict, check_device_name
 
 
-# a number of seconds (not true, not "60"); its range is the rules' to check, with the
-# lab's own --max-ttl in the message
-TTL = {"strict": True}
-
-
+# A ttl's range is the rules' to check, with the lab's own --max-ttl in the message.
 class ReserveIn(Strict):
     device: str = Field(min_length=1, max_length=64)
-    ttl_s: float | None = Field(default=None, **TTL)
+    ttl_s: float | None = None
 
 
 class RenewIn(Strict):
-    ttl_s: float = Field(**TTL)
+    ttl_s: float
 
 
 class TokenIn(Strict):

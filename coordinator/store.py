@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import os
+import re
 import sqlite3
 from typing import Any, Callable
 
@@ -35,8 +37,9 @@ _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "
                  "seconds"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
-                  "log_seq")
-_BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining"}
+                  "log_seq", "state_since")
+_BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
+                 "host_link_lost"}
 _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
 
 # A device with the facts its state follows from: its live lease and its host (and the
@@ -125,10 +128,20 @@ class _SQLite:
 
 
 class _Databases:
+    """PostgreSQL: ``databases`` keeps the asyncpg pool and the transactions; statements go to
+    asyncpg itself. Through ``databases`` each one was compiled by SQLAlchemy again (122 µs
+    of CPU a statement against 20 µs), and every connection handed back to the pool was
+    reset with four statements of its own: bench/capacity.py measured both."""
+
     def __init__(self, url: str):
+        import asyncpg
         import databases
 
-        self.db = databases.Database(url)
+        class Connection(asyncpg.Connection):
+            def get_reset_query(self) -> str:
+                return ""  # the coordinator keeps no session state (its LISTEN has a connection of its own)
+
+        self.db = databases.Database(url, connection_class=Connection)
 
     async def connect(self) -> None:
         await self.db.connect()
@@ -137,10 +150,14 @@ class _Databases:
         await self.db.disconnect()
 
     async def fetch(self, sql: str, values: dict, in_tx: bool) -> list[dict]:
-        return [dict(r._mapping) for r in await self.db.fetch_all(sql, values)]
+        text, names = _positional(sql)
+        async with self.db.connection() as connection:  # the transaction's, inside one
+            return [dict(r) for r in await connection.raw_connection.fetch(text, *(values[n] for n in names))]
 
     async def execute(self, sql: str, values: dict) -> None:
-        await self.db.execute(sql, values)
+        text, names = _positional(sql)
+        async with self.db.connection() as connection:
+            await connection.raw_connection.execute(text, *(values[n] for n in names))
 
     async def insert_many(self, table: str, columns: list[str], conflict: str, rows: list[dict]) -> None:
         """One multi-row INSERT per chunk: one round trip to the server for many rows."""
@@ -150,11 +167,24 @@ class _Databases:
             for i, row in enumerate(rows[start:start + per_chunk]):
                 marks.append("(" + ", ".join(f":{c}_{i}" for c in columns) + ")")
                 values |= {f"{c}_{i}": row[c] for c in columns}
-            await self.db.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(marks)}{conflict}",
-                                  values)
+            await self.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(marks)}{conflict}",
+                               values)
 
     def transaction(self):
         return self.db.transaction()
+
+
+@functools.lru_cache(maxsize=1024)
+def _positional(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``:name`` parameters as asyncpg's ``$1``, and the names in that order."""
+    names: list[str] = []
+
+    def number(match: re.Match) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    return re.sub(r"(?<![:\w]):([A-Za-z_]\w*)", number, sql), tuple(names)
 
 
 class _Listener:
@@ -386,8 +416,17 @@ class Store:
             now=now, periods=periods, minimum=minimum, since=serving_since)
         return [r["name"] for r in rows]
 
+    async def host_heartbeats(self) -> list[dict]:
+        """Each host's name, whether it is online, and when it last reported."""
+        return await self._all("SELECT name, online, last_seen FROM hosts ORDER BY name")
+
     async def set_host_draining(self, name: str, draining: bool) -> None:
         await self._exec("UPDATE hosts SET draining = :d WHERE name = :name", d=draining, name=name)
+
+    async def set_link_lost(self, name: str, boot_id: str) -> None:
+        """``boot_id`` of ``name`` dropped its long-poll (no later boot has reported yet)."""
+        await self._exec("UPDATE hosts SET link_lost = :lost WHERE name = :name AND boot_id = :boot",
+                         lost=True, name=name, boot=boot_id)
 
     async def set_host_offline(self, name: str) -> None:
         await self._exec("UPDATE hosts SET online = :off WHERE name = :name", off=False, name=name)
@@ -403,6 +442,10 @@ class Store:
     async def devices(self) -> list[dict]:
         """Every device with its facts (the holder and expiry of a live lease are public)."""
         return await self._all(f"{_DEVICE_FACTS} ORDER BY d.name")
+
+    async def device_counts(self) -> list[dict]:
+        """How many devices there are of each state and class."""
+        return await self._all("SELECT state, class, COUNT(*) AS n FROM devices GROUP BY state, class")
 
     async def device_names(self, limit: int) -> list[str]:
         return [r["name"] for r in await self._all("SELECT name FROM devices ORDER BY name LIMIT :n", n=limit)]
@@ -494,7 +537,8 @@ class Store:
         return await self._one("SELECT * FROM leases WHERE id = :id", id=lease_id)
 
     _LEASE_VIEW = ("SELECT l.*, d.state AS device_state, d.host AS device_host, d.resources, d.needs_recovery, "
-                   "h.online AS host_online, h.services AS host_services, f.id AS flashing FROM leases l "
+                   "h.online AS host_online, h.link_lost AS host_link_lost, h.services AS host_services, "
+                   "f.id AS flashing FROM leases l "
                    "JOIN devices d ON d.name = l.device LEFT JOIN hosts h ON h.name = d.host "
                    f"LEFT JOIN flash_ops f ON f.device = l.device AND f.state IN {_LIVE_OP_SQL}")
 
@@ -511,6 +555,11 @@ class Store:
         return await self._one(f"{self._LEASE_VIEW} WHERE l.holder = :h AND l.device = :d "
                                "ORDER BY l.created_at DESC LIMIT 1", h=holder, d=device)
 
+    async def live_lease_counts(self) -> dict[str, int]:
+        """Live leases in the whole lab, by state."""
+        rows = await self._all(f"SELECT state, COUNT(*) AS n FROM leases WHERE state IN {_LIVE_SQL} GROUP BY state")
+        return {r["state"]: r["n"] for r in rows}
+
     async def live_leases_of_holder(self, holder: str) -> list[dict]:
         return await self._all(f"SELECT * FROM leases WHERE holder = :h AND state IN {_LIVE_SQL} ORDER BY created_at",
                                h=holder)
@@ -525,21 +574,33 @@ class Store:
         marks = ", ".join(f"'{s}'" for s in states)
         return await self._all(f"SELECT * FROM leases WHERE state IN ({marks}) AND {column} < :before", before=before)
 
-    async def end_lease(self, lease_id: str, state: str, reason: str, now: float) -> bool:
+    async def end_lease(self, lease_id: str, state: str, reason: str, now: float, overdue: bool = False,
+                        pending: bool = False) -> bool:
         """Move a live lease to a final state; False if it was no longer live (here or in
-        another coordinator process)."""
+        another coordinator process), or no longer ``overdue`` (renewed meanwhile) or
+        ``pending`` (its services came up meanwhile) when asked to be. The conditions are
+        in the statement: a commit of another process in between is what it sees."""
+        where = f"id = :id AND state IN {_LIVE_SQL}"
+        where += " AND expires_at <= :now" if overdue else ""
+        where += " AND state = 'pending'" if pending else ""
         ended = await self._one(  # its secret dies with it: nothing keeps it longer
-            "UPDATE leases SET state = :state, end_reason = :reason, ended_at = :now, secret = NULL "
-            f"WHERE id = :id AND state IN {_LIVE_SQL} RETURNING id", state=state, reason=reason, now=now, id=lease_id)
+            f"UPDATE leases SET state = :state, end_reason = :reason, ended_at = :now, secret = NULL WHERE {where} "
+            "RETURNING id", state=state, reason=reason, now=now, id=lease_id)
         return ended is not None
 
-    async def activate_leases(self, lease_ids: list[str]) -> None:
-        if lease_ids:
-            where, params = self._in("id", "ids", lease_ids)
-            await self._exec(f"UPDATE leases SET state = 'active' WHERE state = 'pending' AND {where}", **params)
+    async def activate_leases(self, lease_ids: list[str]) -> list[dict]:
+        """Pending leases become active; those that did, with their ``created_at``."""
+        if not lease_ids:
+            return []
+        where, params = self._in("id", "ids", lease_ids)
+        return await self._all(f"UPDATE leases SET state = 'active' WHERE state = 'pending' AND {where} "
+                               "RETURNING id, created_at", **params)
 
-    async def set_lease_expiry(self, lease_id: str, expires_at: float) -> None:
-        await self._exec("UPDATE leases SET expires_at = :e WHERE id = :id", e=expires_at, id=lease_id)
+    async def set_lease_expiry(self, lease_id: str, expires_at: float) -> bool:
+        """False if the lease is no longer live (ended by another process meanwhile)."""
+        renewed = await self._one(f"UPDATE leases SET expires_at = :e WHERE id = :id AND state IN {_LIVE_SQL} "
+                                  "RETURNING id", e=expires_at, id=lease_id)
+        return renewed is not None
 
     # ---- audit --------------------------------------------------------------------------
 

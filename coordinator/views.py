@@ -17,6 +17,7 @@ def device_json(row: dict) -> dict:
         "class": row["class"],
         "tags": row["tags"],
         "state": row["state"],
+        "state_since": iso(row["state_since"]),  # when it entered that state
         "host": row["host"],
         "holder": row["holder"],
         "expires_at": iso(row["expires_at"]),
@@ -37,7 +38,8 @@ def lease_json(view: dict) -> dict:
     """A lease as its holder sees it, from ``Store.lease_view``'s row: with its endpoints
     once its services are up, and why not while they are not."""
     live = view["state"] in LIVE
-    services = [s for s in (view["host_services"] or []) if s["lease"] == view["id"]] if view["host_online"] else []
+    reachable = view["host_online"] and not view["host_link_lost"]
+    services = [s for s in (view["host_services"] or []) if s["lease"] == view["id"]] if reachable else []
     up = {s["identifier"] for s in services if s["endpoints"] and not s.get("error")}
     resources = {r["identifier"] for r in view["resources"] if r["kind"] != FLASH_KIND}
     ready = view["state"] == "active" and view["device_state"] == "in_use" and bool(resources) and resources <= up
@@ -70,6 +72,9 @@ def _lease_reason(view: dict, services: list[dict]) -> str:
     if view["device_state"] == "offline":
         where = f"host {host}" if not view["host_online"] else "the device"
         return f"{where} is offline; the lease is kept and endpoints come back with it"
+    if view["host_link_lost"]:
+        return (f"the exporter on {host} lost its connection (did it die?); endpoints come back with its next "
+                "heartbeat")
     errors = [s["error"] for s in services if s.get("error")]
     if errors:
         return "service failed to start: " + "; ".join(errors)
@@ -107,6 +112,7 @@ class Views(Lifecycle):
             "version": h["version"], "boot_id": h["boot_id"], "generation": h["generation"],
             "heartbeat_s": h["heartbeat_s"], "heartbeat_age_s": round(now - h["last_seen"], 1),
             "draining": h["draining"], "last_seen": iso(h["last_seen"]), "plugins": h["plugins"],
+            "link_lost": h["link_lost"],  # its long-poll was cut: up again at its next heartbeat
             "devices": devices.get(h["name"], []),
             "claims": claims.get(h["name"], []),  # devices it reports that another host owns
         } for h in await self.store.hosts() if only in (None, h["name"])]

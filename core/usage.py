@@ -43,3 +43,8 @@ def camera_urls(lease: dict) -> dict | None:
             return {"page": endpoint["url"], "stream": endpoint["url"] + endpoint["params"]["stream"],
                     "snapshot": endpoint["url"] + endpoint["params"]["snapshot"]}
     return None
+
+
+def screen_url(lease: dict) -> str | None:
+    """The browser viewer of a lease's screen (the ``vnc`` plugin's ``vnc-web`` endpoint), or None."""
+    return next((e.get("url") for e in lease["endpoints"] if e["kind"] == "vnc-web"), None)

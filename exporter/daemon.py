@@ -238,7 +238,7 @@ class Exporter:
     def _long_poll(self) -> None:
         client = self.link.long_poll_client(LONG_POLL_S)
         while not self.stopping.is_set():
-            desired = self.link.wait_desired(client, self.etag, LONG_POLL_S)
+            desired = self.link.wait_desired(client, self.etag, LONG_POLL_S, self.reporter.boot_id)
             if desired is None:
                 self.stopping.wait(self.heartbeat_s)
             elif desired.etag != self.etag:

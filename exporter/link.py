@@ -61,9 +61,12 @@ class CoordinatorLink:
             return self._desired(self._http, {})
         return None
 
-    def wait_desired(self, client: httpx2.Client, etag: str | None, wait_s: float) -> DesiredState | None:
-        """Long-poll: the desired state once its etag is not ``etag`` (or ``wait_s`` passed)."""
-        return self._desired(client, {"etag": etag or "", "wait": wait_s})
+    def wait_desired(self, client: httpx2.Client, etag: str | None, wait_s: float,
+                     boot_id: str) -> DesiredState | None:
+        """Long-poll: the desired state once its etag is not ``etag`` (or ``wait_s`` passed).
+        ``boot_id``: if this poll is cut, the coordinator takes this boot for dead until its
+        next heartbeat."""
+        return self._desired(client, {"etag": etag or "", "wait": wait_s, "boot": boot_id})
 
     def long_poll_client(self, wait_s: float) -> httpx2.Client:
         """A client of its own for the long-poll thread, with room for the wait."""

@@ -1,6 +1,7 @@
 """Shared fixtures: real coordinator and exporter processes on free ports."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -31,6 +33,17 @@ os.environ[LOAD_ENV] = BUILT_IN_PLUGINS
 POSTGRES_ENV = "DEVICE_LOOP_TEST_POSTGRES"  # an admin URL; ./lab test starts a throwaway server and sets it
 
 
+def postgres_admin_url() -> str:
+    """The throwaway PostgreSQL server's admin URL; without one the test is skipped (in CI,
+    where every database test runs on PostgreSQL too, it fails)."""
+    admin = os.environ.get(POSTGRES_ENV)
+    if not admin:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs every database test on PostgreSQL too, and {POSTGRES_ENV} is not set")
+        pytest.skip(f"no PostgreSQL to test on ({POSTGRES_ENV}; ./lab test starts one)")
+    return admin
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request):
     """Run the test on SQLite, and again on PostgreSQL: every in-process lab it makes then
@@ -38,12 +51,7 @@ def database(request):
     import lab_in_process
 
     if request.param == "postgresql":
-        admin = os.environ.get(POSTGRES_ENV)
-        if not admin:
-            if os.environ.get("CI"):
-                pytest.fail(f"CI runs every database test on PostgreSQL too, and {POSTGRES_ENV} is not set")
-            pytest.skip(f"no PostgreSQL to test on ({POSTGRES_ENV}; ./lab test starts one)")
-        lab_in_process.POSTGRES["admin_url"] = admin
+        lab_in_process.POSTGRES["admin_url"] = postgres_admin_url()
     try:
         yield request.param
     finally:
@@ -167,6 +175,41 @@ def coordinator(tmp_path, env):
     proc = Coordinator(tmp_path, env)
     yield proc
     proc.stop()
+
+
+async def _admin_execute(admin_url: str, sql: str) -> None:
+    import asyncpg
+
+    connection = await asyncpg.connect(admin_url)
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+def postgres_database():
+    """A database of its own on the throwaway PostgreSQL server: its URL."""
+    admin = postgres_admin_url()
+    name = f"lab_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin_execute(admin, f"CREATE DATABASE {name}"))
+    yield f"{admin.rsplit('/', 1)[0]}/{name}"
+    asyncio.run(_admin_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture
+def two_coordinators(tmp_path, env, postgres_database):
+    """Two coordinator processes on one PostgreSQL database (as behind a reverse proxy)."""
+    procs = []
+    try:
+        for n in range(2):
+            folder = tmp_path / f"c{n}"
+            folder.mkdir()
+            procs.append(Coordinator(folder, env, extra=("--single-user", "--database-url", postgres_database)))
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()
 
 
 @pytest.fixture
@@ -301,3 +344,17 @@ def vnc_server(display):
     yield port, display
     server.terminate()
     server.wait(10)
+
+
+@pytest.fixture
+def browser():
+    """Debian's Chromium, driven by Playwright (never ``playwright install``)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", chromium_sandbox=False,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        yield chromium
+        chromium.close()

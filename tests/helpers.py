@@ -64,3 +64,42 @@ def processes_with(text: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def spawned_by(state_dir: Path) -> set[int]:
+    """Live processes whose environment says the process registry of an exporter with
+    ``state_dir`` started them: recorded or not, whichever run of it started them."""
+    from device_loop.core.process import SPAWNED_BY
+
+    mark = f"{SPAWNED_BY}={Path(state_dir) / 'processes'}".encode()
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if mark in (proc / "environ").read_bytes().split(b"\0") and pid_alive(int(proc.name)):
+                    pids.add(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def kill_spawned(state_dir: Path) -> None:
+    """SIGKILL whatever an exporter with ``state_dir`` started and left running (for a
+    test's teardown, after a failure: each is the leader of its own process group)."""
+    for pid in spawned_by(state_dir):
+        try:
+            os.killpg(pid, 9)
+        except OSError:
+            pass
+
+
+def write_clip(path: Path) -> Path:
+    """A one-second MJPEG clip at ``path``: a 160x120 screen going from black to white."""
+    import cv2
+    import numpy as np
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10, (160, 120))
+    for shade in range(0, 250, 25):
+        writer.write(np.full((120, 160, 3), shade, np.uint8))
+    writer.release()
+    return path

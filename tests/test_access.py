@@ -12,7 +12,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixture
 
 
 def concrete(path: str) -> str:
-    return re.sub(r"\{[^}]+\}", lambda m: {"{name}": "host-a"}.get(m.group(0), "x"), path)
+    """A URL of the route (absolute: not every route is under the clients' /api/v1)."""
+    return "http://127.0.0.1" + re.sub(r"\{[^}]+\}", lambda m: {"{name}": "host-a"}.get(m.group(0), "x"), path)
 
 
 async def tokens(rules, **kinds):
@@ -22,6 +23,7 @@ async def tokens(rules, **kinds):
 # Who may call what, written out here on purpose: the app's own table must agree with it.
 EXPECTED = {
     ("GET", "/api/v1/health"): "anyone", ("GET", "/api/v1/devices"): "anyone",
+    ("GET", "/api/v1/openapi.json"): "anyone",
     ("GET", "/api/v1/devices/{name}"): "anyone", ("GET", "/api/v1/devices/{name}/log"): "anyone",
     ("GET", "/api/v1/hosts"): "anyone",
     ("POST", "/api/v1/hosts/{name}/heartbeat"): "exporter", ("GET", "/api/v1/hosts/{name}/desired"): "exporter",
@@ -41,6 +43,11 @@ EXPECTED = {
     ("POST", "/api/v1/leases/{lease_id}/flash"): "user", ("POST", "/api/v1/leases/{lease_id}/recover"): "user",
     ("GET", "/api/v1/ops/{op_id}"): "user", ("POST", "/api/v1/admin/devices/{device}/recover"): "admin",
     ("POST", "/mcp"): "tools",  # each tool checks its caller: tests/test_mcp.py calls them all
+    # the board's event stream and metrics are public like GET /api/v1/devices; so are the
+    # web pages, which act only through the routes above (tests/test_web.py)
+    ("GET", "/api/v1/events"): "anyone", ("GET", "/metrics"): "anyone",
+    ("GET", "/"): "anyone", ("GET", "/devices/{name}"): "anyone", ("GET", "/static/{file}"): "anyone",
+    ("POST", "/login"): "anyone", ("POST", "/logout"): "anyone",
 }
 ALLOWED = {"anyone": {"nobody", "user", "host-a", "host-b", "admin"}, "user": {"user", "admin"},
            "exporter": {"host-a", "admin"}, "admin": {"admin"}}
@@ -59,7 +66,7 @@ async def test_every_route_is_held_to_the_table(tmp_path):
         for (method, path), access in EXPECTED.items():
             if access == "tools":
                 continue
-            url = concrete(path).removeprefix("/api/v1")
+            url = concrete(path)
             for name, caller in callers.items():
                 status = (await caller.request(method, url, json={})).status_code
                 if name in ALLOWED[access]:
@@ -81,7 +88,7 @@ async def test_no_public_answer_carries_a_lease_secret(tmp_path):
         anyone = client()
         for (method, path), access in EXPECTED.items():
             if access == "anyone":
-                answer = await anyone.request(method, concrete(path).replace("host-a", "b0").removeprefix("/api/v1"))
+                answer = await anyone.request(method, concrete(path).replace("host-a", "b0"))
                 assert secret not in answer.text, f"{path} shows the secret"
 
 

@@ -7,7 +7,6 @@ import subprocess
 import cv2
 import numpy as np
 import pytest
-from playwright.sync_api import sync_playwright
 
 from conftest import SRC
 from test_end_to_end import run_cli, wait_state
@@ -16,17 +15,6 @@ from test_video import with_camera
 pytestmark = pytest.mark.timeout(120)
 ARTIFACTS = SRC / "test-artifacts"
 ORANGE_BGR = (0, 128, 255)  # xsetroot -solid '#ff8000'
-
-
-@pytest.fixture
-def browser():
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium", chromium_sandbox=False,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        yield chromium
-        chromium.close()
 
 
 def screenshot(page, name: str) -> np.ndarray:

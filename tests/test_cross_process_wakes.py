@@ -7,9 +7,7 @@ import asyncpg
 import httpx2
 import pytest
 
-from conftest import POSTGRES_ENV  # noqa: F401  (the fixtures below need it)
 from lab_in_process import FakeExporter, device
-from test_reliability import postgres_database, two_coordinators  # noqa: F401
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

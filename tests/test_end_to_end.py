@@ -103,6 +103,24 @@ def test_exporter_killed_and_restarted_converges(coordinator, exporter_factory, 
     uart_exchange(endpoint["host"], endpoint["port"], b"ping", b"ping")
 
 
+def test_leases_of_a_killed_exporter_are_not_ready_at_once(coordinator, exporter_factory):
+    exporter = exporter_factory(heartbeat_s=30.0)  # silence alone would take 90 s to notice
+    wait_state(coordinator, "sim-board-0", "idle")
+    lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
+
+    exporter.stop(signal.SIGKILL)
+    gone = wait_for(lambda: (lambda s: s if not s["ready"] else None)(coordinator.api(f"/leases/{lease['id']}").json()),
+                    5, what="the lease no longer ready")
+    assert gone["endpoints"] == [] and "lost its connection" in gone["reason"], gone
+    assert gone["device_state"] == "in_use" and coordinator.api("/hosts").json()[0]["online"], \
+        "its long-poll was cut: that is not silence (the host is taken for offline only after 3 periods)"
+
+    exporter.start()
+    back = wait_active(coordinator, lease["id"])
+    (endpoint,) = back["endpoints"]
+    uart_exchange(endpoint["host"], endpoint["port"], b"uname\r", b"Linux sim-board-0")
+
+
 def test_a_service_that_dies_is_restarted(coordinator, exporter_factory, pty_pair, echo_board):
     exporter = exporter_factory(uart_device(pty_pair, raw=True))
     wait_state(coordinator, "jupiter", "idle")

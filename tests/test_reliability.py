@@ -1,44 +1,13 @@
 """Exclusivity that holds across coordinator processes: two real coordinators on one
 PostgreSQL, and clients racing for the same devices through both."""
 import asyncio
-import os
-import uuid
 
-import asyncpg
 import httpx2
 import pytest
 
-from conftest import POSTGRES_ENV, Coordinator
 from lab_in_process import FakeExporter, device
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-async def postgres_database():
-    admin = os.environ.get(POSTGRES_ENV)
-    if not admin:
-        if os.environ.get("CI"):
-            pytest.fail(f"{POSTGRES_ENV} is not set")
-        pytest.skip(f"no PostgreSQL ({POSTGRES_ENV}; ./lab test starts one)")
-    name = f"storm_{uuid.uuid4().hex[:10]}"
-    connection = await asyncpg.connect(admin)
-    await connection.execute(f"CREATE DATABASE {name}")
-    yield f"{admin.rsplit('/', 1)[0]}/{name}"
-    await connection.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    await connection.close()
-
-
-@pytest.fixture
-def two_coordinators(tmp_path, env, postgres_database):
-    procs = []
-    for n in range(2):
-        folder = tmp_path / f"c{n}"
-        folder.mkdir()
-        procs.append(Coordinator(folder, env, extra=("--single-user", "--database-url", postgres_database)))
-    yield procs
-    for proc in procs:
-        proc.stop()
 
 
 @pytest.mark.anyio

@@ -15,6 +15,7 @@ from device_loop.core.host import HostContext
 from device_loop.core.model import ConfiguredResource
 from device_loop.plugins import video
 from fake_sysfs import UVC, usb_device, v4l2_node
+from helpers import write_clip
 from test_end_to_end import run_cli, wait_state
 from test_mcp import agent
 
@@ -187,11 +188,7 @@ def test_a_viewer_that_reads_nothing_slows_no_one(tmp_path, env, coordinator, ex
 
 
 def test_a_video_file_is_a_camera_too(tmp_path, env, coordinator, exporter_factory):
-    clip = tmp_path / "screen.avi"
-    writer = cv2.VideoWriter(str(clip), cv2.VideoWriter_fourcc(*"MJPG"), 10, (160, 120))
-    for shade in range(0, 250, 25):  # one second of a screen going from black to white
-        writer.write(np.full((120, 160, 3), shade, np.uint8))
-    writer.release()
+    clip = write_clip(tmp_path / "screen.avi")
     exporter_factory([with_camera("sim-board-0", source=None, file=str(clip))])
     wait_state(coordinator, "sim-board-0", "idle")
     lease = json.loads(run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)

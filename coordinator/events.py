@@ -1,0 +1,154 @@
+"""The board's live feed (``GET /api/v1/events``): server-sent events of device changes.
+
+A subscriber gets ``event: snapshot`` (every device, as ``GET /api/v1/devices`` answers),
+then ``event: device`` with a device's JSON each time it changed, and a ``: keepalive``
+comment when nothing happened for 15 s. Asked with ``html``, each device also carries its
+board row, rendered by the web page's template.
+
+One broadcaster per coordinator process, running while anyone watches: it wakes when a
+transaction in any process marked ``BOARD_KEY`` (``Store.changed``), reads the device list
+once, and hands the devices that changed, encoded once, to every subscriber. A change
+costs one read and one encoding whatever the number of viewers.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import AsyncIterator, Awaitable, Callable
+
+from .notify import BOARD_KEY, Notifier
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 15.0
+MIN_INTERVAL_S = 0.05  # between two reads: a burst of changes goes out in few reads
+RETRY_S = 1.0          # after a failed read
+BACKLOG = 256          # events a subscriber may be behind; past that it is dropped and reconnects
+RECONNECT_MS = 2000    # what a browser's EventSource waits before it reconnects
+
+
+def sse(event: str, data) -> bytes:
+    """One server-sent event (JSON never holds a newline: one ``data`` line)."""
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class _Subscriber:
+    def __init__(self, html: bool):
+        self.html = html
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(BACKLOG)
+        self.new = True  # gets a snapshot from the next read
+
+    def put(self, frames: list[bytes]) -> bool:
+        """Queue ``frames``; False (and the stream ends) if it is too far behind."""
+        try:
+            for frame in frames:
+                self.queue.put_nowait(frame)
+        except asyncio.QueueFull:
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            self.queue.put_nowait(None)
+            return False
+        return True
+
+
+class _Encoded:
+    """One read's devices as frames, each encoded at most once, whoever asks."""
+
+    def __init__(self, devices: list[dict], changed: list[dict], row: Callable[[dict], str] | None):
+        self.devices, self.changed, self.row = devices, changed, row
+        self._made: dict[tuple[str, bool], list[bytes]] = {}
+
+    def frames(self, snapshot: bool, html: bool) -> list[bytes]:
+        key = ("snapshot" if snapshot else "device", html and self.row is not None)
+        if key not in self._made:
+            def shown(device: dict) -> dict:
+                return {**device, "html": self.row(device)} if key[1] else device
+            self._made[key] = ([sse("snapshot", [shown(d) for d in self.devices])] if snapshot
+                               else [sse("device", shown(d)) for d in self.changed])
+        return self._made[key]
+
+
+class Broadcaster:
+    """Device changes to every subscriber of this process, from one read per change.
+
+    ``read()`` is the device list (as ``GET /api/v1/devices``); ``render_row(device)`` its
+    board row, for subscribers that ask for HTML (rendered once per device change)."""
+
+    def __init__(self, read: Callable[[], Awaitable[list[dict]]], notifier: Notifier,
+                 render_row: Callable[[dict], str] | None = None):
+        self._read, self._notifier, self._render_row = read, notifier, render_row
+        self._subscribers: set[_Subscriber] = set()
+        self._poke = asyncio.Event()  # someone came or went
+        self._task: asyncio.Task | None = None
+        self._rows: dict[str, tuple[str, str]] = {}  # device -> (its JSON, its row) as last rendered
+
+    async def stream(self, html: bool = False) -> AsyncIterator[bytes]:
+        """The event stream of one subscriber, until it hangs up (or falls too far behind)."""
+        subscriber = _Subscriber(html)
+        self._subscribers.add(subscriber)
+        self._poke.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        try:
+            yield f"retry: {RECONNECT_MS}\n\n".encode()
+            while True:
+                try:
+                    frame = await asyncio.wait_for(subscriber.queue.get(), KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                if frame is None:
+                    return
+                yield frame
+        finally:
+            self._subscribers.discard(subscriber)
+            self._poke.set()
+
+    async def close(self) -> None:
+        """End every stream (the coordinator stops)."""
+        for subscriber in list(self._subscribers):
+            subscriber.put([None])
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        sent: dict[str, str] = {}  # device -> its JSON as last sent
+        while self._subscribers:
+            changed = self._notifier.watch(BOARD_KEY)  # taken before the read: no change slips between
+            self._poke.clear()
+            try:
+                devices = await self._read()
+            except Exception:
+                log.exception("the board's event stream could not read the devices; retrying")
+                await asyncio.sleep(RETRY_S)
+                continue
+            texts = {d["name"]: json.dumps(d, sort_keys=True) for d in devices}
+            encoded = _Encoded(devices, [d for d in devices if sent.get(d["name"]) != texts[d["name"]]],
+                               self._row_of(texts) if self._render_row else None)
+            sent = texts
+            for subscriber in list(self._subscribers):
+                frames = encoded.frames(subscriber.new, subscriber.html)
+                subscriber.new = False
+                if not subscriber.put(frames):
+                    self._subscribers.discard(subscriber)
+            await asyncio.sleep(MIN_INTERVAL_S)  # a change meanwhile is not missed: ``changed`` is set
+            woken = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self._poke.wait())]
+            try:
+                await asyncio.wait(woken, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in woken:
+                    waiter.cancel()
+
+    def _row_of(self, texts: dict[str, str]) -> Callable[[dict], str]:
+        """A device's row, rendered again only when its JSON changed."""
+        def row(device: dict) -> str:
+            text = texts[device["name"]]
+            cached = self._rows.get(device["name"])
+            if cached is None or cached[0] != text:
+                cached = self._rows[device["name"]] = (text, str(self._render_row(device)))
+            return cached[1]
+        return row

@@ -1,0 +1,70 @@
+"""Prometheus metrics (``GET /metrics``).
+
+What the lab is (devices by state and class, live leases, each host's heartbeat age) is
+read from the database at scrape time: every coordinator process answers the same. What
+happened (leases granted and ended, reserve -> ready latency, flash outcomes) is counted
+by each process since it started, after its transaction committed: scrape every process.
+"""
+from __future__ import annotations
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, disable_created_metrics,
+                               generate_latest)
+from prometheus_client.core import GaugeMetricFamily
+
+from device_loop.core import LIVE_LEASE_STATES
+
+disable_created_metrics()  # no *_created series next to each counter: dashboards do not use them
+READY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class _Families:
+    """A collector that yields metric families made beforehand (one scrape's reads)."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+class LabMetrics:
+    """This process's counters, and the exposition of them with the lab's gauges (devices
+    are counted in each of ``states``, zeros too: a graph shows a state emptying)."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, states: tuple[str, ...]):
+        self.states = states
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.leases_granted = Counter("device_loop_leases_granted", "Leases this process granted",
+                                      registry=self.registry)
+        self.leases_ended = Counter("device_loop_leases_ended", "Leases this process ended, by how they ended",
+                                    ["reason"], registry=self.registry)
+        self.reserve_ready = Histogram("device_loop_reserve_ready_seconds",
+                                       "From reserve to the lease's services up (the lease active), for the leases "
+                                       "this process saw become ready", buckets=READY_BUCKETS, registry=self.registry)
+        self.flashes = Counter("device_loop_flashes", "Flash operations that ended here, by outcome and purpose",
+                               ["outcome", "purpose"], registry=self.registry)
+
+    def leases_ready(self, waited_s: list[float]) -> None:
+        for seconds in waited_s:
+            self.reserve_ready.observe(max(0.0, seconds))
+
+    async def exposition(self, store, now: float) -> bytes:
+        """The text format: the lab as the database has it, then this process's counters."""
+        devices = GaugeMetricFamily("device_loop_devices", "Devices by state and class", labels=["state", "class"])
+        counts = {(r["state"], r["class"]): r["n"] for r in await store.device_counts()}
+        for device_class in sorted({c for _, c in counts}):
+            for state in self.states:
+                devices.add_metric([state, device_class], counts.get((state, device_class), 0))
+        leases = GaugeMetricFamily("device_loop_leases_live", "Live leases in the lab, by state", labels=["state"])
+        live = await store.live_lease_counts()
+        for state in LIVE_LEASE_STATES:
+            leases.add_metric([state], live.get(state, 0))
+        age = GaugeMetricFamily("device_loop_host_heartbeat_age_seconds", "Seconds since each host's last heartbeat",
+                                labels=["host"])
+        online = GaugeMetricFamily("device_loop_host_online", "1 while a host is online", labels=["host"])
+        for host in await store.host_heartbeats():
+            age.add_metric([host["name"]], round(now - host["last_seen"], 3))
+            online.add_metric([host["name"]], int(host["online"]))
+        return generate_latest(_Families([devices, leases, age, online])) + generate_latest(self.registry)

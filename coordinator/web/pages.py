@@ -1,0 +1,138 @@
+"""The web page's routes: the board, a device's page, signing in and out, the static files.
+
+Each reads through ``Rules`` and renders a template; who looks decides only what the page
+offers (the REST routes decide what they may do). ``device_row`` renders a board row for
+the pages and for the event stream alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.templating import Jinja2Templates
+
+from device_loop.core import LIVE_LEASE_STATES
+from device_loop.core.durations import iso
+from device_loop.core.usage import camera_urls, screen_url
+
+from ..errors import APIError, not_found
+from ..identity import COOKIE, caller_identity, token_identity
+from ..openapi import answers
+
+HERE = Path(__file__).parent
+TEMPLATES = Jinja2Templates(directory=HERE / "templates")  # HTML is autoescaped
+TEMPLATES.env.filters["iso"] = iso
+STATIC = {name: HERE / "static" / name for name in ("lab.css", "lab.js")}
+COOKIE_MAX_AGE = 30 * 86400  # a cookie outliving its token is no sign-in (identity.py)
+NO_STORE = {"Cache-Control": "no-store"}  # pages hold the viewer's leases and CSRF value
+
+
+def device_row(device: dict) -> str:
+    """A device's row of the board, as ``GET /api/v1/devices`` shows the device."""
+    return str(TEMPLATES.get_template("rows.html").module.device_row(device))
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who looks at a page, as far as the page is concerned."""
+    name: str | None  # None: nobody the page can act for
+    admin: bool
+    trusted: bool     # the single-user trust mode: the lab's owner, without signing in
+    csrf: str         # what requests send as X-Device-Loop-CSRF ("" unless signed in by cookie)
+
+
+async def _viewer(request: Request) -> Viewer:
+    identity = await caller_identity(request)
+    person = identity.known and identity.host is None  # an exporter's token is nobody here
+    return Viewer(identity.name if person else None, person and (identity.admin or identity.trusted),
+                  identity.trusted, identity.csrf or "")
+
+
+def _http_url(url: str | None) -> str | None:
+    """A URL an exporter reported, if it is one a page may link to (never ``javascript:``)."""
+    return url if url and url.startswith(("http://", "https://")) else None
+
+
+def _shown(lease: dict) -> dict:
+    """A lease with what its panel links to: its camera, its screen."""
+    camera = camera_urls(lease)
+    return {**lease, "screen": _http_url(screen_url(lease)),
+            "camera": {k: _http_url(v) for k, v in camera.items()} if camera else None,
+            "endpoints": [{**e, "url": _http_url(e.get("url"))} for e in lease["endpoints"]]}
+
+
+async def _my_leases(request: Request, viewer: Viewer, device: str | None = None) -> list[dict]:
+    if viewer.name is None:
+        return []
+    leases = await request.app.state.rules.my_leases(viewer.name, device)
+    return [_shown(lease) for lease in leases if lease["state"] in LIVE_LEASE_STATES]
+
+
+def _page(request: Request, template: str, viewer: Viewer, status: int = 200, **context) -> Response:
+    return TEMPLATES.TemplateResponse(request, template, {"viewer": viewer, **context}, status_code=status,
+                                      headers=NO_STORE)
+
+
+@answers("text/html")
+async def board(request: Request) -> Response:
+    """The devices board: live over /api/v1/events."""
+    rules, viewer = request.app.state.rules, await _viewer(request)
+    candidates = [c for c in await rules.candidates() if not c["adopted_as"]] if viewer.admin else []
+    return _page(request, "board.html", viewer, devices=await rules.list_devices(),
+                 mine=await _my_leases(request, viewer), candidates=candidates)
+
+
+@answers("text/html")
+async def device_page(request: Request) -> Response:
+    """A device: its row, the viewer's lease on it (camera, screen), its last state changes,
+    flashes and known-good image."""
+    rules, viewer, name = request.app.state.rules, await _viewer(request), request.path_params["name"]
+    try:
+        device = await rules.device_info(name)
+    except APIError as exc:
+        if exc.status != 404:
+            raise
+        return _page(request, "missing.html", viewer, 404, name=name)
+    return _page(request, "device.html", viewer, device=device, log=list(reversed(await rules.device_log(name))),
+                 flashes=await rules.flashes_of(name), known_good=await rules.known_good_image(device),
+                 images=await rules.list_images(name) if viewer.admin else [],
+                 mine=await _my_leases(request, viewer, name))
+
+
+def _local(path: str) -> str:
+    """A path on this site to go back to (never another site's URL)."""
+    return path if path.startswith("/") and not path.startswith("//") and "\\" not in path else "/"
+
+
+@answers("text/html")
+async def login(request: Request) -> Response:
+    """Sign in with a token (form field ``token``): it is kept in an HttpOnly cookie."""
+    form = parse_qs((await request.body()).decode(errors="replace"))
+    token, back = form.get("token", [""])[0].strip(), _local(form.get("next", ["/"])[0])
+    identity = await token_identity(request.app.state.rules, token) if token else None
+    if identity is None or identity.host is not None:  # an exporter's token signs nobody in
+        return RedirectResponse(f"{back}?login=failed", 303)
+    response = RedirectResponse(back, 303)
+    response.set_cookie(COOKIE, token, max_age=COOKIE_MAX_AGE, path="/", secure=request.url.scheme == "https",
+                        httponly=True, samesite="strict")
+    return response
+
+
+@answers("text/html")
+async def logout(request: Request) -> Response:
+    """Sign out: the cookie is dropped (the token itself stays valid)."""
+    response = RedirectResponse("/", 303)
+    response.delete_cookie(COOKIE, path="/", secure=request.url.scheme == "https", httponly=True, samesite="strict")
+    return response
+
+
+@answers("text/css, text/javascript")
+async def static_file(request: Request) -> Response:
+    """The page's stylesheet and script."""
+    path = STATIC.get(request.path_params["file"])
+    if path is None:
+        raise not_found("file", request.path_params["file"])
+    return FileResponse(path, headers={"Cache-Control": "no-cache"})  # revalidated: an upgrade shows at once

@@ -1,0 +1,161 @@
+"""The OpenAPI description (GET /api/v1/openapi.json) is valid and lists every route of the
+table, and schemathesis, run against a real coordinator on a small lab, finds no 5xx and
+no answer the description does not allow.
+
+schemathesis runs as its command (``schemathesis run``: its pytest integration does not
+work with pytest 9.2) and loads this file as its hooks: see ``before_call``.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx2
+import pytest
+import schemathesis
+import tomli_w
+from jsonschema import Draft202012Validator
+
+from conftest import Coordinator
+from device_loop.coordinator.api import MAX_KEY_CHARS, MAX_WAIT_S, ROUTES
+from device_loop.coordinator.openapi import (ALSO_200, ANSWER_MODELS, BYTES_IN, BYTES_OUT, CREATES, LISTS, documented,
+                                             document, openapi_path)
+from device_loop.core import PROTOCOL_VERSION
+from device_loop.core.protocol import CandidateReport, DeviceReport, Heartbeat, ResourceReport
+from lab_in_process import in_process_lab
+
+TESTS = Path(__file__).resolve().parent
+CHECKS = ["not_a_server_error", "status_code_conformance", "content_type_conformance",
+          "response_schema_conformance", "negative_data_rejection"]
+
+
+def test_the_document_is_valid_and_lists_every_route():
+    described = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS)
+    schemathesis.openapi.from_dict(described).validate()  # against the OpenAPI 3.1 schema
+    for schema in described["components"]["schemas"].values():
+        Draft202012Validator.check_schema(schema)
+    operations = [(method.upper(), path) for path, ops in described["paths"].items() for method in ops]
+    assert sorted(operations) == sorted((method, openapi_path(path)) for method, path, _, _ in documented(ROUTES))
+    left_out = {row[:2] for row in ROUTES} - {row[:2] for row in documented(ROUTES)}
+    assert left_out == {("GET", "/api/v1/events"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/devices/{name}"),
+                        ("POST", "/login"), ("POST", "/logout"), ("GET", "/static/{file}")}, "only what is no JSON"
+    named = CREATES | LISTS | set(ANSWER_MODELS) | BYTES_IN | BYTES_OUT | ALSO_200
+    assert named <= {handler.__name__ for *_, handler in ROUTES}, "a name that is no handler's"
+
+
+def test_every_query_parameter_a_handler_reads_is_described():
+    described = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS)
+    for method, path, _, handler in documented(ROUTES):
+        source = inspect.getsource(handler)
+        read = set(re.findall(r'query(?:_params)?(?:\.get\(|\[)"(\w+)"', source))
+        read |= {"wait"} if "_wait_s(request)" in source else set()
+        parameters = described["paths"][openapi_path(path)][method.lower()]["parameters"]
+        assert read == {p["name"] for p in parameters if p["in"] == "query"}, f"{method} {path}"
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("database")
+async def test_what_schemathesis_found_is_refused_with_a_4xx(tmp_path):
+    async with in_process_lab(tmp_path) as (client, _, _):
+        api = client()
+        # PostgreSQL's text holds no NUL character: it was a 500 there
+        assert (await api.post("/leases", json={"device": "b\x00"})).json()["error"] == "invalid"
+        assert (await api.get("/devices/b%00")).json()["error"] == "bad_request"
+        assert (await api.get("/images", params={"device": "\x00"})).json()["error"] == "bad_request"
+        # a number, not true: it was taken for 1 day
+        gc = await api.post("/admin/images/gc", json={"unused_days": True})
+        assert gc.status_code == 422 and "number" in gc.json()["message"]
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    """(In schemathesis' process.) A long-poll answers once what it watches changes, so a
+    wait it may take (up to a minute) is cut to a hundredth of a second; a wait the
+    coordinator must refuse is sent as it was generated."""
+    wait = (case.query or {}).get("wait")
+    if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 < wait <= MAX_WAIT_S:
+        case.query["wait"] = 0.01
+
+
+@pytest.fixture
+def database_url(database, request):
+    """An empty database for a coordinator process: None (its own SQLite file) or a
+    database of its own on the test PostgreSQL server."""
+    return None if database == "sqlite" else request.getfixturevalue("postgres_database")
+
+
+def admin_token(env: dict, database: list[str]) -> str:
+    """A new admin token, made on the database itself (``--database-url URL`` or ``--data-dir DIR``)."""
+    made = subprocess.run([sys.executable, "-m", "device_loop.cli", "admin", "token", "create", "root", "--admin",
+                           *database, "--json"], env=env, capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(made.stdout)["token"]
+
+
+def board(name: str) -> DeviceReport:
+    """A board with a console and a flash target, as an exporter reports it."""
+    return DeviceReport(name=name, device_class="sim-board", resources=[
+        ResourceReport(kind="uart", plugin="sim", identifier=f"sim:{name}"),
+        ResourceReport(kind="flash", plugin="flash", identifier=f"flash:host-a:{name}")])
+
+
+def made(answer: httpx2.Response, status: int = 201) -> dict:
+    """The JSON of an answer that must have ``status``."""
+    assert answer.status_code == status, answer.text
+    return answer.json()
+
+
+def seed(api: httpx2.Client) -> dict[str, list]:
+    """A host with two boards and a network find, a lease, an image, a flash, a token:
+    what there is, by the parameters that name it (so that a request reaches more than
+    a 404)."""
+    report = Heartbeat(protocol=PROTOCOL_VERSION, version="test", boot_id="boot-1", generation=1, heartbeat_s=1,
+                       devices=[board("b0"), board("b1")],
+                       candidates=[CandidateReport(identifier="10.0.0.9:5555", kind="adb", plugin="adb")])
+    made(api.post("/hosts/host-a/heartbeat", content=report.model_dump_json(by_alias=True)), 200)
+    lease = made(api.post("/leases", json={"device": "b0"}))
+    image = b"firmware" * 128
+    made(api.post("/images", params={"name": "build-7", "for": "b0"}, content=image))
+    op = made(api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"}))
+    token = made(api.post("/admin/tokens", json={"user": "carol"}))
+    sha256 = hashlib.sha256(image).hexdigest()
+    return {"path.name": ["b0", "host-a"], "path.device": ["b0", "b1"], "path.host": ["host-a"],
+            "path.lease_id": [lease["id"]], "path.op_id": [op["id"]], "path.ref": ["build-7", sha256],
+            "path.sha256": [sha256], "path.token_id": [token["id"]], "path.identifier": ["10.0.0.9:5555"],
+            "query.device": ["b0"], "query.for": ["b0", "sim-board"], "query.unless": ["pending", "active", "queued"],
+            "body.device": ["b0", "b1"], "body.image": ["build-7"], "body.for": ["b1", "sim-board"],
+            "header.X-Device-Loop-User": [lease["holder"]]}
+
+
+@pytest.mark.timeout(60)
+def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(database, database_url, tmp_path, env):
+    # each database as labs run on it: SQLite under `device-loop up` (the trust mode), PostgreSQL with tokens
+    trust, on = database == "sqlite", ("--database-url", database_url) if database_url else ()
+    coordinator = Coordinator(tmp_path, env, extra=(("--single-user",) if trust else ()) + on)
+    try:
+        token = None if trust else admin_token(env, list(on) or ["--data-dir", str(tmp_path / "coord")])
+        headers = {"Authorization": f"Bearer {token}"} if token else {"X-Device-Loop-User": "alice"}
+        with httpx2.Client(base_url=f"{coordinator.url}/api/v1", headers=headers, timeout=10) as api:
+            known = seed(api)
+        # half of the values of these parameters name what there is, half are schemathesis'
+        config = {"dictionaries": {f"known-{n}": {"values": values} for n, values in enumerate(known.values())},
+                  "parameters": {parameter: {"dictionary": f"known-{n}", "probability": 0.5}
+                                 for n, parameter in enumerate(known)}}
+        (tmp_path / "schemathesis.toml").write_text(tomli_w.dumps(config))
+        checks = CHECKS + ([] if trust else ["ignored_auth"])  # in the trust mode no route needs credentials
+        run = subprocess.run(
+            [sys.executable, "-m", "schemathesis.cli", "--config-file", "schemathesis.toml", "run",
+             f"{coordinator.url}/api/v1/openapi.json", "--checks", ",".join(checks), "--max-examples", "10",
+             "--generation-deterministic", "--workers", "1", "--no-color", "--output-sanitize", "false",
+             *(["-H", f"Authorization: Bearer {token}"] if token else [])],
+            # it loads this file as its hooks, whose imports need the tests' folder
+            cwd=tmp_path, env={**env, "SCHEMATHESIS_HOOKS": __file__, "PYTHONPATH": str(TESTS)},
+            capture_output=True, text=True, timeout=50)
+    finally:
+        coordinator.stop()
+    assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-5000:]}\ncoordinator log:\n" \
+                                f"{coordinator.output()[-10000:]}"

@@ -1,0 +1,427 @@
+"""The web page, its sign-in and CSRF guard, the event stream and metrics, over HTTP: in
+process on SQLite and PostgreSQL, and against real coordinator processes (the stream, one
+change through one process seen by a viewer of another, ``device-loop watch``). The
+browser drives the page in tests/test_web_browser.py."""
+import asyncio
+import hashlib
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+
+import httpx2
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import SRC, Coordinator, lab_tokens, sim_devices
+from device_loop.coordinator import events
+from device_loop.coordinator.events import Broadcaster
+from device_loop.coordinator.identity import issue_token
+from device_loop.coordinator.web.pages import device_row
+from lab_in_process import FakeExporter, device, in_process_lab, leased_board
+from test_end_to_end import run_cli, wait_state
+from test_flash_rules import board, flash_report, lab_with_board
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+SITE = "http://127.0.0.1"  # the in-process clients' base URL is SITE/api/v1
+
+
+def csrf_of(token: str) -> str:
+    return hashlib.sha256(f"csrf:{token}".encode()).hexdigest()
+
+
+# ---- the pages ------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("database")
+async def test_the_board_and_a_device_page_show_the_lab(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter, lease = await leased_board(client)
+        rogue = {"lease": lease["id"], "device": "b0", "identifier": "sim:b0", "kind": "uart",
+                 "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": 4000, "command": "nc {host} {port}"},
+                               {"kind": "vnc-web", "host": "127.0.0.1", "port": 4001, "url": "javascript:alert(1)"}]}
+        tagged = {**device("b1", health="failed"), "tags": ["<b>bold</b>"]}
+        await exporter.beat([device("b0"), tagged], [rogue], [lease["id"]])
+
+        page = await api.get(f"{SITE}/")
+        assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
+        html = page.text
+        assert "Single-user trust mode" in html and 'name="device-loop-user" content="alice"' in html
+        assert '<tr data-name="b0" data-state="in_use" data-holder="alice">' in html
+        assert '<tr data-name="b1" data-state="faulty" data-holder="">' in html and "uart: broken" in html
+        assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>bold</b>" not in html, "what exporters report is escaped"
+        assert f'data-lease="{lease["id"]}"' in html, "the viewer's lease, with its endpoints"
+        assert "<code>127.0.0.1:4000</code>" in html and "<code>nc 127.0.0.1 4000</code>" in html
+        assert "javascript:" not in html and "Open screen" not in html, "only http(s) URLs are linked"
+        assert (await client("bob").get(f"{SITE}/")).text.count("data-lease=") == 0, "bob holds nothing"
+
+        shown = (await api.get(f"{SITE}/devices/b0")).text
+        assert shown.count("<tr data-name=") == 1 and "reserved (30m)" in shown and "services up" in shown
+        assert "Never flashed" in shown and "None for b0 or its class sim-board" in shown
+        assert 'data-act="retire"' in shown, "the trust mode's owner may do what admins do"
+        missing = await api.get(f"{SITE}/devices/nope")
+        assert missing.status_code == 404 and "No device is called nope" in missing.text
+
+        clock.advance(60)
+        await rules.reap()  # host-a said nothing for a minute: offline since now
+        offline = (await api.get(f"{SITE}/")).text
+        since = (await api.get("/devices/b1")).json()["state_since"]
+        assert '<tr data-name="b1" data-state="offline"' in offline
+        assert f'since <time datetime="{since}" data-ago>' in offline and since.endswith(":01:00Z")
+
+        for name, kind in (("lab.css", "text/css"), ("lab.js", "text/javascript")):
+            static = await api.get(f"{SITE}/static/{name}")
+            assert static.status_code == 200 and static.headers["content-type"].startswith(kind)
+        assert (await api.get(f"{SITE}/static/../app.py")).status_code == 404
+
+
+@pytest.mark.usefixtures("database")
+async def test_a_device_page_shows_its_flashes_and_known_good_image(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter, lease = await lab_with_board(client)
+        op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
+        await exporter.beat([board(), board("b1")], flashes=[flash_report(op, "failed", "writing", 4096, "torn")])
+        page = (await api.get(f"{SITE}/devices/b0")).text
+        assert "build-7" in page and '<span class="op o-failed">failed</span> writing: torn' in page
+        assert "needs recovery" in page
+        assert "<b>golden</b>" in page and "device-loop recover b0" in page, "the known-good image of its class"
+        assert 'data-act="known-good" data-image=' in page and 'data-for="device:b0"' in page
+
+
+# ---- signing in, and the CSRF guard ------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("database")
+async def test_a_token_signs_in_to_an_httponly_cookie_that_needs_the_csrf_header(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        made = {name: (await issue_token(rules.store, rules.clock, **spec))["token"] for name, spec in
+                {"alice": {"username": "alice"}, "host-a": {"host": "host-a"}}.items()}
+        await FakeExporter(client(token=made["host-a"]), "host-a").beat([device("b0"), device("b1")])
+        browser = client(user="")
+
+        for wrong in ("dl_not-a-token", made["host-a"]):  # an exporter's token signs nobody in
+            refused = await browser.post(f"{SITE}/login", content=f"token={wrong}&next=/devices/b0")
+            assert refused.status_code == 303 and refused.headers["location"] == "/devices/b0?login=failed"
+            assert "set-cookie" not in refused.headers
+        failed = (await browser.get(f"{SITE}/?login=failed")).text
+        assert "nobody is signed in" in failed and 'action="/login"' in failed
+
+        signed = await browser.post(f"{SITE}/login", content=f"token={made['alice']}&next=//evil.example/")
+        assert signed.status_code == 303 and signed.headers["location"] == "/", "never back to another site"
+        cookie = signed.headers["set-cookie"]
+        assert cookie.startswith(f"device_loop_token={made['alice']};")
+        assert {"HttpOnly", "SameSite=strict", "Path=/"} <= {p.strip() for p in cookie.split(";")}
+        assert "Secure" not in cookie, "plain http: a Secure cookie would never come back"
+        https = client(user="")
+        https.base_url = "https://127.0.0.1/api/v1"
+        assert "Secure" in (await https.post("https://127.0.0.1/login", content=f"token={made['alice']}"))\
+            .headers["set-cookie"]
+
+        page = (await browser.get(f"{SITE}/")).text
+        assert "Signed in as <b>alice</b>" in page and 'data-act="logout"' in page
+        assert f'name="device-loop-csrf" content="{csrf_of(made["alice"])}"' in page
+        assert (await browser.get("/leases")).status_code == 200, "reading needs no CSRF header"
+
+        bare = await browser.post("/leases", json={"device": "b0"})
+        assert bare.status_code == 403 and bare.json()["error"] == "csrf"
+        forged = await browser.post("/leases", json={"device": "b0"}, headers={"X-Device-Loop-CSRF": csrf_of("dl_x")})
+        assert forged.status_code == 403 and forged.json()["error"] == "csrf"
+        headers = {"X-Device-Loop-CSRF": csrf_of(made["alice"])}
+        elsewhere = await browser.post("/leases", json={"device": "b0"},
+                                       headers={**headers, "Origin": "http://evil.example"})
+        assert elsewhere.status_code == 403 and elsewhere.json()["error"] == "cross_site"
+        reserved = await browser.post("/leases", json={"device": "b0"}, headers=headers)
+        assert reserved.status_code == 201 and reserved.json()["holder"] == "alice"
+        bearer = await client(token=made["alice"]).post("/leases", json={"device": "b1"})
+        assert bearer.status_code == 201, "a bearer token is no cookie: no CSRF header needed"
+
+        link = await client(user="").get(f"{SITE}/", headers={"Sec-Fetch-Site": "cross-site",
+                                                              "Sec-Fetch-Mode": "navigate"})
+        assert link.status_code == 200, "a link from another site opens the board"
+        api_link = await client(user="").get("/devices", headers={"Sec-Fetch-Site": "cross-site",
+                                                                   "Sec-Fetch-Mode": "navigate"})
+        assert api_link.status_code == 403
+
+        assert (await browser.post(f"{SITE}/logout")).status_code == 403, "signing out is a change too"
+        out = await browser.post(f"{SITE}/logout", headers=headers)
+        assert out.status_code == 303 and 'device_loop_token=""' in out.headers["set-cookie"]
+        assert 'action="/login"' in (await browser.get(f"{SITE}/")).text
+
+        stale = client(user="")
+        stale.cookies.set("device_loop_token", made["alice"])
+        token_id = next(t["id"] for t in await rules.store.tokens() if t["username"] == "alice")
+        await rules.store.revoke_token(token_id, clock())
+        assert 'action="/login"' in (await stale.get(f"{SITE}/")).text, "a revoked token's cookie signs nobody in"
+        assert (await stale.post("/leases", json={"device": "b0"}, headers=headers)).status_code == 401
+
+
+# ---- metrics ---------------------------------------------------------------------------------
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """A sample's value in Prometheus' text format, parsed by prometheus-client's own parser."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    raise AssertionError(f"no {name} {labels} in:\n{text}")
+
+
+@pytest.mark.usefixtures("database")
+async def test_metrics_parse_and_move_with_leases_and_flashes(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter, _ = await lab_with_board(client, lease_it=False)
+
+        async def scrape() -> str:
+            answer = await api.get(f"{SITE}/metrics")
+            assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+            return answer.text
+
+        before = await scrape()
+        assert metric(before, "device_loop_leases_granted_total") == 0
+        assert metric(before, "device_loop_devices", state="idle", **{"class": "sim-board"}) == 2
+        assert metric(before, "device_loop_devices", state="faulty", **{"class": "sim-board"}) == 0
+
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        assert (await client("bob").post("/leases", json={"device": "b0"})).status_code == 409
+        with pytest.raises(RuntimeError):
+            async with rules.store.tx():
+                await rules.reserve("b1", None, "bob")
+                raise RuntimeError("rolled back after the reserve")
+        clock.advance(2.5)
+        service = {"lease": lease["id"], "device": "b0", "identifier": "sim:b0", "kind": "uart",
+                   "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": 4000}]}
+        await exporter.beat([board(), board("b1")], [service], [lease["id"]])
+        clock.advance(4)
+        held = await scrape()
+        assert metric(held, "device_loop_leases_granted_total") == 1, "a refused or rolled back reserve: nothing"
+        assert metric(held, "device_loop_leases_live", state="active") == 1
+        assert metric(held, "device_loop_devices", state="in_use", **{"class": "sim-board"}) == 1
+        assert metric(held, "device_loop_reserve_ready_seconds_count") == 1
+        assert metric(held, "device_loop_reserve_ready_seconds_sum") == 2.5
+        assert metric(held, "device_loop_reserve_ready_seconds_bucket", le="2.5") == 1
+        assert metric(held, "device_loop_reserve_ready_seconds_bucket", le="1.0") == 0
+        assert metric(held, "device_loop_host_heartbeat_age_seconds", host="host-a") == 4
+        assert metric(held, "device_loop_host_online", host="host-a") == 1
+
+        op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
+        await exporter.beat([board(), board("b1")], [service], flashes=[flash_report(op, "done", "verifying", 1)])
+        await api.post(f"/leases/{lease['id']}/release")
+        after = await scrape()
+        assert metric(after, "device_loop_flashes_total", outcome="done", purpose="flash") == 1
+        assert metric(after, "device_loop_leases_ended_total", reason="released") == 1
+        assert metric(after, "device_loop_leases_live", state="active") == 0
+        assert metric(after, "device_loop_devices", state="reclaiming", **{"class": "sim-board"}) == 1
+
+
+async def test_the_grafana_dashboard_asks_only_for_metrics_there_are(tmp_path):
+    dashboard = json.loads((SRC / "docs" / "grafana-dashboard.json").read_text())
+    asked = {re.sub(r"_(total|bucket|sum|count)$", "", name) for panel in dashboard["panels"]
+             for target in panel["targets"] for name in re.findall(r"device_loop_\w+", target["expr"])}
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        scraped = (await client().get(f"{SITE}/metrics")).text
+    there = {family.name for family in text_string_to_metric_families(scraped)}
+    assert len(asked) == 8 and asked <= there, f"the dashboard asks for what /metrics lacks: {asked - there}"
+
+
+# ---- the event stream ------------------------------------------------------------------------
+
+
+def frame(raw: bytes) -> tuple[str, object]:
+    """(event, data) of one server-sent event."""
+    fields = dict(line.split(": ", 1) for line in raw.decode().strip().split("\n"))
+    return fields["event"], json.loads(fields["data"])
+
+
+@pytest.mark.usefixtures("database")
+async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_viewers(tmp_path, monkeypatch):
+    monkeypatch.setattr(events, "BACKLOG", 3)
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        await FakeExporter(api, "host-a").beat([device("b0"), device("b1")])
+        reads, rendered, read_devices = [], [], rules.store.devices
+
+        async def counted_read():
+            reads.append(1)
+            return await read_devices()
+
+        def counted_row(d: dict) -> str:
+            rendered.append(d["name"])
+            return device_row(d)
+
+        monkeypatch.setattr(rules.store, "devices", counted_read)
+        broadcaster = Broadcaster(rules.list_devices, rules.notifier, counted_row)
+        viewers = [broadcaster.stream(html=n % 2 == 0) for n in range(40)]
+        asleep = broadcaster.stream()  # a viewer that reads nothing more
+        for stream in [*viewers, asleep]:
+            assert (await anext(stream)).startswith(b"retry: ")
+        snapshots = [frame(await asyncio.wait_for(anext(stream), 5)) for stream in viewers]
+        assert {event for event, _ in snapshots} == {"snapshot"}
+        assert [d["name"] for d in snapshots[1][1]] == ["b0", "b1"] and "html" not in snapshots[1][1][0]
+        assert snapshots[0][1][0]["html"].startswith('<tr data-name="b0" data-state="idle"')
+        assert len(reads) == 1 and sorted(rendered) == ["b0", "b1"]
+
+        for n, path, body in [(1, "/leases", {"device": "b0"}), (2, "/leases", {"device": "b1"}),
+                              (3, "/admin/devices/b1/retire", {"force": True})]:
+            assert (await api.post(path, json=body)).status_code in (200, 201)
+            changes = [frame(await asyncio.wait_for(anext(stream), 5)) for stream in viewers]
+            assert len({json.dumps(c) for c in changes[0::2]}) == len({json.dumps(c) for c in changes[1::2]}) == 1
+            assert len(reads) == 1 + n, "one read per change"
+        assert rendered[2:] == ["b0", "b1", "b1"], "each changed row rendered once, for 20 viewers"
+        event, data = changes[1]
+        assert (event, data["name"], data["state"], "html" in data) == ("device", "b1", "retired", False)
+        assert changes[0][1]["html"].startswith('<tr data-name="b1" data-state="retired"')
+
+        with pytest.raises(StopAsyncIteration):  # 3 events behind: dropped (a browser reconnects)
+            await asyncio.wait_for(anext(asleep), 5)
+
+        monkeypatch.setattr(events, "KEEPALIVE_S", 0.05)
+        assert await asyncio.wait_for(anext(viewers[1]), 5) == b": keepalive\n\n"
+        for stream in viewers:
+            await stream.aclose()
+        await broadcaster.close()
+
+
+@pytest.mark.usefixtures("database")
+async def test_every_change_the_board_shows_reaches_the_stream(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter, _ = await lab_with_board(client, lease_it=False)
+        broadcaster = Broadcaster(rules.list_devices, rules.notifier)
+        stream = broadcaster.stream()
+        await anext(stream)
+
+        async def next_change() -> dict:
+            event, data = frame(await asyncio.wait_for(anext(stream), 5))
+            assert event == "device"
+            return data
+
+        assert frame(await anext(stream))[0] == "snapshot"
+        lease = (await api.post("/leases", json={"device": "b1"})).json()
+        assert (await next_change())["state"] == "allocating"
+        clock.advance(3)
+        service = {"lease": lease["id"], "device": "b1", "identifier": "sim:b1", "kind": "uart",
+                   "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": 4000}]}
+        await exporter.beat([board(), board("b1")], [service], [lease["id"]])
+        ready = await next_change()
+        assert (ready["state"], ready["state_since"]) == ("in_use", "2027-01-15T08:00:03Z"), "a heartbeat's change"
+        await api.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 7200})
+        assert (await next_change())["expires_at"] == "2027-01-15T10:00:03Z", "a renewal"
+        op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "golden"})).json()
+        assert (await next_change())["flashing"] == op["id"], "a flash begins"
+        await exporter.beat([board(), board("b1")], [service], flashes=[flash_report(op, "failed", "writing", 9)])
+        ended = await next_change()
+        assert (ended["flashing"], ended["needs_recovery"]) == (None, True), "a flash ends"
+        await api.post(f"/leases/{lease['id']}/release")
+        assert (await next_change())["state"] == "reclaiming"
+        await FakeExporter(client("exporter:host-b"), "host-b").beat([board()])
+        assert (await next_change())["conflict_hosts"] == ["host-a", "host-b"], "another host's claim"
+        clock.advance(60)
+        await rules.reap()
+        assert {(await next_change())["state"] for _ in range(2)} == {"offline"}, "host-a went silent"
+        await api.post("/admin/devices/b0/retire", json={})
+        assert (await next_change())["state"] == "retired"
+        await stream.aclose()
+        await broadcaster.close()
+
+
+async def seed(url: str, names: list[str]) -> None:
+    """Devices on host-a, reported straight to a coordinator (no exporter: leases stay pending)."""
+    async with httpx2.AsyncClient(base_url=f"{url}/api/v1", timeout=10) as api:
+        assert (await FakeExporter(api, "host-a").beat([device(n) for n in names])).status_code == 200
+
+
+@asynccontextmanager
+async def event_stream(url: str, html: bool = False):
+    """The events of a coordinator's stream, as they come: an async iterator."""
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(10, read=30)) as http:
+        async with http.sse(f"{url}/api/v1/events", params={"html": "1"} if html else None) as source:
+            assert source.response.status_code == 200, await source.response.aread()
+            yield aiter(source)
+
+
+async def next_event(source, kind: str = "device", timeout: float = 5.0):
+    async def first():
+        async for event in source:
+            if event.event == kind:
+                return event.json()
+    return await asyncio.wait_for(first(), timeout)
+
+
+async def test_the_event_stream_of_a_coordinator_process(coordinator):
+    await seed(coordinator.url, ["b0", "b1"])
+    async with event_stream(coordinator.url) as plain, event_stream(coordinator.url, html=True) as rows:
+        snapshot = await next_event(plain, "snapshot")
+        assert snapshot == httpx2.get(f"{coordinator.url}/api/v1/devices").json()
+        assert [d["html"][:18] for d in await next_event(rows, "snapshot")] == ['<tr data-name="b0"',
+                                                                                '<tr data-name="b1"']
+        started = time.monotonic()
+        assert coordinator.api("/leases", "POST", json={"device": "b1"}).status_code == 201
+        changed = await next_event(plain)
+        assert time.monotonic() - started < 1.0, "live: within a second"
+        assert (changed["name"], changed["state"], changed["holder"]) == ("b1", "allocating", "alice")
+        row = await next_event(rows)
+        assert row["html"].startswith('<tr data-name="b1" data-state="allocating" data-holder="alice">')
+    plain_get = httpx2.get(f"{coordinator.url}/api/v1/events", timeout=5)
+    assert plain_get.status_code == 406 and plain_get.json()["error"] == "not_acceptable"
+
+
+async def test_a_change_through_one_process_reaches_a_viewer_of_another(two_coordinators):
+    first, second = two_coordinators
+    await seed(first.url, ["b0"])
+    async with event_stream(second.url) as source:
+        await next_event(source, "snapshot")
+        started = time.monotonic()
+        assert first.api("/leases", "POST", json={"device": "b0"}).status_code == 201
+        changed = await next_event(source)
+        assert changed["state"] == "allocating" and time.monotonic() - started < 1.0
+
+
+# ---- device-loop watch ----------------------------------------------------------------------
+
+
+def test_watch_prints_each_change_until_ctrl_c(tmp_path, env, coordinator, exporter_factory):
+    exporter_factory(sim_devices("sim-board-0"))
+    wait_state(coordinator, "sim-board-0", "idle")
+    watchers = [subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url, "watch",
+                                  *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for args in (["--json"], [])]
+    try:
+        for watcher in watchers:
+            assert "watching 1 devices" in watcher.stderr.readline()
+        run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait")
+        run_cli(env, coordinator.url, "release", "sim-board-0")
+        seen = []
+        while not seen or seen[-1]["to"] != "idle":
+            seen.append(json.loads(watchers[0].stdout.readline()))
+        assert all(s["device"] == "sim-board-0" for s in seen)
+        assert all(a["to"] == b["from"] for a, b in zip(seen, seen[1:])), "each line goes on from the last"
+        assert seen[0]["from"] == "idle" and "in_use" in [s["to"] for s in seen]
+        assert {s["holder"] for s in seen if s["to"] == "in_use"} == {"alice"}
+        first = watchers[1].stdout.readline()
+        assert first.split()[1:] == ["sim-board-0", "idle", "->", seen[0]["to"], "alice"]
+        for watcher in watchers:
+            watcher.send_signal(signal.SIGINT)
+            assert watcher.wait(10) == 0, "Ctrl-C ends it quietly"
+    finally:
+        for watcher in watchers:
+            if watcher.poll() is None:
+                watcher.kill()
+
+
+def test_watch_in_a_lab_with_tokens_and_without_a_coordinator(tmp_path, env):
+    lab = Coordinator(tmp_path, env, extra=())
+    try:
+        tokens, _ = lab_tokens(env, lab, tmp_path, "alice")
+        watcher = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", lab.url, "watch"],
+                                   env={**env, "DEVICE_LOOP_TOKEN": tokens["alice"]}, stderr=subprocess.PIPE,
+                                   text=True)
+        assert "watching 0 devices" in watcher.stderr.readline(), "the board is public: any token will do"
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(10) == 0
+    finally:
+        lab.stop()
+    gone = run_cli(env, lab.url, "watch", check=False)
+    assert gone.returncode == 1 and "cannot reach the coordinator" in gone.stderr

@@ -8,12 +8,14 @@ from datetime import datetime
 import click
 import httpx2
 
+from device_loop.core import EVENTS_KEEPALIVE_S
+
 from .commands import lab_command
 from .http import CoordinatorError
 from .lab import Lab
 
 RECONNECT_S = 1.0
-KEEPALIVE_GRACE_S = 45.0  # the coordinator sends something every 15 s
+KEEPALIVE_GRACE_S = 3 * EVENTS_KEEPALIVE_S  # silent that long: the stream is gone
 
 
 def changes(lab: Lab, connected=lambda devices: None):
@@ -32,6 +34,7 @@ def changes(lab: Lab, connected=lambda devices: None):
                                            source.response.status_code)
                 broken = False
                 for event in source:
+                    again = bool(known)  # a snapshot after a break: what changed meanwhile is news
                     if event.event == "snapshot":
                         devices = event.json()
                         connected(devices)
@@ -42,7 +45,7 @@ def changes(lab: Lab, connected=lambda devices: None):
                     for device in devices:
                         before = known.get(device["name"])
                         known[device["name"]] = device
-                        if event.event == "device" or (before is not None and _moved(before, device)):
+                        if event.event == "device" or again and (before is None or _moved(before, device)):
                             yield (before or {}).get("state"), device
         except httpx2.TransportError as exc:
             if not known:

@@ -18,14 +18,16 @@ import json
 import logging
 from typing import AsyncIterator, Awaitable, Callable
 
+from device_loop.core import EVENTS_KEEPALIVE_S
+
 from .notify import BOARD_KEY, Notifier
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_S = 15.0
+KEEPALIVE_S = EVENTS_KEEPALIVE_S
 MIN_INTERVAL_S = 0.05  # between two reads: a burst of changes goes out in few reads
 RETRY_S = 1.0          # after a failed read
-BACKLOG = 256          # events a subscriber may be behind; past that it is dropped and reconnects
+BACKLOG = 64           # reads a subscriber may be behind; past that it is dropped and reconnects
 RECONNECT_MS = 2000    # what a browser's EventSource waits before it reconnects
 
 
@@ -40,11 +42,12 @@ class _Subscriber:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(BACKLOG)
         self.new = True  # gets a snapshot from the next read
 
-    def put(self, frames: list[bytes]) -> bool:
-        """Queue ``frames``; False (and the stream ends) if it is too far behind."""
+    def put(self, frames: list[bytes | None]) -> bool:
+        """Queue one read's ``frames`` (None: the end) as one item, so a read that changed a
+        thousand devices is one step behind, not a thousand; False (and the stream ends)
+        if it is too far behind."""
         try:
-            for frame in frames:
-                self.queue.put_nowait(frame)
+            self.queue.put_nowait(None if None in frames else b"".join(frames))
         except asyncio.QueueFull:
             while not self.queue.empty():
                 self.queue.get_nowait()
@@ -126,15 +129,14 @@ class Broadcaster:
                 log.exception("the board's event stream could not read the devices; retrying")
                 await asyncio.sleep(RETRY_S)
                 continue
-            texts = {d["name"]: json.dumps(d, sort_keys=True) for d in devices}
-            encoded = _Encoded(devices, [d for d in devices if sent.get(d["name"]) != texts[d["name"]]],
-                               self._row_of(texts) if self._render_row else None)
-            sent = texts
-            for subscriber in list(self._subscribers):
-                frames = encoded.frames(subscriber.new, subscriber.html)
-                subscriber.new = False
-                if not subscriber.put(frames):
-                    self._subscribers.discard(subscriber)
+            try:
+                sent = self._send(devices, sent)
+            except Exception:  # a bug in encoding: end the streams (browsers reconnect) rather than freeze them
+                log.exception("the board's event stream failed; ending its streams")
+                for subscriber in list(self._subscribers):
+                    subscriber.put([None])
+                self._subscribers.clear()
+                return
             await asyncio.sleep(MIN_INTERVAL_S)  # a change meanwhile is not missed: ``changed`` is set
             woken = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self._poke.wait())]
             try:
@@ -142,6 +144,19 @@ class Broadcaster:
             finally:
                 for waiter in woken:
                     waiter.cancel()
+
+    def _send(self, devices: list[dict], sent: dict[str, str]) -> dict[str, str]:
+        """What changed since ``sent`` to every subscriber (a newcomer: everything); what was sent."""
+        texts = {d["name"]: json.dumps(d, sort_keys=True) for d in devices}
+        self._rows = {name: row for name, row in self._rows.items() if name in texts}
+        encoded = _Encoded(devices, [d for d in devices if sent.get(d["name"]) != texts[d["name"]]],
+                           self._row_of(texts) if self._render_row else None)
+        for subscriber in list(self._subscribers):
+            frames = encoded.frames(subscriber.new, subscriber.html)
+            subscriber.new = False
+            if frames and not subscriber.put(frames):
+                self._subscribers.discard(subscriber)
+        return texts
 
     def _row_of(self, texts: dict[str, str]) -> Callable[[dict], str]:
         """A device's row, rendered again only when its JSON changed."""

@@ -195,7 +195,7 @@ class Heartbeats(Flashes):
                 if row["present"] and row["host_online"]:
                     owner = device.name  # its host still has it: that host keeps it
                 else:  # its host lost it (offline or unplugged) and this one has it now
-                    row = changes.touch(row, host=host_name, conflict_host=None, host_online=online)
+                    row = changes.touch(row, host=host_name, host_online=online)
                     changes.log(row, row["state"], f"moved from host {elsewhere[device.name]['host']} to {host_name}")
                     changes.wake_host = True
             if owner is not None:

@@ -52,6 +52,7 @@ class Identity:
     known: bool = True        # False: no credentials at all
     trusted: bool = False     # single-user trust mode: may call every route
     csrf: str | None = None   # signed in by the page's cookie: what its unsafe requests carry
+    csrf_missing: bool = False  # ... and this unsafe request does not: only public routes answer it
 
 
 ANONYMOUS = Identity("anonymous", known=False)
@@ -99,11 +100,9 @@ async def _identify(request: Request) -> Identity:
     identity = await token_identity(app.rules, cookie) if cookie else None
     if identity is not None:
         csrf = csrf_token(cookie)
-        if request.method not in SAFE_METHODS and not hmac.compare_digest(
-                request.headers.get(CSRF_HEADER, "").encode(), csrf.encode()):
-            raise APIError(403, "csrf", f"a request signed in by the web page's cookie needs the page's "
-                                        f"{CSRF_HEADER} header")
-        return dataclasses.replace(identity, csrf=csrf)
+        missing = request.method not in SAFE_METHODS and not hmac.compare_digest(
+            request.headers.get(CSRF_HEADER, "").encode(), csrf.encode())
+        return dataclasses.replace(identity, csrf=csrf, csrf_missing=missing)
     return await _tailnet_identity(request) if app.tailnet_socket else ANONYMOUS
 
 
@@ -143,7 +142,12 @@ async def _tailnet_identity(request: Request) -> Identity:
 
 def check_access(access: str, identity: Identity, host: str | None = None) -> None:
     """Refuse (401 without credentials, 403 with the wrong ones) unless ``identity`` may call."""
-    if access == ANYONE or identity.admin or identity.trusted:
+    if access == ANYONE:  # signing in and out included: a cookie there is no credential
+        return
+    if identity.csrf_missing:
+        raise APIError(403, "csrf", f"a request signed in by the web page's cookie needs the page's {CSRF_HEADER} "
+                                    "header")
+    if identity.admin or identity.trusted:
         return
     if not identity.known:
         raise APIError(401, "unauthenticated", "this needs a token: set DEVICE_LOOP_TOKEN or write it to "

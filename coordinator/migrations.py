@@ -223,4 +223,7 @@ MIGRATIONS: list[list[str]] = [
         """UPDATE devices SET state_since = COALESCE((SELECT MAX(r.at) FROM device_ring r WHERE r.device = devices.name
            AND r.to_state = devices.state AND r.from_state <> r.to_state), updated_at)""",
     ],
+    # 11: "conflict" is no longer a state (a claim blocks nothing): the owners of devices
+    # left in it apply their next report in full, which recomputes every device's state
+    ["UPDATE hosts SET devices_digest = '' WHERE name IN (SELECT host FROM devices WHERE state = 'conflict')"],
 ]

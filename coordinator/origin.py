@@ -37,9 +37,14 @@ def _name(host: str) -> str:
 
 
 def _page_navigation(scope, headers: dict[str, str]) -> bool:
-    """A link followed to a web page (not to the API)."""
+    """A link followed to a web page (not to the API), into a window: a frame navigates too,
+    and a page framed by another site could be clicked through (clickjacking)."""
     return (scope["method"] == "GET" and headers.get("sec-fetch-mode") == "navigate"
-            and not scope["path"].startswith(("/api/", "/mcp")))
+            and headers.get("sec-fetch-dest") == "document" and not scope["path"].startswith(("/api/", "/mcp")))
+
+
+# browsers that send no Sec-Fetch headers still refuse to show any answer in another site's frame
+NOT_IN_FRAMES = [(b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'")]
 
 
 class KnownOrigins:
@@ -63,4 +68,9 @@ class KnownOrigins:
         if problem:
             status, code, message = problem
             return await JSONResponse({"error": code, "message": message}, status_code=status)(scope, receive, send)
-        return await self.app(scope, receive, send)
+
+        async def send_not_in_frames(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *NOT_IN_FRAMES]
+            await send(message)
+        return await self.app(scope, receive, send_not_in_frames)

@@ -191,13 +191,31 @@ class _Listener:
     """PostgreSQL's LISTEN on a connection of its own, for ``Store.subscribe``."""
 
     RETRY_S = 1.0
+    CHECK_S = 10.0  # a connection cut without a word (a partition, a failover) is found by asking
 
     def __init__(self, url: str, heard: Callable[[set[str] | None], None]):
         self.dsn = url.replace("postgresql+asyncpg://", "postgresql://", 1)
         self.heard = heard
         self.connection = None
         self.retrying: asyncio.Task | None = None
+        self.checking: asyncio.Task | None = None
         self.closing = False
+
+    async def open(self) -> None:
+        await self.start()
+        self.checking = asyncio.get_running_loop().create_task(self._check())
+
+    async def _check(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(self.CHECK_S)
+            connection = self.connection
+            if connection is None or connection.is_closed():
+                continue  # ``_retry`` is on it
+            try:
+                await asyncio.wait_for(connection.fetchval("SELECT 1"), self.CHECK_S / 2)
+            except Exception as exc:  # asyncpg's errors, OSError, a timeout: all mean the same here
+                log.warning("the PostgreSQL notification channel does not answer (%r); reconnecting", exc)
+                connection.terminate()  # its termination listener starts ``_retry``
 
     async def start(self) -> None:
         import asyncpg
@@ -227,8 +245,9 @@ class _Listener:
 
     async def close(self) -> None:
         self.closing = True
-        if self.retrying:
-            self.retrying.cancel()
+        for task in (self.retrying, self.checking):
+            if task:
+                task.cancel()
         if self.connection and not self.connection.is_closed():
             await self.connection.close()
 
@@ -265,7 +284,7 @@ class Store:
         await self._migrate()
         if self.dialect == "postgresql":
             self._listener = _Listener(self.url, lambda keys: self._heard(keys))
-            await self._listener.start()
+            await self._listener.open()
 
     async def disconnect(self) -> None:
         if self._listener:
@@ -315,7 +334,7 @@ class Store:
             return
         chunk: list[str] = []
         for key in sorted(current.changed):  # pg_notify takes 8000 bytes at most
-            if sum(map(len, chunk)) + len(key) > 7000:
+            if sum(map(len, chunk)) + len(chunk) + len(key) > 7000:
                 await self._exec("SELECT pg_notify(:channel, :keys)", channel=CHANNEL, keys="\n".join(chunk))
                 chunk = []
             chunk.append(key)
@@ -367,17 +386,19 @@ class Store:
     async def _insert(self, table: str, row: dict[str, Any]) -> None:
         await self._insert_many(table, [row])
 
-    async def _insert_many(self, table: str, rows: list[dict[str, Any]], upsert_key: str | None = None) -> None:
-        """Insert ``rows`` as one batch; with ``upsert_key``, rows already there are updated."""
+    async def _insert_many(self, table: str, rows: list[dict[str, Any]], upsert_key: str | None = None,
+                           kept: tuple[str, ...] = ()) -> None:
+        """Insert ``rows`` as one batch; with ``upsert_key``, rows already there are updated
+        (but for their ``kept`` columns, which other writers own)."""
         if not rows:
             return
         if _CURRENT_TX.get() is None:
             async with self.tx():
-                return await self._insert_many(table, rows, upsert_key)
+                return await self._insert_many(table, rows, upsert_key, kept)
         columns = list(rows[0])
         conflict = ""
         if upsert_key:
-            sets = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in upsert_key.split(", "))
+            sets = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in (*upsert_key.split(", "), *kept))
             conflict = f" ON CONFLICT ({upsert_key}) DO UPDATE SET {sets}"
         self.statements += 1
         try:
@@ -479,8 +500,10 @@ class Store:
         return await self._all("SELECT name, host, conflict_host FROM devices ORDER BY name")
 
     async def write_devices(self, rows: list[dict]) -> None:
-        """Insert or update whole device rows (keys other than ``DEVICE_COLUMNS`` are facts, not columns)."""
-        await self._insert_many("devices", [{c: row[c] for c in DEVICE_COLUMNS} for row in rows], upsert_key="name")
+        """Insert or update whole device rows (keys other than ``DEVICE_COLUMNS`` are facts, not
+        columns); a claim by another host is that host's to write (``set_claims``)."""
+        await self._insert_many("devices", [{c: row[c] for c in DEVICE_COLUMNS} for row in rows], upsert_key="name",
+                                kept=("conflict_host",))
 
     async def set_claims(self, host: str, names: list[str]) -> None:
         """``host`` reports ``names`` too, which other hosts own."""

@@ -19,6 +19,8 @@ LIVE_OP_STATES = ("queued", "running")
 #: The phases of a flash in which its target is being changed: a flash that fails in one
 #: of them leaves the device needing recovery.
 WRITING_PHASES = ("writing", "verifying")
+#: The event stream (``GET /api/v1/events``) sends at least a keepalive this often.
+EVENTS_KEEPALIVE_S = 15.0
 
 
 def __getattr__(name: str):

@@ -240,6 +240,9 @@ class Exporter:
         while not self.stopping.is_set():
             desired = self.link.wait_desired(client, self.etag, LONG_POLL_S, self.reporter.boot_id)
             if desired is None:
+                # a cut long-poll makes the coordinator take this boot for dead until it
+                # reports: report now, not a heartbeat period later
+                self.wake.set()
                 self.stopping.wait(self.heartbeat_s)
             elif desired.etag != self.etag:
                 self._apply(desired)

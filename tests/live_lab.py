@@ -8,10 +8,11 @@ import threading
 
 import httpx2
 
+from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.protocol import EndpointReport, ServiceReport
 from lab_in_process import FakeExporter, device
 
-LIVE = ("pending", "active")
+LIVE = LIVE_LEASE_STATES
 FINAL = ("released", "expired", "failed", "revoked")
 END_ACTIONS = ("release", "expire", "fail", "revoke")  # the audit's action for each way a lease ends
 

@@ -1,6 +1,7 @@
 """The coordinator's REST rules, driven in-process with a hand-moved clock."""
 import pytest
 
+from device_loop.coordinator.migrations import MIGRATIONS
 from device_loop.core import PROTOCOL_VERSION
 from lab_in_process import FakeExporter, device, in_process_lab, leased_board
 
@@ -400,3 +401,15 @@ async def test_after_a_coordinator_outage_hosts_get_their_periods_to_report(tmp_
         clock.advance(11)
         await rules.reap()
         assert not (await client().get("/hosts")).json()[0]["online"], "silent since the coordinator is back"
+
+
+async def test_a_device_left_in_the_state_conflict_was_is_recomputed_after_the_upgrade(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0"), device("b1")])
+        async with rules.store.tx():  # as an older coordinator left it
+            await rules.store._exec("UPDATE devices SET state = 'conflict' WHERE name = 'b0'")
+            await rules.store._exec(MIGRATIONS[10][0])
+        await exporter.beat([device("b0"), device("b1")])  # the same report as before
+        assert [await state_of(api, n) for n in ("b0", "b1")] == ["idle", "idle"]

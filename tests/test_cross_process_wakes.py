@@ -35,15 +35,19 @@ async def test_a_long_poll_wakes_at_a_change_made_by_another_process(two_coordin
 
         assert await reserve_and_watch(two, one, "b0") < WAIT_S / 2
 
-        # the channel breaks (a restarted or failed-over server): long-polls still wake
+        # the channel breaks (a restarted or failed-over server): long-polls still wake, and
+        # each process listens again
         admin = await asyncpg.connect(postgres_database)
+        listening = ("SELECT {} FROM pg_stat_activity WHERE datname = current_database() "
+                     "AND (query LIKE 'LISTEN%' OR query = 'SELECT 1')")  # (the channel's own check)
         try:
-            ended = await admin.fetchval(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query LIKE 'LISTEN%'")
+            assert await admin.fetchval(listening.format("count(pg_terminate_backend(pid))")) == 2, \
+                "each coordinator process listens on a connection of its own"
+            assert await reserve_and_watch(two, one, "b1") < WAIT_S / 2
+            deadline = time.monotonic() + 10
+            while await admin.fetchval(listening.format("count(*)")) < 2:
+                assert time.monotonic() < deadline, "a process did not listen again"
+                await asyncio.sleep(0.2)
         finally:
             await admin.close()
-        assert ended == 2, "each coordinator process listens on a connection of its own"
-        assert await reserve_and_watch(two, one, "b1") < WAIT_S / 2
-        await asyncio.sleep(2)  # both listen again
         assert await reserve_and_watch(one, two, "b2") < WAIT_S / 2

@@ -3,7 +3,6 @@ process on SQLite and PostgreSQL, and against real coordinator processes (the st
 change through one process seen by a viewer of another, ``device-loop watch``). The
 browser drives the page in tests/test_web_browser.py."""
 import asyncio
-import hashlib
 import json
 import re
 import signal
@@ -19,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import SRC, Coordinator, lab_tokens, sim_devices
 from device_loop.coordinator import events
 from device_loop.coordinator.events import Broadcaster
-from device_loop.coordinator.identity import issue_token
+from device_loop.coordinator.identity import csrf_token, issue_token
 from device_loop.coordinator.web.pages import device_row
 from lab_in_process import FakeExporter, device, in_process_lab, leased_board
 from test_end_to_end import run_cli, wait_state
@@ -27,10 +26,6 @@ from test_flash_rules import board, flash_report, lab_with_board
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 SITE = "http://127.0.0.1"  # the in-process clients' base URL is SITE/api/v1
-
-
-def csrf_of(token: str) -> str:
-    return hashlib.sha256(f"csrf:{token}".encode()).hexdigest()
 
 
 # ---- the pages ------------------------------------------------------------------------------
@@ -122,14 +117,14 @@ async def test_a_token_signs_in_to_an_httponly_cookie_that_needs_the_csrf_header
 
         page = (await browser.get(f"{SITE}/")).text
         assert "Signed in as <b>alice</b>" in page and 'data-act="logout"' in page
-        assert f'name="device-loop-csrf" content="{csrf_of(made["alice"])}"' in page
+        assert f'name="device-loop-csrf" content="{csrf_token(made["alice"])}"' in page
         assert (await browser.get("/leases")).status_code == 200, "reading needs no CSRF header"
 
         bare = await browser.post("/leases", json={"device": "b0"})
         assert bare.status_code == 403 and bare.json()["error"] == "csrf"
-        forged = await browser.post("/leases", json={"device": "b0"}, headers={"X-Device-Loop-CSRF": csrf_of("dl_x")})
+        forged = await browser.post("/leases", json={"device": "b0"}, headers={"X-Device-Loop-CSRF": csrf_token("dl_x")})
         assert forged.status_code == 403 and forged.json()["error"] == "csrf"
-        headers = {"X-Device-Loop-CSRF": csrf_of(made["alice"])}
+        headers = {"X-Device-Loop-CSRF": csrf_token(made["alice"])}
         elsewhere = await browser.post("/leases", json={"device": "b0"},
                                        headers={**headers, "Origin": "http://evil.example"})
         assert elsewhere.status_code == 403 and elsewhere.json()["error"] == "cross_site"
@@ -138,15 +133,20 @@ async def test_a_token_signs_in_to_an_httponly_cookie_that_needs_the_csrf_header
         bearer = await client(token=made["alice"]).post("/leases", json={"device": "b1"})
         assert bearer.status_code == 201, "a bearer token is no cookie: no CSRF header needed"
 
-        link = await client(user="").get(f"{SITE}/", headers={"Sec-Fetch-Site": "cross-site",
-                                                              "Sec-Fetch-Mode": "navigate"})
+        navigation = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate"}
+        link = await client(user="").get(f"{SITE}/", headers={**navigation, "Sec-Fetch-Dest": "document"})
         assert link.status_code == 200, "a link from another site opens the board"
+        assert link.headers["x-frame-options"] == "DENY" and "frame-ancestors 'none'" in \
+            link.headers["content-security-policy"], "and no other site shows it in a frame"
+        framed = await client(user="").get(f"{SITE}/", headers={**navigation, "Sec-Fetch-Dest": "iframe"})
+        assert framed.status_code == 403, "another site's frame could be clicked through"
         api_link = await client(user="").get("/devices", headers={"Sec-Fetch-Site": "cross-site",
                                                                    "Sec-Fetch-Mode": "navigate"})
         assert api_link.status_code == 403
 
-        assert (await browser.post(f"{SITE}/logout")).status_code == 403, "signing out is a change too"
-        out = await browser.post(f"{SITE}/logout", headers=headers)
+        again = await browser.post(f"{SITE}/login", data={"token": made["alice"]})
+        assert again.status_code == 303, "signing in again with a live cookie (no page header) works"
+        out = await browser.post(f"{SITE}/logout")
         assert out.status_code == 303 and 'device_loop_token=""' in out.headers["set-cookie"]
         assert 'action="/login"' in (await browser.get(f"{SITE}/")).text
 
@@ -230,10 +230,16 @@ async def test_the_grafana_dashboard_asks_only_for_metrics_there_are(tmp_path):
 # ---- the event stream ------------------------------------------------------------------------
 
 
+def frames(raw: bytes) -> list[tuple[str, object]]:
+    """(event, data) of each server-sent event in what one read of the stream sent."""
+    events = [dict(line.split(": ", 1) for line in text.split("\n")) for text in raw.decode().strip().split("\n\n")]
+    return [(fields["event"], json.loads(fields["data"])) for fields in events]
+
+
 def frame(raw: bytes) -> tuple[str, object]:
-    """(event, data) of one server-sent event."""
-    fields = dict(line.split(": ", 1) for line in raw.decode().strip().split("\n"))
-    return fields["event"], json.loads(fields["data"])
+    """(event, data) of the one server-sent event ``raw`` holds."""
+    (only,) = frames(raw)
+    return only
 
 
 @pytest.mark.usefixtures("database")
@@ -293,8 +299,12 @@ async def test_every_change_the_board_shows_reaches_the_stream(tmp_path):
         stream = broadcaster.stream()
         await anext(stream)
 
+        pending: list[tuple[str, object]] = []
+
         async def next_change() -> dict:
-            event, data = frame(await asyncio.wait_for(anext(stream), 5))
+            if not pending:  # the changes of one read come together
+                pending.extend(frames(await asyncio.wait_for(anext(stream), 5)))
+            event, data = pending.pop(0)
             assert event == "device"
             return data
 

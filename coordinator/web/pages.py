@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from device_loop.core import LIVE_LEASE_STATES
-from device_loop.core.durations import iso
+from device_loop.core import LIVE_LEASE_STATES, NAME_PATTERN
+from device_loop.core.durations import format_duration, iso
 from device_loop.core.usage import camera_urls, screen_url
 
 from ..errors import APIError, not_found
@@ -25,6 +25,9 @@ from ..openapi import answers
 HERE = Path(__file__).parent
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")  # HTML is autoescaped
 TEMPLATES.env.filters["iso"] = iso
+# as an HTML pattern (anchored by itself; browsers read it with the v flag, where a "-" is escaped)
+TEMPLATES.env.globals["name_pattern"] = NAME_PATTERN.strip("^$").replace("-]", "\\-]")
+LEASE_LENGTHS_S = (1800, 3600, 7200, 14400, 86400)  # what the page offers, up to this lab's maximum
 STATIC = {name: HERE / "static" / name for name in ("lab.css", "lab.js")}
 COOKIE_MAX_AGE = 30 * 86400  # a cookie outliving its token is no sign-in (identity.py)
 NO_STORE = {"Cache-Control": "no-store"}  # pages hold the viewer's leases and CSRF value
@@ -71,9 +74,17 @@ async def _my_leases(request: Request, viewer: Viewer, device: str | None = None
     return [_shown(lease) for lease in leases if lease["state"] in LIVE_LEASE_STATES]
 
 
+def _lease_lengths(request: Request) -> list[tuple[int, str, bool]]:
+    """(seconds, label, selected) of the lease lengths the page offers: this lab's default
+    and the usual ones up to its maximum."""
+    settings = request.app.state.rules.settings
+    lengths = sorted({*[s for s in LEASE_LENGTHS_S if s <= settings.max_ttl_s], int(settings.default_ttl_s)})
+    return [(s, format_duration(s), s == int(settings.default_ttl_s)) for s in lengths]
+
+
 def _page(request: Request, template: str, viewer: Viewer, status: int = 200, **context) -> Response:
-    return TEMPLATES.TemplateResponse(request, template, {"viewer": viewer, **context}, status_code=status,
-                                      headers=NO_STORE)
+    return TEMPLATES.TemplateResponse(request, template, {"viewer": viewer, "lease_lengths": _lease_lengths(request),
+                                                         **context}, status_code=status, headers=NO_STORE)
 
 
 @answers("text/html")

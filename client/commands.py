@@ -35,8 +35,10 @@ def coordinator_url(ctx, param, value):
 
 
 def _said_on_the_command_line(ctx: click.Context, name: str) -> bool:
+    """Was the option ``name`` typed (not an argument of that name, as ``admin token create USER``)?"""
     while ctx is not None:
-        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+        is_option = any(isinstance(p, click.Option) and p.name == name for p in ctx.command.params)
+        if is_option and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             return True
         ctx = ctx.parent
     return False

@@ -1,9 +1,11 @@
 """``device-loop coordinator``: serve the coordinator with uvicorn."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 import uvicorn
@@ -12,6 +14,7 @@ from device_loop.core.durations import format_duration, parse_duration
 
 from .app import create_app
 from .rules import Settings
+from .store import Store
 
 
 def default_data_dir() -> Path:
@@ -33,8 +36,21 @@ def _seconds(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
+def _check_database(url: str) -> None:
+    """Open (and migrate) the database once before serving: one clear line if it cannot be."""
+    async def check() -> None:
+        store = Store(url)
+        await store.connect()
+        await store.disconnect()
+    try:
+        asyncio.run(check())
+    except Exception as exc:  # asyncpg, sqlite3 and the OS each raise their own
+        shown = urlsplit(url)._replace(netloc=urlsplit(url).netloc.rsplit("@", 1)[-1]).geturl()  # no password
+        raise click.ClickException(f"cannot open the database {shown}: {type(exc).__name__}: {exc}") from None
+
+
 @click.command("coordinator")
-@click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL",
+@click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL", show_envvar=True,
               help="sqlite:///PATH or postgresql://... (default: SQLite in --data-dir)")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir, show_default="~/.local/share/device-loop")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -71,7 +87,9 @@ def coordinator_command(database_url, data_dir, host, port, allocating_timeout, 
     settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl,
                         max_leases_per_user=max_leases_per_user, max_image_bytes=max_image_size << 20,
                         image_dir=str(image_dir or Path(data_dir).expanduser() / "images"))
-    app = create_app(database_url or sqlite_url(data_dir), settings, single_user=single_user, allowed_hosts=allowed_hosts,
+    database_url = database_url or sqlite_url(data_dir)
+    _check_database(database_url)
+    app = create_app(database_url, settings, single_user=single_user, allowed_hosts=allowed_hosts,
                      tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins)
     # proxy_headers=False: a local caller must not be able to forge its address.
     uvicorn.run(app, host=host, port=port, proxy_headers=False, log_level="info", access_log=False,

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import Coordinator, Exporter, sim_devices, uart_device, wait_for
+from device_loop.core.ports import free_port
 from helpers import pid_alive, port_open, recorded_pids, uart_exchange
 
 pytestmark = pytest.mark.timeout(90)
@@ -251,3 +252,11 @@ def test_cli_round_trip(coordinator, exporter_factory, env):
     hosts = json.loads(run_cli(env, url, "hosts", "--json").stdout)
     assert hosts[0]["name"] == "host-a" and "sim" in hosts[0]["plugins"]["loaded"]
     assert set(hosts[0]["plugins"]["loaded"]) >= {"sim", "uart", "video", "vnc", "flash"}
+
+
+def test_a_database_it_cannot_open_is_one_line_not_a_traceback(env):
+    done = subprocess.run([sys.executable, "-m", "device_loop.cli", "coordinator", "--port", "0",
+                           "--database-url", f"postgresql://lab:secret@127.0.0.1:{free_port()}/lab"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot open the database postgresql://127.0.0.1:" in done.stderr and "secret" not in done.stderr

@@ -35,7 +35,9 @@ def test_a_lab_with_tokens(tmp_path, env):
         try:
             wait_state(coordinator, "sim-board-0", "idle")
 
-            alice_token = json.loads(run_cli(root, url, "admin", "token", "create", "alice", "--json").stdout)
+            created = run_cli(root, url, "admin", "token", "create", "alice", "--json")
+            assert "note:" not in created.stderr, "ALICE is the token's user, not the --user option"
+            alice_token = json.loads(created.stdout)
             token_path = tmp_path / "home" / ".config" / "device-loop" / "token"
             token_path.parent.mkdir(parents=True)
             token_path.write_text(alice_token["token"] + "\n")

@@ -142,22 +142,29 @@ async def _tailnet_identity(request: Request) -> Identity:
 
 def check_access(access: str, identity: Identity, host: str | None = None) -> None:
     """Refuse (401 without credentials, 403 with the wrong ones) unless ``identity`` may call."""
+    problem = refusal(access, identity, host)
+    if problem is not None:
+        raise problem
+
+
+def refusal(access: str, identity: Identity, host: str | None = None) -> APIError | None:
+    """Why ``identity`` may not call a route of ``access`` (for ``host``), or None if it may."""
     if access == ANYONE:  # signing in and out included: a cookie there is no credential
-        return
+        return None
     if identity.csrf_missing:
-        raise APIError(403, "csrf", f"a request signed in by the web page's cookie needs the page's {CSRF_HEADER} "
-                                    "header")
+        return APIError(403, "csrf", f"a request signed in by the web page's cookie needs the page's {CSRF_HEADER} "
+                                     "header")
     if identity.admin or identity.trusted:
-        return
+        return None
     if not identity.known:
-        raise APIError(401, "unauthenticated", "this needs a token: set DEVICE_LOOP_TOKEN or write it to "
-                                               "~/.config/device-loop/token (ask a lab admin for one)")
+        return APIError(401, "unauthenticated", "this needs a token: set DEVICE_LOOP_TOKEN or write it to "
+                                                "~/.config/device-loop/token (ask a lab admin for one)")
     if access == USER and identity.host is None:
-        return
+        return None
     if access == EXPORTER and identity.host is not None and identity.host == host:
-        return
+        return None
     what = {USER: "a person's token", EXPORTER: f"the exporter token of host {host}", ADMIN: "an admin token"}
-    raise APIError(403, "forbidden", f"this needs {what[access]}; you are {identity.name}")
+    return APIError(403, "forbidden", f"this needs {what[access]}; you are {identity.name}")
 
 
 async def issue_token(store, clock, username: str | None = None, admin: bool = False,

@@ -19,7 +19,7 @@ from device_loop.core.durations import format_duration, iso
 from device_loop.core.usage import camera_urls, screen_url
 
 from ..errors import APIError, not_found
-from ..identity import COOKIE, caller_identity, token_identity
+from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_identity
 from ..openapi import answers
 
 HERE = Path(__file__).parent
@@ -49,9 +49,9 @@ class Viewer:
 
 async def _viewer(request: Request) -> Viewer:
     identity = await caller_identity(request)
-    person = identity.known and identity.host is None  # an exporter's token is nobody here
-    return Viewer(identity.name if person else None, person and (identity.admin or identity.trusted),
-                  identity.trusted, identity.csrf or "")
+    person = refusal(USER, identity) is None  # (an exporter's token is nobody here)
+    return Viewer(identity.name if person else None, refusal(ADMIN, identity) is None, identity.trusted,
+                  identity.csrf or "")
 
 
 def _http_url(url: str | None) -> str | None:
@@ -124,7 +124,7 @@ async def login(request: Request) -> Response:
     form = parse_qs((await request.body()).decode(errors="replace"))
     token, back = form.get("token", [""])[0].strip(), _local(form.get("next", ["/"])[0])
     identity = await token_identity(request.app.state.rules, token) if token else None
-    if identity is None or identity.host is not None:  # an exporter's token signs nobody in
+    if identity is None or refusal(USER, identity) is not None:  # an exporter's token signs nobody in
         return RedirectResponse(f"{back}?login=failed", 303)
     response = RedirectResponse(back, 303)
     response.set_cookie(COOKIE, token, max_age=COOKIE_MAX_AGE, path="/", secure=request.url.scheme == "https",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+from typing import Any, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,13 @@ class HostContext:
     def configured(self, plugin: str) -> list[ConfiguredResource]:
         """The config entries (``[[devices]]`` resources) that name ``plugin``."""
         return [r for r in self.configured_resources if r.settings.get("plugin") == plugin]
+
+    def usable(self, plugin: str, known, parse: Callable[[dict], Any]) -> list[tuple[ConfiguredResource, Any]]:
+        """(entry, ``parse(entry.settings)``) for each entry of ``plugin`` that has no
+        ``ConfiguredResource.problem``: what discovery looks at (``devloop_check_config``
+        says why the others cannot be used)."""
+        return [(entry, parse(entry.settings)) for entry in self.configured(plugin)
+                if entry.problem(known, parse) is None]
 
     def listen(self) -> socket.socket:
         """A listening socket on a free port of ``bind_address``."""

@@ -36,12 +36,8 @@ def devloop_check_config(entry):
 
 @hookimpl
 def devloop_discover(host):
-    found = []
-    for entry in host.configured("flash"):
-        if entry.problem(KEYS, backend_of):
-            continue  # devloop_check_config says why
-        found.append(entry.resource("flash", f"flash:{host.name}:{entry.device}"))
-    return found
+    return [entry.resource("flash", f"flash:{host.name}:{entry.device}")
+            for entry, _ in host.usable("flash", KEYS, backend_of)]
 
 
 @hookimpl

@@ -101,10 +101,7 @@ def devloop_check_config(host, entry):
 def devloop_discover(host):
     cameras = None
     found = []
-    for entry in host.configured("video"):
-        if entry.problem(KEYS, _settings):
-            continue  # devloop_check_config says why
-        settings = _settings(entry.settings)
+    for entry, settings in host.usable("video", KEYS, _settings):
         if settings["from"].startswith("usb_"):
             cameras = _usb_cameras(host) if cameras is None else cameras
             key = (settings["from"], settings["where"])

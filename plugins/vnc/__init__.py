@@ -67,10 +67,7 @@ def devloop_check_config(host, entry):
 @hookimpl
 def devloop_discover(host):
     found = []
-    for entry in host.configured("vnc"):
-        if entry.problem(KEYS, _settings):
-            continue  # devloop_check_config says why
-        kind, value = _settings(entry.settings)
+    for entry, (kind, value) in host.usable("vnc", KEYS, _settings):
         if kind == "display":
             if shutil.which("x11vnc") is None or not (X_SOCKETS / f"X{value}").exists():
                 continue

@@ -11,7 +11,9 @@ from pathlib import Path
 import click
 
 from device_loop.client.commands import json_option, lab_command
+from device_loop.client.http import CoordinatorError
 from device_loop.client.output import emit, lease_text, table
+from device_loop.core import LEASE_PREFIX
 from device_loop.core.durations import parse_duration
 
 direct_options = [
@@ -162,14 +164,26 @@ def _token_revoke_api(lab, token_id, as_json):
     emit(as_json, lab.api.post(f"/admin/tokens/{token_id}/revoke"), lambda r: f"{token_id} revoked")
 
 
+def _live_lease_of(lab, target: str) -> str:
+    """A lease id, or the id of the live lease on device ``target`` (admins see it)."""
+    if target.startswith(LEASE_PREFIX):
+        return target
+    device = lab.api.get(f"/devices/{target}")  # an unknown device says so
+    if "lease" not in device:
+        raise CoordinatorError("forbidden", "taking a lease back needs an admin token")
+    if device["lease"] is None:
+        raise CoordinatorError("no_lease", f"{target} has no live lease (it is {device['state']})")
+    return device["lease"]
+
+
 @admin_group.command("release")
-@click.argument("lease_id", metavar="LEASE")
+@click.argument("target", metavar="LEASE|DEVICE")
 @click.option("--force", is_flag=True, required=True, help="yes, take it from its holder")
 @json_option
 @lab_command
-def admin_release(lab, lease_id, force, as_json):
-    """Take a lease back from its holder (it ends as revoked)."""
-    emit(as_json, lab.api.post(f"/admin/leases/{lease_id}/revoke"), lease_text)
+def admin_release(lab, target, force, as_json):
+    """Take a lease (or the lease on a device) back from its holder: it ends as revoked."""
+    emit(as_json, lab.api.post(f"/admin/leases/{_live_lease_of(lab, target)}/revoke"), lease_text)
 
 
 @admin_group.command("retire")
@@ -193,6 +207,24 @@ def admin_drain(lab, host, undo, as_json):
     """No new leases on HOST's devices; the live ones run out."""
     emit(as_json, lab.api.post(f"/admin/hosts/{host}/drain", {"draining": not undo}),
          lambda h: f"{h['name']} {'drains: no new leases' if h['draining'] else 'takes leases again'}")
+
+
+def _forgotten_text(answer: dict) -> str:
+    if answer["forgotten"] == "device":
+        return f"forgot device {answer['name']} (its leases stay in the audit log)"
+    return f"forgot host {answer['name']} and its devices: {', '.join(answer['devices']) or 'none'}"
+
+
+@admin_group.command("forget")
+@click.argument("name", metavar="HOST|DEVICE")
+@click.option("--device", "kind", flag_value="device", help="it is the device (a host has that name too)")
+@click.option("--host", "kind", flag_value="host", help="it is the host (a device has that name too)")
+@json_option
+@lab_command
+def admin_forget(lab, name, kind, as_json):
+    """Remove an offline device, or an offline host with its devices, for good: none may be
+    leased. A device or host that reports again is registered anew."""
+    emit(as_json, lab.api.post("/admin/forget", {"name": name, "kind": kind}), _forgotten_text)
 
 
 @admin_group.command("audit")

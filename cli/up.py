@@ -3,19 +3,21 @@
 A coordinator on SQLite in the data folder, an exporter for this host, and simulated
 boards ``sim-board-0`` and ``sim-board-1`` (plus the devices of ``--config``), each with a
 simulated camera and a file-backed flash target, and their firmware in the image
-registry, known-good. Both run
-as child processes; Ctrl-C stops the exporter (which stops every service) and then the
-coordinator.
+registry, known-good. Where Xvfb, x11vnc and noVNC are installed each simulated board
+also has a screen: a virtual X display the lab starts (and stops) itself. All run as
+child processes; Ctrl-C stops the exporter (which stops every service), then the
+coordinator, then the displays.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import random
+import select
+import shutil
 import signal
 import socket
 import threading
-import tomllib
 from pathlib import Path
 
 import click
@@ -24,12 +26,15 @@ import tomli_w
 from device_loop.coordinator.serve import default_data_dir
 from device_loop.core.ports import free_port, port_is_free, wait_port_open
 from device_loop.core.process import ProcessRegistry, python_module, start_ticks
-from device_loop.exporter.config import ConfigError, parse_config
+from device_loop.exporter.config import ConfigError, load_config, parse_config
+from device_loop.plugins.vnc import NOVNC
 
 SIM_NAMES = ("sim-board-0", "sim-board-1")
 SIM_CLASS = "sim-board"
 SIM_FIRMWARE = "sim-firmware-1.0"  # the simulated boards' known-good image
 SIM_FIRMWARE_BYTES = 8 << 20
+SCREEN = "1024x768x24"  # a simulated board's screen: width x height x depth
+SCREEN_TOOLS = ("Xvfb", "x11vnc", "websockify")  # and noVNC's files
 
 
 def sim_firmware() -> bytes:
@@ -79,11 +84,11 @@ def _register_sim_firmware(url: str, exporter, stop: threading.Event) -> str | N
 def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
     """The exporter config of the local lab: simulated boards plus the user's devices."""
     user: dict = {}
-    if config_path:
+    if config_path:  # refused as `device-loop exporter --config` refuses it, then merged as written
         try:
-            user = tomllib.loads(Path(config_path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise click.ClickException(f"cannot use {config_path}: {exc}") from None
+            user = load_config(config_path).model_dump(mode="json", by_alias=True, exclude_unset=True)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
     # the trust mode gates nothing: the lab's services listen on loopback, whatever the file says
     exporter = {"name": socket.gethostname().split(".")[0] or "local", **user.get("exporter", {}),
                 "coordinator": url, "state_dir": str(data_dir / "exporter"),
@@ -100,6 +105,55 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
         names = ", ".join(d["name"] for d in sims)
         raise click.ClickException(f"{exc}\n(the lab adds simulated boards named {names})") from None
     return config
+
+
+def _no_screens_because(plugins: dict) -> str | None:
+    """Why the simulated boards get no screen here (a missing tool, the vnc plugin left
+    out by --config), or None."""
+    if "vnc" in plugins.get("disable", []) or "vnc" not in plugins.get("enable", ["vnc"]):
+        return "--config leaves the vnc plugin out"
+    missing = [tool for tool in SCREEN_TOOLS if shutil.which(tool) is None]
+    missing += [] if (NOVNC / "vnc.html").exists() else ["noVNC"]
+    return f"{', '.join(missing)} not installed (apt-get install xvfb x11vnc novnc)" if missing else None
+
+
+def _start_display(registry: ProcessRegistry, board: str):
+    """A virtual X display for ``board``, on a number Xvfb finds free: (its process, ":N"),
+    or (None, why not)."""
+    said, write = os.pipe()
+    try:
+        xvfb = registry.spawn(["Xvfb", "-displayfd", str(write), "-screen", "0", SCREEN, "-nolisten", "tcp"],
+                              name=f"xvfb-{board}", pass_fds=(write,), die_with_parent=True)
+    finally:
+        os.close(write)
+    with os.fdopen(said) as number:  # written once the display takes clients; nothing if Xvfb fails
+        display = number.readline().strip() if select.select([number], [], [], 15)[0] else ""
+    if display.isdigit():
+        return xvfb, f":{display}"
+    xvfb.stop()
+    return None, f"Xvfb did not start (see {xvfb.log_path})"
+
+
+def _add_screens(registry: ProcessRegistry, config: dict, displays: list) -> str:
+    """Give each simulated board of ``config`` a screen where this machine can (its display's
+    process goes into ``displays``): a line that says which board has which display, or why
+    none has one."""
+    why_not = _no_screens_because(config["plugins"])
+    shown = []
+    for device in config["devices"]:
+        if device["name"] not in SIM_NAMES or why_not:
+            continue
+        xvfb, display = _start_display(registry, device["name"])
+        if xvfb is None:
+            why_not = display
+            break
+        displays.append(xvfb)
+        device["resources"].append({"plugin": "vnc", "display": display})
+        shown.append((device["name"], display))
+    line = ", ".join(f"{board} {display}" for board, display in shown) or "none"
+    if why_not:
+        return f"{line} ({why_not})"
+    return f"{line}  (X displays: DISPLAY={shown[0][1]} xterm opens on {shown[0][0]}'s)"
 
 
 def _claim_data_dir(data_dir: Path) -> None:
@@ -129,9 +183,7 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
         raise click.ClickException(f"port {port} is taken (another lab?): stop it, or start this one with "
                                    f"--port {free_port()} and its own --data-dir")
     url = f"http://127.0.0.1:{port}"
-    config = lab_config(data_dir, url, config_path)
-    config_file = data_dir / "exporter.toml"
-    config_file.write_text(tomli_w.dumps(config))
+    config = lab_config(data_dir, url, config_path)  # a config it refuses starts nothing
 
     registry = ProcessRegistry(data_dir / "up")
     _claim_data_dir(data_dir)
@@ -143,10 +195,14 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
     run = python_module("device_loop.cli")
     # a token in the caller's shell is for some other lab: this one has none
     env = {k: v for k, v in os.environ.items() if k != "DEVICE_LOOP_TOKEN"}
-    coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port), "--single-user"],
-                                 name="coordinator", die_with_parent=True, env=env)
-    children = [coordinator]
+    children, displays = [], []  # stopped in this order: the exporter, the coordinator; then the displays
     try:
+        screens = _add_screens(registry, config, displays)
+        config_file = data_dir / "exporter.toml"
+        config_file.write_text(tomli_w.dumps(config))
+        coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port),
+                                            "--single-user"], name="coordinator", die_with_parent=True, env=env)
+        children.append(coordinator)
         if not wait_port_open("127.0.0.1", port, timeout=20) or not coordinator.alive():
             raise click.ClickException(f"the coordinator did not start:\n{coordinator.output()[-2000:]}")
         _prepare_sim_flash(data_dir)
@@ -162,9 +218,11 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
                    f"  coordinator  {url}  (SQLite in {data_dir})\n"
                    f"  web page     {url}/  (live board; /metrics for Prometheus)\n"
                    f"  exporter     {config['exporter']['name']}  devices: {devices}\n"
+                   f"  screens      {screens}\n"
                    f"  logs         {registry.logs}\n"
                    f"Try: {point}device-loop ls; device-loop reserve sim-board-0 --wait\n"
                    f"     device-loop video sim-board-0  (its camera, for a browser)\n"
+                   + ("     device-loop vnc sim-board-0  (its screen, for a browser)\n" if displays else "") +
                    f"     device-loop flash sim-board-0 {SIM_FIRMWARE}  (its flash is the file "
                    f"{sim_flash_target(data_dir, SIM_NAMES[0])})\nCtrl-C stops the lab.")
         while not stop.wait(0.5):
@@ -172,6 +230,6 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
             if dead:
                 raise click.ClickException(f"{dead[0].name} exited:\n{dead[0].output()[-2000:]}")
     finally:
-        for proc in children:
+        for proc in children + displays:
             proc.stop(grace=15)
         click.echo("lab stopped")

@@ -97,7 +97,9 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
 
 
 def _state(device: dict) -> str:
-    marks = (["flashing"] * bool(device.get("flashing")) + ["needs recovery"] * bool(device.get("needs_recovery"))
+    why_faulty = [device.get("health_reason") or "no reason given"] if device["state"] == "faulty" else []
+    marks = (why_faulty + ["flashing"] * bool(device.get("flashing"))
+             + ["needs recovery"] * bool(device.get("needs_recovery"))
              + [f"also claimed by {host}" for host in device.get("conflict_hosts", [])[1:]])
     return device["state"] + (f" ({', '.join(marks)})" if marks else "")
 

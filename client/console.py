@@ -19,6 +19,7 @@ import tty
 import click
 import serial
 
+from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.gate import LocalForward
 from device_loop.core.uart_client import open_uart
 
@@ -28,10 +29,20 @@ from .lab import Lab
 from .output import fail
 
 ESCAPE = b"\x1d"  # Ctrl-], as in telnet
+ENDED_AS = {"expired": "expired", "released": "was released", "revoked": "was revoked", "failed": "failed"}
+
+
+def how_it_ended(lease: dict) -> str:
+    """A lease that is over, in words: how it ended (its state) and why, and what to do."""
+    why = "" if lease["state"] == "expired" else f" ({lease['reason']})"  # (an expiry's reason says it again)
+    return (f"your lease {lease['id']} on {lease['device']} {ENDED_AS.get(lease['state'], 'ended')} at "
+            f"{lease['ended_at']}{why}; to go on: device-loop reserve {lease['device']}")
 
 
 def uart_endpoint(lease) -> dict:
     """The lease's UART endpoint, RFC 2217 first."""
+    if lease.state not in LIVE_LEASE_STATES:
+        raise CoordinatorError("lease_ended", how_it_ended(lease.data))
     endpoints = [e for e in lease.endpoints if e["kind"] == "uart"]
     if endpoints:
         return min(endpoints, key=lambda e: e.get("protocol") != "rfc2217")
@@ -143,5 +154,17 @@ def console_command(lab: Lab, target: str, log_path: str | None, baud: int | Non
         if log:
             log.close()
     if not kept:
-        fail(as_json, "connection_lost", f"the connection to {device}'s UART was lost "
-                                         "(unplugged, its exporter stopped, or another client took over)")
+        ended = _ended_meanwhile(lease)
+        fail(as_json, "lease_ended" if ended else "connection_lost",
+             f"the connection to {device}'s UART was closed: {ended}" if ended else
+             f"the connection to {device}'s UART was lost (unplugged, its exporter stopped, or another client "
+             "took over)")
+
+
+def _ended_meanwhile(lease) -> str | None:
+    """How the lease ended, if that is why its UART went away."""
+    try:
+        lease.refresh()
+    except CoordinatorError:
+        return None
+    return None if lease.state in LIVE_LEASE_STATES else how_it_ended(lease.data)

@@ -46,6 +46,8 @@ def _follow_and_show(lab: Lab, op: dict, detach: bool, as_json: bool) -> None:
     try:
         final = follow_op(lab.api, op, on_progress=show)
     except KeyboardInterrupt:
+        if drawing:
+            click.echo("", err=True)  # off the progress bar's line
         fail(as_json, "interrupted", f"no longer following {op['id']}; the flash goes on: "
                                      f"device-loop op {op['id']} --wait", exit_code=130, op=op["id"])
     if drawing:
@@ -76,7 +78,7 @@ def _failure(lab: Lab, op: dict) -> str:
 @json_option
 @lab_command
 def flash_command(lab: Lab, target: str, image: str, detach: bool, as_json: bool):
-    """Flash IMAGE (name or sha256, from 'device-loop images ls') onto a device you hold,
+    """Flash IMAGE (its REF, sha256:..., or its name, from 'device-loop images ls') onto a device you hold,
     and follow it to its end (exit 1 if it failed)."""
     op = lab.api.post(f"/leases/{_my_lease(lab, target).id}/flash", {"image": image})
     _follow_and_show(lab, op, detach, as_json)

@@ -1,19 +1,33 @@
 """``device-loop forward``: local ports for a lease's gated endpoints, so unmodified
-tools (nc, telnet, adb -H -P, a VNC viewer) connect to localhost."""
+tools (nc, telnet, adb -H -P, a VNC viewer, a browser) connect to localhost."""
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
+import urllib.parse
 
 import click
 
 from device_loop.core import LIVE_LEASE_STATES
-from device_loop.core.gate import serve_forward
+from device_loop.core.gate import LocalForward
 
 from .commands import _my_lease, json_option, lab_command
 from .lab import Lab
 from .output import fail
+
+WATCH_S = 30  # each long-poll of the lease; Ctrl-C interrupts it at once (it runs in the main thread)
+
+
+def local_url(url: str, port: int, secret: str) -> str:
+    """A gated HTTP endpoint's URL through its local port: the local port spoke the gate's
+    handshake already, so the capability (``<secret>/``, in the path and in noVNC's
+    websocket path) comes out."""
+    parts = urllib.parse.urlsplit(url.replace(f"{secret}/", ""))
+    return urllib.parse.urlunsplit(("http", f"127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
+
+
+def _address(endpoint: dict) -> str:
+    """Where to point a tool: an HTTP endpoint's URL, else HOST:PORT."""
+    return endpoint.get("url") or f"{endpoint['host']}:{endpoint['port']}"
 
 
 def _hint(local: dict) -> str:
@@ -23,24 +37,17 @@ def _hint(local: dict) -> str:
         return f"adb -H 127.0.0.1 -P {local['port']} -s {serial} devices"
     if local.get("protocol") == "rfc2217":
         return f"pyserial: rfc2217://{where}?ign_set_control"
+    if local.get("protocol") == "http":
+        return f"a browser: {_address(local)}"
     return f"nc 127.0.0.1 {local['port']}"
 
 
-async def _forward_until_the_lease_ends(pairs, lease) -> dict:
-    """Serve every local port until the lease ends; the lease as it ended."""
-    forwarding = asyncio.gather(*(serve_forward(listener, e["host"], e["port"], secret)
-                                  for listener, e, secret in pairs))
+def _until_the_lease_ends(lease) -> dict:
+    """Watch the lease (long-polls) until it is no longer live; the lease as it ended."""
     while True:
-        watching = asyncio.create_task(asyncio.to_thread(lease.api.get, f"/leases/{lease.id}", wait=30,
-                                                         unless="active"))
-        done, _ = await asyncio.wait([forwarding, watching], return_when=asyncio.FIRST_COMPLETED)
-        if forwarding in done:
-            watching.cancel()
-            return forwarding.result()
-        ended = watching.result()
-        if ended["state"] not in LIVE_LEASE_STATES:
-            forwarding.cancel()
-            return ended
+        now = lease.api.get(f"/leases/{lease.id}", wait=WATCH_S, unless="active")
+        if now["state"] not in LIVE_LEASE_STATES:
+            return now
 
 
 @click.command("forward")
@@ -57,19 +64,24 @@ def forward_command(lab: Lab, target: str, as_json: bool):
     if not secret:
         click.echo(json.dumps(lease.endpoints) if as_json else
                    "this lab does not gate endpoints: connect to them directly:\n" +
-                   "\n".join(f"  {e['kind']:<6} {e['host']}:{e['port']}" for e in lease.endpoints))
+                   "\n".join(f"  {e['kind']:<8} {_address(e)}" for e in lease.endpoints))
         return
-    pairs = [(socket.create_server(("127.0.0.1", 0)), e, secret) for e in lease.endpoints]
-    local = [{**e, "host": "127.0.0.1", "port": listener.getsockname()[1]} for listener, e, _ in pairs]
-    if as_json:
-        click.echo(json.dumps(local), nl=True)
-    else:
-        click.echo(f"forwarding {lease.data['device']} ({lease.id}) until Ctrl-C:")
-        for entry in local:
-            click.echo(f"  {entry['kind']:<6} 127.0.0.1:{entry['port']:<6} {_hint(entry)}")
-    click.get_text_stream("stdout").flush()
+    forwards: list[LocalForward] = []  # each serves its port from a thread of its own
     try:
-        ended = asyncio.run(_forward_until_the_lease_ends(pairs, lease))
+        forwards += [LocalForward(e, secret) for e in lease.endpoints]
+        local = [{**f.endpoint, "url": local_url(f.endpoint["url"], f.endpoint["port"], secret)
+                  if f.endpoint.get("url") else None} for f in forwards]
+        if as_json:
+            click.echo(json.dumps(local), nl=True)
+        else:
+            click.echo(f"forwarding {lease.data['device']} ({lease.id}) until Ctrl-C:")
+            for entry in local:
+                click.echo(f"  {entry['kind']:<8} 127.0.0.1:{entry['port']:<6} {_hint(entry)}")
+        click.get_text_stream("stdout").flush()
+        ended = _until_the_lease_ends(lease)
     except KeyboardInterrupt:
-        return
+        return  # how it is meant to stop: quietly, its ports closed below
+    finally:
+        for forward in forwards:
+            forward.close()
     fail(as_json, "lease_ended", f"lease {lease.id} is {ended['state']} ({ended['reason']}): forwarding stopped")

@@ -27,7 +27,7 @@ def _chunks(path: Path, show_progress: bool):
 
 def _image_text(image: dict) -> str:
     good = ", ".join(image["known_good_for"]) or "-"
-    return (f"{image['name']}  {image['sha256']}\n  {image['size']} bytes, for {image['for']}, "
+    return (f"{image['name']}  sha256:{image['sha256']}\n  {image['size']} bytes, for {image['for']}, "
             f"by {image['uploader']} at {image['created_at']}; known-good for: {good}")
 
 
@@ -58,8 +58,8 @@ def ls_command(lab: Lab, device: str | None, as_json: bool):
     """List the images: name, size, what they are for, known-good marks."""
     params = {"device": device} if device else {}
     emit(as_json, lab.api.get("/images", **params), lambda images: table(
-        ["NAME", "SHA256", "SIZE", "FOR", "KNOWN-GOOD FOR", "UPLOADER"],
-        [[i["name"], i["sha256"][:12], i["size"], i["for"], ",".join(i["known_good_for"]) or "-", i["uploader"]]
+        ["NAME", "REF", "SIZE", "FOR", "KNOWN-GOOD FOR", "UPLOADER"],
+        [[i["name"], i["ref"], i["size"], i["for"], ",".join(i["known_good_for"]) or "-", i["uploader"]]
          for i in images]) if images else "no images yet")
 
 
@@ -69,7 +69,7 @@ def ls_command(lab: Lab, device: str | None, as_json: bool):
 @json_option
 @lab_command
 def mark_good_command(lab: Lab, image: str, target: str, as_json: bool):
-    """Mark IMAGE (name or sha256) known-good for a device or a class (admins)."""
+    """Mark IMAGE (its REF, sha256:..., or its name) known-good for a device or a class (admins)."""
     emit(as_json, lab.api.post(f"/admin/images/{image}/known-good", {"for": target}), _image_text)
 
 
@@ -78,7 +78,8 @@ def mark_good_command(lab: Lab, image: str, target: str, as_json: bool):
 @json_option
 @lab_command
 def rm_command(lab: Lab, image: str, as_json: bool):
-    """Remove IMAGE (yours, or any as an admin); the only known-good image of a device stays."""
+    """Remove IMAGE (its REF, sha256:..., or its name; yours, or any as an admin); the only known-good
+    image of a device stays."""
     emit(as_json, lab.api.post(f"/images/{image}/remove"), lambda r: f"{r['name']} removed")
 
 
@@ -89,4 +90,4 @@ def rm_command(lab: Lab, image: str, as_json: bool):
 def gc_command(lab: Lab, days: float, as_json: bool):
     """Remove images that are not known-good and that nothing used for DAYS (admins)."""
     emit(as_json, lab.api.post("/admin/images/gc", {"unused_days": days}),
-         lambda r: "removed: " + (", ".join(r["removed"]) or "nothing"))
+         lambda r: "removed: " + (", ".join(f"{n} ({ref})" for n, ref in zip(r["removed"], r["refs"])) or "nothing"))

@@ -146,7 +146,7 @@ class Lease:
         return self
 
     def flash(self, image: str, wait: bool = True, timeout: float | None = None) -> dict:
-        """Flash ``image`` (its name or sha256) onto the leased device; with ``wait``, the
+        """Flash ``image`` (its ref, ``sha256:...``, or its name) onto the leased device; with ``wait``, the
         operation once it ended (check its ``state``: ``done`` or ``failed``)."""
         op = self.api.post(f"/leases/{self.id}/flash", {"image": image})
         return follow_op(self.api, op, timeout=timeout) if wait else op

@@ -1,11 +1,12 @@
-"""What only admins do: retire devices, drain hosts, adopt network candidates."""
+"""What only admins do: retire devices, drain hosts, adopt network candidates, forget
+devices and hosts that will not come back."""
 from __future__ import annotations
 
 from device_loop.core.durations import iso
 
-from .errors import conflict, not_found
+from .errors import APIError, conflict, not_found
 from .leases import Leases
-from .notify import host_key
+from .notify import BOARD_KEY, host_key, op_key
 from .store import UniqueViolation
 
 
@@ -55,6 +56,79 @@ class Admin(Leases):
             self._notify(host_key(candidate["host"]))
         return {"identifier": identifier, "name": name, "host": candidate["host"],
                 "note": f"{name} appears once exporter {candidate['host']} reports it (at its next heartbeat)"}
+
+    async def forget(self, name: str, kind: str | None, admin: str) -> dict:
+        """Delete a device, or a host with its devices, for good: only while offline and
+        unleased (a host: all its devices). Leases, flashes and the audit log keep their
+        history; a device or host that reports again later is registered anew."""
+        async with self.store.tx():
+            kind = kind or await self._device_or_host(name)
+            devices = await (self._host_devices_to_forget(name) if kind == "host" else self._device_to_forget(name))
+            for device in devices:
+                self._refuse_to_forget(device)
+            for device in devices:
+                await self._forget_flash(device, admin)
+                flash = {"flash": device["flash_op"]} if device["flash_op"] else {}
+                await self._audit(admin, "forget", device["name"], None, {"host": device["host"], **flash})
+            names = [d["name"] for d in devices]
+            if names:
+                await self.store.forget_devices(names)
+            if kind == "host":
+                await self.store.drop_claims(name)
+                await self.store.forget_host(name)
+                await self._audit(admin, "forget_host", None, None, {"host": name, "devices": names})
+            self._notify(BOARD_KEY)
+        return {"forgotten": kind, "name": name, "devices": names}
+
+    async def _host_devices_to_forget(self, name: str) -> list[dict]:
+        host = await self.store.host(name, for_update=True)  # its heartbeats wait for this transaction
+        if host is None:
+            raise not_found("host", name)
+        if host["online"]:
+            raise conflict("online", f"host {name} is online (it reported at {iso(host['last_seen'])}): "
+                                     "stop its exporter, then forget it")
+        owned = [d for d in await self.store.devices_of_host(name) if d["host"] == name]  # (not its claims)
+        return sorted(owned, key=lambda d: d["name"])
+
+    async def _device_to_forget(self, name: str) -> list[dict]:
+        device = await self.store.device(name)
+        if device is not None and device["host"] is not None:
+            await self.store.host(device["host"], for_update=True)
+            device = await self.store.device(name)  # as it is now that no heartbeat can change it
+        if device is None:
+            raise not_found("device", name)
+        return [device]
+
+    async def _device_or_host(self, name: str) -> str:
+        device, host = await self.store.device(name), await self.store.host(name)
+        if device is not None and host is not None:
+            raise conflict("ambiguous", f"a device and a host are both named {name!r}: say which one "
+                                        "(--device or --host)")
+        if device is None and host is None:
+            raise APIError(404, "unknown_name", f"no device or host is named {name!r}")
+        return "device" if device is not None else "host"
+
+    @staticmethod
+    def _refuse_to_forget(device: dict) -> None:
+        name = device["name"]
+        if device["host_online"] and device["present"]:
+            raise conflict("online", f"{name} is not offline: host {device['host']} still reports it. Take it out "
+                                     "of that exporter's config (or unplug it) first; 'admin retire' keeps it out "
+                                     "of use meanwhile")
+        if device["lease_id"]:
+            raise conflict("leased", f"{name} is leased by {device['holder']} until {iso(device['expires_at'])}: "
+                                     f"take that lease back first (device-loop admin release {name} --force)")
+        if device["flash_op"] and device["host_online"]:
+            raise conflict("flash_running", f"{name} is being flashed by host {device['host']} "
+                                            f"({device['flash_op']}): forget it once that flash has ended")
+
+    async def _forget_flash(self, device: dict, admin: str) -> None:
+        """A flash left on a device of an offline host would wait for that host for ever: it
+        fails with its device."""
+        if device["flash_op"]:
+            await self.store.update_flash_op(device["flash_op"], {
+                "state": "failed", "ended_at": self.clock(), "message": f"its device was forgotten by admin {admin}"})
+            self._notify(op_key(device["flash_op"]))
 
     async def revoke_token(self, token_id: str, admin: str) -> dict:
         async with self.store.tx():

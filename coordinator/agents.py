@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import asyncio
 
+from starlette.responses import JSONResponse
 
+from .errors import APIError
+from .limits import read_body, takes_body
+
+
+@takes_body()  # JSON-RPC messages, 1 MiB at most (uart_exchange sends 64 KiB at most)
 class LazyAgents:
     """An ASGI app that builds the MCP app (``mcp_tools.mcp_app``) on the first request."""
 
@@ -20,6 +26,10 @@ class LazyAgents:
         self._runner: asyncio.Task | None = None
 
     async def __call__(self, scope, receive, send) -> None:
+        try:  # read here, within its limits: the SDK answers a failing read with a 500
+            _, receive = await read_body(receive)
+        except APIError as exc:
+            return await JSONResponse(exc.to_json(), exc.status)(scope, receive, send)
         if self._app is None:
             async with self._loading:
                 if self._app is None:

@@ -16,9 +16,12 @@ from device_loop.core.protocol import Heartbeat
 
 from . import openapi
 from .errors import APIError, bad_request
-from .identity import ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, token_view
+from .identity import (ADMIN, ANYONE, EXPORTER, USER, caller_identity, check_access, issue_token, refusal,
+                       token_view)
+from .limits import MAX_BODY_BYTES, body_of, check_media_type, takes_body
 from .rules import Rules
-from .schemas import AdoptIn, CollectIn, DrainIn, FlashIn, KnownGoodIn, RenewIn, ReserveIn, RetireIn, TokenIn
+from .schemas import (AdoptIn, CollectIn, DrainIn, FlashIn, ForgetIn, KnownGoodIn, RenewIn, ReserveIn, RetireIn,
+                      TokenIn)
 from .store import UniqueViolation
 from .web import pages
 
@@ -41,16 +44,28 @@ async def _body(request: Request, model: type[BaseModel]) -> BaseModel:
     try:  # pydantic parses the JSON itself: a 1000-device heartbeat in a few milliseconds
         return model.model_validate_json(body, strict=True)  # a number is not true or "60"
     except ValidationError as exc:
-        if any(e["type"] == "json_invalid" for e in exc.errors()):
-            raise bad_request("request body is not valid JSON") from None
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors())
-        raise APIError(422, "invalid", problems) from None
+        errors = exc.errors()
+    if any(e["type"] == "json_invalid" for e in errors):
+        raise bad_request("request body is not valid JSON")
+    if any(e["type"] == "int_type" and isinstance(e["input"], float) for e in errors):
+        try:  # 626.0 is an integer to JSON Schema, as to the OpenAPI document: read it as 626
+            return model.model_validate(json.loads(body, parse_float=_integral), strict=True)
+        except ValidationError as exc:
+            errors = exc.errors()
+    problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in errors)
+    raise APIError(422, "invalid", problems)
 
 
-def takes(model: type[BaseModel]):
-    """The handler is called as ``handler(request, body)``, with the JSON body validated
-    as ``model``; the OpenAPI document describes the body with the same model."""
+def _integral(text: str) -> float | int:
+    """A JSON number with a fraction or exponent, as an int if it is a whole number."""
+    number = float(text)
+    return int(number) if number.is_integer() else number
+
+
+def takes(model: type[BaseModel], max_bytes: int = MAX_BODY_BYTES):
+    """The handler is called as ``handler(request, body)``, with the JSON body (``max_bytes``
+    at most) validated as ``model``; the OpenAPI document describes the body with the same model."""
 
     def decorate(handler):
         @functools.wraps(handler)
@@ -58,7 +73,7 @@ def takes(model: type[BaseModel]):
             return await handler(request, await _body(request, model))
 
         parsed.body_model = model
-        return parsed
+        return takes_body(max_bytes)(parsed)
 
     return decorate
 
@@ -98,7 +113,7 @@ def idempotent(handler):
 
         def record(response: Response) -> dict:
             return {"caller": caller, "key": key, "request": fingerprint, "status": response.status_code,
-                    "body": _without_secret(response.body), "created_at": rules.clock()}
+                    "body": _storable(response.body), "created_at": rules.clock()}
 
         try:
             async with rules.store.tx():
@@ -118,29 +133,47 @@ def idempotent(handler):
             return response
         if seen["request"] != fingerprint:
             raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
-        return Response(await _with_secret(rules, seen["body"]), status_code=seen["status"],
+        return Response(await _replayed(rules, seen["body"]), status_code=seen["status"],
                         media_type="application/json")
 
     wrapper.idempotent = True  # the OpenAPI document lists its Idempotency-Key
     return wrapper
 
 
-def _without_secret(body: bytes) -> str:
-    """A stored answer keeps no lease secret: it outlives the lease (a day), the secret must not."""
-    answer = json.loads(body)
-    if isinstance(answer, dict) and answer.get("secret"):
-        answer["secret"] = None
-        return json.dumps(answer)
-    return body.decode()
+# Fields of an answer that are credentials. A stored answer outlives them (a day), and a copy
+# of the database must not give them away: they are taken out of it wherever they appear (a
+# lease's secret is also in the capability URLs of its endpoints).
+CREDENTIALS = ("secret", "token")
+SECRET_MARK = "<lease secret>"
 
 
-async def _with_secret(rules: Rules, body: str) -> str:
-    """A replayed lease answer, with its secret again while the lease lives (the first answer had it)."""
+def _storable(body: bytes) -> str:
+    """An answer as it is stored for replays: without any credential."""
+    text = body.decode()
+    answer = json.loads(text)
+    if isinstance(answer, dict):
+        for field in CREDENTIALS:
+            value = answer.get(field)
+            if isinstance(value, str) and value:
+                text = text.replace(value, SECRET_MARK if field == "secret" else "")
+    return text
+
+
+async def _replayed(rules: Rules, body: str) -> str:
+    """A stored answer, replayed: a lease's secret back while the lease lives (the first answer
+    had it; it ends with the lease), and a token never (it was shown once: the answer says so)."""
     answer = json.loads(body)
-    if not (isinstance(answer, dict) and "secret" in answer and str(answer.get("id", "")).startswith(LEASE_PREFIX)):
+    if not isinstance(answer, dict):
         return body
-    lease = await rules.store.lease(answer["id"])
-    answer["secret"] = lease["secret"] if lease else None
+    if str(answer.get("id", "")).startswith(LEASE_PREFIX) and SECRET_MARK in body:
+        lease = await rules.store.lease(answer["id"])
+        secret = lease["secret"] if lease else None
+        answer = json.loads(body.replace(SECRET_MARK, secret or ""))
+        answer["secret"] = secret
+    if answer.get("token") == "":
+        answer["token"] = None
+        answer["note"] = (f"already done: token {answer.get('id')} was made by the first request with this "
+                          "Idempotency-Key; its secret was shown then, once, and is kept nowhere")
     return json.dumps(answer)
 
 
@@ -153,7 +186,8 @@ async def list_devices(request: Request) -> Response:
 
 
 async def device_info(request: Request) -> Response:
-    return _json(await _rules(request).device_info(request.path_params["name"]))
+    admin = refusal(ADMIN, await _caller(request)) is None  # who may revoke the lease sees its id
+    return _json(await _rules(request).device_info(request.path_params["name"], admin))
 
 
 async def device_log(request: Request) -> Response:
@@ -164,7 +198,10 @@ async def list_hosts(request: Request) -> Response:
     return _json(await _rules(request).hosts())
 
 
-@takes(Heartbeat)
+# a host of 1000 devices (the most a report has) with 4 resources each, their services and
+# 1000 network finds is 2.3 MiB; the bound of every field (32 resources, 1000-character
+# reasons) would allow 37 MiB, which no host sends
+@takes(Heartbeat, max_bytes=8 << 20)
 async def heartbeat(request: Request, report: Heartbeat) -> Response:
     actor = f"exporter:{request.path_params['name']}"
     return _json(await _rules(request).heartbeat(request.path_params["name"], report, actor))
@@ -260,6 +297,15 @@ async def drain_host(request: Request, body: DrainIn) -> Response:
     return _json(await rules.drain(request.path_params["host"], caller.name, body.draining))
 
 
+@idempotent
+@takes(ForgetIn)
+async def forget(request: Request, body: ForgetIn) -> Response:
+    """Delete an offline device nobody holds, or an offline host with its devices, for good
+    (leases and the audit log keep their history)."""
+    rules, caller = _rules(request), await _caller(request)
+    return _json(await rules.forget(body.name, body.kind, caller.name))
+
+
 async def list_candidates(request: Request) -> Response:
     return _json(await _rules(request).candidates())
 
@@ -272,6 +318,7 @@ async def adopt_candidate(request: Request, body: AdoptIn) -> Response:
                                    caller.name), 201)
 
 
+@takes_body(max_bytes=None, media_type=None)  # bytes, streamed; the registry bounds them (--max-image-size)
 async def upload_image(request: Request) -> Response:
     """The body is the image, streamed; what it is comes in the query string (name, for,
     description; sha256 and size if the uploader knows them)."""
@@ -333,12 +380,15 @@ async def recover_unleased(request: Request) -> Response:
 
 
 async def flash_op(request: Request) -> Response:
-    rules, unless = _rules(request), request.query_params.get("unless")
-    return _json(await rules.wait_op(request.path_params["op_id"], unless, _wait_s(request), _hung_up(request)))
+    rules, unless, caller = _rules(request), request.query_params.get("unless"), await _caller(request)
+    return _json(await rules.wait_op(request.path_params["op_id"], unless, _wait_s(request), _hung_up(request),
+                                     caller=caller.name, admin=refusal(ADMIN, caller) is None))
 
 
 async def device_flashes(request: Request) -> Response:
-    return _json(await _rules(request).flashes_of(request.path_params["name"]))
+    caller = await _caller(request)  # a flash's lease is shown to its requester, its holder and admins
+    return _json(await _rules(request).flashes_of(request.path_params["name"], caller=caller.name if caller.known
+                                                  else None, admin=refusal(ADMIN, caller) is None))
 
 
 class _ImageFile(FileResponse):
@@ -375,13 +425,14 @@ async def metrics(request: Request) -> Response:
 
 
 async def openapi_json(request: Request) -> Response:
-    """This API's OpenAPI description."""
-    return Response(_openapi_document(), media_type="application/json")
+    """This API's OpenAPI description (this lab's: its longest lease, its trust mode)."""
+    document = _openapi_document(_rules(request).settings.max_ttl_s, request.app.state.single_user)
+    return Response(document, media_type="application/json")
 
 
 @functools.cache
-def _openapi_document() -> bytes:
-    return json.dumps(openapi.document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS)).encode()
+def _openapi_document(max_ttl_s: float, single_user: bool) -> bytes:
+    return json.dumps(openapi.document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS, max_ttl_s, single_user)).encode()
 
 
 # The route table: every route, and who may call it. Only the ANYONE rows take callers
@@ -416,6 +467,7 @@ ROUTES = [
     ("POST", "/api/v1/admin/devices/{device}/retire", ADMIN, retire_device),
     ("POST", "/api/v1/admin/devices/{device}/recover", ADMIN, recover_unleased),
     ("POST", "/api/v1/admin/hosts/{host}/drain", ADMIN, drain_host),
+    ("POST", "/api/v1/admin/forget", ADMIN, forget),  # a device or host that will not come back
     ("GET", "/api/v1/admin/audit", ADMIN, audit_log),
     ("GET", "/api/v1/admin/candidates", ADMIN, list_candidates),
     ("POST", "/api/v1/admin/candidates/{identifier:path}/adopt", ADMIN, adopt_candidate),
@@ -439,6 +491,7 @@ def _guarded(access: str, handler):
         if any("\x00" in text for text in [*request.path_params.values(), *request.query_params.keys(),
                                           *request.query_params.values()]):
             raise bad_request("the URL has a NUL character (%00)")
+        check_media_type(body_of(handler), request.method, request.headers)
         return await handler(request)
     return guard
 

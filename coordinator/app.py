@@ -13,12 +13,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.middleware import Middleware
-from starlette.routing import Route
+from starlette.routing import Match, Route
 
 from .api import routes
 from .errors import APIError
 from .agents import LazyAgents
 from .events import Broadcaster
+from .limits import BODY_GAP_S, BoundedBodies
 from .notify import CallerGone
 from .origin import KnownOrigins, allowed_hosts as known_hosts
 from .rules import Rules, Settings
@@ -34,8 +35,13 @@ async def _api_error(request: Request, exc: APIError) -> JSONResponse:
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    headers = exc.headers
+    if exc.status_code == 405:  # Starlette's Allow names the first route of the path; a path has a route a method
+        methods = {m for route in request.app.router.routes if isinstance(route, Route)
+                   and route.matches(request.scope)[0] != Match.NONE for m in route.methods or ()}
+        headers = {**(headers or {}), "Allow": ", ".join(sorted(methods))}
     return JSONResponse({"error": code, "message": f"{request.method} {request.url.path}: {exc.detail}"},
-                        status_code=exc.status_code, headers=exc.headers)  # a 405's Allow
+                        status_code=exc.status_code, headers=headers)
 
 
 async def _hung_up(request: Request, exc: CallerGone) -> Response:
@@ -61,7 +67,7 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
 
 def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False,
                allowed_hosts: list[str] = (), tailnet_socket: str | None = None,
-               tailnet_admins: list[str] = ()) -> Starlette:
+               tailnet_admins: list[str] = (), body_gap_s: float = BODY_GAP_S) -> Starlette:
     """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
 
     ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
@@ -69,7 +75,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     headers (``name`` or ``name:port``) clients and agents reach this coordinator by,
     besides loopback; others get 421.
     ``tailnet_socket``: tailscaled's LocalAPI socket, to know callers without a token by
-    their tailnet login (``tailnet_admins`` are admins).
+    their tailnet login (``tailnet_admins`` are admins). ``body_gap_s``: the longest a
+    request body may pause before the request is cut (408).
     """
     store = Store(database_url)
     settings = settings or Settings()
@@ -107,7 +114,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
 
     app = Starlette(
         routes=[*routes, Route("/mcp", endpoint=agents, methods=["POST"])],  # stateless: no GET event stream
-        middleware=[Middleware(KnownOrigins, allowed=list(allowed_hosts))],
+        middleware=[Middleware(KnownOrigins, allowed=list(allowed_hosts)),
+                    Middleware(BoundedBodies, gap_s=body_gap_s)],
         lifespan=lifespan,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, CallerGone: _hung_up,
                             Exception: _crash},

@@ -22,10 +22,11 @@ from .store import LIVE, UniqueViolation
 from .views import Views
 
 
-def op_json(op: dict) -> dict:
-    """A flash operation as anyone in the lab sees it."""
+def op_json(op: dict, lease_shown: bool = False) -> dict:
+    """A flash operation as anyone in the lab sees it; its lease (private to its holder, as
+    lease ids are) only with ``lease_shown``: for its requester, the lease's holder and admins."""
     answer = {
-        "id": op["id"], "device": op["device"], "host": op["host"], "lease": op["lease_id"],
+        "id": op["id"], "device": op["device"], "host": op["host"], "lease": op["lease_id"] if lease_shown else None,
         "requester": op["requester"], "purpose": op["purpose"],
         "image": {"name": op["image_name"], "sha256": op["sha256"], "size": op["size"]},
         "state": op["state"], "phase": op["phase"], "done_bytes": op["done_bytes"], "total_bytes": op["size"],
@@ -40,10 +41,10 @@ def op_json(op: dict) -> dict:
 
 class Flashes(Images, Views):
     async def flash(self, lease_id: str, image_ref: str, caller: str, admin: bool = False) -> dict:
-        """Flash ``image_ref`` (a name or sha256) onto the device of ``lease_id``."""
+        """Flash ``image_ref`` (``images.parse_ref``) onto the device of ``lease_id``."""
         async with self.store.tx():
             device = await self._leased_device(lease_id, caller, admin)
-            image = await self._image(image_ref)
+            image = await self._image(image_ref, {f"device:{device['name']}", f"class:{device['class']}"})
             return await self._start(device, image, lease_id, caller, "flash")
 
     async def recover(self, lease_id: str, caller: str, admin: bool = False) -> dict:
@@ -63,22 +64,35 @@ class Flashes(Images, Views):
                                          f"their lease first (device-loop admin release --force {device['lease_id']})")
             return await self._start(device, await self._known_good(device), device["lease_id"], admin, "recover")
 
-    async def op(self, op_id: str) -> dict:
+    async def op(self, op_id: str, *, caller: str | None = None, admin: bool = False) -> dict:
+        """An operation as ``caller`` sees it (``_ops_json``)."""
         op = await self.store.flash_op(op_id)
         if op is None:
             raise not_found("operation", op_id)
-        return op_json(op)
+        return (await self._ops_json([op], caller, admin))[0]
 
-    async def wait_op(self, op_id: str, unless_state: str | None, wait_s: float, gone) -> dict:
+    async def wait_op(self, op_id: str, unless_state: str | None, wait_s: float, gone, *, caller: str | None = None,
+                      admin: bool = False) -> dict:
         """Long-poll: the operation once its state is not ``unless_state`` (or ``wait_s`` passed)."""
-        return await self.notifier.long_poll(op_key(op_id), lambda: self.op(op_id),
+        return await self.notifier.long_poll(op_key(op_id), lambda: self.op(op_id, caller=caller, admin=admin),
                                              lambda op: op["state"] != unless_state, wait_s, gone)
 
-    async def flashes_of(self, name: str, limit: int = 20) -> list[dict]:
-        """A device's latest flash operations, newest first."""
+    async def flashes_of(self, name: str, limit: int = 20, *, caller: str | None = None,
+                         admin: bool = False) -> list[dict]:
+        """A device's latest flash operations, newest first, as ``caller`` sees them (``_ops_json``)."""
         if await self.store.device(name) is None:
             raise not_found("device", name)
-        return [op_json(op) for op in await self.store.flash_ops_of_device(name, limit)]
+        return await self._ops_json(await self.store.flash_ops_of_device(name, limit), caller, admin)
+
+    async def _ops_json(self, ops: list[dict], caller: str | None, admin: bool) -> list[dict]:
+        """``ops`` with the lease of each shown only to who may see it: an admin, the one who
+        asked for the flash, and the holder of its lease (``caller`` None: nobody)."""
+        holders: dict[str, str] = {}
+        if caller is not None and not admin:
+            others = [op["lease_id"] for op in ops if op["lease_id"] and op["requester"] != caller]
+            holders = await self.store.lease_holders(others) if others else {}
+        return [op_json(op, admin or caller is not None and caller in (op["requester"], holders.get(op["lease_id"])))
+                for op in ops]
 
     async def image_for_host(self, host: str, sha256: str) -> str:
         """The file of an image that a live flash on ``host`` writes (exporters fetch only those)."""
@@ -134,7 +148,7 @@ class Flashes(Images, Views):
         await self._audit(caller, purpose, name, lease_id, {"op": op["id"], "image": image["name"],
                                                             "sha256": image["sha256"], "size": image["size"]})
         self._notify(host_key(device["host"]), BOARD_KEY)  # the board shows it flashing
-        return op_json(op)
+        return op_json(op, lease_shown=True)  # to its requester
 
     @staticmethod
     def _busy(name: str, op_id: str) -> APIError:

@@ -27,7 +27,19 @@ from .store import UniqueViolation
 log = logging.getLogger(__name__)
 
 SUPERSEDED_KEPT = 8  # boot ids of a host remembered as replaced
+REPORT_CAUSE = "exporter report"  # a change with no more particular cause than the host's report
 _HEALTH_ORDER = {"ok": 0, "degraded": 1, "failed": 2}
+
+
+def _cause(row: dict, new_state: str, cause: str) -> str:
+    """The cause a change of state is logged with: a device that turns faulty says why
+    (its failing resources' reasons), and one that recovers says that."""
+    if new_state == "faulty":
+        failed = f"health failed: {row['health_reason'] or 'no reason given'}"
+        return failed if cause == REPORT_CAUSE else f"{cause}; {failed}"
+    if row["state"] == "faulty" and new_state == "idle" and cause == REPORT_CAUSE:
+        return "health is ok again"
+    return cause
 
 
 def _digest(text: str) -> str:
@@ -76,7 +88,7 @@ class _Changes:
         for name, row in self.rows.items():
             new = device_state(row)
             if new != row["state"]:
-                self.log(row, new, self.causes.get(name, self.default_cause))
+                self.log(row, new, _cause(row, new, self.causes.get(name, self.default_cause)))
                 row["state"], row["state_since"] = new, self.now
             if name in self.dirty:
                 row["updated_at"] = self.now
@@ -138,7 +150,7 @@ class Heartbeats(Flashes):
         full = (previous is None or previous["boot_id"] != report.boot_id or previous["online"] != online
                 or previous["devices_digest"] != snapshot)
         if previous is None or online and previous["online"]:
-            cause = "exporter report"
+            cause = REPORT_CAUSE
         else:
             cause = f"exporter {host_name} stopped" if report.stopping else "host is heartbeating again"
         changes = _Changes(now, actor, cause)
@@ -210,6 +222,7 @@ class Heartbeats(Flashes):
                        "conflict_host": None, "created_at": changes.now, "state_since": changes.now, "log_seq": 0,
                        "lease_id": None, "lease_state": None, "host_online": online, "present": False, **fields}
                 changes.dirty.add(device.name)
+                changes.causes[device.name] = f"registered: first reported by host {host_name}"
             elif not row["present"]:
                 changes.causes[device.name] = f"host {host_name} reports it again"
             changes.wake_host |= not row["present"]
@@ -278,7 +291,8 @@ class Heartbeats(Flashes):
         row = {"boot_id": report.boot_id, "generation": report.generation, "protocol": report.protocol,
                "version": report.version, "heartbeat_s": report.heartbeat_s, "plugins": report.plugins.model_dump(),
                "services": [s.model_dump(exclude_none=True) for s in report.services],
-               "last_seen": now, "online": online, "devices_digest": snapshot, "link_lost": False}
+               "last_seen": now, "online": online, "devices_digest": snapshot, "link_lost": False,
+               "address": report.address}  # its own: endpoints are there, and snapshots fetched only there
         if previous is None:
             await self.store.save_host({"name": host_name, **row, "superseded_boots": []}, new=True)
             return

@@ -36,6 +36,9 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 LAB_OWNER = getpass.getuser()  # the login the coordinator runs as
 # no "@" in token names: tailnet logins have one, so the two never name the same person
 USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# the names the coordinator itself acts under in the audit log and the ring logs (and
+# "exporter:HOST", "database:LOGIN", which the pattern above cannot match): nobody is called so
+RESERVED_NAMES = {"coordinator", "anonymous"}
 
 # Who may call a route: a route names one of these in the route table (api.ROUTES).
 ANYONE = "anyone"        # no token needed: health, the public board
@@ -73,6 +76,11 @@ def new_token() -> tuple[str, str]:
     return token_id, f"dl_{secrets.token_urlsafe(32)}"
 
 
+def usable_name(name: str) -> bool:
+    """Whether a person (or an exporter's host) may be called ``name``."""
+    return bool(USERNAME.match(name)) and name.lower() not in RESERVED_NAMES
+
+
 async def caller_identity(request: Request) -> Identity:
     """The caller of ``request`` (computed once per request)."""
     if not hasattr(request.state, "identity"):
@@ -85,7 +93,11 @@ async def _identify(request: Request) -> Identity:
     if app.single_user:
         # `device-loop up` on loopback: one person's lab, everyone local is trusted; who
         # does not say (an agent) is that person, as the CLI in their shell is
-        return Identity(request.headers.get(USER_HEADER, "").strip()[:64] or LAB_OWNER, trusted=True)
+        said = request.headers.get(USER_HEADER, "").strip()
+        if said and not usable_name(said):
+            raise APIError(400, "bad_user", f"{USER_HEADER}: {said[:64]!r} is not a usable name (letters, digits, "
+                                            f". _ -; 64 at most; not {', '.join(sorted(RESERVED_NAMES))})")
+        return Identity(said or LAB_OWNER, trusted=True)
     header = request.headers.get("authorization", "")
     if header:
         scheme, _, token = header.partition(" ")
@@ -174,8 +186,9 @@ async def issue_token(store, clock, username: str | None = None, admin: bool = F
     if (username is None) == (host is None):
         raise APIError(422, "invalid", "a token is for a person or for an exporter's host, not both")
     name = username if host is None else host
-    if not USERNAME.match(name) or name == ANONYMOUS.name:
-        raise APIError(422, "invalid", f"{name!r} is not a usable name (letters, digits, . _ -)")
+    if not usable_name(name):
+        raise APIError(422, "invalid", f"{name!r} is not a usable name (letters, digits, . _ -; not "
+                                       f"{', '.join(sorted(RESERVED_NAMES))}, which the lab's own actions use)")
     token_id, token = new_token()
     now = clock()
     row = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",

@@ -2,21 +2,48 @@
 
 An upload streams to a temporary file in the same folder while it is hashed (never
 whole in memory; the hashing, writing and syncing in a worker thread, so that other
-requests are not held up), and is renamed into place only once its size and digest are known
-and agree with what the uploader declared; a refused upload leaves nothing behind.
+requests are not held up). What happens to it next is the registry's to decide
+(``images.py``): it is put in place under its digest (``place``) or dropped
+(``discard``). A file in place is never removed here on an upload's behalf: several
+uploads (in several coordinator processes) may share it, and only the database knows
+whether a row uses it (``Images.sweep_files``).
+
+A temporary file is locked (``flock``) while its upload lives, so that a start-up, or
+any process sharing the folder, can tell the files that a killed upload left behind.
 """
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import hashlib
+import logging
 import os
+import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
 
+from starlette.requests import ClientDisconnect
+
 from .errors import APIError
 
+log = logging.getLogger(__name__)
 BATCH = 4 << 20  # bytes of an upload kept in memory before they go to disk
+PARTIAL_PREFIX = ".upload-"
+DIGEST_NAME = re.compile(r"^[0-9a-f]{64}$")
+# the disk, the account's quota or the process's file size limit is full
+FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+@dataclass
+class Received:
+    """An upload on disk, not yet in place."""
+    sha256: str
+    size: int
+    partial: Path
+    fd: int  # open, and locked, until placed or discarded
 
 
 class ImageFiles:
@@ -32,49 +59,101 @@ class ImageFiles:
     def path(self, sha256: str) -> Path:
         return self._need_folder() / sha256
 
-    async def receive(self, chunks: AsyncIterator[bytes], limit: int, declared_sha256: str | None = None,
-                      declared_size: int | None = None) -> tuple[str, int, bool]:
-        """Store an upload: ``(sha256, size, new)``; ``new`` is False when the same bytes were
-        there already (the upload is then dropped)."""
+    async def receive(self, chunks: AsyncIterator[bytes], limit: int, too_large: APIError,
+                      declared_sha256: str | None = None, declared_size: int | None = None) -> Received:
+        """Stream an upload to a temporary file of the folder, checked against ``limit``
+        (past it: ``too_large``) and what the uploader declared. Nothing is left on disk
+        when it is refused, cut off, or the disk is full."""
         folder = self._need_folder()
         digest, size = hashlib.sha256(), 0
         batch, filled = bytearray(BATCH), 0  # one buffer, reused: memory stays flat whatever the size
 
-        def store(out, data: memoryview, last: bool = False) -> None:
+        def store(data: memoryview, last: bool = False) -> None:
             digest.update(data)
             out.write(data)
             if last:
                 out.flush()
                 os.fsync(out.fileno())
 
-        fd, partial = tempfile.mkstemp(dir=folder, prefix=".upload-")
+        fd, name = tempfile.mkstemp(dir=folder, prefix=PARTIAL_PREFIX)
+        partial = Path(name)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        keep = False
         try:
-            with os.fdopen(fd, "wb") as out, memoryview(batch) as view:
+            out = os.fdopen(os.dup(fd), "wb")
+            with out, memoryview(batch) as view:
                 async for chunk in chunks:
                     size += len(chunk)
                     if size > limit:
-                        raise APIError(413, "too_large", f"the image is over this lab's limit of {limit} bytes")
+                        raise too_large
                     while chunk:  # hashing and writing, off the event loop, a batch at a time
                         taken = min(len(chunk), BATCH - filled)
                         view[filled:filled + taken] = chunk[:taken]
                         filled, chunk = filled + taken, chunk[taken:]
                         if filled == BATCH:
-                            await asyncio.to_thread(store, out, view)
+                            await asyncio.to_thread(store, view)
                             filled = 0
-                await asyncio.to_thread(store, out, view[:filled], True)
+                await asyncio.to_thread(store, view[:filled], True)
             sha256 = digest.hexdigest()
             if declared_size is not None and declared_size != size:
                 raise APIError(422, "size_mismatch", f"declared {declared_size} bytes, received {size}: nothing kept")
             if declared_sha256 is not None and declared_sha256.lower() != sha256:
                 raise APIError(422, "checksum_mismatch",
                                f"declared sha256 {declared_sha256}, received {sha256}: nothing kept")
-            final = folder / sha256
-            if final.exists():
-                return sha256, size, False
-            os.replace(partial, final)
-            return sha256, size, True
+            keep = True
+            return Received(sha256, size, partial, fd)
+        except ClientDisconnect:
+            log.warning("an upload was cut off by its client after %d bytes: nothing kept", size)
+            raise APIError(400, "upload_cut", f"the upload was cut off after {size} bytes: nothing kept") from None
+        except OSError as exc:
+            if exc.errno in FULL:
+                raise APIError(507, "registry_full", f"the image registry's disk is full ({exc.strerror}) after "
+                                                     f"{size} bytes: nothing kept; an admin frees space "
+                                                     "(device-loop images gc)") from None
+            raise
         finally:
-            Path(partial).unlink(missing_ok=True)
+            if not keep:
+                partial.unlink(missing_ok=True)
+                os.close(fd)
+
+    def place(self, received: Received) -> None:
+        """Put a received file in place under its digest (the same bytes may be there already)."""
+        try:
+            os.replace(received.partial, self.path(received.sha256))
+        finally:
+            os.close(received.fd)
+
+    def discard(self, received: Received) -> None:
+        received.partial.unlink(missing_ok=True)
+        os.close(received.fd)
 
     def remove(self, sha256: str) -> None:
         self.path(sha256).unlink(missing_ok=True)
+
+    def digests(self) -> set[str]:
+        """The digests whose files are in the folder."""
+        if self.folder is None or not self.folder.is_dir():
+            return set()
+        return {p.name for p in self.folder.iterdir() if DIGEST_NAME.match(p.name)}
+
+    def sweep_partials(self) -> list[str]:
+        """Remove the temporary files of uploads that no longer run (their process was
+        killed): those nobody holds locked. Their names."""
+        if self.folder is None or not self.folder.is_dir():
+            return []
+        removed = []
+        for partial in self.folder.glob(PARTIAL_PREFIX + "*"):
+            try:
+                fd = os.open(partial, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live upload's
+            else:
+                partial.unlink(missing_ok=True)
+                removed.append(partial.name)
+            finally:
+                os.close(fd)
+        return removed

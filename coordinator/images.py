@@ -6,6 +6,8 @@ class) is what recovery flashes.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 from typing import AsyncIterator
 
@@ -16,17 +18,61 @@ from .errors import APIError, conflict, not_found
 from .lifecycle import Lifecycle
 from .store import UniqueViolation
 
+log = logging.getLogger(__name__)
+
 SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
-SHA256_PREFIX = re.compile(r"^[0-9a-fA-F]{8,63}$")
+DIGEST_PREFIX = "sha256:"
+HEX = re.compile(r"^[0-9a-fA-F]+$")
+MIN_PREFIX_DIGITS = 8  # the start of a digest names an image from this many digits on
+REF_DIGITS = 12        # what listings print of a digest
+FILE_PIN_S = 60.0      # an upload's pin keeps its file from the sweep this long at most
+SWEEP_EVERY_S = 60.0
+
+
+def image_ref(sha256: str) -> str:
+    """How an image is named where it can never be confused with another: its digest's start,
+    as ``sha256:`` and 12 digits (names can never look like a digest: ``check_image_name``)."""
+    return f"{DIGEST_PREFIX}{sha256[:REF_DIGITS]}"
+
+
+def check_image_name(name: str) -> None:
+    """An image's name: the lab's name pattern, and never what a reference to a digest looks like."""
+    if not re.match(NAME_PATTERN, name or ""):
+        raise APIError(422, "invalid", f"image name {name!r}: letters, digits, '.', '_', '-'; 64 at most")
+    if len(name) >= MIN_PREFIX_DIGITS and HEX.match(name):
+        raise APIError(422, "invalid", f"image name {name!r} looks like a sha256 or its start ({MIN_PREFIX_DIGITS} "
+                                       "or more hexadecimal digits), which name images by their bytes: choose a "
+                                       "name with another character in it")
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    """What an image reference means: ``("digest", hex)`` for ``sha256:`` and 64 digits (or
+    64 digits alone), ``("prefix", hex)`` for ``sha256:`` and 8 digits or more (or 8 to 63
+    digits alone), else ``("name", ref)``. A digest and a name are never confused: names may
+    not look like a digest's start."""
+    digits = ref.removeprefix(DIGEST_PREFIX)
+    if ref.startswith(DIGEST_PREFIX) and not (MIN_PREFIX_DIGITS <= len(digits) <= 64 and HEX.match(digits)):
+        raise APIError(422, "invalid", f"{ref!r}: after {DIGEST_PREFIX!r} come {MIN_PREFIX_DIGITS} to 64 "
+                                       "hexadecimal digits of the image's sha256")
+    if len(digits) >= MIN_PREFIX_DIGITS and HEX.match(digits):
+        return ("digest" if len(digits) == 64 else "prefix"), digits.lower()
+    return "name", ref
+
+
+def _listed(images: list[dict]) -> str:
+    return ", ".join(f"{i['name']} for {i['target']} ({image_ref(i['sha256'])})" for i in images)
 
 
 def image_json(row: dict) -> dict:
-    return {"sha256": row["sha256"], "name": row["name"], "size": row["size"], "description": row["description"],
-            "for": row["target"], "uploader": row["uploader"], "created_at": iso(row["created_at"]),
-            "last_used_at": iso(row["last_used_at"]), "known_good_for": row.get("known_good_for", [])}
+    return {"sha256": row["sha256"], "ref": image_ref(row["sha256"]), "name": row["name"], "size": row["size"],
+            "description": row["description"], "for": row["target"], "uploader": row["uploader"],
+            "created_at": iso(row["created_at"]), "last_used_at": iso(row["last_used_at"]),
+            "known_good_for": row.get("known_good_for", [])}
 
 
 class Images(Lifecycle):
+    _next_sweep = 0.0
+
     async def _target(self, name: str) -> str:
         """``device:NAME`` or ``class:NAME`` for what an image is for (given as a name, or
         in that form, as listings print it)."""
@@ -37,19 +83,27 @@ class Images(Lifecycle):
             return f"class:{bare}"
         raise APIError(422, "unknown_target", f"no device or device class is called {name!r}")
 
-    async def _image(self, ref: str) -> dict:
-        """An image by its name, its sha256, or the start of it (8 digits or more, as
-        listings print 12)."""
-        image = await self.store.image(ref)
-        if image is None and SHA256_PREFIX.match(ref):
-            found = await self.store.images_by_prefix(ref.lower())
-            if len(found) > 1:
-                raise APIError(422, "ambiguous_image", f"{ref!r} starts the sha256 of several images: "
-                                                       f"{', '.join(i['name'] for i in found)}; give more digits")
-            image = found[0] if found else None
-        if image is None:
-            raise not_found("image", ref)
-        return image
+    async def _image(self, ref: str, targets: set[str] | None = None) -> dict:
+        """An image by its reference (``parse_ref``): a digest, its start, or a name. A name is
+        unique for one target only: of several images so called, the one for ``targets`` (the
+        device being flashed and its class, the target being marked), else the reference is
+        refused as ambiguous, with what it matched."""
+        kind, value = parse_ref(ref)
+        if kind == "digest":
+            found = [image] if (image := await self.store.image(value)) else []
+        elif kind == "prefix":
+            found = await self.store.images_by_prefix(value)
+        else:
+            found = await self.store.images_named(value)
+            fitting = [i for i in found if targets and i["target"] in targets]
+            found = fitting if len(fitting) == 1 else found
+        if not found:
+            what = "has a sha256 starting" if kind == "prefix" else "has the sha256" if kind == "digest" else "is called"
+            raise APIError(404, "unknown_image", f"no image {what} {value!r}")
+        if len(found) > 1:
+            raise APIError(422, "ambiguous_image", f"{ref!r} names several images: {_listed(found)}; name one by "
+                                                   "its sha256 (as shown) instead")
+        return found[0]
 
     async def known_good_image(self, device: dict) -> dict | None:
         """The image recovery writes onto ``device`` (its name and class): the latest marked
@@ -62,38 +116,114 @@ class Images(Lifecycle):
 
     async def upload(self, chunks: AsyncIterator[bytes], name: str, target_name: str, description: str,
                      declared_sha256: str | None, declared_size: int | None, caller: str) -> tuple[dict, bool]:
-        """Store an image streamed in ``chunks``: (the image, whether it is new)."""
-        if not re.match(NAME_PATTERN, name or ""):
-            raise APIError(422, "invalid", f"image name {name!r}: letters, digits, '.', '_', '-'; 64 at most")
+        """Store an image streamed in ``chunks``: (the image, whether it is new).
+
+        The file is put in place under its digest only after the database pinned it, and
+        never removed on an upload's behalf: the same bytes may be another upload's, in this
+        process or another. Files no row uses go in ``sweep_files``."""
+        check_image_name(name)
         if len(description) > 1000:
             raise APIError(422, "invalid", "the description is longer than 1000 characters")
         if declared_sha256 is not None and not SHA256.match(declared_sha256):
             raise APIError(422, "invalid", "sha256 must be 64 hexadecimal digits")
         target = await self._target(target_name)
-        sha256, size, new_file = await self.image_files.receive(chunks, self.settings.max_image_bytes,
-                                                                declared_sha256, declared_size)
+        limit, too_large = await self._upload_limit(caller)
+        received = await self.image_files.receive(chunks, limit, too_large, declared_sha256, declared_size)
         try:
             async with self.store.tx():
-                existing = await self.store.image(sha256)
-                if existing is not None:
-                    if existing["name"] != name:
-                        raise conflict("image_exists", f"these bytes are image {existing['name']!r} already (for "
-                                                       f"{existing['target']}); to flash them onto {target_name} "
-                                                       f"too, an admin marks that image known-good for it")
-                    return image_json(existing), False
-                now = self.clock()
-                row = {"sha256": sha256, "name": name, "size": size, "description": description, "target": target,
-                       "uploader": caller, "created_at": now, "last_used_at": now}
-                try:
-                    await self.store.insert_image(row)
-                except UniqueViolation:
-                    raise conflict("name_taken", f"another image is called {name!r}; choose another name") from None
-                await self._audit(caller, "image_upload", None, None, {"image": name, "sha256": sha256, "size": size})
-        except APIError:
-            if new_file:
-                self.image_files.remove(sha256)
+                existing = await self.store.image(received.sha256)
+                if existing is None:
+                    self._refuse_taken_name(await self.store.images_named(name), name, target)
+                    await self.store.pin_image_file(received.sha256, self.clock())
+        except BaseException:
+            self.image_files.discard(received)
+            raise
+        if existing is not None:
+            self.image_files.discard(received)
+            return self._uploaded_before(existing, name, target, target_name)
+        self.image_files.place(received)
+        now = self.clock()
+        row = {"sha256": received.sha256, "name": name, "size": received.size, "description": description,
+               "target": target, "uploader": caller, "created_at": now, "last_used_at": now}
+        try:
+            async with self.store.tx():
+                # pinned again, and there: a sweep that found the pin stale took the file, or waits
+                await self.store.pin_image_file(received.sha256, now)
+                if not self.image_files.path(received.sha256).exists():
+                    raise APIError(503, "try_again", "the registry was cleaning up these bytes just now: upload "
+                                                     "them again")
+                await self.store.insert_image(row)
+                if not await self.store.count_image_bytes(caller, received.size, self.settings.image_quota_bytes):
+                    raise APIError(413, "over_quota", await self._over_quota(caller, received.size))
+                await self._audit(caller, "image_upload", None, None,
+                                  {"image": name, "for": target, "sha256": received.sha256, "size": received.size})
+        except UniqueViolation:  # these bytes, or this name for this target, were just registered
+            existing = await self.store.image(received.sha256)
+            if existing is not None:
+                return self._uploaded_before(existing, name, target, target_name)
+            self._refuse_taken_name(await self.store.images_named(name), name, target)
             raise
         return image_json(row), True
+
+    @staticmethod
+    def _refuse_taken_name(named: list[dict], name: str, target: str) -> None:
+        for image in named:
+            if image["target"] == target:
+                raise conflict("name_taken", f"another image for {target} is called {name!r} "
+                                             f"({image_ref(image['sha256'])}); choose another name")
+
+    async def _upload_limit(self, caller: str) -> tuple[int, APIError]:
+        """How many bytes ``caller``'s upload may bring, and the refusal past them (the quota
+        is checked again when the image is counted: others may be uploading meanwhile)."""
+        limit = self.settings.max_image_bytes
+        quota = self.settings.image_quota_bytes
+        if quota:
+            room = max(0, quota - (await self.store.user_counts(caller))["image_bytes"])
+            if room < limit:
+                return room, APIError(413, "over_quota", await self._over_quota(caller, room + 1))
+        return limit, APIError(413, "too_large", f"the image is over this lab's limit of {limit} bytes")
+
+    async def _over_quota(self, caller: str, size: int) -> str:
+        used = (await self.store.user_counts(caller))["image_bytes"]
+        return (f"{size} more bytes would take {caller} over this lab's quota of {self.settings.image_quota_bytes} "
+                f"bytes of images per person ({used} used): remove some first (device-loop images rm)")
+
+    @staticmethod
+    def _uploaded_before(existing: dict, name: str, target: str, target_name: str) -> tuple[dict, bool]:
+        if (existing["name"], existing["target"]) == (name, target):
+            return image_json(existing), False
+        raise conflict("image_exists", f"these bytes are image {existing['name']!r} already (for "
+                                       f"{existing['target']}, {image_ref(existing['sha256'])}); to flash them onto "
+                                       f"{target_name} too, an admin marks that image known-good for it")
+
+    async def sweep_files(self) -> list[str]:
+        """Remove the registry's files that no image uses (and no upload pinned lately), and
+        what killed uploads left; the digests removed. Each file goes inside the transaction
+        that deletes its row, so a new upload of the same bytes (which pins the row first)
+        either waits for it or keeps the file."""
+        self._next_sweep = self.clock() + SWEEP_EVERY_S
+        if self.image_files.folder is None:
+            return []
+        await asyncio.to_thread(self.image_files.sweep_partials)
+        on_disk = await asyncio.to_thread(self.image_files.digests)
+        async with self.store.tx():
+            now = self.clock()
+            await self.store.adopt_image_files(sorted(on_disk - await self.store.image_file_names()), now)
+            unused = await self.store.unused_image_files(now - FILE_PIN_S)
+            for sha256 in unused:
+                self.image_files.remove(sha256)
+        return unused
+
+    async def sweep_files_if_due(self) -> None:
+        if self.clock() >= self._next_sweep:
+            await self.sweep_files()
+
+    def _sweep_after_commit(self) -> None:
+        """Sweep once the current transaction committed (a file goes only after its row did)."""
+        def start() -> None:
+            task = asyncio.get_running_loop().create_task(self.sweep_files())
+            task.add_done_callback(_log_failure)
+        self.store.after_commit(start)
 
     async def list_images(self, device: str | None = None) -> list[dict]:
         """Every image, or those for ``device`` and its class."""
@@ -111,8 +241,8 @@ class Images(Lifecycle):
 
     async def mark_good(self, ref: str, target_name: str, admin: str) -> dict:
         async with self.store.tx():
-            image = await self._image(ref)
             target = await self._target(target_name)
+            image = await self._image(ref, {target})
             await self.store.mark_known_good({"target": target, "sha256": image["sha256"], "marked_by": admin,
                                               "at": self.clock()})
             await self._audit(admin, "image_known_good", None, None, {"image": image["name"], "for": target})
@@ -132,9 +262,9 @@ class Images(Lifecycle):
             if using:
                 raise conflict("image_in_use", f"image {image['name']!r} is being flashed onto {using[0]['device']} "
                                                f"({using[0]['id']}): remove it once that ends")
-            await self.store.delete_image(image["sha256"])
-            await self._audit(caller, "image_remove", None, None, {"image": image["name"], "sha256": image["sha256"]})
-            self.store.after_commit(lambda: self.image_files.remove(image["sha256"]))
+            await self._delete(image)
+            await self._audit(caller, "image_remove", None, None, {"image": image["name"], "for": image["target"],
+                                                                   "sha256": image["sha256"]})
         return {"sha256": image["sha256"], "name": image["name"], "removed": True}
 
     async def collect_images(self, unused_days: float, admin: str) -> dict:
@@ -144,8 +274,20 @@ class Images(Lifecycle):
         async with self.store.tx():
             gone = await self.store.images_unused_since(self.clock() - unused_days * 86400)
             for image in gone:
-                await self.store.delete_image(image["sha256"])
+                await self._delete(image)
             names = [i["name"] for i in gone]
-            await self._audit(admin, "image_gc", None, None, {"removed": names, "unused_days": unused_days})
-            self.store.after_commit(lambda: [self.image_files.remove(i["sha256"]) for i in gone])
-        return {"removed": names}
+            await self._audit(admin, "image_gc", None, None, {"removed": [_listed([i]) for i in gone],
+                                                              "unused_days": unused_days})
+        return {"removed": names, "refs": [image_ref(i["sha256"]) for i in gone]}
+
+    async def _delete(self, image: dict) -> None:
+        """An image's row goes (its known-good marks with it), and its bytes from its uploader's
+        count; its file once the transaction committed (``sweep_files``)."""
+        await self.store.delete_image(image["sha256"])
+        await self.store.uncount_image_bytes(image["uploader"], image["size"])
+        self._sweep_after_commit()
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("sweeping the image registry's files failed: %r; the next sweep tries again", task.exception())

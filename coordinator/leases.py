@@ -28,12 +28,14 @@ class Leases(Views):
     async def reserve(self, device_name: str, ttl_s: float | None, caller: str, admin: bool = False) -> dict:
         ttl = self._check_ttl(ttl_s if ttl_s is not None else self.settings.default_ttl_s)
         async with self.store.tx():
-            device = await self.store.device(device_name, holder=caller)
+            device = await self.store.device(device_name)
             if device is None:
                 raise await self._unknown_device(device_name)
             await self._refuse_unless_free(device, caller)
-            limit = self.settings.max_leases_per_user
-            if limit and not admin and device["held"] >= limit:
+            # counted by the database in one statement: concurrent reserves in several
+            # processes cannot all see room for one more (admins are counted, not limited)
+            limit = None if admin else self.settings.max_leases_per_user or None
+            if not await self.store.count_lease(caller, limit):
                 await self._refuse_hoarding(caller)
             now = self.clock()
             lease = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device_name, "holder": caller,
@@ -139,6 +141,9 @@ class Leases(Views):
         device = await self._end_lease(lease, state, reason, actor)
         if device is None:  # it had ended already
             view = await self.store.lease_view(lease["id"])
+            if view is None:  # and an admin has forgotten its device since
+                raise conflict("lease_ended", f"{lease['id']} is {lease['state']} ({lease['end_reason']}), and its "
+                                              f"device {lease['device']} is no longer in the lab")
             return lease_json(view)
         await self._audit(actor, action, lease["device"], lease["id"], detail)
         now_ended = {**lease, "state": state, "end_reason": reason, "ended_at": self.clock()}

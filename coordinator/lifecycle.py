@@ -22,6 +22,7 @@ class Settings:
     gated: bool = True  # endpoints ask for the lease's secret (off in the single-user trust mode)
     image_dir: str | None = None  # where the image registry keeps its files
     max_image_bytes: int = 8 << 30
+    image_quota_bytes: int | None = None  # of images one person may have uploaded (None: no quota)
 
 
 STATES = ("unregistered", "idle", "allocating", "in_use", "reclaiming", "faulty", "offline", "retired")

@@ -7,6 +7,8 @@ refusal is a ``ToolError`` whose message an agent can act on.
 from __future__ import annotations
 
 import asyncio
+import re
+import urllib.parse
 from typing import Any
 
 import httpx2
@@ -14,8 +16,9 @@ from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 
+from device_loop.core import __version__
 from device_loop.core.uart_client import exchange
-from device_loop.core.usage import camera_urls
+from device_loop.core.usage import camera_endpoint
 
 from .errors import APIError
 from .identity import ANYONE, USER, Identity, caller_identity, check_access
@@ -25,7 +28,11 @@ from .origin import allowed_hosts
 EXCHANGE_MAX_WAIT_S = 10.0
 EXCHANGE_MAX_BYTES = 64 * 1024
 FLASH_STATUS_MAX_WAIT_S = 30.0
-SNAPSHOT_TIMEOUT_S = 15.0
+SNAPSHOT_TIMEOUT_S = 15.0  # the whole fetch of a camera's snapshot, not each read
+SNAPSHOT_MAX_BYTES = 8 << 20
+JPEG_MAGIC = b"\xff\xd8\xff"
+_PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._~-]+$")
+_MEDIA_TYPE = re.compile(r"^[a-z0-9.+-]{1,30}/[a-z0-9.+-]{1,30}$")
 
 
 async def _never_hangs_up() -> None:
@@ -34,7 +41,7 @@ async def _never_hangs_up() -> None:
 
 
 def build_mcp(rules) -> MCPServer:
-    server = MCPServer("device-loop", instructions=(
+    server = MCPServer("device-loop", version=__version__, instructions=(
         "Reserve lab devices by name, wait until their endpoints are up, talk to them, give them back. "
         "reserve never blocks: poll lease_status until ready. Release what you no longer need."))
 
@@ -108,14 +115,15 @@ def build_mcp(rules) -> MCPServer:
 
     @server.tool()
     async def list_images(ctx: Context, device: str | None = None) -> dict[str, Any]:
-        """Images in the lab's registry (for ``device`` and its class, if given): name,
-        sha256, size, and which devices or classes each is known-good for."""
+        """Images in the lab's registry (for ``device`` and its class, if given): ref (name
+        an image by it: sha256: and the start of its digest), name, sha256, size, and which
+        devices or classes each is known-good for."""
         await who(ctx)
         return {"images": await ask(rules.list_images(device))}
 
     @server.tool()
     async def flash(ctx: Context, lease_id: str, image: str) -> dict[str, Any]:
-        """Flash an image (its name or sha256, from list_images) onto the device of your
+        """Flash an image (its ref, sha256:..., or its name, from list_images) onto the device of your
         lease. Answers at once with the operation (state 'queued'): follow it with
         flash_status until its state is 'done' or 'failed'. A failure part-way leaves the
         device needing recovery: then call recover."""
@@ -127,10 +135,11 @@ def build_mcp(rules) -> MCPServer:
         """A flash operation: state (queued, running, done, failed), phase (fetching,
         writing, verifying), bytes done of total, and its result's message. With wait_s
         (at most 30), answers as soon as its state changes, or after wait_s."""
-        await who(ctx)
-        op = await ask(rules.op(op_id))
+        caller = await who(ctx)
+        op = await ask(rules.op(op_id, caller=caller.name, admin=caller.admin))
         wait = min(max(wait_s, 0.0), FLASH_STATUS_MAX_WAIT_S)
-        return await ask(rules.wait_op(op_id, op["state"], wait, _never_hangs_up)) if wait else op
+        return await ask(rules.wait_op(op_id, op["state"], wait, _never_hangs_up, caller=caller.name,
+                                       admin=caller.admin)) if wait else op
 
     @server.tool()
     async def recover(ctx: Context, lease_id: str) -> dict[str, Any]:
@@ -147,19 +156,16 @@ def build_mcp(rules) -> MCPServer:
         lease = await ask(rules.lease_status(lease_id, caller.name, caller.admin))
         if not lease["ready"]:
             raise ToolError(f"{lease['device']}'s camera cannot be looked through now: {lease['reason']}")
-        urls = camera_urls(lease)
-        if urls is None:
+        endpoint = camera_endpoint(lease)
+        if endpoint is None:
             raise ToolError(f"{lease['device']} has no camera (its endpoints: "
                             f"{', '.join(e['kind'] for e in lease['endpoints'])})")
-        url = urls["snapshot"]
         try:
-            async with httpx2.AsyncClient(timeout=SNAPSHOT_TIMEOUT_S, verify=False) as http:
-                answer = await http.get(url)
-        except httpx2.HTTPError as exc:
-            raise ToolError(f"cannot reach {lease['device']}'s camera: {exc}") from None
-        if answer.status_code != 200:
-            raise ToolError(f"{lease['device']}'s camera answered {answer.status_code}: {answer.text.strip()}")
-        return Image(data=answer.content, format="jpeg")
+            address = await rules.host_address(lease["host"])
+            jpeg = await _fetch_snapshot(_snapshot_url(address, lease["host"], endpoint))
+        except _Refused as why:
+            raise ToolError(f"{lease['device']}'s camera {why}") from None
+        return Image(data=jpeg, format="jpeg")
 
     @server.tool()
     async def uart_exchange(ctx: Context, lease_id: str, send: str, wait_s: float = 2.0) -> dict[str, Any]:
@@ -181,6 +187,72 @@ def build_mcp(rules) -> MCPServer:
         return {"output": output.decode(errors="replace"), "truncated": cut, "waited_s": wait}
 
     return server
+
+
+class _Refused(Exception):
+    """Why a camera's snapshot is not handed to the agent (it follows "DEVICE's camera")."""
+
+
+def _snapshot_url(address: str | None, host: str, endpoint: dict) -> str:
+    """Where a camera's snapshot is fetched (DESIGN §7: never a URL an exporter supplies):
+    the host's own address, the endpoint's port, and a plain path (its URL's, then its
+    ``snapshot`` param, as the video plugin reports them)."""
+    if address is None:
+        raise _Refused(f"cannot be looked through: host {host}'s exporter did not report its address (an older "
+                       "device-loop?), and the coordinator fetches a snapshot only from a host's own address; "
+                       "upgrade that exporter")
+    if endpoint["host"] != address:
+        raise _Refused(f"is at {endpoint['host']}, not at host {host}'s own address {address}")
+    try:
+        base = urllib.parse.urlsplit(endpoint.get("url") or "/").path or "/"
+    except ValueError:
+        base = "?"
+    path = base[:base.rindex("/") + 1] + endpoint["params"]["snapshot"] if "/" in base else "?"
+    if not path.startswith("/") or not all(_PATH_SEGMENT.match(segment) and segment not in (".", "..")
+                                           for segment in path.split("/")[1:]):
+        raise _Refused(f"has a snapshot path that is not a plain path ({path[:100]!r}): letters, digits, "
+                       "'.', '_', '~', '-' between slashes")
+    return f"http://{f'[{address}]' if ':' in address else address}:{int(endpoint['port'])}{path}"
+
+
+async def _fetch_snapshot(url: str) -> bytes:
+    """A camera's current frame: a JPEG (by its first bytes) of ``SNAPSHOT_MAX_BYTES`` at
+    most, within ``SNAPSHOT_TIMEOUT_S``, no redirect followed, no proxy, nothing decompressed."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
+            async with httpx2.AsyncClient(timeout=SNAPSHOT_TIMEOUT_S, follow_redirects=False, trust_env=False) as http:
+                async with http.stream("GET", url, headers={"Accept": "image/jpeg",
+                                                            "Accept-Encoding": "identity"}) as answer:
+                    _check_head(answer)
+                    async for chunk in answer.aiter_raw():
+                        body += chunk
+                        if len(body) > SNAPSHOT_MAX_BYTES:
+                            raise _Refused(f"sent more than {SNAPSHOT_MAX_BYTES >> 20} MiB: a snapshot is smaller")
+    except TimeoutError:
+        raise _Refused(f"did not send its frame within {SNAPSHOT_TIMEOUT_S:g} s") from None
+    except httpx2.HTTPError as exc:
+        raise _Refused(f"cannot be reached: {exc}") from None
+    if not body.startswith(JPEG_MAGIC):
+        raise _Refused("sent something that is not a JPEG image")
+    return bytes(body)
+
+
+def _check_head(answer: httpx2.Response) -> None:
+    """Refuse an answer by its status and headers (what they say is the server's: only
+    the status code and a well-formed media type are repeated)."""
+    if 300 <= answer.status_code < 400:
+        raise _Refused(f"answered {answer.status_code}, a redirect: the coordinator follows none")
+    if answer.status_code != 200:
+        raise _Refused(f"answered {answer.status_code}")
+    media = answer.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "image/jpeg":
+        raise _Refused(f"answered {media if _MEDIA_TYPE.match(media) else 'something'}, not image/jpeg")
+    if answer.headers.get("content-encoding", "identity").strip().lower() not in ("", "identity"):
+        raise _Refused("sent its frame encoded (compressed): the coordinator takes a plain JPEG only")
+    declared = answer.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > SNAPSHOT_MAX_BYTES:
+        raise _Refused(f"would send {int(declared) >> 20} MiB: a snapshot is at most {SNAPSHOT_MAX_BYTES >> 20} MiB")
 
 
 def mcp_app(rules, extra_hosts: list[str]):

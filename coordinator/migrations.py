@@ -1,7 +1,9 @@
 """Versioned schema migrations, applied in order at start-up.
 
 Plain SQL valid on SQLite and PostgreSQL; the one difference (auto-increment keys) is
-the ``{serial}`` placeholder.
+the ``{serial}`` placeholder. Where the two cannot share a statement (SQLite changes a
+table's constraints only by rebuilding it), a step is a dict of the statement for each
+dialect; a dialect it does not name skips it.
 """
 
 SERIAL = {
@@ -9,7 +11,7 @@ SERIAL = {
     "postgresql": "BIGSERIAL PRIMARY KEY",
 }
 
-MIGRATIONS: list[list[str]] = [
+MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 1: devices, resources, hosts, leases, logs, idempotency keys
     [
         """CREATE TABLE hosts (
@@ -226,4 +228,51 @@ MIGRATIONS: list[list[str]] = [
     # 11: "conflict" is no longer a state (a claim blocks nothing): the owners of devices
     # left in it apply their next report in full, which recomputes every device's state
     ["UPDATE hosts SET devices_digest = '' WHERE name IN (SELECT host FROM devices WHERE state = 'conflict')"],
+    # 12: an image's name is unique for its target, not in the whole registry (and can never
+    # read as a digest: images.py refuses such names); a row per file of the registry, pinned
+    # while an upload puts it in place, so that a file is removed only once no image row uses
+    # it (docs/architecture.md "The image registry"); what each person holds, counted by the
+    # database in the statements that change it (the lease limit and the upload quota)
+    [
+        {"sqlite": """CREATE TABLE images_by_target (
+            sha256 TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            size BIGINT NOT NULL,
+            description TEXT NOT NULL,
+            target TEXT NOT NULL,
+            uploader TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            last_used_at DOUBLE PRECISION NOT NULL,
+            UNIQUE (target, name)
+        )""",
+         "postgresql": "ALTER TABLE images DROP CONSTRAINT images_name_key"},
+        {"sqlite": "INSERT INTO images_by_target SELECT sha256, name, size, description, target, uploader, created_at, "
+                   "last_used_at FROM images",
+         "postgresql": "ALTER TABLE images ADD CONSTRAINT images_target_name UNIQUE (target, name)"},
+        {"sqlite": "DROP TABLE images"},
+        {"sqlite": "ALTER TABLE images_by_target RENAME TO images"},
+        "CREATE INDEX images_name ON images(name)",
+        """CREATE TABLE image_files (
+            sha256 TEXT PRIMARY KEY,
+            pinned_at DOUBLE PRECISION NOT NULL
+        )""",
+        "INSERT INTO image_files (sha256, pinned_at) SELECT sha256, 0 FROM images",
+        """CREATE TABLE user_counts (
+            name TEXT PRIMARY KEY,
+            live_leases BIGINT NOT NULL,
+            image_bytes BIGINT NOT NULL
+        )""",
+        """INSERT INTO user_counts (name, live_leases, image_bytes)
+           SELECT name, SUM(leases), SUM(bytes) FROM (
+             SELECT holder AS name, 1 AS leases, 0 AS bytes FROM leases WHERE state IN ('pending', 'active')
+             UNION ALL SELECT uploader, 0, size FROM images) held GROUP BY name""",
+    ],
+    # 13: an admin forgets a device that will not come back (admin forget); its leases stay as
+    # history, so a lease no longer needs its device's row. (SQLite enforces no foreign key:
+    # the coordinator never turns PRAGMA foreign_keys on.)
+    [{"postgresql": "ALTER TABLE leases DROP CONSTRAINT IF EXISTS leases_device_fkey"}],
+    # 14: the address a host's exporter reports as its own (its advertise_address): every
+    # endpoint of the host is there, and the coordinator fetches a camera's snapshot only
+    # there (NULL: an exporter that does not say, whose snapshots are refused)
+    ["ALTER TABLE hosts ADD COLUMN address TEXT"],
 ]

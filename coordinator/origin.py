@@ -1,12 +1,19 @@
-"""Requests from where they should come from: a known Host, and no cross-site browser.
+"""Requests from where they should come from: a known Host, and no page of another origin.
 
 Tokens travel in a header a web page cannot set, but tailnet identities and the trust
 mode of ``up`` are ambient, like cookies: a page in someone's browser could use them.
 So every route answers only the Host names this lab is reached by (loopback and what
 the admin configured; anything else, e.g. DNS rebinding, gets 421), and refuses a
-request a browser marks as coming from another site, except a person following a link
+request a browser marks as coming from another origin, except a person following a link
 to one of the web pages (a navigation: a GET that shows the page to whoever clicked, and
 whose answer the other site never sees).
+
+Same-site is not same-origin: a page on another port of the lab's host (any local web
+server, another ``up``) is the same site, and its cookies and ours are shared. So an
+``Origin`` must name the host *and port* the request was sent to, its ``Host``; the scheme
+is not compared, since behind a proxy that terminates TLS the page is https and the
+coordinator sees http (one port speaks one of them). ``Sec-Fetch-Site: same-site`` is
+refused like ``cross-site``.
 """
 from __future__ import annotations
 
@@ -36,6 +43,29 @@ def _name(host: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_authority(origin: str) -> str | None:
+    """``https://Lab.tailnet:443`` -> ``lab.tailnet``: the Host header a browser sends to
+    that origin; None for what is no web origin (``null``, ``file:``...)."""
+    parts = urlsplit(origin.lower())
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
+        return None
+    return parts.netloc.rsplit(":", 1)[0] if port == DEFAULT_PORTS[parts.scheme] else parts.netloc
+
+
+def _from_elsewhere(scope, headers: dict[str, str]) -> bool:
+    """Whether a browser says this request comes from a page of another origin."""
+    if headers.get("sec-fetch-site") in ("cross-site", "same-site") and not _page_navigation(scope, headers):
+        return True
+    return "origin" in headers and _origin_authority(headers["origin"]) != headers.get("host", "").lower()
+
+
 def _page_navigation(scope, headers: dict[str, str]) -> bool:
     """A link followed to a web page (not to the API), into a window: a frame navigates too,
     and a page framed by another site could be clicked through (clickjacking)."""
@@ -48,7 +78,7 @@ NOT_IN_FRAMES = [(b"x-frame-options", b"DENY"), (b"content-security-policy", b"f
 
 
 class KnownOrigins:
-    """ASGI middleware: 421 for an unknown Host, 403 for a cross-site browser request."""
+    """ASGI middleware: 421 for an unknown Host, 403 for a browser's request from another origin."""
 
     def __init__(self, app, allowed: list[str]):
         self.app = app
@@ -62,9 +92,9 @@ class KnownOrigins:
         if _name(headers.get("host", "")) not in self.names:
             problem = (421, "unknown_host", f"this coordinator does not answer to Host {headers.get('host', '')!r}; "
                                             "an admin adds it with --allowed-host")
-        elif (headers.get("sec-fetch-site") == "cross-site" and not _page_navigation(scope, headers)) or (
-                "origin" in headers and _name(urlsplit(headers["origin"]).netloc) not in self.names):
-            problem = (403, "cross_site", "requests from another web site are refused")
+        elif _from_elsewhere(scope, headers):
+            problem = (403, "cross_site", "requests from a page of another web site, or of another port of this "
+                                          "host, are refused")
         if problem:
             status, code, message = problem
             return await JSONResponse({"error": code, "message": message}, status_code=status)(scope, receive, send)

@@ -27,3 +27,4 @@ class Rules(Admin, Heartbeats):
             await self._end_overdue_leases(now, "coordinator")
             await self._mark_silent_hosts(now, "coordinator")
             await self.store.drop_idempotency_keys_before(now - 86400)
+        await self.sweep_files_if_due()

@@ -1,5 +1,7 @@
 """What clients may send (exporters speak ``device_loop.core.protocol``). Unknown fields
 are refused (422), and so is a value of another JSON type (api.py parses strictly)."""
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from device_loop.core import NAME_PATTERN
@@ -32,6 +34,12 @@ class DrainIn(Strict):
     draining: bool = True
 
 
+class ForgetIn(Strict):
+    name: str = Field(pattern=NAME_PATTERN, description="the device's or the host's name")
+    kind: Literal["device", "host"] | None = Field(default=None, description="which one, if a device and a host "
+                                                                             "share the name")
+
+
 class AdoptIn(Strict):
     name: str = Field(pattern=NAME_PATTERN)
     device_class: str = Field(default="generic", alias="class", min_length=1, max_length=64)
@@ -52,4 +60,5 @@ class CollectIn(Strict):
 
 
 class FlashIn(Strict):
-    image: str = Field(min_length=1, max_length=64, description="the image's name or sha256")
+    image: str = Field(min_length=1, max_length=71,
+                       description="the image's ref (sha256: and 8 to 64 of its digits) or its name")

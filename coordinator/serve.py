@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -13,7 +14,9 @@ import uvicorn
 from device_loop.core.durations import format_duration, parse_duration
 
 from .app import create_app
+from .limits import BODY_GAP_S
 from .rules import Settings
+from .slow_clients import HEAD_TIMEOUT_S, head_deadline
 from .store import Store
 
 
@@ -49,6 +52,15 @@ def _check_database(url: str) -> None:
         raise click.ClickException(f"cannot open the database {shown}: {type(exc).__name__}: {exc}") from None
 
 
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (often 1024 of
+    524288): each connection holds one. Returns the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
 @click.command("coordinator")
 @click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL", show_envvar=True,
               help="sqlite:///PATH or postgresql://... (default: SQLite in --data-dir)")
@@ -74,8 +86,16 @@ def _check_database(url: str) -> None:
               help="where the image registry keeps its files (default: DATA_DIR/images)")
 @click.option("--max-image-size", default=Settings.max_image_bytes >> 20, show_default=True, type=click.IntRange(1),
               help="the largest image an upload may bring, in MiB")
-def coordinator_command(database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user,
-                        allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir, max_image_size):
+@click.option("--image-quota", default=0, show_default=True, type=click.IntRange(0),
+              help="MiB of images one person may have in the registry (0: no quota; admins too are held to it)")
+@click.option("--header-timeout", default=format_duration(HEAD_TIMEOUT_S), show_default=True, callback=_seconds,
+              help="how long a connection may take to send a request's head (its headers) before it is closed")
+@click.option("--body-timeout", default=format_duration(BODY_GAP_S), show_default=True, callback=_seconds,
+              help="the longest a request's body (an upload's too) may pause before the request is cut (408)")
+def coordinator_command(header_timeout, body_timeout,
+                        database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user,
+                        allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir, max_image_size,
+                        image_quota):
     """Run the coordinator (leases, devices, hosts, audit log) in the foreground."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if single_user and host not in ("127.0.0.1", "localhost", "::1"):
@@ -86,11 +106,14 @@ def coordinator_command(database_url, data_dir, host, port, allocating_timeout, 
             "and may call every route, admin ones included")
     settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl,
                         max_leases_per_user=max_leases_per_user, max_image_bytes=max_image_size << 20,
+                        image_quota_bytes=(image_quota << 20) or None,
                         image_dir=str(image_dir or Path(data_dir).expanduser() / "images"))
     database_url = database_url or sqlite_url(data_dir)
     _check_database(database_url)
     app = create_app(database_url, settings, single_user=single_user, allowed_hosts=allowed_hosts,
-                     tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins)
+                     tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins, body_gap_s=body_timeout)
+    logging.getLogger("device_loop.coordinator").info("up to %d open files (connections)", raise_descriptor_limit())
     # proxy_headers=False: a local caller must not be able to forge its address.
     uvicorn.run(app, host=host, port=port, proxy_headers=False, log_level="info", access_log=False,
+                http=head_deadline(header_timeout), ws="none",  # no route takes a websocket
                 timeout_graceful_shutdown=3)  # long-polls would otherwise hold shutdown for 25 s

@@ -40,6 +40,7 @@ DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health",
                   "log_seq", "state_since")
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
                  "host_link_lost"}
+_NO_LIMIT = 2**62  # a count's limit where there is none (BIGINT)
 _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
 
 # A device with the facts its state follows from: its live lease and its host (and the
@@ -279,6 +280,15 @@ class Store:
             return f"{column} = ANY(:{param})", {param: list(values)}
         return f"{column} IN (SELECT value FROM json_each(:{param}))", {param: json.dumps(list(values))}
 
+    def _values(self, column: str, param: str) -> str:
+        """The values of the list parameter ``param`` as rows of one ``column``."""
+        if self.dialect == "postgresql":
+            return f"SELECT unnest(CAST(:{param} AS TEXT[])) AS {column}"
+        return f"SELECT value AS {column} FROM json_each(:{param})"
+
+    def _list_param(self, values: list) -> Any:
+        return list(values) if self.dialect == "postgresql" else json.dumps(list(values))
+
     async def connect(self) -> None:
         await self.driver.connect()
         await self._migrate()
@@ -298,8 +308,10 @@ class Store:
             if version in done:
                 continue
             async with self.tx():
-                for sql in statements:
-                    await self._exec(sql.format(serial=SERIAL[self.dialect], ring=RING_SLOTS))
+                for step in statements:
+                    sql = step.get(self.dialect) if isinstance(step, dict) else step
+                    if sql is not None:
+                        await self._exec(sql.format(serial=SERIAL[self.dialect], ring=RING_SLOTS))
                 await self._exec("INSERT INTO schema_migrations (version) VALUES (:v)", v=version)
 
     # ---- transactions -------------------------------------------------------------------
@@ -454,11 +466,9 @@ class Store:
 
     # ---- devices ------------------------------------------------------------------------
 
-    async def device(self, name: str, holder: str | None = None) -> dict | None:
-        """A device with its facts; ``held``: the live leases ``holder`` has (for reserve)."""
-        return await self._one(
-            f"SELECT f.*, (SELECT COUNT(*) FROM leases WHERE holder = :holder AND state IN {_LIVE_SQL}) AS held "
-            f"FROM ({_DEVICE_FACTS} WHERE d.name = :name) f", name=name, holder=holder)
+    async def device(self, name: str) -> dict | None:
+        """A device with its facts."""
+        return await self._one(f"{_DEVICE_FACTS} WHERE d.name = :name", name=name)
 
     async def devices(self) -> list[dict]:
         """Every device with its facts (the holder and expiry of a live lease are public)."""
@@ -565,6 +575,11 @@ class Store:
                    "JOIN devices d ON d.name = l.device LEFT JOIN hosts h ON h.name = d.host "
                    f"LEFT JOIN flash_ops f ON f.device = l.device AND f.state IN {_LIVE_OP_SQL}")
 
+    async def lease_holders(self, lease_ids: list[str]) -> dict[str, str]:
+        """Lease id -> its holder, for ``lease_ids`` (those that exist)."""
+        where, params = self._in("id", "ids", lease_ids)
+        return {r["id"]: r["holder"] for r in await self._all(f"SELECT id, holder FROM leases WHERE {where}", **params)}
+
     async def lease_view(self, lease_id: str) -> dict | None:
         """A lease with what its answer shows: its device's state and resources, its host's services."""
         return await self._one(f"{self._LEASE_VIEW} WHERE l.id = :id", id=lease_id)
@@ -608,8 +623,42 @@ class Store:
         where += " AND state = 'pending'" if pending else ""
         ended = await self._one(  # its secret dies with it: nothing keeps it longer
             f"UPDATE leases SET state = :state, end_reason = :reason, ended_at = :now, secret = NULL WHERE {where} "
-            "RETURNING id", state=state, reason=reason, now=now, id=lease_id)
-        return ended is not None
+            "RETURNING holder", state=state, reason=reason, now=now, id=lease_id)
+        if ended is None:
+            return False
+        await self._exec("UPDATE user_counts SET live_leases = live_leases - 1 WHERE name = :n", n=ended["holder"])
+        return True
+
+    # ---- what each person holds, counted where it changes --------------------------------
+
+    async def count_lease(self, holder: str, limit: int | None) -> bool:
+        """Count a new live lease of ``holder``: False, and nothing counted, if they hold
+        ``limit`` already. One statement, so two coordinator processes cannot both see room
+        for one more: the second waits for the first's row and sees its count."""
+        return await self._count_up("live_leases", holder, 1, limit)
+
+    async def count_image_bytes(self, uploader: str, size: int, quota: int | None) -> bool:
+        """Count ``size`` more bytes of images uploaded by ``uploader``: False, and nothing
+        counted, if that would take them over ``quota``."""
+        return await self._count_up("image_bytes", uploader, size, quota)
+
+    async def _count_up(self, column: str, name: str, amount: int, limit: int | None) -> bool:
+        if limit is not None and amount > limit:
+            return False  # (the INSERT below counts a first amount without asking)
+        other = "image_bytes" if column == "live_leases" else "live_leases"
+        row = await self._one(
+            f"INSERT INTO user_counts (name, {column}, {other}) VALUES (:n, :a, 0) ON CONFLICT (name) DO UPDATE "
+            f"SET {column} = user_counts.{column} + :a WHERE user_counts.{column} + :a <= :limit RETURNING name",
+            n=name, a=amount, limit=_NO_LIMIT if limit is None else limit)
+        return row is not None
+
+    async def uncount_image_bytes(self, uploader: str, size: int) -> None:
+        await self._exec("UPDATE user_counts SET image_bytes = image_bytes - :a WHERE name = :n", a=size, n=uploader)
+
+    async def user_counts(self, name: str) -> dict:
+        """What ``name`` holds: live leases and bytes of uploaded images."""
+        row = await self._one("SELECT live_leases, image_bytes FROM user_counts WHERE name = :n", n=name)
+        return row or {"live_leases": 0, "image_bytes": 0}
 
     async def activate_leases(self, lease_ids: list[str]) -> list[dict]:
         """Pending leases become active; those that did, with their ``created_at``."""
@@ -667,12 +716,41 @@ class Store:
     async def insert_image(self, row: dict) -> None:
         await self._insert("images", row)
 
-    async def image(self, ref: str) -> dict | None:
-        """An image by its sha256 or its name."""
-        return await self._one("SELECT * FROM images WHERE sha256 = :r OR name = :r", r=ref)
+    async def image(self, sha256: str) -> dict | None:
+        """An image by its sha256 (never by its name: images.py says why)."""
+        return await self._one("SELECT * FROM images WHERE sha256 = :s", s=sha256)
 
     async def images_by_prefix(self, prefix: str) -> list[dict]:
+        """Images whose sha256 starts with ``prefix`` (lower-case hex): a few, to name them."""
         return await self._all("SELECT * FROM images WHERE sha256 LIKE :p ORDER BY name LIMIT 5", p=prefix + "%")
+
+    async def images_named(self, name: str) -> list[dict]:
+        """The images called ``name`` (one per target at most)."""
+        return await self._all("SELECT * FROM images WHERE name = :n ORDER BY target", n=name)
+
+    async def pin_image_file(self, sha256: str, at: float) -> None:
+        """An upload is about to put the file of ``sha256`` in place: the sweep leaves it alone
+        until its row is there (or the pin is old)."""
+        await self._insert_many("image_files", [{"sha256": sha256, "pinned_at": at}], upsert_key="sha256")
+
+    async def adopt_image_files(self, sha256s: list[str], at: float) -> None:
+        """Files found in the registry's folder without a row of their own (left by an earlier
+        version, or a crash): rows for them, pinned ``at``, so the sweep treats them as any other."""
+        if sha256s:
+            await self._exec("INSERT INTO image_files (sha256, pinned_at) SELECT value, :at FROM "
+                             f"({self._values('value', 'shas')}) found ON CONFLICT (sha256) DO NOTHING",
+                             at=at, shas=self._list_param(sha256s))
+
+    async def image_file_names(self) -> set[str]:
+        return {r["sha256"] for r in await self._all("SELECT sha256 FROM image_files")}
+
+    async def unused_image_files(self, pinned_before: float) -> list[str]:
+        """Take the rows of files that no image uses and no upload pinned since
+        ``pinned_before``; their files are the caller's to remove before the transaction
+        commits (PostgreSQL keeps those rows locked meanwhile, so a new pin waits)."""
+        rows = await self._all("DELETE FROM image_files WHERE pinned_at < :b AND sha256 NOT IN "
+                               "(SELECT sha256 FROM images) RETURNING sha256", b=pinned_before)
+        return [r["sha256"] for r in rows]
 
     async def images(self, targets: list[str] | None = None) -> list[dict]:
         """Every image (or those for ``targets``), with the targets it is known-good for."""
@@ -772,4 +850,23 @@ class Store:
 
     async def adoptions_on_host(self, host: str) -> list[dict]:
         return await self._all("SELECT * FROM adoptions WHERE host = :h ORDER BY identifier", h=host)
+
+    # ---- forgetting what will not come back (admin forget) ------------------------------
+
+    async def forget_devices(self, names: list[str]) -> None:
+        """Delete devices with what is theirs alone: identifiers, ring logs, adoptions (a
+        claim is a column of their row). Their leases, flashes and audit entries stay, as history."""
+        by_device, params = self._in("device", "names", names)
+        by_name, _ = self._in("name", "names", names)
+        await self._exec(f"DELETE FROM resources WHERE {by_device}", **params)
+        await self._exec(f"DELETE FROM device_ring WHERE {by_device}", **params)
+        await self._exec(f"DELETE FROM adoptions WHERE {by_name}", **params)
+        await self._exec(f"DELETE FROM devices WHERE {by_name}", **params)
+
+    async def forget_host(self, name: str) -> None:
+        """Delete a host with what it found and was told to adopt (its devices are
+        ``forget_devices``'s to delete, its claims ``drop_claims``'s)."""
+        await self._exec("DELETE FROM candidates WHERE host = :h", h=name)
+        await self._exec("DELETE FROM adoptions WHERE host = :h", h=name)
+        await self._exec("DELETE FROM hosts WHERE name = :h", h=name)
 

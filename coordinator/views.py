@@ -6,12 +6,14 @@ from device_loop.core.durations import iso
 from device_loop.core.usage import commands
 
 from .errors import not_found
+from .holders import holder_json
 from .lifecycle import Lifecycle
 from .notify import lease_key
 from .store import LIVE
 
 
-def device_json(row: dict) -> dict:
+def device_json(row: dict, admin: bool = False) -> dict:
+    """A device as anyone sees it (``admin``: with the command lines of who else holds its nodes)."""
     return {
         "name": row["name"],
         "class": row["class"],
@@ -25,7 +27,7 @@ def device_json(row: dict) -> dict:
         "health_reason": row["health_reason"],
         # its owner first, then a host that claims it too (the owner keeps serving it)
         "conflict_hosts": [row["host"], row["conflict_host"]] if row["conflict_host"] else [],
-        "busy_by": row["busy_by"],
+        "busy_by": [holder_json(h, admin) for h in row["busy_by"]],  # public: program and pid only
         "resources": row["resources"],
         # a failed flash left it half-written: no lease until a known-good image is back on it
         "needs_recovery": row["needs_recovery"] is not None,
@@ -87,11 +89,13 @@ class Views(Lifecycle):
     async def list_devices(self) -> list[dict]:
         return [device_json(d) for d in await self.store.devices()]
 
-    async def device_info(self, name: str) -> dict:
+    async def device_info(self, name: str, admin: bool = False) -> dict:
+        """A device as the board shows it; an admin also gets its live lease's id (to act on it)
+        and the command lines of who else holds its nodes."""
         row = await self.store.device(name)
         if row is None:
             raise not_found("device", name)
-        return device_json(row)
+        return device_json(row, admin) | ({"lease": row["lease_id"]} if admin else {})
 
     async def device_log(self, name: str) -> list[dict]:
         if await self.store.device(name) is None:
@@ -113,9 +117,15 @@ class Views(Lifecycle):
             "heartbeat_s": h["heartbeat_s"], "heartbeat_age_s": round(now - h["last_seen"], 1),
             "draining": h["draining"], "last_seen": iso(h["last_seen"]), "plugins": h["plugins"],
             "link_lost": h["link_lost"],  # its long-poll was cut: up again at its next heartbeat
+            "address": h["address"],  # its own, as its exporter reports it: where its endpoints are
             "devices": devices.get(h["name"], []),
             "claims": claims.get(h["name"], []),  # devices it reports that another host owns
         } for h in await self.store.hosts() if only in (None, h["name"])]
+
+    async def host_address(self, name: str) -> str | None:
+        """The address host ``name``'s exporter reported as its own (None: it did not say)."""
+        host = await self.store.host(name)
+        return host.get("address") if host else None
 
     async def _own_lease_view(self, lease_id: str, caller: str, admin: bool = False) -> dict:
         """The lease, if ``caller`` holds it (or is an admin); anyone else is told it does not exist."""

@@ -15,6 +15,16 @@ in the URL, which goes only to the lease's holder. The gate checks every request
 connection (browsers keep connections open) and takes the capability out of its path
 before the service sees it; a websocket upgrade then turns the connection into a plain
 relay. Anything else gets 403, or the connection closed, and not a byte of the service.
+
+A gate does not outlive its authority, the exporter that started it. The exporter holds
+the write end of a pipe, its lifeline (``ProcessRegistry.lifeline``), and the gate the read
+end: once the exporter is gone, however it went (kill -9 too), the gate admits nothing new
+(a new connection is told why and closed, a kept-alive one takes no further request),
+cuts the live connections after a grace (``GRACE_S``; ``DEVICE_LOOP_GATE_GRACE_S`` in the
+exporter's environment) and exits, which closes its port. Otherwise a lease revoked while
+its exporter is down would keep reaching the device until that exporter came back. The
+next exporter start stops a gate still in its grace, with the other processes the last
+run left.
 """
 from __future__ import annotations
 
@@ -23,8 +33,11 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import math
 import os
+import select
 import socket
+import stat
 import sys
 import threading
 import urllib.parse
@@ -36,8 +49,49 @@ from .tcp_relay import pipe
 SECRET_ENV = "DEVLOOP_GATE_SECRET"  # not argv: others on the host may read command lines
 HELLO = b"DEVLOOP "
 HANDSHAKE_S = 5.0
+GRACE_ENV = "DEVICE_LOOP_GATE_GRACE_S"
+GRACE_S = 5.0  # live connections go on this long once the exporter is gone
+MAX_GRACE_S = 60.0
+_ORPHANED = b"the exporter of this endpoint stopped; once it is back, device-loop status gives the lease's endpoints\n"
+ORPHANED_DENIED = b"DENIED: " + _ORPHANED
+HTTP_ORPHANED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + _ORPHANED
 HTTP_DENIED = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
                b"this endpoint belongs to a lease: use the URL its lease gives (device-loop status)\n")
+
+
+def _gone(lifeline: int) -> bool:
+    """Whether the exporter that started this gate is gone: its lifeline ended (nothing is
+    ever written to it, so readable means the end)."""
+    poll = select.poll()
+    poll.register(lifeline, select.POLLIN)
+    return bool(poll.poll(0))
+
+
+async def _until_gone(lifeline: int) -> None:
+    loop = asyncio.get_running_loop()
+    gone = asyncio.Event()
+    loop.add_reader(lifeline, gone.set)
+    try:
+        await gone.wait()
+    finally:
+        loop.remove_reader(lifeline)
+
+
+def grace_s(environ=os.environ) -> float:
+    """How long a gate lets its live connections go on once its exporter is gone: ``GRACE_S``
+    unless ``DEVICE_LOOP_GATE_GRACE_S`` says otherwise. Raises ``ValueError`` if that is not
+    a number of seconds from 0 to ``MAX_GRACE_S``."""
+    text = environ.get(GRACE_ENV, "")
+    if not text:
+        return GRACE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= MAX_GRACE_S:
+        raise ValueError(f"{GRACE_ENV} is {text!r}: set it to a number of seconds from 0 to {MAX_GRACE_S:g}, "
+                         f"or unset it")
+    return value
 
 
 async def _first_line(reader: asyncio.StreamReader) -> bytes:
@@ -63,10 +117,11 @@ def _capability(line: bytes, secret: bytes) -> bytes | None:
 
 
 async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes,
-                    request: bytes) -> None:
+                    request: bytes, lifeline: int) -> None:
     """Client -> service through an HTTP endpoint's gate: each request's line (``request``,
     checked already, then the next ones) with its capability taken out; a websocket upgrade
-    makes the rest a plain relay. A request without the capability ends the connection."""
+    makes the rest a plain relay. A request without the capability, or after the exporter
+    is gone, ends the connection."""
     try:
         while request is not None:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HANDSHAKE_S * 12)
@@ -74,19 +129,34 @@ async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
             if b"\nupgrade:" in head.lower():
                 return await pipe(reader, writer)
             line = await _first_line(reader)
-            request = _capability(line, secret) if line else None
+            request = _capability(line, secret) if line and not _gone(lifeline) else None
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ConnectionError):
         pass
     finally:
         writer.close()
 
 
-async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes, http: bool = False) -> None:
+async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes, lifeline: int, grace: float,
+                http: bool = False) -> None:
+    live: set[asyncio.Task] = set()
+
     async def handle(reader, writer):
+        task = asyncio.current_task()
+        live.add(task)
+        try:
+            await admit(reader, writer)
+        finally:
+            live.discard(task)
+
+    async def admit(reader, writer):
         try:
             line = await asyncio.wait_for(_first_line(reader), HANDSHAKE_S)
         except (asyncio.TimeoutError, ConnectionError):
             line = b""
+        if _gone(lifeline):
+            writer.write(HTTP_ORPHANED if http else ORPHANED_DENIED)
+            writer.close()
+            return
         request = _capability(line, secret) if http else None
         if request is None and not hmac.compare_digest(line, HELLO + secret):
             writer.write(HTTP_DENIED if http else b"DENIED: this endpoint belongs to a lease; connect with "
@@ -102,21 +172,30 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes,
             writer.write(b"OK\n")
             upstream = pipe(reader, service_writer)
         else:
-            upstream = _requests(reader, service_writer, secret, request)
+            upstream = _requests(reader, service_writer, secret, request, lifeline)
         await asyncio.gather(upstream, pipe(service_reader, writer))
 
-    server = await asyncio.start_server(handle, sock=listener)
-    async with server:
-        await server.serve_forever()
+    # the server stays open until the process ends: closing it could drop a connection it
+    # is accepting (asyncio leaves that one hanging), while admit() refuses each one
+    await asyncio.start_server(handle, sock=listener)
+    await _until_gone(lifeline)
+    print(f"the exporter that started this gate is gone: it admits nobody now, and cuts its {len(live)} live "
+          f"connection(s) within {grace:g}s", file=sys.stderr, flush=True)
+    if live:
+        await asyncio.wait(set(live), timeout=grace)
+    # returning ends the process: asyncio.run cancels what is left, and the port and the
+    # connections close with it
 
 
 def gate_service(host, resource, lease, service):
-    """Put a gate in front of every endpoint of ``service`` (which listens on loopback)."""
+    """Put a gate in front of every endpoint of ``service`` (which listens on loopback); each
+    ends with this process (its lifeline)."""
     gated = []
+    grace = grace_s()
     for endpoint in service.endpoints:
         http = endpoint.protocol == "http"
         argv = [*python_module("device_loop.core.gate"), "--fd", "{fd}", "--to", f"127.0.0.1:{endpoint.port}",
-                *(["--http"] if http else [])]
+                "--lifeline", "{lifeline}", "--grace", f"{grace:g}", *(["--http"] if http else [])]
         front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
                                         protocol=endpoint.protocol, params=endpoint.params,
                                         env={**os.environ, SECRET_ENV: lease.secret}, command=endpoint.command)
@@ -139,16 +218,20 @@ def _gated_url(service_endpoint, gate_endpoint, secret: str) -> str | None:
 def connect_gated(host: str, port: int, secret: str, timeout: float = 10.0) -> socket.socket:
     """A socket past the gate of ``host:port``: the handshake is done."""
     sock = socket.create_connection((host, port), timeout=timeout)
-    sock.sendall(HELLO + secret.encode() + b"\n")
     answer = b""
-    while not answer.endswith(b"\n"):
-        chunk = sock.recv(1)
-        if not chunk:
-            break
-        answer += chunk
+    try:
+        sock.sendall(HELLO + secret.encode() + b"\n")
+        while not answer.endswith(b"\n"):
+            chunk = sock.recv(1)
+            if not chunk:
+                break
+            answer += chunk
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the gate went away during the handshake (its exporter stopped): a refusal all the same
     if answer != b"OK\n":
         sock.close()
-        raise ConnectionRefusedError(f"the gate of {host}:{port} refused: {answer.decode(errors='replace').strip()}")
+        said = answer.decode(errors="replace").strip() or "it closed the connection"
+        raise ConnectionRefusedError(f"the gate of {host}:{port} refused: {said}")
     sock.settimeout(None)
     return sock
 
@@ -206,12 +289,26 @@ def main() -> None:
     parser.add_argument("--fd", type=int, required=True, help="inherited listening socket")
     parser.add_argument("--to", required=True, help="HOST:PORT of the service")
     parser.add_argument("--http", action="store_true", help="also admit HTTP requests under /<secret>/")
+    parser.add_argument("--lifeline", type=int, required=True,
+                        help="inherited read end of the exporter's lifeline: its end ends the gate")
+    parser.add_argument("--grace", type=float, default=GRACE_S,
+                        help=f"seconds live connections go on once the exporter is gone ({GRACE_S:g})")
     args = parser.parse_args()
     secret = os.environ.pop(SECRET_ENV, "")
     if not secret:
         sys.exit(f"{SECRET_ENV} is not set: a gate without a secret would admit nobody")
+    if not 0 <= args.grace <= MAX_GRACE_S:
+        parser.error(f"--grace takes a number of seconds from 0 to {MAX_GRACE_S:g}")
+    try:
+        is_pipe = stat.S_ISFIFO(os.fstat(args.lifeline).st_mode)
+    except OSError:
+        is_pipe = False
+    if not is_pipe:
+        sys.exit(f"--lifeline {args.lifeline} is not an inherited pipe: a gate must end with the exporter "
+                 f"that started it")
     host, _, port = args.to.rpartition(":")
-    asyncio.run(_gate(inherited_listener(args.fd), (host, int(port)), secret.encode(), args.http))
+    asyncio.run(_gate(inherited_listener(args.fd), (host, int(port)), secret.encode(), args.lifeline, args.grace,
+                      args.http))
 
 
 if __name__ == "__main__":

@@ -59,14 +59,19 @@ class HostContext:
 
         The socket is bound before the process starts, so the endpoint accepts
         connections (queued by the kernel) the moment this returns, and no other process
-        can take the port in between. ``env`` is the process's environment; ``command`` is
-        the endpoint's (see ``Endpoint``).
+        can take the port in between. ``{lifeline}`` in ``argv`` is the fd of the exporter's
+        lifeline (``ProcessRegistry.lifeline``), for a process that must not outlive it.
+        ``env`` is the process's environment; ``command`` is the endpoint's (see ``Endpoint``).
         """
         listener = self.listen()
         try:
-            fd = str(listener.fileno())
-            proc = self.processes.spawn([a.replace("{fd}", fd) for a in argv], name=f"{name}-{resource.device}-{lease.id}",
-                                        lease=lease.id, pass_fds=(listener.fileno(),), env=env)
+            fds = {"{fd}": listener.fileno()}
+            if any("{lifeline}" in a for a in argv):
+                fds["{lifeline}"] = self.processes.lifeline().fd
+            for placeholder, fd in fds.items():
+                argv = [a.replace(placeholder, str(fd)) for a in argv]
+            proc = self.processes.spawn(argv, name=f"{name}-{resource.device}-{lease.id}",
+                                        lease=lease.id, pass_fds=tuple(fds.values()), env=env)
             port = listener.getsockname()[1]
         finally:
             listener.close()  # the child holds it now; our copy would keep the port bound

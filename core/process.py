@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +49,29 @@ def _term_when_parent_dies(parent: int):
         if os.getppid() != parent:  # the parent died before we asked
             os._exit(1)
     return arrange
+
+
+class Lifeline:
+    """A pipe whose write end only this process holds: a child given the read end sees it
+    end (readable, end of file) the moment this process is gone, however it went (kill -9
+    too), since the kernel closes a dead process's files. Nothing is ever written to it.
+
+    Both ends are non-inheritable (PEP 446) and ``subprocess`` closes every file it is not
+    told to pass, so no other child (ser2net, adb, a flash tool) holds the write end, which
+    would keep the end from coming. Not ``PR_SET_PDEATHSIG``: the kernel ties that to the
+    thread that spawned, and services start in worker threads.
+    """
+
+    def __init__(self):
+        self.fd, self._write_fd = os.pipe()
+
+    def close(self) -> None:
+        """Close both ends: the children holding the read end see the end, as if this
+        process had died. Once only: a closed fd's number may be another file's by now."""
+        if self.fd >= 0:
+            os.close(self._write_fd)
+            os.close(self.fd)
+            self.fd = self._write_fd = -1
 
 
 class Proc:
@@ -160,6 +184,24 @@ class ProcessRegistry:
         self.logs = Path(state_dir) / "logs"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(parents=True, exist_ok=True)
+        self._lifeline: Lifeline | None = None
+        self._lifeline_lock = threading.Lock()
+
+    def lifeline(self) -> Lifeline:
+        """This run's lifeline (made at the first call): what its children check to know
+        whether the process that started them is still there."""
+        with self._lifeline_lock:
+            if self._lifeline is None:
+                self._lifeline = Lifeline()
+            return self._lifeline
+
+    def end_lifeline(self) -> None:
+        """End this run's lifeline, if it has one: the children given it see the end at
+        once, as if this process had died."""
+        with self._lifeline_lock:
+            if self._lifeline is not None:
+                self._lifeline.close()
+                self._lifeline = None
 
     def spawn(self, argv: list[str], *, name: str, lease: str | None = None, pass_fds: tuple[int, ...] = (),
               env: dict | None = None, die_with_parent: bool = False, job: bool = False) -> Proc:

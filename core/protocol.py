@@ -3,18 +3,43 @@ exporters send with these models, exporters build their reports and read their d
 state with them, and the tests speak them too.
 
 Unknown fields are refused (422): a report can not smuggle in a field the coordinator
-owns (``mediated``, ``owner``, a lease binding).
+owns (``mediated``, ``owner``, a lease binding). Every string, list and dict is bounded
+(tests/test_hostile_exporters.py walks the models to hold them to it): an exporter's token
+can be stolen, and what it reports is served to anyone who reads the board.
 """
 from __future__ import annotations
 
-from typing import Literal
+import ipaddress
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from . import LEASE_PREFIX, NAME_PATTERN
+from .usage import template_problem
 
 MAX_DEVICES_PER_REPORT = 1000
 MAX_RESOURCES_PER_DEVICE = 32
+MAX_SERVICES_PER_REPORT = 4 * MAX_DEVICES_PER_REPORT
+MAX_ENDPOINTS_PER_SERVICE = 16
+MAX_TAGS = 64
+MAX_HOLDERS = 64  # processes reported holding one device's nodes
+MAX_PLUGINS = 256
+MAX_NAME_CHARS = 64
+MAX_COMMAND_CHARS = 1000  # of a holder's command line
+MAX_REASON_CHARS = 2000
+#: What an endpoint's host and an exporter's address may be: a DNS name, an IPv4 or an IPv6
+#: address (no user, path or port: the coordinator builds URLs from it).
+HOST_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45})$"
+
+Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+Reason = Annotated[str, StringConstraints(max_length=MAX_REASON_CHARS)]
+Template = Annotated[str, StringConstraints(max_length=500)]
+# params keys are template fields, env names are exported by `device-loop env` into a shell
+ParamName = Annotated[str, StringConstraints(max_length=32, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")]
+EnvName = Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+ParamValue = Annotated[str, StringConstraints(max_length=255)] | Annotated[int, Field(ge=-2**63, le=2**63 - 1)]
 
 HealthStatus = Literal["ok", "degraded", "failed"]
 FlashPhase = Literal["fetching", "writing", "verifying"]
@@ -22,6 +47,13 @@ FlashPhase = Literal["fetching", "writing", "verifying"]
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+
+def check_host(host: str | None) -> str | None:
+    """A validator for addresses (``HOST_PATTERN``): one with a colon is an IPv6 address."""
+    if host is not None and ":" in host:
+        ipaddress.IPv6Address(host)  # its ValueError says what is wrong
+    return host
 
 
 def check_device_name(name: str) -> str:
@@ -34,13 +66,25 @@ def check_device_name(name: str) -> str:
 class EndpointReport(Strict):
     """Where a client connects; ``kind`` is the resource kind (``uart``, ``adb``...)."""
     kind: str = Field(min_length=1, max_length=32)
-    host: str = Field(min_length=1, max_length=255)
+    host: str = Field(min_length=1, max_length=255, pattern=HOST_PATTERN)
     port: int = Field(ge=1, le=65535)
     url: str | None = Field(default=None, max_length=2048)
     protocol: str | None = Field(default=None, max_length=32)
-    params: dict[str, str | int] | None = Field(default=None, max_length=16)
-    command: str | None = Field(default=None, max_length=500, description="how to use it: a template")
-    env: dict[str, str] | None = Field(default=None, max_length=16, description="exports that point tools at it")
+    params: dict[ParamName, ParamValue] | None = Field(default=None, max_length=16)
+    command: Template | None = Field(default=None, description="how to use it: a template (core/usage.py)")
+    env: dict[EnvName, Template] | None = Field(default=None, max_length=16,
+                                                description="exports that point tools at it")
+
+    _host_is_an_address = field_validator("host")(check_host)
+
+    @model_validator(mode="after")
+    def _templates_name_only_fields(self):
+        params = (self.params or {}).keys()
+        for where, template in [("command", self.command), *((f"env {k}", v) for k, v in (self.env or {}).items())]:
+            problem = template_problem(template, params) if template is not None else None
+            if problem:
+                raise ValueError(f"{where}: {problem}")
+        return self
 
 
 class ResourceReport(Strict):
@@ -54,15 +98,15 @@ class ResourceReport(Strict):
 class Holder(Strict):
     """A process holding a device node that did not hold it when the lease began."""
     pid: int = Field(ge=0, le=2**31)
-    command: str = Field(max_length=1000)
+    command: str = Field(max_length=MAX_COMMAND_CHARS)
 
 
 class DeviceReport(Strict):
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(max_length=64, pattern=NAME_PATTERN)
     device_class: str = Field(alias="class", min_length=1, max_length=64)
-    tags: list[str] = Field(default_factory=list, max_length=64)
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
     resources: list[ResourceReport] = Field(min_length=1, max_length=MAX_RESOURCES_PER_DEVICE)
-    busy_by: list[Holder] = Field(default_factory=list)
+    busy_by: list[Holder] = Field(default_factory=list, max_length=MAX_HOLDERS)
 
     @field_validator("name")
     @classmethod
@@ -76,7 +120,7 @@ class ServiceReport(Strict):
     device: str = Field(min_length=1, max_length=64)
     identifier: str = Field(min_length=1, max_length=255)
     kind: str = Field(min_length=1, max_length=32)
-    endpoints: list[EndpointReport] = Field(default_factory=list)
+    endpoints: list[EndpointReport] = Field(default_factory=list, max_length=MAX_ENDPOINTS_PER_SERVICE)
     error: str | None = Field(default=None, max_length=2000)
 
 
@@ -89,7 +133,8 @@ class FlashReport(Strict):
     phase: FlashPhase
     done_bytes: int = Field(default=0, ge=0, le=2**63 - 1)
     message: str = Field(default="", max_length=2000)
-    seconds: dict[FlashPhase, float] = Field(default_factory=dict, description="how long each phase took so far")
+    seconds: dict[FlashPhase, float] = Field(default_factory=dict, max_length=3,
+                                             description="how long each phase took so far")
     changed: bool = Field(default=False, description="the target may have been changed (its backend began)")
 
 
@@ -102,21 +147,23 @@ class CandidateReport(Strict):
 
 
 class SkippedPlugin(Strict):
-    name: str
-    reason: str
+    name: Name
+    reason: Reason
 
 
 class UnservedDevice(Strict):
-    device: str
-    plugin: str
-    reason: str
+    device: Name
+    plugin: Name
+    reason: Reason
 
 
 class PluginsReport(Strict):
-    loaded: list[str] = Field(default_factory=list)
-    skipped: list[SkippedPlugin] = Field(default_factory=list)
-    failing: list[SkippedPlugin] = Field(default_factory=list, description="loaded, but its last discovery raised")
-    unserved: list[UnservedDevice] = Field(default_factory=list, description="configured, but no plugin serves it")
+    loaded: list[Name] = Field(default_factory=list, max_length=MAX_PLUGINS)
+    skipped: list[SkippedPlugin] = Field(default_factory=list, max_length=MAX_PLUGINS)
+    failing: list[SkippedPlugin] = Field(default_factory=list, max_length=MAX_PLUGINS,
+                                         description="loaded, but its last discovery raised")
+    unserved: list[UnservedDevice] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT,
+                                           description="configured, but no plugin serves it")
 
 
 class Heartbeat(Strict):
@@ -129,11 +176,26 @@ class Heartbeat(Strict):
     heartbeat_s: float = Field(gt=0, le=3600)
     plugins: PluginsReport = Field(default_factory=PluginsReport)
     devices: list[DeviceReport] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
-    services: list[ServiceReport] = Field(default_factory=list, max_length=4 * MAX_DEVICES_PER_REPORT)
-    applied: list[str] = Field(default_factory=list, description="lease ids of the desired state last converged to")
+    services: list[ServiceReport] = Field(default_factory=list, max_length=MAX_SERVICES_PER_REPORT)
+    applied: list[Name] = Field(default_factory=list, max_length=MAX_SERVICES_PER_REPORT,
+                                description="lease ids of the desired state last converged to")
     stopping: bool = Field(default=False, description="the exporter's last report: it is going away")
     candidates: list[CandidateReport] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
     flashes: list[FlashReport] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
+    address: str | None = Field(default=None, max_length=255, pattern=HOST_PATTERN,
+                                description="the host's own address (its advertise_address): every endpoint "
+                                            "is there, and the coordinator fetches a camera's snapshot only there")
+
+    _address_is_an_address = field_validator("address")(check_host)
+
+    @model_validator(mode="after")
+    def _endpoints_at_the_host_s_address(self):
+        if self.address is not None:
+            elsewhere = sorted({e.host for s in self.services for e in s.endpoints} - {self.address})
+            if elsewhere:
+                raise ValueError(f"every endpoint must be at this host's own address {self.address} (the exporter's "
+                                 f"advertise_address), not at {', '.join(elsewhere)}")
+        return self
 
     @model_validator(mode="after")
     def _each_thing_once(self):
@@ -149,38 +211,39 @@ class Heartbeat(Strict):
 
 class DesiredService(Strict):
     """One service the exporter should run: a resource of a leased device."""
-    lease: str
-    holder: str
-    device: str
-    identifier: str
-    kind: str
-    plugin: str
-    secret: str | None = None
+    lease: Name
+    holder: Identifier
+    device: Name
+    identifier: Identifier
+    kind: Name
+    plugin: Name
+    secret: Identifier | None = None
 
 
 class Adoption(Strict):
     """A network candidate an admin adopted: the device it now is."""
-    identifier: str
-    name: str
-    device_class: str = Field(alias="class")
-    tags: list[str] = Field(default_factory=list)
+    identifier: Identifier
+    name: Name
+    device_class: Name = Field(alias="class")
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
 
 
 class DesiredFlash(Strict):
     """A flash the exporter should run: write image ``sha256`` to a device's flash target."""
-    op: str
-    device: str
-    identifier: str
-    plugin: str
-    sha256: str
+    op: Name
+    device: Name
+    identifier: Identifier
+    plugin: Name
+    sha256: Name
     size: int
-    image: str
+    image: Identifier
 
 
 class DesiredState(Strict):
     """The heartbeat's answer (and the long-poll's): what this host should run."""
-    services: list[DesiredService] = Field(default_factory=list)
-    flashes: list[DesiredFlash] = Field(default_factory=list)
-    adopted: list[Adoption] = Field(default_factory=list)
-    etag: str | None = None
+    services: list[DesiredService] = Field(default_factory=list,
+                                           max_length=MAX_DEVICES_PER_REPORT * MAX_RESOURCES_PER_DEVICE)
+    flashes: list[DesiredFlash] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
+    adopted: list[Adoption] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
+    etag: Name | None = None
     as_of: float = Field(default=0.0, description="coordinator time of the read: of two answers, the later wins")

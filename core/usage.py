@@ -1,19 +1,57 @@
 """How to use a lease's endpoints, as their plugins said (``Endpoint.command`` and ``env``):
-the one place the CLI and the MCP route fill the templates."""
+the one place the CLI and the MCP route fill the templates, and the one place that says
+what a template may hold.
+
+A template is data from an exporter, never a format string: its only fields are
+``{name}`` with a name of ``TEMPLATE_FIELDS`` or a key of the endpoint's ``params``, and
+``{{``/``}}`` for a brace. No attribute or index access, format spec or conversion.
+``template_problem`` refuses anything else when an exporter reports it; ``fill`` never
+fails, and leaves what it does not know as it is (rows stored before that check).
+"""
 from __future__ import annotations
 
-import string
+import re
+
+#: The fields every endpoint's templates may name, besides the keys of its ``params``.
+TEMPLATE_FIELDS = ("host", "port", "url", "lease")
+#: A template's pieces: an escaped brace, a ``{field}``, or a lone brace.
+_PIECE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+_BRACES = {"{{": "{", "}}": "}"}
 
 
-class _Fields(dict):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"  # a placeholder the endpoint has no value for stays as it is
+def _fields(endpoint: dict, lease_id: str) -> dict[str, str]:
+    return {**{str(k): str(v) for k, v in (endpoint.get("params") or {}).items()},
+            "host": str(endpoint.get("host", "")), "port": str(endpoint.get("port", "")),
+            "url": str(endpoint.get("url") or ""), "lease": lease_id}
 
 
 def fill(template: str, endpoint: dict, lease_id: str) -> str:
-    fields = _Fields({**(endpoint.get("params") or {}), "host": endpoint["host"], "port": endpoint["port"],
-                      "url": endpoint.get("url") or "", "lease": lease_id})
-    return string.Formatter().vformat(template, (), fields)
+    """``template`` with its fields replaced by the endpoint's values (a field it has no
+    value for, or anything that is not a plain field, stays as it is)."""
+    fields = _fields(endpoint, lease_id)
+
+    def piece(match: re.Match) -> str:
+        text = match.group(0)
+        if text in _BRACES:
+            return _BRACES[text]
+        return fields.get(match.group(1), text) if match.group(1) is not None else text
+
+    return _PIECE.sub(piece, template)
+
+
+def template_problem(template: str, params_keys) -> str | None:
+    """Why ``template`` is not one an endpoint may carry, or None."""
+    known = (*TEMPLATE_FIELDS, *sorted(params_keys))
+    for match in _PIECE.finditer(template):
+        name = match.group(1)
+        if match.group(0) in _BRACES:
+            continue
+        if name is None:
+            return f"a lone {match.group(0)!r} at character {match.start() + 1}: write it twice for a brace"
+        if name not in known:
+            return (f"{{{name}}} is not a field: a template names only {', '.join(f'{{{k}}}' for k in known)} "
+                    "(no attribute, index, format spec or conversion)")
+    return None
 
 
 def commands(lease: dict) -> list[str]:
@@ -38,10 +76,21 @@ def environment(lease: dict, endpoints: list[dict] | None = None) -> dict[str, s
 def camera_urls(lease: dict) -> dict | None:
     """The URLs of a lease's camera (the ``video`` plugin's endpoint), or None without one:
     ``page`` (shows the stream), ``stream`` (MJPEG) and ``snapshot`` (a JPEG)."""
+    endpoint = camera_endpoint(lease)
+    if endpoint is None or not endpoint.get("url"):
+        return None
+    params = endpoint["params"]
+    return {"page": endpoint["url"], "stream": endpoint["url"] + params["stream"],
+            "snapshot": endpoint["url"] + params["snapshot"]}
+
+
+def camera_endpoint(lease: dict) -> dict | None:
+    """A lease's camera endpoint (the ``video`` plugin's), if it has one a client can use:
+    with the ``stream`` and ``snapshot`` paths in its ``params``."""
     for endpoint in lease["endpoints"]:
-        if endpoint["kind"] == "video" and endpoint.get("url"):
-            return {"page": endpoint["url"], "stream": endpoint["url"] + endpoint["params"]["stream"],
-                    "snapshot": endpoint["url"] + endpoint["params"]["snapshot"]}
+        params = endpoint.get("params") or {}
+        if endpoint.get("kind") == "video" and all(isinstance(params.get(p), str) for p in ("stream", "snapshot")):
+            return endpoint
     return None
 
 

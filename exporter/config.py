@@ -1,17 +1,18 @@
 """The exporter's TOML config (every key is documented in docs/exporter-config.md)."""
 from __future__ import annotations
 
+import difflib
 import os
 import socket
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from device_loop.core import NAME_PATTERN
 from device_loop.core.model import ConfiguredResource
-from device_loop.core.protocol import check_device_name
+from device_loop.core.protocol import HOST_PATTERN, MAX_TAGS, Tag, check_device_name, check_host
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:7420"
 
@@ -32,10 +33,14 @@ class ExporterSection(BaseModel):
     heartbeat_s: float = Field(default=5.0, gt=0, le=3600)
     sysfs_root: Path = Path("/sys")
     state_dir: Path | None = None
-    bind_address: str = "127.0.0.1"
-    advertise_address: str | None = None
+    bind_address: str = Field(default="127.0.0.1", pattern=HOST_PATTERN)
+    # what endpoints say and heartbeats report as this host's own address: the coordinator
+    # refuses an endpoint anywhere else, so it is checked here, where it is written
+    advertise_address: str | None = Field(default=None, pattern=HOST_PATTERN)
     token_file: Path | None = None
     image_cache_gib: float = Field(default=20.0, gt=0)
+
+    _addresses = field_validator("bind_address", "advertise_address")(check_host)
 
 
 class PluginsSection(BaseModel):
@@ -52,8 +57,8 @@ class ResourceEntry(BaseModel):
 class DeviceEntry(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: str = Field(pattern=NAME_PATTERN)
-    device_class: str | None = Field(default=None, alias="class")
-    tags: list[str] = Field(default_factory=list)
+    device_class: str | None = Field(default=None, alias="class", min_length=1, max_length=64)
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
     plugin: str | None = None
     resources: list[ResourceEntry] = Field(default_factory=list)
 
@@ -101,16 +106,45 @@ class ExporterConfig(BaseModel):
         return out
 
 
+# The tables of a config as TOML writes them, and the models of those whose keys are fixed.
+TABLES = {"exporter": "[exporter]", "plugins": "[plugins]", "devices": "[[devices]]"}
+_FIXED_KEYS = {"exporter": ExporterSection, "plugins": PluginsSection}
+
+
 def parse_config(data: dict, source: str = "config") -> ExporterConfig:
+    """Validate a config's data; a ``ConfigError`` names every problem, one a line."""
     try:
         return ExporterConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors())
+        problems = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {_problem(e)}" for e in exc.errors())
         raise ConfigError(f"{source} is not a valid exporter config:\n{problems}") from None
 
 
+def _problem(error: dict) -> str:
+    if error["type"] == "extra_forbidden" and (len(error["loc"]) == 1 or error["loc"][0] in _FIXED_KEYS):
+        return _unknown_key(error["loc"], error["input"])
+    return error["msg"].removeprefix("Value error, ")
+
+
+def _unknown_key(loc: tuple, value: Any) -> str:
+    """An unknown key named with its table and the closest known one (a typo is the usual cause)."""
+    *table, key = map(str, loc)
+    if not table:
+        home = next((t for t, model in _FIXED_KEYS.items() if key in model.model_fields), None)
+        if home and not isinstance(value, (list, dict)):
+            return f"{key!r} belongs in the table [{home}]: put it below a line [{home}]"
+        written = f"[[{key}]]" if isinstance(value, list) else f"[{key}]" if isinstance(value, dict) else repr(key)
+        close = difflib.get_close_matches(key, TABLES, n=1)
+        hint = f"did you mean {TABLES[close[0]]}?" if close else f"its tables are {', '.join(TABLES.values())}"
+        return f"an exporter config has no {written}; {hint}"
+    known = list(_FIXED_KEYS[table[0]].model_fields)
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"its keys are {', '.join(known)}"
+    return f"unknown key {key!r} in [{table[0]}]; {hint}"
+
+
 def load_config(path: str | os.PathLike) -> ExporterConfig:
+    """Read and check a config file: the one loader of ``device-loop exporter`` and ``device-loop up --config``."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except OSError as exc:

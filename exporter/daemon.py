@@ -178,6 +178,7 @@ class Exporter:
         """Stop every service and let running flashes finish, then tell the coordinator
         this host is going away, so that nobody is handed endpoints that no longer answer."""
         self.reconciler.stop_all()
+        self.host.processes.end_lifeline()  # the gates' authority ends here, stopped or not
         for job in self.flasher.running():
             log.warning("waiting for flash %s of %s to finish (at most %gs)", job.op, job.device, FLASH_STOP_WAIT_S)
         self.flasher.wait(FLASH_STOP_WAIT_S)

@@ -15,12 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from pydantic import ValidationError
+
 from device_loop.core.gate import gate_service
 from device_loop.core.host import HostContext
 from device_loop.core.model import LeaseRef, Resource, Service
 from device_loop.core.plugins import PluginSet
 from device_loop.core.ports import wait_port_free
-from device_loop.core.protocol import DesiredService, ServiceReport
+from device_loop.core.protocol import DesiredService, EndpointReport, ServiceReport
 
 from .orphans import OrphanWatch
 from .service_records import ServiceRecords
@@ -138,6 +140,12 @@ class Reconciler:
             self._failed(key, resource.device, resource.kind, f"{resource.kind}: {exc}")
             self.stop_strays(also=lease.id)
             return
+        problem = self._endpoint_problem(service)
+        if problem:  # reported as it is, it would make the whole host's report invalid
+            log.error("%s for %s: %s; stopping it", resource.identifier, lease.id, problem)
+            self._stop(key, Running(resource, lease, service))
+            self._failed(key, resource.device, resource.kind, f"{resource.kind}: {problem}")
+            return
         if service.data:  # nothing noted, nothing to undo after a crash
             self.records.started(lease.id, resource.identifier, resource.plugin, service.data)
         with self._lock:
@@ -149,6 +157,21 @@ class Reconciler:
         # who held the node as the lease began (our own service excepted, so taking this
         # after the start is the same as before it, and keeps it off the way to ready)
         self.orphans.lease_begins(resource, self.pids())
+
+    def _endpoint_problem(self, service: Service) -> str | None:
+        """Why the endpoints a plugin returned cannot be reported (a template with a format
+        spec, a field out of bounds, a host other than this one's address), or None."""
+        for endpoint in service.endpoints:
+            try:
+                EndpointReport.model_validate(endpoint.to_json())
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(map(str, first["loc"])) or "endpoint"
+                return f"the plugin returned an endpoint that cannot be reported ({where}: {first['msg']})"
+            if endpoint.host != self.host.advertise_address:
+                return (f"the plugin returned an endpoint at {endpoint.host}, not at this host's address "
+                        f"{self.host.advertise_address}")
+        return None
 
     def _failed(self, key: Key, device: str, kind: str, message: str) -> None:
         with self._lock:

@@ -15,8 +15,9 @@ from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.host import HostContext
 from device_loop.core.model import Health, Resource
 from device_loop.core.plugins import PluginSet
-from device_loop.core.protocol import (Adoption, CandidateReport, DeviceReport, FlashReport, Heartbeat,
-                                       PluginsReport, ServiceReport)
+from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_HOLDERS, MAX_NAME_CHARS, MAX_REASON_CHARS, Adoption,
+                                       CandidateReport, DeviceReport, FlashReport, Heartbeat, PluginsReport,
+                                       ServiceReport)
 
 from .orphans import OrphanWatch
 
@@ -97,9 +98,11 @@ class Reporter:
         self.generation += 1
         return Heartbeat(
             protocol=PROTOCOL_VERSION, version=__version__, boot_id=self.boot_id, generation=self.generation,
-            heartbeat_s=self.heartbeat_s, stopping=stopping,
-            plugins=PluginsReport(loaded=self.loaded, skipped=self.skipped, unserved=list(unserved),
-                                  failing=[{"name": n, "reason": r} for n, r in sorted(self.failing.items())]),
+            heartbeat_s=self.heartbeat_s, stopping=stopping, address=self.host.advertise_address,
+            plugins=PluginsReport(loaded=self.loaded, skipped=[_clipped(s) for s in self.skipped],
+                                  unserved=[_clipped(u) for u in unserved],
+                                  failing=[{"name": n, "reason": r[:MAX_REASON_CHARS]}
+                                           for n, r in sorted(self.failing.items())]),
             devices=self._devices, services=services,
             applied=sorted(applied), flashes=list(flashes),
             candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)
@@ -114,4 +117,13 @@ class Reporter:
             entry["resources"].append({"kind": r.kind, "plugin": r.plugin, "identifier": r.identifier,
                                        "health": health.status, "reason": health.reason})
             entry["busy_by"] += self._busy.get(r.identifier, [])
+        for entry in devices.values():  # the report's bounds: a java command line is long
+            entry["busy_by"] = [{**h, "command": h["command"][:MAX_COMMAND_CHARS]}
+                                for h in entry["busy_by"][:MAX_HOLDERS]]
         return [DeviceReport.model_validate(d) for d in devices.values()]
+
+
+def _clipped(entry: dict) -> dict:
+    """A skipped plugin or unserved device cut to the report's bounds (a misspelt plugin
+    name in the config may be as long as its author typed it)."""
+    return {key: value[:MAX_REASON_CHARS if key == "reason" else MAX_NAME_CHARS] for key, value in entry.items()}

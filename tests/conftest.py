@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -19,8 +22,10 @@ import pytest
 import serial
 import tomli_w
 
+from device_loop.client import http as client_http
 from device_loop.core.plugins import ENTRY_POINT_GROUP, LOAD_ENV
 from device_loop.core.ports import free_port, wait_port_open
+from device_loop.exporter import config as exporter_config
 
 SRC = Path(__file__).resolve().parent.parent
 # A plugin someone installed into this venv (the example's README suggests it) must not
@@ -28,6 +33,85 @@ SRC = Path(__file__).resolve().parent.parent
 BUILT_IN_PLUGINS = ",".join(sorted(e.name for e in entry_points(group=ENTRY_POINT_GROUP)
                                    if e.value.startswith("device_loop.plugins.")))
 os.environ[LOAD_ENV] = BUILT_IN_PLUGINS
+
+
+def _process_with_port(port: int) -> str:
+    """The process of this machine with a TCP socket on local ``port``: its pid and command."""
+    sockets = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    sockets.add(f"socket:[{fields[9]}]")
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in sockets:
+                command = Path("/proc", fd.parts[2], "cmdline").read_bytes().replace(b"\0", b" ")
+                return f"pid {fd.parts[2]}: {command.decode(errors='replace').strip()}"
+    return f"a process that has exited since (its port was {port})"
+
+
+class DefaultCoordinatorGuard:
+    """What the default coordinator URL of every entry point (the exporter config's, the
+    CLI's, ``Lab()``'s) points at while the tests run, instead of http://127.0.0.1:7420,
+    where the lab of whoever runs the tests may listen: a port of ours that resets every
+    connection, as a closed port refuses it, and notes which process made it."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.server.setblocking(False)
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.seen: list[str] = []
+        threading.Thread(target=self._watch, name="default-coordinator-guard", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            select.select([self.server], [], [])
+            self._accept_waiting()
+
+    def _accept_waiting(self) -> None:
+        with self.lock:
+            while True:
+                try:
+                    connection, (_, port) = self.server.accept()
+                except BlockingIOError:
+                    return
+                self.seen.append(_process_with_port(port))
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset
+                connection.close()
+
+    def take(self) -> list[str]:
+        """Who connected since the last call, including connections still waiting to be
+        accepted (the kernel completes them whether or not the watcher has run)."""
+        self._accept_waiting()
+        with self.lock:
+            seen, self.seen = self.seen, []
+        return seen
+
+
+DEFAULT_COORDINATOR_GUARD = DefaultCoordinatorGuard()
+os.environ["DEVICE_LOOP_COORDINATOR"] = DEFAULT_COORDINATOR_GUARD.url  # read first by every entry point
+exporter_config.DEFAULT_COORDINATOR = client_http.DEFAULT_URL = DEFAULT_COORDINATOR_GUARD.url  # (if unset)
+
+
+@pytest.fixture(autouse=True)
+def nothing_reaches_the_default_coordinator():
+    """Fail the test during which (or just before which) anything connected to the default coordinator URL."""
+    yield
+    reached = DEFAULT_COORDINATOR_GUARD.take()
+    if reached:
+        pytest.fail("something reached the default coordinator URL, which stands in for http://127.0.0.1:7420 (the "
+                    "lab of whoever runs the tests): give every coordinator, exporter and client of a test its own "
+                    "URL\n  " + "\n  ".join(reached), pytrace=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    reached = DEFAULT_COORDINATOR_GUARD.take()  # a process that outlived its test, say
+    if reached:
+        print("\nsomething reached the default coordinator URL after the last test:\n  " + "\n  ".join(reached))
+        session.exitstatus = 1
 
 
 POSTGRES_ENV = "DEVICE_LOOP_TEST_POSTGRES"  # an admin URL; ./lab test starts a throwaway server and sets it
@@ -65,12 +149,14 @@ def anyio_backend():
 
 @pytest.fixture
 def env(tmp_path):
-    """An environment of our own: HOME, XDG dirs, no coordinator from the caller."""
+    """An environment of our own: HOME, XDG dirs, no coordinator from the caller (the default
+    one is the guard's)."""
     home = tmp_path / "home"
     home.mkdir()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
     environ.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
-                   DEVICE_LOOP_USER="alice", PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
+                   DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
+                   PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
     return environ
 
 
@@ -197,19 +283,27 @@ def postgres_database():
     asyncio.run(_admin_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
-@pytest.fixture
-def two_coordinators(tmp_path, env, postgres_database):
-    """Two coordinator processes on one PostgreSQL database (as behind a reverse proxy)."""
+@contextlib.contextmanager
+def coordinator_pair(tmp_path, env, database_url: str, *extra: str):
+    """Two coordinator processes in the trust mode on one PostgreSQL database (as behind a
+    reverse proxy), with the options ``extra`` each."""
     procs = []
     try:
         for n in range(2):
             folder = tmp_path / f"c{n}"
             folder.mkdir()
-            procs.append(Coordinator(folder, env, extra=("--single-user", "--database-url", postgres_database)))
+            procs.append(Coordinator(folder, env, extra=("--single-user", "--database-url", database_url, *extra)))
         yield procs
     finally:
         for proc in procs:
             proc.stop()
+
+
+@pytest.fixture
+def two_coordinators(tmp_path, env, postgres_database):
+    """Two coordinator processes on one PostgreSQL database (as behind a reverse proxy)."""
+    with coordinator_pair(tmp_path, env, postgres_database) as procs:
+        yield procs
 
 
 @pytest.fixture

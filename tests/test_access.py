@@ -34,6 +34,7 @@ EXPECTED = {
     ("POST", "/api/v1/admin/tokens/{token_id}/revoke"): "admin",
     ("POST", "/api/v1/admin/leases/{lease_id}/revoke"): "admin",
     ("POST", "/api/v1/admin/devices/{device}/retire"): "admin", ("POST", "/api/v1/admin/hosts/{host}/drain"): "admin",
+    ("POST", "/api/v1/admin/forget"): "admin",
     ("GET", "/api/v1/admin/audit"): "admin", ("GET", "/api/v1/admin/candidates"): "admin",
     ("POST", "/api/v1/admin/candidates/{identifier:path}/adopt"): "admin",
     ("POST", "/api/v1/images"): "user", ("GET", "/api/v1/images"): "user", ("GET", "/api/v1/images/{ref}"): "user",

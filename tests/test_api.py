@@ -1,9 +1,11 @@
 """The coordinator's REST rules, driven in-process with a hand-moved clock."""
 import pytest
 
+from device_loop.coordinator.identity import issue_token
 from device_loop.coordinator.migrations import MIGRATIONS
 from device_loop.core import PROTOCOL_VERSION
 from lab_in_process import FakeExporter, device, in_process_lab, leased_board
+from test_flash_rules import board, lab_with_board
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30), pytest.mark.usefixtures("database")]
 
@@ -17,7 +19,8 @@ async def test_bad_input_gets_clear_4xx(tmp_path):
         api = client()
         await FakeExporter(api, "host-a").beat([device("b0")])
         cases = [
-            (await api.post("/leases", content=b"{nope"), 400, "bad_request"),
+            (await api.post("/leases", content=b"{nope", headers={"Content-Type": "application/json"}), 400,
+             "bad_request"),
             (await api.post("/leases", json={}), 422, "invalid"),
             (await api.post("/leases", json={"device": "b0", "ttl_s": -5}), 422, "invalid"),
             (await api.post("/leases", json={"device": "b0", "ttl_s": 30 * 86400}), 422, "ttl_too_long"),
@@ -116,7 +119,7 @@ async def test_reclaim_waits_for_orphans(tmp_path):
         orphan = {"pid": 4242, "command": "picocom /dev/ttyUSB0"}
         await exporter.beat([device("b0", busy_by=[orphan])], [], [])
         info = (await api.get("/devices/b0")).json()
-        assert info["state"] == "reclaiming" and info["busy_by"] == [orphan]
+        assert info["state"] == "reclaiming" and info["busy_by"] == [{**orphan, "program": "picocom"}]
         assert (await api.post("/leases", json={"device": "b0"})).status_code == 409
         await exporter.beat([device("b0")], [], [])
         assert await state_of(api, "b0") == "idle"
@@ -413,3 +416,97 @@ async def test_a_device_left_in_the_state_conflict_was_is_recomputed_after_the_u
             await rules.store._exec(MIGRATIONS[10][0])
         await exporter.beat([device("b0"), device("b1")])  # the same report as before
         assert [await state_of(api, n) for n in ("b0", "b1")] == ["idle", "idle"]
+
+
+async def test_a_device_log_says_when_it_was_registered_and_why_it_is_faulty(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0", health="failed"), device("b1")])
+        await exporter.beat([device("b0"), device("b1")])
+        await exporter.beat([device("b0", health="failed"), device("b1")])
+        log = [(e["from"], e["to"], e["cause"]) for e in (await api.get("/devices/b0/log")).json()]
+        assert log == [
+            ("unregistered", "faulty", "registered: first reported by host host-a; health failed: uart: broken"),
+            ("faulty", "idle", "health is ok again"), ("idle", "faulty", "health failed: uart: broken")]
+        assert [e["cause"] for e in (await api.get("/devices/b1/log")).json()] == [
+            "registered: first reported by host host-a"]
+
+
+async def test_only_admins_see_the_lease_on_a_device(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        made = {name: (await issue_token(rules.store, rules.clock, **spec))["token"] for name, spec in {
+            "alice": {"username": "alice"}, "root": {"username": "root", "admin": True},
+            "host-a": {"host": "host-a"}}.items()}
+        alice, root = client(token=made["alice"]), client(token=made["root"])
+        await FakeExporter(client(token=made["host-a"]), "host-a").beat([device("b0")])
+        assert (await root.get("/devices/b0")).json()["lease"] is None
+        lease = (await alice.post("/leases", json={"device": "b0"})).json()
+        assert (await root.get("/devices/b0")).json()["lease"] == lease["id"]
+        for someone in (alice, client()):  # the holder sees it under /leases; on the board nobody does
+            shown = (await someone.get("/devices/b0")).json()
+            assert "lease" not in shown and lease["id"] not in str(shown)
+
+
+async def test_an_admin_forgets_a_device_or_host_that_will_not_come_back(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        a, b = FakeExporter(api, "host-a"), FakeExporter(api, "host-b")
+        await b.beat([device("b2")])
+        await a.beat([device("b0"), device("b1"), device("b2")])  # b2 is host-b's: host-a only claims it
+        lease = (await api.post("/leases", json={"device": "b1"})).json()
+        refused = await api.post("/admin/forget", json={"name": "b0"})
+        assert refused.status_code == 409 and refused.json()["error"] == "online"
+        assert "host host-a still reports it" in refused.json()["message"]
+
+        await a.beat([device("b0"), device("b1"), device("b2")], stopping=True)  # its exporter stops
+        refused = await api.post("/admin/forget", json={"name": "host-a"})
+        assert refused.status_code == 409 and refused.json()["error"] == "leased"
+        assert "b1 is leased by alice" in refused.json()["message"] and "admin release b1 --force" in \
+            refused.json()["message"]
+        assert (await api.post(f"/admin/leases/{lease['id']}/revoke")).status_code == 200
+        forgot = await api.post("/admin/forget", json={"name": "b1"})
+        assert forgot.json() == {"forgotten": "device", "name": "b1", "devices": ["b1"]}
+        assert [(await api.get(path)).status_code for path in ("/devices/b1", "/devices/b1/log")] == [404, 404]
+        assert await rules.store.read("SELECT * FROM resources WHERE device = 'b1'") == []
+        assert [r["state"] for r in await rules.store.read("SELECT state FROM leases WHERE device = 'b1'")] == [
+            "revoked"], "its leases stay, as history"
+        gone = await api.post(f"/leases/{lease['id']}/release")
+        assert gone.status_code == 409 and "b1 is no longer in the lab" in gone.json()["message"]
+
+        forgot = await api.post("/admin/forget", json={"name": "host-a", "kind": "host"})
+        assert forgot.json() == {"forgotten": "host", "name": "host-a", "devices": ["b0"]}
+        assert [h["name"] for h in (await api.get("/hosts")).json()] == ["host-b"]
+        assert [(d["name"], d["conflict_hosts"]) for d in (await api.get("/devices")).json()] == [("b2", [])]
+        audit = [(e["action"], e["device"], e["detail"]) for e in (await api.get("/admin/audit")).json()]
+        assert ("forget_host", None, {"host": "host-a", "devices": ["b0"]}) in audit
+        assert ("forget", "b0", {"host": "host-a"}) in audit and ("forget", "b1", {"host": "host-a"}) in audit
+
+        a.reboot()  # it came back after all: a new host, new devices
+        await a.beat([device("b0")])
+        assert [e["cause"] for e in (await api.get("/devices/b0/log")).json()] == [
+            "registered: first reported by host host-a"]
+        await b.beat([device("b2"), device("host-b")])
+        for body, status, code in [({"name": "host-b"}, 409, "ambiguous"), ({"name": "nope"}, 404, "unknown_name"),
+                                   ({"name": "host-b", "kind": "host"}, 409, "online"),
+                                   ({"name": "b9", "kind": "device"}, 404, "unknown_device"),
+                                   ({"name": "b0", "kind": "shelf"}, 422, "invalid"), ({"name": "a b"}, 422, "invalid"),
+                                   ({}, 422, "invalid")]:
+            answer = await api.post("/admin/forget", json=body)
+            assert (answer.status_code, answer.json()["error"]) == (status, code), answer.text
+
+
+async def test_forgetting_a_device_of_a_dead_host_ends_its_flash(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter, lease = await lab_with_board(client)
+        op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
+        await api.post(f"/leases/{lease['id']}/release")
+        await exporter.beat([board("b1")])  # b0 unplugged mid-flash: its exporter may still be at it
+        refused = await api.post("/admin/forget", json={"name": "b0"})
+        assert refused.status_code == 409 and refused.json()["error"] == "flash_running"
+        clock.advance(11)
+        await rules.reap()  # host-a died
+        assert (await api.post("/admin/forget", json={"name": "b0"})).status_code == 200
+        ended = (await api.get(f"/ops/{op['id']}")).json()
+        assert (ended["state"], ended["message"]) == ("failed", "its device was forgotten by admin alice")
+        assert [d["name"] for d in (await api.get("/devices")).json()] == ["b1"]

@@ -52,6 +52,10 @@ plugin = "sim"
     ({"devices": [{"name": "a", "plugin": "sim"}, {"name": "a", "plugin": "sim"}]}, "appear twice: a"),
     ({"devices": [{"name": "lease-7", "plugin": "sim"}]}, "must not start with 'lease-'"),
     ({"devices": [{"name": "bad name", "plugin": "sim"}]}, "devices.0.name"),
+    # what heartbeats must keep to is refused here, not by a coordinator at every report
+    ({"exporter": {"advertise_address": "http://bench-3:80"}}, "exporter.advertise_address"),
+    ({"exporter": {"advertise_address": "fe80::1::2"}}, "exporter.advertise_address"),
+    ({"devices": [{"name": "a", "plugin": "sim", "tags": ["x" * 65]}]}, "devices.0.tags.0"),
 ])
 def test_mistakes_are_named(data, complaint):
     with pytest.raises(ConfigError, match="not a valid exporter config") as err:
@@ -66,3 +70,21 @@ def test_unreadable_and_broken_files(tmp_path):
     broken.write_text("[exporter\nname = ")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(broken)
+
+
+@pytest.mark.parametrize("text, said", [
+    ('[[device]]\nname = "jupiter"\nplugin = "sim"\n',
+     "device: an exporter config has no [[device]]; did you mean [[devices]]?"),
+    ('[exporter]\nnmae = "bench-3"\n', "exporter.nmae: unknown key 'nmae' in [exporter]; did you mean 'name'?"),
+    ('[plugins]\ndisabel = ["video"]\n',
+     "plugins.disabel: unknown key 'disabel' in [plugins]; did you mean 'disable'?"),
+    ('name = "bench-3"\n', "name: 'name' belongs in the table [exporter]: put it below a line [exporter]"),
+    ('[cameras]\nfps = 5\n', "cameras: an exporter config has no [cameras]; its tables are [exporter], [plugins], "
+                            "[[devices]]"),
+])
+def test_a_misspelt_table_or_key_is_named_with_its_table_and_the_closest_known(tmp_path, text, said):
+    path = tmp_path / "exporter.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == f"{path} is not a valid exporter config:\n  {said}"

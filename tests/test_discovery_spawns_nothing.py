@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from device_loop.core.hookspecs import hookimpl
+from device_loop.core.ports import free_port
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device, usb_tty
@@ -52,7 +53,8 @@ def make_exporter(tmp_path, extra_plugin=None):
     pty = tmp_path / "ttyA"
     pty.touch()
     config = parse_config({
-        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "sysfs_root": str(sysfs)},
+        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "sysfs_root": str(sysfs),
+                     "coordinator": f"http://127.0.0.1:{free_port()}"},  # nobody listens: its goodbye goes nowhere
         "devices": [{"name": "sim-board-0", "plugin": "sim"}, {"name": "sim-board-1", "plugin": "sim"},
                     {"name": "jupiter", "plugin": "uart", "path": str(pty)},
                     {"name": "pixel", "plugin": "adb", "serial": "8AAY0GCXH"}],

@@ -1,4 +1,5 @@
 """A misbehaving plugin cannot take the exporter down, leak processes, or drop leases."""
+import dataclasses
 import os
 import sys
 
@@ -19,6 +20,7 @@ class Flaky:
 
     def __init__(self):
         self.discover_fails = self.stop_fails = self.start_fails_after_spawn = self.startup_fails = False
+        self.endpoint_fields = {}  # what its service's endpoints say, besides where they are
 
     @hookimpl
     def devloop_startup(self, host):
@@ -37,6 +39,7 @@ class Flaky:
                                           name="flaky")
         if self.start_fails_after_spawn:
             raise RuntimeError("helper did not answer")
+        service.endpoints = [dataclasses.replace(e, **self.endpoint_fields) for e in service.endpoints]
         return service
 
     @hookimpl
@@ -107,6 +110,28 @@ def test_a_start_that_fails_after_spawning_leaves_no_process(tmp_path):
         assert exporter.host.processes.recorded() == []
         report = exporter.report(scan=True)
         assert [s.error for s in report.services] == ["uart: helper did not answer"]
+    finally:
+        exporter.shutdown()
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"command": "nc {host:d} {port}"}, "command"),
+    ({"params": {"not an identifier": "x"}}, "params"),
+    ({"host": "10.9.9.9"}, "not at this host's address"),
+])
+def test_a_start_whose_endpoints_cannot_be_reported_fails_that_lease_alone(tmp_path, bad, why):
+    """A plugin's endpoint the coordinator would refuse must not make the whole host's report
+    invalid: that start fails with the reason, its process goes, the report stays valid."""
+    plugin = Flaky()
+    plugin.endpoint_fields = bad
+    exporter = make(tmp_path, plugin)
+    try:
+        exporter.reconcile(desired(), exporter.discover())
+        error = exporter.start_errors[("lease-1", "flaky:x0")]["error"]
+        assert why in error and "cannot be reported" in error or "not at this host's address" in error, error
+        assert exporter.running == {} and exporter.host.processes.recorded() == []
+        report = exporter.report(scan=True)  # valid: the model checks it as the coordinator would
+        assert [s.error for s in report.services] == [error]
     finally:
         exporter.shutdown()
 

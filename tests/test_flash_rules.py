@@ -73,12 +73,12 @@ async def test_a_flash_goes_to_the_exporter_and_its_reports_make_its_result(tmp_
         assert [(f["op"], f["identifier"], f["sha256"], f["size"]) for f in desired["flashes"]] == [
             (op["id"], "flash:host-a:b0", SHA, len(IMAGE))]
         assert all(s["kind"] != "flash" for s in desired["services"])
-        fetched = await client("exporter:host-a").get(f"/hosts/host-a/images/{SHA}")
+        fetched = await client("host-a").get(f"/hosts/host-a/images/{SHA}")
         assert fetched.status_code == 200 and fetched.content == IMAGE
-        other_host = await client("exporter:host-b").get(f"/hosts/host-b/images/{SHA}")
+        other_host = await client("host-b").get(f"/hosts/host-b/images/{SHA}")
         assert other_host.status_code == 404, "an exporter fetches only the images its own flashes write"
 
-        impostor = FakeExporter(client("exporter:host-b"), "host-b")
+        impostor = FakeExporter(client("host-b"), "host-b")
         await impostor.beat([], flashes=[flash_report(op, "done", "verifying", 1, "not mine")])
         assert (await api.get(f"/ops/{op['id']}")).json()["state"] == "queued", "a host speaks for its own flashes"
         desired = (await exporter.beat([board(), board("b1")],

@@ -1,13 +1,16 @@
 """Agents through the MCP route, with the SDK's own client, against a coordinator under
 uvicorn: the same rules as REST, tools that never block, refusals an agent can act on."""
 
+import sys
+
 import anyio
 import httpx2
 import pytest
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import Coordinator, Exporter, lab_tokens, sim_devices
+from conftest import SRC, Coordinator, Exporter, lab_tokens, sim_devices, wait_for
+from device_loop.core import __version__
 from device_loop.core.holders import listening_ports
 from test_end_to_end import wait_state
 
@@ -41,6 +44,7 @@ def lab_with_tokens(tmp_path, env):
 async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
     coordinator, tokens = lab_with_tokens
     async with agent(coordinator.url, tokens["alice"]) as alice:
+        assert (alice.server_info.name, alice.server_info.version) == ("device-loop", __version__)
         names = {tool.name for tool in (await alice.list_tools()).tools}
         assert names == {"list_devices", "device_info", "reserve", "lease_status", "renew", "release",
                          "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
@@ -129,3 +133,26 @@ async def test_unknown_host_header_gets_421_and_a_configured_one_works(lab_with_
         assert forged_form.status_code == 403 and forged_form.json()["error"] == "cross_site"
     async with agent(coordinator.url, tokens["alice"], host="lab.example:7420") as alice:
         assert (await call(alice, "list_devices"))["devices"]
+
+
+async def test_the_readme_s_agent_example_runs_as_it_is(lab_with_tokens, env):
+    coordinator, tokens = lab_with_tokens
+    example = SRC / "examples" / "mcp_agent.py"  # the README points at it: the text that runs here
+    ran = await anyio.run_process([sys.executable, str(example), "sim-board-1"], check=False,
+                                  env={**env, "DEVICE_LOOP_COORDINATOR": coordinator.url,
+                                       "DEVICE_LOOP_TOKEN": tokens["bob"]})
+    said = ran.stdout.decode() + ran.stderr.decode()
+    assert ran.returncode == 0, said
+    assert "Linux sim-board-1 6.1.0-sim" in said and "released sim-board-1" in said, said
+    causes = [e["cause"] for e in coordinator.api("/devices/sim-board-1/log").json()]
+    assert any("released by bob" in cause for cause in causes), causes
+    wait_for(lambda: coordinator.api("/devices/sim-board-1").json()["state"] == "idle", what="sim-board-1 back")
+
+
+def test_the_readme_shows_the_example_as_it_is():
+    """The README's excerpt of examples/mcp_agent.py is that file's text, line for line."""
+    readme = (SRC / "README.md").read_text()
+    agents = readme[readme.index("### Agents (MCP)"):]
+    excerpt = agents[agents.index("```python\n") + len("```python\n"):]
+    excerpt = excerpt[:excerpt.index("```")]
+    assert excerpt.strip() and excerpt in (SRC / "examples" / "mcp_agent.py").read_text()

@@ -23,28 +23,36 @@ from jsonschema import Draft202012Validator
 
 from conftest import Coordinator
 from device_loop.coordinator.api import MAX_KEY_CHARS, MAX_WAIT_S, ROUTES
-from device_loop.coordinator.openapi import (ALSO_200, ANSWER_MODELS, BYTES_IN, BYTES_OUT, CREATES, LISTS, documented,
-                                             document, openapi_path)
+from device_loop.coordinator.openapi import (ALSO_200, ALSO_404, ALSO_410, ALSO_422, ANSWER_MODELS, BYTES_IN, BYTES_OUT,
+                                             CREATES, LISTS, documented, document, openapi_path)
 from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import CandidateReport, DeviceReport, Heartbeat, ResourceReport
-from lab_in_process import in_process_lab
+from lab_in_process import FakeExporter, device, in_process_lab
 
 TESTS = Path(__file__).resolve().parent
-CHECKS = ["not_a_server_error", "status_code_conformance", "content_type_conformance",
-          "response_schema_conformance", "negative_data_rejection"]
+JSON = {"Content-Type": "application/json"}
+# every check of schemathesis runs ("all"), conformance to the document included
+# (positive_data_acceptance: a request the document allows is not refused as malformed)
+NOT_IN_THE_TRUST_MODE = ["ignored_auth"]  # no route needs credentials there
+# Schema-valid requests the rules refuse for what no JSON Schema can say: a target that names
+# no device or class (422 unknown_target), a device name or identifier repeated in a report.
+REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat"}
+ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # positive_data_acceptance's own list
 
 
 def test_the_document_is_valid_and_lists_every_route():
     described = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS)
-    schemathesis.openapi.from_dict(described).validate()  # against the OpenAPI 3.1 schema
-    for schema in described["components"]["schemas"].values():
-        Draft202012Validator.check_schema(schema)
+    for trust_mode in (False, True):
+        valid = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS, 86400, single_user=trust_mode)
+        schemathesis.openapi.from_dict(valid).validate()  # against the OpenAPI 3.1 schema
+        for schema in valid["components"]["schemas"].values():
+            Draft202012Validator.check_schema(schema)
     operations = [(method.upper(), path) for path, ops in described["paths"].items() for method in ops]
     assert sorted(operations) == sorted((method, openapi_path(path)) for method, path, _, _ in documented(ROUTES))
     left_out = {row[:2] for row in ROUTES} - {row[:2] for row in documented(ROUTES)}
     assert left_out == {("GET", "/api/v1/events"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/devices/{name}"),
                         ("POST", "/login"), ("POST", "/logout"), ("GET", "/static/{file}")}, "only what is no JSON"
-    named = CREATES | LISTS | set(ANSWER_MODELS) | BYTES_IN | BYTES_OUT | ALSO_200
+    named = CREATES | LISTS | set(ANSWER_MODELS) | BYTES_IN | BYTES_OUT | ALSO_200 | ALSO_404 | ALSO_410 | ALSO_422
     assert named <= {handler.__name__ for *_, handler in ROUTES}, "a name that is no handler's"
 
 
@@ -72,14 +80,50 @@ async def test_what_schemathesis_found_is_refused_with_a_4xx(tmp_path):
         assert gc.status_code == 422 and "number" in gc.json()["message"]
 
 
+@pytest.mark.anyio
+@pytest.mark.usefixtures("database")
+async def test_the_document_says_what_the_api_refuses_and_takes(tmp_path):
+    described = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS, 7 * 86400, single_user=True)
+    reserve = described["paths"]["/api/v1/leases"]["post"]
+    assert {"400", "403", "404", "408", "409", "413", "415", "421", "422"} <= set(reserve["responses"])
+    assert not any(status.endswith("XX") for path in described["paths"].values() for operation in path.values()
+                   for status in operation["responses"]), "each refusal named, none left to a range"
+    name = described["paths"]["/api/v1/devices/{name}"]["get"]["parameters"][0]["schema"]
+    assert re.search(name["pattern"], "b0") and not re.search(name["pattern"], "b\x00")
+    user = next(p for p in reserve["parameters"] if p["name"] == "X-Device-Loop-User")["schema"]["pattern"]
+    assert re.search(user, "alice") and not re.search(user, "a b") and not re.search(user, "Coordinator")
+    ttl = described["components"]["schemas"]["ReserveIn"]["properties"]["ttl_s"]["anyOf"][0]
+    assert (ttl["minimum"], ttl["maximum"]) == (1, 7 * 86400), "this lab's longest lease"
+    async with in_process_lab(tmp_path) as (client, _, _):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        beat = {**exporter.report([device("b0")]), "generation": 626.0}  # JSON Schema: an integer
+        answer = await api.post("/hosts/host-a/heartbeat", content=json.dumps(beat), headers=JSON)
+        assert answer.status_code == 200, answer.text
+        half = await api.post("/hosts/host-a/heartbeat", content=json.dumps({**beat, "generation": 626.5}),
+                              headers=JSON)
+        assert half.status_code == 422 and "generation" in half.json()["message"]
+        key = {"Idempotency-Key": "k-1"}
+        assert (await api.post("/leases", json={"device": "b0"}, headers=key)).status_code == 201
+        reused = await api.post("/leases", json={"device": "b1"}, headers=key)
+        assert reused.status_code == 422 and reused.json()["error"] == "idempotency_key_reused"
+        assert "Idempotency-Key used before" in described["components"]["responses"]["422"]["description"]
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs):
     """(In schemathesis' process.) A long-poll answers once what it watches changes, so a
     wait it may take (up to a minute) is cut to a hundredth of a second; a wait the
-    coordinator must refuse is sent as it was generated."""
+    coordinator must refuse is sent as it was generated. An Idempotency-Key it generated is
+    made the request's own: its few values ("0", "00...0") would otherwise come back with
+    other requests, which are refused (422) as the key's reuse they are."""
     wait = (case.query or {}).get("wait")
     if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 < wait <= MAX_WAIT_S:
         case.query["wait"] = 0.01
+    key = (case.headers or {}).get("Idempotency-Key")
+    if key and len(key) <= MAX_KEY_CHARS:
+        request = repr((case.method, case.operation.path, case.path_parameters, case.query, case.body))
+        case.headers["Idempotency-Key"] = (hashlib.sha256(request.encode()).hexdigest()[:16] + key)[:MAX_KEY_CHARS]
 
 
 @pytest.fixture
@@ -116,7 +160,8 @@ def seed(api: httpx2.Client) -> dict[str, list]:
     report = Heartbeat(protocol=PROTOCOL_VERSION, version="test", boot_id="boot-1", generation=1, heartbeat_s=1,
                        devices=[board("b0"), board("b1")],
                        candidates=[CandidateReport(identifier="10.0.0.9:5555", kind="adb", plugin="adb")])
-    made(api.post("/hosts/host-a/heartbeat", content=report.model_dump_json(by_alias=True)), 200)
+    made(api.post("/hosts/host-a/heartbeat", content=report.model_dump_json(by_alias=True),
+                   headers={"Content-Type": "application/json"}), 200)
     lease = made(api.post("/leases", json={"device": "b0"}))
     image = b"firmware" * 128
     made(api.post("/images", params={"name": "build-7", "for": "b0"}, content=image))
@@ -131,7 +176,7 @@ def seed(api: httpx2.Client) -> dict[str, list]:
             "header.X-Device-Loop-User": [lease["holder"]]}
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)  # half a minute, a minute on a busy machine
 def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(database, database_url, tmp_path, env):
     # each database as labs run on it: SQLite under `device-loop up` (the trust mode), PostgreSQL with tokens
     trust, on = database == "sqlite", ("--database-url", database_url) if database_url else ()
@@ -144,17 +189,21 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(datab
         # half of the values of these parameters name what there is, half are schemathesis'
         config = {"dictionaries": {f"known-{n}": {"values": values} for n, values in enumerate(known.values())},
                   "parameters": {parameter: {"dictionary": f"known-{n}", "probability": 0.5}
-                                 for n, parameter in enumerate(known)}}
+                                 for n, parameter in enumerate(known)},
+                  "operations": [{"include-operation-id": operation, "checks": {
+                      "positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "422"]}}}
+                      for operation in sorted(REFUSED_WHEN_STATE_SAYS)]}
+        if token:  # the document's own scheme: its checks may then leave it out (a global -H would not)
+            config["auth"] = {"openapi": {"token": {"bearer": token}}}
         (tmp_path / "schemathesis.toml").write_text(tomli_w.dumps(config))
-        checks = CHECKS + ([] if trust else ["ignored_auth"])  # in the trust mode no route needs credentials
         run = subprocess.run(
             [sys.executable, "-m", "schemathesis.cli", "--config-file", "schemathesis.toml", "run",
-             f"{coordinator.url}/api/v1/openapi.json", "--checks", ",".join(checks), "--max-examples", "10",
-             "--generation-deterministic", "--workers", "1", "--no-color", "--output-sanitize", "false",
-             *(["-H", f"Authorization: Bearer {token}"] if token else [])],
+             f"{coordinator.url}/api/v1/openapi.json", "--checks", "all", "--max-examples", "5",
+             *(["--exclude-checks", ",".join(NOT_IN_THE_TRUST_MODE)] if trust else []),
+             "--generation-deterministic", "--workers", "1", "--no-color", "--output-sanitize", "false"],
             # it loads this file as its hooks, whose imports need the tests' folder
             cwd=tmp_path, env={**env, "SCHEMATHESIS_HOOKS": __file__, "PYTHONPATH": str(TESTS)},
-            capture_output=True, text=True, timeout=50)
+            capture_output=True, text=True, timeout=75)
     finally:
         coordinator.stop()
     assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-5000:]}\ncoordinator log:\n" \

@@ -42,3 +42,25 @@ def test_power_off_removes_the_node_link(tmp_path):
     board = SimBoard("b", tmp_path / "b")
     board.power_off()
     assert not (tmp_path / "b").exists()
+
+
+def test_ctrl_c_drops_the_line_as_a_shell_does(board):
+    with serial.Serial(str(board.link), 115200, timeout=0.1) as port:
+        port.reset_input_buffer()
+        port.write(b"abc\x03")
+        said = read_until(port, b"jupiter:~# ")
+        assert said == b"abc^C\r\njupiter:~# ", "^C shown, then a fresh prompt"
+        port.write(b"uname\r")
+        said = read_until(port, b"jupiter:~# ")
+        assert b"Linux jupiter" in said and b"not found" not in said, said
+
+
+def test_a_fresh_line_forgets_what_was_typed(board):
+    with serial.Serial(str(board.link), 115200, timeout=0.1) as port:
+        port.reset_input_buffer()
+        port.write(b"left by the last user")
+        read_until(port, b"user")  # the board has read it (its echo came back)
+        board.fresh_line()
+        port.write(b"hostname\r")
+        said = read_until(port, b"jupiter:~# ")
+        assert said.endswith(b"hostname\r\njupiter\r\njupiter:~# ") and b"not found" not in said, said

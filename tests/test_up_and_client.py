@@ -1,5 +1,7 @@
 """`device-loop up` as a user runs it, and the Python client library against it."""
 import hashlib
+import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +17,7 @@ from helpers import pid_alive, port_open, recorded_pids, uart_exchange
 from test_end_to_end import run_cli
 
 pytestmark = pytest.mark.timeout(120)
+SCREENS = shutil.which("Xvfb") is not None  # then `up` gives each simulated board a screen (./lab test installs it)
 
 
 @pytest.fixture
@@ -54,7 +57,15 @@ def test_up_serves_sim_boards_and_stops_cleanly_on_ctrl_c(lab, env, tmp_path):
     uart_exchange("127.0.0.1", port, b"hostname\r", b"sim-extra\r\n")
     assert recorded_pids(data_dir / "exporter") == {}, "a sim board's console is a thread of the exporter"
     children = recorded_pids(data_dir / "up")
-    assert {r["name"] for r in children.values()} == {"coordinator", "exporter"}
+    screens = {"xvfb-sim-board-0", "xvfb-sim-board-1"} if SCREENS else set()
+    assert {r["name"] for r in children.values()} == {"coordinator", "exporter"} | screens
+    if SCREENS:
+        lease = json.loads(run_cli(env, url, "reserve", "sim-board-0", "--wait", "--json").stdout)
+        screen = {e["kind"]: e for e in lease["endpoints"]}
+        assert {"vnc", "vnc-web"} <= screen.keys()
+        with socket.create_connection((screen["vnc"]["host"], screen["vnc"]["port"]), timeout=10) as rfb:
+            rfb.settimeout(10)
+            assert rfb.recv(12).startswith(b"RFB 003.0"), "x11vnc serves the board's display"
 
     second = subprocess.run([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(data_dir),
                              "--port", str(free_port())], env=env, capture_output=True, text=True, timeout=30)
@@ -122,3 +133,38 @@ def test_lab_up_installs_only_when_the_project_changed(env):
     assert result.returncode == 0 and "Start a local lab" in result.stdout  # (installs if pyproject.toml changed)
     result = subprocess.run([str(SRC / "lab"), "up", "--help"], env=env, capture_output=True, text=True, timeout=120)
     assert "installing" not in result.stderr and "Editable" not in result.stderr, result.stderr
+
+
+def test_up_refuses_what_the_exporter_refuses_and_starts_nothing(tmp_path, env):
+    typo = tmp_path / "jupiter.toml"
+    typo.write_text('[[device]]\nname = "jupiter"\nclass = "riscv-sbc"\nplugin = "sim"\n')
+    said = [subprocess.run([sys.executable, "-m", "device_loop.cli", *args, "--config", str(typo)], env=env,
+                           capture_output=True, text=True, timeout=30)
+            for args in (["up", "--data-dir", str(tmp_path / "lab"), "--port", str(free_port())], ["exporter"])]
+    assert [s.returncode for s in said] == [1, 1]
+    assert said[0].stderr == said[1].stderr == (f"Error: {typo} is not a valid exporter config:\n"
+                                                "  device: an exporter config has no [[device]]; did you mean "
+                                                "[[devices]]?\n")
+    assert recorded_pids(tmp_path / "lab" / "up") == {} and not (tmp_path / "lab" / "exporter.toml").exists()
+
+
+def test_up_without_xvfb_serves_the_boards_without_screens(tmp_path, env):
+    port, log = free_port(), tmp_path / "up.log"
+    bare = tmp_path / "bin"  # a PATH where no Xvfb, x11vnc or websockify is found
+    bare.mkdir()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(tmp_path / "lab"),
+                                 "--port", str(port)], env={**env, "PATH": str(bare)}, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: "Ctrl-C stops the lab" in log.read_text() or proc.poll() is not None, 30, what="lab up")
+        assert "  screens      none (Xvfb, x11vnc, websockify not installed" in log.read_text(), log.read_text()
+        lease = json.loads(run_cli(env, f"http://127.0.0.1:{port}", "reserve", "sim-board-0", "--wait",
+                                   "--json").stdout)
+        assert {e["kind"] for e in lease["endpoints"]} == {"uart", "video"}
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -49,13 +49,15 @@ async def test_the_board_and_a_device_page_show_the_lab(tmp_path):
         assert '<tr data-name="b1" data-state="faulty" data-holder="">' in html and "uart: broken" in html
         assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>bold</b>" not in html, "what exporters report is escaped"
         assert f'data-lease="{lease["id"]}"' in html, "the viewer's lease, with its endpoints"
-        assert "<code>127.0.0.1:4000</code>" in html and "<code>nc 127.0.0.1 4000</code>" in html
+        assert '<code><span class="word">127.0.0.1:4000</span></code>' in html  # (words never broken inside)
+        assert '<code><span class="word">nc</span> <span class="word">127.0.0.1</span> <span class="word">4000</span>' \
+               '</code>' in html
         assert "javascript:" not in html and "Open screen" not in html, "only http(s) URLs are linked"
         assert (await client("bob").get(f"{SITE}/")).text.count("data-lease=") == 0, "bob holds nothing"
 
         shown = (await api.get(f"{SITE}/devices/b0")).text
         assert shown.count("<tr data-name=") == 1 and "reserved (30m)" in shown and "services up" in shown
-        assert "Never flashed" in shown and "None for b0 or its class sim-board" in shown
+        assert "Known-good image" not in shown and "Flashes" not in shown, "b0 has no flash target"
         assert 'data-act="retire"' in shown, "the trust mode's owner may do what admins do"
         missing = await api.get(f"{SITE}/devices/nope")
         assert missing.status_code == 404 and "No device is called nope" in missing.text
@@ -82,7 +84,9 @@ async def test_a_device_page_shows_its_flashes_and_known_good_image(tmp_path):
         page = (await api.get(f"{SITE}/devices/b0")).text
         assert "build-7" in page and '<span class="op o-failed">failed</span> writing: torn' in page
         assert "needs recovery" in page
-        assert "<b>golden</b>" in page and "device-loop recover b0" in page, "the known-good image of its class"
+        assert "<b>golden</b>" in page and '<span class="word">recover</span> <span class="word">b0</span>' in page, \
+            "the known-good image of its class"
+        assert "Known-good image" in page, "b0 has a flash target"
         assert 'data-act="known-good" data-image=' in page and 'data-for="device:b0"' in page
 
 
@@ -98,13 +102,13 @@ async def test_a_token_signs_in_to_an_httponly_cookie_that_needs_the_csrf_header
         browser = client(user="")
 
         for wrong in ("dl_not-a-token", made["host-a"]):  # an exporter's token signs nobody in
-            refused = await browser.post(f"{SITE}/login", content=f"token={wrong}&next=/devices/b0")
+            refused = await browser.post(f"{SITE}/login", data={"token": wrong, "next": "/devices/b0"})
             assert refused.status_code == 303 and refused.headers["location"] == "/devices/b0?login=failed"
             assert "set-cookie" not in refused.headers
         failed = (await browser.get(f"{SITE}/?login=failed")).text
         assert "nobody is signed in" in failed and 'action="/login"' in failed
 
-        signed = await browser.post(f"{SITE}/login", content=f"token={made['alice']}&next=//evil.example/")
+        signed = await browser.post(f"{SITE}/login", data={"token": made["alice"], "next": "//evil.example/"})
         assert signed.status_code == 303 and signed.headers["location"] == "/", "never back to another site"
         cookie = signed.headers["set-cookie"]
         assert cookie.startswith(f"device_loop_token={made['alice']};")
@@ -112,7 +116,7 @@ async def test_a_token_signs_in_to_an_httponly_cookie_that_needs_the_csrf_header
         assert "Secure" not in cookie, "plain http: a Secure cookie would never come back"
         https = client(user="")
         https.base_url = "https://127.0.0.1/api/v1"
-        assert "Secure" in (await https.post("https://127.0.0.1/login", content=f"token={made['alice']}"))\
+        assert "Secure" in (await https.post("https://127.0.0.1/login", data={"token": made["alice"]}))\
             .headers["set-cookie"]
 
         page = (await browser.get(f"{SITE}/")).text
@@ -326,7 +330,7 @@ async def test_every_change_the_board_shows_reaches_the_stream(tmp_path):
         assert (ended["flashing"], ended["needs_recovery"]) == (None, True), "a flash ends"
         await api.post(f"/leases/{lease['id']}/release")
         assert (await next_change())["state"] == "reclaiming"
-        await FakeExporter(client("exporter:host-b"), "host-b").beat([board()])
+        await FakeExporter(client("host-b"), "host-b").beat([board()])
         assert (await next_change())["conflict_hosts"] == ["host-a", "host-b"], "another host's claim"
         clock.advance(60)
         await rules.reap()

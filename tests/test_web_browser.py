@@ -9,7 +9,8 @@ import pytest
 
 from test_browser import screenshot
 from test_end_to_end import run_cli, wait_state
-from test_video import gated_lab  # noqa: F401  (a lab with tokens, its board with a camera)
+from test_flash import flashable
+from test_video import gated_lab, with_camera  # noqa: F401  (a lab with tokens, its board with a camera)
 
 pytestmark = pytest.mark.timeout(120)
 WIDE, PHONE = {"width": 1366, "height": 768}, {"width": 390, "height": 844}
@@ -29,6 +30,40 @@ def fits(page) -> bool:
     return page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
 
+# Each character's box, read by the browser: a character lower than the one before it
+# starts a new line. Ids and commands may start one only after a space, URLs only after a
+# "/" or before an "&".
+LINE_BREAKS = """(scope) => {
+  const bad = [];
+  for (const element of document.querySelectorAll(`${scope} h3 small, ${scope} code, ${scope} .endpoints a`)) {
+    const chars = [];
+    const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+    while (walker.nextNode()) {
+      for (let i = 0; i < walker.currentNode.length; i++) chars.push([walker.currentNode, i]);
+    }
+    const text = chars.map(([node, i]) => node.data[i]).join("");
+    const url = element.matches("a");
+    let top = null;
+    chars.forEach(([node, i], k) => {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const box = range.getClientRects()[0];
+      if (!box || text[k] === " ") return;
+      const fine = url ? text[k - 1] === "/" || text[k] === "&" : text[k - 1] === " ";
+      if (top !== null && box.top > top + 2 && !fine) bad.push(text.slice(0, k) + "|" + text.slice(k));
+      top = box.top;
+    });
+  }
+  return bad;
+}"""
+
+
+def mid_token_breaks(page, scope: str = "#mine") -> list[str]:
+    """Where a lease's id, a command or a URL in ``scope`` wraps inside a token, as ``before|after``."""
+    return page.evaluate(LINE_BREAKS, scope)
+
+
 def test_signed_in_the_board_reserves_and_follows_a_release_made_elsewhere(gated_lab, browser):
     coordinator, alice = gated_lab
     board, errors = open_board(browser, f"{coordinator.url}/", viewport=WIDE)
@@ -44,6 +79,7 @@ def test_signed_in_the_board_reserves_and_follows_a_release_made_elsewhere(gated
     board.wait_for_selector('#mine [data-device="sim-board-0"] .commands', timeout=10_000)
     assert "device-loop forward lease-" in board.inner_text("#mine"), "the lease's commands, to copy"
     assert fits(board), "1366x768: nothing sticks out"
+    assert mid_token_breaks(board) == []
     screenshot(board, "web-board")
 
     device = board.context.new_page()  # a second tab, signed in too
@@ -82,6 +118,7 @@ def test_in_the_trust_mode_a_phone_reserves_a_screen_in_the_dark(env, coordinato
     board.wait_for_selector(ROW.format("desk", "in_use") + ".mine", timeout=15_000)
     board.wait_for_selector('#mine [data-device="desk"] .links a', timeout=10_000)
     assert fits(board), "a phone's width: nothing sticks out"
+    assert mid_token_breaks(board) == []
     screenshot(board, "web-board-phone-dark")
 
     board.click('#mine [data-device="desk"] h3 a')
@@ -92,4 +129,41 @@ def test_in_the_trust_mode_a_phone_reserves_a_screen_in_the_dark(env, coordinato
     assert fits(board)
     assert board.goto(f"{coordinator.url}/devices/nope").status == 404
     board.wait_for_timeout(300)  # its script ran
+    assert errors == []
+
+
+def test_a_device_page_shows_what_the_board_has_and_release_asks_first(tmp_path, coordinator, exporter_factory,
+                                                                         browser):
+    target = tmp_path / "sim-board-1.img"
+    target.write_bytes(b"factory")
+    exporter_factory([with_camera("sim-board-0"), flashable("sim-board-1", target=str(target))])
+    wait_state(coordinator, "sim-board-1", "idle")
+    page, errors = open_board(browser, f"{coordinator.url}/devices/sim-board-1", viewport=PHONE)
+    assert page.locator("h2", has_text="Known-good image").count() == 1, "a board with a flash target"
+
+    page.goto(f"{coordinator.url}/devices/sim-board-0")
+    page.wait_for_selector("#live.on")
+    assert page.locator("h2", has_text="Known-good image").count() == 0, "no flash target: nothing to recover with"
+    assert page.locator("h2", has_text="Flashes").count() == 0
+    assert page.locator(".terminal").is_visible()
+    page.click(f'{ROW.format("sim-board-0", "idle")} button.reserve')
+    page.wait_for_selector('#mine [data-device="sim-board-0"] .commands', timeout=15_000)
+    assert page.locator(".terminal").count() == 0, "no 'reserve' hint while the board is yours"
+    page.wait_for_function("() => { const i = document.querySelector('img.camera'); return i && i.naturalWidth; }",
+                           timeout=20_000)
+    assert fits(page), "a phone's width: nothing sticks out"
+    assert mid_token_breaks(page) == []
+    screenshot(page, "web-device-phone")
+
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.click('#mine [data-act="release"]')  # returns once the dialog is answered
+    assert asked == ["Release sim-board-0? Its endpoints close, and anyone may reserve it then."]
+    page.wait_for_function("() => document.querySelector('#mine [data-act=release]')?.disabled === false")
+    assert coordinator.api("/devices/sim-board-0").json()["holder"], "cancelled: still held"
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+    page.click('#mine [data-act="release"]')
+    page.wait_for_selector('#mine [data-device="sim-board-0"]', state="detached", timeout=10_000)
+    page.wait_for_selector(".terminal", timeout=5_000)
+    assert len(asked) == 2 and coordinator.api("/devices/sim-board-0").json()["holder"] is None
     assert errors == []

@@ -14,12 +14,13 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from device_loop.core import LIVE_LEASE_STATES, NAME_PATTERN
+from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, NAME_PATTERN
 from device_loop.core.durations import format_duration, iso
 from device_loop.core.usage import camera_urls, screen_url
 
 from ..errors import APIError, not_found
 from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_identity
+from ..limits import FORM, takes_body
 from ..openapi import answers
 
 HERE = Path(__file__).parent
@@ -63,7 +64,7 @@ def _shown(lease: dict) -> dict:
     """A lease with what its panel links to: its camera, its screen."""
     camera = camera_urls(lease)
     return {**lease, "screen": _http_url(screen_url(lease)),
-            "camera": {k: _http_url(v) for k, v in camera.items()} if camera else None,
+            "camera": camera if camera and _http_url(camera["page"]) else None,  # its URLs all start so
             "endpoints": [{**e, "url": _http_url(e.get("url"))} for e in lease["endpoints"]]}
 
 
@@ -109,6 +110,7 @@ async def device_page(request: Request) -> Response:
         return _page(request, "missing.html", viewer, 404, name=name)
     return _page(request, "device.html", viewer, device=device, log=list(reversed(await rules.device_log(name))),
                  flashes=await rules.flashes_of(name), known_good=await rules.known_good_image(device),
+                 flash_target=any(r["kind"] == FLASH_KIND for r in device["resources"]),
                  images=await rules.list_images(name) if viewer.admin else [],
                  mine=await _my_leases(request, viewer, name))
 
@@ -119,6 +121,7 @@ def _local(path: str) -> str:
 
 
 @answers("text/html")
+@takes_body(media_type=FORM)
 async def login(request: Request) -> Response:
     """Sign in with a token (form field ``token``): it is kept in an HttpOnly cookie."""
     form = parse_qs((await request.body()).decode(errors="replace"))

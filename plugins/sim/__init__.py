@@ -45,5 +45,6 @@ class SimPlugin:
 
     @hookimpl
     def devloop_start(self, host, resource, lease):
+        self.boards[resource.device].fresh_line()  # a lease starts: not glued to what the last holder typed
         return start_bridge(host, resource, lease, resource.node, int(resource.config.get("baud", 115200)),
                             in_thread=True)

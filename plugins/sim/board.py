@@ -2,7 +2,7 @@
 
 It prints a boot banner at power-on, echoes what it is sent like a shell on a serial
 line does, and answers ``help``, ``uname``, ``hostname``, ``echo`` and ``reboot``
-(which prints the banner again).
+(which prints the banner again). Ctrl-C drops the line being typed, as a shell does.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ COMMANDS = {
     "uname": "Linux {name} 6.1.0-sim #1 SMP PREEMPT riscv64 GNU/Linux",
     "hostname": "{name}",
 }
+INTERRUPT = b"\x03"  # Ctrl-C
 
 
 class SimBoard:
@@ -34,6 +35,7 @@ class SimBoard:
         link.symlink_to(self.node)
         self._line = b""
         self._last = b""
+        self._typing = threading.Lock()  # the line being typed: the console's thread, and fresh_line()
         self._stop_r, self._stop_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"sim-{name}", daemon=True)
         self._thread.start()
@@ -54,6 +56,12 @@ class SimBoard:
 
     def _boot(self) -> None:
         self._write(self.banner())
+
+    def fresh_line(self) -> None:
+        """Forget what was typed but not entered: the next user's first command starts a
+        line of its own (a new lease is not glued to what the previous holder left)."""
+        with self._typing:
+            self._line = b""
 
     def answer(self, line: str) -> str:
         """What the console prints after ``line`` is entered, up to the next prompt."""
@@ -79,19 +87,25 @@ class SimBoard:
                 data = os.read(self._master, 4096)
             except (BlockingIOError, OSError):
                 continue
-            for byte in data:
-                char, previous = bytes([byte]), self._last
-                self._last = char
-                if char == b"\n" and previous == b"\r" or char == b"\0":
-                    continue  # CR LF and telnet's CR NUL end one line, not two
-                if char in (b"\r", b"\n"):
-                    self._write("\r\n" + self.answer(self._line.decode(errors="replace")))
-                    self._line = b""
-                elif char in (b"\x7f", b"\x08"):
-                    self._line = self._line[:-1]
-                else:
-                    self._line += char
-                    self._write(char.decode(errors="replace"))
+            with self._typing:
+                for byte in data:
+                    self._typed(bytes([byte]))
+
+    def _typed(self, char: bytes) -> None:
+        previous, self._last = self._last, char
+        if char == b"\n" and previous == b"\r" or char == b"\0":
+            return  # CR LF and telnet's CR NUL end one line, not two
+        if char in (b"\r", b"\n"):
+            self._write("\r\n" + self.answer(self._line.decode(errors="replace")))
+            self._line = b""
+        elif char == INTERRUPT:  # as a terminal shows it, then a fresh prompt
+            self._write("^C\r\n" + self.prompt())
+            self._line = b""
+        elif char in (b"\x7f", b"\x08"):
+            self._line = self._line[:-1]
+        else:
+            self._line += char
+            self._write(char.decode(errors="replace"))
 
     def power_off(self) -> None:
         os.write(self._stop_w, b"x")

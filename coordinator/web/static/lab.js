@@ -164,6 +164,8 @@
       say(`${lease.device}: renewed until ${new Date(lease.expires_at).toLocaleString()}`);
     },
     async release(button) {
+      const device = button.closest("[data-lease]").dataset.device;
+      if (!confirm(`Release ${device}? Its endpoints close, and anyone may reserve it then.`)) return;
       const lease = await call("POST", `/api/v1/leases/${leaseOf(button)}/release`);
       say(`${lease.device}: released`);
       refreshParts();

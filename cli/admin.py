@@ -67,9 +67,12 @@ def _token_text(made: dict) -> str:
 
 
 def _tokens_text(rows: list[dict]) -> str:
+    if not rows:
+        return "no tokens"
     return table(["ID", "FOR", "ADMIN", "CREATED", "EXPIRES", "REVOKED"],
                  [[r["id"], r["host"] and f"exporter {r['host']}" or r["user"], "yes" if r["admin"] else "-",
-                   r["created_at"], r["expires_at"] or "-", r["revoked_at"] or "-"] for r in rows]) if rows else "no tokens"
+                   r["created_at"], r["expires_at"] or "-", r["revoked_at"] or "-"] for r in rows])
+
 
 
 @click.group("admin")
@@ -152,7 +155,7 @@ def token_revoke(ctx, token_id, database_url, data_dir, as_json):
         async def revoke(store):
             from device_loop.coordinator.rules import Rules
 
-            return await Rules(store).revoke_token(token_id, f"database:{getpass.getuser()}")
+            return await Rules(store).admin.revoke_token(token_id, f"database:{getpass.getuser()}")
         emit(as_json, asyncio.run(_on_database(url, revoke)), lambda r: f"{token_id} revoked")
     else:
         ctx.invoke(_token_revoke_api, token_id=token_id, as_json=as_json)

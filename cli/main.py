@@ -18,10 +18,11 @@ LAZY_COMMANDS = {
     "env": "device_loop.client.adb:env_command",
     "admin": "device_loop.cli.admin:admin_group",
     "images": "device_loop.client.images:images_group",
-    "flash": "device_loop.client.flash:flash_command",
-    "recover": "device_loop.client.flash:recover_command",
-    "op": "device_loop.client.flash:op_command",
-    "flashes": "device_loop.client.flash:flashes_command",
+    "flash": "device_loop.client.operations:flash_command",
+    "recover": "device_loop.client.operations:recover_command",
+    "op": "device_loop.client.operations:op_command",
+    "ops": "device_loop.client.operations:ops_command",
+    "flashes": "device_loop.client.operations:flashes_command",
     "video": "device_loop.client.video:video_command",
     "vnc": "device_loop.client.vnc:vnc_command",
     "watch": "device_loop.client.watch:watch_command",
@@ -85,7 +86,7 @@ def _run() -> int:
         return 2
     except click.ClickException as exc:
         exc.show()
-        return 1
+        return exc.exit_code  # 1, or 2 for a config refused (a usage error)
     except click.Abort:
         return 130
     except SystemExit as exc:

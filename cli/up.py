@@ -26,7 +26,9 @@ import tomli_w
 from device_loop.coordinator.serve import default_data_dir
 from device_loop.core.ports import free_port, port_is_free, wait_port_open
 from device_loop.core.process import ProcessRegistry, python_module, start_ticks
-from device_loop.exporter.config import ConfigError, load_config, parse_config
+from device_loop.core.plugins import PluginSet
+from device_loop.exporter.config import ConfigError, load_config, parse_config, parse_entries
+from device_loop.exporter.run import ConfigRefused
 from device_loop.plugins.vnc import NOVNC
 
 SIM_NAMES = ("sim-board-0", "sim-board-1")
@@ -88,7 +90,7 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
         try:
             user = load_config(config_path).model_dump(mode="json", by_alias=True, exclude_unset=True)
         except ConfigError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise ConfigRefused(str(exc)) from None
     # the trust mode gates nothing: the lab's services listen on loopback, whatever the file says
     exporter = {"name": socket.gethostname().split(".")[0] or "local", **user.get("exporter", {}),
                 "coordinator": url, "state_dir": str(data_dir / "exporter"),
@@ -100,10 +102,14 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
     # the user's devices first, so that config errors name the same positions as in their file
     config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": user.get("devices", []) + sims}
     try:
-        parse_config(config, config_path or "the lab config")
+        parsed = parse_config(config, config_path or "the lab config")
     except ConfigError as exc:
         names = ", ".join(d["name"] for d in sims)
-        raise click.ClickException(f"{exc}\n(the lab adds simulated boards named {names})") from None
+        raise ConfigRefused(f"{exc}\n(the lab adds simulated boards named {names})") from None
+    try:  # each entry against its plugin's model, as the exporter checks it before it serves anything
+        parse_entries(parsed, PluginSet(parsed.plugins.enable, parsed.plugins.disable).config_models())
+    except ConfigError as exc:
+        raise ConfigRefused(str(exc)) from None
     return config
 
 

@@ -9,7 +9,8 @@ import sys
 import click
 
 from device_loop.core.gate import LocalForward
-from device_loop.core.usage import environment
+from device_loop.core.usage import by_role, environment
+from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
@@ -20,7 +21,7 @@ from .output import emit, fail
 def adb_environment(lease, forward: bool = False) -> dict[str, str]:
     """The variables that point adb (and scrcpy, and friends) at the lease's phone. A gated
     endpoint is reached through a local port of this process if ``forward``."""
-    endpoint = next((e for e in lease.endpoints if e["kind"] == "adb"), None)
+    endpoint = next(iter(by_role(lease.data, EndpointRole.ADB)), None)
     if endpoint is None and not lease.data["ready"]:
         raise CoordinatorError("not_ready", f"{lease.data['device']} is not ready: {lease.data['reason']}")
     if endpoint is None:

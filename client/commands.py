@@ -36,12 +36,14 @@ def coordinator_url(ctx, param, value):
 
 def _said_on_the_command_line(ctx: click.Context, name: str) -> bool:
     """Was the option ``name`` typed (not an argument of that name, as ``admin token create USER``)?"""
-    while ctx is not None:
-        is_option = any(isinstance(p, click.Option) and p.name == name for p in ctx.command.params)
-        if is_option and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+    current: click.Context | None = ctx
+    while current is not None:
+        is_option = any(isinstance(p, click.Option) and p.name == name for p in current.command.params)
+        if is_option and current.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             return True
-        ctx = ctx.parent
+        current = current.parent
     return False
+
 
 
 def _given(ctx: click.Context, name: str, value):
@@ -113,7 +115,10 @@ def ls_command(lab: Lab, as_json: bool):
         rows = [[d["name"], d["class"], _state(d), d["host"] or "-", d["holder"] or "-",
                  time_left(d["expires_at"]), ",".join(sorted({r["kind"] for r in d["resources"]}))]
                 for d in devices]
-        return table(["NAME", "CLASS", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows) if rows else "no devices yet"
+        if not rows:
+            return "no devices yet"
+        return table(["NAME", "CLASS", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows)
+
     emit(as_json, lab.devices(), text)
 
 

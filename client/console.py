@@ -22,6 +22,8 @@ import serial
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.gate import LocalForward
 from device_loop.core.uart_client import open_uart
+from device_loop.core.usage import EndpointJSON, by_role
+from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
@@ -39,11 +41,11 @@ def how_it_ended(lease: dict) -> str:
             f"{lease['ended_at']}{why}; to go on: device-loop reserve {lease['device']}")
 
 
-def uart_endpoint(lease) -> dict:
-    """The lease's UART endpoint, RFC 2217 first."""
+def uart_endpoint(lease) -> EndpointJSON:
+    """The lease's serial console (its ``console`` endpoint), RFC 2217 first."""
     if lease.state not in LIVE_LEASE_STATES:
         raise CoordinatorError("lease_ended", how_it_ended(lease.data))
-    endpoints = [e for e in lease.endpoints if e["kind"] == "uart"]
+    endpoints = by_role(lease.data, EndpointRole.CONSOLE)
     if endpoints:
         return min(endpoints, key=lambda e: e.get("protocol") != "rfc2217")
     if not lease.data["ready"]:

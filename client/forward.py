@@ -3,12 +3,15 @@ tools (nc, telnet, adb -H -P, a VNC viewer, a browser) connect to localhost."""
 from __future__ import annotations
 
 import json
+import sys
 import urllib.parse
+
 
 import click
 
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.gate import LocalForward
+from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
 from .lab import Lab
@@ -32,7 +35,7 @@ def _address(endpoint: dict) -> str:
 
 def _hint(local: dict) -> str:
     where = f"127.0.0.1:{local['port']}"
-    if local["kind"] == "adb":
+    if local.get("role") == EndpointRole.ADB:
         serial = (local.get("params") or {}).get("serial", "")
         return f"adb -H 127.0.0.1 -P {local['port']} -s {serial} devices"
     if local.get("protocol") == "rfc2217":
@@ -77,7 +80,7 @@ def forward_command(lab: Lab, target: str, as_json: bool):
             click.echo(f"forwarding {lease.data['device']} ({lease.id}) until Ctrl-C:")
             for entry in local:
                 click.echo(f"  {entry['kind']:<8} 127.0.0.1:{entry['port']:<6} {_hint(entry)}")
-        click.get_text_stream("stdout").flush()
+        sys.stdout.flush()  # (click.get_text_stream is deprecated since click 8.5; it gave sys.stdout here)
         ended = _until_the_lease_ends(lease)
     except KeyboardInterrupt:
         return  # how it is meant to stop: quietly, its ports closed below

@@ -52,7 +52,8 @@ class Coordinator:
 
     def get(self, path: str, **params):
         """A read; a long-poll (``wait=S``) gets S seconds more than the usual timeout."""
-        timeout = self.http.timeout.read + float(params.get("wait", 0))
+        timeout = (self.http.timeout.read or 0.0) + float(params.get("wait", 0))  # (read is set: __init__)
+
         return self._request("GET", path, params=params or None, timeout=timeout)
 
     def post(self, path: str, body: dict | None = None):
@@ -73,7 +74,9 @@ class Coordinator:
                 break
             except httpx2.TransportError as exc:
                 if attempt == retries - 1:
-                    raise CoordinatorError("unreachable", f"cannot reach the coordinator at {self.url}: {exc}") from None
+                    raise CoordinatorError("unreachable",
+                                           f"cannot reach the coordinator at {self.url}: {exc}") from None
+
                 time.sleep(0.2 * 2 ** attempt)
         try:
             data = response.json()

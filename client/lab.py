@@ -1,7 +1,7 @@
 """The Python client library.
 
     with Lab(url).reserve("sim-board-0", ttl="10m") as lease:
-        with lease.connect("uart") as console:   # a socket, past the lease gate if the lab has one
+        with lease.connect("console") as console:   # a socket, past the lease gate if the lab has one
             console.sendall(b"uname\r")
 
 ``reserve`` answers at once with a pending lease; entering the ``with`` block waits
@@ -30,9 +30,10 @@ def require_ready(lease: dict) -> None:
 
 
 def follow_op(api: Coordinator, op: dict, on_progress=None, timeout: float | None = None) -> dict:
-    """Wait until a flash operation ends (``on_progress(op)`` at each news); the op as it ended.
+    """Wait until an operation (of any kind) ends (``on_progress(op)`` at each news, at least
+    once a second while it runs); the op as it ended.
 
-    Raises ``CoordinatorError("timeout")`` after ``timeout`` seconds (the flash goes on).
+    Raises ``CoordinatorError("timeout")`` after ``timeout`` seconds (the operation goes on).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while op["state"] in LIVE_OP_STATES:
@@ -73,8 +74,12 @@ class Lab:
         return self.api.get(f"/devices/{device}/log")
 
     def op(self, op_id: str) -> dict:
-        """A flash operation: state, phase, bytes done, its result's message."""
+        """An operation: kind, state, phase, progress, its message and result."""
         return self.api.get(f"/ops/{op_id}")
+
+    def operations(self, device: str, kind: str | None = None) -> list[dict]:
+        """A device's last 20 operations (only those of ``kind``), newest first."""
+        return self.api.get(f"/devices/{device}/operations", **({"kind": kind} if kind else {}))
 
 
 class Lease:
@@ -94,24 +99,31 @@ class Lease:
     def endpoints(self) -> list[dict]:
         return self.data["endpoints"]
 
-    def _endpoint(self, kind: str, protocol: str | None = None) -> dict:
-        for endpoint in self.endpoints:
-            if endpoint["kind"] == kind and protocol in (None, endpoint.get("protocol")):
-                return endpoint
-        raise KeyError(f"lease {self.id} has no {kind} endpoint{f' speaking {protocol}' if protocol else ''} (it has: "
-                       f"{', '.join(e['kind'] for e in self.endpoints) or 'none yet'})")
+    def _endpoint(self, what: str, protocol: str | None = None) -> dict:
+        """The first endpoint whose role is ``what`` (and that speaks ``protocol``), else the
+        first of resource kind ``what``: ``console`` finds any serial console, ``uart`` the
+        endpoints of ``uart`` resources."""
+        speaks = [e for e in self.endpoints if protocol in (None, e.get("protocol"))]
+        for field in ("role", "kind"):
+            for endpoint in speaks:
+                if endpoint.get(field) == what:
+                    return endpoint
+        raise KeyError(f"lease {self.id} has no {what} endpoint{f' speaking {protocol}' if protocol else ''} (it "
+                       f"has: {', '.join(e.get('role') or e['kind'] for e in self.endpoints) or 'none yet'})")
 
-    def endpoint(self, kind: str) -> tuple[str, int]:
-        """``(host, port)`` of the first endpoint of ``kind`` (``uart``, ``adb``...). In a lab
+    def endpoint(self, what: str) -> tuple[str, int]:
+        """``(host, port)`` of the first endpoint of role ``what`` (``console``, ``adb``,
+        ``rfb``...; an ``EndpointRole``), else of resource kind ``what`` (``uart``). In a lab
         with tokens it asks for the lease's secret first: use ``connect``."""
-        endpoint = self._endpoint(kind)
+        endpoint = self._endpoint(what)
         return endpoint["host"], endpoint["port"]
 
-    def connect(self, kind: str, protocol: str | None = None, timeout: float = 10.0) -> socket.socket:
-        """A TCP connection to the first endpoint of ``kind`` (and ``protocol``), past the
-        lease gate where there is one: in a lab with tokens the connection first sends
-        ``DEVLOOP <secret>\n`` and reads ``OK\n``, and then it is the service's."""
-        endpoint = self._endpoint(kind, protocol)
+    def connect(self, what: str, protocol: str | None = None, timeout: float = 10.0) -> socket.socket:
+        """A TCP connection to the first endpoint of role ``what`` (else of resource kind
+        ``what``; and of ``protocol``), past the lease gate where there is one: in a lab with
+        tokens the connection first sends ``DEVLOOP <secret>\n`` and reads ``OK\n``, and
+        then it is the service's."""
+        endpoint = self._endpoint(what, protocol)
         if self.data.get("secret"):
             from device_loop.core.gate import connect_gated  # (asyncio and friends: only when needed)
 
@@ -145,11 +157,25 @@ class Lease:
         self.data = self.api.post(f"/leases/{self.id}/renew", {"ttl_s": parse_duration(ttl)})
         return self
 
+    def start_operation(self, kind: str, args: dict | None = None) -> dict:
+        """Start an operation of ``kind`` (one the device's resources run: ``Lab.devices()``,
+        ``resources[].operations``) with ``args``; the operation at once, ``queued``."""
+        return self.api.post(f"/leases/{self.id}/operations", {"kind": kind, "args": args or {}})
+
+    def operate(self, kind: str, /, wait: bool = True, timeout: float | None = None, **args) -> dict:
+        """Run an operation of ``kind`` on the leased device with ``args``
+        (``lease.operate("capture-boot-log", seconds=5)``); with ``wait``, the operation once
+        it ended (check its ``state``: ``done`` or ``failed``; ``result`` holds what it found,
+        ``message`` what happened), else at once. ``timeout``: ``CoordinatorError("timeout")``
+        after that many seconds (it goes on). An argument named ``wait`` or ``timeout``:
+        ``follow_op(lease.api, lease.start_operation(kind, {...}))``."""
+        op = self.start_operation(kind, args)
+        return follow_op(self.api, op, timeout=timeout) if wait else op
+
     def flash(self, image: str, wait: bool = True, timeout: float | None = None) -> dict:
         """Flash ``image`` (its ref, ``sha256:...``, or its name) onto the leased device; with ``wait``, the
         operation once it ended (check its ``state``: ``done`` or ``failed``)."""
-        op = self.api.post(f"/leases/{self.id}/flash", {"image": image})
-        return follow_op(self.api, op, timeout=timeout) if wait else op
+        return self.operate("flash", wait=wait, timeout=timeout, image=image)
 
     def recover(self, wait: bool = True, timeout: float | None = None) -> dict:
         """Flash the device's latest known-good image (this clears ``needs_recovery``)."""

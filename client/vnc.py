@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import click
 
-from device_loop.core.usage import screen_url
+from device_loop.core.usage import by_role, screen_url
+from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
@@ -14,11 +15,11 @@ from .output import emit
 def screen(lease: dict) -> dict:
     """The browser viewer's URL and how to point a VNC viewer at a ready lease's screen."""
     require_ready(lease)
-    by_kind = {e["kind"]: e for e in lease["endpoints"]}
-    if "vnc" not in by_kind:
-        raise CoordinatorError("no_screen", f"{lease['device']} has no VNC screen (kinds: "
-                                            f"{', '.join(sorted(by_kind)) or 'none'})")
-    rfb = by_kind["vnc"]
+    screens = by_role(lease, EndpointRole.RFB)
+    if not screens:
+        raise CoordinatorError("no_screen", f"{lease['device']} has no VNC screen (its endpoints: "
+                                            f"{', '.join(sorted({e['kind'] for e in lease['endpoints']})) or 'none'})")
+    rfb = screens[0]
     viewer = (f"device-loop forward {lease['id']}   # then: vncviewer 127.0.0.1::PORT (the vnc port it prints)"
               if lease.get("secret") else f"vncviewer {rfb['host']}::{rfb['port']}")
     return {"browser": screen_url(lease), "vncviewer": viewer}

@@ -35,11 +35,12 @@ def changes(lab: Lab, connected=lambda devices: None):
                 broken = False
                 for event in source:
                     again = bool(known)  # a snapshot after a break: what changed meanwhile is news
-                    if event.event == "snapshot":
-                        devices = event.json()
+                    if event.event == "snapshot":  # (JSON objects: as event.json(), typed)
+                        devices: list[dict] = json.loads(event.data)
                         connected(devices)
                     elif event.event == "device":
-                        devices = [event.json()]
+                        devices = [json.loads(event.data)]
+
                     else:
                         continue  # the reconnection delay the stream starts with
                     for device in devices:
@@ -67,7 +68,9 @@ def line(previous: str | None, device: dict) -> str:
 
 
 @click.command("watch")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object a line: at, device, from, to, holder, expires_at")
+@click.option("--json", "as_json", is_flag=True,
+              help="one JSON object a line: at, device, from, to, holder, expires_at")
+
 @lab_command
 def watch_command(lab: Lab, as_json: bool):
     """Print each device change as it happens (state, holder), until Ctrl-C."""

@@ -2,16 +2,30 @@
 devices and hosts that will not come back."""
 from __future__ import annotations
 
-from device_loop.core.durations import iso
+from typing import Any
 
+from device_loop.core import FLASH_KIND
+from device_loop.core.durations import iso
+from device_loop.core.vocabulary import LeaseState, OperationState
+
+from .answers import DeviceAnswer, HostAnswer
+from .devices import Devices
 from .errors import APIError, conflict, not_found
 from .leases import Leases
+from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, host_key, op_key
-from .store import UniqueViolation
+from .rows import DeviceFacts
+from .store import Store, UniqueViolation
 
 
-class Admin(Leases):
-    async def retire(self, name: str, admin: str, retired: bool = True, force: bool = False) -> dict:
+class Admin:
+    """What only admins do; each action in the audit log."""
+
+    def __init__(self, life: Lifecycle, devices: Devices, leases: Leases):
+        self.life, self.devices, self.leases = life, devices, leases
+        self.store: Store = life.store
+
+    async def retire(self, name: str, admin: str, retired: bool = True, force: bool = False) -> DeviceAnswer:
         """Take a device out of the lab (a live lease is revoked only with ``force``), or bring it back."""
         async with self.store.tx():
             device = await self.store.device(name)
@@ -22,23 +36,26 @@ class Admin(Leases):
                 raise conflict("leased", f"{name} is leased by {device['holder']}; retiring it with --force "
                                          "revokes that lease")
             if retired and lease_id:
-                device = await self._end_lease(await self.store.lease(lease_id), "revoked",
-                                               f"device retired by admin {admin}", admin)
-            await self._change(device, f"{'retired' if retired else 'returned'} by admin {admin}", admin,
-                               {"retired": retired})
-            await self._audit(admin, "retire" if retired else "unretire", name, lease_id, {})
-        return await self.device_info(name)
+                lease = await self.store.lease(lease_id)
+                assert lease is not None  # the device's live lease, read in this same transaction
+                device = await self.leases.end(lease, LeaseState.REVOKED, f"device retired by admin {admin}",
+                                               admin) or device
 
-    async def drain(self, host_name: str, admin: str, draining: bool = True) -> dict:
+            await self.life.change(device, f"{'retired' if retired else 'returned'} by admin {admin}", admin,
+                               {"retired": retired})
+            await self.life.audit(admin, "retire" if retired else "unretire", name, lease_id, {})
+        return await self.devices.device_info(name)
+
+    async def drain(self, host_name: str, admin: str, draining: bool = True) -> HostAnswer:
         """No new leases on a host's devices (live ones run out), or lift that."""
         async with self.store.tx():
             if await self.store.host(host_name) is None:
                 raise not_found("host", host_name)
             await self.store.set_host_draining(host_name, draining)
-            await self._audit(admin, "drain" if draining else "undrain", None, None, {"host": host_name})
-        return (await self.hosts(only=host_name))[0]
+            await self.life.audit(admin, "drain" if draining else "undrain", None, None, {"host": host_name})
+        return (await self.devices.hosts(only=host_name))[0]
 
-    async def adopt(self, identifier: str, name: str, device_class: str, tags: list[str], admin: str) -> dict:
+    async def adopt(self, identifier: str, name: str, device_class: str, tags: list[str], admin: str) -> dict[str, Any]:
         """Make a network candidate a device of the host that found it, named ``name``."""
         async with self.store.tx():
             candidate = await self.store.candidate(identifier)
@@ -49,15 +66,15 @@ class Admin(Leases):
             try:
                 await self.store.insert_adoption({"identifier": identifier, "name": name, "class": device_class,
                                                   "tags": tags, "host": candidate["host"], "adopted_by": admin,
-                                                  "at": self.clock()})
+                                                  "at": self.life.clock()})
             except UniqueViolation:
                 raise conflict("adopted", f"{identifier} is adopted already, or {name!r} is taken") from None
-            await self._audit(admin, "adopt", name, None, {"identifier": identifier, "host": candidate["host"]})
-            self._notify(host_key(candidate["host"]))
+            await self.life.audit(admin, "adopt", name, None, {"identifier": identifier, "host": candidate["host"]})
+            self.life.notify(host_key(candidate["host"]))
         return {"identifier": identifier, "name": name, "host": candidate["host"],
                 "note": f"{name} appears once exporter {candidate['host']} reports it (at its next heartbeat)"}
 
-    async def forget(self, name: str, kind: str | None, admin: str) -> dict:
+    async def forget(self, name: str, kind: str | None, admin: str) -> dict[str, Any]:
         """Delete a device, or a host with its devices, for good: only while offline and
         unleased (a host: all its devices). Leases, flashes and the audit log keep their
         history; a device or host that reports again later is registered anew."""
@@ -67,20 +84,20 @@ class Admin(Leases):
             for device in devices:
                 self._refuse_to_forget(device)
             for device in devices:
-                await self._forget_flash(device, admin)
-                flash = {"flash": device["flash_op"]} if device["flash_op"] else {}
-                await self._audit(admin, "forget", device["name"], None, {"host": device["host"], **flash})
+                await self._forget_operation(device, admin)
+                running = {"operation": device["op_id"]} if device["op_id"] else {}
+                await self.life.audit(admin, "forget", device["name"], None, {"host": device["host"], **running})
             names = [d["name"] for d in devices]
             if names:
                 await self.store.forget_devices(names)
             if kind == "host":
                 await self.store.drop_claims(name)
                 await self.store.forget_host(name)
-                await self._audit(admin, "forget_host", None, None, {"host": name, "devices": names})
-            self._notify(BOARD_KEY)
+                await self.life.audit(admin, "forget_host", None, None, {"host": name, "devices": names})
+            self.life.notify(BOARD_KEY)
         return {"forgotten": kind, "name": name, "devices": names}
 
-    async def _host_devices_to_forget(self, name: str) -> list[dict]:
+    async def _host_devices_to_forget(self, name: str) -> list[DeviceFacts]:
         host = await self.store.host(name, for_update=True)  # its heartbeats wait for this transaction
         if host is None:
             raise not_found("host", name)
@@ -90,7 +107,7 @@ class Admin(Leases):
         owned = [d for d in await self.store.devices_of_host(name) if d["host"] == name]  # (not its claims)
         return sorted(owned, key=lambda d: d["name"])
 
-    async def _device_to_forget(self, name: str) -> list[dict]:
+    async def _device_to_forget(self, name: str) -> list[DeviceFacts]:
         device = await self.store.device(name)
         if device is not None and device["host"] is not None:
             await self.store.host(device["host"], for_update=True)
@@ -109,7 +126,7 @@ class Admin(Leases):
         return "device" if device is not None else "host"
 
     @staticmethod
-    def _refuse_to_forget(device: dict) -> None:
+    def _refuse_to_forget(device: DeviceFacts) -> None:
         name = device["name"]
         if device["host_online"] and device["present"]:
             raise conflict("online", f"{name} is not offline: host {device['host']} still reports it. Take it out "
@@ -118,19 +135,21 @@ class Admin(Leases):
         if device["lease_id"]:
             raise conflict("leased", f"{name} is leased by {device['holder']} until {iso(device['expires_at'])}: "
                                      f"take that lease back first (device-loop admin release {name} --force)")
-        if device["flash_op"] and device["host_online"]:
-            raise conflict("flash_running", f"{name} is being flashed by host {device['host']} "
-                                            f"({device['flash_op']}): forget it once that flash has ended")
+        if device["op_id"] and device["host_online"]:
+            code = "flash_running" if device["op_kind"] == FLASH_KIND else "operation_running"
+            raise conflict(code, f"{name} has an operation running on host {device['host']} ({device['op_id']}, "
+                                 f"{device['op_kind']}): forget it once that has ended")
 
-    async def _forget_flash(self, device: dict, admin: str) -> None:
-        """A flash left on a device of an offline host would wait for that host for ever: it
-        fails with its device."""
-        if device["flash_op"]:
-            await self.store.update_flash_op(device["flash_op"], {
-                "state": "failed", "ended_at": self.clock(), "message": f"its device was forgotten by admin {admin}"})
-            self._notify(op_key(device["flash_op"]))
+    async def _forget_operation(self, device: DeviceFacts, admin: str) -> None:
+        """An operation left on a device of an offline host would wait for that host for ever:
+        it fails with its device."""
+        if device["op_id"]:
+            await self.store.update_operation(device["op_id"], {
+                "state": OperationState.FAILED, "ended_at": self.life.clock(),
+                "message": f"its device was forgotten by admin {admin}"})
+            self.life.notify(op_key(device["op_id"]))
 
-    async def revoke_token(self, token_id: str, admin: str) -> dict:
+    async def revoke_token(self, token_id: str, admin: str) -> dict[str, Any]:
         async with self.store.tx():
             token = await self.store.token(token_id)
             if token is None:
@@ -138,11 +157,11 @@ class Admin(Leases):
             if token["revoked_at"] is not None:
                 raise conflict("already_revoked",
                                f"token {token_id} was revoked already, at {iso(token['revoked_at'])}")
-            await self.store.revoke_token(token_id, self.clock())
-            await self._audit(admin, "token_revoke", None, None, {"id": token_id})
+            await self.store.revoke_token(token_id, self.life.clock())
+            await self.life.audit(admin, "token_revoke", None, None, {"id": token_id})
         return {"id": token_id, "revoked": True}
 
-    async def record(self, actor: str, action: str, detail: dict) -> None:
+    async def record(self, actor: str, action: str, detail: dict[str, Any]) -> None:
         """An admin action that is not about a device or lease (tokens), for the audit log."""
         async with self.store.tx():
-            await self._audit(actor, action, None, None, detail)
+            await self.life.audit(actor, action, None, None, detail)

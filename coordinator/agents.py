@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp
 
 from .errors import APIError
 from .limits import read_body, takes_body
@@ -20,7 +21,7 @@ class LazyAgents:
 
     def __init__(self, rules, allowed_hosts: list[str], state: dict):
         self._rules, self._hosts, self._state = rules, allowed_hosts, state
-        self._app = None
+        self._app: ASGIApp | None = None
         self._loading = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._runner: asyncio.Task | None = None
@@ -30,13 +31,17 @@ class LazyAgents:
             _, receive = await read_body(receive)
         except APIError as exc:
             return await JSONResponse(exc.to_json(), exc.status)(scope, receive, send)
-        if self._app is None:
-            async with self._loading:
-                if self._app is None:
-                    self._app = await self._load()
-        await self._app(scope, receive, send)
+        app = self._app if self._app is not None else await self._loaded()
+        await app(scope, receive, send)
 
-    async def _load(self):
+    async def _loaded(self) -> ASGIApp:
+        async with self._loading:
+            if self._app is None:
+                self._app = await self._load()
+            return self._app
+
+    async def _load(self) -> ASGIApp:
+
         from .mcp_tools import mcp_app
 
         app, sessions = mcp_app(self._rules, self._hosts)

@@ -7,6 +7,7 @@ import dataclasses
 import gc
 import logging
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -66,8 +67,8 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
 
 
 def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False,
-               allowed_hosts: list[str] = (), tailnet_socket: str | None = None,
-               tailnet_admins: list[str] = (), body_gap_s: float = BODY_GAP_S) -> Starlette:
+               allowed_hosts: Sequence[str] = (), tailnet_socket: str | None = None,
+               tailnet_admins: Sequence[str] = (), body_gap_s: float = BODY_GAP_S) -> Starlette:
     """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
 
     ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
@@ -86,7 +87,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
                                                               / "images"))
     # the data-plane gate goes with authentication: off exactly in the trust mode
     rules = Rules(store, dataclasses.replace(settings, gated=not single_user))
-    events = Broadcaster(rules.list_devices, rules.notifier, render_row=device_row)  # the board's, one a process
+    events = Broadcaster(rules.devices.list_devices, rules.life.notifier, render_row=device_row)  # one a process
     state = {"rules": rules, "single_user": single_user, "tailnet_socket": tailnet_socket,
              "tailnet_admins": set(tailnet_admins), "events": events}
     agents = LazyAgents(rules, list(allowed_hosts), state)
@@ -100,7 +101,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         # collector's full passes, which otherwise stall a request for tens of milliseconds.
         gc.freeze()
         stopping = asyncio.Event()
-        rules.serving_since = rules.clock()
+        rules.life.serving_since = rules.life.clock()
         reaper = asyncio.create_task(_reaper(rules, stopping))
         log.info("coordinator ready on %s", store.dialect)
         try:
@@ -112,13 +113,16 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
             await reaper
             await store.disconnect()
 
+    # (each handler takes its own exception class, which Starlette's type cannot say)
+    handlers: dict[Any, Callable[..., Any]] = {APIError: _api_error, HTTPException: _http_error,
+                                               CallerGone: _hung_up, Exception: _crash}
     app = Starlette(
         routes=[*routes, Route("/mcp", endpoint=agents, methods=["POST"])],  # stateless: no GET event stream
         middleware=[Middleware(KnownOrigins, allowed=list(allowed_hosts)),
                     Middleware(BoundedBodies, gap_s=body_gap_s)],
         lifespan=lifespan,
-        exception_handlers={APIError: _api_error, HTTPException: _http_error, CallerGone: _hung_up,
-                            Exception: _crash},
+        exception_handlers=handlers,
+
     )
     for key, value in state.items():  # caller_identity reads these from the app it is asked by
         setattr(app.state, key, value)

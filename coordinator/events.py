@@ -16,13 +16,15 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from device_loop.core import EVENTS_KEEPALIVE_S
 
 from .notify import BOARD_KEY, Notifier
 
 log = logging.getLogger(__name__)
+
+Device = Mapping[str, Any]  # a device as ``GET /api/v1/devices`` shows it
 
 KEEPALIVE_S = EVENTS_KEEPALIVE_S
 MIN_INTERVAL_S = 0.05  # between two reads: a burst of changes goes out in few reads
@@ -42,12 +44,12 @@ class _Subscriber:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(BACKLOG)
         self.new = True  # gets a snapshot from the next read
 
-    def put(self, frames: list[bytes | None]) -> bool:
+    def put(self, frames: Sequence[bytes | None]) -> bool:
         """Queue one read's ``frames`` (None: the end) as one item, so a read that changed a
         thousand devices is one step behind, not a thousand; False (and the stream ends)
         if it is too far behind."""
         try:
-            self.queue.put_nowait(None if None in frames else b"".join(frames))
+            self.queue.put_nowait(None if None in frames else b"".join(f for f in frames if f is not None))
         except asyncio.QueueFull:
             while not self.queue.empty():
                 self.queue.get_nowait()
@@ -59,15 +61,17 @@ class _Subscriber:
 class _Encoded:
     """One read's devices as frames, each encoded at most once, whoever asks."""
 
-    def __init__(self, devices: list[dict], changed: list[dict], row: Callable[[dict], str] | None):
+    def __init__(self, devices: Sequence[Device], changed: list[Device], row: Callable[[Device], str] | None):
         self.devices, self.changed, self.row = devices, changed, row
         self._made: dict[tuple[str, bool], list[bytes]] = {}
 
     def frames(self, snapshot: bool, html: bool) -> list[bytes]:
         key = ("snapshot" if snapshot else "device", html and self.row is not None)
         if key not in self._made:
-            def shown(device: dict) -> dict:
-                return {**device, "html": self.row(device)} if key[1] else device
+            row = self.row if key[1] else None
+
+            def shown(device: Device) -> Device:
+                return {**device, "html": row(device)} if row is not None else device
             self._made[key] = ([sse("snapshot", [shown(d) for d in self.devices])] if snapshot
                                else [sse("device", shown(d)) for d in self.changed])
         return self._made[key]
@@ -79,8 +83,8 @@ class Broadcaster:
     ``read()`` is the device list (as ``GET /api/v1/devices``); ``render_row(device)`` its
     board row, for subscribers that ask for HTML (rendered once per device change)."""
 
-    def __init__(self, read: Callable[[], Awaitable[list[dict]]], notifier: Notifier,
-                 render_row: Callable[[dict], str] | None = None):
+    def __init__(self, read: Callable[[], Awaitable[Sequence[Device]]], notifier: Notifier,
+                 render_row: Callable[[Device], str] | None = None):
         self._read, self._notifier, self._render_row = read, notifier, render_row
         self._subscribers: set[_Subscriber] = set()
         self._poke = asyncio.Event()  # someone came or went
@@ -145,12 +149,12 @@ class Broadcaster:
                 for waiter in woken:
                     waiter.cancel()
 
-    def _send(self, devices: list[dict], sent: dict[str, str]) -> dict[str, str]:
+    def _send(self, devices: Sequence[Device], sent: dict[str, str]) -> dict[str, str]:
         """What changed since ``sent`` to every subscriber (a newcomer: everything); what was sent."""
         texts = {d["name"]: json.dumps(d, sort_keys=True) for d in devices}
         self._rows = {name: row for name, row in self._rows.items() if name in texts}
         encoded = _Encoded(devices, [d for d in devices if sent.get(d["name"]) != texts[d["name"]]],
-                           self._row_of(texts) if self._render_row else None)
+                           self._row_of(texts, self._render_row) if self._render_row else None)
         for subscriber in list(self._subscribers):
             frames = encoded.frames(subscriber.new, subscriber.html)
             subscriber.new = False
@@ -158,12 +162,12 @@ class Broadcaster:
                 self._subscribers.discard(subscriber)
         return texts
 
-    def _row_of(self, texts: dict[str, str]) -> Callable[[dict], str]:
+    def _row_of(self, texts: dict[str, str], render: Callable[[Device], str]) -> Callable[[Device], str]:
         """A device's row, rendered again only when its JSON changed."""
-        def row(device: dict) -> str:
+        def row(device: Device) -> str:
             text = texts[device["name"]]
             cached = self._rows.get(device["name"])
             if cached is None or cached[0] != text:
-                cached = self._rows[device["name"]] = (text, str(self._render_row(device)))
+                cached = self._rows[device["name"]] = (text, str(render(device)))
             return cached[1]
         return row

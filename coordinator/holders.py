@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import posixpath
 import re
+from typing import Any, Mapping, cast
+
+from .answers import HolderAnswer
 
 REDACTED = "[redacted]"
 SECRET_WORDS = ("password", "passwd", "passphrase", "secret", "token", "apikey", "credential", "auth", "cookie",
@@ -31,11 +34,17 @@ _URL_PASSWORD = re.compile(r"(://[^/\s:@]*):[^/\s@]*@")
 _RUN = re.compile(r"[A-Za-z0-9+=_-]{20,}")
 
 
-def holder_json(holder: dict, admin: bool = False) -> dict:
+def holder_json(holder: Mapping[str, Any], admin: bool = False) -> HolderAnswer:
     """A process holding a device node: ``pid`` and ``program``, and for admins ``command``."""
     command = redact(str(holder.get("command", "")))
     program = posixpath.basename(command.split(" ", 1)[0])[:MAX_PROGRAM_CHARS] or "?"
-    return {"pid": holder.get("pid"), "program": program} | ({"command": command} if admin else {})
+    # (a report's holders all have a pid: core.protocol.Holder)
+    answer: HolderAnswer = {"pid": cast(int, holder.get("pid")), "program": program}
+
+    if admin:
+        answer["command"] = command
+    return answer
+
 
 
 def redact(command: str) -> str:

@@ -27,7 +27,10 @@ from starlette.requests import Request
 
 from device_loop.core.durations import iso
 
+from .answers import TokenAnswer
 from .errors import APIError
+from .rows import TokenRow
+
 
 USER_HEADER = "X-Device-Loop-User"
 COOKIE = "device_loop_token"  # the web page's sign-in: the token itself
@@ -110,7 +113,7 @@ async def _identify(request: Request) -> Identity:
     cookie = request.cookies.get(COOKIE)
     # a cookie whose token died is no sign-in: the page shows its sign-in form again
     identity = await token_identity(app.rules, cookie) if cookie else None
-    if identity is not None:
+    if cookie and identity is not None:
         csrf = csrf_token(cookie)
         missing = request.method not in SAFE_METHODS and not hmac.compare_digest(
             request.headers.get(CSRF_HEADER, "").encode(), csrf.encode())
@@ -180,25 +183,28 @@ def refusal(access: str, identity: Identity, host: str | None = None) -> APIErro
 
 
 async def issue_token(store, clock, username: str | None = None, admin: bool = False,
-                      host: str | None = None, expires_s: float | None = None) -> dict:
+                      host: str | None = None, expires_s: float | None = None) -> TokenAnswer:
     """A new token for a person (``username``) or an exporter (``host``); the answer holds
     the token itself, which is never shown again."""
-    if (username is None) == (host is None):
+    if username is not None and host is None:
+        name = username
+    elif host is not None and username is None:
+        name = host
+    else:
         raise APIError(422, "invalid", "a token is for a person or for an exporter's host, not both")
-    name = username if host is None else host
     if not usable_name(name):
         raise APIError(422, "invalid", f"{name!r} is not a usable name (letters, digits, . _ -; not "
                                        f"{', '.join(sorted(RESERVED_NAMES))}, which the lab's own actions use)")
     token_id, token = new_token()
     now = clock()
-    row = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",
+    row: TokenRow = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",
            "admin": bool(admin and host is None), "host": host, "created_at": now,
            "expires_at": now + expires_s if expires_s else None, "revoked_at": None}
     await store.insert_token(row)
     return {**token_view(row), "token": token}
 
 
-def token_view(row: dict) -> dict:
+def token_view(row: TokenRow) -> TokenAnswer:
     """A token as lists show it: everything but the secret and its hash."""
     return {"id": row["id"], "user": row["username"], "admin": bool(row["admin"]), "host": row["host"],
             "created_at": iso(row["created_at"]), "expires_at": iso(row["expires_at"]),

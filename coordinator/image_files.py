@@ -47,7 +47,8 @@ class Received:
 
 
 class ImageFiles:
-    def __init__(self, folder: Path | None):
+    def __init__(self, folder: str | Path | None):
+
         self.folder = Path(folder) if folder else None
 
     def _need_folder(self) -> Path:

@@ -9,14 +9,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from device_loop.core import NAME_PATTERN
 from device_loop.core.durations import iso
 
+from .answers import ImageAnswer
 from .errors import APIError, conflict, not_found
+from .image_files import ImageFiles
 from .lifecycle import Lifecycle
-from .store import UniqueViolation
+from .rows import DeviceFacts, ImageRow, KnownGoodImage
+from .store import Store, UniqueViolation
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +62,25 @@ def parse_ref(ref: str) -> tuple[str, str]:
     return "name", ref
 
 
-def _listed(images: list[dict]) -> str:
+def _listed(images: list[ImageRow]) -> str:
     return ", ".join(f"{i['name']} for {i['target']} ({image_ref(i['sha256'])})" for i in images)
 
 
-def image_json(row: dict) -> dict:
+def image_json(row: ImageRow, known_good_for: list[str] | None = None) -> ImageAnswer:
+    """An image as listings show it, with the targets it is known-good for."""
     return {"sha256": row["sha256"], "ref": image_ref(row["sha256"]), "name": row["name"], "size": row["size"],
             "description": row["description"], "for": row["target"], "uploader": row["uploader"],
             "created_at": iso(row["created_at"]), "last_used_at": iso(row["last_used_at"]),
-            "known_good_for": row.get("known_good_for", [])}
+            "known_good_for": known_good_for or []}
 
 
-class Images(Lifecycle):
-    _next_sweep = 0.0
+class Images:
+    """The registry: its rows, its files (``ImageFiles``), their references."""
+
+    def __init__(self, life: Lifecycle, files: ImageFiles):
+        self.life, self.image_files = life, files
+        self.store: Store = life.store
+        self._next_sweep = 0.0
 
     async def _target(self, name: str) -> str:
         """``device:NAME`` or ``class:NAME`` for what an image is for (given as a name, or
@@ -83,7 +92,7 @@ class Images(Lifecycle):
             return f"class:{bare}"
         raise APIError(422, "unknown_target", f"no device or device class is called {name!r}")
 
-    async def _image(self, ref: str, targets: set[str] | None = None) -> dict:
+    async def image(self, ref: str, targets: set[str] | None = None) -> ImageRow:
         """An image by its reference (``parse_ref``): a digest, its start, or a name. A name is
         unique for one target only: of several images so called, the one for ``targets`` (the
         device being flashed and its class, the target being marked), else the reference is
@@ -98,14 +107,15 @@ class Images(Lifecycle):
             fitting = [i for i in found if targets and i["target"] in targets]
             found = fitting if len(fitting) == 1 else found
         if not found:
-            what = "has a sha256 starting" if kind == "prefix" else "has the sha256" if kind == "digest" else "is called"
+            what = ("has a sha256 starting" if kind == "prefix" else "has the sha256" if kind == "digest"
+                    else "is called")
             raise APIError(404, "unknown_image", f"no image {what} {value!r}")
         if len(found) > 1:
             raise APIError(422, "ambiguous_image", f"{ref!r} names several images: {_listed(found)}; name one by "
                                                    "its sha256 (as shown) instead")
         return found[0]
 
-    async def known_good_image(self, device: dict) -> dict | None:
+    async def known_good_image(self, device: DeviceFacts) -> KnownGoodImage | None:
         """The image recovery writes onto ``device`` (its name and class): the latest marked
         known-good for it, else for its class (with ``marked_at``)."""
         for target in (f"device:{device['name']}", f"class:{device['class']}"):
@@ -115,7 +125,7 @@ class Images(Lifecycle):
         return None
 
     async def upload(self, chunks: AsyncIterator[bytes], name: str, target_name: str, description: str,
-                     declared_sha256: str | None, declared_size: int | None, caller: str) -> tuple[dict, bool]:
+                     declared_sha256: str | None, declared_size: int | None, caller: str) -> tuple[ImageAnswer, bool]:
         """Store an image streamed in ``chunks``: (the image, whether it is new).
 
         The file is put in place under its digest only after the database pinned it, and
@@ -134,7 +144,7 @@ class Images(Lifecycle):
                 existing = await self.store.image(received.sha256)
                 if existing is None:
                     self._refuse_taken_name(await self.store.images_named(name), name, target)
-                    await self.store.pin_image_file(received.sha256, self.clock())
+                    await self.store.pin_image_file(received.sha256, self.life.clock())
         except BaseException:
             self.image_files.discard(received)
             raise
@@ -142,8 +152,8 @@ class Images(Lifecycle):
             self.image_files.discard(received)
             return self._uploaded_before(existing, name, target, target_name)
         self.image_files.place(received)
-        now = self.clock()
-        row = {"sha256": received.sha256, "name": name, "size": received.size, "description": description,
+        now = self.life.clock()
+        row: ImageRow = {"sha256": received.sha256, "name": name, "size": received.size, "description": description,
                "target": target, "uploader": caller, "created_at": now, "last_used_at": now}
         try:
             async with self.store.tx():
@@ -153,9 +163,9 @@ class Images(Lifecycle):
                     raise APIError(503, "try_again", "the registry was cleaning up these bytes just now: upload "
                                                      "them again")
                 await self.store.insert_image(row)
-                if not await self.store.count_image_bytes(caller, received.size, self.settings.image_quota_bytes):
+                if not await self.store.count_image_bytes(caller, received.size, self.life.settings.image_quota_bytes):
                     raise APIError(413, "over_quota", await self._over_quota(caller, received.size))
-                await self._audit(caller, "image_upload", None, None,
+                await self.life.audit(caller, "image_upload", None, None,
                                   {"image": name, "for": target, "sha256": received.sha256, "size": received.size})
         except UniqueViolation:  # these bytes, or this name for this target, were just registered
             existing = await self.store.image(received.sha256)
@@ -166,7 +176,7 @@ class Images(Lifecycle):
         return image_json(row), True
 
     @staticmethod
-    def _refuse_taken_name(named: list[dict], name: str, target: str) -> None:
+    def _refuse_taken_name(named: list[ImageRow], name: str, target: str) -> None:
         for image in named:
             if image["target"] == target:
                 raise conflict("name_taken", f"another image for {target} is called {name!r} "
@@ -175,8 +185,8 @@ class Images(Lifecycle):
     async def _upload_limit(self, caller: str) -> tuple[int, APIError]:
         """How many bytes ``caller``'s upload may bring, and the refusal past them (the quota
         is checked again when the image is counted: others may be uploading meanwhile)."""
-        limit = self.settings.max_image_bytes
-        quota = self.settings.image_quota_bytes
+        limit = self.life.settings.max_image_bytes
+        quota = self.life.settings.image_quota_bytes
         if quota:
             room = max(0, quota - (await self.store.user_counts(caller))["image_bytes"])
             if room < limit:
@@ -185,11 +195,13 @@ class Images(Lifecycle):
 
     async def _over_quota(self, caller: str, size: int) -> str:
         used = (await self.store.user_counts(caller))["image_bytes"]
-        return (f"{size} more bytes would take {caller} over this lab's quota of {self.settings.image_quota_bytes} "
+        quota = self.life.settings.image_quota_bytes
+        return (f"{size} more bytes would take {caller} over this lab's quota of {quota} "
                 f"bytes of images per person ({used} used): remove some first (device-loop images rm)")
 
+
     @staticmethod
-    def _uploaded_before(existing: dict, name: str, target: str, target_name: str) -> tuple[dict, bool]:
+    def _uploaded_before(existing: ImageRow, name: str, target: str, target_name: str) -> tuple[ImageAnswer, bool]:
         if (existing["name"], existing["target"]) == (name, target):
             return image_json(existing), False
         raise conflict("image_exists", f"these bytes are image {existing['name']!r} already (for "
@@ -201,13 +213,13 @@ class Images(Lifecycle):
         what killed uploads left; the digests removed. Each file goes inside the transaction
         that deletes its row, so a new upload of the same bytes (which pins the row first)
         either waits for it or keeps the file."""
-        self._next_sweep = self.clock() + SWEEP_EVERY_S
+        self._next_sweep = self.life.clock() + SWEEP_EVERY_S
         if self.image_files.folder is None:
             return []
         await asyncio.to_thread(self.image_files.sweep_partials)
         on_disk = await asyncio.to_thread(self.image_files.digests)
         async with self.store.tx():
-            now = self.clock()
+            now = self.life.clock()
             await self.store.adopt_image_files(sorted(on_disk - await self.store.image_file_names()), now)
             unused = await self.store.unused_image_files(now - FILE_PIN_S)
             for sha256 in unused:
@@ -215,7 +227,7 @@ class Images(Lifecycle):
         return unused
 
     async def sweep_files_if_due(self) -> None:
-        if self.clock() >= self._next_sweep:
+        if self.life.clock() >= self._next_sweep:
             await self.sweep_files()
 
     def _sweep_after_commit(self) -> None:
@@ -225,7 +237,7 @@ class Images(Lifecycle):
             task.add_done_callback(_log_failure)
         self.store.after_commit(start)
 
-    async def list_images(self, device: str | None = None) -> list[dict]:
+    async def list_images(self, device: str | None = None) -> list[ImageAnswer]:
         """Every image, or those for ``device`` and its class."""
         targets = None
         if device is not None:
@@ -233,24 +245,24 @@ class Images(Lifecycle):
             if row is None:
                 raise not_found("device", device)
             targets = [f"device:{device}", f"class:{row['class']}"]
-        return [image_json(r) for r in await self.store.images(targets)]
+        return [image_json(r, r["known_good_for"]) for r in await self.store.images(targets)]
 
-    async def image_info(self, ref: str) -> dict:
-        image = await self._image(ref)
+    async def image_info(self, ref: str) -> ImageAnswer:
+        image = await self.image(ref)
         return next(i for i in await self.list_images() if i["sha256"] == image["sha256"])
 
-    async def mark_good(self, ref: str, target_name: str, admin: str) -> dict:
+    async def mark_good(self, ref: str, target_name: str, admin: str) -> ImageAnswer:
         async with self.store.tx():
             target = await self._target(target_name)
-            image = await self._image(ref, {target})
+            image = await self.image(ref, {target})
             await self.store.mark_known_good({"target": target, "sha256": image["sha256"], "marked_by": admin,
-                                              "at": self.clock()})
-            await self._audit(admin, "image_known_good", None, None, {"image": image["name"], "for": target})
+                                              "at": self.life.clock()})
+            await self.life.audit(admin, "image_known_good", None, None, {"image": image["name"], "for": target})
         return await self.image_info(image["sha256"])
 
-    async def remove_image(self, ref: str, caller: str, admin: bool) -> dict:
+    async def remove_image(self, ref: str, caller: str, admin: bool) -> dict[str, Any]:
         async with self.store.tx():
-            image = await self._image(ref)
+            image = await self.image(ref)
             if image["uploader"] != caller and not admin:
                 raise APIError(403, "forbidden", f"image {image['name']!r} is {image['uploader']}'s: "
                                                  "only they or an admin remove it")
@@ -258,29 +270,30 @@ class Images(Lifecycle):
             if sole:
                 raise conflict("only_known_good", f"image {image['name']!r} is the only known-good image for "
                                                   f"{', '.join(sole)}: mark another one first")
-            using = await self.store.live_flash_uses(image["sha256"])
+            using = await self.store.live_image_uses(image["sha256"])
             if using:
                 raise conflict("image_in_use", f"image {image['name']!r} is being flashed onto {using[0]['device']} "
                                                f"({using[0]['id']}): remove it once that ends")
             await self._delete(image)
-            await self._audit(caller, "image_remove", None, None, {"image": image["name"], "for": image["target"],
+            await self.life.audit(caller, "image_remove", None, None, {"image": image["name"], "for": image["target"],
                                                                    "sha256": image["sha256"]})
         return {"sha256": image["sha256"], "name": image["name"], "removed": True}
 
-    async def collect_images(self, unused_days: float, admin: str) -> dict:
+    async def collect_images(self, unused_days: float, admin: str) -> dict[str, Any]:
         """Remove the images that are not known-good and that nothing used for ``unused_days``."""
         if not unused_days >= 0:
             raise APIError(422, "invalid", "days must be 0 or more")
         async with self.store.tx():
-            gone = await self.store.images_unused_since(self.clock() - unused_days * 86400)
+            gone = await self.store.images_unused_since(self.life.clock() - unused_days * 86400)
             for image in gone:
                 await self._delete(image)
             names = [i["name"] for i in gone]
-            await self._audit(admin, "image_gc", None, None, {"removed": [_listed([i]) for i in gone],
+            await self.life.audit(admin, "image_gc", None, None, {"removed": [_listed([i]) for i in gone],
                                                               "unused_days": unused_days})
         return {"removed": names, "refs": [image_ref(i["sha256"]) for i in gone]}
 
-    async def _delete(self, image: dict) -> None:
+    async def _delete(self, image: ImageRow) -> None:
+
         """An image's row goes (its known-good marks with it), and its bytes from its uploader's
         count; its file once the transaction committed (``sweep_files``)."""
         await self.store.delete_image(image["sha256"])

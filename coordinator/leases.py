@@ -1,4 +1,5 @@
-"""Leases (DESIGN §2): reserve, renew, release, and their end by time.
+"""Leases (docs/architecture.md "The rules"): reserve, renew, release, their end by time,
+and what a lease's holder sees of it.
 
 Each is one short transaction of a fixed number of statements, with the clock read
 inside it. Exclusivity is the database's: a partial UNIQUE index allows one live lease a
@@ -7,97 +8,194 @@ device, so two coordinator processes on one PostgreSQL stay correct.
 from __future__ import annotations
 
 import secrets
+from typing import Any, Awaitable, Callable
 
 from device_loop.core import LEASE_PREFIX
 from device_loop.core.durations import format_duration, iso
+from device_loop.core.usage import commands
+from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
 
+from .answers import LeaseAnswer
+from .devices import Devices, running_operation
 from .errors import APIError, conflict, not_found
+from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, host_key, lease_key
-from .store import LIVE, UniqueViolation
-from .views import Views, lease_json
+from .rows import DeviceFacts, LeaseRow, LeaseView
+from .store import Store, UniqueViolation
 
 
+def lease_json(view: LeaseView) -> LeaseAnswer:
+    """A lease as its holder sees it, from ``Store.lease_view``'s row: with its endpoints
+    once its services are up, and why not while they are not."""
+    live = view["state"] in LIVE_LEASE_STATES
+    reachable = view["host_online"] and not view["host_link_lost"]
+    services = [s for s in (view["host_services"] or []) if s["lease"] == view["id"]] if reachable else []
+    up = {s["identifier"] for s in services if s["endpoints"] and not s.get("error")}
+    resources = {r["identifier"] for r in view["resources"] if r.get("service", True)}
+    ready = (view["state"] == LeaseState.ACTIVE and view["device_state"] == DeviceState.IN_USE and bool(resources)
+             and resources <= up)
+    answer: LeaseAnswer = {
+        "id": view["id"],
+        "device": view["device"],
+        "holder": view["holder"],
+        "state": view["state"],
+        "created_at": iso(view["created_at"]),
+        "expires_at": iso(view["expires_at"]),
+        "ended_at": iso(view["ended_at"]),
+        "end_reason": view["end_reason"],
+        "device_state": view["device_state"],
+        "host": view["device_host"],
+        "endpoints": [e for s in services for e in s["endpoints"]] if live else [],
+        "ready": ready,
+        "reason": "ready" if ready else _lease_reason(view, services),
+        # the gate's password: only the holder (and admins) ever see a lease
+        "secret": view["secret"] if live else None,
+        "needs_recovery": view["needs_recovery"],  # why (a failed destructive operation), or None
+        "operation": running_operation(view["op_id"], view["op_kind"]),  # the exclusive one running on it
+        "flashing": view["op_id"] if view["op_kind"] == "flash" else None,
+        "commands": [],
+    }
+    if ready:
+        answer["commands"] = commands(answer)  # how to use it, as its plugins said
+    return answer
 
-def _view(lease: dict, device: dict, device_state: str) -> dict:
+
+def _lease_reason(view: LeaseView, services: list[dict[str, Any]]) -> str:
+    if view["state"] not in LIVE_LEASE_STATES:
+        return view["end_reason"] or view["state"]
+    host = view["device_host"]
+    if view["device_state"] == DeviceState.OFFLINE:
+        where = f"host {host}" if not view["host_online"] else "the device"
+        return f"{where} is offline; the lease is kept and endpoints come back with it"
+    if view["host_link_lost"]:
+        return (f"the exporter on {host} lost its connection (did it die?); endpoints come back with its next "
+                "heartbeat")
+    errors = [s["error"] for s in services if s.get("error")]
+    if errors:
+        return "service failed to start: " + "; ".join(errors)
+    if view["state"] == LeaseState.PENDING:
+        return f"waiting for exporter {host} to start the services"
+    return f"exporter {host} is restarting the services; endpoints come back shortly"
+
+
+def _view(lease: LeaseRow, device: DeviceFacts, device_state: DeviceState) -> LeaseView:
     """What ``lease_json`` reads, for a lease just begun or ended (no service runs for it)."""
     return {**lease, "device_state": device_state, "device_host": device["host"], "resources": device["resources"],
             "host_online": device["host_online"], "host_link_lost": False, "host_services": [],
-            "needs_recovery": device["needs_recovery"], "flashing": device["flash_op"]}
+            "needs_recovery": device["needs_recovery"], "op_id": device["op_id"], "op_kind": device["op_kind"]}
 
-class Leases(Views):
-    async def reserve(self, device_name: str, ttl_s: float | None, caller: str, admin: bool = False) -> dict:
-        ttl = self._check_ttl(ttl_s if ttl_s is not None else self.settings.default_ttl_s)
+
+class Leases:
+    """Who holds which device, until when."""
+
+    def __init__(self, life: Lifecycle, devices: Devices):
+        self.life, self.devices = life, devices
+        self.store: Store = life.store
+
+    # ---- what a holder sees -----------------------------------------------------------------
+
+    async def own_view(self, lease_id: str, caller: str, admin: bool = False) -> LeaseView:
+        """The lease, if ``caller`` holds it (or is an admin); anyone else is told it does not exist."""
+        view = await self.store.lease_view(lease_id)
+        if view is None or (view["holder"] != caller and not admin):
+            raise not_found("lease", lease_id)
+        return view
+
+    async def live_view(self, lease_id: str, caller: str, admin: bool, doing: str) -> LeaseView:
+        """``own_view`` of a lease that still lives (``doing`` what needs it, for the refusal)."""
+        view = await self.own_view(lease_id, caller, admin)
+        if view["state"] not in LIVE_LEASE_STATES:
+            raise conflict("lease_ended", f"{lease_id} is {view['state']}: reserve {view['device']} again to {doing}")
+        return view
+
+    async def status(self, lease_id: str, caller: str, admin: bool = False) -> LeaseAnswer:
+        return lease_json(await self.own_view(lease_id, caller, admin))
+
+    async def mine(self, caller: str, device: str | None = None) -> list[LeaseAnswer]:
+        """The caller's live leases; on one ``device``, their lease there, live or the last that ended."""
+        if device is not None:
+            view = await self.store.last_lease_view(caller, device)
+            return [lease_json(view)] if view else []
+        return [lease_json(v) for v in await self.store.live_lease_views_of_holder(caller)]
+
+    async def wait(self, lease_id: str, caller: str, unless_state: str | None, wait_s: float,
+                   gone: Callable[[], Awaitable[None]], admin: bool = False) -> LeaseAnswer:
+        """Long-poll: the lease as soon as its state is not ``unless_state``."""
+        return await self.life.notifier.long_poll(lease_key(lease_id), lambda: self.status(lease_id, caller, admin),
+                                                  lambda view: view["state"] != unless_state, wait_s, gone)
+
+    # ---- reserve, renew, release ------------------------------------------------------------
+
+    async def reserve(self, device_name: str, ttl_s: float | None, caller: str, admin: bool = False) -> LeaseAnswer:
+        life = self.life
+        ttl = self.check_ttl(ttl_s if ttl_s is not None else life.settings.default_ttl_s)
         async with self.store.tx():
             device = await self.store.device(device_name)
             if device is None:
-                raise await self._unknown_device(device_name)
+                raise await self.devices.unknown(device_name)
             await self._refuse_unless_free(device, caller)
             # counted by the database in one statement: concurrent reserves in several
             # processes cannot all see room for one more (admins are counted, not limited)
-            limit = None if admin else self.settings.max_leases_per_user or None
+            limit = None if admin else life.settings.max_leases_per_user or None
             if not await self.store.count_lease(caller, limit):
                 await self._refuse_hoarding(caller)
-            now = self.clock()
-            lease = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device_name, "holder": caller,
-                     "state": "pending", "created_at": now, "expires_at": now + ttl,
-                     "ended_at": None, "end_reason": None,
-                     "secret": secrets.token_urlsafe(24) if self.settings.gated else None}
+            now = life.clock()
+            lease: LeaseRow = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device_name, "holder": caller,
+                               "state": LeaseState.PENDING, "created_at": now, "expires_at": now + ttl,
+                               "ended_at": None, "end_reason": None,
+                               "secret": secrets.token_urlsafe(24) if life.settings.gated else None}
             try:
                 await self.store.insert_lease(lease)
             except UniqueViolation:
                 raise conflict("busy", f"{device_name} was just reserved by someone else") from None
-            state = await self._change({**device, "lease_state": "pending"},
-                                       f"reserved ({format_duration(ttl)})", caller)
-            await self._audit(caller, "reserve", device_name, lease["id"], {"ttl_s": ttl})
-            self._notify(host_key(device["host"] or ""))
-            self.store.after_commit(self.metrics.leases_granted.inc)
+            state = await life.change({**device, "lease_state": LeaseState.PENDING},
+                                      f"reserved ({format_duration(ttl)})", caller)
+            await life.audit(caller, "reserve", device_name, lease["id"], {"ttl_s": ttl})
+            life.notify(host_key(device["host"] or ""))
+            self.store.after_commit(life.metrics.leases_granted.inc)
         return lease_json(_view(lease, device, state))
 
-    def _check_ttl(self, ttl_s: float) -> float:
+    def check_ttl(self, ttl_s: float) -> float:
+        max_ttl_s = self.life.settings.max_ttl_s
         if not ttl_s >= 1 or ttl_s == float("inf"):  # REST's schema says so too; MCP comes here directly
             raise APIError(422, "invalid", f"ttl_s must be at least 1 second, not {ttl_s!r}")
-        if ttl_s > self.settings.max_ttl_s:
+        if ttl_s > max_ttl_s:
             asked = f"of {format_duration(ttl_s)}" if ttl_s < 100 * 365 * 86400 else "of over a century"
             raise APIError(422, "ttl_too_long", f"a ttl {asked} is over this lab's maximum of "
-                                                f"{format_duration(self.settings.max_ttl_s)}")
+                                                f"{format_duration(max_ttl_s)}")
         return ttl_s
 
-    async def _unknown_device(self, name: str) -> APIError:
-        names = await self.store.device_names(10)
-        hint = f"; known devices: {', '.join(names)}" if names else "; no device is registered yet"
-        return APIError(404, "unknown_device", f"unknown device {name!r}{hint} (a configured device that no "
-                                               "plugin serves is listed by 'device-loop hosts')")
-
-    async def _refuse_unless_free(self, device: dict, caller: str) -> None:
+    async def _refuse_unless_free(self, device: DeviceFacts, caller: str) -> None:
         state, name = device["state"], device["name"]
-        if state == "idle" and device["host_draining"]:
+        if state == DeviceState.IDLE and device["host_draining"]:
             raise conflict("draining", f"{name}'s host {device['host']} is being drained by an admin: "
                                        "no new leases there")
-        if state == "idle" and not (device["needs_recovery"] or device["flash_op"]):
+        if state == DeviceState.IDLE and not (device["needs_recovery"] or device["op_id"]):
             return
         if device["lease_id"] is not None and device["holder"] == caller:
             raise conflict("already_yours", f"you hold {name} already: {device['lease_id']}, "
                                             f"until {iso(device['expires_at'])}")
         if device["lease_id"] is not None:
             message = f"{name} is held by {device['holder']} until {iso(device['expires_at'])}"
-        elif device["flash_op"]:
-            message = f"{name} is being flashed ({device['flash_op']}); it is free again when that ends"
+        elif device["op_id"]:
+            doing = "flashed" if device["op_kind"] == "flash" else f"operated on ({device['op_kind']})"
+            message = f"{name} is being {doing} ({device['op_id']}); it is free again when that ends"
         elif device["needs_recovery"]:
             message = (f"{name} needs recovery ({device['needs_recovery']}): no lease is granted until a "
                        f"known-good image is written back; an admin runs: device-loop recover {name}")
-        elif state == "reclaiming":
+        elif state == DeviceState.RECLAIMING:
             message = f"{name} is being reclaimed after its last lease; try again in a few seconds"
-        elif state == "offline":
+        elif state == DeviceState.OFFLINE:
             message = f"{name} is offline (host {device['host']} not heartbeating or the device is unplugged)"
-        elif state == "faulty":
+        elif state == DeviceState.FAULTY:
             message = f"{name} is faulty: {device['health_reason'] or 'health check failed'}"
         else:
             message = f"{name} is {state}"
         alternative = await self.store.idle_device_of_class(device["class"], other_than=name)
         if alternative:
             message += f"; try {alternative}"
-        code = ("busy" if device["lease_id"] or state == "reclaiming" or device["flash_op"] else
-                "needs_recovery" if device["needs_recovery"] else state)
+        code = ("busy" if device["lease_id"] or state == DeviceState.RECLAIMING or device["op_id"] else
+                "needs_recovery" if device["needs_recovery"] else str(state))
         raise conflict(code, message)
 
     async def _refuse_hoarding(self, caller: str) -> None:
@@ -106,72 +204,77 @@ class Leases(Views):
         raise conflict("too_many_leases", f"you hold {len(held)} leases ({devices}), this lab's limit per "
                                           f"person; release one first")
 
-    async def renew(self, lease_id: str, ttl_s: float, caller: str, admin: bool = False) -> dict:
-        ttl = self._check_ttl(ttl_s)
+    async def renew(self, lease_id: str, ttl_s: float, caller: str, admin: bool = False) -> LeaseAnswer:
+        ttl = self.check_ttl(ttl_s)
         async with self.store.tx():
-            view = await self._own_lease_view(lease_id, caller, admin)
-            if view["state"] not in LIVE:
+            view = await self.own_view(lease_id, caller, admin)
+            if view["state"] not in LIVE_LEASE_STATES:
                 raise conflict("lease_ended", f"{lease_id} is {view['state']}; reserve the device again")
-            view["expires_at"] = self.clock() + ttl
+            view["expires_at"] = self.life.clock() + ttl
             if not await self.store.set_lease_expiry(lease_id, view["expires_at"]):
                 raise conflict("lease_ended", f"{lease_id} ended just now; reserve the device again")
-            await self._audit(caller, "renew", view["device"], lease_id, {"ttl_s": ttl})
-            self._notify(lease_key(lease_id), BOARD_KEY)
+            await self.life.audit(caller, "renew", view["device"], lease_id, {"ttl_s": ttl})
+            self.life.notify(lease_key(lease_id), BOARD_KEY)
         return lease_json(view)
 
-    async def release(self, lease_id: str, caller: str, admin: bool = False) -> dict:
+    async def release(self, lease_id: str, caller: str, admin: bool = False) -> LeaseAnswer:
         async with self.store.tx():
             lease = await self.store.lease(lease_id)
             if lease is None or (lease["holder"] != caller and not admin):
                 raise not_found("lease", lease_id)
-            return await self._end_and_show(lease, "released", f"released by {caller}", caller, "release", {})
+            return await self._end_and_show(lease, LeaseState.RELEASED, f"released by {caller}", caller, "release",
+                                            {})
 
-    async def revoke(self, lease_id: str, admin: str) -> dict:
+    async def revoke(self, lease_id: str, admin: str) -> LeaseAnswer:
         """An admin takes a lease back (``admin release --force``)."""
         async with self.store.tx():
             lease = await self.store.lease(lease_id)
             if lease is None:
                 raise not_found("lease", lease_id)
-            return await self._end_and_show(lease, "revoked", f"revoked by admin {admin}", admin, "revoke",
+            return await self._end_and_show(lease, LeaseState.REVOKED, f"revoked by admin {admin}", admin, "revoke",
                                             {"holder": lease["holder"]})
 
-    async def _end_and_show(self, lease: dict, state: str, reason: str, actor: str, action: str,
-                            detail: dict) -> dict:
+    async def _end_and_show(self, lease: LeaseRow, state: LeaseState, reason: str, actor: str, action: str,
+                            detail: dict[str, Any]) -> LeaseAnswer:
         """End ``lease`` (if still live; audited as ``action``) and show it as it is now."""
-        device = await self._end_lease(lease, state, reason, actor)
+        device = await self.end(lease, state, reason, actor)
         if device is None:  # it had ended already
             view = await self.store.lease_view(lease["id"])
             if view is None:  # and an admin has forgotten its device since
                 raise conflict("lease_ended", f"{lease['id']} is {lease['state']} ({lease['end_reason']}), and its "
                                               f"device {lease['device']} is no longer in the lab")
             return lease_json(view)
-        await self._audit(actor, action, lease["device"], lease["id"], detail)
-        now_ended = {**lease, "state": state, "end_reason": reason, "ended_at": self.clock()}
+        await self.life.audit(actor, action, lease["device"], lease["id"], detail)
+        now_ended: LeaseRow = {**lease, "state": state, "end_reason": reason, "ended_at": self.life.clock()}
         return lease_json(_view(now_ended, device, device["state"]))
 
-    async def _end_lease(self, lease: dict, state: str, reason: str, actor: str, **still) -> dict | None:
+    async def end(self, lease: LeaseRow, state: LeaseState, reason: str, actor: str,
+                  **still: bool) -> DeviceFacts | None:
         """End a live lease and start reclaiming its device; the device as it is now, or
         None if the lease had ended already (here or in another coordinator process), or
         is no longer what ``still`` says (``Store.end_lease``)."""
-        if not await self.store.end_lease(lease["id"], state, reason, self.clock(), **still):
+        life = self.life
+        if not await self.store.end_lease(lease["id"], state, reason, life.clock(), **still):
             return None
         device = await self.store.device(lease["device"])
-        device["state"] = await self._change(device, f"lease {state}: {reason}", actor,
-                                             {"reclaim_lease": lease["id"]})
-        self._notify(lease_key(lease["id"]), host_key(device["host"] or ""))
-        self.store.after_commit(self.metrics.leases_ended.labels(reason=state).inc)
+        if device is None:  # forgotten by an admin meanwhile: nothing to reclaim
+            return None
+        device["state"] = await life.change(device, f"lease {state}: {reason}", actor, {"reclaim_lease": lease["id"]})
+        life.notify(lease_key(lease["id"]), host_key(device["host"] or ""))
+        self.store.after_commit(life.metrics.leases_ended.labels(reason=state).inc)
         return device
 
-    async def _end_overdue_leases(self, now: float, actor: str) -> None:
+    async def end_overdue(self, now: float, actor: str) -> None:
         """Expire leases past their ttl; fail those whose services never came up."""
-        for lease in await self.store.leases_past("expires_at", LIVE, now):
-            if await self._end_lease(lease, "expired", "its ttl ran out", actor, overdue=True):
-                await self._audit(actor, "expire", lease["device"], lease["id"], {})
-        timeout = self.settings.allocating_timeout_s
-        for lease in await self.store.leases_past("created_at", ("pending",), now - timeout):
-            view = lease_json(await self.store.lease_view(lease["id"]))
+        for lease in await self.store.leases_past("expires_at", LIVE_LEASE_STATES, now):
+            if await self.end(lease, LeaseState.EXPIRED, "its ttl ran out", actor, overdue=True):
+                await self.life.audit(actor, "expire", lease["device"], lease["id"], {})
+        timeout = self.life.settings.allocating_timeout_s
+        for lease in await self.store.leases_past("created_at", (LeaseState.PENDING,), now - timeout):
+            view = await self.store.lease_view(lease["id"])
             reason = f"services did not come up within {format_duration(timeout)}"
-            if view["reason"].startswith("service failed"):
-                reason += f" ({view['reason']})"
-            if await self._end_lease(lease, "failed", reason, actor, pending=True):
-                await self._audit(actor, "fail", lease["device"], lease["id"], {"reason": reason})
+            shown = lease_json(view)["reason"] if view else ""
+            if shown.startswith("service failed"):
+                reason += f" ({shown})"
+            if await self.end(lease, LeaseState.FAILED, reason, actor, pending=True):
+                await self.life.audit(actor, "fail", lease["device"], lease["id"], {"reason": reason})

@@ -1,12 +1,18 @@
-"""The device lifecycle (DESIGN §8), shared by every rule: a device's state follows from
-its facts in one function, and every change of state goes to the device's ring log."""
+"""The device lifecycle (docs/architecture.md "Device lifecycle"), which every service shares:
+a device's state follows from its facts in one function, and every change of state goes to
+the device's ring log. ``Lifecycle`` is what each service is handed to write with: the
+store, the settings, the clock, the long-polls' notifier, the audit log and the metrics."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 
 from .metrics import LabMetrics
 from .notify import BOARD_KEY, Notifier
+from .rows import DeviceFacts
 from .store import Store
 
 
@@ -25,49 +31,48 @@ class Settings:
     image_quota_bytes: int | None = None  # of images one person may have uploaded (None: no quota)
 
 
-STATES = ("unregistered", "idle", "allocating", "in_use", "reclaiming", "faulty", "offline", "retired")
-
-
-def device_state(facts: dict) -> str:
+def device_state(facts: Mapping[str, Any]) -> DeviceState:
     """The lifecycle state that follows from a device's facts: its row, ``host_online``
     and ``lease_state`` (of its live lease, if any). Another host claiming the device
     (``conflict_host``) is not among them: its owner keeps serving it, so no exporter can
     lock another host's devices out by reporting their names."""
     if facts["retired"]:
-        return "retired"
+        return DeviceState.RETIRED
     if not facts["host_online"] or not facts["present"]:
-        return "offline"
-    if facts["lease_state"] == "pending":
-        return "allocating"
-    if facts["lease_state"] == "active":
-        return "in_use"
+        return DeviceState.OFFLINE
+    if facts["lease_state"] == LeaseState.PENDING:
+        return DeviceState.ALLOCATING
+    if facts["lease_state"] == LeaseState.ACTIVE:
+        return DeviceState.IN_USE
     if facts["reclaim_lease"]:
-        return "reclaiming"
-    if facts["health"] == "failed":
-        return "faulty"
-    return "idle"
+        return DeviceState.RECLAIMING
+    if facts["health"] == HealthStatus.FAILED:
+        return DeviceState.FAULTY
+    return DeviceState.IDLE
 
 
-def ring_entry(device: dict, seq: int, new_state: str, at: float, cause: str, actor: str) -> dict:
+def ring_entry(device: Mapping[str, Any], seq: int, new_state: str, at: float, cause: str, actor: str) -> dict:
     return {"device": device["name"], "seq": seq, "at": at, "from_state": device["state"], "to_state": new_state,
             "cause": cause, "actor": actor}
 
 
 class Lifecycle:
-    """What every rule needs: the store, the settings, the clock, the long-poll notifier."""
+    """What every service writes with: the store, the settings, the clock, the notifier of
+    long-polls (in every coordinator process), the metrics, the ring and audit logs."""
 
-    def __init__(self, store: Store, settings: Settings | None = None, clock=time.time):
+    def __init__(self, store: Store, settings: Settings | None = None, clock: Callable[[], float] = time.time):
         self.store = store
         self.settings = settings or Settings()
         self.clock = clock
         self.notifier = Notifier()
         store.subscribe(self.notifier.heard)
-        self.metrics = LabMetrics(STATES)
+        self.metrics = LabMetrics(tuple(DeviceState))
         # hosts are silent only counting from here: after an outage of the coordinator they
         # get their heartbeat periods to report before they are taken for offline
         self.serving_since = 0.0
 
-    async def _change(self, device: dict, cause: str, actor: str, fields: dict | None = None) -> str:
+    async def change(self, device: DeviceFacts, cause: str, actor: str,
+                     fields: dict[str, Any] | None = None) -> DeviceState:
         """Write ``fields`` of ``device`` (a row with its facts, as ``Store.device`` reads it)
         and the state they lead to; a change of state goes to the ring log. Returns the state."""
         fields = fields or {}
@@ -75,19 +80,29 @@ class Lifecycle:
         if new == device["state"]:
             if fields:
                 await self.store.update_device(device["name"], **fields)
-                self._notify(BOARD_KEY)
+                self.notify(BOARD_KEY)
             return new
         now = self.clock()
         seq = await self.store.update_device_logged(device["name"], state=new, updated_at=now, state_since=now,
                                                     **fields)
         await self.store.add_ring_entries([ring_entry(device, seq, new, now, cause, actor)])
-        self._notify(BOARD_KEY)
+        self.notify(BOARD_KEY)
         return new
 
-    def _notify(self, *keys: str) -> None:
+    async def note(self, device: DeviceFacts, cause: str, actor: str, **fields: Any) -> None:
+        """Write ``fields`` that are not facts of the state (``needs_recovery``), with a line in
+        the device's ring log (its state stays)."""
+        now = self.clock()
+        seq = await self.store.update_device_logged(device["name"], updated_at=now, **fields)
+        await self.store.add_ring_entries([ring_entry(device, seq, device["state"], now, cause, actor)])
+        self.notify(BOARD_KEY)
+
+    def notify(self, *keys: str) -> None:
         """Wake the long-polls watching ``keys``, in every process, once the current transaction commits."""
         self.store.changed(*keys)
 
-    async def _audit(self, actor: str, action: str, device: str | None, lease_id: str | None, detail: dict) -> None:
-        await self.store.add_audit({"at": self.clock(), "actor": actor, "action": action,
-                                    "device": device, "lease_id": lease_id, "detail": detail})
+    async def audit(self, actor: str, action: str, device: str | None, lease_id: str | None,
+                    detail: dict[str, Any]) -> int:
+        """An entry of the audit log; its id."""
+        return await self.store.add_audit({"at": self.clock(), "actor": actor, "action": action,
+                                           "device": device, "lease_id": lease_id, "detail": detail})

@@ -2,7 +2,7 @@
 
 What the lab is (devices by state and class, live leases, each host's heartbeat age) is
 read from the database at scrape time: every coordinator process answers the same. What
-happened (leases granted and ended, reserve -> ready latency, flash outcomes) is counted
+happened (leases granted and ended, reserve -> ready latency, operations' outcomes) is counted
 by each process since it started, after its transaction committed: scrape every process.
 """
 from __future__ import annotations
@@ -43,8 +43,8 @@ class LabMetrics:
         self.reserve_ready = Histogram("device_loop_reserve_ready_seconds",
                                        "From reserve to the lease's services up (the lease active), for the leases "
                                        "this process saw become ready", buckets=READY_BUCKETS, registry=self.registry)
-        self.flashes = Counter("device_loop_flashes", "Flash operations that ended here, by outcome and purpose",
-                               ["outcome", "purpose"], registry=self.registry)
+        self.operations = Counter("device_loop_operations", "Operations on devices that ended here (flashes "
+                                  "among them), by kind and outcome", ["kind", "outcome"], registry=self.registry)
 
     def leases_ready(self, waited_s: list[float]) -> None:
         for seconds in waited_s:

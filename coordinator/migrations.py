@@ -275,4 +275,113 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     # endpoint of the host is there, and the coordinator fetches a camera's snapshot only
     # there (NULL: an exporter that does not say, whose snapshots are refused)
     ["ALTER TABLE hosts ADD COLUMN address TEXT"],
+    # 15: operations of any kind on a device, in one table (flash_ops carried over: a flash is
+    # the "flash" kind); at most one live *exclusive* operation a device. The states of
+    # devices, leases and operations as CHECK constraints, with the values of
+    # core/vocabulary.py (tests/test_vocabulary.py holds the schema to them); a device left in
+    # the old state "conflict" is recomputed at its host's next report (migration 11).
+    [
+        """CREATE TABLE operations (
+            id TEXT PRIMARY KEY,
+            kind TEXT NOT NULL,
+            device TEXT NOT NULL,
+            host TEXT NOT NULL,
+            lease_id TEXT,
+            requester TEXT NOT NULL,
+            identifier TEXT NOT NULL,
+            plugin TEXT NOT NULL,
+            exclusive BOOLEAN NOT NULL,
+            destructive BOOLEAN NOT NULL,
+            args TEXT NOT NULL,
+            image_sha256 TEXT,
+            image_name TEXT,
+            image_size BIGINT,
+            state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed')),
+            phase TEXT NOT NULL,
+            progress_done BIGINT NOT NULL,
+            progress_total BIGINT,
+            progress_unit TEXT NOT NULL,
+            message TEXT NOT NULL,
+            seconds TEXT NOT NULL,
+            result TEXT,
+            boot_id TEXT,
+            audit_id BIGINT,
+            created_at DOUBLE PRECISION NOT NULL,
+            started_at DOUBLE PRECISION,
+            ended_at DOUBLE PRECISION
+        )""",
+        """INSERT INTO operations (id, kind, device, host, lease_id, requester, identifier, plugin, exclusive,
+               destructive, args, image_sha256, image_name, image_size, state, phase, progress_done,
+               progress_total, progress_unit, message, seconds, result, boot_id, audit_id, created_at,
+               started_at, ended_at)
+           SELECT id, 'flash', device, host, lease_id, requester, identifier, plugin, TRUE, TRUE,
+               '{{"purpose": "' || purpose || '"}}', sha256, image_name, size, state, phase, done_bytes, size,
+               'bytes', message, seconds, NULL, boot_id, NULL, created_at, started_at, ended_at FROM flash_ops""",
+        "DROP TABLE flash_ops",
+        "CREATE UNIQUE INDEX operations_one_exclusive_per_device ON operations(device) "
+        "WHERE exclusive AND state IN ('queued', 'running')",
+        "CREATE INDEX operations_host ON operations(host, state)",
+        "CREATE INDEX operations_device ON operations(device, created_at)",
+        "CREATE INDEX operations_image ON operations(image_sha256, state)",
+        "UPDATE devices SET state = 'offline' WHERE state NOT IN ('unregistered', 'idle', 'allocating', 'in_use', "
+        "'reclaiming', 'faulty', 'offline', 'retired')",
+        {"postgresql": "ALTER TABLE devices ADD CONSTRAINT devices_state CHECK (state IN ('unregistered', 'idle', "
+                       "'allocating', 'in_use', 'reclaiming', 'faulty', 'offline', 'retired'))"},
+        {"postgresql": "ALTER TABLE devices ADD CONSTRAINT devices_health CHECK (health IN ('ok', 'degraded', "
+                       "'failed'))"},
+        {"postgresql": "ALTER TABLE leases ADD CONSTRAINT leases_state CHECK (state IN ('pending', 'active', "
+                       "'released', 'expired', 'failed', 'revoked'))"},
+        # SQLite adds a constraint only by building the table anew
+        {"sqlite": """CREATE TABLE devices_checked (
+            name TEXT PRIMARY KEY,
+            class TEXT NOT NULL,
+            tags TEXT NOT NULL,
+            host TEXT,
+            state TEXT NOT NULL CHECK (state IN ('unregistered', 'idle', 'allocating', 'in_use', 'reclaiming',
+                                                 'faulty', 'offline', 'retired')),
+            present BOOLEAN NOT NULL,
+            health TEXT NOT NULL CHECK (health IN ('ok', 'degraded', 'failed')),
+            health_reason TEXT NOT NULL,
+            conflict_host TEXT,
+            reclaim_lease TEXT,
+            busy_by TEXT NOT NULL,
+            retired BOOLEAN NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            updated_at DOUBLE PRECISION NOT NULL,
+            resources TEXT NOT NULL DEFAULT '[]',
+            report_digest TEXT,
+            log_seq BIGINT NOT NULL DEFAULT 0,
+            needs_recovery TEXT,
+            state_since DOUBLE PRECISION
+        )"""},
+        {"sqlite": "INSERT INTO devices_checked (name, class, tags, host, state, present, health, health_reason, "
+                   "conflict_host, reclaim_lease, busy_by, retired, created_at, updated_at, resources, report_digest, "
+                   "log_seq, needs_recovery, state_since) SELECT name, class, tags, host, state, present, health, "
+                   "health_reason, conflict_host, reclaim_lease, busy_by, retired, created_at, updated_at, resources, "
+                   "report_digest, log_seq, needs_recovery, state_since FROM devices"},
+        {"sqlite": "DROP TABLE devices"},
+        {"sqlite": "ALTER TABLE devices_checked RENAME TO devices"},
+        {"sqlite": "CREATE INDEX devices_host ON devices(host)"},
+        {"sqlite": "CREATE INDEX devices_conflict_host ON devices(conflict_host)"},
+        {"sqlite": """CREATE TABLE leases_checked (
+            id TEXT PRIMARY KEY,
+            device TEXT NOT NULL,
+            holder TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN ('pending', 'active', 'released', 'expired', 'failed', 'revoked')),
+            created_at DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL,
+            ended_at DOUBLE PRECISION,
+            end_reason TEXT,
+            secret TEXT
+        )"""},
+        {"sqlite": "INSERT INTO leases_checked (id, device, holder, state, created_at, expires_at, ended_at, "
+                   "end_reason, secret) SELECT id, device, holder, state, created_at, expires_at, ended_at, "
+                   "end_reason, secret FROM leases"},
+        {"sqlite": "DROP TABLE leases"},
+        {"sqlite": "ALTER TABLE leases_checked RENAME TO leases"},
+        {"sqlite": "CREATE UNIQUE INDEX leases_one_live_per_device ON leases(device) "
+                   "WHERE state IN ('pending', 'active')"},
+        {"sqlite": "CREATE INDEX leases_holder ON leases(holder, state)"},
+        {"sqlite": "CREATE INDEX leases_state_expiry ON leases(state, expires_at)"},
+    ],
 ]

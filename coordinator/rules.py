@@ -1,30 +1,81 @@
-"""Every rule of the lab, in one place: the class routes and MCP tools call, and nothing else.
+"""Every rule of the lab, as services that each hold only what they use, handed their
+collaborators when they are made (``Rules``). The routes and MCP tools call them, and
+nothing else; SQL lives in ``store``. Each method that writes runs in one transaction and
+wakes the long-polls once it committed.
 
-Each job reads alone: ``lifecycle`` (device states and their ring log), ``views`` (what
-users see), ``leases`` (reserve, renew, release), ``heartbeats`` (snapshots and desired
-state), ``images`` (the registry), ``flashes`` (mediated flash), ``admin``. SQL lives in ``store``. Each method that writes runs in one
-transaction and wakes the long-polls once it committed.
+- ``lifecycle`` (``Lifecycle``): what every service writes with — a device's state from its
+  facts and its ring log, the audit log, the clock, the long-polls' notifier;
+- ``devices`` (``Devices``): what the lab looks like (devices, logs, hosts, audit);
+- ``leases`` (``Leases``): reserve, renew, release, expiry; what a holder sees;
+- ``images`` (``Images``): the registry and its files;
+- ``operations`` (``Operations``): operations on devices, flash and recovery among them;
+- ``hosts`` (``Hosts``): heartbeats and the desired state;
+- ``admin`` (``Admin``): retire, drain, adopt, forget, tokens.
 """
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from .admin import Admin
-from .heartbeats import Heartbeats
+from .devices import Devices
+from .hosts import Hosts
 from .image_files import ImageFiles
-from .lifecycle import Settings
+from .images import Images
+from .leases import Leases
+from .lifecycle import Lifecycle, Settings
+from .operations import Operations
+from .store import Store
 
 __all__ = ["Rules", "Settings"]
 
+REAPER = "coordinator"  # who the reaper's changes are by, in the logs
+IDEMPOTENCY_KEPT_S = 86400.0
 
-class Rules(Admin, Heartbeats):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.image_files = ImageFiles(self.settings.image_dir)
+
+class Rules:
+    """The services of one coordinator process, wired together."""
+
+    def __init__(self, store: Store, settings: Settings | None = None, clock: Callable[[], float] = time.time):
+        self.life = Lifecycle(store, settings, clock)
+        self.devices = Devices(self.life)
+        self.leases = Leases(self.life, self.devices)
+        self.images = Images(self.life, ImageFiles(self.life.settings.image_dir))
+        self.operations = Operations(self.life, self.leases, self.images)
+        self.hosts = Hosts(self.life, self.leases, self.operations)
+        self.admin = Admin(self.life, self.devices, self.leases)
+
+    # what tests and tools reach for: the lifecycle's own
+    @property
+    def store(self) -> Store:
+        return self.life.store
+
+    @property
+    def settings(self) -> Settings:
+        return self.life.settings
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.life.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.life.clock = clock
+
+    @property
+    def serving_since(self) -> float:
+        return self.life.serving_since
+
+    @serving_since.setter
+    def serving_since(self, at: float) -> None:
+        self.life.serving_since = at
 
     async def reap(self) -> None:
-        """Expire leases, fail allocations that took too long, mark silent hosts offline."""
-        async with self.store.tx():
-            now = self.clock()
-            await self._end_overdue_leases(now, "coordinator")
-            await self._mark_silent_hosts(now, "coordinator")
-            await self.store.drop_idempotency_keys_before(now - 86400)
-        await self.sweep_files_if_due()
+        """Expire leases, fail allocations that took too long, mark silent hosts offline,
+        forget old idempotency keys; sweep the registry's files when that is due."""
+        async with self.life.store.tx():
+            now = self.life.clock()
+            await self.leases.end_overdue(now, REAPER)
+            await self.hosts.mark_silent(now, REAPER)
+            await self.life.store.drop_idempotency_keys_before(now - IDEMPOTENCY_KEPT_S)
+        await self.images.sweep_files_if_due()

@@ -64,11 +64,12 @@ def raise_descriptor_limit() -> int:
 @click.command("coordinator")
 @click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL", show_envvar=True,
               help="sqlite:///PATH or postgresql://... (default: SQLite in --data-dir)")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir, show_default="~/.local/share/device-loop")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=default_data_dir,
+              show_default="~/.local/share/device-loop")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=7420, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--allocating-timeout", default=format_duration(Settings.allocating_timeout_s), show_default=True, callback=_seconds,
-              help="how long a lease may stay pending before it fails")
+@click.option("--allocating-timeout", default=format_duration(Settings.allocating_timeout_s), show_default=True,
+              callback=_seconds, help="how long a lease may stay pending before it fails")
 @click.option("--default-ttl", default=format_duration(Settings.default_ttl_s), show_default=True, callback=_seconds)
 @click.option("--max-ttl", default=format_duration(Settings.max_ttl_s), show_default=True, callback=_seconds)
 @click.option("--single-user", is_flag=True,
@@ -99,7 +100,9 @@ def coordinator_command(header_timeout, body_timeout,
     """Run the coordinator (leases, devices, hosts, audit log) in the foreground."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if single_user and host not in ("127.0.0.1", "localhost", "::1"):
-        raise click.BadParameter("--single-user trusts every caller, so it listens on loopback only", param_hint="--host")
+        raise click.BadParameter("--single-user trusts every caller, so it listens on loopback only",
+                                 param_hint="--host")
+
     if single_user:
         logging.getLogger("device_loop.coordinator").warning(
             "SINGLE-USER TRUST MODE: no tokens; every caller on this machine is trusted as whoever it says it is, "

@@ -20,37 +20,43 @@ import logging
 import os
 import re
 import sqlite3
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Mapping, Sequence, overload
+
 
 from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 
+from device_loop.core.vocabulary import OperationState, sql_list
+
 from .migrations import MIGRATIONS, SERIAL
+from .rows import (AdoptionRow, AuditRow, CandidateRow, DeviceFacts, HostRow, IdempotencyRow, ImageRow, KnownGoodImage,
+                   LeaseRow, LeaseView, ListedImage, OperationRow, OperationView, RingRow, TokenRow)
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "device_loop"  # PostgreSQL notifications: the keys a commit changed, one a line
 LIVE = LIVE_LEASE_STATES
 RING_SLOTS = 20  # state changes each device keeps (DESIGN §8)
-_LIVE_SQL = "(" + ", ".join(f"'{state}'" for state in LIVE) + ")"
-_LIVE_OP_SQL = "(" + ", ".join(f"'{state}'" for state in LIVE_OP_STATES) + ")"
+_LIVE_SQL = sql_list(LIVE)
+_LIVE_OP_SQL = sql_list(LIVE_OP_STATES)
 _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail", "resources", "host_services",
-                 "seconds"}
+                 "seconds", "args", "result"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
                   "log_seq", "state_since")
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
-                 "host_link_lost"}
+                 "host_link_lost", "exclusive", "destructive"}
 _NO_LIMIT = 2**62  # a count's limit where there is none (BIGINT)
 _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
 
-# A device with the facts its state follows from: its live lease and its host (and the
-# flash running on it: each at most one, by partial UNIQUE indexes).
+# A device with the facts its state follows from (rows.DeviceFacts): its live lease and its
+# host, and the exclusive operation running on it (each at most one, by partial UNIQUE indexes).
+_LIVE_EXCLUSIVE = f"o.exclusive AND o.state IN {_LIVE_OP_SQL}"
 _DEVICE_FACTS = (
     "SELECT d.*, l.id AS lease_id, l.state AS lease_state, l.holder AS holder, l.expires_at AS expires_at, "
-    "h.online AS host_online, h.draining AS host_draining, f.id AS flash_op FROM devices d "
+    "h.online AS host_online, h.draining AS host_draining, o.id AS op_id, o.kind AS op_kind FROM devices d "
     f"LEFT JOIN leases l ON l.device = d.name AND l.state IN {_LIVE_SQL} "
     "LEFT JOIN hosts h ON h.name = d.host "
-    f"LEFT JOIN flash_ops f ON f.device = d.name AND f.state IN {_LIVE_OP_SQL}")
+    f"LEFT JOIN operations o ON o.device = d.name AND {_LIVE_EXCLUSIVE}")
 
 
 class UniqueViolation(Exception):
@@ -72,7 +78,7 @@ def _row(record: dict, decode_json: bool = True) -> dict[str, Any]:
     return record
 
 
-def _encode(values: dict[str, Any]) -> dict[str, Any]:
+def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
     """JSON columns as text (a value that is text already was read without decoding)."""
     return {k: json.dumps(v) if k in _JSON_COLUMNS and not isinstance(v, str) else v for k, v in values.items()}
 
@@ -81,11 +87,22 @@ class _SQLite:
     """SQLite on the event loop's own thread: a statement on a local file takes
     microseconds, less than handing it to a worker thread and back (the benchmark in
     bench/fast_path.py measured both). Two connections: one writes, under a lock, since
-    SQLite has one writer; one reads what is committed (WAL)."""
+    SQLite has one writer; one reads what is committed (WAL).
+
+    The loop never waits for another process's lock, though (``device-loop admin
+    --data-dir`` on a live lab holds the write lock a while): SQLite itself waits
+    ``BUSY_WAIT_MS`` at most, and a step that still finds the database locked (taking the
+    write lock, a read, a commit) is tried again after an ``asyncio.sleep``, 1 ms doubling
+    to 50 ms, for ``BUSY_DEADLINE_S`` at most; requests, long-polls and the reaper run
+    meanwhile. Statements inside a transaction hold the write lock already: never busy."""
+
+    BUSY_WAIT_MS = 2  # what a statement may block the loop for on a lock
+    BUSY_DEADLINE_S = 30.0  # then the database is taken for stuck: the step raises
 
     def __init__(self, path: str):
         self.path = path
-        self.writer = self.reader = None
+        self.writer: sqlite3.Connection  # both made by connect()
+        self.reader: sqlite3.Connection
         self.lock = asyncio.Lock()
 
     async def connect(self) -> None:
@@ -95,8 +112,8 @@ class _SQLite:
         self.writer, self.reader = (sqlite3.connect(self.path, isolation_level=None) for _ in range(2))
         for conn in (self.writer, self.reader):
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA busy_timeout = 30000")
-        self.writer.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA busy_timeout = {self.BUSY_WAIT_MS}")
+        await self._unlocked(lambda: self.writer.execute("PRAGMA journal_mode = WAL"))
         # WAL + NORMAL: a commit survives a crash of this process (kill -9), not a power cut.
         self.writer.execute("PRAGMA synchronous = NORMAL")
 
@@ -104,8 +121,40 @@ class _SQLite:
         for conn in (self.writer, self.reader):
             conn.close()
 
+    @staticmethod
+    def _busy(exc: sqlite3.OperationalError) -> bool:
+        return exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY  # (extended codes: BUSY_SNAPSHOT...)
+
+    async def _unlocked(self, step: Callable[[], Any]) -> Any:
+        """``step()``, tried again off the loop while another process holds the lock it needs."""
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            if not self._busy(exc):
+                raise
+        return await self._retried(step)
+
+    async def _retried(self, step: Callable[[], Any]) -> Any:
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + self.BUSY_DEADLINE_S, 0.001
+        while True:
+            await asyncio.sleep(pause)
+            try:
+                return step()
+            except sqlite3.OperationalError as exc:
+                if not self._busy(exc) or loop.time() > deadline:
+                    raise
+            pause = min(pause * 2, 0.05)
+
     async def fetch(self, sql: str, values: dict, in_tx: bool) -> list[dict]:
-        return [dict(r) for r in (self.writer if in_tx else self.reader).execute(sql, values)]
+        if in_tx:
+            return [dict(r) for r in self.writer.execute(sql, values)]
+        try:  # (_unlocked spelt out: a coroutine less on the path of every read)
+            return [dict(r) for r in self.reader.execute(sql, values)]
+        except sqlite3.OperationalError as exc:
+            if not self._busy(exc):
+                raise
+        return await self._retried(lambda: [dict(r) for r in self.reader.execute(sql, values)])
 
     async def execute(self, sql: str, values: dict) -> None:
         self.writer.execute(sql, values)
@@ -119,13 +168,14 @@ class _SQLite:
     @contextlib.asynccontextmanager
     async def transaction(self):
         async with self.lock:
-            self.writer.execute("BEGIN IMMEDIATE")
+            await self._unlocked(lambda: self.writer.execute("BEGIN IMMEDIATE"))
             try:
                 yield
+                await self._unlocked(lambda: self.writer.execute("COMMIT"))
             except BaseException:
-                self.writer.execute("ROLLBACK")
+                if self.writer.in_transaction:  # (a commit that failed leaves it open)
+                    self.writer.execute("ROLLBACK")
                 raise
-            self.writer.execute("COMMIT")
 
 
 class _Databases:
@@ -164,7 +214,8 @@ class _Databases:
         """One multi-row INSERT per chunk: one round trip to the server for many rows."""
         per_chunk = max(1, _MAX_PARAMS // len(columns))
         for start in range(0, len(rows), per_chunk):
-            values, marks = {}, []
+            values: dict[str, Any] = {}
+            marks: list[str] = []
             for i, row in enumerate(rows[start:start + per_chunk]):
                 marks.append("(" + ", ".join(f":{c}_{i}" for c in columns) + ")")
                 values |= {f"{c}_{i}": row[c] for c in columns}
@@ -197,7 +248,7 @@ class _Listener:
     def __init__(self, url: str, heard: Callable[[set[str] | None], None]):
         self.dsn = url.replace("postgresql+asyncpg://", "postgresql://", 1)
         self.heard = heard
-        self.connection = None
+        self.connection: Any = None  # an asyncpg connection, once start() made one
         self.retrying: asyncio.Task | None = None
         self.checking: asyncio.Task | None = None
         self.closing = False
@@ -370,7 +421,9 @@ class Store:
 
     # ---- statements -------------------------------------------------------------------
 
-    async def _all(self, sql: str, _decode_json: bool = True, **values) -> list[dict]:
+    async def _all(self, sql: str, _decode_json: bool = True, **values) -> list[Any]:
+        """The rows of a query, as dicts; each query's method says which row type they are
+        (``rows.py``), so that is written once, at its signature."""
         self.statements += 1
         rows = await self.driver.fetch(sql, _encode(values), _CURRENT_TX.get() is not None)
         return [_row(r, _decode_json) for r in rows]
@@ -379,7 +432,7 @@ class Store:
         """A query of the caller's own: invariant checks in tests, one-off tools."""
         return await self._all(sql, **values)
 
-    async def _one(self, sql: str, **values) -> dict | None:
+    async def _one(self, sql: str, **values) -> Any:
         rows = await self._all(sql, **values)
         return rows[0] if rows else None
 
@@ -395,10 +448,10 @@ class Store:
                 raise UniqueViolation(str(exc)) from exc
             raise
 
-    async def _insert(self, table: str, row: dict[str, Any]) -> None:
+    async def _insert(self, table: str, row: Mapping[str, Any]) -> None:
         await self._insert_many(table, [row])
 
-    async def _insert_many(self, table: str, rows: list[dict[str, Any]], upsert_key: str | None = None,
+    async def _insert_many(self, table: str, rows: Sequence[Mapping[str, Any]], upsert_key: str | None = None,
                            kept: tuple[str, ...] = ()) -> None:
         """Insert ``rows`` as one batch; with ``upsert_key``, rows already there are updated
         (but for their ``kept`` columns, which other writers own)."""
@@ -426,11 +479,11 @@ class Store:
 
     # ---- hosts --------------------------------------------------------------------------
 
-    async def host(self, name: str, for_update: bool = False) -> dict | None:
+    async def host(self, name: str, for_update: bool = False) -> HostRow | None:
         return await self._one("SELECT * FROM hosts WHERE name = :name" + (self._for_update if for_update else ""),
                                name=name)
 
-    async def hosts(self) -> list[dict]:
+    async def hosts(self) -> list[HostRow]:
         return await self._all("SELECT * FROM hosts ORDER BY name")
 
     async def save_host(self, row: dict, new: bool) -> None:
@@ -466,11 +519,11 @@ class Store:
 
     # ---- devices ------------------------------------------------------------------------
 
-    async def device(self, name: str) -> dict | None:
+    async def device(self, name: str) -> DeviceFacts | None:
         """A device with its facts."""
         return await self._one(f"{_DEVICE_FACTS} WHERE d.name = :name", name=name)
 
-    async def devices(self) -> list[dict]:
+    async def devices(self) -> list[DeviceFacts]:
         """Every device with its facts (the holder and expiry of a live lease are public)."""
         return await self._all(f"{_DEVICE_FACTS} ORDER BY d.name")
 
@@ -486,7 +539,16 @@ class Store:
                               "AND needs_recovery IS NULL ORDER BY name LIMIT 1", c=device_class, n=other_than)
         return row["name"] if row else None
 
-    async def devices_of_host(self, host: str, in_transition_only: bool = False, decode_json: bool = True) -> list[dict]:
+    @overload
+    async def devices_of_host(self, host: str, in_transition_only: bool = False, *,
+                              decode_json: Literal[True] = True) -> list[DeviceFacts]: ...
+
+    @overload
+    async def devices_of_host(self, host: str, in_transition_only: bool = False, *,
+                              decode_json: Literal[False]) -> list[dict[str, Any]]: ...
+
+    async def devices_of_host(self, host: str, in_transition_only: bool = False,
+                              decode_json: bool = True) -> list[Any]:
         """The devices ``host`` owns or claims, with their facts; ``in_transition_only``: just
         those a report can move on (being reclaimed, or with a pending lease). Without
         ``decode_json``, JSON columns stay text (written back as they are)."""
@@ -500,7 +562,7 @@ class Store:
         rows = await self._all("SELECT name, report_digest FROM devices WHERE host = :host", host=host)
         return {r["name"]: r["report_digest"] for r in rows}
 
-    async def devices_named(self, names: list[str]) -> list[dict]:
+    async def devices_named(self, names: list[str]) -> list[DeviceFacts]:
         if not names:
             return []
         where, params = self._in("d.name", "names", names)
@@ -541,7 +603,7 @@ class Store:
         await self._insert_many("device_ring", [{**e, "slot": e["seq"] % RING_SLOTS} for e in entries],
                                 upsert_key="device, slot")
 
-    async def device_log(self, device: str) -> list[dict]:
+    async def device_log(self, device: str) -> list[RingRow]:
         return await self._all("SELECT * FROM device_ring WHERE device = :d ORDER BY seq", d=device)
 
     # ---- resources: which device owns an identifier ---------------------------------
@@ -563,32 +625,32 @@ class Store:
 
     # ---- leases -------------------------------------------------------------------------
 
-    async def insert_lease(self, row: dict) -> None:
+    async def insert_lease(self, row: LeaseRow) -> None:
         await self._insert("leases", row)
 
-    async def lease(self, lease_id: str) -> dict | None:
+    async def lease(self, lease_id: str) -> LeaseRow | None:
         return await self._one("SELECT * FROM leases WHERE id = :id", id=lease_id)
 
     _LEASE_VIEW = ("SELECT l.*, d.state AS device_state, d.host AS device_host, d.resources, d.needs_recovery, "
                    "h.online AS host_online, h.link_lost AS host_link_lost, h.services AS host_services, "
-                   "f.id AS flashing FROM leases l "
+                   "o.id AS op_id, o.kind AS op_kind FROM leases l "
                    "JOIN devices d ON d.name = l.device LEFT JOIN hosts h ON h.name = d.host "
-                   f"LEFT JOIN flash_ops f ON f.device = l.device AND f.state IN {_LIVE_OP_SQL}")
+                   f"LEFT JOIN operations o ON o.device = l.device AND {_LIVE_EXCLUSIVE}")
 
     async def lease_holders(self, lease_ids: list[str]) -> dict[str, str]:
         """Lease id -> its holder, for ``lease_ids`` (those that exist)."""
         where, params = self._in("id", "ids", lease_ids)
         return {r["id"]: r["holder"] for r in await self._all(f"SELECT id, holder FROM leases WHERE {where}", **params)}
 
-    async def lease_view(self, lease_id: str) -> dict | None:
+    async def lease_view(self, lease_id: str) -> LeaseView | None:
         """A lease with what its answer shows: its device's state and resources, its host's services."""
         return await self._one(f"{self._LEASE_VIEW} WHERE l.id = :id", id=lease_id)
 
-    async def live_lease_views_of_holder(self, holder: str) -> list[dict]:
+    async def live_lease_views_of_holder(self, holder: str) -> list[LeaseView]:
         return await self._all(f"{self._LEASE_VIEW} WHERE l.holder = :h AND l.state IN {_LIVE_SQL} "
                                "ORDER BY l.created_at", h=holder)
 
-    async def last_lease_view(self, holder: str, device: str) -> dict | None:
+    async def last_lease_view(self, holder: str, device: str) -> LeaseView | None:
         """``holder``'s latest lease on ``device``, live or ended."""
         return await self._one(f"{self._LEASE_VIEW} WHERE l.holder = :h AND l.device = :d "
                                "ORDER BY l.created_at DESC LIMIT 1", h=holder, d=device)
@@ -598,7 +660,7 @@ class Store:
         rows = await self._all(f"SELECT state, COUNT(*) AS n FROM leases WHERE state IN {_LIVE_SQL} GROUP BY state")
         return {r["state"]: r["n"] for r in rows}
 
-    async def live_leases_of_holder(self, holder: str) -> list[dict]:
+    async def live_leases_of_holder(self, holder: str) -> list[LeaseRow]:
         return await self._all(f"SELECT * FROM leases WHERE holder = :h AND state IN {_LIVE_SQL} ORDER BY created_at",
                                h=holder)
 
@@ -608,7 +670,7 @@ class Store:
             "SELECT l.id, l.holder, l.device, l.secret, d.resources FROM leases l JOIN devices d ON d.name = l.device "
             f"WHERE d.host = :host AND d.present AND NOT d.retired AND l.state IN {_LIVE_SQL} ORDER BY l.id", host=host)
 
-    async def leases_past(self, column: str, states: tuple[str, ...], before: float) -> list[dict]:
+    async def leases_past(self, column: str, states: tuple[str, ...], before: float) -> list[LeaseRow]:
         marks = ", ".join(f"'{s}'" for s in states)
         return await self._all(f"SELECT * FROM leases WHERE state IN ({marks}) AND {column} < :before", before=before)
 
@@ -676,18 +738,26 @@ class Store:
 
     # ---- audit --------------------------------------------------------------------------
 
-    async def add_audit(self, row: dict) -> None:
-        await self._insert("audit", row)
+    async def add_audit(self, row: dict) -> int:
+        """Append to the audit log; the entry's id."""
+        if _CURRENT_TX.get() is None:
+            async with self.tx():
+                return await self.add_audit(row)
+        columns = ", ".join(row)
+        entry = await self._one(f"INSERT INTO audit ({columns}) VALUES ({', '.join(':' + c for c in row)}) "
+                                "RETURNING id", **row)
+        return entry["id"]
 
-    async def audit(self, limit: int = 100) -> list[dict]:
+    async def audit(self, limit: int = 100) -> list[AuditRow]:
         return await self._all("SELECT * FROM audit ORDER BY id DESC LIMIT :n", n=limit)
 
     # ---- idempotency keys -----------------------------------------------------------------
 
-    async def idempotency_key(self, caller: str, key: str) -> dict | None:
+    async def idempotency_key(self, caller: str, key: str) -> IdempotencyRow | None:
         return await self._one("SELECT * FROM idempotency WHERE caller = :c AND key = :k", c=caller, k=key)
 
-    async def save_idempotency_key(self, row: dict) -> None:
+    async def save_idempotency_key(self, row: IdempotencyRow) -> None:
+
         await self._insert("idempotency", row)
 
     async def drop_idempotency_keys_before(self, before: float) -> None:
@@ -695,36 +765,38 @@ class Store:
 
     # ---- API tokens (only their hashes are stored) ----------------------------------------
 
-    async def insert_token(self, row: dict) -> None:
+    async def insert_token(self, row: TokenRow) -> None:
         async with self.tx():
             await self._insert("tokens", row)
 
-    async def token(self, token_id: str) -> dict | None:
+    async def token(self, token_id: str) -> TokenRow | None:
         return await self._one("SELECT * FROM tokens WHERE id = :id", id=token_id)
 
-    async def token_by_hash(self, digest: str) -> dict | None:
+    async def token_by_hash(self, digest: str) -> TokenRow | None:
         return await self._one("SELECT * FROM tokens WHERE hash = :h", h=digest)
 
-    async def tokens(self) -> list[dict]:
+    async def tokens(self) -> list[TokenRow]:
         return await self._all("SELECT * FROM tokens ORDER BY created_at")
 
     async def revoke_token(self, token_id: str, now: float) -> None:
-        await self._exec("UPDATE tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL", now=now, id=token_id)
+        await self._exec("UPDATE tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL",
+                         now=now, id=token_id)
+
 
     # ---- the image registry ---------------------------------------------------------------
 
-    async def insert_image(self, row: dict) -> None:
+    async def insert_image(self, row: ImageRow) -> None:
         await self._insert("images", row)
 
-    async def image(self, sha256: str) -> dict | None:
+    async def image(self, sha256: str) -> ImageRow | None:
         """An image by its sha256 (never by its name: images.py says why)."""
         return await self._one("SELECT * FROM images WHERE sha256 = :s", s=sha256)
 
-    async def images_by_prefix(self, prefix: str) -> list[dict]:
+    async def images_by_prefix(self, prefix: str) -> list[ImageRow]:
         """Images whose sha256 starts with ``prefix`` (lower-case hex): a few, to name them."""
         return await self._all("SELECT * FROM images WHERE sha256 LIKE :p ORDER BY name LIMIT 5", p=prefix + "%")
 
-    async def images_named(self, name: str) -> list[dict]:
+    async def images_named(self, name: str) -> list[ImageRow]:
         """The images called ``name`` (one per target at most)."""
         return await self._all("SELECT * FROM images WHERE name = :n ORDER BY target", n=name)
 
@@ -752,9 +824,9 @@ class Store:
                                "(SELECT sha256 FROM images) RETURNING sha256", b=pinned_before)
         return [r["sha256"] for r in rows]
 
-    async def images(self, targets: list[str] | None = None) -> list[dict]:
+    async def images(self, targets: list[str] | None = None) -> list[ListedImage]:
         """Every image (or those for ``targets``), with the targets it is known-good for."""
-        rows = await self._all("SELECT * FROM images ORDER BY created_at DESC")
+        rows: list[ImageRow] = await self._all("SELECT * FROM images ORDER BY created_at DESC")
         good: dict[str, list[str]] = {}
         for mark in await self._all("SELECT DISTINCT sha256, target FROM known_good ORDER BY target"):
             good.setdefault(mark["sha256"], []).append(mark["target"])
@@ -764,7 +836,7 @@ class Store:
     async def mark_known_good(self, row: dict) -> None:
         await self._insert("known_good", row)
 
-    async def latest_known_good(self, target: str) -> dict | None:
+    async def latest_known_good(self, target: str) -> KnownGoodImage | None:
         return await self._one("SELECT i.*, k.at AS marked_at FROM known_good k JOIN images i ON i.sha256 = k.sha256 "
                                "WHERE k.target = :t ORDER BY k.id DESC LIMIT 1", t=target)
 
@@ -779,11 +851,12 @@ class Store:
         await self._exec("DELETE FROM known_good WHERE sha256 = :s", s=sha256)
         await self._exec("DELETE FROM images WHERE sha256 = :s", s=sha256)
 
-    async def images_unused_since(self, before: float) -> list[dict]:
+    async def images_unused_since(self, before: float) -> list[ImageRow]:
         """Images no target has as known-good, and that nothing used since ``before``."""
         return await self._all("SELECT * FROM images WHERE last_used_at < :b AND sha256 NOT IN "
-                               "(SELECT sha256 FROM known_good) AND sha256 NOT IN "
-                               f"(SELECT sha256 FROM flash_ops WHERE state IN {_LIVE_OP_SQL}) ORDER BY name", b=before)
+                               "(SELECT sha256 FROM known_good) AND sha256 NOT IN (SELECT image_sha256 FROM "
+                               f"operations WHERE image_sha256 IS NOT NULL AND state IN {_LIVE_OP_SQL}) ORDER BY name",
+                               b=before)
 
     async def known_good_targets(self, sha256: str) -> list[str]:
         return [r["target"] for r in await self._all("SELECT DISTINCT target FROM known_good WHERE sha256 = :s "
@@ -792,42 +865,49 @@ class Store:
     async def set_image_used(self, sha256: str, at: float) -> None:
         await self._exec("UPDATE images SET last_used_at = :at WHERE sha256 = :s", at=at, s=sha256)
 
-    # ---- flash operations -------------------------------------------------------------------
+    # ---- operations on devices --------------------------------------------------------------
 
-    async def insert_flash_op(self, row: dict) -> None:
-        await self._insert("flash_ops", row)
+    async def insert_operation(self, row: OperationRow) -> None:
+        await self._insert("operations", dict(row))
 
-    async def flash_op(self, op_id: str) -> dict | None:
-        return await self._one("SELECT o.*, h.online AS host_online FROM flash_ops o LEFT JOIN hosts h "
-                               "ON h.name = o.host WHERE o.id = :id", id=op_id)
+    _OPERATION_VIEW = "SELECT o.*, h.online AS host_online FROM operations o LEFT JOIN hosts h ON h.name = o.host"
 
-    async def flash_ops_of_device(self, device: str, limit: int) -> list[dict]:
-        return await self._all("SELECT o.*, h.online AS host_online FROM flash_ops o LEFT JOIN hosts h "
-                               "ON h.name = o.host WHERE o.device = :d ORDER BY o.created_at DESC LIMIT :n",
-                               d=device, n=limit)
+    async def operation(self, op_id: str) -> OperationView | None:
+        return await self._one(f"{self._OPERATION_VIEW} WHERE o.id = :id", id=op_id)
 
-    async def live_flash_uses(self, sha256: str, host: str | None = None) -> list[dict]:
-        """The live flashes that write image ``sha256`` (on ``host``)."""
+    async def operations_of_device(self, device: str, limit: int, kind: str | None = None) -> list[OperationView]:
+        """A device's latest operations (of ``kind``), newest first."""
+        of_kind = "" if kind is None else " AND o.kind = :k"
+        by_kind: dict[str, Any] = {"k": kind} if kind else {}
+        return await self._all(f"{self._OPERATION_VIEW} WHERE o.device = :d{of_kind} ORDER BY o.created_at DESC "
+                               "LIMIT :n", d=device, n=limit, **by_kind)
+
+    async def live_image_uses(self, sha256: str, host: str | None = None) -> list[OperationRow]:
+        """The live operations that write image ``sha256`` (on ``host``)."""
         on_host = "" if host is None else " AND host = :h"
-        return await self._all(f"SELECT * FROM flash_ops WHERE sha256 = :s AND state IN {_LIVE_OP_SQL}{on_host} "
-                               "ORDER BY created_at", s=sha256, **({"h": host} if host else {}))
+        by_host: dict[str, Any] = {"h": host} if host else {}
+        return await self._all(f"SELECT * FROM operations WHERE image_sha256 = :s AND state IN {_LIVE_OP_SQL}"
+                               f"{on_host} ORDER BY created_at", s=sha256, **by_host)
 
-    async def queued_flashes(self, host: str) -> list[dict]:
-        """The flashes ``host`` should begin (those it began are its own to finish)."""
-        return await self._all("SELECT * FROM flash_ops WHERE host = :h AND state = 'queued' ORDER BY created_at",
-                               h=host)
 
-    async def flash_ops_to_update(self, host: str, reported: list[str], restarted: bool, boot_id: str) -> list[dict]:
+    async def queued_operations(self, host: str) -> list[OperationRow]:
+        """The operations ``host`` should begin (those it began are its own to finish)."""
+        return await self._all("SELECT * FROM operations WHERE host = :h AND state = :q ORDER BY created_at",
+                               h=host, q=OperationState.QUEUED)
+
+    async def operations_to_update(self, host: str, reported: list[str], restarted: bool,
+                                   boot_id: str) -> list[OperationRow]:
         """The operations of ``host`` its report speaks of (an exporter speaks only for its
         own host), and after a restart of its exporter those it ran under an earlier boot."""
         where, params = self._in("id", "ids", reported)
         if restarted:
-            where += " OR (state = 'running' AND boot_id <> :boot)"
-            params["boot"] = boot_id
-        return await self._all(f"SELECT * FROM flash_ops WHERE host = :h AND ({where})", h=host, **params)
+            where += " OR (state = :running AND boot_id <> :boot)"
+            params |= {"boot": boot_id, "running": OperationState.RUNNING}
+        return await self._all(f"SELECT * FROM operations WHERE host = :h AND ({where})", h=host,
+                               **params)
 
-    async def update_flash_op(self, op_id: str, fields: dict) -> None:
-        await self._update("flash_ops", "id", op_id, fields)
+    async def update_operation(self, op_id: str, fields: dict[str, Any]) -> None:
+        await self._update("operations", "id", op_id, fields)
 
     async def device_classes(self) -> list[str]:
         return [r["class"] for r in await self._all("SELECT DISTINCT class FROM devices ORDER BY class")]
@@ -837,7 +917,7 @@ class Store:
     async def save_candidates(self, rows: list[dict]) -> None:
         await self._insert_many("candidates", rows, upsert_key="identifier")
 
-    async def candidates(self) -> list[dict]:
+    async def candidates(self) -> list[CandidateRow]:
         return await self._all(
             "SELECT c.*, a.name AS adopted_as FROM candidates c LEFT JOIN adoptions a ON a.identifier = c.identifier "
             "ORDER BY c.host, c.identifier")
@@ -845,10 +925,11 @@ class Store:
     async def candidate(self, identifier: str) -> dict | None:
         return await self._one("SELECT * FROM candidates WHERE identifier = :i", i=identifier)
 
-    async def insert_adoption(self, row: dict) -> None:
+    async def insert_adoption(self, row: AdoptionRow) -> None:
+
         await self._insert("adoptions", row)
 
-    async def adoptions_on_host(self, host: str) -> list[dict]:
+    async def adoptions_on_host(self, host: str) -> list[AdoptionRow]:
         return await self._all("SELECT * FROM adoptions WHERE host = :h ORDER BY identifier", h=host)
 
     # ---- forgetting what will not come back (admin forget) ------------------------------

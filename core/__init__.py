@@ -1,24 +1,19 @@
 """Shared mechanics of device-loop: the plugin contract, data model, processes, ports."""
+from .vocabulary import LIVE_LEASE_STATES, LIVE_OP_STATES  # noqa: F401 (the vocabulary, written once)
 
 #: Heartbeat protocol spoken between exporter and coordinator (``core/protocol.py``).
 #: Bump on an incompatible change; a coordinator refuses exporters of another version.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: operations of any kind (one carrier), endpoint roles, resources that serve no lease
 #: Device, host and user names: letters, digits, ``.``, ``_``, ``-``; at most 64 characters.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 #: Lease ids start with this; device names may not, so a name never reads as a lease.
 LEASE_PREFIX = "lease-"
-#: A lease in these states is live (it holds its device); every other state is final.
-LIVE_LEASE_STATES = ("pending", "active")
-#: The one resource kind the coordinator mediates (DESIGN §6): a flash target is never
-#: served to a lease holder; it is written only through a flash operation.
+
+
+#: The resource kind of flash targets, and the operation kind that writes an image to one.
 FLASH_KIND = "flash"
-#: Flash operation ids start with this.
+#: Operation ids start with this.
 OP_PREFIX = "op-"
-#: A flash operation in these states is live (a device has one at most); then done or failed.
-LIVE_OP_STATES = ("queued", "running")
-#: The phases of a flash in which its target is being changed: a flash that fails in one
-#: of them leaves the device needing recovery.
-WRITING_PHASES = ("writing", "verifying")
 #: The event stream (``GET /api/v1/events``) sends at least a keepalive this often.
 EVENTS_KEEPALIVE_S = 15.0
 

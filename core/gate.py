@@ -41,6 +41,8 @@ import stat
 import sys
 import threading
 import urllib.parse
+from typing import Any, Mapping
+
 
 from .ports import inherited_listener
 from .process import python_module
@@ -117,7 +119,7 @@ def _capability(line: bytes, secret: bytes) -> bytes | None:
 
 
 async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: bytes,
-                    request: bytes, lifeline: int) -> None:
+                    request: bytes | None, lifeline: int) -> None:
     """Client -> service through an HTTP endpoint's gate: each request's line (``request``,
     checked already, then the next ones) with its capability taken out; a websocket upgrade
     makes the rest a plain relay. A request without the capability, or after the exporter
@@ -142,7 +144,9 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes,
 
     async def handle(reader, writer):
         task = asyncio.current_task()
+        assert task is not None  # (the server runs each connection's handler in a task of its own)
         live.add(task)
+
         try:
             await admit(reader, writer)
         finally:
@@ -198,9 +202,12 @@ def gate_service(host, resource, lease, service):
                 "--lifeline", "{lifeline}", "--grace", f"{grace:g}", *(["--http"] if http else [])]
         front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
                                         protocol=endpoint.protocol, params=endpoint.params,
-                                        env={**os.environ, SECRET_ENV: lease.secret}, command=endpoint.command)
-        gated += [dataclasses.replace(e, kind=endpoint.kind, env=endpoint.env, url=_gated_url(endpoint, e, lease.secret))
+                                        env={**os.environ, SECRET_ENV: lease.secret}, command=endpoint.command,
+                                        role=endpoint.role)
+        gated += [dataclasses.replace(e, kind=endpoint.kind, env=endpoint.env,
+                                      url=_gated_url(endpoint, e, lease.secret))
                   for e in front.endpoints]
+
         service.processes += front.processes
     service.endpoints = gated
     return service
@@ -257,7 +264,7 @@ class LocalForward:
     closed. ``.endpoint`` is where to connect instead. Anyone on this machine may use the
     port while it is open: keep it open no longer than needed."""
 
-    def __init__(self, endpoint: dict, secret: str):
+    def __init__(self, endpoint: Mapping[str, Any], secret: str):
         listener = socket.create_server(("127.0.0.1", 0))
         self.endpoint = {**endpoint, "host": "127.0.0.1", "port": listener.getsockname()[1]}
         self._loop = asyncio.new_event_loop()

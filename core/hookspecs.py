@@ -42,13 +42,25 @@ def devloop_shutdown(host):
 
 
 @hookspec(firstresult=True)
-def devloop_check_config(host, entry):
-    """Say what is wrong with one of this plugin's config entries (a
-    :class:`ConfiguredResource`), or ``None`` when nothing is.
+def devloop_config_model():
+    """Return the model of this plugin's config entries: a subclass of
+    :class:`PluginConfig` (the class, not an object).
 
-    Asked for an entry the plugin's discovery did not find: the reason ("relay_serial is
-    missing") is shown by ``device-loop hosts`` instead of "not plugged in, or a typo".
-    Read-only, like discovery.
+    The exporter parses each ``[[devices.resources]]`` entry that names the plugin with it
+    when it loads its config, and refuses to start on an unknown key or a bad value, naming
+    the file, the entry and the key. Hooks then find the parsed entries in
+    ``host.entries`` (``entry.config``). Without this hook a plugin takes no keys.
+    """
+
+
+@hookspec(firstresult=True)
+def devloop_check_config(host, entry):
+    """Say why one of this plugin's config entries (a :class:`ConfiguredResource`, which
+    its model accepted) was not found, or ``None`` for "not plugged in, or a typo".
+
+    Asked for an entry the plugin's discovery did not find, for what a model cannot tell
+    without looking at the host ("no USB adapter with serial A10K3XYZ is plugged in"):
+    ``device-loop hosts`` shows the reason. Read-only, like discovery.
     """
 
 
@@ -57,7 +69,7 @@ def devloop_discover(host):
     """Return the resources of this plugin's kind present on this host.
 
     A list of :class:`Resource` (``None`` means none). Read-only: look at sysfs (under
-    ``host.sysfs_root``), ``host.configured(...)`` entries and files, never spawn a
+    ``host.sysfs_root``), the plugin's config entries (``host.entries``) and files, never spawn a
     process, never open a device (opening a UART toggles DTR and resets boards); a test
     fails if a built-in does. Identifiers must be stable across replugs and reboots (USB
     serial, MAC, ...). A discovery that raises keeps the plugin's last good result: a
@@ -95,22 +107,34 @@ def devloop_start(host, resource, lease):
 
 
 @hookspec(firstresult=True)
-def devloop_flash(host, resource, image, progress):
-    """Write ``image`` to the flash target ``resource`` and check it where it can be read back.
+def devloop_operations(host, resource):
+    """Say which operations the plugin runs on ``resource``: a list of
+    :class:`OperationKind` (``None``: none).
 
-    Only for resources of kind ``flash``, which the coordinator never serves to a lease:
-    they are written through mediated flash operations alone. ``image`` is a
-    :class:`FlashImage`, a local file whose sha256 the exporter verified. Call
-    ``progress(phase, done_bytes)`` as the work goes on (``phase``: ``"writing"`` or
-    ``"verifying"``). Return a short sentence of what was done ("written and verified by
-    read-back"); raise :class:`FlashError` with the reason. The device is marked as needing
-    recovery when this raises, unless the error says the target was not touched
-    (``FlashError(why, changed=False)``: it could not be opened). How to write (a block
-    device, fastboot, a command) comes from the resource's config, never from the request.
+    Asked when the resource is reported; the coordinator lets a lease's holder (or an
+    admin) start only these kinds on the device, and passes an operation to the plugin
+    whose resource declared its kind. Read-only and cheap, like discovery.
+    """
 
-    Runs in a worker thread, beside the heartbeats, one flash at a time per device. It
-    must end: a program it runs gets a timeout and, past it, its whole process group is
-    killed (``host.run_to_end(argv, name=..., timeout=...)`` does both).
+
+@hookspec(firstresult=True)
+def devloop_operate(host, resource, op):
+    """Run the operation ``op`` (an :class:`Operation`: ``kind``, ``args``, ``image``) on
+    ``resource``, and return when it has ended.
+
+    Return a short sentence of what was done, or a dict (JSON, bounded) of what it found,
+    whose ``"message"``, if any, is that sentence; raise :class:`OperationError` with the
+    reason. A failure counts as having changed the device unless the error says it did not
+    (``OperationError(why, changed=False)``: it could not even open it): a *destructive*
+    kind then leaves the device needing recovery. Check ``op.args`` yourself and refuse a
+    bad one with ``changed=False``. Call ``op.progress(phase, done, total, unit)`` as the
+    work goes on. What to touch (a block device, fastboot, a serial port) comes from the
+    resource's config, never from the args.
+
+    Runs in a thread of its own, beside the heartbeats; one exclusive operation a device at
+    a time. It must end: a program it runs gets a timeout and, past it, its whole process
+    group is killed (``host.run_to_end(argv, name=..., timeout=...)`` does both). If the
+    exporter dies meanwhile, its next start reports the operation as interrupted.
     """
 
 

@@ -1,8 +1,8 @@
 """What a plugin is told about the host it runs on."""
 from __future__ import annotations
 
+import dataclasses
 import socket
-from typing import Any, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +17,9 @@ class HostContext:
     """The exporter's host, as plugins see it.
 
     ``bind_address`` is where services listen; ``advertise_address`` is what endpoints
-    tell clients to dial (the host's tailnet name or address in a real lab).
+    tell clients to dial (the host's tailnet name or address in a real lab). ``entries``
+    are the config entries addressed to the plugin whose hook is called, each parsed by its
+    model (``entry.config``): the exporter hands each plugin its own view (``for_plugin``).
     """
 
     name: str
@@ -25,7 +27,7 @@ class HostContext:
     sysfs_root: Path = Path("/sys")
     bind_address: str = "127.0.0.1"
     advertise_address: str = "127.0.0.1"
-    configured_resources: list[ConfiguredResource] = field(default_factory=list)
+    entries: list[ConfiguredResource] = field(default_factory=list)
     processes: ProcessRegistry = None
 
     def __post_init__(self):
@@ -34,16 +36,10 @@ class HostContext:
         if self.processes is None:
             self.processes = ProcessRegistry(self.state_dir)
 
-    def configured(self, plugin: str) -> list[ConfiguredResource]:
-        """The config entries (``[[devices]]`` resources) that name ``plugin``."""
-        return [r for r in self.configured_resources if r.settings.get("plugin") == plugin]
-
-    def usable(self, plugin: str, known, parse: Callable[[dict], Any]) -> list[tuple[ConfiguredResource, Any]]:
-        """(entry, ``parse(entry.settings)``) for each entry of ``plugin`` that has no
-        ``ConfiguredResource.problem``: what discovery looks at (``devloop_check_config``
-        says why the others cannot be used)."""
-        return [(entry, parse(entry.settings)) for entry in self.configured(plugin)
-                if entry.problem(known, parse) is None]
+    def for_plugin(self, plugin: str) -> HostContext:
+        """This host as the hooks of ``plugin`` see it: the same host, with the entries
+        that name ``plugin`` alone (so no plugin spells its own name to find them)."""
+        return dataclasses.replace(self, entries=[e for e in self.entries if e.plugin == plugin])
 
     def listen(self) -> socket.socket:
         """A listening socket on a free port of ``bind_address``."""
@@ -54,14 +50,15 @@ class HostContext:
 
     def serve_on_free_port(self, argv: list[str], resource: Resource, lease: LeaseRef, *,
                            name: str, protocol: str = "raw", params: dict | None = None,
-                           env: dict | None = None, command: str | None = None) -> Service:
+                           env: dict | None = None, command: str | None = None, role: str | None = None) -> Service:
         """Start ``argv`` on a listening socket of a free port; ``{fd}`` in ``argv`` is its fd.
 
         The socket is bound before the process starts, so the endpoint accepts
         connections (queued by the kernel) the moment this returns, and no other process
         can take the port in between. ``{lifeline}`` in ``argv`` is the fd of the exporter's
         lifeline (``ProcessRegistry.lifeline``), for a process that must not outlive it.
-        ``env`` is the process's environment; ``command`` is the endpoint's (see ``Endpoint``).
+        ``env`` is the process's environment; ``command`` and ``role`` are the endpoint's (see
+        ``Endpoint``).
         """
         listener = self.listen()
         try:
@@ -75,12 +72,13 @@ class HostContext:
             port = listener.getsockname()[1]
         finally:
             listener.close()  # the child holds it now; our copy would keep the port bound
-        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol, params=params,
-                            command=command)
+        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol,
+                            params=params, command=command, role=role)
+
         return Service(endpoints=[endpoint], processes=[proc])
 
     def serve_in_thread(self, serve, resource: Resource, lease: LeaseRef, *, name: str, protocol: str = "raw",
-                        params: dict | None = None, command: str | None = None) -> Service:
+                        params: dict | None = None, command: str | None = None, role: str | None = None) -> Service:
         """Run ``serve(listener, stop_fd)`` in a thread of the exporter, on a listening socket
         of a free port; it must return once ``stop_fd`` is readable. For services that
         cost next to nothing (the simulated boards'); real devices get processes, which
@@ -88,10 +86,12 @@ class HostContext:
         listener = self.listen()
         server = ThreadServer(f"{name}-{resource.device}-{lease.id}", serve, listener)
         endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=listener.getsockname()[1],
-                            protocol=protocol, params=params, command=command)
+                            protocol=protocol, params=params, command=command, role=role)
         return Service(endpoints=[endpoint], processes=[server])
 
-    def run_to_end(self, argv: list[str], *, name: str, timeout: float, env: dict | None = None) -> tuple[int | None, str]:
+    def run_to_end(self, argv: list[str], *, name: str, timeout: float,
+                   env: dict | None = None) -> tuple[int | None, str]:
+
         """Run a program to its end: ``(exit code, output)``, the code None when it overstayed
         ``timeout`` and was killed with everything it forked (its process group). Recorded
         like a service's processes, so a crash of the exporter leaves nothing running unseen.

@@ -11,7 +11,8 @@ SUBSYSTEMS = ("tty", "usb")
 def watch_hotplug(wake: Callable[[], None]) -> str | None:
     """Call ``wake()`` on every tty or USB udev event, from a daemon thread.
 
-    Returns None when watching, or why it cannot (no libudev, no netlink here).
+    Returns None when watching (from then on: an event that comes after the return wakes),
+    or why it cannot (no libudev, no netlink here).
     """
     try:
         import pyudev
@@ -19,6 +20,9 @@ def watch_hotplug(wake: Callable[[], None]) -> str | None:
         monitor = pyudev.Monitor.from_netlink(pyudev.Context())
         for subsystem in SUBSYSTEMS:
             monitor.filter_by(subsystem)
+        # bound and subscribed here, not in the observer's thread: nothing sent after the
+        # return is missed, and a failure to bind is the answer rather than a dead thread
+        monitor.start()
         observer = pyudev.MonitorObserver(monitor, callback=lambda device: wake(), name="hotplug")
         observer.daemon = True
         observer.start()

@@ -5,6 +5,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .plugin_config import PluginConfig
+
 HEALTH_STATES = ("ok", "degraded", "failed")
 
 
@@ -12,16 +14,21 @@ class ServiceError(Exception):
     """A plugin could not start a service; the message says why, for the lease holder."""
 
 
-class FlashError(Exception):
-    """A flash backend failed; the message says why, for the one who asked for the flash.
+class OperationError(Exception):
+    """An operation failed; the message says why, for the one who asked for it.
 
-    ``changed=False`` says the target was not touched (it could not even be opened): the
-    device then does not need recovery. Leave it True whenever in doubt.
+    ``changed=False`` says the device was not touched (the target could not even be
+    opened): a destructive kind's failure then does not leave it needing recovery. Leave
+    it True whenever in doubt.
     """
 
     def __init__(self, message: str, changed: bool = True):
         super().__init__(message)
         self.changed = changed
+
+
+#: What a flash backend raised before flashes were operations like any other (API 1).
+FlashError = OperationError
 
 
 @dataclass(frozen=True)
@@ -41,12 +48,14 @@ class Resource:
     device_class: str = "generic"
     tags: tuple[str, ...] = ()
     node: str | None = None
-    config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    config: Any = field(default_factory=dict, compare=False, hash=False)  # its entry's PluginConfig, if any
     plugin: str = ""
     candidate: bool = False  # found on the network: an admin adopts it before anyone can book it
+    serves_lease: bool = True  # False: no service for a lease; reached only through operations (a flash target)
 
     def to_report(self) -> dict[str, Any]:
-        return {"kind": self.kind, "plugin": self.plugin, "identifier": self.identifier}
+        return {"kind": self.kind, "plugin": self.plugin, "identifier": self.identifier,
+                "service": self.serves_lease}
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,9 @@ class Health:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a client connects: ``kind`` is the resource kind (``uart``, ``adb``...).
+    """Where a client connects: ``kind`` is the resource kind (``uart``, ``adb``...), ``role``
+    what a client does with it (an ``EndpointRole``: ``device-loop console`` takes the
+    ``console`` endpoint whatever plugin serves it; a plugin of a new kind may name its own).
 
     ``command`` and ``env`` tell a client how to use it, so that a new kind needs no change
     outside its plugin: a ready-to-run command and environment exports, as templates
@@ -75,6 +86,7 @@ class Endpoint:
     port: int
     url: str | None = None
     protocol: str | None = None
+    role: str | None = None  # what a client does with it: an EndpointRole, or a plugin's own word
     params: dict[str, str | int] | None = None  # what a client needs to speak it: baud, serial...
     command: str | None = None
     env: dict[str, str] | None = None
@@ -110,7 +122,7 @@ class Service:
 
 @dataclass(frozen=True)
 class FlashImage:
-    """An image to write, as a flash backend gets it: a local file whose ``sha256`` the
+    """An image an operation writes, as its plugin gets it: a local file whose ``sha256`` the
     exporter checked (``name`` is the registry's, for messages)."""
 
     path: Path
@@ -120,30 +132,59 @@ class FlashImage:
 
 
 @dataclass(frozen=True)
+class OperationKind:
+    """An operation a plugin runs on one of its resources (``devloop_operations``).
+
+    ``args``: each argument it takes, with what it means (agents and ``--help`` read it).
+    ``exclusive``: it needs the device alone: a device runs one such operation at a time (the
+    database holds it to that). ``destructive``: a failure once it began leaves the device
+    needing recovery (a half-written flash)."""
+
+    kind: str
+    description: str = ""
+    args: dict[str, str] = field(default_factory=dict)
+    exclusive: bool = True
+    destructive: bool = False
+
+    def to_report(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Operation:
+    """One operation, as ``devloop_operate`` gets it: its ``kind``, who asked (``requester``),
+    its ``args`` (bounded scalars, unchecked: the plugin checks them, ``OperationError`` on
+    a bad one), and ``image`` when it writes one of the registry (fetched and verified).
+    ``progress(phase, done, total, unit)`` says how it goes."""
+
+    id: str
+    kind: str
+    device: str
+    requester: str
+    args: dict[str, Any]
+    image: FlashImage | None = None
+    report_progress: Callable[[str, int | None, int | None, str], None] = field(
+        default=lambda phase, done, total, unit: None, repr=False)
+
+    def progress(self, phase: str, done: int | None = None, total: int | None = None, unit: str = "") -> None:
+        """The phase it is in (a word: ``writing``), and how far (``done`` of ``total`` ``unit``)."""
+        self.report_progress(phase, done, total, unit)
+
+
+@dataclass(frozen=True)
 class ConfiguredResource:
-    """One ``[[devices.resources]]`` entry of the exporter config, for its plugin."""
+    """One ``[[devices.resources]]`` entry of the exporter config, as its plugin finds it in
+    ``host.entries``: ``config`` is the entry parsed by the plugin's model (its
+    ``PluginConfig``), which the exporter checked when it loaded its config."""
 
     device: str
     device_class: str
     tags: tuple[str, ...]
-    settings: dict[str, Any] = field(hash=False, compare=False)
-
-    def problem(self, known, parse: Callable[[dict], Any]) -> str | None:
-        """Why this entry cannot be used, or None: a key not among ``known`` (a misspelt one),
-        or the ``ValueError`` that ``parse(settings)`` raises. For discovery (skip the entry)
-        and ``devloop_check_config`` (say why) alike."""
-        unknown = sorted(set(self.settings) - set(known) - {"plugin"})
-        if unknown:
-            return f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} (the keys: " \
-                   f"{', '.join(sorted(known))})"
-        try:
-            parse(self.settings)
-        except ValueError as exc:
-            return str(exc)
-        return None
+    plugin: str
+    config: PluginConfig = field(hash=False, compare=False)
 
     def resource(self, kind: str, identifier: str, node: str | None = None) -> Resource:
-        """The discovered resource for this entry."""
+        """The discovered resource for this entry (its ``config`` is the entry's)."""
         return Resource(device=self.device, kind=kind, identifier=identifier,
                         device_class=self.device_class, tags=self.tags, node=node,
-                        config=self.settings)
+                        config=self.config)

@@ -18,6 +18,7 @@ import pluggy
 
 from . import hookspecs
 from .hookspecs import PROJECT, hookimpl
+from .plugin_config import PluginConfig
 
 ENTRY_POINT_GROUP = "device_loop"
 #: A comma-separated list of the plugins to load (all installed ones when unset), as
@@ -35,10 +36,23 @@ class _Defaults:
             proc.stop()
         return True
 
+    @hookimpl(trylast=True)
+    def devloop_config_model(self):
+        return PluginConfig  # a plugin that declares no model takes no keys
+
 
 def wanted_by_environment() -> set[str] | None:
     value = os.environ.get(LOAD_ENV)
     return None if value is None else {name.strip() for name in value.split(",") if name.strip()}
+
+
+def model_problem(model) -> str | None:
+    """What is wrong with what a plugin's ``devloop_config_model`` returned, or None."""
+    if not (isinstance(model, type) and issubclass(model, PluginConfig)):
+        return f"devloop_config_model returned {model!r}, not a subclass of PluginConfig"
+    if model.model_config.get("extra") != "forbid":
+        return f"its config model {model.__name__} lets unknown keys in (extra must stay \"forbid\")"
+    return None
 
 
 def hook_problems(plugin) -> list[str]:
@@ -97,9 +111,30 @@ class PluginSet:
         return [name for name, _ in self._registered() if name != "defaults"]
 
     def call(self, plugin: str, hook: str, **kwargs):
-        """Call ``hook`` of one plugin (with the defaults as fallback)."""
+        """Call ``hook`` of one plugin (with the defaults as fallback). The ``host`` it is
+        handed becomes that plugin's view of it, with its own config entries alone."""
+        if "host" in kwargs:
+            kwargs["host"] = kwargs["host"].for_plugin(plugin)
         others = [p for name, p in self._registered() if name not in (plugin, "defaults")]
         return self.pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+
+    def config_models(self) -> dict[str, type[PluginConfig]]:
+        """The model of each loaded plugin's config entries (``devloop_config_model``). A
+        plugin whose answer is not a ``PluginConfig`` that refuses unknown keys is skipped
+        with the reason, as one that fails to import is: its entries cannot be checked."""
+        models = {}
+        for name in self.names():
+            try:
+                model = self.call(name, "devloop_config_model")
+                problem = model_problem(model)
+            except Exception as exc:
+                problem = f"devloop_config_model crashed: {exc!r}"
+            if problem:
+                self.skipped.append({"name": name, "reason": problem})
+                self.unregister(name)
+            else:
+                models[name] = model
+        return models
 
     def implements(self, plugin: str, hook: str) -> bool:
         """Whether ``plugin`` is loaded and has ``hook`` itself (not by a fallback)."""

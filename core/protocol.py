@@ -10,12 +10,14 @@ can be stolen, and what it reports is served to anyone who reads the board.
 from __future__ import annotations
 
 import ipaddress
+import json
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from . import LEASE_PREFIX, NAME_PATTERN
 from .usage import template_problem
+from .vocabulary import EndpointRole, HealthStatus, OperationState
 
 MAX_DEVICES_PER_REPORT = 1000
 MAX_RESOURCES_PER_DEVICE = 32
@@ -27,6 +29,10 @@ MAX_PLUGINS = 256
 MAX_NAME_CHARS = 64
 MAX_COMMAND_CHARS = 1000  # of a holder's command line
 MAX_REASON_CHARS = 2000
+MAX_OPERATION_KINDS = 16  # a resource serves
+MAX_ARGS = 32             # of an operation
+MAX_ARG_CHARS = 4096      # of one argument's text
+MAX_RESULT_BYTES = 64 << 10  # an operation's result, as JSON (a boot log, say)
 #: What an endpoint's host and an exporter's address may be: a DNS name, an IPv4 or an IPv6
 #: address (no user, path or port: the coordinator builds URLs from it).
 HOST_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45})$"
@@ -40,9 +46,20 @@ Template = Annotated[str, StringConstraints(max_length=500)]
 ParamName = Annotated[str, StringConstraints(max_length=32, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")]
 EnvName = Annotated[str, StringConstraints(max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 ParamValue = Annotated[str, StringConstraints(max_length=255)] | Annotated[int, Field(ge=-2**63, le=2**63 - 1)]
-
-HealthStatus = Literal["ok", "degraded", "failed"]
-FlashPhase = Literal["fetching", "writing", "verifying"]
+#: Operation kinds and phases (``capture-boot-log``, ``writing``): words a CLI and an agent type.
+Word = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=r"^[a-z][a-z0-9-]{0,31}$")]
+ArgName = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=r"^[a-z_][a-z0-9_]{0,31}$")]
+ArgValue = (Annotated[str, StringConstraints(max_length=MAX_ARG_CHARS)] | bool
+            | Annotated[int, Field(ge=-2**63, le=2**63 - 1)] | float | None)
+Sha256 = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
+# An operation's result: an object of scalars, lists of scalars, or objects of scalars (a boot
+# log, a list of readings, a table of them), bounded here and in all (MAX_RESULT_BYTES)
+ResultScalar = (Annotated[str, StringConstraints(max_length=MAX_RESULT_BYTES)] | bool
+                | Annotated[int, Field(ge=-2**63, le=2**63 - 1)] | float | None)
+ResultValue = (ResultScalar | Annotated[list[ResultScalar], Field(max_length=4096)]
+               | Annotated[dict[ArgName, ResultScalar], Field(max_length=256)])
+#: What an operation's caller passes it: a flat object of bounded scalars.
+Args = Annotated[dict[ArgName, ArgValue], Field(max_length=MAX_ARGS)]
 
 
 class Strict(BaseModel):
@@ -64,8 +81,10 @@ def check_device_name(name: str) -> str:
 
 
 class EndpointReport(Strict):
-    """Where a client connects; ``kind`` is the resource kind (``uart``, ``adb``...)."""
+    """Where a client connects; ``kind`` is the resource kind (``uart``, ``adb``...), ``role``
+    what a client does with it (``EndpointRole``; a plugin of a new kind may name its own)."""
     kind: str = Field(min_length=1, max_length=32)
+    role: Word | None = Field(default=None, description=f"what it is for: {', '.join(EndpointRole)} or a plugin's own")
     host: str = Field(min_length=1, max_length=255, pattern=HOST_PATTERN)
     port: int = Field(ge=1, le=65535)
     url: str | None = Field(default=None, max_length=2048)
@@ -87,12 +106,25 @@ class EndpointReport(Strict):
         return self
 
 
+class OperationKindReport(Strict):
+    """An operation a resource's plugin runs on it (``devloop_operations``)."""
+    kind: Word
+    description: str = Field(default="", max_length=500)
+    args: dict[ArgName, Annotated[str, StringConstraints(max_length=200)]] = Field(
+        default_factory=dict, max_length=MAX_ARGS, description="each argument it takes, with what it means")
+    exclusive: bool = Field(default=True, description="needs the device alone: one such operation a device at a time")
+    destructive: bool = Field(default=False, description="a failure once it began leaves the device needing recovery")
+
+
 class ResourceReport(Strict):
     kind: str = Field(min_length=1, max_length=32)
     plugin: str = Field(min_length=1, max_length=64)
     identifier: str = Field(min_length=1, max_length=255)
-    health: HealthStatus = "ok"
+    health: HealthStatus = HealthStatus.OK
     reason: str = Field(default="", max_length=1000)
+    service: bool = Field(default=True, description="a lease gets a service of it (a flash target: no, it is "
+                                                    "written only through operations)")
+    operations: list[OperationKindReport] = Field(default_factory=list, max_length=MAX_OPERATION_KINDS)
 
 
 class Holder(Strict):
@@ -124,18 +156,35 @@ class ServiceReport(Strict):
     error: str | None = Field(default=None, max_length=2000)
 
 
-class FlashReport(Strict):
-    """A flash the exporter runs, or finished and has not had acknowledged yet (a
+class Progress(Strict):
+    done: int = Field(default=0, ge=0, le=2**63 - 1)
+    total: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    unit: str = Field(default="", max_length=16, description="bytes, lines, steps...")
+
+
+class OperationReport(Strict):
+    """An operation the exporter runs, or finished and has not had acknowledged yet (a
     heartbeat that carried its result was answered)."""
-    op: str = Field(min_length=1, max_length=64)
-    device: str = Field(min_length=1, max_length=64)
-    state: Literal["running", "done", "failed"]
-    phase: FlashPhase
-    done_bytes: int = Field(default=0, ge=0, le=2**63 - 1)
-    message: str = Field(default="", max_length=2000)
-    seconds: dict[FlashPhase, float] = Field(default_factory=dict, max_length=3,
-                                             description="how long each phase took so far")
-    changed: bool = Field(default=False, description="the target may have been changed (its backend began)")
+    op: Name
+    device: Name
+    kind: Word
+    state: Literal[OperationState.RUNNING, OperationState.DONE, OperationState.FAILED]
+    phase: Word
+    progress: Progress = Field(default_factory=Progress)
+    message: Reason = ""
+    seconds: dict[Word, float] = Field(default_factory=dict, max_length=16,
+                                       description="how long each phase took so far")
+    result: dict[ArgName, ResultValue] | None = Field(default=None, max_length=MAX_ARGS,
+                                                    description=f"what it found, as JSON ({MAX_RESULT_BYTES} bytes "
+                                                                "at most)")
+    changed: bool = Field(default=False, description="the device may have been changed (its plugin began)")
+
+    @field_validator("result")
+    @classmethod
+    def _small(cls, result):
+        if result is not None and len(json.dumps(result)) > MAX_RESULT_BYTES:
+            raise ValueError(f"a result may take {MAX_RESULT_BYTES} bytes of JSON at most")
+        return result
 
 
 class CandidateReport(Strict):
@@ -181,7 +230,7 @@ class Heartbeat(Strict):
                                 description="lease ids of the desired state last converged to")
     stopping: bool = Field(default=False, description="the exporter's last report: it is going away")
     candidates: list[CandidateReport] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
-    flashes: list[FlashReport] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
+    operations: list[OperationReport] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
     address: str | None = Field(default=None, max_length=255, pattern=HOST_PATTERN,
                                 description="the host's own address (its advertise_address): every endpoint "
                                             "is there, and the coordinator fetches a camera's snapshot only there")
@@ -228,22 +277,30 @@ class Adoption(Strict):
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
 
 
-class DesiredFlash(Strict):
-    """A flash the exporter should run: write image ``sha256`` to a device's flash target."""
+class ImageRef(Strict):
+    """An image of the registry an operation writes: the exporter fetches it (sha256-checked)."""
+    sha256: Sha256
+    size: int = Field(ge=0, le=2**63 - 1)
+    name: Name
+
+
+class DesiredOperation(Strict):
+    """An operation the exporter should begin on a resource of one of its devices."""
     op: Name
+    kind: Word
     device: Name
     identifier: Identifier
     plugin: Name
-    sha256: Name
-    size: int
-    image: Identifier
+    requester: Identifier = Field(description="who asked for it (person, agent or admin)")
+    args: Args = Field(default_factory=dict)
+    image: ImageRef | None = None
 
 
 class DesiredState(Strict):
     """The heartbeat's answer (and the long-poll's): what this host should run."""
     services: list[DesiredService] = Field(default_factory=list,
                                            max_length=MAX_DEVICES_PER_REPORT * MAX_RESOURCES_PER_DEVICE)
-    flashes: list[DesiredFlash] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
+    operations: list[DesiredOperation] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
     adopted: list[Adoption] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT)
     etag: Name | None = None
     as_of: float = Field(default=0.0, description="coordinator time of the read: of two answers, the later wins")

@@ -19,6 +19,7 @@ from serial.rfc2217 import PortManager
 from .model import Service
 from .ports import inherited_listener
 from .process import python_module
+from .vocabulary import EndpointRole
 
 #: How a person uses a serial console endpoint (it speaks the lease gate where there is one).
 CONSOLE_COMMAND = "device-loop console {lease}"
@@ -179,8 +180,9 @@ def serve(listener: socket.socket, device: str, baud: int, framing: str, rfc2217
 
 
 def start_bridge(host, resource, lease, device: str, baud: int, framing: str = "8N1", rfc2217: bool = False,
-                 in_thread: bool = False) -> Service:
-    """Serve ``device`` on a free port of ``host`` for ``lease``: one endpoint, raw or RFC 2217.
+                 in_thread: bool = False, role: str = EndpointRole.CONSOLE) -> Service:
+    """Serve ``device`` on a free port of ``host`` for ``lease``: one endpoint, raw or RFC 2217,
+    a ``console`` unless ``role`` says otherwise.
 
     ``in_thread``: as a thread of the exporter rather than a process of its own (for
     the simulated boards, whose consoles live in the exporter too).
@@ -189,11 +191,11 @@ def start_bridge(host, resource, lease, device: str, baud: int, framing: str = "
     if in_thread:
         return host.serve_in_thread(lambda listener, stop_fd: serve(listener, device, baud, framing, rfc2217, stop_fd),
                                     resource, lease, name="bridge", protocol=protocol, params=params,
-                                    command=CONSOLE_COMMAND)
+                                    command=CONSOLE_COMMAND, role=role)
     argv = [*python_module("device_loop.core.serial_bridge"), "--fd", "{fd}", "--device", device,
             "--baud", str(baud), "--framing", framing] + (["--rfc2217"] if rfc2217 else [])
     return host.serve_on_free_port(argv, resource, lease, name="bridge", protocol=protocol, params=params,
-                                   command=CONSOLE_COMMAND)
+                                   command=CONSOLE_COMMAND, role=role)
 
 
 def main() -> None:

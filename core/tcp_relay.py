@@ -40,11 +40,13 @@ async def _relay(listener: socket.socket, target_host: str, target_port: int) ->
         await server.serve_forever()
 
 
-def start_relay(host, resource, lease, target: str, command: str | None = None, protocol: str = "raw") -> Service:
+def start_relay(host, resource, lease, target: str, command: str | None = None, protocol: str = "raw",
+                role: str | None = None) -> Service:
     """Relay a free port of ``host`` to ``target`` (``host:port``) for ``lease``; ``command``
-    tells clients how to use it, ``protocol`` what they speak there (see ``Endpoint``)."""
+    tells clients how to use it, ``protocol`` what they speak there, ``role`` what it is for
+    (see ``Endpoint``)."""
     argv = [*python_module("device_loop.core.tcp_relay"), "--fd", "{fd}", "--to", target]
-    return host.serve_on_free_port(argv, resource, lease, name="relay", command=command, protocol=protocol)
+    return host.serve_on_free_port(argv, resource, lease, name="relay", command=command, protocol=protocol, role=role)
 
 
 def main() -> None:

@@ -8,9 +8,10 @@ import serial
 
 from .gate import LocalForward
 from .serial_bridge import parse_framing
+from .usage import EndpointJSON
 
 
-def open_uart(endpoint: dict, baud: int | None = None, timeout: float = 0.1) -> serial.SerialBase:
+def open_uart(endpoint: EndpointJSON, baud: int | None = None, timeout: float = 0.1) -> serial.SerialBase:
     """A pyserial port on a UART endpoint, at the device's configured line settings
     (RFC 2217 sends them all when it opens) unless ``baud`` changes the speed."""
     params = endpoint.get("params") or {}
@@ -24,7 +25,8 @@ def open_uart(endpoint: dict, baud: int | None = None, timeout: float = 0.1) -> 
     return serial.serial_for_url(url, baudrate=speed, timeout=timeout, **settings)
 
 
-def exchange(endpoint: dict, send: bytes, wait_s: float, limit: int, secret: str | None = None) -> tuple[bytes, bool]:
+def exchange(endpoint: EndpointJSON, send: bytes, wait_s: float, limit: int,
+             secret: str | None = None) -> tuple[bytes, bool]:
     """Send ``send`` once and collect what comes back for ``wait_s`` seconds, at most
     ``limit`` bytes: (output, whether it was cut). ``secret``: the endpoint is gated."""
     with contextlib.ExitStack() as stack:

@@ -11,6 +11,13 @@ fails, and leaves what it does not know as it is (rows stored before that check)
 from __future__ import annotations
 
 import re
+from typing import Any, Mapping, Sequence
+
+from .vocabulary import EndpointRole
+
+#: An endpoint, and a lease, as the API answers them (JSON objects)
+EndpointJSON = Mapping[str, Any]
+LeaseJSON = Mapping[str, Any]
 
 #: The fields every endpoint's templates may name, besides the keys of its ``params``.
 TEMPLATE_FIELDS = ("host", "port", "url", "lease")
@@ -19,13 +26,13 @@ _PIECE = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _BRACES = {"{{": "{", "}}": "}"}
 
 
-def _fields(endpoint: dict, lease_id: str) -> dict[str, str]:
+def _fields(endpoint: EndpointJSON, lease_id: str) -> dict[str, str]:
     return {**{str(k): str(v) for k, v in (endpoint.get("params") or {}).items()},
             "host": str(endpoint.get("host", "")), "port": str(endpoint.get("port", "")),
             "url": str(endpoint.get("url") or ""), "lease": lease_id}
 
 
-def fill(template: str, endpoint: dict, lease_id: str) -> str:
+def fill(template: str, endpoint: EndpointJSON, lease_id: str) -> str:
     """``template`` with its fields replaced by the endpoint's values (a field it has no
     value for, or anything that is not a plain field, stays as it is)."""
     fields = _fields(endpoint, lease_id)
@@ -54,7 +61,7 @@ def template_problem(template: str, params_keys) -> str | None:
     return None
 
 
-def commands(lease: dict) -> list[str]:
+def commands(lease: LeaseJSON) -> list[str]:
     """Ready-to-run commands for a lease's endpoints (``device-loop forward`` first where the
     endpoints ask for the lease's secret)."""
     out = [f"device-loop forward {lease['id']}"] if lease.get("secret") and lease["endpoints"] else []
@@ -64,7 +71,7 @@ def commands(lease: dict) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def environment(lease: dict, endpoints: list[dict] | None = None) -> dict[str, str]:
+def environment(lease: LeaseJSON, endpoints: Sequence[EndpointJSON] | None = None) -> dict[str, str]:
     """The exports that point tools at a lease's endpoints (or at ``endpoints``, e.g. local
     forwards of them)."""
     env: dict[str, str] = {}
@@ -73,8 +80,13 @@ def environment(lease: dict, endpoints: list[dict] | None = None) -> dict[str, s
     return env
 
 
-def camera_urls(lease: dict) -> dict | None:
-    """The URLs of a lease's camera (the ``video`` plugin's endpoint), or None without one:
+def by_role(lease: LeaseJSON, role: str) -> list[EndpointJSON]:
+    """A lease's endpoints that serve ``role`` (an ``EndpointRole``), whatever plugin serves them."""
+    return [endpoint for endpoint in lease["endpoints"] if endpoint.get("role") == role]
+
+
+def camera_urls(lease: LeaseJSON) -> dict[str, str] | None:
+    """The URLs of a lease's camera (its ``http-stream`` endpoint), or None without one:
     ``page`` (shows the stream), ``stream`` (MJPEG) and ``snapshot`` (a JPEG)."""
     endpoint = camera_endpoint(lease)
     if endpoint is None or not endpoint.get("url"):
@@ -84,16 +96,16 @@ def camera_urls(lease: dict) -> dict | None:
             "snapshot": endpoint["url"] + params["snapshot"]}
 
 
-def camera_endpoint(lease: dict) -> dict | None:
-    """A lease's camera endpoint (the ``video`` plugin's), if it has one a client can use:
-    with the ``stream`` and ``snapshot`` paths in its ``params``."""
-    for endpoint in lease["endpoints"]:
+def camera_endpoint(lease: LeaseJSON) -> EndpointJSON | None:
+    """A lease's camera endpoint (``http-stream``), if it has one a client can use: with the
+    ``stream`` and ``snapshot`` paths in its ``params``."""
+    for endpoint in by_role(lease, EndpointRole.HTTP_STREAM):
         params = endpoint.get("params") or {}
-        if endpoint.get("kind") == "video" and all(isinstance(params.get(p), str) for p in ("stream", "snapshot")):
+        if all(isinstance(params.get(p), str) for p in ("stream", "snapshot")):
             return endpoint
     return None
 
 
-def screen_url(lease: dict) -> str | None:
-    """The browser viewer of a lease's screen (the ``vnc`` plugin's ``vnc-web`` endpoint), or None."""
-    return next((e.get("url") for e in lease["endpoints"] if e["kind"] == "vnc-web"), None)
+def screen_url(lease: LeaseJSON) -> str | None:
+    """The browser viewer of a lease's screen (its ``web-viewer`` endpoint), or None."""
+    return next((e.get("url") for e in by_role(lease, EndpointRole.WEB_VIEWER)), None)

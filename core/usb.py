@@ -52,7 +52,9 @@ def read_device(path: Path) -> UsbDevice | None:
     for child in sorted(path.parent.glob(f"{path.name}:*")) + sorted(path.glob(f"{path.name}:*")):
         if (child / "bInterfaceClass").exists():
             interfaces.append(UsbInterface(_attr(child, "bInterfaceNumber"), (
-                _attr(child, "bInterfaceClass"), _attr(child, "bInterfaceSubClass"), _attr(child, "bInterfaceProtocol"))))
+                _attr(child, "bInterfaceClass"), _attr(child, "bInterfaceSubClass"),
+                _attr(child, "bInterfaceProtocol"))))
+
     return UsbDevice(path=path, vendor=_attr(path, "idVendor"), product=_attr(path, "idProduct"),
                      serial=_attr(path, "serial"), manufacturer=_attr(path, "manufacturer"),
                      product_name=_attr(path, "product"), busnum=int(_attr(path, "busnum") or 0),

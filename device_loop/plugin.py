@@ -9,16 +9,21 @@ new ``API_VERSION``). ``docs/plugins.md`` describes each.
 from device_loop.core.hookspecs import hookimpl
 from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
-from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, FlashImage, Health, LeaseRef, Resource,
-                                    Service, ServiceError)
+from device_loop.core.plugin_config import PluginConfig
+from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, FlashImage, Health, LeaseRef, Operation,
+                                    OperationError, OperationKind, Resource, Service, ServiceError)
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
 from device_loop.core.process import python_module, run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
+from device_loop.core.vocabulary import EndpointRole
 
-#: Bumped when a name below goes away or changes meaning.
-API_VERSION = 1
+#: Bumped when a name below goes away or changes meaning. 2: ``devloop_flash`` became the
+#: ``flash`` kind of ``devloop_operate``; endpoints have a ``role``; config entries are
+#: parsed by the plugin's ``PluginConfig`` model and found in ``host.entries`` (not
+#: ``host.configured(name)``), ``entry.config`` and ``resource.config`` being that model.
+API_VERSION = 2
 
 __all__ = [
     "API_VERSION",
@@ -26,12 +31,15 @@ __all__ = [
     "hookimpl",
     # what hooks are handed and return
     "ConfiguredResource", "Endpoint", "Health", "HostContext", "LeaseRef", "Resource", "Service", "ServiceError",
-    # flash backends: what devloop_flash is handed, and raises
-    "FlashError", "FlashImage",
+    # operations: what devloop_operations declares, devloop_operate is handed and raises
+    # (FlashError is OperationError's old name; FlashImage, an image an operation writes)
+    "Operation", "OperationError", "OperationKind", "FlashError", "FlashImage",
+    # what an endpoint is for
+    "EndpointRole",
     # services, ready-made: a serial device as raw TCP or RFC 2217, a TCP relay
     "CONSOLE_COMMAND", "parse_framing", "start_bridge", "start_relay",
-    # config values as people write them: 90s, 10m, 1h30m
-    "parse_duration",
+    # config entries: the base of a plugin's model (devloop_config_model); values as people write them: 90s, 10m
+    "PluginConfig", "parse_duration",
     # ports and programs
     "inherited_listener", "port_is_free", "python_module", "run", "wait_port_free", "wait_port_open",
     # USB facts from sysfs (read-only, for discovery)

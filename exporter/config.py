@@ -5,14 +5,18 @@ import difflib
 import os
 import socket
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from device_loop.core import NAME_PATTERN
 from device_loop.core.model import ConfiguredResource
+from device_loop.core.plugin_config import PluginConfig
 from device_loop.core.protocol import HOST_PATTERN, MAX_TAGS, Tag, check_device_name, check_host
+
+from .hook_deadlines import DEFAULT_TIMEOUT_S as DEFAULT_HOOK_TIMEOUT_S
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:7420"
 
@@ -39,6 +43,7 @@ class ExporterSection(BaseModel):
     advertise_address: str | None = Field(default=None, pattern=HOST_PATTERN)
     token_file: Path | None = None
     image_cache_gib: float = Field(default=20.0, gt=0)
+    hook_timeout_s: float = Field(default=DEFAULT_HOOK_TIMEOUT_S, gt=0, le=600)  # discovery and health checks
 
     _addresses = field_validator("bind_address", "advertise_address")(check_host)
 
@@ -71,11 +76,29 @@ class DeviceEntry(BaseModel):
             raise ValueError("a device needs 'plugin' or at least one [[devices.resources]] entry")
         return self
 
-    def resource_settings(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[Entry]:
+        """Its resource entries as written: the shorthand's one, or each [[devices.resources]]."""
+        device_class, tags = self.device_class or "generic", tuple(self.tags)
         if self.plugin:
-            extra = dict(self.model_extra or {})
-            return [{"plugin": self.plugin, **extra}]
-        return [r.model_dump() for r in self.resources]
+            return [Entry(self.name, device_class, tags, self.plugin, dict(self.model_extra or {}),
+                          f"device {self.name!r}", shorthand=True)]
+        return [Entry(self.name, device_class, tags, r.plugin, dict(r.model_extra or {}),
+                      f"device {self.name!r}, resource {number}") for number, r in enumerate(self.resources, 1)]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One resource entry of the config as written, before its plugin's model parses it:
+    ``settings`` are its keys (``plugin`` aside), ``where`` says which entry it is (the
+    device, and which of its ``[[devices.resources]]``, counted from 1)."""
+
+    device: str
+    device_class: str
+    tags: tuple[str, ...]
+    plugin: str
+    settings: dict[str, Any]
+    where: str
+    shorthand: bool = False  # written in its [[devices]] table (plugin = ...), beside name, class and tags
 
 
 class ExporterConfig(BaseModel):
@@ -83,6 +106,7 @@ class ExporterConfig(BaseModel):
     exporter: ExporterSection = Field(default_factory=ExporterSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     devices: list[DeviceEntry] = Field(default_factory=list)
+    _source: str = PrivateAttr(default="config")
 
     @model_validator(mode="after")
     def _unique_names(self):
@@ -96,14 +120,14 @@ class ExporterConfig(BaseModel):
     def state_dir(self) -> Path:
         return (self.exporter.state_dir or default_state_dir(self.exporter.name)).expanduser()
 
-    def configured_resources(self) -> list[ConfiguredResource]:
-        out = []
-        for device in self.devices:
-            default_class = device.device_class or "generic"
-            for settings in device.resource_settings():
-                out.append(ConfiguredResource(device=device.name, device_class=default_class,
-                                              tags=tuple(device.tags), settings=settings))
-        return out
+    @property
+    def source(self) -> str:
+        """Where it was read from (its file): what its errors name."""
+        return self._source
+
+    def entries(self) -> list[Entry]:
+        """Every resource entry of every device, in the order of the file."""
+        return [entry for device in self.devices for entry in device.entries()]
 
 
 # The tables of a config as TOML writes them, and the models of those whose keys are fixed.
@@ -114,10 +138,12 @@ _FIXED_KEYS = {"exporter": ExporterSection, "plugins": PluginsSection}
 def parse_config(data: dict, source: str = "config") -> ExporterConfig:
     """Validate a config's data; a ``ConfigError`` names every problem, one a line."""
     try:
-        return ExporterConfig.model_validate(data)
+        config = ExporterConfig.model_validate(data)
     except ValidationError as exc:
         problems = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {_problem(e)}" for e in exc.errors())
         raise ConfigError(f"{source} is not a valid exporter config:\n{problems}") from None
+    config._source = source
+    return config
 
 
 def _problem(error: dict) -> str:
@@ -152,3 +178,45 @@ def load_config(path: str | os.PathLike) -> ExporterConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     return parse_config(data, str(path))
+
+
+# The keys a shorthand entry has beside its plugin's: a misspelt one is matched against them too.
+_DEVICE_KEYS = [field.alias or name for name, field in DeviceEntry.model_fields.items()
+                if name not in ("plugin", "resources")]
+
+
+def parse_entries(config: ExporterConfig, models: dict[str, type[PluginConfig]]) -> list[ConfiguredResource | None]:
+    """Each resource entry of ``config``, in its order, parsed by its plugin's model
+    (``models``: those of the plugins loaded here); None where its plugin has no model here
+    (not installed, left out, broken: its entries are reported as unserved). A ``ConfigError``
+    names each entry that does not fit: the file, the device and which of its resources,
+    the key, and for an unknown key the closest known one."""
+    parsed, problems = [], []
+    for entry in config.entries():
+        model = models.get(entry.plugin)
+        if model is None:
+            parsed.append(None)
+            continue
+        where = f"  {entry.where} (plugin {entry.plugin!r})"
+        try:
+            parsed.append(ConfiguredResource(entry.device, entry.device_class, entry.tags, entry.plugin,
+                                             model.model_validate(entry.settings)))
+        except ValidationError as exc:
+            problems += [f"{where}: {_entry_problem(e, model, entry)}" for e in exc.errors()]
+        except Exception as exc:  # a validator of the plugin's raised what pydantic does not catch
+            problems.append(f"{where}: its plugin's model broke on this entry ({exc!r})")
+    if problems:
+        raise ConfigError(f"{config.source} is not a valid exporter config:\n" + "\n".join(problems))
+    return parsed
+
+
+def _entry_problem(error: dict, model: type[PluginConfig], entry: Entry) -> str:
+    key = ".".join(map(str, error["loc"]))
+    if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+        known = [field.alias or name for name, field in model.model_fields.items()]
+        close = difflib.get_close_matches(key, known + (_DEVICE_KEYS if entry.shorthand else []), n=1)
+        hint = (f"did you mean {close[0]!r}?" if close else f"its keys are {', '.join(known)}" if known else
+                f"plugin {entry.plugin!r} takes no keys")
+        return f"unknown key {key!r}; {hint}"
+    message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    return f"{key}: {message}" if key else message

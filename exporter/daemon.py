@@ -5,6 +5,8 @@
 - The long-poll thread waits for the coordinator's desired state to change and hands it
   to the reconciler the moment it does: a new lease's services start within milliseconds.
 - The reconciler starts and stops services in worker threads, concurrently.
+- Operations (a flash, any kind a plugin declares) run in threads of their own
+  (``operations.py``); a stop waits for them, a crash leaves them marked as interrupted.
 
 Level-triggered throughout: each desired state is the whole of it, and the periodic
 heartbeat stays the source of truth.
@@ -23,17 +25,17 @@ from device_loop.core.model import Health, Resource
 from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import DesiredState, Heartbeat
 
-from .config import ExporterConfig
-from .flashing import Flasher
+from .config import ExporterConfig, parse_entries
 from .image_cache import ImageCache
 from .link import SUPERSEDED, CoordinatorLink
+from .operations import Operations
 from .orphans import OrphanWatch
 from .reconcile import Reconciler
 from .report import Reporter
 
 log = logging.getLogger("device_loop.exporter")
 LONG_POLL_S = 25.0
-FLASH_STOP_WAIT_S = 60.0  # a stop waits this long for running flashes; later, they count as interrupted
+OPERATION_STOP_WAIT_S = 60.0  # a stop waits this long for running operations; later, they count as interrupted
 # A report between scans goes at once, unless more starts and stops are in flight: then it
 # waits for them this long at most, so that a burst is reported in a few snapshots, not one each.
 REPORT_GAP_S = 0.01
@@ -50,15 +52,17 @@ class Exporter:
             name=self.name, state_dir=config.state_dir, sysfs_root=section.sysfs_root,
             bind_address=section.bind_address,
             advertise_address=section.advertise_address or section.bind_address,
-            configured_resources=config.configured_resources(),
         )
+        # each config entry as written, with what its plugin's model made of it (setup parses them)
+        self.entries = [(entry, None) for entry in config.entries()]
         self.link = CoordinatorLink(section.coordinator, self.name, section.token_file)
         orphans = OrphanWatch(config.state_dir)
-        self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex)
+        self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex,
+                                 section.hook_timeout_s)
         self.reconciler = Reconciler(self.host, self.plugins, orphans, gated_only=self.link.authenticated,
                                      on_change=self._changed)
         cache = ImageCache(config.state_dir / "images", int(section.image_cache_gib * (1 << 30)))
-        self.flasher = Flasher(self.host, self.plugins, cache, self.link.fetch_image, on_change=self._changed)
+        self.operations = Operations(self.host, self.plugins, cache, self.link.fetch_image, on_change=self._changed)
         self.wake = threading.Event()       # report now
         self.scan_due = threading.Event()   # ... after scanning the host again
         self.stopping = threading.Event()
@@ -98,28 +102,22 @@ class Exporter:
             self.reporter.scan(ours)
         return self.reporter.build(self.reconciler.services(), self.reconciler.applied, ours,
                                    self.reconciler.take_rechecks(), self.unserved(self.reporter.resources), stopping,
-                                   self.flasher.reports())
+                                   self.operations.reports())
 
     def heartbeat(self, scan: bool = False) -> DesiredState | None:
         """Send a snapshot; the desired state to converge to, or None to leave all as is."""
         report = self.report(scan)
         desired = self.link.heartbeat(report)
         if self.link.accepted:
-            self.flasher.acknowledged(report.flashes)
+            self.operations.acknowledged(report.operations)
         return desired
-
-    def reconcile(self, desired: DesiredState | dict, resources: list[Resource]) -> bool:
-        """Converge to ``desired`` and wait until done; True if anything changed."""
-        desired = DesiredState.model_validate(desired)
-        changed = self.reconciler.converge(desired.services, resources, retry=True)
-        self.reconciler.wait_idle()
-        self.reconciler.stop_strays()
-        return changed
 
     # ---- start and stop ---------------------------------------------------------------
 
     def setup(self) -> None:
-        """Stop what an earlier run left behind, pick the plugins this host can use."""
+        """Check the config entries against the plugins' models (``check_config``), stop
+        what an earlier run left behind, pick the plugins this host can use."""
+        self.check_config()
         for record in self.host.processes.stop_leftovers():
             log.warning("stopped leftover %s of lease %s from an earlier run", record["name"], record["lease"])
         for skipped in self.plugins.skipped:
@@ -144,20 +142,28 @@ class Exporter:
         for entry in self.unserved():
             log.warning("device %s will not be served: %s", entry["device"], entry["reason"])
 
+    def check_config(self) -> None:
+        """Parse each config entry with the model of its plugin, before anything is started
+        or stopped: a ``ConfigError`` names every entry that does not fit. The parsed entries
+        are what the plugins' hooks find in ``host.entries``."""
+        parsed = parse_entries(self.config, self.plugins.config_models())
+        self.entries = list(zip(self.config.entries(), parsed))
+        self.host.entries = [entry for entry in parsed if entry is not None]
+
     def unserved(self, found: list[Resource] | None = None) -> list[dict]:
         """Configured resources that nothing serves now, and why: their plugin is not
         loaded, or it did not find them (unplugged, or a typo in the entry)."""
         skipped = {s["name"]: s["reason"] for s in self.skipped}
         seen = {(r.device, r.plugin) for r in found or ()}
         out = []
-        for entry in self.host.configured_resources:
-            plugin = entry.settings["plugin"]
+        for entry, parsed in self.entries:
+            plugin = entry.plugin
             if plugin in skipped:
                 reason = f"plugin {plugin!r} is skipped: {skipped[plugin]}"
             elif plugin not in self.loaded:
                 reason = f"plugin {plugin!r} is not installed (or disabled in [plugins])"
             elif found is not None and (entry.device, plugin) not in seen:
-                problem = self._try(plugin, "config check", "devloop_check_config", host=self.host, entry=entry)
+                problem = self._try(plugin, "config check", "devloop_check_config", host=self.host, entry=parsed)
                 reason = (f"plugin {plugin!r}: {problem}" if problem else
                           f"plugin {plugin!r} does not find it (not plugged in, or a typo in its settings)")
             else:
@@ -175,17 +181,18 @@ class Exporter:
             return f"{what} crashed: {exc!r}"
 
     def shutdown(self) -> None:
-        """Stop every service and let running flashes finish, then tell the coordinator
+        """Stop every service and let running operations finish, then tell the coordinator
         this host is going away, so that nobody is handed endpoints that no longer answer."""
         self.reconciler.stop_all()
         self.host.processes.end_lifeline()  # the gates' authority ends here, stopped or not
-        for job in self.flasher.running():
-            log.warning("waiting for flash %s of %s to finish (at most %gs)", job.op, job.device, FLASH_STOP_WAIT_S)
-        self.flasher.wait(FLASH_STOP_WAIT_S)
+        for job in self.operations.running():
+            log.warning("waiting for %s %s of %s to finish (at most %gs)", job.kind, job.op, job.device,
+                        OPERATION_STOP_WAIT_S)
+        self.operations.wait(OPERATION_STOP_WAIT_S)
         last = self.report(stopping=True)
         self.link.heartbeat(last)
         if self.link.accepted:
-            self.flasher.acknowledged(last.flashes)
+            self.operations.acknowledged(last.operations)
         for name in self.loaded:
             self._try(name, "shutdown", "devloop_shutdown", host=self.host)
         self.link.close()
@@ -209,7 +216,7 @@ class Exporter:
             if desired.as_of < self._desired_as_of:
                 return False
             self._desired_as_of, self.etag = desired.as_of, desired.etag
-            self.flasher.converge(desired.flashes, self.reporter.resources)
+            self.operations.converge(desired.operations, self.reporter.resources, self.reporter.kinds)
             adoptions = {a.identifier: a for a in desired.adopted}
             if adoptions != self.reporter.adoptions:  # report the adopted devices at once
                 self.reporter.adoptions = adoptions

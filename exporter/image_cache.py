@@ -4,8 +4,9 @@ each, named by sha256 (DESIGN §6).
 A file enters the cache only once the bytes fetched hash to the sha256 asked for, and a
 cached file is hashed again before its first use by each start of the exporter (a crash
 or a power cut may have left it torn) and whenever it changed since (its size, time or
-inode), so nothing unverified is ever written to a device. A cached image is not fetched again: recovery is a local copy. The cache keeps
-under its size limit by dropping the images used least recently.
+inode), so nothing unverified is ever written to a device. A cached image is not fetched
+again: recovery is a local copy. The cache keeps under its size limit by dropping the
+images used least recently.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from device_loop.core.files import file_sha256
-from device_loop.core.model import FlashError
+from device_loop.core.model import OperationError
 
 log = logging.getLogger("device_loop.exporter")
 CHUNK = 1 << 20
@@ -97,6 +98,9 @@ class ImageCache:
                 progress(size)
                 return path
             self._fetch(path, sha256, size, fetch, progress)
+            # the kernel stamps a new file with its coarse clock (a tick behind): the fine one,
+            # as for a re-use, or a file fetched just after a re-use would look used before it
+            os.utime(path, ns=(time.time_ns(), path.stat().st_mtime_ns))
             self._verified[sha256] = _signature(path)
             self._shrink(keep=sha256)
             return path
@@ -133,7 +137,9 @@ class ImageCache:
                 for chunk in fetch():
                     got += len(chunk)
                     if got > size:
-                        raise FlashError(f"the coordinator sent more than the image's {size} bytes: nothing written")
+                        raise OperationError(
+                            f"the coordinator sent more than the image's {size} bytes: nothing written")
+
                     pieces.append(chunk)
                     held += len(chunk)
                     # pieces go on in groups, to the file in one writev and to the hasher in one hand-over:
@@ -146,10 +152,10 @@ class ImageCache:
             finally:
                 os.close(fd)
             if got != size:
-                raise FlashError(f"the coordinator sent {got} of the image's {size} bytes: nothing written")
+                raise OperationError(f"the coordinator sent {got} of the image's {size} bytes: nothing written")
             digest = hasher.result()
             if digest != sha256:
-                raise FlashError(f"the image's bytes as fetched hash to {digest}, not to its sha256 "
+                raise OperationError(f"the image's bytes as fetched hash to {digest}, not to its sha256 "
                                  f"{sha256}: the registry's copy is damaged; nothing written")
             os.chmod(partial, 0o444)
             os.replace(partial, path)
@@ -163,7 +169,7 @@ class ImageCache:
         for path in self.folder.iterdir():
             if not path.name.startswith("."):
                 stat = path.stat()
-                entries.append((stat.st_atime, stat.st_size, path))
+                entries.append((stat.st_atime_ns, stat.st_size, path))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= self.max_bytes:

@@ -11,7 +11,7 @@ from typing import Iterator
 
 import httpx2
 
-from device_loop.core.model import FlashError
+from device_loop.core.model import OperationError
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.tokens import load_token
 
@@ -53,7 +53,9 @@ class CoordinatorLink:
             return DesiredState.model_validate(answer)
         refusal = f"heartbeat refused ({response.status_code}): {answer.get('message', answer)}"
         if refusal != self._last_refusal:
-            log.error("%s%s", refusal, "; retrying every heartbeat period, quietly" if response.status_code < 500 else "")
+            quietly = "; retrying every heartbeat period, quietly" if response.status_code < 500 else ""
+            log.error("%s%s", refusal, quietly)
+
         self._last_refusal = refusal
         if answer.get("error") == "superseded_boot":
             return SUPERSEDED
@@ -91,11 +93,11 @@ class CoordinatorLink:
                         why = response.json().get("message", response.text)
                     except ValueError:
                         why = response.text[:200]
-                    raise FlashError(f"cannot fetch image {sha256} ({response.status_code}): {why}")
+                    raise OperationError(f"cannot fetch image {sha256} ({response.status_code}): {why}", changed=False)
                 # pieces as they arrive: re-cutting them to a fixed size costs httpx2 3x the transfer
                 yield from response.iter_bytes()
         except httpx2.HTTPError as exc:
-            raise FlashError(f"cannot fetch image {sha256} from {self.url}: {exc}") from None
+            raise OperationError(f"cannot fetch image {sha256} from {self.url}: {exc}", changed=False) from None
 
     def close(self) -> None:
         self._http.close()

@@ -88,7 +88,10 @@ class Reconciler:
                     continue
                 resource = self._resources.get(spec.identifier)
                 if resource is None:
-                    self._failed(key, spec.device, spec.kind, f"{spec.identifier} is not present on host {self.host.name}")
+                    self._failed(key, spec.device, spec.kind,
+                                 f"{spec.identifier} is not present on host {self.host.name}")
+                    continue
+                if not resource.serves_lease:  # reached through operations alone (a flash target)
                     continue
                 self._begin(key, self._start, key, resource, LeaseRef(spec.lease, spec.holder, spec.secret))
                 began = True
@@ -102,7 +105,9 @@ class Reconciler:
             return True
         now = self._resources.get(key[1])
         if now is not None and now.node != run.resource.node:
-            log.warning("%s moved from %s to %s (replugged); restarting its service", key[1], run.resource.node, now.node)
+            log.warning("%s moved from %s to %s (replugged); restarting its service", key[1], run.resource.node,
+                        now.node)
+
             return True
         return False
 

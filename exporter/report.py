@@ -9,16 +9,20 @@ just stopped looked at again for orphans) and the services as they are now.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+
+from pydantic import ValidationError
 
 from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.host import HostContext
-from device_loop.core.model import Health, Resource
+from device_loop.core.model import Health, OperationKind, Resource
 from device_loop.core.plugins import PluginSet
-from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_HOLDERS, MAX_NAME_CHARS, MAX_REASON_CHARS, Adoption,
-                                       CandidateReport, DeviceReport, FlashReport, Heartbeat, PluginsReport,
-                                       ServiceReport)
+from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_HOLDERS, MAX_NAME_CHARS, MAX_OPERATION_KINDS,
+                                       MAX_REASON_CHARS, Adoption, CandidateReport, DeviceReport, Heartbeat,
+                                       OperationKindReport, OperationReport, PluginsReport, ServiceReport)
 
+from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
 from .orphans import OrphanWatch
 
 log = logging.getLogger("device_loop.exporter")
@@ -26,14 +30,16 @@ log = logging.getLogger("device_loop.exporter")
 
 class Reporter:
     def __init__(self, host: HostContext, plugins: PluginSet, orphans: OrphanWatch, heartbeat_s: float,
-                 boot_id: str):
+                 boot_id: str, hook_timeout_s: float = DEFAULT_TIMEOUT_S):
         self.host, self.plugins, self.orphans = host, plugins, orphans
+        self.deadlines = HookDeadlines(hook_timeout_s)  # discovery and health: a hung hook stops no report
         self.heartbeat_s, self.boot_id = heartbeat_s, boot_id
         self.generation = 0
         self.loaded: list[str] = []
         self.skipped: list[dict] = []
         self.adoptions: dict[str, Adoption] = {}  # candidate identifier -> the device an admin made of it
         self.resources: list[Resource] = []
+        self.kinds: dict[str, list[OperationKindReport]] = {}  # identifier -> the operations its plugin runs on it
         self.candidates: list[Resource] = []
         self._last_found: dict[str, list[Resource]] = {}
         self.failing: dict[str, str] = {}  # plugin -> why its last discovery failed
@@ -44,15 +50,19 @@ class Reporter:
     def discover(self) -> list[Resource]:
         """Every resource of every loaded plugin (read-only; no process is spawned).
 
-        A plugin whose discovery fails keeps its last good result: a failure to look is
-        not evidence that the devices are gone (their leases would be torn down).
+        A plugin whose discovery fails or times out keeps its last good result: a failure
+        to look is not evidence that the devices are gone (their leases would be torn down).
         """
+        outcomes = self.deadlines.run({("devloop_discover", name): functools.partial(
+            self.plugins.call, name, "devloop_discover", host=self.host) for name in self.loaded})
         resources = []
         for name in self.loaded:
             try:
-                found = self.plugins.call(name, "devloop_discover", host=self.host) or []
+                found = outcomes[("devloop_discover", name)].result() or []
                 self._last_found[name] = [dataclasses.replace(r, plugin=name) for r in found]
                 self.failing.pop(name, None)
+            except HookTimedOut as exc:
+                self.failing[name] = f"discovery {exc}; serving what it found before"
             except Exception as exc:
                 log.exception("discovery of plugin %s failed; keeping what it found before", name)
                 self.failing[name] = f"discovery failed ({exc!r}); serving what it found before"
@@ -69,22 +79,57 @@ class Reporter:
                                    tags=tuple(adoption.tags), candidate=False)
 
     def health(self, resource: Resource) -> Health:
-        try:
-            return self.plugins.call(resource.plugin, "devloop_health", host=self.host, resource=resource) or Health()
-        except Exception as exc:
-            return Health("failed", f"health check crashed: {exc!r}")
+        return self.healths([resource])[resource.identifier]
+
+    def healths(self, resources: list[Resource]) -> dict[str, Health]:
+        """The health of each resource (by identifier), each check within the hook deadline:
+        one that times out makes its resource ``degraded``."""
+        def key(r: Resource) -> tuple:
+            return "devloop_health", r.plugin, r.identifier
+        outcomes = self.deadlines.run({key(r): functools.partial(
+            self.plugins.call, r.plugin, "devloop_health", host=self.host, resource=r) for r in resources})
+        healths = {}
+        for r in resources:
+            try:
+                healths[r.identifier] = outcomes[key(r)].result() or Health()
+            except HookTimedOut as exc:
+                healths[r.identifier] = Health("degraded", f"health check {exc}")
+            except Exception as exc:
+                healths[r.identifier] = Health("failed", f"health check crashed: {exc!r}")
+        return healths
+
+    def operation_kinds(self, resources: list[Resource]) -> dict[str, list[OperationKindReport]]:
+        """The operations each resource's plugin runs on it (``devloop_operations``, each call
+        within the hook deadline), as a report carries them. A plugin whose call fails, or
+        whose answer cannot be reported, keeps what it declared before and is listed as failing."""
+        def key(r: Resource) -> tuple:
+            return "devloop_operations", r.plugin, r.identifier
+        asked = [r for r in resources if self.plugins.implements(r.plugin, "devloop_operations")]
+        outcomes = self.deadlines.run({key(r): functools.partial(
+            self.plugins.call, r.plugin, "devloop_operations", host=self.host, resource=r) for r in asked})
+        kinds = {}
+        for r in asked:
+            try:
+                kinds[r.identifier] = _kind_reports(outcomes[key(r)].result())
+            except Exception as exc:  # raised, timed out, or answered what no report can carry
+                log.error("devloop_operations of plugin %s for %s: %s", r.plugin, r.identifier, exc)
+                kinds[r.identifier] = self.kinds.get(r.identifier, [])
+                self.failing.setdefault(r.plugin, f"devloop_operations for {r.identifier}: {exc}; offering what "
+                                                  "it declared before")
+        return kinds
 
     def scan(self, ours: set[int]) -> list[Resource]:
         """Discover, check health and look for orphans: the devices of the next reports."""
         self.resources = self.discover()
-        self._health = {r.identifier: self.health(r) for r in self.resources}
+        self._health = self.healths(self.resources)
+        self.kinds = self.operation_kinds(self.resources)
         self._busy = self.orphans.orphans(self.resources, ours)
         self._devices = None
         return self.resources
 
     def build(self, services: list[ServiceReport], applied: set[str], ours: set[int],
               recheck: set[str] = frozenset(), unserved: list[dict] = (), stopping: bool = False,
-              flashes: list[FlashReport] = ()) -> Heartbeat:
+              operations: list[OperationReport] = ()) -> Heartbeat:
         """The next snapshot: devices as last scanned (``recheck``: devices to look at
         again for orphans), with ``services`` as they run now."""
         if recheck:
@@ -104,7 +149,7 @@ class Reporter:
                                   failing=[{"name": n, "reason": r[:MAX_REASON_CHARS]}
                                            for n, r in sorted(self.failing.items())]),
             devices=self._devices, services=services,
-            applied=sorted(applied), flashes=list(flashes),
+            applied=sorted(applied), operations=list(operations),
             candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)
                         for c in self.candidates])
 
@@ -115,12 +160,31 @@ class Reporter:
             entry = devices.setdefault(r.device, {"name": r.device, "class": r.device_class, "tags": list(r.tags),
                                                   "resources": [], "busy_by": []})
             entry["resources"].append({"kind": r.kind, "plugin": r.plugin, "identifier": r.identifier,
-                                       "health": health.status, "reason": health.reason})
+                                       "health": health.status, "reason": health.reason, "service": r.serves_lease,
+                                       "operations": self.kinds.get(r.identifier, [])})
             entry["busy_by"] += self._busy.get(r.identifier, [])
         for entry in devices.values():  # the report's bounds: a java command line is long
             entry["busy_by"] = [{**h, "command": h["command"][:MAX_COMMAND_CHARS]}
                                 for h in entry["busy_by"][:MAX_HOLDERS]]
         return [DeviceReport.model_validate(d) for d in devices.values()]
+
+
+def _kind_reports(declared) -> list[OperationKindReport]:
+    """What ``devloop_operations`` answered, as a report carries it; ValueError says why it cannot be."""
+    declared = list(declared or [])
+    if len(declared) > MAX_OPERATION_KINDS:
+        raise ValueError(f"it declares {len(declared)} kinds; a resource may have {MAX_OPERATION_KINDS} at most")
+    if not all(isinstance(kind, OperationKind) for kind in declared):
+        raise ValueError(f"it answered {declared!r:.200}, not a list of OperationKind")
+    try:
+        reports = [OperationKindReport.model_validate(kind.to_report()) for kind in declared]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ValueError(f"a kind it declares cannot be reported ({'.'.join(map(str, first['loc']))}: "
+                         f"{first['msg']})") from None
+    if len({r.kind for r in reports}) < len(reports):
+        raise ValueError(f"it declares a kind twice ({', '.join(r.kind for r in reports)})")
+    return reports
 
 
 def _clipped(entry: dict) -> dict:

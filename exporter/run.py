@@ -12,6 +12,10 @@ from .config import ConfigError, load_config
 from .daemon import Exporter
 
 
+class ConfigRefused(click.ClickException):
+    """A config the exporter refuses (exit code 1: refused, as the README says)."""
+
+
 @click.command("exporter")
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, exists=True),
               help="exporter TOML config (see docs/exporter-config.md)")
@@ -22,11 +26,15 @@ def exporter_command(config_path):
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise ConfigRefused(str(exc)) from None
     try:
         exporter = Exporter(config)
     except TokenFileError as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        exporter.check_config()  # against the plugins' models, before it logs or serves anything
+    except ConfigError as exc:
+        raise ConfigRefused(str(exc)) from None
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: exporter.stop())
     logging.getLogger("device_loop.exporter").info(

@@ -9,8 +9,9 @@ import httpx2
 from device_loop.coordinator.app import create_app
 from device_loop.coordinator.rules import Settings
 from device_loop.core import PROTOCOL_VERSION
-from device_loop.core.protocol import (DeviceReport, EndpointReport, Heartbeat, Holder, PluginsReport,
-                                       ResourceReport, ServiceReport)
+from device_loop.core.protocol import (DeviceReport, EndpointReport, Heartbeat, Holder, OperationKindReport,
+                                       PluginsReport, ResourceReport, ServiceReport)
+from device_loop.core.vocabulary import HealthStatus
 
 
 class FakeClock:
@@ -85,9 +86,25 @@ async def _lab(url: str, single_user, tailnet_socket, tailnet_admins, settings):
 def device(name: str, identifier: str | None = None, health: str = "ok", busy_by=(), kind="uart") -> dict:
     """A device as an exporter reports it (unchecked: tests send bad ones too)."""
     resource = ResourceReport.model_construct(kind=kind, plugin="sim", identifier=identifier or f"sim:{name}",
-                                              health=health, reason="" if health == "ok" else "broken")
+                                              health=HealthStatus(health), reason="" if health == "ok" else "broken",
+                                              service=True, operations=[])
     return DeviceReport.model_construct(name=name, device_class="sim-board", tags=["sim"], resources=[resource],
                                         busy_by=[Holder.model_construct(**h) for h in busy_by]).model_dump(by_alias=True)
+
+
+def flash_target(name: str) -> dict:
+    """A device's flash target as the flash plugin reports it: no service for a lease, and the
+    one operation it runs, ``flash`` (destructive: a failure part-way needs recovery)."""
+    return ResourceReport(kind="flash", plugin="flash", identifier=f"flash:host-a:{name}", service=False,
+                          operations=[OperationKindReport(kind="flash", exclusive=True, destructive=True,
+                                                          description="write an image")]).model_dump()
+
+
+def board(name: str = "b0") -> dict:
+    """A board with a console and a flash target, as an exporter reports it."""
+    report = device(name)
+    report["resources"].append(flash_target(name))
+    return report
 
 
 class FakeExporter:

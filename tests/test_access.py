@@ -42,6 +42,7 @@ EXPECTED = {
     ("POST", "/api/v1/admin/images/{ref}/known-good"): "admin", ("POST", "/api/v1/admin/images/gc"): "admin",
     ("GET", "/api/v1/devices/{name}/flashes"): "anyone", ("GET", "/api/v1/hosts/{name}/images/{sha256}"): "exporter",
     ("POST", "/api/v1/leases/{lease_id}/flash"): "user", ("POST", "/api/v1/leases/{lease_id}/recover"): "user",
+    ("POST", "/api/v1/leases/{lease_id}/operations"): "user", ("GET", "/api/v1/devices/{name}/operations"): "anyone",
     ("GET", "/api/v1/ops/{op_id}"): "user", ("POST", "/api/v1/admin/devices/{device}/recover"): "admin",
     ("POST", "/mcp"): "tools",  # each tool checks its caller: tests/test_mcp.py calls them all
     # the board's event stream and metrics are public like GET /api/v1/devices; so are the

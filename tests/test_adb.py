@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from conftest import SRC, Exporter, wait_for
+from exporter_testkit import converge
 from device_loop.core.ports import free_port, port_is_free
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter as InProcessExporter
@@ -61,7 +62,7 @@ def test_server_lifecycle_with_the_real_adb(tmp_path, adb_env):
         assert exporter.loaded == ["adb"]
         resources = exporter.discover()
         assert exporter.health(resources[0]).status == "ok"
-        exporter.reconcile(desired("8AAY0GCXH"), resources)
+        converge(exporter, desired("8AAY0GCXH"))
         (run,) = exporter.running.values()
         (endpoint,) = run.service.endpoints
         assert endpoint.kind == "adb" and endpoint.params == {"serial": "8AAY0GCXH"}
@@ -70,7 +71,7 @@ def test_server_lifecycle_with_the_real_adb(tmp_path, adb_env):
         assert answer.returncode == 0 and "List of devices attached" in answer.stdout
         pid = run.service.pids()[0]
 
-        exporter.reconcile({"services": [], "etag": "y"}, resources)
+        converge(exporter, {"services": [], "etag": "y"})
         assert port_is_free("127.0.0.1", endpoint.port)
         assert not pid_alive(pid) and processes_with(f"-P {endpoint.port} server") == []
     finally:
@@ -84,7 +85,7 @@ def test_global_server_is_stopped_and_waited_for_first(tmp_path, adb_env):
     exporter = exporter_for(tmp_path, phones(tmp_path, "8AAY0GCXH"))
     try:
         assert adb_devices(global_port).returncode == 0  # it is up and would hold the phone
-        exporter.reconcile(desired("8AAY0GCXH"), exporter.discover())
+        converge(exporter, desired("8AAY0GCXH"))
         assert global_server.wait(10) is not None and port_is_free("127.0.0.1", global_port)
         assert len(exporter.running) == 1
     finally:
@@ -96,14 +97,14 @@ def test_global_server_is_stopped_and_waited_for_first(tmp_path, adb_env):
 def test_without_one_device_a_second_phone_is_refused_not_fought_over(tmp_path, adb_env):
     exporter = exporter_for(tmp_path, phones(tmp_path, "PHONE1"))
     try:
-        exporter.reconcile(desired("PHONE1"), exporter.discover())
+        converge(exporter, desired("PHONE1"))
         assert len(exporter.running) == 1
         usb_device(tmp_path / "sys", "2-9", vendor="18d1", product="4ee7", serial="PHONE2", interfaces=(ADB,))
         health = {r.identifier: exporter.health(r) for r in exporter.discover()}
         assert health["adb:PHONE1"].status == "ok"
         assert health["adb:PHONE2"].status == "failed"
         assert "lacks --one-device" in health["adb:PHONE2"].reason
-        exporter.reconcile(desired("PHONE1", "PHONE2"), exporter.discover())
+        converge(exporter, desired("PHONE1", "PHONE2"))
         error = exporter.start_errors[("lease-PHONE2", "adb:PHONE2")]["error"]
         assert "2 phones are on this host" in error and "lacks --one-device" in error
     finally:
@@ -132,7 +133,7 @@ def test_one_device_serves_each_phone_on_its_own_server(tmp_path, adb_env, adb35
         wait_for(lambda: not port_is_free("127.0.0.1", global_port), 5, what="the global server listening")
         resources = exporter.discover()
         assert {exporter.health(r).status for r in resources} == {"ok"}
-        exporter.reconcile(desired("PHONE1", "PHONE2"), resources)
+        converge(exporter, desired("PHONE1", "PHONE2"))
         assert exporter.start_errors == {}
         servers = [call for call in adb35() if "--one-device" in call["args"]]
         assert sorted(call["args"][-1] for call in servers) == ["PHONE1", "PHONE2"]

@@ -1,10 +1,16 @@
 """The coordinator's REST rules, driven in-process with a hand-moved clock."""
+import json
+import sqlite3
+
+import asyncpg
 import pytest
 
+from device_loop.coordinator import store as store_module
 from device_loop.coordinator.identity import issue_token
 from device_loop.coordinator.migrations import MIGRATIONS
+from device_loop.coordinator.store import Store
 from device_loop.core import PROTOCOL_VERSION
-from lab_in_process import FakeExporter, device, in_process_lab, leased_board
+from lab_in_process import FakeClock, FakeExporter, _database, _lab, device, in_process_lab, leased_board
 from test_flash_rules import board, lab_with_board
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30), pytest.mark.usefixtures("database")]
@@ -406,16 +412,120 @@ async def test_after_a_coordinator_outage_hosts_get_their_periods_to_report(tmp_
         assert not (await client().get("/hosts")).json()[0]["online"], "silent since the coordinator is back"
 
 
-async def test_a_device_left_in_the_state_conflict_was_is_recomputed_after_the_upgrade(tmp_path):
-    async with in_process_lab(tmp_path) as (client, rules, clock):
-        api = client()
-        exporter = FakeExporter(api, "host-a")
-        await exporter.beat([device("b0"), device("b1")])
-        async with rules.store.tx():  # as an older coordinator left it
-            await rules.store._exec("UPDATE devices SET state = 'conflict' WHERE name = 'b0'")
-            await rules.store._exec(MIGRATIONS[10][0])
-        await exporter.beat([device("b0"), device("b1")])  # the same report as before
-        assert [await state_of(api, n) for n in ("b0", "b1")] == ["idle", "idle"]
+# The last schema in which "conflict" was a device state (migration 11 retired it), with
+# flash_ops (migration 8; 15 carried them into operations): the database an upgrade opens.
+OLD_VERSION = 10
+OLD_BOOT = "boot-before-the-upgrade"
+FLASHED = "ab" * 32
+
+
+def _sql(value) -> str:
+    """A value as an SQL literal that SQLite and PostgreSQL read alike."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _insert(table: str, row: dict) -> str:
+    return f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join(map(_sql, row.values()))})"
+
+
+async def _run_sql(url: str, statements: list[str]) -> None:
+    """``statements`` on the database at ``url`` straight through its driver (no coordinator)."""
+    if url.startswith("sqlite:///"):
+        connection = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            for statement in statements:
+                connection.execute(statement)
+        finally:
+            connection.close()
+        return
+    connection = await asyncpg.connect(url)
+    try:
+        for statement in statements:
+            await connection.execute(statement)
+    finally:
+        await connection.close()
+
+
+async def _old_database(url: str, version: int, rows: list[str]) -> None:
+    """A database at schema ``version``, as a coordinator of then left it: the migrations up
+    to that one, through the coordinator's own migration runner, then ``rows``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_module, "MIGRATIONS", MIGRATIONS[:version])
+        old = Store(url)
+        await old.connect()
+        await old.disconnect()
+    await _run_sql(url, rows)
+
+
+async def test_a_database_of_an_older_version_is_upgraded_when_the_coordinator_opens_it(tmp_path):
+    """A device left in the old state "conflict" is recomputed at its host's next report (the
+    same report as before the upgrade, from the same exporter), and flashes are operations."""
+    report = [device("b0"), device("b1")]
+    # the digests a coordinator stores for this report: an older one stored the same, so
+    # the report below changes nothing by itself (only the upgrade can make it count in full)
+    (tmp_path / "scratch").mkdir()
+    async with in_process_lab(tmp_path / "scratch") as (client, rules, clock):
+        await FakeExporter(client(), "host-a").beat(report)
+        snapshot = (await rules.store.host("host-a"))["devices_digest"]
+        digests = await rules.store.report_digests("host-a")
+    now = FakeClock().now
+    host = {"name": "host-a", "boot_id": OLD_BOOT, "generation": 7, "protocol": PROTOCOL_VERSION, "version": "old",
+            "heartbeat_s": 1.0, "plugins": json.dumps({"loaded": ["sim"]}), "services": "[]",
+            "superseded_boots": "[]", "last_seen": now - 1, "online": True, "draining": False,
+            "devices_digest": snapshot, "link_lost": False}
+    devices = [{"name": d["name"], "class": "sim-board", "tags": json.dumps(["sim"]), "host": "host-a",
+                "state": state, "present": True, "health": "ok", "health_reason": "", "conflict_host": None,
+                "reclaim_lease": None, "busy_by": "[]", "retired": False, "created_at": now - 100,
+                "updated_at": now - 100, "resources": json.dumps(d["resources"]), "report_digest": digests[d["name"]],
+                "log_seq": 0, "needs_recovery": None, "state_since": now - 100}
+               for d, state in zip(report, ("conflict", "idle"))]
+    flash = {"device": "b1", "host": "host-a", "lease_id": None, "requester": "alice", "purpose": "flash",
+             "sha256": FLASHED, "image_name": "build-7", "size": 4096, "identifier": "flash:host-a:b1",
+             "plugin": "flash", "boot_id": OLD_BOOT, "created_at": now - 50}
+    flashes = [{**flash, "id": "op-done", "state": "done", "phase": "done", "done_bytes": 4096,
+                "message": "written and verified by read-back", "seconds": json.dumps({"writing": 1.5}),
+                "started_at": now - 49, "ended_at": now - 47},
+               {**flash, "id": "op-queued", "state": "queued", "phase": "queued", "done_bytes": 0, "message": "",
+                "seconds": "{}", "started_at": None, "ended_at": None, "created_at": now - 10}]
+    image = {"sha256": FLASHED, "name": "build-7", "size": 4096, "description": "", "target": "device:b1",
+             "uploader": "alice", "created_at": now - 60, "last_used_at": now - 50}
+    rows = [_insert("hosts", host), *(_insert("devices", d) for d in devices),
+            *(_insert("resources", {"identifier": r["identifier"], "device": d["name"], "kind": r["kind"],
+                                    "plugin": r["plugin"]}) for d in report for r in d["resources"]),
+            _insert("images", image), *(_insert("flash_ops", f) for f in flashes)]
+
+    async with _database(tmp_path) as url:
+        await _old_database(url, OLD_VERSION, rows)
+        settings = {"reaper_interval_s": 3600, "image_dir": str(tmp_path / "images")}
+        async with _lab(url, True, None, (), settings) as (client, rules, clock):  # the new coordinator opens it
+            api = client()
+            assert [await state_of(api, n) for n in ("b0", "b1")] == ["offline", "idle"], \
+                "the old state is gone from the database at once"
+            ops = (await api.get("/devices/b1/operations")).json()
+            assert [(o["id"], o["kind"], o["state"], o["args"], o["image"], o["progress"], o["message"])
+                    for o in sorted(ops, key=lambda o: o["id"])] == [
+                ("op-done", "flash", "done", {"purpose": "flash"},
+                 {"name": "build-7", "sha256": FLASHED, "size": 4096}, {"done": 4096, "total": 4096, "unit": "bytes"},
+                 "written and verified by read-back"),
+                ("op-queued", "flash", "queued", {"purpose": "flash"},
+                 {"name": "build-7", "sha256": FLASHED, "size": 4096}, {"done": 0, "total": 4096, "unit": "bytes"},
+                 "")]
+            assert (await api.get("/ops/op-done")).json()["seconds"] == {"writing": 1.5}
+
+            exporter = FakeExporter(api, "host-a")  # the exporter that reported before the upgrade, still running
+            exporter.boot_id, exporter.generation = OLD_BOOT, 7
+            answer = await exporter.beat(report)
+            assert answer.status_code == 200, answer.text
+            assert [await state_of(api, n) for n in ("b0", "b1")] == ["idle", "idle"]
+            assert [(o["op"], o["kind"], o["device"], o["image"]) for o in answer.json()["operations"]] == [
+                ("op-queued", "flash", "b1", {"sha256": FLASHED, "size": 4096, "name": "build-7"})], \
+                "a flash queued before the upgrade is still the exporter's to run"
 
 
 async def test_a_device_log_says_when_it_was_registered_and_why_it_is_faulty(tmp_path):

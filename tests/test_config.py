@@ -37,10 +37,13 @@ plugin = "sim"
     config = load_config(path)
     assert config.exporter.name == "bench-3" and config.exporter.heartbeat_s == 2
     assert config.plugins.disable == ["video"] and config.plugins.enable is None
-    entries = config.configured_resources()
-    assert [(e.device, e.device_class, e.settings["plugin"]) for e in entries] == [
-        ("sim-board-0", "generic", "sim"), ("jupiter", "riscv-sbc", "uart"), ("jupiter", "riscv-sbc", "sim")]
-    assert entries[0].settings["baud"] == 9600 and entries[1].tags == ("rack-2",)
+    entries = config.entries()
+    assert [(e.device, e.device_class, e.plugin, e.where) for e in entries] == [
+        ("sim-board-0", "generic", "sim", "device 'sim-board-0'"), ("jupiter", "riscv-sbc", "uart", "device 'jupiter', resource 1"),
+        ("jupiter", "riscv-sbc", "sim", "device 'jupiter', resource 2")]
+    assert entries[0].settings == {"baud": 9600} and entries[1].tags == ("rack-2",)
+    assert entries[1].settings == {"path": "/dev/serial/by-id/usb-FTDI_X-if00"}, "plugin is not a setting"
+    assert config.source == str(path)
     assert str(config.state_dir) == "/tmp/state"
 
 

@@ -4,21 +4,13 @@ import hashlib
 
 import pytest
 
-from lab_in_process import FakeExporter, device, in_process_lab
+from lab_in_process import FakeExporter, board, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
 
 IMAGE = bytes(range(256)) * 4096  # 1 MiB
 GOOD = b"known good" * 1000
 SHA = hashlib.sha256(IMAGE).hexdigest()
-
-
-def board(name: str = "b0") -> dict:
-    """A board with a console and a flash target, as an exporter reports it."""
-    report = device(name)
-    report["resources"].append({"kind": "flash", "plugin": "flash", "identifier": f"flash:host-a:{name}",
-                                "health": "ok", "reason": ""})
-    return report
 
 
 async def chunks(data: bytes):
@@ -32,8 +24,10 @@ async def upload(api, name: str, data: bytes, target: str = "sim-board"):
 
 
 def flash_report(op: dict, state: str, phase: str, done: int = 0, message: str = "", changed=None) -> dict:
-    return {"op": op["id"], "device": op["device"], "state": state, "phase": phase, "done_bytes": done,
-            "message": message, "changed": phase != "fetching" if changed is None else changed}
+    """What an exporter reports of a flash it runs (an operation of kind flash)."""
+    return {"op": op["id"], "device": op["device"], "kind": "flash", "state": state, "phase": phase,
+            "progress": {"done": done, "total": None, "unit": "bytes"}, "message": message,
+            "changed": phase != "fetching" if changed is None else changed}
 
 
 async def lab_with_board(client, lease_it: bool = True):
@@ -70,8 +64,8 @@ async def test_a_flash_goes_to_the_exporter_and_its_reports_make_its_result(tmp_
         assert second.status_code == 409 and second.json()["error"] == "flash_running"
 
         desired = (await exporter.beat([board(), board("b1")])).json()
-        assert [(f["op"], f["identifier"], f["sha256"], f["size"]) for f in desired["flashes"]] == [
-            (op["id"], "flash:host-a:b0", SHA, len(IMAGE))]
+        assert [(o["op"], o["kind"], o["identifier"], o["image"]["sha256"], o["image"]["size"])
+                for o in desired["operations"]] == [(op["id"], "flash", "flash:host-a:b0", SHA, len(IMAGE))]
         assert all(s["kind"] != "flash" for s in desired["services"])
         fetched = await client("host-a").get(f"/hosts/host-a/images/{SHA}")
         assert fetched.status_code == 200 and fetched.content == IMAGE
@@ -79,11 +73,11 @@ async def test_a_flash_goes_to_the_exporter_and_its_reports_make_its_result(tmp_
         assert other_host.status_code == 404, "an exporter fetches only the images its own flashes write"
 
         impostor = FakeExporter(client("host-b"), "host-b")
-        await impostor.beat([], flashes=[flash_report(op, "done", "verifying", 1, "not mine")])
+        await impostor.beat([], operations=[flash_report(op, "done", "verifying", 1, "not mine")])
         assert (await api.get(f"/ops/{op['id']}")).json()["state"] == "queued", "a host speaks for its own flashes"
         desired = (await exporter.beat([board(), board("b1")],
-                                       flashes=[flash_report(op, "running", "writing", 4096)])).json()
-        assert desired["flashes"] == [], "a flash begun is the exporter's to finish, not to begin again"
+                                       operations=[flash_report(op, "running", "writing", 4096)])).json()
+        assert desired["operations"] == [], "a flash begun is the exporter's to finish, not to begin again"
         assert (await api.get(f"/leases/{lease['id']}")).json()["flashing"] == op["id"]
         running = (await api.get(f"/ops/{op['id']}")).json()
         assert (running["state"], running["phase"], running["done_bytes"]) == ("running", "writing", 4096)
@@ -92,7 +86,7 @@ async def test_a_flash_goes_to_the_exporter_and_its_reports_make_its_result(tmp_
         removing = await api.post("/images/build-7/remove")
         assert removing.status_code == 409 and "being flashed" in removing.json()["message"]
 
-        await exporter.beat([board(), board("b1")], flashes=[flash_report(op, "done", "verifying", len(IMAGE),
+        await exporter.beat([board(), board("b1")], operations=[flash_report(op, "done", "verifying", len(IMAGE),
                                                                           "written and verified")])
         done = (await api.get(f"/ops/{op['id']}")).json()
         assert (done["state"], done["message"]) == ("done", "written and verified") and done["ended_at"]
@@ -124,7 +118,7 @@ async def test_who_may_flash_what(tmp_path):
         assert ended.status_code == 409 and ended.json()["error"] == "lease_ended"
         bad = await api.post("/leases/lease-x/flash", json={"image": "build-7", "mediated": True})
         assert bad.status_code == 422
-        assert not await rules.store.read("SELECT * FROM flash_ops"), "a refused flash leaves no operation"
+        assert not await rules.store.read("SELECT * FROM operations"), "a refused flash leaves no operation"
 
 
 async def test_a_failure_while_writing_needs_recovery_until_a_known_good_image_is_written(tmp_path):
@@ -132,15 +126,15 @@ async def test_a_failure_while_writing_needs_recovery_until_a_known_good_image_i
         api, exporter, lease = await lab_with_board(client)
         devices = [board(), board("b1")]
         fetch_fail = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
-        await exporter.beat(devices, flashes=[flash_report(fetch_fail, "failed", "fetching", 0, "bad sha256")])
+        await exporter.beat(devices, operations=[flash_report(fetch_fail, "failed", "fetching", 0, "bad sha256")])
         assert not (await api.get("/devices/b0")).json()["needs_recovery"], "nothing was written yet"
 
         unopened = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
-        await exporter.beat(devices, flashes=[flash_report(unopened, "failed", "writing", 0, "cannot open", False)])
+        await exporter.beat(devices, operations=[flash_report(unopened, "failed", "writing", 0, "cannot open", False)])
         assert not (await api.get("/devices/b0")).json()["needs_recovery"], "its backend said: not touched"
 
         op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
-        await exporter.beat(devices, flashes=[flash_report(op, "failed", "writing", 512, "I/O error")])
+        await exporter.beat(devices, operations=[flash_report(op, "failed", "writing", 512, "I/O error")])
         info = (await api.get("/devices/b0")).json()
         assert info["needs_recovery"] and "I/O error" in info["recovery_reason"]
         assert info["holder"] == "alice", "the holder keeps the lease"
@@ -157,7 +151,7 @@ async def test_a_failure_while_writing_needs_recovery_until_a_known_good_image_i
 
         lease = (await api.post("/admin/devices/b0/recover")).json()  # nobody holds it: an admin may
         assert (lease["purpose"], lease["image"]["name"]) == ("recover", "golden")
-        await exporter.beat(devices, flashes=[flash_report(lease, "done", "verifying", len(GOOD), "ok")])
+        await exporter.beat(devices, operations=[flash_report(lease, "done", "verifying", len(GOOD), "ok")])
         info = (await api.get("/devices/b0")).json()
         assert not info["needs_recovery"] and info["state"] == "idle"
         assert (await client("bob").post("/leases", json={"device": "b0"})).status_code == 201
@@ -168,7 +162,7 @@ async def test_an_exporter_restart_during_a_flash_interrupts_it(tmp_path):
         api, exporter, lease = await lab_with_board(client)
         devices = [board(), board("b1")]
         op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
-        await exporter.beat(devices, flashes=[flash_report(op, "running", "writing", 100)])
+        await exporter.beat(devices, operations=[flash_report(op, "running", "writing", 100)])
         exporter.reboot()
         await exporter.beat(devices)
         ended = (await api.get(f"/ops/{op['id']}")).json()
@@ -176,7 +170,7 @@ async def test_an_exporter_restart_during_a_flash_interrupts_it(tmp_path):
         assert (await api.get("/devices/b0")).json()["needs_recovery"]
         recovering = await api.post(f"/leases/{lease['id']}/recover")
         assert recovering.status_code == 201 and recovering.json()["image"]["name"] == "golden"
-        late = await exporter.beat(devices, flashes=[flash_report(op, "done", "verifying", 1, "late")])
+        late = await exporter.beat(devices, operations=[flash_report(op, "done", "verifying", 1, "late")])
         assert late.status_code == 200
         assert (await api.get(f"/ops/{op['id']}")).json()["state"] == "failed", "an ended operation stays ended"
 

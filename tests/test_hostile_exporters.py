@@ -27,7 +27,7 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import BaseModel
 
-from device_loop.coordinator import mcp_tools
+from device_loop.coordinator import relays
 from device_loop.coordinator.events import Broadcaster
 from device_loop.coordinator.identity import issue_token
 from device_loop.coordinator.web.pages import device_row
@@ -38,6 +38,7 @@ from device_loop.core.plugins import PluginSet
 from device_loop.core.usage import commands, environment, fill
 from device_loop.exporter.orphans import OrphanWatch
 from device_loop.exporter.report import Reporter
+from device_loop.plugins.uart import UartConfig
 from lab_in_process import FakeExporter, device, in_process_lab
 from test_flash_rules import IMAGE, board, upload
 from test_mcp import agent
@@ -115,7 +116,8 @@ def dribbling(handler):
 
 def camera(port: int, **fields) -> dict:
     """A camera endpoint on host-a, as the video plugin reports one."""
-    return {"kind": "video", "host": ADDRESS, "port": port, "protocol": "http", "url": f"http://{ADDRESS}:{port}/",
+    return {"kind": "video", "role": "http-stream", "host": ADDRESS, "port": port, "protocol": "http",
+            "url": f"http://{ADDRESS}:{port}/",
             "params": {"stream": "stream.mjpg", "snapshot": "snapshot.jpg"}, **fields}
 
 
@@ -201,7 +203,7 @@ HOSTILE = {  # what answers at the endpoint's port: (answer, what the refusal sa
 @pytest.mark.usefixtures("database")
 @pytest.mark.parametrize("what", HOSTILE)
 async def test_only_a_bounded_jpeg_reaches_the_agent(tmp_path, monkeypatch, what):
-    monkeypatch.setattr(mcp_tools, "SNAPSHOT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(relays, "SNAPSHOT_TIMEOUT_S", 1.0)
     answer, reason = HOSTILE[what]
     with serving(send(200, f"the payroll database password is {SECRET}".encode(), "text/plain")) as (inside, asked):
         if answer is None:
@@ -285,7 +287,7 @@ async def test_anyone_sees_who_holds_a_device_node_by_program_and_pid_only(tmp_p
                 answer = await agent.call_tool(tool, args)
                 assert not answer.is_error and SECRET not in json.dumps(answer.structured_content), tool
 
-        stream = Broadcaster(rules.list_devices, rules.notifier, device_row).stream(html=True)  # as the app's
+        stream = Broadcaster(rules.devices.list_devices, rules.life.notifier, device_row).stream(html=True)  # as the app's
         assert (await anext(stream)).startswith(b"retry: ")
         sent = (await anext(stream)).decode()
         assert sent.startswith("event: snapshot") and '"program": "mysql"' in sent and SECRET not in sent
@@ -435,8 +437,8 @@ def test_an_exporter_s_report_keeps_to_the_bounds(tmp_path):
     to the protocol's bounds, and it reports its own address."""
     master, slave = os.openpty()
     node = os.ttyname(slave)
-    host = HostContext("host-a", tmp_path / "state", advertise_address="10.0.0.7", configured_resources=[
-        ConfiguredResource("jupiter", "riscv-sbc", (), {"plugin": "uart", "path": node})])
+    host = HostContext("host-a", tmp_path / "state", advertise_address="10.0.0.7", entries=[
+        ConfiguredResource("jupiter", "riscv-sbc", (), "uart", UartConfig(path=node))])
     reporter = Reporter(host, PluginSet(enable=["uart"]), OrphanWatch(host.state_dir), 1.0, "boot-1")
     reporter.loaded = ["uart"]
     reporter.scan(set())  # who holds the node now was there first: none of those below

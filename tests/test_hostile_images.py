@@ -14,19 +14,11 @@ import time
 import pytest
 
 from conftest import Coordinator, coordinator_pair, wait_for
-from lab_in_process import FakeExporter, device, in_process_lab
+from lab_in_process import FakeExporter, board, device, in_process_lab
 from live_lab import LabDatabase, Spread
 
 pytestmark = [pytest.mark.timeout(120)]
 in_process = [pytest.mark.anyio, pytest.mark.usefixtures("database")]
-
-
-def board(name: str = "b0") -> dict:
-    """A board with a console and a flash target, as an exporter reports it."""
-    report = device(name)
-    report["resources"].append({"kind": "flash", "plugin": "flash", "identifier": f"flash:host-a:{name}",
-                                "health": "ok", "reason": ""})
-    return report
 
 
 async def upload(api, name: str, data: bytes, target: str = "b0"):
@@ -59,7 +51,7 @@ async def test_a_name_never_stands_for_another_images_digest(tmp_path):
         for ref in (sha(mine)[:12], f"sha256:{sha(mine)[:12]}", sha(mine), f"sha256:{sha(mine)}"):
             op = await alice.post(f"/leases/{lease['id']}/flash", json={"image": ref})
             assert op.status_code == 201 and op.json()["image"]["sha256"] == sha(mine), (ref, op.text)
-            await exporter.beat([board()], flashes=[{"op": op.json()["id"], "device": "b0", "state": "failed",
+            await exporter.beat([board()], operations=[{"op": op.json()["id"], "device": "b0", "kind": "flash", "state": "failed",
                                                      "phase": "fetching", "message": "stop", "changed": False}])
         good = await alice.post(f"/admin/images/{sha(mine)[:12]}/known-good", json={"for": "b0"})
         assert good.status_code == 200 and good.json()["name"] == "alice-build"

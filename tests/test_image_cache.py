@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from device_loop.core.model import FlashError
+from device_loop.core.model import OperationError
 from device_loop.exporter.image_cache import ImageCache
 
 A, B = os.urandom(3 << 20), os.urandom(2 << 20)
@@ -56,14 +56,28 @@ def test_bytes_that_do_not_match_their_sha256_never_enter_the_cache(tmp_path):
     registry = Registry(a=A)
     cache = ImageCache(tmp_path, max_bytes=1 << 30)
     for served, said in ((A[:-1] + b"x", "hash to"), (A[:100], "sent 100 of"), (A + b"more", "more than")):
-        with pytest.raises(FlashError, match=said):
+        with pytest.raises(OperationError, match=said):
             get(cache, registry, A, served)
         assert list(tmp_path.iterdir()) == [], "nothing is left of a refused fetch"
 
 
 def test_the_cache_drops_the_least_recently_used_image_to_keep_its_size(tmp_path):
-    registry = Registry(a=A, b=B)
+    """Only least-recently-used passes: the first drop is neither the oldest fetched, the most
+    recently used nor the smallest; the second is not the largest."""
+    one, two, one_and_a_half = os.urandom(1 << 20), os.urandom(2 << 20), os.urandom(3 << 19)
+    registry = Registry(one=one, two=two, one_and_a_half=one_and_a_half, another_two=B)
     cache = ImageCache(tmp_path, max_bytes=4 << 20)
-    get(cache, registry, A)
-    get(cache, registry, B)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [sha(B)]
+
+    def kept():
+        return sorted(p.name for p in tmp_path.iterdir())
+
+    get(cache, registry, one)
+    get(cache, registry, two)
+    get(cache, registry, one)  # used again: now two is the least recently used
+    get(cache, registry, one_and_a_half)  # 4.5 MiB: two goes
+    assert kept() == sorted([sha(one), sha(one_and_a_half)])
+    get(cache, registry, one)
+    get(cache, registry, one_and_a_half)  # one is the least recently used, and the smaller
+    get(cache, registry, B)  # 4.5 MiB again
+    assert kept() == sorted([sha(one_and_a_half), sha(B)])
+    assert registry.fetches == 4, "a cached image is not fetched again"

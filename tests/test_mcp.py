@@ -48,7 +48,7 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
         names = {tool.name for tool in (await alice.list_tools()).tools}
         assert names == {"list_devices", "device_info", "reserve", "lease_status", "renew", "release",
                          "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
-                         "camera_snapshot"}
+                         "camera_snapshot", "start_operation", "operation_status", "device_operations"}
         assert (await call(alice, "list_images", device="sim-board-0")) == {"images": []}
         idle = await call(alice, "list_devices", state="idle")
         assert {d["name"] for d in idle["devices"]} == {"sim-board-0", "sim-board-1"}
@@ -84,7 +84,7 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
         assert released["state"] == "released"
 
 
-PUBLIC_TOOLS = {"list_devices", "device_info", "device_log"}  # as the public board's REST routes
+PUBLIC_TOOLS = {"list_devices", "device_info", "device_log", "device_operations"}  # as the public board's REST routes
 
 
 async def test_tools_refuse_callers_without_a_good_token(lab_with_tokens):

@@ -22,12 +22,14 @@ import tomli_w
 from jsonschema import Draft202012Validator
 
 from conftest import Coordinator
-from device_loop.coordinator.api import MAX_KEY_CHARS, MAX_WAIT_S, ROUTES
-from device_loop.coordinator.openapi import (ALSO_200, ALSO_404, ALSO_410, ALSO_422, ANSWER_MODELS, BYTES_IN, BYTES_OUT,
-                                             CREATES, LISTS, documented, document, openapi_path)
+from device_loop.coordinator.api import ROUTES, path_names
+from device_loop.coordinator.calls import CALLS
+from device_loop.coordinator.idempotency import MAX_KEY_CHARS
+from device_loop.coordinator.openapi import document, documented, openapi_path
+from device_loop.coordinator.schemas import MAX_WAIT_S, aliases
 from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import CandidateReport, DeviceReport, Heartbeat, ResourceReport
-from lab_in_process import FakeExporter, device, in_process_lab
+from lab_in_process import FakeExporter, device, flash_target, in_process_lab
 
 TESTS = Path(__file__).resolve().parent
 JSON = {"Content-Type": "application/json"}
@@ -36,34 +38,51 @@ JSON = {"Content-Type": "application/json"}
 NOT_IN_THE_TRUST_MODE = ["ignored_auth"]  # no route needs credentials there
 # Schema-valid requests the rules refuse for what no JSON Schema can say: a target that names
 # no device or class (422 unknown_target), a device name or identifier repeated in a report.
-REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat"}
+# (start_operation: the arguments an operation takes are its kind's, which the device's plugins declare)
+REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat", "start_operation"}
+# negative_data_rejection's own list, and 413: data too large to be valid is refused for its size first
+REJECTED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # positive_data_acceptance's own list
 
 
 def test_the_document_is_valid_and_lists_every_route():
-    described = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS)
+    described = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS)
     for trust_mode in (False, True):
-        valid = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS, 86400, single_user=trust_mode)
+        valid = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS, 86400, single_user=trust_mode)
         schemathesis.openapi.from_dict(valid).validate()  # against the OpenAPI 3.1 schema
         for schema in valid["components"]["schemas"].values():
             Draft202012Validator.check_schema(schema)
+        refs = set(re.findall(r'"\$ref": "#/([^"]+)"', json.dumps(valid)))
+        for ref in refs:  # (the OpenAPI schema does not check that a reference names something)
+            place = valid
+            for step in ref.split("/"):
+                assert step in place, f"#/{ref} names nothing in the document"
+                place = place[step]
     operations = [(method.upper(), path) for path, ops in described["paths"].items() for method in ops]
-    assert sorted(operations) == sorted((method, openapi_path(path)) for method, path, _, _ in documented(ROUTES))
-    left_out = {row[:2] for row in ROUTES} - {row[:2] for row in documented(ROUTES)}
-    assert left_out == {("GET", "/api/v1/events"), ("GET", "/metrics"), ("GET", "/"), ("GET", "/devices/{name}"),
-                        ("POST", "/login"), ("POST", "/logout"), ("GET", "/static/{file}")}, "only what is no JSON"
-    named = CREATES | LISTS | set(ANSWER_MODELS) | BYTES_IN | BYTES_OUT | ALSO_200 | ALSO_404 | ALSO_410 | ALSO_422
-    assert named <= {handler.__name__ for *_, handler in ROUTES}, "a name that is no handler's"
+    assert sorted(operations) == sorted((c.method, openapi_path(c.path)) for c in documented(CALLS))
+    left_out = {row[:2] for row in ROUTES} - {(c.method, c.path) for c in documented(CALLS)}
+    assert left_out == {("GET", "/api/v1/openapi.json"), ("GET", "/api/v1/events"), ("GET", "/metrics"),
+                        ("GET", "/"), ("GET", "/devices/{name}"), ("POST", "/login"), ("POST", "/logout"),
+                        ("GET", "/static/{file}")}, "only what is no call of the table's"
 
 
-def test_every_query_parameter_a_handler_reads_is_described():
-    described = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS)
-    for method, path, _, handler in documented(ROUTES):
-        source = inspect.getsource(handler)
-        read = set(re.findall(r'query(?:_params)?(?:\.get\(|\[)"(\w+)"', source))
-        read |= {"wait"} if "_wait_s(request)" in source else set()
-        parameters = described["paths"][openapi_path(path)][method.lower()]["parameters"]
-        assert read == {p["name"] for p in parameters if p["in"] == "query"}, f"{method} {path}"
+def test_every_argument_of_a_call_is_described_where_its_route_takes_it():
+    """A GET takes its arguments in the query, a POST in its JSON body (the heartbeat and the
+    upload: their own bodies, their arguments in the query), all under their REST names."""
+    described = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS)
+    schemas = described["components"]["schemas"]
+    for call in documented(CALLS):
+        operation = described["paths"][openapi_path(call.path)][call.method.lower()]
+        names = set(aliases(call.args).values()) - path_names(call)
+        query = {p["name"] for p in operation["parameters"] if p["in"] == "query"}
+        assert {p["name"] for p in operation["parameters"] if p["in"] == "path"} == path_names(call), call.name
+        if call.method == "GET" or call.body is not None or call.name == "upload_image":
+            assert query == names, call.name
+        else:
+            assert query == set(), call.name
+            body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+            properties = schemas[body["$ref"].rsplit("/", 1)[1]]["properties"] if names else {}
+            assert set(properties) == names, call.name
 
 
 @pytest.mark.anyio
@@ -83,7 +102,7 @@ async def test_what_schemathesis_found_is_refused_with_a_4xx(tmp_path):
 @pytest.mark.anyio
 @pytest.mark.usefixtures("database")
 async def test_the_document_says_what_the_api_refuses_and_takes(tmp_path):
-    described = document(ROUTES, MAX_WAIT_S, MAX_KEY_CHARS, 7 * 86400, single_user=True)
+    described = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS, 7 * 86400, single_user=True)
     reserve = described["paths"]["/api/v1/leases"]["post"]
     assert {"400", "403", "404", "408", "409", "413", "415", "421", "422"} <= set(reserve["responses"])
     assert not any(status.endswith("XX") for path in described["paths"].values() for operation in path.values()
@@ -144,7 +163,7 @@ def board(name: str) -> DeviceReport:
     """A board with a console and a flash target, as an exporter reports it."""
     return DeviceReport(name=name, device_class="sim-board", resources=[
         ResourceReport(kind="uart", plugin="sim", identifier=f"sim:{name}"),
-        ResourceReport(kind="flash", plugin="flash", identifier=f"flash:host-a:{name}")])
+        ResourceReport.model_validate(flash_target(name))])
 
 
 def made(answer: httpx2.Response, status: int = 201) -> dict:
@@ -192,7 +211,8 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(datab
                                  for n, parameter in enumerate(known)},
                   "operations": [{"include-operation-id": operation, "checks": {
                       "positive_data_acceptance": {"expected-statuses": [*ACCEPTED, "422"]}}}
-                      for operation in sorted(REFUSED_WHEN_STATE_SAYS)]}
+                      for operation in sorted(REFUSED_WHEN_STATE_SAYS)],
+                  "checks": {"negative_data_rejection": {"expected-statuses": REJECTED}}}
         if token:  # the document's own scheme: its checks may then leave it out (a global -H would not)
             config["auth"] = {"openapi": {"token": {"bearer": token}}}
         (tmp_path / "schemathesis.toml").write_text(tomli_w.dumps(config))

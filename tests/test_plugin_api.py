@@ -1,5 +1,6 @@
 """The plugin surface is one public module, pinned: changing it is a deliberate act."""
 import ast
+import re
 from pathlib import Path
 
 import device_loop.plugin
@@ -8,10 +9,21 @@ from device_loop.core.usage import commands, environment
 from conftest import SRC
 
 PUBLIC = [
-    "API_VERSION", "CONSOLE_COMMAND", "ConfiguredResource", "Endpoint", "Health", "HostContext", "LeaseRef", "Resource", "Service",
-    "ServiceError", "FlashError", "FlashImage", "UsbDevice", "UsbTty", "hookimpl", "inherited_listener", "parse_duration", "parse_framing", "port_is_free", "python_module", "run",
-    "start_bridge", "start_relay", "usb_devices", "usb_ttys", "wait_port_free", "wait_port_open",
+    "API_VERSION", "CONSOLE_COMMAND", "ConfiguredResource", "Endpoint", "EndpointRole", "FlashError", "FlashImage",
+    "Health", "HostContext", "LeaseRef", "Operation", "OperationError", "OperationKind", "PluginConfig", "Resource",
+    "Service", "ServiceError", "UsbDevice", "UsbTty", "hookimpl", "inherited_listener", "parse_duration",
+    "parse_framing", "port_is_free", "python_module", "run", "start_bridge", "start_relay", "usb_devices", "usb_ttys",
+    "wait_port_free", "wait_port_open",
 ]
+DOCS = SRC / "docs" / "plugins.md"
+
+
+def documented_names() -> set[str]:
+    """The names the table under "The public API" in docs/plugins.md tells plugins to use:
+    each `name` (or `name(...)`) in the first cell of its rows."""
+    section = DOCS.read_text().split("\n## The public API\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| ---")][1:]
+    return {name for row in rows for name in re.findall(r"`([A-Za-z_]\w*)", row.split(" | ")[0])}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -28,9 +40,17 @@ def imports_of(path: Path) -> set[str]:
 def test_the_public_names_are_pinned():
     assert sorted(device_loop.plugin.__all__) == sorted(PUBLIC), \
         "the plugin API changed: update PUBLIC, docs/plugins.md and API_VERSION together"
-    for name in PUBLIC:
-        assert getattr(device_loop.plugin, name) is not None
-    assert device_loop.plugin.API_VERSION == 1
+    plugin_sees = {}
+    exec("from device_loop.plugin import *", plugin_sees)  # fails on a name of __all__ the module lacks
+    assert sorted(set(plugin_sees) - {"__builtins__"}) == sorted(PUBLIC), "a star import gives exactly the pinned names"
+    assert device_loop.plugin.API_VERSION == 2
+
+
+def test_the_documented_names_are_the_pinned_ones():
+    documented = documented_names()
+    assert len(documented) > 20, "the table under 'The public API' in docs/plugins.md was not found"
+    assert sorted(documented - set(PUBLIC)) == [], "docs/plugins.md tells plugins to use names the API does not have"
+    assert sorted(set(PUBLIC) - documented) == [], "public names that docs/plugins.md does not describe"
 
 
 def test_plugins_import_only_the_public_api():

@@ -10,8 +10,11 @@ from fake_sysfs import ADB, CDC_DATA, FASTBOOT, VENDOR_SPECIFIC, console_tty, us
 pytestmark = pytest.mark.timeout(10)
 
 
-def configured(device, **settings):
-    return ConfiguredResource(device=device, device_class="riscv-sbc", tags=("rack-2",), settings=settings)
+def configured(device, plugin, **settings):
+    """A config entry as the exporter hands it to its plugin: parsed by the plugin's model."""
+    model = {"uart": uart.UartConfig, "adb": adb.AdbConfig}[plugin]
+    return ConfiguredResource(device=device, device_class="riscv-sbc", tags=("rack-2",), plugin=plugin,
+                              config=model(**settings))
 
 
 @pytest.fixture
@@ -43,7 +46,7 @@ def test_usb_facts_are_read_like_udev_does(sysfs):
 
 def test_uart_discovery_names_adapters_by_identity(tmp_path, sysfs):
     host = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs,
-                       configured_resources=[configured("pico", plugin="uart", usb_serial="E6614C311B")])
+                       entries=[configured("pico", plugin="uart", usb_serial="E6614C311B")])
     found = {r.device: r for r in uart.devloop_discover(host)}
     assert set(found) == {"pico", "uart-A10K3XYZ", "uart-port-1-1.4"}
     assert found["pico"].identifier == "usb-serial:2e8a:000a:E6614C311B:if00"
@@ -60,7 +63,7 @@ def test_uart_static_path_maps_to_its_usb_identity(tmp_path, sysfs):
     by_id.symlink_to(dev / "ttyUSB0")
     pty = tmp_path / "ttyA"
     pty.touch()
-    host = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs, configured_resources=[
+    host = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs, entries=[
         configured("jupiter", plugin="uart", path=str(by_id)), configured("pty-board", plugin="uart", path=str(pty)),
         configured("unplugged", plugin="uart", path=str(tmp_path / "gone"))])
     found = {r.device: r for r in uart.devloop_discover(host)}
@@ -74,12 +77,12 @@ def test_uart_static_path_maps_to_its_usb_identity(tmp_path, sysfs):
 
 
 def test_adb_discovery_finds_phones_by_interface(tmp_path, sysfs):
-    host = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs, configured_resources=[])
+    host = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs, entries=[])
     (phone,) = adb.AdbPlugin().devloop_discover(host)
     assert (phone.device, phone.identifier, phone.device_class) == ("android-8AAY0GCXH", "adb:8AAY0GCXH", "android")
     assert phone.node == "/dev/bus/usb/002/005"
     named = HostContext(name="bench-3", state_dir=tmp_path / "state", sysfs_root=sysfs,
-                        configured_resources=[configured("pixel-7", plugin="adb", serial="8AAY0GCXH")])
+                        entries=[configured("pixel-7", plugin="adb", serial="8AAY0GCXH")])
     (phone,) = adb.AdbPlugin().devloop_discover(named)
     assert phone.device == "pixel-7" and phone.identifier == "adb:8AAY0GCXH"
 
@@ -93,9 +96,8 @@ def test_adapters_that_share_a_serial_are_told_apart_by_port(tmp_path):
                       interfaces=(VENDOR_SPECIFIC,) * 4)
     for number in range(4):
         usb_tty(root, f"ttyUSB{2 + number}", quad, interface=number)
-    host = HostContext(name="h", state_dir=tmp_path / "state", sysfs_root=root, configured_resources=[
-        configured("quad-c", plugin="uart", usb_serial="FT4Q", usb_interface=2),
-        configured("nothing", plugin="uart", baud=9600)])
+    host = HostContext(name="h", state_dir=tmp_path / "state", sysfs_root=root, entries=[
+        configured("quad-c", plugin="uart", usb_serial="FT4Q", usb_interface=2)])
     found = {r.device: r.identifier for r in uart.devloop_discover(host)}
     assert found == {
         "uart-port-1-1.2": "usb-port:1-1.2:if00", "uart-port-1-1.3": "usb-port:1-1.3:if00",

@@ -8,6 +8,7 @@ import cv2
 import httpx2
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from conftest import Coordinator, Exporter, lab_tokens, wait_for
 from device_loop.core.gate import LocalForward
@@ -158,15 +159,16 @@ def test_v4l2_cameras_are_found_by_usb_serial_not_by_node_name(tmp_path):
     v4l2_node(sysfs, "video3", camera, interface=0, index=1)  # its metadata node
     cheap = usb_device(sysfs, "1-1.4", vendor="1b3f", product="2247", serial=None, interfaces=(UVC,))
     v4l2_node(sysfs, "video0", cheap)
-    entries = [ConfiguredResource("jupiter", "riscv-sbc", (), {"plugin": "video", "usb_serial": "CAM123"}),
-               ConfiguredResource("phone", "android", (), {"plugin": "video", "usb_serial": "ABSENT"}),
-               ConfiguredResource("bmc", "bmc", (), {"plugin": "video", "usb_port": "1-1.4"})]
-    host = HostContext("host-a", tmp_path / "state", sysfs_root=sysfs, configured_resources=entries)
+    entries = [ConfiguredResource("jupiter", "riscv-sbc", (), "video", video.VideoConfig(usb_serial="CAM123")),
+               ConfiguredResource("phone", "android", (), "video", video.VideoConfig(usb_serial="ABSENT")),
+               ConfiguredResource("bmc", "bmc", (), "video", video.VideoConfig(usb_port="1-1.4"))]
+    host = HostContext("host-a", tmp_path / "state", sysfs_root=sysfs, entries=entries)
     found = video.devloop_discover(host)
     assert [(r.device, r.identifier, r.node) for r in found] == [
         ("jupiter", "v4l2:046d:0825:CAM123", "/dev/video2"), ("bmc", "v4l2:1b3f:2247:port-1-1.4", "/dev/video0")]
     assert "ABSENT" in video.devloop_check_config(host, entries[1])
-    assert "exactly one of" in video.devloop_check_config(host, ConfiguredResource("x", "c", (), {"plugin": "video"}))
+    with pytest.raises(ValidationError, match="exactly one of"):
+        video.VideoConfig()
 
 
 def test_a_viewer_that_reads_nothing_slows_no_one(tmp_path, env, coordinator, exporter_factory):
@@ -198,11 +200,9 @@ def test_a_video_file_is_a_camera_too(tmp_path, env, coordinator, exporter_facto
     assert len({int(frame.mean()) // 20 for frame in got}) >= 5, "its frames, not one picture"
 
 
-def test_a_misspelt_key_is_named(tmp_path):
-    entry = ConfiguredResource("jupiter", "riscv-sbc", (), {"plugin": "video", "source": "sim", "qualty": 50})
-    host = HostContext("host-a", tmp_path, configured_resources=[entry])
-    assert video.devloop_discover(host) == []
-    assert video.devloop_check_config(host, entry).startswith("unknown key 'qualty' (the keys: ")
+def test_a_misspelt_key_is_refused():
+    with pytest.raises(ValidationError, match="qualty"):
+        video.VideoConfig(source="sim", qualty=50)
 
 
 def test_a_camera_that_cannot_open_fails_the_start_with_the_reason(tmp_path, env, coordinator, exporter_factory):

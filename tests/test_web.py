@@ -80,7 +80,7 @@ async def test_a_device_page_shows_its_flashes_and_known_good_image(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api, exporter, lease = await lab_with_board(client)
         op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
-        await exporter.beat([board(), board("b1")], flashes=[flash_report(op, "failed", "writing", 4096, "torn")])
+        await exporter.beat([board(), board("b1")], operations=[flash_report(op, "failed", "writing", 4096, "torn")])
         page = (await api.get(f"{SITE}/devices/b0")).text
         assert "build-7" in page and '<span class="op o-failed">failed</span> writing: torn' in page
         assert "needs recovery" in page
@@ -193,7 +193,7 @@ async def test_metrics_parse_and_move_with_leases_and_flashes(tmp_path):
         assert (await client("bob").post("/leases", json={"device": "b0"})).status_code == 409
         with pytest.raises(RuntimeError):
             async with rules.store.tx():
-                await rules.reserve("b1", None, "bob")
+                await rules.leases.reserve("b1", None, "bob")
                 raise RuntimeError("rolled back after the reserve")
         clock.advance(2.5)
         service = {"lease": lease["id"], "device": "b0", "identifier": "sim:b0", "kind": "uart",
@@ -212,10 +212,10 @@ async def test_metrics_parse_and_move_with_leases_and_flashes(tmp_path):
         assert metric(held, "device_loop_host_online", host="host-a") == 1
 
         op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
-        await exporter.beat([board(), board("b1")], [service], flashes=[flash_report(op, "done", "verifying", 1)])
+        await exporter.beat([board(), board("b1")], [service], operations=[flash_report(op, "done", "verifying", 1)])
         await api.post(f"/leases/{lease['id']}/release")
         after = await scrape()
-        assert metric(after, "device_loop_flashes_total", outcome="done", purpose="flash") == 1
+        assert metric(after, "device_loop_operations_total", kind="flash", outcome="done") == 1
         assert metric(after, "device_loop_leases_ended_total", reason="released") == 1
         assert metric(after, "device_loop_leases_live", state="active") == 0
         assert metric(after, "device_loop_devices", state="reclaiming", **{"class": "sim-board"}) == 1
@@ -263,7 +263,7 @@ async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_view
             return device_row(d)
 
         monkeypatch.setattr(rules.store, "devices", counted_read)
-        broadcaster = Broadcaster(rules.list_devices, rules.notifier, counted_row)
+        broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier, counted_row)
         viewers = [broadcaster.stream(html=n % 2 == 0) for n in range(40)]
         asleep = broadcaster.stream()  # a viewer that reads nothing more
         for stream in [*viewers, asleep]:
@@ -299,7 +299,7 @@ async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_view
 async def test_every_change_the_board_shows_reaches_the_stream(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api, exporter, _ = await lab_with_board(client, lease_it=False)
-        broadcaster = Broadcaster(rules.list_devices, rules.notifier)
+        broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier)
         stream = broadcaster.stream()
         await anext(stream)
 
@@ -325,7 +325,7 @@ async def test_every_change_the_board_shows_reaches_the_stream(tmp_path):
         assert (await next_change())["expires_at"] == "2027-01-15T10:00:03Z", "a renewal"
         op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "golden"})).json()
         assert (await next_change())["flashing"] == op["id"], "a flash begins"
-        await exporter.beat([board(), board("b1")], [service], flashes=[flash_report(op, "failed", "writing", 9)])
+        await exporter.beat([board(), board("b1")], [service], operations=[flash_report(op, "failed", "writing", 9)])
         ended = await next_change()
         assert (ended["flashing"], ended["needs_recovery"]) == (None, True), "a flash ends"
         await api.post(f"/leases/{lease['id']}/release")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 from urllib.parse import parse_qs
+
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
@@ -34,9 +36,11 @@ COOKIE_MAX_AGE = 30 * 86400  # a cookie outliving its token is no sign-in (ident
 NO_STORE = {"Cache-Control": "no-store"}  # pages hold the viewer's leases and CSRF value
 
 
-def device_row(device: dict) -> str:
+def device_row(device: Mapping[str, Any]) -> str:
     """A device's row of the board, as ``GET /api/v1/devices`` shows the device."""
-    return str(TEMPLATES.get_template("rows.html").module.device_row(device))
+    rows: Any = TEMPLATES.get_template("rows.html").module  # (its macros are its attributes)
+    return str(rows.device_row(device))
+
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ def _shown(lease: dict) -> dict:
 async def _my_leases(request: Request, viewer: Viewer, device: str | None = None) -> list[dict]:
     if viewer.name is None:
         return []
-    leases = await request.app.state.rules.my_leases(viewer.name, device)
+    leases = await request.app.state.rules.leases.mine(viewer.name, device)
     return [_shown(lease) for lease in leases if lease["state"] in LIVE_LEASE_STATES]
 
 
@@ -92,26 +96,29 @@ def _page(request: Request, template: str, viewer: Viewer, status: int = 200, **
 async def board(request: Request) -> Response:
     """The devices board: live over /api/v1/events."""
     rules, viewer = request.app.state.rules, await _viewer(request)
-    candidates = [c for c in await rules.candidates() if not c["adopted_as"]] if viewer.admin else []
-    return _page(request, "board.html", viewer, devices=await rules.list_devices(),
+    candidates = [c for c in await rules.devices.candidates() if not c["adopted_as"]] if viewer.admin else []
+    return _page(request, "board.html", viewer, devices=await rules.devices.list_devices(),
                  mine=await _my_leases(request, viewer), candidates=candidates)
 
 
 @answers("text/html")
 async def device_page(request: Request) -> Response:
     """A device: its row, the viewer's lease on it (camera, screen), its last state changes,
-    flashes and known-good image."""
+    operations and known-good image."""
     rules, viewer, name = request.app.state.rules, await _viewer(request), request.path_params["name"]
     try:
-        device = await rules.device_info(name)
+        device = await rules.devices.device_info(name)
     except APIError as exc:
         if exc.status != 404:
             raise
         return _page(request, "missing.html", viewer, 404, name=name)
-    return _page(request, "device.html", viewer, device=device, log=list(reversed(await rules.device_log(name))),
-                 flashes=await rules.flashes_of(name), known_good=await rules.known_good_image(device),
+    return _page(request, "device.html", viewer, device=device,
+                 log=list(reversed(await rules.devices.device_log(name))),
+                 operations=await rules.operations.of_device(name),
+                 known_good=await rules.images.known_good_image(device),
+
                  flash_target=any(r["kind"] == FLASH_KIND for r in device["resources"]),
-                 images=await rules.list_images(name) if viewer.admin else [],
+                 images=await rules.images.list_images(name) if viewer.admin else [],
                  mine=await _my_leases(request, viewer, name))
 
 

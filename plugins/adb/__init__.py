@@ -22,13 +22,21 @@ import os
 import shutil
 import threading
 
-from device_loop.plugin import (Endpoint, Health, Resource, Service, ServiceError, UsbDevice, hookimpl, port_is_free,
-                                run, usb_devices, wait_port_free)
+from pydantic import Field
+
+from device_loop.plugin import (Endpoint, EndpointRole, Health, PluginConfig, Resource, Service, ServiceError,
+                                UsbDevice, hookimpl, port_is_free, run, usb_devices, wait_port_free)
 
 log = logging.getLogger(__name__)
 ADB_INTERFACE = ("ff", "42", "01")
 NO_ONE_DEVICE = ("this adb lacks --one-device (platform-tools 35+ has it), so one adb server "
                  "would claim every phone on the host")
+
+class AdbConfig(PluginConfig):
+    """A phone's entry: which phone the device is."""
+
+    serial: str = Field(min_length=1, description="the phone's USB serial number (its adb serial)")
+
 
 def _phones(host) -> list[UsbDevice]:
     return [d for d in usb_devices(host.sysfs_root) if ADB_INTERFACE in (i.triple for i in d.interfaces) and d.serial]
@@ -63,6 +71,10 @@ class AdbPlugin:
         self.starting = threading.Lock()   # starts run in parallel; the global server is stopped once
 
     @hookimpl
+    def devloop_config_model(self):
+        return AdbConfig
+
+    @hookimpl
     def devloop_available(self, host):
         if not shutil.which("adb"):
             return "adb is not installed (Debian: apt-get install adb)"
@@ -77,7 +89,7 @@ class AdbPlugin:
 
     @hookimpl
     def devloop_discover(self, host):
-        named = {str(e.settings.get("serial")): e for e in host.configured("adb")}
+        named = {e.config.serial: e for e in host.entries}
         resources = []
         for phone in _phones(host):
             identifier = f"adb:{phone.serial}"
@@ -120,7 +132,8 @@ class AdbPlugin:
             proc.stop()
             raise ServiceError(f"adb server did not start: {problem}")
         self.serving.add(serial)
-        endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", params={"serial": serial},
+        endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", role=EndpointRole.ADB,
+                            params={"serial": serial},
                             command="adb -H {host} -P {port} -s {serial} shell",
                             env={"ANDROID_ADB_SERVER_ADDRESS": "{host}", "ANDROID_ADB_SERVER_PORT": "{port}",
                                  "ANDROID_SERIAL": "{serial}"})

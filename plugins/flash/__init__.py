@@ -12,16 +12,18 @@ Config: a ``[[devices.resources]]`` entry with ``plugin = "flash"`` and one of:
 ``timeout`` (seconds or ``10m``; fastboot 10m, a command 30m) bounds a program's run: past
 it, the program and everything it forked are killed and the flash fails. The backend is
 chosen here, by the config, never by the request. The target is a resource of kind
-``flash``: the coordinator never serves it to a lease holder.
+``flash`` that serves no lease: it runs one operation, ``flash``, whose image the exporter
+fetched and verified (``op.image``).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
-from device_loop.plugin import FlashError, Health, hookimpl, usb_devices
+from device_loop.plugin import Health, OperationError, OperationKind, hookimpl, usb_devices
 
-from .backends import KEYS, backend_of, flash_with
+from .backends import FlashConfig, flash_with
 
 
 @hookimpl
@@ -30,37 +32,52 @@ def devloop_available(host):
 
 
 @hookimpl
-def devloop_check_config(entry):
-    return entry.problem(KEYS, backend_of)
+def devloop_config_model():
+    return FlashConfig
 
 
 @hookimpl
 def devloop_discover(host):
-    return [entry.resource("flash", f"flash:{host.name}:{entry.device}")
-            for entry, _ in host.usable("flash", KEYS, backend_of)]
+    return [dataclasses.replace(entry.resource("flash", f"flash:{host.name}:{entry.device}"), serves_lease=False)
+            for entry in host.entries]
 
 
 @hookimpl
 def devloop_health(host, resource):
-    backend, settings = backend_of(resource.config)
+    config = resource.config
+    backend = config.backend
     if backend == "target":
-        target = Path(settings["target"])
+        target = Path(config.target)
         if not target.exists():
             return Health("failed", f"flash target {target} does not exist")
         if not os.access(target, os.W_OK):
             return Health("failed", f"flash target {target} is not writable by the exporter")
     elif backend == "fastboot":
         serials = {usb.serial for usb in usb_devices(host.sysfs_root)}
-        if settings["fastboot"] not in serials:
-            return Health("degraded", f"no USB device with serial {settings['fastboot']} (a flash waits for it, "
+        if config.fastboot not in serials:
+            return Health("degraded", f"no USB device with serial {config.fastboot} (a flash waits for it, "
                                       f"up to its timeout)")
     return Health("ok")
 
 
+FLASH = OperationKind("flash", "write an image of the registry to the device, and check it where it can be read "
+                               "back", exclusive=True, destructive=True)
+
+
 @hookimpl
-def devloop_flash(host, resource, image, progress):
+def devloop_operations(host, resource):
+    return [FLASH] if resource.kind == "flash" else None
+
+
+@hookimpl
+def devloop_operate(host, resource, op):
+    if op.kind != FLASH.kind:
+        raise OperationError(f"a flash target runs {FLASH.kind!r} alone, not {op.kind!r}", changed=False)
+    if op.image is None:
+        raise OperationError("a flash writes an image, and none came with this one", changed=False)
     try:
-        return flash_with(host, resource, image, progress)
+        return flash_with(host, resource, op.image, lambda phase, done: op.progress(phase, done, op.image.size,
+                                                                                    "bytes"))
     except OSError as exc:
-        raise FlashError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+        raise OperationError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
 

@@ -4,71 +4,101 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from device_loop.plugin import FlashError, parse_duration
+from pydantic import Field, field_validator, model_validator
+
+from device_loop.plugin import OperationError, PluginConfig, parse_duration
 
 from .file_target import write_and_verify
 
 BACKENDS = ("target", "fastboot", "command")
 DEFAULT_TIMEOUT_S = {"fastboot": 600.0, "command": 1800.0}
 FIELDS = ("image", "sha256", "size", "device", "name")
-KEYS = (*BACKENDS, "partition", "timeout")
 
 
-def backend_of(settings: dict) -> tuple[str, dict]:
-    """(the backend, its settings with defaults); ValueError says what is wrong."""
-    chosen = [name for name in BACKENDS if name in settings]
-    if len(chosen) != 1:
-        raise ValueError(f"give exactly one of {', '.join(BACKENDS)} (found: {', '.join(chosen) or 'none'})")
-    backend = chosen[0]
-    value = settings[backend]
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{backend} must be a non-empty string, not {value!r}")
-    out = {backend: value}
-    if backend == "fastboot":
-        out["partition"] = settings.get("partition", "boot")
-    if backend == "command":
+class FlashConfig(PluginConfig):
+    """A flash target's entry: exactly one of ``BACKENDS``, and what goes with it."""
+
+    target: str | None = Field(default=None, description="a block device or a file")
+    fastboot: str | None = Field(default=None, description="a phone's serial number, flashed with fastboot")
+    partition: str = Field(default="boot", min_length=1, description="the partition fastboot writes")
+    command: str | None = Field(default=None, description="a command template, run without a shell")
+    timeout: float | None = Field(default=None, description="how long fastboot or the command may run")
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, value):
         try:
-            argv = shlex.split(value)
-            [arg.format(**{f: "" for f in FIELDS}) for arg in argv]
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return parse_duration(value)
+        except (ValueError, TypeError):
+            raise ValueError(f"timeout must be a positive number of seconds (or 90s, 10m, 1h), not {value!r}") \
+                from None
+
+    @field_validator("command")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        try:
+            [arg.format(**{f: "" for f in FIELDS}) for arg in shlex.split(value or "")]
         except (ValueError, KeyError, IndexError) as exc:
             raise ValueError(f"command {value!r} is not a usable template ({exc}); fields: "
                              f"{', '.join('{' + f + '}' for f in FIELDS)}") from None
-        out["argv"] = argv
-    if backend in DEFAULT_TIMEOUT_S:
-        timeout = settings.get("timeout", DEFAULT_TIMEOUT_S[backend])
-        try:
-            if isinstance(timeout, bool):
-                raise ValueError(timeout)
-            out["timeout"] = parse_duration(timeout)
-        except (ValueError, TypeError):
-            raise ValueError(f"timeout must be a positive number of seconds (or 90s, 10m, 1h), not {timeout!r}") \
-                from None
-    return backend, out
+        return value
+
+    @model_validator(mode="after")
+    def _one_backend(self):
+        chosen = [name for name in BACKENDS if getattr(self, name) is not None]
+        if len(chosen) != 1:
+            raise ValueError(f"give exactly one of {', '.join(BACKENDS)} (found: {', '.join(chosen) or 'none'})")
+        if not getattr(self, chosen[0]).strip():
+            raise ValueError(f"{chosen[0]} must not be blank")
+        if "partition" in self.model_fields_set and chosen[0] != "fastboot":
+            raise ValueError("partition goes with fastboot")
+        if self.timeout is not None and chosen[0] not in DEFAULT_TIMEOUT_S:
+            raise ValueError(f"timeout goes with {' or '.join(DEFAULT_TIMEOUT_S)}: a target is written by the "
+                             "exporter itself")
+        return self
+
+    @property
+    def backend(self) -> str:
+        """Which of ``BACKENDS`` writes the image."""
+        return next(name for name in BACKENDS if getattr(self, name) is not None)
+
+    @property
+    def argv(self) -> list[str]:
+        """The command template, split as a shell would (it is run without one)."""
+        return shlex.split(self.command or "")
+
+    @property
+    def timeout_s(self) -> float:
+        """How long the program (fastboot or the command) may run."""
+        return self.timeout or DEFAULT_TIMEOUT_S[self.backend]
 
 
 def flash_with(host, resource, image, progress) -> str:
-    backend, settings = backend_of(resource.config)
+    config = resource.config
+    backend = config.backend
     if backend == "target":
-        return write_and_verify(Path(settings["target"]), image, progress)
+        return write_and_verify(Path(config.target), image, progress)
     if backend == "fastboot":
-        argv = ["fastboot", "-s", settings["fastboot"], "flash", settings["partition"], str(image.path)]
-        what = f"fastboot {settings['partition']} of {settings['fastboot']}"
+        argv = ["fastboot", "-s", config.fastboot, "flash", config.partition, str(image.path)]
+        what = f"fastboot {config.partition} of {config.fastboot}"
     else:
         fields = {"image": str(image.path), "sha256": image.sha256, "size": image.size, "device": resource.device,
                   "name": image.name}
-        argv = [arg.format(**fields) for arg in settings["argv"]]
+        argv = [arg.format(**fields) for arg in config.argv]
         what = argv[0]
     progress("writing", 0)
     try:
-        code, output = host.run_to_end(argv, name=f"flash-{resource.device}", timeout=settings["timeout"])
+        code, output = host.run_to_end(argv, name=f"flash-{resource.device}", timeout=config.timeout_s)
     except OSError as exc:
-        raise FlashError(f"cannot run {argv[0]}: {exc.strerror}", changed=False) from None
+        raise OperationError(f"cannot run {argv[0]}: {exc.strerror}", changed=False) from None
     last = " / ".join(line.strip() for line in output.strip().splitlines()[-3:] if line.strip())
     if code is None:
-        hint = f" (is {settings['fastboot']} plugged in and in fastboot mode?)" if backend == "fastboot" else ""
-        raise FlashError(f"{what} did not finish within {settings['timeout']:g}s{hint}; killed it"
+        hint = f" (is {config.fastboot} plugged in and in fastboot mode?)" if backend == "fastboot" else ""
+        raise OperationError(f"{what} did not finish within {config.timeout_s:g}s{hint}; killed it"
                          + (f"; it said: {last}" if last else ""))
     if code != 0:
-        raise FlashError(f"{what} failed (exit code {code})" + (f": {last}" if last else ""))
+        raise OperationError(f"{what} failed (exit code {code})" + (f": {last}" if last else ""))
     progress("writing", image.size)
     return f"written by {what}; not read back (it cannot be)"

@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from device_loop.plugin import FlashError
+from device_loop.plugin import OperationError
 
 CHUNK = 4 << 20  # bytes per read and write: one buffer, reused (memory stays flat whatever the image's size)
 
@@ -21,11 +21,11 @@ def write_and_verify(target: Path, image, progress) -> str:
     try:
         block = stat.S_ISBLK(os.stat(target).st_mode)
         if block and _device_size(target) < image.size:
-            raise FlashError(f"{target} holds {_device_size(target)} bytes, less than the image's {image.size}",
+            raise OperationError(f"{target} holds {_device_size(target)} bytes, less than the image's {image.size}",
                              changed=False)
         out = os.open(target, os.O_WRONLY | (0 if block else os.O_TRUNC))
     except OSError as exc:
-        raise FlashError(f"cannot open the flash target {target}: {exc.strerror}", changed=False) from None
+        raise OperationError(f"cannot open the flash target {target}: {exc.strerror}", changed=False) from None
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     done = 0
@@ -41,10 +41,10 @@ def write_and_verify(target: Path, image, progress) -> str:
     finally:
         os.close(out)
     if done != image.size:
-        raise FlashError(f"the cached image had {done} bytes, not {image.size}")
+        raise OperationError(f"the cached image had {done} bytes, not {image.size}")
     got = _read_back(target, image.size, buffer, progress)
     if got != image.sha256:
-        raise FlashError(f"read-back of {target} hashes to {got}, not to the image's {image.sha256}: the target "
+        raise OperationError(f"read-back of {target} hashes to {got}, not to the image's {image.sha256}: the target "
                          "did not keep what was written")
     return f"written to {target} and verified by read-back (sha256 {image.sha256[:12]}...)"
 

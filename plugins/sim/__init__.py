@@ -7,9 +7,18 @@ the serial bridge (``start_bridge``), as a thread of the exporter (the boards li
 """
 import os
 
-from device_loop.plugin import Health, hookimpl, start_bridge
+from pydantic import Field
+
+from device_loop.plugin import Health, PluginConfig, hookimpl, start_bridge
 
 from .board import SimBoard
+
+
+class SimConfig(PluginConfig):
+    """A simulated board's entry."""
+
+    baud: int = Field(default=115200, gt=0, description="the speed its console says it runs at")
+
 
 class SimPlugin:
     """The boards of one exporter (a plugin object: each exporter that loads it has its own)."""
@@ -18,12 +27,16 @@ class SimPlugin:
         self.boards: dict[str, SimBoard] = {}
 
     @hookimpl
+    def devloop_config_model(self):
+        return SimConfig
+
+    @hookimpl
     def devloop_available(self, host):
         return None
 
     @hookimpl
     def devloop_startup(self, host):
-        for entry in host.configured("sim"):
+        for entry in host.entries:
             if entry.device not in self.boards:
                 self.boards[entry.device] = SimBoard(entry.device, host.state_dir / "sim" / entry.device)
 
@@ -35,7 +48,7 @@ class SimPlugin:
     @hookimpl
     def devloop_discover(self, host):
         return [entry.resource("uart", f"sim:{host.name}:{entry.device}", node=self.boards[entry.device].node)
-                for entry in host.configured("sim") if entry.device in self.boards]
+                for entry in host.entries if entry.device in self.boards]
 
     @hookimpl
     def devloop_health(self, resource):
@@ -46,5 +59,5 @@ class SimPlugin:
     @hookimpl
     def devloop_start(self, host, resource, lease):
         self.boards[resource.device].fresh_line()  # a lease starts: not glued to what the last holder typed
-        return start_bridge(host, resource, lease, resource.node, int(resource.config.get("baud", 115200)),
+        return start_bridge(host, resource, lease, resource.node, resource.config.baud,
                             in_thread=True)

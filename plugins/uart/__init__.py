@@ -21,8 +21,12 @@ import logging
 import os
 import re
 import shutil
+from typing import Literal
 
-from device_loop.plugin import Health, Resource, UsbTty, hookimpl, parse_framing, start_bridge, usb_ttys
+from pydantic import Field, field_validator, model_validator
+
+from device_loop.plugin import (Health, PluginConfig, Resource, ServiceError, UsbTty, hookimpl, parse_framing,
+                                start_bridge, usb_ttys)
 
 from .ser2net import start_ser2net
 
@@ -34,38 +38,74 @@ def _ser2net() -> str | None:
     return shutil.which("ser2net", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
 
 
-def _settings(config: dict) -> tuple[int, str, bool, str]:
-    """(baud, framing, raw, server) from the config entry; ValueError names what is wrong."""
-    baud = config.get("baud", 115200)
-    if not isinstance(baud, int) or isinstance(baud, bool) or not 50 <= baud <= 20_000_000:
-        raise ValueError(f"baud must be a whole number of bits per second, not {baud!r}")
-    framing = config.get("framing", "8N1")
-    parse_framing(str(framing))
-    raw = config.get("raw", False)
-    if not isinstance(raw, bool):
-        raise ValueError(f"raw must be true or false, not {raw!r}")
-    server = config.get("server", "auto")
-    if server not in ("auto", "ser2net", "bridge"):
-        raise ValueError(f"server must be auto, ser2net or bridge, not {server!r}")
-    if server == "ser2net" and not _ser2net():
+class UartConfig(PluginConfig):
+    """A UART's entry: which one (``path`` or ``usb_serial``), and how it is served."""
+
+    path: str | None = Field(default=None, min_length=1, description="its device node: /dev/serial/by-id/..., a pty")
+    usb_serial: str | None = Field(default=None, min_length=1, description="the serial number of a USB adapter")
+    usb_interface: str = Field(default="00", description="the adapter's interface: a number, or two hex digits")
+    baud: int = Field(default=115200, ge=50, le=20_000_000, description="bits per second")
+    framing: str = Field(default="8N1", description="data bits, parity, stop bits")
+    raw: bool = Field(default=False, description="a raw TCP endpoint too, beside the RFC 2217 one (ser2net)")
+    server: Literal["auto", "ser2net", "bridge"] = Field(
+        default="auto", description="auto: ser2net where installed, else the built-in bridge")
+
+    @field_validator("usb_interface", mode="before")
+    @classmethod
+    def _as_sysfs_writes_it(cls, value):
+        """1 -> "01", "0A" -> "0a": two hex digits, as sysfs names an interface."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not 0 <= value <= 255:
+                raise ValueError(f"usb_interface must be a number from 0 to 255, not {value}")
+            return f"{value:02x}"
+        if isinstance(value, str):
+            if not re.fullmatch(r"[0-9A-Fa-f]{1,2}", value):
+                raise ValueError(
+                    f"usb_interface must be a number, or two hex digits as sysfs writes them, not {value!r}")
+
+            return value.lower().zfill(2)
+        return value
+
+    @field_validator("framing")
+    @classmethod
+    def _framing(cls, value: str) -> str:
+        parse_framing(value)  # its ValueError says what a framing looks like
+        return value
+
+    @model_validator(mode="after")
+    def _one_uart(self):
+        if (self.path is None) == (self.usb_serial is None):
+            raise ValueError("give path (a device node) or usb_serial (a USB adapter's serial number): one of them")
+        if self.path is not None and "usb_interface" in self.model_fields_set:
+            raise ValueError("usb_interface goes with usb_serial, not with path")
+        return self
+
+
+#: How an adapter that no entry names is served.
+UNNAMED = UartConfig.model_construct()
+
+
+def _server(config: UartConfig) -> str:
+    """What serves the UART here, ``ser2net`` or ``bridge``; ValueError when the config asks
+    for ser2net and this host has none."""
+    if config.server == "ser2net" and not _ser2net():
         raise ValueError("server = ser2net, but ser2net is not installed")
-    if server == "auto":
-        server = "ser2net" if _ser2net() else "bridge"
-    return baud, str(framing), raw, server
+    if config.server == "auto":
+        return "ser2net" if _ser2net() else "bridge"
+    return config.server
+
+
+@hookimpl
+def devloop_config_model():
+    return UartConfig
 
 
 @hookimpl
 def devloop_check_config(entry):
-    settings = entry.settings
-    try:
-        _settings(settings)
-    except ValueError as exc:
-        return str(exc)
-    if "path" in settings:
-        return f"{settings['path']} does not exist (unplugged?)"
-    if "usb_serial" in settings:
-        return f"no USB serial adapter with serial number {settings['usb_serial']!r} is plugged in"
-    return "give path (a device node) or usb_serial (a USB adapter's serial number)"
+    config = entry.config
+    if config.path is not None:
+        return f"{config.path} does not exist (unplugged?)"
+    return f"no USB serial adapter with serial number {config.usb_serial!r} is plugged in"
 
 
 @hookimpl
@@ -95,11 +135,6 @@ def _identities(ttys: list[UsbTty]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _interface(value) -> str:
-    """``usb_interface`` as sysfs writes it: two hex digits (1 -> "01", "0A" -> "0a")."""
-    return f"{value:02x}" if isinstance(value, int) else str(value).lower().zfill(2)
-
-
 @hookimpl
 def devloop_discover(host):
     ttys = usb_ttys(host.sysfs_root)
@@ -107,29 +142,27 @@ def devloop_discover(host):
     identity = _identities(ttys)
     claimed: set[str] = set()
     resources = []
-    for entry in host.configured("uart"):
-        settings = entry.settings
-        if "path" in settings:
-            if not os.path.exists(settings["path"]):
+    for entry in host.entries:
+        config = entry.config
+        if config.path is not None:
+            if not os.path.exists(config.path):
                 continue  # unplugged: a node on this host that is gone is really gone
-            tty = by_name.get(os.path.basename(os.path.realpath(settings["path"])))
-            identifier = identity[tty.name][0] if tty else f"uart:{host.name}:{settings['path']}"
-            resources.append(entry.resource("uart", identifier, node=settings["path"]))
-        elif "usb_serial" in settings:
-            wanted = (str(settings["usb_serial"]), _interface(settings.get("usb_interface", 0)))
+            tty = by_name.get(os.path.basename(os.path.realpath(config.path)))
+            identifier = identity[tty.name][0] if tty else f"uart:{host.name}:{config.path}"
+            resources.append(entry.resource("uart", identifier, node=config.path))
+        else:
+            wanted = (config.usb_serial, config.usb_interface)
             tty = next((t for t in ttys if (t.device.serial, t.interface) == wanted and not t.port), None)
             if tty is None:
                 continue
             resources.append(entry.resource("uart", identity[tty.name][0], node=f"/dev/{tty.name}"))
-        else:
-            continue  # neither: the exporter lists it among the devices it cannot serve
         if tty:
             claimed.add(tty.name)
     for tty in ttys:
         if tty.name not in claimed:
             identifier, name = identity[tty.name]
-            resources.append(Resource(device=name, kind="uart", identifier=identifier,
-                                      device_class="uart-adapter", tags=("usb",), node=f"/dev/{tty.name}"))
+            resources.append(Resource(device=name, kind="uart", identifier=identifier, device_class="uart-adapter",
+                                      tags=("usb",), node=f"/dev/{tty.name}", config=UNNAMED))
     return resources
 
 
@@ -141,7 +174,7 @@ def devloop_health(resource):
     if not os.access(resource.node, os.R_OK | os.W_OK):
         return Health("failed", f"the exporter may not read and write {resource.node}")
     try:
-        _settings(resource.config)
+        _server(resource.config)
     except ValueError as exc:
         return Health("failed", f"config: {exc}")
     return Health("ok")
@@ -149,7 +182,12 @@ def devloop_health(resource):
 
 @hookimpl
 def devloop_start(host, resource, lease):
-    baud, framing, raw, server = _settings(resource.config)
+    config = resource.config
+    baud, framing, raw = config.baud, config.framing, config.raw
+    try:
+        server = _server(config)
+    except ValueError as exc:
+        raise ServiceError(str(exc)) from None
     if server == "ser2net":
         return start_ser2net(host, resource, lease, _ser2net(), resource.node, baud, framing, raw)
     if raw:

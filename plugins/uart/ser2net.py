@@ -1,7 +1,7 @@
 """One ser2net 4.x process per leased UART: telnet with RFC 2217, and raw TCP if asked."""
 from __future__ import annotations
 
-from device_loop.plugin import CONSOLE_COMMAND, Endpoint, Service, ServiceError
+from device_loop.plugin import CONSOLE_COMMAND, Endpoint, EndpointRole, Service, ServiceError
 
 ATTEMPTS = 3
 FAILED = ("Address already in use", "Unable to startup network port", "invalid")
@@ -41,7 +41,7 @@ def start_ser2net(host, resource, lease, ser2net: str, device: str, baud: int, f
         if problem is None:
             params = {"baud": baud, "framing": framing}
             return Service(endpoints=[Endpoint(resource.kind, host.advertise_address, port, protocol=p, params=params,
-                                               command=CONSOLE_COMMAND)
+                                               command=CONSOLE_COMMAND, role=EndpointRole.CONSOLE)
                                       for p, port in ports.items()], processes=[proc])
         proc.stop(grace=0.5)  # a ser2net that failed to bind ignores the first SIGTERM anyway
         if "invalid" in problem:

@@ -26,32 +26,54 @@ import os
 import time
 from pathlib import Path
 
-from device_loop.plugin import Health, ServiceError, hookimpl, python_module, usb_devices
+from pydantic import Field, field_validator, model_validator
+
+from device_loop.plugin import EndpointRole, Health, PluginConfig, ServiceError, hookimpl, python_module, usb_devices
 
 SOURCES = ("source", "usb_serial", "usb_port", "path", "file", "url")
-DEFAULTS = {"width": 1280, "height": 720, "fps": 15, "quality": 80}
-LIMITS = {"width": (16, 7680), "height": (16, 4320), "fps": (1, 60), "quality": (10, 100)}
-KEYS = (*SOURCES, *DEFAULTS)
 COMMAND = "device-loop video {lease}"
 OPEN_TIMEOUT_S = 15.0  # a network stream may take a while to answer
 READY, FAILED = "camera ready", "camera failed: "  # what the stream service says once it tried its source
 
 
-def _settings(config: dict) -> dict:
-    """The entry's settings with defaults; ValueError says what is wrong."""
-    given = [key for key in SOURCES if key in config]
-    if len(given) != 1:
-        raise ValueError(f"give exactly one of {', '.join(SOURCES)} (found: {', '.join(given) or 'none'})")
-    if "source" in config and config["source"] != "sim":
-        raise ValueError(f"source = {config['source']!r}: the only source by name is \"sim\"; use path, file or url")
-    out = {"from": given[0], "where": str(config[given[0]])}
-    for key, default in DEFAULTS.items():
-        value = config.get(key, default)
-        low, high = LIMITS[key]
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
-            raise ValueError(f"{key} must be a number from {low} to {high}, not {value!r}")
-        out[key] = value
-    return out
+class VideoConfig(PluginConfig):
+    """A camera's entry: where its frames come from (exactly one of ``SOURCES``), and what
+    the stream makes of them."""
+
+    source: str | None = Field(default=None, description='"sim": a simulated camera')
+    usb_serial: str | None = Field(default=None, min_length=1, description="a V4L2 USB camera's serial number")
+    usb_port: str | None = Field(default=None, min_length=1, description="the USB port of a camera without one")
+    path: str | None = Field(default=None, min_length=1, description="a device node")
+    file: str | None = Field(default=None, min_length=1, description="a video file, played in a loop")
+    url: str | None = Field(default=None, min_length=1, description="a stream OpenCV opens")
+    width: int = Field(default=1280, ge=16, le=7680)
+    height: int = Field(default=720, ge=16, le=4320)
+    fps: float = Field(default=15, ge=1, le=60)
+    quality: int = Field(default=80, ge=10, le=100, description="JPEG quality")
+
+    @field_validator("source")
+    @classmethod
+    def _by_name(cls, value: str | None) -> str | None:
+        if value is not None and value != "sim":
+            raise ValueError(f"the only source by name is \"sim\", not {value!r}; use path, file or url")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        given = [key for key in SOURCES if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(SOURCES)} (found: {', '.join(given) or 'none'})")
+        return self
+
+    @property
+    def origin(self) -> str:
+        """Which of ``SOURCES`` the entry gives."""
+        return next(key for key in SOURCES if getattr(self, key) is not None)
+
+    @property
+    def where(self) -> str:
+        """Its value: the serial, port, node, file or URL."""
+        return getattr(self, self.origin)
 
 
 def fail_switch(host, device: str) -> Path:
@@ -87,13 +109,15 @@ def devloop_available(host):
 
 
 @hookimpl
+def devloop_config_model():
+    return VideoConfig
+
+
+@hookimpl
 def devloop_check_config(host, entry):
-    problem = entry.problem(KEYS, _settings)
-    if problem:
-        return problem
-    settings = _settings(entry.settings)
-    if settings["from"].startswith("usb_"):
-        return f"no V4L2 camera with {settings['from']} {settings['where']} is plugged in"
+    config = entry.config
+    if config.origin.startswith("usb_"):
+        return f"no V4L2 camera with {config.origin} {config.where} is plugged in"
     return None
 
 
@@ -101,14 +125,15 @@ def devloop_check_config(host, entry):
 def devloop_discover(host):
     cameras = None
     found = []
-    for entry, settings in host.usable("video", KEYS, _settings):
-        if settings["from"].startswith("usb_"):
+    for entry in host.entries:
+        config = entry.config
+        if config.origin.startswith("usb_"):
             cameras = _usb_cameras(host) if cameras is None else cameras
-            key = (settings["from"], settings["where"])
+            key = (config.origin, config.where)
             if key not in cameras:
                 continue
             node, usb = cameras[key]
-            who = usb.serial if settings["from"] == "usb_serial" else f"port-{settings['where']}"
+            who = usb.serial if config.origin == "usb_serial" else f"port-{config.where}"
             found.append(entry.resource("video", f"v4l2:{usb.vendor}:{usb.product}:{who}", node=node))
         else:
             found.append(entry.resource("video", f"video:{host.name}:{entry.device}"))
@@ -117,15 +142,15 @@ def devloop_discover(host):
 
 @hookimpl
 def devloop_health(host, resource):
-    settings = _settings(resource.config)
-    if settings["from"] == "source":
+    config = resource.config
+    if config.origin == "source":
         switch = fail_switch(host, resource.device)
         if switch.exists():
             return Health("failed", switch.read_text().strip() or "the simulated camera was unplugged")
-    elif settings["from"] in ("path", "file") or resource.node:
-        where = resource.node or settings["where"]
+    elif config.origin in ("path", "file") or resource.node:
+        where = resource.node or config.where
         if not os.path.exists(where):
-            return Health("failed", f"{where} does not exist" if settings["from"] == "file" else
+            return Health("failed", f"{where} does not exist" if config.origin == "file" else
                           f"{where} is gone (unplugged?)")
         if not os.access(where, os.R_OK):
             return Health("failed", f"{where} is not readable by the exporter")
@@ -137,17 +162,17 @@ def devloop_start(host, resource, lease):
     health = devloop_health(host, resource)
     if health.status == "failed":
         raise ServiceError(f"the camera cannot be used: {health.reason}")
-    settings = _settings(resource.config)
-    sim = settings["from"] == "source"
+    config = resource.config
+    sim = config.origin == "source"
     argv = [*python_module("device_loop.plugins.video.stream"), "--fd", "{fd}",
-            "--kind", "sim" if sim else "capture", "--source", "" if sim else (resource.node or settings["where"]),
+            "--kind", "sim" if sim else "capture", "--source", "" if sim else (resource.node or config.where),
             "--name", resource.device, "--fail-switch", str(fail_switch(host, resource.device)),
-            "--width", str(settings["width"]), "--height", str(settings["height"]),
-            "--fps", str(settings["fps"]), "--quality", str(settings["quality"])]
-    params = {"stream": "stream.mjpg", "snapshot": "snapshot.jpg", "width": settings["width"],
-              "height": settings["height"]}
+            "--width", str(config.width), "--height", str(config.height),
+            "--fps", str(config.fps), "--quality", str(config.quality)]
+    params = {"stream": "stream.mjpg", "snapshot": "snapshot.jpg", "width": config.width,
+              "height": config.height}
     service = host.serve_on_free_port(argv, resource, lease, name="video", protocol="http", params=params,
-                                      command=COMMAND)
+                                      command=COMMAND, role=EndpointRole.HTTP_STREAM)
     problem = _opened(service.processes[0])
     if problem:
         service.processes[0].stop()

@@ -17,7 +17,10 @@ import shutil
 import socket
 from pathlib import Path
 
-from device_loop.plugin import Endpoint, Health, Service, ServiceError, hookimpl, start_relay
+from pydantic import Field, model_validator
+
+from device_loop.plugin import (Endpoint, EndpointRole, Health, PluginConfig, Service, ServiceError, hookimpl,
+                                start_relay)
 
 NOVNC = Path("/usr/share/novnc")
 X_SOCKETS = Path("/tmp/.X11-unix")
@@ -25,23 +28,35 @@ COMMAND = "device-loop vnc {lease}"
 DISPLAY = re.compile(r"^:(\d{1,4})$")
 UPSTREAM = re.compile(r"^(.+):(\d{1,5})$")
 REACH_TIMEOUT_S = 5.0
-KEYS = ("upstream", "display")
 
 
-def _settings(config: dict) -> tuple[str, str]:
-    """("upstream", "host:port") or ("display", "N"); ValueError says what is wrong."""
-    given = [key for key in ("upstream", "display") if key in config]
-    if len(given) != 1:
-        raise ValueError(f"give exactly one of upstream (host:port) or display (:N) (found: "
-                         f"{', '.join(given) or 'none'})")
-    value = str(config[given[0]])
-    if given[0] == "display":
-        if not DISPLAY.match(value):
-            raise ValueError(f"display must look like :0, not {value!r}")
-        return "display", value[1:]
-    if not UPSTREAM.match(value) or not 0 < int(UPSTREAM.match(value).group(2)) < 65536:
-        raise ValueError(f"upstream must be host:port, not {value!r}")
-    return "upstream", value
+class VncConfig(PluginConfig):
+    """A screen's entry: exactly one of ``upstream`` and ``display``."""
+
+    upstream: str | None = Field(default=None, description="host:port of a VNC server that is there already")
+    display: str | None = Field(default=None, description=":N, an X display of this host")
+
+    @model_validator(mode="after")
+    def _one_screen(self):
+        given = [key for key in ("upstream", "display") if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of upstream (host:port) or display (:N) (found: "
+                             f"{', '.join(given) or 'none'})")
+        if self.display is not None and not DISPLAY.match(self.display):
+            raise ValueError(f"display must look like :0, not {self.display!r}")
+        if self.upstream is not None and not (UPSTREAM.match(self.upstream)
+                                              and 0 < int(UPSTREAM.match(self.upstream).group(2)) < 65536):
+            raise ValueError(f"upstream must be host:port, not {self.upstream!r}")
+        return self
+
+    def screen(self) -> tuple[str, str]:
+        """("upstream", "host:port") or ("display", "N")."""
+        return ("display", self.display[1:]) if self.display is not None else ("upstream", self.upstream)
+
+
+@hookimpl
+def devloop_config_model():
+    return VncConfig
 
 
 @hookimpl
@@ -53,10 +68,7 @@ def devloop_available(host):
 
 @hookimpl
 def devloop_check_config(host, entry):
-    problem = entry.problem(KEYS, _settings)
-    if problem:
-        return problem
-    kind, value = _settings(entry.settings)
+    kind, value = entry.config.screen()
     if kind == "display":
         if shutil.which("x11vnc") is None:
             return "serving an X display needs x11vnc (apt-get install x11vnc)"
@@ -67,7 +79,8 @@ def devloop_check_config(host, entry):
 @hookimpl
 def devloop_discover(host):
     found = []
-    for entry, (kind, value) in host.usable("vnc", KEYS, _settings):
+    for entry in host.entries:
+        kind, value = entry.config.screen()
         if kind == "display":
             if shutil.which("x11vnc") is None or not (X_SOCKETS / f"X{value}").exists():
                 continue
@@ -79,7 +92,7 @@ def devloop_discover(host):
 
 @hookimpl
 def devloop_health(host, resource):
-    kind, value = _settings(resource.config)
+    kind, value = resource.config.screen()
     if kind == "display" and not (X_SOCKETS / f"X{value}").exists():
         return Health("failed", f"display :{value} is gone (its X server stopped)")
     return Health("ok")
@@ -87,7 +100,7 @@ def devloop_health(host, resource):
 
 @hookimpl
 def devloop_start(host, resource, lease):
-    kind, value = _settings(resource.config)
+    kind, value = resource.config.screen()
     service = Service(endpoints=[])
     try:
         if kind == "display":
@@ -102,11 +115,11 @@ def devloop_start(host, resource, lease):
                 raise ServiceError(f"x11vnc did not start on display :{value}: {failed}")
             target = f"127.0.0.1:{port}"
             service.endpoints.append(Endpoint(kind="vnc", host=host.advertise_address, port=port, protocol="rfb",
-                                              command=COMMAND))
+                                              command=COMMAND, role=EndpointRole.RFB))
         else:
             target = value
             _reachable(value)
-            relay = start_relay(host, resource, lease, target, command=COMMAND, protocol="rfb")
+            relay = start_relay(host, resource, lease, target, command=COMMAND, protocol="rfb", role=EndpointRole.RFB)
             service.endpoints += relay.endpoints
             service.processes += relay.processes
         service.endpoints.append(_web_viewer(host, resource, lease, target, service))
@@ -140,4 +153,4 @@ def _web_viewer(host, resource, lease, target: str, service: Service) -> Endpoin
     socket_path = f"{lease.secret}/websockify" if lease.secret else "websockify"
     url = f"http://{host.advertise_address}:{port}/vnc.html?autoconnect=1&resize=scale&path={socket_path}"
     return Endpoint(kind="vnc-web", host=host.advertise_address, port=port, protocol="http", url=url,
-                    command=COMMAND)
+                    command=COMMAND, role=EndpointRole.WEB_VIEWER)

@@ -15,7 +15,21 @@ Exporter config::
 """
 import socket
 
-from device_loop.plugin import CONSOLE_COMMAND, Health, hookimpl, start_relay
+from pydantic import Field
+
+from device_loop.plugin import CONSOLE_COMMAND, EndpointRole, Health, PluginConfig, hookimpl, start_relay
+
+
+class NetconsoleConfig(PluginConfig):
+    """One console: the exporter refuses an entry with another key, or without these."""
+
+    address: str = Field(pattern=r"^[^:\s]+:\d{1,5}$", description="host:port of the console")
+    serial: str = Field(min_length=1, description="a stable identity (never the IP)")
+
+
+@hookimpl
+def devloop_config_model():
+    return NetconsoleConfig
 
 
 @hookimpl
@@ -26,15 +40,12 @@ def devloop_available(host):
 @hookimpl
 def devloop_discover(host):
     # Configured consoles only: this plugin never scans the network.
-    return [entry.resource("uart", f"netconsole:{entry.settings['serial']}")
-            for entry in host.configured("netconsole") if "serial" in entry.settings and "address" in entry.settings]
+    return [entry.resource("uart", f"netconsole:{entry.config.serial}") for entry in host.entries]
 
 
 @hookimpl
 def devloop_health(resource):
-    address, _, port = resource.config["address"].rpartition(":")
-    if not port.isdigit():
-        return Health("failed", f"address {resource.config['address']!r} is not host:port")
+    address, _, port = resource.config.address.rpartition(":")
     try:
         socket.getaddrinfo(address, int(port), type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -44,4 +55,5 @@ def devloop_health(resource):
 
 @hookimpl
 def devloop_start(host, resource, lease):
-    return start_relay(host, resource, lease, resource.config["address"], command=CONSOLE_COMMAND)
+    return start_relay(host, resource, lease, resource.config.address, command=CONSOLE_COMMAND,
+                       role=EndpointRole.CONSOLE)

@@ -1,5 +1,6 @@
-"""Heartbeats (DESIGN §4): each one replaces its host's snapshot, and is answered with the
-services that host should run.
+"""Hosts and their heartbeats (docs/architecture.md "The rules": reconcile, do not push):
+each heartbeat replaces its host's snapshot, and is answered with what that host should
+run (the services of live leases, the operations to begin).
 
 The snapshot stays the source of truth; what changes is how it is applied. It is compared
 with what the coordinator holds and only the difference is written, in batches: an
@@ -15,29 +16,35 @@ import hashlib
 import json
 import logging
 
-from device_loop.core import FLASH_KIND, PROTOCOL_VERSION
+from typing import Any, Mapping
+
+
+from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import DesiredState, DeviceReport, Heartbeat
+from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 
 from .errors import APIError, conflict
-from .flashes import Flashes
-from .lifecycle import device_state, ring_entry
+from .leases import Leases
+from .lifecycle import Lifecycle, device_state, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
-from .store import UniqueViolation
+from .operations import Operations
+from .rows import HostRow
+from .store import Store, UniqueViolation
 
 log = logging.getLogger(__name__)
 
 SUPERSEDED_KEPT = 8  # boot ids of a host remembered as replaced
 REPORT_CAUSE = "exporter report"  # a change with no more particular cause than the host's report
-_HEALTH_ORDER = {"ok": 0, "degraded": 1, "failed": 2}
+_HEALTH_ORDER = {status: n for n, status in enumerate(HealthStatus)}  # ok, degraded, failed: the worst wins
 
 
 def _cause(row: dict, new_state: str, cause: str) -> str:
     """The cause a change of state is logged with: a device that turns faulty says why
     (its failing resources' reasons), and one that recovers says that."""
-    if new_state == "faulty":
+    if new_state == DeviceState.FAULTY:
         failed = f"health failed: {row['health_reason'] or 'no reason given'}"
         return failed if cause == REPORT_CAUSE else f"{cause}; {failed}"
-    if row["state"] == "faulty" and new_state == "idle" and cause == REPORT_CAUSE:
+    if row["state"] == DeviceState.FAULTY and new_state == DeviceState.IDLE and cause == REPORT_CAUSE:
         return "health is ok again"
     return cause
 
@@ -68,7 +75,8 @@ class _Changes:
         self.identities: dict[str, list[dict]] = {}
         self.wake_host = False              # the host's desired state may have changed
 
-    def touch(self, row: dict, cause: str | None = None, **fields) -> dict:
+    def touch(self, row: Mapping[str, Any], cause: str | None = None, **fields) -> dict[str, Any]:
+
         """Take ``row`` into account (its state is recomputed), with ``fields`` changed."""
         current = self.rows.setdefault(row["name"], dict(row))
         if any(current.get(k) != v for k, v in fields.items()):
@@ -95,7 +103,13 @@ class _Changes:
         return [row for name, row in self.rows.items() if name in self.dirty]
 
 
-class Heartbeats(Flashes):
+class Hosts:
+    """What exporters report, and what they are answered."""
+
+    def __init__(self, life: Lifecycle, leases: Leases, operations: Operations):
+        self.life, self.leases, self.operations = life, leases, operations
+        self.store: Store = life.store
+
     async def heartbeat(self, host_name: str, report: Heartbeat, actor: str) -> dict:
         """Replace this host's snapshot and answer with its desired state."""
         if report.protocol != PROTOCOL_VERSION:
@@ -131,7 +145,7 @@ class Heartbeats(Flashes):
         return {d.name: _columns(d, digests[d.name]) for d in report.devices if stored.get(d.name) != digests[d.name]}
 
     @staticmethod
-    def _refuse_stale(host_name: str, previous: dict | None, report: Heartbeat) -> None:
+    def _refuse_stale(host_name: str, previous: HostRow | None, report: Heartbeat) -> None:
         """An older generation of this boot, or a boot that a newer start replaced: 409."""
         if previous is None:
             return
@@ -144,9 +158,9 @@ class Heartbeats(Flashes):
             raise conflict("stale_heartbeat", f"generation {report.generation} is older than "
                                               f"{previous['generation']} for boot {report.boot_id}")
 
-    async def _apply(self, host_name: str, previous: dict | None, report: Heartbeat, digests: dict[str, str],
+    async def _apply(self, host_name: str, previous: HostRow | None, report: Heartbeat, digests: dict[str, str],
                      columns: dict[str, dict], snapshot: str, actor: str) -> None:
-        now, online = self.clock(), not report.stopping
+        now, online = self.life.clock(), not report.stopping
         full = (previous is None or previous["boot_id"] != report.boot_id or previous["online"] != online
                 or previous["devices_digest"] != snapshot)
         if previous is None or online and previous["online"]:
@@ -159,8 +173,9 @@ class Heartbeats(Flashes):
         if full:
             claimed_before = {r["name"]: r for r in rows if r["conflict_host"] == host_name}
             await self._apply_devices(host_name, report, digests, columns, own, claimed_before, changes, online)
-            for name, row in own.items():
+            for row in own.values():
                 changes.touch(row)  # the host's online state may have changed: recompute all
+
             await self.store.save_candidates([{**c.model_dump(), "host": host_name, "last_seen": now}
                                               for c in report.candidates])
         activated = self._progress(report, own, changes)
@@ -172,17 +187,17 @@ class Heartbeats(Flashes):
         await self.store.add_ring_entries(changes.ring)
         ready = await self.store.activate_leases(activated)
         if ready:
-            self.store.after_commit(lambda: self.metrics.leases_ready([now - r["created_at"] for r in ready]))
+            self.store.after_commit(lambda: self.life.metrics.leases_ready([now - r["created_at"] for r in ready]))
         if rows_to_write:
-            self._notify(BOARD_KEY)
+            self.life.notify(BOARD_KEY)
         await self._save_host(host_name, previous, report, snapshot, now, online)
-        await self._apply_flash_reports(host_name, previous, report, actor)
+        await self.operations.apply_reports(host_name, previous, report, actor)
         if previous is not None and previous["link_lost"]:
             await self._wake_leases_of(host_name)  # ready again
         if changes.wake_host:
-            self._notify(host_key(host_name))
+            self.life.notify(host_key(host_name))
         if activated:
-            self._notify(*map(lease_key, activated))
+            self.life.notify(*map(lease_key, activated))
 
     async def _apply_devices(self, host_name: str, report: Heartbeat, digests: dict[str, str],
                              columns: dict[str, dict], own: dict[str, dict], claimed_before: dict[str, dict],
@@ -249,7 +264,7 @@ class Heartbeats(Flashes):
         if before - claimed:
             await self.store.drop_claims(host_name, sorted(before - claimed))
         if claimed != before:
-            self._notify(BOARD_KEY)
+            self.life.notify(BOARD_KEY)
 
     @staticmethod
     def _owner_elsewhere(device: DeviceReport, host_name: str, owners: dict[str, dict]) -> str | None:
@@ -280,13 +295,14 @@ class Heartbeats(Flashes):
             if (row["reclaim_lease"] and row["reclaim_lease"] not in report.applied and name not in serving
                     and not device.busy_by):
                 changes.touch(row, "exporter confirmed: services stopped, no orphan holds it", reclaim_lease=None)
-            ready = all((row["lease_id"], r.identifier) in up for r in device.resources if r.kind != FLASH_KIND)
-            if row["lease_state"] == "pending" and not row["retired"] and ready:
+            ready = all((row["lease_id"], r.identifier) in up for r in device.resources if r.service)
+            if row["lease_state"] == LeaseState.PENDING and not row["retired"] and ready:
                 activated.append(row["lease_id"])
-                changes.touch(row, "services up, endpoints published")["lease_state"] = "active"
+                changes.touch(row, "services up, endpoints published")["lease_state"] = LeaseState.ACTIVE
         return activated
 
-    async def _save_host(self, host_name: str, previous: dict | None, report: Heartbeat, snapshot: str,
+    async def _save_host(self, host_name: str, previous: HostRow | None, report: Heartbeat, snapshot: str,
+
                          now: float, online: bool) -> None:
         row = {"boot_id": report.boot_id, "generation": report.generation, "protocol": report.protocol,
                "version": report.version, "heartbeat_s": report.heartbeat_s, "plugins": report.plugins.model_dump(),
@@ -302,22 +318,26 @@ class Heartbeats(Flashes):
         changed = {k: v for k, v in row.items() if previous.get(k) != v or k in ("generation", "last_seen")}
         await self.store.save_host({"name": host_name, **changed}, new=False)
 
-    async def desired(self, host_name: str) -> dict:
-        """What ``host_name`` should run: the services of the live leases on its devices (a
-        flash target is not served: it is written through flashes only), and the flashes to begin."""
-        as_of = self.clock()
+    async def desired(self, host_name: str) -> dict[str, Any]:
+        """What ``host_name`` should run: the services of the live leases on its devices (not
+        of resources that serve no lease: a flash target is written through operations only),
+        and the operations to begin."""
+        as_of = self.life.clock()
         services = [{"lease": r["id"], "holder": r["holder"], "device": r["device"], "identifier": res["identifier"],
                      "kind": res["kind"], "plugin": res["plugin"], "secret": r["secret"]}
                     for r in await self.store.desired_services(host_name) for res in r["resources"]
-                    if res["kind"] != FLASH_KIND]
+                    if res.get("service", True)]
         adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": a["tags"]}
                    for a in await self.store.adoptions_on_host(host_name)]
-        flashes = [{"op": f["id"], "device": f["device"], "identifier": f["identifier"], "plugin": f["plugin"],
-                    "sha256": f["sha256"], "size": f["size"], "image": f["image_name"]}
-                   for f in await self.store.queued_flashes(host_name)]
-        etag = _digest(json.dumps([services, adopted, flashes], sort_keys=True))
-        return DesiredState(services=services, adopted=adopted, flashes=flashes, etag=etag,
-                            as_of=as_of).model_dump(by_alias=True)
+        operations = [{"op": o["id"], "kind": o["kind"], "device": o["device"], "identifier": o["identifier"],
+                       "plugin": o["plugin"], "requester": o["requester"], "args": o["args"],
+                       "image": {"sha256": o["image_sha256"], "size": o["image_size"], "name": o["image_name"]}
+                       if o["image_sha256"] else None}
+                      for o in await self.store.queued_operations(host_name)]
+        etag = _digest(json.dumps([services, adopted, operations], sort_keys=True))
+        return DesiredState.model_validate({"services": services, "adopted": adopted, "operations": operations,
+                                            "etag": etag, "as_of": as_of}).model_dump(by_alias=True, mode="json")
+
 
     async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone,
                            boot_id: str | None = None) -> dict:
@@ -328,7 +348,7 @@ class Heartbeats(Flashes):
         heartbeats again, rather than showing endpoints nobody serves for the seconds it
         takes to count it silent."""
         try:
-            return await self.notifier.long_poll(host_key(host_name), lambda: self.desired(host_name),
+            return await self.life.notifier.long_poll(host_key(host_name), lambda: self.desired(host_name),
                                                  lambda desired: desired["etag"] != etag, wait_s, gone)
         except CallerGone:
             if boot_id:
@@ -338,15 +358,15 @@ class Heartbeats(Flashes):
             raise
 
     async def _wake_leases_of(self, host_name: str) -> None:
-        self._notify(*[lease_key(r["id"]) for r in await self.store.desired_services(host_name)])
+        self.life.notify(*[lease_key(r["id"]) for r in await self.store.desired_services(host_name)])
 
-    async def _mark_silent_hosts(self, now: float, actor: str) -> None:
+    async def mark_silent(self, now: float, actor: str) -> None:
         """Hosts that stopped heartbeating go offline, with their devices and claims."""
-        silent = await self.store.hosts_silent_since(now, self.settings.offline_after_periods,
-                                                     self.settings.offline_after_min_s, self.serving_since)
+        silent = await self.store.hosts_silent_since(now, self.life.settings.offline_after_periods,
+                                                     self.life.settings.offline_after_min_s, self.life.serving_since)
         for host_name in silent:
             await self.store.set_host_offline(host_name)
             await self.store.drop_claims(host_name)
-            self._notify(BOARD_KEY)
+            self.life.notify(BOARD_KEY)
             for device in await self.store.devices_of_host(host_name):
-                await self._change(device, f"host {host_name} stopped heartbeating", actor)
+                await self.life.change(device, f"host {host_name} stopped heartbeating", actor)

@@ -1,0 +1,192 @@
+"""What the coordinator answers, as types: the REST routes and MCP tools return these, and
+the OpenAPI document describes each route's answer from them (``openapi.py``), so a shape
+is written once, here. Times are ISO 8601 text (``core.durations.iso``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
+
+from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState, OperationState
+
+
+class HolderAnswer(TypedDict, total=False):
+    """A process that holds a device node: its program and pid for anyone, its command line
+    (secrets redacted) for admins."""
+    pid: int
+    program: str
+    command: str
+
+
+class RunningOperation(TypedDict):
+    id: str
+    kind: str
+
+
+DeviceAnswer = TypedDict("DeviceAnswer", {
+    "name": str,
+    "class": str,
+    "tags": list[str],
+    "state": DeviceState,
+    "state_since": str | None,
+    "host": str | None,
+    "holder": str | None,
+    "expires_at": str | None,
+    "health": HealthStatus,
+    "health_reason": str,
+    "conflict_hosts": list[str],   # its owner, then another host that reports it too
+    "busy_by": list[HolderAnswer],
+    "resources": list[dict[str, Any]],
+    "needs_recovery": bool,
+    "recovery_reason": str | None,
+    "operation": RunningOperation | None,  # the exclusive operation running on it
+    "flashing": str | None,        # the id of that operation, when it is a flash
+    "lease": str | None,           # admins only: the id of its live lease
+}, total=False)
+
+
+# "from" is a keyword: the functional form
+LogEntry = TypedDict("LogEntry", {"at": str | None, "from": DeviceState, "to": DeviceState, "cause": str,
+                                  "actor": str})
+LogEntry.__doc__ = "One state change of a device's ring log."
+
+
+class EndpointAnswer(TypedDict, total=False):
+    kind: str
+    role: str
+    host: str
+    port: int
+    url: str
+    protocol: str
+    params: dict[str, str | int]
+    command: str
+    env: dict[str, str]
+
+
+class LeaseAnswer(TypedDict):
+    """A lease as its holder (or an admin) sees it."""
+    id: str
+    device: str
+    holder: str
+    state: LeaseState
+    created_at: str | None
+    expires_at: str | None
+    ended_at: str | None
+    end_reason: str | None
+    device_state: DeviceState
+    host: str | None
+    endpoints: list[EndpointAnswer]
+    ready: bool
+    reason: str
+    secret: str | None             # the gate's password while it lives
+    needs_recovery: str | None
+    operation: RunningOperation | None
+    flashing: str | None
+    commands: list[str]            # how to use its endpoints, as their plugins said
+
+
+class HostAnswer(TypedDict):
+    name: str
+    online: bool
+    protocol: int
+    version: str
+    boot_id: str
+    generation: int
+    heartbeat_s: float
+    heartbeat_age_s: float
+    draining: bool
+    last_seen: str | None
+    plugins: dict[str, Any]
+    link_lost: bool
+    address: str | None
+    devices: list[str]
+    claims: list[str]
+
+
+class ImageSummary(TypedDict):
+    name: str | None
+    sha256: str | None
+    size: int | None
+
+
+class ProgressAnswer(TypedDict):
+    done: int
+    total: int | None
+    unit: str
+
+
+class OperationAnswer(TypedDict, total=False):
+    """An operation on a device; ``lease`` only for its requester, the lease's holder and admins."""
+    id: str
+    kind: str
+    device: str
+    host: str
+    lease: str | None
+    requester: str
+    args: dict[str, Any]
+    state: OperationState
+    phase: str
+    progress: ProgressAnswer
+    message: str
+    result: dict[str, Any] | None
+    seconds: dict[str, float]
+    created_at: str | None
+    started_at: str | None
+    ended_at: str | None
+    # an operation that writes an image of the registry (a flash), as flashes always showed it
+    purpose: str
+    image: ImageSummary
+    done_bytes: int
+    total_bytes: int | None
+
+
+ImageAnswer = TypedDict("ImageAnswer", {
+    "sha256": str,
+    "ref": str,            # sha256: and 12 digits: what names it and nothing else
+    "name": str,
+    "size": int,
+    "description": str,
+    "for": str,            # device:NAME or class:NAME
+    "uploader": str,
+    "created_at": str | None,
+    "last_used_at": str | None,
+    "known_good_for": list[str],
+})
+
+
+class TokenAnswer(TypedDict, total=False):
+    id: str
+    user: str
+    admin: bool
+    host: str | None
+    created_at: str | None
+    expires_at: str | None
+    revoked_at: str | None
+    token: str | None   # only in the answer that made it
+    note: str
+
+
+class CandidateAnswer(TypedDict):
+    identifier: str
+    host: str
+    kind: str
+    plugin: str
+    label: str
+    last_seen: str | None
+    adopted_as: str | None
+
+
+class AuditEntry(TypedDict):
+    at: str | None
+    actor: str
+    action: str
+    device: str | None
+    lease: str | None
+    detail: dict[str, Any]
+
+
+class HealthAnswer(TypedDict):
+    ok: bool
+    version: str
+    protocol: int

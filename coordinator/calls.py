@@ -1,0 +1,401 @@
+"""Everything a client can ask the coordinator, declared once (``CALLS``): each call's name,
+who may make it, what it takes (a model of ``schemas.py``) and what it answers (a type of
+``answers.py``). The REST routes (``api.py``), the MCP tools (``mcp_tools.py``) and the
+OpenAPI document (``openapi.py``) are all made from this table, and the access guard test
+(tests/test_access.py) holds it to who may call what.
+
+A call's ``run(ctx, args)`` asks the services (``rules.py``) and returns the answer; what only
+one side has (a streamed upload, an image's file, a JPEG for an agent) is that side's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from pydantic import BaseModel
+
+from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core.protocol import DesiredState, Heartbeat
+from device_loop.core.vocabulary import LIVE_OP_STATES
+
+from . import relays
+from .answers import (AuditEntry, CandidateAnswer, DeviceAnswer, HealthAnswer, HostAnswer, ImageAnswer, LeaseAnswer,
+                      LogEntry, OperationAnswer, TokenAnswer)
+from .identity import ADMIN, ANYONE, EXPORTER, USER, Identity, issue_token, refusal, token_view
+from .rules import Rules
+from .schemas import (AdminDevice, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName, DeviceOperations, DrainIn,
+                      FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn, KnownGoodIn, LeaseId,
+                      LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, RenewIn, ReserveIn, RetireIn, TokenId, TokenIn,
+                      UartExchangeIn, UploadQuery, split_tags)
+
+
+
+@dataclass
+class Ctx:
+    """One call as its ``run`` sees it."""
+    rules: Rules
+    caller: Identity
+    gone: Callable[[], Awaitable[None]]  # returns once the caller hung up (a tool's caller: never)
+    max_wait_s: float                    # the longest a long-poll may wait here
+    body: Any = None                     # a call that takes a model of its own as its body: that
+
+    @property
+    def sees_all(self) -> bool:
+        """An admin, or the lab's owner in the trust mode: sees lease ids and command lines."""
+        return refusal(ADMIN, self.caller) is None
+
+
+@dataclass(frozen=True)
+class Call:
+    name: str                                      # the OpenAPI operationId, and the MCP tool's name
+    access: str                                    # identity.ANYONE, USER, EXPORTER or ADMIN
+    run: Callable[[Ctx, Any], Awaitable[Any]]
+    args: type[BaseModel] = NoArgs                 # what the caller passes
+    answer: Any = dict                             # the answer's type
+    rest: str | None = None                        # "METHOD /path"; None: a tool only
+    tool: bool = False                             # an MCP tool too
+    tool_key: str | None = None                    # a list answer, as a tool's: under this key
+    status: int = 200                              # what REST answers when it is done (201: made)
+    idempotent: bool = False                       # takes an Idempotency-Key (a call that changes something)
+    body: type[BaseModel] | None = None            # a body that is a model of its own (the heartbeat)
+    max_body: int | None = None                    # its body's limit, where not the default (limits.py)
+    refusals: frozenset[int] = frozenset()         # what it refuses besides what its shape tells (openapi.py)
+    aliases: tuple[str, ...] = ()                  # other names of its tool
+    description: str = field(default="")
+
+    @property
+    def method(self) -> str | None:
+        return self.rest.split(" ", 1)[0] if self.rest else None
+
+    @property
+    def path(self) -> str | None:
+        return self.rest.split(" ", 1)[1] if self.rest else None
+
+    @property
+    def doc(self) -> str:
+        return " ".join((self.description or self.run.__doc__ or "").split())
+
+
+async def _until(ctx: Ctx, wait_s: float) -> float:
+    return min(wait_s, ctx.max_wait_s)
+
+
+# ---- the board -------------------------------------------------------------------------------
+
+async def health(ctx: Ctx, args: NoArgs) -> HealthAnswer:
+    """That the coordinator answers: its version and the exporter protocol it speaks."""
+    return {"ok": True, "version": __version__, "protocol": PROTOCOL_VERSION}
+
+
+async def list_devices(ctx: Ctx, args: DeviceFilter) -> list[DeviceAnswer]:
+    """Devices of the lab with state, host, holder and time left; filter by state (idle,
+    in_use, ...) and by tags (all must match)."""
+    wanted = set(split_tags(args.tags))
+    return [d for d in await ctx.rules.devices.list_devices()
+            if (args.state is None or d["state"] == args.state) and wanted <= set(d["tags"])]
+
+
+async def device_info(ctx: Ctx, args: DeviceName) -> DeviceAnswer:
+    """One device: class, tags, state, host, holder, its resources with their health and the
+    operations they run; admins also see the id of its live lease."""
+    return await ctx.rules.devices.device_info(args.device, ctx.sees_all)
+
+
+async def device_log(ctx: Ctx, args: DeviceName) -> list[LogEntry]:
+    """The device's last 20 state changes: time, from, to, cause, actor."""
+    return await ctx.rules.devices.device_log(args.device)
+
+
+async def _operations_of(ctx: Ctx, device: str, kind: str | None) -> list[OperationAnswer]:
+    caller = ctx.caller.name if ctx.caller.known else None  # an operation's lease: to its requester, holder, admins
+    return await ctx.rules.operations.of_device(device, kind=kind, caller=caller, admin=ctx.sees_all)
+
+
+async def device_operations(ctx: Ctx, args: DeviceOperations) -> list[OperationAnswer]:
+    """A device's last 20 operations (of a kind), newest first: kind, state, phase, progress,
+    result."""
+    return await _operations_of(ctx, args.device, args.kind)
+
+
+async def device_flashes(ctx: Ctx, args: DeviceName) -> list[OperationAnswer]:
+    """A device's last 20 flashes (its operations of kind flash)."""
+    return await _operations_of(ctx, args.device, "flash")
+
+
+async def list_hosts(ctx: Ctx, args: NoArgs) -> list[HostAnswer]:
+    """The exporters: online, versions, plugins, heartbeat age, devices."""
+    return await ctx.rules.devices.hosts()
+
+
+# ---- the exporter protocol ---------------------------------------------------------------------
+
+async def heartbeat(ctx: Ctx, args: HostName) -> dict:
+    """A full snapshot of the host (its exporter's); the answer is what it should run."""
+    return await ctx.rules.hosts.heartbeat(args.host, ctx.body, f"exporter:{args.host}")
+
+
+async def desired(ctx: Ctx, args: DesiredWait) -> dict:
+    """What the host should run; long-polls until its etag differs from ``etag``."""
+    return await ctx.rules.hosts.wait_desired(args.host, args.etag, await _until(ctx, args.wait_s), ctx.gone,
+                                              args.boot)
+
+
+# ---- leases ----------------------------------------------------------------------------------------
+
+async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer:
+    """Reserve a device by name. Answers at once with a lease (state 'pending' until its
+    endpoints are up: then follow it with lease_status) or says why not and what is free."""
+    return await ctx.rules.leases.reserve(args.device, args.ttl_s, ctx.caller.name, ctx.caller.admin)
+
+
+async def my_leases(ctx: Ctx, args: MyLeases) -> list[LeaseAnswer]:
+    """The caller's live leases (on one device: their lease there, live or the last that ended)."""
+    return await ctx.rules.leases.mine(ctx.caller.name, args.device)
+
+
+async def lease_status(ctx: Ctx, args: LeaseWait) -> LeaseAnswer:
+    """A lease: state, endpoints, expires_at, a plain reason while it is not ready, and
+    commands to run against its endpoints. With wait_s, answers once its state changes."""
+    leases, caller = ctx.rules.leases, ctx.caller
+    wait = await _until(ctx, args.wait_s)
+    unless = args.unless
+    if wait and unless is None:
+        unless = (await leases.status(args.lease_id, caller.name, caller.admin))["state"]
+    return await leases.wait(args.lease_id, caller.name, unless, wait, ctx.gone, caller.admin)
+
+
+async def renew(ctx: Ctx, args: RenewIn) -> LeaseAnswer:
+    """Extend a lease: it then expires ttl_s seconds from now."""
+    return await ctx.rules.leases.renew(args.lease_id, args.ttl_s, ctx.caller.name, ctx.caller.admin)
+
+
+async def release(ctx: Ctx, args: LeaseId) -> LeaseAnswer:
+    """Give a device back: its lease ends and the device is reclaimed."""
+    return await ctx.rules.leases.release(args.lease_id, ctx.caller.name, ctx.caller.admin)
+
+
+# ---- operations on devices ------------------------------------------------------------------------
+
+async def start_operation(ctx: Ctx, args: OperationIn) -> OperationAnswer:
+    """Start an operation on the device of your lease: a kind its resources run (device_info
+    lists them with their arguments), e.g. flash with args {"image": REF}. Answers at once
+    with the operation (state 'queued'): follow it with operation_status."""
+    return await ctx.rules.operations.start(args.lease_id, args.kind, args.args, ctx.caller.name, ctx.caller.admin)
+
+
+async def flash(ctx: Ctx, args: FlashIn) -> OperationAnswer:
+    """Flash an image (its ref, sha256:..., or its name, from list_images) onto the device of
+    your lease. Answers at once with the operation (state 'queued'): follow it with
+    operation_status until its state is 'done' or 'failed'. A failure part-way leaves the
+    device needing recovery: then call recover."""
+    return await ctx.rules.operations.flash(args.lease_id, args.image, ctx.caller.name, ctx.caller.admin)
+
+
+async def recover(ctx: Ctx, args: LeaseId) -> OperationAnswer:
+    """Flash the latest known-good image of your leased device (else of its class) back onto
+    it; its success clears the device's needs_recovery. Follow it with operation_status."""
+    return await ctx.rules.operations.recover(args.lease_id, ctx.caller.name, ctx.caller.admin)
+
+
+async def operation_status(ctx: Ctx, args: OpWait) -> OperationAnswer:
+    """An operation: kind, state (queued, running, done, failed), phase, progress, result and
+    message. With wait_s, answers as soon as its state changes, or after wait_s."""
+    operations, caller = ctx.rules.operations, ctx.caller
+    wait = await _until(ctx, args.wait_s)
+    unless = args.unless
+    if wait and unless is None:
+        unless = (await operations.op(args.op_id, caller=caller.name, admin=ctx.sees_all))["state"]
+        if unless not in LIVE_OP_STATES:
+            wait = 0  # it has ended: no change is coming
+    return await operations.wait(args.op_id, unless, wait, ctx.gone, caller=caller.name, admin=ctx.sees_all)
+
+
+async def recover_unleased(ctx: Ctx, args: AdminDevice) -> OperationAnswer:
+    """Recover a device nobody holds (its holder gave it back broken)."""
+    return await ctx.rules.operations.recover_unleased(args.device, ctx.caller.name)
+
+
+# ---- what agents ask the coordinator to relay ------------------------------------------------------
+
+async def camera_snapshot(ctx: Ctx, args: LeaseId) -> bytes:
+    """The current frame of the leased device's camera, as an image: see its screen (a boot
+    menu, a panic, a login prompt) even when its OS is dead."""
+    rules, caller = ctx.rules, ctx.caller
+    lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
+    return await relays.camera_snapshot(lease, await rules.devices.host_address(lease["host"] or ""))
+
+
+async def uart_exchange(ctx: Ctx, args: UartExchangeIn) -> dict:
+    """Send text to the leased device's UART once (include the line ending, e.g. '\\r') and
+    return what it printed within wait_s seconds (at most 10 s and 64 KiB)."""
+    lease = await ctx.rules.leases.status(args.lease_id, ctx.caller.name, ctx.caller.admin)
+    return await relays.uart_exchange(lease, args.send, args.wait_s)
+
+
+# ---- images ---------------------------------------------------------------------------------------
+
+async def list_images(ctx: Ctx, args: ImageFilter) -> list[ImageAnswer]:
+    """Images in the lab's registry (for a device and its class, if given): ref (name an
+    image by it: sha256: and the start of its digest), name, sha256, size, and which devices
+    or classes each is known-good for."""
+    return await ctx.rules.images.list_images(args.device)
+
+
+async def image_info(ctx: Ctx, args: ImageRefIn) -> ImageAnswer:
+    """One image of the registry, by its ref or name."""
+    return await ctx.rules.images.image_info(args.ref)
+
+
+async def remove_image(ctx: Ctx, args: ImageRefIn) -> dict:
+    """Remove an image (its uploader, or an admin); never the only known-good image of a target."""
+    return await ctx.rules.images.remove_image(args.ref, ctx.caller.name, ctx.caller.admin)
+
+
+async def upload_image(ctx: Ctx, args: UploadQuery) -> ImageAnswer:
+    """The body is the image, streamed; what it is comes in the query string (name, for,
+    description; sha256 and size if the uploader knows them). ``api.py`` streams it."""
+    raise NotImplementedError("a streamed body: api.upload_image serves it")
+
+
+async def image_content(ctx: Ctx, args: ImageOfHost) -> str:
+    """An image's bytes, for the exporter of a host where an operation writes it."""
+    return await ctx.rules.operations.image_for_host(args.host, args.sha256)
+
+
+async def mark_image_good(ctx: Ctx, args: KnownGoodIn) -> ImageAnswer:
+    """Mark an image known-good for a device or a class: recovery writes it."""
+    return await ctx.rules.images.mark_good(args.ref, args.target, ctx.caller.name)
+
+
+async def collect_images(ctx: Ctx, args: CollectIn) -> dict:
+    """Remove the images that are not known-good and that nothing used for unused_days."""
+    return await ctx.rules.images.collect_images(args.unused_days, ctx.caller.name)
+
+
+# ---- admin -------------------------------------------------------------------------------------------
+
+async def create_token(ctx: Ctx, args: TokenIn) -> TokenAnswer:
+    """A token for a person or an exporter's host; the answer holds the token, shown this once."""
+    rules = ctx.rules
+    made = await issue_token(rules.store, rules.clock, args.user, args.admin, args.exporter_host, args.expires_s)
+    await rules.admin.record(ctx.caller.name, "token_create", {k: made[k] for k in ("id", "user", "admin", "host")})
+    return made
+
+
+async def list_tokens(ctx: Ctx, args: NoArgs) -> list[TokenAnswer]:
+    """Every token (never its secret)."""
+    return [token_view(row) for row in await ctx.rules.store.tokens()]
+
+
+async def revoke_token(ctx: Ctx, args: TokenId) -> dict:
+    """Revoke a token at once."""
+    return await ctx.rules.admin.revoke_token(args.token_id, ctx.caller.name)
+
+
+async def revoke_lease(ctx: Ctx, args: LeaseId) -> LeaseAnswer:
+    """Take a lease back from its holder (it ends as revoked)."""
+    return await ctx.rules.leases.revoke(args.lease_id, ctx.caller.name)
+
+
+async def retire_device(ctx: Ctx, args: RetireIn) -> DeviceAnswer:
+    """Take a device out of the lab (a live lease is revoked only with force), or bring it back."""
+    return await ctx.rules.admin.retire(args.device, ctx.caller.name, args.retired, args.force)
+
+
+async def drain_host(ctx: Ctx, args: DrainIn) -> HostAnswer:
+    """No new leases on a host's devices (live ones run out), or lift that."""
+    return await ctx.rules.admin.drain(args.host, ctx.caller.name, args.draining)
+
+
+async def forget(ctx: Ctx, args: ForgetIn) -> dict:
+    """Delete an offline device nobody holds, or an offline host with its devices, for good
+    (leases and the audit log keep their history)."""
+    return await ctx.rules.admin.forget(args.name, args.kind, ctx.caller.name)
+
+
+async def audit_log(ctx: Ctx, args: NoArgs) -> list[AuditEntry]:
+    """The last 100 entries of the audit log."""
+    return await ctx.rules.devices.audit()
+
+
+async def list_candidates(ctx: Ctx, args: NoArgs) -> list[CandidateAnswer]:
+    """What exporters found on the network, and what admins adopted."""
+    return await ctx.rules.devices.candidates()
+
+
+async def adopt_candidate(ctx: Ctx, args: AdoptIn) -> dict:
+    """Make a network candidate a device, named as given, of the host that found it."""
+    return await ctx.rules.admin.adopt(args.identifier, args.name, args.device_class, args.tags, ctx.caller.name)
+
+
+# The table: every call, who may make it, and where. Only the ANYONE rows take callers
+# without a token (tests/test_access.py calls every route and tool to hold this table to it).
+# A heartbeat of 1000 devices (the most a report has) with 4 resources each, their services
+# and 1000 network finds is 2.3 MiB; every field at its bound would allow 37 MiB, which no host
+# sends: 8 MiB.
+CALLS: list[Call] = [
+    Call("health", ANYONE, health, answer=HealthAnswer, rest="GET /api/v1/health"),
+    Call("list_devices", ANYONE, list_devices, DeviceFilter, list[DeviceAnswer], "GET /api/v1/devices", tool=True,
+         tool_key="devices"),
+    Call("device_info", ANYONE, device_info, DeviceName, DeviceAnswer, "GET /api/v1/devices/{name}", tool=True),
+    Call("device_log", ANYONE, device_log, DeviceName, list[LogEntry], "GET /api/v1/devices/{name}/log", tool=True,
+         tool_key="entries"),
+    Call("device_operations", ANYONE, device_operations, DeviceOperations, list[OperationAnswer],
+         "GET /api/v1/devices/{name}/operations", tool=True, tool_key="operations"),
+    Call("device_flashes", ANYONE, device_flashes, DeviceName, list[OperationAnswer],
+         "GET /api/v1/devices/{name}/flashes"),
+    Call("list_hosts", ANYONE, list_hosts, answer=list[HostAnswer], rest="GET /api/v1/hosts"),
+    Call("heartbeat", EXPORTER, heartbeat, HostName, DesiredState, "POST /api/v1/hosts/{name}/heartbeat",
+         body=Heartbeat, max_body=8 << 20),
+    Call("desired", EXPORTER, desired, DesiredWait, DesiredState, "GET /api/v1/hosts/{name}/desired"),
+    Call("image_content", EXPORTER, image_content, ImageOfHost, bytes, "GET /api/v1/hosts/{name}/images/{sha256}",
+         refusals=frozenset({410})),  # only images its own operations write
+    Call("reserve", USER, reserve, ReserveIn, LeaseAnswer, "POST /api/v1/leases", tool=True, status=201,
+         idempotent=True),
+    Call("my_leases", USER, my_leases, MyLeases, list[LeaseAnswer], "GET /api/v1/leases"),
+    Call("lease_status", USER, lease_status, LeaseWait, LeaseAnswer, "GET /api/v1/leases/{lease_id}", tool=True),
+    Call("renew", USER, renew, RenewIn, LeaseAnswer, "POST /api/v1/leases/{lease_id}/renew", tool=True,
+         idempotent=True),
+    Call("release", USER, release, LeaseId, LeaseAnswer, "POST /api/v1/leases/{lease_id}/release", tool=True,
+         idempotent=True),
+    Call("start_operation", USER, start_operation, OperationIn, OperationAnswer,
+         "POST /api/v1/leases/{lease_id}/operations", tool=True, status=201, idempotent=True),
+    Call("flash", USER, flash, FlashIn, OperationAnswer, "POST /api/v1/leases/{lease_id}/flash", tool=True,
+         status=201, idempotent=True),
+    Call("recover", USER, recover, LeaseId, OperationAnswer, "POST /api/v1/leases/{lease_id}/recover", tool=True,
+         status=201, idempotent=True),
+    Call("operation_status", USER, operation_status, OpWait, OperationAnswer, "GET /api/v1/ops/{op_id}", tool=True,
+         aliases=("flash_status",)),
+    Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True),
+    Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True),
+    Call("upload_image", USER, upload_image, UploadQuery, ImageAnswer, "POST /api/v1/images", status=201,
+         refusals=frozenset({507})),
+    Call("list_images", USER, list_images, ImageFilter, list[ImageAnswer], "GET /api/v1/images", tool=True,
+         tool_key="images", refusals=frozenset({404})),  # what it names in the query may not exist
+    Call("image_info", USER, image_info, ImageRefIn, ImageAnswer, "GET /api/v1/images/{ref}",
+         refusals=frozenset({422})),  # a reference may be malformed, or name several images
+    Call("remove_image", USER, remove_image, ImageRefIn, dict, "POST /api/v1/images/{ref}/remove", idempotent=True),
+    Call("create_token", ADMIN, create_token, TokenIn, TokenAnswer, "POST /api/v1/admin/tokens", status=201,
+         idempotent=True),
+    Call("list_tokens", ADMIN, list_tokens, answer=list[TokenAnswer], rest="GET /api/v1/admin/tokens"),
+    Call("revoke_token", ADMIN, revoke_token, TokenId, dict, "POST /api/v1/admin/tokens/{token_id}/revoke",
+         idempotent=True),
+    Call("revoke_lease", ADMIN, revoke_lease, LeaseId, LeaseAnswer, "POST /api/v1/admin/leases/{lease_id}/revoke",
+         idempotent=True),
+    Call("retire_device", ADMIN, retire_device, RetireIn, DeviceAnswer, "POST /api/v1/admin/devices/{device}/retire",
+         idempotent=True),
+    Call("recover_unleased", ADMIN, recover_unleased, AdminDevice, OperationAnswer,
+         "POST /api/v1/admin/devices/{device}/recover", status=201, idempotent=True),
+    Call("drain_host", ADMIN, drain_host, DrainIn, HostAnswer, "POST /api/v1/admin/hosts/{host}/drain",
+         idempotent=True),
+    Call("forget", ADMIN, forget, ForgetIn, dict, "POST /api/v1/admin/forget", idempotent=True),
+    Call("audit_log", ADMIN, audit_log, answer=list[AuditEntry], rest="GET /api/v1/admin/audit"),
+    Call("list_candidates", ADMIN, list_candidates, answer=list[CandidateAnswer], rest="GET /api/v1/admin/candidates"),
+    Call("adopt_candidate", ADMIN, adopt_candidate, AdoptIn, dict,
+         "POST /api/v1/admin/candidates/{identifier:path}/adopt", status=201, idempotent=True),
+    Call("mark_image_good", ADMIN, mark_image_good, KnownGoodIn, ImageAnswer,
+         "POST /api/v1/admin/images/{ref}/known-good", idempotent=True),
+    Call("collect_images", ADMIN, collect_images, CollectIn, dict, "POST /api/v1/admin/images/gc", idempotent=True),
+]
+BY_NAME = {call.name: call for call in CALLS}
+TOOLS = [call for call in CALLS if call.tool]

@@ -1,0 +1,108 @@
+"""What the lab looks like: devices, their logs, hosts, network finds, the audit log. Reads only."""
+from __future__ import annotations
+
+from device_loop.core.durations import iso
+
+from .answers import AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry, RunningOperation
+from .errors import APIError, not_found
+from .holders import holder_json
+from .lifecycle import Lifecycle
+from .rows import DeviceFacts
+from .store import Store
+
+
+def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
+    """A device as anyone sees it (``admin``: with the command lines of who else holds its
+    nodes, and the id of its live lease, to act on it)."""
+    answer: DeviceAnswer = {
+        "name": row["name"],
+        "class": row["class"],
+        "tags": row["tags"],
+        "state": row["state"],
+        "state_since": iso(row["state_since"]),  # when it entered that state
+        "host": row["host"],
+        "holder": row["holder"],
+        "expires_at": iso(row["expires_at"]),
+        "health": row["health"],
+        "health_reason": row["health_reason"],
+        # its owner first, then a host that claims it too (the owner keeps serving it)
+        "conflict_hosts": [row["host"] or "", row["conflict_host"]] if row["conflict_host"] else [],
+        "busy_by": [holder_json(h, admin) for h in row["busy_by"]],  # public: program and pid only
+        "resources": row["resources"],
+        # a failed destructive operation left it half-changed: no lease until it is recovered
+        "needs_recovery": row["needs_recovery"] is not None,
+        "recovery_reason": row["needs_recovery"],
+        "operation": running_operation(row["op_id"], row["op_kind"]),
+        "flashing": row["op_id"] if row["op_kind"] == "flash" else None,
+    }
+    if admin:
+        answer["lease"] = row["lease_id"]
+    return answer
+
+
+def running_operation(op_id: str | None, kind: str | None) -> RunningOperation | None:
+    return {"id": op_id, "kind": kind} if op_id and kind else None
+
+
+class Devices:
+    """The board and what stands behind it."""
+
+    def __init__(self, life: Lifecycle):
+        self.life = life
+        self.store: Store = life.store
+
+    async def list_devices(self) -> list[DeviceAnswer]:
+        return [device_json(d) for d in await self.store.devices()]
+
+    async def device_info(self, name: str, admin: bool = False) -> DeviceAnswer:
+        row = await self.store.device(name)
+        if row is None:
+            raise not_found("device", name)
+        return device_json(row, admin)
+
+    async def device_log(self, name: str) -> list[LogEntry]:
+        if await self.store.device(name) is None:
+            raise not_found("device", name)
+        return [{"at": iso(e["at"]), "from": e["from_state"], "to": e["to_state"], "cause": e["cause"],
+                 "actor": e["actor"]} for e in await self.store.device_log(name)]
+
+    async def unknown(self, name: str) -> APIError:
+        """The refusal for a device name nobody knows, with some that exist."""
+        names = await self.store.device_names(10)
+        hint = f"; known devices: {', '.join(names)}" if names else "; no device is registered yet"
+        return APIError(404, "unknown_device", f"unknown device {name!r}{hint} (a configured device that no "
+                                               "plugin serves is listed by 'device-loop hosts')")
+
+    async def hosts(self, only: str | None = None) -> list[HostAnswer]:
+        now = self.life.clock()
+        devices: dict[str, list[str]] = {}
+        claims: dict[str, list[str]] = {}
+        for row in await self.store.device_hosts():
+            devices.setdefault(row["host"], []).append(row["name"])
+            if row["conflict_host"]:
+                claims.setdefault(row["conflict_host"], []).append(row["name"])
+        return [{
+            "name": h["name"], "online": h["online"], "protocol": h["protocol"],
+            "version": h["version"], "boot_id": h["boot_id"], "generation": h["generation"],
+            "heartbeat_s": h["heartbeat_s"], "heartbeat_age_s": round(now - h["last_seen"], 1),
+            "draining": h["draining"], "last_seen": iso(h["last_seen"]), "plugins": h["plugins"],
+            "link_lost": h["link_lost"],  # its long-poll was cut: up again at its next heartbeat
+            "address": h["address"],  # its own, as its exporter reports it: where its endpoints are
+            "devices": devices.get(h["name"], []),
+            "claims": claims.get(h["name"], []),  # devices it reports that another host owns
+        } for h in await self.store.hosts() if only in (None, h["name"])]
+
+    async def host_address(self, name: str) -> str | None:
+        """The address host ``name``'s exporter reported as its own (None: it did not say)."""
+        host = await self.store.host(name)
+        return host["address"] if host else None
+
+    async def candidates(self) -> list[CandidateAnswer]:
+        """What exporters found on the network and nobody adopted yet (and what they did)."""
+        return [{"identifier": c["identifier"], "host": c["host"], "kind": c["kind"], "plugin": c["plugin"],
+                 "label": c["label"], "last_seen": iso(c["last_seen"]), "adopted_as": c["adopted_as"]}
+                for c in await self.store.candidates()]
+
+    async def audit(self, limit: int = 100) -> list[AuditEntry]:
+        return [{"at": iso(a["at"]), "actor": a["actor"], "action": a["action"], "device": a["device"],
+                 "lease": a["lease_id"], "detail": a["detail"]} for a in await self.store.audit(limit)]

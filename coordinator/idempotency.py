@@ -1,0 +1,117 @@
+"""Idempotency keys: a repeated ``Idempotency-Key`` from the same caller gets the first
+answer again, and changes nothing (docs/architecture.md "Speed, by design": looked up and
+stored in the request's own transaction). A stored answer keeps no credential."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from device_loop.core import LEASE_PREFIX
+
+from .errors import APIError, bad_request
+from .identity import caller_identity
+from .rows import IdempotencyRow
+from .rules import Rules
+
+from .store import UniqueViolation
+
+MAX_KEY_CHARS = 200  # of an Idempotency-Key
+
+
+def _rules(request: Request) -> Rules:
+    return request.app.state.rules
+
+
+def _json(data, status: int = 200) -> JSONResponse:
+    return JSONResponse(data, status_code=status)
+
+
+def idempotent(handler):
+    """Replay the first answer to a repeated ``Idempotency-Key`` from the same caller.
+
+    The key is looked up, the request carried out and its answer stored in one
+    transaction: a request that fails changes nothing, and of two concurrent requests
+    with one key (in two coordinator processes) one commits and the other replays it.
+    """
+
+    @functools.wraps(handler)
+    async def wrapper(request: Request) -> Response:
+        key = request.headers.get("Idempotency-Key")
+        if not key:
+            return await handler(request)
+        if len(key) > MAX_KEY_CHARS:
+            raise bad_request(f"Idempotency-Key is longer than {MAX_KEY_CHARS} characters")
+        rules, caller = _rules(request), (await caller_identity(request)).name
+        fingerprint = hashlib.sha256(
+            request.method.encode() + request.url.path.encode() + await request.body()).hexdigest()
+
+        def record(response: Response) -> IdempotencyRow:
+            return {"caller": caller, "key": key, "request": fingerprint, "status": response.status_code,
+                    "body": _storable(bytes(response.body)), "created_at": rules.clock()}
+
+        try:
+            async with rules.store.tx():
+                seen = await rules.store.idempotency_key(caller, key)
+                if seen is None:
+                    response = await handler(request)
+                    await rules.store.save_idempotency_key(record(response))
+        except APIError as exc:  # refused: nothing changed, and a repeat gets the same refusal
+            response = _json(exc.to_json(), exc.status)
+            try:
+                await rules.store.save_idempotency_key(record(response))
+            except UniqueViolation:
+                seen = await rules.store.idempotency_key(caller, key)
+        except UniqueViolation:  # a concurrent request with this key committed first
+            seen = await rules.store.idempotency_key(caller, key)
+        if seen is None:
+            return response
+        if seen["request"] != fingerprint:
+            raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
+        return Response(await _replayed(rules, seen["body"]), status_code=seen["status"],
+                        media_type="application/json")
+
+    marked: Any = wrapper  # (an attribute of a function, which its type does not know)
+    marked.idempotent = True  # the OpenAPI document lists its Idempotency-Key
+    return wrapper
+
+
+# Fields of an answer that are credentials. A stored answer outlives them (a day), and a copy
+# of the database must not give them away: they are taken out of it wherever they appear (a
+# lease's secret is also in the capability URLs of its endpoints).
+CREDENTIALS = ("secret", "token")
+SECRET_MARK = "<lease secret>"
+
+
+def _storable(body: bytes) -> str:
+    """An answer as it is stored for replays: without any credential."""
+    text = body.decode()
+    answer = json.loads(text)
+    if isinstance(answer, dict):
+        for field in CREDENTIALS:
+            value = answer.get(field)
+            if isinstance(value, str) and value:
+                text = text.replace(value, SECRET_MARK if field == "secret" else "")
+    return text
+
+
+async def _replayed(rules: Rules, body: str) -> str:
+    """A stored answer, replayed: a lease's secret back while the lease lives (the first answer
+    had it; it ends with the lease), and a token never (it was shown once: the answer says so)."""
+    answer = json.loads(body)
+    if not isinstance(answer, dict):
+        return body
+    if str(answer.get("id", "")).startswith(LEASE_PREFIX) and SECRET_MARK in body:
+        lease = await rules.store.lease(answer["id"])
+        secret = lease["secret"] if lease else None
+        answer = json.loads(body.replace(SECRET_MARK, secret or ""))
+        answer["secret"] = secret
+    if answer.get("token") == "":
+        answer["token"] = None
+        answer["note"] = (f"already done: token {answer.get('id')} was made by the first request with this "
+                          "Idempotency-Key; its secret was shown then, once, and is kept nowhere")
+    return json.dumps(answer)

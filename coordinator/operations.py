@@ -1,0 +1,306 @@
+"""Operations on a device (docs/architecture.md "Operations"): one shape for every kind.
+
+A lease's holder (or an admin) asks for an operation of a kind the device's exporter said
+one of its resources runs (``ResourceReport.operations``); the coordinator checks the lease
+and the arguments, writes the audit record and puts the operation in its host's desired
+state; the exporter runs it and its heartbeats carry progress and result back. At most one
+*exclusive* operation runs on a device at a time (a partial UNIQUE index), and a device
+takes no new lease while one does.
+
+A *destructive* operation that fails after it began changing the device (or is interrupted
+then: its exporter restarted) leaves the device ``needs_recovery``, a sticky flag: no new
+lease is granted until it is recovered. The one kind the coordinator mediates further is
+``flash`` (the image registry's): its image is resolved here and fetched by the exporter,
+and a flash of a known-good image that succeeds clears the flag (``recover``).
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Any, Awaitable, Callable
+
+from pydantic import TypeAdapter, ValidationError
+
+from device_loop.core import FLASH_KIND, OP_PREFIX
+from device_loop.core.durations import iso
+from device_loop.core.protocol import Args, Heartbeat, OperationReport
+from device_loop.core.vocabulary import LIVE_OP_STATES, OperationState
+
+from .answers import OperationAnswer
+from .errors import APIError, conflict, not_found
+from .images import Images
+from .leases import Leases
+from .lifecycle import Lifecycle
+from .notify import BOARD_KEY, host_key, op_key
+from .rows import DeviceFacts, HostRow, ImageRow, OperationRow
+from .store import Store, UniqueViolation
+
+FIRST_PHASES = ("queued", "fetching")  # an operation that stopped in one of these changed nothing yet
+_ARGS = TypeAdapter(Args)
+
+
+def op_json(op: OperationRow, lease_shown: bool = False, host_online: bool | None = True) -> OperationAnswer:
+    """An operation as anyone in the lab sees it; its lease (private to its holder, as lease
+    ids are) only with ``lease_shown``: for its requester, the lease's holder and admins."""
+    answer: OperationAnswer = {
+        "id": op["id"], "kind": op["kind"], "device": op["device"], "host": op["host"],
+        "lease": op["lease_id"] if lease_shown else None, "requester": op["requester"], "args": op["args"],
+        "state": op["state"], "phase": op["phase"],
+        "progress": {"done": op["progress_done"], "total": op["progress_total"], "unit": op["progress_unit"]},
+        "message": op["message"], "result": op["result"], "seconds": op["seconds"],
+        "created_at": iso(op["created_at"]), "started_at": iso(op["started_at"]), "ended_at": iso(op["ended_at"]),
+    }
+    if op["image_sha256"]:  # as flashes always showed it
+        answer |= {"purpose": op["args"].get("purpose", op["kind"]),
+                   "image": {"name": op["image_name"], "sha256": op["image_sha256"], "size": op["image_size"]},
+                   "done_bytes": op["progress_done"], "total_bytes": op["progress_total"]}
+    if op["state"] in LIVE_OP_STATES and host_online is False:
+        answer["message"] = f"host {op['host']} is offline: the operation goes on when its exporter is back"
+    return answer
+
+
+def kinds_of(device: DeviceFacts) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """The operation kinds a device's resources run: kind -> (that kind's report, the resource)."""
+    return {kind["kind"]: (kind, resource) for resource in device["resources"]
+            for kind in resource.get("operations", [])}
+
+
+class Operations:
+    """Starting operations, following them, and taking what exporters report of them."""
+
+    def __init__(self, life: Lifecycle, leases: Leases, images: Images):
+        self.life, self.leases, self.images = life, leases, images
+        self.store: Store = life.store
+
+    # ---- starting one -----------------------------------------------------------------------
+
+    async def start(self, lease_id: str, kind: str, args: dict[str, Any], caller: str,
+                    admin: bool = False) -> OperationAnswer:
+        """Start an operation of ``kind`` with ``args`` on the device of ``lease_id`` (a
+        ``flash`` names its image in ``args["image"]``)."""
+        if kind == FLASH_KIND:
+            image = args.get("image")
+            if not isinstance(image, str) or set(args) - {"image"}:
+                raise APIError(422, "invalid", "a flash takes one argument, image: the image's ref or name "
+                                               "(device-loop images ls)")
+            return await self.flash(lease_id, image, caller, admin)
+        async with self.store.tx():
+            device = await self._leased_device(lease_id, caller, admin, f"run {kind} on it")
+            return await self._start(device, kind, args, lease_id, caller)
+
+    async def flash(self, lease_id: str, image_ref: str, caller: str, admin: bool = False) -> OperationAnswer:
+        """Flash ``image_ref`` (``images.parse_ref``) onto the device of ``lease_id``."""
+        async with self.store.tx():
+            device = await self._leased_device(lease_id, caller, admin, "flash it")
+            image = await self.images.image(image_ref, {f"device:{device['name']}", f"class:{device['class']}"})
+            return await self._start_flash(device, image, lease_id, caller, "flash")
+
+    async def recover(self, lease_id: str, caller: str, admin: bool = False) -> OperationAnswer:
+        """Flash the latest known-good image of the lease's device (else of its class)."""
+        async with self.store.tx():
+            device = await self._leased_device(lease_id, caller, admin, "recover it")
+            return await self._start_flash(device, await self._known_good(device), lease_id, caller, "recover")
+
+    async def recover_unleased(self, name: str, admin: str) -> OperationAnswer:
+        """An admin recovers a device nobody holds (its holder gave it back broken)."""
+        async with self.store.tx():
+            device = await self.store.device(name)
+            if device is None:
+                raise not_found("device", name)
+            if device["lease_id"] and device["holder"] != admin:
+                raise conflict("leased", f"{name} is held by {device['holder']}: they recover it, or revoke "
+                                         f"their lease first (device-loop admin release --force {device['lease_id']})")
+            return await self._start_flash(device, await self._known_good(device), device["lease_id"], admin,
+                                           "recover")
+
+    async def _leased_device(self, lease_id: str, caller: str, admin: bool, doing: str) -> DeviceFacts:
+        view = await self.leases.live_view(lease_id, caller, admin, doing)
+        device = await self.store.device(view["device"])
+        if device is None:
+            raise not_found("device", view["device"])
+        return device
+
+    async def _known_good(self, device: DeviceFacts) -> ImageRow:
+        image = await self.images.known_good_image(device)
+        if image is not None:
+            return image
+        raise conflict("no_known_good", f"no image is known-good for {device['name']} or its class "
+                                        f"{device['class']}: an admin marks one (device-loop images mark-good)")
+
+    async def _start_flash(self, device: DeviceFacts, image: ImageRow, lease_id: str | None, caller: str,
+                           purpose: str) -> OperationAnswer:
+        name = device["name"]
+        fits = {f"device:{name}", f"class:{device['class']}"}
+        if image["target"] not in fits and not fits & set(await self.store.known_good_targets(image["sha256"])):
+            raise APIError(422, "image_not_for_device",
+                           f"image {image['name']!r} is for {image['target']}, not for {name} (class "
+                           f"{device['class']}); an admin can mark it known-good for {name}")
+        await self.store.set_image_used(image["sha256"], self.life.clock())
+        return await self._start(device, FLASH_KIND, {"purpose": purpose}, lease_id, caller, image, action=purpose)
+
+    async def _start(self, device: DeviceFacts, kind: str, args: dict[str, Any], lease_id: str | None, caller: str,
+                     image: ImageRow | None = None, action: str | None = None) -> OperationAnswer:
+        """Queue the operation for the device's exporter (in the caller's transaction)."""
+        name = device["name"]
+        offered = kinds_of(device)
+        if kind not in offered:
+            if kind == FLASH_KIND:
+                raise conflict("no_flash_target", f"{name} has no flash target (a resource of kind {FLASH_KIND!r}, "
+                                                  "e.g. a [[devices.resources]] entry with plugin = \"flash\" in its "
+                                                  "exporter's config)")
+            raise conflict("no_such_operation", f"{name} runs no operation {kind!r}; it runs: "
+                                                f"{', '.join(sorted(offered)) or 'none'}")
+        spec, resource = offered[kind]
+        if image is None:
+            args = self._checked_args(kind, spec, args)
+        if not (device["host_online"] and device["present"]):
+            raise conflict("offline", f"{name} is offline (host {device['host']}): nothing runs on it now")
+        if spec.get("exclusive", True) and device["op_id"]:
+            raise self._busy(name, device["op_id"], device["op_kind"])
+        now = self.life.clock()
+        op: OperationRow = {
+            "id": OP_PREFIX + secrets.token_hex(8), "kind": kind, "device": name, "host": device["host"] or "",
+            "lease_id": lease_id, "requester": caller, "identifier": resource["identifier"],
+            "plugin": resource["plugin"], "exclusive": spec.get("exclusive", True),
+            "destructive": spec.get("destructive", False), "args": args,
+            "image_sha256": image["sha256"] if image else None, "image_name": image["name"] if image else None,
+            "image_size": image["size"] if image else None, "state": OperationState.QUEUED, "phase": "queued",
+            "progress_done": 0, "progress_total": image["size"] if image else None,
+            "progress_unit": "bytes" if image else "", "message": "", "seconds": {}, "result": None, "boot_id": None,
+            "audit_id": None, "created_at": now, "started_at": None, "ended_at": None}
+        detail = {"op": op["id"], "kind": kind, "args": args}
+        if image:
+            detail |= {"image": image["name"], "sha256": image["sha256"], "size": image["size"]}
+        op["audit_id"] = await self.life.audit(caller, action or kind, name, lease_id, detail)
+        try:
+            await self.store.insert_operation(op)
+        except UniqueViolation:  # another coordinator process started one a moment ago
+            raise self._busy(name, "another operation", None) from None
+        self.life.notify(host_key(op["host"]), BOARD_KEY)  # the board shows it busy
+        return op_json(op, lease_shown=True)
+
+    @staticmethod
+    def _checked_args(kind: str, spec: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+        """``args`` as the protocol bounds them, and only those the kind takes."""
+        known = spec.get("args", {})
+        unknown = sorted(set(args) - set(known))
+        if unknown:
+            takes = ", ".join(f"{name} ({what})" for name, what in sorted(known.items())) or "no arguments"
+            raise APIError(422, "invalid", f"{kind} takes {takes}; not {', '.join(unknown)}")
+        try:
+            return _ARGS.validate_python(args)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(map(str, first["loc"])) or "args"
+            raise APIError(422, "invalid", f"args.{where}: {first['msg']}") from None
+
+    @staticmethod
+    def _busy(name: str, op_id: str, kind: str | None) -> APIError:
+        what = "flashed" if kind == FLASH_KIND else f"operated on ({kind})" if kind else "operated on"
+        return conflict("flash_running" if kind == FLASH_KIND else "operation_running",
+                        f"{name} is being {what} already ({op_id}): one at a time (follow it with "
+                        f"'device-loop op {op_id} --wait', or the operation_status tool)")
+
+    # ---- following them ---------------------------------------------------------------------
+
+    async def op(self, op_id: str, *, caller: str | None = None, admin: bool = False) -> OperationAnswer:
+        """An operation as ``caller`` sees it (``_ops_json``)."""
+        op = await self.store.operation(op_id)
+        if op is None:
+            raise not_found("operation", op_id)
+        return (await self._ops_json([op], caller, admin))[0]
+
+    async def wait(self, op_id: str, unless_state: str | None, wait_s: float, gone: Callable[[], Awaitable[None]], *,
+                   caller: str | None = None, admin: bool = False) -> OperationAnswer:
+        """Long-poll: the operation once its state is not ``unless_state`` (or ``wait_s`` passed)."""
+        return await self.life.notifier.long_poll(op_key(op_id), lambda: self.op(op_id, caller=caller, admin=admin),
+                                                  lambda op: op["state"] != unless_state, wait_s, gone)
+
+    async def of_device(self, name: str, limit: int = 20, kind: str | None = None, *, caller: str | None = None,
+                        admin: bool = False) -> list[OperationAnswer]:
+        """A device's latest operations (of ``kind``), newest first, as ``caller`` sees them."""
+        if await self.store.device(name) is None:
+            raise not_found("device", name)
+        return await self._ops_json(await self.store.operations_of_device(name, limit, kind), caller, admin)
+
+    async def _ops_json(self, ops: list[Any], caller: str | None, admin: bool) -> list[OperationAnswer]:
+        """``ops`` with the lease of each shown only to who may see it: an admin, the one who
+        asked for the operation, and the holder of its lease (``caller`` None: nobody)."""
+        holders: dict[str, str] = {}
+        if caller is not None and not admin:
+            others = [op["lease_id"] for op in ops if op["lease_id"] and op["requester"] != caller]
+            holders = await self.store.lease_holders(others) if others else {}
+        return [op_json(op, admin or caller is not None and caller in (op["requester"], holders.get(op["lease_id"])),
+                        op.get("host_online", True)) for op in ops]
+
+    async def image_for_host(self, host: str, sha256: str) -> str:
+        """The file of an image that a live operation on ``host`` writes (exporters fetch only those)."""
+        if not await self.store.live_image_uses(sha256, host):
+            raise APIError(404, "unknown_image", f"no operation on host {host} writes image {sha256}")
+        path = self.images.image_files.path(sha256)
+        if not path.exists():
+            raise APIError(410, "image_file_gone", f"the registry lost the file of image {sha256}")
+        return str(path)
+
+    # ---- what exporters report ----------------------------------------------------------------
+
+    async def apply_reports(self, host_name: str, previous: HostRow | None, report: Heartbeat, actor: str) -> None:
+        """Progress and results of this host's operations; an operation its exporter was
+        running when it restarted is interrupted. Nothing is read when neither happened."""
+        reported = {r.op: r for r in report.operations}
+        restarted = previous is not None and previous["boot_id"] != report.boot_id
+        if not reported and not restarted:
+            return
+        now = self.life.clock()
+        for op in await self.store.operations_to_update(host_name, list(reported), restarted, report.boot_id):
+            if op["state"] not in LIVE_OP_STATES:
+                continue  # a result reported again, before the exporter saw it acknowledged
+            seen = reported.get(op["id"]) or self._interrupted(op, host_name)
+            fields: dict[str, Any] = {
+                "state": seen.state, "phase": seen.phase, "progress_done": seen.progress.done,
+                "progress_total": seen.progress.total if seen.progress.total is not None else op["progress_total"],
+                "progress_unit": seen.progress.unit or op["progress_unit"], "message": seen.message,
+                "seconds": {k: round(v, 3) for k, v in seen.seconds.items()}, "result": seen.result,
+                "boot_id": report.boot_id}
+            if all(op[k] == v for k, v in fields.items()):  # type: ignore[literal-required]
+                continue
+            fields["started_at"] = op["started_at"] or now
+            if seen.state != OperationState.RUNNING:
+                fields["ended_at"] = now
+            await self.store.update_operation(op["id"], fields)
+            if seen.state != OperationState.RUNNING:
+                await self._finished({**op, **fields}, seen.changed, actor)  # type: ignore[typeddict-item]
+            self.life.notify(op_key(op["id"]))
+
+    @staticmethod
+    def _interrupted(op: OperationRow, host_name: str) -> OperationReport:
+        """What an operation is once the exporter that ran it is gone (a later boot reports)."""
+        changed = op["phase"] not in FIRST_PHASES
+        return OperationReport(op=op["id"], device=op["device"], kind=op["kind"], state=OperationState.FAILED,
+                               phase=op["phase"] if changed else "fetching" if op["image_sha256"] else op["phase"],
+                               progress={"done": op["progress_done"], "total": op["progress_total"],
+                                         "unit": op["progress_unit"]},
+                               seconds=op["seconds"], changed=changed,
+                               message=f"interrupted: exporter {host_name} restarted during the {op['kind']}")
+
+    async def _finished(self, op: OperationRow, changed: bool, actor: str) -> None:
+        life = self.life
+        detail = {"op": op["id"], "kind": op["kind"], "message": op["message"]}
+        if op["image_sha256"]:
+            detail |= {"image": op["image_name"], "sha256": op["image_sha256"]}
+        action = f"{'flash' if op['kind'] == FLASH_KIND else op['kind']}_{op['state']}"
+        await life.audit(actor, action, op["device"], op["lease_id"], detail)
+        life.notify(BOARD_KEY)  # no longer busy, perhaps needing recovery
+        self.store.after_commit(life.metrics.operations.labels(kind=op["kind"], outcome=op["state"]).inc)
+        device = await self.store.device(op["device"])
+        if device is None:
+            return
+        if op["state"] == OperationState.FAILED and changed and op["destructive"]:
+            what = f"{op['args'].get('purpose', op['kind'])} {op['id']}"
+            what += f" of {op['image_name']}" if op["image_name"] else ""
+            what += f" failed while {op['phase']}"
+            await life.note(device, f"needs recovery: {what}", actor, needs_recovery=f"{what}: {op['message']}")
+        elif op["state"] == OperationState.DONE and device["needs_recovery"] and op["image_sha256"]:
+            good = await self.store.known_good_targets(op["image_sha256"])
+            if {f"device:{device['name']}", f"class:{device['class']}"} & set(good):
+                await life.note(device, f"recovered by {op['id']} (known-good {op['image_name']})", actor,
+                                needs_recovery=None)

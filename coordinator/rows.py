@@ -1,0 +1,207 @@
+"""The rows the store reads, as types: each table's columns, and the facts a query joins to
+them, named once here (the store's SQL, the services and the views all go by these).
+
+JSON columns come back decoded (``tags``, ``resources``...), booleans as ``bool``, states
+as the vocabulary's values (``core/vocabulary.py``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
+
+from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState, OperationState
+
+# "class" is a keyword: the functional form
+DeviceRow = TypedDict("DeviceRow", {
+    "name": str,
+    "class": str,
+    "tags": list[str],
+    "host": str | None,
+    "state": DeviceState,
+    "present": bool,
+    "health": HealthStatus,
+    "health_reason": str,
+    "conflict_host": str | None,   # another host that reports it too (the owner keeps it)
+    "reclaim_lease": str | None,   # the lease whose end its exporter has not confirmed yet
+    "busy_by": list[dict[str, Any]],
+    "retired": bool,
+    "created_at": float,
+    "updated_at": float,
+    "resources": list[dict[str, Any]],
+    "report_digest": str | None,
+    "log_seq": int,
+    "needs_recovery": str | None,  # why (a failed destructive operation), or None
+    "state_since": float | None,
+})
+
+
+class DeviceFacts(DeviceRow):
+    """A device with the facts its state follows from (``lifecycle.device_state``): its live
+    lease, its host, and the exclusive operation running on it (each at most one)."""
+    lease_id: str | None
+    lease_state: LeaseState | None
+    holder: str | None
+    expires_at: float | None
+    host_online: bool | None
+    host_draining: bool | None
+    op_id: str | None
+    op_kind: str | None
+
+
+class HostRow(TypedDict):
+    name: str
+    boot_id: str
+    generation: int
+    protocol: int
+    version: str
+    heartbeat_s: float
+    plugins: dict[str, Any]
+    services: list[dict[str, Any]]
+    superseded_boots: list[str]
+    last_seen: float
+    online: bool
+    draining: bool
+    devices_digest: str | None
+    link_lost: bool
+    address: str | None
+
+
+class LeaseRow(TypedDict):
+    id: str
+    device: str
+    holder: str
+    state: LeaseState
+    created_at: float
+    expires_at: float
+    ended_at: float | None
+    end_reason: str | None
+    secret: str | None
+
+
+class LeaseView(LeaseRow):
+    """A lease with what its answer shows of its device and host."""
+    device_state: DeviceState
+    device_host: str | None
+    resources: list[dict[str, Any]]
+    needs_recovery: str | None
+    host_online: bool | None
+    host_link_lost: bool | None
+    host_services: list[dict[str, Any]] | None
+    op_id: str | None
+    op_kind: str | None
+
+
+class OperationRow(TypedDict):
+    id: str
+    kind: str
+    device: str
+    host: str
+    lease_id: str | None
+    requester: str
+    identifier: str          # the resource it runs on
+    plugin: str              # the plugin that serves that resource
+    exclusive: bool
+    destructive: bool
+    args: dict[str, Any]
+    image_sha256: str | None  # an image of the registry it writes
+    image_name: str | None
+    image_size: int | None
+    state: OperationState
+    phase: str
+    progress_done: int
+    progress_total: int | None
+    progress_unit: str
+    message: str
+    seconds: dict[str, float]
+    result: dict[str, Any] | None
+    boot_id: str | None       # the exporter start that ran it
+    audit_id: int | None      # the audit entry of its start
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+
+
+class OperationView(OperationRow):
+    host_online: bool | None
+
+
+class ImageRow(TypedDict):
+    sha256: str
+    name: str
+    size: int
+    description: str
+    target: str  # device:NAME or class:NAME
+    uploader: str
+    created_at: float
+    last_used_at: float
+
+
+class ListedImage(ImageRow):
+    known_good_for: list[str]
+
+
+class KnownGoodImage(ImageRow):
+    marked_at: float
+
+
+class TokenRow(TypedDict):
+    id: str
+    hash: str
+    username: str
+    admin: bool
+    host: str | None  # an exporter's token: the host it reports for
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+
+
+class AuditRow(TypedDict):
+    id: int
+    at: float
+    actor: str
+    action: str
+    device: str | None
+    lease_id: str | None
+    detail: dict[str, Any]
+
+
+class RingRow(TypedDict):
+    device: str
+    slot: int
+    seq: int
+    at: float
+    from_state: DeviceState
+    to_state: DeviceState
+    cause: str
+    actor: str
+
+
+class CandidateRow(TypedDict):
+    identifier: str
+    host: str
+    kind: str
+    plugin: str
+    label: str
+    last_seen: float
+    adopted_as: str | None
+
+
+AdoptionRow = TypedDict("AdoptionRow", {
+    "identifier": str,
+    "name": str,
+    "class": str,
+    "tags": list[str],
+    "host": str,
+    "adopted_by": str,
+    "at": float,
+})
+
+
+class IdempotencyRow(TypedDict):
+    caller: str
+    key: str
+    request: str
+    status: int
+    body: str
+    created_at: float

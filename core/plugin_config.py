@@ -1,0 +1,20 @@
+"""What a plugin's config entries are made of: each plugin declares its entry as a model
+(``devloop_config_model``), and the exporter refuses an entry that does not fit it when it
+loads its config, before it serves anything."""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class PluginConfig(BaseModel):
+    """The base of a plugin's config model: the keys one of its ``[[devices.resources]]``
+    entries may have (``plugin`` aside), with their types, defaults and checks.
+
+    Unknown keys are refused (``extra="forbid"``: a plugin may not turn that off). Values are
+    taken as TOML writes them (strict: ``"9600"`` is not a number, ``true`` is not 1). A
+    parsed entry is frozen: the exporter hands the same object to every hook. A check a
+    model cannot make without looking at the host (is that adapter plugged in?) belongs in
+    ``devloop_check_config``. This class itself is the model of a plugin that takes no keys.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)

@@ -1,0 +1,64 @@
+"""The lab's vocabulary, written once: the states of leases, devices, health and
+operations, and what an endpoint is for. The protocol's models, the coordinator's rules,
+its SQL (``CHECK`` constraints made from these values, ``sql_list``) and the clients all
+take them from here; a ``StrEnum`` is its value, so JSON and the database see plain text.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class LeaseState(StrEnum):
+    PENDING = "pending"    # granted; its services are starting
+    ACTIVE = "active"      # its services are up
+    RELEASED = "released"
+    EXPIRED = "expired"
+    FAILED = "failed"      # its services never came up
+    REVOKED = "revoked"    # an admin took it back
+
+
+#: A lease in these states is live (it holds its device); every other state is final.
+LIVE_LEASE_STATES = (LeaseState.PENDING, LeaseState.ACTIVE)
+
+
+class DeviceState(StrEnum):
+    UNREGISTERED = "unregistered"
+    IDLE = "idle"
+    ALLOCATING = "allocating"
+    IN_USE = "in_use"
+    RECLAIMING = "reclaiming"
+    FAULTY = "faulty"
+    OFFLINE = "offline"
+    RETIRED = "retired"
+
+
+class HealthStatus(StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+
+
+class OperationState(StrEnum):
+    QUEUED = "queued"      # in its host's desired state, not begun
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+#: An operation in these states is live; then it is done or failed.
+LIVE_OP_STATES = (OperationState.QUEUED, OperationState.RUNNING)
+
+
+class EndpointRole(StrEnum):
+    """What an endpoint is for, whatever plugin serves it: clients find an endpoint by its
+    role (``device-loop console`` takes the ``console`` one), never by a plugin's kind."""
+    CONSOLE = "console"          # a serial console: raw TCP or telnet with RFC 2217
+    ADB = "adb"                  # an adb server
+    HTTP_STREAM = "http-stream"  # a camera: a page, an MJPEG stream and a snapshot (params stream, snapshot)
+    RFB = "rfb"                  # a VNC server
+    WEB_VIEWER = "web-viewer"    # a page a browser opens (noVNC)
+
+
+def sql_list(values) -> str:
+    """``('a', 'b')``: the values of an enum (or some of them) for SQL's ``IN``."""
+    return "(" + ", ".join(f"'{value}'" for value in values) + ")"

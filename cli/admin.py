@@ -74,7 +74,6 @@ def _tokens_text(rows: list[dict]) -> str:
                    r["created_at"], r["expires_at"] or "-", r["revoked_at"] or "-"] for r in rows])
 
 
-
 @click.group("admin")
 def admin_group():
     """Lab administration (needs an admin token, or the database itself)."""

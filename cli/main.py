@@ -50,7 +50,8 @@ class Commands(click.Group):
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR", callback=coordinator_url,
               help="coordinator URL (or DEVICE_LOOP_COORDINATOR; default http://127.0.0.1:7420)")
-@click.option("--user", envvar="DEVICE_LOOP_USER", help="who you are to the lab (or DEVICE_LOOP_USER; default: your login)")
+@click.option("--user", envvar="DEVICE_LOOP_USER",
+              help="who you are to the lab (or DEVICE_LOOP_USER; default: your login)")
 @click.version_option(package_name="device-loop")
 @click.pass_context
 def cli(ctx, coordinator, user):

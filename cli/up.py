@@ -104,7 +104,7 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
     try:
         parsed = parse_config(config, config_path or "the lab config")
     except ConfigError as exc:
-        names = ", ".join(d["name"] for d in sims)
+        names = ", ".join(SIM_NAMES)
         raise ConfigRefused(f"{exc}\n(the lab adds simulated boards named {names})") from None
     try:  # each entry against its plugin's model, as the exporter checks it before it serves anything
         parse_entries(parsed, PluginSet(parsed.plugins.enable, parsed.plugins.disable).config_models())
@@ -201,7 +201,8 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
     run = python_module("device_loop.cli")
     # a token in the caller's shell is for some other lab: this one has none
     env = {k: v for k, v in os.environ.items() if k != "DEVICE_LOOP_TOKEN"}
-    children, displays = [], []  # stopped in this order: the exporter, the coordinator; then the displays
+    children: list = []
+    displays: list = []  # stopped in this order: the exporter, the coordinator; then the displays
     try:
         screens = _add_screens(registry, config, displays)
         config_file = data_dir / "exporter.toml"

@@ -45,7 +45,6 @@ def _said_on_the_command_line(ctx: click.Context, name: str) -> bool:
     return False
 
 
-
 def _given(ctx: click.Context, name: str, value):
     """An option of the command itself, if typed there (its environment variable is the
     group's too, and a value typed before the command name must win over it)."""
@@ -118,7 +117,6 @@ def ls_command(lab: Lab, as_json: bool):
         if not rows:
             return "no devices yet"
         return table(["NAME", "CLASS", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows)
-
     emit(as_json, lab.devices(), text)
 
 

@@ -76,7 +76,7 @@ def _interactive(port, log) -> bool:
     saved = termios.tcgetattr(sys.stdin)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_, sig=sig: sys.exit(128 + sig))
-    tty.setraw(sys.stdin)
+    tty.setraw(sys.stdin, termios.TCSANOW)  # (TCSAFLUSH would drop what was typed since the banner)
     reader.start()
     try:
         while not stop.is_set():

@@ -6,7 +6,6 @@ import json
 import sys
 import urllib.parse
 
-
 import click
 
 from device_loop.core import LIVE_LEASE_STATES

@@ -53,7 +53,6 @@ class Coordinator:
     def get(self, path: str, **params):
         """A read; a long-poll (``wait=S``) gets S seconds more than the usual timeout."""
         timeout = (self.http.timeout.read or 0.0) + float(params.get("wait", 0))  # (read is set: __init__)
-
         return self._request("GET", path, params=params or None, timeout=timeout)
 
     def post(self, path: str, body: dict | None = None):
@@ -76,7 +75,6 @@ class Coordinator:
                 if attempt == retries - 1:
                     raise CoordinatorError("unreachable",
                                            f"cannot reach the coordinator at {self.url}: {exc}") from None
-
                 time.sleep(0.2 * 2 ** attempt)
         try:
             data = response.json()

@@ -40,7 +40,6 @@ def changes(lab: Lab, connected=lambda devices: None):
                         connected(devices)
                     elif event.event == "device":
                         devices = [json.loads(event.data)]
-
                     else:
                         continue  # the reconnection delay the stream starts with
                     for device in devices:
@@ -70,7 +69,6 @@ def line(previous: str | None, device: dict) -> str:
 @click.command("watch")
 @click.option("--json", "as_json", is_flag=True,
               help="one JSON object a line: at, device, from, to, holder, expires_at")
-
 @lab_command
 def watch_command(lab: Lab, as_json: bool):
     """Print each device change as it happens (state, holder), until Ctrl-C."""

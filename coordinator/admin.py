@@ -40,7 +40,6 @@ class Admin:
                 assert lease is not None  # the device's live lease, read in this same transaction
                 device = await self.leases.end(lease, LeaseState.REVOKED, f"device retired by admin {admin}",
                                                admin) or device
-
             await self.life.change(device, f"{'retired' if retired else 'returned'} by admin {admin}", admin,
                                {"retired": retired})
             await self.life.audit(admin, "retire" if retired else "unretire", name, lease_id, {})

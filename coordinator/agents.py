@@ -41,7 +41,6 @@ class LazyAgents:
             return self._app
 
     async def _load(self) -> ASGIApp:
-
         from .mcp_tools import mcp_app
 
         app, sessions = mcp_app(self._rules, self._hosts)

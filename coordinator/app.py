@@ -122,7 +122,6 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
                     Middleware(BoundedBodies, gap_s=body_gap_s)],
         lifespan=lifespan,
         exception_handlers=handlers,
-
     )
     for key, value in state.items():  # caller_identity reads these from the app it is asked by
         setattr(app.state, key, value)

@@ -29,7 +29,6 @@ from .schemas import (AdminDevice, AdoptIn, CollectIn, DesiredWait, DeviceFilter
                       UartExchangeIn, UploadQuery, split_tags)
 
 
-
 @dataclass
 class Ctx:
     """One call as its ``run`` sees it."""

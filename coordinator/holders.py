@@ -40,11 +40,9 @@ def holder_json(holder: Mapping[str, Any], admin: bool = False) -> HolderAnswer:
     program = posixpath.basename(command.split(" ", 1)[0])[:MAX_PROGRAM_CHARS] or "?"
     # (a report's holders all have a pid: core.protocol.Holder)
     answer: HolderAnswer = {"pid": cast(int, holder.get("pid")), "program": program}
-
     if admin:
         answer["command"] = command
     return answer
-
 
 
 def redact(command: str) -> str:

@@ -1,4 +1,4 @@
-"""Hosts and their heartbeats (docs/architecture.md "The rules": reconcile, do not push):
+"""Hosts and their heartbeats (docs/architecture.md, "Reconcile, not push"):
 each heartbeat replaces its host's snapshot, and is answered with what that host should
 run (the services of live leases, the operations to begin).
 
@@ -17,7 +17,6 @@ import json
 import logging
 
 from typing import Any, Mapping
-
 
 from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import DesiredState, DeviceReport, Heartbeat
@@ -76,7 +75,6 @@ class _Changes:
         self.wake_host = False              # the host's desired state may have changed
 
     def touch(self, row: Mapping[str, Any], cause: str | None = None, **fields) -> dict[str, Any]:
-
         """Take ``row`` into account (its state is recomputed), with ``fields`` changed."""
         current = self.rows.setdefault(row["name"], dict(row))
         if any(current.get(k) != v for k, v in fields.items()):
@@ -175,7 +173,6 @@ class Hosts:
             await self._apply_devices(host_name, report, digests, columns, own, claimed_before, changes, online)
             for row in own.values():
                 changes.touch(row)  # the host's online state may have changed: recompute all
-
             await self.store.save_candidates([{**c.model_dump(), "host": host_name, "last_seen": now}
                                               for c in report.candidates])
         activated = self._progress(report, own, changes)
@@ -302,7 +299,6 @@ class Hosts:
         return activated
 
     async def _save_host(self, host_name: str, previous: HostRow | None, report: Heartbeat, snapshot: str,
-
                          now: float, online: bool) -> None:
         row = {"boot_id": report.boot_id, "generation": report.generation, "protocol": report.protocol,
                "version": report.version, "heartbeat_s": report.heartbeat_s, "plugins": report.plugins.model_dump(),
@@ -337,7 +333,6 @@ class Hosts:
         etag = _digest(json.dumps([services, adopted, operations], sort_keys=True))
         return DesiredState.model_validate({"services": services, "adopted": adopted, "operations": operations,
                                             "etag": etag, "as_of": as_of}).model_dump(by_alias=True, mode="json")
-
 
     async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone,
                            boot_id: str | None = None) -> dict:

@@ -1,5 +1,5 @@
 """Idempotency keys: a repeated ``Idempotency-Key`` from the same caller gets the first
-answer again, and changes nothing (docs/architecture.md "Speed, by design": looked up and
+answer again, and changes nothing (docs/architecture.md, "Speed, by design": looked up and
 stored in the request's own transaction). A stored answer keeps no credential."""
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from .errors import APIError, bad_request
 from .identity import caller_identity
 from .rows import IdempotencyRow
 from .rules import Rules
-
 from .store import UniqueViolation
 
 MAX_KEY_CHARS = 200  # of an Idempotency-Key

@@ -1,4 +1,5 @@
-"""Who is calling, and what they may call: the one place that decides (DESIGN §7).
+"""Who is calling, and what they may call: the one place that decides
+(docs/architecture.md, "Identity").
 
 ``caller_identity(request)`` answers for every route. Behind it: API tokens (random,
 shown once, stored as SHA-256 hashes, with an owner, an optional expiry, and for
@@ -30,7 +31,6 @@ from device_loop.core.durations import iso
 from .answers import TokenAnswer
 from .errors import APIError
 from .rows import TokenRow
-
 
 USER_HEADER = "X-Device-Loop-User"
 COOKIE = "device_loop_token"  # the web page's sign-in: the token itself

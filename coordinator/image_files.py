@@ -48,7 +48,6 @@ class Received:
 
 class ImageFiles:
     def __init__(self, folder: str | Path | None):
-
         self.folder = Path(folder) if folder else None
 
     def _need_folder(self) -> Path:

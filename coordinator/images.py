@@ -1,4 +1,5 @@
-"""The image registry (DESIGN §6): content-addressed images, known-good marks, clean-up.
+"""The image registry (docs/architecture.md, "Image registry"): content-addressed images,
+known-good marks, clean-up.
 
 An image is for a device (``device:NAME``) or a device class (``class:NAME``); an admin
 marks images known-good for either, and the latest known-good of a device (else of its
@@ -199,7 +200,6 @@ class Images:
         return (f"{size} more bytes would take {caller} over this lab's quota of {quota} "
                 f"bytes of images per person ({used} used): remove some first (device-loop images rm)")
 
-
     @staticmethod
     def _uploaded_before(existing: ImageRow, name: str, target: str, target_name: str) -> tuple[ImageAnswer, bool]:
         if (existing["name"], existing["target"]) == (name, target):
@@ -293,7 +293,6 @@ class Images:
         return {"removed": names, "refs": [image_ref(i["sha256"]) for i in gone]}
 
     async def _delete(self, image: ImageRow) -> None:
-
         """An image's row goes (its known-good marks with it), and its bytes from its uploader's
         count; its file once the transaction committed (``sweep_files``)."""
         await self.store.delete_image(image["sha256"])

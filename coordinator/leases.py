@@ -1,4 +1,4 @@
-"""Leases (docs/architecture.md "The rules"): reserve, renew, release, their end by time,
+"""Leases (docs/architecture.md, "Leases"): reserve, renew, release, their end by time,
 and what a lease's holder sees of it.
 
 Each is one short transaction of a fixed number of statements, with the clock read

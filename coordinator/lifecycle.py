@@ -1,4 +1,4 @@
-"""The device lifecycle (docs/architecture.md "Device lifecycle"), which every service shares:
+"""The device lifecycle (docs/architecture.md, "Lifecycle"), which every service shares:
 a device's state follows from its facts in one function, and every change of state goes to
 the device's ring log. ``Lifecycle`` is what each service is handed to write with: the
 store, the settings, the clock, the long-polls' notifier, the audit log and the metrics."""

@@ -37,7 +37,9 @@ async def _never_hangs_up() -> None:
 async def _who(ctx: Context, access: str) -> Identity:
     """The caller, if it may call a tool of ``access``."""
     try:
-        identity = await caller_identity(ctx.request_context.request)
+        request = ctx.request_context.request
+        assert request is not None  # (streamable HTTP: every call is a request)
+        identity = await caller_identity(request)
         check_access(access, identity)
     except APIError as exc:
         if exc.code == "unauthenticated":  # an agent has no token file: say what it sends
@@ -89,7 +91,7 @@ def _tool(rules, call: Call):
     parameters = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context)]
     for name, field in call.args.model_fields.items():
         default = inspect.Parameter.empty if field.is_required() else field.get_default(call_default_factory=True)
-        annotation = Annotated[_as_sent(field.annotation), Field(description=field.description or "",
+        annotation: Any = Annotated[_as_sent(field.annotation), Field(description=field.description or "",
                                                                  json_schema_extra=_choices(field.annotation))]
         parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                             annotation=annotation))

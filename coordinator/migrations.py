@@ -11,6 +11,19 @@ SERIAL = {
     "postgresql": "BIGSERIAL PRIMARY KEY",
 }
 
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    """``CHECK`` that ``column`` is one of ``values``, as comparisons: SQLite 3.40 builds an
+    ``IN`` list's lookup table anew for every row it checks, which made the upsert of a
+    1000-device heartbeat 3-7x slower; ``=`` with ``OR`` costs nothing measurable."""
+    return "CHECK (" + " OR ".join(f"{column} = '{value}'" for value in values) + ")"
+
+
+DEVICE_STATES = ("unregistered", "idle", "allocating", "in_use", "reclaiming", "faulty", "offline", "retired")
+HEALTH_STATES = ("ok", "degraded", "failed")
+LEASE_STATES = ("pending", "active", "released", "expired", "failed", "revoked")
+OPERATION_STATES = ("queued", "running", "done", "failed")
+
 MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 1: devices, resources, hosts, leases, logs, idempotency keys
     [
@@ -94,7 +107,8 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
             PRIMARY KEY (caller, key)
         )""",
     ],
-    # 2: API tokens (DESIGN §7): stored hashed; exporter tokens are bound to one host
+    # 2: API tokens (docs/architecture.md, "Identity"): stored hashed; exporter tokens are
+    # bound to one host
     [
         """CREATE TABLE tokens (
             id TEXT PRIMARY KEY,
@@ -231,7 +245,7 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 12: an image's name is unique for its target, not in the whole registry (and can never
     # read as a digest: images.py refuses such names); a row per file of the registry, pinned
     # while an upload puts it in place, so that a file is removed only once no image row uses
-    # it (docs/architecture.md "The image registry"); what each person holds, counted by the
+    # it (docs/architecture.md, "Image registry"); what each person holds, counted by the
     # database in the statements that change it (the lease limit and the upload quota)
     [
         {"sqlite": """CREATE TABLE images_by_target (
@@ -281,7 +295,7 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     # core/vocabulary.py (tests/test_vocabulary.py holds the schema to them); a device left in
     # the old state "conflict" is recomputed at its host's next report (migration 11).
     [
-        """CREATE TABLE operations (
+        f"""CREATE TABLE operations (
             id TEXT PRIMARY KEY,
             kind TEXT NOT NULL,
             device TEXT NOT NULL,
@@ -296,7 +310,7 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
             image_sha256 TEXT,
             image_name TEXT,
             image_size BIGINT,
-            state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed')),
+            state TEXT NOT NULL {_one_of("state", OPERATION_STATES)},
             phase TEXT NOT NULL,
             progress_done BIGINT NOT NULL,
             progress_total BIGINT,
@@ -325,22 +339,18 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         "CREATE INDEX operations_image ON operations(image_sha256, state)",
         "UPDATE devices SET state = 'offline' WHERE state NOT IN ('unregistered', 'idle', 'allocating', 'in_use', "
         "'reclaiming', 'faulty', 'offline', 'retired')",
-        {"postgresql": "ALTER TABLE devices ADD CONSTRAINT devices_state CHECK (state IN ('unregistered', 'idle', "
-                       "'allocating', 'in_use', 'reclaiming', 'faulty', 'offline', 'retired'))"},
-        {"postgresql": "ALTER TABLE devices ADD CONSTRAINT devices_health CHECK (health IN ('ok', 'degraded', "
-                       "'failed'))"},
-        {"postgresql": "ALTER TABLE leases ADD CONSTRAINT leases_state CHECK (state IN ('pending', 'active', "
-                       "'released', 'expired', 'failed', 'revoked'))"},
+        {"postgresql": f"ALTER TABLE devices ADD CONSTRAINT devices_state {_one_of('state', DEVICE_STATES)}"},
+        {"postgresql": f"ALTER TABLE devices ADD CONSTRAINT devices_health {_one_of('health', HEALTH_STATES)}"},
+        {"postgresql": f"ALTER TABLE leases ADD CONSTRAINT leases_state {_one_of('state', LEASE_STATES)}"},
         # SQLite adds a constraint only by building the table anew
-        {"sqlite": """CREATE TABLE devices_checked (
+        {"sqlite": f"""CREATE TABLE devices_checked (
             name TEXT PRIMARY KEY,
             class TEXT NOT NULL,
             tags TEXT NOT NULL,
             host TEXT,
-            state TEXT NOT NULL CHECK (state IN ('unregistered', 'idle', 'allocating', 'in_use', 'reclaiming',
-                                                 'faulty', 'offline', 'retired')),
+            state TEXT NOT NULL {_one_of("state", DEVICE_STATES)},
             present BOOLEAN NOT NULL,
-            health TEXT NOT NULL CHECK (health IN ('ok', 'degraded', 'failed')),
+            health TEXT NOT NULL {_one_of("health", HEALTH_STATES)},
             health_reason TEXT NOT NULL,
             conflict_host TEXT,
             reclaim_lease TEXT,
@@ -363,11 +373,11 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         {"sqlite": "ALTER TABLE devices_checked RENAME TO devices"},
         {"sqlite": "CREATE INDEX devices_host ON devices(host)"},
         {"sqlite": "CREATE INDEX devices_conflict_host ON devices(conflict_host)"},
-        {"sqlite": """CREATE TABLE leases_checked (
+        {"sqlite": f"""CREATE TABLE leases_checked (
             id TEXT PRIMARY KEY,
             device TEXT NOT NULL,
             holder TEXT NOT NULL,
-            state TEXT NOT NULL CHECK (state IN ('pending', 'active', 'released', 'expired', 'failed', 'revoked')),
+            state TEXT NOT NULL {_one_of("state", LEASE_STATES)},
             created_at DOUBLE PRECISION NOT NULL,
             expires_at DOUBLE PRECISION NOT NULL,
             ended_at DOUBLE PRECISION,

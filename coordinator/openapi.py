@@ -9,7 +9,6 @@ import copy
 import re
 from typing import Any, Literal
 
-
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import models_json_schema
 

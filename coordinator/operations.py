@@ -22,7 +22,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from device_loop.core import FLASH_KIND, OP_PREFIX
 from device_loop.core.durations import iso
-from device_loop.core.protocol import Args, Heartbeat, OperationReport
+from device_loop.core.protocol import Args, Heartbeat, OperationReport, Progress
 from device_loop.core.vocabulary import LIVE_OP_STATES, OperationState
 
 from .answers import OperationAnswer
@@ -167,7 +167,7 @@ class Operations:
             "progress_done": 0, "progress_total": image["size"] if image else None,
             "progress_unit": "bytes" if image else "", "message": "", "seconds": {}, "result": None, "boot_id": None,
             "audit_id": None, "created_at": now, "started_at": None, "ended_at": None}
-        detail = {"op": op["id"], "kind": kind, "args": args}
+        detail: dict[str, Any] = {"op": op["id"], "kind": kind, "args": args}
         if image:
             detail |= {"image": image["name"], "sha256": image["sha256"], "size": image["size"]}
         op["audit_id"] = await self.life.audit(caller, action or kind, name, lease_id, detail)
@@ -277,14 +277,14 @@ class Operations:
         changed = op["phase"] not in FIRST_PHASES
         return OperationReport(op=op["id"], device=op["device"], kind=op["kind"], state=OperationState.FAILED,
                                phase=op["phase"] if changed else "fetching" if op["image_sha256"] else op["phase"],
-                               progress={"done": op["progress_done"], "total": op["progress_total"],
-                                         "unit": op["progress_unit"]},
+                               progress=Progress(done=op["progress_done"], total=op["progress_total"],
+                                                 unit=op["progress_unit"]),
                                seconds=op["seconds"], changed=changed,
                                message=f"interrupted: exporter {host_name} restarted during the {op['kind']}")
 
     async def _finished(self, op: OperationRow, changed: bool, actor: str) -> None:
         life = self.life
-        detail = {"op": op["id"], "kind": op["kind"], "message": op["message"]}
+        detail: dict[str, Any] = {"op": op["id"], "kind": op["kind"], "message": op["message"]}
         if op["image_sha256"]:
             detail |= {"image": op["image_name"], "sha256": op["image_sha256"]}
         action = f"{'flash' if op['kind'] == FLASH_KIND else op['kind']}_{op['state']}"

@@ -1,5 +1,5 @@
 """What the coordinator relays for agents, who may have no terminal and no browser: one
-camera snapshot, one short UART exchange (docs/architecture.md "The parts": the only data
+camera snapshot, one short UART exchange (docs/architecture.md, "The parts": the only data
 that passes through the coordinator, each bounded in size and time).
 
 A snapshot is fetched only from the exporter host's own reported address, the camera

@@ -19,6 +19,12 @@ REF = Field(min_length=1, max_length=128, description="the image's ref (sha256: 
                                                      "list_images gives it) or its name")
 
 
+# a lease's or an operation's long-poll
+WAIT_S = Field(default=0, alias="wait", ge=0, le=MAX_WAIT_S,
+               description="long-poll: answer once its state differs from `unless`, or after this many seconds")
+UNLESS = Field(default=None, max_length=32, description="the state it had (default, for a wait: the one it has now)")
+
+
 class NoArgs(Strict):
     pass
 
@@ -78,11 +84,8 @@ class LeaseId(Strict):
 
 
 class LeaseWait(LeaseId):
-    wait_s: float = Field(default=0, alias="wait", ge=0, le=MAX_WAIT_S,
-                          description="long-poll: answer once its state differs from `unless`, or after this many "
-                                      "seconds")
-    unless: str | None = Field(default=None, max_length=32,
-                               description="the state it had (default, for a wait: the one it has now)")
+    wait_s: float = WAIT_S
+    unless: str | None = UNLESS
 
 
 class RenewIn(LeaseId):
@@ -101,11 +104,8 @@ class FlashIn(LeaseId):
 
 class OpWait(Strict):
     op_id: str = Field(min_length=1, max_length=64, description="the operation's id (op-...)")
-    wait_s: float = Field(default=0, alias="wait", ge=0, le=MAX_WAIT_S,
-                          description="long-poll: answer once its state differs from `unless`, or after this many "
-                                      "seconds")
-    unless: str | None = Field(default=None, max_length=32,
-                               description="the state it had (default, for a wait: the one it has now)")
+    wait_s: float = WAIT_S
+    unless: str | None = UNLESS
 
 
 # ---- what agents ask the coordinator to relay (one bounded exchange) -----------------------

@@ -102,7 +102,6 @@ def coordinator_command(header_timeout, body_timeout,
     if single_user and host not in ("127.0.0.1", "localhost", "::1"):
         raise click.BadParameter("--single-user trusts every caller, so it listens on loopback only",
                                  param_hint="--host")
-
     if single_user:
         logging.getLogger("device_loop.coordinator").warning(
             "SINGLE-USER TRUST MODE: no tokens; every caller on this machine is trusted as whoever it says it is, "

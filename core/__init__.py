@@ -9,7 +9,6 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 #: Lease ids start with this; device names may not, so a name never reads as a lease.
 LEASE_PREFIX = "lease-"
 
-
 #: The resource kind of flash targets, and the operation kind that writes an image to one.
 FLASH_KIND = "flash"
 #: Operation ids start with this.

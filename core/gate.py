@@ -1,4 +1,5 @@
-"""The lease gate (DESIGN §7): endpoints that admit only the lease's holder.
+"""The lease gate (docs/architecture.md, "The lease gate"): endpoints that admit only the
+lease's holder.
 
 In an authenticated lab every service of a lease listens on the exporter's loopback, and
 what is published is a gate: a relay process that reads one line, ``DEVLOOP <secret>``,
@@ -42,7 +43,6 @@ import sys
 import threading
 import urllib.parse
 from typing import Any, Mapping
-
 
 from .ports import inherited_listener
 from .process import python_module
@@ -146,7 +146,6 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes,
         task = asyncio.current_task()
         assert task is not None  # (the server runs each connection's handler in a task of its own)
         live.add(task)
-
         try:
             await admit(reader, writer)
         finally:
@@ -207,7 +206,6 @@ def gate_service(host, resource, lease, service):
         gated += [dataclasses.replace(e, kind=endpoint.kind, env=endpoint.env,
                                       url=_gated_url(endpoint, e, lease.secret))
                   for e in front.endpoints]
-
         service.processes += front.processes
     service.endpoints = gated
     return service

@@ -1,9 +1,10 @@
 """Who holds a device node open, read from /proc (spawns nothing, opens nothing)."""
 import os
 from pathlib import Path
+from typing import AbstractSet
 
 
-def holders(nodes: set[str], skip: set[int] = frozenset()) -> dict[str, set[int]]:
+def holders(nodes: set[str], skip: AbstractSet[int] = frozenset()) -> dict[str, set[int]]:
     """For each of ``nodes``, the pids of processes that have it open (those whose fds we
     may read, but for ``skip``), in one pass over /proc however many nodes are asked about."""
     targets: dict[str, str] = {}
@@ -25,11 +26,11 @@ def holders(nodes: set[str], skip: set[int] = frozenset()) -> dict[str, set[int]
         with fds:
             for fd in fds:
                 try:
-                    node = targets.get(os.readlink(fd.path))
+                    held = targets.get(os.readlink(fd.path))
                 except OSError:
                     continue
-                if node is not None:
-                    found[node].add(int(proc.name))
+                if held is not None:
+                    found[held].add(int(proc.name))
     return found
 
 

@@ -28,7 +28,7 @@ class HostContext:
     bind_address: str = "127.0.0.1"
     advertise_address: str = "127.0.0.1"
     entries: list[ConfiguredResource] = field(default_factory=list)
-    processes: ProcessRegistry = None
+    processes: ProcessRegistry = None  # type: ignore[assignment]  # (None: __post_init__ makes one)
 
     def __post_init__(self):
         self.state_dir = Path(self.state_dir)
@@ -74,7 +74,6 @@ class HostContext:
             listener.close()  # the child holds it now; our copy would keep the port bound
         endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol,
                             params=params, command=command, role=role)
-
         return Service(endpoints=[endpoint], processes=[proc])
 
     def serve_in_thread(self, serve, resource: Resource, lease: LeaseRef, *, name: str, protocol: str = "raw",
@@ -91,7 +90,6 @@ class HostContext:
 
     def run_to_end(self, argv: list[str], *, name: str, timeout: float,
                    env: dict | None = None) -> tuple[int | None, str]:
-
         """Run a program to its end: ``(exit code, output)``, the code None when it overstayed
         ``timeout`` and was killed with everything it forked (its process group). Recorded
         like a service's processes, so a crash of the exporter leaves nothing running unseen.
@@ -99,6 +97,7 @@ class HostContext:
         proc = self.processes.spawn(argv, name=name, env=env, job=True)
         if proc.wait(timeout):
             self.processes.forget(proc)
+            assert proc.popen is not None  # (spawned here: a child of ours)
             return proc.popen.returncode, proc.output()
         proc.stop(grace=2.0)
         return None, proc.output()

@@ -1,6 +1,7 @@
-"""Hot-plug wake-ups (DESIGN §5): a udev event only wakes the exporter early, so a phone
-plugged in shows up at once instead of at the next heartbeat. What is there is still
-decided by the sysfs scan alone; without libudev nothing but the wait changes."""
+"""Hot-plug wake-ups (docs/architecture.md, "Discovery"): a udev event only wakes the
+exporter early, so a phone plugged in shows up at once instead of at the next heartbeat.
+What is there is still decided by the sysfs scan alone; without libudev nothing but the
+wait changes."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .plugin_config import PluginConfig
+if TYPE_CHECKING:  # (not imported to run: service processes import this module, and pydantic costs 0.2 s)
+    from .plugin_config import PluginConfig
 
 HEALTH_STATES = ("ok", "degraded", "failed")
 
@@ -37,9 +38,10 @@ class Resource:
 
     ``identifier`` is stable and unique in the whole lab (a USB serial, a MAC); never
     an IP or a ``/dev/ttyUSBn`` name. A ``candidate`` (network discovery) becomes a device
-    only when an admin adopts it, under the name the admin gives. ``node`` is the device node the service opens,
-    if any: the exporter watches who holds it (DESIGN §8, orphans). ``config`` holds
-    the plugin's own keys from the exporter config.
+    only when an admin adopts it, under the name the admin gives. ``node`` is the device
+    node the service opens, if any: the exporter watches who holds it
+    (docs/architecture.md, "Lifecycle": orphans). ``config`` holds the plugin's own keys
+    from the exporter config.
     """
 
     device: str

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from importlib.metadata import entry_points
+from typing import Sequence
 
 import pluggy
 
@@ -72,7 +73,7 @@ class PluginSet:
     """The plugins one exporter may use, each callable on its own; ``skipped`` says which
     were not loaded, and why."""
 
-    def __init__(self, enable: list[str] | None = None, disable: list[str] = ()):
+    def __init__(self, enable: list[str] | None = None, disable: Sequence[str] = ()):
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(hookspecs)
         self.skipped: list[dict] = []

@@ -162,13 +162,17 @@ class Progress(Strict):
     unit: str = Field(default="", max_length=16, description="bytes, lines, steps...")
 
 
+#: What an exporter reports of an operation: it has begun, so it runs or has ended.
+ReportedState = Literal[OperationState.RUNNING, OperationState.DONE, OperationState.FAILED]
+
+
 class OperationReport(Strict):
     """An operation the exporter runs, or finished and has not had acknowledged yet (a
     heartbeat that carried its result was answered)."""
     op: Name
     device: Name
     kind: Word
-    state: Literal[OperationState.RUNNING, OperationState.DONE, OperationState.FAILED]
+    state: ReportedState
     phase: Word
     progress: Progress = Field(default_factory=Progress)
     message: Reason = ""
@@ -216,8 +220,8 @@ class PluginsReport(Strict):
 
 
 class Heartbeat(Strict):
-    """A full snapshot of one exporter's host (DESIGN §4): the coordinator replaces what
-    it held for the host with it."""
+    """A full snapshot of one exporter's host (docs/architecture.md, "Reconcile, not push"):
+    the coordinator replaces what it held for the host with it."""
     protocol: int
     version: str = Field(max_length=64)
     boot_id: str = Field(min_length=1, max_length=64)
@@ -250,7 +254,8 @@ class Heartbeat(Strict):
     def _each_thing_once(self):
         for what, values in (("device name", [d.name for d in self.devices]),
                              ("resource identifier", [r.identifier for d in self.devices for r in d.resources])):
-            seen, repeated = set(), set()
+            seen: set[str] = set()
+            repeated: set[str] = set()
             for value in values:
                 (repeated if value in seen else seen).add(value)
             if repeated:

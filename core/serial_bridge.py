@@ -50,19 +50,19 @@ class _Port(serial.Serial):
 
     def _update_dtr_state(self):
         try:
-            super()._update_dtr_state()
+            super()._update_dtr_state()  # type: ignore[misc]  # (private: not in types-pyserial)
         except OSError:
             pass
 
     def _update_rts_state(self):
         try:
-            super()._update_rts_state()
+            super()._update_rts_state()  # type: ignore[misc]  # (private: not in types-pyserial)
         except OSError:
             pass
 
     def _update_break_state(self):
         try:
-            super()._update_break_state()
+            super()._update_break_state()  # type: ignore[misc]  # (private: not in types-pyserial)
         except OSError:
             pass
 
@@ -72,7 +72,8 @@ class _Telnet:
 
     def __init__(self, conn: socket.socket, port: serial.Serial):
         self.conn = conn
-        self.manager = PortManager(port, self)
+        # (types-pyserial wants rfc2217.Serial for both; pyserial takes any port, and anything with write())
+        self.manager = PortManager(port, self)  # type: ignore[arg-type]
 
     def write(self, data: bytes) -> None:  # PortManager's way to answer the client
         self.conn.sendall(data)

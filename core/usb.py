@@ -54,7 +54,6 @@ def read_device(path: Path) -> UsbDevice | None:
             interfaces.append(UsbInterface(_attr(child, "bInterfaceNumber"), (
                 _attr(child, "bInterfaceClass"), _attr(child, "bInterfaceSubClass"),
                 _attr(child, "bInterfaceProtocol"))))
-
     return UsbDevice(path=path, vendor=_attr(path, "idVendor"), product=_attr(path, "idProduct"),
                      serial=_attr(path, "serial"), manufacturer=_attr(path, "manufacturer"),
                      product_name=_attr(path, "product"), busnum=int(_attr(path, "busnum") or 0),

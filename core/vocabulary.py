@@ -59,6 +59,10 @@ class EndpointRole(StrEnum):
     WEB_VIEWER = "web-viewer"    # a page a browser opens (noVNC)
 
 
+#: Every enum of the vocabulary.
+VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole)
+
+
 def sql_list(values) -> str:
     """``('a', 'b')``: the values of an enum (or some of them) for SQL's ``IN``."""
     return "(" + ", ".join(f"'{value}'" for value in values) + ")"

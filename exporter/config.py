@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from device_loop.core import NAME_PATTERN
 from device_loop.core.model import ConfiguredResource
@@ -132,7 +133,7 @@ class ExporterConfig(BaseModel):
 
 # The tables of a config as TOML writes them, and the models of those whose keys are fixed.
 TABLES = {"exporter": "[exporter]", "plugins": "[plugins]", "devices": "[[devices]]"}
-_FIXED_KEYS = {"exporter": ExporterSection, "plugins": PluginsSection}
+_FIXED_KEYS: dict[str, type[BaseModel]] = {"exporter": ExporterSection, "plugins": PluginsSection}
 
 
 def parse_config(data: dict, source: str = "config") -> ExporterConfig:
@@ -146,7 +147,7 @@ def parse_config(data: dict, source: str = "config") -> ExporterConfig:
     return config
 
 
-def _problem(error: dict) -> str:
+def _problem(error: ErrorDetails) -> str:
     if error["type"] == "extra_forbidden" and (len(error["loc"]) == 1 or error["loc"][0] in _FIXED_KEYS):
         return _unknown_key(error["loc"], error["input"])
     return error["msg"].removeprefix("Value error, ")
@@ -191,7 +192,8 @@ def parse_entries(config: ExporterConfig, models: dict[str, type[PluginConfig]])
     (not installed, left out, broken: its entries are reported as unserved). A ``ConfigError``
     names each entry that does not fit: the file, the device and which of its resources,
     the key, and for an unknown key the closest known one."""
-    parsed, problems = [], []
+    parsed: list[ConfiguredResource | None] = []
+    problems: list[str] = []
     for entry in config.entries():
         model = models.get(entry.plugin)
         if model is None:
@@ -210,7 +212,7 @@ def parse_entries(config: ExporterConfig, models: dict[str, type[PluginConfig]])
     return parsed
 
 
-def _entry_problem(error: dict, model: type[PluginConfig], entry: Entry) -> str:
+def _entry_problem(error: ErrorDetails, model: type[PluginConfig], entry: Entry) -> str:
     key = ".".join(map(str, error["loc"]))
     if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
         known = [field.alias or name for name, field in model.model_fields.items()]

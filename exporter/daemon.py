@@ -1,4 +1,5 @@
-"""The exporter (DESIGN §4): scan -> heartbeat -> converge, on three threads.
+"""The exporter (docs/architecture.md, "Reconcile, not push"): scan -> heartbeat -> converge,
+on three threads.
 
 - The report loop scans the host once a heartbeat period (or at a hot-plug wake-up) and
   sends a report then, and at once whenever a service came up or went away.
@@ -21,11 +22,11 @@ from pathlib import Path
 
 from device_loop.core.host import HostContext
 from device_loop.core.hotplug import watch_hotplug
-from device_loop.core.model import Health, Resource
+from device_loop.core.model import ConfiguredResource, Health, Resource
 from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import DesiredState, Heartbeat
 
-from .config import ExporterConfig, parse_entries
+from .config import Entry, ExporterConfig, parse_entries
 from .image_cache import ImageCache
 from .link import SUPERSEDED, CoordinatorLink
 from .operations import Operations
@@ -54,7 +55,7 @@ class Exporter:
             advertise_address=section.advertise_address or section.bind_address,
         )
         # each config entry as written, with what its plugin's model made of it (setup parses them)
-        self.entries = [(entry, None) for entry in config.entries()]
+        self.entries: list[tuple[Entry, ConfiguredResource | None]] = [(entry, None) for entry in config.entries()]
         self.link = CoordinatorLink(section.coordinator, self.name, section.token_file)
         orphans = OrphanWatch(config.state_dir)
         self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex,
@@ -260,7 +261,10 @@ class Exporter:
         """Run until ``stopping`` is set; then stop every service and return."""
         self.setup()
         if self.host.sysfs_root == Path("/sys"):  # a fake tree gets no udev events
-            why_not = watch_hotplug(lambda: (self.scan_due.set(), self.wake.set()))
+            def hotplugged() -> None:
+                self.scan_due.set()
+                self.wake.set()
+            why_not = watch_hotplug(hotplugged)
             log.info("hot-plug wake-ups %s", f"off ({why_not})" if why_not else "on (udev)")
         next_scan = 0.0
         long_poll = threading.Thread(target=self._long_poll, name="long-poll", daemon=True)

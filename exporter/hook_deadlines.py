@@ -76,7 +76,7 @@ class HookDeadlines:
         self.timeout_s = timeout_s
         self._changed = threading.Condition()
         self._hung: dict[Hashable, _Call] = {}  # key -> its call past its deadline, still running
-        self._idle: list[queue.SimpleQueue] = []  # the job queues of idle workers
+        self._idle: list[queue.SimpleQueue[_Call]] = []  # the job queues of idle workers
 
     def hung(self) -> list[Hashable]:
         """The keys whose call is still running past its deadline."""
@@ -122,14 +122,14 @@ class HookDeadlines:
 
     def _start(self, key: Hashable, fn: Callable[[], Any]) -> _Call:
         call = _Call(key, fn, self.timeout_s)
-        jobs = self._idle.pop() if self._idle else None
+        jobs: queue.SimpleQueue[_Call] | None = self._idle.pop() if self._idle else None
         if jobs is None:
             jobs = queue.SimpleQueue()
             threading.Thread(target=self._work, args=(jobs,), name="plugin-hook", daemon=True).start()
         jobs.put(call)
         return call
 
-    def _work(self, jobs: queue.SimpleQueue) -> None:
+    def _work(self, jobs: queue.SimpleQueue[_Call]) -> None:
         while True:
             call = jobs.get()
             try:

@@ -1,5 +1,5 @@
 """The exporter's image cache: images fetched from the coordinator's registry, one file
-each, named by sha256 (DESIGN §6).
+each, named by sha256 (docs/architecture.md, "Operations").
 
 A file enters the cache only once the bytes fetched hash to the sha256 asked for, and a
 cached file is hashed again before its first use by each start of the exporter (a crash
@@ -139,7 +139,6 @@ class ImageCache:
                     if got > size:
                         raise OperationError(
                             f"the coordinator sent more than the image's {size} bytes: nothing written")
-
                     pieces.append(chunk)
                     held += len(chunk)
                     # pieces go on in groups, to the file in one writev and to the hasher in one hand-over:

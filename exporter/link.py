@@ -55,7 +55,6 @@ class CoordinatorLink:
         if refusal != self._last_refusal:
             quietly = "; retrying every heartbeat period, quietly" if response.status_code < 500 else ""
             log.error("%s%s", refusal, quietly)
-
         self._last_refusal = refusal
         if answer.get("error") == "superseded_boot":
             return SUPERSEDED

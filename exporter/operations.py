@@ -1,4 +1,4 @@
-"""Running the operations the coordinator hands this host (DESIGN §6): a flash, and any
+"""Running the operations the coordinator hands this host (docs/architecture.md, "Operations"): a flash, and any
 other kind a plugin declares (``devloop_operations``), through one executor.
 
 Each operation runs in a thread of its own, beside the report loop (heartbeats keep
@@ -29,7 +29,7 @@ from device_loop.core.host import HostContext
 from device_loop.core.model import FlashImage, Operation, OperationError, Resource
 from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import (MAX_REASON_CHARS, MAX_RESULT_BYTES, DesiredOperation, ImageRef,
-                                       OperationKindReport, OperationReport, Progress, Word)
+                                       OperationKindReport, OperationReport, Progress, ReportedState, Word)
 from device_loop.core.vocabulary import OperationState
 
 from .image_cache import ImageCache
@@ -52,7 +52,8 @@ class Job:
 
     def __init__(self, op: str, device: str, kind: str, phase: str):
         self.op, self.device, self.kind = op, device, kind
-        self.state, self.phase = OperationState.RUNNING, phase
+        self.state: ReportedState = OperationState.RUNNING
+        self.phase = phase
         self.progress = Progress()
         self.message = ""
         self.result: dict | None = None
@@ -78,7 +79,7 @@ class Job:
         self._clock()
         self.phase = phase
 
-    def end(self, state: OperationState, message: str, result: dict | None = None) -> None:
+    def end(self, state: ReportedState, message: str, result: dict | None = None) -> None:
         self._clock()
         self.state, self.message, self.result = state, message[:MAX_REASON_CHARS], result
 
@@ -165,6 +166,7 @@ class Operations:
             with contextlib.ExitStack() as images:
                 image = None
                 self._check(want, resource, declared)
+                assert resource is not None  # (_check refused an operation on what is not here)
                 if want.image is not None:
                     images.enter_context(self.cache.use(want.image.sha256))  # not dropped while in use
                     image = self._fetched(job, want.image)

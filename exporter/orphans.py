@@ -1,4 +1,5 @@
-"""Who else holds a device node (DESIGN §8): the orphan half of the reclaim rule.
+"""Who else holds a device node (docs/architecture.md, "Lifecycle"): the orphan half
+of the reclaim rule.
 
 A process holding the node is an orphan unless it already held it when the lease began
 (a pty's creator, a daemon that always holds the node) or is one of our services. What
@@ -40,13 +41,13 @@ class OrphanWatch:
 
     def orphans(self, resources: list[Resource], ours: set[int]) -> dict[str, list[dict]]:
         """Identifier -> holders of its node that are neither ``ours`` nor held it before."""
-        with_node = [r for r in resources if r.node]
-        held = holders({r.node for r in with_node}, skip=ours | {os.getpid()})
+        with_node = [(r, r.node) for r in resources if r.node]
+        held = holders({node for _, node in with_node}, skip=ours | {os.getpid()})
         out: dict[str, list[dict]] = {}
         with self._lock:
             first_sight = False
-            for resource in with_node:
-                current = held[resource.node]
+            for resource, node in with_node:
+                current = held[node]
                 if resource.identifier not in self.baseline:  # whoever holds it now was there first
                     self.baseline[resource.identifier] = current
                     first_sight = True

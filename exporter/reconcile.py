@@ -1,4 +1,5 @@
-"""Converging the services this host runs to the desired state (DESIGN §4).
+"""Converging the services this host runs to the desired state
+(docs/architecture.md, "Reconcile, not push").
 
 Level-triggered: given the whole desired state, stop what is extra and start what is
 missing. Each start and stop runs in a worker thread of its own, so a slow start holds up
@@ -107,7 +108,6 @@ class Reconciler:
         if now is not None and now.node != run.resource.node:
             log.warning("%s moved from %s to %s (replugged); restarting its service", key[1], run.resource.node,
                         now.node)
-
             return True
         return False
 
@@ -227,8 +227,9 @@ class Reconciler:
         """What runs (or is still being stopped), and what failed to start."""
         with self._lock:
             runs = [*self.running.items(), *self.stopping.items()]
-            out = [ServiceReport(lease=lease_id, device=run.resource.device, identifier=identifier,
-                                 kind=run.resource.kind, endpoints=[e.to_json() for e in run.service.endpoints])
+            out = [ServiceReport.model_validate({"lease": lease_id, "device": run.resource.device,
+                                                 "identifier": identifier, "kind": run.resource.kind,
+                                                 "endpoints": [e.to_json() for e in run.service.endpoints]})
                    for (lease_id, identifier), run in runs]
             out += [ServiceReport(lease=lease_id, identifier=identifier, **failure)
                     for (lease_id, identifier), failure in self.start_errors.items()]

@@ -1,5 +1,5 @@
-"""The host's snapshot (DESIGN §4): what its plugins discover, how healthy it is, who else
-holds the device nodes, and the services that run.
+"""The host's snapshot (docs/architecture.md, "Reconcile, not push"): what its plugins
+discover, how healthy it is, who else holds the device nodes, and the services that run.
 
 Scanning (discovery, health, a pass over /proc for node holders) happens once a heartbeat
 period or on a hot-plug wake-up. A report sent between scans, because a service came up
@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from typing import AbstractSet, Sequence
 
 from pydantic import ValidationError
 
@@ -128,8 +129,8 @@ class Reporter:
         return self.resources
 
     def build(self, services: list[ServiceReport], applied: set[str], ours: set[int],
-              recheck: set[str] = frozenset(), unserved: list[dict] = (), stopping: bool = False,
-              operations: list[OperationReport] = ()) -> Heartbeat:
+              recheck: AbstractSet[str] = frozenset(), unserved: Sequence[dict] = (), stopping: bool = False,
+              operations: Sequence[OperationReport] = ()) -> Heartbeat:
         """The next snapshot: devices as last scanned (``recheck``: devices to look at
         again for orphans), with ``services`` as they run now."""
         if recheck:
@@ -144,10 +145,10 @@ class Reporter:
         return Heartbeat(
             protocol=PROTOCOL_VERSION, version=__version__, boot_id=self.boot_id, generation=self.generation,
             heartbeat_s=self.heartbeat_s, stopping=stopping, address=self.host.advertise_address,
-            plugins=PluginsReport(loaded=self.loaded, skipped=[_clipped(s) for s in self.skipped],
-                                  unserved=[_clipped(u) for u in unserved],
-                                  failing=[{"name": n, "reason": r[:MAX_REASON_CHARS]}
-                                           for n, r in sorted(self.failing.items())]),
+            plugins=PluginsReport.model_validate({
+                "loaded": self.loaded, "skipped": [_clipped(s) for s in self.skipped],
+                "unserved": [_clipped(u) for u in unserved],
+                "failing": [{"name": n, "reason": r[:MAX_REASON_CHARS]} for n, r in sorted(self.failing.items())]}),
             devices=self._devices, services=services,
             applied=sorted(applied), operations=list(operations),
             candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)

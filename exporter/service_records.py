@@ -1,4 +1,5 @@
-"""What each running service changed outside its processes, kept on disk (DESIGN §8).
+"""What each running service changed outside its processes, kept on disk
+(docs/architecture.md, "Lifecycle").
 
 A service's ``Service.data`` is written here when it starts and removed once it stopped.
 A record still here at the next start belongs to a service whose exporter died (kill -9):

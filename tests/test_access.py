@@ -1,5 +1,5 @@
 """Who may call what: every route is called without credentials, with a bad token, and
-with each kind of token, and held to the route table (DESIGN §7)."""
+with each kind of token, and held to the route table (docs/architecture.md, "Identity")."""
 import getpass
 import re
 

@@ -97,8 +97,10 @@ async def test_acknowledged_leases_survive_a_kill_9_in_a_burst(tmp_path, env, co
     exporter = Exporter(tmp_path, env, coordinator.url, sim_devices(*names), heartbeat_s=HEARTBEAT_S)
     try:
         wait_for(lambda: lab_state(coordinator) == dict.fromkeys(names, "idle"), 30, what="32 idle boards")
-        acked, unanswered = await reserve_burst(coordinator, names[:28], kill_after=8)
-        assert len(acked) >= 8 and unanswered, f"the kill did not land mid-burst: {len(acked)} answered"
+        # killed at the 3rd answer: with other tests beside it this client may read its answers
+        # late, and a later kill could land after the coordinator answered the whole burst
+        acked, unanswered = await reserve_burst(coordinator, names[:28], kill_after=3)
+        assert len(acked) >= 3 and unanswered, f"the kill did not land mid-burst: {len(acked)} answered"
 
         coordinator.start()
         coordinator.wait_ready()

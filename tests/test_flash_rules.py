@@ -1,5 +1,5 @@
-"""Mediated flash, the coordinator's side (DESIGN §6, §8): who may flash what, one flash a
-device, progress and results from heartbeats, the sticky needs_recovery and recovery."""
+"""Mediated flash, the coordinator's side (docs/architecture.md, "Operations", "Lifecycle"):
+who may flash what, one flash a device, progress and results from heartbeats, the sticky needs_recovery and recovery."""
 import hashlib
 
 import pytest

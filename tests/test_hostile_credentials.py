@@ -1,4 +1,4 @@
-"""Credentials and per-person limits against hostile users (DESIGN §7): no stored answer keeps
+"""Credentials and per-person limits against hostile users (docs/architecture.md, "Identity"): no stored answer keeps
 a credential, the lease limit holds through two coordinator processes, and nobody may call
 themselves by a name the lab's own actions use."""
 from __future__ import annotations

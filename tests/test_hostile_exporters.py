@@ -1,4 +1,4 @@
-"""What exporters report is hostile too (DESIGN §7): an exporter's token can be stolen.
+"""What exporters report is hostile too (docs/architecture.md, "What exporters report is data"): an exporter's token can be stolen.
 
 What an exporter reports is data: the coordinator fetches a camera's snapshot only from the
 host's own address and the endpoint's own port, and only a bounded JPEG; templates are

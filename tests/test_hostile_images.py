@@ -1,4 +1,4 @@
-"""The image registry against hostile users and bad luck (DESIGN §6, §7): a name never
+"""The image registry against hostile users and bad luck (docs/architecture.md, "Image registry", "Access"): a name never
 stands for another image's digest, a file a committed row uses is never removed (two
 coordinator processes racing), a full disk, a quota, a killed upload, a cut-off client."""
 from __future__ import annotations

@@ -283,7 +283,7 @@ class LiveLab(RuleBasedStateMachine):
         newer = self.exporter.body(self.devices, self.services_for(1 - older_via, self.devices))
 
         def send(via, body, delay):
-            time.sleep(delay)
+            time.sleep(delay)  # the lag is what the rule varies: which report lands first (no synchronisation)
             return self.exporter.post(via, body)
         old_answer, new_answer = self.spread.at_once((send, older_via, older, lag if newer_first else 0),
                                                      (send, 1 - older_via, newer, 0 if newer_first else lag))
@@ -423,7 +423,30 @@ async def wait_for_a_stalled_reaper(database_url: str, timeout: float = 15.0) ->
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE leases SET state%'"):
             assert time.monotonic() < deadline, "no reaper pass came to end the overdue leases"
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # (polling the condition)
+    finally:
+        await watcher.close()
+
+
+async def wait_until_answered_or_waiting_for_a_row(database_url: str, requests: list[asyncio.Task],
+                                                   timeout: float = 15.0) -> None:
+    """Wait until each renewal of ``requests`` was answered, or its UPDATE waits for a row
+    lock (one the stalled reaper holds: it cannot be answered before that pass ends)."""
+    import asyncpg
+
+    watcher = await asyncpg.connect(database_url)  # (not in a transaction: each query sees activity anew)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting = await watcher.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE 'UPDATE leases SET expires_at%'")
+            answered = sum(request.done() for request in requests)
+            if answered + waiting >= len(requests):
+                return
+            assert time.monotonic() < deadline, \
+                f"of {len(requests)} renewals {answered} were answered and {waiting} wait for a row"
+            await asyncio.sleep(0.02)  # (polling the condition)
     finally:
         await watcher.close()
 
@@ -457,7 +480,7 @@ async def test_a_renewal_answered_200_is_never_lost_to_the_reaper(two_coordinato
         renewals = [asyncio.create_task(clients[i % 2].post(f"/leases/{lease['id']}/renew", json={"ttl_s": 600},
                                                             headers={"X-Device-Loop-User": lease["holder"]}))
                     for i, lease in enumerate(renewed)]
-        await asyncio.sleep(1.0)  # each renewal reached its process (answered, or waiting for a row)
+        await wait_until_answered_or_waiting_for_a_row(postgres_database, renewals)
         await held_row.commit()
         answers = await asyncio.gather(*renewals)
         lost = []
@@ -502,7 +525,7 @@ def test_reports_racing_through_two_processes_never_roll_the_host_back(two_coord
             newer = exporter.body(names, serving(names))           # N+1: o1 back
 
             def send(to, body, delay):
-                time.sleep(delay)
+                time.sleep(delay)  # the order the reports land in is what the rounds vary (no synchronisation)
                 return exporter.post(to, body)
             late, early = 0.05, 0.0
             old, new, again = spread.at_once((send, via, older, late if newer_first else early),

@@ -1,10 +1,11 @@
 """A lab with tokens, as an admin sets one up: the first token straight on the database,
 the rest through the coordinator; exporters and people each with their own."""
 import json
+import socket
 import stat
 import subprocess
 import sys
-import time
+import threading
 
 import pytest
 
@@ -83,14 +84,55 @@ def test_a_lab_with_tokens(tmp_path, env):
         coordinator.stop()
 
 
+class CountingProxy:
+    """A TCP proxy to a local port that counts how often ``marker`` passed towards it."""
+
+    def __init__(self, port: int, marker: bytes):
+        self.target, self.marker, self.count = port, marker, 0
+        self.lock = threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client = self.server.accept()[0]
+            except OSError:  # closed
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        tail = b""  # (a marker may come in two pieces)
+        try:
+            while data := source.recv(65536):
+                if counted:
+                    with self.lock:
+                        self.count += (tail + data).count(self.marker)
+                    tail = (tail + data)[-(len(self.marker) - 1):]
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.server.close()
+
+
 def test_an_exporter_without_its_token_is_refused(tmp_path, env):
     coordinator = Coordinator(tmp_path, env, extra=())
-    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0"), heartbeat_s=0.2)
+    heartbeats = CountingProxy(coordinator.port, b"POST /api/v1/hosts/host-a/heartbeat ")
+    exporter = Exporter(tmp_path, env, heartbeats.url, sim_devices("sim-board-0"), heartbeat_s=0.2)
     try:
         wait_for(lambda: "heartbeat refused (401)" in exporter.output(), 15, what="the refusal in the log")
-        time.sleep(1.5)  # several heartbeat periods
+        refused = heartbeats.count
+        # one heartbeat goes only once the answer to the one before came: 3 more refusals taken
+        wait_for(lambda: heartbeats.count >= refused + 4, 15, what="more heartbeats")
         assert coordinator.api("/devices").json() == []
         assert exporter.output().count("heartbeat refused") == 1 and "Traceback" not in exporter.output()
     finally:
         exporter.stop()
         coordinator.stop()
+        heartbeats.close()

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import termios
 import threading
-import time
 
 import pytest
 
@@ -101,7 +100,12 @@ def test_unplugging_turns_the_device_offline_and_back(tmp_path, env, coordinator
         console = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url,
                                     "console", "jupiter", "--timeout", "30"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-        time.sleep(1)  # connected, waiting for the board
+        with pty_pair.far(timeout=0.1) as board:  # connected: what it sends reaches the board
+            console.stdin.write(b"are you there\n")
+            console.stdin.flush()
+            heard = bytearray()
+            wait_for(lambda: heard.extend(board.read(256)) or b"are you there" in heard, 20,
+                     what="the console's line on the board's side")
         pty_pair.unplug()
         _, err = console.communicate(timeout=20)
         assert console.returncode == 1 and b"the connection to jupiter's UART was lost" in err

@@ -2,6 +2,9 @@
 clients and decoded with OpenCV; its gate in a lab with tokens; the CLI and the agent tool;
 V4L2 discovery on a fake sysfs tree (no camera is plugged into these machines)."""
 import json
+import re
+import shutil
+import subprocess
 import threading
 
 import cv2
@@ -171,17 +174,29 @@ def test_v4l2_cameras_are_found_by_usb_serial_not_by_node_name(tmp_path):
         video.VideoConfig()
 
 
+def send_buffer_full(port: int, peer_port: int) -> bool:
+    """Whether the socket of local ``port`` connected to local ``peer_port`` can take no more
+    (its queued bytes reached its send buffer: a write would block), as ``ss`` shows it."""
+    assert shutil.which("ss"), "this test reads socket buffers with ss (Debian: iproute2)"
+    shown = subprocess.run(["ss", "-tmnH", "state", "established", f"( sport = :{port} and dport = :{peer_port} )"],
+                           capture_output=True, text=True, check=True).stdout
+    memory = re.search(r"\btb(\d+),f\d+,w(\d+)", shown)
+    return bool(memory) and int(memory[2]) >= int(memory[1])
+
+
 def test_a_viewer_that_reads_nothing_slows_no_one(tmp_path, env, coordinator, exporter_factory):
     import socket
     import time
-    exporter_factory([with_camera("sim-board-0", width=640, height=480, fps=20)])
+    # big frames (3 MB/s), so that the camera's buffers for a viewer fill in a second, not ten
+    exporter_factory([with_camera("sim-board-0", width=1280, height=960, fps=20, quality=100)])
     wait_state(coordinator, "sim-board-0", "idle")
     lease = json.loads(run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
     camera = camera_of(lease)
     stuck = socket.create_connection((camera["host"], camera["port"]))
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stuck.sendall(b"GET /stream.mjpg HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads a byte
-    time.sleep(2)  # its buffers fill up
+    wait_for(lambda: send_buffer_full(camera["port"], stuck.getsockname()[1]), 30,
+             what="the camera's socket to the stuck viewer to be full (a write to it would block)")
     began = time.monotonic()
     got = frames(camera["url"] + "stream.mjpg", 40)
     took = time.monotonic() - began

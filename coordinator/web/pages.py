@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import parse_qs
 
-
 from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
@@ -40,7 +39,6 @@ def device_row(device: Mapping[str, Any]) -> str:
     """A device's row of the board, as ``GET /api/v1/devices`` shows the device."""
     rows: Any = TEMPLATES.get_template("rows.html").module  # (its macros are its attributes)
     return str(rows.device_row(device))
-
 
 
 @dataclass(frozen=True)
@@ -116,7 +114,6 @@ async def device_page(request: Request) -> Response:
                  log=list(reversed(await rules.devices.device_log(name))),
                  operations=await rules.operations.of_device(name),
                  known_good=await rules.images.known_good_image(device),
-
                  flash_target=any(r["kind"] == FLASH_KIND for r in device["resources"]),
                  images=await rules.images.list_images(name) if viewer.admin else [],
                  mine=await _my_leases(request, viewer, name))

@@ -1,4 +1,5 @@
-"""Flash targets, written only through the coordinator's mediated flash (DESIGN §6).
+"""Flash targets, written only through the coordinator's mediated flash
+(docs/architecture.md, "Operations").
 
 Config: a ``[[devices.resources]]`` entry with ``plugin = "flash"`` and one of:
 

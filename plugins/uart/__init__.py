@@ -62,7 +62,6 @@ class UartConfig(PluginConfig):
             if not re.fullmatch(r"[0-9A-Fa-f]{1,2}", value):
                 raise ValueError(
                     f"usb_interface must be a number, or two hex digits as sysfs writes them, not {value!r}")
-
             return value.lower().zfill(2)
         return value
 
@@ -189,7 +188,10 @@ def devloop_start(host, resource, lease):
     except ValueError as exc:
         raise ServiceError(str(exc)) from None
     if server == "ser2net":
-        return start_ser2net(host, resource, lease, _ser2net(), resource.node, baud, framing, raw)
+        ser2net = _ser2net()
+        if ser2net is None:  # (it was there a moment ago, for _server)
+            raise ServiceError("ser2net is not installed")
+        return start_ser2net(host, resource, lease, ser2net, resource.node, baud, framing, raw)
     if raw:
         # Two bridges would each open the device and split what the board prints
         # between them; ser2net lets one client at a time have it.

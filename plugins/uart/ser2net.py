@@ -11,7 +11,7 @@ def _connection(name: str, accepter: str, device: str, baud: int, framing: str) 
     """One ser2net connection. ``chardelay: false``: ser2net otherwise holds characters
     back to batch them, which took a 16-byte round trip from 0.3 ms to 3.5 ms
     (bench/uart_throughput.py) at no gain in throughput."""
-    bits, parity, stop = framing  # ser2net spells 8N1 as n81
+    bits, parity, stop = tuple(framing)  # ser2net spells 8N1 as n81
     return (f"connection: &{name}\n"
             f"  accepter: {accepter}\n"
             f"  connector: serialdev,{device},{baud}{parity.lower()}{bits}{stop},local\n"
@@ -39,7 +39,7 @@ def start_ser2net(host, resource, lease, ser2net: str, device: str, baud: int, f
                                     name=f"ser2net-{resource.device}-{lease.id}", lease=lease.id)
         problem = proc.wait_listening(set(ports.values()), failure_signs=FAILED)
         if problem is None:
-            params = {"baud": baud, "framing": framing}
+            params: dict[str, str | int] = {"baud": baud, "framing": framing}
             return Service(endpoints=[Endpoint(resource.kind, host.advertise_address, port, protocol=p, params=params,
                                                command=CONSOLE_COMMAND, role=EndpointRole.CONSOLE)
                                       for p, port in ports.items()], processes=[proc])

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from device_loop.plugin import EndpointRole, Health, PluginConfig, ServiceError, hookimpl, python_module, usb_devices
+from device_loop.plugin import (EndpointRole, Health, PluginConfig, ServiceError, UsbDevice, hookimpl, python_module,
+                                usb_devices)
 
 SOURCES = ("source", "usb_serial", "usb_port", "path", "file", "url")
 COMMAND = "device-loop video {lease}"
@@ -81,10 +82,10 @@ def fail_switch(host, device: str) -> Path:
     return host.state_dir / "video" / f"{device}.fail"
 
 
-def _usb_cameras(host) -> dict[tuple[str, str], tuple[str, object]]:
+def _usb_cameras(host) -> dict[tuple[str, str], tuple[str, UsbDevice]]:
     """("usb_serial", serial) and ("usb_port", port) -> (the camera's capture node, its
     UsbDevice), from /sys/class/video4linux."""
-    found = {}
+    found: dict[tuple[str, str], tuple[str, UsbDevice]] = {}
     by_path = {usb.path.resolve(): usb for usb in usb_devices(host.sysfs_root)}
     for entry in sorted((Path(host.sysfs_root) / "class" / "video4linux").glob("video*")):
         try:

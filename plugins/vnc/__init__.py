@@ -44,14 +44,17 @@ class VncConfig(PluginConfig):
                              f"{', '.join(given) or 'none'})")
         if self.display is not None and not DISPLAY.match(self.display):
             raise ValueError(f"display must look like :0, not {self.display!r}")
-        if self.upstream is not None and not (UPSTREAM.match(self.upstream)
-                                              and 0 < int(UPSTREAM.match(self.upstream).group(2)) < 65536):
+        if self.upstream is not None and not ((match := UPSTREAM.match(self.upstream))
+                                              and 0 < int(match.group(2)) < 65536):
             raise ValueError(f"upstream must be host:port, not {self.upstream!r}")
         return self
 
     def screen(self) -> tuple[str, str]:
         """("upstream", "host:port") or ("display", "N")."""
-        return ("display", self.display[1:]) if self.display is not None else ("upstream", self.upstream)
+        if self.display is not None:
+            return ("display", self.display[1:])
+        assert self.upstream is not None  # (exactly one of the two: _one_screen)
+        return ("upstream", self.upstream)
 
 
 @hookimpl

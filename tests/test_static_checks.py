@@ -1,0 +1,102 @@
+"""The static checks, run by the suite so that `./lab test` runs them: ruff (lint), mypy
+(types) and import-linter (the contracts), each as configured in pyproject.toml; and the
+comments' citations, which name only what the repository holds: sections of
+docs/architecture.md, by headings that exist."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SRC
+
+BIN = Path(sys.executable).parent  # the virtualenv's: the test extra installs the tools there
+ARCHITECTURE = SRC / "docs" / "architecture.md"
+# written in two pieces, so that this file does not say them itself
+OUTSIDE = ("DESIGN" + " §", "../" + "shared")
+# a citation: the document's path, a comma (or none) and a heading in double quotes, on
+# the same line or, in a wrapped comment, the next
+CITATION = re.compile(r'docs/architecture\.md,?[ \t]*(?:\n[ \t]*(?:#[ \t]*)?)?"([^"\n]+)"')
+SKIPPED_DIRS = {".git", ".venv", "__pycache__", "node_modules"}
+
+
+def _run(tool: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    path = BIN / tool
+    if not path.exists():
+        pytest.fail(f"{path} is missing: install the test extra (pip install -e '.[test]', as ./lab test does)")
+    return subprocess.run([str(path), *args], cwd=SRC, capture_output=True, text=True, timeout=timeout)
+
+
+def _said(result: subprocess.CompletedProcess) -> str:
+    return (result.stdout[-12000:] + result.stderr[-4000:]).strip()
+
+
+def test_ruff_finds_nothing():
+    result = _run("ruff", "check", "--output-format", "concise", timeout=120)
+    assert result.returncode == 0, f"ruff check:\n{_said(result)}"
+
+
+@pytest.mark.timeout(300)  # a first run, with no cache yet, takes half a minute on two cores
+def test_mypy_finds_nothing():
+    result = _run("mypy", timeout=280)
+    assert result.returncode == 0, f"mypy:\n{_said(result)}"
+
+
+def test_import_contracts_are_kept():
+    result = _run("lint-imports", "--config", str(SRC / "pyproject.toml"), timeout=120)
+    assert result.returncode == 0 and " 0 broken" in result.stdout, f"lint-imports:\n{_said(result)}"
+
+
+def _repository_files() -> list[Path]:
+    """The repository's files as git sees them (tracked, and new ones not ignored), else
+    every file outside .git, .venv and caches."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=SRC,
+                                capture_output=True, timeout=60, check=True).stdout
+        names = {name for name in listed.decode().split("\0") if name}
+    except (OSError, subprocess.SubprocessError):
+        names = set()
+        for folder, dirs, files in os.walk(SRC):
+            dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS and not d.endswith((".egg-info", "_cache"))]
+            names |= {os.path.relpath(os.path.join(folder, f), SRC) for f in files}
+    return [SRC / name for name in sorted(names) if (SRC / name).is_file() and not (SRC / name).is_symlink()]
+
+
+def _texts() -> dict[str, str]:
+    texts = {}
+    for path in _repository_files():
+        data = path.read_bytes()
+        if b"\0" not in data[:8192]:  # text, not a picture
+            texts[str(path.relative_to(SRC))] = data.decode(errors="replace")
+    return texts
+
+
+def _headings(markdown: str) -> set[str]:
+    headings, fenced = set(), False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (match := re.match(r"#{1,6}\s+(.+?)\s*#*\s*$", line)):
+            headings.add(match.group(1))
+    return headings
+
+
+def test_nothing_cites_a_document_outside_the_repository():
+    found = [f"{name}:{n}: {line.strip()}" for name, text in _texts().items()
+             for n, line in enumerate(text.splitlines(), start=1) if any(s in line for s in OUTSIDE)]
+    assert not found, ("these cite documents the repository does not hold; cite a section of docs/architecture.md "
+                       "instead, as (docs/architecture.md, \"Heading\"):\n" + "\n".join(found))
+
+
+def test_each_citation_of_the_architecture_names_one_of_its_headings():
+    headings = _headings(ARCHITECTURE.read_text())
+    citations = [(name, text.count("\n", 0, match.start()) + 1, match.group(1))
+                 for name, text in _texts().items() for match in CITATION.finditer(text)]
+    assert len(citations) >= 10, f"the citations were not found (the pattern is out of date?): {citations}"
+    wrong = [f"{name}:{line}: \"{heading}\"" for name, line, heading in citations if heading not in headings]
+    assert not wrong, (f"docs/architecture.md has no such heading (it has: {', '.join(sorted(headings))}):\n"
+                       + "\n".join(wrong))

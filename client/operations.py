@@ -11,14 +11,13 @@ import sys
 import click
 
 from device_loop.core import FLASH_KIND
+from device_loop.core.vocabulary import FIRST_PHASES
 
 from .commands import _my_lease, json_option, lab_command
 from .http import CoordinatorError
 from .lab import Lab, follow_op
 from .output import emit, fail, on_terminal, progress_bar, table
 
-#: The phases of an operation in which nothing was done to the device yet (the coordinator's too).
-FIRST_PHASES = ("queued", "fetching")
 
 detach_option = click.option("--detach", is_flag=True,
                              help="print the operation's id and return; follow it with 'device-loop op OP --wait'")

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from device_loop.core import FLASH_KIND, OP_PREFIX
 from device_loop.core.durations import iso
 from device_loop.core.protocol import Args, Heartbeat, OperationReport, Progress
-from device_loop.core.vocabulary import LIVE_OP_STATES, OperationState
+from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationState
 
 from .answers import OperationAnswer
 from .errors import APIError, conflict, not_found
@@ -34,7 +34,6 @@ from .notify import BOARD_KEY, host_key, op_key
 from .rows import DeviceFacts, HostRow, ImageRow, OperationRow
 from .store import Store, UniqueViolation
 
-FIRST_PHASES = ("queued", "fetching")  # an operation that stopped in one of these changed nothing yet
 _ARGS = TypeAdapter(Args)
 
 

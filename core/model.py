@@ -5,10 +5,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .vocabulary import HealthStatus
+
 if TYPE_CHECKING:  # (not imported to run: service processes import this module, and pydantic costs 0.2 s)
     from .plugin_config import PluginConfig
 
-HEALTH_STATES = ("ok", "degraded", "failed")
+HEALTH_STATES = tuple(status.value for status in HealthStatus)
 
 
 class ServiceError(Exception):

@@ -45,6 +45,10 @@ class OperationState(StrEnum):
     FAILED = "failed"
 
 
+#: The phases of an operation before it touched the device (queued, or fetching its image):
+#: one that stopped in one of them changed nothing.
+FIRST_PHASES = ("queued", "fetching")
+
 #: An operation in these states is live; then it is done or failed.
 LIVE_OP_STATES = (OperationState.QUEUED, OperationState.RUNNING)
 

@@ -12,6 +12,7 @@ from device_loop.core.host import HostContext
 from device_loop.core.plugin_config import PluginConfig
 from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, FlashImage, Health, LeaseRef, Operation,
                                     OperationError, OperationKind, Resource, Service, ServiceError)
+from device_loop.core.holders import command_of, holders
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
 from device_loop.core.process import python_module, run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
@@ -44,4 +45,6 @@ __all__ = [
     "inherited_listener", "port_is_free", "python_module", "run", "wait_port_free", "wait_port_open",
     # USB facts from sysfs (read-only, for discovery)
     "UsbDevice", "UsbTty", "usb_devices", "usb_ttys",
+    # who has a device node open, from /proc (spawns nothing, opens nothing)
+    "command_of", "holders",
 ]

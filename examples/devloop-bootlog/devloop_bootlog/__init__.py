@@ -42,7 +42,7 @@ import time
 import serial
 from pydantic import Field, model_validator
 
-from device_loop.plugin import Health, OperationError, OperationKind, PluginConfig, hookimpl
+from device_loop.plugin import Health, OperationError, OperationKind, PluginConfig, command_of, holders, hookimpl
 
 KIND = "capture-boot-log"
 RESOURCE_KIND = "bootlog"
@@ -247,30 +247,5 @@ def _set_exclusive(port: serial.Serial, on: bool) -> bool:
 def _others_holding(path: str) -> list[str]:
     """``pid N (command)`` of each other process that has ``path`` open, of those /proc lets us
     see (the exporter's own threads are not told apart: an in-process bridge is not seen)."""
-    try:
-        target = os.path.realpath(path)
-    except OSError:
-        return []
-    found = []
-    for proc in os.scandir("/proc"):
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            fds = os.scandir(f"/proc/{proc.name}/fd")
-        except OSError:
-            continue
-        with fds:
-            for fd in fds:
-                try:
-                    if os.readlink(fd.path) != target:
-                        continue
-                except OSError:
-                    continue
-                try:
-                    with open(f"/proc/{proc.name}/cmdline", "rb") as cmdline:
-                        command = cmdline.read(200).replace(b"\0", b" ").decode(errors="replace").strip()
-                except OSError:
-                    command = "?"
-                found.append(f"pid {proc.name} ({command})")
-                break
-    return found
+    pids = holders({path}, skip={os.getpid()})[path]
+    return [f"pid {pid} ({command_of(pid)[:200]})" for pid in sorted(pids)]

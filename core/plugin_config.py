@@ -18,3 +18,11 @@ class PluginConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    def exactly_one(self, *keys: str) -> str:
+        """The one of ``keys`` this entry gives (for a ``model_validator``: an entry names one
+        source, one backend...); else ``ValueError`` saying which it found."""
+        given = [key for key in keys if getattr(self, key) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(keys)} (found: {', '.join(given) or 'none'})")
+        return given[0]

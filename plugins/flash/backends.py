@@ -47,14 +47,12 @@ class FlashConfig(PluginConfig):
 
     @model_validator(mode="after")
     def _one_backend(self):
-        chosen = [name for name in BACKENDS if getattr(self, name) is not None]
-        if len(chosen) != 1:
-            raise ValueError(f"give exactly one of {', '.join(BACKENDS)} (found: {', '.join(chosen) or 'none'})")
-        if not getattr(self, chosen[0]).strip():
-            raise ValueError(f"{chosen[0]} must not be blank")
-        if "partition" in self.model_fields_set and chosen[0] != "fastboot":
+        chosen = self.exactly_one(*BACKENDS)
+        if not getattr(self, chosen).strip():
+            raise ValueError(f"{chosen} must not be blank")
+        if "partition" in self.model_fields_set and chosen != "fastboot":
             raise ValueError("partition goes with fastboot")
-        if self.timeout is not None and chosen[0] not in DEFAULT_TIMEOUT_S:
+        if self.timeout is not None and chosen not in DEFAULT_TIMEOUT_S:
             raise ValueError(f"timeout goes with {' or '.join(DEFAULT_TIMEOUT_S)}: a target is written by the "
                              "exporter itself")
         return self

@@ -61,9 +61,7 @@ class VideoConfig(PluginConfig):
 
     @model_validator(mode="after")
     def _one_source(self):
-        given = [key for key in SOURCES if getattr(self, key) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of {', '.join(SOURCES)} (found: {', '.join(given) or 'none'})")
+        self.exactly_one(*SOURCES)
         return self
 
     @property

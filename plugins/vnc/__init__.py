@@ -38,10 +38,7 @@ class VncConfig(PluginConfig):
 
     @model_validator(mode="after")
     def _one_screen(self):
-        given = [key for key in ("upstream", "display") if getattr(self, key) is not None]
-        if len(given) != 1:
-            raise ValueError(f"give exactly one of upstream (host:port) or display (:N) (found: "
-                             f"{', '.join(given) or 'none'})")
+        self.exactly_one("upstream", "display")
         if self.display is not None and not DISPLAY.match(self.display):
             raise ValueError(f"display must look like :0, not {self.display!r}")
         if self.upstream is not None and not ((match := UPSTREAM.match(self.upstream))

@@ -62,6 +62,7 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
             await rules.reap()
         except Exception:
             log.exception("reaper pass failed; retrying")
+        rules.reap_passes += 1
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stopping.wait(), rules.settings.reaper_interval_s)
 

@@ -44,6 +44,7 @@ class Rules:
         self.operations = Operations(self.life, self.leases, self.images)
         self.hosts = Hosts(self.life, self.leases, self.operations)
         self.admin = Admin(self.life, self.devices, self.leases)
+        self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first
 
     # what tests and tools reach for: the lifecycle's own
     @property

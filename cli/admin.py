@@ -59,7 +59,8 @@ def _database_url(database_url, data_dir) -> str | None:
 
 
 def _token_text(made: dict) -> str:
-    who = f"exporter {made['host']}" if made["host"] else made["user"] + (" (admin)" if made["admin"] else "")
+    who = f"exporter {made['host']}" if made["host"] else made["user"] + (" (admin)" if made["admin"] else "") + (
+        " (an agent's: its queue tickets are batch)" if made.get("kind") == "agent" else "")
     where = ("the exporter's token_file (chmod 600)" if made["host"] else
              "~/.config/device-loop/token, e.g.: mkdir -p ~/.config/device-loop && "
              "(umask 077; cat > ~/.config/device-loop/token)")
@@ -69,9 +70,11 @@ def _token_text(made: dict) -> str:
 def _tokens_text(rows: list[dict]) -> str:
     if not rows:
         return "no tokens"
-    return table(["ID", "FOR", "ADMIN", "CREATED", "EXPIRES", "REVOKED"],
-                 [[r["id"], r["host"] and f"exporter {r['host']}" or r["user"], "yes" if r["admin"] else "-",
-                   r["created_at"], r["expires_at"] or "-", r["revoked_at"] or "-"] for r in rows])
+    return table(["ID", "FOR", "KIND", "ADMIN", "CREATED", "EXPIRES", "REVOKED"],
+                 [[r["id"], r["host"] and f"exporter {r['host']}" or r["user"],
+                   "-" if r["host"] else r.get("kind", "-"), "yes" if r["admin"] else "-", r["created_at"],
+                   r["expires_at"] or "-", r["revoked_at"] or "-"]
+                  for r in rows])
 
 
 @click.group("admin")
@@ -89,10 +92,12 @@ def token_group():
 @click.option("--admin", is_flag=True, help="an admin token")
 @click.option("--exporter", "host", help="a token for the exporter of this host (instead of USER)")
 @click.option("--expires", help="e.g. 30d (default: never)")
+@click.option("--kind", type=click.Choice(["person", "agent"]), default="person", show_default=True,
+              help="an agent's queue tickets are batch: served after the people's (never starved)")
 @_direct
 @json_option
 @click.pass_context
-def token_create(ctx, user, admin, host, expires, database_url, data_dir, as_json):
+def token_create(ctx, user, admin, host, expires, kind, database_url, data_dir, as_json):
     """Make a token for USER, or for an exporter (--exporter HOST)."""
     if (user is None) == (host is None):
         raise click.UsageError("name a USER or give --exporter HOST")
@@ -105,19 +110,20 @@ def token_create(ctx, user, admin, host, expires, database_url, data_dir, as_jso
         from device_loop.coordinator.identity import issue_token
 
         async def create(store):
-            made = await issue_token(store, time.time, user, admin, host, expires_s)
-            await _audit_direct(store, "token_create", {k: made[k] for k in ("id", "user", "admin", "host")})
+            made = await issue_token(store, time.time, user, admin, host, expires_s, kind)
+            await _audit_direct(store, "token_create", {k: made[k] for k in ("id", "user", "admin", "host", "kind")})
             return made
         emit(as_json, asyncio.run(_on_database(url, create)), _token_text)
     else:
-        ctx.invoke(_token_create_api, username=user, admin=admin, host=host, expires_s=expires_s, as_json=as_json)
+        ctx.invoke(_token_create_api, username=user, admin=admin, host=host, expires_s=expires_s, kind=kind,
+                   as_json=as_json)
 
 
 @click.command()
 @lab_command
-def _token_create_api(lab, username, admin, host, expires_s, as_json):
+def _token_create_api(lab, username, admin, host, expires_s, kind, as_json):
     made = lab.api.post("/admin/tokens", {"user": username, "admin": admin, "exporter_host": host,
-                                          "expires_s": expires_s})
+                                          "expires_s": expires_s, "kind": kind})
     emit(as_json, made, _token_text)
 
 
@@ -198,6 +204,15 @@ def admin_retire(lab, device, undo, force, as_json):
     """Take a device out of the lab."""
     emit(as_json, lab.api.post(f"/admin/devices/{device}/retire", {"retired": not undo, "force": force}),
          lambda d: f"{d['name']} is {d['state']}")
+
+
+@admin_group.command("clear-fault")
+@click.argument("device")
+@json_option
+@lab_command
+def admin_clear_fault(lab, device, as_json):
+    """Clear the fault a failed step between leases left: DEVICE is idle again."""
+    emit(as_json, lab.api.post(f"/admin/devices/{device}/clear-fault"), lambda d: f"{d['name']} is {d['state']}")
 
 
 @admin_group.command("drain")

@@ -34,6 +34,7 @@ from device_loop.plugins.vnc import NOVNC
 SIM_NAMES = ("sim-board-0", "sim-board-1")
 SIM_CLASS = "sim-board"
 SIM_FIRMWARE = "sim-firmware-1.0"  # the simulated boards' known-good image
+SIM_COOL_BELOW = "45C"  # a few degrees above the simulated boards' ambient (40 °C): a leased board cools below it
 SIM_FIRMWARE_BYTES = 8 << 20
 SCREEN = "1024x768x24"  # a simulated board's screen: width x height x depth
 SCREEN_TOOLS = ("Xvfb", "x11vnc", "websockify")  # and noVNC's files
@@ -95,12 +96,16 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
     exporter = {"name": socket.gethostname().split(".")[0] or "local", **user.get("exporter", {}),
                 "coordinator": url, "state_dir": str(data_dir / "exporter"),
                 "bind_address": "127.0.0.1", "advertise_address": "127.0.0.1"}
+    # between two leases a board cools down: `stress` on its console, release it, and `device-loop ls`
+    # shows it reclaiming ("cooling down: ...") for about half a minute
     sims = [{"name": name, "class": SIM_CLASS, "tags": ["sim"],
              "resources": [{"plugin": "sim"}, {"plugin": "flash", "target": str(sim_flash_target(data_dir, name))},
-                           {"plugin": "video", "source": "sim"}]}
+                           {"plugin": "video", "source": "sim"}],
+             "steps": [{"step": "cooldown", "below": SIM_COOL_BELOW, "timeout": "3m"}]}
             for name in SIM_NAMES]
     # the user's devices first, so that config errors name the same positions as in their file
-    config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": user.get("devices", []) + sims}
+    config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": user.get("devices", []) + sims,
+              "classes": user.get("classes", {})}
     try:
         parsed = parse_config(config, config_path or "the lab config")
     except ConfigError as exc:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 import click
 
@@ -9,8 +10,8 @@ from device_loop.core import LEASE_PREFIX, LIVE_LEASE_STATES
 from device_loop.core.durations import parse_duration
 
 from .http import CoordinatorError
-from .lab import Lab, Lease, LeaseFailed
-from .output import emit, fail, lease_text, table, time_left
+from .lab import Lab, Lease, LeaseFailed, Ticket, follow_op
+from .output import emit, fail, lease_text, table, ticket_text, tickets_text, time_left
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON only (errors too)")
 
@@ -25,6 +26,10 @@ def _ttl(ctx, param, value):
         return parse_duration(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def _tags(ctx, param, value):
+    return [t.strip() for t in (value or "").split(",") if t.strip()]
 
 
 def coordinator_url(ctx, param, value):
@@ -98,7 +103,10 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
 
 
 def _state(device: dict) -> str:
-    why_faulty = [device.get("health_reason") or "no reason given"] if device["state"] == "faulty" else []
+    why_faulty = [device.get("reason") or device.get("health_reason") or "no reason given"] \
+        if device["state"] == "faulty" else []
+    if device["state"] == "reclaiming" and device.get("step"):
+        why_faulty = [device["reason"]]
     marks = (why_faulty + ["flashing"] * bool(device.get("flashing"))
              + ["needs recovery"] * bool(device.get("needs_recovery"))
              + [f"also claimed by {host}" for host in device.get("conflict_hosts", [])[1:]])
@@ -106,9 +114,11 @@ def _state(device: dict) -> str:
 
 
 @click.command("ls")
+@click.option("--class", "device_class", help="only devices of this class")
+@click.option("--tags", callback=_tags, help="only devices with all these tags, separated by commas")
 @json_option
 @lab_command
-def ls_command(lab: Lab, as_json: bool):
+def ls_command(lab: Lab, device_class: str | None, tags: list[str], as_json: bool):
     """List devices: class, state, host, holder and time left."""
     def text(devices):
         rows = [[d["name"], d["class"], _state(d), d["host"] or "-", d["holder"] or "-",
@@ -117,7 +127,7 @@ def ls_command(lab: Lab, as_json: bool):
         if not rows:
             return "no devices yet"
         return table(["NAME", "CLASS", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows)
-    emit(as_json, lab.devices(), text)
+    emit(as_json, lab.devices(device_class=device_class, tags=tags), text)
 
 
 @click.command("hosts")
@@ -141,8 +151,13 @@ def hosts_command(lab: Lab, as_json: bool):
                     for h in hosts for u in h["plugins"].get("unserved", [])]
         claims = [f"  {h['name']}: {name} (owned and served by another host; fix this host's config)"
                   for h in hosts for name in h.get("claims", [])]
+        steps = [f"  {h['name']}: " + "; ".join(
+                     f"{plugin}: {', '.join(s['step'] for s in h['plugins']['steps'] if s['plugin'] == plugin)}"
+                     for plugin in dict.fromkeys(s["plugin"] for s in h["plugins"]["steps"]))
+                 for h in hosts if h["plugins"].get("steps")]
         for title, lines in (("skipped or failing plugins", skipped), ("configured devices not served", unserved),
-                             ("devices also reported by a host that does not own them", claims)):
+                             ("devices also reported by a host that does not own them", claims),
+                             ("steps between leases each host can run", steps)):
             if lines:
                 out += f"\n{title}:\n" + "\n".join(lines)
         return out
@@ -150,24 +165,90 @@ def hosts_command(lab: Lab, as_json: bool):
 
 
 @click.command("reserve")
-@click.argument("device")
-@click.option("--ttl", default="30m", show_default=True, callback=_ttl, help="90s, 30m, 2h, 1d")
-@click.option("--wait", is_flag=True, help="return once the endpoints are up")
-@click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: 60s]")
+@click.argument("device", required=False)
+@click.option("--class", "device_class", help="any free device of this class (the one idle the longest)")
+@click.option("--tags", callback=_tags, help="any free device with all these tags, separated by commas")
+@click.option("--queue", is_flag=True, help="nothing that matches is free: take a queue ticket instead of a refusal")
+@click.option("--ttl", default="30m", show_default=True, callback=_ttl, help="90s, 30m, 2h, 1d (from the grant)")
+@click.option("--wait", is_flag=True, help="return once the endpoints are up (with --queue: once granted, too)")
+@click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: 60s; with --queue: no limit]")
 @json_option
 @lab_command
-def reserve_command(lab: Lab, device: str, ttl: float, wait: bool, timeout: float | None, as_json: bool):
-    """Reserve DEVICE. Answers at once (pending) unless --wait."""
+def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags: list[str], queue: bool, ttl: float,
+                    wait: bool, timeout: float | None, as_json: bool):
+    """Reserve DEVICE, or any free device of --class and/or with --tags. Answers at once
+    (pending, or with --queue a ticket) unless --wait."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is how long --wait waits: give --wait too")
-    lease = lab.reserve(device, ttl)
-    if wait:
+    if device is None and device_class is None and not tags:
+        raise click.UsageError("name a DEVICE, or give --class and/or --tags")
+    if device is not None and (device_class is not None or tags):
+        raise click.UsageError("name a DEVICE, or give --class and/or --tags, not both")
+    started = time.monotonic()
+    got = lab.reserve(device, ttl, class_=device_class, tags=tags, queue=queue)
+    if isinstance(got, Ticket):
+        if not wait:
+            emit(as_json, got.data, ticket_text)
+            return
         try:
-            lease.wait_ready(60 if timeout is None else timeout)
+            lease = got.wait(timeout, on_change=None if as_json else _say_where)
+        except CoordinatorError as exc:  # (TicketEnded among them)
+            fail(as_json, exc.code, exc.message)
+    else:
+        lease = got
+    if wait:
+        left = None if timeout is None else max(1.0, timeout - (time.monotonic() - started))
+        try:
+            lease.wait_ready(60 if left is None else left)
         except LeaseFailed as exc:
             kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == "timeout" else ""
             fail(as_json, exc.code, exc.message + kept, lease=lease.id)
     emit(as_json, lease.data, lease_text)
+
+
+def _say_where(ticket: Ticket) -> None:
+    """While ``reserve --queue --wait`` waits: the ticket's place, each time it changes."""
+    said = (ticket.state, ticket.position)
+    if said != getattr(_say_where, "last", None):
+        _say_where.last = said  # type: ignore[attr-defined]
+        where = f"position {ticket.position}" if ticket.state == "waiting" else ticket.state
+        click.echo(f"{ticket.id}: {where} ({ticket.data['kind']}, for a device {ticket.data['wants']})", err=True)
+
+
+@click.command("tickets")
+@click.option("--all", "everyone", is_flag=True, help="everyone's (admins)")
+@json_option
+@lab_command
+def tickets_command(lab: Lab, everyone: bool, as_json: bool):
+    """Your queue tickets: what each waits for, its place, its lease once granted."""
+    emit(as_json, [t.data for t in lab.tickets(everyone)], tickets_text)
+
+
+@click.command("cancel")
+@click.argument("ticket")
+@json_option
+@lab_command
+def cancel_command(lab: Lab, ticket: str, as_json: bool):
+    """Cancel a queue ticket (a granted one not yet claimed gives its lease back)."""
+    emit(as_json, lab.ticket(ticket).cancel().data, ticket_text)
+
+
+@click.command("settle")
+@click.argument("target", metavar="LEASE|DEVICE")
+@click.option("--timeout", callback=_ttl, help="give up waiting after this long (it goes on)")
+@json_option
+@lab_command
+def settle_command(lab: Lab, target: str, timeout: float | None, as_json: bool):
+    """Run the device's cool-down steps now, inside your lease; returns when they are done."""
+    def said(op):
+        detail = op["progress"].get("detail")
+        if detail and not as_json:
+            click.echo(f"{op['id']}: {detail}", err=True)
+    lease = _my_lease(lab, target)
+    op = follow_op(lab.api, lab.api.post(f"/leases/{lease.id}/settle"), on_progress=said, timeout=timeout)
+    if op["state"] == "failed":
+        fail(as_json, "settle_failed", f"{op['id']}: {op['message']}")
+    emit(as_json, op, lambda o: f"{lease.data['device']} settled: {o['message']}")
 
 
 @click.command("release")
@@ -214,4 +295,5 @@ def log_command(lab: Lab, device: str, as_json: bool):
     emit(as_json, lab.log(device), text)
 
 
-COMMANDS = [ls_command, hosts_command, reserve_command, release_command, renew_command, status_command, log_command]
+COMMANDS = [ls_command, hosts_command, reserve_command, release_command, renew_command, status_command, log_command,
+            tickets_command, cancel_command, settle_command]

@@ -5,7 +5,12 @@
             console.sendall(b"uname\r")
 
 ``reserve`` answers at once with a pending lease; entering the ``with`` block waits
-until its endpoints are up, and leaving it releases the lease, also on exceptions.
+until its endpoints are up, and leaving it releases the lease, also on exceptions. By
+class and tags, and queueing when nothing that matches is free:
+
+    ticket = lab.reserve(class_="riscv-sbc", tags=["rvv"], queue=True)   # a Lease, or a Ticket
+    with ticket.wait() as lease:                 # a Ticket waits for its grant (a Lease waits for nothing)
+        ...
 """
 from __future__ import annotations
 
@@ -52,15 +57,36 @@ class Lab:
         ``~/.config/device-loop/token``); ``user`` counts only in a lab without tokens."""
         self.api = Coordinator(url, user, token=token)
 
-    def devices(self) -> list[dict]:
-        return self.api.get("/devices")
+    def devices(self, device_class: str | None = None, tags: list[str] | tuple[str, ...] = ()) -> list[dict]:
+        """The lab's devices (of ``device_class``, with all of ``tags``)."""
+        params = {"class": device_class} if device_class else {}
+        if tags:
+            params["tags"] = ",".join(tags)
+        return self.api.get("/devices", **params)
 
     def hosts(self) -> list[dict]:
         return self.api.get("/hosts")
 
-    def reserve(self, device: str, ttl: str | float = "30m") -> "Lease":
-        """Reserve ``device`` now (never blocks); the lease may still be pending."""
-        return Lease(self.api, self.api.post("/leases", {"device": device, "ttl_s": parse_duration(ttl)}))
+    def reserve(self, device: str | None = None, ttl: str | float = "30m", *, class_: str | None = None,
+                tags: list[str] | tuple[str, ...] = (), queue: bool = False) -> "Lease | Ticket":
+        """Reserve ``device``, or any free device of ``class_`` with all of ``tags`` (the one
+        idle the longest), now: never blocks; the lease may still be pending. With ``queue``,
+        when nothing that matches is free, a ``Ticket`` (``ticket.wait()`` is the lease once
+        granted) instead of a refusal. A ticket's TTL counts from its grant."""
+        body: dict = {"ttl_s": parse_duration(ttl), "tags": list(tags), "queue": queue}
+        if device is not None:
+            body["device"] = device
+        if class_ is not None:
+            body["class"] = class_
+        answer = self.api.post("/leases", body)
+        return Ticket(self.api, answer) if "ticket" in answer else Lease(self.api, answer)
+
+    def tickets(self, everyone: bool = False) -> list["Ticket"]:
+        """Your queue tickets, open ones first (an admin's ``everyone``: all)."""
+        return [Ticket(self.api, data) for data in self.api.get("/tickets", **({"all": "true"} if everyone else {}))]
+
+    def ticket(self, ticket_id: str) -> "Ticket":
+        return Ticket(self.api, self.api.get(f"/tickets/{ticket_id}"))
 
     def lease(self, lease_id: str) -> "Lease":
         return Lease(self.api, self.api.get(f"/leases/{lease_id}"))
@@ -182,6 +208,11 @@ class Lease:
         op = self.api.post(f"/leases/{self.id}/recover")
         return follow_op(self.api, op, timeout=timeout) if wait else op
 
+    def settle(self, timeout: float | None = None) -> dict:
+        """Run the device's cool-down steps now and wait until they are done (between two
+        benchmark runs); the operation as it ended (``done`` at once for a device with none)."""
+        return follow_op(self.api, self.api.post(f"/leases/{self.id}/settle"), timeout=timeout)
+
     def release(self) -> "Lease":
         self.data = self.api.post(f"/leases/{self.id}/release")
         return self
@@ -195,3 +226,58 @@ class Lease:
 
     def __exit__(self, *exc_info) -> None:
         self.release()
+
+
+class TicketEnded(CoordinatorError):
+    """A ticket was cancelled, or its grant expired unclaimed: it will never be a lease."""
+
+
+class Ticket:
+    """A place in the lab's queue (``Lab.reserve(..., queue=True)``): granted the first free
+    device that matches, people before agents; ``wait()`` follows it to its lease."""
+
+    def __init__(self, api: Coordinator, data: dict):
+        self.api = api
+        self.data = data
+
+    @property
+    def id(self) -> str:
+        return self.data["ticket"]
+
+    @property
+    def state(self) -> str:
+        return self.data["state"]
+
+    @property
+    def position(self) -> int | None:
+        return self.data["position"]
+
+    def refresh(self, wait_s: float = 0) -> "Ticket":
+        """Fetch it again (this claims a granted one); ``wait_s``: at its first change, or then."""
+        self.data = self.api.get(f"/tickets/{self.id}", **({"wait": wait_s} if wait_s else {}))
+        return self
+
+    def wait(self, timeout: float | None = None, on_change=None) -> Lease:
+        """Block until the ticket is granted (``on_change(ticket)`` at each news, the position
+        while it waits); the lease, claimed. Raises ``TicketEnded`` if it is cancelled or its
+        grant expired, ``CoordinatorError("timeout")`` after ``timeout`` seconds (it waits on)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.state == "waiting":
+            if on_change:
+                on_change(self)
+            remaining = 25.0 if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise CoordinatorError("timeout", f"{self.id} is still waiting after {timeout:g}s (position "
+                                                  f"{self.position}); cancel it with: device-loop cancel {self.id}")
+            self.refresh(wait_s=min(remaining, 5.0))  # (the position may change meanwhile: say it)
+        if self.state == "granted":
+            self.refresh()  # seeing it claims it
+        if self.data["lease"] is None or self.state not in ("granted", "claimed"):
+            raise TicketEnded(self.state, f"{self.id} is {self.state}: {self.data['reason'] or 'no lease'}")
+        if on_change:
+            on_change(self)
+        return Lease(self.api, self.data["lease"])
+
+    def cancel(self) -> "Ticket":
+        self.data = self.api.post(f"/tickets/{self.id}/cancel")
+        return self

@@ -55,6 +55,29 @@ def lease_text(lease: dict) -> str:
     return "\n".join(lines)
 
 
+def ticket_text(ticket: dict) -> str:
+    """A queue ticket for people: what it waits for and where it stands, its lease once granted."""
+    head = f"{ticket['ticket']} ({ticket['kind']}) for a device {ticket['wants']}: {ticket['state']}"
+    if ticket["state"] == "waiting":
+        head += (f", position {ticket['position']}; follow it with 'device-loop reserve ... --queue --wait', or "
+                 f"cancel it: device-loop cancel {ticket['ticket']}")
+    elif ticket["state"] == "granted":
+        head += f"; claim it by {ticket['claim_by']} (device-loop tickets), or it passes to the next ticket"
+    elif ticket["reason"]:
+        head += f" ({ticket['reason']})"
+    lease = ticket.get("lease")
+    return head + ("\n" + lease_text(lease) if lease else "")
+
+
+def tickets_text(tickets: list[dict]) -> str:
+    if not tickets:
+        return "you have no queue tickets"
+    return table(["TICKET", "STATE", "KIND", "WANTS", "POSITION", "SINCE", "LEASE"],
+                 [[t["ticket"], t["state"], t["kind"], t["wants"], str(t["position"] or "-"), t["created_at"],
+                   (t["lease"] or {}).get("id", "-") + (f" on {t['lease']['device']}" if t["lease"] else "")]
+                  for t in tickets])
+
+
 def on_terminal(as_json: bool) -> bool:
     """Whether to draw progress: for people at a terminal, not with --json or when piped."""
     return not as_json and sys.stdout.isatty() and sys.stderr.isatty()

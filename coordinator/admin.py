@@ -15,14 +15,15 @@ from .leases import Leases
 from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, host_key, op_key
 from .rows import DeviceFacts
+from .scheduler import Scheduler
 from .store import Store, UniqueViolation
 
 
 class Admin:
     """What only admins do; each action in the audit log."""
 
-    def __init__(self, life: Lifecycle, devices: Devices, leases: Leases):
-        self.life, self.devices, self.leases = life, devices, leases
+    def __init__(self, life: Lifecycle, devices: Devices, leases: Leases, scheduler: Scheduler):
+        self.life, self.devices, self.leases, self.scheduler = life, devices, leases, scheduler
         self.store: Store = life.store
 
     async def retire(self, name: str, admin: str, retired: bool = True, force: bool = False) -> DeviceAnswer:
@@ -43,6 +44,24 @@ class Admin:
             await self.life.change(device, f"{'retired' if retired else 'returned'} by admin {admin}", admin,
                                {"retired": retired})
             await self.life.audit(admin, "retire" if retired else "unretire", name, lease_id, {})
+            if not retired:
+                await self.scheduler.grant_free([name])
+        return await self.devices.device_info(name)
+
+    async def clear_fault(self, name: str, admin: str) -> DeviceAnswer:
+        """Clear the fault a failed step between leases left (docs/architecture.md, "Steps
+        between leases"): the device is idle again, and goes to the first ticket waiting for it."""
+        async with self.store.tx():
+            device = await self.store.device(name)
+            if device is None:
+                raise not_found("device", name)
+            if not device["fault"]:
+                raise conflict("no_fault", f"{name} has no fault to clear (it is {device['state']}"
+                                           + (f": {device['health_reason']}" if device["health_reason"] else "") + ")")
+            await self.life.change(device, f"fault cleared by admin {admin} (was: {device['fault']})", admin,
+                                   {"fault": None})
+            await self.life.audit(admin, "clear_fault", name, None, {"fault": device["fault"]})
+            await self.scheduler.grant_free([name])
         return await self.devices.device_info(name)
 
     async def drain(self, host_name: str, admin: str, draining: bool = True) -> HostAnswer:
@@ -52,6 +71,8 @@ class Admin:
                 raise not_found("host", host_name)
             await self.store.set_host_draining(host_name, draining)
             await self.life.audit(admin, "drain" if draining else "undrain", None, None, {"host": host_name})
+            if not draining:
+                await self.scheduler.grant_free([d["name"] for d in await self.store.devices_of_host(host_name)])
         return (await self.devices.hosts(only=host_name))[0]
 
     async def adopt(self, identifier: str, name: str, device_class: str, tags: list[str], admin: str) -> dict[str, Any]:

@@ -8,7 +8,8 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
-from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState, OperationState
+from device_loop.core.vocabulary import (DeviceState, HealthStatus, LeaseState, OperationState, TicketKind,
+                                         TicketState, TokenKind)
 
 
 class HolderAnswer(TypedDict, total=False):
@@ -22,6 +23,15 @@ class HolderAnswer(TypedDict, total=False):
 class RunningOperation(TypedDict):
     id: str
     kind: str
+
+
+class RunningStep(TypedDict):
+    """The step between leases a device runs now."""
+    index: int    # from 0
+    of: int       # how many it has
+    step: str     # its name (cooldown, reboot, ...)
+    op: str | None
+    detail: str   # where it stands: cooling down: 51.2 °C, waiting for < 45 °C
 
 
 DeviceAnswer = TypedDict("DeviceAnswer", {
@@ -43,7 +53,12 @@ DeviceAnswer = TypedDict("DeviceAnswer", {
     "operation": RunningOperation | None,  # the exclusive operation running on it
     "flashing": str | None,        # the id of that operation, when it is a flash
     "lease": str | None,           # admins only: the id of its live lease
+    "steps": list[str],            # what runs on it between two leases, in order
+    "step": RunningStep | None,    # the one running now, while it is reclaimed
+    "fault": str | None,           # why a step between leases failed: faulty until an admin clears it
+    "reason": str,                 # why it is in its state, in words ("" when idle or in use)
 }, total=False)
+
 
 
 # "from" is a keyword: the functional form
@@ -110,10 +125,46 @@ class ImageSummary(TypedDict):
     size: int | None
 
 
+class TicketAnswer(TypedDict):
+    """A queue ticket as its requester (or an admin) sees it (docs/architecture.md, "Who
+    gets the next lease")."""
+    ticket: str                 # its id (tk-...)
+    state: TicketState          # waiting, granted, claimed, cancelled, expired
+    kind: TicketKind            # interactive (a person) or batch (an agent): who is served first
+    requester: str
+    wants: str                  # what it waits for, in words
+    device: str | None          # ... by name
+    device_class: str | None    # ... or by class
+    tags: list[str]             # ... and tags (all must match)
+    ttl_s: float                # the lease's length, from its grant
+    position: int | None        # while waiting: 1 is served next among tickets for the same thing
+    created_at: str | None
+    granted_at: str | None
+    claim_by: str | None        # granted: see its lease before this, or it passes on
+    ended_at: str | None
+    lease: "LeaseAnswer | None"  # once granted (seeing it claims the ticket)
+    reason: str                 # what happened to it, in words
+
+
+class QueueEntry(TypedDict):
+    """A waiting ticket as anyone sees it on the board: who, for what, how long, which kind;
+    its id only for its requester and admins."""
+    ticket: str | None
+    requester: str
+    kind: TicketKind
+    wants: str
+    device: str | None
+    device_class: str | None
+    tags: list[str]
+    waiting_s: float
+    position: int
+
+
 class ProgressAnswer(TypedDict):
     done: int
     total: int | None
     unit: str
+    detail: str  # where it stands, in words
 
 
 class OperationAnswer(TypedDict, total=False):
@@ -160,6 +211,7 @@ class TokenAnswer(TypedDict, total=False):
     user: str
     admin: bool
     host: str | None
+    kind: TokenKind     # person or agent (an agent's queue tickets are batch)
     created_at: str | None
     expires_at: str | None
     revoked_at: str | None

@@ -16,17 +16,17 @@ from pydantic import BaseModel
 
 from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.protocol import DesiredState, Heartbeat
-from device_loop.core.vocabulary import LIVE_OP_STATES
+from device_loop.core.vocabulary import LIVE_OP_STATES, TicketKind
 
 from . import relays
 from .answers import (AuditEntry, CandidateAnswer, DeviceAnswer, HealthAnswer, HostAnswer, ImageAnswer, LeaseAnswer,
-                      LogEntry, OperationAnswer, TokenAnswer)
+                      LogEntry, OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer)
 from .identity import ADMIN, ANYONE, EXPORTER, USER, Identity, issue_token, refusal, token_view
 from .rules import Rules
 from .schemas import (AdminDevice, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName, DeviceOperations, DrainIn,
                       FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn, KnownGoodIn, LeaseId,
-                      LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, RenewIn, ReserveIn, RetireIn, TokenId, TokenIn,
-                      UartExchangeIn, UploadQuery, split_tags)
+                      LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, RenewIn, ReserveIn, RetireIn,
+                      TicketFilter, TicketId, TicketWait, TokenId, TokenIn, UartExchangeIn, UploadQuery, split_tags)
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Ctx:
     gone: Callable[[], Awaitable[None]]  # returns once the caller hung up (a tool's caller: never)
     max_wait_s: float                    # the longest a long-poll may wait here
     body: Any = None                     # a call that takes a model of its own as its body: that
+    via_tool: bool = False               # an MCP tool call: its queue tickets are batch
 
     @property
     def sees_all(self) -> bool:
@@ -91,7 +92,8 @@ async def list_devices(ctx: Ctx, args: DeviceFilter) -> list[DeviceAnswer]:
     in_use, ...) and by tags (all must match)."""
     wanted = set(split_tags(args.tags))
     return [d for d in await ctx.rules.devices.list_devices()
-            if (args.state is None or d["state"] == args.state) and wanted <= set(d["tags"])]
+            if (args.state is None or d["state"] == args.state) and wanted <= set(d["tags"])
+            and args.device_class in (None, d["class"])]
 
 
 async def device_info(ctx: Ctx, args: DeviceName) -> DeviceAnswer:
@@ -141,10 +143,50 @@ async def desired(ctx: Ctx, args: DesiredWait) -> dict:
 
 # ---- leases ----------------------------------------------------------------------------------------
 
-async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer:
-    """Reserve a device by name. Answers at once with a lease (state 'pending' until its
-    endpoints are up: then follow it with lease_status) or says why not and what is free."""
-    return await ctx.rules.leases.reserve(args.device, args.ttl_s, ctx.caller.name, ctx.caller.admin)
+def ticket_kind(ctx: Ctx) -> TicketKind:
+    """Who a caller's tickets are served as, from who is calling, never from the request: an
+    MCP tool's caller or an agent's token is batch, a person through REST interactive."""
+    return TicketKind.BATCH if ctx.via_tool or ctx.caller.agent else TicketKind.INTERACTIVE
+
+
+async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer | TicketAnswer:
+    """Reserve a device by name, or any free device of a class and/or with tags (the one idle
+    the longest). Answers at once with a lease (state 'pending' until its endpoints are up:
+    follow it with lease_status), or, with queue, a ticket when nothing that matches is free
+    (follow it with ticket_status until it holds a lease), or says why not and what is free."""
+    return await ctx.rules.scheduler.reserve(args.device, args.device_class, args.tags, args.ttl_s, args.queue,
+                                             ctx.caller.name, ticket_kind(ctx), ctx.caller.admin)
+
+
+async def ticket_status(ctx: Ctx, args: TicketWait) -> TicketAnswer:
+    """A queue ticket: state (waiting, granted, claimed, cancelled, expired), position while
+    waiting, and once granted its lease (seeing it claims it: a grant not seen within the
+    claim window passes to the next ticket). With wait_s, answers at its first change."""
+    return await ctx.rules.scheduler.wait(args.ticket_id, ctx.caller.name, ctx.sees_all,
+                                          await _until(ctx, args.wait_s), ctx.gone)
+
+
+async def cancel_ticket(ctx: Ctx, args: TicketId) -> TicketAnswer:
+    """Cancel a queue ticket (a granted one not yet claimed gives its lease back)."""
+    return await ctx.rules.scheduler.cancel(args.ticket_id, ctx.caller.name, ctx.sees_all)
+
+
+async def my_tickets(ctx: Ctx, args: TicketFilter) -> list[TicketAnswer]:
+    """The caller's queue tickets, open ones first (an admin's all=true: everyone's)."""
+    return await ctx.rules.scheduler.tickets(ctx.caller.name, args.everyone and ctx.sees_all)
+
+
+async def queue_board(ctx: Ctx, args: NoArgs) -> list[QueueEntry]:
+    """The waiting tickets, in the order they are served: who, for what, how long,
+    interactive or batch (ids only to their requesters and admins)."""
+    return await ctx.rules.scheduler.queue(ctx.caller.name if ctx.caller.known else None, ctx.sees_all)
+
+
+async def settle(ctx: Ctx, args: LeaseId) -> OperationAnswer:
+    """Run the leased device's cool-down steps now (between two benchmark runs, say): answers
+    at once with the operation (follow it with operation_status, wait_s, until it is 'done':
+    the device is cool); 'done' at once for a device that has no cool-down step."""
+    return await ctx.rules.steps.settle(args.lease_id, ctx.caller.name, ctx.caller.admin)
 
 
 async def my_leases(ctx: Ctx, args: MyLeases) -> list[LeaseAnswer]:
@@ -226,9 +268,12 @@ async def camera_snapshot(ctx: Ctx, args: LeaseId) -> bytes:
 
 async def uart_exchange(ctx: Ctx, args: UartExchangeIn) -> dict:
     """Send text to the leased device's UART once (include the line ending, e.g. '\\r') and
-    return what it printed within wait_s seconds (at most 10 s and 64 KiB)."""
+    return what it printed within wait_s seconds (at most 10 s and 64 KiB). With until, a
+    regular expression (e.g. '# $', a shell prompt), it answers as soon as the output matches.
+    The answer: output, truncated (cut at 64 KiB), matched (whether until matched; false
+    without one) and waited_s (how long it listened)."""
     lease = await ctx.rules.leases.status(args.lease_id, ctx.caller.name, ctx.caller.admin)
-    return await relays.uart_exchange(lease, args.send, args.wait_s)
+    return await relays.uart_exchange(lease, args.send, args.wait_s, args.until)
 
 
 # ---- images ---------------------------------------------------------------------------------------
@@ -276,8 +321,10 @@ async def collect_images(ctx: Ctx, args: CollectIn) -> dict:
 async def create_token(ctx: Ctx, args: TokenIn) -> TokenAnswer:
     """A token for a person or an exporter's host; the answer holds the token, shown this once."""
     rules = ctx.rules
-    made = await issue_token(rules.store, rules.clock, args.user, args.admin, args.exporter_host, args.expires_s)
-    await rules.admin.record(ctx.caller.name, "token_create", {k: made[k] for k in ("id", "user", "admin", "host")})
+    made = await issue_token(rules.store, rules.clock, args.user, args.admin, args.exporter_host, args.expires_s,
+                             args.kind)
+    await rules.admin.record(ctx.caller.name, "token_create", {k: made[k] for k in ("id", "user", "admin", "host",
+                                                                                   "kind")})
     return made
 
 
@@ -299,6 +346,11 @@ async def revoke_lease(ctx: Ctx, args: LeaseId) -> LeaseAnswer:
 async def retire_device(ctx: Ctx, args: RetireIn) -> DeviceAnswer:
     """Take a device out of the lab (a live lease is revoked only with force), or bring it back."""
     return await ctx.rules.admin.retire(args.device, ctx.caller.name, args.retired, args.force)
+
+
+async def clear_fault(ctx: Ctx, args: AdminDevice) -> DeviceAnswer:
+    """Clear the fault a failed step between leases left on a device: it is idle again."""
+    return await ctx.rules.admin.clear_fault(args.device, ctx.caller.name)
 
 
 async def drain_host(ctx: Ctx, args: DrainIn) -> HostAnswer:
@@ -349,8 +401,14 @@ CALLS: list[Call] = [
     Call("desired", EXPORTER, desired, DesiredWait, DesiredState, "GET /api/v1/hosts/{name}/desired"),
     Call("image_content", EXPORTER, image_content, ImageOfHost, bytes, "GET /api/v1/hosts/{name}/images/{sha256}",
          refusals=frozenset({410})),  # only images its own operations write
-    Call("reserve", USER, reserve, ReserveIn, LeaseAnswer, "POST /api/v1/leases", tool=True, status=201,
-         idempotent=True),
+    Call("reserve", USER, reserve, ReserveIn, LeaseAnswer | TicketAnswer, "POST /api/v1/leases", tool=True,
+         status=201, idempotent=True),
+    Call("ticket_status", USER, ticket_status, TicketWait, TicketAnswer, "GET /api/v1/tickets/{ticket_id}", tool=True),
+    Call("cancel_ticket", USER, cancel_ticket, TicketId, TicketAnswer, "POST /api/v1/tickets/{ticket_id}/cancel",
+         tool=True, idempotent=True),
+    Call("my_tickets", USER, my_tickets, TicketFilter, list[TicketAnswer], "GET /api/v1/tickets", tool=True,
+         tool_key="tickets"),
+    Call("queue_board", ANYONE, queue_board, answer=list[QueueEntry], rest="GET /api/v1/queue"),
     Call("my_leases", USER, my_leases, MyLeases, list[LeaseAnswer], "GET /api/v1/leases"),
     Call("lease_status", USER, lease_status, LeaseWait, LeaseAnswer, "GET /api/v1/leases/{lease_id}", tool=True),
     Call("renew", USER, renew, RenewIn, LeaseAnswer, "POST /api/v1/leases/{lease_id}/renew", tool=True,
@@ -365,6 +423,8 @@ CALLS: list[Call] = [
          status=201, idempotent=True),
     Call("operation_status", USER, operation_status, OpWait, OperationAnswer, "GET /api/v1/ops/{op_id}", tool=True,
          aliases=("flash_status",)),
+    Call("settle", USER, settle, LeaseId, OperationAnswer, "POST /api/v1/leases/{lease_id}/settle", tool=True,
+         status=201, idempotent=True),
     Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True),
     Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True),
     Call("upload_image", USER, upload_image, UploadQuery, ImageAnswer, "POST /api/v1/images", status=201,
@@ -385,6 +445,8 @@ CALLS: list[Call] = [
          idempotent=True),
     Call("recover_unleased", ADMIN, recover_unleased, AdminDevice, OperationAnswer,
          "POST /api/v1/admin/devices/{device}/recover", status=201, idempotent=True),
+    Call("clear_fault", ADMIN, clear_fault, AdminDevice, DeviceAnswer,
+         "POST /api/v1/admin/devices/{device}/clear-fault", idempotent=True),
     Call("drain_host", ADMIN, drain_host, DrainIn, HostAnswer, "POST /api/v1/admin/hosts/{host}/drain",
          idempotent=True),
     Call("forget", ADMIN, forget, ForgetIn, dict, "POST /api/v1/admin/forget", idempotent=True),

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from device_loop.core.durations import iso
 
-from .answers import AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry, RunningOperation
+from device_loop.core.vocabulary import DeviceState
+
+from .answers import AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry, RunningOperation, RunningStep
 from .errors import APIError, not_found
 from .holders import holder_json
 from .lifecycle import Lifecycle
@@ -14,6 +16,7 @@ from .store import Store
 def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
     """A device as anyone sees it (``admin``: with the command lines of who else holds its
     nodes, and the id of its live lease, to act on it)."""
+    step = running_step(row)
     answer: DeviceAnswer = {
         "name": row["name"],
         "class": row["class"],
@@ -34,10 +37,37 @@ def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
         "recovery_reason": row["needs_recovery"],
         "operation": running_operation(row["op_id"], row["op_kind"]),
         "flashing": row["op_id"] if row["op_kind"] == "flash" else None,
+        "steps": [s["step"] for s in row["steps"]],
+        "step": step,
+        "fault": row["fault"],
+        "reason": state_reason(row, step),
     }
     if admin:
         answer["lease"] = row["lease_id"]
     return answer
+
+
+def running_step(device: DeviceFacts) -> RunningStep | None:
+    """The step a device runs now, while it is reclaimed."""
+    index, steps = device["reclaim_step"], device["steps"]
+    if index is None or index >= len(steps):
+        return None
+    detail = device["op_detail"] or "" if device["op_id"] == device["reclaim_op"] else ""
+    return {"index": index, "of": len(steps), "step": steps[index]["step"], "op": device["reclaim_op"],
+            "detail": detail}
+
+
+def state_reason(row: DeviceFacts, step: RunningStep | None) -> str:
+    """Why a device is in its state, in words, where that is not plain: the step it runs
+    while reclaimed, the fault or health that makes it faulty."""
+    if row["state"] == DeviceState.RECLAIMING:
+        if step is not None:
+            where = step["detail"] or ("queued" if row["op_id"] == step["op"] else "starting")
+            return f"step {step['index'] + 1}/{step['of']} {step['step']}: {where}"
+        return "waiting for its exporter to stop the last lease's services"
+    if row["state"] == DeviceState.FAULTY:
+        return row["fault"] or row["health_reason"] or "health check failed"
+    return ""
 
 
 def running_operation(op_id: str | None, kind: str | None) -> RunningOperation | None:

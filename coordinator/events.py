@@ -3,12 +3,17 @@
 A subscriber gets ``event: snapshot`` (every device, as ``GET /api/v1/devices`` answers),
 then ``event: device`` with a device's JSON each time it changed, and a ``: keepalive``
 comment when nothing happened for 15 s. Asked with ``html``, each device also carries its
-board row, rendered by the web page's template.
+board row, rendered by the web page's template. Where the broadcaster follows the queue,
+``event: queue`` (the waiting tickets, as ``GET /api/v1/queue`` answers anyone: no ticket
+ids) comes after the snapshot and whenever a ticket came, went or moved, each entry with its
+row of the board's queue when asked with ``html``.
 
 One broadcaster per coordinator process, running while anyone watches: it wakes when a
-transaction in any process marked ``BOARD_KEY`` (``Store.changed``), reads the device list
-once, and hands the devices that changed, encoded once, to every subscriber. A change
-costs one read and one encoding whatever the number of viewers.
+transaction in any process marked ``BOARD_KEY`` (``Store.changed``; a ticket's changes mark
+it too) or the key of an operation a device runs as its step between leases (its progress
+is the device's ``reason``, and marks only the operation's key), reads the device list (and
+the queue) once, and hands what changed, encoded once, to every subscriber. A change costs
+one read (of each) and one encoding whatever the number of viewers.
 """
 from __future__ import annotations
 
@@ -20,11 +25,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from device_loop.core import EVENTS_KEEPALIVE_S
 
-from .notify import BOARD_KEY, Notifier
+from .notify import BOARD_KEY, Notifier, op_key
 
 log = logging.getLogger(__name__)
 
 Device = Mapping[str, Any]  # a device as ``GET /api/v1/devices`` shows it
+Entry = Mapping[str, Any]   # a waiting ticket as ``GET /api/v1/queue`` shows anyone
 
 KEEPALIVE_S = EVENTS_KEEPALIVE_S
 MIN_INTERVAL_S = 0.05  # between two reads: a burst of changes goes out in few reads
@@ -59,11 +65,15 @@ class _Subscriber:
 
 
 class _Encoded:
-    """One read's devices as frames, each encoded at most once, whoever asks."""
+    """One read's devices (and queue) as frames, each encoded at most once, whoever asks."""
 
-    def __init__(self, devices: Sequence[Device], changed: list[Device], row: Callable[[Device], str] | None):
+    def __init__(self, devices: Sequence[Device], changed: list[Device], row: Callable[[Device], str] | None,
+                 queue: Sequence[Entry] | None = None, queue_changed: bool = False,
+                 entry_row: Callable[[Entry], str] | None = None):
         self.devices, self.changed, self.row = devices, changed, row
+        self.queue, self.queue_changed, self.entry_row = queue, queue_changed, entry_row
         self._made: dict[tuple[str, bool], list[bytes]] = {}
+        self._queue_made: dict[bool, bytes] = {}
 
     def frames(self, snapshot: bool, html: bool) -> list[bytes]:
         key = ("snapshot" if snapshot else "device", html and self.row is not None)
@@ -74,18 +84,34 @@ class _Encoded:
                 return {**device, "html": row(device)} if row is not None else device
             self._made[key] = ([sse("snapshot", [shown(d) for d in self.devices])] if snapshot
                                else [sse("device", shown(d)) for d in self.changed])
-        return self._made[key]
+        if self.queue is None or not (snapshot or self.queue_changed):
+            return self._made[key]
+        return [*self._made[key], self._queue_frame(html)]
+
+    def _queue_frame(self, html: bool) -> bytes:
+        html = html and self.entry_row is not None
+        if html not in self._queue_made:
+            row = self.entry_row if html else None
+            assert self.queue is not None
+            self._queue_made[html] = sse("queue", [{**e, "html": row(e)} if row is not None else e
+                                                   for e in self.queue])
+        return self._queue_made[html]
 
 
 class Broadcaster:
     """Device changes to every subscriber of this process, from one read per change.
 
     ``read()`` is the device list (as ``GET /api/v1/devices``); ``render_row(device)`` its
-    board row, for subscribers that ask for HTML (rendered once per device change)."""
+    board row, for subscribers that ask for HTML (rendered once per device change).
+    ``read_queue()``, if given, is the queue as anyone sees it (``GET /api/v1/queue`` without
+    ticket ids), and ``render_entry(entry)`` an entry's row of the board's queue."""
 
     def __init__(self, read: Callable[[], Awaitable[Sequence[Device]]], notifier: Notifier,
-                 render_row: Callable[[Device], str] | None = None):
+                 render_row: Callable[[Device], str] | None = None,
+                 read_queue: Callable[[], Awaitable[Sequence[Entry]]] | None = None,
+                 render_entry: Callable[[Entry], str] | None = None):
         self._read, self._notifier, self._render_row = read, notifier, render_row
+        self._read_queue, self._render_entry = read_queue, render_entry
         self._subscribers: set[_Subscriber] = set()
         self._poke = asyncio.Event()  # someone came or went
         self._task: asyncio.Task | None = None
@@ -113,6 +139,14 @@ class Broadcaster:
             self._subscribers.discard(subscriber)
             self._poke.set()
 
+    def follow_queue(self, read_queue: Callable[[], Awaitable[Sequence[Entry]]],
+                     render_entry: Callable[[Entry], str] | None = None) -> None:
+        """Send the queue too, from now on (every subscriber gets it at the next read), unless
+        the broadcaster follows it already."""
+        if self._read_queue is None:
+            self._read_queue, self._render_entry = read_queue, render_entry
+            self._poke.set()
+
     async def close(self) -> None:
         """End every stream (the coordinator stops)."""
         for subscriber in list(self._subscribers):
@@ -124,43 +158,55 @@ class Broadcaster:
 
     async def _run(self) -> None:
         sent: dict[str, str] = {}  # device -> its JSON as last sent
+        queue_sent: str | None = None  # the queue's JSON as last sent (without the times waited)
+        steps: set[str] = set()  # the keys of the operations devices run as steps, as last read
         while self._subscribers:
-            changed = self._notifier.watch(BOARD_KEY)  # taken before the read: no change slips between
+            # taken before the read: no change slips between (a step begun since is watched after it)
+            changes = {self._notifier.watch(key) for key in (BOARD_KEY, *steps)}
             self._poke.clear()
             try:
                 devices = await self._read()
+                queue = await self._read_queue() if self._read_queue is not None else None
             except Exception:
                 log.exception("the board's event stream could not read the devices; retrying")
                 await asyncio.sleep(RETRY_S)
                 continue
             try:
-                sent = self._send(devices, sent)
+                sent, queue_sent = self._send(devices, sent, queue, queue_sent)
             except Exception:  # a bug in encoding: end the streams (browsers reconnect) rather than freeze them
                 log.exception("the board's event stream failed; ending its streams")
                 for subscriber in list(self._subscribers):
                     subscriber.put([None])
                 self._subscribers.clear()
                 return
-            await asyncio.sleep(MIN_INTERVAL_S)  # a change meanwhile is not missed: ``changed`` is set
-            woken = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self._poke.wait())]
+            steps = {op_key(d["step"]["op"]) for d in devices if d.get("step") and d["step"].get("op")}
+            changes |= {self._notifier.watch(key) for key in steps}
+            await asyncio.sleep(MIN_INTERVAL_S)  # a change meanwhile is not missed: its event is set
+            woken = [*(asyncio.ensure_future(c.wait()) for c in changes), asyncio.ensure_future(self._poke.wait())]
             try:
                 await asyncio.wait(woken, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for waiter in woken:
                     waiter.cancel()
 
-    def _send(self, devices: Sequence[Device], sent: dict[str, str]) -> dict[str, str]:
-        """What changed since ``sent`` to every subscriber (a newcomer: everything); what was sent."""
+    def _send(self, devices: Sequence[Device], sent: dict[str, str], queue: Sequence[Entry] | None,
+              queue_sent: str | None) -> tuple[dict[str, str], str | None]:
+        """What changed since ``sent`` (and ``queue_sent``) to every subscriber (a newcomer:
+        everything); what was sent."""
         texts = {d["name"]: json.dumps(d, sort_keys=True) for d in devices}
         self._rows = {name: row for name, row in self._rows.items() if name in texts}
+        # the time a ticket waited grows at every read: a change is a ticket that came, went or moved
+        queue_text = None if queue is None else json.dumps(
+            [{k: v for k, v in e.items() if k != "waiting_s"} for e in queue], sort_keys=True)
         encoded = _Encoded(devices, [d for d in devices if sent.get(d["name"]) != texts[d["name"]]],
-                           self._row_of(texts, self._render_row) if self._render_row else None)
+                           self._row_of(texts, self._render_row) if self._render_row else None,
+                           queue, queue_text != queue_sent, self._render_entry)
         for subscriber in list(self._subscribers):
             frames = encoded.frames(subscriber.new, subscriber.html)
             subscriber.new = False
             if frames and not subscriber.put(frames):
                 self._subscribers.discard(subscriber)
-        return texts
+        return texts, queue_text
 
     def _row_of(self, texts: dict[str, str], render: Callable[[Device], str]) -> Callable[[Device], str]:
         """A device's row, rendered again only when its JSON changed."""

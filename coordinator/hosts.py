@@ -28,6 +28,8 @@ from .lifecycle import Lifecycle, device_state, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .operations import Operations
 from .rows import HostRow
+from .scheduler import Scheduler
+from .steps import Steps
 from .store import Store, UniqueViolation
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ def _columns(device: DeviceReport, digest: str) -> dict:
     reasons = "; ".join(f"{r.kind}: {r.reason}" for r in device.resources if r.health != "ok" and r.reason)
     return {"class": device.device_class, "tags": json.dumps(dumped["tags"]), "present": True,
             "health": worst.health, "health_reason": reasons, "busy_by": json.dumps(dumped["busy_by"]),
-            "resources": json.dumps(dumped["resources"]), "report_digest": digest}
+            "resources": json.dumps(dumped["resources"]), "report_digest": digest, "steps": json.dumps(dumped["steps"])}
 
 
 class _Changes:
@@ -73,6 +75,9 @@ class _Changes:
         self.ring: list[dict] = []
         self.identities: dict[str, list[dict]] = {}
         self.wake_host = False              # the host's desired state may have changed
+        self.became_idle: list[str] = []    # devices a waiting ticket may take now
+        self.begin_steps: list[str] = []    # devices whose steps between leases begin now
+        self.faults_cleared: list[str] = []  # devices whose health recovered after a failed step
 
     def touch(self, row: Mapping[str, Any], cause: str | None = None, **fields) -> dict[str, Any]:
         """Take ``row`` into account (its state is recomputed), with ``fields`` changed."""
@@ -96,6 +101,8 @@ class _Changes:
             if new != row["state"]:
                 self.log(row, new, _cause(row, new, self.causes.get(name, self.default_cause)))
                 row["state"], row["state_since"] = new, self.now
+                if new == DeviceState.IDLE:
+                    self.became_idle.append(name)
             if name in self.dirty:
                 row["updated_at"] = self.now
         return [row for name, row in self.rows.items() if name in self.dirty]
@@ -104,8 +111,9 @@ class _Changes:
 class Hosts:
     """What exporters report, and what they are answered."""
 
-    def __init__(self, life: Lifecycle, leases: Leases, operations: Operations):
+    def __init__(self, life: Lifecycle, leases: Leases, operations: Operations, steps: Steps, scheduler: Scheduler):
         self.life, self.leases, self.operations = life, leases, operations
+        self.steps, self.scheduler = steps, scheduler
         self.store: Store = life.store
 
     async def heartbeat(self, host_name: str, report: Heartbeat, actor: str) -> dict:
@@ -178,6 +186,8 @@ class Hosts:
         activated = self._progress(report, own, changes)
         rows_to_write = changes.settle()
         await self.store.write_devices(rows_to_write)
+        for name in changes.faults_cleared:
+            await self.store.update_device(name, fault=None)
         if changes.identities:
             await self.store.replace_identities(list(changes.identities),
                                                 [r for rs in changes.identities.values() for r in rs])
@@ -188,7 +198,12 @@ class Hosts:
         if rows_to_write:
             self.life.notify(BOARD_KEY)
         await self._save_host(host_name, previous, report, snapshot, now, online)
-        await self.operations.apply_reports(host_name, previous, report, actor)
+        if changes.begin_steps:
+            await self.steps.begin(changes.begin_steps)
+        ended = await self.operations.apply_reports(host_name, previous, report, actor)
+        freed = await self.steps.after_operations(ended) if ended else []
+        # (docs/architecture.md, "Who gets the next lease": granted where it became free)
+        await self.scheduler.grant_free(changes.became_idle + freed + [op["device"] for op in ended])
         if previous is not None and previous["link_lost"]:
             await self._wake_leases_of(host_name)  # ready again
         if changes.wake_host:
@@ -232,11 +247,18 @@ class Hosts:
             if row is None:
                 row = {"name": device.name, "state": "unregistered", "reclaim_lease": None, "retired": False,
                        "conflict_host": None, "created_at": changes.now, "state_since": changes.now, "log_seq": 0,
-                       "lease_id": None, "lease_state": None, "host_online": online, "present": False, **fields}
+                       "lease_id": None, "lease_state": None, "host_online": online, "present": False,
+                       "reclaim_step": None, "fault": None, **fields}
                 changes.dirty.add(device.name)
                 changes.causes[device.name] = f"registered: first reported by host {host_name}"
             elif not row["present"]:
                 changes.causes[device.name] = f"host {host_name} reports it again"
+            if row.get("fault") and fields["health"] == HealthStatus.OK and row["health"] != HealthStatus.OK:
+                # a failed step's fault, cleared by the device's health recovering (docs/architecture.md,
+                # "Steps between leases"); its own statement: the heartbeat does not write that column
+                changes.faults_cleared.append(device.name)
+                fields["fault"] = None
+                changes.causes[device.name] = "health is ok again: the failed step's fault is cleared"
             changes.wake_host |= not row["present"]
             own[device.name] = changes.touch(row, **fields)
             if device.name in new_names:
@@ -289,9 +311,12 @@ class Hosts:
             device = reported.get(name)
             if device is None:
                 continue
-            if (row["reclaim_lease"] and row["reclaim_lease"] not in report.applied and name not in serving
-                    and not device.busy_by):
-                changes.touch(row, "exporter confirmed: services stopped, no orphan holds it", reclaim_lease=None)
+            if (row["reclaim_lease"] and row["reclaim_step"] is None and row["reclaim_lease"] not in report.applied
+                    and name not in serving and not device.busy_by):
+                if device.steps:  # (docs/architecture.md, "Steps between leases"): reclaiming until they are done
+                    changes.begin_steps.append(name)
+                else:
+                    changes.touch(row, "exporter confirmed: services stopped, no orphan holds it", reclaim_lease=None)
             ready = all((row["lease_id"], r.identifier) in up for r in device.resources if r.service)
             if row["lease_state"] == LeaseState.PENDING and not row["retired"] and ready:
                 activated.append(row["lease_id"])

@@ -27,6 +27,7 @@ import httpx2
 from starlette.requests import Request
 
 from device_loop.core.durations import iso
+from device_loop.core.vocabulary import TokenKind
 
 from .answers import TokenAnswer
 from .errors import APIError
@@ -59,6 +60,7 @@ class Identity:
     trusted: bool = False     # single-user trust mode: may call every route
     csrf: str | None = None   # signed in by the page's cookie: what its unsafe requests carry
     csrf_missing: bool = False  # ... and this unsafe request does not: only public routes answer it
+    agent: bool = False       # a token an admin made for an agent: its queue tickets are batch
 
 
 ANONYMOUS = Identity("anonymous", known=False)
@@ -128,7 +130,7 @@ async def token_identity(rules, token: str) -> Identity | None:
         return None
     if row["host"]:
         return Identity(f"exporter:{row['host']}", host=row["host"])
-    return Identity(row["username"], admin=row["admin"])
+    return Identity(row["username"], admin=row["admin"], agent=row["kind"] == TokenKind.AGENT)
 
 
 async def _tailnet_identity(request: Request) -> Identity:
@@ -183,9 +185,11 @@ def refusal(access: str, identity: Identity, host: str | None = None) -> APIErro
 
 
 async def issue_token(store, clock, username: str | None = None, admin: bool = False,
-                      host: str | None = None, expires_s: float | None = None) -> TokenAnswer:
-    """A new token for a person (``username``) or an exporter (``host``); the answer holds
-    the token itself, which is never shown again."""
+                      host: str | None = None, expires_s: float | None = None,
+                      kind: TokenKind = TokenKind.PERSON) -> TokenAnswer:
+    """A new token for a person (``username``; ``kind``: a person's or an agent's, whose
+    queue tickets are batch) or an exporter (``host``); the answer holds the token itself,
+    which is never shown again."""
     if username is not None and host is None:
         name = username
     elif host is not None and username is None:
@@ -198,7 +202,7 @@ async def issue_token(store, clock, username: str | None = None, admin: bool = F
     token_id, token = new_token()
     now = clock()
     row: TokenRow = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",
-           "admin": bool(admin and host is None), "host": host, "created_at": now,
+           "admin": bool(admin and host is None), "host": host, "kind": TokenKind(kind), "created_at": now,
            "expires_at": now + expires_s if expires_s else None, "revoked_at": None}
     await store.insert_token(row)
     return {**token_view(row), "token": token}
@@ -207,5 +211,6 @@ async def issue_token(store, clock, username: str | None = None, admin: bool = F
 def token_view(row: TokenRow) -> TokenAnswer:
     """A token as lists show it: everything but the secret and its hash."""
     return {"id": row["id"], "user": row["username"], "admin": bool(row["admin"]), "host": row["host"],
+            "kind": row["kind"],
             "created_at": iso(row["created_at"]), "expires_at": iso(row["expires_at"]),
             "revoked_at": iso(row["revoked_at"])}

@@ -21,7 +21,17 @@ from .errors import APIError, conflict, not_found
 from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, host_key, lease_key
 from .rows import DeviceFacts, LeaseRow, LeaseView
-from .store import Store, UniqueViolation
+from .store import Store
+
+
+def describe_want(device: str | None, device_class: str | None, tags: list[str]) -> str:
+    """What a reserve or a ticket asks for, in words: ``of class riscv-sbc with tags rvv, 8gb``."""
+    if device is not None:
+        return device
+    words = [f"of class {device_class}"] if device_class else []
+    if tags:
+        words.append(f"with tag{'s' if len(tags) > 1 else ''} {', '.join(tags)}")
+    return " ".join(words) or "of any class"
 
 
 def lease_json(view: LeaseView) -> LeaseAnswer:
@@ -127,32 +137,73 @@ class Leases:
     # ---- reserve, renew, release ------------------------------------------------------------
 
     async def reserve(self, device_name: str, ttl_s: float | None, caller: str, admin: bool = False) -> LeaseAnswer:
-        life = self.life
-        ttl = self.check_ttl(ttl_s if ttl_s is not None else life.settings.default_ttl_s)
+        """Reserve the device called ``device_name`` (or say why not, and what else is free)."""
+        ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
             device = await self.store.device(device_name)
             if device is None:
                 raise await self.devices.unknown(device_name)
             await self._refuse_unless_free(device, caller)
-            # counted by the database in one statement: concurrent reserves in several
-            # processes cannot all see room for one more (admins are counted, not limited)
-            limit = None if admin else life.settings.max_leases_per_user or None
-            if not await self.store.count_lease(caller, limit):
-                await self._refuse_hoarding(caller)
-            now = life.clock()
-            lease: LeaseRow = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device_name, "holder": caller,
-                               "state": LeaseState.PENDING, "created_at": now, "expires_at": now + ttl,
-                               "ended_at": None, "end_reason": None,
-                               "secret": secrets.token_urlsafe(24) if life.settings.gated else None}
-            try:
-                await self.store.insert_lease(lease)
-            except UniqueViolation:
-                raise conflict("busy", f"{device_name} was just reserved by someone else") from None
-            state = await life.change({**device, "lease_state": LeaseState.PENDING},
-                                      f"reserved ({format_duration(ttl)})", caller)
-            await life.audit(caller, "reserve", device_name, lease["id"], {"ttl_s": ttl})
-            life.notify(host_key(device["host"] or ""))
-            self.store.after_commit(life.metrics.leases_granted.inc)
+            answer = await self.grant(device, ttl, caller, admin, f"reserved ({format_duration(ttl)})")
+            if answer is None:
+                raise conflict("busy", f"{device_name} was just reserved by someone else")
+            return answer
+
+    async def reserve_matching(self, device_class: str | None, tags: list[str], ttl_s: float | None, caller: str,
+                               admin: bool = False) -> LeaseAnswer:
+        """Reserve a free device of ``device_class`` with all of ``tags``: the one idle the
+        longest (docs/architecture.md, "Who gets the next lease"), or say why none is."""
+        ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
+        async with self.store.tx():
+            for device in await self.store.free_devices(device_class, tags, self.PICKS):
+                answer = await self.grant(device, ttl, caller, admin, f"reserved by class ({format_duration(ttl)})")
+                if answer is not None:
+                    return answer
+            raise await self.none_free(device_class, tags)
+
+    PICKS = 4  # free devices a reserve by class tries, in case others take some at the same moment
+
+    async def none_free(self, device_class: str | None, tags: list[str]) -> APIError:
+        """The refusal of a reserve by class and tags that found no free device: 404 if none
+        in the lab matches at all, else 409 with how the matching ones stand."""
+        wanted = describe_want(None, device_class, tags)
+        matching = [d for d in await self.store.devices()
+                    if (device_class is None or d["class"] == device_class) and set(tags) <= set(d["tags"])
+                    and d["state"] != DeviceState.RETIRED]
+        if not matching:
+            classes = ", ".join(await self.store.device_classes()) or "none yet"
+            return APIError(404, "no_such_devices", f"no device in the lab is {wanted} (classes: {classes})")
+        states: dict[str, int] = {}
+        for d in matching:
+            states[str(d["state"])] = states.get(str(d["state"]), 0) + 1
+        standing = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+        return conflict("none_free", f"no device {wanted} is free now ({standing}); add --queue (REST: "
+                                     "\"queue\": true) for a ticket that is granted the first one that is")
+
+    async def grant(self, device: DeviceFacts, ttl: float, holder: str, admin: bool, cause: str,
+                    ticket_id: str | None = None) -> LeaseAnswer | None:
+        """A new lease of ``device`` for ``holder`` (in the caller's transaction), or None if
+        the device has a live lease already (another process took it a moment ago). A lease
+        granted from a ticket is counted against its holder's limit but never refused by it:
+        the ticket was admitted under it (``Scheduler``)."""
+        life = self.life
+        now = life.clock()
+        lease: LeaseRow = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device["name"], "holder": holder,
+                           "state": LeaseState.PENDING, "created_at": now, "expires_at": now + ttl,
+                           "ended_at": None, "end_reason": None,
+                           "secret": secrets.token_urlsafe(24) if life.settings.gated else None}
+        if not await self.store.insert_lease_if_free(lease):
+            return None
+        # counted by the database in one statement: concurrent reserves in several
+        # processes cannot all see room for one more (admins are counted, not limited)
+        limit = None if admin or ticket_id else life.settings.max_leases_per_user or None
+        if not await self.store.count_lease(holder, limit):
+            await self._refuse_hoarding(holder)
+        state = await life.change({**device, "lease_state": LeaseState.PENDING}, cause, holder)
+        detail: dict[str, Any] = {"ttl_s": ttl} if ticket_id is None else {"ttl_s": ttl, "ticket": ticket_id}
+        await life.audit(holder, "reserve", device["name"], lease["id"], detail)
+        life.notify(host_key(device["host"] or ""))
+        self.store.after_commit(life.metrics.leases_granted.inc)
         return lease_json(_view(lease, device, state))
 
     def check_ttl(self, ttl_s: float) -> float:
@@ -188,7 +239,9 @@ class Leases:
         elif state == DeviceState.OFFLINE:
             message = f"{name} is offline (host {device['host']} not heartbeating or the device is unplugged)"
         elif state == DeviceState.FAULTY:
-            message = f"{name} is faulty: {device['health_reason'] or 'health check failed'}"
+            message = f"{name} is faulty: {device['fault'] or device['health_reason'] or 'health check failed'}"
+            if device["fault"]:
+                message += f" (an admin clears it: device-loop admin clear-fault {name})"
         else:
             message = f"{name} is {state}"
         alternative = await self.store.idle_device_of_class(device["class"], other_than=name)

@@ -29,11 +29,16 @@ class Settings:
     image_dir: str | None = None  # where the image registry keeps its files
     max_image_bytes: int = 8 << 30
     image_quota_bytes: int | None = None  # of images one person may have uploaded (None: no quota)
+    # who gets the next lease (docs/architecture.md, "Who gets the next lease")
+    claim_window_s: float = 120.0     # a granted ticket's requester sees its lease within this, or it passes on
+    batch_max_wait_s: float = 1800.0  # a batch ticket waiting longer is served among the interactive ones
+    max_tickets_per_user: int = 20    # open tickets a person may have (0: no limit)
 
 
 def device_state(facts: Mapping[str, Any]) -> DeviceState:
     """The lifecycle state that follows from a device's facts: its row, ``host_online``
-    and ``lease_state`` (of its live lease, if any). Another host claiming the device
+    and ``lease_state`` (of its live lease, if any); a ``fault`` a step between leases left
+    makes it faulty as failed health does. Another host claiming the device
     (``conflict_host``) is not among them: its owner keeps serving it, so no exporter can
     lock another host's devices out by reporting their names."""
     if facts["retired"]:
@@ -46,7 +51,7 @@ def device_state(facts: Mapping[str, Any]) -> DeviceState:
         return DeviceState.IN_USE
     if facts["reclaim_lease"]:
         return DeviceState.RECLAIMING
-    if facts["health"] == HealthStatus.FAILED:
+    if facts["health"] == HealthStatus.FAILED or facts.get("fault"):
         return DeviceState.FAULTY
     return DeviceState.IDLE
 

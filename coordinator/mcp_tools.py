@@ -81,7 +81,7 @@ def _tool(rules, call: Call):
             first = exc.errors()[0]
             raise ToolError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} [invalid]") from None
         try:
-            answer = await call.run(Ctx(rules, caller, _never_hangs_up, TOOL_MAX_WAIT_S), args)
+            answer = await call.run(Ctx(rules, caller, _never_hangs_up, TOOL_MAX_WAIT_S, via_tool=True), args)
         except APIError as exc:  # the same code REST answers with, for agents that branch on it
             raise ToolError(f"{exc.message} [{exc.code}]") from None
         if isinstance(answer, bytes):
@@ -103,8 +103,9 @@ def _tool(rules, call: Call):
 
 def build_mcp(rules) -> MCPServer:
     server = MCPServer("device-loop", version=__version__, instructions=(
-        "Reserve lab devices by name, wait until their endpoints are up, talk to them, give them back. "
-        "reserve never blocks: poll lease_status until ready. Release what you no longer need."))
+        "Reserve lab devices by name or by class and tags, wait until their endpoints are up, talk to them, give "
+        "them back. reserve never blocks: poll lease_status (wait_s) until ready; with queue=true it may answer a "
+        "ticket instead: poll ticket_status (wait_s) until it holds a lease. Release what you no longer need."))
     for call in TOOLS:
         tool = _tool(rules, call)
         for name in (call.name, *call.aliases):

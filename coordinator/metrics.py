@@ -15,6 +15,7 @@ from device_loop.core import LIVE_LEASE_STATES
 
 disable_created_metrics()  # no *_created series next to each counter: dashboards do not use them
 READY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600)  # a ticket waits minutes to hours
 
 
 class _Families:
@@ -43,6 +44,9 @@ class LabMetrics:
         self.reserve_ready = Histogram("device_loop_reserve_ready_seconds",
                                        "From reserve to the lease's services up (the lease active), for the leases "
                                        "this process saw become ready", buckets=READY_BUCKETS, registry=self.registry)
+        self.ticket_waits = Histogram("device_loop_ticket_wait_seconds", "From a queue ticket's making to its grant, "
+                                      "for the tickets this process granted, by kind (interactive, batch)", ["kind"],
+                                      buckets=WAIT_BUCKETS, registry=self.registry)
         self.operations = Counter("device_loop_operations", "Operations on devices that ended here (flashes "
                                   "among them), by kind and outcome", ["kind", "outcome"], registry=self.registry)
 
@@ -67,4 +71,9 @@ class LabMetrics:
         for host in await store.host_heartbeats():
             age.add_metric([host["name"]], round(now - host["last_seen"], 3))
             online.add_metric([host["name"]], int(host["online"]))
-        return generate_latest(_Families([devices, leases, age, online])) + generate_latest(self.registry)
+        waiting = GaugeMetricFamily("device_loop_tickets_waiting", "Queue tickets waiting, by the class they wait "
+                                    "for (a named device's) and kind", labels=["class", "kind"])
+        for row in await store.waiting_ticket_counts():
+            waiting.add_metric([row["class"], row["kind"]], row["n"])
+        return (generate_latest(_Families([devices, leases, age, online, waiting]))
+                + generate_latest(self.registry))

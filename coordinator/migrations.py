@@ -23,6 +23,9 @@ DEVICE_STATES = ("unregistered", "idle", "allocating", "in_use", "reclaiming", "
 HEALTH_STATES = ("ok", "degraded", "failed")
 LEASE_STATES = ("pending", "active", "released", "expired", "failed", "revoked")
 OPERATION_STATES = ("queued", "running", "done", "failed")
+TICKET_STATES = ("waiting", "granted", "claimed", "cancelled", "expired")
+TICKET_KINDS = ("interactive", "batch")
+TOKEN_KINDS = ("person", "agent")
 
 MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 1: devices, resources, hosts, leases, logs, idempotency keys
@@ -393,5 +396,38 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
                    "WHERE state IN ('pending', 'active')"},
         {"sqlite": "CREATE INDEX leases_holder ON leases(holder, state)"},
         {"sqlite": "CREATE INDEX leases_state_expiry ON leases(state, expires_at)"},
+    ],
+    # 16: who gets the next lease (docs/architecture.md, "Who gets the next lease"): queue
+    # tickets, a token's kind (a person's or an agent's), each person's waiting tickets
+    # counted; what runs between two leases ("Steps between leases"): a device's steps as its
+    # exporter reports them, the one running and its operation, a fault a failed step left
+    [
+        f"""CREATE TABLE tickets (
+            id TEXT PRIMARY KEY,
+            requester TEXT NOT NULL,
+            kind TEXT NOT NULL {_one_of("kind", TICKET_KINDS)},
+            device TEXT,
+            device_class TEXT,
+            tags TEXT NOT NULL,
+            ttl_s DOUBLE PRECISION NOT NULL,
+            state TEXT NOT NULL {_one_of("state", TICKET_STATES)},
+            created_at DOUBLE PRECISION NOT NULL,
+            granted_at DOUBLE PRECISION,
+            ended_at DOUBLE PRECISION,
+            lease_id TEXT,
+            granted_device TEXT,
+            reason TEXT NOT NULL DEFAULT ''
+        )""",
+        "CREATE INDEX tickets_waiting ON tickets(state, created_at)",
+        "CREATE INDEX tickets_requester ON tickets(requester, state)",
+        "CREATE INDEX tickets_lease ON tickets(lease_id)",
+        f"ALTER TABLE tokens ADD COLUMN kind TEXT NOT NULL DEFAULT 'person' {_one_of('kind', TOKEN_KINDS)}",
+        "ALTER TABLE user_counts ADD COLUMN open_tickets BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE devices ADD COLUMN steps TEXT NOT NULL DEFAULT '[]'",
+        "ALTER TABLE devices ADD COLUMN reclaim_step INTEGER",
+        "ALTER TABLE devices ADD COLUMN reclaim_op TEXT",
+        "ALTER TABLE devices ADD COLUMN fault TEXT",
+        "ALTER TABLE operations ADD COLUMN progress_detail TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX devices_state_class ON devices(state, class)",
     ],
 ]

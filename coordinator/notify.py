@@ -52,6 +52,10 @@ def lease_key(lease_id: str) -> str:
     return f"lease:{lease_id}"
 
 
+def ticket_key(ticket_id: str) -> str:
+    return f"ticket:{ticket_id}"
+
+
 def op_key(op_id: str) -> str:
     return f"op:{op_id}"
 

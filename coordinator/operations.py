@@ -44,7 +44,8 @@ def op_json(op: OperationRow, lease_shown: bool = False, host_online: bool | Non
         "id": op["id"], "kind": op["kind"], "device": op["device"], "host": op["host"],
         "lease": op["lease_id"] if lease_shown else None, "requester": op["requester"], "args": op["args"],
         "state": op["state"], "phase": op["phase"],
-        "progress": {"done": op["progress_done"], "total": op["progress_total"], "unit": op["progress_unit"]},
+        "progress": {"done": op["progress_done"], "total": op["progress_total"], "unit": op["progress_unit"],
+                     "detail": op["progress_detail"]},
         "message": op["message"], "result": op["result"], "seconds": op["seconds"],
         "created_at": iso(op["created_at"]), "started_at": iso(op["started_at"]), "ended_at": iso(op["ended_at"]),
     }
@@ -125,8 +126,13 @@ class Operations:
         raise conflict("no_known_good", f"no image is known-good for {device['name']} or its class "
                                         f"{device['class']}: an admin marks one (device-loop images mark-good)")
 
+    async def reflash(self, device: DeviceFacts, requester: str, audit: dict[str, Any]) -> OperationAnswer:
+        """Write the device's latest known-good image back (the ``reflash`` step between
+        leases, audited with ``audit``: its cause); refused when none is known-good."""
+        return await self._start_flash(device, await self._known_good(device), None, requester, "reflash", audit)
+
     async def _start_flash(self, device: DeviceFacts, image: ImageRow, lease_id: str | None, caller: str,
-                           purpose: str) -> OperationAnswer:
+                           purpose: str, audit: dict[str, Any] | None = None) -> OperationAnswer:
         name = device["name"]
         fits = {f"device:{name}", f"class:{device['class']}"}
         if image["target"] not in fits and not fits & set(await self.store.known_good_targets(image["sha256"])):
@@ -134,10 +140,12 @@ class Operations:
                            f"image {image['name']!r} is for {image['target']}, not for {name} (class "
                            f"{device['class']}); an admin can mark it known-good for {name}")
         await self.store.set_image_used(image["sha256"], self.life.clock())
-        return await self._start(device, FLASH_KIND, {"purpose": purpose}, lease_id, caller, image, action=purpose)
+        return await self._start(device, FLASH_KIND, {"purpose": purpose}, lease_id, caller, image, action=purpose,
+                                 audit=audit)
 
     async def _start(self, device: DeviceFacts, kind: str, args: dict[str, Any], lease_id: str | None, caller: str,
-                     image: ImageRow | None = None, action: str | None = None) -> OperationAnswer:
+                     image: ImageRow | None = None, action: str | None = None,
+                     audit: dict[str, Any] | None = None) -> OperationAnswer:
         """Queue the operation for the device's exporter (in the caller's transaction)."""
         name = device["name"]
         offered = kinds_of(device)
@@ -155,21 +163,32 @@ class Operations:
             raise conflict("offline", f"{name} is offline (host {device['host']}): nothing runs on it now")
         if spec.get("exclusive", True) and device["op_id"]:
             raise self._busy(name, device["op_id"], device["op_kind"])
+        return await self.queue(device, kind, resource["identifier"], resource["plugin"], args, lease_id, caller,
+                                exclusive=spec.get("exclusive", True), destructive=spec.get("destructive", False),
+                                image=image, action=action, audit=audit)
+
+    async def queue(self, device: DeviceFacts, kind: str, identifier: str, plugin: str, args: dict[str, Any],
+                    lease_id: str | None, requester: str, *, exclusive: bool, destructive: bool,
+                    image: ImageRow | None = None, action: str | None = None,
+                    audit: dict[str, Any] | None = None) -> OperationAnswer:
+        """Queue an operation for the device's exporter, audited (as ``action``, with
+        ``audit`` in its detail), in the caller's transaction: what ``start`` and the
+        coordinator's own operations (steps between leases, settle) have in common."""
+        name = device["name"]
         now = self.life.clock()
         op: OperationRow = {
             "id": OP_PREFIX + secrets.token_hex(8), "kind": kind, "device": name, "host": device["host"] or "",
-            "lease_id": lease_id, "requester": caller, "identifier": resource["identifier"],
-            "plugin": resource["plugin"], "exclusive": spec.get("exclusive", True),
-            "destructive": spec.get("destructive", False), "args": args,
+            "lease_id": lease_id, "requester": requester, "identifier": identifier, "plugin": plugin,
+            "exclusive": exclusive, "destructive": destructive, "args": args,
             "image_sha256": image["sha256"] if image else None, "image_name": image["name"] if image else None,
             "image_size": image["size"] if image else None, "state": OperationState.QUEUED, "phase": "queued",
             "progress_done": 0, "progress_total": image["size"] if image else None,
-            "progress_unit": "bytes" if image else "", "message": "", "seconds": {}, "result": None, "boot_id": None,
-            "audit_id": None, "created_at": now, "started_at": None, "ended_at": None}
-        detail: dict[str, Any] = {"op": op["id"], "kind": kind, "args": args}
+            "progress_unit": "bytes" if image else "", "progress_detail": "", "message": "", "seconds": {},
+            "result": None, "boot_id": None, "audit_id": None, "created_at": now, "started_at": None, "ended_at": None}
+        detail: dict[str, Any] = {"op": op["id"], "kind": kind, "args": args, **(audit or {})}
         if image:
             detail |= {"image": image["name"], "sha256": image["sha256"], "size": image["size"]}
-        op["audit_id"] = await self.life.audit(caller, action or kind, name, lease_id, detail)
+        op["audit_id"] = await self.life.audit(requester, action or kind, name, lease_id, detail)
         try:
             await self.store.insert_operation(op)
         except UniqueViolation:  # another coordinator process started one a moment ago
@@ -242,14 +261,17 @@ class Operations:
 
     # ---- what exporters report ----------------------------------------------------------------
 
-    async def apply_reports(self, host_name: str, previous: HostRow | None, report: Heartbeat, actor: str) -> None:
+    async def apply_reports(self, host_name: str, previous: HostRow | None, report: Heartbeat,
+                            actor: str) -> list[OperationRow]:
         """Progress and results of this host's operations; an operation its exporter was
-        running when it restarted is interrupted. Nothing is read when neither happened."""
+        running when it restarted is interrupted. Nothing is read when neither happened.
+        Returns the operations that ended (what steps between leases and grants follow)."""
         reported = {r.op: r for r in report.operations}
         restarted = previous is not None and previous["boot_id"] != report.boot_id
         if not reported and not restarted:
-            return
+            return []
         now = self.life.clock()
+        ended: list[OperationRow] = []
         for op in await self.store.operations_to_update(host_name, list(reported), restarted, report.boot_id):
             if op["state"] not in LIVE_OP_STATES:
                 continue  # a result reported again, before the exporter saw it acknowledged
@@ -257,7 +279,8 @@ class Operations:
             fields: dict[str, Any] = {
                 "state": seen.state, "phase": seen.phase, "progress_done": seen.progress.done,
                 "progress_total": seen.progress.total if seen.progress.total is not None else op["progress_total"],
-                "progress_unit": seen.progress.unit or op["progress_unit"], "message": seen.message,
+                "progress_unit": seen.progress.unit or op["progress_unit"], "progress_detail": seen.progress.detail,
+                "message": seen.message,
                 "seconds": {k: round(v, 3) for k, v in seen.seconds.items()}, "result": seen.result,
                 "boot_id": report.boot_id}
             if all(op[k] == v for k, v in fields.items()):  # type: ignore[literal-required]
@@ -267,8 +290,11 @@ class Operations:
                 fields["ended_at"] = now
             await self.store.update_operation(op["id"], fields)
             if seen.state != OperationState.RUNNING:
-                await self._finished({**op, **fields}, seen.changed, actor)  # type: ignore[typeddict-item]
+                finished: OperationRow = {**op, **fields}  # type: ignore[typeddict-item]
+                await self._finished(finished, seen.changed, actor)
+                ended.append(finished)
             self.life.notify(op_key(op["id"]))
+        return ended
 
     @staticmethod
     def _interrupted(op: OperationRow, host_name: str) -> OperationReport:

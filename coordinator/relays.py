@@ -5,16 +5,29 @@ that passes through the coordinator, each bounded in size and time).
 A snapshot is fetched only from the exporter host's own reported address, the camera
 endpoint's own port and a plain path, and passed on only as a JPEG of bounded size: never
 from a URL an exporter supplies.
+
+An exchange's ``until`` (a regular expression an agent sends) is searched for by a child
+process: a regular expression can take exponential time (``(a+)+$``), and Python's ``re``
+holds the GIL all the while, which would stop every request of the coordinator.
 """
 from __future__ import annotations
 
 import asyncio
+import codecs
+import contextlib
+import os
 import re
+import select
+import struct
+import subprocess
+import sys
+import time
 import urllib.parse
 
 import httpx2
 
-from device_loop.core.uart_client import exchange
+from device_loop.core.gate import LocalForward
+from device_loop.core.uart_client import open_uart
 from device_loop.core.usage import EndpointJSON, camera_endpoint
 from device_loop.core.vocabulary import EndpointRole
 
@@ -23,6 +36,7 @@ from .errors import APIError
 
 EXCHANGE_MAX_WAIT_S = 10.0
 EXCHANGE_MAX_BYTES = 64 * 1024
+EXCHANGE_READ_S = 0.05  # one read of the console: how late a match may be seen
 SNAPSHOT_TIMEOUT_S = 15.0  # the whole fetch of a camera's snapshot, not each read
 SNAPSHOT_MAX_BYTES = 8 << 20
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -45,8 +59,9 @@ async def camera_snapshot(lease: LeaseAnswer, host_address: str | None) -> bytes
         raise APIError(409, "camera_refused", f"{device}'s camera {why}") from None
 
 
-async def uart_exchange(lease: LeaseAnswer, send: str, wait_s: float) -> dict:
-    """Send ``send`` to the lease's console once; what it printed within ``wait_s`` seconds."""
+async def uart_exchange(lease: LeaseAnswer, send: str, wait_s: float, until: str | None = None) -> dict:
+    """Send ``send`` to the lease's console once; what it printed within ``wait_s`` seconds, or
+    until that matched the regular expression ``until``: {output, truncated, matched, waited_s}."""
     data = send.encode()
     if len(data) > EXCHANGE_MAX_BYTES:
         raise APIError(413, "too_large", f"send is {len(data)} bytes; at most {EXCHANGE_MAX_BYTES // 1024} KiB go "
@@ -57,10 +72,114 @@ async def uart_exchange(lease: LeaseAnswer, send: str, wait_s: float) -> dict:
         raise APIError(409, "no_console", f"{lease['device']} has no UART to talk to now: {lease['reason']}")
     wait = min(max(wait_s, 0.0), EXCHANGE_MAX_WAIT_S)
     try:
-        output, cut = await asyncio.to_thread(exchange, consoles[0], data, wait, EXCHANGE_MAX_BYTES, lease["secret"])
+        return await asyncio.to_thread(_exchange, consoles[0], data, wait, lease["secret"], until)
+    except _NoSearcher as exc:
+        raise APIError(503, "no_searcher", f"cannot search {lease['device']}'s output for until now: {exc}") from None
     except Exception as exc:  # the serial link: refused, lost, busy
         raise APIError(409, "console_unreachable", f"cannot talk to {lease['device']}'s UART: {exc}") from None
-    return {"output": output.decode(errors="replace"), "truncated": cut, "waited_s": wait}
+
+
+def _exchange(endpoint: EndpointJSON, send: bytes, wait_s: float, secret: str | None, until: str | None) -> dict:
+    """One exchange on a console (a worker thread's): send, then read until ``wait_s`` is up,
+    ``EXCHANGE_MAX_BYTES`` came, or what came matched ``until``."""
+    with contextlib.ExitStack() as stack:
+        searcher = stack.enter_context(_Searcher(until)) if until is not None else None
+        if secret:  # the local port lives only for this exchange
+            endpoint = stack.enter_context(LocalForward(endpoint, secret)).endpoint
+        port = stack.enter_context(contextlib.closing(open_uart(endpoint, timeout=EXCHANGE_READ_S)))
+        port.write(send)
+        output, matched = b"", False
+        began = time.monotonic()
+        deadline = began + wait_s
+        while not matched and len(output) <= EXCHANGE_MAX_BYTES and time.monotonic() < deadline:
+            read = port.read(4096)
+            if searcher is not None:
+                seen = read[:max(EXCHANGE_MAX_BYTES - len(output), 0)]  # only what the answer shows
+                matched = searcher.matched(seen, min(EXCHANGE_READ_S, max(deadline - time.monotonic(), 0)))
+            output += read
+        waited = time.monotonic() - began
+    cut = len(output) > EXCHANGE_MAX_BYTES
+    return {"output": output[:EXCHANGE_MAX_BYTES].decode(errors="replace"), "truncated": cut, "matched": matched,
+            "waited_s": round(waited, 3)}
+
+
+class _NoSearcher(Exception):
+    """The child process that searches for ``until`` could not start."""
+
+
+# The searcher's program: the pattern, then pieces of text, each framed by its length; it
+# answers each piece with b"1" once the text so far matches, else b"0". Its CPU time and
+# memory are bounded, so that a search outlives no coordinator killed meanwhile.
+_SEARCHER = """
+import re, resource, struct, sys
+cpu = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+def piece():
+    head = sys.stdin.buffer.read(4)
+    if len(head) < 4:
+        sys.exit(0)
+    return sys.stdin.buffer.read(struct.unpack(">I", head)[0]).decode()
+pattern, text = re.compile(piece()), ""
+while True:
+    text += piece()
+    sys.stdout.buffer.write(b"1" if pattern.search(text) else b"0")
+    sys.stdout.buffer.flush()
+"""
+
+
+class _Searcher:
+    """``until`` searched for in the text a console printed so far (UTF-8, errors replaced),
+    by a child process killed when the exchange ends, done searching or not. One search at a
+    time: what arrives meanwhile is searched next, with all that came before."""
+
+    def __init__(self, pattern: str):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._unsent, self._asked, self._gone = "", False, False
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _SEARCHER, str(int(EXCHANGE_MAX_WAIT_S) + 5)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        except OSError as exc:
+            raise _NoSearcher(exc) from None
+        self._tell(pattern)
+
+    def __enter__(self) -> _Searcher:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._child.kill()
+        self._child.wait()
+        for pipe in (self._child.stdin, self._child.stdout):
+            with contextlib.suppress(OSError):  # what a failed write left unflushed goes nowhere
+                if pipe is not None:
+                    pipe.close()
+
+    def matched(self, data: bytes, wait_s: float) -> bool:
+        """Whether the text so far, ``data`` (just read) included, matched, as far as the child
+        has searched it; its answer is waited for ``wait_s`` seconds at most."""
+        self._unsent += self._decoder.decode(data)
+        if not self._asked and self._unsent and not self._gone:
+            self._tell(self._unsent)
+            self._unsent, self._asked = "", True
+        if not self._asked or self._gone:
+            return False
+        assert self._child.stdout is not None
+        if not select.select([self._child.stdout], [], [], wait_s)[0]:
+            return False  # still searching
+        answer = os.read(self._child.stdout.fileno(), 1)
+        self._asked = False
+        self._gone = answer not in (b"0", b"1")  # it ran out of memory or CPU time: nothing matches now
+        return answer == b"1"
+
+    def _tell(self, text: str) -> None:
+        data = text.encode()
+        assert self._child.stdin is not None
+        try:
+            self._child.stdin.write(struct.pack(">I", len(data)) + data)
+            self._child.stdin.flush()
+        except OSError:  # it is gone (out of memory)
+            self._gone = True
 
 
 class _Refused(Exception):

@@ -10,7 +10,8 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
-from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState, OperationState
+from device_loop.core.vocabulary import (DeviceState, HealthStatus, LeaseState, OperationState, TicketKind,
+                                         TicketState, TokenKind)
 
 # "class" is a keyword: the functional form
 DeviceRow = TypedDict("DeviceRow", {
@@ -33,6 +34,10 @@ DeviceRow = TypedDict("DeviceRow", {
     "log_seq": int,
     "needs_recovery": str | None,  # why (a failed destructive operation), or None
     "state_since": float | None,
+    "steps": list[dict[str, Any]],  # what runs between two leases, as its exporter reports them (StepReport)
+    "reclaim_step": int | None,    # the one running now (its index), while it is reclaimed
+    "reclaim_op": str | None,      # ... and its operation
+    "fault": str | None,           # why a step between leases failed: faulty until cleared
 })
 
 
@@ -47,6 +52,7 @@ class DeviceFacts(DeviceRow):
     host_draining: bool | None
     op_id: str | None
     op_kind: str | None
+    op_detail: str | None  # where that operation stands, in words (a step's "cooling down: ...")
 
 
 class HostRow(TypedDict):
@@ -112,6 +118,7 @@ class OperationRow(TypedDict):
     progress_done: int
     progress_total: int | None
     progress_unit: str
+    progress_detail: str
     message: str
     seconds: dict[str, float]
     result: dict[str, Any] | None
@@ -151,6 +158,7 @@ class TokenRow(TypedDict):
     username: str
     admin: bool
     host: str | None  # an exporter's token: the host it reports for
+    kind: TokenKind   # a person's or an agent's (an agent's tickets are batch)
     created_at: float
     expires_at: float | None
     revoked_at: float | None
@@ -205,3 +213,22 @@ class IdempotencyRow(TypedDict):
     status: int
     body: str
     created_at: float
+
+
+class TicketRow(TypedDict):
+    """A queue ticket (docs/architecture.md, "Who gets the next lease"): what it waits for (a
+    device by name, or a class and tags), for whom, and what became of it."""
+    id: str
+    requester: str
+    kind: TicketKind
+    device: str | None
+    device_class: str | None
+    tags: list[str]
+    ttl_s: float
+    state: TicketState
+    created_at: float
+    granted_at: float | None
+    ended_at: float | None
+    lease_id: str | None
+    granted_device: str | None
+    reason: str

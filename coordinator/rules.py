@@ -9,6 +9,8 @@ wakes the long-polls once it committed.
 - ``leases`` (``Leases``): reserve, renew, release, expiry; what a holder sees;
 - ``images`` (``Images``): the registry and its files;
 - ``operations`` (``Operations``): operations on devices, flash and recovery among them;
+- ``scheduler`` (``Scheduler``): reserve by name or by class and tags, queue tickets, grants;
+- ``steps`` (``Steps``): the steps a device runs between two leases, and ``settle``;
 - ``hosts`` (``Hosts``): heartbeats and the desired state;
 - ``admin`` (``Admin``): retire, drain, adopt, forget, tokens.
 """
@@ -25,6 +27,8 @@ from .images import Images
 from .leases import Leases
 from .lifecycle import Lifecycle, Settings
 from .operations import Operations
+from .scheduler import Scheduler
+from .steps import Steps
 from .store import Store
 
 __all__ = ["Rules", "Settings"]
@@ -42,8 +46,10 @@ class Rules:
         self.leases = Leases(self.life, self.devices)
         self.images = Images(self.life, ImageFiles(self.life.settings.image_dir))
         self.operations = Operations(self.life, self.leases, self.images)
-        self.hosts = Hosts(self.life, self.leases, self.operations)
-        self.admin = Admin(self.life, self.devices, self.leases)
+        self.scheduler = Scheduler(self.life, self.leases)
+        self.steps = Steps(self.life, self.leases, self.operations)
+        self.hosts = Hosts(self.life, self.leases, self.operations, self.steps, self.scheduler)
+        self.admin = Admin(self.life, self.devices, self.leases, self.scheduler)
         self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first
 
     # what tests and tools reach for: the lifecycle's own
@@ -73,10 +79,13 @@ class Rules:
 
     async def reap(self) -> None:
         """Expire leases, fail allocations that took too long, mark silent hosts offline,
+        take back grants nobody claimed, grant free devices to tickets a grant did not see,
         forget old idempotency keys; sweep the registry's files when that is due."""
         async with self.life.store.tx():
             now = self.life.clock()
             await self.leases.end_overdue(now, REAPER)
             await self.hosts.mark_silent(now, REAPER)
+            await self.scheduler.expire_unclaimed(now, REAPER)
             await self.life.store.drop_idempotency_keys_before(now - IDEMPOTENCY_KEPT_S)
+        await self.scheduler.grant_wanted()
         await self.images.sweep_files_if_due()

@@ -6,23 +6,30 @@ names, with these descriptions, which is all an agent reads. Unknown fields are 
 Exporters speak ``device_loop.core.protocol``."""
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from device_loop.core import NAME_PATTERN
-from device_loop.core.protocol import Args, Strict, Word, check_device_name
-from device_loop.core.vocabulary import DeviceState
+from device_loop.core.protocol import MAX_TAGS, Args, Strict, Tag, Word, check_device_name
+from device_loop.core.vocabulary import DeviceState, TokenKind
 
 MAX_WAIT_S = 60.0  # a long-poll's wait, at most (an MCP tool waits less: mcp_tools.py)
-REF = Field(min_length=1, max_length=128, description="the image's ref (sha256: and 8 to 64 of its digits, as "
-                                                     "list_images gives it) or its name")
+UNTIL_MAX_CHARS = 500  # uart_exchange's regular expression
+REF = Field(min_length=1, max_length=128,
+            description="the image: its ref, 'sha256:' and 8 to 64 hexadecimal digits of its digest as list_images "
+                        "gives it (e.g. 'sha256:3f9a0c2b7d1e'), or its name (e.g. 'rootfs-v2'); 1 to 128 characters")
 
 
 # a lease's or an operation's long-poll
 WAIT_S = Field(default=0, alias="wait", ge=0, le=MAX_WAIT_S,
-               description="long-poll: answer once its state differs from `unless`, or after this many seconds")
-UNLESS = Field(default=None, max_length=32, description="the state it had (default, for a wait: the one it has now)")
+               description="long-poll, in seconds: answer as soon as its state differs from `unless`, else after "
+                           "this long (0 to 60; an MCP tool waits 30 at most; default 0: answer at once; e.g. 20)")
+UNLESS = Field(default=None, max_length=32,
+               description="with wait_s: the state the caller last saw, e.g. 'pending' (a lease) or 'running' (an "
+                           "operation); the answer comes once the state is another (at most 32 characters; "
+                           "default: the state it has now)")
 
 
 class NoArgs(Strict):
@@ -32,9 +39,13 @@ class NoArgs(Strict):
 # ---- the board ---------------------------------------------------------------------------
 
 class DeviceFilter(Strict):
-    state: DeviceState | None = Field(default=None, description="only devices in this state")
-    tags: str | None = Field(default=None, max_length=1000, description="only devices with all these tags, "
-                                                                       "separated by commas")
+    device_class: str | None = Field(default=None, alias="class", max_length=64,
+                                     description="only devices of this class (e.g. riscv-sbc); default: any class")
+    state: DeviceState | None = Field(default=None, description="only devices in this state (e.g. 'idle': free to "
+                                                                 "reserve); default: devices in any state")
+    tags: str | None = Field(default=None, max_length=1000,
+                             description="only devices with all of these tags, separated by commas (at most 1000 "
+                                         "characters, e.g. 'sim,riscv'); default: whatever their tags")
 
     @field_validator("state", mode="before")
     @classmethod
@@ -46,11 +57,14 @@ class DeviceFilter(Strict):
 
 
 class DeviceName(Strict):
-    device: str = Field(alias="name", min_length=1, max_length=64, description="the device's name")
+    device: str = Field(alias="name", min_length=1, max_length=64,
+                        description="the device's name, as list_devices shows it (1 to 64 characters, e.g. "
+                                    "'sim-board-0')")
 
 
 class DeviceOperations(DeviceName):
-    kind: Word | None = Field(default=None, description="only operations of this kind (flash, ...)")
+    kind: Word | None = Field(default=None, description="only operations of this kind (a lowercase word of 1 to 32 "
+                                                        "letters, digits and '-', e.g. 'flash'); default: every kind")
 
 
 # ---- the exporter protocol -----------------------------------------------------------------
@@ -70,8 +84,20 @@ class DesiredWait(HostName):
 
 # A ttl's range is the rules' to check, with the lab's own --max-ttl in the message.
 class ReserveIn(Strict):
-    device: str = Field(min_length=1, max_length=64, description="the device's name")
-    ttl_s: float | None = Field(default=None, description="the lease's length in seconds (default: the lab's)")
+    device: str | None = Field(default=None, min_length=1, max_length=64,
+                               description="the device's name, e.g. sim-board-0 (or give device_class and/or tags "
+                                           "instead: any free device that matches)")
+    device_class: str | None = Field(default=None, alias="class", min_length=1, max_length=64,
+                                     description="any free device of this class, e.g. riscv-sbc (list_devices shows "
+                                                 "each device's class); the one idle the longest is taken")
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS,
+                            description="any free device with every one of these tags, e.g. [\"rvv\", \"8gb\"] "
+                                        f"(at most {MAX_TAGS})")
+    queue: bool = Field(default=False, description="when nothing that matches is free, answer with a queue ticket "
+                                                   "(never waits: follow it with ticket_status) instead of a refusal")
+    ttl_s: float | None = Field(default=None, description="the lease's length in seconds, from when it is granted "
+                                                          "(at least 1, at most the lab's maximum; default the lab's "
+                                                          "default, e.g. 1800)")
 
 
 class MyLeases(Strict):
@@ -80,7 +106,9 @@ class MyLeases(Strict):
 
 
 class LeaseId(Strict):
-    lease_id: str = Field(min_length=1, max_length=64, description="the lease's id (lease-...)")
+    lease_id: str = Field(min_length=1, max_length=64,
+                          description="the lease's id, as reserve answered it ('lease-' and 16 hexadecimal digits, "
+                                      "e.g. 'lease-3f9a0c2b7d1e4a56'; at most 64 characters)")
 
 
 class LeaseWait(LeaseId):
@@ -89,13 +117,18 @@ class LeaseWait(LeaseId):
 
 
 class RenewIn(LeaseId):
-    ttl_s: float = Field(description="the lease then expires this many seconds from now")
+    ttl_s: float = Field(description="the lease then expires this many seconds from now (1 s to the lab's maximum "
+                                     "lease length, e.g. 3600)")
 
 
 class OperationIn(LeaseId):
-    kind: Word = Field(description="the operation's kind, as the device's resources offer them (device_info: "
-                                   "resources[].operations)")
-    args: Args = Field(default_factory=dict, description="its arguments, as its kind describes them")
+    kind: Word = Field(description="the operation's kind: one the device's resources run, as device_info lists "
+                                   "them under resources[].operations (a lowercase word of 1 to 32 characters, e.g. "
+                                   "'flash')")
+    args: Args = Field(default_factory=dict,
+                       description="its arguments by name, as device_info describes them for its kind: at most 32, "
+                                   "each a text of at most 4096 characters, a number, true, false or null (e.g. "
+                                   "{\"image\": \"sha256:3f9a0c2b\"}); default: none")
 
 
 class FlashIn(LeaseId):
@@ -103,7 +136,9 @@ class FlashIn(LeaseId):
 
 
 class OpWait(Strict):
-    op_id: str = Field(min_length=1, max_length=64, description="the operation's id (op-...)")
+    op_id: str = Field(min_length=1, max_length=64,
+                       description="the operation's id, as start_operation, flash or recover answered it ('op-' and "
+                                   "16 hexadecimal digits, e.g. 'op-9b1c2d3e4f5a6b7c'; at most 64 characters)")
     wait_s: float = WAIT_S
     unless: str | None = UNLESS
 
@@ -111,9 +146,18 @@ class OpWait(Strict):
 # ---- what agents ask the coordinator to relay (one bounded exchange) -----------------------
 
 class UartExchangeIn(LeaseId):
-    send: str = Field(max_length=64 * 1024, description="the text to send once (include the line ending, e.g. "
-                                                        "'\\r')")
-    wait_s: float = Field(default=2.0, ge=0, le=10, description="how long to collect what it prints (10 s at most)")
+    send: str = Field(max_length=64 * 1024,
+                      description="the text to send once, as UTF-8 (at most 64 KiB): include the line ending the "
+                                  "board expects, e.g. 'uname\\r'; '' sends nothing and only listens")
+    wait_s: float = Field(default=2.0, ge=0, le=10,
+                          description="how many seconds to collect what the board prints (0 to 10, default 2, e.g. "
+                                      "5); with until, the longest it waits for a match")
+    until: str | None = Field(default=None, min_length=1, max_length=UNTIL_MAX_CHARS,
+                              description=f"a Python regular expression (1 to {UNTIL_MAX_CHARS} characters, e.g. "
+                                          "'# $' for a shell prompt, 'login: $'): answer as soon as what the board "
+                                          "printed since the send (its echo included, as UTF-8) matches, instead of "
+                                          "after wait_s; the answer's matched says whether it did. Default: none, "
+                                          "collect for wait_s")
 
     @field_validator("send", mode="before")
     @classmethod
@@ -121,6 +165,17 @@ class UartExchangeIn(LeaseId):
         if isinstance(value, str) and len(value) > 64 * 1024:
             raise ValueError("send at most 64 KiB at once")
         return value
+
+    @field_validator("until")
+    @classmethod
+    def _a_regular_expression(cls, until: str | None) -> str | None:
+        if until is not None:
+            try:
+                re.compile(until)
+            except (re.error, RecursionError, OverflowError) as exc:
+                raise ValueError(f"until is not a regular expression Python reads ({exc}); e.g. '# $' matches a "
+                                 "prompt at the end of the output") from None
+        return until
 
 
 # ---- images ----------------------------------------------------------------------------------
@@ -135,7 +190,9 @@ class UploadQuery(Strict):
 
 
 class ImageFilter(Strict):
-    device: str | None = Field(default=None, max_length=64, description="only images for this device and its class")
+    device: str | None = Field(default=None, max_length=64,
+                               description="only images for this device and its class (a device's name, at most 64 "
+                                           "characters, e.g. 'sim-board-0'); default: every image")
 
 
 class ImageRefIn(Strict):
@@ -160,6 +217,7 @@ class ImageOfHost(HostName):
 class TokenIn(Strict):
     user: str | None = Field(default=None, max_length=64)
     admin: bool = False
+    kind: TokenKind = Field(default=TokenKind.PERSON, description="person, or agent (its queue tickets are batch)")
     exporter_host: str | None = Field(default=None, max_length=64)
     expires_s: float | None = Field(default=None, ge=60, le=10 * 365 * 86400)
 
@@ -213,3 +271,24 @@ def as_args(model: type[Strict], values: dict[str, Any]) -> dict[str, Any]:
     """``values`` under REST's names (``aliases``)."""
     names = aliases(model)
     return {names.get(k, k): v for k, v in values.items()}
+
+
+# ---- queue tickets, settle, faults (docs/architecture.md, "Who gets the next lease", "Steps between leases")
+
+class TicketId(Strict):
+    ticket_id: str = Field(min_length=1, max_length=64, description="the ticket's id, as reserve with queue "
+                                                                    "answered it (tk-...)")
+
+
+class TicketWait(TicketId):
+    wait_s: float = Field(default=0, alias="wait", ge=0, le=MAX_WAIT_S,
+                          description="long-poll: answer at the ticket's first change (granted, expired, "
+                                      "cancelled), or after this many seconds (an MCP call waits 30 s at most), "
+                                      "e.g. 25")
+
+
+class TicketFilter(Strict):
+    everyone: bool = Field(default=False, alias="all", description="an admin's: every person's tickets, not "
+                                                                   "only the caller's")
+
+

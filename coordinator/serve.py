@@ -89,11 +89,17 @@ def raise_descriptor_limit() -> int:
               help="the largest image an upload may bring, in MiB")
 @click.option("--image-quota", default=0, show_default=True, type=click.IntRange(0),
               help="MiB of images one person may have in the registry (0: no quota; admins too are held to it)")
+@click.option("--batch-max-wait", default=format_duration(Settings.batch_max_wait_s), show_default=True,
+              callback=_seconds, help="a batch (agent's) queue ticket waiting longer is served among the people's")
+@click.option("--claim-window", default=format_duration(Settings.claim_window_s), show_default=True, callback=_seconds,
+              help="a granted ticket's requester must see its lease within this, or it passes to the next ticket")
+@click.option("--max-tickets-per-user", default=Settings.max_tickets_per_user, show_default=True,
+              type=click.IntRange(0), help="open queue tickets one person may have at once (0: no limit)")
 @click.option("--header-timeout", default=format_duration(HEAD_TIMEOUT_S), show_default=True, callback=_seconds,
               help="how long a connection may take to send a request's head (its headers) before it is closed")
 @click.option("--body-timeout", default=format_duration(BODY_GAP_S), show_default=True, callback=_seconds,
               help="the longest a request's body (an upload's too) may pause before the request is cut (408)")
-def coordinator_command(header_timeout, body_timeout,
+def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, header_timeout, body_timeout,
                         database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user,
                         allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir, max_image_size,
                         image_quota):
@@ -108,7 +114,8 @@ def coordinator_command(header_timeout, body_timeout,
             "and may call every route, admin ones included")
     settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl,
                         max_leases_per_user=max_leases_per_user, max_image_bytes=max_image_size << 20,
-                        image_quota_bytes=(image_quota << 20) or None,
+                        image_quota_bytes=(image_quota << 20) or None, batch_max_wait_s=batch_max_wait,
+                        claim_window_s=claim_window, max_tickets_per_user=max_tickets_per_user,
                         image_dir=str(image_dir or Path(data_dir).expanduser() / "images"))
     database_url = database_url or sqlite_url(data_dir)
     _check_database(database_url)

@@ -24,11 +24,12 @@ from typing import Any, Callable, Literal, Mapping, Sequence, overload
 
 from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 
-from device_loop.core.vocabulary import VOCABULARY, OperationState, sql_list
+from device_loop.core.vocabulary import (OPEN_TICKET_STATES, VOCABULARY, OperationState, TicketKind, TicketState,
+                                         sql_list)
 
 from .migrations import MIGRATIONS, SERIAL
 from .rows import (AdoptionRow, AuditRow, CandidateRow, DeviceFacts, HostRow, IdempotencyRow, ImageRow, KnownGoodImage,
-                   LeaseRow, LeaseView, ListedImage, OperationRow, OperationView, RingRow, TokenRow)
+                   LeaseRow, LeaseView, ListedImage, OperationRow, OperationView, RingRow, TicketRow, TokenRow)
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +44,16 @@ LIVE = LIVE_LEASE_STATES
 RING_SLOTS = 20  # state changes each device keeps (docs/architecture.md, "Lifecycle")
 _LIVE_SQL = sql_list(LIVE)
 _LIVE_OP_SQL = sql_list(LIVE_OP_STATES)
+_OPEN_TICKETS_SQL = sql_list(OPEN_TICKET_STATES)
 _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail", "resources", "host_services",
-                 "seconds", "args", "result"}
+                 "seconds", "args", "result", "steps"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
-                  "log_seq", "state_since")
+                  "log_seq", "state_since", "steps")
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
                  "host_link_lost", "exclusive", "destructive"}
 _NO_LIMIT = 2**62  # a count's limit where there is none (BIGINT)
+_COUNTED = ("live_leases", "image_bytes", "open_tickets")  # user_counts: what each person holds
 _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
 
 # A device with the facts its state follows from (rows.DeviceFacts): its live lease and its
@@ -58,7 +61,8 @@ _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
 _LIVE_EXCLUSIVE = f"o.exclusive AND o.state IN {_LIVE_OP_SQL}"
 _DEVICE_FACTS = (
     "SELECT d.*, l.id AS lease_id, l.state AS lease_state, l.holder AS holder, l.expires_at AS expires_at, "
-    "h.online AS host_online, h.draining AS host_draining, o.id AS op_id, o.kind AS op_kind FROM devices d "
+    "h.online AS host_online, h.draining AS host_draining, o.id AS op_id, o.kind AS op_kind, "
+    "o.progress_detail AS op_detail FROM devices d "
     f"LEFT JOIN leases l ON l.device = d.name AND l.state IN {_LIVE_SQL} "
     "LEFT JOIN hosts h ON h.name = d.host "
     f"LEFT JOIN operations o ON o.device = d.name AND {_LIVE_EXCLUSIVE}")
@@ -698,6 +702,15 @@ class Store:
 
     # ---- what each person holds, counted where it changes --------------------------------
 
+    async def insert_lease_if_free(self, row: LeaseRow) -> bool:
+        """Insert a lease unless its device has a live one (the partial UNIQUE index says so):
+        False then, and nothing written, so the transaction goes on (a grant tries another)."""
+        columns = list(row)
+        inserted = await self._one(f"INSERT INTO leases ({', '.join(columns)}) VALUES "
+                                   f"({', '.join(':' + c for c in columns)}) ON CONFLICT DO NOTHING RETURNING id",
+                                   **row)
+        return inserted is not None
+
     async def count_lease(self, holder: str, limit: int | None) -> bool:
         """Count a new live lease of ``holder``: False, and nothing counted, if they hold
         ``limit`` already. One statement, so two coordinator processes cannot both see room
@@ -712,12 +725,19 @@ class Store:
     async def _count_up(self, column: str, name: str, amount: int, limit: int | None) -> bool:
         if limit is not None and amount > limit:
             return False  # (the INSERT below counts a first amount without asking)
-        other = "image_bytes" if column == "live_leases" else "live_leases"
+        others = ", ".join(c for c in _COUNTED if c != column)
         row = await self._one(
-            f"INSERT INTO user_counts (name, {column}, {other}) VALUES (:n, :a, 0) ON CONFLICT (name) DO UPDATE "
+            f"INSERT INTO user_counts (name, {column}, {others}) VALUES (:n, :a, 0, 0) ON CONFLICT (name) DO UPDATE "
             f"SET {column} = user_counts.{column} + :a WHERE user_counts.{column} + :a <= :limit RETURNING name",
             n=name, a=amount, limit=_NO_LIMIT if limit is None else limit)
         return row is not None
+
+    async def count_ticket(self, requester: str, limit: int | None) -> bool:
+        """Count an open ticket of ``requester``: False, and nothing counted, at ``limit``."""
+        return await self._count_up("open_tickets", requester, 1, limit)
+
+    async def uncount_ticket(self, requester: str) -> None:
+        await self._exec("UPDATE user_counts SET open_tickets = open_tickets - 1 WHERE name = :n", n=requester)
 
     async def uncount_image_bytes(self, uploader: str, size: int) -> None:
         await self._exec("UPDATE user_counts SET image_bytes = image_bytes - :a WHERE name = :n", a=size, n=uploader)
@@ -952,3 +972,128 @@ class Store:
         await self._exec("DELETE FROM adoptions WHERE host = :h", h=name)
         await self._exec("DELETE FROM hosts WHERE name = :h", h=name)
 
+
+    # ---- who gets the next lease: devices free to lease, queue tickets -----------------------
+
+    def _tags_within(self, wanted: str, having: str) -> str:
+        """SQL: every tag of the JSON list ``wanted`` is in the JSON list ``having``."""
+        if self.dialect == "postgresql":
+            return f"CAST({wanted} AS jsonb) <@ CAST({having} AS jsonb)"
+        return (f"NOT EXISTS (SELECT 1 FROM json_each({wanted}) w WHERE w.value NOT IN "
+                f"(SELECT value FROM json_each({having})))")
+
+    # A device a new lease may have: idle (so present, online, unleased, not being reclaimed,
+    # healthy), not needing recovery, no exclusive operation running, its host not drained.
+    _FREE = ("d.state = 'idle' AND d.needs_recovery IS NULL AND d.fault IS NULL AND o.id IS NULL "
+             "AND (h.draining IS NULL OR NOT h.draining)")
+
+    async def free_devices(self, device_class: str | None, tags: list[str], limit: int) -> list[DeviceFacts]:
+        """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``,
+        idle the longest first (wear spreads over the class). On PostgreSQL the rows are
+        locked and those another transaction locked are skipped: two processes picking from
+        one class at once pick different devices."""
+        where = self._FREE
+        values: dict[str, Any] = {}
+        if device_class is not None:
+            where += " AND d.class = :c"
+            values["c"] = device_class
+        if tags:
+            where += " AND " + self._tags_within(":tags", "d.tags")
+            values["tags"] = json.dumps(sorted(tags))
+        lock = " FOR UPDATE OF d SKIP LOCKED" if self.dialect == "postgresql" else ""
+        return await self._all(f"{_DEVICE_FACTS} WHERE {where} ORDER BY COALESCE(d.state_since, 0), d.name "
+                               f"LIMIT :n{lock}", n=limit, **values)
+
+    async def insert_ticket(self, row: TicketRow) -> None:
+        await self._insert("tickets", row)
+
+    async def ticket(self, ticket_id: str, for_update: bool = False) -> TicketRow | None:
+        return await self._one("SELECT * FROM tickets WHERE id = :id" + (self._for_update if for_update else ""),
+                               id=ticket_id)
+
+    async def any_waiting_ticket(self) -> bool:
+        return await self._one("SELECT id FROM tickets WHERE state = :w LIMIT 1", w=TicketState.WAITING) is not None
+
+    _FIRST = ("CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END, t.created_at, t.id")
+
+    def _matching(self, name: str, device_class: str, tags: str) -> str:
+        """SQL: waiting ticket ``t`` would take the device whose name, class and tags (JSON)
+        these SQL expressions are."""
+        return (f"t.state = :waiting AND (t.device IS NULL OR t.device = {name}) AND (t.device_class IS NULL OR "
+                f"t.device_class = {device_class}) AND {self._tags_within('t.tags', tags)}")
+
+    async def first_ticket_for(self, device: DeviceFacts, aged_before: float) -> TicketRow | None:
+        """The waiting ticket that ``device`` goes to: interactive ones and batch ones older than
+        ``aged_before`` first, then the others; first come, first served within each. On
+        PostgreSQL it is locked, and one another grant holds is skipped."""
+        lock = " FOR UPDATE OF t SKIP LOCKED" if self.dialect == "postgresql" else ""
+        return await self._one(
+            f"SELECT t.* FROM tickets t WHERE {self._matching(':name', ':class', ':tags')} ORDER BY {self._FIRST} "
+            f"LIMIT 1{lock}", name=device["name"], tags=json.dumps(device["tags"]), waiting=TicketState.WAITING,
+            interactive=TicketKind.INTERACTIVE, aged=aged_before, **{"class": device["class"]})
+
+    async def free_devices_wanted(self, limit: int) -> list[DeviceFacts]:
+        """Devices free to lease that a waiting ticket would take (what a grant on becoming
+        idle missed: a ticket made in another process at that moment)."""
+        return await self._all(
+            f"{_DEVICE_FACTS} WHERE {self._FREE} AND EXISTS (SELECT 1 FROM tickets t WHERE "
+            f"{self._matching('d.name', 'd.class', 'd.tags')}) ORDER BY COALESCE(d.state_since, 0), d.name LIMIT :n",
+            n=limit, waiting=TicketState.WAITING)
+
+    async def grant_ticket(self, ticket_id: str, lease_id: str, device: str, now: float) -> bool:
+        """A waiting ticket is granted ``lease_id``; False if it no longer waits (cancelled,
+        or granted by another process meanwhile)."""
+        row = await self._one("UPDATE tickets SET state = :g, granted_at = :now, lease_id = :l, granted_device = :d "
+                              "WHERE id = :id AND state = :w RETURNING id", g=TicketState.GRANTED, now=now,
+                              l=lease_id, d=device, id=ticket_id, w=TicketState.WAITING)
+        return row is not None
+
+    async def end_ticket(self, ticket_id: str, state: TicketState, reason: str, now: float,
+                         from_states: tuple[TicketState, ...]) -> TicketRow | None:
+        """Move a ticket in one of ``from_states`` to ``state``: the ticket as it is now, or
+        None if it was in none of them (here or in another process)."""
+        marks = ", ".join(f"'{s}'" for s in from_states)
+        return await self._one(f"UPDATE tickets SET state = :s, reason = :r, ended_at = :now WHERE id = :id AND "
+                               f"state IN ({marks}) RETURNING *", s=state, r=reason, now=now, id=ticket_id)
+
+    async def claim_ticket(self, ticket_id: str, now: float) -> bool:
+        """A granted ticket's requester has seen its lease."""
+        row = await self._one("UPDATE tickets SET state = :c, ended_at = :now WHERE id = :id AND state = :g "
+                              "RETURNING id", c=TicketState.CLAIMED, now=now, id=ticket_id, g=TicketState.GRANTED)
+        return row is not None
+
+    async def tickets_granted_before(self, before: float) -> list[TicketRow]:
+        return await self._all("SELECT * FROM tickets WHERE state = :g AND granted_at < :b ORDER BY granted_at",
+                               g=TicketState.GRANTED, b=before)
+
+    async def tickets_of(self, requester: str | None, limit: int) -> list[TicketRow]:
+        """``requester``'s tickets (everyone's: None), the open ones first, newest first."""
+        where = "" if requester is None else "WHERE requester = :r"
+        values: dict[str, Any] = {} if requester is None else {"r": requester}
+        return await self._all(f"SELECT * FROM tickets {where} ORDER BY CASE WHEN state IN {_OPEN_TICKETS_SQL} "
+                               "THEN 0 ELSE 1 END, created_at DESC LIMIT :n", n=limit, **values)
+
+    async def waiting_tickets(self, limit: int) -> list[TicketRow]:
+        """The waiting tickets in the order they are served (``aged`` aside: the caller sorts)."""
+        return await self._all("SELECT * FROM tickets WHERE state = :w ORDER BY created_at, id LIMIT :n",
+                               w=TicketState.WAITING, n=limit)
+
+    async def tickets_ahead(self, ticket: TicketRow, aged_before: float) -> int:
+        """How many waiting tickets for the same thing are served before ``ticket``."""
+        first = 0 if ticket["kind"] == TicketKind.INTERACTIVE or ticket["created_at"] <= aged_before else 1
+        row = await self._one(
+            "SELECT COUNT(*) AS n FROM tickets t WHERE t.state = :w AND COALESCE(t.device, '') = :d AND "
+            "COALESCE(t.device_class, '') = :c AND t.tags = :tags AND t.id <> :id AND "
+            "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END < :first OR "
+            "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END = :first AND "
+            "(t.created_at < :at OR t.created_at = :at AND t.id < :id)))",
+            w=TicketState.WAITING, d=ticket["device"] or "", c=ticket["device_class"] or "",
+            tags=json.dumps(ticket["tags"]), id=ticket["id"], interactive=TicketKind.INTERACTIVE, aged=aged_before,
+            first=first, at=ticket["created_at"])
+        return row["n"]
+
+    async def waiting_ticket_counts(self) -> list[dict]:
+        """Waiting tickets by what they wait for (a class, or a device's) and kind."""
+        return await self._all("SELECT COALESCE(t.device_class, d.class, '') AS class, t.kind AS kind, COUNT(*) AS n "
+                               "FROM tickets t LEFT JOIN devices d ON d.name = t.device WHERE t.state = :w "
+                               "GROUP BY COALESCE(t.device_class, d.class, ''), t.kind", w=TicketState.WAITING)

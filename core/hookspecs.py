@@ -139,6 +139,41 @@ def devloop_operate(host, resource, op):
 
 
 @hookspec(firstresult=True)
+def devloop_thermal(host, resource):
+    """Read the temperatures of ``resource``'s device: a dict of zone name (``cpu``,
+    ``battery``) -> degrees Celsius (a float), or ``None`` when the plugin has no thermal
+    readings for it.
+
+    A ``cooldown`` step between two leases (docs/architecture.md, "Steps between leases")
+    waits until every zone of every resource of the device reads below its threshold,
+    asking about once a second, each call within the exporter's hook deadline: a call that
+    hangs is left to run and the reading counts as missing. Must be cheap, open no device
+    node a service may hold, and spawn no process unless the plugin's own docstring says
+    why it must (the adb plugin asks the phone through an adb server that serves that phone
+    alone). Never report what another device's resources measure.
+    """
+
+
+@hookspec(firstresult=True)
+def devloop_steps(host, resource):
+    """Say which steps between two leases the plugin runs on ``resource``: a list of
+    :class:`StepKind` (``None``: none).
+
+    An admin lists a device's steps in its config (``[[devices.steps]]``, ``step = NAME``);
+    after every lease the exporter runs each, in order, as an operation: a plugin's step
+    is handed to its ``devloop_operate`` with ``op.kind`` the step's name and ``op.args``
+    the keys of the step's entry (those its ``settings`` declare) plus ``timeout_s``, and
+    must end within that time (past it the step fails, and its thread is left to run). A
+    step runs again from the first after an interrupted one, so it must be repeatable.
+
+    Asked once at the exporter's start with ``resource=None`` (before ``devloop_startup``):
+    every step the plugin may offer on any resource, so that a config naming another is
+    refused; then per resource, each time it is reported: the steps it offers, which decides
+    the resource a step runs on. Read-only and cheap, like discovery.
+    """
+
+
+@hookspec(firstresult=True)
 def devloop_cleanup(host, data):
     """Undo what a service changed outside its processes, after its exporter died.
 

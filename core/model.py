@@ -154,12 +154,30 @@ class OperationKind:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class StepKind:
+    """A step between two leases a plugin runs on one of its resources (``devloop_steps``):
+    an admin names it in a device's ``[[devices.steps]]`` and the exporter runs it, after
+    every lease, through the plugin's ``devloop_operate`` (``op.kind`` is ``name``).
+
+    ``name``: a word (``[a-z][a-z0-9-]*``, 32 characters at most), not one of the exporter's
+    own steps (cooldown, command, reboot, reflash). ``settings``: each key a step entry may
+    give, with what it means (the exporter refuses any other at its start, and hands the
+    entry's keys to ``devloop_operate`` as ``op.args``). ``timeout_s``: how long it may take
+    unless the entry says ``timeout``; past it the step fails and the device is faulty."""
+
+    name: str
+    description: str = ""
+    settings: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+
+
 @dataclass
 class Operation:
     """One operation, as ``devloop_operate`` gets it: its ``kind``, who asked (``requester``),
     its ``args`` (bounded scalars, unchecked: the plugin checks them, ``OperationError`` on
     a bad one), and ``image`` when it writes one of the registry (fetched and verified).
-    ``progress(phase, done, total, unit)`` says how it goes."""
+    ``progress(phase, done, total, unit, detail)`` says how it goes."""
 
     id: str
     kind: str
@@ -167,12 +185,15 @@ class Operation:
     requester: str
     args: dict[str, Any]
     image: FlashImage | None = None
-    report_progress: Callable[[str, int | None, int | None, str], None] = field(
-        default=lambda phase, done, total, unit: None, repr=False)
+    report_progress: Callable[[str, int | None, int | None, str, str], None] = field(
+        default=lambda phase, done, total, unit, detail: None, repr=False)
 
-    def progress(self, phase: str, done: int | None = None, total: int | None = None, unit: str = "") -> None:
-        """The phase it is in (a word: ``writing``), and how far (``done`` of ``total`` ``unit``)."""
-        self.report_progress(phase, done, total, unit)
+    def progress(self, phase: str, done: int | None = None, total: int | None = None, unit: str = "",
+                 detail: str = "") -> None:
+        """The phase it is in (a word: ``writing``), how far (``done`` of ``total`` ``unit``),
+        and where it stands in words (``detail``, 200 characters at most: "cooling down:
+        51.2 °C (cpu), waiting for < 45 °C"), which the board shows."""
+        self.report_progress(phase, done, total, unit, detail)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,25 @@
 loads its config, before it serves anything."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+from .durations import parse_duration
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"a duration is a number of seconds or 90s, 10m, 1h30m, not {value!r}")
+    try:
+        return parse_duration(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"a duration is a number of seconds or 90s, 10m, 1h30m, not {value!r}") from None
+
+
+#: A config key that is a duration as people write it (``90s``, ``10m``, ``1h30m``, or
+#: seconds): seconds, as a float, in the parsed entry (``timeout: Duration | None = None``).
+Duration = Annotated[float, BeforeValidator(_seconds)]
 
 
 class PluginConfig(BaseModel):

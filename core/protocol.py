@@ -33,6 +33,10 @@ MAX_OPERATION_KINDS = 16  # a resource serves
 MAX_ARGS = 32             # of an operation
 MAX_ARG_CHARS = 4096      # of one argument's text
 MAX_RESULT_BYTES = 64 << 10  # an operation's result, as JSON (a boot log, say)
+MAX_STEPS = 16            # a device runs between two leases
+MAX_DETAIL_CHARS = 200    # of an operation's progress in words ("cooling down: 51.2 °C, waiting for < 45 °C")
+#: Who runs the steps that are not one plugin's (cooldown, command, settle): the exporter itself.
+EXPORTER_STEPS = "exporter"
 #: What an endpoint's host and an exporter's address may be: a DNS name, an IPv4 or an IPv6
 #: address (no user, path or port: the coordinator builds URLs from it).
 HOST_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45})$"
@@ -133,12 +137,28 @@ class Holder(Strict):
     command: str = Field(max_length=MAX_COMMAND_CHARS)
 
 
+class StepReport(Strict):
+    """A step the exporter runs on a device between two leases (docs/architecture.md,
+    "Steps between leases"), as its config lists them, in order. The coordinator queues
+    each as an operation whose kind is the step's name, with ``args = {"step": INDEX}`` (its
+    place in this list); what the step does (a threshold, a command) stays in the
+    exporter's config, never in the request."""
+    step: Word = Field(description="cooldown, reboot, reflash, command, or a plugin's own step")
+    plugin: Name = Field(description=f"who runs it: {EXPORTER_STEPS!r} (cooldown, command), else the plugin whose "
+                                     "resource offers it (reflash: the flash target's)")
+    identifier: Identifier = Field(description="the resource it runs on")
+    timeout_s: float = Field(gt=0, le=7 * 86400, description="past it the step fails and the device is faulty")
+    settle: bool = Field(default=False, description="run by settle inside a lease too (the cooldown steps)")
+
+
 class DeviceReport(Strict):
     name: str = Field(max_length=64, pattern=NAME_PATTERN)
     device_class: str = Field(alias="class", min_length=1, max_length=64)
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
     resources: list[ResourceReport] = Field(min_length=1, max_length=MAX_RESOURCES_PER_DEVICE)
     busy_by: list[Holder] = Field(default_factory=list, max_length=MAX_HOLDERS)
+    steps: list[StepReport] = Field(default_factory=list, max_length=MAX_STEPS,
+                                    description="what runs between two leases, in order")
 
     @field_validator("name")
     @classmethod
@@ -160,6 +180,8 @@ class Progress(Strict):
     done: int = Field(default=0, ge=0, le=2**63 - 1)
     total: int | None = Field(default=None, ge=0, le=2**63 - 1)
     unit: str = Field(default="", max_length=16, description="bytes, lines, steps...")
+    detail: str = Field(default="", max_length=MAX_DETAIL_CHARS,
+                        description="where it stands, in words: cooling down: 51.2 °C, waiting for < 45 °C")
 
 
 #: What an exporter reports of an operation: it has begun, so it runs or has ended.
@@ -210,6 +232,13 @@ class UnservedDevice(Strict):
     reason: Reason
 
 
+class PluginStep(Strict):
+    """A step a plugin offers (``devloop_steps``), or one of the exporter's own."""
+    plugin: Name
+    step: Word
+    description: str = Field(default="", max_length=500)
+
+
 class PluginsReport(Strict):
     loaded: list[Name] = Field(default_factory=list, max_length=MAX_PLUGINS)
     skipped: list[SkippedPlugin] = Field(default_factory=list, max_length=MAX_PLUGINS)
@@ -217,6 +246,8 @@ class PluginsReport(Strict):
                                          description="loaded, but its last discovery raised")
     unserved: list[UnservedDevice] = Field(default_factory=list, max_length=MAX_DEVICES_PER_REPORT,
                                            description="configured, but no plugin serves it")
+    steps: list[PluginStep] = Field(default_factory=list, max_length=MAX_PLUGINS,
+                                    description="the steps between leases this exporter can run")
 
 
 class Heartbeat(Strict):

@@ -1,12 +1,8 @@
 """Opening a lease's UART endpoint as a pyserial port: RFC 2217 or raw TCP."""
 from __future__ import annotations
 
-import contextlib
-import time
-
 import serial
 
-from .gate import LocalForward
 from .serial_bridge import parse_framing
 from .usage import EndpointJSON
 
@@ -23,18 +19,3 @@ def open_uart(endpoint: EndpointJSON, baud: int | None = None, timeout: float = 
     else:
         url = f"socket://{endpoint['host']}:{endpoint['port']}"
     return serial.serial_for_url(url, baudrate=speed, timeout=timeout, **settings)
-
-
-def exchange(endpoint: EndpointJSON, send: bytes, wait_s: float, limit: int,
-             secret: str | None = None) -> tuple[bytes, bool]:
-    """Send ``send`` once and collect what comes back for ``wait_s`` seconds, at most
-    ``limit`` bytes: (output, whether it was cut). ``secret``: the endpoint is gated."""
-    with contextlib.ExitStack() as stack:
-        if secret:  # the local port lives only for this exchange
-            endpoint = stack.enter_context(LocalForward(endpoint, secret)).endpoint
-        port = stack.enter_context(contextlib.closing(open_uart(endpoint, timeout=0.05)))
-        port.write(send)
-        output, deadline = b"", time.monotonic() + wait_s
-        while time.monotonic() < deadline and len(output) <= limit:
-            output += port.read(4096)
-    return output[:limit], len(output) > limit

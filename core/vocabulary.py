@@ -63,8 +63,33 @@ class EndpointRole(StrEnum):
     WEB_VIEWER = "web-viewer"    # a page a browser opens (noVNC)
 
 
+class TicketState(StrEnum):
+    """A queue ticket (docs/architecture.md, "Who gets the next lease")."""
+    WAITING = "waiting"      # nothing matching was free yet
+    GRANTED = "granted"      # a lease was made for it; its requester has not seen it yet
+    CLAIMED = "claimed"      # its requester saw the lease: the ticket's work is done
+    CANCELLED = "cancelled"  # by its requester or an admin
+    EXPIRED = "expired"      # granted, and not claimed within the claim window
+
+
+#: A ticket in these states still counts as waiting for its requester's limit and the queue.
+OPEN_TICKET_STATES = (TicketState.WAITING, TicketState.GRANTED)
+
+
+class TicketKind(StrEnum):
+    """Who a ticket is served for first: a person at their desk before an agent's batch."""
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+class TokenKind(StrEnum):
+    """What a person's token is for (set by the admin who makes it): an agent's tickets are batch."""
+    PERSON = "person"
+    AGENT = "agent"
+
+
 #: Every enum of the vocabulary.
-VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole)
+VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, TicketState, TicketKind, TokenKind)
 
 
 def sql_list(values) -> str:

@@ -9,9 +9,9 @@ new ``API_VERSION``). ``docs/plugins.md`` describes each.
 from device_loop.core.hookspecs import hookimpl
 from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
-from device_loop.core.plugin_config import PluginConfig
+from device_loop.core.plugin_config import Duration, PluginConfig
 from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, FlashImage, Health, LeaseRef, Operation,
-                                    OperationError, OperationKind, Resource, Service, ServiceError)
+                                    OperationError, OperationKind, Resource, Service, ServiceError, StepKind)
 from device_loop.core.holders import command_of, holders
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
 from device_loop.core.process import python_module, run
@@ -24,6 +24,7 @@ from device_loop.core.vocabulary import EndpointRole
 #: ``flash`` kind of ``devloop_operate``; endpoints have a ``role``; config entries are
 #: parsed by the plugin's ``PluginConfig`` model and found in ``host.entries`` (not
 #: ``host.configured(name)``), ``entry.config`` and ``resource.config`` being that model.
+#: Additions keep it: ``StepKind`` (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``.
 API_VERSION = 2
 
 __all__ = [
@@ -35,12 +36,14 @@ __all__ = [
     # operations: what devloop_operations declares, devloop_operate is handed and raises
     # (FlashError is OperationError's old name; FlashImage, an image an operation writes)
     "Operation", "OperationError", "OperationKind", "FlashError", "FlashImage",
+    # steps between leases: what devloop_steps declares (run through devloop_operate)
+    "StepKind",
     # what an endpoint is for
     "EndpointRole",
     # services, ready-made: a serial device as raw TCP or RFC 2217, a TCP relay
     "CONSOLE_COMMAND", "parse_framing", "start_bridge", "start_relay",
     # config entries: the base of a plugin's model (devloop_config_model); values as people write them: 90s, 10m
-    "PluginConfig", "parse_duration",
+    "PluginConfig", "Duration", "parse_duration",
     # ports and programs
     "inherited_listener", "port_is_free", "python_module", "run", "wait_port_free", "wait_port_open",
     # USB facts from sysfs (read-only, for discovery)

@@ -3,19 +3,24 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import shlex
 import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator,
+                      model_validator)
 from pydantic_core import ErrorDetails
 
 from device_loop.core import NAME_PATTERN
-from device_loop.core.model import ConfiguredResource
+from device_loop.core.durations import parse_duration
+from device_loop.core.model import ConfiguredResource, StepKind
 from device_loop.core.plugin_config import PluginConfig
-from device_loop.core.protocol import HOST_PATTERN, MAX_TAGS, Tag, check_device_name, check_host
+from device_loop.core.protocol import (HOST_PATTERN, MAX_STEPS, MAX_TAGS, Tag, Word, check_device_name,
+                                       check_host)
 
 from .hook_deadlines import DEFAULT_TIMEOUT_S as DEFAULT_HOOK_TIMEOUT_S
 
@@ -67,6 +72,8 @@ class DeviceEntry(BaseModel):
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
     plugin: str | None = None
     resources: list[ResourceEntry] = Field(default_factory=list)
+    # what runs between two leases, as written: parsed by parse_steps, which names each problem
+    steps: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_STEPS)
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -102,12 +109,189 @@ class Entry:
     shorthand: bool = False  # written in its [[devices]] table (plugin = ...), beside name, class and tags
 
 
+# ---- steps between leases (docs/architecture.md, "Steps between leases") ----------------------
+
+#: The steps the exporter knows itself; any other name is a plugin's (``devloop_steps``).
+BUILT_IN_STEPS = ("cooldown", "command", "reboot", "reflash")
+#: What a console prints once it has booted: a shell's prompt (``root@x:~# ``, ``$ ``) ending the output.
+DEFAULT_PROMPT = r"[#$] ?$"
+LINE_ENDINGS = {"\r": "CR", "\n": "LF", "\r\n": "CR LF"}
+MAX_STEP_TIMEOUT_S = 7 * 86400  # (what a report carries)
+_TEMPERATURE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:°\s*)?[Cc]?\s*$")
+_WORD = TypeAdapter(Word)
+
+
+def parse_temperature(value: Any) -> float:
+    """Degrees Celsius as a config writes them: ``45``, ``45.5``, ``"45C"``, ``"45 °C"``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        degrees = float(value)
+    elif isinstance(value, str) and (match := _TEMPERATURE.match(value)):
+        degrees = float(match.group(1))
+    else:
+        raise ValueError(f"not a temperature: {value!r} (write 45C, \"45 °C\" or 45)")
+    if not -50 <= degrees <= 200:
+        raise ValueError(f"{degrees:g} °C is not a temperature a device cools below")
+    return degrees
+
+
+def _step_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise ValueError(value)
+        seconds = parse_duration(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"not a duration: {value!r} (write 90s, 10m, 1h30m, or seconds)") from None
+    if seconds > MAX_STEP_TIMEOUT_S:
+        raise ValueError(f"a step may take {MAX_STEP_TIMEOUT_S // 86400} days at most, not {value!r}")
+    return seconds
+
+
+class StepConfig(BaseModel):
+    """One ``[[devices.steps]]`` (or ``[[classes.NAME.steps]]``) entry: the keys every step
+    has; each built-in step's model adds its own, and a plugin's step takes those its
+    ``StepKind`` declares (checked at the exporter's start: ``check_steps``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 600.0
+    SETTLES: ClassVar[bool] = False  # run by a settle inside a lease, unless the entry says
+    step: str
+    timeout: float | None = None
+    settle: bool | None = None
+
+    _timeout = field_validator("timeout", mode="before")(_step_timeout)
+
+    @property
+    def settles(self) -> bool:
+        return self.SETTLES if self.settle is None else self.settle
+
+    def timeout_for(self, kind: StepKind | None = None) -> float:
+        """How long it may take: its ``timeout``, else its kind's default (a plugin step's
+        ``StepKind.timeout_s``)."""
+        if self.timeout is not None:
+            return self.timeout
+        return kind.timeout_s if kind is not None else self.DEFAULT_TIMEOUT_S
+
+
+class CooldownStep(StepConfig):
+    """Wait until every thermal zone of the device reads below ``below`` (°C)."""
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 600.0
+    SETTLES: ClassVar[bool] = True
+    step: Literal["cooldown"]
+    below: float
+
+    _below = field_validator("below", mode="before")(parse_temperature)
+
+
+class CommandStep(StepConfig):
+    """Run an admin's program (no shell); ``{device}`` in its arguments is the device's name."""
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 600.0
+    step: Literal["command"]
+    command: list[str] = Field(min_length=1)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"cannot be split into arguments ({exc}): {value!r}") from None
+        if isinstance(value, list) and not value:
+            raise ValueError("give the program to run (a list of its arguments, or a string split as a shell "
+                             "would, though none runs it)")
+        return value
+
+    def argv(self, device: str) -> list[str]:
+        """The program's arguments with ``{device}`` filled in (plain substitution, never a format string)."""
+        return [arg.replace("{device}", device) for arg in self.command]
+
+
+class RebootStep(StepConfig):
+    """Reboot through the device's console: ``command`` and ``line_ending`` sent on its UART,
+    done once ``prompt`` (a regular expression) ends what the console printed after it."""
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 300.0
+    step: Literal["reboot"]
+    command: str = Field(default="reboot", min_length=1)
+    prompt: str = DEFAULT_PROMPT
+    line_ending: str = "\r"
+
+    @field_validator("prompt")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression ({exc}): {value!r}") from None
+        return value
+
+    @field_validator("line_ending")
+    @classmethod
+    def _line_ending(cls, value: str) -> str:
+        if value not in LINE_ENDINGS:
+            raise ValueError(f"one of \"\\r\" (CR), \"\\n\" (LF) or \"\\r\\n\", not {value!r}")
+        return value
+
+
+class ReflashStep(StepConfig):
+    """Flash the device's latest known-good image: the coordinator asks for the flash, on the
+    device's flash resource, as for any flash."""
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 1800.0
+    step: Literal["reflash"]
+
+    @model_validator(mode="after")
+    def _not_inside_a_lease(self):
+        if self.settle:
+            raise ValueError("settle: a reflash cannot settle a device inside a lease (it writes the image the "
+                             "lease's holder may be using)")
+        return self
+
+
+class PluginStepConfig(StepConfig):
+    """A step a plugin offers (``devloop_steps``); its other keys are the step's settings,
+    handed to the plugin's ``devloop_operate`` as ``op.args``."""
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+
+    @model_validator(mode="after")
+    def _scalar_settings(self):
+        for key, value in (self.model_extra or {}).items():
+            if not isinstance(value, (str, int, float, bool)):
+                raise ValueError(f"{key}: a step's setting is a text, a number or true/false, not {value!r}")
+        return self
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+_STEP_MODELS: dict[str, type[StepConfig]] = {"cooldown": CooldownStep, "command": CommandStep,
+                                             "reboot": RebootStep, "reflash": ReflashStep}
+
+
+class ClassEntry(BaseModel):
+    """``[classes.NAME]``: what every device of class NAME shares (its steps, unless a
+    device lists steps of its own)."""
+    model_config = ConfigDict(extra="forbid")
+    steps: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_STEPS)
+
+
 class ExporterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     exporter: ExporterSection = Field(default_factory=ExporterSection)
     plugins: PluginsSection = Field(default_factory=PluginsSection)
     devices: list[DeviceEntry] = Field(default_factory=list)
+    classes: dict[str, ClassEntry] = Field(default_factory=dict)
     _source: str = PrivateAttr(default="config")
+    _steps: dict[tuple[str, str], list[StepConfig]] | None = PrivateAttr(default=None)
+
+    @field_validator("classes")
+    @classmethod
+    def _class_names(cls, classes: dict[str, ClassEntry]) -> dict[str, ClassEntry]:
+        for name in classes:
+            if not 1 <= len(name) <= 64:
+                raise ValueError(f"a class name takes 1 to 64 characters, not {name!r}")
+        return classes
 
     @model_validator(mode="after")
     def _unique_names(self):
@@ -130,9 +314,25 @@ class ExporterConfig(BaseModel):
         """Every resource entry of every device, in the order of the file."""
         return [entry for device in self.devices for entry in device.entries()]
 
+    def steps_of(self, device: str, device_class: str) -> list[StepConfig]:
+        """What runs on ``device`` (of ``device_class``) between two leases, in order: its own
+        ``[[devices.steps]]`` if it has any, else its class's (``[[classes.NAME.steps]]``;
+        a device that discovery found, not the config, gets its class's too)."""
+        steps = self.parsed_steps()
+        return steps.get(("device", device)) or steps.get(("class", device_class)) or []
+
+    def parsed_steps(self) -> dict[tuple[str, str], list[StepConfig]]:
+        """The step lists of the config: ``("device", NAME)`` and ``("class", NAME)`` -> its
+        steps, parsed (a ``ConfigError`` names every one that does not fit)."""
+        if self._steps is None:
+            self._steps = parse_steps(self)
+        return self._steps
+
 
 # The tables of a config as TOML writes them, and the models of those whose keys are fixed.
 TABLES = {"exporter": "[exporter]", "plugins": "[plugins]", "devices": "[[devices]]"}
+# what a device class shares (its steps): a table too, named by the class, which a misspelt name is matched against
+_CLASS_TABLES = {"classes": "[classes.NAME]"}
 _FIXED_KEYS: dict[str, type[BaseModel]] = {"exporter": ExporterSection, "plugins": PluginsSection}
 
 
@@ -144,12 +344,18 @@ def parse_config(data: dict, source: str = "config") -> ExporterConfig:
         problems = "\n".join(f"  {'.'.join(map(str, e['loc'])) or 'config'}: {_problem(e)}" for e in exc.errors())
         raise ConfigError(f"{source} is not a valid exporter config:\n{problems}") from None
     config._source = source
+    config.parsed_steps()  # refused now, not when a lease ends
     return config
 
 
 def _problem(error: ErrorDetails) -> str:
     if error["type"] == "extra_forbidden" and (len(error["loc"]) == 1 or error["loc"][0] in _FIXED_KEYS):
         return _unknown_key(error["loc"], error["input"])
+    if error["type"] == "extra_forbidden" and error["loc"][0] == "classes" and len(error["loc"]) == 3:
+        key, known = str(error["loc"][2]), list(ClassEntry.model_fields)
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"its keys are {', '.join(known)}"
+        return f"unknown key {key!r} in [classes.{error['loc'][1]}]; {hint}"
     return error["msg"].removeprefix("Value error, ")
 
 
@@ -161,8 +367,9 @@ def _unknown_key(loc: tuple, value: Any) -> str:
         if home and not isinstance(value, (list, dict)):
             return f"{key!r} belongs in the table [{home}]: put it below a line [{home}]"
         written = f"[[{key}]]" if isinstance(value, list) else f"[{key}]" if isinstance(value, dict) else repr(key)
-        close = difflib.get_close_matches(key, TABLES, n=1)
-        hint = f"did you mean {TABLES[close[0]]}?" if close else f"its tables are {', '.join(TABLES.values())}"
+        tables = TABLES | _CLASS_TABLES
+        close = difflib.get_close_matches(key, tables, n=1)
+        hint = f"did you mean {tables[close[0]]}?" if close else f"its tables are {', '.join(TABLES.values())}"
         return f"an exporter config has no {written}; {hint}"
     known = list(_FIXED_KEYS[table[0]].model_fields)
     close = difflib.get_close_matches(key, known, n=1)
@@ -222,3 +429,113 @@ def _entry_problem(error: ErrorDetails, model: type[PluginConfig], entry: Entry)
         return f"unknown key {key!r}; {hint}"
     message = error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
     return f"{key}: {message}" if key else message
+
+
+# ---- step lists: parsed when the config is loaded, checked against the plugins at the start -----------------
+
+def _step_lists(config: ExporterConfig) -> list[tuple[tuple[str, str], str, list[dict[str, Any]]]]:
+    """Each step list of the config as written: its key, who it is for (in words), its entries."""
+    return ([(("device", d.name), f"device {d.name!r}", d.steps) for d in config.devices if d.steps]
+            + [(("class", name), f"class {name!r}", c.steps) for name, c in config.classes.items() if c.steps])
+
+
+def parse_steps(config: ExporterConfig) -> dict[tuple[str, str], list[StepConfig]]:
+    """Each step list of ``config`` (``("device", NAME)`` or ``("class", NAME)`` -> its steps),
+    every entry parsed by the model of its step; a ``ConfigError`` names each that does not
+    fit: the file, the device or class, which step (counted from 1), the key. A device that
+    runs a ``reflash`` needs a flash resource."""
+    parsed: dict[tuple[str, str], list[StepConfig]] = {}
+    problems: list[str] = []
+    for key, owner, entries in _step_lists(config):
+        steps = []
+        for number, data in enumerate(entries, 1):
+            step, said = _parsed_step(data)
+            name = f" ({data['step']})" if isinstance(data.get("step"), str) else ""
+            problems += [f"  {owner}, step {number}{name}: {problem}" for problem in said]
+            if step is not None:
+                steps.append(step)
+        parsed[key] = steps
+    for device in config.devices:
+        own = bool(device.steps)
+        home = config.classes.get(device.device_class or "generic")
+        written = device.steps if own else home.steps if home is not None else []
+        reflash = [n for n, data in enumerate(written, 1) if data.get("step") == "reflash"]
+        if reflash and "flash" not in {entry.plugin for entry in device.entries()}:
+            whose = "" if own else f" (of its class {device.device_class or 'generic'!r})"
+            problems.append(f"  device {device.name!r}: step {reflash[0]}{whose} reflashes it, and it has no flash "
+                            "resource to write: add a [[devices.resources]] entry with plugin = \"flash\"")
+    if problems:
+        raise ConfigError(f"{config.source} is not a valid exporter config:\n" + "\n".join(problems))
+    return parsed
+
+
+def _parsed_step(data: dict[str, Any]) -> tuple[StepConfig | None, list[str]]:
+    """One step entry parsed by its model, or None and what is wrong with it."""
+    name = data.get("step")
+    if name is None:
+        return None, ["say which step it is: step = \"cooldown\", \"command\", \"reboot\", \"reflash\" or a "
+                      "plugin's step"]
+    try:
+        _WORD.validate_python(name)
+    except ValidationError:
+        return None, [f"step {name!r} is not a step's name (a word: lowercase letters, digits and -)"]
+    model = _STEP_MODELS.get(name, PluginStepConfig)
+    try:
+        return model.model_validate(data), []
+    except ValidationError as exc:
+        return None, [_step_problem(error, model) for error in exc.errors()]
+
+
+def _step_problem(error: ErrorDetails, model: type[StepConfig]) -> str:
+    key = ".".join(map(str, error["loc"]))
+    if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
+        known = [name for name in model.model_fields if name != "step"]
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"its keys are {', '.join(known)}"
+        return f"unknown key {key!r}; {hint}"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{key}: {message}" if key else message
+
+
+def offered_steps(offered: Mapping[str, Sequence[StepKind]]) -> list[str]:
+    """Every step this exporter can run, in words: the built-in ones, then each plugin's."""
+    return [*BUILT_IN_STEPS, *(f"{kind.name} ({plugin})" for plugin, kinds in offered.items() for kind in kinds)]
+
+
+def check_steps(config: ExporterConfig, offered: Mapping[str, Sequence[StepKind]]) -> None:
+    """Hold the config's plugin steps to what the plugins loaded here offer (``offered``:
+    plugin -> its ``StepKind``s): a step nobody offers, a key its kind does not declare, a
+    device with no resource of the plugins that offer its step are refused, each named
+    (``ConfigError``), before anything is served."""
+    problems: list[str] = []
+    steps = config.parsed_steps()
+    for key, owner, _ in _step_lists(config):
+        for number, step in enumerate(steps.get(key, ()), 1):
+            if not isinstance(step, PluginStepConfig):
+                continue
+            where = f"  {owner}, step {number} ({step.step})"
+            kinds = [(plugin, kind) for plugin, ks in offered.items() for kind in ks if kind.name == step.step]
+            if not kinds:
+                names = [*BUILT_IN_STEPS, *(k.name for ks in offered.values() for k in ks)]
+                close = difflib.get_close_matches(step.step, names, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                problems.append(f"{where}: no built-in step and no plugin loaded here is called {step.step!r}; "
+                                f"{hint}(the steps here: {', '.join(offered_steps(offered))})")
+                continue
+            known = sorted({name for _, kind in kinds for name in kind.settings})
+            plugins = ", ".join(sorted({plugin for plugin, _ in kinds}))
+            for unknown in sorted(set(step.settings) - set(known)):
+                close = difflib.get_close_matches(unknown, known, n=1)
+                hint = (f"did you mean {close[0]!r}?" if close else f"its keys are {', '.join(known)}" if known else
+                        "it takes no keys")
+                problems.append(f"{where}: unknown key {unknown!r} of step {step.step!r} (plugin {plugins}); {hint}")
+    for device in config.devices:
+        for number, step in enumerate(config.steps_of(device.name, device.device_class or "generic"), 1):
+            if not isinstance(step, PluginStepConfig):
+                continue
+            offering = {plugin for plugin, ks in offered.items() if any(k.name == step.step for k in ks)}
+            if offering and not offering & {entry.plugin for entry in device.entries()}:
+                problems.append(f"  device {device.name!r}: step {number} ({step.step}) is plugin "
+                                f"{', '.join(sorted(offering))}'s, and the device has no resource of it")
+    if problems:
+        raise ConfigError(f"{config.source} is not a valid exporter config:\n" + "\n".join(problems))

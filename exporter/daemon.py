@@ -24,15 +24,16 @@ from device_loop.core.host import HostContext
 from device_loop.core.hotplug import watch_hotplug
 from device_loop.core.model import ConfiguredResource, Health, Resource
 from device_loop.core.plugins import PluginSet
-from device_loop.core.protocol import DesiredState, Heartbeat
+from device_loop.core.protocol import EXPORTER_STEPS, DesiredState, Heartbeat
 
-from .config import Entry, ExporterConfig, parse_entries
+from .config import Entry, ExporterConfig, check_steps, parse_entries
 from .image_cache import ImageCache
 from .link import SUPERSEDED, CoordinatorLink
 from .operations import Operations
 from .orphans import OrphanWatch
 from .reconcile import Reconciler
 from .report import Reporter
+from .steps import StepRunner
 
 log = logging.getLogger("device_loop.exporter")
 LONG_POLL_S = 25.0
@@ -59,11 +60,13 @@ class Exporter:
         self.link = CoordinatorLink(section.coordinator, self.name, section.token_file)
         orphans = OrphanWatch(config.state_dir)
         self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex,
-                                 section.hook_timeout_s)
+                                 section.hook_timeout_s, steps_of=config.steps_of)
         self.reconciler = Reconciler(self.host, self.plugins, orphans, gated_only=self.link.authenticated,
                                      on_change=self._changed)
         cache = ImageCache(config.state_dir / "images", int(section.image_cache_gib * (1 << 30)))
-        self.operations = Operations(self.host, self.plugins, cache, self.link.fetch_image, on_change=self._changed)
+        self.step_runner = StepRunner(self.host, self.plugins, config.steps_of, section.hook_timeout_s)
+        self.operations = Operations(self.host, self.plugins, cache, self.link.fetch_image, on_change=self._changed,
+                                     steps=self.step_runner)
         self.wake = threading.Event()       # report now
         self.scan_due = threading.Event()   # ... after scanning the host again
         self.stopping = threading.Event()
@@ -125,7 +128,10 @@ class Exporter:
             self.skipped.append(skipped)
             log.warning("plugin %s skipped: %s", skipped["name"], skipped["reason"])
         for name in self.plugins.names():
-            reason = self._try(name, "availability check", "devloop_available", host=self.host)
+            if name == EXPORTER_STEPS:  # operations of that plugin are the exporter's own steps
+                reason = f"the name {EXPORTER_STEPS!r} is the exporter's own (it runs the built-in steps)"
+            else:
+                reason = self._try(name, "availability check", "devloop_available", host=self.host)
             if not reason:
                 reason = self._try(name, "startup", "devloop_startup", host=self.host, ok=None)
             if reason:
@@ -144,12 +150,15 @@ class Exporter:
             log.warning("device %s will not be served: %s", entry["device"], entry["reason"])
 
     def check_config(self) -> None:
-        """Parse each config entry with the model of its plugin, before anything is started
-        or stopped: a ``ConfigError`` names every entry that does not fit. The parsed entries
-        are what the plugins' hooks find in ``host.entries``."""
+        """Parse each config entry with the model of its plugin, and hold the devices' steps
+        to those the plugins offer, before anything is started or stopped: a ``ConfigError``
+        names every entry that does not fit. The parsed entries are what the plugins' hooks
+        find in ``host.entries``."""
         parsed = parse_entries(self.config, self.plugins.config_models())
         self.entries = list(zip(self.config.entries(), parsed))
         self.host.entries = [entry for entry in parsed if entry is not None]
+        self.reporter.offered = self.step_runner.offered_at_start(self.plugins.names())
+        check_steps(self.config, self.reporter.offered)
 
     def unserved(self, found: list[Resource] | None = None) -> list[dict]:
         """Configured resources that nothing serves now, and why: their plugin is not
@@ -186,6 +195,7 @@ class Exporter:
         this host is going away, so that nobody is handed endpoints that no longer answer."""
         self.reconciler.stop_all()
         self.host.processes.end_lifeline()  # the gates' authority ends here, stopped or not
+        self.step_runner.stop()  # a step that waits is interrupted: its device's steps run again from the first
         for job in self.operations.running():
             log.warning("waiting for %s %s of %s to finish (at most %gs)", job.kind, job.op, job.device,
                         OPERATION_STOP_WAIT_S)
@@ -217,7 +227,8 @@ class Exporter:
             if desired.as_of < self._desired_as_of:
                 return False
             self._desired_as_of, self.etag = desired.as_of, desired.etag
-            self.operations.converge(desired.operations, self.reporter.resources, self.reporter.kinds)
+            self.operations.converge(desired.operations, self.reporter.resources, self.reporter.kinds,
+                                     self.reporter.step_kinds)
             adoptions = {a.identifier: a for a in desired.adopted}
             if adoptions != self.reporter.adoptions:  # report the adopted devices at once
                 self.reporter.adoptions = adoptions

@@ -1,5 +1,6 @@
-"""Running the operations the coordinator hands this host (docs/architecture.md, "Operations"): a flash, and any
-other kind a plugin declares (``devloop_operations``), through one executor.
+"""Running the operations the coordinator hands this host (docs/architecture.md, "Operations"): a flash, any
+other kind a plugin declares (``devloop_operations``), and the steps a device runs between two leases
+(``steps.py``), through one executor.
 
 Each operation runs in a thread of its own, beside the report loop (heartbeats keep
 flowing during a long one): its image, if it writes one, is fetched into the cache
@@ -26,13 +27,14 @@ from pydantic import TypeAdapter, ValidationError
 
 from device_loop.core.files import write_atomically
 from device_loop.core.host import HostContext
-from device_loop.core.model import FlashImage, Operation, OperationError, Resource
+from device_loop.core.model import FlashImage, Operation, OperationError, Resource, StepKind
 from device_loop.core.plugins import PluginSet
-from device_loop.core.protocol import (MAX_REASON_CHARS, MAX_RESULT_BYTES, DesiredOperation, ImageRef,
-                                       OperationKindReport, OperationReport, Progress, ReportedState, Word)
+from device_loop.core.protocol import (MAX_DETAIL_CHARS, MAX_REASON_CHARS, MAX_RESULT_BYTES, DesiredOperation,
+                                       ImageRef, OperationKindReport, OperationReport, Progress, ReportedState, Word)
 from device_loop.core.vocabulary import OperationState
 
 from .image_cache import ImageCache
+from .steps import StepRun, StepRunner
 
 log = logging.getLogger("device_loop.exporter")
 PROGRESS_EVERY_S = 0.5  # a report for progress alone, at most this often
@@ -101,9 +103,11 @@ class Operations:
     """The executor: begins the desired operations, reports them until acknowledged."""
 
     def __init__(self, host: HostContext, plugins: PluginSet, cache: ImageCache,
-                 fetch: Callable[[str], Iterator[bytes]], on_change: Callable[[], None]):
+                 fetch: Callable[[str], Iterator[bytes]], on_change: Callable[[], None],
+                 steps: StepRunner | None = None):
         self.host, self.plugins, self.cache, self.fetch = host, plugins, cache, fetch
         self.on_change = on_change
+        self.steps = steps  # the devices' steps between leases; None: this executor runs none
         self.markers = host.state_dir / MARKERS
         self.jobs: dict[str, Job] = {}
         self._begun: set[str] = set()
@@ -115,10 +119,13 @@ class Operations:
     # ---- what the exporter's loops call -----------------------------------------------------
 
     def converge(self, desired: list[DesiredOperation], resources: list[Resource],
-                 kinds: dict[str, list[OperationKindReport]]) -> None:
+                 kinds: dict[str, list[OperationKindReport]],
+                 offered: dict[str, list[StepKind]] | None = None) -> None:
         """Begin the operations not begun yet (each once per start of the exporter), on
-        ``resources`` as last scanned, whose plugins declared ``kinds`` (identifier -> kinds)."""
+        ``resources`` as last scanned, whose plugins declared ``kinds`` (identifier -> kinds)
+        and offer the steps ``offered`` (identifier -> steps)."""
         by_identifier = {r.identifier: r for r in resources}
+        scanned = list(resources)
         began = False
         with self._lock:
             for want in desired:
@@ -128,7 +135,8 @@ class Operations:
                 job = self.jobs[want.op] = Job(want.op, want.device, want.kind, FETCHING if want.image else RUNNING)
                 resource = by_identifier.get(want.identifier)
                 declared = {k.kind for k in kinds.get(want.identifier, ())}
-                job.thread = threading.Thread(target=self._run, args=(job, want, resource, declared),
+                job.thread = threading.Thread(target=self._run, args=(job, want, resource, declared, scanned,
+                                                                      offered or {}),
                                               name=f"op-{want.kind}-{want.device}", daemon=True)
                 job.thread.start()
                 began = True
@@ -161,16 +169,23 @@ class Operations:
 
     # ---- one operation ------------------------------------------------------------------------
 
-    def _run(self, job: Job, want: DesiredOperation, resource: Resource | None, declared: set[str]) -> None:
+    def _run(self, job: Job, want: DesiredOperation, resource: Resource | None, declared: set[str],
+             resources: list[Resource], offered: dict[str, list[StepKind]]) -> None:
         try:
-            with contextlib.ExitStack() as images:
-                image = None
-                self._check(want, resource, declared)
-                assert resource is not None  # (_check refused an operation on what is not here)
-                if want.image is not None:
-                    images.enter_context(self.cache.use(want.image.sha256))  # not dropped while in use
-                    image = self._fetched(job, want.image)
-                said = self._operate(job, want, resource, image)
+            # a step (its plugin "exporter", or a plugin's step at its place in the device's
+            # steps) is the step runner's; anything else is its plugin's operation
+            step = self.steps.match(want, resources, offered) if self.steps is not None else None
+            if step is not None:
+                said = self._operate_step(job, step)
+            else:
+                with contextlib.ExitStack() as images:
+                    image = None
+                    self._check(want, resource, declared)
+                    assert resource is not None  # (_check refused an operation on what is not here)
+                    if want.image is not None:
+                        images.enter_context(self.cache.use(want.image.sha256))  # not dropped while in use
+                        image = self._fetched(job, want.image)
+                    said = self._operate(job, want, resource, image)
             self._finish(job, said)
         except OperationError as exc:
             with self._lock:
@@ -206,17 +221,28 @@ class Operations:
 
     def _operate(self, job: Job, want: DesiredOperation, resource: Resource, image: FlashImage | None):
         """Hand the operation to its plugin; what the plugin returned."""
+        self._begin(job, image)
+        op = Operation(id=want.op, kind=want.kind, device=want.device, requester=want.requester, args=dict(want.args),
+                       image=image, report_progress=lambda *said: self._progress(job, *said))
+        return self.plugins.call(resource.plugin, "devloop_operate", host=self.host, resource=resource, op=op)
+
+    def _operate_step(self, job: Job, step: StepRun):
+        """Hand a step to the step runner (which runs it, or hands it to its plugin); what it returned."""
+        assert self.steps is not None  # (only a runner matches steps)
+        self._begin(job, None)
+        return self.steps.run(step, lambda *said, **more: self._progress(job, *said, **more))
+
+    def _begin(self, job: Job, image: FlashImage | None) -> None:
+        """The device may be changed from here on: the operation is marked, and a crash now
+        is an interruption."""
         with self._lock:
-            job.changed = True  # from here on the device may be changed: a crash now is an interruption
+            job.changed = True
             first = WRITING if image is not None else RUNNING
             if first != job.phase:
                 job.enter(first)
             job.progress = Progress(total=image.size, unit="bytes") if image is not None else Progress()
         self._mark(job)
         self.on_change()
-        op = Operation(id=want.op, kind=want.kind, device=want.device, requester=want.requester, args=dict(want.args),
-                       image=image, report_progress=lambda *said: self._progress(job, *said))
-        return self.plugins.call(resource.plugin, "devloop_operate", host=self.host, resource=resource, op=op)
 
     def _finish(self, job: Job, said) -> None:
         """The plugin returned ``said``: a sentence, a dict (its ``message`` the sentence), or None."""
@@ -237,7 +263,7 @@ class Operations:
         log.info("%s %s of %s: done (%s); %s", job.kind, job.op, job.device, job.message,
                  ", ".join(f"{phase} {seconds:.2f}s" for phase, seconds in job.report().seconds.items()))
 
-    def _progress(self, job: Job, phase: str, done=None, total=None, unit: str = "") -> None:
+    def _progress(self, job: Job, phase: str, done=None, total=None, unit: str = "", detail: str = "") -> None:
         """Where an operation stands, in the protocol's bounds whatever a plugin passes."""
         with self._lock:
             if job.state != OperationState.RUNNING:
@@ -249,7 +275,7 @@ class Operations:
             entered = phase != job.phase and (phase in job.phases() or len(job.phases()) < MAX_PHASES)
             if entered:
                 job.enter(phase)
-            job.progress = _progress(done, total, unit, job.progress)
+            job.progress = _progress(done, total, unit, detail, job.progress)
             now = time.monotonic()
             woke = entered or now - job.last_report >= PROGRESS_EVERY_S
             if woke:
@@ -307,11 +333,11 @@ class Operations:
             path.unlink(missing_ok=True)
 
 
-def _progress(done, total, unit, last: Progress) -> Progress:
+def _progress(done, total, unit, detail, last: Progress) -> Progress:
     """A plugin's progress as a report carries it; what cannot be carried keeps its last value."""
     try:
         return Progress(done=max(0, int(done or 0)), total=None if total is None else max(0, int(total)),
-                        unit=str(unit or ""))
+                        unit=str(unit or ""), detail=str(detail or "")[:MAX_DETAIL_CHARS])
     except (TypeError, ValueError, OverflowError):
         return last
 

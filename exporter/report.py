@@ -11,27 +11,30 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import AbstractSet, Sequence
+from typing import AbstractSet, Callable, Sequence
 
 from pydantic import ValidationError
 
 from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.host import HostContext
-from device_loop.core.model import Health, OperationKind, Resource
+from device_loop.core.model import Health, OperationKind, Resource, StepKind
 from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_HOLDERS, MAX_NAME_CHARS, MAX_OPERATION_KINDS,
-                                       MAX_REASON_CHARS, Adoption, CandidateReport, DeviceReport, Heartbeat,
-                                       OperationKindReport, OperationReport, PluginsReport, ServiceReport)
+                                       MAX_PLUGINS, MAX_REASON_CHARS, Adoption, CandidateReport, DeviceReport,
+                                       Heartbeat, OperationKindReport, OperationReport, PluginsReport, ServiceReport)
 
+from .config import StepConfig
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
 from .orphans import OrphanWatch
+from .steps import plan, plugin_steps, step_kinds
 
 log = logging.getLogger("device_loop.exporter")
 
 
 class Reporter:
     def __init__(self, host: HostContext, plugins: PluginSet, orphans: OrphanWatch, heartbeat_s: float,
-                 boot_id: str, hook_timeout_s: float = DEFAULT_TIMEOUT_S):
+                 boot_id: str, hook_timeout_s: float = DEFAULT_TIMEOUT_S,
+                 steps_of: Callable[[str, str], list[StepConfig]] = lambda device, device_class: []):
         self.host, self.plugins, self.orphans = host, plugins, orphans
         self.deadlines = HookDeadlines(hook_timeout_s)  # discovery and health: a hung hook stops no report
         self.heartbeat_s, self.boot_id = heartbeat_s, boot_id
@@ -41,6 +44,9 @@ class Reporter:
         self.adoptions: dict[str, Adoption] = {}  # candidate identifier -> the device an admin made of it
         self.resources: list[Resource] = []
         self.kinds: dict[str, list[OperationKindReport]] = {}  # identifier -> the operations its plugin runs on it
+        self.steps_of = steps_of  # (device, class) -> the steps its config lists between two leases
+        self.step_kinds: dict[str, list[StepKind]] = {}  # identifier -> the steps its plugin offers on it
+        self.offered: dict[str, list[StepKind]] = {}  # plugin -> every step it may offer (asked at the start)
         self.candidates: list[Resource] = []
         self._last_found: dict[str, list[Resource]] = {}
         self.failing: dict[str, str] = {}  # plugin -> why its last discovery failed
@@ -119,11 +125,32 @@ class Reporter:
                                                   "it declared before")
         return kinds
 
+    def offered_steps(self, resources: list[Resource]) -> dict[str, list[StepKind]]:
+        """The steps each resource's plugin offers on it (``devloop_steps``, each call within
+        the hook deadline). A plugin whose call fails, or whose answer cannot be used, keeps
+        what it offered before and is listed as failing."""
+        def key(r: Resource) -> tuple:
+            return "devloop_steps", r.plugin, r.identifier
+        asked = [r for r in resources if self.plugins.implements(r.plugin, "devloop_steps")]
+        outcomes = self.deadlines.run({key(r): functools.partial(
+            self.plugins.call, r.plugin, "devloop_steps", host=self.host, resource=r) for r in asked})
+        offered = {}
+        for r in asked:
+            try:
+                offered[r.identifier] = step_kinds(outcomes[key(r)].result())
+            except Exception as exc:  # raised, timed out, or answered what cannot be used
+                log.error("devloop_steps of plugin %s for %s: %s", r.plugin, r.identifier, exc)
+                offered[r.identifier] = self.step_kinds.get(r.identifier, [])
+                self.failing.setdefault(r.plugin, f"devloop_steps for {r.identifier}: {exc}; offering what it "
+                                                  "offered before")
+        return offered
+
     def scan(self, ours: set[int]) -> list[Resource]:
         """Discover, check health and look for orphans: the devices of the next reports."""
         self.resources = self.discover()
         self._health = self.healths(self.resources)
         self.kinds = self.operation_kinds(self.resources)
+        self.step_kinds = self.offered_steps(self.resources)
         self._busy = self.orphans.orphans(self.resources, ours)
         self._devices = None
         return self.resources
@@ -148,14 +175,25 @@ class Reporter:
             plugins=PluginsReport.model_validate({
                 "loaded": self.loaded, "skipped": [_clipped(s) for s in self.skipped],
                 "unserved": [_clipped(u) for u in unserved],
-                "failing": [{"name": n, "reason": r[:MAX_REASON_CHARS]} for n, r in sorted(self.failing.items())]}),
+                "failing": [{"name": n, "reason": r[:MAX_REASON_CHARS]} for n, r in sorted(self.failing.items())],
+                "steps": self._plugin_steps()}),
             devices=self._devices, services=services,
             applied=sorted(applied), operations=list(operations),
             candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)
                         for c in self.candidates])
 
+    def _plugin_steps(self) -> list[dict]:
+        """Every step this exporter can run: its own, then those its plugins offer (asked at
+        the start, and on each resource as last scanned), each once."""
+        offered: dict[str, list[StepKind]] = {plugin: list(kinds) for plugin, kinds in self.offered.items()
+                                              if plugin in self.loaded}
+        for r in self.resources:
+            offered.setdefault(r.plugin, []).extend(self.step_kinds.get(r.identifier, []))
+        return [step.model_dump() for step in plugin_steps(offered)][:MAX_PLUGINS]
+
     def _device_reports(self) -> list[DeviceReport]:
         devices: dict[str, dict] = {}
+        mine: dict[str, list[Resource]] = {}
         for r in self.resources:
             health = self._health.get(r.identifier) or Health()
             entry = devices.setdefault(r.device, {"name": r.device, "class": r.device_class, "tags": list(r.tags),
@@ -164,6 +202,10 @@ class Reporter:
                                        "health": health.status, "reason": health.reason, "service": r.serves_lease,
                                        "operations": self.kinds.get(r.identifier, [])})
             entry["busy_by"] += self._busy.get(r.identifier, [])
+            mine.setdefault(r.device, []).append(r)
+        for name, entry in devices.items():  # what runs between two leases, and where
+            configured = self.steps_of(name, entry["class"])
+            entry["steps"] = [step.report() for step in plan(configured, mine[name], self.step_kinds)]
         for entry in devices.values():  # the report's bounds: a java command line is long
             entry["busy_by"] = [{**h, "command": h["command"][:MAX_COMMAND_CHARS]}
                                 for h in entry["busy_by"][:MAX_HOLDERS]]

@@ -44,6 +44,10 @@ EXPECTED = {
     ("POST", "/api/v1/leases/{lease_id}/flash"): "user", ("POST", "/api/v1/leases/{lease_id}/recover"): "user",
     ("POST", "/api/v1/leases/{lease_id}/operations"): "user", ("GET", "/api/v1/devices/{name}/operations"): "anyone",
     ("GET", "/api/v1/ops/{op_id}"): "user", ("POST", "/api/v1/admin/devices/{device}/recover"): "admin",
+    ("GET", "/api/v1/tickets"): "user", ("GET", "/api/v1/tickets/{ticket_id}"): "user",
+    ("POST", "/api/v1/tickets/{ticket_id}/cancel"): "user", ("GET", "/api/v1/queue"): "anyone",
+    ("POST", "/api/v1/leases/{lease_id}/settle"): "user",
+    ("POST", "/api/v1/admin/devices/{device}/clear-fault"): "admin",
     ("POST", "/mcp"): "tools",  # each tool checks its caller: tests/test_mcp.py calls them all
     # the board's event stream and metrics are public like GET /api/v1/devices; so are the
     # web pages, which act only through the routes above (tests/test_web.py)

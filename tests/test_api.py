@@ -511,10 +511,10 @@ async def test_a_database_of_an_older_version_is_upgraded_when_the_coordinator_o
             assert [(o["id"], o["kind"], o["state"], o["args"], o["image"], o["progress"], o["message"])
                     for o in sorted(ops, key=lambda o: o["id"])] == [
                 ("op-done", "flash", "done", {"purpose": "flash"},
-                 {"name": "build-7", "sha256": FLASHED, "size": 4096}, {"done": 4096, "total": 4096, "unit": "bytes"},
+                 {"name": "build-7", "sha256": FLASHED, "size": 4096}, {"done": 4096, "total": 4096, "unit": "bytes", "detail": ""},
                  "written and verified by read-back"),
                 ("op-queued", "flash", "queued", {"purpose": "flash"},
-                 {"name": "build-7", "sha256": FLASHED, "size": 4096}, {"done": 0, "total": 4096, "unit": "bytes"},
+                 {"name": "build-7", "sha256": FLASHED, "size": 4096}, {"done": 0, "total": 4096, "unit": "bytes", "detail": ""},
                  "")]
             assert (await api.get("/ops/op-done")).json()["seconds"] == {"writing": 1.5}
 

@@ -67,7 +67,7 @@ def assert_captured(op: dict, seconds: float) -> None:
     assert result["lines"] == len(log.splitlines()) >= 4 and result["bytes"] >= len(log.strip())
     assert op["message"].startswith(f"captured {result['lines']} lines ("), op["message"]
     assert seconds - 0.1 <= result["captured_s"] <= seconds + 1, result
-    assert op["progress"] == {"done": seconds, "total": seconds, "unit": "seconds"}
+    assert op["progress"] == {"done": seconds, "total": seconds, "unit": "seconds", "detail": ""}
 
 
 def cli(env, coordinator, *args, check=True):

@@ -2,6 +2,8 @@
 uvicorn: the same rules as REST, tools that never block, refusals an agent can act on."""
 
 import sys
+import time
+from pathlib import Path
 
 import anyio
 import httpx2
@@ -48,7 +50,8 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
         names = {tool.name for tool in (await alice.list_tools()).tools}
         assert names == {"list_devices", "device_info", "reserve", "lease_status", "renew", "release",
                          "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
-                         "camera_snapshot", "start_operation", "operation_status", "device_operations"}
+                         "camera_snapshot", "start_operation", "operation_status", "device_operations",
+                         "ticket_status", "cancel_ticket", "my_tickets", "settle"}
         assert (await call(alice, "list_images", device="sim-board-0")) == {"images": []}
         idle = await call(alice, "list_devices", state="idle")
         assert {d["name"] for d in idle["devices"]} == {"sim-board-0", "sim-board-1"}
@@ -156,3 +159,85 @@ def test_the_readme_shows_the_example_as_it_is():
     excerpt = agents[agents.index("```python\n") + len("```python\n"):]
     excerpt = excerpt[:excerpt.index("```")]
     assert excerpt.strip() and excerpt in (SRC / "examples" / "mcp_agent.py").read_text()
+
+
+async def ready_lease(client: Client, device: str) -> dict:
+    """A lease of ``device``, waited for with lease_status's own long-poll (no polling)."""
+    lease = await call(client, "reserve", device=device, ttl_s=600)
+    lease = await call(client, "lease_status", lease_id=lease["id"], wait_s=25, unless="pending")
+    assert lease["ready"], lease["reason"]
+    return lease
+
+
+async def test_lease_status_waits_for_the_first_change(lab_with_tokens):
+    coordinator, tokens = lab_with_tokens
+    async with agent(coordinator.url, tokens["alice"]) as alice:
+        began = time.monotonic()
+        lease = await ready_lease(alice, "sim-board-0")
+        assert lease["state"] == "active" and time.monotonic() - began < 20
+        began = time.monotonic()
+        same = await call(alice, "lease_status", lease_id=lease["id"], wait_s=1)  # unless: the state it has now
+        assert same["state"] == "active" and time.monotonic() - began >= 0.9, "it answered before anything changed"
+
+        answers: dict = {}
+
+        async def wait_for_its_end() -> None:
+            answers["lease"] = await call(alice, "lease_status", lease_id=lease["id"], wait_s=25, unless="active")
+            answers["after_s"] = time.monotonic() - began
+
+        began = time.monotonic()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(wait_for_its_end)
+            await call(alice, "release", lease_id=lease["id"])
+        assert answers["lease"]["state"] == "released" and answers["after_s"] < 10, answers
+
+
+async def test_uart_exchange_answers_as_soon_as_the_output_matches(lab_with_tokens):
+    coordinator, tokens = lab_with_tokens
+    async with agent(coordinator.url, tokens["alice"]) as alice:
+        lease = await ready_lease(alice, "sim-board-0")
+        began = time.monotonic()
+        said = await call(alice, "uart_exchange", lease_id=lease["id"], send="help\r", until=r"# $", wait_s=10)
+        assert time.monotonic() - began < 5, "it waited out wait_s instead of answering at the prompt"
+        assert said["matched"] and said["waited_s"] < 5 and not said["truncated"]
+        assert "commands: help" in said["output"] and said["output"].endswith("sim-board-0:~# "), said
+
+        said = await call(alice, "uart_exchange", lease_id=lease["id"], send="uname\r", until="never printed",
+                          wait_s=1)
+        assert not said["matched"] and said["waited_s"] >= 1 and "Linux sim-board-0" in said["output"], said
+        said = await call(alice, "uart_exchange", lease_id=lease["id"], send="hostname\r", wait_s=0.5)
+        assert said["matched"] is False and said["output"].endswith("sim-board-0:~# "), "without until: as before"
+
+        bad = await alice.call_tool("uart_exchange", {"lease_id": lease["id"], "send": "\r", "until": "(unclosed"})
+        text = bad.content[0].text
+        assert bad.is_error and "until is not a regular expression" in text and "missing )" in text, text
+        await call(alice, "release", lease_id=lease["id"])
+
+
+def searchers_of(pid: int) -> list[int]:
+    """The child processes of ``pid`` that search for an exchange's until (relays._SEARCHER)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue  # it ended meanwhile
+        if parent == pid and b"pattern.search" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+async def test_a_catastrophic_until_costs_its_wait_and_nothing_more(lab_with_tokens):
+    coordinator, tokens = lab_with_tokens
+    async with agent(coordinator.url, tokens["alice"]) as alice:
+        lease = await ready_lease(alice, "sim-board-1")
+        began = time.monotonic()
+        # (a+)+c takes 2**40 steps on 40 a's without a c after them: the search outlasts any wait
+        said = await call(alice, "uart_exchange", lease_id=lease["id"], send="echo " + "a" * 40 + "b\r",
+                          until=r"(a+)+c", wait_s=2)
+        assert time.monotonic() - began < 8, "the search held the exchange up past its wait"
+        assert not said["matched"] and "a" * 40 + "b\r\n" in said["output"], said
+        assert (await call(alice, "list_devices", state="in_use"))["devices"], "the coordinator answers"
+        assert searchers_of(coordinator.popen.pid) == [], "the search outlived its exchange"
+        await call(alice, "release", lease_id=lease["id"])

@@ -39,7 +39,9 @@ NOT_IN_THE_TRUST_MODE = ["ignored_auth"]  # no route needs credentials there
 # Schema-valid requests the rules refuse for what no JSON Schema can say: a target that names
 # no device or class (422 unknown_target), a device name or identifier repeated in a report.
 # (start_operation: the arguments an operation takes are its kind's, which the device's plugins declare)
-REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat", "start_operation"}
+# (reserve: a device, or a class and/or tags, is one of its fields given, which a JSON
+# schema of optional fields does not say: a body that names nothing is 422)
+REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat", "start_operation", "reserve"}
 # negative_data_rejection's own list, and 413: data too large to be valid is refused for its size first
 REJECTED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # positive_data_acceptance's own list
@@ -191,7 +193,7 @@ def seed(api: httpx2.Client) -> dict[str, list]:
             "path.lease_id": [lease["id"]], "path.op_id": [op["id"]], "path.ref": ["build-7", sha256],
             "path.sha256": [sha256], "path.token_id": [token["id"]], "path.identifier": ["10.0.0.9:5555"],
             "query.device": ["b0"], "query.for": ["b0", "sim-board"], "query.unless": ["pending", "active", "queued"],
-            "body.device": ["b0", "b1"], "body.image": ["build-7"], "body.for": ["b1", "sim-board"],
+            "body.device": ["b0", "b1"], "body.class": ["sim-board"], "body.image": ["build-7"], "body.for": ["b1", "sim-board"],
             "header.X-Device-Loop-User": [lease["holder"]]}
 
 

@@ -14,9 +14,17 @@ pytestmark = pytest.mark.timeout(120)
 async def test_a_reserve_storm_through_two_processes_grants_each_device_once(two_coordinators):
     first, second = two_coordinators
     names = [f"b{i}" for i in range(20)]
-    async with httpx2.AsyncClient(base_url=f"{first.url}/api/v1", timeout=30) as exporter_client:
-        answer = await FakeExporter(exporter_client, "host-a").beat([device(n) for n in names])
-        assert answer.status_code == 200, answer.text
+    exporter_client = httpx2.AsyncClient(base_url=f"{first.url}/api/v1", timeout=30)
+    exporter = FakeExporter(exporter_client, "host-a")
+    answer = await exporter.beat([device(n) for n in names])
+    assert answer.status_code == 200, answer.text
+
+    async def heartbeats() -> None:  # the host stays online however long a storm takes on a busy machine
+        while True:
+            await asyncio.sleep(1)
+            await exporter.beat([device(n) for n in names])
+
+    beating = asyncio.get_running_loop().create_task(heartbeats())
 
     async def storm(targets: list[str], clients_per_device: int) -> dict[str, list[int]]:
         statuses: dict[str, list[int]] = {name: [] for name in targets}
@@ -43,6 +51,8 @@ async def test_a_reserve_storm_through_two_processes_grants_each_device_once(two
 
     async with httpx2.AsyncClient(base_url=f"{second.url}/api/v1", timeout=30) as check:
         devices = (await check.get("/devices")).json()
+    beating.cancel()
+    await exporter_client.aclose()
     assert all(d["holder"] and d["holder"].startswith(f"racer-{d['name']}-") for d in devices)
 
 

@@ -1,5 +1,5 @@
 """The vocabulary is written once: the database's CHECK constraints allow exactly the
-values of core/vocabulary.py's enums, and refuse any other (migration 15 wrote them)."""
+values of core/vocabulary.py's enums, and refuse any other (migrations 15 and 16 wrote them)."""
 import asyncio
 import re
 import sqlite3
@@ -7,12 +7,13 @@ import sqlite3
 import pytest
 
 from device_loop.coordinator.store import Store
-from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState, OperationState
+from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState, OperationState, TicketKind, TicketState, TokenKind
 
 pytestmark = pytest.mark.timeout(30)
 
 CHECKED = {("devices", "state"): DeviceState, ("devices", "health"): HealthStatus,
-           ("leases", "state"): LeaseState, ("operations", "state"): OperationState}
+           ("leases", "state"): LeaseState, ("operations", "state"): OperationState,
+           ("tickets", "state"): TicketState, ("tickets", "kind"): TicketKind, ("tokens", "kind"): TokenKind}
 
 
 @pytest.fixture

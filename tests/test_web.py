@@ -19,10 +19,12 @@ from conftest import SRC, Coordinator, lab_tokens, sim_devices
 from device_loop.coordinator import events
 from device_loop.coordinator.events import Broadcaster
 from device_loop.coordinator.identity import csrf_token, issue_token
-from device_loop.coordinator.web.pages import device_row
+from device_loop.coordinator.web.pages import device_row, queue_row
+from device_loop.core.vocabulary import TokenKind
 from lab_in_process import FakeExporter, device, in_process_lab, leased_board
 from test_end_to_end import run_cli, wait_state
 from test_flash_rules import board, flash_report, lab_with_board
+from test_steps_rules import COOLDOWN, REBOOT, desired_ops, op_report, stepped
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 SITE = "http://127.0.0.1"  # the in-process clients' base URL is SITE/api/v1
@@ -88,6 +90,156 @@ async def test_a_device_page_shows_its_flashes_and_known_good_image(tmp_path):
             "the known-good image of its class"
         assert "Known-good image" in page, "b0 has a flash target"
         assert 'data-act="known-good" data-image=' in page and 'data-for="device:b0"' in page
+
+
+async def people(client, rules, *names: str, agents=()) -> dict:
+    """A client with a token of each of ``names`` (``root`` an admin; ``agents`` an agent's),
+    and ``host-a``, an exporter's."""
+    made = {name: client(token=(await issue_token(rules.store, rules.clock, name, admin=name == "root",
+                                                  kind=TokenKind.AGENT if name in agents else TokenKind.PERSON))
+                         ["token"]) for name in names}
+    return made | {"host-a": client(token=(await issue_token(rules.store, rules.clock, host="host-a"))["token"])}
+
+
+def section(html: str, start: str) -> str:
+    """The part of a page from ``start`` to the end of the element it opens (no nesting of its kind)."""
+    at = html.index(start)
+    tag = start[1:].split(" ", 1)[0]
+    return html[at:html.index(f"</{tag}>", at)]
+
+
+@pytest.mark.usefixtures("database")
+async def test_the_board_shows_the_queue_to_anyone_and_their_tickets_to_each(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        who = await people(client, rules, "alice", "bob", "carol", "root", "bot", agents=("bot",))
+        exporter = FakeExporter(who["host-a"], "host-a")
+        tagged = {**device("b0"), "tags": ["<b>bold</b>"]}
+        await exporter.beat([tagged, {**device("x0"), "class": "other"}])
+        lease = (await who["alice"].post("/leases", json={"device": "b0"})).json()
+        bob = (await who["bob"].post("/leases", json={"class": "sim-board", "tags": ["<b>bold</b>"],
+                                                      "queue": True})).json()
+        assert (bob["state"], bob["position"]) == ("waiting", 1), bob
+        clock.advance(90)
+        carol = (await who["carol"].post("/leases", json={"device": "b0", "queue": True})).json()
+        bot = (await who["bot"].post("/leases", json={"class": "sim-board", "tags": ["<b>bold</b>"],
+                                                      "queue": True})).json()
+        assert bot["kind"] == "batch"
+        ids = {bob["ticket"], carol["ticket"], bot["ticket"]}
+
+        anyone = (await client(user="").get(f"{SITE}/")).text
+        queue = section(anyone, '<section id="queue"')
+        assert "hidden" not in queue.split(">", 1)[0] and queue.count('<tr data-requester=') == 3
+        assert '<tr data-requester="bob">' in queue
+        assert "any device of class sim-board with tag &lt;b&gt;bold&lt;/b&gt;" in queue
+        assert "<b>bold</b>" not in anyone, "what exporters report and users ask is escaped"
+        assert '<a href="/devices/b0">b0</a>' in queue, "carol's ticket is for b0 by name"
+        assert '<time data-waited="90.0">1m</time>' in queue and '<span class="kind k-batch">batch</span>' in queue
+        assert not any(i in anyone for i in ids), "nobody's ticket id on the public board"
+
+        mine = (await who["bob"].get(f"{SITE}/")).text
+        panel = section(mine, '<div id="tickets"')
+        assert f'data-ticket="{bob["ticket"]}" data-state="waiting"' in panel and 'data-act="cancel-ticket"' in panel
+        assert 'Number <b class="position">1</b> in the queue (interactive)' in panel
+        assert carol["ticket"] not in mine and bot["ticket"] not in mine, "only their own ticket's id"
+        assert 'class="reserve-any when-can-act"' in mine and '<option value="other">' in mine
+        assert 'data-act="queue"' in mine and 'data-act="reserve-any"' in mine
+        root = (await who["root"].get(f"{SITE}/")).text
+        assert not any(i in root for i in ids), "an admin's board is everyone's too (the stream is)"
+
+        page = (await who["carol"].get(f"{SITE}/devices/b0")).text
+        assert section(page, '<section id="queue"').count("<tr data-requester=") == 3, "b0 may serve all three"
+        assert f'data-ticket="{carol["ticket"]}"' in page and bob["ticket"] not in page
+        other = (await who["carol"].get(f"{SITE}/devices/x0")).text
+        assert 'id="queue" class="queue" hidden' in other and "<tr data-requester=" not in other, \
+            "x0 serves none of them"
+        assert 'value="other"' in other, "a device's page reserves any of its class"
+
+        cancelled = (await who["carol"].post(f"/tickets/{carol['ticket']}/cancel")).json()
+        assert cancelled["state"] == "cancelled"
+        assert carol["ticket"] not in (await who["carol"].get(f"{SITE}/")).text, "an ended ticket is gone"
+
+        await who["alice"].post(f"/leases/{lease['id']}/release")
+        await exporter.beat([tagged, {**device("x0"), "class": "other"}])  # reclaimed: granted to bob, a person
+        board_page = (await who["bob"].get(f"{SITE}/")).text
+        assert 'data-device="b0"' in section(board_page, '<div id="mine"')
+        assert "data-ticket=" not in board_page, "a claimed ticket: its lease is all there is to see"
+        assert (await who["bob"].get(f"/tickets/{bob['ticket']}")).json()["state"] == "claimed"
+        assert section((await client(user="").get(f"{SITE}/")).text, '<section id="queue"').count("<tr ") == 1
+
+
+@pytest.mark.usefixtures("database")
+async def test_reading_the_page_claims_a_granted_ticket(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        who = await people(client, rules, "alice", "bob")
+        exporter = FakeExporter(who["host-a"], "host-a")
+        await exporter.beat([device("b0"), {**device("b1"), "class": "other"}])
+        lease = (await who["alice"].post("/leases", json={"device": "b0"})).json()
+        ticket = (await who["bob"].post("/leases", json={"class": "sim-board", "queue": True})).json()
+        await who["alice"].post(f"/leases/{lease['id']}/release")
+        await exporter.beat([device("b0"), {**device("b1"), "class": "other"}])
+        assert (await rules.store.ticket(ticket["ticket"]))["state"] == "granted"
+        elsewhere = (await who["bob"].get(f"{SITE}/devices/b1")).text  # not b0's page: said where it is
+        assert (await rules.store.ticket(ticket["ticket"]))["state"] == "claimed", "the page read it"
+        panel = section(elsewhere, '<div id="tickets"')
+        assert "Granted: your lease on" in panel and '<a href="/devices/b0">b0</a>' in panel
+        assert 'data-act="cancel-ticket"' not in panel
+        here = (await who["bob"].get(f"{SITE}/devices/b0")).text
+        assert "data-ticket=" not in here and 'data-device="b0"' in section(here, '<div id="mine"')
+
+
+@pytest.mark.usefixtures("database")
+async def test_reclaiming_and_faulty_rows_say_why_and_the_holder_may_settle(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        who = await people(client, rules, "alice", "bob", "root")
+        host = who["host-a"]
+        exporter = FakeExporter(host, "host-a")
+        report = stepped(COOLDOWN, REBOOT)
+        await exporter.beat([report])
+        lease = (await who["alice"].post("/leases", json={"device": "d0"})).json()
+
+        page = (await who["alice"].get(f"{SITE}/devices/d0")).text
+        steps = section(page, '<section class="steps"')
+        assert "<li>cooldown <small>(settle runs it inside a lease too)</small></li>" in steps
+        assert "<li>reboot</li>" in steps
+        assert f'data-act="settle" data-lease="{lease["id"]}"' in steps and "(cooldown)" in steps
+        assert 'data-act="settle"' not in (await who["bob"].get(f"{SITE}/devices/d0")).text, "not bob's lease"
+        assert f'data-act="settle" data-lease="{lease["id"]}"' in (await who["root"].get(f"{SITE}/devices/d0")).text
+
+        op = (await who["alice"].post(f"/leases/{lease['id']}/settle")).json()
+        (queued,) = await desired_ops(host)
+        hot = "cooling down: 51.2 °C <b>hot</b>, waiting for < 45 °C"
+        await exporter.beat([report], operations=[op_report(queued, "running", detail=hot)])
+        page = (await who["alice"].get(f"{SITE}/devices/d0")).text
+        assert f'<p class="progress" data-op="{op["id"]}" data-op-state="running">settle running: cooling down: ' \
+               '51.2 °C &lt;b&gt;hot&lt;/b&gt;, waiting for &lt; 45 °C</p>' in page, "its progress, escaped"
+        assert "<b>hot</b>" not in page
+        operations = section(page, '<table class="operations"')
+        assert '<span class="why">cooling down: 51.2 °C &lt;b&gt;hot&lt;/b&gt;' in operations, "and in its row"
+        assert 'data-op="' not in (await who["bob"].get(f"{SITE}/devices/d0")).text, "only for who may settle"
+        await exporter.beat([report], operations=[op_report(queued, "done", "44 °C: settled")])
+        assert 'class="progress"' not in (await who["alice"].get(f"{SITE}/devices/d0")).text, "shown until done"
+
+        await who["alice"].post(f"/leases/{lease['id']}/release")
+        await exporter.beat([report])  # its services are gone: the steps begin
+        (cooldown,) = await desired_ops(host)
+        await exporter.beat([report], operations=[op_report(cooldown, "running", detail=hot)])
+        why = "step 1/2 cooldown: cooling down: 51.2 °C &lt;b&gt;hot&lt;/b&gt;, waiting for &lt; 45 °C"
+        row = section((await who["bob"].get(f"{SITE}/")).text, '<tr data-name="d0"')
+        assert 'data-state="reclaiming"' in row and f'<span class="why">{why}</span>' in row
+        assert why in device_row((await who["bob"].get("/devices/d0")).json()), "the stream's row, the same"
+        page = (await who["bob"].get(f"{SITE}/devices/d0")).text
+        assert '<li class="running">cooldown <small>(settle runs it inside a lease too)</small>: <span class="why">' \
+               'cooling down: 51.2 °C &lt;b&gt;hot&lt;/b&gt;' in page
+        assert 'data-act="settle"' not in page, "no lease to settle"
+
+        await exporter.beat([report], operations=[op_report(cooldown, "failed", "still 52.0 °C <i>after</i> 10m")])
+        fault = "step 1/2 cooldown failed: still 52.0 °C &lt;i&gt;after&lt;/i&gt; 10m"
+        row = section((await who["bob"].get(f"{SITE}/")).text, '<tr data-name="d0"')
+        assert 'data-state="faulty"' in row and f'<span class="why">{fault}</span>' in row
+        assert 'data-act="clear-fault"' not in (await who["bob"].get(f"{SITE}/devices/d0")).text
+        admin = (await who["root"].get(f"{SITE}/devices/d0")).text
+        assert f'<p class="why bad">{fault} <button type="button" class="small" data-act="clear-fault" ' \
+               'data-device="d0">' in admin
 
 
 # ---- signing in, and the CSRF guard ------------------------------------------------------------
@@ -341,6 +493,87 @@ async def test_every_change_the_board_shows_reaches_the_stream(tmp_path):
         await broadcaster.close()
 
 
+@pytest.mark.usefixtures("database")
+async def test_the_stream_sends_the_queue_when_a_ticket_comes_goes_or_moves(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, bob = client("alice"), client("bob")
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([device("b0")])
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier, device_row,
+                                  read_queue=lambda: rules.scheduler.queue(None, False), render_entry=queue_row)
+        rows, plain = broadcaster.stream(html=True), broadcaster.stream()
+        for stream in (rows, plain):
+            assert (await anext(stream)).startswith(b"retry: ")
+        first = frames(await asyncio.wait_for(anext(rows), 5))
+        assert [event for event, _ in first] == ["snapshot", "queue"] and first[1][1] == [], "the queue, empty"
+        assert [event for event, _ in frames(await asyncio.wait_for(anext(plain), 5))] == ["snapshot", "queue"]
+
+        ticket = (await bob.post("/leases", json={"class": "sim-board", "queue": True})).json()
+        event, (entry,) = frame(await asyncio.wait_for(anext(rows), 5))  # (b0 did not change: the queue alone)
+        assert event == "queue" and entry["ticket"] is None, "no ticket ids: every viewer gets the same"
+        assert (entry["requester"], entry["position"], entry["kind"]) == ("bob", 1, "interactive")
+        assert entry["html"].startswith('<tr data-requester="bob">')
+        assert "any device of class sim-board" in entry["html"]
+        _, (bare,) = frame(await asyncio.wait_for(anext(plain), 5))
+        assert "html" not in bare and ticket["ticket"] not in json.dumps(bare)
+
+        clock.advance(30)
+        await api.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 7200})
+        changes = frames(await asyncio.wait_for(anext(rows), 5))
+        assert [event for event, _ in changes] == ["device"], "a ticket waiting longer is no change of the queue"
+        await bob.post(f"/tickets/{ticket['ticket']}/cancel")
+        assert frame(await asyncio.wait_for(anext(rows), 5)) == ("queue", [])
+        await rows.aclose()
+        await plain.aclose()
+        await broadcaster.close()
+
+
+@pytest.mark.usefixtures("database")
+async def test_a_step_s_progress_reaches_the_stream_though_it_marks_only_its_operation(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        report = stepped(COOLDOWN, REBOOT)
+        await exporter.beat([report])
+        lease = (await api.post("/leases", json={"device": "d0"})).json()
+        await api.post(f"/leases/{lease['id']}/release")
+        await exporter.beat([report])  # its services are gone: the steps begin
+        (op,) = await desired_ops(api)
+        broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier, device_row)
+        stream = broadcaster.stream(html=True)
+        await anext(stream)
+        ((_, (shown,)),) = frames(await asyncio.wait_for(anext(stream), 5))
+        assert shown["reason"] == "step 1/2 cooldown: queued"
+        for detail in ("cooling down: 51.2 °C", "cooling down: 48.0 °C"):  # (the second: no change of state)
+            await exporter.beat([report], operations=[op_report(op, "running", detail=detail)])
+            event, changed = frame(await asyncio.wait_for(anext(stream), 5))
+            assert (event, changed["reason"]) == ("device", f"step 1/2 cooldown: {detail}")
+            assert f'<span class="why">step 1/2 cooldown: {detail}</span>' in changed["html"]
+        await stream.aclose()
+        await broadcaster.close()
+
+
+async def test_a_broadcaster_made_without_the_queue_follows_it_once_told(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        await FakeExporter(client(), "host-a").beat([device("b0")])
+        broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier, device_row)  # as app.py makes it
+        stream = broadcaster.stream(html=True)
+        await anext(stream)
+        assert frame(await asyncio.wait_for(anext(stream), 5))[0] == "snapshot"
+        broadcaster.follow_queue(lambda: rules.scheduler.queue(None, False), queue_row)  # what a page does
+        assert frame(await asyncio.wait_for(anext(stream), 5)) == ("queue", [])
+        broadcaster.follow_queue(lambda: [], queue_row)  # (told twice: the first stays)
+        await client("bob").post("/leases", json={"device": "b0"})
+        await client("carol").post("/leases", json={"device": "b0", "queue": True})
+        seen = []
+        while not any(event == "queue" for event, _ in seen):
+            seen += frames(await asyncio.wait_for(anext(stream), 5))
+        assert [e["requester"] for e in seen[-1][1]] == ["carol"]
+        await stream.aclose()
+        await broadcaster.close()
+
+
 async def seed(url: str, names: list[str]) -> None:
     """Devices on host-a, reported straight to a coordinator (no exporter: leases stay pending)."""
     async with httpx2.AsyncClient(base_url=f"{url}/api/v1", timeout=10) as api:
@@ -378,6 +611,16 @@ async def test_the_event_stream_of_a_coordinator_process(coordinator):
         assert (changed["name"], changed["state"], changed["holder"]) == ("b1", "allocating", "alice")
         row = await next_event(rows)
         assert row["html"].startswith('<tr data-name="b1" data-state="allocating" data-holder="alice">')
+
+        assert httpx2.get(f"{coordinator.url}/", timeout=10).status_code == 200  # a page: the stream sends the queue
+        assert await next_event(rows, "queue") == []
+        queued = coordinator.api("/leases", "POST", json={"device": "b1", "queue": True},
+                                 headers={"X-Device-Loop-User": "bob"})
+        assert queued.status_code == 201 and queued.json()["state"] == "waiting"
+        (entry,) = await next_event(rows, "queue")
+        assert (entry["requester"], entry["device"], entry["ticket"]) == ("bob", "b1", None)
+        assert await next_event(plain, "queue") == [], "plain subscribers get it too"
+        assert [e["requester"] for e in await next_event(plain, "queue")] == ["bob"]
     plain_get = httpx2.get(f"{coordinator.url}/api/v1/events", timeout=5)
     assert plain_get.status_code == 406 and plain_get.json()["error"] == "not_acceptable"
 

@@ -1,12 +1,18 @@
 """The web page in a real browser (Debian's Chromium, driven by Playwright): sign in with a
 token, reserve from the board, follow a release made by another client live (no reload),
-see the camera on a device page; a phone's width in dark mode, in the trust mode of ``up``.
+see the camera on a device page; a phone's width in dark mode, in the trust mode of ``up``;
+queue for a class and get its device's lease once it is reclaimed, live.
 Screenshots are kept in ``test-artifacts/``."""
 import json
+import subprocess
+import sys
 import time
 
+import httpx2
 import pytest
 
+from conftest import Coordinator
+from lab_in_process import FakeExporter, device
 from test_browser import screenshot
 from test_end_to_end import run_cli, wait_state
 from test_flash import flashable
@@ -167,3 +173,105 @@ def test_a_device_page_shows_what_the_board_has_and_release_asks_first(tmp_path,
     page.wait_for_selector(".terminal", timeout=5_000)
     assert len(asked) == 2 and coordinator.api("/devices/sim-board-0").json()["holder"] is None
     assert errors == []
+
+
+def api_as(coordinator: Coordinator, token: str) -> httpx2.Client:
+    return httpx2.Client(base_url=f"{coordinator.url}/api/v1", timeout=10, headers={"Authorization": f"Bearer {token}"})
+
+
+def test_queued_for_a_class_the_board_shows_the_lease_once_its_device_is_reclaimed(tmp_path, env, browser):
+    coordinator = Coordinator(tmp_path, env, extra=())
+    try:
+        made = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url, "admin",
+                               "token", "create", "alice", "--admin", "--data-dir", str(tmp_path / "coord"), "--json"],
+                              env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+        alice = api_as(coordinator, json.loads(made)["token"])  # the lab's first admin; the rest through her
+        tokens = {"bob": alice.post("/admin/tokens", json={"user": "bob"}).json()["token"]}
+        host = api_as(coordinator, alice.post("/admin/tokens", json={"exporter_host": "host-a"}).json()["token"])
+        exporter = FakeExporter(None, "host-a")  # (its reports, sent here: no exporter runs)
+        q0 = {**device("q0"), "class": "bench", "tags": ["rvv"],
+              "steps": [{"step": "cooldown", "plugin": "exporter", "identifier": "sim:q0", "timeout_s": 600.0,
+                         "settle": True}]}
+
+        def beat(services=(), applied=(), operations=()) -> None:  # (a long period: silence is no outage here)
+            report = exporter.report([q0], list(services), list(applied), heartbeat_s=60.0,
+                                     operations=list(operations))
+            assert host.post("/hosts/host-a/heartbeat", json=report).status_code == 200
+
+        beat()
+        lease = alice.post("/leases", json={"device": "q0"}).json()
+        beat([{"lease": lease["id"], "device": "q0", "identifier": "sim:q0", "kind": "uart",
+               "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": 4000}]}], [lease["id"]])
+        assert alice.get("/devices/q0").json()["state"] == "in_use"
+
+        board, errors = open_board(browser, f"{coordinator.url}/", viewport=WIDE)
+        board.fill("input[name=token]", tokens["bob"])
+        board.click("form.login button")
+        board.wait_for_selector("text=Signed in as bob")
+        board.wait_for_selector("#live.on")
+        board.evaluate("window.sameDocument = true")
+        board.click(f'{ROW.format("q0", "in_use")} button.enqueue')  # held: queue for it by name, then think again
+        board.wait_for_selector('#tickets [data-ticket][data-state="waiting"]', timeout=10_000)
+        assert "Your ticket for q0" in board.inner_text("#tickets")
+        board.wait_for_selector('#queue tr.mine[data-requester="bob"]', timeout=5_000)
+        board.click('#tickets [data-act="cancel-ticket"]')
+        board.wait_for_selector("#tickets [data-ticket]", state="detached", timeout=5_000)
+        board.wait_for_selector("#queue", state="hidden", timeout=5_000)
+
+        board.fill('.reserve-any input[name="class"]', "bench")
+        board.fill('.reserve-any input[name="tags"]', "rvv")
+        board.click('.reserve-any button[data-act="reserve-any"]')  # "else queue" is ticked
+        board.wait_for_selector('#tickets [data-ticket][data-state="waiting"]', timeout=10_000)
+        assert "Number 1 in the queue (interactive)" in board.inner_text("#tickets")
+        board.wait_for_selector('#queue tr.mine[data-requester="bob"]', timeout=5_000)  # the stream's, not a reload
+        queued = board.inner_text("#queue")
+        assert "any device of class bench with tag rvv" in queued and "interactive" in queued
+        board.wait_for_selector(f'{ROW.format("q0", "in_use")} .queued:text("1 waiting")', timeout=5_000)
+        ticket = board.get_attribute("#tickets [data-ticket]", "data-ticket")
+        assert ticket.startswith("tk-") and ticket in board.inner_text("#tickets"), "its id, to its requester"
+        screenshot(board, "web-queue")
+
+        assert alice.post(f"/leases/{lease['id']}/release").status_code == 200
+        board.wait_for_selector(ROW.format("q0", "reclaiming"), timeout=5_000)
+        beat()  # the lease's services are gone: its step between leases begins
+        (step,) = host.get("/hosts/host-a/desired").json()["operations"]
+        progress = {"done": 0, "total": None, "unit": "", "detail": "cooling down: 51.2 °C, waiting for < 45 °C"}
+        running = {"op": step["op"], "device": "q0", "kind": step["kind"], "state": "running", "phase": "running",
+                   "progress": progress, "message": "", "seconds": {}, "result": None, "changed": True}
+        beat(operations=[running])
+        board.wait_for_selector(f'{ROW.format("q0", "reclaiming")} .why:text("step 1/1 cooldown: cooling down: '
+                                '51.2 °C")', timeout=5_000)
+        beat(operations=[{**running, "state": "done", "message": "44.9 °C after 31 s"}])  # reclaimed: granted
+
+        board.wait_for_selector('#mine [data-device="q0"]', timeout=10_000)
+        board.wait_for_selector(f'{ROW.format("q0", "allocating")}.mine, {ROW.format("q0", "in_use")}.mine',
+                                timeout=5_000)
+        board.wait_for_selector("#tickets [data-ticket]", state="detached", timeout=5_000)
+        board.wait_for_selector("#queue", state="hidden", timeout=5_000)
+        assert board.locator('tr[data-name="q0"] .queued').count() == 0
+        assert board.evaluate("window.sameDocument") is True, "live, not reloaded"
+        bob = httpx2.get(f"{coordinator.url}/api/v1/leases", headers={"Authorization": f"Bearer {tokens['bob']}"},
+                         timeout=10).json()
+        assert [lease["device"] for lease in bob] == ["q0"]
+
+        # the holder settles it (its cool-down step, inside the lease) and sees how far it is
+        served = [{"lease": bob[0]["id"], "device": "q0", "identifier": "sim:q0", "kind": "uart",
+                   "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": 4001}]}]
+        beat(served, [bob[0]["id"]])
+        board.click('#mine [data-device="q0"] h3 a')
+        board.wait_for_selector("#live.on")
+        board.click('button[data-act="settle"]')
+        board.wait_for_selector('p.progress[data-op]:text("settle queued")', timeout=5_000)
+        (settle,) = [op for op in host.get("/hosts/host-a/desired").json()["operations"] if op["kind"] == "settle"]
+        cooling = {**running, "op": settle["op"], "kind": "settle", "progress": {**progress, "detail": "47.0 °C"}}
+        beat(served, operations=[cooling])
+        board.wait_for_selector('p.progress:text("settle running: 47.0 °C")', timeout=5_000)
+        screenshot(board, "web-device-settle")
+        beat(served, operations=[{**cooling, "progress": {**progress, "detail": "45.5 °C"}}])  # (its state the same)
+        board.wait_for_selector('p.progress:text("settle running: 45.5 °C")', timeout=10_000)
+        beat(served, operations=[{**cooling, "state": "done", "message": "44 °C: settled"}])
+        board.wait_for_selector("#notice:text('q0: settle done: 44 °C: settled')", timeout=10_000)
+        board.wait_for_selector("p.progress", state="detached", timeout=5_000)
+        assert errors == []
+    finally:
+        coordinator.stop()

@@ -1,8 +1,8 @@
 """The web page's routes: the board, a device's page, signing in and out, the static files.
 
 Each reads through ``Rules`` and renders a template; who looks decides only what the page
-offers (the REST routes decide what they may do). ``device_row`` renders a board row for
-the pages and for the event stream alike.
+offers (the REST routes decide what they may do). ``device_row`` renders a board row, and
+``queue_row`` a row of the board's queue, for the pages and for the event stream alike.
 """
 from __future__ import annotations
 
@@ -15,18 +15,21 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, NAME_PATTERN
+from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES, NAME_PATTERN
 from device_loop.core.durations import format_duration, iso
 from device_loop.core.usage import camera_urls, screen_url
+from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketState
 
 from ..errors import APIError, not_found
 from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_identity
 from ..limits import FORM, takes_body
 from ..openapi import answers
+from ..steps import SETTLE
 
 HERE = Path(__file__).parent
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")  # HTML is autoescaped
 TEMPLATES.env.filters["iso"] = iso
+TEMPLATES.env.filters["duration"] = format_duration
 # as an HTML pattern (anchored by itself; browsers read it with the v flag, where a "-" is escaped)
 TEMPLATES.env.globals["name_pattern"] = NAME_PATTERN.strip("^$").replace("-]", "\\-]")
 LEASE_LENGTHS_S = (1800, 3600, 7200, 14400, 86400)  # what the page offers, up to this lab's maximum
@@ -35,10 +38,26 @@ COOKIE_MAX_AGE = 30 * 86400  # a cookie outliving its token is no sign-in (ident
 NO_STORE = {"Cache-Control": "no-store"}  # pages hold the viewer's leases and CSRF value
 
 
+def _rows() -> Any:
+    return TEMPLATES.get_template("rows.html").module  # (its macros are its attributes)
+
+
 def device_row(device: Mapping[str, Any]) -> str:
     """A device's row of the board, as ``GET /api/v1/devices`` shows the device."""
-    rows: Any = TEMPLATES.get_template("rows.html").module  # (its macros are its attributes)
-    return str(rows.device_row(device))
+    return str(_rows().device_row(device))
+
+
+def queue_row(entry: Mapping[str, Any]) -> str:
+    """A waiting ticket's row of the board's queue, as ``GET /api/v1/queue`` shows it to anyone."""
+    return str(_rows().queue_row(entry))
+
+
+def serves(device: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    """Whether ``device`` is what a ticket (or queue entry) ``want`` waits for: the device it
+    names, or one of its class with all its tags (lab.js decides it the same way)."""
+    if want["device"] is not None:
+        return want["device"] == device["name"]
+    return want["device_class"] in (None, device["class"]) and set(want["tags"]) <= set(device["tags"])
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,30 @@ async def _my_leases(request: Request, viewer: Viewer, device: str | None = None
     return [_shown(lease) for lease in leases if lease["state"] in LIVE_LEASE_STATES]
 
 
+async def _queue(request: Request) -> list[dict]:
+    """The waiting tickets as anyone sees them (no ticket ids: the event stream, which the app
+    makes following them, sends the same to every viewer)."""
+    rules = request.app.state.rules
+    return [dict(e) for e in await rules.scheduler.queue(None, False)]
+
+
+async def _my_tickets(request: Request, viewer: Viewer) -> list[dict]:
+    """The viewer's open tickets, and the granted ones whose lease lives. Reading them claims
+    the granted ones (as GET /api/v1/tickets does): their leases are the viewer's from now on,
+    shown as any lease of theirs. Read before the leases, then."""
+    if viewer.name is None:
+        return []
+    tickets = await request.app.state.rules.scheduler.tickets(viewer.name, False)
+    return [t for t in tickets if t["state"] in OPEN_TICKET_STATES or (
+        t["state"] == TicketState.CLAIMED and t["lease"] and t["lease"]["state"] in LIVE_LEASE_STATES)]
+
+
+def _not_shown(tickets: list[dict], leases: list[dict]) -> list[dict]:
+    """``tickets`` but the claimed ones whose lease the page shows (their lease is all there is to see)."""
+    shown = {lease["id"] for lease in leases}
+    return [t for t in tickets if not (t["state"] == TicketState.CLAIMED and t["lease"]["id"] in shown)]
+
+
 def _lease_lengths(request: Request) -> list[tuple[int, str, bool]]:
     """(seconds, label, selected) of the lease lengths the page offers: this lab's default
     and the usual ones up to its maximum."""
@@ -95,8 +138,12 @@ async def board(request: Request) -> Response:
     """The devices board: live over /api/v1/events."""
     rules, viewer = request.app.state.rules, await _viewer(request)
     candidates = [c for c in await rules.devices.candidates() if not c["adopted_as"]] if viewer.admin else []
-    return _page(request, "board.html", viewer, devices=await rules.devices.list_devices(),
-                 mine=await _my_leases(request, viewer), candidates=candidates)
+    tickets = await _my_tickets(request, viewer)
+    mine = await _my_leases(request, viewer)
+    devices = await rules.devices.list_devices()
+    return _page(request, "board.html", viewer, devices=devices, mine=mine, candidates=candidates,
+                 tickets=_not_shown(tickets, mine), queue=await _queue(request),
+                 classes=sorted({d["class"] for d in devices}))
 
 
 @answers("text/html")
@@ -105,18 +152,31 @@ async def device_page(request: Request) -> Response:
     operations and known-good image."""
     rules, viewer, name = request.app.state.rules, await _viewer(request), request.path_params["name"]
     try:
-        device = await rules.devices.device_info(name)
+        device = await rules.devices.device_info(name, viewer.admin)  # (an admin's: with its lease's id)
     except APIError as exc:
         if exc.status != 404:
             raise
         return _page(request, "missing.html", viewer, 404, name=name)
+    tickets = await _my_tickets(request, viewer)
+    mine = await _my_leases(request, viewer, name)
+    operations = await rules.operations.of_device(name)
+    # which steps settle runs too: the exporter's config says, and the device's facts keep it
+    facts = await rules.store.device(name)
+    steps = [{"step": s["step"], "settle": bool(s.get("settle"))} for s in (facts["steps"] if facts else [])]
+    settle_lease = None  # the live lease the viewer may settle: theirs, or (an admin) anyone's
+    if any(s["settle"] for s in steps):
+        settle_lease = mine[0]["id"] if mine else device.get("lease") if viewer.admin else None
+    settling = next((op for op in operations if op["kind"] == SETTLE and op["state"] in LIVE_OP_STATES), None)
     return _page(request, "device.html", viewer, device=device,
                  log=list(reversed(await rules.devices.device_log(name))),
-                 operations=await rules.operations.of_device(name),
+                 operations=operations,
                  known_good=await rules.images.known_good_image(device),
                  flash_target=any(r["kind"] == FLASH_KIND for r in device["resources"]),
                  images=await rules.images.list_images(name) if viewer.admin else [],
-                 mine=await _my_leases(request, viewer, name))
+                 mine=mine, tickets=_not_shown(tickets, mine), steps=steps, settle_lease=settle_lease,
+                 settling=settling if settle_lease else None,
+                 queue=[e for e in await _queue(request) if serves(device, e)],
+                 classes=[device["class"]])
 
 
 def _local(path: str) -> str:

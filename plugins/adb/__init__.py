@@ -14,23 +14,44 @@ server. Debian's adb 29 does not: its private server would claim every phone on 
 host, so the plugin then serves a phone only while it is the only one here, refuses
 otherwise, and marks a phone plugged in later as failed instead of letting two servers
 fight over it.
+
+Between two leases (and for a ``settle`` inside one) the plugin reads the phone's thermal
+zones (``devloop_thermal``) and runs its step ``wait-boot`` (until Android says it has
+booted), both with ``adb shell``: a hook that spawns, which only this plugin's does. Each
+goes through a server that serves this one phone: the lease's own while one runs, else one
+started for the call the way a lease's is (and stopped after it), under the same rules
+(never the global server, never a server that would claim other phones: without
+``--one-device`` only while the phone is the only one here). A reading is kept
+``THERMAL_EVERY_S``, so a cooldown's polling starts a server that often at most.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import threading
+import time
+from typing import Iterator
 
 from pydantic import Field
 
-from device_loop.plugin import (Endpoint, EndpointRole, Health, PluginConfig, Resource, Service, ServiceError,
-                                UsbDevice, hookimpl, port_is_free, run, usb_devices, wait_port_free)
+from device_loop.plugin import (Endpoint, EndpointRole, Health, OperationError, PluginConfig, Resource, Service,
+                                ServiceError, StepKind, UsbDevice, hookimpl, port_is_free, run, usb_devices,
+                                wait_port_free)
 
 log = logging.getLogger(__name__)
 ADB_INTERFACE = ("ff", "42", "01")
 NO_ONE_DEVICE = ("this adb lacks --one-device (platform-tools 35+ has it), so one adb server "
                  "would claim every phone on the host")
+# each zone's type and its millidegrees, one zone a line (a zone that cannot be read prints nothing usable)
+THERMAL_SCRIPT = ("for z in /sys/class/thermal/thermal_zone*; do "
+                  "echo \"$(cat $z/type 2>/dev/null) $(cat $z/temp 2>/dev/null)\"; done")
+THERMAL_TIMEOUT_S = 4.0  # (within the exporter's hook deadline, 5 s by default)
+THERMAL_EVERY_S = 5.0    # a reading younger than this is answered again
+BOOTED_SCRIPT = "while [ \"$(getprop sys.boot_completed)\" != 1 ]; do sleep 1; done"
+WAIT_BOOT = StepKind("wait-boot", "wait until the phone is on adb and Android says it has booted "
+                                  "(sys.boot_completed)", timeout_s=300.0)
 
 class AdbConfig(PluginConfig):
     """A phone's entry: which phone the device is."""
@@ -68,7 +89,9 @@ class AdbPlugin:
     def __init__(self):
         self.one_device = False            # does this host's adb know --one-device
         self.serving: set[str] = set()     # serials with a server of ours
+        self.ports: dict[str, int] = {}    # serial -> the port of its lease's server
         self.starting = threading.Lock()   # starts run in parallel; the global server is stopped once
+        self.readings: dict[str, tuple[float, dict[str, float] | None]] = {}  # serial -> (when, its zones)
 
     @hookimpl
     def devloop_config_model(self):
@@ -132,6 +155,7 @@ class AdbPlugin:
             proc.stop()
             raise ServiceError(f"adb server did not start: {problem}")
         self.serving.add(serial)
+        self.ports[serial] = port
         endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", role=EndpointRole.ADB,
                             params={"serial": serial},
                             command="adb -H {host} -P {port} -s {serial} shell",
@@ -142,4 +166,93 @@ class AdbPlugin:
     @hookimpl
     def devloop_stop(self, host, service):
         self.serving.discard(service.data["serial"])
+        self.ports.pop(service.data["serial"], None)
         # returning nothing lets the default stop the server process
+
+    @contextlib.contextmanager
+    def _server(self, host, resource) -> Iterator[int | None]:
+        """The port of an adb server that serves this phone alone: its lease's, else one
+        started for the while (and stopped after: it holds the phone, as an orphan would);
+        None where none can be (another phone here and no --one-device). No lease of the
+        phone starts meanwhile: the device is between two leases."""
+        serial = _serial(resource)
+        with self.starting:  # (starts stop the global server and count the phones: one at a time)
+            port = self.ports.get(serial)
+            proc = None
+            if port is None:
+                if serial in self.serving or not self.one_device and (len(_phones(host)) > 1 or self.serving):
+                    yield None
+                    return
+                _stop_global_server()
+                port = host.free_port()
+                argv = ["adb", "-P", str(port), "server", "nodaemon"] + (["--one-device", serial] if self.one_device
+                                                                          else [])
+                proc = host.processes.spawn(argv, name=f"adb-{resource.device}-steps", job=True)
+                problem = proc.wait_listening({port})
+                if problem is not None:
+                    proc.stop()
+                    raise OperationError(f"adb server did not start: {problem}", changed=False)
+                self.serving.add(serial)
+        try:
+            yield port
+        finally:
+            if proc is not None:
+                proc.stop()
+                self.serving.discard(serial)
+
+    @hookimpl
+    def devloop_thermal(self, host, resource):
+        """The phone's thermal zones, through a server of this one phone (spawns adb: see the module)."""
+        serial = _serial(resource)
+        when, zones = self.readings.get(serial, (float("-inf"), None))
+        if time.monotonic() - when < THERMAL_EVERY_S:
+            return zones
+        with self._server(host, resource) as port:
+            if port is None:
+                return None
+            code, output = run(["adb", "-P", str(port), "-s", serial, "wait-for-device", "shell", THERMAL_SCRIPT],
+                               timeout=THERMAL_TIMEOUT_S)
+        if code != 0:
+            raise RuntimeError(f"adb shell on {serial} failed: {output.strip()[-200:]}")
+        zones = parse_zones(output)
+        self.readings[serial] = (time.monotonic(), zones)
+        return zones
+
+    @hookimpl
+    def devloop_steps(self, host, resource):
+        return [WAIT_BOOT] if resource is None or resource.kind == "adb" else None
+
+    @hookimpl
+    def devloop_operate(self, host, resource, op):
+        if op.kind != WAIT_BOOT.name:
+            raise OperationError(f"the adb plugin runs {WAIT_BOOT.name!r} alone, not {op.kind!r}", changed=False)
+        serial = _serial(resource)
+        timeout = float(op.args.get("timeout_s", WAIT_BOOT.timeout_s))
+        began = time.monotonic()
+        with self._server(host, resource) as port:
+            if port is None:
+                raise OperationError(f"no adb server can serve {serial} alone here ({NO_ONE_DEVICE})", changed=False)
+            op.progress("waiting", detail=f"waiting for {serial} to boot")
+            code, output = host.run_to_end(["adb", "-P", str(port), "-s", serial, "wait-for-device", "shell",
+                                            BOOTED_SCRIPT], name=f"adb-{resource.device}-wait-boot",
+                                           timeout=max(1.0, timeout - (time.monotonic() - began)))
+        if code is None:
+            raise OperationError(f"{serial} did not boot within {timeout:g}s")
+        if code != 0:
+            raise OperationError(f"adb on {serial} failed (exit status {code}): {output.strip()[-200:]}")
+        return f"{serial} has booted"
+
+
+def parse_zones(output: str) -> dict[str, float] | None:
+    """``TYPE MILLIDEGREES`` lines (what ``THERMAL_SCRIPT`` prints) as zone -> °C; a zone whose
+    type is shared is named with its number; None when no line reads."""
+    pairs = []
+    for line in output.splitlines():
+        kind, _, value = line.strip().rpartition(" ")
+        try:
+            pairs.append((kind.strip() or "zone", int(value) / 1000))
+        except ValueError:
+            continue
+    names = [kind for kind, _ in pairs]
+    zones = {(kind if names.count(kind) == 1 else f"{kind} ({n})"): degrees for n, (kind, degrees) in enumerate(pairs)}
+    return zones or None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from device_loop.plugin import OperationError, PluginConfig, parse_duration
+from device_loop.plugin import Duration, OperationError, PluginConfig
 
 from .file_target import write_and_verify
 
@@ -22,18 +22,7 @@ class FlashConfig(PluginConfig):
     fastboot: str | None = Field(default=None, description="a phone's serial number, flashed with fastboot")
     partition: str = Field(default="boot", min_length=1, description="the partition fastboot writes")
     command: str | None = Field(default=None, description="a command template, run without a shell")
-    timeout: float | None = Field(default=None, description="how long fastboot or the command may run")
-
-    @field_validator("timeout", mode="before")
-    @classmethod
-    def _duration(cls, value):
-        try:
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return parse_duration(value)
-        except (ValueError, TypeError):
-            raise ValueError(f"timeout must be a positive number of seconds (or 90s, 10m, 1h), not {value!r}") \
-                from None
+    timeout: Duration | None = Field(default=None, description="how long fastboot or the command may run")
 
     @field_validator("command")
     @classmethod

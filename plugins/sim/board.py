@@ -1,8 +1,11 @@
 """A simulated board: a pty whose other end is a small scripted console.
 
 It prints a boot banner at power-on, echoes what it is sent like a shell on a serial
-line does, and answers ``help``, ``uname``, ``hostname``, ``echo`` and ``reboot``
-(which prints the banner again). Ctrl-C drops the line being typed, as a shell does.
+line does, and answers ``help``, ``uname``, ``hostname``, ``echo``, ``reboot`` (which
+prints the banner again), ``temp`` (its cpu's temperature) and ``stress [SECONDS]``
+(loads its cpu: the board heats up some 30 °C in 5 seconds, then cools down; see
+``thermal.py``). Every command handled warms it a little. Ctrl-C drops the line being
+typed, as a shell does.
 """
 from __future__ import annotations
 
@@ -12,8 +15,10 @@ import threading
 import tty
 from pathlib import Path
 
+from .thermal import DEFAULT_STRESS_S, MAX_STRESS_S, Thermal
+
 COMMANDS = {
-    "help": "commands: help uname hostname echo reboot",
+    "help": "commands: help uname hostname echo reboot temp stress [SECONDS]",
     "uname": "Linux {name} 6.1.0-sim #1 SMP PREEMPT riscv64 GNU/Linux",
     "hostname": "{name}",
 }
@@ -23,8 +28,9 @@ INTERRUPT = b"\x03"  # Ctrl-C
 class SimBoard:
     """One powered-on board; ``node`` is the pty its UART appears on."""
 
-    def __init__(self, name: str, link: Path):
+    def __init__(self, name: str, link: Path, thermal: Thermal | None = None):
         self.name = name
+        self.thermal = thermal or Thermal()
         self._master, self._slave = os.openpty()
         tty.setraw(self._slave)  # a real UART has no line discipline of its own
         os.set_blocking(self._master, False)
@@ -66,10 +72,16 @@ class SimBoard:
     def answer(self, line: str) -> str:
         """What the console prints after ``line`` is entered, up to the next prompt."""
         command, _, rest = line.strip().partition(" ")
+        if command:
+            self.thermal.heat()
         if command == "reboot":
             return "Rebooting...\r\n" + self.banner()
         if not command:
             output = ""
+        elif command == "stress":
+            output = self._stress(rest.strip())
+        elif command == "temp":
+            output = f"cpu: {self.thermal.read():.1f} °C\r\n"
         elif command == "echo":
             output = rest + "\r\n"
         elif command in COMMANDS:
@@ -77,6 +89,16 @@ class SimBoard:
         else:
             output = f"sh: {command}: not found\r\n"
         return output + self.prompt()
+
+    def _stress(self, argument: str) -> str:
+        try:
+            seconds = float(argument) if argument else DEFAULT_STRESS_S
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds <= MAX_STRESS_S:
+            return f"stress: SECONDS is a number of seconds up to {MAX_STRESS_S:g}, not {argument!r}\r\n"
+        self.thermal.stress(seconds)
+        return f"stress: loading the cpu for {seconds:g} s (it is {self.thermal.read():.1f} °C)\r\n"
 
     def _run(self) -> None:
         while True:

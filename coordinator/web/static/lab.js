@@ -1,6 +1,9 @@
-// device-loop's web page: rows kept live from /api/v1/events (the server renders them),
-// the viewer's own parts fetched again when one of their devices changed, and buttons
-// that call the REST API. No polling: the only timer redraws "time left".
+// device-loop's web page: rows and the queue kept live from /api/v1/events (the server
+// renders them), the viewer's own parts fetched again when one of their devices or their
+// place in the queue changed, and buttons that call the REST API. No polling: the only
+// timer redraws "time left", and the one long-poll follows a settle the viewer sees run.
+// Text from the API goes into the page as text (textContent), never as HTML: the only HTML
+// inserted is what the server rendered from its templates, which escape.
 "use strict";
 
 (() => {
@@ -10,7 +13,9 @@
   const page = document.body.dataset.page;
   const here = document.body.dataset.device;  // on a device's page
   const rows = document.getElementById("devices");
+  const waiting = document.getElementById("waiting");  // the queue's rows
   const notice = document.getElementById("notice");
+  const FOLLOW_S = 5;  // a settle's progress changes with no change of state, which no long-poll answers
 
   let hiding = null;
 
@@ -53,19 +58,53 @@
     for (const t of document.querySelectorAll("time[data-ago]")) {
       t.textContent = `${duration((now - Date.parse(t.dateTime)) / 1000)} ago`;
     }
+    for (const t of document.querySelectorAll("time[data-waited]")) {  // seconds waited when it was sent
+      t.dateTime = new Date(now - Number(t.dataset.waited) * 1000).toISOString();
+      delete t.dataset.waited;
+      t.dataset.for = "";
+    }
+    for (const t of document.querySelectorAll("time[data-for]")) {
+      t.textContent = duration((now - Date.parse(t.dateTime)) / 1000);
+    }
   }
 
   // -- rows, as the event stream sends them
 
+  const known = new Map();  // device name -> the device, as the stream last sent it
+  let queue = [];           // the waiting tickets, as the stream last sent them (no ids)
+
+  function serves(device, want) {  // is it what the ticket waits for? (as pages.py: serves)
+    if (want.device) return want.device === device.name;
+    return (!want.device_class || want.device_class === device.class) &&
+      want.tags.every((tag) => device.tags.includes(tag));
+  }
+
   function markMine(row) {  // the row is shared by every viewer: whose it is, is told here
     row.classList.toggle("mine", Boolean(user) && row.dataset.holder === user);
+    const device = known.get(row.dataset.name);
+    const cell = row.querySelector('td[data-label="State"]');
+    if (device && cell) {  // how many tickets wait for it (by name, or for its class and tags)
+      const tickets = queue.filter((e) => serves(device, e));
+      let mark = cell.querySelector(".queued");
+      if (!tickets.length) {
+        if (mark) mark.remove();
+      } else {
+        if (!mark) {
+          mark = document.createElement("span");
+          mark.className = "mark queued";
+          cell.append(" ", mark);
+        }
+        mark.textContent = `${tickets.length} waiting`;
+        mark.title = tickets.map((e) => `${e.position}. ${e.requester} (${e.kind}) for ${e.wants}`).join("\n");
+      }
+    }
     return row;
   }
 
   function rowFrom(html) {
     const template = document.createElement("template");
     template.innerHTML = html.trim();
-    return markMine(template.content.firstElementChild);
+    return template.content.firstElementChild;
   }
 
   function shown(device) {
@@ -73,17 +112,44 @@
   }
 
   function replaceAll(devices) {
-    rows.replaceChildren(...devices.filter(shown).map((d) => rowFrom(d.html)));
+    known.clear();
+    for (const d of devices) known.set(d.name, d);
+    rows.replaceChildren(...devices.filter(shown).map((d) => markMine(rowFrom(d.html))));
     tick();
   }
 
   function replaceOne(device) {
+    known.set(device.name, device);
     if (!shown(device)) return;
-    const row = rowFrom(device.html);
+    const row = markMine(rowFrom(device.html));
     const old = [...rows.children].find((r) => r.dataset.name === device.name);
     if (old) old.replaceWith(row);
     else rows.insertBefore(row, [...rows.children].find((r) => r.dataset.name > device.name) || null);
     tick();
+  }
+
+  // -- the queue: on the board every waiting ticket, on a device's page those it could serve
+
+  function showQueue() {
+    if (!waiting) return;
+    const entries = page === "board" ? queue : queue.filter((e) => known.has(here) && serves(known.get(here), e));
+    waiting.replaceChildren(...entries.map((e) => {
+      const row = rowFrom(e.html);
+      row.classList.toggle("mine", Boolean(user) && e.requester === user);
+      return row;
+    }));
+    document.getElementById("queue").hidden = !entries.length;
+    [...rows.children].forEach(markMine);
+    tick();
+  }
+
+  let myPlaces = null;  // the viewer's places in the queue, as last seen
+
+  function placesChanged() {
+    const places = JSON.stringify(queue.filter((e) => e.requester === user).map((e) => [e.wants, e.position]));
+    const changed = myPlaces !== null && places !== myPlaces;
+    myPlaces = places;
+    return changed;
   }
 
   // -- the viewer's own parts of the page (their leases; a device's details), fetched again
@@ -103,14 +169,52 @@
           if (next && next.innerHTML !== part.innerHTML) part.replaceWith(next);  // an unchanged camera keeps streaming
         }
         tick();
+        followShown();
       } while (fetchAgain);
     })().catch((error) => say(error.message, true)).finally(() => { fetching = null; });
   }
 
   function concernsViewer(device) {
-    if (page === "device") return device.name === here;
+    const queued = document.querySelector("#tickets [data-ticket]");  // a grant: the device is theirs now
+    if (page === "device") return device.name === here || Boolean(user && queued) && device.holder === user;
     const mine = [...document.querySelectorAll("#mine [data-device]")].map((s) => s.dataset.device);
     return Boolean(user) && (device.holder === user || mine.includes(device.name));
+  }
+
+  // -- an operation the viewer follows (a settle), its progress shown until it ends
+
+  const LIVE_OPS = ["queued", "running"];
+  const following = new Set();
+
+  function progress(op) {
+    const now = (op.progress && op.progress.detail) || "";  // where it stands while it runs; then its result
+    const detail = LIVE_OPS.includes(op.state) ? now : op.message || now;
+    return `${op.kind} ${op.state}${detail ? `: ${detail}` : ""}`;
+  }
+
+  async function follow(op) {  // (the page shows it as it was when rendered: from there on, here)
+    if (following.has(op.id)) return;
+    following.add(op.id);
+    try {
+      while (LIVE_OPS.includes(op.state)) {
+        op = await call("GET", `/api/v1/ops/${encodeURIComponent(op.id)}?wait=${FOLLOW_S}&unless=${op.state}`);
+        for (const p of document.querySelectorAll(`[data-op="${CSS.escape(op.id)}"]`)) p.textContent = progress(op);
+      }
+      say(`${op.device}: ${progress(op)}`, op.state !== "done");
+      refreshParts();
+    } catch (error) {
+      say(error.message, true);
+    } finally {
+      following.delete(op.id);
+    }
+  }
+
+  function followShown() {  // the live operations the page shows (it came with one, or a part did)
+    for (const p of document.querySelectorAll("[data-op][data-op-state]")) {
+      if (LIVE_OPS.includes(p.dataset.opState)) {
+        follow({id: p.dataset.op, state: p.dataset.opState});
+      }
+    }
   }
 
   // -- the live feed (pages with device rows)
@@ -128,7 +232,13 @@
     events.addEventListener("device", (event) => {
       const device = JSON.parse(event.data);
       replaceOne(device);
+      if (page === "device" && device.name === here) showQueue();  // (its class or tags may have changed)
       if (concernsViewer(device)) refreshParts();
+    });
+    events.addEventListener("queue", (event) => {
+      queue = JSON.parse(event.data);
+      showQueue();
+      if (user && placesChanged()) refreshParts();  // their ticket moved, or was granted: "Your tickets"
     });
     events.addEventListener("error", () => live.classList.remove("on"));
     [...rows.children].forEach(markMine);
@@ -138,6 +248,17 @@
 
   const ttl = () => Number(document.getElementById("ttl").value);
   const leaseOf = (button) => button.closest("[data-lease]").dataset.lease;
+
+  function reserved(answer) {  // a lease, or (with queue) a ticket
+    if (answer.ticket) {
+      const what = answer.device ? answer.device : `any device ${answer.wants}`;
+      say(`Nothing that fits is free: you are number ${answer.position} in the queue for ${what}; ` +
+          "the next one that fits is yours (this page shows it)");
+    } else {
+      say(`${answer.device} is yours until ${new Date(answer.expires_at).toLocaleString()}: ${answer.reason}`);
+    }
+    refreshParts();
+  }
 
   async function copy(text) {
     if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
@@ -155,9 +276,38 @@
       say("copied");
     },
     async reserve(button) {
-      const lease = await call("POST", "/api/v1/leases", {device: button.closest("tr").dataset.name, ttl_s: ttl()});
-      say(`${lease.device} is yours until ${new Date(lease.expires_at).toLocaleString()}: ${lease.reason}`);
+      reserved(await call("POST", "/api/v1/leases", {device: button.closest("tr").dataset.name, ttl_s: ttl()}));
+    },
+    async queue(button) {
+      reserved(await call("POST", "/api/v1/leases", {device: button.closest("tr").dataset.name, queue: true,
+                                                      ttl_s: ttl()}));
+    },
+    async "reserve-any"(button) {
+      const form = button.closest(".reserve-any");
+      const field = (name) => form.querySelector(`[name="${name}"]`);
+      const wanted = field("class").value.trim();
+      const tags = field("tags").value.split(",").map((tag) => tag.trim()).filter(Boolean);  // (as the CLI's)
+      if (!wanted && !tags.length) throw new Error("Give a class, tags or both: any free device that fits is yours");
+      const body = {tags, queue: field("queue").checked, ttl_s: ttl()};
+      if (wanted) body.class = wanted;
+      reserved(await call("POST", "/api/v1/leases", body));
+    },
+    async "cancel-ticket"(button) {
+      const id = button.closest("[data-ticket]").dataset.ticket;
+      const ticket = await call("POST", `/api/v1/tickets/${encodeURIComponent(id)}/cancel`);
+      say(`${ticket.ticket}: ${ticket.state}`);
       refreshParts();
+    },
+    async settle(button) {
+      const op = await call("POST", `/api/v1/leases/${encodeURIComponent(button.dataset.lease)}/settle`);
+      say(`${op.device}: ${progress(op)}`);
+      refreshParts();  // the page shows it running, and follows it
+      follow(op);
+    },
+    async "clear-fault"(button) {
+      const name = button.dataset.device;
+      await call("POST", `/api/v1/admin/devices/${encodeURIComponent(name)}/clear-fault`);
+      say(`${name}: its fault is cleared`);
     },
     async renew(button) {
       const lease = await call("POST", `/api/v1/leases/${leaseOf(button)}/renew`, {ttl_s: ttl()});
@@ -210,5 +360,6 @@
   });
 
   tick();
+  followShown();
   setInterval(tick, 1000);
 })();

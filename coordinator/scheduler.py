@@ -1,0 +1,253 @@
+"""Who gets the next lease (docs/architecture.md, "Who gets the next lease"): reserve by
+name or by class and tags, and queue tickets for when nothing that matches is free.
+
+The lease stays the only mutex: a ticket only decides who gets a device's next lease. A
+ticket is granted in the transaction that makes a device free (``grant_free``, called by
+every service that does), to the first waiting ticket that matches it: interactive ones
+(a person) before batch ones (an agent), first come first served within each, and a batch
+ticket that waited longer than the lab's ``batch_max_wait_s`` among the interactive ones.
+A grant is a fixed number of statements whatever the queue's length. The reaper grants
+what a grant on becoming free could not see (a ticket made in another process at that
+moment) and takes back grants nobody claimed within the claim window.
+"""
+from __future__ import annotations
+
+import secrets
+from typing import Awaitable, Callable
+
+from device_loop.core.durations import format_duration, iso
+from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, LeaseState
+
+from .answers import LeaseAnswer, QueueEntry, TicketAnswer
+from .errors import APIError, conflict, not_found
+from .leases import Leases, describe_want, lease_json
+from .lifecycle import Lifecycle
+from .notify import BOARD_KEY, ticket_key
+from .rows import DeviceFacts, TicketRow
+from .store import Store
+
+TICKET_PREFIX = "tk-"
+#: The refusals of a reserve by name that a ticket waits out (a held, reclaimed, faulty,
+#: offline, drained or unrecovered device); any other (unknown, retired, yours already, too
+#: many leases, a bad ttl) is answered as it is.
+QUEUEABLE = frozenset({"busy", "faulty", "offline", "draining", "needs_recovery", "allocating", "in_use",
+                       "reclaiming", "none_free", "unregistered"})
+MAX_LISTED = 200  # tickets a listing shows
+
+
+def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None, claim_window_s: float) -> TicketAnswer:
+    return {
+        "ticket": row["id"], "state": row["state"], "kind": row["kind"], "requester": row["requester"],
+        "wants": describe_want(row["device"], row["device_class"], row["tags"]), "device": row["device"],
+        "device_class": row["device_class"], "tags": row["tags"], "ttl_s": row["ttl_s"], "position": position,
+        "created_at": iso(row["created_at"]), "granted_at": iso(row["granted_at"]),
+        "claim_by": iso(row["granted_at"] + claim_window_s) if row["state"] == TicketState.GRANTED
+        and row["granted_at"] is not None else None,
+        "ended_at": iso(row["ended_at"]), "lease": lease, "reason": row["reason"],
+    }
+
+
+class Scheduler:
+    """Reserve by name or by class and tags; queue tickets and their grants."""
+
+    def __init__(self, life: Lifecycle, leases: Leases):
+        self.life, self.leases = life, leases
+        self.store: Store = life.store
+
+    # ---- reserve --------------------------------------------------------------------------
+
+    async def reserve(self, device: str | None, device_class: str | None, tags: list[str], ttl_s: float | None,
+                      queue: bool, caller: str, kind: TicketKind, admin: bool = False) -> LeaseAnswer | TicketAnswer:
+        """A lease of the named device, or of a free one of ``device_class`` with all of
+        ``tags``; when there is none and ``queue``, a ticket (its ``kind`` is the caller's,
+        never the request's). Never waits."""
+        tags = sorted(set(tags))
+        if device is not None and (device_class is not None or tags):
+            raise APIError(422, "invalid", "name a device, or give a class and/or tags, not both")
+        if device is None and device_class is None and not tags:
+            raise APIError(422, "invalid", "name a device (device), or give a class (device_class) and/or tags")
+        ttl = self.leases.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
+        async with self.store.tx():
+            try:
+                if device is not None:
+                    return await self.leases.reserve(device, ttl, caller, admin)
+                return await self.leases.reserve_matching(device_class, tags, ttl, caller, admin)
+            except APIError as refusal:
+                if not queue or refusal.code not in QUEUEABLE:
+                    raise
+            return await self._enqueue(device, device_class, tags, ttl, caller, kind, admin)
+
+    async def _enqueue(self, device: str | None, device_class: str | None, tags: list[str], ttl: float, caller: str,
+                       kind: TicketKind, admin: bool) -> TicketAnswer:
+        life = self.life
+        limit = None if admin else life.settings.max_tickets_per_user or None
+        if not await self.store.count_ticket(caller, limit):
+            raise conflict("too_many_tickets", f"you have {limit} open tickets, this lab's limit per person; cancel "
+                                               "one first (device-loop tickets, device-loop cancel TICKET)")
+        now = life.clock()
+        row: TicketRow = {"id": TICKET_PREFIX + secrets.token_hex(8), "requester": caller, "kind": kind,
+                          "device": device, "device_class": device_class, "tags": tags, "ttl_s": ttl,
+                          "state": TicketState.WAITING, "created_at": now, "granted_at": None, "ended_at": None,
+                          "lease_id": None, "granted_device": None, "reason": ""}
+        await self.store.insert_ticket(row)
+        await life.audit(caller, "queue", device, None, {"ticket": row["id"], "kind": kind, "wants": describe_want(
+            device, device_class, tags), "ttl_s": ttl})
+        life.notify(BOARD_KEY)
+        position = await self.store.tickets_ahead(row, self._aged(now)) + 1
+        return ticket_json(row, position, None, life.settings.claim_window_s)
+
+    def _aged(self, now: float) -> float:
+        """Batch tickets made before this have waited long enough to be served as interactive ones."""
+        return now - self.life.settings.batch_max_wait_s
+
+    # ---- granting ---------------------------------------------------------------------------
+
+    async def grant_free(self, names: list[str]) -> None:
+        """Devices among ``names`` may have become free (in the caller's transaction, which
+        made them so): each goes to the first waiting ticket that matches it. Costs one
+        statement when nothing waits, and a fixed number a grant."""
+        if not names or not await self.store.any_waiting_ticket():
+            return
+        for device in await self.store.devices_named(sorted(set(names))):
+            if self._free(device):
+                await self._grant(device)
+
+    async def grant_wanted(self, limit: int = 50) -> None:
+        """The reaper's pass: free devices a waiting ticket matches (a ticket made in another
+        process while the device became free there saw it busy, and that grant saw no ticket)."""
+        async with self.store.tx():
+            if not await self.store.any_waiting_ticket():
+                return
+            for device in await self.store.free_devices_wanted(limit):
+                await self._grant(device)
+
+    @staticmethod
+    def _free(device: DeviceFacts) -> bool:
+        return (device["state"] == "idle" and not device["needs_recovery"] and not device["fault"]
+                and not device["op_id"] and not device["host_draining"])
+
+    async def _grant(self, device: DeviceFacts) -> bool:
+        """Grant ``device`` to its first waiting ticket, if any: True if one was."""
+        life = self.life
+        ticket = await self.store.first_ticket_for(device, self._aged(life.clock()))
+        if ticket is None:
+            return False
+        waited = format_duration(life.clock() - ticket["created_at"])
+        answer = await self.leases.grant(device, ticket["ttl_s"], ticket["requester"], False,
+                                         f"granted to {ticket['requester']} from the queue ({ticket['kind']}, "
+                                         f"waited {waited})", ticket_id=ticket["id"])
+        if answer is None:  # leased a moment ago in another process: not free after all
+            return False
+        now = life.clock()
+        if not await self.store.grant_ticket(ticket["id"], answer["id"], device["name"], now):
+            raise RuntimeError(f"ticket {ticket['id']} changed while locked")  # (locked by first_ticket_for)
+        await self.store.uncount_ticket(ticket["requester"])
+        life.notify(ticket_key(ticket["id"]), BOARD_KEY)
+        seconds = now - ticket["created_at"]
+        self.store.after_commit(lambda: life.metrics.ticket_waits.labels(kind=ticket["kind"]).observe(seconds))
+        return True
+
+    async def expire_unclaimed(self, now: float, actor: str) -> None:
+        """Grants their requesters did not claim within the claim window: the lease ends, the
+        ticket is ``expired``, and the device goes on (reclaimed, then to the next ticket)."""
+        window = self.life.settings.claim_window_s
+        for ticket in await self.store.tickets_granted_before(now - window):
+            reason = f"not claimed within {format_duration(window)} of its grant"
+            if await self.store.end_ticket(ticket["id"], TicketState.EXPIRED, reason, now, (TicketState.GRANTED,)):
+                await self._end_lease_of(ticket, LeaseState.EXPIRED, f"its ticket was {reason}", actor)
+                await self.life.audit(actor, "ticket_expire", ticket["granted_device"], ticket["lease_id"],
+                                      {"ticket": ticket["id"]})
+                self.life.notify(ticket_key(ticket["id"]), BOARD_KEY)
+
+    async def _end_lease_of(self, ticket: TicketRow, state: LeaseState, reason: str, actor: str) -> None:
+        lease = await self.store.lease(ticket["lease_id"] or "")
+        if lease is not None:
+            await self.leases.end(lease, state, reason, actor)
+
+    # ---- what a requester does with a ticket ------------------------------------------------
+
+    async def _own(self, ticket_id: str, caller: str, admin: bool, for_update: bool = False) -> TicketRow:
+        row = await self.store.ticket(ticket_id, for_update)
+        if row is None or (row["requester"] != caller and not admin):
+            raise not_found("ticket", ticket_id)
+        return row
+
+    async def status(self, ticket_id: str, caller: str, admin: bool = False) -> TicketAnswer:
+        """A ticket as its requester sees it; a granted one is claimed by its requester seeing it."""
+        row = await self._own(ticket_id, caller, admin)
+        if row["state"] == TicketState.GRANTED and row["requester"] == caller:
+            async with self.store.tx():
+                if await self.store.claim_ticket(ticket_id, self.life.clock()):
+                    await self.life.audit(caller, "ticket_claim", row["granted_device"], row["lease_id"],
+                                          {"ticket": ticket_id})
+                    self.life.notify(ticket_key(ticket_id))
+            row = await self._own(ticket_id, caller, admin)
+        return await self._json(row)
+
+    async def _json(self, row: TicketRow) -> TicketAnswer:
+        position = None
+        if row["state"] == TicketState.WAITING:
+            position = await self.store.tickets_ahead(row, self._aged(self.life.clock())) + 1
+        lease = None
+        if row["lease_id"]:
+            view = await self.store.lease_view(row["lease_id"])
+            lease = lease_json(view) if view else None
+        return ticket_json(row, position, lease, self.life.settings.claim_window_s)
+
+    async def wait(self, ticket_id: str, caller: str, admin: bool, wait_s: float,
+                   gone: Callable[[], Awaitable[None]]) -> TicketAnswer:
+        """Long-poll: the ticket once its state changes (or ``wait_s`` passed)."""
+        first = await self.status(ticket_id, caller, admin)
+        if not wait_s or first["state"] != TicketState.WAITING:
+            return first
+        return await self.life.notifier.long_poll(ticket_key(ticket_id), lambda: self.status(ticket_id, caller, admin),
+                                                  lambda t: t["state"] != TicketState.WAITING, wait_s, gone)
+
+    async def cancel(self, ticket_id: str, caller: str, admin: bool = False) -> TicketAnswer:
+        """Cancel a waiting ticket, or a granted one nobody claimed yet (its lease ends)."""
+        async with self.store.tx():
+            row = await self._own(ticket_id, caller, admin, for_update=True)
+            if row["state"] not in OPEN_TICKET_STATES:
+                raise conflict("ticket_ended", f"{ticket_id} is {row['state']} already" + (
+                    f": its lease {row['lease_id']} is yours; release it instead" if row["state"] ==
+                    TicketState.CLAIMED else ""))
+            reason = f"cancelled by {caller}"
+            ended = await self.store.end_ticket(ticket_id, TicketState.CANCELLED, reason, self.life.clock(),
+                                                OPEN_TICKET_STATES)
+            if ended is None:
+                raise conflict("ticket_changed", f"{ticket_id} changed just now; look at it again")
+            if row["state"] == TicketState.WAITING:  # (a granted one was uncounted at its grant)
+                await self.store.uncount_ticket(ended["requester"])
+            else:
+                await self._end_lease_of(ended, LeaseState.RELEASED, f"its ticket was {reason}", caller)
+            await self.life.audit(caller, "ticket_cancel", ended["granted_device"] or ended["device"],
+                                  ended["lease_id"], {"ticket": ticket_id})
+            self.life.notify(ticket_key(ticket_id), BOARD_KEY)
+            return await self._json(ended)
+
+    async def tickets(self, caller: str, everyone: bool) -> list[TicketAnswer]:
+        """The caller's tickets (an admin's ``everyone``: all), the open ones first; a granted
+        one of the caller's is claimed by this (it shows its lease)."""
+        rows = await self.store.tickets_of(None if everyone else caller, MAX_LISTED)
+        return [await (self.status(row["id"], caller, True) if row["state"] == TicketState.GRANTED
+                       and row["requester"] == caller else self._json(row)) for row in rows]
+
+    async def queue(self, caller: str | None, admin: bool) -> list[QueueEntry]:
+        """The waiting tickets in the order they are served (per thing they wait for), as the
+        board shows them: ids only to their requesters and admins."""
+        now = self.life.clock()
+        aged = self._aged(now)
+        rows = await self.store.waiting_tickets(MAX_LISTED)
+        rows.sort(key=lambda t: (0 if t["kind"] == TicketKind.INTERACTIVE or t["created_at"] <= aged else 1,
+                                 t["created_at"], t["id"]))
+        seen: dict[tuple, int] = {}
+        entries: list[QueueEntry] = []
+        for row in rows:
+            want = (row["device"], row["device_class"], tuple(row["tags"]))
+            seen[want] = seen.get(want, 0) + 1
+            entries.append({"ticket": row["id"] if admin or row["requester"] == caller else None,
+                            "requester": row["requester"], "kind": row["kind"],
+                            "wants": describe_want(row["device"], row["device_class"], row["tags"]),
+                            "device": row["device"], "device_class": row["device_class"], "tags": row["tags"],
+                            "waiting_s": round(now - row["created_at"], 1), "position": seen[want]})
+        return entries

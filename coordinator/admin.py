@@ -29,6 +29,7 @@ class Admin:
     async def retire(self, name: str, admin: str, retired: bool = True, force: bool = False) -> DeviceAnswer:
         """Take a device out of the lab (a live lease is revoked only with ``force``), or bring it back."""
         async with self.store.tx():
+            await self.store.lock_host_of_device(name)
             device = await self.store.device(name)
             if device is None:
                 raise not_found("device", name)
@@ -52,6 +53,7 @@ class Admin:
         """Clear the fault a failed step between leases left (docs/architecture.md, "Steps
         between leases"): the device is idle again, and goes to the first ticket waiting for it."""
         async with self.store.tx():
+            await self.store.lock_host_of_device(name)
             device = await self.store.device(name)
             if device is None:
                 raise not_found("device", name)

@@ -140,6 +140,7 @@ class Leases:
         """Reserve the device called ``device_name`` (or say why not, and what else is free)."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
+            await self.store.lock_host_of_device(device_name)  # (docs/architecture.md, "Leases": the lock order)
             device = await self.store.device(device_name)
             if device is None:
                 raise await self.devices.unknown(device_name)
@@ -155,7 +156,9 @@ class Leases:
         longest (docs/architecture.md, "Who gets the next lease"), or say why none is."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
-            for device in await self.store.free_devices(device_class, tags, self.PICKS):
+            picked = await self.store.free_devices(device_class, tags, self.PICKS)
+            await self.store.lock_hosts([d["host"] for d in picked if d["host"]])  # all at once, in one order
+            for device in picked:
                 answer = await self.grant(device, ttl, caller, admin, f"reserved by class ({format_duration(ttl)})")
                 if answer is not None:
                     return answer
@@ -167,15 +170,11 @@ class Leases:
         """The refusal of a reserve by class and tags that found no free device: 404 if none
         in the lab matches at all, else 409 with how the matching ones stand."""
         wanted = describe_want(None, device_class, tags)
-        matching = [d for d in await self.store.devices()
-                    if (device_class is None or d["class"] == device_class) and set(tags) <= set(d["tags"])
-                    and d["state"] != DeviceState.RETIRED]
-        if not matching:
+        states = await self.store.matching_device_states(device_class, tags)
+        states.pop(DeviceState.RETIRED, None)
+        if not states:
             classes = ", ".join(await self.store.device_classes()) or "none yet"
             return APIError(404, "no_such_devices", f"no device in the lab is {wanted} (classes: {classes})")
-        states: dict[str, int] = {}
-        for d in matching:
-            states[str(d["state"])] = states.get(str(d["state"]), 0) + 1
         standing = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
         return conflict("none_free", f"no device {wanted} is free now ({standing}); add --queue (REST: "
                                      "\"queue\": true) for a ticket that is granted the first one that is")
@@ -307,6 +306,7 @@ class Leases:
         None if the lease had ended already (here or in another coordinator process), or
         is no longer what ``still`` says (``Store.end_lease``)."""
         life = self.life
+        await self.store.lock_host_of_device(lease["device"])  # before the lease: a heartbeat's order
         if not await self.store.end_lease(lease["id"], state, reason, life.clock(), **still):
             return None
         device = await self.store.device(lease["device"])

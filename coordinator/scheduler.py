@@ -118,7 +118,9 @@ class Scheduler:
         async with self.store.tx():
             if not await self.store.any_waiting_ticket():
                 return
-            for device in await self.store.free_devices_wanted(limit):
+            wanted = await self.store.free_devices_wanted(limit)
+            await self.store.lock_hosts([d["host"] for d in wanted if d["host"]])
+            for device in wanted:
                 await self._grant(device)
 
     @staticmethod

@@ -492,6 +492,22 @@ class Store:
         return await self._one("SELECT * FROM hosts WHERE name = :name" + (self._for_update if for_update else ""),
                                name=name)
 
+    async def lock_hosts(self, names: list[str]) -> None:
+        """Take the row locks of hosts ``names`` (in the order of their names), as every
+        heartbeat does for its own host first (docs/architecture.md, "Leases": one lock order).
+        A write that begins or ends a lease takes its device's host's first, so it never
+        interleaves with that host's heartbeat, which writes the devices' rows back whole.
+        SQLite has one writer: nothing to take there."""
+        if self.dialect == "postgresql" and names:
+            await self._all("SELECT name FROM hosts WHERE name = ANY(:names) ORDER BY name FOR UPDATE",
+                            names=sorted(set(names)))
+
+    async def lock_host_of_device(self, device: str) -> None:
+        """``lock_hosts`` for the host of ``device``."""
+        if self.dialect == "postgresql":
+            await self._all("SELECT h.name FROM hosts h JOIN devices d ON d.host = h.name WHERE d.name = :d "
+                            "FOR UPDATE OF h", d=device)
+
     async def hosts(self) -> list[HostRow]:
         return await self._all("SELECT * FROM hosts ORDER BY name")
 
@@ -507,7 +523,7 @@ class Store:
         rows = await self._all(
             "SELECT name FROM hosts WHERE online AND "
             "CASE WHEN last_seen > :since THEN last_seen ELSE :since END < :now - "
-            "CASE WHEN heartbeat_s * :periods > :minimum THEN heartbeat_s * :periods ELSE :minimum END",
+            "CASE WHEN heartbeat_s * :periods > :minimum THEN heartbeat_s * :periods ELSE :minimum END ORDER BY name",
             now=now, periods=periods, minimum=minimum, since=serving_since)
         return [r["name"] for r in rows]
 
@@ -680,8 +696,11 @@ class Store:
             f"WHERE d.host = :host AND d.present AND NOT d.retired AND l.state IN {_LIVE_SQL} ORDER BY l.id", host=host)
 
     async def leases_past(self, column: str, states: tuple[str, ...], before: float) -> list[LeaseRow]:
+        """Leases in ``states`` whose ``column`` is before ``before``, by their devices' hosts
+        (ending them takes those hosts' locks in that order: two reapers never cross)."""
         marks = ", ".join(f"'{s}'" for s in states)
-        return await self._all(f"SELECT * FROM leases WHERE state IN ({marks}) AND {column} < :before", before=before)
+        return await self._all(f"SELECT l.* FROM leases l LEFT JOIN devices d ON d.name = l.device WHERE l.state IN "
+                               f"({marks}) AND l.{column} < :before ORDER BY d.host, l.id", before=before)
 
     async def end_lease(self, lease_id: str, state: str, reason: str, now: float, overdue: bool = False,
                         pending: bool = False) -> bool:
@@ -989,9 +1008,8 @@ class Store:
 
     async def free_devices(self, device_class: str | None, tags: list[str], limit: int) -> list[DeviceFacts]:
         """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``,
-        idle the longest first (wear spreads over the class). On PostgreSQL the rows are
-        locked and those another transaction locked are skipped: two processes picking from
-        one class at once pick different devices."""
+        idle the longest first (wear spreads over the class). Not locked: a lease is taken
+        under its host's lock (``lock_hosts``), and the partial UNIQUE index decides."""
         where = self._FREE
         values: dict[str, Any] = {}
         if device_class is not None:
@@ -1000,9 +1018,22 @@ class Store:
         if tags:
             where += " AND " + self._tags_within(":tags", "d.tags")
             values["tags"] = json.dumps(sorted(tags))
-        lock = " FOR UPDATE OF d SKIP LOCKED" if self.dialect == "postgresql" else ""
         return await self._all(f"{_DEVICE_FACTS} WHERE {where} ORDER BY COALESCE(d.state_since, 0), d.name "
-                               f"LIMIT :n{lock}", n=limit, **values)
+                               "LIMIT :n", n=limit, **values)
+
+    async def matching_device_states(self, device_class: str | None, tags: list[str]) -> dict[str, int]:
+        """How many devices of ``device_class`` (any) with all of ``tags`` are in each state."""
+        where = "TRUE"
+        values: dict[str, Any] = {}
+        if device_class is not None:
+            where += " AND d.class = :c"
+            values["c"] = device_class
+        if tags:
+            where += " AND " + self._tags_within(":tags", "d.tags")
+            values["tags"] = json.dumps(sorted(tags))
+        rows = await self._all(f"SELECT d.state AS state, COUNT(*) AS n FROM devices d WHERE {where} GROUP BY d.state",
+                               **values)
+        return {r["state"]: r["n"] for r in rows}
 
     async def insert_ticket(self, row: TicketRow) -> None:
         await self._insert("tickets", row)
@@ -1037,7 +1068,8 @@ class Store:
         idle missed: a ticket made in another process at that moment)."""
         return await self._all(
             f"{_DEVICE_FACTS} WHERE {self._FREE} AND EXISTS (SELECT 1 FROM tickets t WHERE "
-            f"{self._matching('d.name', 'd.class', 'd.tags')}) ORDER BY COALESCE(d.state_since, 0), d.name LIMIT :n",
+            f"{self._matching('d.name', 'd.class', 'd.tags')}) ORDER BY d.host, COALESCE(d.state_since, 0), d.name "
+            "LIMIT :n",
             n=limit, waiting=TicketState.WAITING)
 
     async def grant_ticket(self, ticket_id: str, lease_id: str, device: str, now: float) -> bool:

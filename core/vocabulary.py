@@ -72,7 +72,7 @@ class TicketState(StrEnum):
     EXPIRED = "expired"      # granted, and not claimed within the claim window
 
 
-#: A ticket in these states still counts as waiting for its requester's limit and the queue.
+#: A ticket in these states is open: its requester may cancel it (a granted one gives its lease back).
 OPEN_TICKET_STATES = (TicketState.WAITING, TicketState.GRANTED)
 
 

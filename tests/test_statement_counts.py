@@ -16,6 +16,12 @@ def wake(rules) -> int:
     return 1 if rules.store.dialect == "postgresql" else 0
 
 
+def host_lock(rules) -> int:
+    """The statement that takes the device's host's lock before a lease begins or ends: on
+    PostgreSQL (SQLite has one writer: nothing to take; docs/architecture.md, "Leases")."""
+    return 1 if rules.store.dialect == "postgresql" else 0
+
+
 async def count(rules, call) -> int:
     before = rules.store.statements
     response = await call()
@@ -61,8 +67,118 @@ async def test_reserve_renew_release_cost_the_same_in_any_lab(tmp_path, size):
             return response
 
         # reserve and release each count the holder's live leases too (the lease limit, one statement)
-        assert await count(rules, reserve) <= 8 + wake(rules)
+        assert await count(rules, reserve) <= 8 + wake(rules) + host_lock(rules)
         assert await count(rules, lambda: api.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 60})) <= 4 + wake(rules)
         assert await count(rules, lambda: api.post(f"/leases/{lease['id']}/release",
-                                                   headers={"Idempotency-Key": "r2"})) <= 9 + wake(rules)
+                                                   headers={"Idempotency-Key": "r2"})) <= 9 + wake(rules) + host_lock(rules)
         assert (await api.get(f"/leases/{lease['id']}")).json()["state"] == "released"
+
+
+# ---- who gets the next lease: a grant from a ticket, a reserve by class -------------------------
+
+GRANT_CLASS = "grant-class"
+GRANT_FIXED = 9  # the device's facts, its first ticket; the lease, its count, the device's state and ring log,
+                 # the audit entry; the ticket granted, its requester's open tickets counted down
+
+
+def classed(name: str, health: str = "ok", tags=("sim",)) -> dict:
+    """A device of ``GRANT_CLASS`` as an exporter reports it."""
+    return {**device(name, health=health), "class": GRANT_CLASS, "tags": list(tags)}
+
+
+def grant_lab_boards(size: int) -> list[dict]:
+    """b0 healthy (the device to be freed and granted); the others faulty, so that nothing
+    of the class is free and every reserve of it queues; odd ones tagged ``odd``."""
+    return [classed(f"b{i}", "ok" if i == 0 else "failed", ("sim", "odd") if i % 2 else ("sim",))
+            for i in range(size)]
+
+
+async def add_waiting_ticket(rules, ticket_id: str, requester: str, name: str | None, device_class: str | None,
+                             tags: list[str]) -> None:
+    """A waiting ticket written as ``Scheduler`` writes one, without the reserve that comes
+    first (a queue by class reads the lab's devices to say why none is free: slow at 200)."""
+    async with rules.store.tx():
+        assert await rules.store.count_ticket(requester, None)
+        await rules.store.insert_ticket({
+            "id": ticket_id, "requester": requester, "kind": "interactive",
+            "device": name, "device_class": device_class, "tags": tags, "ttl_s": 600.0,
+            "state": "waiting", "created_at": rules.clock(), "granted_at": None, "ended_at": None,
+            "lease_id": None, "granted_device": None, "reason": ""})
+
+
+async def test_a_grant_from_a_ticket_costs_the_same_with_1_or_200_waiting_and_20_or_200_devices(tmp_path):
+    """The heartbeat that completes b0's reclaim grants it to the first waiting ticket that
+    matches, in its transaction: the same number of statements whatever the queue's length
+    and the lab's size (and more than the same heartbeat with nothing waiting, by the grant's
+    fixed cost)."""
+    costs: dict[tuple[int, int], int] = {}
+    for size in (20, 200):
+        async with in_process_lab(tmp_path, max_tickets_per_user=0, max_leases_per_user=0) as (client, rules, clock):
+            api, holder = client(), client("holder")
+            exporter = FakeExporter(api, "host-a")
+            boards = grant_lab_boards(size)
+            await exporter.beat(boards)
+
+            async def freed(lease_id: str, holder_name: str) -> int:
+                """Release the lease, then the heartbeat that completes the reclaim: its statements."""
+                assert (await client(holder_name).post(f"/leases/{lease_id}/release")).status_code == 200
+                return await count(rules, lambda: exporter.beat(boards))
+
+            async def queue(user: str, want: dict) -> str:
+                clock.advance(1)  # first come, first served: each after the last
+                answer = await client(user).post("/leases", json={**want, "queue": True})
+                assert answer.status_code == 201 and answer.json()["state"] == "waiting", answer.text
+                return answer.json()["ticket"]
+
+            async def granted(ticket_id: str) -> dict:
+                ticket = await rules.store.ticket(ticket_id)
+                assert (ticket["state"], ticket["granted_device"]) == ("granted", "b0"), ticket
+                return ticket
+
+            lease = (await holder.post("/leases", json={"device": "b0"})).json()
+            costs[size, 0] = await freed(lease["id"], "holder")  # nothing waits: nothing granted
+            lease = (await holder.post("/leases", json={"device": "b0"})).json()
+            alone = await queue("user0", {"class": GRANT_CLASS})
+            costs[size, 1] = await freed(lease["id"], "holder")
+            first = await granted(alone)
+
+            served = await queue("user1", {"class": GRANT_CLASS})  # the first of 200 that b0 matches
+            for n in range(199):  # the others: mostly what b0 is not (another device, a tag b0 lacks)
+                clock.advance(1)
+                want = [(f"b{1 + n % (size - 1)}", None, []), (None, GRANT_CLASS, ["odd"]), (None, None, ["odd"]),
+                        (None, GRANT_CLASS, [])][n % 4]
+                await add_waiting_ticket(rules, f"tk-filler-{n}", f"user{n % 4}", *want)
+            assert len(await rules.store.waiting_tickets(1000)) == 200
+            costs[size, 200] = await freed(first["lease_id"], "user0")
+            await granted(served)
+    with_grant = {costs[key] for key in costs if key[1]}
+    assert len(with_grant) == 1, f"a grant's statements depend on the queue or the lab: {costs}"
+    assert costs[20, 0] == costs[200, 0] < with_grant.pop() <= costs[20, 0] + GRANT_FIXED, costs
+
+
+@pytest.mark.parametrize("tags", [[], ["odd"]])
+async def test_a_reserve_by_class_costs_the_same_at_20_and_200_devices(tmp_path, tags):
+    costs = {}
+    for size in (20, 200):
+        async with in_process_lab(tmp_path) as (client, rules, clock):
+            api = client()
+            await FakeExporter(api, "host-a").beat(
+                [classed(f"b{i}", tags=("sim", "odd") if i % 2 else ("sim",)) for i in range(size)])
+            lease = {}
+
+            async def reserve(body: dict):
+                response = await api.post("/leases", json=body, headers={"Idempotency-Key": f"k{len(costs)}"})
+                lease.update(response.json())
+                return response
+
+            costs[size, "class"] = await count(rules, lambda: reserve({"class": GRANT_CLASS, "tags": tags}))
+            assert costs[size, "class"] <= 8 + wake(rules) + host_lock(rules), costs
+            assert lease["device"] in {f"b{i}" for i in range(size)} and (not tags or lease["device"] in
+                                                                           {f"b{i}" for i in range(1, size, 2)})
+            assert (await api.post(f"/leases/{lease['id']}/release")).status_code == 200
+            costs[size, "name"] = await count(rules, lambda: reserve({"device": "b7"}))
+            assert lease["device"] == "b7", lease
+    assert costs[20, "class"] == costs[200, "class"], f"a reserve by class costs more in a bigger lab: {costs}"
+    assert costs[20, "name"] == costs[200, "name"], costs
+    # (a reserve by name reads its device; one by class reads the free ones of the class instead)
+    assert costs[20, "class"] <= costs[20, "name"], costs

@@ -51,18 +51,28 @@ def causes(coordinator, name: str) -> list[str]:
     return [e["cause"] for e in coordinator.api(f"/devices/{name}/log").json()]
 
 
+@pytest.fixture
+def exporters():
+    """Exporters a test starts, stopped at its end."""
+    started: list[Exporter] = []
+    yield started
+    for exporter in started:
+        exporter.stop(signal.SIGKILL)
+
+
 def test_a_hot_board_stays_reclaiming_until_it_is_cool_and_failing_steps_leave_theirs_faulty(coordinator, tmp_path,
-                                                                                             env):
+                                                                                             env, exporters):
     cooldown = {"step": "cooldown", "below": THRESHOLD, "timeout": "60s"}
-    Exporter(tmp_path, env, coordinator.url, [
-        sim("sim-board-0", cooldown, tau="3s"),
+    exporters.append(Exporter(tmp_path, env, coordinator.url, [
+        sim("sim-board-0", cooldown, tau="8s"),
         sim("never-cool", {"step": "cooldown", "below": "10C", "timeout": "2s"}),
         sim("rebooted", {"step": "reboot", "timeout": "20s"}),
         sim("bad-command", {"step": "command", "command": ["sh", "-c", "echo broken >&2; exit 3"],
-                            "timeout": "10s"})])
+                            "timeout": "10s"})]))
     for name in ("sim-board-0", "never-cool", "rebooted", "bad-command"):
         wait_state(coordinator, name, "idle", timeout=30)
-    lease = stress(coordinator, "sim-board-0", seconds=3)
+    lease = stress(coordinator, "sim-board-0", seconds=4)
+    wait_for(lambda: temperature(lease) > 55, 10, what="the board hot")
     release(coordinator, lease)
     seen = wait_for(lambda: (d := device(coordinator, "sim-board-0"))["state"] == "reclaiming"
                     and "cooling down" in d["reason"] and d, 15, what="the cooldown under way")
@@ -93,9 +103,10 @@ def test_a_hot_board_stays_reclaiming_until_it_is_cool_and_failing_steps_leave_t
     assert cleared["state"] == "idle"
 
 
-def test_settle_waits_inside_a_lease_and_a_killed_exporter_runs_the_steps_again(coordinator, tmp_path, env):
+def test_settle_waits_inside_a_lease_and_a_killed_exporter_runs_the_steps_again(coordinator, tmp_path, env, exporters):
     cooldown = {"step": "cooldown", "below": THRESHOLD, "timeout": "60s"}
     exporter = Exporter(tmp_path, env, coordinator.url, [sim("sim-board-0", cooldown, tau="4s")])
+    exporters.append(exporter)
     wait_state(coordinator, "sim-board-0", "idle", timeout=30)
     lease = stress(coordinator, "sim-board-0", seconds=3)
     wait_for(lambda: temperature(lease) > 45, 10, what="the board hot")

@@ -604,6 +604,8 @@ async def test_the_event_stream_of_a_coordinator_process(coordinator):
         assert snapshot == httpx2.get(f"{coordinator.url}/api/v1/devices").json()
         assert [d["html"][:18] for d in await next_event(rows, "snapshot")] == ['<tr data-name="b0"',
                                                                                 '<tr data-name="b1"']
+        assert await next_event(plain, "queue") == [] and await next_event(rows, "queue") == [], \
+            "the queue follows the snapshot"
         started = time.monotonic()
         assert coordinator.api("/leases", "POST", json={"device": "b1"}).status_code == 201
         changed = await next_event(plain)
@@ -612,15 +614,12 @@ async def test_the_event_stream_of_a_coordinator_process(coordinator):
         row = await next_event(rows)
         assert row["html"].startswith('<tr data-name="b1" data-state="allocating" data-holder="alice">')
 
-        assert httpx2.get(f"{coordinator.url}/", timeout=10).status_code == 200  # a page: the stream sends the queue
-        assert await next_event(rows, "queue") == []
         queued = coordinator.api("/leases", "POST", json={"device": "b1", "queue": True},
                                  headers={"X-Device-Loop-User": "bob"})
         assert queued.status_code == 201 and queued.json()["state"] == "waiting"
         (entry,) = await next_event(rows, "queue")
         assert (entry["requester"], entry["device"], entry["ticket"]) == ("bob", "b1", None)
-        assert await next_event(plain, "queue") == [], "plain subscribers get it too"
-        assert [e["requester"] for e in await next_event(plain, "queue")] == ["bob"]
+        assert [e["requester"] for e in await next_event(plain, "queue")] == ["bob"], "plain subscribers get it too"
     plain_get = httpx2.get(f"{coordinator.url}/api/v1/events", timeout=5)
     assert plain_get.status_code == 406 and plain_get.json()["error"] == "not_acceptable"
 

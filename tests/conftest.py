@@ -238,14 +238,25 @@ class Exporter(Proc):
 
 
 def lab_tokens(env: dict, coordinator: "Coordinator", folder: Path, *users: str) -> tuple[dict, Path]:
-    """Tokens made on the lab's database, as its first admin makes them: (user -> token,
-    the token file of exporter ``host-a``, readable by its owner only)."""
-    made = {}
-    for args in [[user] for user in users] + [["--exporter", "host-a"]]:
-        out = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url, "admin",
-                              "token", "create", *args, "--data-dir", str(folder / "coord"), "--json"],
-                             env=env, capture_output=True, text=True, timeout=60, check=True).stdout
-        made[args[-1]] = json.loads(out)["token"]
+    """Tokens made on the lab's database, as its first admin makes them (``device-loop admin
+    token create --data-dir``, which tests/test_tokens_end_to_end.py runs; here the same
+    function in this process, without a Python start a token): (user -> token, the token
+    file of exporter ``host-a``, readable by its owner only)."""
+    from device_loop.coordinator.identity import issue_token
+    from device_loop.coordinator.serve import sqlite_url
+    from device_loop.coordinator.store import Store
+
+    async def make() -> dict:
+        store = Store(sqlite_url(folder / "coord"))
+        await store.connect()
+        try:
+            made = {user: (await issue_token(store, time.time, user))["token"] for user in users}
+            made["host-a"] = (await issue_token(store, time.time, host="host-a"))["token"]
+        finally:
+            await store.disconnect()
+        return made
+
+    made = asyncio.run(make())
     token_file = folder / "exporter.token"
     token_file.write_text(made.pop("host-a"))
     token_file.chmod(0o600)

@@ -241,3 +241,26 @@ async def test_a_catastrophic_until_costs_its_wait_and_nothing_more(lab_with_tok
         assert (await call(alice, "list_devices", state="in_use"))["devices"], "the coordinator answers"
         assert searchers_of(coordinator.popen.pid) == [], "the search outlived its exchange"
         await call(alice, "release", lease_id=lease["id"])
+
+
+async def test_an_agent_queues_on_a_class_polls_its_ticket_and_gets_the_lease(lab_with_tokens):
+    """An agent's tool call never waits: reserve by class with queue answers a batch ticket at
+    once while both boards are held; ticket_status(wait_s) answers at its grant, with the lease."""
+    coordinator, tokens = lab_with_tokens
+    async with agent(coordinator.url, tokens["alice"]) as alice, agent(coordinator.url, tokens["bob"]) as bob:
+        held = [await call(alice, "reserve", device=name) for name in ("sim-board-0", "sim-board-1")]
+        ticket = await call(bob, "reserve", device_class="sim-board", queue=True)
+        assert (ticket["state"], ticket["kind"], ticket["position"]) == ("waiting", "batch", 1), ticket
+        waiting = await call(bob, "ticket_status", ticket_id=ticket["ticket"], wait_s=0)
+        assert waiting["state"] == "waiting" and waiting["lease"] is None
+        await call(alice, "release", lease_id=held[1]["id"])
+        granted = await call(bob, "ticket_status", ticket_id=ticket["ticket"], wait_s=25)
+        assert granted["state"] == "claimed" and granted["lease"]["device"] == "sim-board-1", granted
+        lease = await call(bob, "lease_status", lease_id=granted["lease"]["id"], wait_s=25, unless="pending")
+        assert lease["holder"] == "bob" and lease["state"] == "active"
+        mine = await call(bob, "my_tickets")
+        assert [t["ticket"] for t in mine["tickets"]] == [ticket["ticket"]]
+        refused = await bob.call_tool("cancel_ticket", {"ticket_id": ticket["ticket"]})
+        assert refused.is_error and "ticket_ended" in refused.content[0].text
+        await call(bob, "release", lease_id=lease["id"])
+        await call(alice, "release", lease_id=held[0]["id"])

@@ -64,36 +64,31 @@ def test_a_hot_board_stays_reclaiming_until_it_is_cool_and_failing_steps_leave_t
                                                                                              env, exporters):
     cooldown = {"step": "cooldown", "below": THRESHOLD, "timeout": "60s"}
     exporters.append(Exporter(tmp_path, env, coordinator.url, [
-        sim("sim-board-0", cooldown, tau="8s"),
+        sim("sim-board-0", cooldown, tau="6s"),
         sim("never-cool", {"step": "cooldown", "below": "10C", "timeout": "2s"}),
         sim("rebooted", {"step": "reboot", "timeout": "20s"}),
         sim("bad-command", {"step": "command", "command": ["sh", "-c", "echo broken >&2; exit 3"],
                             "timeout": "10s"})]))
     for name in ("sim-board-0", "never-cool", "rebooted", "bad-command"):
         wait_state(coordinator, name, "idle", timeout=30)
+    others = {name: wait_active(coordinator, reserve(coordinator, name)["id"])
+              for name in ("never-cool", "rebooted", "bad-command")}
     lease = stress(coordinator, "sim-board-0", seconds=4)
     wait_for(lambda: temperature(lease) > 55, 10, what="the board hot")
-    release(coordinator, lease)
+    for ended in (lease, *others.values()):  # all given back at once: their steps run side by side
+        release(coordinator, ended)
     seen = wait_for(lambda: (d := device(coordinator, "sim-board-0"))["state"] == "reclaiming"
                     and "cooling down" in d["reason"] and d, 15, what="the cooldown under way")
     assert seen["reason"].startswith("step 1/1 cooldown: cooling down: ") and f"< {THRESHOLD[:-1]}" in seen["reason"]
-    wait_state(coordinator, "sim-board-0", "idle", timeout=60)
-    assert any(c.startswith("step 1/1 cooldown done") for c in causes(coordinator, "sim-board-0"))
-    ops = coordinator.api("/devices/sim-board-0/operations").json()
-    assert ops[0]["kind"] == "cooldown" and ops[0]["state"] == "done" and ops[0]["requester"] == "coordinator"
 
-    release(coordinator, wait_active(coordinator, reserve(coordinator, "never-cool")["id"]))
     wait_state(coordinator, "never-cool", "faulty", timeout=30)
     faulty = device(coordinator, "never-cool")
     assert faulty["fault"].startswith("step 1/1 cooldown failed:") and "10" in faulty["fault"], faulty
 
-    lease = wait_active(coordinator, reserve(coordinator, "rebooted")["id"])
-    release(coordinator, lease)
     wait_for(lambda: any(c.startswith("step 1/1 reboot done") for c in causes(coordinator, "rebooted")), 30,
              what="the reboot step through the console")
     wait_state(coordinator, "rebooted", "idle")
 
-    release(coordinator, wait_active(coordinator, reserve(coordinator, "bad-command")["id"]))
     wait_state(coordinator, "bad-command", "faulty", timeout=30)
     fault = device(coordinator, "bad-command")["fault"]
     assert fault.startswith("step 1/1 command failed:") and "3" in fault and "broken" in fault, fault
@@ -101,6 +96,11 @@ def test_a_hot_board_stays_reclaiming_until_it_is_cool_and_failing_steps_leave_t
     assert refused.status_code == 409 and "clear-fault" in refused.json()["message"]
     cleared = coordinator.api("/admin/devices/bad-command/clear-fault", "POST").json()
     assert cleared["state"] == "idle"
+
+    wait_state(coordinator, "sim-board-0", "idle", timeout=60)
+    assert any(c.startswith("step 1/1 cooldown done") for c in causes(coordinator, "sim-board-0"))
+    ops = coordinator.api("/devices/sim-board-0/operations").json()
+    assert ops[0]["kind"] == "cooldown" and ops[0]["state"] == "done" and ops[0]["requester"] == "coordinator"
 
 
 def test_settle_waits_inside_a_lease_and_a_killed_exporter_runs_the_steps_again(coordinator, tmp_path, env, exporters):

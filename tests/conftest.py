@@ -256,7 +256,11 @@ def lab_tokens(env: dict, coordinator: "Coordinator", folder: Path, *users: str)
             await store.disconnect()
         return made
 
-    made = asyncio.run(make())
+    box: dict[str, dict] = {}  # (on a thread of its own: async tests call this inside their event loop)
+    maker = threading.Thread(target=lambda: box.update(made=asyncio.run(make())))
+    maker.start()
+    maker.join(60)
+    made = box["made"]
     token_file = folder / "exporter.token"
     token_file.write_text(made.pop("host-a"))
     token_file.chmod(0o600)

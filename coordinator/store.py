@@ -1006,23 +1006,8 @@ class Store:
     _FREE = ("d.state = 'idle' AND d.needs_recovery IS NULL AND d.fault IS NULL AND o.id IS NULL "
              "AND (h.draining IS NULL OR NOT h.draining)")
 
-    async def free_devices(self, device_class: str | None, tags: list[str], limit: int) -> list[DeviceFacts]:
-        """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``,
-        idle the longest first (wear spreads over the class). Not locked: a lease is taken
-        under its host's lock (``lock_hosts``), and the partial UNIQUE index decides."""
-        where = self._FREE
-        values: dict[str, Any] = {}
-        if device_class is not None:
-            where += " AND d.class = :c"
-            values["c"] = device_class
-        if tags:
-            where += " AND " + self._tags_within(":tags", "d.tags")
-            values["tags"] = json.dumps(sorted(tags))
-        return await self._all(f"{_DEVICE_FACTS} WHERE {where} ORDER BY COALESCE(d.state_since, 0), d.name "
-                               "LIMIT :n", n=limit, **values)
-
-    async def matching_device_states(self, device_class: str | None, tags: list[str]) -> dict[str, int]:
-        """How many devices of ``device_class`` (any) with all of ``tags`` are in each state."""
+    def _of_class_with_tags(self, device_class: str | None, tags: list[str]) -> tuple[str, dict[str, Any]]:
+        """SQL (and its values): device ``d`` is of ``device_class`` (any: None) with all of ``tags``."""
         where = "TRUE"
         values: dict[str, Any] = {}
         if device_class is not None:
@@ -1031,6 +1016,19 @@ class Store:
         if tags:
             where += " AND " + self._tags_within(":tags", "d.tags")
             values["tags"] = json.dumps(sorted(tags))
+        return where, values
+
+    async def free_devices(self, device_class: str | None, tags: list[str], limit: int) -> list[DeviceFacts]:
+        """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``,
+        idle the longest first (wear spreads over the class). Not locked: a lease is taken
+        under its host's lock (``lock_hosts``), and the partial UNIQUE index decides."""
+        where, values = self._of_class_with_tags(device_class, tags)
+        return await self._all(f"{_DEVICE_FACTS} WHERE {self._FREE} AND {where} "
+                               "ORDER BY COALESCE(d.state_since, 0), d.name LIMIT :n", n=limit, **values)
+
+    async def matching_device_states(self, device_class: str | None, tags: list[str]) -> dict[str, int]:
+        """How many devices of ``device_class`` (any) with all of ``tags`` are in each state."""
+        where, values = self._of_class_with_tags(device_class, tags)
         rows = await self._all(f"SELECT d.state AS state, COUNT(*) AS n FROM devices d WHERE {where} GROUP BY d.state",
                                **values)
         return {r["state"]: r["n"] for r in rows}

@@ -108,9 +108,8 @@ class Scheduler:
         statement when nothing waits, and a fixed number a grant."""
         if not names or not await self.store.any_waiting_ticket():
             return
-        for device in await self.store.devices_named(sorted(set(names))):
-            if self._free(device):
-                await self._grant(device)
+        for device in await self.store.free_devices_named(names):
+            await self._grant(device)
 
     async def grant_wanted(self, limit: int = 50) -> None:
         """The reaper's pass: free devices a waiting ticket matches (a ticket made in another
@@ -122,11 +121,6 @@ class Scheduler:
             await self.store.lock_hosts([d["host"] for d in wanted if d["host"]])
             for device in wanted:
                 await self._grant(device)
-
-    @staticmethod
-    def _free(device: DeviceFacts) -> bool:
-        return (device["state"] == "idle" and not device["needs_recovery"] and not device["fault"]
-                and not device["op_id"] and not device["host_draining"])
 
     async def _grant(self, device: DeviceFacts) -> bool:
         """Grant ``device`` to its first waiting ticket, if any: True if one was."""

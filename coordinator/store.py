@@ -1018,6 +1018,11 @@ class Store:
             values["tags"] = json.dumps(sorted(tags))
         return where, values
 
+    async def free_devices_named(self, names: list[str]) -> list[DeviceFacts]:
+        """Those of ``names`` that are free to lease (``_FREE``)."""
+        where, params = self._in("d.name", "names", sorted(set(names)))
+        return await self._all(f"{_DEVICE_FACTS} WHERE {self._FREE} AND {where} ORDER BY d.name", **params)
+
     async def free_devices(self, device_class: str | None, tags: list[str], limit: int) -> list[DeviceFacts]:
         """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``,
         idle the longest first (wear spreads over the class). Not locked: a lease is taken

@@ -30,6 +30,14 @@ LAZY_COMMANDS = {
     "up": "device_loop.cli.up:up_command",
     "coordinator": "device_loop.coordinator.serve:coordinator_command",
     "exporter": "device_loop.exporter.run:exporter_command",
+    "exec": "device_loop.client.exec:exec_command",
+    "fingerprint": "device_loop.client.exec:fingerprint_command",
+    "run": "device_loop.client.jobs:run_command",
+    "ab": "device_loop.client.jobs:ab_command",
+    "matrix": "device_loop.client.jobs:matrix_command",
+    "jobs": "device_loop.client.jobs:jobs_command",
+    "job": "device_loop.client.jobs:job_group",
+    "worker": "device_loop.client.worker:worker_command",
 }
 
 

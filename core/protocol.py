@@ -34,6 +34,7 @@ MAX_ARGS = 32             # of an operation
 MAX_ARG_CHARS = 4096      # of one argument's text
 MAX_RESULT_BYTES = 64 << 10  # an operation's result, as JSON (a boot log, say)
 MAX_STEPS = 16            # a device runs between two leases
+MAX_FACTS = 64            # a device's fingerprint fields from plugins (devloop_fingerprint)
 MAX_DETAIL_CHARS = 200    # of an operation's progress in words ("cooling down: 51.2 °C, waiting for < 45 °C")
 #: Who runs the steps that are not one plugin's (cooldown, command, settle): the exporter itself.
 EXPORTER_STEPS = "exporter"
@@ -55,6 +56,8 @@ Word = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=r"^
 ArgName = Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=r"^[a-z_][a-z0-9_]{0,31}$")]
 ArgValue = (Annotated[str, StringConstraints(max_length=MAX_ARG_CHARS)] | bool
             | Annotated[int, Field(ge=-2**63, le=2**63 - 1)] | float | None)
+FactKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+FactValue = Annotated[str, StringConstraints(max_length=1000)]
 Sha256 = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
 # An operation's result: an object of scalars, lists of scalars, or objects of scalars (a boot
 # log, a list of readings, a table of them), bounded here and in all (MAX_RESULT_BYTES)
@@ -159,6 +162,9 @@ class DeviceReport(Strict):
     busy_by: list[Holder] = Field(default_factory=list, max_length=MAX_HOLDERS)
     steps: list[StepReport] = Field(default_factory=list, max_length=MAX_STEPS,
                                     description="what runs between two leases, in order")
+    facts: dict[FactKey, FactValue] = Field(default_factory=dict, max_length=MAX_FACTS,
+                                            description="what plugins add to the device's fingerprint "
+                                                        "(devloop_fingerprint): board revision, firmware")
 
     @field_validator("name")
     @classmethod

@@ -1,0 +1,255 @@
+"""Jobs, written once (docs/architecture.md, "Jobs and evidence"): what a job file says
+(``JobSpec``), what a worker reports of each run (``RunRecord``) and of each device
+(``CellReport``, with its ``Fingerprint``), and the readings taken at a run's start.
+
+The worker, the coordinator (which stores and checks them), the analysis and the evidence
+markdown all use these models; unknown fields are refused and every string and list is
+bounded, as everywhere on the wire: a job spec comes from a user or an agent, a run from
+a worker whose token can be stolen.
+
+REST (coordinator/calls.py declares each once, for REST, MCP and OpenAPI):
+
+- ``POST /api/v1/jobs`` ``{spec, claim}``: submit; ``claim=true`` (``device-loop run``)
+  makes the caller its worker at once, else it waits for a ``device-loop worker``.
+- ``GET /api/v1/jobs[?all=1]``, ``GET /api/v1/jobs/{id}[?wait=S&unless=STATE]``
+- ``POST /api/v1/jobs/claim`` ``{users, wait_s}``: a worker takes the oldest queued job of
+  the users it serves (its own by default; others only for an admin's token).
+- ``POST /api/v1/jobs/{id}/beat``: the worker is alive (past ``job_worker_timeout`` the
+  reaper fails the job, "worker lost", and releases its leases).
+- ``POST /api/v1/jobs/{id}/reserve`` ``{cell, device | class, tags}``: a ticket (or a
+  lease) for one cell, held by the job's owner, of the kind of whoever submitted it.
+- ``POST /api/v1/jobs/{id}/cells`` ``CellReport``; ``POST /api/v1/jobs/{id}/runs`` ``RunRecord``
+- ``POST /api/v1/jobs/{id}/finish`` ``{state, reason}``; ``POST /api/v1/jobs/{id}/cancel``
+- ``GET /api/v1/jobs/{id}/evidence`` (text/markdown)
+"""
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+MAX_COMMANDS = 16        # in one list (setup, run, baseline, patch)
+MAX_COMMAND_CHARS = 2000
+MAX_METRICS = 16         # declared by a job, and reported by one run
+MAX_ROUNDS = 200         # of an A/B pair, warmup included, --until-decided's last look included
+MAX_CELLS = 16           # of a matrix
+MAX_RUNS = MAX_CELLS * 2 * MAX_ROUNDS + 2 * MAX_ROUNDS
+MAX_FACTS = 64           # a plugin's own fingerprint fields, and other bounded maps
+MAX_TEXT_CHARS = 4000    # of a fingerprint field, an output tail, a reason
+
+
+class JobState(StrEnum):
+    """A job's life: queued until a worker claims it; then running; then one of the ends."""
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"          # every run it asked for ran (a verdict may still be "unknown")
+    FAILED = "failed"      # a command failed, the device went faulty, the lease ended, the worker was lost
+    CANCELLED = "cancelled"
+
+
+OPEN_JOB_STATES = (JobState.QUEUED, JobState.RUNNING)
+
+
+class Needs(StrEnum):
+    """What a job needs to run on: ``any`` may later go to ephemeral virtual devices."""
+    REAL_HW = "real-hw"
+    ANY = "any"
+
+
+class Better(StrEnum):
+    LOWER = "lower"
+    HIGHER = "higher"
+
+
+class Arm(StrEnum):
+    """Which command a run ran: A (baseline), B (patch), or a plain job's only command."""
+    A = "A"
+    B = "B"
+    RUN = "run"
+
+
+class Order(StrEnum):
+    ABAB = "abab"      # A then B in every block
+    RANDOM = "random"  # a random order within each AB block (seeded: the spec records the seed)
+    AABB = "aabb"      # every A, then every B: only to show what interleaving protects from
+
+
+class Verdict(StrEnum):
+    DIFFERENT = "different"
+    SAME = "same"
+    UNKNOWN = "unknown"
+
+
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)]
+Command = Annotated[str, StringConstraints(min_length=1, max_length=MAX_COMMAND_CHARS)]
+Commands = Annotated[list[Command], Field(max_length=MAX_COMMANDS)]
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")]
+Unit = Annotated[str, StringConstraints(max_length=16)]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+FactKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+
+
+class MetricSpec(Strict):
+    """Where one metric comes from: JSON lines on stdout (``{"metric": NAME, "value": V}``),
+    unless ``regex`` is given: a regular expression with a group named ``value``."""
+    name: MetricName
+    better: Better = Better.LOWER
+    unit: Unit = ""
+    regex: Annotated[str, StringConstraints(max_length=500)] | None = None
+
+    @field_validator("regex")
+    @classmethod
+    def _has_value_group(cls, regex: str | None) -> str | None:
+        if regex is not None and "value" not in re.compile(regex).groupindex:
+            raise ValueError("a metric's regex needs a group named value: (?P<value>[0-9.]+)")
+        return regex
+
+
+class Target(Strict):
+    """What a job (or a matrix cell) runs on: one device by name, or any of a class/tags."""
+    device: Annotated[str, StringConstraints(max_length=64)] | None = None
+    device_class: Annotated[str, StringConstraints(max_length=64)] | None = Field(default=None, alias="class")
+    tags: Annotated[list[Tag], Field(max_length=16)] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Target:
+        if self.device and (self.device_class or self.tags):
+            raise ValueError("give a device, or a class and/or tags, not both")
+        return self
+
+
+class ABSpec(Strict):
+    """An A/B pair on one device: ``baseline`` and ``patch`` interleaved, ``settle`` between runs."""
+    baseline: Commands = Field(min_length=1)
+    patch: Commands = Field(min_length=1)
+    rounds: int = Field(default=10, ge=1, le=MAX_ROUNDS)    # A and B runs each, warmup not counted
+    warmup: int = Field(default=1, ge=0, le=20)             # AB blocks run first and discarded
+    order: Order = Order.ABAB
+    settle: bool = True                                     # the device's settle steps before every run
+    until_decided: bool = False                             # more looks at rounds*2, *4 … up to max_rounds
+    max_rounds: int | None = Field(default=None, ge=1, le=MAX_ROUNDS)
+    alpha: float = Field(default=0.05, gt=0, lt=0.5)
+    same_within: float = Field(default=0.02, gt=0, lt=1)    # "same" rules out a change this large (2 %)
+    governor: Annotated[str, StringConstraints(max_length=32)] | None = None  # a run on another is marked
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+
+
+class MatrixSpec(Strict):
+    """The same pair over device groups: each ``over`` item is ``tags=a,b``, ``class=C`` or ``device=D``."""
+    over: Annotated[list[Annotated[str, StringConstraints(min_length=3, max_length=200)]],
+                    Field(min_length=1, max_length=MAX_CELLS)]
+    wait_s: float = Field(default=300, ge=0, le=86400)      # a cell with no device waits this long, then "not run"
+
+
+class JobSpec(Strict):
+    """A job file (TOML) or the flags of ``run``/``ab``/``matrix``: the whole of what was asked."""
+    title: Annotated[str, StringConstraints(max_length=200)] = ""
+    target: Target = Field(default_factory=Target)
+    needs: Needs = Needs.REAL_HW
+    setup: Commands = Field(default_factory=list)            # once per device, after the lease, before the runs
+    run: Commands = Field(default_factory=list)              # a plain job's commands, each round
+    rounds: int = Field(default=1, ge=1, le=MAX_ROUNDS)      # of a plain job
+    metrics: Annotated[list[MetricSpec], Field(max_length=MAX_METRICS)] = Field(default_factory=list)
+    ab: ABSpec | None = None
+    matrix: MatrixSpec | None = None
+    command_timeout_s: float = Field(default=600, gt=0, le=86400)
+    lease_ttl_s: float = Field(default=3600, ge=60, le=86400)
+
+    @model_validator(mode="after")
+    def _something_to_run(self) -> JobSpec:
+        if not self.run and self.ab is None:
+            raise ValueError("a job runs something: give run = [...] or an [ab] table")
+        if self.run and self.ab is not None:
+            raise ValueError("give run = [...] or an [ab] table, not both")
+        if self.matrix is not None and self.ab is None:
+            raise ValueError("a matrix expands an A/B pair: it needs an [ab] table")
+        return self
+
+
+class Sample(Strict):
+    metric: MetricName
+    value: float
+    unit: Unit = ""
+
+
+class Readings(Strict):
+    """The device at a run's start, so a reader sees drift and what interleaving did."""
+    temperatures: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], float],
+                            Field(max_length=MAX_FACTS)] = Field(default_factory=dict)
+    governor: Annotated[str, StringConstraints(max_length=32)] | None = None
+    freq_khz: int | None = None
+    load: float | None = None     # 1-minute load average
+    unfit: Text | None = None     # why the device was not fit to measure (a zone too hot, another governor)
+
+
+class RunRecord(Strict):
+    cell: int = Field(default=0, ge=0, lt=MAX_CELLS)
+    seq: int = Field(ge=0, lt=MAX_RUNS)            # its place in the cell's order, warmup included
+    arm: Arm
+    warmup: bool = False
+    started_at: float
+    ended_at: float
+    status: int = Field(ge=-255, le=255)           # the command's exit status (negative: a signal)
+    readings: Readings = Field(default_factory=Readings)
+    samples: Annotated[list[Sample], Field(max_length=MAX_METRICS)] = Field(default_factory=list)
+    output_tail: Text = ""                         # the end of stdout+stderr, for a failed run's reason
+
+
+class Fingerprint(Strict):
+    """What a reviewer needs to judge a number measured on a device (``device-loop fingerprint``)."""
+    device: Annotated[str, StringConstraints(max_length=64)]
+    device_class: Annotated[str, StringConstraints(max_length=64)] = Field(default="", alias="class")
+    host: Annotated[str, StringConstraints(max_length=255)] = ""
+    channel: Literal["adb", "ssh", "console", ""] = ""   # how exec reached it
+    kernel: Text = ""
+    cpu_model: Text = ""
+    isa: Annotated[list[Annotated[str, StringConstraints(max_length=32)]], Field(max_length=512)] = \
+        Field(default_factory=list)
+    cores: int | None = None
+    online: Annotated[str, StringConstraints(max_length=200)] = ""   # "0-7"
+    cpufreq: Annotated[list[dict[Annotated[str, StringConstraints(max_length=32)],
+                                 Annotated[str, StringConstraints(max_length=64)]]],
+                       Field(max_length=64)] = Field(default_factory=list)  # per policy: governor, cur/min/max kHz
+    thermal: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], float],
+                       Field(max_length=MAX_FACTS)] = Field(default_factory=dict)
+    memory_kb: int | None = None
+    os_build: Text = ""                               # ro.build.fingerprint on Android
+    image: Annotated[str, StringConstraints(max_length=255)] = ""     # the image last flashed
+    image_sha256: Annotated[str, StringConstraints(max_length=64)] = ""
+    device_loop_version: Annotated[str, StringConstraints(max_length=64)] = ""
+    emulated: bool = False                            # "not for timing"
+    extra: Annotated[dict[FactKey, Text], Field(max_length=MAX_FACTS)] = Field(default_factory=dict)  # plugins'
+
+
+class CellReport(Strict):
+    """One cell (a plain job or A/B pair has one: 0) as its worker saw it."""
+    cell: int = Field(ge=0, lt=MAX_CELLS)
+    group: Annotated[str, StringConstraints(max_length=200)] = ""     # the matrix's "tags=sve2"
+    device: Annotated[str, StringConstraints(max_length=64)] | None = None
+    lease_id: Annotated[str, StringConstraints(max_length=64)] | None = None
+    fingerprint: Fingerprint | None = None
+    not_run: Text | None = None                      # "no device" after the wait, or why it never began
+
+
+class JobView(Strict):
+    """A job as the coordinator answers it (``GET /api/v1/jobs/{id}``) and as the analysis,
+    the evidence markdown and the charts read it."""
+    id: str
+    owner: str
+    kind: Literal["interactive", "batch"]            # of its tickets: batch when an agent submitted it
+    state: JobState
+    reason: Text = ""
+    spec: JobSpec
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    worker: Annotated[str, StringConstraints(max_length=200)] | None = None
+    cells: Annotated[list[CellReport], Field(max_length=MAX_CELLS)] = Field(default_factory=list)
+    runs: Annotated[list[RunRecord], Field(max_length=MAX_RUNS)] = Field(default_factory=list)
+    coordinator_version: Annotated[str, StringConstraints(max_length=64)] = ""

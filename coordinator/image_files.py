@@ -9,7 +9,10 @@ uploads (in several coordinator processes) may share it, and only the database k
 whether a row uses it (``Images.sweep_files``).
 
 A temporary file is locked (``flock``) while its upload lives, so that a start-up, or
-any process sharing the folder, can tell the files that a killed upload left behind.
+any process sharing the folder, can tell the files that a killed upload left behind. A
+file is created before it can be locked: one younger than ``PARTIAL_GRACE_S`` is never
+swept, whoever holds it, or another process's sweep could take a live upload's file in
+that instant.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import logging
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
@@ -32,6 +36,7 @@ from .errors import APIError
 log = logging.getLogger(__name__)
 BATCH = 4 << 20  # bytes of an upload kept in memory before they go to disk
 PARTIAL_PREFIX = ".upload-"
+PARTIAL_GRACE_S = 60.0  # between an upload's mkstemp and its flock, its file is unlocked
 DIGEST_NAME = re.compile(r"^[0-9a-f]{64}$")
 # the disk, the account's quota or the process's file size limit is full
 FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -136,9 +141,9 @@ class ImageFiles:
             return set()
         return {p.name for p in self.folder.iterdir() if DIGEST_NAME.match(p.name)}
 
-    def sweep_partials(self) -> list[str]:
+    def sweep_partials(self, now: float | None = None) -> list[str]:
         """Remove the temporary files of uploads that no longer run (their process was
-        killed): those nobody holds locked. Their names."""
+        killed): those nobody holds locked, older than ``PARTIAL_GRACE_S``. Their names."""
         if self.folder is None or not self.folder.is_dir():
             return []
         removed = []
@@ -149,8 +154,13 @@ class ImageFiles:
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # a live upload's
+                opened = os.fstat(fd)
+                if (time.time() if now is None else now) - opened.st_mtime < PARTIAL_GRACE_S:
+                    continue  # perhaps created and not yet locked by its upload
+                if os.stat(partial).st_ino != opened.st_ino:
+                    continue  # placed (renamed away) while we opened it, and the name taken again
+            except (BlockingIOError, FileNotFoundError):
+                continue  # a live upload's, or placed meanwhile
             else:
                 partial.unlink(missing_ok=True)
                 removed.append(partial.name)

@@ -3,6 +3,7 @@ stands for another image's digest, a file a committed row uses is never removed 
 coordinator processes racing), a full disk, a quota, a killed upload, a cut-off client."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import random
@@ -16,6 +17,8 @@ import pytest
 from conftest import Coordinator, coordinator_pair, wait_for
 from lab_in_process import FakeExporter, board, device, in_process_lab
 from live_lab import LabDatabase, Spread
+
+from device_loop.coordinator.image_files import PARTIAL_GRACE_S, ImageFiles
 
 pytestmark = [pytest.mark.timeout(120)]
 in_process = [pytest.mark.anyio, pytest.mark.usefixtures("database")]
@@ -170,6 +173,29 @@ def partials(folder) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(".upload-")) if folder.exists() else []
 
 
+def test_a_sweep_takes_only_old_unlocked_temporary_files(tmp_path):
+    """Another process's upload is between mkstemp and flock for an instant: its file is
+    unlocked then, and a sweep must not take it (it did: os.replace then failed, a 500)."""
+    files = ImageFiles(tmp_path)
+    fresh = tmp_path / ".upload-fresh"
+    fresh.write_bytes(b"x")
+    held = tmp_path / ".upload-held"
+    held.write_bytes(b"x")
+    left = tmp_path / ".upload-left"
+    left.write_bytes(b"x")
+    long_ago = time.time() - 2 * PARTIAL_GRACE_S
+    for old in (held, left):
+        os.utime(old, (long_ago, long_ago))
+    fd = os.open(held, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        assert files.sweep_partials() == [".upload-left"]
+        assert fresh.exists() and held.exists() and not left.exists()
+        assert files.sweep_partials(now=time.time() + 2 * PARTIAL_GRACE_S) == [".upload-fresh"]
+    finally:
+        os.close(fd)
+
+
 def test_an_upload_cut_off_is_a_400_and_one_killed_with_its_coordinator_is_cleaned_at_start(tmp_path, env):
     coordinator = Coordinator(tmp_path, env)
     images = tmp_path / "coord" / "images"
@@ -192,6 +218,9 @@ def test_an_upload_cut_off_is_a_400_and_one_killed_with_its_coordinator_is_clean
         coordinator.stop(signal.SIGKILL)
         sock.close()
         assert partials(images) == left
+        long_ago = time.time() - 2 * PARTIAL_GRACE_S  # a file younger than that may be a live upload's, unlocked yet
+        for name in left:
+            os.utime(images / name, (long_ago, long_ago))
         coordinator.start()
         coordinator.wait_ready()
         wait_for(lambda: not partials(images), what="the killed upload's file removed at start")

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import TYPE_CHECKING
 
 from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 from device_loop.core.durations import parse_duration
 
 from .http import Coordinator, CoordinatorError
+
+if TYPE_CHECKING:
+    from .jobs_api import Jobs
 
 class LeaseFailed(CoordinatorError):
     """The lease ended, or did not get ready in time."""
@@ -66,6 +70,13 @@ class Lab:
 
     def hosts(self) -> list[dict]:
         return self.api.get("/hosts")
+
+    @property
+    def jobs(self) -> "Jobs":
+        """The lab's jobs (``client/jobs_api.py``): ``submit``, ``get``, ``wait``, ``evidence``."""
+        from .jobs_api import Jobs  # (it imports this module)
+
+        return Jobs(self.api)
 
     def reserve(self, device: str | None = None, ttl: str | float = "30m", *, class_: str | None = None,
                 tags: list[str] | tuple[str, ...] = (), queue: bool = False) -> "Lease | Ticket":

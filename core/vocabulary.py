@@ -61,6 +61,7 @@ class EndpointRole(StrEnum):
     HTTP_STREAM = "http-stream"  # a camera: a page, an MJPEG stream and a snapshot (params stream, snapshot)
     RFB = "rfb"                  # a VNC server
     WEB_VIEWER = "web-viewer"    # a page a browser opens (noVNC)
+    SSH = "ssh"                  # a board's sshd (params user, host_key)
 
 
 class TicketState(StrEnum):

@@ -247,7 +247,9 @@ def parse_cpu_model(blocks: list[dict[str, str]]) -> str:
                 implementer = block.get("cpu implementer", "").lower()
                 name = ARM_PARTS.get(part) if implementer == "0x41" else None
                 cores.append(name or f"{implementer}:{part}")
-    board = (values("hardware") or values("model") or [""])[0]
+    # x86's "model" is a number; a Raspberry Pi's names the board
+    boards = values("hardware") or [v for v in values("model") if re.search("[A-Za-z]", v)]
+    board = boards[0] if boards else ""
     model = _counted(cores) if cores else ""
     text = f"{board}: {model}" if board and model and board != model else board or model
     return clip(text, MAX_TEXT_CHARS)
@@ -290,7 +292,9 @@ def parse_isa(blocks: list[dict[str, str]]) -> list[str]:
     return features[:MAX_ISA]
 
 
-_NOTABLE = re.compile(r"^(sse4_2|avx.*|fma|amx.*|neon|asimd.*|sve.*|sme.*|i8mm|bf16|v|zv.*|zba|zbb|zbs|zfh)$")
+_NOTABLE = re.compile(r"^(sse4_2|avx.*|fma|amx.*"                      # x86
+                      r"|neon|asimd.*|sve.*|sme(\d\w*|[a-z]\d\w*|fa64)?|i8mm|bf16"  # arm (not x86's smep)
+                      r"|v|zv.*|zba|zbb|zbs|zfh)$")                      # riscv
 
 
 def notable_isa(isa: list[str]) -> list[str]:

@@ -11,13 +11,51 @@ calls it.
 """
 from __future__ import annotations
 
+import os
+import socket
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from device_loop.core.jobs import OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord, Target
 
 from .http import Coordinator, CoordinatorError
 from .lab import Lease, Ticket
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """A job as a listing shows it: no spec, cells or runs."""
+    id: str
+    owner: str
+    kind: str
+    state: JobState
+    reason: str
+    title: str
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    worker: str | None
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> JobSummary:
+        return cls(id=answer["id"], owner=answer["owner"], kind=answer["kind"], state=JobState(answer["state"]),
+                   reason=answer.get("reason") or "", title=answer.get("title") or "",
+                   created_at=answer["created_at"], started_at=answer.get("started_at"),
+                   ended_at=answer.get("ended_at"), worker=answer.get("worker"))
+
+
+def worker_label() -> str:
+    """How a worker names itself to the lab: its host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"[:200]
+
+
+def view(answer: Mapping[str, Any]) -> JobView:
+    """A job as the coordinator answers it, as the analysis and the evidence read it (what
+    the coordinator adds, its reservations and analysis, left out)."""
+    return JobView.model_validate({k: answer[k] for k in JobView.model_fields if k in answer})
 
 
 class Jobs:
@@ -30,18 +68,21 @@ class Jobs:
 
     def submit(self, spec: JobSpec, claim: bool = False) -> JobView:
         """Store a job: queued for a ``device-loop worker``, or (``claim``) the caller's to run at once."""
-        return JobView.model_validate(self.api.post("/jobs", {"spec": _spec_json(spec), "claim": claim}))
+        body: dict[str, Any] = {"spec": _spec_json(spec), "claim": claim}
+        if claim:
+            body["worker"] = worker_label()
+        return view(self.api.post("/jobs", body))
 
     def get(self, job_id: str, wait_s: float = 0, unless: JobState | None = None) -> JobView:
         """One job; with ``wait_s``, as soon as its state is not ``unless`` (or then)."""
         params: dict = {"wait": wait_s} if wait_s else {}
         if wait_s and unless is not None:
             params["unless"] = str(unless)
-        return JobView.model_validate(self.api.get(f"/jobs/{job_id}", **params))
+        return view(self.api.get(f"/jobs/{job_id}", **params))
 
-    def list(self, everyone: bool = False) -> list[JobView]:
-        """Your jobs, newest first (an admin's ``everyone``: all)."""
-        return [JobView.model_validate(job) for job in self.api.get("/jobs", **({"all": "1"} if everyone else {}))]
+    def list(self, everyone: bool = False) -> list[JobSummary]:
+        """Your jobs, open ones first (an admin's ``everyone``: all)."""
+        return [JobSummary.of(job) for job in self.api.get("/jobs", **({"all": "true"} if everyone else {}))]
 
     def wait(self, job_id: str, timeout: float | None = None) -> JobView:
         """Block until the job ended (done, failed or cancelled); ``CoordinatorError("timeout")``
@@ -62,17 +103,18 @@ class Jobs:
 
     def cancel(self, job_id: str) -> JobView:
         """Cancel a queued or running job (its worker stops at its next run; its leases are released)."""
-        return JobView.model_validate(self.api.post(f"/jobs/{job_id}/cancel"))
+        return view(self.api.post(f"/jobs/{job_id}/cancel"))
 
     # --- for its worker ---------------------------------------------------------------------
 
     def claim(self, users: Sequence[str] = (), wait_s: float = 0) -> JobView | None:
         """The oldest queued job of ``users`` (the caller's own by default), now the caller's
         to run; None when none came within ``wait_s``."""
-        answer = self.api._request("POST", "/jobs/claim", json={"users": list(users), "wait_s": wait_s},
+        body = {"users": list(users), "wait_s": wait_s, "worker": worker_label()}
+        # (Coordinator.post's own timeout is shorter than a long-poll; the same key on every retry)
+        answer = self.api._request("POST", "/jobs/claim", json=body, headers={"Idempotency-Key": uuid.uuid4().hex},
                                    timeout=(self.api.http.timeout.read or 0.0) + wait_s)
-        job = answer.get("job", answer) if isinstance(answer, dict) else None
-        return JobView.model_validate(job) if job else None
+        return view(answer["job"]) if answer.get("job") else None
 
     def beat(self, job_id: str) -> JobState:
         """Say the worker is alive; the job's state (not ``running``: stop)."""
@@ -92,7 +134,7 @@ class Jobs:
         self.api.post(f"/jobs/{job_id}/runs", run.model_dump(mode="json"))
 
     def finish(self, job_id: str, state: JobState, reason: str = "") -> JobView:
-        return JobView.model_validate(self.api.post(f"/jobs/{job_id}/finish", {"state": str(state), "reason": reason}))
+        return view(self.api.post(f"/jobs/{job_id}/finish", {"state": str(state), "reason": reason}))
 
 
 def _spec_json(spec: JobSpec) -> dict:

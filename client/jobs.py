@@ -1,0 +1,393 @@
+"""The job commands (docs/architecture.md, "Jobs and evidence"): ``run``, ``ab`` and
+``matrix`` (this process is the job's worker, in the foreground, unless ``--submit`` queues
+it for a ``device-loop worker``), ``jobs``, and ``job show | evidence | cancel``.
+
+``matrix`` takes its device groups as ``--over`` options, or as arguments after the first
+(``device-loop matrix --over tags=sve2 tags=rvv ab --baseline … --patch …``, the word ``ab``
+optional), and the options of ``ab``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import sys
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from pydantic import ValidationError
+
+from device_loop.core.durations import format_duration
+from device_loop.core.jobs import JobSpec, JobState, JobView, Order
+
+from .commands import _tags, _ttl, json_option, lab_command
+from .jobs_api import JobSummary
+from .lab import Lab
+from .output import emit, table
+from .schedule import group_target
+
+MAX_JOB_FILE_BYTES = 1 << 20
+BETTER_WORDS = ("lower", "higher")
+
+
+# --- building a spec ---------------------------------------------------------------------------
+
+def readable(exc: ValidationError) -> str:
+    """A spec's refusal in one line per problem: where, and what is wrong."""
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"] if p != "__root__")
+        lines.append(f"{where}: {error['msg']}" if where else error["msg"])
+    return "; ".join(lines)
+
+
+def spec_of(data: dict, where: str) -> JobSpec:
+    """A ``JobSpec`` from a job file's table or the flags, or a usage error saying what is wrong."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise click.UsageError(f"{where}: {readable(exc)}") from None
+
+
+def load_job_file(path: str) -> JobSpec:
+    """A job file (TOML, ``JobSpec``'s fields), or a usage error naming what is wrong with it."""
+    file = Path(path)
+    try:
+        if file.stat().st_size > MAX_JOB_FILE_BYTES:
+            raise click.UsageError(f"{path}: a job file is at most {MAX_JOB_FILE_BYTES >> 10} KiB")
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise click.UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise click.UsageError(f"{path} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise click.UsageError(f"{path} is not TOML: {exc}") from None
+    return spec_of(data, path)
+
+
+def metric_option(value: str) -> dict[str, Any]:
+    """``NAME[:lower|higher][:UNIT]`` as a metric's fields."""
+    parts = value.split(":")
+    at = next((i for i, part in enumerate(parts) if i and part in BETTER_WORDS), None)
+    if at is None:
+        return {"name": value}
+    return {"name": ":".join(parts[:at]), "better": parts[at], "unit": ":".join(parts[at + 1:])}
+
+
+def metrics_of(metrics: tuple[str, ...], regexes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``--metric`` and ``--metric-regex`` as the spec's metrics (a regex joins its metric)."""
+    declared: dict[str, dict[str, Any]] = {}
+    for value in metrics:
+        metric = metric_option(value)
+        declared[metric["name"]] = metric
+    for value in regexes:
+        name, sep, regex = value.partition("=")
+        if not sep or not name or not regex:
+            raise click.BadParameter(f"give NAME=REGEX (a group named value), not {value!r}",
+                                     param_hint="--metric-regex")
+        declared.setdefault(name, {"name": name})["regex"] = regex
+    return list(declared.values())
+
+
+def ab_spec(options: dict[str, Any], matrix: dict[str, Any] | None = None) -> JobSpec:
+    """The spec the flags of ``ab`` (and ``matrix``) describe; unset flags keep the spec's defaults."""
+    target = {k: v for k, v in (("device", options["device"]), ("class", options["device_class"]),
+                                ("tags", options["tags"])) if v}
+    ab = {k: v for k, v in (("baseline", list(options["baseline"])), ("patch", list(options["patch"])),
+                            ("rounds", options["rounds"]), ("warmup", options["warmup"]),
+                            ("order", options["order"]), ("until_decided", options["until_decided"] or None),
+                            ("max_rounds", options["max_rounds"]), ("alpha", options["alpha"]),
+                            ("governor", options["governor"]), ("seed", options["seed"]))
+          if v is not None}
+    if options["no_settle"]:
+        ab["settle"] = False
+    if options["max_rounds"] is not None and not options["until_decided"]:
+        raise click.UsageError("--max-rounds is where --until-decided stops: give --until-decided too")
+    data: dict[str, Any] = {"target": target, "ab": ab, "setup": list(options["setup"]),
+                            "metrics": metrics_of(options["metric"], options["metric_regex"])}
+    for key, name in (("title", "title"), ("needs", "needs"), ("command_timeout_s", "command_timeout"),
+                      ("lease_ttl_s", "ttl")):
+        if options[name] is not None:
+            data[key] = options[name]
+    if matrix is not None:
+        data["matrix"] = matrix
+    return spec_of(data, "the job")
+
+
+def ab_options(command: Callable) -> Callable:
+    """The options ``ab`` and ``matrix`` share."""
+    options = [
+        click.option("--baseline", multiple=True, required=True, metavar="CMD",
+                     help="A's command (run on this machine with the lease's environment; again for more commands)"),
+        click.option("--patch", multiple=True, required=True, metavar="CMD", help="B's command (again for more)"),
+        click.option("--device", help="run on this device"),
+        click.option("--class", "device_class", help="run on any free device of this class"),
+        click.option("--tags", callback=_tags, help="... with all these tags, separated by commas"),
+        click.option("--rounds", type=click.IntRange(1), help="A and B runs each, warmup not counted  [default: 10]"),
+        click.option("--warmup", type=click.IntRange(0), help="AB blocks run first and left out  [default: 1]"),
+        click.option("--order", type=click.Choice([o.value for o in Order]),
+                     help="abab; random (within each AB block, from --seed); aabb (every A, then every B: only to "
+                          "show what interleaving protects from)  [default: abab]"),
+        click.option("--no-settle", is_flag=True, help="no settle (the device's cool-down steps) before each run"),
+        click.option("--until-decided", is_flag=True,
+                     help="look at rounds, 2x, 4x ... up to --max-rounds (fixed before the first run, α split "
+                          "over the looks) and stop once every metric is decided"),
+        click.option("--max-rounds", type=click.IntRange(1), help="the last look of --until-decided  [default: 4x]"),
+        click.option("--metric", multiple=True, metavar="NAME[:lower|higher][:UNIT]",
+                     help="a metric the commands print as JSON lines {\"metric\": NAME, \"value\": V} (lower is "
+                          "better unless said)"),
+        click.option("--metric-regex", multiple=True, metavar="NAME=REGEX",
+                     help="a metric read by a regular expression with a group named value, e.g. "
+                          "'t=time: (?P<value>[0-9.]+)'"),
+        click.option("--setup", multiple=True, metavar="CMD", help="a command run once on the lease, before the runs"),
+        click.option("--alpha", type=click.FloatRange(0, 0.5, min_open=True, max_open=True),
+                     help="the test's α  [default: 0.05]"),
+        click.option("--governor", help="mark runs whose device's cpufreq governor is another"),
+        click.option("--seed", type=click.IntRange(0, 2**32 - 1), help="the random order's seed  [default: 0]"),
+        click.option("--title", help="what the evidence is titled"),
+        click.option("--needs", type=click.Choice(["real-hw", "any"]), help="what it may run on  [default: real-hw]"),
+        click.option("--command-timeout", callback=_ttl, help="the longest one command may run  [default: 10m]"),
+        click.option("--ttl", callback=_ttl, help="the lease's time to live, renewed as the job runs  [default: 1h]"),
+        click.option("--plot", type=click.Path(dir_okay=False), help="also draw the runs as a chart (PNG)"),
+        click.option("--submit", is_flag=True, help="queue the job for a device-loop worker, print its id, and return"),
+        json_option,
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+# --- running one in the foreground ----------------------------------------------------------------
+
+def _say(text: str) -> None:
+    click.echo(f"  {text}", err=True)
+
+
+def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None) -> None:
+    """Submit ``spec`` with this process as its worker, run it, print its table (or JSON),
+    and exit 0 once done, 1 if it failed. Ctrl-C or SIGTERM stops it: failed, leases released."""
+    from .runner import Runner, Stopper
+
+    job = lab.jobs.submit(spec, claim=True)
+    if not as_json:
+        click.echo(f"{job.id}: running ({_what(spec)})", err=True)
+    stopper = Stopper()
+    previous = {sig: signal.signal(sig, lambda signum, frame: stopper.stop(
+        "interrupted (Ctrl-C)" if signum == signal.SIGINT else "its worker was stopped (SIGTERM)"))
+        for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ended = Runner(lab.jobs, say=None if as_json else _say).run(job, stopper)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    show_ended(ended, as_json, plot)
+    if ended.state is not JobState.DONE:
+        sys.exit(130 if stopper.reason == "interrupted (Ctrl-C)" else 1)
+
+
+def analysis_of(job: JobView):
+    """The analysis of a job's runs, as the coordinator makes it (the same runs, the same answer)."""
+    from device_loop.core import abstats
+
+    return abstats.analyse(job.spec, job.runs, job.cells)
+
+
+def show_ended(job: JobView, as_json: bool, plot: str | None = None) -> None:
+    """A job's table (or its JSON, with the analysis), and the chart when asked."""
+    analysis = analysis_of(job)
+    if plot:
+        from device_loop.core import charts
+
+        charts.png(job, analysis, plot)
+    if as_json:
+        click.echo(json.dumps({**job.model_dump(mode="json", by_alias=True), "analysis": _jsonable(analysis)},
+                              indent=2))
+        return
+    from device_loop.core import evidence
+
+    click.echo(evidence.terminal_table(analysis))
+    click.echo(f"{job.id}: {job.state}" + (f" ({job.reason})" if job.reason else ""))
+    click.echo(f"evidence: device-loop job evidence {job.id} > evidence.md" + (f"; chart: {plot}" if plot else ""))
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+def _what(spec: JobSpec) -> str:
+    target = spec.target
+    where = target.device or " ".join(filter(None, [target.device_class and f"class {target.device_class}",
+                                                    target.tags and f"tags {','.join(target.tags)}"]))
+    if spec.matrix is not None:
+        where = f"{len(spec.matrix.over)} groups: {', '.join(spec.matrix.over)}"
+    if spec.ab is not None:
+        return f"A/B, {spec.ab.rounds} rounds, {spec.ab.order}, on {where or 'any device'}"
+    return f"{spec.rounds} round{'s' if spec.rounds != 1 else ''} on {where or 'any device'}"
+
+
+def _go(lab: Lab, spec: JobSpec, as_json: bool, submit: bool, plot: str | None) -> None:
+    if not submit:
+        run_here(lab, spec, as_json, plot)
+        return
+    if plot:
+        raise click.UsageError("--plot draws the runs of a job run here: with --submit, draw them later with "
+                               "device-loop job evidence ID --plot FILE.png")
+    job = lab.jobs.submit(spec)
+    emit(as_json, job.model_dump(mode="json", by_alias=True),
+         lambda _: f"{job.id}: queued for a device-loop worker of {job.owner}'s; follow it with: "
+                   f"device-loop job show {job.id}")
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+@click.command("run")
+@click.argument("job_file", metavar="JOBFILE.toml", required=False)
+@click.option("--from-job", metavar="ID", help="run again the spec of the job ID")
+@json_option
+@lab_command
+def run_command(lab: Lab, job_file: str | None, from_job: str | None, as_json: bool):
+    """Run a job file here (this process is its worker) and print its table; exit 0 once
+    done, 1 if it failed."""
+    if (job_file is None) == (from_job is None):
+        raise click.UsageError("give a JOBFILE.toml or --from-job ID (one of them)")
+    spec = load_job_file(job_file) if job_file is not None else lab.jobs.get(from_job or "").spec
+    run_here(lab, spec, as_json)
+
+
+@click.command("ab")
+@ab_options
+@lab_command
+def ab_command(lab: Lab, as_json: bool, submit: bool, plot: str | None, **options):
+    """An A/B pair on one device: --baseline and --patch interleaved, settle before each run,
+    then the table (benchstat's shape) and the job's id for its evidence."""
+    _go(lab, ab_spec(options), as_json, submit, plot)
+
+
+@click.command("matrix")
+@click.argument("groups", nargs=-1, metavar="[GROUP]... [ab]")
+@click.option("--over", multiple=True, metavar="GROUP", help="a device group: tags=a,b, class=C or device=D")
+@click.option("--cell-wait", callback=_ttl, help="how long a group waits for a device before it is 'not run'  "
+                                                 "[default: 5m]")
+@ab_options
+@lab_command
+def matrix_command(lab: Lab, groups: tuple[str, ...], over: tuple[str, ...], cell_wait: float | None,
+                   as_json: bool, submit: bool, plot: str | None, **options):
+    """The same A/B pair over device groups, each on its own device, side by side where the
+    lab allows: one table, a row per group."""
+    words = list(groups)
+    if words and words[-1] == "ab":
+        words.pop()
+    everything = [*over, *words]
+    if not everything:
+        raise click.UsageError("give the device groups: --over tags=sve2 --over tags=rvv (or after --over, "
+                               "as arguments)")
+    base = ab_spec(options).target
+    for group in everything:
+        try:
+            group_target(group, base)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+    matrix: dict[str, Any] = {"over": everything}
+    if cell_wait is not None:
+        matrix["wait_s"] = cell_wait
+    _go(lab, ab_spec(options, matrix), as_json, submit, plot)
+
+
+def _when(seconds: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "-"
+
+
+def _jobs_text(jobs: list[JobSummary]) -> str:
+    if not jobs:
+        return "no jobs"
+    return table(["JOB", "STATE", "OWNER", "KIND", "TITLE", "CREATED", "TOOK", "WORKER", "REASON"],
+                 [[j.id, j.state, j.owner, j.kind, j.title or "-", _when(j.created_at),
+                   format_duration((j.ended_at or time.time()) - j.started_at) if j.started_at else "-",
+                   j.worker or "-", (j.reason[:60] + "…") if len(j.reason) > 60 else (j.reason or "-")]
+                  for j in jobs])
+
+
+@click.command("jobs")
+@click.option("--all", "everyone", is_flag=True, help="everyone's jobs (admins)")
+@json_option
+@lab_command
+def jobs_command(lab: Lab, everyone: bool, as_json: bool):
+    """Your jobs, open ones first: state, owner, kind, title, worker."""
+    jobs = lab.jobs.list(everyone)
+    emit(as_json, [dataclasses.asdict(j) for j in jobs], lambda _: _jobs_text(jobs))
+
+
+@click.group("job")
+def job_group():
+    """One job: show, evidence, cancel."""
+
+
+def _job_text(job: JobView) -> str:
+    lines = [f"{job.id}: {job.state}" + (f" ({job.reason})" if job.reason else ""),
+             f"  {_what(job.spec)}; owner {job.owner} ({job.kind}), worker {job.worker or '-'}",
+             f"  created {_when(job.created_at)}, started {_when(job.started_at)}, ended {_when(job.ended_at)}"]
+    for cell in job.cells:
+        where = cell.device or "-"
+        isa = " ".join(cell.fingerprint.isa[:12]) if cell.fingerprint else ""
+        lines.append(f"  cell {cell.cell}{f' {cell.group}' if cell.group else ''}: "
+                     + (f"not run: {cell.not_run}" if cell.not_run else f"{where} ({cell.lease_id or '-'})"
+                        + (f" {isa}" if isa else "")))
+    warmup = sum(r.warmup for r in job.runs)
+    failed = sum(1 for r in job.runs if r.status != 0)
+    lines.append(f"  runs: {len(job.runs)} ({warmup} warmup, {failed} failed)")
+    if job.runs:
+        from device_loop.core import evidence
+
+        lines.append(evidence.terminal_table(analysis_of(job)))
+    lines.append(f"evidence: device-loop job evidence {job.id} > evidence.md")
+    return "\n".join(lines)
+
+
+@job_group.command("show")
+@click.argument("job_id", metavar="ID")
+@json_option
+@lab_command
+def job_show_command(lab: Lab, job_id: str, as_json: bool):
+    """A job: its state, cells, runs and table."""
+    if as_json:
+        emit(True, lab.api.get(f"/jobs/{job_id}"), str)
+        return
+    click.echo(_job_text(lab.jobs.get(job_id)))
+
+
+@job_group.command("evidence")
+@click.argument("job_id", metavar="ID")
+@click.option("--plot", type=click.Path(dir_okay=False), help="also draw the runs as a chart (PNG), linked from it")
+@lab_command
+def job_evidence_command(lab: Lab, job_id: str, plot: str | None, as_json: bool):
+    """The job's evidence as one markdown, for a pull request or a review: device-loop job
+    evidence ID > evidence.md"""
+    markdown = lab.jobs.evidence(job_id)
+    if plot:
+        from device_loop.core import charts
+
+        job = lab.jobs.get(job_id)
+        charts.png(job, analysis_of(job), plot)
+        markdown = markdown.rstrip("\n") + f"\n\n![the runs of {job.id} over time, with temperature]({plot})\n"
+    click.echo(markdown, nl=not markdown.endswith("\n"))
+
+
+@job_group.command("cancel")
+@click.argument("job_id", metavar="ID")
+@json_option
+@lab_command
+def job_cancel_command(lab: Lab, job_id: str, as_json: bool):
+    """Cancel a queued or running job: its worker stops at once, its leases are released."""
+    job = lab.jobs.cancel(job_id)
+    emit(as_json, job.model_dump(mode="json", by_alias=True), lambda _: f"{job.id}: {job.state} ({job.reason})")
+

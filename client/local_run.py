@@ -1,0 +1,170 @@
+"""A job's command on the worker (docs/architecture.md, "Jobs and evidence"): ``sh -c`` in a
+process group of its own, killed whole at its deadline, and gone with the worker however the
+worker ends; and the samples its output holds.
+
+A command may start anything (``device-loop exec``, ``adb push``, a build): killing ``sh``
+alone would leave those running. So the group's leader is a small shell that runs the
+command in the background and, should the worker die (``PR_SET_PDEATHSIG``, a SIGTERM),
+kills its whole group. At a deadline, or when the worker stops, the worker kills the group
+itself.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from device_loop.core.jobs import MAX_METRICS, MAX_TEXT_CHARS, MetricSpec, Sample
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: What a command's output keeps: the metrics are read from the last MiB of stdout.
+KEEP_BYTES = 1 << 20
+TAIL_CHARS = MAX_TEXT_CHARS // 2
+# The group's leader: the command in the background, and a dead worker's SIGTERM turned
+# into a SIGKILL of the whole group ("$1" is the command, passed as an argument: no quoting).
+_LEADER = 'trap "kill -KILL 0" TERM; sh -c "$1" </dev/null & wait $!'
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What one command did: its status (negative: the signal that ended it), its output."""
+    status: int
+    stdout: str
+    stderr: str
+    started_at: float
+    ended_at: float
+    timed_out: bool = False
+    killed: bool = False     # stopped from outside (the worker stopping), not by its deadline
+
+    def tail(self, chars: int = TAIL_CHARS) -> str:
+        """The end of stdout and stderr, for a failed run's reason."""
+        both = self.stdout.rstrip("\n") + ("\n" + self.stderr.rstrip("\n") if self.stderr.strip() else "")
+        return both[-chars:].lstrip("\n")
+
+
+class _Tail:
+    """The last ``KEEP_BYTES`` read from a pipe, read on a thread of its own."""
+
+    def __init__(self, pipe):
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.thread = threading.Thread(target=self._read, args=(pipe,), daemon=True, name="local-run-output")
+        self.thread.start()
+
+    def _read(self, pipe) -> None:
+        with pipe:
+            for chunk in iter(lambda: pipe.read1(65536), b""):
+                self.chunks.append(chunk)
+                self.size += len(chunk)
+                while self.size - len(self.chunks[0]) >= KEEP_BYTES:
+                    self.size -= len(self.chunks.pop(0))
+
+    def text(self, timeout: float) -> str:
+        self.thread.join(timeout)  # (a process that left the group may hold the pipe open)
+        return b"".join(self.chunks)[-KEEP_BYTES:].decode(errors="replace")
+
+
+def _die_with_worker() -> None:  # in the child, between fork and exec
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class LocalCommand:
+    """One command running on this machine. Start it, then ``wait``; ``kill`` from any thread."""
+
+    def __init__(self, command: str, env: Mapping[str, str], cwd: str | None = None, clock=time.time):
+        self.clock = clock
+        self.started_at = clock()
+        self._killed = threading.Event()
+        # PR_SET_PDEATHSIG is tied to the thread that forks: the caller's thread waits for the
+        # command to end, so it outlives it unless the whole worker dies
+        self.popen = subprocess.Popen(
+            ["sh", "-c", _LEADER, "device-loop-job", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_die_with_worker)
+        self._stdout, self._stderr = _Tail(self.popen.stdout), _Tail(self.popen.stderr)
+
+    @property
+    def pid(self) -> int:
+        """The group's leader: its pid is the process group's id."""
+        return self.popen.pid
+
+    def kill(self) -> None:
+        """Kill everything the command started (its process group)."""
+        self._killed.set()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+
+    def wait(self, timeout_s: float) -> LocalResult:
+        """Wait for the command to end, at most ``timeout_s`` (then its group is killed)."""
+        timed_out = False
+        try:
+            self.popen.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            self.kill()
+            self.popen.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # what the command left behind
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        ended_at = self.clock()
+        status = self.popen.returncode
+        return LocalResult(status=max(-255, min(255, status)), stdout=self._stdout.text(5), stderr=self._stderr.text(5),
+                           started_at=self.started_at, ended_at=ended_at, timed_out=timed_out,
+                           killed=self._killed.is_set() and not timed_out)
+
+
+def samples(result: LocalResult, metrics: Sequence[MetricSpec]) -> list[Sample]:
+    """The samples a run's output gives: each declared metric's last value (from its regex,
+    over stdout then stderr, else from JSON lines on stdout); with none declared, every
+    metric the JSON lines name (at most ``MAX_METRICS``). Values that are not finite
+    numbers, and lines that are not metric objects, are skipped."""
+    reported = _json_lines(result.stdout)
+    if not metrics:
+        named = list(reported.items())[:MAX_METRICS]
+        return [Sample(metric=name, value=value, unit=unit) for name, (value, unit) in named]
+    found = []
+    for metric in metrics:
+        if metric.regex is not None:
+            value = _last_match(metric.regex, result.stdout)
+            if value is None:
+                value = _last_match(metric.regex, result.stderr)
+            if value is not None:
+                found.append(Sample(metric=metric.name, value=value, unit=metric.unit))
+        elif metric.name in reported:
+            value, unit = reported[metric.name]
+            found.append(Sample(metric=metric.name, value=value, unit=metric.unit or unit))
+    return found
+
+
+def _json_lines(stdout: str) -> dict[str, tuple[float, str]]:
+    reported: dict[str, tuple[float, str]] = {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not (line.startswith("{") and '"metric"' in line):
+            continue
+        try:
+            said = json.loads(line)
+            sample = Sample(metric=said["metric"], value=float(said["value"]), unit=str(said.get("unit", "")))
+        except (ValueError, TypeError, KeyError):  # (pydantic's ValidationError is a ValueError)
+            continue
+        reported.pop(sample.metric, None)  # the last value counts, in the order last seen
+        reported[sample.metric] = (sample.value, sample.unit)
+    return reported
+
+
+def _last_match(regex: str, text: str) -> float | None:
+    value = None
+    for match in re.finditer(regex, text):
+        try:
+            number = float(match.group("value"))
+        except (TypeError, ValueError):
+            continue
+        if number == number and abs(number) != float("inf"):
+            value = number
+    return value

@@ -1,0 +1,460 @@
+"""The job runner (docs/architecture.md, "Jobs and evidence"): runs one job its worker has
+claimed, cell by cell, and reports each run as soon as it has ended.
+
+Per cell: a lease through the job's own reserve route (a queue ticket, held by the job's
+owner), the device's fingerprint, the setup commands once, then the runs in the order
+``client/schedule.py`` fixed before the first one (warmup first), each after ``settle``
+(the device's cool-down steps) and with the device's readings at its start. Commands run on
+this machine with the lease's environment (``client/local_run.py``). A thread beats the job
+meanwhile. A failing command, a lease that ended, a faulty device or a stop (the worker's
+SIGTERM, a cancel) fails or ends the job with its runs kept; the leases are released
+however it ends.
+
+The runner is given its collaborators: the lab's ``Jobs``, the function that runs a
+command on a device (``exec``), and a clock.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from device_loop.core import LIVE_LEASE_STATES
+from device_loop.core import abstats
+from device_loop.core.durations import format_duration, parse_iso
+from device_loop.core.fingerprint import gather, readings, unfit
+from device_loop.core.jobs import (MAX_TEXT_CHARS, Arm, CellReport, Fingerprint, JobSpec, JobState, JobView, Readings,
+                                   RunRecord)
+from device_loop.core.usage import environment
+
+from .http import CoordinatorError
+from .jobs_api import Jobs
+from .lab import Lease, Ticket, TicketEnded
+from .local_run import LocalCommand, LocalResult, samples
+from .schedule import Cell, cells, measured_arms, warmup_arms
+
+#: ``exec(lease_answer, command, timeout_s)``: a command on the device (``core/device_exec.py``)
+DeviceExec = Callable[[Mapping[str, Any], str, float], Any]
+Say = Callable[[str], None]
+
+BEAT_S = 5.0             # how often the worker says it is alive
+TICKET_POLL_S = 5.0      # a ticket's wait is cut this often to see a stop
+READY_TIMEOUT_S = 120.0  # a granted lease's services up
+EXEC_TIMEOUT_S = 20.0    # a reading at a run's start
+NO_DEVICE = "no device"
+
+
+class JobStopped(Exception):
+    """The job stops before its end: the worker stops, the job was cancelled or taken from it."""
+
+
+class CellFailed(Exception):
+    """A cell cannot go on: a command failed, the lease ended, the device went faulty."""
+
+
+class Stopper:
+    """Why a job stops early (the first reason given counts), and what to kill then: the
+    commands running at that moment, in every cell."""
+
+    def __init__(self):
+        self._lock = threading.RLock()  # (stop is called from signal handlers, on the main thread too)
+        self._event = threading.Event()
+        self._kills: dict[int, Callable[[], None]] = {}
+        self.reason: str | None = None
+        self.cancelled = False   # the job ended on the coordinator's side: not ours to finish
+
+    def stop(self, reason: str, cancelled: bool = False) -> None:
+        """Stop the job (once: a later reason is ignored) and kill what runs."""
+        with self._lock:
+            if self.reason is None:
+                self.reason, self.cancelled = reason, cancelled
+            kills = list(self._kills.values())
+        self._event.set()
+        for kill in kills:
+            kill()
+
+    @property
+    def stopped(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        """Raise ``JobStopped`` once the job was stopped."""
+        if self._event.is_set():
+            raise JobStopped(self.reason or "stopped")
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a stop; whether it came."""
+        return self._event.wait(seconds)
+
+    @contextlib.contextmanager
+    def killing(self, kill: Callable[[], None]) -> Iterator[None]:
+        """While inside, a stop calls ``kill`` (at once if stopped already)."""
+        with self._lock:
+            self._kills[id(kill)] = kill
+            stopped = self._event.is_set()
+        if stopped:
+            kill()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._kills.pop(id(kill), None)
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    cell: int
+    failed: str | None = None     # why the cell, and so the job, failed
+    not_run: str | None = None    # why it never began (a matrix cell without a device)
+
+
+class Runner:
+    """Runs claimed jobs (``run``), one at a time."""
+
+    def __init__(self, jobs: Jobs, *, exec: DeviceExec | None = None, clock: Callable[[], float] = time.time,
+                 beat_s: float = BEAT_S, say: Say | None = None, base_env: Mapping[str, str] | None = None):
+        if exec is None:
+            from device_loop.core.device_exec import exec_on_lease as exec
+        self.jobs = jobs
+        self.exec = exec
+        self.clock = clock
+        self.beat_s = beat_s
+        self.say = say or (lambda text: None)
+        self.base_env = dict(os.environ if base_env is None else base_env)
+
+    def run(self, job: JobView, stopper: Stopper | None = None) -> JobView:
+        """Run ``job`` (claimed by this worker) to its end, and finish it on the coordinator;
+        the job as it ended there."""
+        stopper = stopper or Stopper()
+        coordinator_version = str(self.jobs.api.get("/health").get("version", ""))
+        beating = threading.Event()
+        beater = threading.Thread(target=self._beat, args=(job.id, stopper, beating), daemon=True,
+                                  name=f"beat-{job.id}")
+        beater.start()
+        try:
+            outcomes = self._cells(job, stopper, coordinator_version)
+        finally:
+            beating.set()
+            beater.join(10)
+        failures = [o.failed for o in outcomes if o.failed]
+        reason = stopper.reason or (failures[0] if failures else None)
+        if stopper.cancelled:
+            self.say(f"{job.id}: {reason}")
+            return self.jobs.get(job.id)
+        state = JobState.FAILED if reason else JobState.DONE
+        self.say(f"{job.id}: {state}" + (f": {reason}" if reason else ""))
+        try:
+            return self.jobs.finish(job.id, state, (reason or "")[:MAX_TEXT_CHARS])
+        except CoordinatorError as exc:
+            if exc.status in (404, 409):   # ended meanwhile (cancelled, or the reaper's "worker lost")
+                return self.jobs.get(job.id)
+            raise
+
+    def _beat(self, job_id: str, stopper: Stopper, done: threading.Event) -> None:
+        while not done.wait(self.beat_s):
+            try:
+                state = self.jobs.beat(job_id)
+            except CoordinatorError as exc:
+                if exc.status in (403, 404, 409):
+                    stopper.stop(f"the coordinator took the job from this worker: {exc.message}", cancelled=True)
+                    return
+                continue  # unreachable for now: the next beat may get through
+            if state != JobState.RUNNING:
+                stopper.stop(f"the job is {state}", cancelled=True)
+                return
+
+    def _cells(self, job: JobView, stopper: Stopper, coordinator_version: str) -> list[CellOutcome]:
+        todo = cells(job.spec)
+        if len(todo) == 1:
+            return [self._cell(job, todo[0], stopper, coordinator_version)]
+        outcomes: dict[int, CellOutcome] = {}
+
+        def run(cell: Cell) -> None:
+            outcomes[cell.index] = self._cell(job, cell, stopper, coordinator_version)
+
+        threads = [threading.Thread(target=run, args=(cell,), name=f"{job.id}-cell-{cell.index}") for cell in todo]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():  # (in steps: the main thread takes its signals meanwhile)
+                thread.join(0.5)
+        return [outcomes[cell.index] for cell in todo]
+
+    def _cell(self, job: JobView, cell: Cell, stopper: Stopper, coordinator_version: str) -> CellOutcome:
+        run = CellRun(self, job, cell, stopper, coordinator_version)
+        try:
+            run.run()
+        except (CellFailed, CoordinatorError) as exc:
+            reason = exc.message if isinstance(exc, CoordinatorError) else str(exc)
+            reason = f"{cell.group}: {reason}" if cell.group else reason
+            stopper.stop(reason)   # the other cells stop too: the job has failed
+            return CellOutcome(cell.index, failed=reason)
+        except JobStopped as exc:
+            return CellOutcome(cell.index, failed=str(exc))
+        except Exception as exc:  # noqa: BLE001 (the worker goes on to its next job; the reason says what)
+            reason = f"the worker failed: {type(exc).__name__}: {exc}"
+            stopper.stop(reason)
+            return CellOutcome(cell.index, failed=reason)
+        finally:
+            run.close()
+        return CellOutcome(cell.index, not_run=run.not_run)
+
+
+class CellRun:
+    """One cell of a job, on its own lease."""
+
+    def __init__(self, runner: Runner, job: JobView, cell: Cell, stopper: Stopper, coordinator_version: str):
+        self.runner, self.job, self.cell, self.stopper = runner, job, cell, stopper
+        self.spec: JobSpec = job.spec
+        self.coordinator_version = coordinator_version
+        self.jobs = runner.jobs
+        self.lease: Lease | None = None
+        self.ticket: Ticket | None = None
+        self.report: CellReport | None = None
+        self.not_run: str | None = None
+        self.runs: list[RunRecord] = []
+        self.env: dict[str, str] = {}
+        self._forwards: list = []
+        self._seq = 0
+        self._where = f"{job.id} cell {cell.index}" + (f" ({cell.group})" if cell.group else "")
+
+    def say(self, text: str) -> None:
+        self.runner.say(f"{self._where}: {text}")
+
+    # --- the cell's life ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.lease = self._take_lease()
+        if self.lease is None:
+            self.jobs.report_cell(self.job.id, CellReport(cell=self.cell.index, group=self.cell.group,
+                                                          not_run=self.not_run))
+            self.say(f"not run: {self.not_run}")
+            return
+        self.env = self._environment(self.lease)
+        self.report = CellReport(cell=self.cell.index, group=self.cell.group, device=self.lease.data["device"],
+                                 lease_id=self.lease.id, fingerprint=self._fingerprint(self.lease))
+        self.jobs.report_cell(self.job.id, self.report)
+        for command in self.spec.setup:
+            self.stopper.check()
+            result = self._local(command)
+            if result.status != 0:
+                raise CellFailed(self._failure(f"setup command {command!r}", result))
+        if self.spec.ab is None:
+            for _ in range(self.spec.rounds):
+                self._run(Arm.RUN, warmup=False)
+            return
+        ab = self.spec.ab
+        for arm in warmup_arms(ab):
+            self._run(arm, warmup=True)
+        done = 0
+        looks = abstats.looks(ab)  # fixed before the first run: [rounds] unless until_decided
+        for n, look in enumerate(looks):
+            for arm in measured_arms(ab, done, look):
+                self._run(arm, warmup=False)
+            done = look
+            if n < len(looks) - 1 and self._decided():
+                self.say(f"decided at {look} rounds (look {n + 1} of {len(looks)})")
+                return
+
+    def close(self) -> None:
+        """Give back what the cell holds (a ticket, a lease, local forwards), whatever happened."""
+        for forward in self._forwards:
+            with contextlib.suppress(Exception):
+                forward.close()
+        if self.ticket is not None and self.lease is None:
+            with contextlib.suppress(CoordinatorError):
+                self.ticket.cancel()
+        if self.lease is not None:
+            with contextlib.suppress(CoordinatorError):
+                self.lease.release()
+                self.say(f"released {self.lease.id}")
+
+    # --- the lease ----------------------------------------------------------------------------
+
+    def _take_lease(self) -> Lease | None:
+        matrix = self.spec.matrix
+        try:
+            got = self.jobs.reserve(self.job.id, self.cell.index, self.cell.target)
+        except CoordinatorError as exc:
+            if matrix is not None and exc.status in (404, 409):
+                self.not_run = f"{NO_DEVICE} ({exc.message})"
+                return None
+            raise
+        if isinstance(got, Ticket):
+            self.ticket = got
+            self.say(f"waiting for a device ({got.id}, position {got.position})")
+            lease = self._wait_ticket(got, None if matrix is None else matrix.wait_s)
+            if lease is None:
+                return None
+            got = lease
+        self.lease = got
+        self.say(f"{got.data['device']}: {got.id}")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            self.stopper.check()
+            try:
+                return got.wait_ready(timeout=min(TICKET_POLL_S, max(0.1, deadline - time.monotonic())))
+            except CoordinatorError as exc:
+                if exc.code != "timeout" or time.monotonic() > deadline:
+                    raise CellFailed(f"{got.id} on {got.data['device']} did not get ready: {exc.message}") from None
+
+    def _wait_ticket(self, ticket: Ticket, wait_s: float | None) -> Lease | None:
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        while True:
+            self.stopper.check()
+            left = TICKET_POLL_S if deadline is None else min(TICKET_POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                self.not_run = NO_DEVICE
+                return None
+            try:
+                return ticket.wait(timeout=left)
+            except TicketEnded as exc:
+                raise CellFailed(f"the job's ticket ended: {exc.message}") from None
+            except CoordinatorError as exc:
+                if exc.code != "timeout":
+                    raise
+
+    def _check_lease(self) -> None:
+        """The lease still serves the cell (refreshed; renewed when half its time is gone)."""
+        assert self.lease is not None
+        lease = self.lease.refresh()
+        if lease.state not in LIVE_LEASE_STATES:
+            raise CellFailed(f"the lease {lease.id} on {lease.data['device']} is {lease.state}: "
+                             f"{lease.data.get('reason') or 'ended'}")
+        if lease.data.get("device_state") == "faulty":
+            device = self.jobs.api.get(f"/devices/{lease.data['device']}")
+            raise CellFailed(f"{lease.data['device']} is faulty: "
+                             f"{device.get('reason') or device.get('health_reason') or 'no reason given'}")
+        expires = lease.data.get("expires_at")
+        if expires and parse_iso(expires) - self.runner.clock() < self.spec.lease_ttl_s / 2:
+            with contextlib.suppress(CoordinatorError):  # (refused past the lab's --max-ttl: it runs out)
+                lease.renew(self.spec.lease_ttl_s)
+
+    def _environment(self, lease: Lease) -> dict[str, str]:
+        """What a command sees: the worker's environment, what ``device-loop env`` exports
+        (through local forwards in a lab with gates), the lease, and who to be to the lab."""
+        endpoints = [e for e in lease.endpoints if e.get("env")]
+        if lease.data.get("secret") and endpoints:
+            from device_loop.core.gate import LocalForward
+
+            self._forwards = [LocalForward(e, lease.data["secret"]) for e in endpoints]
+            endpoints = [f.endpoint for f in self._forwards]
+        env = {**self.runner.base_env, **environment(lease.data, endpoints),
+               "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_COORDINATOR": self.jobs.api.url}
+        authorization = str(self.jobs.api.http.headers.get("Authorization", ""))
+        if authorization.startswith("Bearer "):
+            env["DEVICE_LOOP_TOKEN"] = authorization.removeprefix("Bearer ")
+        else:  # a lab without tokens: be the lease's holder
+            env["DEVICE_LOOP_USER"] = self.job.owner
+        return env
+
+    # --- the device ---------------------------------------------------------------------------
+
+    def _exec(self, command: str, timeout_s: float) -> Any:
+        assert self.lease is not None
+        return self.runner.exec(self.lease.data, command, timeout_s)
+
+    def _fingerprint(self, lease: Lease) -> Fingerprint | None:
+        try:
+            device = self.jobs.api.get(f"/devices/{lease.data['device']}")
+            return gather(self._exec, lease.data, device, self.coordinator_version)
+        except Exception as exc:  # noqa: BLE001 (a device that cannot say: the evidence says so)
+            self.say(f"no fingerprint: {_message(exc)}")
+            return None
+
+    def _readings(self, settle_problem: str | None) -> Readings:
+        try:
+            read = readings(self._exec, timeout_s=EXEC_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 (a run whose start could not be read is marked)
+            return Readings(unfit=f"no readings: {_message(exc)}"[:MAX_TEXT_CHARS])
+        ab = self.spec.ab
+        reasons = [r for r in (settle_problem, unfit(read, max_temp_c=None, governor=ab.governor if ab else None))
+                   if r]
+        return read.model_copy(update={"unfit": "; ".join(reasons)[:MAX_TEXT_CHARS] or None})
+
+    def _settle(self) -> str | None:
+        """Run the device's settle steps; why the device may still not be fit, if they failed
+        (a zone above the cool-down threshold when the step timed out)."""
+        assert self.lease is not None
+        op = self.lease.settle(timeout=self.spec.command_timeout_s)
+        if op["state"] != "done":
+            return f"settle {op['state']}: {op.get('message') or op.get('reason') or 'no reason given'}"
+        return None
+
+    # --- runs ---------------------------------------------------------------------------------
+
+    def _run(self, arm: Arm, warmup: bool) -> None:
+        self.stopper.check()
+        self._check_lease()
+        ab = self.spec.ab
+        settle_problem = self._settle() if ab is not None and ab.settle else None
+        read = self._readings(settle_problem)
+        commands: Sequence[str] = {Arm.A: ab.baseline, Arm.B: ab.patch}[arm] if ab is not None else self.spec.run
+        started = self.runner.clock()
+        results: list[LocalResult] = []
+        for command in commands:
+            results.append(self._local(command))
+            if results[-1].status != 0:
+                break
+        ended = self.runner.clock()
+        last = results[-1]
+        merged = LocalResult(status=last.status, stdout="".join(r.stdout for r in results),
+                             stderr="".join(r.stderr for r in results), started_at=started, ended_at=ended,
+                             timed_out=last.timed_out)
+        found = samples(merged, self.spec.metrics)
+        record = RunRecord(cell=self.cell.index, seq=self._seq, arm=arm, warmup=warmup, started_at=started,
+                           ended_at=ended, status=last.status, readings=read, samples=found,
+                           output_tail=merged.tail())
+        self.jobs.report_run(self.job.id, record)
+        self.runs.append(record)
+        self._seq += 1
+        label = "warmup " if warmup else ""
+        values = ", ".join(f"{s.metric}={s.value:g}{s.unit}" for s in found)
+        self.say(f"run {record.seq} {label}{arm}: status {last.status} in {ended - started:.2f}s"
+                 + (f" ({values})" if values else "") + (f" [unfit: {read.unfit}]" if read.unfit else ""))
+        if last.status != 0:
+            self._check_lease()  # a lease that ended is the cause to name
+            raise CellFailed(self._failure(f"run {record.seq} ({arm}) {commands[len(results) - 1]!r}", last))
+        missing = [m.name for m in self.spec.metrics if m.name not in {s.metric for s in found}]
+        if missing:
+            raise CellFailed(f"run {record.seq} ({arm}) printed no value for {', '.join(missing)}"
+                             + _tail_text(merged))
+        if ab is not None and not found:
+            raise CellFailed(f"run {record.seq} ({arm}) printed no metric: print JSON lines "
+                             '{"metric": NAME, "value": V, "unit": U} or declare a metric with a regex'
+                             + _tail_text(merged))
+
+    def _local(self, command: str) -> LocalResult:
+        """A command on this machine, with the lease's environment; a stop kills it."""
+        started = LocalCommand(command, self.env, clock=self.runner.clock)
+        with self.stopper.killing(started.kill):
+            result = started.wait(self.spec.command_timeout_s)
+        if result.killed:
+            raise JobStopped(self.stopper.reason or "stopped")
+        return result
+
+    def _failure(self, what: str, result: LocalResult) -> str:
+        if result.timed_out:
+            said = (f"{what} did not finish within {format_duration(self.spec.command_timeout_s)}: "
+                    "killed it and all it started")
+        else:
+            said = f"{what} failed (exit status {result.status})"
+        return said + _tail_text(result)
+
+    def _decided(self) -> bool:
+        """Whether this cell's runs so far decide every metric (at α split over the looks)."""
+        assert self.report is not None
+        return abstats.decided(abstats.analyse(self.spec, self.runs, [self.report]))
+
+
+def _tail_text(result: LocalResult) -> str:
+    tail = result.tail(1500).strip()
+    return f"; its output ended with:\n{tail}" if tail else ""
+
+
+def _message(exc: BaseException) -> str:
+    return str(getattr(exc, "message", None) or exc or type(exc).__name__)

@@ -8,6 +8,7 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
+from device_loop.core.jobs import CellReport, JobSpec, JobState, RunRecord
 from device_loop.core.vocabulary import (DeviceState, HealthStatus, LeaseState, OperationState, TicketKind,
                                          TicketState, TokenKind)
 
@@ -57,6 +58,7 @@ DeviceAnswer = TypedDict("DeviceAnswer", {
     "step": RunningStep | None,    # the one running now, while it is reclaimed
     "fault": str | None,           # why a step between leases failed: faulty until an admin clears it
     "reason": str,                 # why it is in its state, in words ("" when idle or in use)
+    "facts": dict[str, str],       # what its plugins add to its fingerprint (board revision, firmware)
 }, total=False)
 
 
@@ -242,3 +244,64 @@ class HealthAnswer(TypedDict):
     ok: bool
     version: str
     protocol: int
+
+
+class JobReservation(TypedDict):
+    """A ticket or lease a job made for one of its cells, and where it stands."""
+    cell: int
+    ticket: str | None
+    ticket_state: TicketState | None
+    lease: str | None
+    lease_state: LeaseState | None
+    device: str | None
+
+
+class JobAnswer(TypedDict):
+    """A job as its owner, its worker and admins see it (docs/architecture.md, "Jobs and
+    evidence"): ``core.jobs.JobView``'s fields (times in seconds since the epoch, as there),
+    then what the coordinator adds: the tickets and leases it made, and the analysis of its
+    runs (null until it has some, or where the analysis is not installed)."""
+    id: str
+    owner: str
+    kind: TicketKind
+    state: JobState
+    reason: str
+    spec: JobSpec
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    worker: str | None
+    cells: list[CellReport]
+    runs: list[RunRecord]
+    coordinator_version: str
+    reservations: list[JobReservation]
+    analysis: dict[str, Any] | None
+
+
+class JobSummary(TypedDict):
+    """A job as listings show it: no spec, cells or runs."""
+    id: str
+    owner: str
+    kind: TicketKind
+    state: JobState
+    reason: str
+    title: str
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    worker: str | None
+
+
+class ClaimAnswer(TypedDict):
+    """What a worker's claim took: a job, now running and the worker's, or null (none queued)."""
+    job: JobAnswer | None
+
+
+class ExecAnswer(TypedDict):
+    """A command run on a device (docs/architecture.md, "Running a command on a device")."""
+    stdout: str
+    stderr: str
+    status: int
+    channel: str       # adb, ssh or console: how it reached the device
+    elapsed_s: float
+    truncated: bool    # stdout or stderr was cut at the coordinator's limit

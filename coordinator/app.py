@@ -20,14 +20,23 @@ from .api import routes
 from .errors import APIError
 from .agents import LazyAgents
 from .events import Broadcaster
+from .evidence import evidence_route
+from .jobs import WORKER_TIMEOUT_S
 from .limits import BODY_GAP_S, BoundedBodies
 from .notify import CallerGone
 from .origin import KnownOrigins, allowed_hosts as known_hosts
 from .rules import Rules, Settings
 from .store import Store
+from .web import job_pages
 from .web.pages import device_row, queue_row
 
 log = logging.getLogger(__name__)
+
+# Routes of jobs that answer something other than JSON, beside api.ROUTES (who may call each
+# is their handler's to check: the evidence a person's token, the pages anyone, as the board):
+# the evidence markdown, the jobs' web pages
+JOB_ROUTES = [Route("/api/v1/jobs/{job_id}/evidence", evidence_route, methods=["GET"]),
+              *job_pages.routes]
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -69,7 +78,8 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
 
 def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False,
                allowed_hosts: Sequence[str] = (), tailnet_socket: str | None = None,
-               tailnet_admins: Sequence[str] = (), body_gap_s: float = BODY_GAP_S) -> Starlette:
+               tailnet_admins: Sequence[str] = (), body_gap_s: float = BODY_GAP_S,
+               job_worker_timeout_s: float = WORKER_TIMEOUT_S) -> Starlette:
     """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
 
     ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
@@ -78,7 +88,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     besides loopback; others get 421.
     ``tailnet_socket``: tailscaled's LocalAPI socket, to know callers without a token by
     their tailnet login (``tailnet_admins`` are admins). ``body_gap_s``: the longest a
-    request body may pause before the request is cut (408).
+    request body may pause before the request is cut (408). ``job_worker_timeout_s``: a
+    running job whose worker is silent this long fails ("worker lost").
     """
     store = Store(database_url)
     settings = settings or Settings()
@@ -87,7 +98,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         settings = dataclasses.replace(settings, image_dir=str(Path(database_url.split("sqlite:///", 1)[1]).parent
                                                               / "images"))
     # the data-plane gate goes with authentication: off exactly in the trust mode
-    rules = Rules(store, dataclasses.replace(settings, gated=not single_user))
+    rules = Rules(store, dataclasses.replace(settings, gated=not single_user),
+                  job_worker_timeout_s=job_worker_timeout_s)
     events = Broadcaster(rules.devices.list_devices, rules.life.notifier, render_row=device_row)  # one a process
     events.follow_queue(lambda: rules.scheduler.queue(None, False), queue_row)  # the board shows the queue too
     state = {"rules": rules, "single_user": single_user, "tailnet_socket": tailnet_socket,
@@ -119,7 +131,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     handlers: dict[Any, Callable[..., Any]] = {APIError: _api_error, HTTPException: _http_error,
                                                CallerGone: _hung_up, Exception: _crash}
     app = Starlette(
-        routes=[*routes, Route("/mcp", endpoint=agents, methods=["POST"])],  # stateless: no GET event stream
+        # /mcp is stateless: no GET event stream
+        routes=[*routes, *JOB_ROUTES, Route("/mcp", endpoint=agents, methods=["POST"])],
         middleware=[Middleware(KnownOrigins, allowed=list(allowed_hosts)),
                     Middleware(BoundedBodies, gap_s=body_gap_s)],
         lifespan=lifespan,

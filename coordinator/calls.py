@@ -15,13 +15,17 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel
 
 from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core.jobs import CellReport, JobState, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, TicketKind
 
-from . import relays
-from .answers import (AuditEntry, CandidateAnswer, DeviceAnswer, HealthAnswer, HostAnswer, ImageAnswer, LeaseAnswer,
-                      LogEntry, OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer)
+from . import device_commands, relays
+from .answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer, HealthAnswer, HostAnswer,
+                      ImageAnswer, JobAnswer, JobSummary, LeaseAnswer, LogEntry, OperationAnswer, QueueEntry,
+                      TicketAnswer, TokenAnswer)
+from .evidence import evidence_markdown
 from .identity import ADMIN, ANYONE, EXPORTER, USER, Identity, issue_token, refusal, token_view
+from .job_schemas import ClaimJobIn, ExecIn, FinishJobIn, JobFilter, JobId, JobReserveIn, JobWait, SubmitJobIn
 from .rules import Rules
 from .schemas import (AdminDevice, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName, DeviceOperations, DrainIn,
                       FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn, KnownGoodIn, LeaseId,
@@ -276,6 +280,89 @@ async def uart_exchange(ctx: Ctx, args: UartExchangeIn) -> dict:
     return await relays.uart_exchange(lease, args.send, args.wait_s, args.until)
 
 
+async def exec_command(ctx: Ctx, args: ExecIn) -> ExecAnswer:
+    """Run a shell command on the leased device and answer its stdout, stderr and exit status
+    (127: no such command), through the device's own channel (adb shell, ssh, else its UART
+    console): at most timeout_s seconds (120 at most; then it is interrupted) and 64 KiB of
+    each output (truncated says it was cut). channel says which way it went."""
+    lease = await ctx.rules.leases.status(args.lease_id, ctx.caller.name, ctx.caller.admin)
+    return await device_commands.exec_on(lease, args.command, args.timeout_s)
+
+
+# ---- jobs (docs/architecture.md, "Jobs and evidence") -------------------------------------------
+
+async def submit_job(ctx: Ctx, args: SubmitJobIn) -> JobAnswer:
+    """Submit a job (a spec, as a job file has it: what to run on, setup, the commands or an
+    A/B pair, metrics, a matrix). It is queued until a device-loop worker that serves you takes
+    it and runs its commands; follow it with job_status (wait_s) until it is done, failed or
+    cancelled, then read job_evidence. An agent's job queues for devices as batch."""
+    return await ctx.rules.jobs.submit(args.spec, args.claim, args.worker, ctx.caller.name, ticket_kind(ctx))
+
+
+async def my_jobs(ctx: Ctx, args: JobFilter) -> list[JobSummary]:
+    """The caller's jobs (those they own or work on), open ones first (an admin's all=true: everyone's)."""
+    return await ctx.rules.jobs.jobs(ctx.caller.name, args.everyone and ctx.caller.admin)
+
+
+async def job_status(ctx: Ctx, args: JobWait) -> JobAnswer:
+    """A job: state (queued, running, done, failed, cancelled) and reason, its spec, cells
+    (device, fingerprint), runs, the tickets and leases it made, and the analysis of its runs.
+    With wait_s, answers once its state changes."""
+    return await ctx.rules.jobs.status(args.job_id, ctx.caller.name, ctx.caller.admin, await _until(ctx, args.wait_s),
+                                       args.unless, ctx.gone)
+
+
+async def job_evidence(ctx: Ctx, args: JobId) -> str:
+    """The job's evidence, as markdown to paste into a review: the claim as numbers, the
+    table per cell with intervals and verdicts, every device's fingerprint, each run's start
+    time and temperature, the exact commands and spec, and how to reproduce it."""
+    return await evidence_markdown(ctx.rules.jobs, args.job_id, ctx.caller.name, ctx.caller.admin)
+
+
+async def claim_job(ctx: Ctx, args: ClaimJobIn) -> ClaimAnswer:
+    """A worker takes the oldest queued job of the users it serves (its own token's user by
+    default; others only with an admin's token): it is running from now on, and the worker
+    beats. With wait_s, answers as soon as one is queued; job is null when none is."""
+    return await ctx.rules.jobs.claim(args.users, args.worker, await _until(ctx, args.wait_s), ctx.caller.name,
+                                      ctx.caller.admin, ctx.gone)
+
+
+async def beat_job(ctx: Ctx, args: JobId) -> JobSummary:
+    """The job's worker is alive (a running job whose worker is silent for the lab's
+    --job-worker-timeout fails: worker lost)."""
+    return await ctx.rules.jobs.beat(args.job_id, ctx.caller.name, ctx.caller.admin)
+
+
+async def reserve_for_job(ctx: Ctx, args: JobReserveIn) -> LeaseAnswer | TicketAnswer:
+    """A lease for one cell of a running job (held by its owner), or a queue ticket of the
+    job's kind when nothing that matches is free: follow it with ticket_status."""
+    return await ctx.rules.jobs.reserve(args.job_id, args.cell, args.device, args.device_class, args.tags,
+                                        ctx.caller.name, ctx.caller.admin)
+
+
+async def report_cell(ctx: Ctx, args: JobId) -> CellReport:
+    """A cell of a running job as its worker saw it (a CellReport: device, lease, fingerprint,
+    or not_run with why)."""
+    return await ctx.rules.jobs.report_cell(args.job_id, ctx.body, ctx.caller.name, ctx.caller.admin)
+
+
+async def report_run(ctx: Ctx, args: JobId) -> RunRecord:
+    """One run of a running job (a RunRecord), as soon as it ended; runs are never changed."""
+    return await ctx.rules.jobs.add_run(args.job_id, ctx.body, ctx.caller.name, ctx.caller.admin)
+
+
+async def finish_job(ctx: Ctx, args: FinishJobIn) -> JobAnswer:
+    """The worker says the job ended, done or failed (with why): its leases are released."""
+    return await ctx.rules.jobs.finish(args.job_id, JobState(args.state), args.reason, ctx.caller.name,
+                                       ctx.caller.admin)
+
+
+async def cancel_job(ctx: Ctx, args: JobId) -> JobAnswer:
+    """Cancel a queued or running job (its owner, or an admin): its tickets are cancelled and
+    its leases released; the runs it has are kept."""
+    return await ctx.rules.jobs.cancel(args.job_id, ctx.caller.name, ctx.caller.admin)
+
+
 # ---- images ---------------------------------------------------------------------------------------
 
 async def list_images(ctx: Ctx, args: ImageFilter) -> list[ImageAnswer]:
@@ -427,6 +514,23 @@ CALLS: list[Call] = [
          status=201, idempotent=True),
     Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True),
     Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True),
+    Call("exec", USER, exec_command, ExecIn, ExecAnswer, tool=True),
+    Call("submit_job", USER, submit_job, SubmitJobIn, JobAnswer, "POST /api/v1/jobs", tool=True, status=201,
+         idempotent=True),
+    Call("my_jobs", USER, my_jobs, JobFilter, list[JobSummary], "GET /api/v1/jobs", tool_key="jobs"),
+    Call("claim_job", USER, claim_job, ClaimJobIn, ClaimAnswer, "POST /api/v1/jobs/claim", idempotent=True),
+    Call("job_status", USER, job_status, JobWait, JobAnswer, "GET /api/v1/jobs/{job_id}", tool=True),
+    Call("job_evidence", USER, job_evidence, JobId, str, tool=True),  # REST: text/markdown (evidence.py)
+    Call("beat_job", USER, beat_job, JobId, JobSummary, "POST /api/v1/jobs/{job_id}/beat"),
+    Call("reserve_for_job", USER, reserve_for_job, JobReserveIn, LeaseAnswer | TicketAnswer,
+         "POST /api/v1/jobs/{job_id}/reserve", status=201, idempotent=True),
+    Call("report_cell", USER, report_cell, JobId, CellReport, "POST /api/v1/jobs/{job_id}/cells", idempotent=True,
+         body=CellReport, max_body=1 << 20),  # a fingerprint: 64 plugin fields of 4000 characters, 512 ISA flags
+    Call("report_run", USER, report_run, JobId, RunRecord, "POST /api/v1/jobs/{job_id}/runs", status=201,
+         idempotent=True, body=RunRecord, max_body=128 << 10),  # its output's tail, readings, 16 samples
+    Call("finish_job", USER, finish_job, FinishJobIn, JobAnswer, "POST /api/v1/jobs/{job_id}/finish",
+         idempotent=True),
+    Call("cancel_job", USER, cancel_job, JobId, JobAnswer, "POST /api/v1/jobs/{job_id}/cancel", idempotent=True),
     Call("upload_image", USER, upload_image, UploadQuery, ImageAnswer, "POST /api/v1/images", status=201,
          refusals=frozenset({507})),
     Call("list_images", USER, list_images, ImageFilter, list[ImageAnswer], "GET /api/v1/images", tool=True,

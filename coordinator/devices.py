@@ -41,6 +41,7 @@ def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
         "step": step,
         "fault": row["fault"],
         "reason": state_reason(row, step),
+        "facts": row.get("facts") or {},  # what its plugins add to its fingerprint
     }
     if admin:
         answer["lease"] = row["lease_id"]

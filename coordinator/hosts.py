@@ -61,7 +61,8 @@ def _columns(device: DeviceReport, digest: str) -> dict:
     reasons = "; ".join(f"{r.kind}: {r.reason}" for r in device.resources if r.health != "ok" and r.reason)
     return {"class": device.device_class, "tags": json.dumps(dumped["tags"]), "present": True,
             "health": worst.health, "health_reason": reasons, "busy_by": json.dumps(dumped["busy_by"]),
-            "resources": json.dumps(dumped["resources"]), "report_digest": digest, "steps": json.dumps(dumped["steps"])}
+            "resources": json.dumps(dumped["resources"]), "report_digest": digest, "steps": json.dumps(dumped["steps"]),
+            "facts": json.dumps(dumped["facts"])}
 
 
 class _Changes:

@@ -95,7 +95,7 @@ def _tool(rules, call: Call):
                                                                  json_schema_extra=_choices(field.annotation))]
         parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                             annotation=annotation))
-    returns = Image if call.answer is bytes else dict[str, Any]
+    returns = Image if call.answer is bytes else str if call.answer is str else dict[str, Any]
     tool.__signature__ = inspect.Signature(parameters, return_annotation=returns)  # type: ignore[attr-defined]
     tool.__name__ = call.name
     return tool

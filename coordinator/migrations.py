@@ -26,6 +26,8 @@ OPERATION_STATES = ("queued", "running", "done", "failed")
 TICKET_STATES = ("waiting", "granted", "claimed", "cancelled", "expired")
 TICKET_KINDS = ("interactive", "batch")
 TOKEN_KINDS = ("person", "agent")
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
+RUN_ARMS = ("A", "B", "run")
 
 MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 1: devices, resources, hosts, leases, logs, idempotency keys
@@ -429,5 +431,63 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         "ALTER TABLE devices ADD COLUMN fault TEXT",
         "ALTER TABLE operations ADD COLUMN progress_detail TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX devices_state_class ON devices(state, class)",
+    ],
+    # 17: jobs and their evidence (docs/architecture.md, "Jobs and evidence"): a job, its cells
+    # (a device each, with its fingerprint), its runs (append-only, one row per (job, cell,
+    # seq)), and the tickets and leases it made, which end with it; the facts plugins add to a
+    # device's fingerprint, written by the heartbeat's own upsert
+    [
+        f"""CREATE TABLE jobs (
+            id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            kind TEXT NOT NULL {_one_of("kind", TICKET_KINDS)},
+            state TEXT NOT NULL {_one_of("state", JOB_STATES)},
+            reason TEXT NOT NULL DEFAULT '',
+            spec TEXT NOT NULL,
+            created_at DOUBLE PRECISION NOT NULL,
+            started_at DOUBLE PRECISION,
+            ended_at DOUBLE PRECISION,
+            worker TEXT,
+            worker_user TEXT,
+            beat_at DOUBLE PRECISION
+        )""",
+        "CREATE INDEX jobs_state ON jobs(state, created_at)",
+        "CREATE INDEX jobs_beat ON jobs(state, beat_at)",
+        "CREATE INDEX jobs_owner ON jobs(owner, created_at)",
+        "CREATE INDEX jobs_worker_user ON jobs(worker_user, created_at)",
+        """CREATE TABLE job_cells (
+            job TEXT NOT NULL,
+            cell INTEGER NOT NULL,
+            cell_group TEXT NOT NULL,
+            device TEXT,
+            lease_id TEXT,
+            fingerprint TEXT,
+            not_run TEXT,
+            PRIMARY KEY (job, cell)
+        )""",
+        f"""CREATE TABLE job_runs (
+            job TEXT NOT NULL,
+            cell INTEGER NOT NULL,
+            seq INTEGER NOT NULL,
+            arm TEXT NOT NULL {_one_of("arm", RUN_ARMS)},
+            warmup BOOLEAN NOT NULL,
+            started_at DOUBLE PRECISION NOT NULL,
+            ended_at DOUBLE PRECISION NOT NULL,
+            status INTEGER NOT NULL,
+            readings TEXT NOT NULL,
+            samples TEXT NOT NULL,
+            output_tail TEXT NOT NULL,
+            PRIMARY KEY (job, cell, seq)
+        )""",
+        """CREATE TABLE job_leases (
+            id {serial},
+            job TEXT NOT NULL,
+            cell INTEGER NOT NULL,
+            ticket_id TEXT,
+            lease_id TEXT,
+            created_at DOUBLE PRECISION NOT NULL
+        )""",
+        "CREATE INDEX job_leases_job ON job_leases(job)",
+        "ALTER TABLE devices ADD COLUMN facts TEXT NOT NULL DEFAULT '{{}}'",
     ],
 ]

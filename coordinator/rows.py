@@ -10,6 +10,7 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
+from device_loop.core.jobs import Arm, JobState
 from device_loop.core.vocabulary import (DeviceState, HealthStatus, LeaseState, OperationState, TicketKind,
                                          TicketState, TokenKind)
 
@@ -38,6 +39,7 @@ DeviceRow = TypedDict("DeviceRow", {
     "reclaim_step": int | None,    # the one running now (its index), while it is reclaimed
     "reclaim_op": str | None,      # ... and its operation
     "fault": str | None,           # why a step between leases failed: faulty until cleared
+    "facts": dict[str, str],       # what plugins add to its fingerprint (DeviceReport.facts)
 })
 
 
@@ -232,3 +234,57 @@ class TicketRow(TypedDict):
     lease_id: str | None
     granted_device: str | None
     reason: str
+
+
+class JobRow(TypedDict):
+    """A job (docs/architecture.md, "Jobs and evidence"): its spec as submitted, whose it is,
+    the kind of its tickets (its submitter's), and the worker that runs it."""
+    id: str
+    owner: str
+    kind: TicketKind
+    state: JobState
+    reason: str
+    spec: dict[str, Any]         # a JobSpec, as JSON
+    created_at: float
+    started_at: float | None
+    ended_at: float | None
+    worker: str | None           # the worker's label (its host and process, as it says)
+    worker_user: str | None      # who claimed it: only they (and admins) report for it
+    beat_at: float | None        # its worker's last beat
+
+
+class JobCellRow(TypedDict):
+    """A cell of a job (a CellReport) as its worker last reported it."""
+    job: str
+    cell: int
+    cell_group: str
+    device: str | None
+    lease_id: str | None
+    fingerprint: dict[str, Any] | None
+    not_run: str | None
+
+
+class JobRunRow(TypedDict):
+    """One run of a job (a RunRecord), append-only."""
+    job: str
+    cell: int
+    seq: int
+    arm: Arm
+    warmup: bool
+    started_at: float
+    ended_at: float
+    status: int
+    readings: dict[str, Any]
+    samples: list[dict[str, Any]]
+    output_tail: str
+
+
+class JobLeaseRow(TypedDict):
+    """A ticket or lease a job made for one of its cells, with where it stands now."""
+    cell: int
+    ticket_id: str | None
+    ticket_state: TicketState | None
+    lease_id: str | None         # the lease made at once, or the one its ticket was granted
+    lease_state: LeaseState | None
+    device: str | None
+    host: str | None

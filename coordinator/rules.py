@@ -12,7 +12,8 @@ wakes the long-polls once it committed.
 - ``scheduler`` (``Scheduler``): reserve by name or by class and tags, queue tickets, grants;
 - ``steps`` (``Steps``): the steps a device runs between two leases, and ``settle``;
 - ``hosts`` (``Hosts``): heartbeats and the desired state;
-- ``admin`` (``Admin``): retire, drain, adopt, forget, tokens.
+- ``admin`` (``Admin``): retire, drain, adopt, forget, tokens;
+- ``jobs`` (``Jobs``): jobs, their cells and runs, and the leases they hold.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .devices import Devices
 from .hosts import Hosts
 from .image_files import ImageFiles
 from .images import Images
+from .jobs import WORKER_TIMEOUT_S, Jobs
 from .leases import Leases
 from .lifecycle import Lifecycle, Settings
 from .operations import Operations
@@ -40,7 +42,8 @@ IDEMPOTENCY_KEPT_S = 86400.0
 class Rules:
     """The services of one coordinator process, wired together."""
 
-    def __init__(self, store: Store, settings: Settings | None = None, clock: Callable[[], float] = time.time):
+    def __init__(self, store: Store, settings: Settings | None = None, clock: Callable[[], float] = time.time,
+                 job_worker_timeout_s: float = WORKER_TIMEOUT_S):
         self.life = Lifecycle(store, settings, clock)
         self.devices = Devices(self.life)
         self.leases = Leases(self.life, self.devices)
@@ -50,6 +53,7 @@ class Rules:
         self.steps = Steps(self.life, self.leases, self.operations)
         self.hosts = Hosts(self.life, self.leases, self.operations, self.steps, self.scheduler)
         self.admin = Admin(self.life, self.devices, self.leases, self.scheduler)
+        self.jobs = Jobs(self.life, self.scheduler, self.leases, job_worker_timeout_s)
         self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first
 
     # what tests and tools reach for: the lifecycle's own
@@ -80,7 +84,8 @@ class Rules:
     async def reap(self) -> None:
         """Expire leases, fail allocations that took too long, mark silent hosts offline,
         take back grants nobody claimed, grant free devices to tickets a grant did not see,
-        forget old idempotency keys; sweep the registry's files when that is due."""
+        forget old idempotency keys, fail the jobs whose worker was lost; sweep the
+        registry's files when that is due."""
         async with self.life.store.tx():
             now = self.life.clock()
             await self.leases.end_overdue(now, REAPER)
@@ -88,4 +93,5 @@ class Rules:
             await self.scheduler.expire_unclaimed(now, REAPER)
             await self.life.store.drop_idempotency_keys_before(now - IDEMPOTENCY_KEPT_S)
         await self.scheduler.grant_wanted()
+        await self.jobs.end_silent(self.life.clock(), REAPER)
         await self.images.sweep_files_if_due()

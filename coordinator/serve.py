@@ -14,6 +14,7 @@ import uvicorn
 from device_loop.core.durations import format_duration, parse_duration
 
 from .app import create_app
+from .jobs import WORKER_TIMEOUT_S
 from .limits import BODY_GAP_S
 from .rules import Settings
 from .slow_clients import HEAD_TIMEOUT_S, head_deadline
@@ -95,14 +96,17 @@ def raise_descriptor_limit() -> int:
               help="a granted ticket's requester must see its lease within this, or it passes to the next ticket")
 @click.option("--max-tickets-per-user", default=Settings.max_tickets_per_user, show_default=True,
               type=click.IntRange(0), help="open queue tickets one person may have at once (0: no limit)")
+@click.option("--job-worker-timeout", default=format_duration(WORKER_TIMEOUT_S), show_default=True, callback=_seconds,
+              help="a running job whose worker does not beat within this fails (worker lost) and its leases are "
+                   "released")
 @click.option("--header-timeout", default=format_duration(HEAD_TIMEOUT_S), show_default=True, callback=_seconds,
               help="how long a connection may take to send a request's head (its headers) before it is closed")
 @click.option("--body-timeout", default=format_duration(BODY_GAP_S), show_default=True, callback=_seconds,
               help="the longest a request's body (an upload's too) may pause before the request is cut (408)")
-def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, header_timeout, body_timeout,
-                        database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl, single_user,
-                        allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir, max_image_size,
-                        image_quota):
+def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, job_worker_timeout, header_timeout,
+                        body_timeout, database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl,
+                        single_user, allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir,
+                        max_image_size, image_quota):
     """Run the coordinator (leases, devices, hosts, audit log) in the foreground."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if single_user and host not in ("127.0.0.1", "localhost", "::1"):
@@ -120,7 +124,8 @@ def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, head
     database_url = database_url or sqlite_url(data_dir)
     _check_database(database_url)
     app = create_app(database_url, settings, single_user=single_user, allowed_hosts=allowed_hosts,
-                     tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins, body_gap_s=body_timeout)
+                     tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins, body_gap_s=body_timeout,
+                     job_worker_timeout_s=job_worker_timeout)
     logging.getLogger("device_loop.coordinator").info("up to %d open files (connections)", raise_descriptor_limit())
     # proxy_headers=False: a local caller must not be able to forge its address.
     uvicorn.run(app, host=host, port=port, proxy_headers=False, log_level="info", access_log=False,

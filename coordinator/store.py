@@ -24,19 +24,21 @@ from typing import Any, Callable, Literal, Mapping, Sequence, overload
 
 from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 
+from device_loop.core.jobs import OPEN_JOB_STATES, JobState
 from device_loop.core.vocabulary import (OPEN_TICKET_STATES, VOCABULARY, OperationState, TicketKind, TicketState,
                                          sql_list)
 
 from .migrations import MIGRATIONS, SERIAL
-from .rows import (AdoptionRow, AuditRow, CandidateRow, DeviceFacts, HostRow, IdempotencyRow, ImageRow, KnownGoodImage,
-                   LeaseRow, LeaseView, ListedImage, OperationRow, OperationView, RingRow, TicketRow, TokenRow)
+from .rows import (AdoptionRow, AuditRow, CandidateRow, DeviceFacts, HostRow, IdempotencyRow, ImageRow, JobCellRow,
+                   JobLeaseRow, JobRow, JobRunRow, KnownGoodImage, LeaseRow, LeaseView, ListedImage, OperationRow,
+                   OperationView, RingRow, TicketRow, TokenRow)
 
 log = logging.getLogger(__name__)
 
 # A state is its text to the database. sqlite3 binds a plain str at once but looks a str
 # subclass up as a type to adapt first; registered, it costs what a str does (a changed
 # 1000-device heartbeat writes two of them a device: bench/fast_path.py, 1.5x its time).
-for _enum in VOCABULARY:
+for _enum in (*VOCABULARY, JobState):
     sqlite3.register_adapter(_enum, str.__str__)
 
 CHANNEL = "device_loop"  # PostgreSQL notifications: the keys a commit changed, one a line
@@ -45,13 +47,14 @@ RING_SLOTS = 20  # state changes each device keeps (docs/architecture.md, "Lifec
 _LIVE_SQL = sql_list(LIVE)
 _LIVE_OP_SQL = sql_list(LIVE_OP_STATES)
 _OPEN_TICKETS_SQL = sql_list(OPEN_TICKET_STATES)
+_OPEN_JOBS_SQL = sql_list(OPEN_JOB_STATES)
 _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail", "resources", "host_services",
-                 "seconds", "args", "result", "steps"}
+                 "seconds", "args", "result", "steps", "facts", "spec", "fingerprint", "readings", "samples"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
-                  "log_seq", "state_since", "steps")
+                  "log_seq", "state_since", "steps", "facts")
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
-                 "host_link_lost", "exclusive", "destructive"}
+                 "host_link_lost", "exclusive", "destructive", "warmup"}
 _NO_LIMIT = 2**62  # a count's limit where there is none (BIGINT)
 _COUNTED = ("live_leases", "image_bytes", "open_tickets")  # user_counts: what each person holds
 _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
@@ -1132,3 +1135,89 @@ class Store:
         return await self._all("SELECT COALESCE(t.device_class, d.class, '') AS class, t.kind AS kind, COUNT(*) AS n "
                                "FROM tickets t LEFT JOIN devices d ON d.name = t.device WHERE t.state = :w "
                                "GROUP BY COALESCE(t.device_class, d.class, ''), t.kind", w=TicketState.WAITING)
+
+    # ---- jobs (docs/architecture.md, "Jobs and evidence") ------------------------------------
+
+    async def insert_job(self, row: JobRow) -> None:
+        await self._insert("jobs", row)
+
+    async def job(self, job_id: str, for_update: bool = False) -> JobRow | None:
+        return await self._one("SELECT * FROM jobs WHERE id = :id" + (self._for_update if for_update else ""),
+                               id=job_id)
+
+    async def jobs_of(self, user: str | None, limit: int) -> list[JobRow]:
+        """The jobs ``user`` owns or works on (everyone's: None), the open ones first, newest first."""
+        where = "" if user is None else "WHERE owner = :u OR worker_user = :u"
+        values: dict[str, Any] = {} if user is None else {"u": user}
+        return await self._all(f"SELECT * FROM jobs {where} ORDER BY CASE WHEN state IN {_OPEN_JOBS_SQL} THEN 0 "
+                               "ELSE 1 END, created_at DESC, id LIMIT :n", n=limit, **values)
+
+    async def claim_job(self, owners: list[str], worker: str, worker_user: str, now: float) -> JobRow | None:
+        """The oldest queued job of one of ``owners`` becomes running, claimed by ``worker_user``;
+        None if there is none. On PostgreSQL a job another claim holds is skipped."""
+        where, params = self._in("owner", "owners", owners)
+        lock = " FOR UPDATE SKIP LOCKED" if self.dialect == "postgresql" else ""
+        oldest = await self._one(f"SELECT id FROM jobs WHERE state = :q AND {where} ORDER BY created_at, id "
+                                 f"LIMIT 1{lock}", q=JobState.QUEUED, **params)
+        if oldest is None:
+            return None
+        return await self._one("UPDATE jobs SET state = :r, worker = :w, worker_user = :wu, started_at = :now, "
+                               "beat_at = :now WHERE id = :id AND state = :q RETURNING *", r=JobState.RUNNING,
+                               w=worker, wu=worker_user, now=now, id=oldest["id"], q=JobState.QUEUED)
+
+    async def beat_job(self, job_id: str, now: float) -> bool:
+        """A running job's worker is alive; False if the job is not running."""
+        row = await self._one("UPDATE jobs SET beat_at = :now WHERE id = :id AND state = :r RETURNING id",
+                              now=now, id=job_id, r=JobState.RUNNING)
+        return row is not None
+
+    async def end_job(self, job_id: str, state: JobState, reason: str, now: float,
+                      from_states: tuple[JobState, ...]) -> JobRow | None:
+        """Move a job in one of ``from_states`` to ``state``: the job as it is now, or None if
+        it was in none of them (here or in another process)."""
+        marks = sql_list(from_states)
+        return await self._one(f"UPDATE jobs SET state = :s, reason = :r, ended_at = :now WHERE id = :id AND "
+                               f"state IN {marks} RETURNING *", s=state, r=reason, now=now, id=job_id)
+
+    async def jobs_silent_before(self, before: float, limit: int) -> list[JobRow]:
+        """Running jobs whose worker last beat before ``before``, longest silent first."""
+        return await self._all("SELECT * FROM jobs WHERE state = :r AND beat_at < :b ORDER BY beat_at, id LIMIT :n",
+                               r=JobState.RUNNING, b=before, n=limit)
+
+    async def job_counts(self) -> dict[str, int]:
+        """Jobs in the whole lab, by state."""
+        rows = await self._all("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
+        return {r["state"]: r["n"] for r in rows}
+
+    async def save_job_cell(self, row: JobCellRow) -> None:
+        await self._insert_many("job_cells", [row], upsert_key="job, cell")
+
+    async def job_cells(self, job_id: str) -> list[JobCellRow]:
+        return await self._all("SELECT * FROM job_cells WHERE job = :j ORDER BY cell", j=job_id)
+
+    async def insert_job_run(self, row: JobRunRow) -> bool:
+        """Append a run; False, and nothing written, if the job has one of that cell and seq."""
+        columns = list(row)
+        inserted = await self._one(f"INSERT INTO job_runs ({', '.join(columns)}) VALUES "
+                                   f"({', '.join(':' + c for c in columns)}) ON CONFLICT DO NOTHING RETURNING seq",
+                                   **row)
+        return inserted is not None
+
+    async def job_runs(self, job_id: str) -> list[JobRunRow]:
+        return await self._all("SELECT * FROM job_runs WHERE job = :j ORDER BY cell, seq", j=job_id)
+
+    async def add_job_lease(self, job_id: str, cell: int, ticket_id: str | None, lease_id: str | None,
+                            now: float) -> None:
+        await self._insert("job_leases", {"job": job_id, "cell": cell, "ticket_id": ticket_id, "lease_id": lease_id,
+                                          "created_at": now})
+
+    async def job_leases(self, job_id: str) -> list[JobLeaseRow]:
+        """The tickets and leases ``job_id`` made, in order, with where each stands and the host
+        of its device (ending them takes those hosts' locks first)."""
+        return await self._all(
+            "SELECT jl.cell, jl.ticket_id, t.state AS ticket_state, l.id AS lease_id, l.state AS lease_state, "
+            "COALESCE(l.device, t.device) AS device, d.host AS host FROM job_leases jl "
+            "LEFT JOIN tickets t ON t.id = jl.ticket_id "
+            "LEFT JOIN leases l ON l.id = COALESCE(jl.lease_id, t.lease_id) "
+            "LEFT JOIN devices d ON d.name = COALESCE(l.device, t.granted_device, t.device) "
+            "WHERE jl.job = :j ORDER BY jl.id", j=job_id)

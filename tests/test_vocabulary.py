@@ -1,5 +1,6 @@
 """The vocabulary is written once: the database's CHECK constraints allow exactly the
-values of core/vocabulary.py's enums, and refuse any other (migrations 15 and 16 wrote them)."""
+values of core/vocabulary.py's enums (and core/jobs.py's), and refuse any other (migrations 15, 16
+and 17 wrote them)."""
 import asyncio
 import re
 import sqlite3
@@ -7,13 +8,15 @@ import sqlite3
 import pytest
 
 from device_loop.coordinator.store import Store
+from device_loop.core.jobs import Arm, JobState
 from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState, OperationState, TicketKind, TicketState, TokenKind
 
 pytestmark = pytest.mark.timeout(30)
 
 CHECKED = {("devices", "state"): DeviceState, ("devices", "health"): HealthStatus,
            ("leases", "state"): LeaseState, ("operations", "state"): OperationState,
-           ("tickets", "state"): TicketState, ("tickets", "kind"): TicketKind, ("tokens", "kind"): TokenKind}
+           ("tickets", "state"): TicketState, ("tickets", "kind"): TicketKind, ("tokens", "kind"): TokenKind,
+           ("jobs", "state"): JobState, ("jobs", "kind"): TicketKind, ("job_runs", "arm"): Arm}
 
 
 @pytest.fixture
@@ -33,7 +36,7 @@ def schema(tmp_path) -> dict[str, str]:
 
 def test_each_state_column_allows_exactly_its_enum(schema):
     for (table, column), enum in CHECKED.items():
-        allowed = set(re.findall(rf"\b{column} = '([a-z_]+)'", schema[table]))
+        allowed = set(re.findall(rf"\b{column} = '([A-Za-z_]+)'", schema[table]))
         assert allowed == {member.value for member in enum}, f"{table}.{column}"
 
 

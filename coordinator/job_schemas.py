@@ -1,0 +1,101 @@
+"""What the job calls take (``calls.py``), one model a call, as ``schemas.py`` has them for
+the rest: the REST route reads the fields from the path, the query (a GET) or the JSON body
+(a POST), the MCP tool takes them as arguments with these descriptions. A job's spec, its
+runs and its cells are ``core/jobs.py``'s models, bounded there; unknown fields are refused.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from device_loop.core.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec, JobState
+from device_loop.core.protocol import MAX_TAGS, Strict, Tag
+
+from .identity import USERNAME
+from .schemas import MAX_WAIT_S, LeaseId
+
+MAX_SERVED_USERS = 64  # the people one worker serves
+EXEC_MAX_TIMEOUT_S = 120.0  # an exec the coordinator runs for an agent
+EXEC_MAX_COMMAND_CHARS = 4096
+
+#: A worker's label, as it says (its host and process): shown, never trusted.
+WorkerLabel = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+UserName = Annotated[str, StringConstraints(pattern=USERNAME.pattern)]
+
+JOB_ID = Field(min_length=1, max_length=64,
+               description="the job's id, as submit_job answered it ('job-' and 16 hexadecimal digits, e.g. "
+                           "'job-3f9a0c2b7d1e4a56'; at most 64 characters)")
+
+
+class JobId(Strict):
+    job_id: str = JOB_ID
+
+
+class JobWait(JobId):
+    wait_s: float = Field(default=0, alias="wait", ge=0, le=MAX_WAIT_S,
+                          description="long-poll, in seconds: answer as soon as the job's state differs from "
+                                      "`unless`, else after this long (0 to 60; an MCP tool waits 30 at most; "
+                                      "default 0: answer at once; e.g. 25)")
+    unless: JobState | None = Field(default=None,
+                                    description="with wait_s: the state the caller last saw (queued, running, done, "
+                                                "failed, cancelled), e.g. 'running'; the answer comes once the state "
+                                                "is another (default: the state it has now)")
+
+
+class SubmitJobIn(Strict):
+    spec: JobSpec = Field(description="the job: what to run on (target: device, or class and tags), setup, run "
+                                      "(a plain job's commands) or ab (an A/B pair: baseline, patch, rounds), "
+                                      "metrics, and matrix (the pair over device groups), as in a job file; e.g. "
+                                      "{\"target\": {\"class\": \"sim-board\"}, \"ab\": {\"baseline\": "
+                                      "[\"run-workload --cost 1.0\"], \"patch\": [\"run-workload --cost 0.95\"], "
+                                      "\"rounds\": 10}}")
+    claim: bool = Field(default=False, description="become the job's worker at once (device-loop run): it is "
+                                                   "running from now on and its worker must beat; default false: "
+                                                   "it waits for a device-loop worker that serves its owner")
+    worker: WorkerLabel | None = Field(default=None, description="with claim: the worker's label, as the job "
+                                                                 "shows it (e.g. 'ci-7:4242'; at most 200 "
+                                                                 "characters); default: the caller's name")
+
+
+class JobFilter(Strict):
+    everyone: bool = Field(default=False, alias="all", description="an admin's: every person's jobs, not only the "
+                                                                   "caller's")
+
+
+class ClaimJobIn(Strict):
+    users: Annotated[list[UserName], Field(max_length=MAX_SERVED_USERS)] = Field(
+        default_factory=list, description=f"whose queued jobs to take (at most {MAX_SERVED_USERS}); default: the "
+                                          "caller's own; others' only with an admin's token")
+    wait_s: float = Field(default=0, ge=0, le=MAX_WAIT_S,
+                          description="long-poll, in seconds: answer as soon as a job is there to take, else after "
+                                      "this long with none (0 to 60, default 0)")
+    worker: WorkerLabel | None = Field(default=None, description="the worker's label, as the job shows it (e.g. "
+                                                                 "'lab-ci-7:4242'); default: the caller's name")
+
+
+class JobReserveIn(JobId):
+    cell: int = Field(default=0, ge=0, lt=MAX_CELLS, description="the cell the lease is for (0 for a plain job or "
+                                                                 "an A/B pair; a matrix's from 0)")
+    device: str | None = Field(default=None, min_length=1, max_length=64,
+                               description="the device's name (or give class and/or tags)")
+    device_class: str | None = Field(default=None, alias="class", min_length=1, max_length=64,
+                                     description="any free device of this class")
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS,
+                            description=f"any free device with every one of these tags (at most {MAX_TAGS})")
+
+
+class FinishJobIn(JobId):
+    state: Literal["done", "failed"] = Field(description="how the job ended: done (every run it asked for ran) or "
+                                                         "failed")
+    reason: Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS)] = Field(
+        default="", description=f"why, in words (at most {MAX_TEXT_CHARS} characters)")
+
+
+class ExecIn(LeaseId):
+    command: str = Field(min_length=1, max_length=EXEC_MAX_COMMAND_CHARS,
+                         description=f"the shell command to run on the leased device (1 to {EXEC_MAX_COMMAND_CHARS} "
+                                     "characters), e.g. 'uname -a' or 'cat /proc/cpuinfo'")
+    timeout_s: float = Field(default=30, gt=0, le=EXEC_MAX_TIMEOUT_S,
+                             description=f"seconds the command may take before it is interrupted (more than 0, at "
+                                         f"most {EXEC_MAX_TIMEOUT_S:g}; default 30, e.g. 10)")

@@ -1,0 +1,374 @@
+"""Jobs (docs/architecture.md, "Jobs and evidence"): the coordinator stores a job, its cells,
+its runs and the tickets and leases it made; a worker runs it.
+
+Who may do what with a job:
+
+- its **owner** (who submitted it) reads it, its evidence, and cancels it;
+- its **worker** (who claimed it: the owner, or an admin's shared worker) reads it, beats,
+  reserves for it, reports its cells and runs, and finishes it;
+- **admins** do all of it; anyone else is told the job does not exist.
+
+A job's tickets are held by its owner and are of its kind, the kind of whoever submitted it
+(never what the request says). When a job ends (finished, cancelled, its worker lost) its
+open tickets are cancelled and its live leases released in the transaction that ends it.
+Each transaction that changes a job locks its row first, then its devices' hosts (then
+their leases, as everywhere: docs/architecture.md, "Leases"), so two never cross.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import secrets
+from collections import OrderedDict
+from typing import Any, Awaitable, Callable
+
+from device_loop.core.durations import format_duration
+from device_loop.core.jobs import (MAX_ROUNDS, OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord)
+from device_loop.core.vocabulary import LIVE_LEASE_STATES, OPEN_TICKET_STATES, LeaseState, TicketKind, TicketState
+
+from .answers import ClaimAnswer, JobAnswer, JobReservation, JobSummary, LeaseAnswer, TicketAnswer
+from .errors import APIError, conflict, not_found
+from .leases import Leases
+from .lifecycle import Lifecycle
+from .notify import ticket_key
+from .rows import JobCellRow, JobLeaseRow, JobRow, JobRunRow
+from .scheduler import Scheduler
+from .store import Store
+
+JOB_PREFIX = "job-"
+MAX_LISTED = 200           # jobs a listing shows
+SILENT_PER_PASS = 20       # jobs whose worker was lost, ended by one reaper pass
+WORKER_TIMEOUT_S = 30.0    # a running job's worker beats at least this often (--job-worker-timeout)
+QUEUED_KEY = "jobs:queued"  # a job was queued: claims long-polling wake up
+ANALYSES_KEPT = 32
+
+
+def job_key(job_id: str) -> str:
+    return f"job:{job_id}"
+
+
+def cell_count(spec: JobSpec) -> int:
+    """How many cells a job has: a matrix's groups, else one."""
+    return len(spec.matrix.over) if spec.matrix is not None else 1
+
+
+def runs_per_cell(spec: JobSpec) -> int:
+    """The most runs a cell of ``spec`` may report: its rounds (an A/B pair's two arms, its
+    warmup blocks and ``--until-decided``'s last look included), each of them as many runs as
+    the arm has commands."""
+    if spec.ab is None:
+        return spec.rounds * len(spec.run)
+    ab = spec.ab
+    last = max(ab.rounds, ab.max_rounds or MAX_ROUNDS) if ab.until_decided else ab.rounds
+    return 2 * (ab.warmup + last) * max(len(ab.baseline), len(ab.patch))
+
+
+@functools.cache
+def _version() -> str:
+    from device_loop.core import __version__  # (looked up once: importlib.metadata)
+    return __version__
+
+
+def _summary(row: JobRow) -> JobSummary:
+    return {"id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
+            "reason": row["reason"], "title": row["spec"].get("title", ""), "created_at": row["created_at"],
+            "started_at": row["started_at"], "ended_at": row["ended_at"], "worker": row["worker"]}
+
+
+def _cell(row: JobCellRow) -> dict[str, Any]:
+    return {"cell": row["cell"], "group": row["cell_group"], "device": row["device"], "lease_id": row["lease_id"],
+            "fingerprint": row["fingerprint"], "not_run": row["not_run"]}
+
+
+def _run(row: JobRunRow) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "job"}
+
+
+def _reservation(row: JobLeaseRow) -> JobReservation:
+    return {"cell": row["cell"], "ticket": row["ticket_id"], "ticket_state": row["ticket_state"],
+            "lease": row["lease_id"], "lease_state": row["lease_state"], "device": row["device"]}
+
+
+def _jsonable(value: Any) -> Any:
+    """An analysis as JSON: a pydantic model's dump, a dataclass's fields."""
+    import dataclasses
+
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", by_alias=True)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _jsonable(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:  # NaN is no JSON
+        return None
+    return value
+
+
+class Jobs:
+    """Jobs, their cells and runs, and the leases they hold."""
+
+    def __init__(self, life: Lifecycle, scheduler: Scheduler, leases: Leases,
+                 worker_timeout_s: float = WORKER_TIMEOUT_S):
+        self.life, self.scheduler, self.leases = life, scheduler, leases
+        self.store: Store = life.store
+        self.worker_timeout_s = worker_timeout_s
+        self._analyses: OrderedDict[tuple, Any] = OrderedDict()  # what the last few jobs' runs came to
+
+    # ---- submit, list, read -----------------------------------------------------------------
+
+    async def submit(self, spec: JobSpec, claim: bool, worker: str | None, caller: str,
+                     kind: TicketKind) -> JobAnswer:
+        """Store a new job, queued for a worker (or, with ``claim``, running with the caller as
+        its worker). ``kind`` is the submitter's, as a ticket's is (``calls.ticket_kind``)."""
+        self.leases.check_ttl(spec.lease_ttl_s)  # its leases' length: refused now rather than at its first reserve
+        now = self.life.clock()
+        row: JobRow = {"id": JOB_PREFIX + secrets.token_hex(8), "owner": caller, "kind": kind,
+                       "state": JobState.RUNNING if claim else JobState.QUEUED, "reason": "",
+                       "spec": spec.model_dump(mode="json", by_alias=True), "created_at": now,
+                       "started_at": now if claim else None, "ended_at": None,
+                       "worker": (worker or caller) if claim else None, "worker_user": caller if claim else None,
+                       "beat_at": now if claim else None}
+        async with self.store.tx():
+            await self.store.insert_job(row)
+            await self.life.audit(caller, "job_submit", None, None, {"job": row["id"], "kind": kind,
+                                                                    "title": spec.title})
+            if claim:
+                await self.life.audit(caller, "job_claim", None, None, {"job": row["id"], "worker": row["worker"]})
+            self.life.notify(job_key(row["id"]), *(() if claim else (QUEUED_KEY,)))
+        return await self.view(row)
+
+    async def _readable(self, job_id: str, caller: str, admin: bool, for_update: bool = False) -> JobRow:
+        """The job, if ``caller`` owns it, works on it or is an admin; anyone else is told it does not exist."""
+        row = await self.store.job(job_id, for_update)
+        if row is None or not (admin or caller in (row["owner"], row["worker_user"])):
+            raise not_found("job", job_id)
+        return row
+
+    async def _worked(self, job_id: str, caller: str, admin: bool, doing: str) -> JobRow:
+        """The running job ``caller`` is the worker of (or an admin acts on), its row locked."""
+        row = await self._readable(job_id, caller, admin, for_update=True)
+        if not admin and row["worker_user"] != caller:
+            worked = f"run by {row['worker_user']}'s worker" if row["worker_user"] else "not claimed by a worker yet"
+            raise APIError(403, "not_the_worker", f"{job_id} is {worked}: only its worker (or an admin) {doing}")
+        if row["state"] != JobState.RUNNING:
+            why = f" ({row['reason']})" if row["reason"] else ""
+            raise conflict("job_not_running", f"{job_id} is {row['state']}{why}: only a running job's worker {doing}")
+        return row
+
+    async def status(self, job_id: str, caller: str, admin: bool, wait_s: float = 0, unless: JobState | None = None,
+                     gone: Callable[[], Awaitable[None]] | None = None) -> JobAnswer:
+        """A job with its cells, runs, reservations and analysis. With ``wait_s``, once its
+        state is not ``unless`` (default: the state it has now; an ended job answers at once)."""
+        row = await self._readable(job_id, caller, admin)
+        if wait_s and gone is not None:
+            seen = unless if unless is not None else row["state"]
+            if unless is not None or seen in OPEN_JOB_STATES:
+                row = await self.life.notifier.long_poll(job_key(job_id), lambda: self._readable(job_id, caller,
+                                                                                                  admin),
+                                                         lambda r: r["state"] != seen, wait_s, gone)
+        return await self.view(row)
+
+    async def view(self, row: JobRow) -> JobAnswer:
+        """What ``GET /api/v1/jobs/{id}`` answers of a job."""
+        cells = [_cell(c) for c in await self.store.job_cells(row["id"])]
+        runs = [_run(r) for r in await self.store.job_runs(row["id"])]
+        answer: JobAnswer = {
+            "id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
+            "reason": row["reason"], "spec": row["spec"],  # type: ignore[typeddict-item]  # (its JSON, checked at submit)
+            "created_at": row["created_at"], "started_at": row["started_at"], "ended_at": row["ended_at"],
+            "worker": row["worker"], "cells": cells, "runs": runs,  # type: ignore[typeddict-item]
+            "coordinator_version": _version(),
+            "reservations": [_reservation(r) for r in await self.store.job_leases(row["id"])],
+            "analysis": None,
+        }
+        if runs:
+            answer["analysis"] = _jsonable(await self._analysis(answer))
+        return answer
+
+    @staticmethod
+    def as_view(answer: JobAnswer) -> JobView:
+        """An answer as the analysis and the evidence read it."""
+        return JobView.model_validate({k: answer[k] for k in JobView.model_fields})  # type: ignore[literal-required]
+
+    async def _analysis(self, answer: JobAnswer) -> Any:
+        """``core.abstats.analyse`` of the job's runs, off the event loop; None where it is not
+        installed. Imported at the first job read: scipy is slow to import."""
+        try:
+            from device_loop.core import abstats  # type: ignore[attr-defined]
+        except ImportError:
+            return None
+        key = (answer["id"], answer["state"], len(answer["runs"]), len(answer["cells"]))
+        if key in self._analyses:
+            self._analyses.move_to_end(key)
+            return self._analyses[key]
+        view = self.as_view(answer)
+        analysis = await asyncio.to_thread(abstats.analyse, view.spec, view.runs, view.cells)
+        self._analyses[key] = analysis
+        while len(self._analyses) > ANALYSES_KEPT:
+            self._analyses.popitem(last=False)
+        return analysis
+
+    async def analysed(self, job_id: str, caller: str, admin: bool) -> tuple[JobView, Any]:
+        """A job as the evidence and charts read it, and the analysis of its runs (None where
+        the analysis is not installed)."""
+        answer = await self.view(await self._readable(job_id, caller, admin))
+        return self.as_view(answer), await self._analysis(answer)
+
+    async def jobs(self, caller: str, everyone: bool) -> list[JobSummary]:
+        """The jobs the caller owns or works on (an admin's ``everyone``: all), open ones first."""
+        return [_summary(r) for r in await self.store.jobs_of(None if everyone else caller, MAX_LISTED)]
+
+    # ---- the worker ---------------------------------------------------------------------------
+
+    async def claim(self, users: list[str], worker: str | None, wait_s: float, caller: str, admin: bool,
+                    gone: Callable[[], Awaitable[None]]) -> ClaimAnswer:
+        """The oldest queued job of ``users`` (default: the caller), now running with the
+        caller as its worker; with ``wait_s``, as soon as one is queued. A person's token
+        serves only that person's jobs."""
+        served = sorted(set(users)) or [caller]
+        if not admin and served != [caller]:
+            raise APIError(403, "forbidden", f"a worker of {caller}'s token serves only {caller}'s jobs; an admin's "
+                                             "token serves other people's (users)")
+        label = worker or caller
+
+        async def take() -> JobRow | None:
+            async with self.store.tx():
+                row = await self.store.claim_job(served, label, caller, self.life.clock())
+                if row is not None:
+                    await self.life.audit(caller, "job_claim", None, None, {"job": row["id"], "worker": label,
+                                                                          "owner": row["owner"]})
+                    self.life.notify(job_key(row["id"]))
+            return row
+
+        row = await self.life.notifier.long_poll(QUEUED_KEY, take, lambda r: r is not None, wait_s, gone)
+        return {"job": await self.view(row) if row is not None else None}
+
+    async def beat(self, job_id: str, caller: str, admin: bool) -> JobSummary:
+        """The worker is alive. Grants its tickets were given are claimed by this (the
+        worker may be an admin's shared one, not the tickets' holder)."""
+        async with self.store.tx():
+            row = await self._worked(job_id, caller, admin, "beats for it")
+            now = self.life.clock()
+            await self.store.beat_job(job_id, now)
+            for held in await self.store.job_leases(job_id):
+                if held["ticket_id"] and held["ticket_state"] == TicketState.GRANTED \
+                        and await self.store.claim_ticket(held["ticket_id"], now):
+                    await self.life.audit(caller, "ticket_claim", held["device"], held["lease_id"],
+                                          {"ticket": held["ticket_id"], "job": job_id})
+                    self.life.notify(ticket_key(held["ticket_id"]))
+        return _summary(row)
+
+    async def reserve(self, job_id: str, cell: int, device: str | None, device_class: str | None, tags: list[str],
+                      caller: str, admin: bool) -> LeaseAnswer | TicketAnswer:
+        """A lease for one cell of a running job, held by the job's owner, or a queue ticket
+        of the job's kind when nothing that matches is free (``Scheduler.reserve``); recorded
+        on the job, which ends it when it ends."""
+        async with self.store.tx():
+            row = await self._worked(job_id, caller, admin, "reserves for it")
+            self._check_cell(JobSpec.model_validate(row["spec"]), cell)
+            answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
+                                                  row["owner"], TicketKind(row["kind"]))
+            if "ticket" in answer:
+                await self.store.add_job_lease(job_id, cell, answer["ticket"], None, self.life.clock())
+            else:
+                await self.store.add_job_lease(job_id, cell, None, answer["id"], self.life.clock())
+            self.life.notify(job_key(job_id))
+            return answer
+
+    @staticmethod
+    def _check_cell(spec: JobSpec, cell: int) -> None:
+        cells = cell_count(spec)
+        if cell >= cells:
+            raise APIError(422, "no_such_cell", f"cell {cell} is not one of this job's: it has {cells} "
+                                                f"(0 to {cells - 1})")
+
+    async def report_cell(self, job_id: str, report: CellReport, caller: str, admin: bool) -> dict[str, Any]:
+        """A cell as its worker saw it (its device, lease, fingerprint, or why it never ran):
+        the last report of a cell is what it is."""
+        async with self.store.tx():
+            row = await self._worked(job_id, caller, admin, "reports its cells")
+            self._check_cell(JobSpec.model_validate(row["spec"]), report.cell)
+            dumped = report.model_dump(mode="json", by_alias=True)
+            await self.store.save_job_cell({"job": job_id, "cell": report.cell, "cell_group": report.group,
+                                            "device": report.device, "lease_id": report.lease_id,
+                                            "fingerprint": dumped["fingerprint"], "not_run": report.not_run})
+            self.life.notify(job_key(job_id))
+        return dumped
+
+    async def add_run(self, job_id: str, run: RunRecord, caller: str, admin: bool) -> dict[str, Any]:
+        """Append one run of a running job. Runs are never changed: the same (cell, seq) twice is
+        refused, and so is a seq past what the job's spec asks a cell for (``runs_per_cell``)."""
+        async with self.store.tx():
+            row = await self._worked(job_id, caller, admin, "reports its runs")
+            spec = JobSpec.model_validate(row["spec"])
+            self._check_cell(spec, run.cell)
+            most = runs_per_cell(spec)
+            if run.seq >= most:
+                raise APIError(413, "too_many_runs", f"a cell of {job_id} has at most {most} runs (its spec's "
+                                                     f"rounds): seq {run.seq} is past them")
+            dumped = run.model_dump(mode="json", by_alias=True)
+            if not await self.store.insert_job_run({"job": job_id, **dumped}):  # type: ignore[typeddict-item]
+                raise conflict("duplicate_run", f"{job_id} has run {run.seq} of cell {run.cell} already: runs are "
+                                                "never changed")
+            self.life.notify(job_key(job_id))
+        return dumped
+
+    async def finish(self, job_id: str, state: JobState, reason: str, caller: str, admin: bool) -> JobAnswer:
+        """The worker says the job ended (done or failed): its leases are released."""
+        async with self.store.tx():
+            row = await self._worked(job_id, caller, admin, "finishes it")
+            ended = await self._end(row, state, reason or ("every run it asked for ran" if state == JobState.DONE
+                                                           else "its worker said it failed"), caller, "job_finish")
+        return await self.view(ended)
+
+    async def cancel(self, job_id: str, caller: str, admin: bool) -> JobAnswer:
+        """Its owner (or an admin) cancels a queued or running job: its leases are released."""
+        async with self.store.tx():
+            row = await self._readable(job_id, caller, admin, for_update=True)
+            if not admin and row["owner"] != caller:
+                raise APIError(403, "not_the_owner", f"{job_id} is {row['owner']}'s: only they (or an admin) cancel it")
+            if row["state"] not in OPEN_JOB_STATES:
+                raise conflict("job_ended", f"{job_id} is {row['state']} already")
+            ended = await self._end(row, JobState.CANCELLED, f"cancelled by {caller}", caller, "job_cancel")
+        return await self.view(ended)
+
+    async def _end(self, row: JobRow, state: JobState, reason: str, actor: str, action: str) -> JobRow:
+        """End a job (in the caller's transaction, its row locked): its open tickets cancelled,
+        its live leases released, their devices' hosts locked first."""
+        job_id = row["id"]
+        held = await self.store.job_leases(job_id)
+        await self.store.lock_hosts([h["host"] for h in held if h["host"] and (
+            h["lease_state"] in LIVE_LEASE_STATES or h["ticket_state"] in OPEN_TICKET_STATES)])
+        ended = await self.store.end_job(job_id, state, reason, self.life.clock(), OPEN_JOB_STATES)
+        if ended is None:
+            raise conflict("job_changed", f"{job_id} changed just now; look at it again")
+        for ticket in {h["ticket_id"] for h in held if h["ticket_id"] and h["ticket_state"] in OPEN_TICKET_STATES}:
+            await self.scheduler.cancel(ticket, actor, admin=True)  # a granted one gives its lease back
+        for lease_id in {h["lease_id"] for h in await self.store.job_leases(job_id)
+                         if h["lease_id"] and h["lease_state"] in LIVE_LEASE_STATES}:
+            lease = await self.store.lease(lease_id)
+            if lease is not None and await self.leases.end(lease, LeaseState.RELEASED,
+                                                           f"its job {job_id} ended ({state})", actor):
+                await self.life.audit(actor, "release", lease["device"], lease_id, {"job": job_id})
+        await self.life.audit(actor, action, None, None, {"job": job_id, "state": state, "reason": reason})
+        self.life.notify(job_key(job_id))
+        return ended
+
+    async def end_silent(self, now: float, actor: str) -> None:
+        """The reaper's pass: running jobs whose worker did not beat within the worker timeout
+        end ``failed`` ("worker lost"), their runs kept and their leases released. Silence
+        counts from when this coordinator began serving, at the earliest (workers could not
+        beat while it was down)."""
+        timeout = self.worker_timeout_s
+        before = now - timeout
+        if self.life.serving_since > before:
+            return
+        for row in await self.store.jobs_silent_before(before, SILENT_PER_PASS):
+            async with self.store.tx():
+                locked = await self.store.job(row["id"], for_update=True)
+                if locked is None or locked["state"] != JobState.RUNNING or (locked["beat_at"] or 0) >= before:
+                    continue  # it beat, or ended, in another process meanwhile
+                await self._end(locked, JobState.FAILED, f"worker lost: {locked['worker']} did not beat within "
+                                                         f"{format_duration(timeout)}", actor, "job_worker_lost")

@@ -1,0 +1,132 @@
+"""Hostile input to the job routes (a spec comes from a user or an agent, a run from a worker
+whose token can be stolen): every refusal a clear 4xx, and nothing stored."""
+import pytest
+
+from device_loop.coordinator.identity import issue_token
+from device_loop.core.jobs import MAX_COMMANDS
+from lab_in_process import FakeExporter, device, in_process_lab
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+SPEC = {"target": {"class": "sim-board"}, "run": ["true"], "rounds": 3}
+
+
+def run(seq: int, **more) -> dict:
+    return {"seq": seq, "arm": "run", "started_at": 1.0, "ended_at": 2.0, "status": 0, **more}
+
+
+async def counts(rules) -> dict[str, int]:
+    return {table: (await rules.store.read(f"SELECT COUNT(*) AS n FROM {table}"))[0]["n"]
+            for table in ("jobs", "job_runs", "job_cells", "job_leases", "tickets", "leases")}
+
+
+async def people(rules, clock, client):
+    t = {n: (await issue_token(rules.store, clock, n, admin=n == "root"))["token"] for n in ("ann", "eve", "root")}
+    return {n: client(token=token) for n, token in t.items()}
+
+
+async def test_a_bad_spec_is_refused_and_nothing_is_stored(tmp_path):
+    async with in_process_lab(tmp_path, max_ttl_s=7200) as (client, rules, clock):
+        api = client()
+        bad = {
+            "unknown field": {**SPEC, "shell": "rm -rf /"},
+            "unknown nested field": {**SPEC, "target": {"class": "x", "host": "y"}},
+            "nothing to run": {"target": {"class": "x"}},
+            "too many commands": {**SPEC, "run": ["true"] * (MAX_COMMANDS + 1)},
+            "a command too long": {**SPEC, "run": ["x" * 2001]},
+            "too many rounds": {**SPEC, "rounds": 201},
+            "a matrix without a pair": {**SPEC, "matrix": {"over": ["tags=a"]}},
+            "a regex without its group": {**SPEC, "metrics": [{"name": "ms", "regex": "([0-9]+)"}]},
+            "a spec that is no object": ["true"],
+            "a number for text": {**SPEC, "title": 5},
+        }
+        for why, spec in bad.items():
+            refused = await api.post("/jobs", json={"spec": spec})
+            assert refused.status_code == 422, f"{why}: {refused.text}"
+        refused = await api.post("/jobs", json={"spec": {**SPEC, "lease_ttl_s": 7201}})
+        assert refused.status_code == 422 and refused.json()["error"] == "ttl_too_long"
+        assert (await api.post("/jobs", json={"spec": SPEC, "claim": True, "worker": "a\nb"})).status_code == 422
+        assert (await api.post("/jobs", json={"spec": SPEC, "claim": "yes"})).status_code == 422
+        assert (await api.post("/jobs", json={"spec": SPEC, "extra": 1})).status_code == 422
+        huge = await api.post("/jobs", content=b'{"spec": {"title": "' + b"x" * (1 << 20) + b'"}}',
+                              headers={"Content-Type": "application/json"})
+        assert huge.status_code == 413
+        assert (await counts(rules))["jobs"] == 0
+
+
+async def test_another_users_job_is_not_there_for_them(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        p = await people(rules, clock, client)
+        job = (await p["ann"].post("/jobs", json={"spec": SPEC, "claim": True})).json()
+        before = await counts(rules)
+        eve = p["eve"]
+        for method, path, body in [("GET", "", None), ("GET", "/evidence", None), ("POST", "/beat", {}),
+                                   ("POST", "/reserve", {"class": "sim-board"}), ("POST", "/cells", {"cell": 0}),
+                                   ("POST", "/runs", run(0)), ("POST", "/finish", {"state": "done"}),
+                                   ("POST", "/cancel", {})]:
+            answer = await eve.request(method, f"/jobs/{job['id']}{path}", json=body)
+            assert answer.status_code == 404 and answer.json()["error"] == "unknown_job", (path, answer.text)
+        assert (await eve.get("/jobs")).json() == []
+        assert [j["id"] for j in (await eve.get("/jobs", params={"all": "true"})).json()] == [], "admins only"
+        refused = await eve.post("/jobs/claim", json={"users": ["ann"]})
+        assert refused.status_code == 403 and "admin" in refused.json()["message"]
+        assert (await counts(rules)) == before
+        assert (await p["ann"].get(f"/jobs/{job['id']}")).json()["state"] == "running", "nothing changed"
+
+
+async def test_runs_are_append_only_bounded_and_only_while_the_job_runs(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        job = (await api.post("/jobs", json={"spec": SPEC, "claim": True})).json()
+        runs = f"/jobs/{job['id']}/runs"
+        assert (await api.post(runs, json=run(0))).status_code == 201
+        duplicate = await api.post(runs, json=run(0, status=1))
+        assert duplicate.status_code == 409 and duplicate.json()["error"] == "duplicate_run"
+        past = await api.post(runs, json=run(3))  # three rounds of one command: seq 0 to 2
+        assert past.status_code == 413 and past.json()["error"] == "too_many_runs"
+        assert (await api.post(runs, json=run(1, cell=1))).json()["error"] == "no_such_cell"
+        assert (await api.post(f"/jobs/{job['id']}/cells", json={"cell": 1})).json()["error"] == "no_such_cell"
+        for bad in [run(1, arm="C"), run(1, status=999), {**run(1), "seq": -1}, {**run(1), "extra": 1},
+                    run(1, samples=[{"metric": "bad name!", "value": 1}]), run(1, output_tail="x" * 4001),
+                    run(1, samples=[{"metric": "m", "value": 1}] * 17), run(1, started_at="now")]:
+            assert (await api.post(runs, json=bad)).status_code == 422, bad
+        nan = await api.post(runs, content=b'{"seq": 1, "arm": "run", "started_at": NaN, "ended_at": 2, "status": 0}',
+                             headers={"Content-Type": "application/json"})
+        assert nan.status_code == 422
+        big = await api.post(runs, json=run(1, readings={"unfit": "x" * 4000, "temperatures": {
+            f"zone{n}": 1.0 for n in range(10000)}}))
+        assert big.status_code == 413
+        assert (await api.post(f"/jobs/{job['id']}/finish", json={"state": "running"})).status_code == 422
+        assert (await api.post(f"/jobs/{job['id']}/finish", json={"state": "done"})).status_code == 200
+        ended = await api.post(runs, json=run(1))
+        assert ended.status_code == 409 and ended.json()["error"] == "job_not_running"
+        assert (await api.post(f"/jobs/{job['id']}/cancel")).json()["error"] == "job_ended"
+        assert (await api.post(f"/jobs/{job['id']}/finish", json={"state": "failed"})).status_code == 409
+        assert [r["seq"] for r in (await api.get(f"/jobs/{job['id']}")).json()["runs"]] == [0]
+
+
+async def test_a_queued_job_takes_nothing_from_anyone_but_its_worker(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        await FakeExporter(api, "host-a").beat([device("b0")])
+        job = (await api.post("/jobs", json={"spec": SPEC})).json()
+        before = await counts(rules)
+        for path, body in [("/reserve", {"device": "b0"}), ("/runs", run(0)), ("/cells", {"cell": 0}),
+                           ("/beat", {}), ("/finish", {"state": "done"})]:
+            answer = await api.post(f"/jobs/{job['id']}{path}", json=body)
+            assert answer.status_code == 403 and answer.json()["error"] == "not_the_worker", (path, answer.text)
+        assert await counts(rules) == before
+
+
+async def test_bad_waits_and_claims_are_refused(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        job = (await api.post("/jobs", json={"spec": SPEC})).json()
+        for params in ({"wait": -1}, {"wait": 61}, {"wait": "soon"}, {"wait": "nan"}, {"wait": 5, "unless": "bogus"}):
+            assert (await api.get(f"/jobs/{job['id']}", params=params)).status_code == 400, params
+        for body in ({"wait_s": 61}, {"wait_s": -1}, {"wait_s": "5"}, {"users": "alice"}, {"users": ["bad name"]},
+                     {"users": [f"u{n}" for n in range(65)]}, {"worker": "x" * 201}, {"worker": ""}):
+            assert (await api.post("/jobs/claim", json=body)).status_code == 422, body
+        assert (await api.get("/jobs/" + "j" * 65)).status_code == 400
+        assert (await api.get("/jobs/" + "j" * 65 + "/evidence")).status_code == 400
+        assert (await api.get(f"/jobs/{job['id']}")).json()["state"] == "queued", "no claim went through"

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel
 
-from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core import FLASH_KIND, PROTOCOL_VERSION, __version__
 from device_loop.core.jobs import CellReport, JobState, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, TicketKind
@@ -289,6 +289,21 @@ async def exec_command(ctx: Ctx, args: ExecIn) -> ExecAnswer:
     return await device_commands.exec_on(lease, args.command, args.timeout_s)
 
 
+async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
+    """What a reviewer needs to judge a number measured on the leased device, gathered by
+    exec and from the lab: kernel, CPU model and ISA features (sve2, rvv, avx2...), cores,
+    cpufreq governor and frequencies, thermal zones, memory, OS build, the image last
+    flashed, its host and the device-loop version; emulated says its numbers are not for
+    timing."""
+    rules, caller = ctx.rules, ctx.caller
+    lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
+    device: dict[str, Any] = dict(await rules.devices.device_info(lease["device"]))
+    flashed = [op for op in await rules.operations.of_device(lease["device"], kind=FLASH_KIND) if op["state"] == "done"]
+    if flashed and "image" in flashed[0]:
+        device["image"] = flashed[0]["image"]
+    return await device_commands.fingerprint(lease, device, __version__)
+
+
 # ---- jobs (docs/architecture.md, "Jobs and evidence") -------------------------------------------
 
 async def submit_job(ctx: Ctx, args: SubmitJobIn) -> JobAnswer:
@@ -515,6 +530,7 @@ CALLS: list[Call] = [
     Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True),
     Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True),
     Call("exec", USER, exec_command, ExecIn, ExecAnswer, tool=True),
+    Call("fingerprint", USER, fingerprint, LeaseId, dict, tool=True),
     Call("submit_job", USER, submit_job, SubmitJobIn, JobAnswer, "POST /api/v1/jobs", tool=True, status=201,
          idempotent=True),
     Call("my_jobs", USER, my_jobs, JobFilter, list[JobSummary], "GET /api/v1/jobs", tool_key="jobs"),

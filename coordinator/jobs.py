@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import secrets
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable
@@ -101,7 +102,7 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if isinstance(value, float) and value != value:  # NaN is no JSON
+    if isinstance(value, float) and not math.isfinite(value):  # NaN and infinity are no JSON
         return None
     return value
 

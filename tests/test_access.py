@@ -59,6 +59,7 @@ EXPECTED = {
     ("GET", "/api/v1/events"): "anyone", ("GET", "/metrics"): "anyone",
     ("GET", "/"): "anyone", ("GET", "/devices/{name}"): "anyone", ("GET", "/static/{file}"): "anyone",
     ("POST", "/login"): "anyone", ("POST", "/logout"): "anyone",
+    ("GET", "/jobs"): "anyone", ("GET", "/jobs/{job_id}"): "anyone",  # a job's page only to who may read it
 }
 ALLOWED = {"anyone": {"nobody", "user", "host-a", "host-b", "admin"}, "user": {"user", "admin"},
            "exporter": {"host-a", "admin"}, "admin": {"admin"}}

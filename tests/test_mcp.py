@@ -51,7 +51,7 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
         assert names == {"list_devices", "device_info", "reserve", "lease_status", "renew", "release",
                          "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
                          "camera_snapshot", "start_operation", "operation_status", "device_operations",
-                         "ticket_status", "cancel_ticket", "my_tickets", "settle", "exec", "submit_job",
+                         "ticket_status", "cancel_ticket", "my_tickets", "settle", "exec", "fingerprint", "submit_job",
                          "job_status", "job_evidence"}
         assert (await call(alice, "list_images", device="sim-board-0")) == {"images": []}
         idle = await call(alice, "list_devices", state="idle")

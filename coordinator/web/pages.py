@@ -69,7 +69,8 @@ class Viewer:
     csrf: str         # what requests send as X-Device-Loop-CSRF ("" unless signed in by cookie)
 
 
-async def _viewer(request: Request) -> Viewer:
+async def viewer_of(request: Request) -> Viewer:
+    """Who looks at the page of ``request``."""
     identity = await caller_identity(request)
     person = refusal(USER, identity) is None  # (an exporter's token is nobody here)
     return Viewer(identity.name if person else None, refusal(ADMIN, identity) is None, identity.trusted,
@@ -128,7 +129,8 @@ def _lease_lengths(request: Request) -> list[tuple[int, str, bool]]:
     return [(s, format_duration(s), s == int(settings.default_ttl_s)) for s in lengths]
 
 
-def _page(request: Request, template: str, viewer: Viewer, status: int = 200, **context) -> Response:
+def render(request: Request, template: str, viewer: Viewer, status: int = 200, **context) -> Response:
+    """``template`` rendered for ``viewer``, never cached."""
     return TEMPLATES.TemplateResponse(request, template, {"viewer": viewer, "lease_lengths": _lease_lengths(request),
                                                          **context}, status_code=status, headers=NO_STORE)
 
@@ -136,12 +138,12 @@ def _page(request: Request, template: str, viewer: Viewer, status: int = 200, **
 @answers("text/html")
 async def board(request: Request) -> Response:
     """The devices board: live over /api/v1/events."""
-    rules, viewer = request.app.state.rules, await _viewer(request)
+    rules, viewer = request.app.state.rules, await viewer_of(request)
     candidates = [c for c in await rules.devices.candidates() if not c["adopted_as"]] if viewer.admin else []
     tickets = await _my_tickets(request, viewer)
     mine = await _my_leases(request, viewer)
     devices = await rules.devices.list_devices()
-    return _page(request, "board.html", viewer, devices=devices, mine=mine, candidates=candidates,
+    return render(request, "board.html", viewer, devices=devices, mine=mine, candidates=candidates,
                  tickets=_not_shown(tickets, mine), queue=await _queue(request),
                  classes=sorted({d["class"] for d in devices}))
 
@@ -150,13 +152,13 @@ async def board(request: Request) -> Response:
 async def device_page(request: Request) -> Response:
     """A device: its row, the viewer's lease on it (camera, screen), its last state changes,
     operations and known-good image."""
-    rules, viewer, name = request.app.state.rules, await _viewer(request), request.path_params["name"]
+    rules, viewer, name = request.app.state.rules, await viewer_of(request), request.path_params["name"]
     try:
         device = await rules.devices.device_info(name, viewer.admin)  # (an admin's: with its lease's id)
     except APIError as exc:
         if exc.status != 404:
             raise
-        return _page(request, "missing.html", viewer, 404, name=name)
+        return render(request, "missing.html", viewer, 404, what="device", name=name)
     tickets = await _my_tickets(request, viewer)
     mine = await _my_leases(request, viewer, name)
     operations = await rules.operations.of_device(name)
@@ -167,7 +169,7 @@ async def device_page(request: Request) -> Response:
     if any(s["settle"] for s in steps):
         settle_lease = mine[0]["id"] if mine else device.get("lease") if viewer.admin else None
     settling = next((op for op in operations if op["kind"] == SETTLE and op["state"] in LIVE_OP_STATES), None)
-    return _page(request, "device.html", viewer, device=device,
+    return render(request, "device.html", viewer, device=device,
                  log=list(reversed(await rules.devices.device_log(name))),
                  operations=operations,
                  known_good=await rules.images.known_good_image(device),

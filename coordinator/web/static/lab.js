@@ -338,6 +338,12 @@
       row.remove();
       say(adopted.note);
     },
+    async "cancel-job"(button) {
+      if (!confirm("Cancel this job? Its leases are released; the runs it has are kept.")) return;
+      const job = await call("POST", `/api/v1/jobs/${encodeURIComponent(button.dataset.job)}/cancel`);
+      say(`${job.id}: ${job.state}`);
+      refreshParts();
+    },
     async "known-good"(button) {
       const image = await call("POST", `/api/v1/admin/images/${button.dataset.image}/known-good`,
                                {for: button.dataset.for});
@@ -359,7 +365,22 @@
     }
   });
 
+  // -- a job's page: shown again at each change of its state, while it is queued or running
+
+  async function followJob(id, state) {
+    try {
+      while (["queued", "running"].includes(state)) {
+        const job = await call("GET", `/api/v1/jobs/${encodeURIComponent(id)}?wait=25&unless=${state}`);
+        if (job.state !== state) refreshParts();
+        state = job.state;
+      }
+    } catch (error) {
+      say(error.message, true);
+    }
+  }
+
   tick();
   followShown();
+  if (page === "job") followJob(document.body.dataset.job, document.body.dataset.jobState);
   setInterval(tick, 1000);
 })();

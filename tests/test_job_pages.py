@@ -1,0 +1,49 @@
+"""The jobs' web pages: a person's jobs, and a job's page (state, cells, runs, the analysis,
+a chart), shown only to who may read the job, with everything a worker reported escaped."""
+import pytest
+
+from device_loop.coordinator.identity import issue_token
+from lab_in_process import in_process_lab
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+SPEC = {"title": "decode <b>fast</b>", "target": {"class": "sim-board"},
+        "metrics": [{"name": "decode_ms", "unit": "ms"}],
+        "ab": {"baseline": ["run-workload --cost 1.0"], "patch": ["run-workload --cost 0.95"], "rounds": 6,
+               "warmup": 0}}
+
+
+def run(seq: int, arm: str, value: float) -> dict:
+    return {"seq": seq, "arm": arm, "started_at": 1_800_000_000.0 + seq, "ended_at": 1_800_000_001.0 + seq,
+            "status": 0, "readings": {"temperatures": {"cpu": 40.0}, "unfit": "<script>x</script>"},
+            "samples": [{"metric": "decode_ms", "value": value, "unit": "ms"}]}
+
+
+async def test_a_jobs_page_shows_its_runs_and_analysis_escaped_to_its_readers_only(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        t = {n: (await issue_token(rules.store, clock, n))["token"] for n in ("ann", "eve")}
+        ann, eve = client(token=t["ann"]), client(token=t["eve"])
+        job = (await ann.post("/jobs", json={"spec": SPEC, "claim": True})).json()
+        await ann.post(f"/jobs/{job['id']}/cells", json={"cell": 0, "device": "b0", "fingerprint": {
+            "device": "b0", "isa": ["rvv", "<img src=x onerror=alert(1)>"], "kernel": "Linux b0"}})
+        for seq in range(12):
+            await ann.post(f"/jobs/{job['id']}/runs", json=run(seq, "AB"[seq % 2], 10 - seq % 2 * 0.5 + seq / 100))
+        page = await ann.get(f"http://127.0.0.1/jobs/{job['id']}")
+        assert page.status_code == 200, page.text
+        html = page.text
+        assert "decode &lt;b&gt;fast&lt;/b&gt;" in html and "<b>fast</b>" not in html
+        assert "<img src=x" not in html and "&lt;img src=x" in html
+        assert "<script>x</script>" not in html
+        assert "Analysis" in html and "decode_ms" in html and "rvv" in html
+        assert html.count('class="arm a-A"') == 6 and html.count('class="arm a-B"') == 6
+        assert f"/api/v1/jobs/{job['id']}/evidence" in html and 'data-act="cancel-job"' in html
+
+        listing = (await ann.get("http://127.0.0.1/jobs")).text
+        assert job["id"] in listing and "decode &lt;b&gt;" in listing
+        assert job["id"] not in (await eve.get("http://127.0.0.1/jobs")).text
+        hidden = await eve.get(f"http://127.0.0.1/jobs/{job['id']}")
+        assert hidden.status_code == 404 and "decode" not in hidden.text
+        nobody = await client().get(f"http://127.0.0.1/jobs/{job['id']}")
+        assert nobody.status_code == 404 and "Sign in" in nobody.text
+        board = (await ann.get("http://127.0.0.1/")).text
+        assert 'href="/jobs"' in board

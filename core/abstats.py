@@ -448,7 +448,7 @@ def analyse(spec: JobSpec, runs: list[RunRecord], cells: list[CellReport], alpha
 def _cell(work: _CellWork, spec: JobSpec, alpha: float, adjusted: dict[tuple[int, str], float]) -> CellAnalysis:
     report = work.report
     results = []
-    for name, unit, better, by_arm in work.metrics:
+    for name, unit, better, by_arm in work.metrics if work.runs or not report.not_run else []:
         values = {arm: [v for r in rs if (v := _run_value(r, name)) is not None] for arm, rs in by_arm.items()}
         if not any(values.values()) and name not in {m.name for m in spec.metrics}:
             continue
@@ -510,7 +510,7 @@ def method_words(ab: bool, alpha: float, comparisons: int, same_within: float | 
             f"a value is not positive). p is the two-sided Mann-Whitney U test (exact without ties for small "
             f"samples), adjusted by Holm-Bonferroni over the job's {comparisons} comparison"
             f"{'s' if comparisons != 1 else ''}; α = {alpha:.3g}. Different: the interval excludes 1 and the "
-            f"adjusted p < α. Same: the interval lies within [{1 - within:g}, {1 + within:g}]. Otherwise "
+            f"adjusted p is below α. Same: the interval lies within [{1 - within:g}, {1 + within:g}]. Otherwise "
             f"unknown, with the rounds more that would narrow the interval enough (its width taken to shrink "
             f"as 1/√n). Warmup runs and runs whose command failed are left out; Spearman's ρ of value against "
             f"run order shows drift within each arm.")

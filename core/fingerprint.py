@@ -130,9 +130,9 @@ def clip(text: object, limit: int) -> str:
 
 
 def first_line(text: str) -> str:
-    """The first non-blank line, stripped, or "" when it reads as an error message."""
-    for line in text.splitlines():
-        line = line.strip()
+    """The first non-blank line, stripped and clipped, or "" when it reads as an error message."""
+    for line in text[:MAX_OUTPUT].splitlines():
+        line = line.strip()[:MAX_TEXT_CHARS]
         if line:
             return "" if _ERROR.search(line) else line
     return ""

@@ -1,0 +1,357 @@
+"""A job's evidence (docs/architecture.md, "Jobs and evidence"): one self-contained markdown
+a reviewer can check, and the same numbers as a terminal table.
+
+The markdown renders on GitHub and reads as plain text in Gerrit: aligned tables, bullet
+lists, fenced blocks. Everything in it that a user, an agent, a worker or an exporter wrote
+(titles, device names, fingerprint fields, commands, metric names, reasons) is escaped where
+it lands: in text, so it cannot open a tag, a link, a code span or a table cell; in a fenced
+block, behind a fence longer than any run of backticks it holds.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Iterable
+
+import tomli_w
+
+from device_loop.core.abstats import Analysis, CellAnalysis, Comparison, MetricResult, Summary, start_temperature
+from device_loop.core.fingerprint import notable_isa
+from device_loop.core.jobs import CellReport, Fingerprint, JobSpec, JobView, RunRecord, Verdict
+
+# C0/C1 controls (a terminal's escapes), line separators, lone surrogates, XML's non-characters
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+_MARKUP = re.compile(r"([\\`*\[\]~|#!])|(?<!\w)_|_(?!\w)")
+
+
+# --- escaping -------------------------------------------------------------------------------
+
+def plain(text: object) -> str:
+    """``text`` on one line, without control characters (a terminal's escapes included)."""
+    return _CONTROL.sub("", re.sub(r"\s*[\r\n]+\s*", " ", str(text)))
+
+
+def md(text: object) -> str:
+    """``text`` as inline markdown that means only itself: on one line, markup characters
+    backslash-escaped (``|`` too, so a table cell stays one cell), ``<`` and ``&`` as entities."""
+    flat = plain(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKUP.sub(lambda m: "\\" + m.group(0), flat)
+
+
+def fence(content: str, info: str = "") -> str:
+    """A fenced block holding ``content`` verbatim: its fence is longer than any run of
+    backticks inside."""
+    longest = max((len(run) for run in re.findall(r"`+", content)), default=0)
+    marks = "`" * max(3, longest + 1)
+    return f"{marks}{info}\n{_CONTROL.sub('', content.replace(chr(13), ''))}\n{marks}"
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> str:
+    """A markdown table whose columns line up in plain text too (cells already escaped)."""
+    body = [list(r) + [""] * (len(header) - len(r)) for r in rows]
+    widths = [max(3, len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    return "\n".join([line(header), "| " + " | ".join("-" * w for w in widths) + " |", *map(line, body)])
+
+
+# --- numbers --------------------------------------------------------------------------------
+
+def number(value: float | None, unit: str = "") -> str:
+    """A value to four significant digits, with its unit."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.4g}" + (f" {unit}" if unit else "")
+
+
+def p_text(p: float | None) -> str:
+    """A p-value: two significant digits."""
+    return "-" if p is None else f"{p:.2g}"
+
+
+def arm_text(arm: Summary | None, unit: str) -> str:
+    """``100.0 ms ± 0.3%`` (``± ∞`` when too few runs for an interval of the median)."""
+    if arm is None or not arm.n:
+        return "-"
+    spread = arm.spread_pct
+    return f"{number(arm.median, unit)} ± {'∞' if spread is None else f'{spread:.1f}%'}"
+
+
+def delta_text(c: Comparison | None, unit: str) -> str:
+    """``-4.9% [-5.2%, -4.5%]`` for a ratio, ``-4.99 ms [-5.01, -4.97]`` for a shift."""
+    if c is None:
+        return "-"
+    def shown(v: float) -> str:
+        return f"{(v - 1) * 100:+.1f}%" if c.scale == "ratio" else f"{v:+.4g}"
+    estimate = shown(c.estimate) + (f" {unit}" if c.scale == "shift" and unit else "")
+    if c.low is None or c.high is None:
+        return f"{estimate} [no interval: too few runs]"
+    return f"{estimate} [{shown(c.low)}, {shown(c.high)}]"
+
+
+def ratio_text(c: Comparison, confidence: float) -> str:
+    """``ratio 0.949 [0.941, 0.957] (95% CI)``, or the shift's."""
+    what = "ratio B/A" if c.scale == "ratio" else "shift B - A"
+    interval = f" [{c.low:.4g}, {c.high:.4g}] ({confidence * 100:.3g}% CI)" if c.low is not None \
+        and c.high is not None else " (no interval: too few runs)"
+    return f"{what} {c.estimate:.4g}{interval}"
+
+
+def verdict_text(c: Comparison | None) -> str:
+    """``different: B is 4.9% faster``, ``same within ±2%``, ``unknown: collect more: …``."""
+    if c is None:
+        return "-"
+    return c.words if c.verdict is Verdict.SAME else f"{c.verdict.value}: {c.words}"
+
+
+def n_text(metric: MetricResult) -> str:
+    return f"{metric.a.n}+{metric.b.n}" if metric.b is not None else str(metric.a.n)
+
+
+def when(epoch: float | None) -> str:
+    """An epoch time as UTC, to the second."""
+    if epoch is None or not math.isfinite(epoch) or not 0 <= epoch < 1e11:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(epoch))
+
+
+# --- the parts of the markdown -----------------------------------------------------------------
+
+def _where(cell: CellAnalysis, matrix: bool) -> str:
+    group = f"({md(cell.group)})" if matrix and cell.group else ""
+    return " ".join(filter(None, [md(cell.device or ""), group]))
+
+
+def claims(job: JobView, analysis: Analysis) -> list[str]:
+    """The claim in numbers, a line per comparison (or per metric of a plain job)."""
+    matrix = job.spec.matrix is not None
+    lines = []
+    for cell in analysis.cells:
+        where = _where(cell, matrix)
+        on = f" on {where}" if where else ""
+        if cell.not_run:
+            lines.append(f"Not run{f' {where}' if where else ''}: {md(cell.not_run)}.")
+        for metric in cell.metrics:
+            c = metric.comparison
+            if c is None and metric.b is None:
+                lines.append(f"{md(metric.name)}{on}: median {number(metric.a.median, md(metric.unit))}, "
+                             f"{metric.a.n} runs.")
+            elif c is not None:
+                said = {Verdict.DIFFERENT: f"**{md(c.words.replace('B is', 'B (patch) is', 1))} than A "
+                                           "(baseline)**",
+                        Verdict.SAME: f"**B (patch) is the same as A (baseline) {md(c.words.removeprefix('same '))}**",
+                        Verdict.UNKNOWN: f"**undecided** ({md(c.words)})"}[c.verdict]
+                lines.append(f"{md(metric.name)}{on}: {said}: {ratio_text(c, analysis.confidence)}, "
+                             f"p = {p_text(c.p_holm)} (Holm), {n_text(metric)} runs.")
+    return lines
+
+
+def metric_table(cell: CellAnalysis, ab: bool) -> str:
+    """benchstat's shape: metric | A ± | B ± | delta [CI] | p (Holm) | n | verdict."""
+    if not ab:
+        return table(["metric", "median ±", "n"],
+                     [[md(m.name), arm_text(m.a, md(m.unit)), str(m.a.n)] for m in cell.metrics])
+    rows = [[md(m.name), arm_text(m.a, md(m.unit)), arm_text(m.b, md(m.unit)), delta_text(m.comparison, md(m.unit)),
+             p_text(m.comparison.p_holm if m.comparison else None), n_text(m), md(verdict_text(m.comparison))]
+            for m in cell.metrics]
+    return table(["metric", "A ±", "B ±", "delta [CI]", "p (Holm)", "n", "verdict"], rows)
+
+
+def matrix_table(job: JobView, analysis: Analysis) -> str:
+    """A row per cell and metric: group, device, ISA features, delta with CI, verdict; a cell
+    that never ran is a row that says so."""
+    reports = {c.cell: c for c in job.cells}
+    rows = []
+    for cell in analysis.cells:
+        report = reports.get(cell.cell)
+        isa = " ".join(notable_isa(report.fingerprint.isa)) if report and report.fingerprint else ""
+        head = [str(cell.cell), md(cell.group), md(cell.device or "-"), md(isa or "-")]
+        if cell.not_run or not cell.metrics:
+            rows.append(head + ["-", md(f"not run: {cell.not_run}" if cell.not_run else "no runs"), "-"])
+        for m in cell.metrics:
+            rows.append(head + [md(m.name), delta_text(m.comparison, md(m.unit)), md(verdict_text(m.comparison))])
+    return table(["cell", "group", "device", "ISA features", "metric", "delta [CI]", "verdict"], rows)
+
+
+def warnings(analysis: Analysis) -> list[str]:
+    """Every warning of the analysis, each saying where it applies (raw text: escape it
+    where it goes)."""
+    found = []
+    for cell in analysis.cells:
+        where = f"cell {cell.cell}" + (f" ({cell.group})" if cell.group else "") + ": " \
+            if len(analysis.cells) > 1 else ""
+        found += [where + w for w in cell.warnings]
+        found += [f"{where}{metric.name}: {w}" for metric in cell.metrics for w in metric.warnings]
+    return found
+
+
+def drift_lines(analysis: Analysis, matrix: bool) -> list[str]:
+    """Drift within each arm and the arms' start temperatures, per cell and metric."""
+    def rho(r: float | None, p: float | None) -> str:
+        return "-" if r is None else f"ρ = {r:+.2f} (p = {p_text(p)})"
+
+    def temp(t: float | None) -> str:
+        return "-" if t is None else f"{t:.1f} °C"
+    lines = []
+    for cell in analysis.cells:
+        where = f"cell {cell.cell}, " if matrix else ""
+        for m in cell.metrics:
+            d = m.drift
+            if analysis.ab:
+                lines.append(f"{where}{md(m.name)}: value against run order A {rho(d.rho_a, d.p_a)}, "
+                             f"B {rho(d.rho_b, d.p_b)}; mean start temperature A {temp(d.temp_a)}, "
+                             f"B {temp(d.temp_b)}")
+            else:
+                lines.append(f"{where}{md(m.name)}: value against run order {rho(d.rho_a, d.p_a)}; "
+                             f"mean start temperature {temp(d.temp_a)}")
+    return lines
+
+
+def fingerprint_lines(f: Fingerprint) -> list[str]:
+    """A device's fingerprint as bullet items."""
+    policies = "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in f.cpufreq)
+    thermal = ", ".join(f"{zone} {c:.1f} °C" for zone, c in f.thermal.items())
+    items = [("device", f.device), ("class", f.device_class), ("host", f.host), ("reached through", f.channel),
+             ("kernel", f.kernel), ("CPU", f.cpu_model), ("ISA features", " ".join(f.isa)),
+             ("cores", "" if f.cores is None else str(f.cores)), ("online CPUs", f.online),
+             ("cpufreq", policies), ("thermal at fingerprint", thermal),
+             ("memory", "" if f.memory_kb is None else f"{f.memory_kb} kB"), ("OS build", f.os_build),
+             ("image", f.image), ("image sha256", f.image_sha256), ("device-loop", f.device_loop_version),
+             ("emulated", "yes: not for timing" if f.emulated else "no")]
+    items += [(f"fact {key}", value) for key, value in f.extra.items()]
+    return [f"- {md(name)}: {md(value) if value else '-'}" for name, value in items]
+
+
+def runs_table(runs: list[RunRecord], metrics: list[str], ab: bool) -> str:
+    """A row per run, in order: what it ran, when, the device's readings, its values, its mark."""
+    header = ["seq", "arm", "warmup", "started (UTC)", "temp °C", "governor", "MHz", "load",
+              *map(md, metrics), "status", "marked"]
+    rows = []
+    for r in sorted(runs, key=lambda r: r.seq):
+        values = {s.metric: s.value for s in reversed(r.samples)}
+        temp = start_temperature(r)
+        rows.append([str(r.seq), r.arm.value if ab else "", "yes" if r.warmup else "", when(r.started_at),
+                     "-" if temp is None else f"{temp:.1f}", md(r.readings.governor or "-"),
+                     "-" if r.readings.freq_khz is None else f"{r.readings.freq_khz / 1000:.0f}",
+                     "-" if r.readings.load is None else f"{r.readings.load:.2f}",
+                     *(number(values.get(m)) for m in metrics), str(r.status), md(r.readings.unfit or "")])
+    return table(header, rows)
+
+
+def commands(spec: JobSpec) -> list[str]:
+    """The exact commands, each list in a fenced block."""
+    parts = []
+    lists = [("setup (once per device, after the lease)", spec.setup)]
+    if spec.ab is not None:
+        lists += [("baseline (A)", spec.ab.baseline), ("patch (B)", spec.ab.patch)]
+    else:
+        lists += [("run (each round)", spec.run)]
+    for name, commands in lists:
+        if commands:
+            parts += [f"{name}:", "", fence("\n".join(commands), "sh"), ""]
+    return parts
+
+
+def spec_toml(spec: JobSpec) -> str:
+    """The job spec as the TOML file ``device-loop run`` reads."""
+    return tomli_w.dumps(spec.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+def _cell_title(cell: CellAnalysis, report: CellReport | None, matrix: bool) -> str:
+    name = f"cell {cell.cell}" if matrix else "device"
+    device = md(cell.device or (report.fingerprint.device if report and report.fingerprint else "") or "-")
+    return f"{name}: {device}" + (f" ({md(cell.group)})" if matrix and cell.group else "")
+
+
+# --- the whole ----------------------------------------------------------------------------------
+
+def markdown(job: JobView, analysis: Analysis) -> str:
+    """The job's evidence, one markdown document."""
+    spec = job.spec
+    matrix = spec.matrix is not None
+    reports = {c.cell: c for c in job.cells}
+    kind = "matrix" if matrix else "A/B" if spec.ab else "job"
+    out = [f"# {md(spec.title) if spec.title else f'device-loop {kind} {md(job.id)}'}", ""]
+    out += [f"- {line}" for line in claims(job, analysis)] + [""]
+    out += [f"Job {md(job.id)}: {md(job.state.value)}" + (f" ({md(job.reason)})" if job.reason else "")
+            + f"; owner {md(job.owner)} ({md(job.kind)}), worker {md(job.worker or '-')}; created "
+            f"{when(job.created_at)}, started {when(job.started_at)}, ended {when(job.ended_at)}.", ""]
+    if matrix:
+        out += ["## Summary", "", matrix_table(job, analysis), ""]
+    out += ["## Results", ""]
+    for cell in analysis.cells:
+        if matrix or len(analysis.cells) > 1:
+            out += [f"### {_cell_title(cell, reports.get(cell.cell), matrix)}", ""]
+        if cell.not_run:
+            out += [f"Not run: {md(cell.not_run)}", ""]
+            continue
+        out += [metric_table(cell, analysis.ab), "",
+                f"{cell.counted} runs counted, {cell.warmup} warmup, {cell.failed} failed, "
+                f"{cell.unfit} marked unfit.", ""]
+    out += ["## Warnings", "", *([f"- {md(w)}" for w in warnings(analysis)] or ["None."]), ""]
+    out += ["## Drift", "", *[f"- {line}" for line in drift_lines(analysis, matrix)], ""]
+    out += ["## Devices", ""]
+    for cell in analysis.cells:
+        report = reports.get(cell.cell)
+        out += [f"### {_cell_title(cell, report, matrix)}", ""]
+        if report is not None and report.fingerprint is not None:
+            out += fingerprint_lines(report.fingerprint) + [""]
+        else:
+            out += [f"No fingerprint{f' (not run: {md(cell.not_run)})' if cell.not_run else ''}.", ""]
+    out += ["## Runs", ""]
+    metric_names = [m.name for cell in analysis.cells for m in cell.metrics]
+    metric_names = list(dict.fromkeys(metric_names))
+    for cell in analysis.cells:
+        runs = [r for r in job.runs if r.cell == cell.cell]
+        if runs:
+            if len(analysis.cells) > 1:
+                out += [f"### {_cell_title(cell, reports.get(cell.cell), matrix)}", ""]
+            out += [runs_table(runs, metric_names, analysis.ab), ""]
+    if not job.runs:
+        out += ["No runs.", ""]
+    out += ["## Commands", "", *commands(spec)]
+    images = {(c.fingerprint.image, c.fingerprint.image_sha256) for c in job.cells if c.fingerprint
+              and (c.fingerprint.image or c.fingerprint.image_sha256)}
+    out += ["## Images and versions", ""]
+    out += [f"- image {md(name or '-')}: sha256 {md(sha or '-')}" for name, sha in sorted(images)] or \
+        ["- no image recorded for these devices"]
+    versions = sorted({c.fingerprint.device_loop_version for c in job.cells if c.fingerprint})
+    out += [f"- device-loop (worker): {md(', '.join(versions) or '-')}",
+            f"- device-loop (coordinator): {md(job.coordinator_version or '-')}", ""]
+    out += ["## Method", "", analysis.method, ""]         # abstats' own words and numbers
+    out += ["## Reproduce", "", "Rerun this job:", "", fence(f"device-loop run --from-job {plain(job.id)}", "sh"),
+            "", "or save the spec below as job.toml and run `device-loop run job.toml`:", "",
+            fence(spec_toml(spec).rstrip("\n"), "toml"), ""]
+    return "\n".join(out)
+
+
+# --- the terminal ---------------------------------------------------------------------------------
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def terminal_table(analysis: Analysis) -> str:
+    """benchstat's table for a terminal: metric, A ± spread, B ± spread, delta, p, n,
+    verdict (a plain job: metric, median ± spread, n), a block per cell, then the warnings."""
+    lines = []
+    for cell in analysis.cells:
+        if len(analysis.cells) > 1 or cell.device:
+            where = " ".join(filter(None, [f"cell {cell.cell}", cell.group, cell.device and f"on {cell.device}"]))
+            lines.append(plain(where + (f": not run: {cell.not_run}" if cell.not_run else "")))
+        if not cell.metrics:
+            continue
+        if analysis.ab:
+            rows = [["metric", "A", "B", "delta [CI]", "p (Holm)", "n", "verdict"]]
+            rows += [[plain(m.name), arm_text(m.a, plain(m.unit)), arm_text(m.b, plain(m.unit)),
+                      delta_text(m.comparison, plain(m.unit)), p_text(m.comparison.p_holm if m.comparison else None),
+                      n_text(m), plain(verdict_text(m.comparison))] for m in cell.metrics]
+        else:
+            rows = [["metric", "median", "n"]]
+            rows += [[plain(m.name), arm_text(m.a, plain(m.unit)), str(m.a.n)] for m in cell.metrics]
+        lines += _columns(rows)
+    lines += [f"warning: {plain(w)}" for w in warnings(analysis)]
+    return "\n".join(lines)

@@ -26,6 +26,7 @@ Methods, chosen once here:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from scipy import stats
+from scipy import stats  # type: ignore[import-untyped]  # no stubs (pyproject could list scipy)
 
 from device_loop.core.jobs import (MAX_ROUNDS, ABSpec, Arm, Better, CellReport, JobSpec, RunRecord, Verdict)
 
@@ -238,7 +239,7 @@ def hodges_lehmann(x: list[float], y: list[float], confidence: float) -> tuple[f
 
 def mann_whitney_p(a: list[float], b: list[float]) -> float:
     """The two-sided Mann-Whitney U p-value of B against A."""
-    if len(set(a)) == 1 and a == b:
+    if len(set(a) | set(b)) == 1:      # every value the same: nothing to rank
         return 1.0
     exact = len(set(a) | set(b)) == len(a) + len(b) and len(a) * len(b) <= EXACT_P_MAX_PAIRS
     result = stats.mannwhitneyu(b, a, alternative="two-sided", method="exact" if exact else "asymptotic")
@@ -365,7 +366,7 @@ def _compare(raw: _Raw, p_holm: float, alpha: float, better: Better, unit: str, 
 
 # --- a job -------------------------------------------------------------------------------------
 
-def _run_value(run: RunRecord, metric: str) -> float | None:
+def run_value(run: RunRecord, metric: str) -> float | None:
     """A run's value of a metric: the median of its samples of it (a run is one observation)."""
     values = [s.value for s in run.samples if s.metric == metric]
     return statistics.median(values) if values else None
@@ -427,15 +428,15 @@ def analyse(spec: JobSpec, runs: list[RunRecord], cells: list[CellReport], alpha
         counted = [r for r in mine if not r.warmup and r.status == 0 and r.arm in arms]
         per_metric = []
         for name, unit, better in metrics:
-            by_arm = {arm: [r for r in counted if r.arm is arm and _run_value(r, name) is not None] for arm in arms}
+            by_arm = {arm: [r for r in counted if r.arm is arm and run_value(r, name) is not None] for arm in arms}
             per_metric.append((name, unit, better, by_arm))
         works.append(_CellWork(report, counted, sum(r.warmup for r in mine),
                                sum(1 for r in mine if not r.warmup and r.status != 0), per_metric))
     if ab:
         for work in works:
             for name, _, _, by_arm in work.metrics:
-                a = [v for r in by_arm[Arm.A] if (v := _run_value(r, name)) is not None]
-                b = [v for r in by_arm[Arm.B] if (v := _run_value(r, name)) is not None]
+                a = [v for r in by_arm[Arm.A] if (v := run_value(r, name)) is not None]
+                b = [v for r in by_arm[Arm.B] if (v := run_value(r, name)) is not None]
                 if a and b:
                     work.raws[name] = _raw(a, b, alpha, ab.same_within)
     keys = [(w.report.cell, name) for w in works for name in w.raws]
@@ -449,7 +450,7 @@ def _cell(work: _CellWork, spec: JobSpec, alpha: float, adjusted: dict[tuple[int
     report = work.report
     results = []
     for name, unit, better, by_arm in work.metrics if work.runs or not report.not_run else []:
-        values = {arm: [v for r in rs if (v := _run_value(r, name)) is not None] for arm, rs in by_arm.items()}
+        values = {arm: [v for r in rs if (v := run_value(r, name)) is not None] for arm, rs in by_arm.items()}
         if not any(values.values()) and name not in {m.name for m in spec.metrics}:
             continue
         first = Arm.A if spec.ab else Arm.RUN
@@ -476,8 +477,8 @@ def _cell(work: _CellWork, spec: JobSpec, alpha: float, adjusted: dict[tuple[int
                                         Drift(drift_a[0], drift_a[1], temp_a=_mean(temps[Arm.RUN])), tuple(warnings)))
         least_median = least_for_median_interval()
         if any(0 < len(v) < least_median for v in values.values()):
-            results[-1] = _with_warning(results[-1], f"fewer than {least_median} runs a side: no 95% interval "
-                                                     "of the median (± unknown)")
+            results[-1] = dataclasses.replace(results[-1], warnings=results[-1].warnings + (
+                f"fewer than {least_median} runs a side: no 95% interval of the median (± unknown)",))
     unfit = [r for r in work.runs if r.readings.unfit]
     warnings = []
     if report.not_run:
@@ -491,11 +492,6 @@ def _cell(work: _CellWork, spec: JobSpec, alpha: float, adjusted: dict[tuple[int
         warnings.append(f"{report.device or report.fingerprint.device} is emulated: not for timing")
     return CellAnalysis(report.cell, report.group, report.device, report.not_run, len(work.runs), work.warmup,
                         work.failed, len(unfit), tuple(results), tuple(warnings))
-
-
-def _with_warning(result: MetricResult, warning: str) -> MetricResult:
-    return MetricResult(result.name, result.unit, result.better, result.a, result.b, result.comparison,
-                        result.drift, result.warnings + (warning,))
 
 
 def method_words(ab: bool, alpha: float, comparisons: int, same_within: float | None) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 from xml.sax.saxutils import escape
 
-from device_loop.core.abstats import Analysis, start_temperature
+from device_loop.core.abstats import Analysis, run_value, start_temperature
 from device_loop.core.evidence import number, plain
 from device_loop.core.jobs import Arm, JobView, RunRecord
 
@@ -82,13 +82,8 @@ def _kind(run: RunRecord) -> Kind:
     return "A" if run.arm is Arm.A else "B" if run.arm is Arm.B else "run"
 
 
-def _value(run: RunRecord, metric: str) -> float | None:
-    values = sorted(s.value for s in run.samples if s.metric == metric)
-    return values[len(values) // 2] if values else None
-
-
 def _panel(top: float, title: str, runs: list[RunRecord], metric: str, unit: str) -> Panel | None:
-    measured = [(r, v) for r in runs if r.status == 0 and (v := _value(r, metric)) is not None]
+    measured = [(r, v) for r in runs if r.status == 0 and (v := run_value(r, metric)) is not None]
     if not measured:
         return None
     left, right, bottom = LEFT, WIDTH - RIGHT, top + PANEL_HEIGHT - BOTTOM
@@ -140,7 +135,8 @@ def layout(job: JobView, analysis: Analysis) -> Figure:
         if panel is not None:
             panels.append(panel)
             top += PANEL_HEIGHT
-    legend = (("A", "A (baseline)"), ("B", "B (patch)")) if analysis.ab else (("run", "run"),)
+    legend: tuple[tuple[str, str], ...] = (("A", "A (baseline)"), ("B", "B (patch)")) if analysis.ab else \
+        (("run", "run"),)
     legend += (("warmup", "warmup"), ("temperature", "start temperature (right axis)"))
     note = f"{skipped} more panels not drawn" if skipped else ""
     return Figure(WIDTH, max(top, LEGEND_HEIGHT + 40) + (16 if note else 0),

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 
 import tomli_w
 
-from device_loop.core.abstats import Analysis, CellAnalysis, Comparison, MetricResult, Summary, start_temperature
+from device_loop.core.abstats import (Analysis, CellAnalysis, Comparison, MetricResult, Summary, run_value,
+                                      start_temperature)
 from device_loop.core.fingerprint import notable_isa
 from device_loop.core.jobs import CellReport, Fingerprint, JobSpec, JobView, RunRecord, Verdict
 
@@ -230,13 +231,12 @@ def runs_table(runs: list[RunRecord], metrics: list[str], ab: bool) -> str:
               *map(md, metrics), "status", "marked"]
     rows = []
     for r in sorted(runs, key=lambda r: r.seq):
-        values = {s.metric: s.value for s in reversed(r.samples)}
         temp = start_temperature(r)
         rows.append([str(r.seq), r.arm.value if ab else "", "yes" if r.warmup else "", when(r.started_at),
                      "-" if temp is None else f"{temp:.1f}", md(r.readings.governor or "-"),
                      "-" if r.readings.freq_khz is None else f"{r.readings.freq_khz / 1000:.0f}",
                      "-" if r.readings.load is None else f"{r.readings.load:.2f}",
-                     *(number(values.get(m)) for m in metrics), str(r.status), md(r.readings.unfit or "")])
+                     *(number(run_value(r, m)) for m in metrics), str(r.status), md(r.readings.unfit or "")])
     return table(header, rows)
 
 

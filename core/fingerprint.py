@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from device_loop.core.jobs import MAX_FACTS, MAX_TEXT_CHARS, Fingerprint, Readings
 
@@ -390,11 +390,10 @@ def gather(exec: Exec, lease: Mapping[str, Any], device: Mapping[str, Any], coor
     more = cpufreq_reads(policies) + ([OS_BUILD] if channel == "adb" else [])
     found.update(run_reads(exec, more, timeout_s)[0])
     image, image_sha256 = _image(device)
-    return Fingerprint(
+    found_fingerprint = Fingerprint(
         device=clip(lease.get("device") or device.get("name") or "", 64),
-        device_class=clip(device.get("class") or "", 64),
         host=clip(lease.get("host") or device.get("host") or "", 255),
-        channel=channel if channel in ("adb", "ssh", "console") else "",
+        channel=_channel(channel),
         kernel=parse_kernel(found.get("uname", "")),
         cpu_model=parse_cpu_model(blocks),
         isa=parse_isa(blocks),
@@ -410,6 +409,12 @@ def gather(exec: Exec, lease: Mapping[str, Any], device: Mapping[str, Any], coor
         emulated=is_emulated(device),
         extra=_extra(device),
     )
+    # the field's alias is "class", which a keyword cannot be: clipped above like the rest
+    return found_fingerprint.model_copy(update={"device_class": clip(device.get("class") or "", 64)})
+
+
+def _channel(name: str) -> Literal["adb", "ssh", "console", ""]:
+    return "adb" if name == "adb" else "ssh" if name == "ssh" else "console" if name == "console" else ""
 
 
 def readings_reads(zones: int = MAX_ZONES) -> list[Read]:

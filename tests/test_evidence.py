@@ -204,3 +204,19 @@ def test_png_is_written(tmp_path):
     charts.png(job, abstats.analyse(job.spec, job.runs, job.cells), path, scale=1)
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+
+
+def test_a_hostile_unit_is_escaped_in_tables_and_charts():
+    unit = "<b>|`x`\n&"[:16]
+    job = ab_job()
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"metrics": [MetricSpec(name="m", unit=unit)]}),
+                                 "runs": runs_for(0, 0.95, metric="m", unit=unit)})
+    text, analysis = render(job)
+    prose = _outside_fences(text)
+    assert "<b>" not in prose and "&lt;b&gt;\\|\\`x\\` &amp;" in prose
+    for block in re.findall(r"((?:^\|.*\|\n)+)", prose, re.M):
+        assert len({len(re.findall(r"(?<!\\)\|", line)) for line in block.splitlines()}) == 1, block
+    ET.fromstring(charts.svg(job, analysis))
+    lines = evidence.terminal_table(analysis).splitlines()               # a terminal: one line, no escapes
+    row = lines[next(i for i, line in enumerate(lines) if line.startswith("metric")) + 1]
+    assert row.startswith("m ") and "ms" not in row and "<b>|`x` &" in row

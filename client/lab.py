@@ -23,6 +23,10 @@ from device_loop.core.durations import parse_duration
 
 from .http import Coordinator, CoordinatorError
 
+if TYPE_CHECKING:  # (exec and fingerprints are loaded when used: pydantic is heavy for a short command)
+    from device_loop.core.device_exec import ExecResult
+    from device_loop.core.jobs import Fingerprint
+
 if TYPE_CHECKING:
     from .jobs_api import Jobs
 
@@ -223,6 +227,35 @@ class Lease:
         """Run the device's cool-down steps now and wait until they are done (between two
         benchmark runs); the operation as it ended (``done`` at once for a device with none)."""
         return follow_op(self.api, self.api.post(f"/leases/{self.id}/settle"), timeout=timeout)
+
+    def exec(self, command: str, timeout_s: float = 60.0, *, identity_file: str | None = None,
+             max_output: int = 1 << 20) -> "ExecResult":
+        """Run ``command`` (a shell command line) on the leased device, through its adb, else
+        ssh, else console endpoint, from this machine; an ``ExecResult`` (``stdout``, ``stderr``,
+        ``status``, ``channel``, ``elapsed_s``; on a console stderr is merged into stdout), or
+        ``ExecError`` (``code``: no_channel, no_prompt, timeout, unreachable, too_large,
+        bad_command). ``identity_file``: the ssh key (else ``$DEVICE_LOOP_SSH_IDENTITY``, else
+        ssh's own). ``timeout_s`` bounds the command; ``max_output`` what is kept of each stream."""
+        from device_loop.core.device_exec import exec_on_lease
+
+        if not self.data["ready"]:
+            self.refresh()
+        return exec_on_lease(self.data, command, timeout_s, identity_file=identity_file, max_output=max_output)
+
+    def fingerprint(self, *, identity_file: str | None = None) -> "Fingerprint":
+        """What a reviewer needs to judge a number measured on the leased device
+        (``core/fingerprint.py``): read through ``exec`` from this machine, with what the lab
+        says of the device (its class, host, the image last flashed, its plugins' facts)."""
+        from device_loop.core.fingerprint import gather
+
+        device = dict(self.api.get(f"/devices/{self.data['device']}"))
+        flashed = [op for op in self.api.get(f"/devices/{self.data['device']}/operations", kind="flash")
+                   if op["state"] == "done" and op.get("image")]
+        if flashed:
+            device["image"] = flashed[0]["image"]
+        coordinator_version = str(self.api.get("/health").get("version", ""))
+        return gather(lambda command, timeout_s: self.exec(command, timeout_s, identity_file=identity_file),
+                      self.data, device, coordinator_version)
 
     def release(self) -> "Lease":
         self.data = self.api.post(f"/leases/{self.id}/release")

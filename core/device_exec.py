@@ -361,9 +361,10 @@ def _tail(data: bytes) -> str:
     return text.rsplit("\n", 1)[-1].rsplit("\r", 1)[-1]
 
 
-def _wait_prompt(conn: _Line, device: str, wake: bool, wait_s: float = PROMPT_WAIT_S) -> None:
+def _wait_prompt(conn: _Line, device: str, wake: bool) -> None:
     """Send Ctrl-C (and Enter, if ``wake``) and wait until the console shows a shell prompt
-    and stays quiet; ``ExecError("no_prompt")`` if none shows within ``wait_s``."""
+    and stays quiet; ``ExecError("no_prompt")`` if none shows within ``PROMPT_WAIT_S``."""
+    wait_s = PROMPT_WAIT_S
     conn.send(INTERRUPT + (ENTER if wake else b""))
     seen = b""
     deadline = time.monotonic() + wait_s

@@ -155,6 +155,22 @@ def devloop_thermal(host, resource):
 
 
 @hookspec(firstresult=True)
+def devloop_fingerprint(host, resource):
+    """Facts about ``resource``'s device that a reviewer needs to judge a number measured on
+    it and that no command on the device tells (a board revision, a firmware version, how a
+    board is cooled): a dict of key -> value, both strings, or ``None`` for none.
+
+    Keys are lowercase words (``board.revision``: a letter first, then letters, digits, ``_``,
+    ``.`` and ``-``, at most 64 characters), values at most 1000 characters; the exporter drops
+    a key that is not such a word and cuts a value that is longer, and keeps the first 64 of
+    a device's facts (its resources' together, in the order of its resources). They are
+    reported with the device (``DeviceReport.facts``) and show in its fingerprint's ``extra``
+    (``device-loop fingerprint``). Asked at each scan, within the hook deadline: read-only and
+    cheap, like discovery (read the config, a file; spawn nothing, open no device node).
+    """
+
+
+@hookspec(firstresult=True)
 def devloop_steps(host, resource):
     """Say which steps between two leases the plugin runs on ``resource``: a list of
     :class:`StepKind` (``None``: none).

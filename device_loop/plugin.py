@@ -24,7 +24,8 @@ from device_loop.core.vocabulary import EndpointRole
 #: ``flash`` kind of ``devloop_operate``; endpoints have a ``role``; config entries are
 #: parsed by the plugin's ``PluginConfig`` model and found in ``host.entries`` (not
 #: ``host.configured(name)``), ``entry.config`` and ``resource.config`` being that model.
-#: Additions keep it: ``StepKind`` (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``.
+#: Additions keep it: ``StepKind`` (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``,
+#: ``devloop_fingerprint``, ``EndpointRole.SSH``.
 API_VERSION = 2
 
 __all__ = [

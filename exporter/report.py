@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 from typing import AbstractSet, Callable, Sequence
 
 from pydantic import ValidationError
@@ -19,9 +20,10 @@ from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.host import HostContext
 from device_loop.core.model import Health, OperationKind, Resource, StepKind
 from device_loop.core.plugins import PluginSet
-from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_HOLDERS, MAX_NAME_CHARS, MAX_OPERATION_KINDS,
-                                       MAX_PLUGINS, MAX_REASON_CHARS, Adoption, CandidateReport, DeviceReport,
-                                       Heartbeat, OperationKindReport, OperationReport, PluginsReport, ServiceReport)
+from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_FACTS, MAX_HOLDERS, MAX_NAME_CHARS,
+                                       MAX_OPERATION_KINDS, MAX_PLUGINS, MAX_REASON_CHARS, Adoption, CandidateReport,
+                                       DeviceReport, FactKey, FactValue, Heartbeat, OperationKindReport,
+                                       OperationReport, PluginsReport, ServiceReport)
 
 from .config import StepConfig
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
@@ -29,6 +31,8 @@ from .orphans import OrphanWatch
 from .steps import plan, plugin_steps, step_kinds
 
 log = logging.getLogger("device_loop.exporter")
+FACT_KEY = re.compile(FactKey.__metadata__[0].pattern)  # (the protocol's rules, not a copy of them)
+MAX_FACT_CHARS: int = FactValue.__metadata__[0].max_length
 
 
 class Reporter:
@@ -46,6 +50,7 @@ class Reporter:
         self.kinds: dict[str, list[OperationKindReport]] = {}  # identifier -> the operations its plugin runs on it
         self.steps_of = steps_of  # (device, class) -> the steps its config lists between two leases
         self.step_kinds: dict[str, list[StepKind]] = {}  # identifier -> the steps its plugin offers on it
+        self.facts: dict[str, dict[str, str]] = {}  # identifier -> what its plugin adds to the fingerprint
         self.offered: dict[str, list[StepKind]] = {}  # plugin -> every step it may offer (asked at the start)
         self.candidates: list[Resource] = []
         self._last_found: dict[str, list[Resource]] = {}
@@ -145,12 +150,33 @@ class Reporter:
                                                   "offered before")
         return offered
 
+    def fingerprint_facts(self, resources: list[Resource]) -> dict[str, dict[str, str]]:
+        """What each resource's plugin adds to its device's fingerprint (``devloop_fingerprint``,
+        each call within the hook deadline), cut to what a report carries. A plugin whose call
+        fails keeps what it said before and is listed as failing."""
+        def key(r: Resource) -> tuple:
+            return "devloop_fingerprint", r.plugin, r.identifier
+        asked = [r for r in resources if self.plugins.implements(r.plugin, "devloop_fingerprint")]
+        outcomes = self.deadlines.run({key(r): functools.partial(
+            self.plugins.call, r.plugin, "devloop_fingerprint", host=self.host, resource=r) for r in asked})
+        facts = {}
+        for r in asked:
+            try:
+                facts[r.identifier] = _facts(outcomes[key(r)].result())
+            except Exception as exc:  # raised, timed out, or answered something else than a dict
+                log.error("devloop_fingerprint of plugin %s for %s: %s", r.plugin, r.identifier, exc)
+                facts[r.identifier] = self.facts.get(r.identifier, {})
+                self.failing.setdefault(r.plugin, f"devloop_fingerprint for {r.identifier}: {exc}; reporting what "
+                                                  "it said before")
+        return facts
+
     def scan(self, ours: set[int]) -> list[Resource]:
         """Discover, check health and look for orphans: the devices of the next reports."""
         self.resources = self.discover()
         self._health = self.healths(self.resources)
         self.kinds = self.operation_kinds(self.resources)
         self.step_kinds = self.offered_steps(self.resources)
+        self.facts = self.fingerprint_facts(self.resources)
         self._busy = self.orphans.orphans(self.resources, ours)
         self._devices = None
         return self.resources
@@ -197,7 +223,10 @@ class Reporter:
         for r in self.resources:
             health = self._health.get(r.identifier) or Health()
             entry = devices.setdefault(r.device, {"name": r.device, "class": r.device_class, "tags": list(r.tags),
-                                                  "resources": [], "busy_by": []})
+                                                  "resources": [], "busy_by": [], "facts": {}})
+            for fact, value in self.facts.get(r.identifier, {}).items():  # the first resource's word stands
+                if len(entry["facts"]) < MAX_FACTS:
+                    entry["facts"].setdefault(fact, value)
             entry["resources"].append({"kind": r.kind, "plugin": r.plugin, "identifier": r.identifier,
                                        "health": health.status, "reason": health.reason, "service": r.serves_lease,
                                        "operations": self.kinds.get(r.identifier, [])})
@@ -228,6 +257,24 @@ def _kind_reports(declared) -> list[OperationKindReport]:
     if len({r.kind for r in reports}) < len(reports):
         raise ValueError(f"it declares a kind twice ({', '.join(r.kind for r in reports)})")
     return reports
+
+
+def _facts(said) -> dict[str, str]:
+    """What ``devloop_fingerprint`` answered, as a report carries it: keys that are fact words,
+    values as strings cut to their bound, ``MAX_FACTS`` at most; ValueError for what is not a dict."""
+    if said is None:
+        return {}
+    if not isinstance(said, dict):
+        raise ValueError(f"it answered {said!r:.200}, not a dict of facts")
+    facts = {}
+    for key, value in said.items():
+        if isinstance(key, str) and FACT_KEY.match(key) and isinstance(value, (str, int, float, bool)):
+            facts[key] = str(value)[:MAX_FACT_CHARS]
+        else:
+            log.warning("a fingerprint fact was dropped: %.80r (a key is a lowercase word, a value a string)", key)
+        if len(facts) == MAX_FACTS:
+            break
+    return facts
 
 
 def _clipped(entry: dict) -> dict:

@@ -1,24 +1,46 @@
-"""Simulated boards: a UART on a pty with a scripted console, for demos and tests.
+"""Simulated boards: a UART on a pty with a small shell on its console, for demos and tests.
 
 Config: ``[[devices]]`` with ``plugin = "sim"``, ``name``, and optionally ``class``,
 ``tags``, ``baud``, ``ambient`` (the room's temperature, default 40 °C) and ``tau`` (how
-fast the board cools toward it, default 17s). The board powers on when the exporter starts
-and off when it stops; its UART is served as a raw TCP endpoint by the serial bridge
-(``start_bridge``), as a thread of the exporter (the boards live there too). Its
-temperature (one zone, ``cpu``: ``devloop_thermal``) rises with the work its console does,
-most with ``stress`` (``board.py``, ``thermal.py``), which a cooldown step waits out.
+fast the board cools toward it, default 17s); what the board is, as its shell shows it
+(``facts.py``): ``arch`` (riscv64, aarch64 or x86_64), ``cpu_model``, ``cpu_part`` (aarch64),
+``isa`` (its features, e.g. ``["i", "m", "a", "f", "d", "c", "v"]`` or ``["fp", "asimd",
+"sve2"]``), ``cores``, ``memory_mb``, ``governor``, ``min_mhz``, ``max_mhz``; and how its
+``run-workload`` behaves (``workload.py``): ``workload_s``, ``work_heat`` (°C a second of
+work), ``throttle_above`` (°C), ``throttle_per_c``, ``noise``, ``seed``.
+
+The board powers on when the exporter starts and off when it stops; its UART is served as a
+raw TCP endpoint by the serial bridge (``start_bridge``), as a thread of the exporter (the
+boards live there too). Its temperature (one zone, ``cpu``: ``devloop_thermal``) rises with
+the work its console does, most with ``stress`` and ``run-workload`` (``board.py``,
+``thermal.py``), which a cooldown step waits out. ``devloop_fingerprint`` says what no file
+of the board says: that it is simulated, and its workload's seed.
 """
 import os
 import re
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, StringConstraints, field_validator
 
 from device_loop.plugin import Duration, Health, PluginConfig, hookimpl, start_bridge
 
 from .board import SimBoard
-from .thermal import DEFAULT_AMBIENT_C, DEFAULT_TAU_S, Thermal
+from .facts import DEFAULT_CPU_MODEL, BoardFacts
+from .thermal import (DEFAULT_AMBIENT_C, DEFAULT_TAU_S, DEFAULT_THROTTLE_ABOVE_C, DEFAULT_THROTTLE_PER_C,
+                      DEFAULT_WORK_HEAT_C_PER_S, Thermal)
+from .workload import DEFAULT_NOISE, DEFAULT_WORKLOAD_S, WorkloadModel
 
 _DEGREES = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:°\s*)?[Cc]?\s*$")
+Feature = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.+-]{0,31}$")]
+
+
+def _degrees(value):
+    match = _DEGREES.match(value) if isinstance(value, str) else None
+    if match:
+        return float(match.group(1))
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and -50 <= value <= 150:
+        return float(value)
+    raise ValueError(f"a temperature is 40, 40.5, \"40C\" or \"40 °C\", not {value!r}")
 
 
 class SimConfig(PluginConfig):
@@ -27,16 +49,51 @@ class SimConfig(PluginConfig):
     baud: int = Field(default=115200, gt=0, description="the speed its console says it runs at")
     ambient: float = Field(default=DEFAULT_AMBIENT_C, description="the temperature it cools toward (°C)")
     tau: Duration = Field(default=DEFAULT_TAU_S, description="its cooling's time constant (seconds, or 30s, 1m)")
+    arch: Literal["riscv64", "aarch64", "x86_64"] = Field(default="riscv64", description="its CPU's architecture")
+    cpu_model: str | None = Field(default=None, max_length=64,
+                                  description="riscv's uarch, x86's model name, arm64's Hardware line")
+    cpu_part: str = Field(default="0xd0b", pattern=r"^0x[0-9a-f]{3}$",
+                          description="aarch64: the core's part number (Arm's 0xd0b: Cortex-A76)")
+    isa: list[Feature] | None = Field(default=None, max_length=128,
+                                      description="its ISA features (riscv: single letters and extensions)")
+    cores: int = Field(default=4, ge=1, le=256)
+    memory_mb: int = Field(default=2048, ge=16, le=1 << 22)
+    governor: str = Field(default="schedutil", pattern=r"^[a-z][a-z0-9_-]{0,31}$")
+    min_mhz: int = Field(default=600, ge=1, le=100_000)
+    max_mhz: int = Field(default=1800, ge=1, le=100_000)
+    workload_s: Duration = Field(default=DEFAULT_WORKLOAD_S, le=3600,
+                                 description="how long run-workload --cost 1 takes on a cool board")
+    work_heat: float = Field(default=DEFAULT_WORK_HEAT_C_PER_S, ge=0, le=1000,
+                             description="the degrees a second of run-workload puts in")
+    throttle_above: float = Field(default=DEFAULT_THROTTLE_ABOVE_C,
+                                  description="the temperature above which work slows down (°C)")
+    throttle_per_c: float = Field(default=DEFAULT_THROTTLE_PER_C, ge=0, le=1,
+                                  description="how much slower work gets per degree above it (0.02: 2 %)")
+    noise: float = Field(default=DEFAULT_NOISE, ge=0, le=0.3, description="the run-to-run spread (0.01: 1 %)")
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seeds the run-to-run spread")
 
-    @field_validator("ambient", mode="before")
+    @field_validator("ambient", "throttle_above", mode="before")
     @classmethod
-    def _degrees(cls, value):
-        match = _DEGREES.match(value) if isinstance(value, str) else None
-        if match:
-            return float(match.group(1))
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and -50 <= value <= 150:
-            return float(value)
-        raise ValueError(f"ambient must be a temperature (40, 40.5, \"40C\" or \"40 °C\"), not {value!r}")
+    def _temperature(cls, value):
+        return _degrees(value)
+
+    @field_validator("max_mhz")
+    @classmethod
+    def _frequencies(cls, value, info):
+        if value < info.data.get("min_mhz", 0):
+            raise ValueError("max_mhz must be at least min_mhz")
+        return value
+
+    def facts(self, name: str) -> BoardFacts:
+        """The board's hardware, as its shell shows it."""
+        return BoardFacts(name=name, arch=self.arch, cpu_part=self.cpu_part, isa=tuple(self.isa or ()),
+                          cpu_model=DEFAULT_CPU_MODEL[self.arch] if self.cpu_model is None else self.cpu_model,
+                          cores=self.cores, memory_mb=self.memory_mb, governor=self.governor,
+                          min_mhz=self.min_mhz, max_mhz=self.max_mhz)
+
+    def workload(self) -> WorkloadModel:
+        return WorkloadModel(seconds=self.workload_s, throttle_above_c=self.throttle_above,
+                             throttle_per_c=self.throttle_per_c, noise=self.noise, seed=self.seed)
 
 
 class SimPlugin:
@@ -57,8 +114,10 @@ class SimPlugin:
     def devloop_startup(self, host):
         for entry in host.entries:
             if entry.device not in self.boards:
-                thermal = Thermal(entry.config.ambient, entry.config.tau)
-                self.boards[entry.device] = SimBoard(entry.device, host.state_dir / "sim" / entry.device, thermal)
+                config = entry.config
+                thermal = Thermal(config.ambient, config.tau, work_heat_c_per_s=config.work_heat)
+                self.boards[entry.device] = SimBoard(entry.device, host.state_dir / "sim" / entry.device, thermal,
+                                                     config.facts(entry.device), config.workload())
 
     @hookimpl
     def devloop_shutdown(self, host):
@@ -80,6 +139,14 @@ class SimPlugin:
     def devloop_thermal(self, resource):
         board = self.boards.get(resource.device)
         return {"cpu": round(board.thermal.read(), 2)} if board is not None else None
+
+    @hookimpl
+    def devloop_fingerprint(self, host, resource):
+        board = self.boards.get(resource.device)
+        if board is None:
+            return None
+        return {"simulated": "true", "sim.seed": str(board.workload.model.seed),
+                "sim.workload_s": f"{board.workload.model.seconds:g}"}
 
     @hookimpl
     def devloop_start(self, host, resource, lease):

@@ -1,0 +1,120 @@
+"""``device-loop exec`` and ``device-loop fingerprint``: a command run on your leased device,
+and what a reviewer needs to judge a number measured there (docs/architecture.md, "Running a
+command on a device"). Both run from this machine, straight to the lease's endpoints.
+
+``exec`` starts for every command a job runs, so it loads no more than it needs: the
+fingerprint's models (pydantic) only for ``fingerprint``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from device_loop.core.device_exec import ExecError
+from device_loop.core.durations import parse_duration
+
+from .commands import _my_lease, json_option, lab_command
+from .lab import Lab
+from .output import fail
+
+#: The exit status of a command that outlived its --timeout (as GNU timeout's).
+TIMED_OUT = 124
+
+
+def _seconds(ctx, param, value):
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+identity_option = click.option(
+    "--identity", "identity", metavar="FILE", envvar="DEVICE_LOOP_SSH_IDENTITY",
+    type=click.Path(exists=True, dir_okay=False),
+    help="the ssh key for a device reached over ssh (or DEVICE_LOOP_SSH_IDENTITY; else ssh's own keys and agent)")
+
+
+@click.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("target", metavar="DEVICE|LEASE")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--timeout", "timeout_s", default="60s", callback=_seconds, metavar="DURATION",
+              help="how long the command may run (60s); then it is interrupted and the exit status is 124")
+@identity_option
+@json_option
+@lab_command
+def exec_command(lab: Lab, target: str, command: tuple[str, ...], timeout_s: float, identity: str | None,
+                 as_json: bool):
+    """Run a command on your leased device: device-loop exec DEVICE -- uname -a
+
+    It goes through the device's own channel (adb shell, ssh, else its UART console: there
+    stderr comes with stdout); its words are joined by spaces into one shell command line, as
+    ssh does. Prints what it printed and exits with its status.
+    """
+    lease = _my_lease(lab, target)
+    words = command[1:] if command[:1] == ("--",) else command
+    try:
+        result = lease.exec(" ".join(words), timeout_s, identity_file=identity)
+    except ExecError as exc:
+        if exc.code == "timeout":
+            if as_json:
+                click.echo(json.dumps({"error": exc.code, "message": exc.message, "stdout": exc.output}))
+            else:
+                sys.stdout.write(exc.output)
+                click.echo(f"device-loop: {exc.message}", err=True)
+            sys.exit(TIMED_OUT)
+        fail(as_json, exc.code, exc.message)
+        return
+    if as_json:
+        click.echo(json.dumps({"stdout": result.stdout, "stderr": result.stderr, "status": result.status,
+                               "channel": result.channel, "elapsed_s": result.elapsed_s,
+                               "truncated": result.truncated}))
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
+    sys.exit(result.status)
+
+
+@click.command("fingerprint")
+@click.argument("target", metavar="DEVICE|LEASE")
+@identity_option
+@json_option
+@lab_command
+def fingerprint_command(lab: Lab, target: str, identity: str | None, as_json: bool):
+    """What a reviewer needs to judge a number measured on your leased device: kernel, CPU
+    model and ISA features, cores, cpufreq, thermal zones, memory, OS build, the image last
+    flashed, its host and the device-loop version."""
+    lease = _my_lease(lab, target)
+    try:
+        found = lease.fingerprint(identity_file=identity)
+    except ExecError as exc:
+        fail(as_json, exc.code, exc.message)
+        return
+    data = found.model_dump(mode="json", by_alias=True)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(fingerprint_text(data))
+
+
+def fingerprint_text(data: dict) -> str:
+    """A fingerprint for people: one fact a line, empty ones left out."""
+    lines = [f"{data['device']} ({data.get('class') or 'no class'}) on {data.get('host') or '?'}, "
+             f"reached over {data.get('channel') or '?'}"]
+    facts = [("kernel", data.get("kernel")), ("cpu", data.get("cpu_model")),
+             ("isa", " ".join(data.get("isa") or [])), ("cores", data.get("cores")),
+             ("online", data.get("online")), ("memory", f"{data['memory_kb']} kB" if data.get("memory_kb") else ""),
+             ("os build", data.get("os_build")),
+             ("image", f"{data['image']} (sha256:{data.get('image_sha256') or '?'})" if data.get("image") else ""),
+             ("device-loop", data.get("device_loop_version"))]
+    facts += [(policy.get("policy", "cpufreq"), ", ".join(f"{k} {v}" for k, v in policy.items() if k != "policy"))
+              for policy in data.get("cpufreq") or []]
+    facts += [(f"thermal {zone}", f"{celsius:.1f} °C") for zone, celsius in (data.get("thermal") or {}).items()]
+    facts += [(key, value) for key, value in (data.get("extra") or {}).items()]
+    if data.get("emulated"):
+        facts.append(("emulated", "yes: its numbers are not for timing"))
+    width = max(len(name) for name, _ in facts)
+    lines += [f"  {name:<{width}}  {value}" for name, value in facts if value not in (None, "")]
+    return "\n".join(lines)

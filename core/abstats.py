@@ -35,7 +35,7 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-from scipy import stats  # no stubs (pyproject could list scipy)
+from scipy import stats
 
 from device_loop.core.jobs import (MAX_ROUNDS, ABSpec, Arm, Better, CellReport, JobSpec, RunRecord, Verdict)
 

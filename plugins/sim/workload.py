@@ -12,14 +12,23 @@ board powered on with a seed always draws the same ``e``. While it runs the boar
 length: what the board was busy for, free of the host's scheduling jitter (the sleep itself
 lasts as long, give or take that jitter).
 
-So interleaving matters. With ``workload_s = 0.1``, ``work_heat = 50`` (a run warms the
-board some 5 °C), ``tau = 4s``, ``ambient = 40``, ``throttle_above = 60`` and a cooldown
-step below 58 °C, every run of an ABAB pair with a settle between runs starts below the
-knee, at full speed, and B at ``--cost 0.95`` comes out 5 % faster within the noise (1 %).
-The same pair run AABB with no cooldown, back to back (about half a second apart), heats
-the board by some 2-3 °C a run: the A runs start between 40 and 60 °C, the B runs between 60
-and 70 °C, throttled by 2 to 20 %, and B comes out as fast as A or slower — a wrong verdict
-from the same seed (tests/test_sim_shell.py plays both on the model's clock).
+So interleaving matters. A run of length ``w`` warms the board by about ``work_heat * w``;
+runs back to back, ``gap`` seconds apart, heat it toward ``ambient + work_heat * w / (1 -
+exp(-(w + gap) / tau))``, so the later runs of an AABB order (the B's) start hotter, above
+the knee, and are throttled, while a cooldown before every run (``settle``) below the knee
+starts each at full speed. On the model's clock (``tests/test_sim_shell.py``), 6 rounds and a
+warmup, B at ``--cost 0.95``, ambient 40 °C, noise 1 %:
+
+- ``workload_s = 0.1``, ``work_heat = 50`` (5 °C a run), ``tau = "8s"``, ``throttle_above =
+  55``, cooldown below 53 °C: ABAB with cooldown gives B/A = 0.955 (the 5 %), its cooldowns
+  some 20 s in all; AABB without, runs 0.5 s apart: 1.35 (B "slower"), still 1.05 at 1.5 s
+  apart.
+- the same with ``tau = "4s"``, ``throttle_above = 60``, cooldown below 58 °C: ABAB 0.955 with
+  3 s of cooldown in all; AABB 1.04 with runs 0.5 s apart, but right again (0.95) from about
+  a second apart: the board cools between runs before it reaches the knee.
+
+(On a console each line entered adds ``COMMAND_HEAT_C`` too: a run's command and the
+readings taken at its start warm the board some 1 °C more, which only hastens AABB's drift.)
 """
 from __future__ import annotations
 

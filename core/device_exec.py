@@ -65,9 +65,9 @@ _PROMPT_END = re.compile(r"[#$%>]\s?$")
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\x1b[=>]")
 #: What adb and ssh print of their own failures (a command's own stderr rarely looks so).
 _ADB_FAILED = re.compile(r"^(adb: )?error: |^\* daemon |^adb: (device|failed|unable)", re.M)
-_SSH_FAILED = re.compile(r"^(ssh: |kex_exchange_identification|Connection (closed|reset|timed out)|"
-                         r"Permission denied|Host key verification failed|[@]+\s*$|No (route|ED25519|.* host key)|"
-                         r"Unable to negotiate|Bad owner|Load key)", re.M)
+_SSH_FAILED = re.compile(r"^(ssh: |kex_exchange_identification|.*(Permission denied \(|Host key verification failed|"
+                         r"Connection (closed|reset|refused|timed out)|IDENTIFICATION HAS CHANGED|Unable to negotiate|"
+                         r"Load key|Bad owner|no such identity|Could not resolve))", re.M)
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,10 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     headers = exc.headers
     if exc.status_code == 405:  # Starlette's Allow names the first route of the path; a path has a route a method
-        methods = {m for route in request.app.router.routes if isinstance(route, Route)
-                   and route.matches(request.scope)[0] != Match.NONE for m in route.methods or ()}
+        matching = [route for route in request.app.router.routes if isinstance(route, Route)
+                    and route.matches(request.scope)[0] != Match.NONE]
+        # the methods of the path that matched first (/jobs/claim is not also /jobs/{job_id})
+        methods = {m for route in matching if route.path == matching[0].path for m in route.methods or ()}
         headers = {**(headers or {}), "Allow": ", ".join(sorted(methods))}
     return JSONResponse({"error": code, "message": f"{request.method} {request.url.path}: {exc.detail}"},
                         status_code=exc.status_code, headers=headers)

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from device_loop.core.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec, JobState
+from device_loop.core.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec
 from device_loop.core.protocol import MAX_TAGS, Strict, Tag
 
 from .identity import USERNAME
@@ -37,10 +37,10 @@ class JobWait(JobId):
                           description="long-poll, in seconds: answer as soon as the job's state differs from "
                                       "`unless`, else after this long (0 to 60; an MCP tool waits 30 at most; "
                                       "default 0: answer at once; e.g. 25)")
-    unless: JobState | None = Field(default=None,
-                                    description="with wait_s: the state the caller last saw (queued, running, done, "
-                                                "failed, cancelled), e.g. 'running'; the answer comes once the state "
-                                                "is another (default: the state it has now)")
+    unless: str | None = Field(default=None, max_length=32,
+                               description="with wait_s: the state the caller last saw (queued, running, done, "
+                                           "failed, cancelled), e.g. 'running'; the answer comes once the state is "
+                                           "another (at most 32 characters; default: the state it has now)")
 
 
 class SubmitJobIn(Strict):

@@ -158,7 +158,7 @@ class Jobs:
             raise conflict("job_not_running", f"{job_id} is {row['state']}{why}: only a running job's worker {doing}")
         return row
 
-    async def status(self, job_id: str, caller: str, admin: bool, wait_s: float = 0, unless: JobState | None = None,
+    async def status(self, job_id: str, caller: str, admin: bool, wait_s: float = 0, unless: str | None = None,
                      gone: Callable[[], Awaitable[None]] | None = None) -> JobAnswer:
         """A job with its cells, runs, reservations and analysis. With ``wait_s``, once its
         state is not ``unless`` (default: the state it has now; an ended job answers at once)."""

@@ -122,8 +122,10 @@ async def test_bad_waits_and_claims_are_refused(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api = client()
         job = (await api.post("/jobs", json={"spec": SPEC})).json()
-        for params in ({"wait": -1}, {"wait": 61}, {"wait": "soon"}, {"wait": "nan"}, {"wait": 5, "unless": "bogus"}):
+        for params in ({"wait": -1}, {"wait": 61}, {"wait": "soon"}, {"wait": "nan"}, {"wait": 5, "unless": "x" * 33}):
             assert (await api.get(f"/jobs/{job['id']}", params=params)).status_code == 400, params
+        other = await api.get(f"/jobs/{job['id']}", params={"wait": 30, "unless": "bogus"})
+        assert other.json()["state"] == "queued", "a state it is not in: the answer comes at once"
         for body in ({"wait_s": 61}, {"wait_s": -1}, {"wait_s": "5"}, {"users": "alice"}, {"users": ["bad name"]},
                      {"users": [f"u{n}" for n in range(65)]}, {"worker": "x" * 201}, {"worker": ""}):
             assert (await api.post("/jobs/claim", json=body)).status_code == 422, body

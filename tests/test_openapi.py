@@ -41,7 +41,9 @@ NOT_IN_THE_TRUST_MODE = ["ignored_auth"]  # no route needs credentials there
 # (start_operation: the arguments an operation takes are its kind's, which the device's plugins declare)
 # (reserve: a device, or a class and/or tags, is one of its fields given, which a JSON
 # schema of optional fields does not say: a body that names nothing is 422)
-REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat", "start_operation", "reserve"}
+# (submit_job: a job runs something, run or an A/B pair, and a metric's regex is one Python reads, with a group
+# named value: no JSON Schema says that a text is a regular expression)
+REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat", "start_operation", "reserve", "submit_job"}
 # negative_data_rejection's own list, and 413: data too large to be valid is refused for its size first
 REJECTED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # positive_data_acceptance's own list

@@ -355,13 +355,13 @@ async def reserve_for_job(ctx: Ctx, args: JobReserveIn) -> LeaseAnswer | TicketA
                                         ctx.caller.name, ctx.caller.admin)
 
 
-async def report_cell(ctx: Ctx, args: JobId) -> CellReport:
+async def report_cell(ctx: Ctx, args: JobId) -> dict[str, Any]:
     """A cell of a running job as its worker saw it (a CellReport: device, lease, fingerprint,
     or not_run with why)."""
     return await ctx.rules.jobs.report_cell(args.job_id, ctx.body, ctx.caller.name, ctx.caller.admin)
 
 
-async def report_run(ctx: Ctx, args: JobId) -> RunRecord:
+async def report_run(ctx: Ctx, args: JobId) -> dict[str, Any]:
     """One run of a running job (a RunRecord), as soon as it ended; runs are never changed."""
     return await ctx.rules.jobs.add_run(args.job_id, ctx.body, ctx.caller.name, ctx.caller.admin)
 

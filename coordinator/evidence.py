@@ -29,7 +29,7 @@ def _missing(what: str) -> APIError:
 async def evidence_markdown(jobs: Jobs, job_id: str, caller: str, admin: bool) -> str:
     """The job's evidence markdown, as ``caller`` may read it (404 otherwise)."""
     try:
-        from device_loop.core import evidence  # type: ignore[attr-defined]
+        from device_loop.core import evidence
     except ImportError:
         raise _missing("evidence") from None
     job, analysis = await jobs.analysed(job_id, caller, admin)

@@ -197,7 +197,7 @@ class Jobs:
         """``core.abstats.analyse`` of the job's runs, off the event loop; None where it is not
         installed. Imported at the first job read: scipy is slow to import."""
         try:
-            from device_loop.core import abstats  # type: ignore[attr-defined]
+            from device_loop.core import abstats
         except ImportError:
             return None
         key = (answer["id"], answer["state"], len(answer["runs"]), len(answer["cells"]))
@@ -271,10 +271,9 @@ class Jobs:
             self._check_cell(JobSpec.model_validate(row["spec"]), cell)
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
                                                   row["owner"], TicketKind(row["kind"]))
-            if "ticket" in answer:
-                await self.store.add_job_lease(job_id, cell, answer["ticket"], None, self.life.clock())
-            else:
-                await self.store.add_job_lease(job_id, cell, None, answer["id"], self.life.clock())
+            made: dict[str, Any] = dict(answer)  # a lease, or a ticket (which has a key of that name)
+            ticket = made.get("ticket")
+            await self.store.add_job_lease(job_id, cell, ticket, None if ticket else made["id"], self.life.clock())
             self.life.notify(job_key(job_id))
             return answer
 

@@ -35,6 +35,7 @@ async def test_a_jobs_page_shows_its_runs_and_analysis_escaped_to_its_readers_on
         assert "<img src=x" not in html and "&lt;img src=x" in html
         assert "<script>x</script>" not in html
         assert "Analysis" in html and "decode_ms" in html and "rvv" in html
+        assert "<svg" in html and "<script" not in html.split("<svg", 1)[1].split("</svg>", 1)[0]
         assert html.count('class="arm a-A"') == 6 and html.count('class="arm a-B"') == 6
         assert f"/api/v1/jobs/{job['id']}/evidence" in html and 'data-act="cancel-job"' in html
 

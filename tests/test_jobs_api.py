@@ -69,6 +69,9 @@ async def test_a_job_from_submit_to_finish(tmp_path):
             [(True, False), (True, False), (False, True)]
         assert shown["analysis"] is not None, "core/abstats.py is there: the runs are analysed"
 
+        evidence = await api.get(f"/jobs/{job['id']}/evidence")
+        assert evidence.status_code == 200 and evidence.headers["content-type"].startswith("text/markdown")
+        assert job["id"] in evidence.text and "decode_ms" in evidence.text and "run-workload --cost 0.95" in evidence.text
         done = (await api.post(f"/jobs/{job['id']}/finish", json={"state": "done"})).json()
         assert done["state"] == "done" and done["reason"] and done["ended_at"]
         for held in (lease, other):

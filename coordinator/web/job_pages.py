@@ -72,7 +72,7 @@ def _chart(job: JobView, analysis: Any) -> Markup | None:
     if not job.runs:
         return None
     try:
-        from device_loop.core import charts  # type: ignore[attr-defined]
+        from device_loop.core import charts
     except ImportError:
         return None
     return Markup(charts.svg(job, analysis))  # (its SVG escapes every text it writes)

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.transport_security import TransportSecuritySettings
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from device_loop.core import __version__
 
@@ -58,15 +58,35 @@ def _enum_of(annotation: Any) -> type[enum.Enum] | None:
 
 
 def _as_sent(annotation: Any) -> Any:
-    """What the SDK checks a tool's argument against: an enum as the text it is sent as, so that
-    a word outside it reaches the call's own model, whose refusal names the choices in words
-    an agent acts on (the SDK's would be a pydantic dump)."""
+    """What the SDK checks a tool's argument against: an enum as the text it is sent as, and
+    a model (a job's spec) as the object it is sent as, so that what is wrong with it reaches
+    the call's own model, whose refusal says it in words an agent acts on (the SDK's would be
+    a pydantic dump)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return dict[str, Any]
     if _enum_of(annotation) is None:
         return annotation
     return str | None if type(None) in typing.get_args(annotation) else str
 
 
+def _inlined(schema: Any, definitions: dict[str, Any]) -> Any:
+    """``schema`` with each reference to ``definitions`` replaced by what it names (a tool's
+    parameter is a schema of its own: it has no ``$defs`` to point into)."""
+    if isinstance(schema, dict):
+        if "$ref" in schema:
+            return _inlined(definitions[schema["$ref"].rsplit("/", 1)[1]], definitions)
+        return {k: _inlined(v, definitions) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inlined(v, definitions) for v in schema]
+    return schema
+
+
 def _choices(annotation: Any) -> dict | None:
+    """What the argument's schema says besides its type: an enum's choices, a model's fields."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        schema = annotation.model_json_schema(by_alias=True)
+        return {k: v for k, v in _inlined(schema, schema.get("$defs", {})).items() if k not in ("title",
+                                                                                                 "description")}
     choices = _enum_of(annotation)
     return {"enum": [member.value for member in choices]} if choices else None
 

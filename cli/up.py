@@ -31,10 +31,24 @@ from device_loop.exporter.config import ConfigError, load_config, parse_config, 
 from device_loop.exporter.run import ConfigRefused
 from device_loop.plugins.vnc import NOVNC
 
-SIM_NAMES = ("sim-board-0", "sim-board-1")
 SIM_CLASS = "sim-board"
 SIM_FIRMWARE = "sim-firmware-1.0"  # the simulated boards' known-good image
 SIM_COOL_BELOW = "45C"  # a few degrees above the simulated boards' ambient (40 °C): a leased board cools below it
+#: What each simulated board is, as its shell shows it (plugins/sim/facts.py), and its tags, so
+#: that a matrix over tags (rvv, sve2, neon, avx2: one has no board) can be tried here. A
+#: board cools with a time constant of 5 s, so that the cooldown between two runs of an A/B
+#: pair (run-workload, 1 s a run) takes seconds, and runs back to back without one heat it past
+#: its knee (50 °C) within a few runs.
+SIM_BOARDS = {
+    "sim-board-0": {"tags": ["sim", "rvv"], "arch": "riscv64", "cpu_model": "sim,rv64-c908", "cores": 4,
+                    "isa": ["i", "m", "a", "f", "d", "c", "v", "zicsr", "zifencei", "zba", "zbb", "zbs", "zvbb"]},
+    "sim-board-1": {"tags": ["sim", "neon", "sve2"], "arch": "aarch64", "cpu_part": "0xd49", "cores": 8,
+                    "isa": ["fp", "asimd", "evtstrm", "aes", "pmull", "sha1", "sha2", "crc32", "atomics", "fphp",
+                            "asimdhp", "cpuid", "asimdrdm", "lrcpc", "dcpop", "asimddp", "sve", "sve2", "i8mm",
+                            "bf16"]},
+}
+SIM_NAMES = tuple(SIM_BOARDS)
+SIM_TAU = "5s"
 SIM_FIRMWARE_BYTES = 8 << 20
 SCREEN = "1024x768x24"  # a simulated board's screen: width x height x depth
 SCREEN_TOOLS = ("Xvfb", "x11vnc", "websockify")  # and noVNC's files
@@ -97,9 +111,11 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
                 "coordinator": url, "state_dir": str(data_dir / "exporter"),
                 "bind_address": "127.0.0.1", "advertise_address": "127.0.0.1"}
     # between two leases a board cools down: `stress` on its console, release it, and `device-loop ls`
-    # shows it reclaiming ("cooling down: ...") for about half a minute
-    sims = [{"name": name, "class": SIM_CLASS, "tags": ["sim"],
-             "resources": [{"plugin": "sim"}, {"plugin": "flash", "target": str(sim_flash_target(data_dir, name))},
+    # shows it reclaiming ("cooling down: ...") for some ten seconds
+    sims = [{"name": name, "class": SIM_CLASS, "tags": SIM_BOARDS[name]["tags"],
+             "resources": [{"plugin": "sim", "tau": SIM_TAU,
+                            **{key: value for key, value in SIM_BOARDS[name].items() if key != "tags"}},
+                           {"plugin": "flash", "target": str(sim_flash_target(data_dir, name))},
                            {"plugin": "video", "source": "sim"}],
              "steps": [{"step": "cooldown", "below": SIM_COOL_BELOW, "timeout": "3m"}]}
             for name in SIM_NAMES]

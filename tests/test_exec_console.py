@@ -150,3 +150,20 @@ def test_a_lease_without_a_channel_is_refused():
         with pytest.raises(ExecError) as refused:
             exec_on_lease(lease, "true")
         assert refused.value.code == "no_channel" and says in refused.value.message
+
+
+def test_a_sim_board_s_fingerprint_through_its_console(console_lab):
+    lab, alice, coordinator, leases = console_lab
+    found = leases["sb"].fingerprint()
+    assert (found.device, found.device_class, found.channel) == ("sb", "sim-board", "console")
+    assert found.kernel.startswith("Linux sb 6.1.0-sim #1 SMP") and found.kernel.endswith("riscv64 GNU/Linux")
+    assert found.cpu_model == "sim,rv64-core" and {"i", "m", "a", "f", "d", "c", "zba", "zbb"} <= set(found.isa)
+    assert (found.cores, found.online, found.memory_kb) == (4, "0-3", 2048 * 1024)
+    assert found.cpufreq == [{"policy": "policy0", "governor": "schedutil", "cur_khz": "1800000",
+                              "min_khz": "600000", "max_khz": "1800000"}]
+    assert list(found.thermal) == ["cpu-thermal"] and 35 < found.thermal["cpu-thermal"] < 80
+    assert found.extra == {"simulated": "true", "sim.seed": "0", "sim.workload_s": "0.05"}, "the plugin's facts"
+    said = json.loads(run_cli(alice, coordinator.url, "fingerprint", "sb", "--json").stdout)
+    assert said["isa"] == found.isa and said["channel"] == "console"
+    text = run_cli(alice, coordinator.url, "fingerprint", "sb").stdout
+    assert "reached over console" in text and "zba" in text and "policy0" in text and "simulated" in text

@@ -64,3 +64,37 @@ def test_a_fresh_line_forgets_what_was_typed(board):
         port.write(b"hostname\r")
         said = read_until(port, b"jupiter:~# ")
         assert said.endswith(b"hostname\r\njupiter\r\njupiter:~# ") and b"not found" not in said, said
+
+
+def test_a_board_s_fingerprint_facts_are_reported_and_bounded(tmp_path, monkeypatch):
+    """devloop_fingerprint: the sim plugin's facts reach the device's report; a plugin's junk is
+    cut to the report's bounds, and one that fails keeps what it said before."""
+    from exporter_testkit import in_process_exporter
+
+    exporter = in_process_exporter(tmp_path, [{"name": "b0", "plugin": "sim", "seed": 7, "workload_s": 0.5}])
+    try:
+        (device,) = exporter.report(scan=True).devices
+        assert device.facts == {"simulated": "true", "sim.seed": "7", "sim.workload_s": "0.5"}
+        real_call = exporter.plugins.call
+        answers = iter([{"Bad Key": "x", "ok": "v" * 5000, "n": 3, "nested": {"a": 1},
+                         **{f"k{n:03}": "x" for n in range(100)}},
+                        "not a dict", RuntimeError("the board's EEPROM is unreadable")])
+
+        def call(plugin, hook, **kwargs):
+            if hook != "devloop_fingerprint":
+                return real_call(plugin, hook, **kwargs)
+            answer = next(answers)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        monkeypatch.setattr(exporter.plugins, "call", call)
+        (device,) = exporter.report(scan=True).devices
+        assert len(device.facts) == 64 and device.facts["ok"] == "v" * 1000 and device.facts["n"] == "3"
+        assert "Bad Key" not in device.facts and "nested" not in device.facts
+        for _ in range(2):  # junk, then an exception: what it said before stands, and it is said to fail
+            report = exporter.report(scan=True)
+            assert report.devices[0].facts == device.facts
+            assert any(f.name == "sim" and "devloop_fingerprint" in f.reason for f in report.plugins.failing)
+    finally:
+        exporter.shutdown()

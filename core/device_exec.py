@@ -178,7 +178,7 @@ def _adb(endpoint, secret, device, command, timeout_s, max_output) -> tuple[str,
                                       "(Debian: apt-get install adb)")
     serial = str((endpoint.get("params") or {}).get("serial", ""))
     with _reachable(endpoint, secret, device, "adb server") as (host, port):
-        argv = ["adb", "-H", host, "-P", str(port), *(["-s", serial] if serial else []), "shell", command]
+        argv = ["adb", "-H", host, "-P", str(port), *(["-s", serial] if serial else []), "shell", "--", command]
         stdout, stderr, status, truncated = _run_client(argv, timeout_s, max_output, device, "adb")
     if status != 0 and not stdout and _ADB_FAILED.search(stderr):
         raise ExecError("unreachable", f"adb could not run the command on {device}: {_last_lines(stderr)}")

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import logging
 import re
-from typing import AbstractSet, Callable, Sequence
+from typing import AbstractSet, Callable, Sequence, get_args
 
 from pydantic import ValidationError
 
@@ -31,8 +31,8 @@ from .orphans import OrphanWatch
 from .steps import plan, plugin_steps, step_kinds
 
 log = logging.getLogger("device_loop.exporter")
-FACT_KEY = re.compile(FactKey.__metadata__[0].pattern)  # (the protocol's rules, not a copy of them)
-MAX_FACT_CHARS: int = FactValue.__metadata__[0].max_length
+FACT_KEY = re.compile(get_args(FactKey)[1].pattern)  # (the protocol's rules, not a copy of them)
+MAX_FACT_CHARS: int = get_args(FactValue)[1].max_length
 
 
 class Reporter:

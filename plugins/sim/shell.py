@@ -276,7 +276,7 @@ class Shell:
 
     def _uname(self, args: list[str], output: _Output, interrupted: threading.Event) -> int:
         if not args:
-            output.out(self.facts.uname("-a") + "\n")
+            output.out(f"{self.facts.uname('-a')}\n")
             return 0
         flags = "".join(a[1:] for a in args if a.startswith("-"))
         if any(not a.startswith("-") for a in args) or not flags or any(f not in "asnrvmo" for f in flags):

@@ -106,7 +106,7 @@ async def test_the_long_poll_answers_at_the_first_change_of_state(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api, worker = client(), client()
         job = await submitted(api, claim=False)
-        waiting = asyncio.create_task(api.get(f"/jobs/{job['id']}", params={"wait": 30}))
+        waiting = asyncio.create_task(api.get(f"/jobs/{job['id']}", params={"wait": 30, "unless": "queued"}))
         claiming = asyncio.create_task(worker.post("/jobs/claim", json={"wait_s": 30}))
         assert (await claiming).json()["job"]["id"] == job["id"]
         seen = (await waiting).json()

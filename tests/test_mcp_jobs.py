@@ -45,7 +45,7 @@ async def test_an_agent_submits_a_job_follows_it_and_gets_its_evidence(tmp_path)
             bad = await ann.call_tool("submit_job", {"spec": {"run": []}})
             assert bad.is_error and "[invalid]" in bad.content[0].text
 
-            following = asyncio.create_task(call(ann, "job_status", job_id=job["id"], wait_s=30))
+            following = asyncio.create_task(call(ann, "job_status", job_id=job["id"], wait_s=30, unless="queued"))
             claimed = (await worker.post("/jobs/claim", json={})).json()["job"]
             assert claimed["id"] == job["id"]
             assert (await following)["state"] == "running"

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from device_loop.core import LIVE_LEASE_STATES
@@ -46,6 +48,7 @@ TICKET_POLL_S = 5.0      # a ticket's wait is cut this often to see a stop
 READY_TIMEOUT_S = 120.0  # a granted lease's services up
 EXEC_TIMEOUT_S = 20.0    # a reading at a run's start
 NO_DEVICE = "no device"
+OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
 
 
 class JobStopped(Exception):
@@ -345,6 +348,8 @@ class CellRun:
             endpoints = [f.endpoint for f in self._forwards]
         env = {**self.runner.base_env, **environment(lease.data, endpoints),
                "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_COORDINATOR": self.jobs.api.url}
+        if (OWN_BIN / "device-loop").exists():  # this worker's device-loop first, even from an inactive venv
+            env["PATH"] = os.pathsep.join([str(OWN_BIN), *filter(None, env.get("PATH", os.defpath).split(os.pathsep))])
         authorization = str(self.jobs.api.http.headers.get("Authorization", ""))
         if authorization.startswith("Bearer "):
             env["DEVICE_LOOP_TOKEN"] = authorization.removeprefix("Bearer ")

@@ -3,10 +3,16 @@ runs is fixed before the first one; with B truly 5 % cheaper, ABAB with settle r
 5 % and says faster, while AABB without settle, on the same seed, does not."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
+from conftest import Exporter
 from device_loop.client.schedule import cells, group_target, measured_arms, warmup_arms
 from device_loop.core.jobs import ABSpec, JobSpec, Target
+from test_end_to_end import wait_state
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,3 +45,58 @@ def test_matrix_groups_and_their_refusals():
             group_target(bad, Target())
     with pytest.raises(ValueError, match="names a device"):
         group_target("tags=x", Target(device="d0"))
+
+
+# A board whose run-workload heats it fast and throttles above 70 °C, and whose cooldown
+# (its settle step) waits for < 67 °C: ABAB with settle starts every run below the knee, while
+# AABB without settle heats it run after run, so its B half runs throttled (for gaps between
+# runs of up to some 2.5 s, as the model plays it: beyond, the board cools by itself between runs).
+HOT_BOARD = {"plugin": "sim", "class": "sim-board", "ambient": 40, "tau": "10s", "workload_s": 0.1, "work_heat": 120,
+             "throttle_above": 70, "throttle_per_c": 0.02, "noise": 0.01, "seed": 20,
+             "steps": [{"step": "cooldown", "below": "67C", "timeout": "60s"}]}
+WORKLOAD = "device-loop exec $DEVICE_LOOP_LEASE -- run-workload --cost {cost}"
+
+
+def ab_cli(env, coordinator, device: str, *options: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "device_loop.cli", "ab", "--coordinator", coordinator.url,
+                             "--device", device, "--baseline", WORKLOAD.format(cost=1.0),
+                             "--patch", WORKLOAD.format(cost=0.95), "--rounds", "6", "--warmup", "0",
+                             "--metric", "workload_ms:lower:ms", "--json", *options],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_abab_with_settle_finds_the_5_percent_and_aabb_without_it_does_not(coordinator, tmp_path, env):
+    exporter = Exporter(tmp_path, env, coordinator.url, [{"name": name, **HOT_BOARD} for name in ("abab", "aabb")])
+    try:
+        for name in ("abab", "aabb"):
+            wait_state(coordinator, name, "idle", timeout=30)
+        # the same board (its seed, its model), one job each, side by side
+        jobs = {"abab": ab_cli(env, coordinator, "abab", "--order", "abab"),
+                "aabb": ab_cli(env, coordinator, "aabb", "--order", "aabb", "--no-settle")}
+        said = {name: job.communicate(timeout=100) for name, job in jobs.items()}
+        answers = {}
+        for name, (out, err) in said.items():
+            assert jobs[name].returncode == 0, f"{name}: {out}\n{err}"
+            answers[name] = json.loads(out)
+    finally:
+        exporter.stop()
+    for name, answer in answers.items():
+        assert answer["id"].startswith("job-") and answer["state"] == "done"
+        assert [r["arm"] for r in answer["runs"]] == list("ABABABABABAB" if name == "abab" else "AAAAAABBBBBB")
+        assert all(r["readings"]["temperatures"] for r in answer["runs"]), f"{name}: each run's start temperature"
+        assert answer["cells"][0]["fingerprint"]["channel"] == "console"
+
+    (cell,) = answers["abab"]["analysis"]["cells"]
+    (metric,) = cell["metrics"]
+    right = metric["comparison"]
+    assert right["verdict"] == "different" and right["words"].startswith("B is") and "faster" in right["words"]
+    assert right["low"] <= 0.95 <= right["high"], right
+
+    (metric,) = answers["aabb"]["analysis"]["cells"][0]["metrics"]
+    wrong = metric["comparison"]
+    says_faster = wrong["verdict"] == "different" and "faster" in wrong["words"]
+    finds_5_percent = wrong["low"] is not None and wrong["low"] <= 0.95 <= wrong["high"]
+    assert not says_faster or not finds_5_percent, f"AABB without settle should mislead on this model: {wrong}"
+    hottest = {name: max(t for r in answer["runs"] for t in r["readings"]["temperatures"].values())
+               for name, answer in answers.items()}
+    assert hottest["aabb"] > 80 > 70 > hottest["abab"], f"the B half of AABB ran throttled: {hottest}"

@@ -1,0 +1,78 @@
+"""Jobs as the database keeps them (migration 17): concurrent claims never take one job twice,
+the reaper's pass is bounded, a database of the previous version is upgraded with its
+devices' facts empty, and the facts a heartbeat reports are stored and shown. On SQLite, and
+on PostgreSQL where the suite has one."""
+import asyncio
+
+import pytest
+
+from device_loop.coordinator.jobs import SILENT_PER_PASS
+from device_loop.coordinator.migrations import MIGRATIONS
+from device_loop.coordinator.store import Store
+from device_loop.core.jobs import JobSpec
+from device_loop.core.vocabulary import TicketKind
+from lab_in_process import FakeExporter, device, in_process_lab
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+SPEC = JobSpec.model_validate({"target": {"class": "sim-board"}, "run": ["true"]})
+
+
+async def never() -> None:
+    await asyncio.Event().wait()
+
+
+async def test_concurrent_claims_take_each_job_once(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        jobs = rules.jobs
+        made = [(await jobs.submit(SPEC, False, None, "ann", TicketKind.INTERACTIVE))["id"] for _ in range(5)]
+        claims = await asyncio.gather(*(jobs.claim(["ann"], f"w{n}", 0, "root", True, never) for n in range(10)))
+        taken = [c["job"]["id"] for c in claims if c["job"] is not None]
+        assert sorted(taken) == sorted(made), "each queued job claimed exactly once"
+        workers = await rules.store.read("SELECT worker FROM jobs WHERE state = 'running'")
+        assert len({w["worker"] for w in workers}) == 5
+
+
+async def test_the_reaper_ends_a_bounded_number_of_silent_jobs_a_pass(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        for _ in range(SILENT_PER_PASS + 3):
+            await rules.jobs.submit(SPEC, True, None, "ann", TicketKind.INTERACTIVE)
+        clock.advance(rules.jobs.worker_timeout_s + 1)
+        await rules.reap()
+        states = await rules.store.job_counts()
+        assert states == {"failed": SILENT_PER_PASS, "running": 3}
+        await rules.reap()
+        assert await rules.store.job_counts() == {"failed": SILENT_PER_PASS + 3}
+
+
+async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        await FakeExporter(client(), "host-a").beat([device("b0")])
+        url = rules.store.url
+        store = rules.store  # back to version 16: migration 17's tables and column gone
+        for table in ("jobs", "job_cells", "job_runs", "job_leases"):
+            await store._exec(f"DROP TABLE {table}")
+        await store._exec("ALTER TABLE devices DROP COLUMN facts")
+        await store._exec("DELETE FROM schema_migrations WHERE version = :v", v=len(MIGRATIONS))
+        again = Store(url)  # a coordinator of this version starts on it
+        await again.connect()
+        try:
+            assert (await again.device("b0"))["facts"] == {}
+            assert await again.job_counts() == {}
+        finally:
+            await again.disconnect()
+
+
+async def test_the_facts_a_heartbeat_reports_are_stored_and_shown(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([{**device("b0"), "facts": {"board.revision": "C", "emulated": "false"}}])
+        assert (await api.get("/devices/b0")).json()["facts"] == {"board.revision": "C", "emulated": "false"}
+        await exporter.beat([{**device("b0"), "facts": {"board.revision": "D"}}])  # a change of facts alone
+        assert (await api.get("/devices/b0")).json()["facts"] == {"board.revision": "D"}
+        refused = await exporter.beat([{**device("b0"), "facts": {"Bad Key": "x"}}])
+        assert refused.status_code == 422
+        too_many = await exporter.beat([{**device("b0"), "facts": {f"k{n}": "v" for n in range(65)}}])
+        assert too_many.status_code == 422
+        assert (await api.get("/devices/b0")).json()["facts"] == {"board.revision": "D"}

@@ -31,12 +31,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import secrets
 import selectors
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping
@@ -196,6 +194,8 @@ def _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file
         options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(CONNECT_TIMEOUT_S)}", "-o", "LogLevel=ERROR",
                    "-o", "GlobalKnownHostsFile=/dev/null"]
         if host_key:  # pinned: that key and no other, whatever port the relay or a forward has
+            import tempfile
+
             known = stack.enter_context(tempfile.NamedTemporaryFile("w", prefix="devloop-known-", suffix=".hosts"))
             alias = f"device-loop-{device}"
             known.write(f"{alias} {host_key}\n")
@@ -334,7 +334,7 @@ def _shell_quote(text: str) -> str:
 def _console(endpoint, secret, device, command, timeout_s, max_output) -> tuple[str, str, int, bool]:
     if "\n" in command or "\r" in command:
         raise ExecError("bad_command", "a console takes a command of one line: join its parts with ';'")
-    marker = "DLX" + secrets.token_hex(8)
+    marker = "DLX" + os.urandom(8).hex()
     half = len(marker) // 2  # the typed line shows 'DLXab''cd..': only the shell's output joins them
     typed = lambda suffix: f"'{marker[:half]}'{marker[half:]}{suffix}"  # noqa: E731
     line = f"echo {typed('_S')}; sh -c {_shell_quote(command)}; echo {typed('_E')} $?"

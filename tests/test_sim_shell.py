@@ -210,3 +210,23 @@ def test_abab_with_cooldown_recovers_5_percent_where_aabb_without_gets_it_wrong(
         wrong, hot = play("aabb", cooldown_below=None, gap_s=gap_s)
         assert wrong > 1.0, f"B, truly 5 % cheaper, comes out slower {gap_s}s apart"
         assert max(hot) > 55 and hot[-1] > hot[2], "the board heated run after run"
+
+
+def test_what_a_hostile_line_can_do_is_bounded(tmp_path):
+    sh = shell()
+    nested = "true"
+    for _ in range(12):
+        nested = "sh -c " + "'" + nested.replace("'", "'\\''") + "'"
+    said, status = run(sh, nested)
+    assert status == 2 and "too deeply nested" in said
+    assert run(sh, "sleep 1e9")[1] == 1 and run(sh, "sleep -1")[1] == 1 and run(sh, "sleep inf")[1] == 1
+    assert run(sh, "run-workload --cost 1e7")[1] == 2 and run(sh, "run-workload --cost inf")[1] == 2
+    board = SimBoard("jupiter", tmp_path / "jupiter")
+    try:
+        with serial.Serial(str(board.link), 115200, timeout=0.1) as port:
+            port.reset_input_buffer()
+            port.write(b"echo " + b"x" * 5000 + b"\r")
+            said = read_until(port, b"jupiter:~# ", timeout=5)
+            assert said.count(b"x") == 2 * (4095 - len(b"echo ")), "a line is 4095 bytes, as a tty's: the rest dropped"
+    finally:
+        board.power_off()

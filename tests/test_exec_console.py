@@ -159,8 +159,10 @@ def test_a_sim_board_s_fingerprint_through_its_console(console_lab):
     assert found.kernel.startswith("Linux sb 6.1.0-sim #1 SMP") and found.kernel.endswith("riscv64 GNU/Linux")
     assert found.cpu_model == "sim,rv64-core" and {"i", "m", "a", "f", "d", "c", "zba", "zbb"} <= set(found.isa)
     assert (found.cores, found.online, found.memory_kb) == (4, "0-3", 2048 * 1024)
-    assert found.cpufreq == [{"policy": "policy0", "governor": "schedutil", "cur_khz": "1800000",
-                              "min_khz": "600000", "max_khz": "1800000"}]
+    (policy,) = found.cpufreq
+    assert policy == {"policy": "policy0", "governor": "schedutil", "cur_khz": policy["cur_khz"],
+                      "min_khz": "600000", "max_khz": "1800000"}
+    assert 600000 <= int(policy["cur_khz"]) <= 1800000, "(lower once the module's tests have warmed the board)"
     assert list(found.thermal) == ["cpu-thermal"] and 35 < found.thermal["cpu-thermal"] < 80
     assert found.extra == {"simulated": "true", "sim.seed": "0", "sim.workload_s": "0.05"}, "the plugin's facts"
     said = json.loads(run_cli(alice, coordinator.url, "fingerprint", "sb", "--json").stdout)

@@ -311,7 +311,8 @@ async def submit_job(ctx: Ctx, args: SubmitJobIn) -> JobAnswer:
     A/B pair, metrics, a matrix). It is queued until a device-loop worker that serves you takes
     it and runs its commands; follow it with job_status (wait_s) until it is done, failed or
     cancelled, then read job_evidence. An agent's job queues for devices as batch."""
-    return await ctx.rules.jobs.submit(args.spec, args.claim, args.worker, ctx.caller.name, ticket_kind(ctx))
+    return await ctx.rules.jobs.submit(args.spec, args.claim, args.worker, ctx.caller.name, ticket_kind(ctx),
+                                       ctx.caller.admin)
 
 
 async def my_jobs(ctx: Ctx, args: JobFilter) -> list[JobSummary]:

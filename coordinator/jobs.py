@@ -42,6 +42,8 @@ SILENT_PER_PASS = 20       # jobs whose worker was lost, ended by one reaper pas
 WORKER_TIMEOUT_S = 30.0    # a running job's worker beats at least this often (--job-worker-timeout)
 QUEUED_KEY = "jobs:queued"  # a job was queued: claims long-polling wake up
 ANALYSES_KEPT = 32
+MAX_OPEN_JOBS = 50            # queued or running jobs one person may have (admins are counted, not limited)
+RESERVATIONS_PER_CELL = 4     # tickets and leases a job may make for one cell (a lease that ended, again)
 
 
 def job_key(job_id: str) -> str:
@@ -119,10 +121,11 @@ class Jobs:
 
     # ---- submit, list, read -----------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec, claim: bool, worker: str | None, caller: str,
-                     kind: TicketKind) -> JobAnswer:
+    async def submit(self, spec: JobSpec, claim: bool, worker: str | None, caller: str, kind: TicketKind,
+                     admin: bool = False) -> JobAnswer:
         """Store a new job, queued for a worker (or, with ``claim``, running with the caller as
-        its worker). ``kind`` is the submitter's, as a ticket's is (``calls.ticket_kind``)."""
+        its worker). ``kind`` is the submitter's, as a ticket's is (``calls.ticket_kind``). The
+        open jobs of a person are counted by the database (``MAX_OPEN_JOBS``)."""
         self.leases.check_ttl(spec.lease_ttl_s)  # its leases' length: refused now rather than at its first reserve
         now = self.life.clock()
         row: JobRow = {"id": JOB_PREFIX + secrets.token_hex(8), "owner": caller, "kind": kind,
@@ -132,6 +135,9 @@ class Jobs:
                        "worker": (worker or caller) if claim else None, "worker_user": caller if claim else None,
                        "beat_at": now if claim else None}
         async with self.store.tx():
+            if not await self.store.count_job(caller, None if admin else MAX_OPEN_JOBS):
+                raise conflict("too_many_jobs", f"you have {MAX_OPEN_JOBS} queued or running jobs, this lab's limit "
+                                                "per person; cancel one or wait for one to end")
             await self.store.insert_job(row)
             await self.life.audit(caller, "job_submit", None, None, {"job": row["id"], "kind": kind,
                                                                     "title": spec.title})
@@ -268,7 +274,12 @@ class Jobs:
         on the job, which ends it when it ends."""
         async with self.store.tx():
             row = await self._worked(job_id, caller, admin, "reserves for it")
-            self._check_cell(JobSpec.model_validate(row["spec"]), cell)
+            spec = JobSpec.model_validate(row["spec"])
+            self._check_cell(spec, cell)
+            most = RESERVATIONS_PER_CELL * cell_count(spec)
+            if await self.store.job_lease_count(job_id) >= most:
+                raise conflict("too_many_reservations", f"{job_id} has made {most} tickets and leases, the most a "
+                                                        f"job of {cell_count(spec)} cell(s) makes")
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
                                                   row["owner"], TicketKind(row["kind"]))
             made: dict[str, Any] = dict(answer)  # a lease, or a ticket (which has a key of that name)
@@ -344,6 +355,7 @@ class Jobs:
         ended = await self.store.end_job(job_id, state, reason, self.life.clock(), OPEN_JOB_STATES)
         if ended is None:
             raise conflict("job_changed", f"{job_id} changed just now; look at it again")
+        await self.store.uncount_job(ended["owner"])
         for ticket in {h["ticket_id"] for h in held if h["ticket_id"] and h["ticket_state"] in OPEN_TICKET_STATES}:
             await self.scheduler.cancel(ticket, actor, admin=True)  # a granted one gives its lease back
         for lease_id in {h["lease_id"] for h in await self.store.job_leases(job_id)

@@ -434,8 +434,8 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     ],
     # 17: jobs and their evidence (docs/architecture.md, "Jobs and evidence"): a job, its cells
     # (a device each, with its fingerprint), its runs (append-only, one row per (job, cell,
-    # seq)), and the tickets and leases it made, which end with it; the facts plugins add to a
-    # device's fingerprint, written by the heartbeat's own upsert
+    # seq)), and the tickets and leases it made, which end with it; each person's open jobs
+    # counted; the facts plugins add to a device's fingerprint, written by the heartbeat's own upsert
     [
         f"""CREATE TABLE jobs (
             id TEXT PRIMARY KEY,
@@ -489,5 +489,6 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         )""",
         "CREATE INDEX job_leases_job ON job_leases(job)",
         "ALTER TABLE devices ADD COLUMN facts TEXT NOT NULL DEFAULT '{{}}'",
+        "ALTER TABLE user_counts ADD COLUMN open_jobs BIGINT NOT NULL DEFAULT 0",
     ],
 ]

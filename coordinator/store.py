@@ -56,7 +56,7 @@ DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health",
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
                  "host_link_lost", "exclusive", "destructive", "warmup"}
 _NO_LIMIT = 2**62  # a count's limit where there is none (BIGINT)
-_COUNTED = ("live_leases", "image_bytes", "open_tickets")  # user_counts: what each person holds
+_COUNTED = ("live_leases", "image_bytes", "open_tickets", "open_jobs")  # user_counts: what each person holds
 _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
 
 # A device with the facts its state follows from (rows.DeviceFacts): its live lease and its
@@ -747,10 +747,12 @@ class Store:
     async def _count_up(self, column: str, name: str, amount: int, limit: int | None) -> bool:
         if limit is not None and amount > limit:
             return False  # (the INSERT below counts a first amount without asking)
-        others = ", ".join(c for c in _COUNTED if c != column)
+        others = [c for c in _COUNTED if c != column]
+        zeros = ", ".join("0" for _ in others)
         row = await self._one(
-            f"INSERT INTO user_counts (name, {column}, {others}) VALUES (:n, :a, 0, 0) ON CONFLICT (name) DO UPDATE "
-            f"SET {column} = user_counts.{column} + :a WHERE user_counts.{column} + :a <= :limit RETURNING name",
+            f"INSERT INTO user_counts (name, {column}, {', '.join(others)}) VALUES (:n, :a, {zeros}) "
+            f"ON CONFLICT (name) DO UPDATE SET {column} = user_counts.{column} + :a "
+            f"WHERE user_counts.{column} + :a <= :limit RETURNING name",
             n=name, a=amount, limit=_NO_LIMIT if limit is None else limit)
         return row is not None
 
@@ -1188,6 +1190,17 @@ class Store:
         """Jobs in the whole lab, by state."""
         rows = await self._all("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state")
         return {r["state"]: r["n"] for r in rows}
+
+    async def count_job(self, owner: str, limit: int | None) -> bool:
+        """Count an open job of ``owner``: False, and nothing counted, at ``limit``."""
+        return await self._count_up("open_jobs", owner, 1, limit)
+
+    async def uncount_job(self, owner: str) -> None:
+        await self._exec("UPDATE user_counts SET open_jobs = open_jobs - 1 WHERE name = :n", n=owner)
+
+    async def job_lease_count(self, job_id: str) -> int:
+        row = await self._one("SELECT COUNT(*) AS n FROM job_leases WHERE job = :j", j=job_id)
+        return row["n"]
 
     async def save_job_cell(self, row: JobCellRow) -> None:
         await self._insert_many("job_cells", [row], upsert_key="job, cell")

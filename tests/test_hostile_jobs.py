@@ -132,3 +132,26 @@ async def test_bad_waits_and_claims_are_refused(tmp_path):
         assert (await api.get("/jobs/" + "j" * 65)).status_code == 400
         assert (await api.get("/jobs/" + "j" * 65 + "/evidence")).status_code == 400
         assert (await api.get(f"/jobs/{job['id']}")).json()["state"] == "queued", "no claim went through"
+
+
+async def test_a_person_has_a_bounded_number_of_open_jobs_and_a_job_of_reservations(tmp_path):
+    from device_loop.coordinator.jobs import MAX_OPEN_JOBS, RESERVATIONS_PER_CELL
+
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        await FakeExporter(api, "host-a").beat([device(f"b{n}") for n in range(RESERVATIONS_PER_CELL + 1)])
+        first = (await api.post("/jobs", json={"spec": SPEC, "claim": True})).json()
+        for _ in range(MAX_OPEN_JOBS - 1):
+            assert (await api.post("/jobs", json={"spec": SPEC})).status_code == 201
+        refused = await api.post("/jobs", json={"spec": SPEC})
+        assert refused.status_code == 409 and refused.json()["error"] == "too_many_jobs"
+        assert (await counts(rules))["jobs"] == MAX_OPEN_JOBS
+
+        for n in range(RESERVATIONS_PER_CELL):
+            assert (await api.post(f"/jobs/{first['id']}/reserve", json={"device": f"b{n}"})).status_code == 201
+        more = await api.post(f"/jobs/{first['id']}/reserve", json={"device": f"b{RESERVATIONS_PER_CELL}"})
+        assert more.status_code == 409 and more.json()["error"] == "too_many_reservations"
+        assert (await counts(rules))["leases"] == RESERVATIONS_PER_CELL
+
+        await api.post(f"/jobs/{first['id']}/finish", json={"state": "done"})  # an ended job is no longer counted
+        assert (await api.post("/jobs", json={"spec": SPEC})).status_code == 201

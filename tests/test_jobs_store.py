@@ -53,6 +53,7 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
         for table in ("jobs", "job_cells", "job_runs", "job_leases"):
             await store._exec(f"DROP TABLE {table}")
         await store._exec("ALTER TABLE devices DROP COLUMN facts")
+        await store._exec("ALTER TABLE user_counts DROP COLUMN open_jobs")
         await store._exec("DELETE FROM schema_migrations WHERE version = :v", v=len(MIGRATIONS))
         again = Store(url)  # a coordinator of this version starts on it
         await again.connect()

@@ -73,6 +73,10 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
                                                           f"device-loop console {lease['id']}"]
         said = await call(alice, "uart_exchange", lease_id=lease["id"], send="uname\r", wait_s=1)
         assert "Linux sim-board-0" in said["output"] and not said["truncated"]
+        ran = await call(alice, "exec", lease_id=lease["id"], command="echo hello; false", timeout_s=20)
+        assert ran["stdout"].strip() == "hello" and ran["status"] == 1 and ran["channel"] == "console", ran
+        found = await call(alice, "fingerprint", lease_id=lease["id"])
+        assert found["device"] == "sim-board-0" and "sim-board-0" in found["kernel"] and found["channel"] == "console"
         assert listening_ports(coordinator.popen.pid) == {coordinator.port}, "a way past the gate was left open"
         renewed = await call(alice, "renew", lease_id=lease["id"], ttl_s=1200)
         assert renewed["expires_at"] > lease["expires_at"]
@@ -96,7 +100,7 @@ async def test_tools_refuse_callers_without_a_good_token(lab_with_tokens):
     for token in (None, "dl_forged"):
         async with agent(coordinator.url, token) as nobody:
             for tool in (await nobody.list_tools()).tools:
-                args = {name: ("x" if spec.get("type") == "string" else 1)
+                args = {name: ("x" if spec.get("type") == "string" else {} if spec.get("type") == "object" else 1)
                         for name, spec in tool.input_schema.get("properties", {}).items()
                         if name in tool.input_schema.get("required", [])}
                 answer = await nobody.call_tool(tool.name, args)

@@ -49,6 +49,7 @@ ErrorCode = Literal["no_channel", "no_prompt", "timeout", "unreachable", "too_la
 MAX_COMMAND_BYTES = 4000
 MAX_CONSOLE_LINE_BYTES = 4090
 DEFAULT_MAX_OUTPUT = 1 << 20
+MAX_TIMEOUT_S = 7 * 86400.0
 #: How long a console has to show its prompt after Ctrl-C and Enter.
 PROMPT_WAIT_S = 3.0
 #: How long a console stays quiet after a prompt before the command is sent (the prompts of
@@ -100,8 +101,9 @@ def exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float = 60.
     began = time.monotonic()
     _check_command(command)
     timeout_s = float(timeout_s)
-    if not timeout_s > 0:
-        raise ExecError("bad_command", f"the timeout must be a positive number of seconds, not {timeout_s!r}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ExecError("bad_command", f"the timeout must be a positive number of seconds up to {MAX_TIMEOUT_S:g}, "
+                                       f"not {timeout_s!r}")
     device = str(lease.get("device", "the device"))
     if not lease.get("ready"):
         raise ExecError("no_channel", f"{device} is not ready: {lease.get('reason') or lease.get('state')}")

@@ -113,8 +113,9 @@ def test_commands_a_console_cannot_take_are_refused_before_a_byte_is_sent(consol
         with pytest.raises(ExecError) as refused:
             lease.exec(command)
         assert refused.value.code == code, command[:40]
-    with pytest.raises(ExecError, match="positive"):
-        lease.exec("true", timeout_s=0)
+    for timeout_s in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ExecError, match="positive"):
+            lease.exec("true", timeout_s=timeout_s)
 
 
 def test_a_console_nobody_answers_is_refused_cleanly(console_lab, monkeypatch):

@@ -106,7 +106,13 @@ class MetricSpec(Strict):
     @field_validator("regex")
     @classmethod
     def _has_value_group(cls, regex: str | None) -> str | None:
-        if regex is not None and "value" not in re.compile(regex).groupindex:
+        if regex is None:
+            return regex
+        try:
+            groups = re.compile(regex).groupindex
+        except re.error as exc:  # (not a ValueError: pydantic would let it through as it is)
+            raise ValueError(f"a metric's regex is not one: {exc}") from None
+        if "value" not in groups:
             raise ValueError("a metric's regex needs a group named value: (?P<value>[0-9.]+)")
         return regex
 

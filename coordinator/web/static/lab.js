@@ -368,14 +368,18 @@
   // -- a job's page: shown again at each change of its state, while it is queued or running
 
   async function followJob(id, state) {
+    const live = document.getElementById("live");
     try {
       while (["queued", "running"].includes(state)) {
+        live.classList.add("on");
         const job = await call("GET", `/api/v1/jobs/${encodeURIComponent(id)}?wait=25&unless=${state}`);
         if (job.state !== state) refreshParts();
         state = job.state;
       }
     } catch (error) {
       say(error.message, true);
+    } finally {
+      live.classList.remove("on");
     }
   }
 

@@ -1,0 +1,52 @@
+"""A job's page in a real browser (Debian's Chromium, driven by Playwright): its runs, the
+analysis and the chart; it shows the job's end by itself when the worker finishes it (no
+reload); the owner cancels from it. Screenshots are kept in ``test-artifacts/``."""
+import getpass
+
+import pytest
+
+from conftest import Coordinator
+from test_browser import screenshot
+
+pytestmark = pytest.mark.timeout(120)
+SPEC = {"title": "decode", "target": {"class": "sim-board"}, "metrics": [{"name": "decode_ms", "unit": "ms"}],
+        "ab": {"baseline": ["run-workload --cost 1.0"], "patch": ["run-workload --cost 0.95"], "rounds": 6,
+               "warmup": 0}}
+
+
+def test_a_jobs_page_follows_its_job_to_its_end(tmp_path, env, browser):
+    coordinator = Coordinator(tmp_path, env)  # the trust mode: the page is the lab owner's
+    try:
+        owner = {"headers": {"X-Device-Loop-User": getpass.getuser()}}
+        job = coordinator.api("/jobs", "POST", json={"spec": SPEC, "claim": True}, **owner).json()
+        for seq in range(12):
+            coordinator.api(f"/jobs/{job['id']}/runs", "POST", json={
+                "seq": seq, "arm": "AB"[seq % 2], "started_at": 1_800_000_000.0 + seq,
+                "ended_at": 1_800_000_001.0 + seq, "status": 0, "readings": {"temperatures": {"cpu": 40 + seq}},
+                "samples": [{"metric": "decode_ms", "value": 10 - seq % 2 * 0.5 + seq / 100}]}, **owner)
+        other = coordinator.api("/jobs", "POST", json={"spec": SPEC, "claim": True}, **owner).json()
+
+        page = browser.new_context(viewport={"width": 1366, "height": 900}).new_page()
+        errors = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{coordinator.url}/jobs/{job['id']}")
+        page.wait_for_selector(".chart svg")
+        assert page.locator(".runs tbody tr").count() == 12
+        assert page.locator(".analysis td[data-label=Metric]").first.inner_text().startswith("decode_ms")
+        assert page.locator(".state").first.inner_text() == "running"
+        screenshot(page, "job-page-running")
+
+        coordinator.api(f"/jobs/{job['id']}/finish", "POST", json={"state": "done"}, **owner)
+        page.wait_for_selector(".state.j-done")  # shown by itself: the page follows the job
+        assert page.locator("button[data-act=cancel-job]").count() == 0, "an ended job is not cancelled"
+
+        page.goto(f"{coordinator.url}/jobs/{other['id']}")
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.click("button[data-act=cancel-job]")
+        page.wait_for_selector(".state.j-cancelled")
+        page.goto(f"{coordinator.url}/jobs")
+        assert page.locator("table.jobs tbody tr").count() == 2
+        screenshot(page, "jobs-list")
+        assert not errors, errors
+    finally:
+        coordinator.stop()

@@ -71,7 +71,7 @@ def lab_command(func):
         try:
             lab = Lab(_given(ctx, "coordinator", coordinator) or ctx.obj["coordinator"],
                       _given(ctx, "user", user) or ctx.obj["user"])
-            if "Authorization" in lab.api.http.headers and _said_on_the_command_line(ctx, "user"):
+            if "Authorization" in lab.api.headers and _said_on_the_command_line(ctx, "user"):
                 click.echo("device-loop: note: --user counts only in a lab without tokens; "
                            "this one knows you by your token", err=True)
             return func(lab, *args, as_json=as_json, **kwargs)

@@ -1,12 +1,20 @@
-"""Talking to the coordinator's REST API, with retries that are safe to repeat."""
+"""Talking to the coordinator's REST API, with retries that are safe to repeat.
+
+Plain requests go through the standard library's ``http.client`` on one kept-alive
+connection: a command starts for every ``device-loop exec`` a job runs, and importing and
+setting up httpx2's transport cost some 300 ms of each. httpx2 is loaded only for what
+needs it: uploads and event streams (``http``).
+"""
 from __future__ import annotations
 
 import getpass
+import http.client
+import json
 import os
 import time
+import urllib.parse
 import uuid
-
-import httpx2
+from typing import Any
 
 from device_loop.core.tokens import TokenFileError, load_token
 
@@ -42,45 +50,107 @@ class Coordinator:
             token = token or load_token()
         except TokenFileError as exc:
             raise CoordinatorError("token_file_unsafe", str(exc)) from None
-        headers = {USER_HEADER: self.user} | ({"Authorization": f"Bearer {token}"} if token else {})
-        # a TLS context costs 30 ms of every command's start: only an https:// coordinator needs one
-        self.http = httpx2.Client(base_url=self.url, timeout=timeout, headers=headers,
-                                  verify=self.url.startswith("https://"))
+        self.headers = {USER_HEADER: self.user} | ({"Authorization": f"Bearer {token}"} if token else {})
+        self.timeout = timeout
+        parts = urllib.parse.urlsplit(self.url)
+        self._https = parts.scheme == "https"
+        self._netloc, self._base_path = parts.netloc, parts.path.rstrip("/")
+        self._connection: http.client.HTTPConnection | None = None
+        self._http: Any = None
+
+    @property
+    def http(self):
+        """An httpx2 client on the same coordinator (event streams), made when first asked for."""
+        if self._http is None:
+            import httpx2
+
+            # a TLS context costs 30 ms: only an https:// coordinator needs one
+            self._http = httpx2.Client(base_url=self.url, timeout=self.timeout, headers=self.headers,
+                                       verify=self._https)
+        return self._http
 
     def close(self) -> None:
-        self.http.close()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        if self._http is not None:
+            self._http.close()
 
     def get(self, path: str, **params):
         """A read; a long-poll (``wait=S``) gets S seconds more than the usual timeout."""
-        timeout = (self.http.timeout.read or 0.0) + float(params.get("wait", 0))  # (read is set: __init__)
-        return self._request("GET", path, params=params or None, timeout=timeout)
+        return self._request("GET", path, params=params, timeout=self.timeout + float(params.get("wait", 0)))
 
     def post(self, path: str, body: dict | None = None):
         """A mutating call: one Idempotency-Key, reused on every retry."""
-        return self._request("POST", path, json=body or {}, headers={"Idempotency-Key": uuid.uuid4().hex})
+        return self._request("POST", path, body=json.dumps(body or {}).encode(),
+                             headers={"Idempotency-Key": uuid.uuid4().hex, "Content-Type": "application/json"})
 
     def upload(self, path: str, params: dict, chunks):
         """POST a body streamed from ``chunks`` (an iterator of bytes); tried once: a body
         that was partly sent cannot be sent again. The upload itself may take long."""
-        timeout = httpx2.Timeout(self.http.timeout.read, write=None, read=600.0)
-        return self._request("POST", path, params=params, content=chunks, timeout=timeout, retries=1)
+        import httpx2
 
-    def _request(self, method: str, path: str, retries: int | None = None, **kwargs):
-        retries = retries or self.retries
-        for attempt in range(retries):
+        try:
+            response = self.http.request("POST", f"/api/v1{path}", params=params, content=chunks,
+                                         timeout=httpx2.Timeout(self.timeout, write=None, read=600.0))
+        except httpx2.TransportError as exc:
+            raise CoordinatorError("unreachable", f"cannot reach the coordinator at {self.url}: {exc}") from None
+        return self._answer(response.status_code, response.content)
+
+    def _request(self, method: str, path: str, params: dict | None = None, body: bytes | None = None,
+                 headers: dict[str, str] | None = None, timeout: float | None = None):
+        target = f"{self._base_path}/api/v1{path}"
+        if params:
+            target += "?" + urllib.parse.urlencode({k: _query_value(v) for k, v in params.items()}, doseq=True)
+        for attempt in range(self.retries):
             try:
-                response = self.http.request(method, f"/api/v1{path}", **kwargs)
+                status, content = self._exchange(method, target, body, self.headers | (headers or {}),
+                                                 timeout or self.timeout)
                 break
-            except httpx2.TransportError as exc:
-                if attempt == retries - 1:
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()  # a kept-alive connection the server closed, or no server: a new one
+                if attempt == self.retries - 1:
                     raise CoordinatorError("unreachable",
                                            f"cannot reach the coordinator at {self.url}: {exc}") from None
-                time.sleep(0.2 * 2 ** attempt)
+                if not isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)):
+                    time.sleep(0.2 * 2 ** attempt)
+        return self._answer(status, content)
+
+    def _exchange(self, method: str, target: str, body: bytes | None, headers: dict[str, str],
+                  timeout: float) -> tuple[int, bytes]:
+        if self._connection is None:
+            connection_class = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._connection = connection_class(self._netloc, timeout=timeout)
+        connection = self._connection
+        connection.timeout = timeout
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout)
+        connection.request(method, target, body=body, headers=headers)
+        response = connection.getresponse()
+        content = response.read()
+        if response.will_close:
+            self.close()
+        return response.status, content
+
+    def _answer(self, status: int, content: bytes):
         try:
-            data = response.json()
+            data = json.loads(content)
         except ValueError:
-            raise CoordinatorError("bad_answer", f"{self.url} answered {response.status_code} without JSON; "
-                                   "is that a device-loop coordinator?", response.status_code) from None
-        if response.status_code >= 400:
-            raise CoordinatorError(data.get("error", "error"), data.get("message", response.text), response.status_code)
+            raise CoordinatorError("bad_answer", f"{self.url} answered {status} without JSON; "
+                                   "is that a device-loop coordinator?", status) from None
+        if status >= 400:
+            if not isinstance(data, dict):
+                raise CoordinatorError("error", content.decode(errors="replace")[:2000], status)
+            raise CoordinatorError(data.get("error", "error"), data.get("message", ""), status)
         return data
+
+
+def _query_value(value):
+    """A query parameter as httpx writes it: true/false, an empty value for None, lists repeated."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return [_query_value(v) for v in value]
+    return value

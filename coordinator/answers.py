@@ -12,6 +12,8 @@ from device_loop.core.jobs import CellReport, JobSpec, JobState, RunRecord
 from device_loop.core.vocabulary import (DeviceState, HealthStatus, LeaseState, OperationState, TicketKind,
                                          TicketState, TokenKind)
 
+from .rows import FlashedImage
+
 
 class HolderAnswer(TypedDict, total=False):
     """A process that holds a device node: its program and pid for anyone, its command line
@@ -59,6 +61,7 @@ DeviceAnswer = TypedDict("DeviceAnswer", {
     "fault": str | None,           # why a step between leases failed: faulty until an admin clears it
     "reason": str,                 # why it is in its state, in words ("" when idle or in use)
     "facts": dict[str, str],       # what its plugins add to its fingerprint (board revision, firmware)
+    "image": FlashedImage | None,  # one device's answer: what its latest completed flash wrote
 }, total=False)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel
 
-from device_loop.core import FLASH_KIND, PROTOCOL_VERSION, __version__
+from device_loop.core import PROTOCOL_VERSION, __version__
 from device_loop.core.jobs import CellReport, JobState, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, TicketKind
@@ -297,11 +297,8 @@ async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
     timing."""
     rules, caller = ctx.rules, ctx.caller
     lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
-    device: dict[str, Any] = dict(await rules.devices.device_info(lease["device"]))
-    flashed = [op for op in await rules.operations.of_device(lease["device"], kind=FLASH_KIND) if op["state"] == "done"]
-    if flashed and "image" in flashed[0]:
-        device["image"] = flashed[0]["image"]
-    return await device_commands.fingerprint(lease, device, __version__)
+    device = await rules.devices.device_info(lease["device"])
+    return await device_commands.fingerprint(lease, dict(device), __version__)
 
 
 # ---- jobs (docs/architecture.md, "Jobs and evidence") -------------------------------------------

@@ -89,7 +89,9 @@ class Devices:
         row = await self.store.device(name)
         if row is None:
             raise not_found("device", name)
-        return device_json(row, admin)
+        answer = device_json(row, admin)
+        answer["image"] = await self.store.last_flashed_image(name)
+        return answer
 
     async def device_log(self, name: str) -> list[LogEntry]:
         if await self.store.device(name) is None:

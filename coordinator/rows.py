@@ -135,6 +135,12 @@ class OperationView(OperationRow):
     host_online: bool | None
 
 
+class FlashedImage(TypedDict):
+    """The image a device's latest completed flash wrote."""
+    name: str
+    sha256: str
+
+
 class ImageRow(TypedDict):
     sha256: str
     name: str

@@ -22,16 +22,16 @@ import re
 import sqlite3
 from typing import Any, Callable, Literal, Mapping, Sequence, overload
 
-from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
+from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES
 
 from device_loop.core.jobs import OPEN_JOB_STATES, JobState
 from device_loop.core.vocabulary import (OPEN_TICKET_STATES, VOCABULARY, OperationState, TicketKind, TicketState,
                                          sql_list)
 
 from .migrations import MIGRATIONS, SERIAL
-from .rows import (AdoptionRow, AuditRow, CandidateRow, DeviceFacts, HostRow, IdempotencyRow, ImageRow, JobCellRow,
-                   JobLeaseRow, JobRow, JobRunRow, KnownGoodImage, LeaseRow, LeaseView, ListedImage, OperationRow,
-                   OperationView, RingRow, TicketRow, TokenRow)
+from .rows import (AdoptionRow, AuditRow, CandidateRow, DeviceFacts, FlashedImage, HostRow, IdempotencyRow, ImageRow,
+                   JobCellRow, JobLeaseRow, JobRow, JobRunRow, KnownGoodImage, LeaseRow, LeaseView, ListedImage,
+                   OperationRow, OperationView, RingRow, TicketRow, TokenRow)
 
 log = logging.getLogger(__name__)
 
@@ -928,6 +928,12 @@ class Store:
         by_kind: dict[str, Any] = {"k": kind} if kind else {}
         return await self._all(f"{self._OPERATION_VIEW} WHERE o.device = :d{of_kind} ORDER BY o.created_at DESC "
                                "LIMIT :n", d=device, n=limit, **by_kind)
+
+    async def last_flashed_image(self, device: str) -> FlashedImage | None:
+        """The image of the device's latest flash that completed (a fingerprint names it)."""
+        return await self._one("SELECT image_name AS name, image_sha256 AS sha256 FROM operations WHERE device = :d "
+                               f"AND kind = '{FLASH_KIND}' AND state = '{OperationState.DONE}' "
+                               "AND image_sha256 IS NOT NULL ORDER BY created_at DESC LIMIT 1", d=device)
 
     async def live_image_uses(self, sha256: str, host: str | None = None) -> list[OperationRow]:
         """The live operations that write image ``sha256`` (on ``host``)."""

@@ -339,13 +339,18 @@ def parse_cpufreq(found: Mapping[str, str], policies: range) -> list[dict[str, s
 
 # --- what the coordinator says -----------------------------------------------------------------
 
+#: What a device says of itself when its numbers are modelled, not measured on silicon.
+EMULATED = ("emulated", "simulated")
+
+
 def is_emulated(device: Mapping[str, Any]) -> bool:
-    """Whether the device says it is emulated (a fact ``emulated`` that is true, or the tag
-    ``emulated``): its numbers are not for timing."""
+    """Whether the device says it is emulated or simulated (a fact ``emulated`` or
+    ``simulated`` that is true, or either as a tag): its numbers are not for timing."""
     facts = device.get("facts") or {}
     tags = device.get("tags") or []
-    fact = facts.get("emulated") if isinstance(facts, Mapping) else None
-    return str(fact).strip().lower() in _TRUE or (isinstance(tags, list) and "emulated" in tags)
+    said = [facts.get(key) for key in EMULATED] if isinstance(facts, Mapping) else []
+    return (any(str(fact).strip().lower() in _TRUE for fact in said)
+            or (isinstance(tags, list) and any(key in tags for key in EMULATED)))
 
 
 def _extra(device: Mapping[str, Any]) -> dict[str, str]:

@@ -168,6 +168,7 @@ def test_gather_over_a_console_reads_no_build_and_marks_emulated():
     assert f.cores == 4 and f.image == "" and f.image_sha256 == ""
     assert "coordinator 9.9.9" in f.device_loop_version
     assert fp.is_emulated({"tags": ["emulated"]}) and not fp.is_emulated({})
+    assert fp.is_emulated({"facts": {"simulated": "true"}}) and not fp.is_emulated({"facts": {"simulated": "false"}})
 
 
 def test_riscv_isa_string():

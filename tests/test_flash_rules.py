@@ -81,6 +81,7 @@ async def test_a_flash_goes_to_the_exporter_and_its_reports_make_its_result(tmp_
         assert (await api.get(f"/leases/{lease['id']}")).json()["flashing"] == op["id"]
         running = (await api.get(f"/ops/{op['id']}")).json()
         assert (running["state"], running["phase"], running["done_bytes"]) == ("running", "writing", 4096)
+        assert (await api.get("/devices/b0")).json()["image"] is None, "a flash not yet done wrote no image"
         busy = await client("bob").post("/leases", json={"device": "b0"})
         assert busy.status_code == 409
         removing = await api.post("/images/build-7/remove")
@@ -92,6 +93,7 @@ async def test_a_flash_goes_to_the_exporter_and_its_reports_make_its_result(tmp_
         assert (done["state"], done["message"]) == ("done", "written and verified") and done["ended_at"]
         info = (await api.get("/devices/b0")).json()
         assert (info["flashing"], info["needs_recovery"]) == (None, False)
+        assert info["image"] == {"name": "build-7", "sha256": SHA}, "a fingerprint names the image last flashed"
         actions = [(a["action"], a["actor"], a["detail"].get("op")) for a in (await api.get("/admin/audit")).json()]
         assert ("flash", "alice", op["id"]) in actions and ("flash_done", "exporter:host-a", op["id"]) in actions
         history = (await client().get("/devices/b0/flashes")).json()

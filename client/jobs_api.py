@@ -11,6 +11,7 @@ calls it.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -64,6 +65,13 @@ class Jobs:
     def __init__(self, api: Coordinator):
         self.api = api
 
+    def apart(self) -> Jobs:
+        """The same lab and identity on a connection of its own: a ``Coordinator`` keeps one
+        connection, so each thread that talks to the lab needs its own."""
+        token = self.api.headers.get("Authorization", "").removeprefix("Bearer ") or None
+        return Jobs(Coordinator(self.api.url, self.api.user, timeout=self.api.timeout, retries=self.api.retries,
+                                token=token))
+
     # --- for whoever submits ----------------------------------------------------------------
 
     def submit(self, spec: JobSpec, claim: bool = False) -> JobView:
@@ -110,10 +118,10 @@ class Jobs:
     def claim(self, users: Sequence[str] = (), wait_s: float = 0) -> JobView | None:
         """The oldest queued job of ``users`` (the caller's own by default), now the caller's
         to run; None when none came within ``wait_s``."""
-        body = {"users": list(users), "wait_s": wait_s, "worker": worker_label()}
+        body = json.dumps({"users": list(users), "wait_s": wait_s, "worker": worker_label()}).encode()
         # (Coordinator.post's own timeout is shorter than a long-poll; the same key on every retry)
-        answer = self.api._request("POST", "/jobs/claim", json=body, headers={"Idempotency-Key": uuid.uuid4().hex},
-                                   timeout=(self.api.http.timeout.read or 0.0) + wait_s)
+        answer = self.api._request("POST", "/jobs/claim", body=body, timeout=self.api.timeout + wait_s,
+                                   headers={"Idempotency-Key": uuid.uuid4().hex, "Content-Type": "application/json"})
         return view(answer["job"]) if answer.get("job") else None
 
     def beat(self, job_id: str) -> JobState:

@@ -158,26 +158,34 @@ class Runner:
             raise
 
     def _beat(self, job_id: str, stopper: Stopper, done: threading.Event) -> None:
-        while not done.wait(self.beat_s):
-            try:
-                state = self.jobs.beat(job_id)
-            except CoordinatorError as exc:
-                if exc.status in (403, 404, 409):
-                    stopper.stop(f"the coordinator took the job from this worker: {exc.message}", cancelled=True)
+        jobs = self.jobs.apart()
+        try:
+            while not done.wait(self.beat_s):
+                try:
+                    state = jobs.beat(job_id)
+                except CoordinatorError as exc:
+                    if exc.status in (403, 404, 409):
+                        stopper.stop(f"the coordinator took the job from this worker: {exc.message}", cancelled=True)
+                        return
+                    continue  # unreachable for now: the next beat may get through
+                if state != JobState.RUNNING:
+                    stopper.stop(f"the job is {state}", cancelled=True)
                     return
-                continue  # unreachable for now: the next beat may get through
-            if state != JobState.RUNNING:
-                stopper.stop(f"the job is {state}", cancelled=True)
-                return
+        finally:
+            jobs.api.close()
 
     def _cells(self, job: JobView, stopper: Stopper, coordinator_version: str) -> list[CellOutcome]:
         todo = cells(job.spec)
         if len(todo) == 1:
-            return [self._cell(job, todo[0], stopper, coordinator_version)]
+            return [self._cell(self.jobs, job, todo[0], stopper, coordinator_version)]
         outcomes: dict[int, CellOutcome] = {}
 
         def run(cell: Cell) -> None:
-            outcomes[cell.index] = self._cell(job, cell, stopper, coordinator_version)
+            jobs = self.jobs.apart()  # (a connection a thread)
+            try:
+                outcomes[cell.index] = self._cell(jobs, job, cell, stopper, coordinator_version)
+            finally:
+                jobs.api.close()
 
         threads = [threading.Thread(target=run, args=(cell,), name=f"{job.id}-cell-{cell.index}") for cell in todo]
         for thread in threads:
@@ -187,8 +195,8 @@ class Runner:
                 thread.join(0.5)
         return [outcomes[cell.index] for cell in todo]
 
-    def _cell(self, job: JobView, cell: Cell, stopper: Stopper, coordinator_version: str) -> CellOutcome:
-        run = CellRun(self, job, cell, stopper, coordinator_version)
+    def _cell(self, jobs: Jobs, job: JobView, cell: Cell, stopper: Stopper, coordinator_version: str) -> CellOutcome:
+        run = CellRun(self, jobs, job, cell, stopper, coordinator_version)
         try:
             run.run()
         except (CellFailed, CoordinatorError) as exc:
@@ -210,11 +218,11 @@ class Runner:
 class CellRun:
     """One cell of a job, on its own lease."""
 
-    def __init__(self, runner: Runner, job: JobView, cell: Cell, stopper: Stopper, coordinator_version: str):
-        self.runner, self.job, self.cell, self.stopper = runner, job, cell, stopper
+    def __init__(self, runner: Runner, jobs: Jobs, job: JobView, cell: Cell, stopper: Stopper,
+                 coordinator_version: str):
+        self.runner, self.jobs, self.job, self.cell, self.stopper = runner, jobs, job, cell, stopper
         self.spec: JobSpec = job.spec
         self.coordinator_version = coordinator_version
-        self.jobs = runner.jobs
         self.lease: Lease | None = None
         self.ticket: Ticket | None = None
         self.report: CellReport | None = None
@@ -350,7 +358,7 @@ class CellRun:
                "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_COORDINATOR": self.jobs.api.url}
         if (OWN_BIN / "device-loop").exists():  # this worker's device-loop first, even from an inactive venv
             env["PATH"] = os.pathsep.join([str(OWN_BIN), *filter(None, env.get("PATH", os.defpath).split(os.pathsep))])
-        authorization = str(self.jobs.api.http.headers.get("Authorization", ""))
+        authorization = self.jobs.api.headers.get("Authorization", "")
         if authorization.startswith("Bearer "):
             env["DEVICE_LOOP_TOKEN"] = authorization.removeprefix("Bearer ")
         else:  # a lab without tokens: be the lease's holder

@@ -5,19 +5,23 @@ agent reads its markdown; a worker killed mid-job leaves the job failed ("worker
 its runs, its lease released, and nothing it started running."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import Coordinator, Exporter, Proc, lab_tokens, wait_for
 from device_loop.client.local_run import LocalCommand, samples
 from device_loop.core.jobs import MetricSpec
 from helpers import pid_alive
+from test_end_to_end import wait_state
+from test_mcp import agent as mcp_client, call
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,3 +82,102 @@ def test_a_worker_killed_outright_takes_its_commands_with_it(tmp_path):
         if worker.poll() is None:
             worker.kill()
             worker.wait()
+
+
+def make_tokens(folder: Path, **kinds: str) -> dict[str, str]:
+    """Tokens on the lab's database, as its first admin makes them: user -> token, each of
+    the kind given (``person`` or ``agent``)."""
+    from device_loop.coordinator.identity import issue_token
+    from device_loop.coordinator.serve import sqlite_url
+    from device_loop.coordinator.store import Store
+    from device_loop.core.vocabulary import TokenKind
+
+    async def make() -> dict[str, str]:
+        store = Store(sqlite_url(folder / "coord"))
+        await store.connect()
+        try:
+            return {name: (await issue_token(store, time.time, name.split(":")[0], kind=TokenKind(kind)))["token"]
+                    for name, kind in kinds.items()}
+        finally:
+            await store.disconnect()
+
+    return asyncio.run(make())
+
+
+def worker(tmp_path: Path, env: dict, coordinator, *args: str, token: str | None = None) -> Proc:
+    env = {**env, "DEVICE_LOOP_COORDINATOR": coordinator.url, **({"DEVICE_LOOP_TOKEN": token} if token else {})}
+    return Proc(["worker", "--poll", "20s", "--beat", "1s", *args], env, tmp_path / "worker.log")
+
+
+SIM = {"plugin": "sim", "class": "sim-board", "workload_s": 0.02}
+WORKLOAD = "device-loop exec $DEVICE_LOOP_LEASE -- run-workload --cost {cost}"
+
+
+@pytest.mark.anyio
+async def test_an_agents_job_through_mcp_runs_on_a_worker_and_the_agent_reads_the_evidence(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=())
+    tokens = await asyncio.to_thread(make_tokens, tmp_path, **{"alice": "person", "alice:agent": "agent"})
+    _, token_file = await asyncio.to_thread(lab_tokens, env, coordinator, tmp_path)
+    exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}], token_file=str(token_file))
+    running = None
+    try:
+        await asyncio.to_thread(wait_state, coordinator, "sim-board-0", "idle", 30)
+        spec = {"title": "decode path", "target": {"class": "sim-board"},
+                "ab": {"baseline": [WORKLOAD.format(cost=1.0)], "patch": [WORKLOAD.format(cost=0.95)],
+                       "rounds": 2, "warmup": 0}}
+        async with mcp_client(coordinator.url, tokens["alice:agent"]) as agent:
+            job = await call(agent, "submit_job", spec=spec)
+            assert (job["state"], job["kind"], job["owner"]) == ("queued", "batch", "alice")
+            running = worker(tmp_path, env, coordinator, "--once", token=tokens["alice"])  # alice's own worker
+            status = job
+            while status["state"] in ("queued", "running"):
+                status = await call(agent, "job_status", job_id=job["id"], wait_s=10, unless=status["state"])
+            assert status["state"] == "done", status["reason"]
+            assert [r["arm"] for r in status["runs"]] == ["A", "B", "A", "B"]
+            assert status["worker"] and status["worker"] != "alice", "the worker names itself: host and pid"
+            evidence = (await call(agent, "job_evidence", job_id=job["id"]))["result"]
+        assert evidence.startswith("# decode path") and job["id"] in evidence
+        assert "run-workload --cost 0.95" in evidence and "sim-board-0" in evidence
+        assert await asyncio.to_thread(running.popen.wait, 30) == 0, running.output()
+        assert f"{job['id']} done" in running.output()
+        print(running.output())
+        leases = coordinator.api("/leases", headers={"Authorization": f"Bearer {tokens['alice']}"}).json()
+        assert leases == [], "the job's lease was released"
+    finally:
+        if running is not None:
+            running.stop(signal.SIGKILL)
+        exporter.stop()
+        coordinator.stop()
+
+
+def test_a_worker_killed_mid_job_loses_it_and_leaves_nothing_running(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=("--single-user", "--job-worker-timeout", "2s"))
+    exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}])
+    pids = tmp_path / "pids"
+    # the first run ends at once; the second starts two children that would run for a minute
+    command = (f"if [ -e {pids} ]; then echo $$ >> {pids}; sleep 60 & echo $! >> {pids}; sleep 60; "
+               f"else echo started > {pids}; echo '{{\"metric\": \"m\", \"value\": 1}}'; fi")
+    running = None
+    try:
+        wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+        job = coordinator.api("/jobs", "POST", json={"spec": {"target": {"device": "sim-board-0"}, "run": [command],
+                                                              "rounds": 3}}).json()
+        running = worker(tmp_path, {**env, "DEVICE_LOOP_USER": "alice"}, coordinator)
+        wait_for(lambda: len(pids.read_text().split()) == 3 if pids.exists() else False, 30,
+                 what="the second run's command and its children")
+        started = [int(p) for p in pids.read_text().split()[1:]]
+        assert all(pid_alive(p) for p in started)
+        running.stop(signal.SIGKILL)
+
+        ended = wait_for(lambda: (j := coordinator.api(f"/jobs/{job['id']}", params={"wait": 5, "unless": "running"})
+                                  .json())["state"] != "running" and j, 30, what="the reaper ending the job")
+        assert ended["state"] == "failed" and ended["reason"].startswith("worker lost"), ended["reason"]
+        assert [r["seq"] for r in ended["runs"]] == [0], "the run that ended is kept"
+        assert all(r["lease_state"] == "released" for r in ended["reservations"] if r["lease"]), ended["reservations"]
+        wait_for(lambda: not any(pid_alive(p) for p in started), 10, what="the worker's commands gone with it")
+        wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+    finally:
+        if running is not None:
+            running.stop(signal.SIGKILL)
+        exporter.stop()
+        coordinator.stop()

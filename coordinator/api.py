@@ -136,6 +136,9 @@ def route_handler(call: Call):
         answer = await call.run(ctx, args)
         if call.answer is bytes:  # a file of the registry, streamed
             return _ImageFile(answer, media_type="application/octet-stream")
+        if call.media_type is not None:  # text to read as it is (a job's evidence markdown)
+            return Response(answer, status_code=call.status, media_type=call.media_type,
+                            headers={"Cache-Control": "no-store"})
         return JSONResponse(answer, status_code=call.status)
 
     handle.__name__ = handle.__qualname__ = call.name

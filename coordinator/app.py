@@ -20,7 +20,6 @@ from .api import routes
 from .errors import APIError
 from .agents import LazyAgents
 from .events import Broadcaster
-from .evidence import evidence_route
 from .jobs import WORKER_TIMEOUT_S
 from .limits import BODY_GAP_S, BoundedBodies
 from .notify import CallerGone
@@ -32,11 +31,9 @@ from .web.pages import device_row, queue_row
 
 log = logging.getLogger(__name__)
 
-# Routes of jobs that answer something other than JSON, beside api.ROUTES (who may call each
-# is their handler's to check: the evidence a person's token, the pages anyone, as the board):
-# the evidence markdown, the jobs' web pages
-JOB_ROUTES = [Route("/api/v1/jobs/{job_id}/evidence", evidence_route, methods=["GET"]),
-              *job_pages.routes]
+# The jobs' web pages, beside api.ROUTES (who may see each is its handler's to check, as the
+# other pages')
+JOB_ROUTES = [*job_pages.routes]
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:

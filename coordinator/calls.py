@@ -65,6 +65,7 @@ class Call:
     max_body: int | None = None                    # its body's limit, where not the default (limits.py)
     refusals: frozenset[int] = frozenset()         # what it refuses besides what its shape tells (openapi.py)
     aliases: tuple[str, ...] = ()                  # other names of its tool
+    media_type: str | None = None                  # an answer that is text of this type, not JSON
     description: str = field(default="")
 
     @property
@@ -534,7 +535,8 @@ CALLS: list[Call] = [
     Call("my_jobs", USER, my_jobs, JobFilter, list[JobSummary], "GET /api/v1/jobs", tool_key="jobs"),
     Call("claim_job", USER, claim_job, ClaimJobIn, ClaimAnswer, "POST /api/v1/jobs/claim", idempotent=True),
     Call("job_status", USER, job_status, JobWait, JobAnswer, "GET /api/v1/jobs/{job_id}", tool=True),
-    Call("job_evidence", USER, job_evidence, JobId, str, tool=True),  # REST: text/markdown (evidence.py)
+    Call("job_evidence", USER, job_evidence, JobId, str, "GET /api/v1/jobs/{job_id}/evidence", tool=True,
+         media_type="text/markdown; charset=utf-8"),
     Call("beat_job", USER, beat_job, JobId, JobSummary, "POST /api/v1/jobs/{job_id}/beat"),
     Call("reserve_for_job", USER, reserve_for_job, JobReserveIn, LeaseAnswer | TicketAnswer,
          "POST /api/v1/jobs/{job_id}/reserve", status=201, idempotent=True),

@@ -226,7 +226,8 @@ def _operation(call, refs: dict, schemas: dict, answer: dict[str, Any] | None) -
 
 
 def _responses(call, answer: dict[str, Any] | None) -> dict:
-    content = BINARY if answer is None else {"application/json": {"schema": answer}}
+    content = (BINARY if answer is None else {call.media_type.split(";")[0]: {"schema": answer}} if call.media_type
+               else {"application/json": {"schema": answer}})
     statuses = [str(call.status)] + (["200"] if call.name == "upload_image" else [])  # bytes it had already
     return {status: {"description": "created" if status == "201" else "done", "content": content}
             for status in statuses}

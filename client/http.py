@@ -11,6 +11,7 @@ import getpass
 import http.client
 import json
 import os
+import threading
 import time
 import urllib.parse
 import uuid
@@ -55,7 +56,11 @@ class Coordinator:
         parts = urllib.parse.urlsplit(self.url)
         self._https = parts.scheme == "https"
         self._netloc, self._base_path = parts.netloc, parts.path.rstrip("/")
-        self._connection: http.client.HTTPConnection | None = None
+        # one kept-alive connection per thread: a Coordinator is shared by threads (a job's
+        # cells, its beat) as httpx2's client was, and an http.client connection is not
+        self._connections = threading.local()
+        self._all: list[http.client.HTTPConnection] = []
+        self._all_lock = threading.Lock()
         self._http: Any = None
 
     @property
@@ -70,9 +75,11 @@ class Coordinator:
         return self._http
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+        with self._all_lock:
+            connections, self._all = self._all, []
+        for connection in connections:
+            connection.close()
+        self._connections = threading.local()
         if self._http is not None:
             self._http.close()
 
@@ -108,7 +115,7 @@ class Coordinator:
                                                  timeout or self.timeout)
                 break
             except (OSError, http.client.HTTPException) as exc:
-                self.close()  # a kept-alive connection the server closed, or no server: a new one
+                self._drop()  # a kept-alive connection the server closed, or no server: a new one
                 if attempt == self.retries - 1:
                     raise CoordinatorError("unreachable",
                                            f"cannot reach the coordinator at {self.url}: {exc}") from None
@@ -118,10 +125,12 @@ class Coordinator:
 
     def _exchange(self, method: str, target: str, body: bytes | None, headers: dict[str, str],
                   timeout: float) -> tuple[int, bytes]:
-        if self._connection is None:
+        connection = getattr(self._connections, "connection", None)
+        if connection is None:
             connection_class = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._connection = connection_class(self._netloc, timeout=timeout)
-        connection = self._connection
+            connection = self._connections.connection = connection_class(self._netloc, timeout=timeout)
+            with self._all_lock:
+                self._all.append(connection)
         connection.timeout = timeout
         if connection.sock is not None:
             connection.sock.settimeout(timeout)
@@ -129,8 +138,17 @@ class Coordinator:
         response = connection.getresponse()
         content = response.read()
         if response.will_close:
-            self.close()
+            self._drop()
         return response.status, content
+
+    def _drop(self) -> None:
+        """Close this thread's connection; its next request opens another."""
+        connection = getattr(self._connections, "connection", None)
+        if connection is not None:
+            self._connections.connection = None
+            with self._all_lock:
+                self._all = [c for c in self._all if c is not connection]
+            connection.close()
 
     def _answer(self, status: int, content: bytes):
         try:

@@ -20,7 +20,6 @@ from .api import routes
 from .errors import APIError
 from .agents import LazyAgents
 from .events import Broadcaster
-from .jobs import WORKER_TIMEOUT_S
 from .limits import BODY_GAP_S, BoundedBodies
 from .notify import CallerGone
 from .origin import KnownOrigins, allowed_hosts as known_hosts
@@ -77,8 +76,7 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
 
 def create_app(database_url: str, settings: Settings | None = None, single_user: bool = False,
                allowed_hosts: Sequence[str] = (), tailnet_socket: str | None = None,
-               tailnet_admins: Sequence[str] = (), body_gap_s: float = BODY_GAP_S,
-               job_worker_timeout_s: float = WORKER_TIMEOUT_S) -> Starlette:
+               tailnet_admins: Sequence[str] = (), body_gap_s: float = BODY_GAP_S) -> Starlette:
     """A coordinator on ``database_url`` (``sqlite:///PATH`` or ``postgresql://...``).
 
     ``single_user``: the trust mode of ``device-loop up`` on loopback: no tokens, every
@@ -87,8 +85,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     besides loopback; others get 421.
     ``tailnet_socket``: tailscaled's LocalAPI socket, to know callers without a token by
     their tailnet login (``tailnet_admins`` are admins). ``body_gap_s``: the longest a
-    request body may pause before the request is cut (408). ``job_worker_timeout_s``: a
-    running job whose worker is silent this long fails ("worker lost").
+    request body may pause before the request is cut (408).
     """
     store = Store(database_url)
     settings = settings or Settings()
@@ -97,8 +94,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
         settings = dataclasses.replace(settings, image_dir=str(Path(database_url.split("sqlite:///", 1)[1]).parent
                                                               / "images"))
     # the data-plane gate goes with authentication: off exactly in the trust mode
-    rules = Rules(store, dataclasses.replace(settings, gated=not single_user),
-                  job_worker_timeout_s=job_worker_timeout_s)
+    rules = Rules(store, dataclasses.replace(settings, gated=not single_user))
     events = Broadcaster(rules.devices.list_devices, rules.life.notifier, render_row=device_row)  # one a process
     events.follow_queue(lambda: rules.scheduler.queue(None, False), queue_row)  # the board shows the queue too
     state = {"rules": rules, "single_user": single_user, "tailnet_socket": tailnet_socket,

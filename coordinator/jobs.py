@@ -39,7 +39,7 @@ from .store import Store
 JOB_PREFIX = "job-"
 MAX_LISTED = 200           # jobs a listing shows
 SILENT_PER_PASS = 20       # jobs whose worker was lost, ended by one reaper pass
-WORKER_TIMEOUT_S = 30.0    # a running job's worker beats at least this often (--job-worker-timeout)
+
 QUEUED_KEY = "jobs:queued"  # a job was queued: claims long-polling wake up
 ANALYSES_KEPT = 32
 MAX_OPEN_JOBS = 50            # queued or running jobs one person may have (admins are counted, not limited)
@@ -112,11 +112,9 @@ def _jsonable(value: Any) -> Any:
 class Jobs:
     """Jobs, their cells and runs, and the leases they hold."""
 
-    def __init__(self, life: Lifecycle, scheduler: Scheduler, leases: Leases,
-                 worker_timeout_s: float = WORKER_TIMEOUT_S):
+    def __init__(self, life: Lifecycle, scheduler: Scheduler, leases: Leases):
         self.life, self.scheduler, self.leases = life, scheduler, leases
         self.store: Store = life.store
-        self.worker_timeout_s = worker_timeout_s
         self._analyses: OrderedDict[tuple, Any] = OrderedDict()  # what the last few jobs' runs came to
 
     # ---- submit, list, read -----------------------------------------------------------------
@@ -373,7 +371,7 @@ class Jobs:
         end ``failed`` ("worker lost"), their runs kept and their leases released. Silence
         counts from when this coordinator began serving, at the earliest (workers could not
         beat while it was down)."""
-        timeout = self.worker_timeout_s
+        timeout = self.life.settings.job_worker_timeout_s
         before = now - timeout
         if self.life.serving_since > before:
             return

@@ -33,6 +33,8 @@ class Settings:
     claim_window_s: float = 120.0     # a granted ticket's requester sees its lease within this, or it passes on
     batch_max_wait_s: float = 1800.0  # a batch ticket waiting longer is served among the interactive ones
     max_tickets_per_user: int = 20    # open tickets a person may have (0: no limit)
+    # jobs (docs/architecture.md, "Jobs and evidence")
+    job_worker_timeout_s: float = 30.0  # a running job whose worker is silent this long fails (worker lost)
 
 
 def device_state(facts: Mapping[str, Any]) -> DeviceState:

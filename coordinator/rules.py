@@ -25,7 +25,7 @@ from .devices import Devices
 from .hosts import Hosts
 from .image_files import ImageFiles
 from .images import Images
-from .jobs import WORKER_TIMEOUT_S, Jobs
+from .jobs import Jobs
 from .leases import Leases
 from .lifecycle import Lifecycle, Settings
 from .operations import Operations
@@ -42,8 +42,7 @@ IDEMPOTENCY_KEPT_S = 86400.0
 class Rules:
     """The services of one coordinator process, wired together."""
 
-    def __init__(self, store: Store, settings: Settings | None = None, clock: Callable[[], float] = time.time,
-                 job_worker_timeout_s: float = WORKER_TIMEOUT_S):
+    def __init__(self, store: Store, settings: Settings | None = None, clock: Callable[[], float] = time.time):
         self.life = Lifecycle(store, settings, clock)
         self.devices = Devices(self.life)
         self.leases = Leases(self.life, self.devices)
@@ -53,7 +52,7 @@ class Rules:
         self.steps = Steps(self.life, self.leases, self.operations)
         self.hosts = Hosts(self.life, self.leases, self.operations, self.steps, self.scheduler)
         self.admin = Admin(self.life, self.devices, self.leases, self.scheduler)
-        self.jobs = Jobs(self.life, self.scheduler, self.leases, job_worker_timeout_s)
+        self.jobs = Jobs(self.life, self.scheduler, self.leases)
         self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first
 
     # what tests and tools reach for: the lifecycle's own

@@ -14,7 +14,6 @@ import uvicorn
 from device_loop.core.durations import format_duration, parse_duration
 
 from .app import create_app
-from .jobs import WORKER_TIMEOUT_S
 from .limits import BODY_GAP_S
 from .rules import Settings
 from .slow_clients import HEAD_TIMEOUT_S, head_deadline
@@ -96,7 +95,8 @@ def raise_descriptor_limit() -> int:
               help="a granted ticket's requester must see its lease within this, or it passes to the next ticket")
 @click.option("--max-tickets-per-user", default=Settings.max_tickets_per_user, show_default=True,
               type=click.IntRange(0), help="open queue tickets one person may have at once (0: no limit)")
-@click.option("--job-worker-timeout", default=format_duration(WORKER_TIMEOUT_S), show_default=True, callback=_seconds,
+@click.option("--job-worker-timeout", default=format_duration(Settings.job_worker_timeout_s), show_default=True,
+              callback=_seconds,
               help="a running job whose worker does not beat within this fails (worker lost) and its leases are "
                    "released")
 @click.option("--header-timeout", default=format_duration(HEAD_TIMEOUT_S), show_default=True, callback=_seconds,
@@ -120,12 +120,12 @@ def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, job_
                         max_leases_per_user=max_leases_per_user, max_image_bytes=max_image_size << 20,
                         image_quota_bytes=(image_quota << 20) or None, batch_max_wait_s=batch_max_wait,
                         claim_window_s=claim_window, max_tickets_per_user=max_tickets_per_user,
+                        job_worker_timeout_s=job_worker_timeout,
                         image_dir=str(image_dir or Path(data_dir).expanduser() / "images"))
     database_url = database_url or sqlite_url(data_dir)
     _check_database(database_url)
     app = create_app(database_url, settings, single_user=single_user, allowed_hosts=allowed_hosts,
-                     tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins, body_gap_s=body_timeout,
-                     job_worker_timeout_s=job_worker_timeout)
+                     tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins, body_gap_s=body_timeout)
     logging.getLogger("device_loop.coordinator").info("up to %d open files (connections)", raise_descriptor_limit())
     # proxy_headers=False: a local caller must not be able to forge its address.
     uvicorn.run(app, host=host, port=port, proxy_headers=False, log_level="info", access_log=False,

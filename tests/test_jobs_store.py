@@ -37,7 +37,7 @@ async def test_the_reaper_ends_a_bounded_number_of_silent_jobs_a_pass(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         for _ in range(SILENT_PER_PASS + 3):
             await rules.jobs.submit(SPEC, True, None, "ann", TicketKind.INTERACTIVE)
-        clock.advance(rules.jobs.worker_timeout_s + 1)
+        clock.advance(rules.settings.job_worker_timeout_s + 1)
         await rules.reap()
         states = await rules.store.job_counts()
         assert states == {"failed": SILENT_PER_PASS, "running": 3}

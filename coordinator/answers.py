@@ -275,7 +275,8 @@ class JobAnswer(TypedDict):
     ended_at: float | None
     worker: str | None
     cells: list[CellReport]
-    runs: list[RunRecord]
+    runs: list[RunRecord]          # empty when asked without them (runs=false)
+    run_count: int                 # how many it has, asked with them or not
     coordinator_version: str
     reservations: list[JobReservation]
     analysis: dict[str, Any] | None

@@ -322,8 +322,11 @@ async def job_status(ctx: Ctx, args: JobWait) -> JobAnswer:
     """A job: state (queued, running, done, failed, cancelled) and reason, its spec, cells
     (device, fingerprint), runs, the tickets and leases it made, and the analysis of its runs.
     With wait_s, answers once its state changes."""
-    return await ctx.rules.jobs.status(args.job_id, ctx.caller.name, ctx.caller.admin, await _until(ctx, args.wait_s),
-                                       args.unless, ctx.gone)
+    job = await ctx.rules.jobs.status(args.job_id, ctx.caller.name, ctx.caller.admin, await _until(ctx, args.wait_s),
+                                      args.unless, ctx.gone)
+    if not args.runs:
+        job["runs"] = []
+    return job
 
 
 async def job_evidence(ctx: Ctx, args: JobId) -> str:

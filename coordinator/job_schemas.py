@@ -41,6 +41,9 @@ class JobWait(JobId):
                                description="with wait_s: the state the caller last saw (queued, running, done, "
                                            "failed, cancelled), e.g. 'running'; the answer comes once the state is "
                                            "another (at most 32 characters; default: the state it has now)")
+    runs: bool = Field(default=True, description="include every run (a long A/B or matrix has thousands); false "
+                                                 "for the state, cells and analysis alone, e.g. false for an agent "
+                                                 "that follows a job (default true)")
 
 
 class SubmitJobIn(Strict):

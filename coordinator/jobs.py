@@ -184,6 +184,7 @@ class Jobs:
             "reason": row["reason"], "spec": row["spec"],  # type: ignore[typeddict-item]  # (its JSON, checked at submit)
             "created_at": row["created_at"], "started_at": row["started_at"], "ended_at": row["ended_at"],
             "worker": row["worker"], "cells": cells, "runs": runs,  # type: ignore[typeddict-item]
+            "run_count": len(runs),
             "coordinator_version": _version(),
             "reservations": [_reservation(r) for r in await self.store.job_leases(row["id"])],
             "analysis": None,

@@ -56,7 +56,9 @@ async def test_an_agent_submits_a_job_follows_it_and_gets_its_evidence(tmp_path)
                     "samples": [{"metric": "decode_ms", "value": value}]})
             await worker.post(f"/jobs/{job['id']}/finish", json={"state": "done"})
             done = await call(ann, "job_status", job_id=job["id"], wait_s=30, unless="running")
-            assert done["state"] == "done" and len(done["runs"]) == 12
+            assert done["state"] == "done" and len(done["runs"]) == 12 == done["run_count"]
+            brief = await call(ann, "job_status", job_id=job["id"], runs=False)
+            assert (brief["runs"], brief["run_count"], brief["analysis"] is not None) == ([], 12, True)
             evidence = await call(ann, "job_evidence", job_id=job["id"])
             assert job["id"] in evidence["result"] and "decode_ms" in evidence["result"]
             assert (await eve.call_tool("job_evidence", {"job_id": job["id"]})).is_error

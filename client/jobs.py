@@ -226,8 +226,9 @@ def _jsonable(value: Any) -> Any:
 
 def _what(spec: JobSpec) -> str:
     target = spec.target
-    where = target.device or " ".join(filter(None, [target.device_class and f"class {target.device_class}",
-                                                    target.tags and f"tags {','.join(target.tags)}"]))
+    parts = ([f"class {target.device_class}"] if target.device_class else []) + \
+        ([f"tags {','.join(target.tags)}"] if target.tags else [])
+    where = target.device or " ".join(parts)
     if spec.matrix is not None:
         where = f"{len(spec.matrix.over)} groups: {', '.join(spec.matrix.over)}"
     if spec.ab is not None:
@@ -387,7 +388,8 @@ def job_evidence_command(lab: Lab, job_id: str, plot: str | None, as_json: bool)
 @json_option
 @lab_command
 def job_cancel_command(lab: Lab, job_id: str, as_json: bool):
-    """Cancel a queued or running job: its worker stops at once, its leases are released."""
+    """Cancel a queued or running job: its leases are released at once, and its worker stops
+    at its next beat (within seconds), killing the command it runs."""
     job = lab.jobs.cancel(job_id)
     emit(as_json, job.model_dump(mode="json", by_alias=True), lambda _: f"{job.id}: {job.state} ({job.reason})")
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core import abstats
+from device_loop.core.device_exec import exec_on_lease
 from device_loop.core.durations import format_duration, parse_iso
 from device_loop.core.fingerprint import gather, readings, unfit
 from device_loop.core.jobs import (MAX_TEXT_CHARS, Arm, CellReport, Fingerprint, JobSpec, JobState, JobView, Readings,
@@ -120,10 +121,8 @@ class Runner:
 
     def __init__(self, jobs: Jobs, *, exec: DeviceExec | None = None, clock: Callable[[], float] = time.time,
                  beat_s: float = BEAT_S, say: Say | None = None, base_env: Mapping[str, str] | None = None):
-        if exec is None:
-            from device_loop.core.device_exec import exec_on_lease as exec
         self.jobs = jobs
-        self.exec = exec
+        self.exec: DeviceExec = exec if exec is not None else exec_on_lease
         self.clock = clock
         self.beat_s = beat_s
         self.say = say or (lambda text: None)

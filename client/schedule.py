@@ -33,11 +33,11 @@ def group_target(group: str, base: Target) -> Target:
     if base.device:
         raise ValueError(f"the job names a device ({base.device}): a group {group!r} cannot narrow it")
     if key == "class":
-        return Target(device_class=value, tags=base.tags)
+        return Target.model_validate({"class": value, "tags": base.tags})
     tags = [t.strip() for t in value.split(",") if t.strip()]
     if not tags:
         raise ValueError(f"the group {group!r} names no tag")
-    return Target(device_class=base.device_class, tags=tags)
+    return Target.model_validate({"class": base.device_class, "tags": tags})
 
 
 def cells(spec: JobSpec) -> list[Cell]:

@@ -15,6 +15,7 @@ import threading
 import pytest
 
 from conftest import BUILT_IN_PLUGINS, DEFAULT_COORDINATOR_GUARD, LOAD_ENV, Coordinator, Exporter, wait_for
+from helpers import pid_alive
 from device_loop.cli import main as cli_main
 from device_loop.client import Lab
 from device_loop.client.runner import Runner, Stopper
@@ -235,6 +236,26 @@ def test_a_worker_stopped_by_sigterm_fails_its_job_and_releases(lab, tmp_path):
     job = json.loads(out)
     assert job["state"] == "failed" and "SIGTERM" in job["reason"] and job["runs"] == []
     wait_state(coordinator, "sim-board-0", "idle")
+
+
+def test_a_running_job_cancelled_stops_its_worker_and_its_command(lab, tmp_path, capsys):
+    coordinator, env = lab
+    pid = tmp_path / "pid"
+    (tmp_path / "job.toml").write_text(f'run = ["echo $$ > {pid}; sleep 60"]\n[target]\ndevice = "sim-board-0"\n')
+    running = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "run", "--json", str(tmp_path / "job.toml")],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: pid.exists() and pid.read_text().strip(), 30, what="the command running")
+        (job,) = [j for j in json.loads(here(capsys, coordinator, "jobs", "--json")[1]) if j["state"] == "running"]
+        assert here(capsys, coordinator, "job", "cancel", job["id"])[0] == 0
+        out, err = running.communicate(timeout=30)  # its next beat says so
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert running.returncode == 1, err
+    ended = json.loads(out)
+    assert ended["state"] == "cancelled" and ended["reason"] == "cancelled by alice"
+    assert not pid_alive(int(pid.read_text())), "the command was killed"
 
 
 def test_stop_kills_the_running_commands_of_every_cell():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import signal
 import sys
 import time
@@ -219,7 +220,7 @@ def _jsonable(value: Any) -> Any:
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
-    if isinstance(value, float) and value != value:
+    if isinstance(value, float) and not math.isfinite(value):  # (JSON has no NaN or infinity)
         return None
     return value
 

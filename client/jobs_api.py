@@ -66,8 +66,10 @@ class Jobs:
         self.api = api
 
     def apart(self) -> Jobs:
-        """The same lab and identity on a connection of its own: a ``Coordinator`` keeps one
-        connection, so each thread that talks to the lab needs its own."""
+        """The same lab and identity on a ``Coordinator`` of its own, for a thread that ends
+        (a job's beat, a matrix cell): closed with it, its connection goes too, where a shared
+        ``Coordinator`` would keep every ended thread's connection until it is closed (a
+        worker runs job after job)."""
         token = self.api.headers.get("Authorization", "").removeprefix("Bearer ") or None
         return Jobs(Coordinator(self.api.url, self.api.user, timeout=self.api.timeout, retries=self.api.retries,
                                 token=token))

@@ -291,7 +291,7 @@ class CellRun:
             got = self.jobs.reserve(self.job.id, self.cell.index, self.cell.target)
         except CoordinatorError as exc:
             if matrix is not None and exc.status in (404, 409):
-                self.not_run = f"{NO_DEVICE} ({exc.message})"
+                self.not_run = exc.message if exc.message.startswith(NO_DEVICE) else f"{NO_DEVICE} ({exc.message})"
                 return None
             raise
         if isinstance(got, Ticket):

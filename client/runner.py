@@ -458,9 +458,13 @@ class CellRun:
         return said + _tail_text(result)
 
     def _decided(self) -> bool:
-        """Whether this cell's runs so far decide every metric (at α split over the looks)."""
-        assert self.report is not None
-        return abstats.decided(abstats.analyse(self.spec, self.runs, [self.report]))
+        """Whether this cell's runs so far decide every metric, at α split over the looks and,
+        in a matrix, over its cells too: the other cells' runs are not here, and the evidence
+        adjusts across all of them (docs/architecture.md, "The A/B analysis")."""
+        assert self.report is not None and self.spec.ab is not None
+        cells = len(self.spec.matrix.over) if self.spec.matrix else 1
+        alpha = abstats.alpha_per_look(self.spec.ab) / cells
+        return abstats.decided(abstats.analyse(self.spec, self.runs, [self.report], alpha=alpha))
 
 
 def _tail_text(result: LocalResult) -> str:

@@ -276,6 +276,12 @@ class LocalForward:
             self._serving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._serving  # closes the listening socket
+            # the connections it relays still (an ssh that exited, an adb client): ended here,
+            # not left pending in a loop about to close
+            relaying = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in relaying:
+                task.cancel()
+            await asyncio.gather(*relaying, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)

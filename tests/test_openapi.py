@@ -222,7 +222,7 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(datab
         (tmp_path / "schemathesis.toml").write_text(tomli_w.dumps(config))
         run = subprocess.run(
             [sys.executable, "-m", "schemathesis.cli", "--config-file", "schemathesis.toml", "run",
-             f"{coordinator.url}/api/v1/openapi.json", "--checks", "all", "--max-examples", "3",
+             f"{coordinator.url}/api/v1/openapi.json", "--checks", "all", "--max-examples", "2",
              *(["--exclude-checks", ",".join(NOT_IN_THE_TRUST_MODE)] if trust else []),
              "--generation-deterministic", "--workers", "1", "--no-color", "--output-sanitize", "false"],
             # it loads this file as its hooks, whose imports need the tests' folder

@@ -316,7 +316,7 @@ class Jobs:
             self._check_cell(spec, run.cell)
             most = runs_per_cell(spec)
             if run.seq >= most:
-                raise APIError(413, "too_many_runs", f"a cell of {job_id} has at most {most} runs (its spec's "
+                raise APIError(409, "too_many_runs", f"a cell of {job_id} has at most {most} runs (its spec's "
                                                      f"rounds): seq {run.seq} is past them")
             dumped = run.model_dump(mode="json", by_alias=True)
             if not await self.store.insert_job_run({"job": job_id, **dumped}):  # type: ignore[typeddict-item]

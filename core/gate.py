@@ -250,7 +250,13 @@ async def serve_forward(listener: socket.socket, host: str, port: int, secret: s
             writer.close()
             return
         remote_reader, remote_writer = await asyncio.open_connection(sock=sock)
-        await asyncio.gather(pipe(reader, remote_writer), pipe(remote_reader, writer))
+        try:
+            await asyncio.gather(pipe(reader, remote_writer), pipe(remote_reader, writer))
+        except asyncio.CancelledError:
+            # the forward is closing: its connections end with it. Ended, not cancelled, since
+            # asyncio's stream callback logs a cancelled handler as an error on 3.11
+            writer.close()
+            remote_writer.close()
 
     server = await asyncio.start_server(handle, sock=listener)
     async with server:

@@ -83,7 +83,7 @@ async def test_runs_are_append_only_bounded_and_only_while_the_job_runs(tmp_path
         duplicate = await api.post(runs, json=run(0, status=1))
         assert duplicate.status_code == 409 and duplicate.json()["error"] == "duplicate_run"
         past = await api.post(runs, json=run(3))  # three rounds of one command: seq 0 to 2
-        assert past.status_code == 413 and past.json()["error"] == "too_many_runs"
+        assert past.status_code == 409 and past.json()["error"] == "too_many_runs"
         assert (await api.post(runs, json=run(1, cell=1))).json()["error"] == "no_such_cell"
         assert (await api.post(f"/jobs/{job['id']}/cells", json={"cell": 1})).json()["error"] == "no_such_cell"
         for bad in [run(1, arm="C"), run(1, status=999), {**run(1), "seq": -1}, {**run(1), "extra": 1},

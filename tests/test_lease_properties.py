@@ -29,7 +29,7 @@ async def snapshot(rules):
     return leases, devices
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations)
 async def test_lease_rules_hold_under_any_sequence(tmp_path, ops):
     async with in_process_lab(tmp_path, allocating_timeout_s=40) as (client, rules, clock):

@@ -397,7 +397,7 @@ class LiveLab(RuleBasedStateMachine):
 # failure is reported as it was found, a sequence of at most 30 steps, within the timeout.
 # (No preconditions either: which rules may run must not depend on timing, or hypothesis
 # finds its own data generation inconsistent; a rule with nothing to do returns.)
-SETTINGS = settings(max_examples=15, stateful_step_count=30, deadline=None, derandomize=bool(os.environ.get("CI")),
+SETTINGS = settings(max_examples=10, stateful_step_count=30, deadline=None, derandomize=bool(os.environ.get("CI")),
                     phases=[Phase.explicit, Phase.reuse, Phase.generate],
                     suppress_health_check=[HealthCheck.too_slow])
 

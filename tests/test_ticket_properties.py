@@ -536,7 +536,7 @@ class TicketLab(RuleBasedStateMachine):
 # No shrinking: each replay of a live lab runs for real, so a failure is reported as it was
 # found. (No preconditions either: which rules may run must not depend on timing; a rule
 # with nothing to do returns.)
-SETTINGS = settings(max_examples=8, stateful_step_count=25, deadline=None, derandomize=bool(os.environ.get("CI")),
+SETTINGS = settings(max_examples=6, stateful_step_count=25, deadline=None, derandomize=bool(os.environ.get("CI")),
                     phases=[Phase.explicit, Phase.reuse, Phase.generate],
                     suppress_health_check=[HealthCheck.too_slow])
 

@@ -210,7 +210,7 @@ def show_ended(job: JobView, as_json: bool, plot: str | None = None) -> None:
         return
     from device_loop.core import evidence
 
-    click.echo(evidence.terminal_table(analysis))
+    click.echo(evidence.terminal_table(analysis, job))
     click.echo(f"{job.id}: {job.state}" + (f" ({job.reason})" if job.reason else ""))
     click.echo(f"evidence: device-loop job evidence {job.id} > evidence.md" + (f"; chart: {plot}" if plot else ""))
 
@@ -350,7 +350,7 @@ def _job_text(job: JobView) -> str:
     if job.runs:
         from device_loop.core import evidence
 
-        lines.append(evidence.terminal_table(analysis_of(job)))
+        lines.append(evidence.terminal_table(analysis_of(job), job))
     lines.append(f"evidence: device-loop job evidence {job.id} > evidence.md")
     return "\n".join(lines)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from typing import Callable
 from collections.abc import Iterable
 
 import tomli_w
@@ -160,20 +161,29 @@ def metric_table(cell: CellAnalysis, ab: bool) -> str:
     return table(["metric", "A ±", "B ±", "delta [CI]", "p (Holm)", "n", "verdict"], rows)
 
 
-def matrix_table(job: JobView, analysis: Analysis) -> str:
-    """A row per cell and metric: group, device, ISA features, delta with CI, verdict; a cell
+MATRIX_COLUMNS = ["cell", "group", "device", "ISA features", "metric", "delta [CI]", "verdict"]
+
+
+def matrix_rows(job: JobView, analysis: Analysis, escape: Callable[[str], str]) -> list[list[str]]:
+    """A row per cell and metric (``MATRIX_COLUMNS``), text put through ``escape``; a cell
     that never ran is a row that says so."""
     reports = {c.cell: c for c in job.cells}
     rows = []
     for cell in analysis.cells:
         report = reports.get(cell.cell)
         isa = " ".join(notable_isa(report.fingerprint.isa)) if report and report.fingerprint else ""
-        head = [str(cell.cell), md(cell.group), md(cell.device or "-"), md(isa or "-")]
+        head = [str(cell.cell), escape(cell.group), escape(cell.device or "-"), escape(isa or "-")]
         if cell.not_run or not cell.metrics:
-            rows.append(head + ["-", md(f"not run: {cell.not_run}" if cell.not_run else "no runs"), "-"])
+            rows.append(head + ["-", escape(f"not run: {cell.not_run}" if cell.not_run else "no runs"), "-"])
         for m in cell.metrics:
-            rows.append(head + [md(m.name), delta_text(m.comparison, md(m.unit)), md(verdict_text(m.comparison))])
-    return table(["cell", "group", "device", "ISA features", "metric", "delta [CI]", "verdict"], rows)
+            rows.append(head + [escape(m.name), delta_text(m.comparison, escape(m.unit)),
+                                escape(verdict_text(m.comparison))])
+    return rows
+
+
+def matrix_table(job: JobView, analysis: Analysis) -> str:
+    """The matrix's summary as a markdown table: a row per cell and metric."""
+    return table(MATRIX_COLUMNS, matrix_rows(job, analysis, md))
 
 
 def warnings(analysis: Analysis) -> list[str]:
@@ -334,9 +344,11 @@ def _columns(rows: list[list[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def terminal_table(analysis: Analysis) -> str:
+def terminal_table(analysis: Analysis, job: JobView | None = None) -> str:
     """benchstat's table for a terminal: metric, A ± spread, B ± spread, delta, p, n,
-    verdict (a plain job: metric, median ± spread, n), a block per cell, then the warnings."""
+    verdict (a plain job: metric, median ± spread, n), a block per cell, then, for a matrix
+    (given its ``job``, whose fingerprints name the ISA), one table of every cell, then the
+    warnings."""
     lines = []
     for cell in analysis.cells:
         if len(analysis.cells) > 1 or cell.device:
@@ -353,5 +365,7 @@ def terminal_table(analysis: Analysis) -> str:
             rows = [["metric", "median", "n"]]
             rows += [[plain(m.name), arm_text(m.a, plain(m.unit)), str(m.a.n)] for m in cell.metrics]
         lines += _columns(rows)
+    if job is not None and job.spec.matrix is not None:
+        lines += ["matrix"] + _columns([MATRIX_COLUMNS] + matrix_rows(job, analysis, plain))
     lines += [f"warning: {plain(w)}" for w in warnings(analysis)]
     return "\n".join(lines)

@@ -167,8 +167,11 @@ def test_terminal_table_lines_up_and_strips_escapes():
     assert "\x1b" not in table and "\n" not in row
     assert any(line.startswith("warning: 1 of 20 runs marked unfit") for line in lines)
     matrix = abstats.analyse(matrix_job().spec, matrix_job().runs, matrix_job().cells)
-    text = evidence.terminal_table(matrix)
+    text = evidence.terminal_table(matrix, matrix_job())
     assert "cell 2 tags=avx2: not run: no device" in text
+    summary = text.splitlines()[text.splitlines().index("matrix") + 1:]
+    assert summary[0].split()[:4] == ["cell", "group", "device", "ISA"]
+    assert [row.split()[0] for row in summary[1:4]] == ["0", "1", "2"], "a row per cell, the one not run too"
 
 
 def test_escaping_helpers():

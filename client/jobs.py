@@ -23,10 +23,9 @@ import click
 from pydantic import ValidationError
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import JobSpec, JobState, JobView, Order
+from device_loop.core.jobs import JobSpec, JobState, JobSummary, JobView, Order
 
 from .commands import _tags, _ttl, json_option, lab_command
-from .jobs_api import JobSummary
 from .lab import Lab
 from .output import emit, table
 from .schedule import group_target
@@ -326,7 +325,7 @@ def _jobs_text(jobs: list[JobSummary]) -> str:
 def jobs_command(lab: Lab, everyone: bool, as_json: bool):
     """Your jobs, open ones first: state, owner, kind, title, worker."""
     jobs = lab.jobs.list(everyone)
-    emit(as_json, [dataclasses.asdict(j) for j in jobs], lambda _: _jobs_text(jobs))
+    emit(as_json, [j.model_dump(mode="json") for j in jobs], lambda _: _jobs_text(jobs))
 
 
 @click.group("job")

@@ -17,35 +17,13 @@ import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from device_loop.core.jobs import OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord, Target
+from device_loop.core.jobs import (OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobSummary, JobView, RunRecord,
+                                   Target)
 
 from .http import Coordinator, CoordinatorError
 from .lab import Lease, Ticket
-
-
-@dataclass(frozen=True)
-class JobSummary:
-    """A job as a listing shows it: no spec, cells or runs."""
-    id: str
-    owner: str
-    kind: str
-    state: JobState
-    reason: str
-    title: str
-    created_at: float
-    started_at: float | None
-    ended_at: float | None
-    worker: str | None
-
-    @classmethod
-    def of(cls, answer: Mapping[str, Any]) -> JobSummary:
-        return cls(id=answer["id"], owner=answer["owner"], kind=answer["kind"], state=JobState(answer["state"]),
-                   reason=answer.get("reason") or "", title=answer.get("title") or "",
-                   created_at=answer["created_at"], started_at=answer.get("started_at"),
-                   ended_at=answer.get("ended_at"), worker=answer.get("worker"))
 
 
 def worker_label() -> str:

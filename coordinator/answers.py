@@ -282,20 +282,6 @@ class JobAnswer(TypedDict):
     analysis: dict[str, Any] | None
 
 
-class JobSummary(TypedDict):
-    """A job as listings show it: no spec, cells or runs."""
-    id: str
-    owner: str
-    kind: TicketKind
-    state: JobState
-    reason: str
-    title: str
-    created_at: float
-    started_at: float | None
-    ended_at: float | None
-    worker: str | None
-
-
 class ClaimAnswer(TypedDict):
     """What a worker's claim took: a job, now running and the worker's, or null (none queued)."""
     job: JobAnswer | None

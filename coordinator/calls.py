@@ -15,13 +15,13 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel
 
 from device_loop.core import PROTOCOL_VERSION, __version__
-from device_loop.core.jobs import CellReport, JobState, RunRecord
+from device_loop.core.jobs import CellReport, JobState, JobSummary, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, TicketKind
 
 from . import device_commands, relays
 from .answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer, HealthAnswer, HostAnswer,
-                      ImageAnswer, JobAnswer, JobSummary, LeaseAnswer, LogEntry, OperationAnswer, QueueEntry,
+                      ImageAnswer, JobAnswer, LeaseAnswer, LogEntry, OperationAnswer, QueueEntry,
                       TicketAnswer, TokenAnswer)
 from .evidence import evidence_markdown
 from .identity import ADMIN, ANYONE, EXPORTER, USER, Identity, issue_token, refusal, token_view
@@ -313,7 +313,7 @@ async def submit_job(ctx: Ctx, args: SubmitJobIn) -> JobAnswer:
                                        ctx.caller.admin)
 
 
-async def my_jobs(ctx: Ctx, args: JobFilter) -> list[JobSummary]:
+async def my_jobs(ctx: Ctx, args: JobFilter) -> list[dict[str, Any]]:
     """The caller's jobs (those they own or work on), open ones first (an admin's all=true: everyone's)."""
     return await ctx.rules.jobs.jobs(ctx.caller.name, args.everyone and ctx.caller.admin)
 
@@ -344,7 +344,7 @@ async def claim_job(ctx: Ctx, args: ClaimJobIn) -> ClaimAnswer:
                                       ctx.caller.admin, ctx.gone)
 
 
-async def beat_job(ctx: Ctx, args: JobId) -> JobSummary:
+async def beat_job(ctx: Ctx, args: JobId) -> dict[str, Any]:
     """The job's worker is alive (a running job whose worker is silent for the lab's
     --job-worker-timeout fails: worker lost)."""
     return await ctx.rules.jobs.beat(args.job_id, ctx.caller.name, ctx.caller.admin)

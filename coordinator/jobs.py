@@ -27,7 +27,7 @@ from device_loop.core.durations import format_duration
 from device_loop.core.jobs import (MAX_ROUNDS, OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord)
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, OPEN_TICKET_STATES, LeaseState, TicketKind, TicketState
 
-from .answers import ClaimAnswer, JobAnswer, JobReservation, JobSummary, LeaseAnswer, TicketAnswer
+from .answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
 from .errors import APIError, conflict, not_found
 from .leases import Leases
 from .lifecycle import Lifecycle
@@ -72,7 +72,8 @@ def _version() -> str:
     return __version__
 
 
-def _summary(row: JobRow) -> JobSummary:
+def _summary(row: JobRow) -> dict[str, Any]:
+    """A ``core.jobs.JobSummary``, as JSON."""
     return {"id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
             "reason": row["reason"], "title": row["spec"].get("title", ""), "created_at": row["created_at"],
             "started_at": row["started_at"], "ended_at": row["ended_at"], "worker": row["worker"]}
@@ -222,7 +223,7 @@ class Jobs:
         answer = await self.view(await self._readable(job_id, caller, admin))
         return self.as_view(answer), await self._analysis(answer)
 
-    async def jobs(self, caller: str, everyone: bool) -> list[JobSummary]:
+    async def jobs(self, caller: str, everyone: bool) -> list[dict[str, Any]]:
         """The jobs the caller owns or works on (an admin's ``everyone``: all), open ones first."""
         return [_summary(r) for r in await self.store.jobs_of(None if everyone else caller, MAX_LISTED)]
 
@@ -251,7 +252,7 @@ class Jobs:
         row = await self.life.notifier.long_poll(QUEUED_KEY, take, lambda r: r is not None, wait_s, gone)
         return {"job": await self.view(row) if row is not None else None}
 
-    async def beat(self, job_id: str, caller: str, admin: bool) -> JobSummary:
+    async def beat(self, job_id: str, caller: str, admin: bool) -> dict[str, Any]:
         """The worker is alive. Grants its tickets were given are claimed by this (the
         worker may be an admin's shared one, not the tickets' holder)."""
         async with self.store.tx():

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -241,6 +242,25 @@ class CellReport(Strict):
     lease_id: Annotated[str, StringConstraints(max_length=64)] | None = None
     fingerprint: Fingerprint | None = None
     not_run: Text | None = None                      # "no device" after the wait, or why it never began
+
+
+class JobSummary(Strict):
+    """A job as listings show it (and a worker's beat answers): no spec, cells or runs."""
+    id: str
+    owner: str
+    kind: Literal["interactive", "batch"]
+    state: JobState
+    reason: Text = ""
+    title: Annotated[str, StringConstraints(max_length=200)] = ""
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    worker: Annotated[str, StringConstraints(max_length=200)] | None = None
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> JobSummary:
+        """From a coordinator's answer, leaving out what a newer one may add."""
+        return cls.model_validate({k: answer[k] for k in cls.model_fields if k in answer})
 
 
 class JobView(Strict):

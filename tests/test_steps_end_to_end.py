@@ -2,6 +2,7 @@
 coordinator and exporter, simulated boards whose thermal model a ``stress`` on their console
 heats; cooldown, reboot through the console, a failing command, settle inside a lease, and
 a ``kill -9`` of the exporter in the middle of a step."""
+import re
 import signal
 import socket
 
@@ -38,9 +39,10 @@ def temperature(lease: dict) -> float:
     with console(lease) as uart:
         uart.sendall(b"temp\r")
         said = ""
-        while "°C" not in said:
+        # not any "°C": what stress printed ("... (it is 41.2 °C)") may come first
+        while not (reading := re.search(r"cpu: (-?[0-9.]+) °C", said)):
             said += uart.recv(4096).decode()
-    return float(said.split("cpu:")[1].split("°")[0])
+    return float(reading.group(1))
 
 
 def release(coordinator, lease: dict) -> None:

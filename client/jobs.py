@@ -23,12 +23,11 @@ import click
 from pydantic import ValidationError
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import JobSpec, JobState, JobSummary, JobView, Order
+from device_loop.core.jobs import JobSpec, JobState, JobSummary, JobView, Order, group_target
 
 from .commands import _tags, _ttl, json_option, lab_command
 from .lab import Lab
 from .output import emit, table
-from .schedule import group_target
 
 MAX_JOB_FILE_BYTES = 1 << 20
 BETTER_WORDS = ("lower", "higher")

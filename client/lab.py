@@ -248,11 +248,7 @@ class Lease:
         says of the device (its class, host, the image last flashed, its plugins' facts)."""
         from device_loop.core.fingerprint import gather
 
-        device = dict(self.api.get(f"/devices/{self.data['device']}"))
-        flashed = [op for op in self.api.get(f"/devices/{self.data['device']}/operations", kind="flash")
-                   if op["state"] == "done" and op.get("image")]
-        if flashed:
-            device["image"] = flashed[0]["image"]
+        device = self.api.get(f"/devices/{self.data['device']}")  # with the image its last flash wrote
         coordinator_version = str(self.api.get("/health").get("version", ""))
         return gather(lambda command, timeout_s: self.exec(command, timeout_s, identity_file=identity_file),
                       self.data, device, coordinator_version)

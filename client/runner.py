@@ -16,6 +16,7 @@ command on a device (``exec``), and a clock.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import threading
@@ -32,7 +33,7 @@ from device_loop.core.durations import format_duration, parse_iso
 from device_loop.core.fingerprint import gather, readings, unfit
 from device_loop.core.jobs import (MAX_TEXT_CHARS, Arm, CellReport, Fingerprint, JobSpec, JobState, JobView, Readings,
                                    RunRecord)
-from device_loop.core.usage import environment
+from device_loop.core.usage import LEASE_ANSWER_ENV, environment
 
 from .http import CoordinatorError
 from .jobs_api import Jobs
@@ -49,6 +50,8 @@ TICKET_POLL_S = 5.0      # a ticket's wait is cut this often to see a stop
 READY_TIMEOUT_S = 120.0  # a granted lease's services up
 EXEC_TIMEOUT_S = 20.0    # a reading at a run's start
 NO_DEVICE = "no device"
+#: The reserve refusals that mean a matrix group has no device (anything else fails the job).
+NO_SUCH_DEVICE = ("no_such_devices", "unknown_device", "none_free")
 OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
 
 
@@ -120,8 +123,12 @@ class Runner:
     """Runs claimed jobs (``run``), one at a time."""
 
     def __init__(self, jobs: Jobs, *, exec: DeviceExec | None = None, clock: Callable[[], float] = time.time,
-                 beat_s: float = BEAT_S, say: Say | None = None, base_env: Mapping[str, str] | None = None):
+                 beat_s: float = BEAT_S, say: Say | None = None, base_env: Mapping[str, str] | None = None,
+                 share_token: bool = True):
+        """``share_token``: give the commands this worker's token. Only for its own jobs: a
+        shared worker's token (an admin's) must not reach its users' commands."""
         self.jobs = jobs
+        self.share_token = share_token
         self.exec: DeviceExec = exec if exec is not None else exec_on_lease
         self.clock = clock
         self.beat_s = beat_s
@@ -290,7 +297,7 @@ class CellRun:
         try:
             got = self.jobs.reserve(self.job.id, self.cell.index, self.cell.target)
         except CoordinatorError as exc:
-            if matrix is not None and exc.status in (404, 409):
+            if matrix is not None and exc.code in NO_SUCH_DEVICE:
                 self.not_run = exc.message if exc.message.startswith(NO_DEVICE) else f"{NO_DEVICE} ({exc.message})"
                 return None
             raise
@@ -354,14 +361,17 @@ class CellRun:
             self._forwards = [LocalForward(e, lease.data["secret"]) for e in endpoints]
             endpoints = [f.endpoint for f in self._forwards]
         env = {**self.runner.base_env, **environment(lease.data, endpoints),
-               "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_COORDINATOR": self.jobs.api.url}
+               "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_COORDINATOR": self.jobs.api.url,
+               # the lease itself (its endpoints and secret): `device-loop exec $DEVICE_LOOP_LEASE` needs no token
+               LEASE_ANSWER_ENV: json.dumps(lease.data)}
         if (OWN_BIN / "device-loop").exists():  # this worker's device-loop first, even from an inactive venv
             env["PATH"] = os.pathsep.join([str(OWN_BIN), *filter(None, env.get("PATH", os.defpath).split(os.pathsep))])
+        env.pop("DEVICE_LOOP_TOKEN", None)
         authorization = self.jobs.api.headers.get("Authorization", "")
-        if authorization.startswith("Bearer "):
-            env["DEVICE_LOOP_TOKEN"] = authorization.removeprefix("Bearer ")
-        else:  # a lab without tokens: be the lease's holder
+        if not authorization.startswith("Bearer "):  # a lab without tokens: be the lease's holder
             env["DEVICE_LOOP_USER"] = self.job.owner
+        elif self.runner.share_token:
+            env["DEVICE_LOOP_TOKEN"] = authorization.removeprefix("Bearer ")
         return env
 
     # --- the device ---------------------------------------------------------------------------

@@ -7,10 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from device_loop.core.jobs import ABSpec, Arm, JobSpec, Order, Target
-
-GROUP_KEYS = ("tags", "class", "device")
-
+from device_loop.core.jobs import ABSpec, Arm, JobSpec, Order, Target, group_target
 
 @dataclass(frozen=True)
 class Cell:
@@ -18,26 +15,6 @@ class Cell:
     index: int
     group: str       # the matrix's "tags=sve2", "" for a job's only cell
     target: Target
-
-
-def group_target(group: str, base: Target) -> Target:
-    """The target of a matrix group, ``tags=a,b``, ``class=C`` or ``device=D``: it replaces
-    that part of the job's own target (``tags=`` keeps its class, ``class=`` its tags, a
-    device stands alone). Raises ``ValueError`` saying what is wrong with it."""
-    key, sep, value = group.partition("=")
-    key, value = key.strip(), value.strip()
-    if not sep or key not in GROUP_KEYS or not value:
-        raise ValueError(f"a matrix group is tags=a,b, class=C or device=D, not {group!r}")
-    if key == "device":
-        return Target(device=value)
-    if base.device:
-        raise ValueError(f"the job names a device ({base.device}): a group {group!r} cannot narrow it")
-    if key == "class":
-        return Target.model_validate({"class": value, "tags": base.tags})
-    tags = [t.strip() for t in value.split(",") if t.strip()]
-    if not tags:
-        raise ValueError(f"the group {group!r} names no tag")
-    return Target.model_validate({"class": base.device_class, "tags": tags})
 
 
 def cells(spec: JobSpec) -> list[Cell]:

@@ -40,7 +40,7 @@ class Worker:
 
     def __init__(self, lab: Lab, users: list[str], poll_s: float, beat_s: float):
         self.lab, self.users, self.poll_s = lab, users, poll_s
-        self.runner = Runner(lab.jobs, beat_s=beat_s, say=_log)
+        self.runner = Runner(lab.jobs, beat_s=beat_s, say=_log, share_token=not users)
         self.current: Stopper | None = None
         self.stopping = False
 
@@ -79,6 +79,13 @@ class Worker:
             except CoordinatorError as exc:  # the coordinator went away mid-job: its reaper will end it
                 _log(f"worker: {job.id}: {exc.message}")
                 ended = None
+            except Exception as exc:  # a defect of ours, or a job nothing here foresaw: it fails, the worker goes on
+                _log(f"worker: {job.id}: unexpected {type(exc).__name__}: {exc}")
+                try:
+                    ended = self.lab.jobs.finish(job.id, JobState.FAILED, f"the worker could not run it: "
+                                                                         f"{type(exc).__name__}: {exc}"[:2000])
+                except CoordinatorError:
+                    ended = None
             finally:
                 self.current = None
             if ended is not None:

@@ -8,6 +8,7 @@ child process), so no request of the coordinator waits behind them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Mapping
 
 from device_loop.core.device_exec import ExecError, exec_on_lease
@@ -16,7 +17,9 @@ from .answers import ExecAnswer, LeaseAnswer
 from .errors import APIError
 
 EXEC_MAX_OUTPUT = 64 * 1024  # of stdout and of stderr, as an agent reads them
+FINGERPRINT_MAX_OUTPUT = 1 << 20  # a big machine's /proc/cpuinfo is more than 64 KiB
 FINGERPRINT_TIMEOUT_S = 20.0  # each of its few exec round trips
+EXEC_AT_ONCE = 8  # execs a coordinator process runs at once, each on a thread for up to 120 s
 #: How each refusal of ``exec_on_lease`` is answered: the device or its channel is not there
 #: to run it (409), the command did not end in time (504), the command itself is refused (422).
 _STATUS = {"no_channel": 409, "no_prompt": 409, "unreachable": 409, "timeout": 504, "too_large": 422,
@@ -27,10 +30,31 @@ def _refusal(exc: ExecError) -> APIError:
     return APIError(_STATUS.get(exc.code, 409), exc.code, exc.message)
 
 
+_running = asyncio.Semaphore(EXEC_AT_ONCE)
+_per_lease: dict[str, asyncio.Lock] = {}
+
+
+@contextlib.asynccontextmanager
+async def _one_at_a_time(lease: LeaseAnswer):
+    """One exec per lease at a time (two on one console would type into the same shell),
+    and at most ``EXEC_AT_ONCE`` in all: past them a clear 503, not threads held for minutes."""
+    if _running.locked():
+        raise APIError(503, "busy", f"this coordinator runs {EXEC_AT_ONCE} commands on devices already: try again "
+                                    "in a moment")
+    lock = _per_lease.setdefault(lease["id"], asyncio.Lock())
+    try:
+        async with lock, _running:
+            yield
+    finally:
+        if not lock.locked() and _per_lease.get(lease["id"]) is lock:
+            del _per_lease[lease["id"]]
+
+
 async def exec_on(lease: LeaseAnswer, command: str, timeout_s: float) -> ExecAnswer:
     """``command`` run on the device of ``lease`` (its holder's view of it)."""
     try:
-        result = await asyncio.to_thread(exec_on_lease, lease, command, timeout_s, max_output=EXEC_MAX_OUTPUT)
+        async with _one_at_a_time(lease):
+            result = await asyncio.to_thread(exec_on_lease, lease, command, timeout_s, max_output=EXEC_MAX_OUTPUT)
     except ExecError as exc:
         raise _refusal(exc) from None
     return {"stdout": result.stdout, "stderr": result.stderr, "status": result.status, "channel": result.channel,
@@ -43,10 +67,11 @@ async def fingerprint(lease: LeaseAnswer, device: Mapping[str, Any], coordinator
     from device_loop.core import fingerprint as fingerprints
 
     def run(command: str, timeout_s: float) -> Any:
-        return exec_on_lease(lease, command, min(timeout_s, FINGERPRINT_TIMEOUT_S), max_output=EXEC_MAX_OUTPUT)
+        return exec_on_lease(lease, command, min(timeout_s, FINGERPRINT_TIMEOUT_S), max_output=FINGERPRINT_MAX_OUTPUT)
 
     try:
-        found = await asyncio.to_thread(fingerprints.gather, run, lease, device, coordinator_version)
+        async with _one_at_a_time(lease):
+            found = await asyncio.to_thread(fingerprints.gather, run, lease, device, coordinator_version)
     except ExecError as exc:
         raise _refusal(exc) from None
     return found.model_dump(mode="json", by_alias=True)

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
+from device_loop.core.device_exec import MAX_COMMAND_BYTES
 from device_loop.core.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec
 from device_loop.core.protocol import MAX_TAGS, Strict, Tag
 
@@ -17,7 +18,7 @@ from .schemas import MAX_WAIT_S, LeaseId
 
 MAX_SERVED_USERS = 64  # the people one worker serves
 EXEC_MAX_TIMEOUT_S = 120.0  # an exec the coordinator runs for an agent
-EXEC_MAX_COMMAND_CHARS = 4096
+EXEC_MAX_COMMAND_CHARS = MAX_COMMAND_BYTES  # what exec takes (in bytes: a command of ASCII, this many characters)
 
 #: A worker's label, as it says (its host and process): shown, never trusted.
 WorkerLabel = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]

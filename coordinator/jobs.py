@@ -24,7 +24,8 @@ from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import (MAX_ROUNDS, OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord)
+from device_loop.core.jobs import (OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord,
+                                   runs_per_cell)
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, OPEN_TICKET_STATES, LeaseState, TicketKind, TicketState
 
 from .answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
@@ -53,17 +54,6 @@ def job_key(job_id: str) -> str:
 def cell_count(spec: JobSpec) -> int:
     """How many cells a job has: a matrix's groups, else one."""
     return len(spec.matrix.over) if spec.matrix is not None else 1
-
-
-def runs_per_cell(spec: JobSpec) -> int:
-    """The most runs a cell of ``spec`` may report: its rounds (an A/B pair's two arms, its
-    warmup blocks and ``--until-decided``'s last look included), each of them as many runs as
-    the arm has commands."""
-    if spec.ab is None:
-        return spec.rounds * len(spec.run)
-    ab = spec.ab
-    last = max(ab.rounds, ab.max_rounds or MAX_ROUNDS) if ab.until_decided else ab.rounds
-    return 2 * (ab.warmup + last) * max(len(ab.baseline), len(ab.patch))
 
 
 @functools.cache

@@ -37,7 +37,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from device_loop.core.jobs import (MAX_ROUNDS, ABSpec, Arm, Better, CellReport, JobSpec, RunRecord, Verdict)
+from device_loop.core.jobs import (MAX_ROUNDS, ABSpec, Arm, Better, CellReport, JobSpec, RunRecord, Verdict,
+                                   looks)
 
 SPREAD_CONFIDENCE = 0.95
 EXACT_P_MAX_PAIRS = 400
@@ -133,21 +134,6 @@ class Analysis:
 
 
 # --- the sequential schedule --------------------------------------------------------------------
-
-def looks(ab: ABSpec) -> list[int]:
-    """The rounds at which a worker looks at the analysis, fixed before the first run:
-    ``rounds``, then (with ``until_decided``) doubled while <= ``max_rounds`` (4×rounds when
-    not given), and ``max_rounds`` itself last."""
-    if not ab.until_decided:
-        return [ab.rounds]
-    last = min(ab.max_rounds or 4 * ab.rounds, max(ab.rounds, MAX_ROUNDS - ab.warmup))
-    points = [ab.rounds]
-    while points[-1] * 2 <= last:
-        points.append(points[-1] * 2)
-    if points[-1] < last:
-        points.append(last)
-    return points
-
 
 def alpha_per_look(ab: ABSpec) -> float:
     """α split evenly over the looks (Bonferroni): the chance of any false "different"

@@ -67,6 +67,8 @@ _ADB_FAILED = re.compile(r"^(adb: )?error: |^\* daemon |^adb: (device|failed|una
 _SSH_FAILED = re.compile(r"^(ssh: |kex_exchange_identification|.*(Permission denied \(|Host key verification failed|"
                          r"Connection (closed|reset|refused|timed out)|IDENTIFICATION HAS CHANGED|Unable to negotiate|"
                          r"Load key|Bad owner|no such identity|Could not resolve))", re.M)
+_LINE_CONTROL = re.compile(r"[\x01-\x08\x0b-\x1f\x7f]")  # a terminal's line discipline acts on these
+_SSH_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")  # as the ssh plugin's config has it
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,8 @@ def _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file
                                       "(Debian: apt-get install openssh-client)")
     params = endpoint.get("params") or {}
     user, host_key = str(params.get("user") or ""), str(params.get("host_key") or "")
+    if user and not _SSH_USER.match(user):  # an exporter's text: never an option of ssh (-oProxyCommand=...)
+        raise ExecError("unreachable", f"{device}'s ssh endpoint names a user that is not a login name")
     identity = identity_file or os.environ.get(IDENTITY_ENV) or None
     with contextlib.ExitStack() as stack:
         options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(CONNECT_TIMEOUT_S)}", "-o", "LogLevel=ERROR",
@@ -210,7 +214,7 @@ def _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file
             options += ["-i", identity, "-o", "IdentitiesOnly=yes"]
         host, port = stack.enter_context(_reachable(endpoint, secret, device, "sshd"))
         where = f"{user}@{host}" if user else host
-        argv = ["ssh", "-p", str(port), *options, "-T", where, "--", command]
+        argv = ["ssh", "-p", str(port), *options, "-T", "--", where, command]
         stdout, stderr, status, truncated = _run_client(argv, timeout_s, max_output, device, "ssh")
     if status == 255 and _SSH_FAILED.search(stderr):
         raise ExecError("unreachable", f"ssh to {device} failed: {_last_lines(stderr)}")
@@ -336,6 +340,9 @@ def _shell_quote(text: str) -> str:
 def _console(endpoint, secret, device, command, timeout_s, max_output) -> tuple[str, str, int, bool]:
     if "\n" in command or "\r" in command:
         raise ExecError("bad_command", "a console takes a command of one line: join its parts with ';'")
+    if control := _LINE_CONTROL.search(command):  # ^C, ^U, ^D... act on the line even inside quotes
+        raise ExecError("bad_command", f"a console command cannot hold the control character "
+                                       f"{control.group()!r}: the serial line acts on it (it could end the shell)")
     marker = "DLX" + os.urandom(8).hex()
     half = len(marker) // 2  # the typed line shows 'DLXab''cd..': only the shell's output joins them
     typed = lambda suffix: f"'{marker[:half]}'{marker[half:]}{suffix}"  # noqa: E731

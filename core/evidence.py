@@ -22,8 +22,11 @@ from device_loop.core.abstats import (Analysis, CellAnalysis, Comparison, Metric
 from device_loop.core.fingerprint import notable_isa
 from device_loop.core.jobs import CellReport, Fingerprint, JobSpec, JobView, RunRecord, Verdict
 
-# C0/C1 controls (a terminal's escapes), line separators, lone surrogates, XML's non-characters
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+# C0/C1 controls (a terminal's escapes), line separators, lone surrogates, XML's non-characters,
+# and the invisible and bidirectional marks that make text read otherwise than it runs
+# ("Trojan source": a command in a fenced block)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2028\u2029\u2066-\u2069"
+                      "\ud800-\udfff\ufeff\ufffe\uffff]")
 _MARKUP = re.compile(r"([\\`*\[\]~|#!])|(?<!\w)_|_(?!\w)")
 
 

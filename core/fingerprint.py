@@ -16,9 +16,9 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
-from device_loop.core.jobs import MAX_FACTS, MAX_TEXT_CHARS, Fingerprint, Readings
+from device_loop.core.jobs import MAX_FACTS, MAX_TEXT_CHARS, FactKey, Fingerprint, Readings
 
 MAX_ZONES = 8              # thermal_zone0..7: what a board has; a phone's first few are its CPU's
 MAX_POLICIES = 16          # cpufreq policies are named by their first CPU: policy0..policy(cores-1)
@@ -298,8 +298,10 @@ _NOTABLE = re.compile(r"^(sse4_2|avx.*|fma|amx.*"                      # x86
 
 
 def notable_isa(isa: list[str]) -> list[str]:
-    """The vector and SIMD features of an ISA list, the ones a performance claim turns on."""
-    return [f for f in isa if _NOTABLE.match(f)]
+    """The vector and SIMD features of an ISA list, the ones a performance claim turns on
+    (x86's ``sme`` is AMD's memory encryption, not Arm's matrix extension)."""
+    x86 = "sse2" in isa or "fpu" in isa
+    return [f for f in isa if _NOTABLE.match(f) and not (x86 and f == "sme")]
 
 
 def parse_cores(nproc: str, blocks: list[dict[str, str]]) -> int | None:
@@ -353,12 +355,14 @@ def is_emulated(device: Mapping[str, Any]) -> bool:
             or (isinstance(tags, list) and any(key in tags for key in EMULATED)))
 
 
+_FACT_KEY = re.compile(get_args(FactKey)[1].pattern)  # (the protocol's rule, not a copy of it)
+
+
 def _extra(device: Mapping[str, Any]) -> dict[str, str]:
     facts = device.get("facts") or {}
     if not isinstance(facts, Mapping):
         return {}
-    extra = {str(k): clip(v, MAX_TEXT_CHARS) for k, v in facts.items()
-             if isinstance(k, str) and re.fullmatch(r"[a-z][a-z0-9_.-]{0,63}", k)}
+    extra = {str(k): clip(v, MAX_TEXT_CHARS) for k, v in facts.items() if isinstance(k, str) and _FACT_KEY.fullmatch(k)}
     return dict(list(extra.items())[:MAX_FACTS])
 
 

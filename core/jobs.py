@@ -31,12 +31,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from .protocol import FactKey
+
 MAX_COMMANDS = 16        # in one list (setup, run, baseline, patch)
 MAX_COMMAND_CHARS = 2000
 MAX_METRICS = 16         # declared by a job, and reported by one run
 MAX_ROUNDS = 200         # of an A/B pair, warmup included, --until-decided's last look included
 MAX_CELLS = 16           # of a matrix
-MAX_RUNS = MAX_CELLS * 2 * MAX_ROUNDS + 2 * MAX_ROUNDS
+MAX_WARMUP = 20          # AB blocks of an A/B pair run first and discarded
+MAX_RUNS = MAX_CELLS * 2 * (MAX_WARMUP + MAX_ROUNDS)  # of a job: every cell's runs_per_cell at their most
 MAX_FACTS = 64           # a plugin's own fingerprint fields, and other bounded maps
 MAX_TEXT_CHARS = 4000    # of a fingerprint field, an output tail, a reason
 
@@ -89,7 +92,6 @@ Commands = Annotated[list[Command], Field(max_length=MAX_COMMANDS)]
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")]
 Unit = Annotated[str, StringConstraints(max_length=16)]
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
-FactKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
 
 
 class Strict(BaseModel):
@@ -136,7 +138,7 @@ class ABSpec(Strict):
     baseline: Commands = Field(min_length=1)
     patch: Commands = Field(min_length=1)
     rounds: int = Field(default=10, ge=1, le=MAX_ROUNDS)    # A and B runs each, warmup not counted
-    warmup: int = Field(default=1, ge=0, le=20)             # AB blocks run first and discarded
+    warmup: int = Field(default=1, ge=0, le=MAX_WARMUP)     # AB blocks run first and discarded
     order: Order = Order.ABAB
     settle: bool = True                                     # the device's settle steps before every run
     until_decided: bool = False                             # more looks at rounds*2, *4 … up to max_rounds
@@ -152,6 +154,53 @@ class MatrixSpec(Strict):
     over: Annotated[list[Annotated[str, StringConstraints(min_length=3, max_length=200)]],
                     Field(min_length=1, max_length=MAX_CELLS)]
     wait_s: float = Field(default=300, ge=0, le=86400)      # a cell with no device waits this long, then "not run"
+
+
+def looks(ab: ABSpec) -> list[int]:
+    """The rounds at which a worker looks at the analysis, fixed before the first run:
+    ``rounds``, then (with ``until_decided``) doubled while <= ``max_rounds`` (4×rounds when
+    not given), and ``max_rounds`` itself last (docs/architecture.md, "The A/B analysis")."""
+    if not ab.until_decided:
+        return [ab.rounds]
+    last = min(ab.max_rounds or 4 * ab.rounds, max(ab.rounds, MAX_ROUNDS - ab.warmup))
+    points = [ab.rounds]
+    while points[-1] * 2 <= last:
+        points.append(points[-1] * 2)
+    if points[-1] < last:
+        points.append(last)
+    return points
+
+
+def runs_per_cell(spec: JobSpec) -> int:
+    """The most runs a cell of ``spec`` reports: a run is one round of a plain job's
+    commands, or one arm of an A/B pair (its commands in turn), warmup blocks and the last
+    look included."""
+    if spec.ab is None:
+        return spec.rounds
+    return 2 * (spec.ab.warmup + looks(spec.ab)[-1])
+
+
+GROUP_KEYS = ("tags", "class", "device")
+
+
+def group_target(group: str, base: Target) -> Target:
+    """The target of a matrix group, ``tags=a,b``, ``class=C`` or ``device=D``: it replaces
+    that part of the job's own target (``tags=`` keeps its class, ``class=`` its tags, a
+    device stands alone). Raises ``ValueError`` saying what is wrong with it."""
+    key, sep, value = group.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or key not in GROUP_KEYS or not value:
+        raise ValueError(f"a matrix group is tags=a,b, class=C or device=D, not {group!r}")
+    if key == "device":
+        return Target(device=value)
+    if base.device:
+        raise ValueError(f"the job names a device ({base.device}): a group {group!r} cannot narrow it")
+    if key == "class":
+        return Target.model_validate({"class": value, "tags": base.tags})
+    tags = [t.strip() for t in value.split(",") if t.strip()]
+    if not tags:
+        raise ValueError(f"the group {group!r} names no tag")
+    return Target.model_validate({"class": base.device_class, "tags": tags})
 
 
 class JobSpec(Strict):
@@ -176,6 +225,8 @@ class JobSpec(Strict):
             raise ValueError("give run = [...] or an [ab] table, not both")
         if self.matrix is not None and self.ab is None:
             raise ValueError("a matrix expands an A/B pair: it needs an [ab] table")
+        for group in self.matrix.over if self.matrix else ():
+            group_target(group, self.target)  # refused here, not when a worker runs it
         return self
 
 
@@ -190,8 +241,8 @@ class Readings(Strict):
     temperatures: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], float],
                             Field(max_length=MAX_FACTS)] = Field(default_factory=dict)
     governor: Annotated[str, StringConstraints(max_length=32)] | None = None
-    freq_khz: int | None = None
-    load: float | None = None     # 1-minute load average
+    freq_khz: int | None = Field(default=None, ge=0, le=10**9)
+    load: float | None = Field(default=None, ge=0, le=1e6)  # 1-minute load average
     unfit: Text | None = None     # why the device was not fit to measure (a zone too hot, another governor)
 
 
@@ -218,14 +269,14 @@ class Fingerprint(Strict):
     cpu_model: Text = ""
     isa: Annotated[list[Annotated[str, StringConstraints(max_length=32)]], Field(max_length=512)] = \
         Field(default_factory=list)
-    cores: int | None = None
+    cores: int | None = Field(default=None, ge=0, le=1 << 20)
     online: Annotated[str, StringConstraints(max_length=200)] = ""   # "0-7"
     cpufreq: Annotated[list[dict[Annotated[str, StringConstraints(max_length=32)],
                                  Annotated[str, StringConstraints(max_length=64)]]],
                        Field(max_length=64)] = Field(default_factory=list)  # per policy: governor, cur/min/max kHz
     thermal: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], float],
                        Field(max_length=MAX_FACTS)] = Field(default_factory=dict)
-    memory_kb: int | None = None
+    memory_kb: int | None = Field(default=None, ge=0, le=1 << 50)
     os_build: Text = ""                               # ro.build.fingerprint on Android
     image: Annotated[str, StringConstraints(max_length=255)] = ""     # the image last flashed
     image_sha256: Annotated[str, StringConstraints(max_length=64)] = ""

@@ -71,6 +71,12 @@ def commands(lease: LeaseJSON) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+#: The lease a job's command runs for, as JSON (its endpoints and secret), set by the worker:
+#: ``device-loop exec $DEVICE_LOOP_LEASE`` uses it without asking the coordinator, so a shared
+#: worker need not hand its own token to its users' commands.
+LEASE_ANSWER_ENV = "DEVICE_LOOP_LEASE_ANSWER"
+
+
 def environment(lease: LeaseJSON, endpoints: Sequence[EndpointJSON] | None = None) -> dict[str, str]:
     """The exports that point tools at a lease's endpoints (or at ``endpoints``, e.g. local
     forwards of them)."""

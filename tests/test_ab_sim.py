@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from conftest import Exporter
-from device_loop.client.schedule import cells, group_target, measured_arms, warmup_arms
-from device_loop.core.jobs import ABSpec, JobSpec, Target
+from device_loop.client.schedule import cells, measured_arms, warmup_arms
+from device_loop.core.jobs import ABSpec, JobSpec, Target, group_target
 from test_end_to_end import wait_state
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,6 +45,11 @@ def test_matrix_groups_and_their_refusals():
             group_target(bad, Target())
     with pytest.raises(ValueError, match="names a device"):
         group_target("tags=x", Target(device="d0"))
+    # refused in the spec itself (a job file, REST, MCP's submit_job), not when a worker runs it
+    for over, target in ((["tags=a", "foo"], Target()), (["device=" + "d" * 65], Target()),
+                         (["tags=" + ",".join(f"t{n}" for n in range(17))], Target()), (["tags=x"], Target(device="d0"))):
+        with pytest.raises(ValueError):
+            JobSpec(target=target, ab=ab(), matrix={"over": over})
 
 
 # A board whose run-workload heats it fast and throttles above 70 °C, and whose cooldown

@@ -109,7 +109,9 @@ def test_output_past_max_output_is_cut_and_said_so(console_lab, device):
 def test_commands_a_console_cannot_take_are_refused_before_a_byte_is_sent(console_lab):
     lease = console_lab[3]["sb"]
     for command, code in [("echo " + "x" * MAX_COMMAND_BYTES, "too_large"), ("echo " + "'" * 1100, "too_large"),
-                          ("echo a\necho b", "bad_command"), ("   ", "bad_command"), ("echo \0", "bad_command")]:
+                          ("echo a\necho b", "bad_command"), ("   ", "bad_command"), ("echo \0", "bad_command"),
+                          ("echo 'a\x03b'", "bad_command"), ("echo a\x15", "bad_command"),  # ^C, ^U: the line's
+                          ("echo a\x04", "bad_command")]:
         with pytest.raises(ExecError) as refused:
             lease.exec(command)
         assert refused.value.code == code, command[:40]

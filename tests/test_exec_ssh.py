@@ -138,3 +138,18 @@ def test_the_config_of_an_ssh_board():
                       ({"port": 0}, "greater than"), ({"user": "x;rm"}, "pattern"), ({"password": "x"}, "extra")]:
         with pytest.raises(ValueError, match=says):
             SshConfig.model_validate(bad)
+
+
+def test_an_exporter_s_ssh_user_is_never_an_option_of_ssh(tmp_path):
+    """An exporter's token can be stolen: the user its endpoint names goes to ssh as text,
+    never as an option (``-oProxyCommand=...`` would run a program here)."""
+    from device_loop.core.device_exec import exec_on_lease
+
+    planted = tmp_path / "planted"
+    for user in (f"-oProxyCommand=touch {planted}", "root -oProxyCommand=x", "a@b"):
+        lease = {"id": "lease-x", "device": "b0", "ready": True, "secret": None, "endpoints": [
+            {"kind": "ssh", "role": "ssh", "host": "127.0.0.1", "port": free_port(), "params": {"user": user}}]}
+        with pytest.raises(ExecError) as refused:
+            exec_on_lease(lease, "true", 5)
+        assert refused.value.code == "unreachable" and "not a login name" in refused.value.message
+    assert not planted.exists()

@@ -86,7 +86,7 @@ def test_a_worker_killed_outright_takes_its_commands_with_it(tmp_path):
 
 def make_tokens(folder: Path, **kinds: str) -> dict[str, str]:
     """Tokens on the lab's database, as its first admin makes them: user -> token, each of
-    the kind given (``person`` or ``agent``)."""
+    the kind given (``person``, ``agent``, or ``admin``: a person's with admin rights)."""
     from device_loop.coordinator.identity import issue_token
     from device_loop.coordinator.serve import sqlite_url
     from device_loop.coordinator.store import Store
@@ -96,7 +96,8 @@ def make_tokens(folder: Path, **kinds: str) -> dict[str, str]:
         store = Store(sqlite_url(folder / "coord"))
         await store.connect()
         try:
-            return {name: (await issue_token(store, time.time, name.split(":")[0], kind=TokenKind(kind)))["token"]
+            return {name: (await issue_token(store, time.time, name.split(":")[0], admin=kind == "admin",
+                                             kind=TokenKind("person" if kind == "admin" else kind)))["token"]
                     for name, kind in kinds.items()}
         finally:
             await store.disconnect()
@@ -116,19 +117,24 @@ WORKLOAD = "device-loop exec $DEVICE_LOOP_LEASE -- run-workload --cost {cost}"
 @pytest.mark.anyio
 async def test_an_agents_job_through_mcp_runs_on_a_worker_and_the_agent_reads_the_evidence(tmp_path, env):
     coordinator = Coordinator(tmp_path, env, extra=())
-    tokens = await asyncio.to_thread(make_tokens, tmp_path, **{"alice": "person", "alice:agent": "agent"})
+    tokens = await asyncio.to_thread(make_tokens, tmp_path, **{"alice": "person", "alice:agent": "agent",
+                                                               "ops": "admin"})
     _, token_file = await asyncio.to_thread(lab_tokens, env, coordinator, tmp_path)
     exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}], token_file=str(token_file))
     running = None
     try:
         await asyncio.to_thread(wait_state, coordinator, "sim-board-0", "idle", 30)
+        # a shared worker's token (an admin's) never reaches its users' commands: they reach
+        # their lease's device all the same (the worker hands them the lease, not its token)
+        no_token = 'test -z "$DEVICE_LOOP_TOKEN" && '
         spec = {"title": "decode path", "target": {"class": "sim-board"},
-                "ab": {"baseline": [WORKLOAD.format(cost=1.0)], "patch": [WORKLOAD.format(cost=0.95)],
+                "ab": {"baseline": [no_token + WORKLOAD.format(cost=1.0)], "patch": [WORKLOAD.format(cost=0.95)],
                        "rounds": 2, "warmup": 0}}
         async with mcp_client(coordinator.url, tokens["alice:agent"]) as agent:
             job = await call(agent, "submit_job", spec=spec)
             assert (job["state"], job["kind"], job["owner"]) == ("queued", "batch", "alice")
-            running = worker(tmp_path, env, coordinator, "--once", token=tokens["alice"])  # alice's own worker
+            running = worker(tmp_path, {k: v for k, v in env.items() if k != "DEVICE_LOOP_TOKEN"}, coordinator,
+                             "--once", "--users", "alice", token=tokens["ops"])  # the lab's shared worker
             status = job
             while status["state"] in ("queued", "running"):
                 status = await call(agent, "job_status", job_id=job["id"], wait_s=10, unless=status["state"])
@@ -137,7 +143,7 @@ async def test_an_agents_job_through_mcp_runs_on_a_worker_and_the_agent_reads_th
             assert status["worker"] and status["worker"] != "alice", "the worker names itself: host and pid"
             evidence = (await call(agent, "job_evidence", job_id=job["id"]))["result"]
         assert evidence.startswith("# decode path") and job["id"] in evidence
-        assert "run-workload --cost 0.95" in evidence and "sim-board-0" in evidence
+        assert "run-workload --cost 0.95" in evidence and "sim-board-0" in evidence and no_token in evidence
         assert await asyncio.to_thread(running.popen.wait, 30) == 0, running.output()
         assert f"{job['id']} done" in running.output()
         print(running.output())

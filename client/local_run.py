@@ -11,7 +11,6 @@ itself.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
@@ -23,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from device_loop.core.jobs import MAX_METRICS, MAX_TEXT_CHARS, MetricSpec, Sample
+from device_loop.core.process import term_when_parent_dies
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 #: What a command's output keeps: the metrics are read from the last MiB of stdout.
 KEEP_BYTES = 1 << 20
 TAIL_CHARS = MAX_TEXT_CHARS // 2
@@ -72,10 +71,6 @@ class _Tail:
         return b"".join(self.chunks)[-KEEP_BYTES:].decode(errors="replace")
 
 
-def _die_with_worker() -> None:  # in the child, between fork and exec
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class LocalCommand:
     """One command running on this machine. Start it, then ``wait``; ``kill`` from any thread."""
 
@@ -87,7 +82,8 @@ class LocalCommand:
         # command to end, so it outlives it unless the whole worker dies
         self.popen = subprocess.Popen(
             ["sh", "-c", _LEADER, "device-loop-job", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True, preexec_fn=_die_with_worker)
+            stderr=subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True,
+            preexec_fn=term_when_parent_dies(os.getpid()))
         self._stdout, self._stderr = _Tail(self.popen.stdout), _Tail(self.popen.stderr)
 
     @property

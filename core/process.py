@@ -43,7 +43,8 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _term_when_parent_dies(parent: int):
+def term_when_parent_dies(parent: int):
+    """A ``preexec_fn``: the child gets SIGTERM when ``parent`` (the forking thread's process) dies."""
     def arrange() -> None:  # runs in the child, between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before we asked
@@ -220,7 +221,7 @@ class ProcessRegistry:
             popen = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=pass_fds, env=env, start_new_session=True,
-                preexec_fn=_term_when_parent_dies(os.getpid()) if die_with_parent else None,
+                preexec_fn=term_when_parent_dies(os.getpid()) if die_with_parent else None,
             )
         record = {"pid": popen.pid, "start_ticks": start_ticks(popen.pid), "name": name,
                   "lease": lease, "argv": argv, "log": str(log_path), "log_offset": offset, "job": job}

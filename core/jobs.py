@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from .protocol import FactKey
+from .vocabulary import TicketKind
 
 MAX_COMMANDS = 16        # in one list (setup, run, baseline, patch)
 MAX_COMMAND_CHARS = 2000
@@ -299,7 +300,7 @@ class JobSummary(Strict):
     """A job as listings show it (and a worker's beat answers): no spec, cells or runs."""
     id: str
     owner: str
-    kind: Literal["interactive", "batch"]
+    kind: TicketKind
     state: JobState
     reason: Text = ""
     title: Annotated[str, StringConstraints(max_length=200)] = ""
@@ -319,7 +320,7 @@ class JobView(Strict):
     the evidence markdown and the charts read it."""
     id: str
     owner: str
-    kind: Literal["interactive", "batch"]            # of its tickets: batch when an agent submitted it
+    kind: TicketKind                                 # of its tickets: batch when an agent submitted it
     state: JobState
     reason: Text = ""
     spec: JobSpec

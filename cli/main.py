@@ -38,6 +38,7 @@ LAZY_COMMANDS = {
     "jobs": "device_loop.client.jobs:jobs_command",
     "job": "device_loop.client.jobs:job_group",
     "worker": "device_loop.client.worker:worker_command",
+    "power": "device_loop.client.power:power_command",
 }
 
 

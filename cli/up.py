@@ -2,7 +2,9 @@
 
 A coordinator on SQLite in the data folder, an exporter for this host, and simulated
 boards ``sim-board-0`` and ``sim-board-1`` (plus the devices of ``--config``), each with a
-simulated camera and a file-backed flash target, and their firmware in the image
+simulated camera, a file-backed flash target and a power switch (the ``sim`` backend: off
+silences the board and hangs up its UART, on boots it; a board whose health fails while
+nobody holds it is power-cycled once on its own), and their firmware in the image
 registry, known-good. Where Xvfb, x11vnc and noVNC are installed each simulated board
 also has a screen: a virtual X display the lab starts (and stops) itself. All run as
 child processes; Ctrl-C stops the exporter (which stops every service), then the
@@ -116,8 +118,10 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
              "resources": [{"plugin": "sim", "tau": SIM_TAU,
                             **{key: value for key, value in SIM_BOARDS[name].items() if key != "tags"}},
                            {"plugin": "flash", "target": str(sim_flash_target(data_dir, name))},
-                           {"plugin": "video", "source": "sim"}],
-             "steps": [{"step": "cooldown", "below": SIM_COOL_BELOW, "timeout": "3m"}]}
+                           {"plugin": "video", "source": "sim"},
+                           {"plugin": "power", "backend": "sim"}],
+             "steps": [{"step": "cooldown", "below": SIM_COOL_BELOW, "timeout": "3m"}],
+             "auto_recover": "power-cycle"}
             for name in SIM_NAMES]
     # the user's devices first, so that config errors name the same positions as in their file
     config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": user.get("devices", []) + sims,

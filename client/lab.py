@@ -223,6 +223,19 @@ class Lease:
         op = self.api.post(f"/leases/{self.id}/recover")
         return follow_op(self.api, op, timeout=timeout) if wait else op
 
+    def power(self, action: str, off_time: float | None = None, wait: bool = True,
+              timeout: float | None = None) -> dict:
+        """Switch the leased device's power: ``"on"``, ``"off"``, ``"cycle"`` (off for ``off_time``
+        seconds, default the switch's, then on) or ``"status"``; with ``wait``, the operation once
+        it ended. Its ``result["verdict"]`` is ``"verified"`` only when the switch read the change
+        back or the console showed it (silent while off, printing again after on:
+        ``result["first_byte_s"]``); ``"unverified"`` means nothing showed it happened."""
+        body: dict = {"action": action}
+        if off_time is not None:
+            body["off_time_s"] = off_time
+        op = self.api.post(f"/leases/{self.id}/power", body)
+        return follow_op(self.api, op, timeout=timeout) if wait else op
+
     def settle(self, timeout: float | None = None) -> dict:
         """Run the device's cool-down steps now and wait until they are done (between two
         benchmark runs); the operation as it ended (``done`` at once for a device with none)."""

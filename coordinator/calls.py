@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel
 
-from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core import POWER_KIND, PROTOCOL_VERSION, __version__
 from device_loop.core.jobs import CellReport, JobState, JobSummary, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, TicketKind
@@ -26,10 +26,12 @@ from .answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, Ex
 from .evidence import evidence_markdown
 from .identity import ADMIN, ANYONE, EXPORTER, USER, Identity, issue_token, refusal, token_view
 from .job_schemas import ClaimJobIn, ExecIn, FinishJobIn, JobFilter, JobId, JobReserveIn, JobWait, SubmitJobIn
+from .power import power_args
 from .rules import Rules
-from .schemas import (AdminDevice, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName, DeviceOperations, DrainIn,
+from .schemas import (AdminDevice, AdminPowerIn, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName,
+                      DeviceOperations, DrainIn,
                       FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn, KnownGoodIn, LeaseId,
-                      LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, RenewIn, ReserveIn, RetireIn,
+                      LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, PowerIn, RenewIn, ReserveIn, RetireIn,
                       TicketFilter, TicketId, TicketWait, TokenId, TokenIn, UartExchangeIn, UploadQuery, split_tags)
 
 
@@ -254,6 +256,23 @@ async def operation_status(ctx: Ctx, args: OpWait) -> OperationAnswer:
         if unless not in LIVE_OP_STATES:
             wait = 0  # it has ended: no change is coming
     return await operations.wait(args.op_id, unless, wait, ctx.gone, caller=caller.name, admin=ctx.sees_all)
+
+
+async def power(ctx: Ctx, args: PowerIn) -> OperationAnswer:
+    """Switch the power of your leased device: on, off, cycle (off for off_time_s, then on) or
+    status. Answers at once with the operation (state 'queued'): follow it with
+    operation_status until 'done' or 'failed'. Its result says what was observed: verdict
+    'verified' (the switch read back the change, or the console went silent while off and
+    printed again after on; first_byte_s is the time to its first byte) or 'unverified' (nothing
+    showed it: then do not count on it having happened)."""
+    return await ctx.rules.operations.start(args.lease_id, POWER_KIND, power_args(args.action, args.off_time_s),
+                                            ctx.caller.name, ctx.caller.admin)
+
+
+async def power_unleased(ctx: Ctx, args: AdminPowerIn) -> OperationAnswer:
+    """Switch the power of a device nobody holds (a hung board): on, off, cycle or status."""
+    return await ctx.rules.operations.start_unleased(args.device, POWER_KIND,
+                                                     power_args(args.action, args.off_time_s), ctx.caller.name)
 
 
 async def recover_unleased(ctx: Ctx, args: AdminDevice) -> OperationAnswer:
@@ -529,6 +548,8 @@ CALLS: list[Call] = [
          aliases=("flash_status",)),
     Call("settle", USER, settle, LeaseId, OperationAnswer, "POST /api/v1/leases/{lease_id}/settle", tool=True,
          status=201, idempotent=True),
+    Call("power", USER, power, PowerIn, OperationAnswer, "POST /api/v1/leases/{lease_id}/power", tool=True,
+         status=201, idempotent=True),
     Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True),
     Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True),
     Call("exec", USER, exec_command, ExecIn, ExecAnswer, tool=True),
@@ -568,6 +589,8 @@ CALLS: list[Call] = [
          idempotent=True),
     Call("recover_unleased", ADMIN, recover_unleased, AdminDevice, OperationAnswer,
          "POST /api/v1/admin/devices/{device}/recover", status=201, idempotent=True),
+    Call("power_unleased", ADMIN, power_unleased, AdminPowerIn, OperationAnswer,
+         "POST /api/v1/admin/devices/{device}/power", status=201, idempotent=True),
     Call("clear_fault", ADMIN, clear_fault, AdminDevice, DeviceAnswer,
          "POST /api/v1/admin/devices/{device}/clear-fault", idempotent=True),
     Call("drain_host", ADMIN, drain_host, DrainIn, HostAnswer, "POST /api/v1/admin/hosts/{host}/drain",

@@ -27,6 +27,7 @@ from .leases import Leases
 from .lifecycle import Lifecycle, device_state, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .operations import Operations
+from .power import Power
 from .rows import HostRow
 from .scheduler import Scheduler
 from .steps import Steps
@@ -62,7 +63,7 @@ def _columns(device: DeviceReport, digest: str) -> dict:
     return {"class": device.device_class, "tags": json.dumps(dumped["tags"]), "present": True,
             "health": worst.health, "health_reason": reasons, "busy_by": json.dumps(dumped["busy_by"]),
             "resources": json.dumps(dumped["resources"]), "report_digest": digest, "steps": json.dumps(dumped["steps"]),
-            "facts": json.dumps(dumped["facts"])}
+            "facts": json.dumps(dumped["facts"]), "auto_recover": device.auto_recover}
 
 
 class _Changes:
@@ -112,9 +113,10 @@ class _Changes:
 class Hosts:
     """What exporters report, and what they are answered."""
 
-    def __init__(self, life: Lifecycle, leases: Leases, operations: Operations, steps: Steps, scheduler: Scheduler):
+    def __init__(self, life: Lifecycle, leases: Leases, operations: Operations, steps: Steps, scheduler: Scheduler,
+                 power: Power):
         self.life, self.leases, self.operations = life, leases, operations
-        self.steps, self.scheduler = steps, scheduler
+        self.steps, self.scheduler, self.power = steps, scheduler, power
         self.store: Store = life.store
 
     async def heartbeat(self, host_name: str, report: Heartbeat, actor: str) -> dict:
@@ -201,7 +203,11 @@ class Hosts:
         await self._save_host(host_name, previous, report, snapshot, now, online)
         if changes.begin_steps:
             await self.steps.begin(changes.begin_steps)
+        if rows_to_write:
+            await self.power.recover(rows_to_write)  # (docs/architecture.md, "Power"): once per failure
         ended = await self.operations.apply_reports(host_name, previous, report, actor)
+        if ended:
+            await self.power.ended(ended, actor)
         freed = await self.steps.after_operations(ended) if ended else []
         # (docs/architecture.md, "Who gets the next lease": granted where it became free)
         await self.scheduler.grant_free(changes.became_idle + freed + [op["device"] for op in ended])

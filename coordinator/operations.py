@@ -112,6 +112,19 @@ class Operations:
             return await self._start_flash(device, await self._known_good(device), device["lease_id"], admin,
                                            "recover")
 
+    async def start_unleased(self, name: str, kind: str, args: dict[str, Any], admin: str) -> OperationAnswer:
+        """An admin starts an operation on a device nobody holds (a hung board to switch off
+        and on); a device held by another is theirs to operate."""
+        async with self.store.tx():
+            device = await self.store.device(name)
+            if device is None:
+                raise not_found("device", name)
+            if device["lease_id"] and device["holder"] != admin:
+                raise conflict("leased", f"{name} is held by {device['holder']}: they run {kind} on it, or an admin "
+                                         f"revokes their lease first (device-loop admin release --force "
+                                         f"{device['lease_id']})")
+            return await self._start(device, kind, args, device["lease_id"], admin)
+
     async def _leased_device(self, lease_id: str, caller: str, admin: bool, doing: str) -> DeviceFacts:
         view = await self.leases.live_view(lease_id, caller, admin, doing)
         device = await self.store.device(view["device"])

@@ -11,6 +11,7 @@ wakes the long-polls once it committed.
 - ``operations`` (``Operations``): operations on devices, flash and recovery among them;
 - ``scheduler`` (``Scheduler``): reserve by name or by class and tags, queue tickets, grants;
 - ``steps`` (``Steps``): the steps a device runs between two leases, and ``settle``;
+- ``power`` (``Power``): what power operations leave in a device's log, and the automatic power cycle;
 - ``hosts`` (``Hosts``): heartbeats and the desired state;
 - ``admin`` (``Admin``): retire, drain, adopt, forget, tokens;
 - ``jobs`` (``Jobs``): jobs, their cells and runs, and the leases they hold.
@@ -29,6 +30,7 @@ from .jobs import Jobs
 from .leases import Leases
 from .lifecycle import Lifecycle, Settings
 from .operations import Operations
+from .power import Power
 from .scheduler import Scheduler
 from .steps import Steps
 from .store import Store
@@ -50,7 +52,8 @@ class Rules:
         self.operations = Operations(self.life, self.leases, self.images)
         self.scheduler = Scheduler(self.life, self.leases)
         self.steps = Steps(self.life, self.leases, self.operations)
-        self.hosts = Hosts(self.life, self.leases, self.operations, self.steps, self.scheduler)
+        self.power = Power(self.life, self.operations)
+        self.hosts = Hosts(self.life, self.leases, self.operations, self.steps, self.scheduler, self.power)
         self.admin = Admin(self.life, self.devices, self.leases, self.scheduler)
         self.jobs = Jobs(self.life, self.scheduler, self.leases)
         self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 
 from device_loop.core import NAME_PATTERN
 from device_loop.core.protocol import MAX_TAGS, Args, Strict, Tag, Word, check_device_name
-from device_loop.core.vocabulary import DeviceState, TokenKind
+from device_loop.core.vocabulary import DeviceState, PowerAction, TokenKind
 
 MAX_WAIT_S = 60.0  # a long-poll's wait, at most (an MCP tool waits less: mcp_tools.py)
 UNTIL_MAX_CHARS = 500  # uart_exchange's regular expression
@@ -133,6 +133,24 @@ class OperationIn(LeaseId):
 
 class FlashIn(LeaseId):
     image: str = REF
+
+
+_POWER_ACTION = Field(description="what to do with the device's power: 'on', 'off', 'cycle' (off for off_time_s, then "
+                                  "on) or 'status' (read the switch)")
+_OFF_TIME = Field(default=None, ge=0, le=600,
+                  description="a cycle's seconds with the power off, from 0 to 600 (e.g. 5); default: the switch's "
+                              "own (2 s for USB and most PDUs, 5 s for pdudaemon and BMCs)")
+
+
+class PowerIn(LeaseId):
+    action: PowerAction = _POWER_ACTION
+    off_time_s: float | None = _OFF_TIME
+
+
+class AdminPowerIn(Strict):
+    device: str = Field(min_length=1, max_length=64, description="the device's name")
+    action: PowerAction = _POWER_ACTION
+    off_time_s: float | None = _OFF_TIME
 
 
 class OpWait(Strict):

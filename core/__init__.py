@@ -13,6 +13,8 @@ LEASE_PREFIX = "lease-"
 
 #: The resource kind of flash targets, and the operation kind that writes an image to one.
 FLASH_KIND = "flash"
+#: The resource kind of power switches, and the operation kind that switches one (docs/architecture.md, "Power").
+POWER_KIND = "power"
 #: Operation ids start with this.
 OP_PREFIX = "op-"
 #: The event stream (``GET /api/v1/events``) sends at least a keepalive this often.

@@ -139,6 +139,31 @@ def devloop_operate(host, resource, op):
 
 
 @hookspec(firstresult=True)
+def devloop_power(host, resource, action):
+    """Switch the power of ``resource``'s device, or read it: the one hook of a power
+    backend. ``resource`` is one of this plugin's of kind ``power`` (``POWER_KIND``);
+    ``action`` is ``"on"``, ``"off"`` or ``"status"`` (a ``cycle`` is the exporter's: off,
+    the off-time, on, watching the device's console meanwhile; docs/architecture.md, "Power").
+
+    Return a :class:`PowerReading`: the state as the switch reads it back *after* the
+    action (``None`` when it cannot be read: the exporter then trusts only the console,
+    and a change nobody observed is reported ``unverified``), and a sentence of what was
+    done. Raise :class:`OperationError` with a reason a person can act on ("no switchable
+    hub at 1-1", "the BMC refused the password for admin"), ``changed=False`` when nothing
+    was switched. What to switch and how (the backend, its address, a password *file*)
+    comes from the resource's config, never from the request; a secret never appears in
+    an argument list, a result or a message.
+
+    Runs in the power operation's thread, one action at a time per device. It must end:
+    a program gets a timeout (``host.run_to_end``), a request a socket timeout; past the
+    resource config's ``timeout`` (seconds; 30 without one) the exporter fails the
+    operation and leaves the call to run. A config model may give ``off_time`` (the
+    cycle's default, seconds) and ``console_timeout`` (how long after on the console may
+    stay silent); the exporter reads both from ``resource.config``.
+    """
+
+
+@hookspec(firstresult=True)
 def devloop_thermal(host, resource):
     """Read the temperatures of ``resource``'s device: a dict of zone name (``cpu``,
     ``battery``) -> degrees Celsius (a float), or ``None`` when the plugin has no thermal

@@ -197,6 +197,24 @@ class Operation:
 
 
 @dataclass(frozen=True)
+class PowerReading:
+    """What a power backend (``devloop_power``) says after it switched, or when asked.
+
+    ``state``: the switch's state as the backend *read it back* (a BMC's chassis status,
+    uhubctl's port line, a Redfish ``PowerState``), ``None`` when it has no way to read it
+    (pdudaemon, a command with no ``status``): then only the device's console can show what
+    happened. ``detail``: a short sentence of what it did or read ("outlet 3 of pdu01
+    switched off"), for the operation's result."""
+
+    state: str | None = None  # a PowerState value, or None: not read back
+    detail: str = ""
+
+    def __post_init__(self):
+        if self.state is not None and self.state not in ("on", "off"):
+            raise ValueError(f"a power reading's state is 'on', 'off' or None, not {self.state!r}")
+
+
+@dataclass(frozen=True)
 class ConfiguredResource:
     """One ``[[devices.resources]]`` entry of the exporter config, as its plugin finds it in
     ``host.entries``: ``config`` is the entry parsed by the plugin's model (its

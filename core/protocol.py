@@ -165,6 +165,8 @@ class DeviceReport(Strict):
     facts: dict[FactKey, FactValue] = Field(default_factory=dict, max_length=MAX_FACTS,
                                             description="what plugins add to the device's fingerprint "
                                                         "(devloop_fingerprint): board revision, firmware")
+    auto_recover: Literal["power-cycle"] | None = Field(
+        default=None, description="power-cycle it once when its health turns failed while nobody holds it")
 
     @field_validator("name")
     @classmethod

@@ -64,6 +64,27 @@ class EndpointRole(StrEnum):
     SSH = "ssh"                  # a board's sshd (params user, host_key)
 
 
+class PowerAction(StrEnum):
+    """What a ``power`` operation asks of a device's power switch (docs/architecture.md, "Power")."""
+    ON = "on"
+    OFF = "off"
+    CYCLE = "cycle"    # off, the off-time, on: the exporter's, watching the console between
+    STATUS = "status"  # read the switch, change nothing
+
+
+class PowerState(StrEnum):
+    """What a power switch reads back."""
+    ON = "on"
+    OFF = "off"
+
+
+class PowerVerdict(StrEnum):
+    """What a power operation observed: ``verified`` when the switch's read-back or the
+    device's console showed the change, else ``unverified`` (never reported as done)."""
+    VERIFIED = "verified"
+    UNVERIFIED = "unverified"
+
+
 class TicketState(StrEnum):
     """A queue ticket (docs/architecture.md, "Who gets the next lease")."""
     WAITING = "waiting"      # nothing matching was free yet
@@ -90,7 +111,8 @@ class TokenKind(StrEnum):
 
 
 #: Every enum of the vocabulary.
-VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, TicketState, TicketKind, TokenKind)
+VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, PowerAction, PowerState,
+              PowerVerdict, TicketState, TicketKind, TokenKind)
 
 
 def sql_list(values) -> str:

@@ -11,13 +11,15 @@ from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
 from device_loop.core.plugin_config import Duration, PluginConfig
 from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, FlashImage, Health, LeaseRef, Operation,
-                                    OperationError, OperationKind, Resource, Service, ServiceError, StepKind)
+                                    OperationError, OperationKind, PowerReading, Resource, Service, ServiceError,
+                                    StepKind)
 from device_loop.core.holders import command_of, holders
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
 from device_loop.core.process import python_module, run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
+from device_loop.core import POWER_KIND
 from device_loop.core.vocabulary import EndpointRole
 
 #: Bumped when a name below goes away or changes meaning. 2: ``devloop_flash`` became the
@@ -25,7 +27,8 @@ from device_loop.core.vocabulary import EndpointRole
 #: parsed by the plugin's ``PluginConfig`` model and found in ``host.entries`` (not
 #: ``host.configured(name)``), ``entry.config`` and ``resource.config`` being that model.
 #: Additions keep it: ``StepKind`` (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``,
-#: ``devloop_fingerprint``, ``EndpointRole.SSH``.
+#: ``devloop_fingerprint``, ``EndpointRole.SSH``,
+#: ``devloop_power`` with ``PowerReading`` and ``POWER_KIND``.
 API_VERSION = 2
 
 __all__ = [
@@ -39,6 +42,8 @@ __all__ = [
     "Operation", "OperationError", "OperationKind", "FlashError", "FlashImage",
     # steps between leases: what devloop_steps declares (run through devloop_operate)
     "StepKind",
+    # power backends: what devloop_power returns, and the kind of their resources
+    "PowerReading", "POWER_KIND",
     # what an endpoint is for
     "EndpointRole",
     # services, ready-made: a serial device as raw TCP or RFC 2217, a TCP relay

@@ -74,6 +74,8 @@ class DeviceEntry(BaseModel):
     resources: list[ResourceEntry] = Field(default_factory=list)
     # what runs between two leases, as written: parsed by parse_steps, which names each problem
     steps: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_STEPS)
+    # (docs/architecture.md, "Power"): power-cycled once when its health turns failed, nobody holding it
+    auto_recover: Literal["power-cycle"] | None = None
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -112,7 +114,7 @@ class Entry:
 # ---- steps between leases (docs/architecture.md, "Steps between leases") ----------------------
 
 #: The steps the exporter knows itself; any other name is a plugin's (``devloop_steps``).
-BUILT_IN_STEPS = ("cooldown", "command", "reboot", "reflash")
+BUILT_IN_STEPS = ("cooldown", "command", "reboot", "reflash", "power-cycle")
 #: What a console prints once it has booted: a shell's prompt (``root@x:~# ``, ``$ ``) ending the output.
 DEFAULT_PROMPT = r"[#$] ?$"
 LINE_ENDINGS = {"\r": "CR", "\n": "LF", "\r\n": "CR LF"}
@@ -248,6 +250,25 @@ class ReflashStep(StepConfig):
         return self
 
 
+class PowerCycleStep(StepConfig):
+    """Switch the device off for ``off_time`` (its switch's default without one) and on again
+    through its power resource (docs/architecture.md, "Power"); a cycle nobody could observe
+    fails the step unless ``verify = false``."""
+    DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0
+    step: Literal["power-cycle"]
+    off_time: float | None = None
+    verify: bool = True
+
+    _off_time = field_validator("off_time", mode="before")(_step_timeout)
+
+    @model_validator(mode="after")
+    def _not_inside_a_lease(self):
+        if self.settle:
+            raise ValueError("settle: a power cycle cannot settle a device inside a lease (it would take the board "
+                             "from under its holder)")
+        return self
+
+
 class PluginStepConfig(StepConfig):
     """A step a plugin offers (``devloop_steps``); its other keys are the step's settings,
     handed to the plugin's ``devloop_operate`` as ``op.args``."""
@@ -266,7 +287,8 @@ class PluginStepConfig(StepConfig):
 
 
 _STEP_MODELS: dict[str, type[StepConfig]] = {"cooldown": CooldownStep, "command": CommandStep,
-                                             "reboot": RebootStep, "reflash": ReflashStep}
+                                             "reboot": RebootStep, "reflash": ReflashStep,
+                                             "power-cycle": PowerCycleStep}
 
 
 class ClassEntry(BaseModel):
@@ -320,6 +342,10 @@ class ExporterConfig(BaseModel):
         a device that discovery found, not the config, gets its class's too)."""
         steps = self.parsed_steps()
         return steps.get(("device", device)) or steps.get(("class", device_class)) or []
+
+    def auto_recovery(self) -> dict[str, str]:
+        """Device -> what the coordinator may do on its own when its health turns failed."""
+        return {d.name: d.auto_recover for d in self.devices if d.auto_recover}
 
     def parsed_steps(self) -> dict[tuple[str, str], list[StepConfig]]:
         """The step lists of the config: ``("device", NAME)`` and ``("class", NAME)`` -> its
@@ -464,6 +490,11 @@ def parse_steps(config: ExporterConfig) -> dict[tuple[str, str], list[StepConfig
             whose = "" if own else f" (of its class {device.device_class or 'generic'!r})"
             problems.append(f"  device {device.name!r}: step {reflash[0]}{whose} reflashes it, and it has no flash "
                             "resource to write: add a [[devices.resources]] entry with plugin = \"flash\"")
+        cycles = [n for n, data in enumerate(written, 1) if data.get("step") == "power-cycle"]
+        if cycles and "power" not in {entry.plugin for entry in device.entries()}:
+            whose = "" if own else f" (of its class {device.device_class or 'generic'!r})"
+            problems.append(f"  device {device.name!r}: step {cycles[0]}{whose} power-cycles it, and it has no power "
+                            "switch: add a [[devices.resources]] entry with plugin = \"power\"")
     if problems:
         raise ConfigError(f"{config.source} is not a valid exporter config:\n" + "\n".join(problems))
     return parsed

@@ -31,6 +31,7 @@ from .image_cache import ImageCache
 from .link import SUPERSEDED, CoordinatorLink
 from .operations import Operations
 from .orphans import OrphanWatch
+from .power import PowerRunner
 from .reconcile import Reconciler
 from .report import Reporter
 from .steps import StepRunner
@@ -60,13 +61,16 @@ class Exporter:
         self.link = CoordinatorLink(section.coordinator, self.name, section.token_file)
         orphans = OrphanWatch(config.state_dir)
         self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex,
-                                 section.hook_timeout_s, steps_of=config.steps_of)
+                                 section.hook_timeout_s, steps_of=config.steps_of,
+                                 auto_recovery=config.auto_recovery())
         self.reconciler = Reconciler(self.host, self.plugins, orphans, gated_only=self.link.authenticated,
                                      on_change=self._changed)
         cache = ImageCache(config.state_dir / "images", int(section.image_cache_gib * (1 << 30)))
-        self.step_runner = StepRunner(self.host, self.plugins, config.steps_of, section.hook_timeout_s)
+        self.power = PowerRunner(self.host, self.plugins)
+        self.step_runner = StepRunner(self.host, self.plugins, config.steps_of, section.hook_timeout_s,
+                                      power=self.power)
         self.operations = Operations(self.host, self.plugins, cache, self.link.fetch_image, on_change=self._changed,
-                                     steps=self.step_runner)
+                                     steps=self.step_runner, power=self.power)
         self.wake = threading.Event()       # report now
         self.scan_due = threading.Event()   # ... after scanning the host again
         self.stopping = threading.Event()
@@ -195,6 +199,7 @@ class Exporter:
         this host is going away, so that nobody is handed endpoints that no longer answer."""
         self.reconciler.stop_all()
         self.host.processes.end_lifeline()  # the gates' authority ends here, stopped or not
+        self.power.stopping.set()  # a power operation that waits (the off-time, a first byte) ends, interrupted
         self.step_runner.stop()  # a step that waits is interrupted: its device's steps run again from the first
         for job in self.operations.running():
             log.warning("waiting for %s %s of %s to finish (at most %gs)", job.kind, job.op, job.device,

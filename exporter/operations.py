@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 
 from pydantic import TypeAdapter, ValidationError
 
+from device_loop.core import POWER_KIND
 from device_loop.core.files import write_atomically
 from device_loop.core.host import HostContext
 from device_loop.core.model import FlashImage, Operation, OperationError, Resource, StepKind
@@ -34,6 +35,7 @@ from device_loop.core.protocol import (MAX_DETAIL_CHARS, MAX_REASON_CHARS, MAX_R
 from device_loop.core.vocabulary import OperationState
 
 from .image_cache import ImageCache
+from .power import PowerRunner
 from .steps import StepRun, StepRunner
 
 log = logging.getLogger("device_loop.exporter")
@@ -104,10 +106,11 @@ class Operations:
 
     def __init__(self, host: HostContext, plugins: PluginSet, cache: ImageCache,
                  fetch: Callable[[str], Iterator[bytes]], on_change: Callable[[], None],
-                 steps: StepRunner | None = None):
+                 steps: StepRunner | None = None, power: PowerRunner | None = None):
         self.host, self.plugins, self.cache, self.fetch = host, plugins, cache, fetch
         self.on_change = on_change
         self.steps = steps  # the devices' steps between leases; None: this executor runs none
+        self.power = power  # power operations; None: this executor runs none
         self.markers = host.state_dir / MARKERS
         self.jobs: dict[str, Job] = {}
         self._begun: set[str] = set()
@@ -177,6 +180,8 @@ class Operations:
             step = self.steps.match(want, resources, offered) if self.steps is not None else None
             if step is not None:
                 said = self._operate_step(job, step)
+            elif want.kind == POWER_KIND and self.power is not None:
+                said = self._operate_power(job, want, resource, resources)
             else:
                 with contextlib.ExitStack() as images:
                     image = None
@@ -231,6 +236,19 @@ class Operations:
         assert self.steps is not None  # (only a runner matches steps)
         self._begin(job, None)
         return self.steps.run(step, lambda *said, **more: self._progress(job, *said, **more))
+
+    def _operate_power(self, job: Job, want: DesiredOperation, switch: Resource | None, resources: list[Resource]):
+        """Hand a power operation to the power runner, on the device's switch (``switch``)."""
+        assert self.power is not None  # (only then is a power operation the runner's)
+        if switch is None or switch.plugin != want.plugin or switch.kind != POWER_KIND:
+            raise OperationError(f"{want.identifier} is not a power switch on host {self.host.name} (any more)",
+                                 changed=False)
+        if not self.plugins.implements(switch.plugin, "devloop_power"):
+            raise OperationError(f"plugin {switch.plugin!r} switches no power here (it is not loaded, or has no "
+                                 "devloop_power hook)", changed=False)
+        self._begin(job, None)
+        return self.power.run(dict(want.args), switch, [r for r in resources if r.device == want.device],
+                              lambda *said, **more: self._progress(job, *said, **more))
 
     def _begin(self, job: Job, image: FlashImage | None) -> None:
         """The device may be changed from here on: the operation is marked, and a crash now

@@ -16,7 +16,7 @@ from typing import AbstractSet, Callable, Sequence, get_args
 
 from pydantic import ValidationError
 
-from device_loop.core import PROTOCOL_VERSION, __version__
+from device_loop.core import POWER_KIND, PROTOCOL_VERSION, __version__
 from device_loop.core.host import HostContext
 from device_loop.core.model import Health, OperationKind, Resource, StepKind
 from device_loop.core.plugins import PluginSet
@@ -28,6 +28,7 @@ from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_FACTS, MAX_HOLDERS
 from .config import StepConfig
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
 from .orphans import OrphanWatch
+from .power import POWER
 from .steps import plan, plugin_steps, step_kinds
 
 log = logging.getLogger("device_loop.exporter")
@@ -38,7 +39,8 @@ MAX_FACT_CHARS: int = get_args(FactValue)[1].max_length
 class Reporter:
     def __init__(self, host: HostContext, plugins: PluginSet, orphans: OrphanWatch, heartbeat_s: float,
                  boot_id: str, hook_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 steps_of: Callable[[str, str], list[StepConfig]] = lambda device, device_class: []):
+                 steps_of: Callable[[str, str], list[StepConfig]] = lambda device, device_class: [],
+                 auto_recovery: dict[str, str] | None = None):
         self.host, self.plugins, self.orphans = host, plugins, orphans
         self.deadlines = HookDeadlines(hook_timeout_s)  # discovery and health: a hung hook stops no report
         self.heartbeat_s, self.boot_id = heartbeat_s, boot_id
@@ -49,6 +51,7 @@ class Reporter:
         self.resources: list[Resource] = []
         self.kinds: dict[str, list[OperationKindReport]] = {}  # identifier -> the operations its plugin runs on it
         self.steps_of = steps_of  # (device, class) -> the steps its config lists between two leases
+        self.auto_recovery = auto_recovery or {}  # device -> what may be done when its health fails
         self.step_kinds: dict[str, list[StepKind]] = {}  # identifier -> the steps its plugin offers on it
         self.facts: dict[str, dict[str, str]] = {}  # identifier -> what its plugin adds to the fingerprint
         self.offered: dict[str, list[StepKind]] = {}  # plugin -> every step it may offer (asked at the start)
@@ -119,10 +122,12 @@ class Reporter:
         asked = [r for r in resources if self.plugins.implements(r.plugin, "devloop_operations")]
         outcomes = self.deadlines.run({key(r): functools.partial(
             self.plugins.call, r.plugin, "devloop_operations", host=self.host, resource=r) for r in asked})
-        kinds = {}
+        # a power switch's operation is the exporter's (power.py), run through its backend's devloop_power
+        kinds = {r.identifier: _kind_reports([POWER]) for r in resources
+                 if r.kind == POWER_KIND and self.plugins.implements(r.plugin, "devloop_power")}
         for r in asked:
             try:
-                kinds[r.identifier] = _kind_reports(outcomes[key(r)].result())
+                kinds[r.identifier] = kinds.get(r.identifier, []) + _kind_reports(outcomes[key(r)].result())
             except Exception as exc:  # raised, timed out, or answered what no report can carry
                 log.error("devloop_operations of plugin %s for %s: %s", r.plugin, r.identifier, exc)
                 kinds[r.identifier] = self.kinds.get(r.identifier, [])
@@ -234,6 +239,8 @@ class Reporter:
             mine.setdefault(r.device, []).append(r)
         for name, entry in devices.items():  # what runs between two leases, and where
             configured = self.steps_of(name, entry["class"])
+            if name in self.auto_recovery:
+                entry["auto_recover"] = self.auto_recovery[name]
             entry["steps"] = [step.report() for step in plan(configured, mine[name], self.step_kinds)]
         for entry in devices.values():  # the report's bounds: a java command line is long
             entry["busy_by"] = [{**h, "command": h["command"][:MAX_COMMAND_CHARS]}

@@ -39,9 +39,10 @@ from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import (EXPORTER_STEPS, MAX_DETAIL_CHARS, ArgName, DesiredOperation, PluginStep,
                                        StepReport, Word)
 
-from .config import (BUILT_IN_STEPS, MAX_STEP_TIMEOUT_S, CommandStep, CooldownStep, PluginStepConfig, RebootStep,
-                     ReflashStep, StepConfig)
+from .config import (BUILT_IN_STEPS, MAX_STEP_TIMEOUT_S, CommandStep, CooldownStep, PluginStepConfig,
+                     PowerCycleStep, RebootStep, ReflashStep, StepConfig)
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
+from .power import PowerRunner
 
 log = logging.getLogger("device_loop.exporter")
 #: The operation that runs, inside a lease, the device's steps that settle (its cooldowns).
@@ -60,6 +61,8 @@ BUILT_IN_DESCRIPTIONS = {
     "command": "run a program (command = [...]; no shell), killed at its timeout; a non-zero exit fails",
     "reboot": "send reboot on the device's console and wait for its prompt (command, prompt, line_ending)",
     "reflash": "flash the device's latest known-good image through its flash resource",
+    "power-cycle": "switch the device off and on through its power resource, verified by its read-back or console "
+                   "(off_time, verify)",
 }
 _WORD = TypeAdapter(Word)
 _ARG_NAME = TypeAdapter(ArgName)
@@ -189,8 +192,9 @@ class StepRunner:
     ``devloop_operate``; ``steps_of(device, device_class)`` is what the config lists."""
 
     def __init__(self, host: HostContext, plugins: PluginSet, steps_of: Callable[[str, str], list[StepConfig]],
-                 hook_timeout_s: float = DEFAULT_TIMEOUT_S):
+                 hook_timeout_s: float = DEFAULT_TIMEOUT_S, power: PowerRunner | None = None):
         self.host, self.plugins, self.steps_of = host, plugins, steps_of
+        self.power = power  # runs the power-cycle step (None: this runner has none to run it)
         self.deadlines = HookDeadlines(hook_timeout_s)  # thermal readings: a hung one stops no cooldown's clock
         self._running: dict[tuple[str, str, str], float] = {}  # a plugin step's call -> when it began
         self._lock = threading.Lock()
@@ -297,6 +301,8 @@ class StepRunner:
             return self._command(device, config, step.timeout_s, progress)
         if isinstance(config, RebootStep):
             return self._reboot(device, run.resources, config, step.timeout_s, progress)
+        if isinstance(config, PowerCycleStep):
+            return self._power_cycle(device, run.resources, config, progress)
         if isinstance(config, PluginStepConfig) and step.plugin != EXPORTER_STEPS:
             return self._plugin_step(run, step, progress)
         raise OperationError(f"the exporter does not run {step.name!r} itself", changed=False)
@@ -435,6 +441,20 @@ class StepRunner:
                         progress("reboot", detail=f"rebooting: {_last_lines(text, 1)!r}"[:MAX_DETAIL_CHARS])
             except (serial.SerialException, OSError) as exc:
                 raise OperationError(f"{device}'s console {console.node} failed: {exc}") from None
+
+    # ---- power-cycle ------------------------------------------------------------------------------
+
+    def _power_cycle(self, device: str, resources: Sequence[Resource], config: PowerCycleStep,
+                     progress: Progress) -> dict:
+        switch = PowerRunner.switch_of(resources)
+        if switch is None or self.power is None:
+            raise OperationError(f"{device} has no power switch here (a resource of kind power: is its plugin "
+                                 "loaded?)", changed=False)
+        result = self.power.cycle(switch, resources, config.off_time, progress)
+        if result.get("verdict") != "verified" and config.verify:
+            raise OperationError(f"the power cycle was not verified: {result.get('message')} (verify = false "
+                                 "accepts that)")
+        return result
 
     # ---- a plugin's step -----------------------------------------------------------------------
 

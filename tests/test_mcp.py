@@ -51,8 +51,8 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
         assert names == {"list_devices", "device_info", "reserve", "lease_status", "renew", "release",
                          "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
                          "camera_snapshot", "start_operation", "operation_status", "device_operations",
-                         "ticket_status", "cancel_ticket", "my_tickets", "settle", "exec", "fingerprint", "submit_job",
-                         "job_status", "job_evidence"}
+                         "ticket_status", "cancel_ticket", "my_tickets", "settle", "power", "exec", "fingerprint",
+                         "submit_job", "job_status", "job_evidence"}
         assert (await call(alice, "list_images", device="sim-board-0")) == {"images": []}
         idle = await call(alice, "list_devices", state="idle")
         assert {d["name"] for d in idle["devices"]} == {"sim-board-0", "sim-board-1"}

@@ -165,18 +165,18 @@ def test_the_exporter_refuses_at_start_a_step_no_plugin_offers(tmp_path):
 
 def test_a_plugin_step_takes_only_the_keys_its_kind_declares_on_a_device_that_has_its_plugin():
     offered = {"adb": [StepKind("wait-boot", "boot", settings={"props": "what must be set"})],
-               "relay": [StepKind("power-cycle", "off and on")]}
+               "relay": [StepKind("relay-cycle", "off and on")]}
     config = parse_config({"devices": [
         {"name": "p", "plugin": "adb", "serial": "X", "steps": [{"step": "wait-boot", "prop": "x"},
-                                                                 {"step": "power-cycle", "seconds": 3}]},
+                                                                 {"step": "relay-cycle", "seconds": 3}]},
         {"name": "q", "plugin": "adb", "serial": "Y", "steps": [{"step": "wait-boot", "props": "a"}]}]})
     with pytest.raises(ConfigError) as refused:
         check_steps(config, offered)
     said = str(refused.value)
     assert "device 'p', step 1 (wait-boot): unknown key 'prop' of step 'wait-boot' (plugin adb); did you mean " \
            "'props'?" in said, said
-    assert "step 2 (power-cycle): unknown key 'seconds' of step 'power-cycle' (plugin relay); it takes no keys" in said
-    assert "device 'p': step 2 (power-cycle) is plugin relay's, and the device has no resource of it" in said
+    assert "step 2 (relay-cycle): unknown key 'seconds' of step 'relay-cycle' (plugin relay); it takes no keys" in said
+    assert "device 'p': step 2 (relay-cycle) is plugin relay's, and the device has no resource of it" in said
     assert "'q'" not in said
     check_steps(parse_config({"devices": [{"name": "q", "plugin": "adb", "serial": "Y",
                                            "steps": [{"step": "wait-boot", "props": "a", "timeout": "1m"}]}]}),

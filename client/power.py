@@ -1,0 +1,80 @@
+"""``device-loop power on|off|cycle|status DEVICE|LEASE``: switch a device's power through the
+coordinator and say what was observed (docs/architecture.md, "Power")."""
+from __future__ import annotations
+
+import click
+
+from device_loop.core.vocabulary import PowerAction, PowerVerdict
+
+from .commands import _my_lease, json_option, lab_command
+from .exec import _seconds
+from .http import CoordinatorError
+from .lab import Lab, follow_op
+from .operations import detach_option
+from .output import emit, fail
+
+#: The exit status of a power operation that ran but whose effect nobody observed.
+UNVERIFIED = 3
+
+
+def power_text(op: dict) -> str:
+    """``sim-board-0: power cycle verified (...)`` and the observations, one a line."""
+    result = op.get("result") or {}
+    action = op["args"].get("action", "?")
+    lines = [f"{op['device']}: power {action} {result.get('verdict', op['state'])} ({op['id']})"]
+    lines += [f"  {line}" for line in result.get("how", [])]
+    if result.get("first_byte_s") is not None:
+        lines.append(f"  time to the console's first byte after on: {result['first_byte_s']:.2f} s")
+    if result.get("verdict") == PowerVerdict.UNVERIFIED:
+        lines.append(f"  {op['message']}")
+    lines.append(f"  switch: {result.get('backend', '?')}; console {result.get('console', '?')}")
+    return "\n".join(lines)
+
+
+@click.command("power")
+@click.argument("action", type=click.Choice([a.value for a in PowerAction]))
+@click.argument("target", metavar="DEVICE|LEASE")
+@click.option("--off-time", "off_time", callback=lambda ctx, param, value: None if value is None else
+              _seconds(ctx, param, value), metavar="DURATION",
+              help="a cycle's time with the power off (5s, 500ms is 0.5s; default: the switch's own)")
+@detach_option
+@json_option
+@lab_command
+def power_command(lab: Lab, action: str, target: str, off_time: float | None, detach: bool, as_json: bool):
+    """Switch the power of a device you hold (your lease of DEVICE, or LEASE; an admin: of a device
+    nobody holds) and say what was observed: the switch's read-back, and whether the console went
+    silent while the power was off and printed again after on (with the time to its first byte).
+
+    Exit status: 0 verified, 3 unverified (it ran, and nothing showed that it happened), 1 failed.
+
+    \b
+    device-loop power cycle sim-board-0
+    device-loop power off jupiter && device-loop power on jupiter
+    device-loop power status jupiter --json
+    """
+    body: dict = {"action": action}
+    if off_time is not None:
+        if action != PowerAction.CYCLE:
+            raise click.BadParameter("--off-time goes with cycle", param_hint="--off-time")
+        body["off_time_s"] = off_time
+    try:
+        path = f"/leases/{_my_lease(lab, target).id}/power"
+    except CoordinatorError as exc:
+        if exc.code != "no_lease" or target.startswith("lease-"):
+            raise
+        path = f"/admin/devices/{target}/power"  # a device nobody holds: admins only, and it says so otherwise
+    op = lab.api.post(path, body)
+    if detach:
+        emit(as_json, op, lambda o: o["id"])
+        return
+    try:
+        final = follow_op(lab.api, op)
+    except KeyboardInterrupt:
+        fail(as_json, "interrupted", f"no longer following {op['id']}; the power {action} goes on: "
+                                     f"device-loop op {op['id']} --wait", exit_code=130, op=op["id"])
+    if final["state"] != "done":
+        fail(as_json, "power_failed", f"power {action} of {final['device']} failed ({final['id']}): "
+                                      f"{final['message']}", op=final["id"])
+    emit(as_json, final, power_text)
+    if (final.get("result") or {}).get("verdict") != PowerVerdict.VERIFIED:
+        raise SystemExit(UNVERIFIED)

@@ -25,6 +25,7 @@ from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_iden
 from ..limits import FORM, takes_body
 from ..openapi import answers
 from ..steps import SETTLE
+from .power_panel import power_panel
 
 HERE = Path(__file__).parent
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")  # HTML is autoescaped
@@ -151,7 +152,7 @@ async def board(request: Request) -> Response:
 @answers("text/html")
 async def device_page(request: Request) -> Response:
     """A device: its row, the viewer's lease on it (camera, screen), its last state changes,
-    operations and known-good image."""
+    operations, power switch and known-good image."""
     rules, viewer, name = request.app.state.rules, await viewer_of(request), request.path_params["name"]
     try:
         device = await rules.devices.device_info(name, viewer.admin)  # (an admin's: with its lease's id)
@@ -176,7 +177,7 @@ async def device_page(request: Request) -> Response:
                  flash_target=any(r["kind"] == FLASH_KIND for r in device["resources"]),
                  images=await rules.images.list_images(name) if viewer.admin else [],
                  mine=mine, tickets=_not_shown(tickets, mine), steps=steps, settle_lease=settle_lease,
-                 settling=settling if settle_lease else None,
+                 settling=settling if settle_lease else None, power=await power_panel(rules, device, mine, viewer),
                  queue=[e for e in await _queue(request) if serves(device, e)],
                  classes=[device["class"]])
 

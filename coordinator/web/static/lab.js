@@ -1,7 +1,8 @@
 // device-loop's web page: rows and the queue kept live from /api/v1/events (the server
 // renders them), the viewer's own parts fetched again when one of their devices or their
 // place in the queue changed, and buttons that call the REST API. No polling: the only
-// timer redraws "time left", and the one long-poll follows a settle the viewer sees run.
+// timer redraws "time left", and the only long-polls follow a settle or a power operation
+// the viewer sees run.
 // Text from the API goes into the page as text (textContent), never as HTML: the only HTML
 // inserted is what the server rendered from its templates, which escape.
 "use strict";
@@ -169,6 +170,7 @@
           if (next && next.innerHTML !== part.innerHTML) part.replaceWith(next);  // an unchanged camera keeps streaming
         }
         tick();
+        showPower();
         followShown();
       } while (fetchAgain);
     })().catch((error) => say(error.message, true)).finally(() => { fetching = null; });
@@ -209,10 +211,62 @@
     }
   }
 
+  // -- a power operation (the viewer pressed a button, or the page shows one run), its
+  // outcome shown in place: verified, unverified or failed, with its message and the time
+  // to the console's first byte. What the result holds came from an exporter: only text.
+
+  let powerSaid = null;  // [text, class] of the outcome shown last (a part fetched again shows it too)
+
+  function powerOutcome(op) {
+    const action = op.args && typeof op.args.action === "string" ? op.args.action : "";
+    const what = action ? `power ${action}` : "power";
+    const message = typeof op.message === "string" ? op.message : "";
+    if (LIVE_OPS.includes(op.state)) {
+      const now = (op.progress && op.progress.detail) || "";
+      return [`${what} ${op.state}${now ? `: ${now}` : ""}`, "progress"];
+    }
+    if (op.state !== "done") return [`${what}: failed${message ? `: ${message}` : ""}`, "pv-failed"];
+    const result = op.result && typeof op.result === "object" ? op.result : {};
+    const verdict = result.verdict === "verified" ? "verified" : "unverified";
+    const first = result.first_byte_s;
+    const byte = typeof first === "number" && Number.isFinite(first) ? `; first console byte ${first.toFixed(2)} s` : "";
+    return [`${what}: ${verdict}${byte}${message ? ` (${message})` : ""}`, `pv-${verdict}`];
+  }
+
+  function showPower() {
+    const shown = document.getElementById("power-outcome");
+    if (!shown || !powerSaid) return;
+    shown.textContent = powerSaid[0];
+    shown.className = `power-outcome ${powerSaid[1]}`;
+    shown.hidden = false;
+  }
+
+  async function followPower(op) {
+    if (following.has(op.id)) return;
+    following.add(op.id);
+    try {
+      while (LIVE_OPS.includes(op.state)) {
+        op = await call("GET", `/api/v1/ops/${encodeURIComponent(op.id)}?wait=${FOLLOW_S}&unless=${op.state}`);
+        powerSaid = powerOutcome(op);
+        showPower();
+      }
+      refreshParts();  // its row: the outcome, as the section lists it
+    } catch (error) {
+      say(error.message, true);
+    } finally {
+      following.delete(op.id);
+    }
+  }
+
   function followShown() {  // the live operations the page shows (it came with one, or a part did)
     for (const p of document.querySelectorAll("[data-op][data-op-state]")) {
       if (LIVE_OPS.includes(p.dataset.opState)) {
         follow({id: p.dataset.op, state: p.dataset.opState});
+      }
+    }
+    for (const row of document.querySelectorAll("[data-power-op][data-op-state]")) {
+      if (LIVE_OPS.includes(row.dataset.opState)) {
+        followPower({id: row.dataset.powerOp, state: row.dataset.opState});
       }
     }
   }
@@ -303,6 +357,25 @@
       say(`${op.device}: ${progress(op)}`);
       refreshParts();  // the page shows it running, and follows it
       follow(op);
+    },
+    async power(button) {  // the holder's lease's route, or an admin's of a device nobody holds
+      const box = button.closest(".power-buttons");
+      const body = {action: button.dataset.action};
+      if (body.action === "cycle") {
+        const off = box.querySelector('input[name="off_time_s"]').value.trim();
+        if (off) {
+          body.off_time_s = Number(off);
+          if (!Number.isFinite(body.off_time_s)) throw new Error("The off time is seconds: a number, from 0 to 600");
+        }
+      }
+      const path = box.dataset.powerLease
+        ? `/api/v1/leases/${encodeURIComponent(box.dataset.powerLease)}/power`
+        : `/api/v1/admin/devices/${encodeURIComponent(box.dataset.powerDevice)}/power`;
+      const op = await call("POST", path, body);
+      powerSaid = powerOutcome(op);
+      showPower();
+      refreshParts();  // the section lists it
+      await followPower(op);
     },
     async "clear-fault"(button) {
       const name = button.dataset.device;

@@ -11,10 +11,11 @@ never in a loop, never under a holder's feet.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from device_loop.core import POWER_KIND
-from device_loop.core.vocabulary import DeviceState, HealthStatus, OperationState, PowerAction
+from device_loop.core.vocabulary import DeviceState, HealthStatus, OperationState, PowerAction, PowerState, PowerVerdict
 
 from .lifecycle import Lifecycle
 from .operations import Operations, kinds_of
@@ -37,11 +38,14 @@ def log_line(op: OperationRow) -> str:
     action = op["args"].get("action", "?")
     if op["state"] != OperationState.DONE:
         return f"power {action} {op['id']} by {op['requester']} failed: {op['message']}"[:500]
-    result = op["result"] or {}
-    said = f"power {action} {op['id']} by {op['requester']}: {result.get('verdict', 'unverified')}"
-    if result.get("first_byte_s") is not None:
-        said += f"; first console byte {result['first_byte_s']:.2f} s after on"
-    if result.get("state") is not None:
+    result = op["result"] if isinstance(op["result"], dict) else {}
+    # what an exporter reported is data: only the values this line expects are taken from it
+    verdict = "verified" if result.get("verdict") == PowerVerdict.VERIFIED else "unverified"
+    said = f"power {action} {op['id']} by {op['requester']}: {verdict}"
+    first = result.get("first_byte_s")
+    if isinstance(first, (int, float)) and not isinstance(first, bool) and math.isfinite(first):
+        said += f"; first console byte {first:.2f} s after on"
+    if result.get("state") in (PowerState.ON, PowerState.OFF):
         said += f"; the switch reads {result['state']}"
     return said[:500]
 

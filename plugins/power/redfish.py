@@ -1,0 +1,163 @@
+"""Switching a machine through a Redfish service (a BMC's, sushy-emulator's): the system's
+``ComputerSystem.Reset`` action, read back by polling its ``PowerState``."""
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from device_loop.plugin import OperationError, PowerReading
+
+SYSTEMS = "/redfish/v1/Systems"
+POLL_S = 0.25
+SETTLING_S = 5.0  # how long a status waits for a PoweringOn/PoweringOff to end
+STATES = {"On": "on", "Off": "off"}
+RESET = "#ComputerSystem.Reset"
+
+
+class Service:
+    """One Redfish service, as an entry configures it, for the length of one call."""
+
+    def __init__(self, config, deadline: float):
+        self.config = config
+        self.deadline = deadline
+        self.headers = {"Accept": "application/json"}
+        if config.user is not None:
+            self.headers["Authorization"] = "Basic " + base64.b64encode(
+                f"{config.user}:{_password(config.password_file)}".encode()).decode()
+        self.context = None
+        if config.url.startswith("https:") and not config.verify_tls:
+            self.context = ssl.create_default_context()
+            self.context.check_hostname = False
+            self.context.verify_mode = ssl.CERT_NONE
+
+    def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        """``(HTTP status, JSON body or {})`` of ``method path``; 404 is returned, other
+        failures raise ``OperationError``."""
+        url = urllib.parse.urljoin(self.config.url + "/", path)
+        data = None if body is None else json.dumps(body).encode()
+        headers = {**self.headers, **({"Content-Type": "application/json"} if data is not None else {})}
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise OperationError(f"the Redfish service at {self.config.url} did not finish within "
+                                 f"{self.config.timeout:g}s")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers, method=method),
+                                        timeout=left, context=self.context) as answer:
+                return answer.status, _json(answer.read(1 << 20))
+        except urllib.error.HTTPError as exc:
+            said = _message(_json(exc.read(1 << 16) if exc.fp else b""))
+            if exc.code == 404:
+                return 404, {}
+            if exc.code in (401, 403):
+                who = (f"the credentials of user {self.config.user}" if self.config.user is not None else
+                       "to answer without credentials (give user and password_file)")
+                raise OperationError(f"the Redfish service at {self.config.url} refused {who} "
+                                     f"(HTTP {exc.code} on {method} {path})", changed=False) from None
+            raise OperationError(f"the Redfish service at {self.config.url} answered HTTP {exc.code} to "
+                                 f"{method} {path}" + (f": {said}" if said else ""),
+                                 changed=method != "GET" and exc.code >= 500) from None
+        except (TimeoutError, socket.timeout):
+            raise OperationError(f"the Redfish service at {self.config.url} did not answer {method} {path} "
+                                 f"within {self.config.timeout:g}s", changed=method != "GET") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, (TimeoutError, socket.timeout)):
+                raise OperationError(f"the Redfish service at {self.config.url} did not answer {method} {path} "
+                                     f"within {self.config.timeout:g}s", changed=method != "GET") from None
+            text = getattr(reason, "strerror", None) or str(reason)
+            raise OperationError(f"cannot reach the Redfish service at {self.config.url}: {text}",
+                                 changed=False) from None
+
+    def system(self) -> tuple[str, dict]:
+        """The configured system's path and resource: by its path, its id, else by the Id or
+        Name of a member of the Systems collection."""
+        wanted = self.config.system
+        path = wanted if wanted.startswith("/") else f"{SYSTEMS}/{wanted.strip('/')}"
+        code, body = self.request("GET", path)
+        if code != 404:
+            return path, body
+        if not wanted.startswith("/"):
+            _, collection = self.request("GET", SYSTEMS)
+            for member in collection.get("Members", []):
+                member_path = member.get("@odata.id", "")
+                if member_path:
+                    _, system = self.request("GET", member_path)
+                    if wanted in (system.get("Id"), system.get("Name")):
+                        return member_path, system
+        raise OperationError(f"the Redfish service at {self.config.url} has no system {wanted!r} "
+                             f"(not {path}, nor an Id or Name under {SYSTEMS})", changed=False)
+
+
+def _password(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.read().rstrip("\r\n")
+    except FileNotFoundError:
+        raise OperationError(f"the BMC's password file {path} does not exist", changed=False) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OperationError(f"cannot read the BMC's password file {path}: "
+                             f"{getattr(exc, 'strerror', None) or exc}", changed=False) from None
+
+
+def _json(data: bytes) -> dict:
+    try:
+        value = json.loads(data) if data.strip() else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _message(body: dict) -> str:
+    error = body.get("error", {}) if isinstance(body.get("error"), dict) else {}
+    messages = [error.get("message", "")] + [info.get("Message", "") for info in
+                                             error.get("@Message.ExtendedInfo", []) if isinstance(info, dict)]
+    return " ".join(str(m) for m in messages if m)[:300]
+
+
+def power(host, resource, action: str) -> PowerReading:
+    """Switch (or read) the system's power: its Reset action with the configured type, then
+    its ``PowerState`` polled until it says so, within the entry's ``timeout``."""
+    config = resource.config
+    service = Service(config, time.monotonic() + config.timeout)
+    path, system = service.system()
+    name = system.get("Id") or path
+    state = system.get("PowerState")
+    if action == "status":
+        settle_until = min(service.deadline, time.monotonic() + SETTLING_S)
+        while state not in STATES and time.monotonic() < settle_until:
+            time.sleep(POLL_S)
+            state = service.request("GET", path)[1].get("PowerState")
+        read = STATES.get(state) if isinstance(state, str) else None
+        return PowerReading(read, f"system {name} reads PowerState {state or 'none'}")
+    wanted = "On" if action == "on" else "Off"
+    if state == wanted:
+        return PowerReading(action, f"system {name} was {action} already (PowerState {state}); nothing done")
+    reset_type = config.on_reset_type if action == "on" else config.off_reset_type
+    reset = system.get("Actions", {}).get(RESET)
+    if not isinstance(reset, dict) or not reset.get("target"):
+        raise OperationError(f"system {name} has no {RESET} action to switch it", changed=False)
+    allowed = reset.get("ResetType@Redfish.AllowableValues")
+    if isinstance(allowed, list) and reset_type not in allowed:
+        raise OperationError(f"the BMC does not allow reset type {reset_type!r} on system {name}; it allows: "
+                             f"{', '.join(map(str, allowed))}", changed=False)
+    if service.request("POST", reset["target"], {"ResetType": reset_type})[0] == 404:
+        raise OperationError(f"system {name}'s reset action {reset['target']} is not there (HTTP 404)",
+                             changed=False)
+    while True:
+        try:
+            state = service.request("GET", path)[1].get("PowerState")
+        except OperationError as exc:
+            raise OperationError(f"system {name} was reset with {reset_type}, but reading its PowerState back "
+                                 f"failed: {exc}") from None
+        if state == wanted:
+            return PowerReading(action, f"system {name} reset with {reset_type}; PowerState reads {state}")
+        if time.monotonic() + POLL_S >= service.deadline:
+            raise OperationError(f"system {name} was reset with {reset_type}, but its PowerState still reads "
+                                 f"{state or 'nothing'} after {config.timeout:g}s")
+        time.sleep(POLL_S)

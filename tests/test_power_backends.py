@@ -1,0 +1,413 @@
+"""The power plugin's backends against the real programs they drive: pdudaemon (its
+localcmdline driver), ipmi_sim with ipmitool, sushy-emulator's fake driver, uhubctl (with
+no hub here), commands of our own, and the simulated boards' switch file."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from conftest import wait_for
+from device_loop.core.host import HostContext
+from device_loop.core.ports import free_port, wait_port_open
+from device_loop.plugin import POWER_KIND, ConfiguredResource, OperationError
+from device_loop.plugins import power
+from device_loop.plugins.power.config import PowerConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "s3cr3t-Pa55-7Zq"  # a password that must appear in no message, argv or log
+VENV_BIN = Path(sys.executable).parent
+
+
+def switch_of(tmp_path, device="board0", **settings):
+    """A host with one power entry of ``settings``, and its resource as discovery makes it."""
+    entry = ConfiguredResource(device, "test-board", (), "power", PowerConfig.model_validate(settings))
+    host = HostContext(name="h", state_dir=tmp_path / "state", entries=[entry])
+    [resource] = power.devloop_discover(host)
+    assert resource.kind == POWER_KIND and not resource.serves_lease
+    return host, resource
+
+
+def no_secret_in(host, *texts):
+    for text in texts:
+        assert SECRET not in text
+    for path in host.state_dir.rglob("*"):
+        if path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), path
+
+
+@pytest.fixture
+def start(request):
+    """Start a program in its own process group, killed (the whole group) at the test's end."""
+    def started(argv, **kwargs):
+        proc = subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL, **kwargs)
+
+        def stop():
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+        request.addfinalizer(stop)
+        return proc
+    return started
+
+
+# ---- pdudaemon ------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def pdudaemon(tmp_path, start):
+    """pdudaemon on a free port with PDU ``pdu01``, whose outlets are files: OUTLETS/N."""
+    outlets = tmp_path / "outlets"
+    outlets.mkdir()
+    port = free_port("127.0.0.1")
+    # localcmdline fills the outlet in with %: "%s" is the outlet, a literal % is %%
+    config = {"daemon": {"hostname": "127.0.0.1", "port": port, "listener": "http"},
+              "pdus": {"pdu01": {"driver": "localcmdline",
+                                 "cmd_on": f"sh -c 'printf on%%s \"\" > {outlets}/%s'",
+                                 "cmd_off": f"sh -c 'printf off%%s \"\" > {outlets}/%s'"}}}
+    conf = tmp_path / "pdudaemon.conf"
+    conf.write_text(json.dumps(config))
+    log = open(tmp_path / "pdudaemon.log", "wb")
+    start(["pdudaemon", "--conf", str(conf), "--loglevel", "DEBUG"], stdout=log, stderr=subprocess.STDOUT)
+    assert wait_port_open("127.0.0.1", port, timeout=20), (tmp_path / "pdudaemon.log").read_text()
+    return port, outlets
+
+
+def test_pdudaemon_switches_an_outlet_and_cannot_read_it_back(tmp_path, pdudaemon):
+    port, outlets = pdudaemon
+    host, resource = switch_of(tmp_path, backend="pdudaemon", port=port, pdu="pdu01", outlet=3)
+    assert resource.config.off_time == 5.0 and resource.config.host == "127.0.0.1"
+    reading = power.devloop_power(host, resource, "on")
+    assert reading.state is None and "not read back" in reading.detail
+    assert (outlets / "3").read_text() == "on"
+    power.devloop_power(host, resource, "off")
+    assert (outlets / "3").read_text() == "off"
+    status = power.devloop_power(host, resource, "status")
+    assert status.state is None and "no status" in status.detail
+
+
+def test_pdudaemon_refuses_an_unknown_pdu_and_a_stopped_daemon_is_a_clear_error(tmp_path, pdudaemon):
+    port, outlets = pdudaemon
+    host, resource = switch_of(tmp_path, backend="pdudaemon", port=port, pdu="pdu99", outlet=1)
+    with pytest.raises(OperationError) as refused:
+        power.devloop_power(host, resource, "on")
+    assert "pdu99" in str(refused.value) and "Invalid request" in str(refused.value)
+    assert refused.value.changed is False and not list(outlets.iterdir())
+
+    host, resource = switch_of(tmp_path, backend="pdudaemon", port=free_port("127.0.0.1"), pdu="pdu01", outlet=1)
+    with pytest.raises(OperationError) as down:
+        power.devloop_power(host, resource, "off")
+    assert "cannot reach pdudaemon" in str(down.value) and "is pdudaemon running" in str(down.value)
+    assert down.value.changed is False
+
+
+# ---- ipmi_sim and ipmitool ----------------------------------------------------------------------------------------
+
+def udp_bound(port: int) -> bool:
+    lines = Path("/proc/net/udp").read_text().splitlines()[1:]
+    return any(int(line.split()[1].rsplit(":", 1)[1], 16) == port for line in lines)
+
+
+@pytest.fixture
+def bmc(tmp_path, start):
+    """ipmi_sim on a free UDP port, user admin with password SECRET; its chassis power is
+    kept in the file it returns (0 or 1)."""
+    port = free_port("127.0.0.1")
+    power_file = tmp_path / "chassis-power"
+    power_file.write_text("0\n")
+    control = tmp_path / "chassis-control"
+    control.write_text(f"""#!/bin/sh
+case "$1 $2" in
+  "get power") printf 'power:%s\\n' "$(cat {power_file})" ;;
+  "set power") printf '%s\\n' "$3" > {power_file} ;;
+esac
+""")
+    control.chmod(0o755)
+    lan = tmp_path / "lan.conf"
+    lan.write_text(f"""name "bmc0"
+set_working_mc 0x20
+  startlan 1
+    addr 127.0.0.1 {port}
+    priv_limit admin
+    allowed_auths_callback none md2 md5 straight
+    allowed_auths_user none md2 md5 straight
+    allowed_auths_operator none md2 md5 straight
+    allowed_auths_admin none md2 md5 straight
+    guid a123456789abcdefa123456789abcdef
+  endlan
+  chassis_control "{control}"
+  user 2 true "admin" "{SECRET}" admin 10 none md2 md5 straight
+""")
+    emu = tmp_path / "bmc0.emu"
+    emu.write_text("mc_setbmc 0x20\nmc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02\nmc_enable 0x20\n")
+    state = tmp_path / "ipmi-state"
+    state.mkdir()
+    log = open(tmp_path / "ipmi_sim.log", "wb")
+    start(["ipmi_sim", "-c", str(lan), "-f", str(emu), "-s", str(state), "-n"], stdout=log, stderr=subprocess.STDOUT)
+    wait_for(lambda: udp_bound(port), 10, what="ipmi_sim's port")
+    return port, power_file
+
+
+def test_ipmi_switches_through_the_bmc_and_reads_it_back(tmp_path, bmc):
+    port, power_file = bmc
+    password = tmp_path / "bmc-password"
+    password.write_text(SECRET + "\n")
+    host, resource = switch_of(tmp_path, backend="ipmi", host="127.0.0.1", port=port, user="admin",
+                               password_file=str(password))
+    assert power.devloop_health(host, resource).status == "ok"
+    assert power.devloop_power(host, resource, "status").state == "off"
+    on = power.devloop_power(host, resource, "on")
+    assert on.state == "on" and power_file.read_text().strip() == "1", on
+    assert power.devloop_power(host, resource, "status").state == "on"
+    off = power.devloop_power(host, resource, "off")
+    assert off.state == "off" and power_file.read_text().strip() == "0"
+    no_secret_in(host, on.detail, off.detail)
+
+
+def test_ipmi_says_the_bmc_refused_the_password_and_never_shows_it(tmp_path, bmc):
+    port, power_file = bmc
+    password = tmp_path / "bmc-password"
+    password.write_text(SECRET + "-wrong\n")
+    host, resource = switch_of(tmp_path, backend="ipmi", host="127.0.0.1", port=port, user="admin",
+                               password_file=str(password))
+    with pytest.raises(OperationError) as refused:
+        power.devloop_power(host, resource, "on")
+    assert str(refused.value) == (f"the BMC at 127.0.0.1:{port} refused user admin's password "
+                                  "(ipmitool: Error: Unable to establish IPMI v2 / RMCP+ session)")
+    assert refused.value.changed is False and power_file.read_text().strip() == "0"
+    no_secret_in(host, str(refused.value))
+
+    password.unlink()
+    assert power.devloop_health(host, resource).status == "failed"
+    with pytest.raises(OperationError) as missing:
+        power.devloop_power(host, resource, "status")
+    assert str(missing.value) == f"the BMC's password file {password} does not exist"
+    assert missing.value.changed is False
+
+
+# ---- sushy-emulator (Redfish) -------------------------------------------------------------------------------------
+
+def start_sushy(tmp_path, start, *options: str) -> str:
+    port = free_port("127.0.0.1")
+    env = {**os.environ, "SUSHY_EMULATOR_STATE_DIR": str(tmp_path / "sushy")}
+    log = open(tmp_path / "sushy.log", "wb")
+    start([str(VENV_BIN / "sushy-emulator"), "--fake", "-i", "127.0.0.1", "-p", str(port), *options], env=env,
+          stdout=log, stderr=subprocess.STDOUT)
+    assert wait_port_open("127.0.0.1", port, timeout=20), (tmp_path / "sushy.log").read_text()
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def redfish(tmp_path, start):
+    """sushy-emulator's fake driver on a free port, its state under tmp_path."""
+    return start_sushy(tmp_path, start)
+
+
+@pytest.fixture
+def redfish_with_auth(tmp_path, start):
+    """sushy-emulator's fake driver that wants user admin with password SECRET."""
+    import bcrypt  # sushy-tools' own dependency: its auth file takes bcrypt digests alone
+    users = tmp_path / "htpasswd"
+    users.write_text(f"admin:{bcrypt.hashpw(SECRET.encode(), bcrypt.gensalt(rounds=4)).decode()}\n")
+    config = tmp_path / "sushy.conf"
+    config.write_text(f"SUSHY_EMULATOR_AUTH_FILE = {str(users)!r}\n")
+    return start_sushy(tmp_path, start, "--config", str(config))
+
+
+def test_redfish_resets_the_system_and_polls_its_power_state(tmp_path, redfish):
+    host, resource = switch_of(tmp_path, backend="redfish", url=redfish, system="fake", timeout="25s")
+    assert power.devloop_power(host, resource, "status").state == "off"  # the fake system starts off
+    on = power.devloop_power(host, resource, "on")
+    assert on.state == "on" and "PowerState reads On" in on.detail, on
+    assert power.devloop_power(host, resource, "status").state == "on"
+    off = power.devloop_power(host, resource, "off")
+    assert off.state == "off" and "ForceOff" in off.detail, off
+    assert power.devloop_power(host, resource, "status").state == "off"
+
+
+def test_redfish_refuses_a_reset_type_the_bmc_does_not_allow(tmp_path, redfish):
+    host, resource = switch_of(tmp_path, backend="redfish", url=redfish, system="fake", off_reset_type="PowerCycle",
+                               on_reset_type="PowerCycle")
+    with pytest.raises(OperationError) as refused:
+        power.devloop_power(host, resource, "on")
+    message = str(refused.value)
+    assert "does not allow reset type 'PowerCycle'" in message and "it allows: On, ForceOff" in message, message
+    assert refused.value.changed is False
+
+    host, resource = switch_of(tmp_path, backend="redfish", url=redfish, system="no-such-system")
+    with pytest.raises(OperationError, match="has no system 'no-such-system'"):
+        power.devloop_power(host, resource, "status")
+
+
+def test_redfish_says_the_service_refused_the_credentials(tmp_path, redfish_with_auth):
+    password = tmp_path / "bmc-password"
+    password.write_text(SECRET + "\n")
+    host, resource = switch_of(tmp_path, backend="redfish", url=redfish_with_auth, system="fake", user="admin",
+                               password_file=str(password))
+    assert power.devloop_power(host, resource, "status").state == "off"
+    password.write_text("not-" + SECRET)
+    with pytest.raises(OperationError) as refused:
+        power.devloop_power(host, resource, "on")
+    assert str(refused.value).startswith(f"the Redfish service at {redfish_with_auth} refused the credentials of "
+                                         "user admin (HTTP 401")
+    assert refused.value.changed is False
+    no_secret_in(host, str(refused.value))
+
+    host, resource = switch_of(tmp_path, backend="redfish", url=redfish_with_auth, system="fake")
+    with pytest.raises(OperationError, match="refused to answer without credentials"):
+        power.devloop_power(host, resource, "status")
+
+
+# ---- uhubctl ------------------------------------------------------------------------------------------------------
+
+def test_uhubctl_with_no_hub_says_so_at_once(tmp_path):
+    host, resource = switch_of(tmp_path, backend="uhubctl", location="1-1", port=2)
+    assert power.devloop_health(host, resource).status == "ok"  # uhubctl is installed
+    began = time.monotonic()
+    for action in ("on", "status"):
+        with pytest.raises(OperationError) as no_hub:
+            power.devloop_power(host, resource, action)
+        assert "no switchable hub at 1-1" in str(no_hub.value) and no_hub.value.changed is False
+    assert time.monotonic() - began < 5
+
+
+# ---- commands -----------------------------------------------------------------------------------------------------
+
+def test_commands_switch_and_their_status_reads_back(tmp_path):
+    states = tmp_path / "states"
+    states.mkdir()
+    host, resource = switch_of(tmp_path, backend="command",
+                               on=["sh", "-c", f"echo on > {states}/{{device}}"],
+                               off=["sh", "-c", f"echo off > {states}/{{device}}"],
+                               status=["sh", "-c", f"echo \"$(cat {states}/{{device}}) since now\""])
+    assert power.devloop_health(host, resource).status == "ok"
+    on = power.devloop_power(host, resource, "on")
+    assert on.state == "on" and (states / "board0").read_text() == "on\n"
+    assert power.devloop_power(host, resource, "off").state == "off"
+    assert power.devloop_power(host, resource, "status").state == "off"
+
+    host, resource = switch_of(tmp_path, backend="command", on=["true"], off=["false"])
+    assert power.devloop_power(host, resource, "on").state is None
+    assert power.devloop_power(host, resource, "status").state is None
+    with pytest.raises(OperationError, match=r"false failed \(exit code 1\)"):
+        power.devloop_power(host, resource, "off")
+
+    host, resource = switch_of(tmp_path, backend="command", on=["no-such-switch-tool"], off=["true"])
+    assert power.devloop_health(host, resource).status == "failed"
+
+
+def test_a_command_that_hangs_is_killed_at_its_timeout(tmp_path):
+    pid_file = tmp_path / "pid"
+    host, resource = switch_of(tmp_path, backend="command", timeout="1s", off=["true"],
+                               on=["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"])
+    began = time.monotonic()
+    with pytest.raises(OperationError) as hung:
+        power.devloop_power(host, resource, "on")
+    assert str(hung.value) == "sh did not finish within 1s; killed it"
+    assert time.monotonic() - began < 10
+    pid = int(pid_file.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+# ---- the simulated board's switch file ----------------------------------------------------------------------------
+
+@pytest.fixture
+def board_answers(request):
+    """A stand-in for the simulated board: it answers each switch file of ``folder`` in
+    ``SWITCH.state``, until the test ends."""
+    stop = threading.Event()
+
+    def answering(switch: Path):
+        def answer():
+            while not stop.wait(0.01):
+                try:
+                    said = switch.read_text()
+                except FileNotFoundError:
+                    continue
+                state = switch.with_name(switch.name + ".state")
+                if not state.exists() or state.read_text() != said:
+                    state.write_text(said)
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        request.addfinalizer(lambda: (stop.set(), thread.join(5)))
+    return answering
+
+
+def test_the_sim_switch_is_written_and_read_back_from_the_board(tmp_path, board_answers):
+    host, resource = switch_of(tmp_path, backend="sim")
+    switch = tmp_path / "state" / "sim" / "board0.power"
+    assert power.devloop_power(host, resource, "status").state is None
+    board_answers(switch)
+    assert power.devloop_power(host, resource, "on").state == "on"
+    assert switch.read_text() == "on\n"
+    assert power.devloop_power(host, resource, "off").state == "off"
+    assert power.devloop_power(host, resource, "status").state == "off"
+    assert sorted(p.name for p in switch.parent.iterdir()) == ["board0.power", "board0.power.state"]
+
+
+def test_a_sim_board_that_does_not_answer_is_an_error(tmp_path):
+    switch = tmp_path / "elsewhere" / "switch"
+    host, resource = switch_of(tmp_path, backend="sim", switch=str(switch), timeout="0.3s")
+    with pytest.raises(OperationError, match="simulated board board0 did not switch on"):
+        power.devloop_power(host, resource, "on")
+    assert switch.read_text() == "on\n"
+
+
+# ---- the config ---------------------------------------------------------------------------------------------------
+
+def refusal(**settings) -> str:
+    with pytest.raises(ValidationError) as refused:
+        PowerConfig.model_validate(settings)
+    return str(refused.value)
+
+
+def test_the_config_names_the_key_it_refuses(tmp_path):
+    assert "pudu" in refusal(backend="pdudaemon", pdu="p", outlet=1, pudu="x")
+    assert "'location' is a key of backend 'uhubctl', not of 'pdudaemon'" in refusal(
+        backend="pdudaemon", pdu="p", outlet=1, location="1-1")
+    assert "backend 'ipmi' needs 'password_file'" in refusal(backend="ipmi", host="bmc", user="admin")
+    assert "backend 'command' needs 'off'" in refusal(backend="command", on=["true"])
+    assert "backend" in refusal(pdu="p", outlet=1)
+    assert "'user' and 'password_file' go together" in refusal(backend="redfish", url="http://bmc", system="1",
+                                                               user="admin")
+    assert "must not hold credentials" in refusal(backend="redfish", url="http://admin:pw@bmc", system="1")
+    assert "outlet" in refusal(backend="pdudaemon", pdu="p", outlet=-1)
+    assert "{device}" in refusal(backend="command", on=["x", "{image}"], off=["y"])
+    assert "timeout" in refusal(backend="sim", timeout="soon")
+
+
+def test_the_config_has_each_backends_defaults():
+    def parsed(**settings):
+        return PowerConfig.model_validate(settings)
+    assert (parsed(backend="pdudaemon", pdu="p", outlet="A1").off_time, parsed(backend="sim").off_time,
+            parsed(backend="uhubctl", location="1-1", port=1).off_time) == (5.0, 2.0, 2.0)
+    ipmi = parsed(backend="ipmi", host="bmc", user="admin", password_file="/pw", off_time="10s")
+    assert (ipmi.port, ipmi.interface, ipmi.cipher_suite, ipmi.off_time, ipmi.timeout, ipmi.console_timeout) == \
+        (623, "lanplus", 3, 10.0, 30.0, 20.0)
+    redfish = parsed(backend="redfish", url="https://bmc:8443/", system="/redfish/v1/Systems/1")
+    assert (redfish.url, redfish.on_reset_type, redfish.off_reset_type, redfish.verify_tls, redfish.off_time) == \
+        ("https://bmc:8443", "On", "ForceOff", True, 5.0)
+
+
+def test_a_password_file_is_checked_by_health_and_its_content_shows_nowhere(tmp_path):
+    password = tmp_path / "pw"
+    host, resource = switch_of(tmp_path, backend="redfish", url=f"http://127.0.0.1:{free_port('127.0.0.1')}",
+                               system="1", user="admin", password_file=str(password))
+    health = power.devloop_health(host, resource)
+    assert health.status == "failed" and "does not exist" in health.reason
+    password.write_text(SECRET)
+    assert power.devloop_health(host, resource).status == "ok"
+    with pytest.raises(OperationError) as down:
+        power.devloop_power(host, resource, "on")
+    assert "cannot reach the Redfish service" in str(down.value) and down.value.changed is False
+    no_secret_in(host, str(down.value), repr(down.value))

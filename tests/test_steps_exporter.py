@@ -176,11 +176,12 @@ def test_a_cooldown_of_a_device_nothing_measures_fails_at_once(lab):
 def test_a_reboot_goes_through_the_console_and_waits_for_the_prompt_after_the_banner(lab):
     exporter = lab([{"name": "b0", "resources": [BOARD], "steps": [{"step": "reboot", "timeout": "20s"}]}])
     board = board_of(exporter)
-    with serial.Serial(board.node, 115200, timeout=0.1) as port:  # a half-typed line, left by the last lease
+    with serial.Serial(str(board.link), 115200, timeout=0.1) as port:  # a half-typed line, left by the last lease
         port.write(b"ech")
     begin(exporter, "op-reboot", "reboot")
     done = ended(exporter, "op-reboot")
-    assert done.state == "done" and done.message.startswith(f"rebooted through {board.node}"), done
+    # (the console's node is the board's stable link, not the pty of the moment)
+    assert done.state == "done" and done.message.startswith(f"rebooted through {board.link}"), done
     console = done.result["console"]
     assert "Rebooting..." in console and "device-loop simulated board b0" in console, console
     assert console.endswith("b0:~# "), "done once the prompt ended what the console said"

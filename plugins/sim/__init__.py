@@ -7,20 +7,33 @@ fast the board cools toward it, default 17s); what the board is, as its shell sh
 ``isa`` (its features, e.g. ``["i", "m", "a", "f", "d", "c", "v"]`` or ``["fp", "asimd",
 "sve2"]``), ``cores``, ``memory_mb``, ``governor``, ``min_mhz``, ``max_mhz``; and how its
 ``run-workload`` behaves (``workload.py``): ``workload_s``, ``work_heat`` (°C a second of
-work), ``throttle_above`` (°C), ``throttle_per_c``, ``noise``, ``seed``.
+work), ``throttle_above`` (°C), ``throttle_per_c``, ``noise``, ``seed``; and ``power_switch``,
+the path of its power switch file (default ``STATE_DIR/sim/NAME.power``).
 
-The board powers on when the exporter starts and off when it stops; its UART is served as a
-raw TCP endpoint by the serial bridge (``start_bridge``), as a thread of the exporter (the
-boards live there too). Its temperature (one zone, ``cpu``: ``devloop_thermal``) rises with
-the work its console does, most with ``stress`` and ``run-workload`` (``board.py``,
-``thermal.py``), which a cooldown step waits out. ``devloop_fingerprint`` says what no file
-of the board says: that it is simulated, and its workload's seed.
+The board powers on when the exporter starts and off when it stops, and in between follows
+its switch (``board.py``): ``off`` as the file's first word powers it off (its UART's pty
+hangs up and goes away), ``on`` powers it on again (a new pty, the boot banner); the board
+says what it is in ``SWITCH.state`` (``on`` or ``off``). Whatever writes the switch is its
+power supply: the ``sim`` power backend, or a pdudaemon whose ``localcmdline`` driver writes
+the file. Its resource's ``node`` is a stable link to the pty of the moment
+(``STATE_DIR/sim/NAME``, as ``/dev/serial/by-id`` names a USB adapter), present while the board
+is on. A board switched off is ``degraded`` (off on purpose is not a fault); one whose
+console hung (``hang`` on its shell: a kernel panic) ``failed``, until a power cycle. Its UART
+is served as a raw TCP endpoint by the serial bridge (``start_bridge``), as a thread of the
+exporter (the boards live there too), which holds the link open across power cycles: a
+person at the console sees the board go silent and boot again. Its temperature (one zone,
+``cpu``: ``devloop_thermal``) rises with the work its console does, most with ``stress`` and
+``run-workload`` (``board.py``, ``thermal.py``), which a cooldown step waits out.
+``devloop_fingerprint`` says what no file of the board says: that it is simulated, and its
+workload's seed.
 """
 import os
 import re
 from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator
+
+from pathlib import Path
 
 from device_loop.plugin import Duration, Health, PluginConfig, hookimpl, start_bridge
 
@@ -71,6 +84,9 @@ class SimConfig(PluginConfig):
                                   description="how much slower work gets per degree above it (0.02: 2 %)")
     noise: float = Field(default=DEFAULT_NOISE, ge=0, le=0.3, description="the run-to-run spread (0.01: 1 %)")
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="seeds the run-to-run spread")
+    power_switch: str | None = Field(default=None, min_length=1,
+                                     description="its power switch file (default: STATE_DIR/sim/NAME.power); "
+                                                 "'off' or 'on' in it powers the board off or on")
 
     @field_validator("ambient", "throttle_above", mode="before")
     @classmethod
@@ -91,9 +107,18 @@ class SimConfig(PluginConfig):
                           cores=self.cores, memory_mb=self.memory_mb, governor=self.governor,
                           min_mhz=self.min_mhz, max_mhz=self.max_mhz)
 
+    def switch(self, state_dir: Path, name: str) -> Path:
+        """The board's power switch file (what it is: the same path with ``.state`` appended)."""
+        return Path(self.power_switch) if self.power_switch is not None else switch_path(state_dir, name)
+
     def workload(self) -> WorkloadModel:
         return WorkloadModel(seconds=self.workload_s, throttle_above_c=self.throttle_above,
                              throttle_per_c=self.throttle_per_c, noise=self.noise, seed=self.seed)
+
+
+def switch_path(state_dir: Path, name: str) -> Path:
+    """The default power switch of the board ``name`` of an exporter whose state folder is ``state_dir``."""
+    return Path(state_dir) / "sim" / f"{name}.power"
 
 
 class SimPlugin:
@@ -117,7 +142,8 @@ class SimPlugin:
                 config = entry.config
                 thermal = Thermal(config.ambient, config.tau, work_heat_c_per_s=config.work_heat)
                 self.boards[entry.device] = SimBoard(entry.device, host.state_dir / "sim" / entry.device, thermal,
-                                                     config.facts(entry.device), config.workload())
+                                                     config.facts(entry.device), config.workload(),
+                                                     switch=config.switch(host.state_dir, entry.device))
 
     @hookimpl
     def devloop_shutdown(self, host):
@@ -126,11 +152,18 @@ class SimPlugin:
 
     @hookimpl
     def devloop_discover(self, host):
-        return [entry.resource("uart", f"sim:{host.name}:{entry.device}", node=self.boards[entry.device].node)
+        # the stable link, not the pty of the moment (a new one at each power-on): a board
+        # powered off is still there, and its service keeps serving it
+        return [entry.resource("uart", f"sim:{host.name}:{entry.device}", node=str(self.boards[entry.device].link))
                 for entry in host.entries if entry.device in self.boards]
 
     @hookimpl
     def devloop_health(self, resource):
+        board = self.boards.get(resource.device)
+        if board is not None and not board.powered:
+            return Health("degraded", "powered off (its switch says off)")
+        if board is not None and board.hung:
+            return Health("failed", "console hung: a kernel panic, it answers nothing (power-cycle it)")
         if resource.node and os.path.exists(resource.node):
             return Health("ok")
         return Health("failed", f"console {resource.node} is gone")
@@ -151,5 +184,6 @@ class SimPlugin:
     @hookimpl
     def devloop_start(self, host, resource, lease):
         self.boards[resource.device].fresh_line()  # a lease starts: not glued to what the last holder typed
+        # (the node is the link: after a power cycle the bridge opens the new pty)
         return start_bridge(host, resource, lease, resource.node, resource.config.baud,
                             in_thread=True)

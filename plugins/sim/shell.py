@@ -9,9 +9,10 @@ An unknown command is ``sh: NAME: not found``, status 127. Commands: ``echo [-n]
 ``false``, ``uname [-asnrvmo]`` (bare, it prints what ``-a`` does, as the board always has),
 ``hostname``, ``nproc``, ``cat FILE...`` (``facts.py``'s files, else "No such file or
 directory", status 1), ``sleep S``, ``sh -c LINE`` (a shell of its own: ``exit N`` ends it),
-``exit [N]``, ``help``, ``temp``, ``stress [SECONDS]``, ``reboot`` and ``run-workload [--cost
-C]`` (``workload.py``). Ctrl-C interrupts ``sleep`` and ``run-workload`` and abandons the
-rest of the line, status 130, as an interactive shell does.
+``exit [N]``, ``help``, ``temp``, ``stress [SECONDS]``, ``reboot``, ``run-workload [--cost
+C]`` (``workload.py``) and ``hang`` (a kernel panic: the board answers nothing more until it
+is power-cycled, ``board.py``). Ctrl-C interrupts ``sleep`` and ``run-workload`` and abandons
+the rest of the line, status 130, as an interactive shell does.
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ from .workload import MAX_COST, Workload
 
 MAX_DEPTH = 8   # sh -c within sh -c ...
 MAX_SLEEP_S = 86400.0
+PANIC = "Kernel panic - not syncing: hung by request"  # what ``hang`` prints, its last words
 HELP = ("commands: help uname hostname echo reboot temp stress [SECONDS] run-workload [--cost C] cat FILE nproc "
-        "true false sleep SECONDS sh -c LINE exit")
+        "true false sleep SECONDS sh -c LINE exit hang (a kernel panic: nothing answers until a power cycle)")
 
 
 class Interrupted(Exception):
@@ -206,15 +208,17 @@ Builtin = Callable[[list[str], _Output, threading.Event], int]
 class Shell:
     """One board's shell: its last status, its files and commands."""
 
-    def __init__(self, facts: BoardFacts, thermal: Thermal, workload: Workload, banner: Callable[[], str]):
-        self.facts, self.thermal, self.workload, self.banner = facts, thermal, workload, banner
+    def __init__(self, facts: BoardFacts, thermal: Thermal, workload: Workload, banner: Callable[[], str],
+                 hang: Callable[[], None] | None = None):
+        """``hang``: what hangs the board (``hang``); without it, the command says it cannot."""
+        self.facts, self.thermal, self.workload, self.banner, self.hang = facts, thermal, workload, banner, hang
         self.status = 0
         self.files = files(facts, thermal, workload.slowdown, thermal.working)
         self.commands: dict[str, Builtin] = {
             "echo": self._echo, "true": lambda a, o, i: 0, "false": lambda a, o, i: 1, "uname": self._uname,
             "hostname": self._hostname, "nproc": self._nproc, "cat": self._cat, "sleep": self._sleep,
             "sh": self._sh, "exit": self._exit, "help": self._help, "temp": self._temp, "stress": self._stress,
-            "reboot": self._reboot, "run-workload": self._run_workload,
+            "reboot": self._reboot, "run-workload": self._run_workload, "hang": self._hang,
         }
         self._depth = 0
 
@@ -362,6 +366,14 @@ class Shell:
 
     def _reboot(self, args: list[str], output: _Output, interrupted: threading.Event) -> int:
         output.out("Rebooting...\n" + self.banner())
+        return 0
+
+    def _hang(self, args: list[str], output: _Output, interrupted: threading.Event) -> int:
+        if self.hang is None:
+            output.err("hang: this shell has no board to hang\n")
+            return 1
+        output.out(f"{PANIC}\n")
+        self.hang()
         return 0
 
     def _run_workload(self, args: list[str], output: _Output, interrupted: threading.Event) -> int:

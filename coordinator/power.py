@@ -67,9 +67,11 @@ class Power:
             if device is None:
                 continue
             line = log_line(op)
-            if device.get("auto_recovery") == op["id"]:
-                line = (f"auto-recover: {line}; it is not power-cycled again for this failure (faulty until its "
-                        "health is ok, or a person clears it)")
+            if op["requester"] == REQUESTER:  # (only the automatic recovery asks as the coordinator)
+                line = f"auto-recover: {line}"
+                if device["health"] != HealthStatus.OK:
+                    line += ("; it is not power-cycled again for this failure (faulty until its health is ok, or a "
+                             "person clears it)")
             await self.life.note(device, line, actor)
 
     async def recover(self, rows: list[dict[str, Any]]) -> None:

@@ -77,8 +77,17 @@ def _from_record(path) -> Seen:
     return Seen(record.bytes, record.last_ns, record.hangups, record.open)
 
 
+class _KeptPort(serial.Serial):
+    """A port whose open keeps what the device printed before it (pyserial's drops it): a board
+    prints its banner the moment it has power, before a reopen that looks every 100 ms."""
+
+    def _reset_input_buffer(self):
+        pass
+
+
 class _Reader:
-    """The node, read in a thread of its own: counts what it prints, and its hang-ups."""
+    """The node, read in a thread of its own: counts what it prints, and its hang-ups. Its first
+    open drops what was printed before the watch began; a reopen (the node came back) keeps it."""
 
     def __init__(self, node: str, baud: int):
         self.node, self.baud = node, baud
@@ -101,14 +110,16 @@ class _Reader:
             self._state = Seen(**{**self._state.__dict__, **changes})
 
     def _run(self) -> None:
-        was_open = False
+        was_open, first = False, True
         while not self._stopping.is_set():
             try:
-                port = serial.Serial(self.node, self.baud, timeout=READ_S, exclusive=True)
+                port = (serial.Serial if first else _KeptPort)(self.node, self.baud, timeout=READ_S, exclusive=True)
             except (serial.SerialException, OSError, ValueError):
+                first = False
                 if self._stopping.wait(REOPEN_S):
                     return
                 continue
+            first = False
             self._set(open=True)
             was_open = True
             with port:

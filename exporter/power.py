@@ -35,6 +35,7 @@ MAX_OFF_TIME_S = 600.0
 GRACE_S = 0.25     # what a console still prints just after the switch (bytes in flight) is not "not silent"
 HANGUP_WAIT_S = 1.0  # how long an ``off`` watches for its console to hang up
 POLL_S = 0.01      # the console is looked at this often while a first byte is awaited
+BACKSTOP_S = 5.0   # past its timeout, this long more before a call that has not returned is given up
 
 #: The operation a power resource runs (declared by the exporter for every resource of kind
 #: ``power`` whose plugin implements ``devloop_power``).
@@ -259,11 +260,13 @@ class PowerRunner:
                     self._busy.pop(switch.identifier, None)
                 ended.set()
         threading.Thread(target=call, name=f"power-{action.value}-{switch.device}", daemon=True).start()
-        if not ended.wait(timeout_s):
+        # the backend kills its own programs at its timeout and says what they printed: this is the
+        # backstop for a backend that does not return at all
+        if not ended.wait(timeout_s + BACKSTOP_S):
             log.warning("power %s of %s has not returned after %g s; left to run", action.value, switch.device,
                         timeout_s)
             raise OperationError(f"the power backend ({_backend(switch)}) did not answer {action.value} within "
-                                 f"{timeout_s:g} s")
+                                 f"{timeout_s + BACKSTOP_S:g} s (its timeout is {timeout_s:g} s); left it")
         if "error" in outcome:
             error = outcome["error"]
             if isinstance(error, OperationError):

@@ -25,7 +25,7 @@ BOARD = {"plugin": "sim", "ambient": "30C", "tau": "1s"}  # a board that cools f
 
 
 class Bench:
-    """A plugin whose resource offers steps: ``power-cycle`` notes what it was handed, ``hang``
+    """A plugin whose resource offers steps: ``relay-cycle`` notes what it was handed, ``hang``
     never returns until the test lets it."""
 
     def __init__(self):
@@ -39,7 +39,7 @@ class Bench:
 
     @hookimpl
     def devloop_steps(self, host, resource):
-        return [StepKind("power-cycle", "switch the outlet off and on",
+        return [StepKind("relay-cycle", "switch the outlet off and on",
                          settings={"outlet": "which outlet", "off_s": "how long it stays off"}, timeout_s=30),
                 StepKind("hang", "never end", timeout_s=3600)]
 
@@ -118,7 +118,7 @@ def test_the_report_lists_each_device_s_steps_where_they_run(lab, tmp_path):
     exporter = lab([{"name": "b0", "resources": [BOARD, {"plugin": "bench"},
                                                  {"plugin": "flash", "target": str(tmp_path / "b0.img")}],
                      "steps": [{"step": "cooldown", "below": "33C"}, {"step": "reflash"},
-                               {"step": "power-cycle", "outlet": 3, "timeout": "1m"}, {"step": "reboot"}]},
+                               {"step": "relay-cycle", "outlet": 3, "timeout": "1m"}, {"step": "reboot"}]},
                     {"name": "b1", "class": "board", "resources": [BOARD]}])
     cooldown, reflash, cycle, reboot = steps_reported(exporter)
     resources = {r.plugin: r.identifier for r in exporter.reporter.resources if r.device == "b0"}
@@ -132,7 +132,7 @@ def test_the_report_lists_each_device_s_steps_where_they_run(lab, tmp_path):
     assert steps_reported(exporter, "b1") == []
     listed = {(s.plugin, s.step) for s in exporter.report().plugins.steps}
     assert {(EXPORTER_STEPS, "cooldown"), (EXPORTER_STEPS, "command"), (EXPORTER_STEPS, "reboot"),
-            (EXPORTER_STEPS, "reflash"), ("bench", "power-cycle"), ("bench", "hang"), ("adb", "wait-boot")} <= listed
+            (EXPORTER_STEPS, "reflash"), ("bench", "relay-cycle"), ("bench", "hang"), ("adb", "wait-boot")} <= listed
 
 
 # ---- cooldown --------------------------------------------------------------------------------------
@@ -252,13 +252,13 @@ def test_a_command_that_hangs_is_killed_at_its_timeout_with_all_it_started(lab, 
 def test_a_plugin_step_is_handed_to_its_devloop_operate_with_the_config_s_settings(lab):
     exporter = lab([{"name": "b0", "resources": [BOARD, {"plugin": "bench"}],
                      "steps": [{"step": "cooldown", "below": 90},
-                               {"step": "power-cycle", "outlet": 3, "off_s": 2.5, "timeout": "45s"}]}])
+                               {"step": "relay-cycle", "outlet": 3, "off_s": 2.5, "timeout": "45s"}]}])
     step = steps_reported(exporter)[1]
-    begin(exporter, "op-cycle", "power-cycle", args={"step": 1}, plugin=step.plugin, identifier=step.identifier)
+    begin(exporter, "op-cycle", "relay-cycle", args={"step": 1}, plugin=step.plugin, identifier=step.identifier)
     done = ended(exporter, "op-cycle")
     assert (done.state, done.message, done.result) == ("done", "cycled outlet 3", {"outlet": 3})
     assert done.progress.detail == "outlet off"
-    assert exporter.bench.handed == [("power-cycle", "bench:b0", {"outlet": 3, "off_s": 2.5, "timeout_s": 45.0},
+    assert exporter.bench.handed == [("relay-cycle", "bench:b0", {"outlet": 3, "off_s": 2.5, "timeout_s": 45.0},
                                       "coordinator")]
 
 
@@ -278,9 +278,9 @@ def test_a_plugin_step_past_its_timeout_fails_and_its_thread_is_left(lab):
 
 def test_a_plugin_operation_whose_args_are_not_a_step_goes_to_the_plugin_as_ever(lab):
     exporter = lab([{"name": "b0", "resources": [{"plugin": "bench"}],
-                     "steps": [{"step": "power-cycle", "outlet": 0}]}])
+                     "steps": [{"step": "relay-cycle", "outlet": 0}]}])
     (step,) = steps_reported(exporter)
-    begin(exporter, "op-cycle", "power-cycle", plugin=step.plugin, identifier=step.identifier)
+    begin(exporter, "op-cycle", "relay-cycle", plugin=step.plugin, identifier=step.identifier)
     failed = ended(exporter, "op-cycle")
     assert (failed.state, failed.message) == ("failed", "outlet 0 does not answer"), "a plugin's failure, as said"
 

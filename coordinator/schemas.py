@@ -142,15 +142,14 @@ _OFF_TIME = Field(default=None, ge=0, le=600,
                               "own (2 s for USB and most PDUs, 5 s for pdudaemon and BMCs)")
 
 
-class PowerIn(LeaseId):
+class PowerSwitch(Strict):
+    """What a power operation is asked to do (docs/architecture.md, "Power")."""
     action: PowerAction = _POWER_ACTION
     off_time_s: float | None = _OFF_TIME
 
 
-class AdminPowerIn(Strict):
-    device: str = Field(min_length=1, max_length=64, description="the device's name")
-    action: PowerAction = _POWER_ACTION
-    off_time_s: float | None = _OFF_TIME
+class PowerIn(PowerSwitch, LeaseId):
+    pass
 
 
 class OpWait(Strict):
@@ -246,6 +245,10 @@ class TokenId(Strict):
 
 class AdminDevice(Strict):
     device: str = Field(min_length=1, max_length=64, description="the device's name")
+
+
+class AdminPowerIn(PowerSwitch, AdminDevice):
+    pass
 
 
 class RetireIn(AdminDevice):

@@ -250,6 +250,15 @@ class Exporter(Proc):
         super().__init__(["exporter", "--config", str(self.config_path)], env, tmp_path / f"exporter-{name}.log")
 
 
+@pytest.fixture
+def exporters():
+    """Exporters a test starts, stopped at its end."""
+    started: list[Exporter] = []
+    yield started
+    for exporter in started:
+        exporter.stop(signal.SIGKILL)
+
+
 def lab_tokens(env: dict, coordinator: "Coordinator", folder: Path, *users: str) -> tuple[dict, Path]:
     """Tokens made on the lab's database, as its first admin makes them (``device-loop admin
     token create --data-dir``, which tests/test_tokens_end_to_end.py runs; here the same

@@ -1,7 +1,6 @@
 """Power end to end (docs/architecture.md, "Power"): a real coordinator and exporter, simulated
 boards whose switch is a file, Debian's pdudaemon writing that file through its localcmdline
 driver; what the board's console showed decides the verdict."""
-import signal
 import socket
 import time
 
@@ -13,14 +12,6 @@ from test_power_backends import pdudaemon, start  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(120)
 BOB = {"X-Device-Loop-User": "bob"}
-
-
-@pytest.fixture
-def exporters():
-    started: list[Exporter] = []
-    yield started
-    for exporter in started:
-        exporter.stop(signal.SIGKILL)
 
 
 def board(name: str, switch, power: dict, **more) -> dict:
@@ -138,7 +129,8 @@ def test_a_hung_board_nobody_holds_is_power_cycled_once_and_a_power_cycle_step_r
         with console(lease) as uart:
             uart.sendall(b"hang\r")
             wait_for(lambda: b"Kernel panic" in uart.recv(4096), 10, what="the panic")
-        wait_for(lambda: device(coordinator, name)["health"] == "failed", 30, what=f"{name}'s health failed")
+        wait_for(lambda name=name: device(coordinator, name)["health"] == "failed", 30,
+                 what=f"{name}'s health failed")
         assert not coordinator.api(f"/devices/{name}/operations", params={"kind": "power"}).json(), \
             "nobody power-cycles a board under its holder"
         assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200

@@ -53,15 +53,6 @@ def causes(coordinator, name: str) -> list[str]:
     return [e["cause"] for e in coordinator.api(f"/devices/{name}/log").json()]
 
 
-@pytest.fixture
-def exporters():
-    """Exporters a test starts, stopped at its end."""
-    started: list[Exporter] = []
-    yield started
-    for exporter in started:
-        exporter.stop(signal.SIGKILL)
-
-
 def test_a_hot_board_stays_reclaiming_until_it_is_cool_and_failing_steps_leave_theirs_faulty(coordinator, tmp_path,
                                                                                              env, exporters):
     cooldown = {"step": "cooldown", "below": THRESHOLD, "timeout": "60s"}

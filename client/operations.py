@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from device_loop.core import FLASH_KIND
+from device_loop.core import FLASH_KIND, POWER_KIND
 from device_loop.core.vocabulary import FIRST_PHASES
 
 from .commands import _my_lease, json_option, lab_command
@@ -64,7 +64,11 @@ def _result_text(result: dict) -> list[str]:
 
 
 def op_text(op: dict) -> str:
-    lines = [f"{_what(op)}: {op['state']}" + (f" ({_progress(op)})" if op["state"] == "running" else "")]
+    state = op["state"]
+    if state == "done" and op["kind"] == POWER_KIND:  # (docs/architecture.md, "Power"): never merely "done"
+        result = op["result"] if isinstance(op.get("result"), dict) else {}
+        state = "verified" if result.get("verdict") == "verified" else "unverified"
+    lines = [f"{_what(op)}: {state}" + (f" ({_progress(op)})" if op["state"] == "running" else "")]
     if op["message"]:
         lines.append(f"  {op['message']}")
     if op["seconds"]:

@@ -17,15 +17,32 @@ from .output import emit, fail
 UNVERIFIED = 3
 
 
+def _result(op: dict) -> dict:
+    result = op.get("result")
+    return result if isinstance(result, dict) else {}
+
+
+def verdict_of(op: dict) -> str:
+    """A power operation's word for people: ``verified`` or ``unverified`` once it is done (what
+    an exporter reported is data: anything else reads as unverified), else its state."""
+    if op["state"] != "done":
+        return op["state"]
+    result = _result(op)
+    return PowerVerdict.VERIFIED.value if result.get("verdict") == PowerVerdict.VERIFIED else \
+        PowerVerdict.UNVERIFIED.value
+
+
 def power_text(op: dict) -> str:
     """``sim-board-0: power cycle verified (...)`` and the observations, one a line."""
-    result = op.get("result") or {}
+    result = _result(op)
     action = op["args"].get("action", "?")
-    lines = [f"{op['device']}: power {action} {result.get('verdict', op['state'])} ({op['id']})"]
-    lines += [f"  {line}" for line in result.get("how", [])]
-    if result.get("first_byte_s") is not None:
-        lines.append(f"  time to the console's first byte after on: {result['first_byte_s']:.2f} s")
-    if result.get("verdict") == PowerVerdict.UNVERIFIED:
+    lines = [f"{op['device']}: power {action} {verdict_of(op)} ({op['id']})"]
+    how = result.get("how")
+    lines += [f"  {line}" for line in (how if isinstance(how, list) else []) if isinstance(line, str)]
+    first = result.get("first_byte_s")
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        lines.append(f"  time to the console's first byte after on: {first:.2f} s")
+    if verdict_of(op) == PowerVerdict.UNVERIFIED:
         lines.append(f"  {op['message']}")
     lines.append(f"  switch: {result.get('backend', '?')}; console {result.get('console', '?')}")
     return "\n".join(lines)
@@ -76,5 +93,5 @@ def power_command(lab: Lab, action: str, target: str, off_time: float | None, de
         fail(as_json, "power_failed", f"power {action} of {final['device']} failed ({final['id']}): "
                                       f"{final['message']}", op=final["id"])
     emit(as_json, final, power_text)
-    if (final.get("result") or {}).get("verdict") != PowerVerdict.VERIFIED:
+    if verdict_of(final) != PowerVerdict.VERIFIED:
         raise SystemExit(UNVERIFIED)

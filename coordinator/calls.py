@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from device_loop.core import POWER_KIND, PROTOCOL_VERSION, __version__
 from device_loop.core.jobs import CellReport, JobState, JobSummary, RunRecord
@@ -23,16 +23,17 @@ from . import device_commands, relays
 from .answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer, HealthAnswer, HostAnswer,
                       ImageAnswer, JobAnswer, LeaseAnswer, LogEntry, OperationAnswer, QueueEntry,
                       TicketAnswer, TokenAnswer)
+from .errors import APIError
 from .evidence import evidence_markdown
 from .identity import ADMIN, ANYONE, EXPORTER, USER, Identity, issue_token, refusal, token_view
 from .job_schemas import ClaimJobIn, ExecIn, FinishJobIn, JobFilter, JobId, JobReserveIn, JobWait, SubmitJobIn
 from .power import power_args
 from .rules import Rules
 from .schemas import (AdminDevice, AdminPowerIn, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName,
-                      DeviceOperations, DrainIn,
-                      FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn, KnownGoodIn, LeaseId,
-                      LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, PowerIn, RenewIn, ReserveIn, RetireIn,
-                      TicketFilter, TicketId, TicketWait, TokenId, TokenIn, UartExchangeIn, UploadQuery, split_tags)
+                      DeviceOperations, DrainIn, FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn,
+                      KnownGoodIn, LeaseId, LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, PowerIn, PowerSwitch,
+                      RenewIn, ReserveIn, RetireIn, TicketFilter, TicketId, TicketWait, TokenId, TokenIn,
+                      UartExchangeIn, UploadQuery, split_tags)
 
 
 @dataclass
@@ -228,7 +229,16 @@ async def start_operation(ctx: Ctx, args: OperationIn) -> OperationAnswer:
     """Start an operation on the device of your lease: a kind its resources run (device_info
     lists them with their arguments), e.g. flash with args {"image": REF}. Answers at once
     with the operation (state 'queued'): follow it with operation_status."""
-    return await ctx.rules.operations.start(args.lease_id, args.kind, args.args, ctx.caller.name, ctx.caller.admin)
+    given = args.args
+    if args.kind == POWER_KIND:  # checked as the power call checks it
+        try:
+            switch = PowerSwitch.model_validate(given)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise APIError(422, "invalid", f"args.{'.'.join(map(str, first['loc'])) or 'args'}: "
+                                           f"{first['msg'].removeprefix('Value error, ')}") from None
+        given = power_args(switch.action, switch.off_time_s)
+    return await ctx.rules.operations.start(args.lease_id, args.kind, given, ctx.caller.name, ctx.caller.admin)
 
 
 async def flash(ctx: Ctx, args: FlashIn) -> OperationAnswer:

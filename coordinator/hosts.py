@@ -204,11 +204,12 @@ class Hosts:
         if changes.begin_steps:
             await self.steps.begin(changes.begin_steps)
         if rows_to_write:
-            await self.power.recover(rows_to_write)  # (docs/architecture.md, "Power"): once per failure
+            await self.power.rearm(rows_to_write)
         ended = await self.operations.apply_reports(host_name, previous, report, actor)
         if ended:
             await self.power.ended(ended, actor)
         freed = await self.steps.after_operations(ended) if ended else []
+        await self.power.recover(report)  # (docs/architecture.md, "Power"): once the steps have said their word
         # (docs/architecture.md, "Who gets the next lease": granted where it became free)
         await self.scheduler.grant_free(changes.became_idle + freed + [op["device"] for op in ended])
         if previous is not None and previous["link_lost"]:

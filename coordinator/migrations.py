@@ -496,5 +496,6 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     [
         "ALTER TABLE devices ADD COLUMN auto_recover TEXT",
         "ALTER TABLE devices ADD COLUMN auto_recovery TEXT",
+        "ALTER TABLE devices ADD COLUMN auto_recovered_at DOUBLE PRECISION",
     ],
 ]

@@ -323,6 +323,9 @@ class Operations:
     async def _finished(self, op: OperationRow, changed: bool, actor: str) -> None:
         life = self.life
         detail: dict[str, Any] = {"op": op["id"], "kind": op["kind"], "message": op["message"]}
+        if isinstance(op["result"], dict):  # what it found, its plain values (a power verdict and backend)
+            detail["result"] = {k: v[:200] if isinstance(v, str) else v for k, v in list(op["result"].items())[:20]
+                                if v is None or isinstance(v, (str, int, float, bool))}
         if op["image_sha256"]:
             detail |= {"image": op["image_name"], "sha256": op["image_sha256"]}
         action = f"{'flash' if op['kind'] == FLASH_KIND else op['kind']}_{op['state']}"

@@ -10,19 +10,24 @@ never in a loop, never under a holder's feet.
 """
 from __future__ import annotations
 
-import json
+import logging
 import math
 from typing import Any
 
 from device_loop.core import POWER_KIND
-from device_loop.core.vocabulary import DeviceState, HealthStatus, OperationState, PowerAction, PowerState, PowerVerdict
+from device_loop.core.protocol import Heartbeat
+from device_loop.core.vocabulary import (AutoRecover, DeviceState, HealthStatus, OperationState, PowerAction,
+                                         PowerState, PowerVerdict)
 
+from .errors import APIError
 from .lifecycle import Lifecycle
 from .operations import Operations, kinds_of
 from .rows import DeviceFacts, OperationRow
 
-AUTO_RECOVER = "power-cycle"  # the one automatic recovery there is
+log = logging.getLogger("device_loop.coordinator")
+
 REQUESTER = "coordinator"     # who an automatic power cycle is asked by, in the logs
+REARM_S = 3600.0              # a device is power-cycled on its own at most once in this long
 
 
 def power_args(action: PowerAction, off_time_s: float | None) -> dict[str, Any]:
@@ -74,34 +79,57 @@ class Power:
                              "person clears it)")
             await self.life.note(device, line, actor)
 
-    async def recover(self, rows: list[dict[str, Any]]) -> None:
-        """Devices of a report (rows as written) whose health failed and that allow an automatic
-        power cycle get one, once per failure: not while a lease holds them (their holder
-        decides), nor while another operation runs; a device whose health is ok again may get
-        one the next time it fails."""
+    async def rearm(self, rows: list[dict[str, Any]]) -> None:
+        """A device among ``rows`` (those a report wrote) whose health is ok again may be
+        power-cycled on its own the next time it fails (but not sooner than ``REARM_S`` after
+        the last time: a board that hangs at every boot is not cycled in a loop)."""
         for row in rows:
             if row.get("auto_recovery") and row["health"] == HealthStatus.OK:
                 await self.store.update_device(row["name"], auto_recovery=None)
-                continue
-            if (row.get("auto_recover") != AUTO_RECOVER or row["health"] != HealthStatus.FAILED
-                    or row.get("auto_recovery") or row["state"] != DeviceState.FAULTY or row.get("lease_id")
-                    or row.get("reclaim_lease") or row.get("op_id") or row["retired"] or not row["present"]):
-                continue
-            await self._cycle(row)
 
-    async def _cycle(self, row: dict[str, Any]) -> None:
-        resources = row["resources"] if isinstance(row["resources"], list) else json.loads(row["resources"])
-        device: DeviceFacts = {**row, "resources": resources}  # type: ignore[typeddict-item]
+    async def recover(self, report: Heartbeat) -> None:
+        """Devices of ``report`` whose health failed and whose config allows an automatic power
+        cycle get one, once per failure: not while a lease holds them (their holder decides),
+        nor while a step or another operation runs on them (asked again at the next report), nor
+        when a person switched them off. Nothing is read when no reported device qualifies."""
+        wanted = [d.name for d in report.devices
+                  if d.auto_recover == AutoRecover.POWER_CYCLE and any(r.health == HealthStatus.FAILED
+                                                                       for r in d.resources)]
+        if not wanted:
+            return
+        for device in await self.store.devices_named(wanted):
+            if (device.get("auto_recovery") or device["state"] != DeviceState.FAULTY or device["lease_id"]
+                    or device["reclaim_lease"] or device["op_id"] or device["retired"] or not device["present"]
+                    or not device["host_online"]):
+                continue
+            await self._cycle(device)
+
+    async def _cycle(self, device: DeviceFacts) -> None:
+        name, now = device["name"], self.life.clock()
+        why = f"health failed: {device['health_reason'] or 'no reason given'}"
+        last = await self.store.operations_of_device(name, 1, POWER_KIND)
+        if last and last[0]["args"].get("action") == PowerAction.OFF and last[0]["requester"] != REQUESTER:
+            await self.life.note(device, f"auto-recover: not power-cycling it ({why}): {last[0]['requester']} "
+                                         f"switched it off ({last[0]['id']})"[:500], REQUESTER, auto_recovery="off")
+            return
+        since = device.get("auto_recovered_at")
+        if since is not None and now - since < REARM_S:
+            await self.life.note(device, f"auto-recover: not power-cycling it again ({why}): it was power-cycled "
+                                         f"{(now - since) / 60:.0f} min ago; left faulty for a person"[:500],
+                                 REQUESTER, auto_recovery="too-soon")
+            return
         offered = kinds_of(device)
         if POWER_KIND not in offered:
-            await self.life.note(device, "auto-recover: its health failed, and it has no power switch to cycle",
-                                 REQUESTER, auto_recovery="none")
+            await self.life.note(device, f"auto-recover: {why}, and it has no power switch to cycle", REQUESTER,
+                                 auto_recovery="no-switch")
             return
         _, switch = offered[POWER_KIND]
-        op = await self.operations.queue(device, POWER_KIND, switch["identifier"], switch["plugin"],
-                                         power_args(PowerAction.CYCLE, None), None, REQUESTER, exclusive=True,
-                                         destructive=False, action="auto_recover",
-                                         audit={"cause": f"health failed: {row['health_reason'] or 'no reason'}"})
-        await self.life.note(device, f"auto-recover: power-cycling it ({op['id']}), once for this failure (health "
-                                     f"failed: {row['health_reason'] or 'no reason given'})"[:500], REQUESTER,
-                             auto_recovery=op["id"])
+        try:
+            op = await self.operations.queue(device, POWER_KIND, switch["identifier"], switch["plugin"],
+                                             power_args(PowerAction.CYCLE, None), None, REQUESTER, exclusive=True,
+                                             destructive=False, action="auto_recover", audit={"cause": why})
+        except APIError as exc:  # another process began an operation on it a moment ago: the next report asks again
+            log.info("auto-recover of %s not queued now: %s", name, exc.message)
+            return
+        said = f"auto-recover: power-cycling it ({op['id']}), once for this failure ({why})"
+        await self.life.note(device, said[:500], REQUESTER, auto_recovery=op["id"], auto_recovered_at=now)

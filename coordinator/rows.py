@@ -42,6 +42,7 @@ DeviceRow = TypedDict("DeviceRow", {
     "facts": dict[str, str],       # what plugins add to its fingerprint (DeviceReport.facts)
     "auto_recover": str | None,    # what may be done on its own when its health fails (DeviceReport.auto_recover)
     "auto_recovery": str | None,   # the automatic power cycle of its current failure (its op id), once each
+    "auto_recovered_at": float | None,  # when the last automatic power cycle was asked for
 })
 
 

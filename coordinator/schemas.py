@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from device_loop.core import NAME_PATTERN
 from device_loop.core.protocol import MAX_TAGS, Args, Strict, Tag, Word, check_device_name
@@ -146,6 +146,12 @@ class PowerSwitch(Strict):
     """What a power operation is asked to do (docs/architecture.md, "Power")."""
     action: PowerAction = _POWER_ACTION
     off_time_s: float | None = _OFF_TIME
+
+    @model_validator(mode="after")
+    def _off_time_with_a_cycle(self):
+        if self.off_time_s is not None and self.action != PowerAction.CYCLE:
+            raise ValueError("off_time_s goes with action 'cycle'")
+        return self
 
 
 class PowerIn(PowerSwitch, LeaseId):

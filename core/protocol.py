@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from . import LEASE_PREFIX, NAME_PATTERN
 from .usage import template_problem
-from .vocabulary import EndpointRole, HealthStatus, OperationState
+from .vocabulary import AutoRecover, EndpointRole, HealthStatus, OperationState
 
 MAX_DEVICES_PER_REPORT = 1000
 MAX_RESOURCES_PER_DEVICE = 32
@@ -165,7 +165,7 @@ class DeviceReport(Strict):
     facts: dict[FactKey, FactValue] = Field(default_factory=dict, max_length=MAX_FACTS,
                                             description="what plugins add to the device's fingerprint "
                                                         "(devloop_fingerprint): board revision, firmware")
-    auto_recover: Literal["power-cycle"] | None = Field(
+    auto_recover: AutoRecover | None = Field(
         default=None, description="power-cycle it once when its health turns failed while nobody holds it")
 
     @field_validator("name")

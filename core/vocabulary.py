@@ -85,6 +85,12 @@ class PowerVerdict(StrEnum):
     UNVERIFIED = "unverified"
 
 
+class AutoRecover(StrEnum):
+    """What the coordinator may do on its own to a device whose health failed (its config's
+    ``auto_recover``)."""
+    POWER_CYCLE = "power-cycle"
+
+
 class TicketState(StrEnum):
     """A queue ticket (docs/architecture.md, "Who gets the next lease")."""
     WAITING = "waiting"      # nothing matching was free yet
@@ -112,7 +118,7 @@ class TokenKind(StrEnum):
 
 #: Every enum of the vocabulary.
 VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, PowerAction, PowerState,
-              PowerVerdict, TicketState, TicketKind, TokenKind)
+              PowerVerdict, AutoRecover, TicketState, TicketKind, TokenKind)
 
 
 def sql_list(values) -> str:

@@ -19,6 +19,7 @@ from device_loop.core import NAME_PATTERN
 from device_loop.core.durations import parse_duration
 from device_loop.core.model import ConfiguredResource, StepKind
 from device_loop.core.plugin_config import PluginConfig
+from device_loop.core.vocabulary import AutoRecover
 from device_loop.core.protocol import (HOST_PATTERN, MAX_STEPS, MAX_TAGS, Tag, Word, check_device_name,
                                        check_host)
 
@@ -75,7 +76,7 @@ class DeviceEntry(BaseModel):
     # what runs between two leases, as written: parsed by parse_steps, which names each problem
     steps: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_STEPS)
     # (docs/architecture.md, "Power"): power-cycled once when its health turns failed, nobody holding it
-    auto_recover: Literal["power-cycle"] | None = None
+    auto_recover: AutoRecover | None = None
 
     @model_validator(mode="after")
     def _one_form(self):
@@ -260,6 +261,13 @@ class PowerCycleStep(StepConfig):
     verify: bool = True
 
     _off_time = field_validator("off_time", mode="before")(_step_timeout)
+
+    @field_validator("off_time")
+    @classmethod
+    def _off_time_bound(cls, value: float | None) -> float | None:
+        if value is not None and not 0 <= value <= 600:
+            raise ValueError("a power cycle's off_time is 0 to 10 minutes")
+        return value
 
     @model_validator(mode="after")
     def _not_inside_a_lease(self):
@@ -490,6 +498,9 @@ def parse_steps(config: ExporterConfig) -> dict[tuple[str, str], list[StepConfig
             whose = "" if own else f" (of its class {device.device_class or 'generic'!r})"
             problems.append(f"  device {device.name!r}: step {reflash[0]}{whose} reflashes it, and it has no flash "
                             "resource to write: add a [[devices.resources]] entry with plugin = \"flash\"")
+        if device.auto_recover and "power" not in {entry.plugin for entry in device.entries()}:
+            problems.append(f"  device {device.name!r}: auto_recover = \"{device.auto_recover}\" power-cycles it, and "
+                            "it has no power switch: add a [[devices.resources]] entry with plugin = \"power\"")
         cycles = [n for n, data in enumerate(written, 1) if data.get("step") == "power-cycle"]
         if cycles and "power" not in {entry.plugin for entry in device.entries()}:
             whose = "" if own else f" (of its class {device.device_class or 'generic'!r})"

@@ -1,80 +1,45 @@
 """Watching a device's console during a power operation (docs/architecture.md, "Power"),
 without taking a byte from anyone.
 
-While a console service runs for the device, its bridge keeps the node open and records what
-it reads (``core/console_activity.py``): the watch reads that record. With no service, the
-watch opens the node itself, exclusively, and counts what comes (reopening it when it comes
-back after a hang-up, as a USB serial adapter powered with the board does). A node another
-program holds (ser2net, an orphan) is left alone: the console is then not watched, and says
-why.
+While a console service's bridge holds the node (a client is connected), it records what it
+reads and what the client typed (``core/console_activity.py``): the watch reads that record.
+While nobody holds the node, the watch opens it itself, exclusively, counts what comes, and
+reopens it when it comes back after a hang-up (a USB serial adapter powered with the board);
+it lets go the moment the bridge opens it again. A node another program holds (ser2net, an
+orphan) is not read: that time counts as *blind*, and a verdict never rests on a window the
+watch did not see.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import serial
 
-from device_loop.core.console_activity import read_activity, record_path
+from device_loop.core.console_activity import Activity, read_activity, record_path
 from device_loop.core.holders import command_of, holders
 from device_loop.core.host import HostContext
 from device_loop.core.model import Resource
 
-REOPEN_S = 0.1  # a node that went away is looked for again this often
-READ_S = 0.05   # one read's wait: how soon the reader sees that it is asked to stop
+POLL_S = 0.02      # how often the record is read, and the node's bytes taken
+HOLDERS_S = 0.5    # who else holds the node is asked at most this often (a pass over /proc)
 DEFAULT_BAUD = 115200
 
 
 @dataclass(frozen=True)
 class Seen:
-    """What a console had printed at one moment: ``bytes`` so far, when it last printed
-    (``time.monotonic_ns``), how often it hung up or went away, whether it is open now."""
+    """What a console had shown by one moment, since the watch began: ``bytes`` it printed and
+    when it last did (``time.monotonic_ns``), how often it hung up or went away, bytes a person
+    typed to it and when last, and the nanoseconds nobody could see it (``blind_ns``)."""
 
-    bytes: int
-    last_ns: int
-    hangups: int
-    open: bool
-
-
-class ConsoleWatch:
-    """One device's console, watched for the length of a power operation: ``seen()`` at any
-    moment; ``how`` says through what; ``close()`` ends it."""
-
-    def __init__(self, how: str, seen, stop=lambda: None):
-        self.how = how
-        self._seen, self._stop = seen, stop
-
-    def seen(self) -> Seen:
-        return self._seen()
-
-    def close(self) -> None:
-        self._stop()
-
-
-def watch_console(host: HostContext, console: Resource | None) -> ConsoleWatch | str:
-    """A watch on ``console`` (a resource of the device with a node: its UART), or why there is none."""
-    if console is None or not console.node:
-        return "the device has no console (a UART resource) to watch"
-    path = record_path(host.state_dir, console.identifier)
-    if read_activity(path) is not None:
-        return ConsoleWatch(f"through its console service on {console.node}", lambda: _from_record(path))
-    others = holders({console.node}, skip={os.getpid()}).get(console.node, set())
-    if others:
-        pid = min(others)
-        return f"its console {console.node} is held by {command_of(pid)[:80] or 'a program'} (pid {pid})"
-    baud = getattr(console.config, "baud", None)
-    reader = _Reader(console.node, baud if isinstance(baud, int) and not isinstance(baud, bool) and baud > 0
-                     else DEFAULT_BAUD)
-    return ConsoleWatch(f"on {console.node}", reader.seen, reader.stop)
-
-
-def _from_record(path) -> Seen:
-    record = read_activity(path)
-    if record is None:  # the service stopped meanwhile (the lease ended): nothing more is seen
-        return Seen(0, 0, 0, False)
-    return Seen(record.bytes, record.last_ns, record.hangups, record.open)
+    bytes: int = 0
+    last_ns: int = 0
+    hangups: int = 0
+    typed: int = 0
+    typed_ns: int = 0
+    blind_ns: int = 0
 
 
 class _KeptPort(serial.Serial):
@@ -85,57 +50,115 @@ class _KeptPort(serial.Serial):
         pass
 
 
-class _Reader:
-    """The node, read in a thread of its own: counts what it prints, and its hang-ups. Its first
-    open drops what was printed before the watch began; a reopen (the node came back) keeps it."""
+class ConsoleWatch:
+    """One device's console, watched for the length of a power operation by a thread of its
+    own: ``seen()`` at any moment; ``how`` says through what; ``close()`` ends it."""
 
-    def __init__(self, node: str, baud: int):
-        self.node, self.baud = node, baud
+    def __init__(self, node: str, baud: int, record):
+        self.node, self.baud, self.record = node, baud, record
+        self.how = f"watched on {node} (through its console service while a client is connected)"
         self._lock = threading.Lock()
-        self._state = Seen(0, 0, 0, False)
+        self._seen = Seen()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"console-watch-{os.path.basename(node)}", daemon=True)
+        self._port: serial.Serial | None = None
+        self._first_open = True
+        self._last: Activity | None = read_activity(record)
+        self._held_checked, self._held = 0.0, ""
+        self._thread = threading.Thread(target=self._run, name=f"console-watch-{os.path.basename(node)}",
+                                        daemon=True)
         self._thread.start()
 
     def seen(self) -> Seen:
         with self._lock:
-            return self._state
+            return self._seen
 
-    def stop(self) -> None:
+    def close(self) -> None:
         self._stopping.set()
         self._thread.join(2)
 
-    def _set(self, **changes) -> None:
+    def _add(self, **more: int) -> None:
         with self._lock:
-            self._state = Seen(**{**self._state.__dict__, **changes})
+            seen = self._seen
+            self._seen = replace(seen, **{k: getattr(seen, k) + v if k not in ("last_ns", "typed_ns") else v
+                                          for k, v in more.items()})
 
     def _run(self) -> None:
-        was_open, first = False, True
-        while not self._stopping.is_set():
+        try:
+            while not self._stopping.wait(POLL_S):
+                began = time.monotonic_ns()
+                if not (self._from_record() or self._from_node()):
+                    self._add(blind_ns=time.monotonic_ns() - began + int(POLL_S * 1e9))
+        finally:
+            self._let_go()
+
+    def _from_record(self) -> bool:
+        """The bridge's record, while the bridge holds the node: True if it showed the console."""
+        record, last = read_activity(self.record), self._last
+        self._last = record
+        if record is None or not record.open:
+            return False
+        self._let_go()  # the bridge has it: never two readers
+        if last is None or last.pid != record.pid or not last.open:
+            return True  # (a new writer, or one just opened: what it counted before is not ours)
+        more: dict[str, int] = {}
+        if record.bytes > last.bytes:
+            more |= {"bytes": record.bytes - last.bytes, "last_ns": record.last_ns}
+        if record.hangups > last.hangups:
+            more["hangups"] = record.hangups - last.hangups
+        typed, typed_ns = getattr(record, "typed", 0), getattr(record, "typed_ns", 0)
+        if typed > getattr(last, "typed", 0):
+            more |= {"typed": typed - getattr(last, "typed", 0), "typed_ns": typed_ns}
+        if more:
+            self._add(**more)
+        return True
+
+    def _from_node(self) -> bool:
+        """The node itself, while nobody else holds it: True if the console was seen."""
+        if self._port is None:
+            if self._held_by_others(time.monotonic()):
+                return False
             try:
-                port = (serial.Serial if first else _KeptPort)(self.node, self.baud, timeout=READ_S, exclusive=True)
+                self._port = (serial.Serial if self._first_open else _KeptPort)(self.node, self.baud, timeout=0,
+                                                                                 exclusive=True)
             except (serial.SerialException, OSError, ValueError):
-                first = False
-                if self._stopping.wait(REOPEN_S):
-                    return
-                continue
-            first = False
-            self._set(open=True)
-            was_open = True
-            with port:
-                try:
-                    while not self._stopping.is_set():
-                        data = port.read(4096)
-                        if data:
-                            with self._lock:
-                                state = self._state
-                                self._state = Seen(state.bytes + len(data), time.monotonic_ns(), state.hangups, True)
-                        elif not os.path.exists(self.node):
-                            break  # (a pty's link removed while it reads nothing yet)
-                except (serial.SerialException, OSError):
-                    pass  # hung up: the board lost power, or its adapter went away
-            if was_open:
-                with self._lock:
-                    state = self._state
-                    self._state = Seen(state.bytes, state.last_ns, state.hangups + 1, False)
-                was_open = False
+                self._first_open = False
+                return not os.path.exists(self.node)  # a node that is not there: seen, powered off
+            self._first_open = False
+        try:
+            data = self._port.read(65536)
+        except (serial.SerialException, OSError):
+            self._let_go()
+            self._add(hangups=1)  # hung up: the board lost power, or its adapter went away
+            return True
+        if data:
+            self._add(bytes=len(data), last_ns=time.monotonic_ns())
+        elif not os.path.exists(self.node):
+            self._let_go()  # (a pty whose link went while it printed nothing more)
+            self._add(hangups=1)
+        return True
+
+    def _held_by_others(self, now: float) -> bool:
+        if now - self._held_checked >= HOLDERS_S:
+            self._held_checked = now
+            others = holders({self.node}, skip={os.getpid()}).get(self.node, set())
+            self._held = f"{command_of(min(others))[:80] or 'a program'} (pid {min(others)})" if others else ""
+            if self._held:
+                self.how = f"partly not watched: {self.node} is held by {self._held}"
+        return bool(self._held)
+
+    def _let_go(self) -> None:
+        if self._port is not None:
+            port, self._port = self._port, None
+            try:
+                port.close()
+            except (serial.SerialException, OSError):
+                pass
+
+
+def watch_console(host: HostContext, console: Resource | None) -> ConsoleWatch | str:
+    """A watch on ``console`` (a resource of the device with a node: its UART), or why there is none."""
+    if console is None or not console.node:
+        return "the device has no console (a UART resource) to watch"
+    baud = getattr(console.config, "baud", None)
+    return ConsoleWatch(console.node, baud if isinstance(baud, int) and not isinstance(baud, bool) and baud > 0
+                        else DEFAULT_BAUD, record_path(host.state_dir, console.identifier))

@@ -27,13 +27,15 @@ from device_loop.core.vocabulary import PowerAction, PowerState, PowerVerdict
 from .console_watch import ConsoleWatch, Seen, watch_console
 
 log = logging.getLogger("device_loop.exporter")
-CONSOLE_KINDS = ("uart", "sim")  # the resources whose node is the device's console
+CONSOLE_KINDS = ("uart",)  # the resources whose node is the device's console (the sim boards' too)
 DEFAULT_OFF_TIME_S = 2.0
 DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_CONSOLE_TIMEOUT_S = 20.0
 MAX_OFF_TIME_S = 600.0
 GRACE_S = 0.25     # what a console still prints just after the switch (bytes in flight) is not "not silent"
 HANGUP_WAIT_S = 1.0  # how long an ``off`` watches for its console to hang up
+MIN_SILENT_S = 1.0   # the least silence (after the grace) that shows a console went dark, without a hang-up
+QUIET_S = 1.0        # an ``on`` watches the console this long first: output after on counts only after quiet
 POLL_S = 0.01      # the console is looked at this often while a first byte is awaited
 BACKSTOP_S = 5.0   # past its timeout, this long more before a call that has not returned is given up
 
@@ -88,41 +90,43 @@ class PowerRunner:
         """The device's power switch: its first resource of kind ``power``."""
         return next((r for r in resources if r.kind == POWER_KIND), None)
 
-    def run(self, args: dict[str, Any], switch: Resource, resources: Sequence[Resource],
-            progress: Progress) -> dict[str, Any]:
+    def run(self, args: dict[str, Any], switch: Resource, resources: Sequence[Resource], progress: Progress,
+            within_s: float | None = None) -> dict[str, Any]:
         """Run a ``power`` operation (``args``: ``action``, a cycle's ``off_time_s``) on the device
-        whose power is ``switch`` and whose resources are ``resources``; its result."""
+        whose power is ``switch`` and whose resources are ``resources``, within ``within_s``
+        seconds if given (a step's timeout); its result."""
         action, off_time = self._checked(args, switch)
+        deadline = time.monotonic() + within_s if within_s is not None else math.inf
         console = next((r for r in resources if r.kind in CONSOLE_KINDS and r.node), None)
         watch = watch_console(self.host, console) if action != PowerAction.STATUS else "not needed to read the switch"
-        observed = Observed(action.value, _backend(switch), watch.how if isinstance(watch, ConsoleWatch) else
-                            f"not watched: {watch}")
+        observed = Observed(action.value, _backend(switch), "")
         try:
             if action == PowerAction.STATUS:
-                self._status(switch, observed)
+                self._status(switch, observed, deadline)
             elif action == PowerAction.OFF:
-                self._off(switch, watch, observed, progress)
+                self._off(switch, watch, observed, progress, deadline)
             elif action == PowerAction.ON:
-                self._on(switch, watch, observed, progress)
+                self._on(switch, watch, observed, progress, deadline)
             else:
-                self._cycle(switch, watch, off_time, observed, progress)
+                self._cycle(switch, watch, off_time, observed, progress, deadline)
         finally:
             if isinstance(watch, ConsoleWatch):
                 watch.close()
+            observed.console = watch.how if isinstance(watch, ConsoleWatch) else f"not watched: {watch}"
         return observed.result()
 
     def cycle(self, switch: Resource, resources: Sequence[Resource], off_time_s: float | None,
-              progress: Progress) -> dict[str, Any]:
+              progress: Progress, within_s: float | None = None) -> dict[str, Any]:
         """A power cycle, as the ``power-cycle`` step between leases runs it."""
         args: dict[str, Any] = {"action": PowerAction.CYCLE.value}
         if off_time_s is not None:
             args["off_time_s"] = off_time_s
-        return self.run(args, switch, resources, progress)
+        return self.run(args, switch, resources, progress, within_s)
 
     # ---- the actions -------------------------------------------------------------------------
 
-    def _status(self, switch: Resource, observed: Observed) -> None:
-        reading = self._switch(switch, PowerAction.STATUS)
+    def _status(self, switch: Resource, observed: Observed, deadline: float) -> None:
+        reading = self._switch(switch, PowerAction.STATUS, deadline)
         observed.values["state"] = reading.state
         if reading.state is not None:
             observed.evidence.append("read back from the switch")
@@ -131,102 +135,135 @@ class PowerRunner:
         else:
             observed.how.append(reading.detail or f"{observed.backend} cannot read its state back")
 
-    def _off(self, switch: Resource, watch, observed: Observed, progress: Progress) -> None:
-        before = _seen(watch)
+    def _off(self, switch: Resource, watch, observed: Observed, progress: Progress, deadline: float) -> None:
         progress("off", detail=f"switching {switch.device} off")
-        reading = self._switch(switch, PowerAction.OFF)
+        before = _seen(watch)
+        reading = self._switch(switch, PowerAction.OFF, deadline)
         self._read_back(reading, PowerState.OFF, observed)
         if isinstance(watch, ConsoleWatch):
-            deadline = time.monotonic() + HANGUP_WAIT_S
-            while time.monotonic() < deadline and not _hung_up(before, watch.seen()):
-                if self.stopping.wait(POLL_S):
-                    raise OperationError("interrupted while watching the console: the exporter stopped")
-            if _hung_up(before, watch.seen()):
+            until = min(time.monotonic() + HANGUP_WAIT_S, deadline)
+            while time.monotonic() < until and watch.seen().hangups == before.hangups:
+                self._wait(POLL_S, "watching the console")
+            if watch.seen().hangups > before.hangups:
                 observed.evidence.append("the console hung up")
                 observed.how.append("its console hung up")
             else:
                 observed.how.append(f"its console did not hang up within {HANGUP_WAIT_S:g} s (silence alone does "
                                     "not show it is off: an idle board is silent too)")
 
-    def _on(self, switch: Resource, watch, observed: Observed, progress: Progress) -> None:
+    def _on(self, switch: Resource, watch, observed: Observed, progress: Progress, deadline: float) -> None:
+        quiet = False
+        if isinstance(watch, ConsoleWatch):  # what it prints before on is not what on made it print
+            progress("on", detail=f"watching {switch.device}'s console for {QUIET_S:g} s before switching it on")
+            start = watch.seen()
+            self._wait(min(QUIET_S, max(0.0, deadline - time.monotonic())), "watching the console")
+            end = watch.seen()
+            quiet = end.bytes == start.bytes and end.blind_ns == start.blind_ns
+            if not quiet:
+                observed.how.append("its console was not silent (or not seen) just before on: what it prints "
+                                    "after on shows nothing")
         progress("on", detail=f"switching {switch.device} on")
         mark = _seen(watch)
         began = time.monotonic()
-        reading = self._switch(switch, PowerAction.ON)
+        reading = self._switch(switch, PowerAction.ON, deadline)
         switched = time.monotonic()
         self._read_back(reading, PowerState.ON, observed)
         observed.values["switch_s"] = round(switched - began, 3)
         if isinstance(watch, ConsoleWatch):
-            self._first_byte(watch, mark, switched, _console_timeout(switch), observed, progress)
+            printed = self._first_byte(watch, mark, switched, _console_timeout(switch), observed, progress, deadline)
+            if printed and quiet and not _typed_since(mark, watch.seen()):
+                observed.evidence.append("the console printed after on")
+            elif printed and _typed_since(mark, watch.seen()):
+                observed.how.append("someone typed on the console meanwhile: its output may be their echo")
 
-    def _cycle(self, switch: Resource, watch, off_time: float, observed: Observed, progress: Progress) -> None:
+    def _cycle(self, switch: Resource, watch, off_time: float, observed: Observed, progress: Progress,
+               deadline: float) -> None:
         before = _seen(watch)
         progress("off", detail=f"switching {switch.device} off for {off_time:g} s")
-        off = self._switch(switch, PowerAction.OFF)
+        off = self._switch(switch, PowerAction.OFF, deadline)
         switched_off = time.monotonic()
         self._read_back(off, PowerState.OFF, observed, evidence=False)
-        if isinstance(watch, ConsoleWatch):
-            if self.stopping.wait(min(GRACE_S, off_time)):
-                raise OperationError("interrupted while the power was off: the exporter stopped")
-            settled = watch.seen()
-        if self.stopping.wait(max(0.0, switched_off + off_time - time.monotonic())):
-            raise OperationError("interrupted while the power was off: the exporter stopped")
+        try:
+            settled = None
+            if isinstance(watch, ConsoleWatch):
+                self._wait(min(GRACE_S, off_time), "the power was off")
+                settled = watch.seen()
+            self._wait(max(0.0, switched_off + off_time - time.monotonic()), "the power was off")
+        except OperationError as stopped:  # the exporter stops: not a board left off for the next lease
+            try:
+                self._switch(switch, PowerAction.ON, min(deadline, time.monotonic() + DEFAULT_TIMEOUT_S))
+            except OperationError as exc:
+                raise OperationError(f"{stopped}; switching it back on failed too: {exc}") from None
+            raise OperationError(f"{stopped}; it was switched back on") from None
         observed.values["off_s"] = round(time.monotonic() - switched_off, 3)
-        if isinstance(watch, ConsoleWatch):
+        silent = False
+        if isinstance(watch, ConsoleWatch) and settled is not None:
             during = watch.seen()
-            silent = during.bytes == settled.bytes
-            hung = _hung_up(before, during)
-            observed.values["console_silent"] = silent
+            window = observed.values["off_s"] - GRACE_S
+            hung = during.hangups > before.hangups
+            seen_all = during.blind_ns == settled.blind_ns
+            silent = during.bytes == settled.bytes and seen_all and (hung or window >= MIN_SILENT_S)
+            observed.values["console_silent"] = during.bytes == settled.bytes and seen_all
             observed.values["console_hung_up"] = hung
-            if silent:
+            if during.bytes != settled.bytes:
+                observed.contradicted.append(f"its console printed {during.bytes - settled.bytes} bytes while the "
+                                             "power was off: the switch may not feed this board")
+            elif not seen_all:
+                observed.how.append("its console was not watched the whole off-time")
+            elif silent:
                 observed.how.append(f"its console was silent for the {off_time:g} s off"
                                     + (" (it hung up)" if hung else ""))
             else:
-                observed.contradicted.append(f"its console printed {during.bytes - settled.bytes} bytes while the "
-                                             "power was off: the switch may not feed this board")
+                observed.how.append(f"its console was silent, but {window:.2f} s of silence (off-time less "
+                                    f"{GRACE_S:g} s) shows nothing: an idle board is silent too (an off-time of "
+                                    f"{MIN_SILENT_S + GRACE_S:g} s or more can show it)")
         progress("on", detail=f"switching {switch.device} on again")
         mark = _seen(watch)
         began = time.monotonic()
-        on = self._switch(switch, PowerAction.ON)
+        on = self._switch(switch, PowerAction.ON, deadline)
         switched_on = time.monotonic()
         observed.values["switch_s"] = round(switched_on - began, 3)
-        read_back = off.state is not None and on.state is not None
         self._read_back(on, PowerState.ON, observed, evidence=False)
-        if read_back and off.state == PowerState.OFF and on.state == PowerState.ON:
+        if off.state == PowerState.OFF and on.state == PowerState.ON:
             observed.evidence.append("read back from the switch: off, then on")
         if isinstance(watch, ConsoleWatch):
             printed = self._first_byte(watch, mark, switched_on, _console_timeout(switch), observed, progress,
-                                       evidence=False)
-            if printed and observed.values.get("console_silent"):
+                                       deadline)
+            echoed = _typed_since(mark, watch.seen()) and not observed.values.get("console_hung_up")
+            if echoed:
+                observed.how.append("someone typed on the console after on: its output may be their echo")
+            if printed and silent and not echoed:
                 observed.evidence.append("the console went silent while off and printed again after on")
 
     # ---- what they share -------------------------------------------------------------------------
 
+    def _wait(self, seconds: float, what: str) -> None:
+        if self.stopping.wait(seconds):
+            raise OperationError(f"interrupted while {what}: the exporter stopped")
+
     def _first_byte(self, watch: ConsoleWatch, mark: Seen, since: float, timeout_s: float, observed: Observed,
-                    progress: Progress, evidence: bool = True) -> bool:
+                    progress: Progress, deadline: float) -> bool:
         """Wait for the console's first byte after ``mark`` (taken before the switch was asked to
         turn on); its time after ``since`` (when the switch said it was on) goes in the result."""
+        timeout_s = max(0.0, min(timeout_s, deadline - since))
         progress("booting", detail=f"waiting for the console's first byte (up to {timeout_s:g} s)")
-        deadline = since + timeout_s
         while True:
             seen = watch.seen()
             if seen.bytes > mark.bytes:
+                # the latest chunk's time: a first chunk seen within one poll of its arrival
                 first = max(0.0, min(seen.last_ns / 1e9, time.monotonic()) - since)
                 observed.values["first_byte_s"] = round(first, 3)
                 observed.how.append(f"its console printed again {first:.2f} s after on")
-                if evidence:
-                    observed.evidence.append("the console printed after on")
                 return True
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= since + timeout_s:
                 observed.values["first_byte_s"] = None
                 observed.how.append(f"its console printed nothing within {timeout_s:g} s of on")
                 return False
-            if self.stopping.wait(POLL_S):
-                raise OperationError("interrupted while waiting for the console: the exporter stopped")
+            self._wait(POLL_S, "waiting for the console")
 
     @staticmethod
     def _read_back(reading: PowerReading, wanted: PowerState, observed: Observed, evidence: bool = True) -> None:
-        observed.values[f"state_after_{'off' if wanted == PowerState.OFF else 'on'}"] = reading.state
+        observed.values[f"state_after_{wanted.value}"] = reading.state
         if reading.detail:
             observed.how.append(reading.detail)
         if reading.state is None:
@@ -237,10 +274,13 @@ class PowerRunner:
         if evidence:
             observed.evidence.append(f"read back from the switch: {wanted.value}")
 
-    def _switch(self, switch: Resource, action: PowerAction) -> PowerReading:
+    def _switch(self, switch: Resource, action: PowerAction, deadline: float = math.inf) -> PowerReading:
         """The backend's ``devloop_power``, within the switch's timeout: a call that overstays is
         left to run (no thread can be killed) and the operation fails."""
         timeout_s = _seconds(getattr(switch.config, "timeout", None), DEFAULT_TIMEOUT_S)
+        wait_s = min(timeout_s + BACKSTOP_S, deadline - time.monotonic())
+        if wait_s <= 0:
+            raise OperationError(f"no time is left to switch {switch.device} {action.value} (the step's timeout)")
         with self._lock:
             if switch.identifier in self._busy:
                 raise OperationError(f"the last call to {switch.identifier}'s backend has not returned yet (it began "
@@ -262,11 +302,11 @@ class PowerRunner:
         threading.Thread(target=call, name=f"power-{action.value}-{switch.device}", daemon=True).start()
         # the backend kills its own programs at its timeout and says what they printed: this is the
         # backstop for a backend that does not return at all
-        if not ended.wait(timeout_s + BACKSTOP_S):
+        if not ended.wait(wait_s):
             log.warning("power %s of %s has not returned after %g s; left to run", action.value, switch.device,
-                        timeout_s)
+                        wait_s)
             raise OperationError(f"the power backend ({_backend(switch)}) did not answer {action.value} within "
-                                 f"{timeout_s + BACKSTOP_S:g} s (its timeout is {timeout_s:g} s); left it")
+                                 f"{wait_s:g} s (its timeout is {timeout_s:g} s); left it")
         if "error" in outcome:
             error = outcome["error"]
             if isinstance(error, OperationError):
@@ -274,8 +314,8 @@ class PowerRunner:
             raise OperationError(f"the power backend ({_backend(switch)}) crashed: {error!r}") from None
         reading = outcome.get("reading")
         if not isinstance(reading, PowerReading):
-            raise OperationError(f"the power backend ({_backend(switch)}) answered {type(reading).__name__}, not a "
-                                 "PowerReading")
+            raise OperationError(f"the power backend ({_backend(switch)}) answered {type(reading).__name__:.40}, "
+                                 "not a PowerReading")
         return reading
 
     def _checked(self, args: dict[str, Any], switch: Resource) -> tuple[PowerAction, float]:
@@ -285,7 +325,7 @@ class PowerRunner:
         try:
             action = PowerAction(str(args.get("action")))
         except ValueError:
-            raise OperationError(f"action must be one of {', '.join(PowerAction)}, not {args.get('action')!r}",
+            raise OperationError(f"action must be one of {', '.join(PowerAction)}, not {args.get('action')!r:.40}",
                                  changed=False) from None
         off_time = args.get("off_time_s")
         if off_time is not None and action != PowerAction.CYCLE:
@@ -295,16 +335,16 @@ class PowerRunner:
         if isinstance(off_time, bool) or not isinstance(off_time, (int, float)) or not math.isfinite(off_time) \
                 or not 0 <= off_time <= MAX_OFF_TIME_S:
             raise OperationError(f"off_time_s must be a number of seconds from 0 to {MAX_OFF_TIME_S:g}, not "
-                                 f"{off_time!r}", changed=False)
+                                 f"{off_time!r:.40}", changed=False)
         return action, float(off_time)
 
 
 def _seen(watch) -> Seen:
-    return watch.seen() if isinstance(watch, ConsoleWatch) else Seen(0, 0, 0, False)
+    return watch.seen() if isinstance(watch, ConsoleWatch) else Seen()
 
 
-def _hung_up(before: Seen, now: Seen) -> bool:
-    return now.hangups > before.hangups or (before.open and not now.open)
+def _typed_since(mark: Seen, now: Seen) -> bool:
+    return now.typed > mark.typed
 
 
 def _console_timeout(switch: Resource) -> float:

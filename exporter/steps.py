@@ -36,6 +36,7 @@ from device_loop.core.durations import format_duration
 from device_loop.core.host import HostContext
 from device_loop.core.model import Operation, OperationError, Resource, StepKind
 from device_loop.core.plugins import PluginSet
+from device_loop.core.vocabulary import PowerVerdict
 from device_loop.core.protocol import (EXPORTER_STEPS, MAX_DETAIL_CHARS, ArgName, DesiredOperation, PluginStep,
                                        StepReport, Word)
 
@@ -302,7 +303,7 @@ class StepRunner:
         if isinstance(config, RebootStep):
             return self._reboot(device, run.resources, config, step.timeout_s, progress)
         if isinstance(config, PowerCycleStep):
-            return self._power_cycle(device, run.resources, config, progress)
+            return self._power_cycle(device, run.resources, config, step.timeout_s, progress)
         if isinstance(config, PluginStepConfig) and step.plugin != EXPORTER_STEPS:
             return self._plugin_step(run, step, progress)
         raise OperationError(f"the exporter does not run {step.name!r} itself", changed=False)
@@ -444,14 +445,14 @@ class StepRunner:
 
     # ---- power-cycle ------------------------------------------------------------------------------
 
-    def _power_cycle(self, device: str, resources: Sequence[Resource], config: PowerCycleStep,
+    def _power_cycle(self, device: str, resources: Sequence[Resource], config: PowerCycleStep, timeout_s: float,
                      progress: Progress) -> dict:
         switch = PowerRunner.switch_of(resources)
         if switch is None or self.power is None:
             raise OperationError(f"{device} has no power switch here (a resource of kind power: is its plugin "
                                  "loaded?)", changed=False)
-        result = self.power.cycle(switch, resources, config.off_time, progress)
-        if result.get("verdict") != "verified" and config.verify:
+        result = self.power.cycle(switch, resources, config.off_time, progress, within_s=timeout_s)
+        if result.get("verdict") != PowerVerdict.VERIFIED and config.verify:
             raise OperationError(f"the power cycle was not verified: {result.get('message')} (verify = false "
                                  "accepts that)")
         return result

@@ -46,7 +46,8 @@ NOT_IN_THE_TRUST_MODE = ["ignored_auth"]  # no route needs credentials there
 # (a job's cell and run must be ones its spec has; a cell's reservation names a target: the
 # document cannot say either)
 REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat", "start_operation", "reserve", "submit_job",
-                           "reserve_for_job", "report_cell", "report_run"}
+                           "reserve_for_job", "report_cell", "report_run",
+                           "power", "power_unleased"}  # (off_time_s goes with a cycle: no schema of its own says so)
 # negative_data_rejection's own list, and 413: data too large to be valid is refused for its size first
 REJECTED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # positive_data_acceptance's own list

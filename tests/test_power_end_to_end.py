@@ -72,7 +72,13 @@ def test_a_cycle_through_pdudaemon_silences_the_console_hangs_up_its_pty_and_is_
     assert any("first console byte" in cause and "verified" in cause
                for cause in log_causes(coordinator, "sim-board-0"))
     audit = coordinator.api("/admin/audit").json()
-    assert {"power", "power_done"} <= {entry["action"] for entry in audit if entry["device"] == "sim-board-0"}
+    mine = [entry for entry in audit if entry["device"] == "sim-board-0"]
+    assert any(e["action"] == "power" and e["actor"] == "alice" and e["detail"]["args"] == {"action": "cycle",
+                                                                                          "off_time_s": 1.5}
+               for e in mine), mine
+    assert any(e["action"] == "power_done" and e["detail"]["op"] == op["id"]
+               and e["detail"]["result"]["verdict"] == "verified" and e["detail"]["result"]["backend"] == "pdudaemon"
+               for e in mine), mine
 
     # pdudaemon cannot say whether an outlet is on, and status does not watch the console
     status = run_cli(env, coordinator.url, "power", "status", "sim-board-0", check=False)
@@ -108,14 +114,45 @@ def test_a_command_backend_reads_back_and_a_hung_one_is_killed_at_its_timeout(co
     stuck = finished(coordinator, power(coordinator, hung["id"], "on").json())
     assert stuck["state"] == "failed" and "did not finish within 1s; killed it" in stuck["message"], stuck
     assert time.monotonic() - began < 20
-    assert power(coordinator, hung["id"], "dance").status_code == 422
+    for refused in (power(coordinator, hung["id"], "dance"), power(coordinator, hung["id"], "on", off_time_s=2),
+                    power(coordinator, hung["id"], "cycle", off_time_s=601),
+                    power(coordinator, hung["id"], "cycle", off_time_s="soon"),
+                    coordinator.api(f"/leases/{hung['id']}/operations", "POST",
+                                    json={"kind": "power", "args": {"action": "dance"}}),
+                    coordinator.api(f"/leases/{hung['id']}/operations", "POST",
+                                    json={"kind": "power", "args": {"action": "off", "off_time_s": 1}})):
+        assert refused.status_code == 422, refused.text
+
+
+def test_an_idle_board_that_stays_silent_and_an_echo_after_on_verify_nothing(coordinator, tmp_path, env, exporters):
+    """A switch that does not feed the board (the wrong outlet): the idle board says nothing
+    while "off", and what it prints after "on" is the echo of a key its holder pressed."""
+    exporters.append(Exporter(tmp_path, env, coordinator.url, [
+        board("unfed", tmp_path / "unfed.power", {"backend": "command", "on": ["true"], "off": ["true"],
+                                                  "console_timeout": "6s"})]))
+    wait_state(coordinator, "unfed", "idle", timeout=30)
+    lease = wait_active(coordinator, reserve(coordinator, "unfed")["id"])
+    with console(lease) as uart:
+        op = power(coordinator, lease["id"], "cycle", off_time_s=1.5).json()
+        wait_for(lambda: coordinator.api(f"/ops/{op['id']}").json()["phase"] == "booting", 20,
+                 what="the cycle waiting for the first byte")
+        uart.sendall(b"\r")  # the holder presses Enter: the board answers with a prompt
+        op = finished(coordinator, op)
+    assert op["state"] == "done" and op["result"]["verdict"] == "unverified", op
+    assert op["result"]["console_silent"] is True and op["result"]["console_hung_up"] is False
+    assert "typed" in " ".join(op["result"]["how"]) and op["message"].startswith("unverified"), op
+    shown = run_cli(env, coordinator.url, "op", op["id"], check=False)
+    assert f"{op['id']}: power of unfed: unverified" in shown.stdout, shown.stdout
+    short = finished(coordinator, power(coordinator, lease["id"], "cycle", off_time_s=0).json())
+    assert short["result"]["verdict"] == "unverified", short  # no silence to speak of
 
 
 def test_a_hung_board_nobody_holds_is_power_cycled_once_and_a_power_cycle_step_runs_between_leases(
         coordinator, tmp_path, env, exporters):
     exporters.append(Exporter(tmp_path, env, coordinator.url, [
-        board("panicky", tmp_path / "panicky.power", {"backend": "sim", "switch": str(tmp_path / "panicky.power")},
-              auto_recover="power-cycle"),
+        # a step between leases runs before its health is looked at: the rule waits for it
+        {**board("panicky", tmp_path / "panicky.power", {"backend": "sim", "switch": str(tmp_path / "panicky.power")},
+                 auto_recover="power-cycle"), "steps": [{"step": "cooldown", "below": "70C", "timeout": "30s"}]},
         # its switch feeds some other board: a cycle changes nothing here, and is never repeated
         board("stubborn", tmp_path / "stubborn.power", {"backend": "command", "on": ["true"], "off": ["true"],
                                                          "console_timeout": "3s"},

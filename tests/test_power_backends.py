@@ -1,11 +1,16 @@
 """The power plugin's backends against the real programs they drive: pdudaemon (its
 localcmdline driver), ipmi_sim with ipmitool, sushy-emulator's fake driver, uhubctl (with
-no hub here), commands of our own, and the simulated boards' switch file."""
+no hub here), commands of our own, and the simulated boards' switch file (a simulated board
+itself, too); and against small HTTP servers of the tests' own: one that answers a byte a
+second, a Redfish service that names another host's URL."""
 from __future__ import annotations
 
+import base64
+import http.server
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,8 +24,10 @@ from conftest import wait_for
 from device_loop.core.host import HostContext
 from device_loop.core.ports import free_port, wait_port_open
 from device_loop.plugin import POWER_KIND, ConfiguredResource, OperationError
-from device_loop.plugins import power
+from device_loop.plugins import power, sim
+from device_loop.plugins.power import sim as power_sim
 from device_loop.plugins.power.config import PowerConfig
+from device_loop.plugins.sim import board as sim_board
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -268,6 +275,202 @@ def test_redfish_says_the_service_refused_the_credentials(tmp_path, redfish_with
         power.devloop_power(host, resource, "status")
 
 
+# ---- HTTP servers of our own: slow ones, and a Redfish service naming another host ------------------------------
+
+@pytest.fixture
+def slow_server(request):
+    """A server on a free port that, to whatever it is asked, sends its status line and
+    headers (``mode`` "body": at once, "headers": a byte a second), then its body a byte a
+    second, until the client goes or the test ends."""
+    stop = threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+
+    def serve(connection: socket.socket, mode: str):
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        with connection:
+            try:
+                connection.settimeout(5)
+                asked = b""
+                while b"\r\n\r\n" not in asked:
+                    data = connection.recv(4096)
+                    if not data:
+                        return
+                    asked += data
+                if mode == "body":
+                    connection.sendall(head)
+                    head = b""
+                for byte in head + b" " * 1000:
+                    if stop.wait(1.0):
+                        return
+                    connection.sendall(bytes([byte]))
+            except OSError:
+                return  # the client gave up
+
+    def accept(mode: str):
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(connection, mode), daemon=True).start()
+
+    def started(mode: str) -> int:
+        thread = threading.Thread(target=accept, args=(mode,), daemon=True)
+        thread.start()
+        request.addfinalizer(lambda: (stop.set(), thread.join(5), listener.close()))
+        return listener.getsockname()[1]
+    return started
+
+
+@pytest.mark.parametrize("mode", ["body", "headers"])
+@pytest.mark.parametrize("backend", ["pdudaemon", "redfish"])
+def test_a_server_answering_a_byte_a_second_is_given_up_at_the_timeout(tmp_path, slow_server, backend, mode):
+    port = slow_server(mode)
+    settings = ({"port": port, "pdu": "pdu01", "outlet": 1} if backend == "pdudaemon" else
+                {"url": f"http://127.0.0.1:{port}", "system": "1"})
+    host, resource = switch_of(tmp_path, backend=backend, timeout="2s", **settings)
+    began = time.monotonic()
+    with pytest.raises(OperationError) as late:
+        power.devloop_power(host, resource, "on")
+    took = time.monotonic() - began
+    assert "within 2s" in str(late.value) and "did not answer" in str(late.value), late.value
+    assert 1.9 <= took <= 3.2, took
+    if backend == "redfish":
+        assert late.value.changed is False  # it was reading the system (a GET): nothing was switched
+
+
+class FakeRedfish(http.server.ThreadingHTTPServer):
+    """A Redfish service with one system, ``/redfish/v1/Systems/1``, whose reset action's
+    target is ``target``; it records what it was asked (method, path, Authorization)."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), FakeRedfishHandler)
+        self.asked: list[tuple[str, str, str | None]] = []
+        self.state = "Off"
+        self.target = "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"
+        self.members = ["/redfish/v1/Systems/1"]
+        self.redirects: dict[str, str] = {}  # a path: where it redirects to (307)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class FakeRedfishHandler(http.server.BaseHTTPRequestHandler):
+    server: FakeRedfish
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self, code: int, body: dict | None = None):
+        data = json.dumps(body).encode() if body is not None else b""
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.server.asked.append(("GET", self.path, self.headers.get("Authorization")))
+        if self.path in self.server.redirects:
+            self.send_response(307)
+            self.send_header("Location", self.server.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/redfish/v1/Systems":
+            self._answer(200, {"Members": [{"@odata.id": member} for member in self.server.members]})
+        elif self.path == "/redfish/v1/Systems/1":
+            self._answer(200, {"Id": "1", "Name": "board", "PowerState": self.server.state,
+                               "Actions": {"#ComputerSystem.Reset": {
+                                   "target": self.server.target,
+                                   "ResetType@Redfish.AllowableValues": ["On", "ForceOff"]}}})
+        else:
+            self._answer(404, {})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        self.server.asked.append(("POST", self.path, self.headers.get("Authorization")))
+        if self.path.endswith("/Actions/ComputerSystem.Reset"):
+            self.server.state = "On" if body.get("ResetType") == "On" else "Off"
+            self._answer(204)
+        else:
+            self._answer(404, {})
+
+
+@pytest.fixture
+def fake_redfish(request):
+    """Start a ``FakeRedfish`` on a free port (each call, another), shut down at the test's end."""
+    def started() -> FakeRedfish:
+        server = FakeRedfish()
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        thread.start()
+
+        def stop():
+            server.shutdown()
+            server.server_close()
+            thread.join(5)
+        request.addfinalizer(stop)
+        return server
+    return started
+
+
+def test_redfish_sends_nothing_to_a_url_of_another_host_the_service_names(tmp_path, fake_redfish):
+    service, elsewhere = fake_redfish(), fake_redfish()
+    password = tmp_path / "bmc-password"
+    password.write_text(SECRET + "\n")
+    host, resource = switch_of(tmp_path, backend="redfish", url=service.url, system="1", user="admin",
+                               password_file=str(password), timeout="10s")
+    credentials = "Basic " + base64.b64encode(f"admin:{SECRET}".encode()).decode()
+
+    # the reset action's target on another host (another port is another service)
+    service.target = f"{elsewhere.url}/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"
+    with pytest.raises(OperationError) as refused:
+        power.devloop_power(host, resource, "on")
+    assert f"refused to follow {service.target!r}" in str(refused.value), refused.value
+    assert "nothing was sent to it" in str(refused.value) and refused.value.changed is False
+    assert elsewhere.asked == [] and service.state == "Off"
+    assert service.asked == [("GET", "/redfish/v1/Systems/1", credentials)]
+    no_secret_in(host, str(refused.value))
+
+    # a member of the Systems collection on another host, found by name
+    host, by_name = switch_of(tmp_path, backend="redfish", url=service.url, system="board", user="admin",
+                              password_file=str(password), timeout="10s")
+    service.members = [f"{elsewhere.url}/redfish/v1/Systems/1", "//evil.example/redfish/v1/Systems/1"]
+    with pytest.raises(OperationError, match="refused to follow 'http://127.0.0.1:"):
+        power.devloop_power(host, by_name, "status")
+    for ref in ("//127.0.0.1:1/x", f"https://127.0.0.1:{service.server_address[1]}/x",
+                f"http://admin@127.0.0.1:{service.server_address[1]}/x", "redfish/v1/Systems/1",
+                "/redfish/v1/Systems/1 x", 7):
+        service.members = [ref]
+        with pytest.raises(OperationError, match="refused to follow") as other:
+            power.devloop_power(host, by_name, "status")
+        assert other.value.changed is False
+    assert elsewhere.asked == []
+
+    # a redirect to another host is not followed; one to the service itself is
+    host, redirected = switch_of(tmp_path, backend="redfish", url=service.url, system="2", user="admin",
+                                 password_file=str(password), timeout="10s")
+    service.redirects["/redfish/v1/Systems/2"] = f"{elsewhere.url}/redfish/v1/Systems/1"
+    with pytest.raises(OperationError, match=f"refused to follow '{elsewhere.url}/redfish/v1/Systems/1'"):
+        power.devloop_power(host, redirected, "status")
+    service.redirects["/redfish/v1/Systems/2"] = "1"  # relative: /redfish/v1/Systems/1
+    assert power.devloop_power(host, redirected, "status").state == "off"
+    assert elsewhere.asked == []
+
+    # an absolute URL of the configured service itself is followed, with the credentials
+    service.target = f"{service.url}/redfish/v1/Systems/1/Actions/ComputerSystem.Reset"
+    service.asked.clear()
+    on = power.devloop_power(host, resource, "on")
+    assert on.state == "on" and service.state == "On", on
+    assert ("POST", "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset", credentials) in service.asked
+    assert elsewhere.asked == []
+
+
 # ---- uhubctl ------------------------------------------------------------------------------------------------------
 
 def test_uhubctl_with_no_hub_says_so_at_once(tmp_path):
@@ -361,6 +564,49 @@ def test_a_sim_board_that_does_not_answer_is_an_error(tmp_path):
     with pytest.raises(OperationError, match="simulated board board0 did not switch on"):
         power.devloop_power(host, resource, "on")
     assert switch.read_text() == "on\n"
+
+
+def test_the_sim_backends_default_switch_is_the_simulated_boards(tmp_path):
+    """The power backend and the sim plugin (which may not import each other) agree on the
+    switch file a board follows and the file it answers in."""
+    for device in ("board0", "rv-2"):
+        host, resource = switch_of(tmp_path, device=device, backend="sim")
+        switch = power_sim.switch_path(host, resource)
+        assert switch == sim.switch_path(host.state_dir, device) == host.state_dir / "sim" / f"{device}.power"
+        assert switch == sim.SimConfig().switch(host.state_dir, device)
+        assert power_sim.state_path(switch) == sim_board.state_path(switch)
+        # the board's own default, beside its link STATE_DIR/sim/NAME
+        assert switch == host.state_dir / "sim" / (device + ".power")
+
+
+def test_the_sim_backend_switches_a_simulated_board(tmp_path):
+    host, resource = switch_of(tmp_path, backend="sim", timeout="10s")
+    link = host.state_dir / "sim" / "board0"
+    board = sim_board.SimBoard("board0", link)
+    try:
+        assert board.switch == power_sim.switch_path(host, resource)
+        assert board.powered and link.is_symlink()
+        off = power.devloop_power(host, resource, "off")
+        assert off.state == "off" and "switched off" in off.detail
+        assert not board.powered and not link.exists()
+        assert power.devloop_power(host, resource, "status").state == "off"
+        on = power.devloop_power(host, resource, "on")
+        assert on.state == "on" and board.powered
+        wait_for(link.exists, 5, what="the board's link after power-on")
+        assert power.devloop_power(host, resource, "status").state == "on"
+    finally:
+        board.power_off()
+
+
+def test_a_backend_is_asked_on_off_or_status_and_a_cycle_is_the_exporters(tmp_path):
+    from device_loop.core.vocabulary import PowerAction
+    assert power.ACTIONS == ("on", "off", "status")
+    assert set(power.ACTIONS) == {a.value for a in PowerAction} - {PowerAction.CYCLE.value}
+    host, resource = switch_of(tmp_path, backend="sim")
+    with pytest.raises(OperationError, match="a power switch does on, off, status, not 'cycle'") as refused:
+        power.devloop_power(host, resource, "cycle")
+    assert refused.value.changed is False and not (host.state_dir / "sim").exists()
+    assert power.devloop_power(host, resource, PowerAction.STATUS).state is None  # the exporter's enum is taken
 
 
 # ---- the config ---------------------------------------------------------------------------------------------------

@@ -17,7 +17,10 @@ that backend's keys (a key of another backend is refused, by name):
   ComputerSystem's id or name, or its path), ``user`` and ``password_file`` (HTTP basic
   auth; both or neither), ``on_reset_type`` (``On``), ``off_reset_type`` (``ForceOff``),
   ``verify_tls`` (true). Switched with its ``ComputerSystem.Reset`` action (a type it does
-  not allow is refused, naming those it does), read back by polling ``PowerState``.
+  not allow is refused, naming those it does), read back by polling ``PowerState``. A path the
+  service names (a member's ``@odata.id``, the action's ``target``) is followed only when it
+  is a path, or a URL of the configured ``url``'s scheme, host and port: the credentials go
+  nowhere else (a redirect is followed on the same terms).
 - ``command``: ``on`` and ``off`` (argument lists, run without a shell; ``{device}`` is
   filled in), optionally ``status`` (one whose output's first word, ``on`` or ``off``, is
   the state).
@@ -27,7 +30,8 @@ that backend's keys (a key of another backend is refused, by name):
 
 Every backend takes ``off_time`` (a cycle's default off-time: pdudaemon, ipmi and redfish
 5s, the others 2s), ``timeout`` (how long one call may take, 30s: a program past it is
-killed with all it forked, a request gets it as its socket timeout) and
+killed with all it forked; an HTTP call, its answer's last byte included, is given up at it,
+however slowly the server answers: ``web.py``) and
 ``console_timeout`` (how long after power-on the console may stay silent, 20s). The
 switch is a resource of kind ``power`` that serves no lease; the exporter runs its power
 operations through ``devloop_power``. Health spawns nothing: a missing password file or a
@@ -46,6 +50,11 @@ from .programs import find_program
 
 BACKENDS = {"pdudaemon": pdudaemon, "uhubctl": uhubctl, "ipmi": ipmi, "redfish": redfish, "command": command,
             "sim": sim}
+#: What a backend is asked: exactly ``on``, ``off`` and ``status``, the values of the core's
+#: ``PowerAction.ON``, ``OFF`` and ``STATUS``, spelled here because a plugin imports nothing of
+#: device-loop's but ``device_loop.plugin``, which does not export ``PowerAction``. ``cycle`` is
+#: not one: a cycle is the exporter's (off, the off-time, on, then the console watched for the
+#: boot), made of these three, the same for every backend, one that cannot read back included.
 ACTIONS = ("on", "off", "status")
 
 

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from device_loop.plugin import OperationError, PowerReading
+
+from . import web
 
 SYSTEMS = "/redfish/v1/Systems"
 POLL_S = 0.25
 SETTLING_S = 5.0  # how long a status waits for a PoweringOn/PoweringOff to end
 STATES = {"On": "on", "Off": "off"}
 RESET = "#ComputerSystem.Reset"
+BODY_LIMIT = 1 << 20  # a Redfish answer past 1 MiB is not read
+DEFAULT_PORTS = {"http": 80, "https": 443}
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
 
 
 class Service:
@@ -36,43 +39,76 @@ class Service:
             self.context.check_hostname = False
             self.context.verify_mode = ssl.CERT_NONE
 
+    def url_of(self, ref) -> str:
+        """The URL of ``ref``, a path the service named (``@odata.id``, an action's
+        ``target``) or an absolute URL of the configured service itself (its scheme, host and
+        port). Any other is refused, before anything is sent to it: the request would take
+        the credentials elsewhere."""
+        base = urllib.parse.urlsplit(self.config.url)
+        origin = f"{base.scheme}://{base.netloc}"
+        if isinstance(ref, str) and ref and not any(c.isspace() or ord(c) < 32 or c == "\\" for c in ref):
+            parts = urllib.parse.urlsplit(ref)
+            if not parts.scheme and not parts.netloc and ref.startswith("/"):
+                return origin + ref
+            try:
+                same = (parts.scheme.lower() == base.scheme.lower() and parts.username is None
+                        and parts.password is None and (parts.hostname or "") == (base.hostname or "")
+                        and _port(parts) == _port(base))
+            except ValueError:  # a port that is not one
+                same = False
+            if same:
+                return origin + urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+        raise OperationError(f"refused to follow {ref!r}: not a path of the Redfish service at {self.config.url} "
+                             "(a request there would take its credentials elsewhere); nothing was sent to it",
+                             changed=False)
+
     def request(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        """``(HTTP status, JSON body or {})`` of ``method path``; 404 is returned, other
-        failures raise ``OperationError``."""
-        url = urllib.parse.urljoin(self.config.url + "/", path)
+        """``(HTTP status, JSON body or {})`` of ``method path``, answered before the call's
+        deadline; 404 is returned, other failures raise ``OperationError``. A redirect is
+        followed (a GET's, and a POST's that keeps its method: 307, 308) when it names this
+        service (``url_of``), at most ``MAX_REDIRECTS`` times."""
         data = None if body is None else json.dumps(body).encode()
         headers = {**self.headers, **({"Content-Type": "application/json"} if data is not None else {})}
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise OperationError(f"the Redfish service at {self.config.url} did not finish within "
-                                 f"{self.config.timeout:g}s")
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers, method=method),
-                                        timeout=left, context=self.context) as answer:
-                return answer.status, _json(answer.read(1 << 20))
-        except urllib.error.HTTPError as exc:
-            said = _message(_json(exc.read(1 << 16) if exc.fp else b""))
-            if exc.code == 404:
-                return 404, {}
-            if exc.code in (401, 403):
-                who = (f"the credentials of user {self.config.user}" if self.config.user is not None else
-                       "to answer without credentials (give user and password_file)")
-                raise OperationError(f"the Redfish service at {self.config.url} refused {who} "
-                                     f"(HTTP {exc.code} on {method} {path})", changed=False) from None
-            raise OperationError(f"the Redfish service at {self.config.url} answered HTTP {exc.code} to "
-                                 f"{method} {path}" + (f": {said}" if said else ""),
-                                 changed=method != "GET" and exc.code >= 500) from None
-        except (TimeoutError, socket.timeout):
-            raise OperationError(f"the Redfish service at {self.config.url} did not answer {method} {path} "
-                                 f"within {self.config.timeout:g}s", changed=method != "GET") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, (TimeoutError, socket.timeout)):
+        acting = method != "GET"
+        url = self.url_of(path)
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                answer = web.request(url, deadline=self.deadline, limit=BODY_LIMIT, method=method, body=data,
+                                     headers=headers, context=self.context)
+            except web.Late as exc:
                 raise OperationError(f"the Redfish service at {self.config.url} did not answer {method} {path} "
-                                     f"within {self.config.timeout:g}s", changed=method != "GET") from None
-            text = getattr(reason, "strerror", None) or str(reason)
-            raise OperationError(f"cannot reach the Redfish service at {self.config.url}: {text}",
-                                 changed=False) from None
+                                     f"within {self.config.timeout:g}s", changed=acting and exc.sent) from None
+            except web.Broken as exc:
+                reason = exc.reason
+                text = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+                raise OperationError(f"cannot reach the Redfish service at {self.config.url}: {text}",
+                                     changed=acting and exc.sent) from None
+            location = answer.headers.get("Location")
+            if not (answer.status in REDIRECTS and location and (not acting or answer.status in (307, 308))):
+                break
+            url = self.url_of(urllib.parse.urljoin(url, location))
+        else:
+            raise OperationError(f"the Redfish service at {self.config.url} redirected {method} {path} more than "
+                                 f"{MAX_REDIRECTS} times", changed=False)
+        if answer.truncated:
+            raise OperationError(f"the Redfish service at {self.config.url} answered {method} {path} with more "
+                                 f"than {BODY_LIMIT >> 20} MiB; not read", changed=acting)
+        code = answer.status
+        if code == 404:
+            return 404, {}
+        if code in (401, 403):
+            who = (f"the credentials of user {self.config.user}" if self.config.user is not None else
+                   "to answer without credentials (give user and password_file)")
+            raise OperationError(f"the Redfish service at {self.config.url} refused {who} "
+                                 f"(HTTP {code} on {method} {path})", changed=False)
+        if code >= 300:
+            said = _message(_json(answer.body))
+            if 300 <= code < 400:
+                said = f"a redirect to {answer.headers.get('Location')!r}, not followed"  # a POST's 301-303
+            raise OperationError(f"the Redfish service at {self.config.url} answered HTTP {code} to "
+                                 f"{method} {path}" + (f": {said}" if said else ""),
+                                 changed=acting and code >= 500)
+        return code, _json(answer.body)
 
     def system(self) -> tuple[str, dict]:
         """The configured system's path and resource: by its path, its id, else by the Id or
@@ -92,6 +128,10 @@ class Service:
                         return member_path, system
         raise OperationError(f"the Redfish service at {self.config.url} has no system {wanted!r} "
                              f"(not {path}, nor an Id or Name under {SYSTEMS})", changed=False)
+
+
+def _port(parts: urllib.parse.SplitResult) -> int | None:
+    return parts.port if parts.port is not None else DEFAULT_PORTS.get(parts.scheme.lower())
 
 
 def _password(path: str) -> str:
@@ -139,7 +179,8 @@ def power(host, resource, action: str) -> PowerReading:
     if state == wanted:
         return PowerReading(action, f"system {name} was {action} already (PowerState {state}); nothing done")
     reset_type = config.on_reset_type if action == "on" else config.off_reset_type
-    reset = system.get("Actions", {}).get(RESET)
+    actions = system.get("Actions")
+    reset = actions.get(RESET) if isinstance(actions, dict) else None
     if not isinstance(reset, dict) or not reset.get("target"):
         raise OperationError(f"system {name} has no {RESET} action to switch it", changed=False)
     allowed = reset.get("ResetType@Redfish.AllowableValues")

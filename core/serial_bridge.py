@@ -5,17 +5,19 @@ the baud rate), the two modes ser2net offers. Used for the simulated boards, and
 real UARTs where ser2net is not installed. The listening socket is inherited from the
 exporter (``--fd``), so the endpoint accepts the moment this process exists.
 
-The bridge holds its device open for its whole life, client or not, and reads it all the
-time: what the device prints while nobody is connected is dropped (a newcomer does not get
-a backlog). So it alone reads the node while it runs, and it keeps a record of what it saw
-(``console_activity.py``: bytes printed, when, hang-ups) for the power operation, which may
-not read the node itself. When the device hangs up or vanishes (a board powered off, a USB
+The bridge opens its device when a client connects (dropping what the device printed
+before: a newcomer gets no backlog) and closes it when the client leaves: with nobody
+connected nobody holds the node, so a plugin's operation or the exporter's power watch may
+read it. While it runs, it keeps a record of what it saw (``console_activity.py``: bytes
+printed and typed, when, hang-ups, whether it holds the node open) for the power operation.
+While a client is connected and the device hangs up or vanishes (a board powered off, a USB
 adapter unplugged), or its node goes or names another device (checked every
-``NODE_CHECK_S``), the bridge closes it and looks for it again every ``REOPEN_S``; a
-connected client stays connected meanwhile (what it types is dropped) and sees the board
-again once the device is back, a boot banner after a power cycle. A client that connects
-while the device cannot be opened is told ``device open failure: REASON`` once, and stays.
-A new client takes over from the previous one (``kickolduser``).
+``NODE_CHECK_S``), the bridge closes it and looks for it again every ``REOPEN_S``; the
+client stays connected meanwhile (what it types is dropped) and sees the board again once
+the device is back, a boot banner after a power cycle (a reopen keeps what the device
+printed). A client that connects while the device cannot be opened is told
+``device open failure: REASON`` once, and stays. A new client takes over from the previous
+one (``kickolduser``), the device staying open.
 """
 from __future__ import annotations
 
@@ -148,7 +150,6 @@ class _Device:
     def __init__(self, device: str, baud: int, framing: str, activity: ActivityWriter | None):
         self.activity = activity
         self.error = "not opened yet"
-        self.tried = False
         self.missing = 0  # how many checks in a row found its node missing
         self.port: _Port | None = None
         try:
@@ -175,13 +176,13 @@ class _Device:
         self.missing = 0
         return (now.st_rdev, now.st_ino, now.st_dev) != (ours.st_rdev, ours.st_ino, ours.st_dev)
 
-    def open(self) -> bool:
-        """Try to open it; False (``error`` says why) when it cannot be."""
+    def open(self, flush: bool) -> bool:
+        """Try to open it; False (``error`` says why) when it cannot be. ``flush``: drop what
+        the device printed before (for a client that just came; not once it came back)."""
         if self.port is None:
             return False
-        first, self.tried = not self.tried, True
-        try:  # at the service's start, what the device printed before is dropped; not once it came back
-            self.port.open(keep_input=not first)
+        try:
+            self.port.open(keep_input=not flush)
         except (serial.SerialException, OSError, ValueError) as exc:
             self.error = str(exc)
             self._close()
@@ -206,7 +207,11 @@ class _Device:
                 pass
 
     def close(self) -> None:
+        """Closed because no client is left (not a hang-up)."""
+        was_open = self.is_open
         self._close()
+        if was_open and self.activity is not None:
+            self.activity.closed()
 
     def fresh_settings(self) -> None:
         """A new client starts at the configured speed and framing, whatever the last one set
@@ -216,7 +221,7 @@ class _Device:
 
 
 class _Bridge:
-    """One bridge's state: the device, the client if one is connected."""
+    """One bridge's state: the device (open only while a client is connected), the client."""
 
     def __init__(self, listener: socket.socket, device: _Device, protocol_for, stop_fd: int | None):
         self.listener, self.device, self.protocol_for, self.stop_fd = listener, device, protocol_for, stop_fd
@@ -238,10 +243,14 @@ class _Bridge:
                     self.check_at = now + NODE_CHECK_S
                     if self.device.gone():
                         self._device_down(f"{self.device.port.port if self.device.port else 'the device'} is gone")
-                if not self.device.is_open and now >= self.retry_at:
-                    self._reopen()
-                wake = self.check_at if self.device.is_open else self.retry_at
-                timeout = max(0.0, wake - time.monotonic())
+                if self.conn is not None and not self.device.is_open and now >= self.retry_at:
+                    self._reopen(flush=False)  # (what it printed since it came back is for the client)
+                if self.device.is_open:
+                    timeout: float | None = max(0.0, self.check_at - time.monotonic())
+                elif self.conn is not None:
+                    timeout = max(0.0, self.retry_at - time.monotonic())
+                else:
+                    timeout = None  # nobody connected: the device stays closed, nothing to look at
                 for key, _ in self.sel.select(timeout):
                     if key.data == "stop":
                         return
@@ -259,8 +268,8 @@ class _Bridge:
 
     # ---- the device --------------------------------------------------------------------------
 
-    def _reopen(self) -> bool:
-        if self.device.open():
+    def _reopen(self, flush: bool) -> bool:
+        if self.device.open(flush):
             assert self.device.port is not None
             self.port_fd = self.device.port.fileno()
             self.sel.register(self.port_fd, selectors.EVENT_READ, "serial")
@@ -290,7 +299,7 @@ class _Bridge:
             return
         if self.device.activity is not None:
             self.device.activity.printed(len(data))
-        if self.conn is not None and self.protocol is not None:
+        if self.conn is not None and self.protocol is not None:  # (there is one while it is open)
             try:
                 self.conn.sendall(self.protocol.to_client(data))
             except OSError:
@@ -303,25 +312,22 @@ class _Bridge:
             newcomer, _ = self.listener.accept()
         except OSError:
             return  # it gave up before we took it
-        self._drop_client()
+        self._drop_client(keep_device=True)  # (the device stays open for the newcomer)
         self.conn = newcomer
-        if self.device.is_open:
-            try:
-                self.device.fresh_settings()
-            except (serial.SerialException, OSError) as exc:  # it failed just now: looked for again
-                self._device_down(exc)
-        if not self.device.is_open and not self._reopen():
+        try:  # (on a closed port: what its open will set)
+            self.device.fresh_settings()
+        except (serial.SerialException, OSError) as exc:  # it failed just now: looked for again
+            self._device_down(exc)
+        if not self.device.is_open and not self._reopen(flush=True):
             try:
                 newcomer.sendall(f"device open failure: {self.device.error}\r\n".encode())
             except OSError:
-                self.conn = None
-                newcomer.close()
+                self._drop_client()
                 return
         try:
             self.protocol = self.protocol_for(newcomer, self.device.port)
         except OSError:  # (telnet's first requests could not be sent: it is gone)
-            self.conn = None
-            newcomer.close()
+            self._drop_client()
             return
         self.sel.register(newcomer, selectors.EVENT_READ, "client")
 
@@ -345,12 +351,17 @@ class _Bridge:
         if data and self.device.is_open:
             assert self.device.port is not None
             try:
-                self.device.port.write(data)
+                written = self.device.port.write(data)
             except (serial.SerialException, OSError) as exc:
                 self._device_down(exc)
+                return
+            if written and self.device.activity is not None:
+                self.device.activity.typed(written)
         # else: typed at a device that is not there, and dropped, as on a wire
 
-    def _drop_client(self) -> None:
+    def _drop_client(self, keep_device: bool = False) -> None:
+        """The client is gone (or taken over from): the device is closed unless ``keep_device``
+        (nobody is left to read it, and another program may want the node)."""
         if self.conn is not None:
             try:
                 self.sel.unregister(self.conn)
@@ -358,12 +369,15 @@ class _Bridge:
                 pass  # (not registered yet)
             self.conn.close()
             self.conn = self.protocol = None
+        if not keep_device:
+            self._device_down(None)
 
 
 def serve(listener: socket.socket, device: str, baud: int, framing: str, rfc2217: bool,
           stop_fd: int | None = None, activity_path: str | Path | None = None) -> None:
     """Serve ``device`` to clients one after another (a newcomer takes over) until ``stop_fd``
-    is readable, holding it open all along (``activity_path``: where to record what it prints)."""
+    is readable, holding it open while one is connected (``activity_path``: where to record
+    what it prints and what they type)."""
     activity = ActivityWriter(Path(activity_path)) if activity_path is not None else None
     try:
         _Bridge(listener, _Device(device, baud, framing, activity), _Telnet if rfc2217 else _Raw, stop_fd).run()

@@ -1,9 +1,11 @@
 """The simulated board's console, spoken to through its pty like a real UART."""
+import os
 import time
 
 import pytest
 import serial
 
+from device_loop.plugins.sim import board as board_module
 from device_loop.plugins.sim.board import SimBoard
 
 pytestmark = pytest.mark.timeout(10)
@@ -42,6 +44,25 @@ def test_power_off_removes_the_node_link(tmp_path):
     board = SimBoard("b", tmp_path / "b")
     board.power_off()
     assert not (tmp_path / "b").exists()
+
+
+def test_switching_off_removes_the_link_before_its_pty_is_given_up(board, monkeypatch):
+    """Once its pty is closed the kernel may give its /dev/pts/N to another board: a reader
+    reopening the link every 100 ms must find no link by then, not the other board's pty."""
+    pty_fds = {board._master: "master", board._slave: "slave"}
+    link_when_closed = {}
+    real_close = os.close
+
+    def close(fd):
+        if fd in pty_fds:
+            link_when_closed[pty_fds[fd]] = os.path.lexists(board.link)
+        real_close(fd)
+
+    monkeypatch.setattr(board_module.os, "close", close)
+    assert os.path.lexists(board.link) and board.switch_off()
+    monkeypatch.undo()
+    assert link_when_closed == {"master": False, "slave": False}, link_when_closed
+    assert not os.path.lexists(board.link)
 
 
 def test_ctrl_c_drops_the_line_as_a_shell_does(board):

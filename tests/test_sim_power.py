@@ -1,7 +1,8 @@
 """The simulated board's power switch (plugins/sim/board.py): a file whose first word powers
 it off (its UART's pty hangs up, its link goes) and on (a new pty, the boot banner), what
-the board says it is in ``SWITCH.state``, its health, and its serial bridge, which holds the
-link across a power cycle so that a person at the console sees the board boot again."""
+the board says it is in ``SWITCH.state``, its health, and its serial bridge, which opens the
+link while a client is connected (and only then) and keeps it across a power cycle, so that a
+person at the console sees the board boot again."""
 import errno
 import os
 import select
@@ -18,6 +19,7 @@ from device_loop.core.model import LeaseRef
 from device_loop.plugins.sim.board import SimBoard
 from device_loop.plugins.sim.shell import PANIC
 from exporter_testkit import in_process_exporter
+from test_bridge_reopen import recv_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -82,18 +84,20 @@ def read_port_until(port, marker: bytes, timeout=5.0) -> bytes:
     return data
 
 
-def recv_until(sock, marker: bytes, timeout=8.0) -> bytes:
-    data, deadline = b"", time.monotonic() + timeout
-    sock.settimeout(0.1)
-    while marker not in data:
-        assert time.monotonic() < deadline, f"no {marker!r} from the bridge; it said {data!r}"
+def bridge_holds(board) -> bool:
+    """Whether the bridge (a thread of this process, as the board is) holds the board's pty:
+    an fd of this process on it other than the board's own side."""
+    try:
+        node = os.path.realpath(board.link, strict=True)
+    except OSError:
+        return False
+    for fd in os.listdir("/proc/self/fd"):
         try:
-            chunk = sock.recv(4096)
-        except socket.timeout:
+            if int(fd) != board._slave and os.readlink(f"/proc/self/fd/{fd}") == node:
+                return True
+        except OSError:
             continue
-        assert chunk, f"the bridge closed the connection; it had said {data!r}"
-        data += chunk
-    return data
+    return False
 
 
 def hung_up(fd) -> bool:
@@ -126,7 +130,7 @@ def test_switching_off_hangs_the_uart_up_and_on_boots_a_new_one(lab):
     assert os.path.realpath(board.link) == board.node
     with serial.Serial(str(board.link), 115200, timeout=0.1) as port:
         port.write(b"hostname\r")
-        said = read_port_until(port, b"\r\nb0\r\n" + PROMPT)
+        read_port_until(port, b"\r\nb0\r\n" + PROMPT)
     assert lab.health().status == "ok"
 
 
@@ -161,27 +165,59 @@ def test_a_console_client_stays_connected_across_a_power_cycle_and_the_record_sh
     port, service = lab.start_console()
     record = record_path(lab.exporter.host.state_dir, lab.resource().identifier)
     try:
+        idle = wait_for(lambda: read_activity(record), 5, what="a record")
+        assert (idle.open, idle.bytes, idle.hangups, idle.typed) == (False, 0, 0, 0) and idle.pid == os.getpid()
+        assert not bridge_holds(board), "nobody connected: the bridge leaves the link alone"
         with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
             client.sendall(b"hostname\r")
-            recv_until(client, b"\r\nb0\r\n" + PROMPT)
-            seen = wait_for(lambda: (a := read_activity(record)) and a.bytes > 0 and a, 5, what="a record")
-            assert seen.open and seen.hangups == 0 and seen.pid == os.getpid()
+            recv_until(client, b"\r\nb0\r\n" + PROMPT, timeout=8.0)
+            seen = wait_for(lambda: (a := read_activity(record)) and a.bytes > 0 and a.typed == 9 and a, 5,
+                            what="a record of what was printed and typed")
+            assert seen.open and seen.hangups == 0 and seen.typed_ns > 0 and bridge_holds(board)
             flip(board, "off")
             off = wait_for(lambda: (a := read_activity(record)) and not a.open and a, 5, what="the record: hung up")
             assert off.hangups == 1 and off.bytes >= seen.bytes
             client.sendall(b"typed into the void\r")  # dropped: the device is not there
             flip(board, "on")
-            banner = recv_until(client, PROMPT)
+            banner = recv_until(client, PROMPT, timeout=8.0)
             assert BANNER in banner and b"void" not in banner, banner
             back = wait_for(lambda: (a := read_activity(record)) and a.open and a.bytes > off.bytes and a, 5,
                             what="the record: open again, bytes counted")
-            assert back.hangups == 1 and back.last_ns > off.last_ns
+            assert back.hangups == 1 and back.last_ns > off.last_ns and back.typed == seen.typed
             client.sendall(b"hostname\r")
-            said = recv_until(client, b"\r\nb0\r\n" + PROMPT)
+            said = recv_until(client, b"\r\nb0\r\n" + PROMPT, timeout=8.0)
             assert b"not found" not in said, "what was typed while it was off never reached the new board"
+            typed = wait_for(lambda: (a := read_activity(record)) and a.typed == 18 and a, 5, what="typed counted")
+            assert typed.typed_ns > seen.typed_ns
+        left = wait_for(lambda: (a := read_activity(record)) and not a.open and a, 5, what="the record: closed")
+        assert left.hangups == 1, "the client leaving is no hang-up"
+        wait_for(lambda: not bridge_holds(board), 5, what="the bridge to let the link go")
     finally:
         service.processes[0].stop()
     assert read_activity(record) is None and not record.exists(), "a stopped service has no record"
+
+
+def test_with_no_console_client_another_reader_has_the_board_to_itself(lab):
+    """A plugin's operation reading the console itself during a lease: the console service
+    runs, nobody is connected to it, and not a byte is taken from the reader."""
+    board = lab.board
+    port, service = lab.start_console()
+    record = record_path(lab.exporter.host.state_dir, lab.resource().identifier)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):  # someone came and went
+            wait_for(lambda: (a := read_activity(record)) and a.open, 5, what="the record: open")
+        wait_for(lambda: (a := read_activity(record)) and not a.open and not bridge_holds(board), 5,
+                 what="the bridge to let the link go")
+        for _ in range(2):  # also across a power cycle, which the bridge does not follow with nobody there
+            with serial.Serial(str(board.link), 115200, timeout=0.1) as reader:
+                reader.write(b"hostname\r")
+                said = read_port_until(reader, b"\r\nb0\r\n" + PROMPT)
+                assert said.startswith(b"hostname\r\n"), said
+            flip(board, "off")
+            flip(board, "on")
+        assert read_activity(record).hangups == 0 and not bridge_holds(board)
+    finally:
+        service.processes[0].stop()
 
 
 def test_a_hung_board_answers_nothing_and_fails_until_power_cycled(lab):

@@ -20,10 +20,11 @@ the file. Its resource's ``node`` is a stable link to the pty of the moment
 is on. A board switched off is ``degraded`` (off on purpose is not a fault); one whose
 console hung (``hang`` on its shell: a kernel panic) ``failed``, until a power cycle. Its UART
 is served as a raw TCP endpoint by the serial bridge (``start_bridge``), as a thread of the
-exporter (the boards live there too), which holds the link open across power cycles: a
-person at the console sees the board go silent and boot again. Its temperature (one zone,
-``cpu``: ``devloop_thermal``) rises with the work its console does, most with ``stress`` and
-``run-workload`` (``board.py``, ``thermal.py``), which a cooldown step waits out.
+exporter (the boards live there too), which opens the link while a client is connected
+and keeps it across power cycles: a person at the console sees the board go silent and boot
+again. Its temperature (one zone, ``cpu``: ``devloop_thermal``) rises with the work its
+console does, most with ``stress`` and ``run-workload`` (``board.py``, ``thermal.py``), which
+a cooldown step waits out.
 ``devloop_fingerprint`` says what no file of the board says: that it is simulated, and its
 workload's seed.
 """

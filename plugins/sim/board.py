@@ -12,8 +12,8 @@ Power. The board powers on when it is made (the exporter's start) and off with
 ``power_off()`` (its stop). Between the two it follows its switch file (``switch``, by
 default ``NAME.power`` beside its ``link``), looked at every ``SWITCH_POLL_S``: when what the
 file says changes and its first word is ``off``, the board powers off: its job is
-interrupted, its pty closed on both sides, so that whoever reads the UART gets a hang-up
-(EIO, POLLHUP), and its ``link`` removed; it prints nothing while off. When the word is
+interrupted, its ``link`` removed, then its pty closed on both sides, so that whoever reads
+the UART gets a hang-up (EIO, POLLHUP); it prints nothing while off. When the word is
 ``on``, it powers on: a new pty (a new ``/dev/pts/N``), the ``link`` pointed at it, the boot
 banner printed, a fresh shell (its temperature stays: the board is as warm as it was). A
 missing or unreadable switch, or any other word, changes nothing; what the switch says
@@ -154,8 +154,8 @@ class SimBoard:
             return True
 
     def switch_off(self) -> bool:
-        """Power it off as its switch does: the job interrupted, the pty closed on both sides
-        (its reader gets a hang-up), the link removed; False if it was off already."""
+        """Power it off as its switch does: the job interrupted, the link removed, then the pty
+        closed on both sides (its reader gets a hang-up); False if it was off already."""
         with self._power:
             if not self.powered:
                 return False
@@ -169,13 +169,15 @@ class SimBoard:
             for thread in (self._console, job):
                 if thread is not None and thread is not threading.current_thread():
                     thread.join(5)
+            # the link goes first: once the pty is closed the kernel may give its /dev/pts/N to
+            # another board, which something reopening the link every 100 ms must never open
+            self.link.unlink(missing_ok=True)
             with self._out:
                 for fd in (self._master, self._slave, self._off_r, self._off_w):
                     os.close(fd)
                 self._master = self._slave = self._off_r = self._off_w = -1
                 self.node, self.hung = None, False
             self._console = None
-            self.link.unlink(missing_ok=True)
             self._write_state()
             return True
 

@@ -27,6 +27,7 @@ from .rows import DeviceFacts, OperationRow
 log = logging.getLogger("device_loop.coordinator")
 
 REQUESTER = "coordinator"     # who an automatic power cycle is asked by, in the logs
+POWERED_OFF = "switched off"  # the start of the fault a person's power off leaves
 REARM_S = 3600.0              # a device is power-cycled on its own at most once in this long
 
 
@@ -78,6 +79,20 @@ class Power:
                     line += ("; it is not power-cycled again for this failure (faulty until its health is ok, or a "
                              "person clears it)")
             await self.life.note(device, line, actor)
+            await self._left_off(device, op, actor)
+
+    async def _left_off(self, device: DeviceFacts, op: OperationRow, actor: str) -> None:
+        """A device a person switched off is not handed to the next one dead: it is faulty (once
+        its lease ends) until someone switches it on, which clears that."""
+        if op["state"] != OperationState.DONE:
+            return
+        action = op["args"].get("action")
+        if action == PowerAction.OFF and op["requester"] != REQUESTER:
+            fault = (f"{POWERED_OFF} by {op['requester']} ({op['id']}): switch it on (device-loop power on "
+                     f"{device['name']})")
+            await self.life.change(device, fault, actor, {"fault": fault})
+        elif action in (PowerAction.ON, PowerAction.CYCLE) and (device.get("fault") or "").startswith(POWERED_OFF):
+            await self.life.change(device, f"switched on again ({op['id']})", actor, {"fault": None})
 
     async def rearm(self, rows: list[dict[str, Any]]) -> None:
         """A device among ``rows`` (those a report wrote) whose health is ok again may be

@@ -38,7 +38,8 @@ class Activity:
     clock in every process of the host); ``hangups``, how often the open node hung up or
     vanished (a client leaving, which closes it, is none); ``open``, whether the service holds
     the node open now; ``typed``, the bytes clients sent to the device, and when the last were
-    (``typed_ns``, the same clock)."""
+    (``typed_ns``, the same clock); ``client``, whether a client is connected (then the service
+    wants the node, also while it retries after a hang-up: nobody else may open it)."""
 
     pid: int
     bytes: int
@@ -47,16 +48,18 @@ class Activity:
     open: bool
     typed: int
     typed_ns: int
+    client: bool
 
 
-FIELDS = 7  # and the checksum
+FIELDS = 8  # and the checksum
 
 
 class ActivityWriter:
     """The writing side, for a console server: ``printed(n)`` as the device's bytes arrive,
-    ``typed(n)`` as a client's reach it, ``opened()`` when the node is open, ``hung_up()``
-    when it fails or vanishes while open, ``closed()`` when the server closes it (no client is
-    left); ``close()`` removes the record (a service that stopped has nothing to say).
+    ``typed(n)`` as a client's reach it, ``client(connected)`` as a client comes and goes,
+    ``opened()`` when the node is open, ``hung_up()`` when it fails or vanishes while open,
+    ``closed()`` when the server closes it (no client is left); ``close()`` removes the record
+    (a service that stopped has nothing to say).
 
     The record is made anew (a temporary file renamed into place: a new inode), then written
     in place; ``close()`` removes it only while it is still this writer's (an old service
@@ -66,7 +69,7 @@ class ActivityWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._bytes = self._last_ns = self._hangups = self._typed = self._typed_ns = 0
-        self._open = False
+        self._open = self._client = False
         temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         self._fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
@@ -100,6 +103,10 @@ class ActivityWriter:
         self._open = True
         self._write()
 
+    def client(self, connected: bool) -> None:
+        self._client = connected
+        self._write()
+
     def closed(self) -> None:
         self._open = False
         self._write()
@@ -119,7 +126,7 @@ class ActivityWriter:
         if self._fd < 0:
             return
         body = (f"{os.getpid()} {self._bytes} {self._last_ns} {self._hangups} {int(self._open)} "
-                f"{self._typed} {self._typed_ns}")
+                f"{self._typed} {self._typed_ns} {int(self._client)}")
         line = f"{body} {zlib.crc32(body.encode()):08x}".ljust(RECORD_BYTES - 1) + "\n"
         os.pwrite(self._fd, line.encode(), 0)
 
@@ -136,12 +143,12 @@ def read_activity(path: Path) -> Activity | None:
         fields = line.split()
         if len(fields) == FIELDS + 1 and f"{zlib.crc32(' '.join(fields[:FIELDS]).encode()):08x}" == fields[FIELDS]:
             try:
-                pid, count, last_ns, hangups, is_open, typed, typed_ns = (int(f) for f in fields[:FIELDS])
+                pid, count, last_ns, hangups, is_open, typed, typed_ns, client = (int(f) for f in fields[:FIELDS])
             except ValueError:
                 continue
             if not _alive(pid):
                 return None
-            return Activity(pid, count, last_ns, hangups, bool(is_open), typed, typed_ns)
+            return Activity(pid, count, last_ns, hangups, bool(is_open), typed, typed_ns, bool(client))
     return None
 
 

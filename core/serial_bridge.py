@@ -314,6 +314,8 @@ class _Bridge:
             return  # it gave up before we took it
         self._drop_client(keep_device=True)  # (the device stays open for the newcomer)
         self.conn = newcomer
+        if self.device.activity is not None:
+            self.device.activity.client(True)
         try:  # (on a closed port: what its open will set)
             self.device.fresh_settings()
         except (serial.SerialException, OSError) as exc:  # it failed just now: looked for again
@@ -370,6 +372,8 @@ class _Bridge:
             self.conn.close()
             self.conn = self.protocol = None
         if not keep_device:
+            if self.device.activity is not None:
+                self.device.activity.client(False)
             self._device_down(None)
 
 

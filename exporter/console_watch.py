@@ -62,6 +62,7 @@ class ConsoleWatch:
         self._stopping = threading.Event()
         self._port: serial.Serial | None = None
         self._first_open = True
+        self._present = os.path.exists(node)  # a node seen there that goes away has hung up, open or not
         self._last: Activity | None = read_activity(record)
         self._held_checked, self._held = 0.0, ""
         self._thread = threading.Thread(target=self._run, name=f"console-watch-{os.path.basename(node)}",
@@ -86,31 +87,34 @@ class ConsoleWatch:
         try:
             while not self._stopping.wait(POLL_S):
                 began = time.monotonic_ns()
-                if not (self._from_record() or self._from_node()):
+                by_bridge = self._from_record()
+                if not (by_bridge if by_bridge is not None else self._from_node()):
                     self._add(blind_ns=time.monotonic_ns() - began + int(POLL_S * 1e9))
         finally:
             self._let_go()
 
-    def _from_record(self) -> bool:
-        """The bridge's record, while the bridge holds the node: True if it showed the console."""
+    def _from_record(self) -> bool | None:
+        """The bridge's record: what it counted since the last look is added (a hang-up while it
+        retries too). Whether the console was seen through it, or None when the bridge neither
+        holds the node nor wants it (no client): then the node is the watch's to read."""
         record, last = read_activity(self.record), self._last
         self._last = record
-        if record is None or not record.open:
-            return False
-        self._let_go()  # the bridge has it: never two readers
-        if last is None or last.pid != record.pid or not last.open:
-            return True  # (a new writer, or one just opened: what it counted before is not ours)
+        if record is None or not (record.open or record.client):
+            return None
+        self._let_go()  # the bridge has it, or wants it back for its client: never two readers
+        if last is None or last.pid != record.pid:
+            return record.open  # (a new writer: what it counted before is not ours)
         more: dict[str, int] = {}
         if record.bytes > last.bytes:
             more |= {"bytes": record.bytes - last.bytes, "last_ns": record.last_ns}
         if record.hangups > last.hangups:
             more["hangups"] = record.hangups - last.hangups
-        typed, typed_ns = getattr(record, "typed", 0), getattr(record, "typed_ns", 0)
-        if typed > getattr(last, "typed", 0):
-            more |= {"typed": typed - getattr(last, "typed", 0), "typed_ns": typed_ns}
+        if record.typed > last.typed:
+            more |= {"typed": record.typed - last.typed, "typed_ns": record.typed_ns}
         if more:
             self._add(**more)
-        return True
+        # a client's bridge retrying after a hang-up sees what there is to see: the node is not there
+        return record.open or (record.client and not os.path.exists(self.node))
 
     def _from_node(self) -> bool:
         """The node itself, while nobody else holds it: True if the console was seen."""
@@ -122,20 +126,30 @@ class ConsoleWatch:
                                                                                  exclusive=True)
             except (serial.SerialException, OSError, ValueError):
                 self._first_open = False
-                return not os.path.exists(self.node)  # a node that is not there: seen, powered off
+                if os.path.exists(self.node):
+                    self._present = True
+                    return False  # there, and not to be opened (held): not seen
+                self._gone()
+                return True  # a node that is not there: seen, powered off
             self._first_open = False
+            self._present = True
         try:
             data = self._port.read(65536)
         except (serial.SerialException, OSError):
-            self._let_go()
-            self._add(hangups=1)  # hung up: the board lost power, or its adapter went away
+            self._gone()  # hung up: the board lost power, or its adapter went away
             return True
         if data:
             self._add(bytes=len(data), last_ns=time.monotonic_ns())
         elif not os.path.exists(self.node):
-            self._let_go()  # (a pty whose link went while it printed nothing more)
-            self._add(hangups=1)
+            self._gone()  # (a pty whose link went while it printed nothing more)
         return True
+
+    def _gone(self) -> None:
+        """The node hung up or went away: counted once, whether the watch had it open or not."""
+        self._let_go()
+        if self._present:
+            self._add(hangups=1)
+        self._present = False
 
     def _held_by_others(self, now: float) -> bool:
         if now - self._held_checked >= HOLDERS_S:

@@ -108,6 +108,15 @@ def test_a_command_backend_reads_back_and_a_hung_one_is_killed_at_its_timeout(co
     assert "read back from the switch: off" in off["message"] and "its console hung up" in off["result"]["how"]
     on = finished(coordinator, power(coordinator, lease["id"], "on").json())
     assert on["result"]["verdict"] == "verified" and on["result"]["first_byte_s"] is not None, on
+    # switched off and given back: not handed to the next person dead
+    assert finished(coordinator, power(coordinator, lease["id"], "off").json())["state"] == "done"
+    assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
+    wait_state(coordinator, "cmd-board", "faulty", timeout=30)
+    assert "switched off by alice" in device(coordinator, "cmd-board")["reason"]
+    again = coordinator.api("/admin/devices/cmd-board/power", "POST", json={"action": "on"})
+    assert again.status_code == 201, again.text
+    assert finished(coordinator, again.json())["state"] == "done"
+    wait_state(coordinator, "cmd-board", "idle", timeout=30)
 
     hung = wait_active(coordinator, reserve(coordinator, "hung-board")["id"])
     began = time.monotonic()

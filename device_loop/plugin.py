@@ -6,6 +6,7 @@ A plugin imports this module and no other of device-loop's; ``tests/test_plugin_
 pins the names below, so removing or renaming one is a deliberate, visible change (and a
 new ``API_VERSION``). ``docs/plugins.md`` describes each.
 """
+from device_loop.core import POWER_KIND
 from device_loop.core.hookspecs import hookimpl
 from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
@@ -19,7 +20,6 @@ from device_loop.core.process import python_module, run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
-from device_loop.core import POWER_KIND
 from device_loop.core.vocabulary import EndpointRole
 
 #: Bumped when a name below goes away or changes meaning. 2: ``devloop_flash`` became the

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from .pages import Viewer
 
 SHOWN = 10           # the last power operations the page lists
-MESSAGE_CHARS = 160  # a row's message, cut there (the whole of it in its title)
 
 
 def has_switch(device: Mapping[str, Any]) -> bool:

@@ -20,6 +20,7 @@ from device_loop.plugins.sim.board import SimBoard
 from device_loop.plugins.sim.shell import PANIC
 from exporter_testkit import in_process_exporter
 from test_bridge_reopen import recv_until
+from test_sim_board import read_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -77,11 +78,7 @@ def flip(board, word: str) -> None:
 
 
 def read_port_until(port, marker: bytes, timeout=5.0) -> bytes:
-    data, deadline = b"", time.monotonic() + timeout
-    while marker not in data and time.monotonic() < deadline:
-        data += port.read(4096)
-    assert marker in data, data
-    return data
+    return read_until(port, marker, timeout)
 
 
 def bridge_holds(board) -> bool:

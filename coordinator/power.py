@@ -76,8 +76,8 @@ class Power:
             if op["requester"] == REQUESTER:  # (only the automatic recovery asks as the coordinator)
                 line = f"auto-recover: {line}"
                 if device["health"] != HealthStatus.OK:
-                    line += ("; it is not power-cycled again for this failure (faulty until its health is ok, or a "
-                             "person clears it)")
+                    line += ("; not power-cycled again for this failure: if its health stays failed it is left "
+                             "faulty for a person")
             await self.life.note(device, line, actor)
             await self._left_off(device, op, actor)
 

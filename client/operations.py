@@ -63,12 +63,17 @@ def _result_text(result: dict) -> list[str]:
     return lines
 
 
-def op_text(op: dict) -> str:
-    state = op["state"]
-    if state == "done" and op["kind"] == POWER_KIND:  # (docs/architecture.md, "Power"): never merely "done"
+def _state_of(op: dict) -> str:
+    """An operation's state for people; a power operation that ended is verified or unverified,
+    never merely done (docs/architecture.md, "Power")."""
+    if op["state"] == "done" and op["kind"] == POWER_KIND:
         result = op["result"] if isinstance(op.get("result"), dict) else {}
-        state = "verified" if result.get("verdict") == "verified" else "unverified"
-    lines = [f"{_what(op)}: {state}" + (f" ({_progress(op)})" if op["state"] == "running" else "")]
+        return "verified" if result.get("verdict") == "verified" else "unverified"
+    return op["state"]
+
+
+def op_text(op: dict) -> str:
+    lines = [f"{_what(op)}: {_state_of(op)}" + (f" ({_progress(op)})" if op["state"] == "running" else "")]
     if op["message"]:
         lines.append(f"  {op['message']}")
     if op["seconds"]:
@@ -83,7 +88,7 @@ def op_text(op: dict) -> str:
 def _draw(op: dict) -> None:
     """The operation's progress, over the last drawing, on stderr."""
     progress = op["progress"]
-    phase = op["phase"] if op["state"] == "running" else op["state"]
+    phase = op["phase"] if op["state"] == "running" else _state_of(op)
     done, total, unit = progress["done"], progress["total"], progress["unit"]
     if unit == "bytes" and total:
         progress_bar(phase, done, total)
@@ -296,7 +301,7 @@ def ops_command(lab: Lab, device: str, kind: str | None, as_json: bool):
         if not ops:
             return f"{device} has run no {kind + ' ' if kind else ''}operation"
         return table(["OP", "KIND", "STATE", "PHASE", "PROGRESS", "BY", "ASKED AT", "MESSAGE"],
-                     [[o["id"], o["kind"], o["state"], o["phase"], _progress(o).partition(", ")[2] or "-",
+                     [[o["id"], o["kind"], _state_of(o), o["phase"], _progress(o).partition(", ")[2] or "-",
                        o["requester"], o["created_at"],
                        (o["message"][:50] + "...") if len(o["message"]) > 53 else o["message"]] for o in ops])
     emit(as_json, lab.operations(device, kind), text)

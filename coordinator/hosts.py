@@ -27,7 +27,7 @@ from .leases import Leases
 from .lifecycle import Lifecycle, device_state, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .operations import Operations
-from .power import Power
+from .power import POWERED_OFF, Power
 from .rows import HostRow
 from .scheduler import Scheduler
 from .steps import Steps
@@ -261,7 +261,8 @@ class Hosts:
                 changes.causes[device.name] = f"registered: first reported by host {host_name}"
             elif not row["present"]:
                 changes.causes[device.name] = f"host {host_name} reports it again"
-            if row.get("fault") and fields["health"] == HealthStatus.OK and row["health"] != HealthStatus.OK:
+            if (row.get("fault") and fields["health"] == HealthStatus.OK and row["health"] != HealthStatus.OK
+                    and not str(row["fault"]).startswith(POWERED_OFF)):  # (a board switched off waits for an on)
                 # a failed step's fault, cleared by the device's health recovering (docs/architecture.md,
                 # "Steps between leases"); its own statement: the heartbeat does not write that column
                 changes.faults_cleared.append(device.name)

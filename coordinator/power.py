@@ -10,7 +10,6 @@ never in a loop, never under a holder's feet.
 """
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -19,12 +18,9 @@ from device_loop.core.protocol import Heartbeat
 from device_loop.core.vocabulary import (AutoRecover, DeviceState, HealthStatus, OperationState, PowerAction,
                                          PowerState, PowerVerdict)
 
-from .errors import APIError
 from .lifecycle import Lifecycle
 from .operations import Operations, kinds_of
 from .rows import DeviceFacts, OperationRow
-
-log = logging.getLogger("device_loop.coordinator")
 
 REQUESTER = "coordinator"     # who an automatic power cycle is asked by, in the logs
 POWERED_OFF = "switched off"  # the start of the fault a person's power off leaves
@@ -82,17 +78,28 @@ class Power:
             await self._left_off(device, op, actor)
 
     async def _left_off(self, device: DeviceFacts, op: OperationRow, actor: str) -> None:
-        """A device a person switched off is not handed to the next one dead: it is faulty (once
-        its lease ends) until someone switches it on, which clears that."""
-        if op["state"] != OperationState.DONE:
+        """A device a person switched off (or whose off or cycle failed part-way: it may be off)
+        is not handed to the next one dead: it is faulty (once its lease ends) until someone
+        switches it on, which clears that fault and no other (a failed step's stays)."""
+        action, mine = op["args"].get("action"), (device.get("fault") or "").startswith(POWERED_OFF)
+        if op["requester"] == REQUESTER or action == PowerAction.STATUS:
             return
-        action = op["args"].get("action")
-        if action == PowerAction.OFF and op["requester"] != REQUESTER:
+        if op["state"] == OperationState.DONE and action in (PowerAction.ON, PowerAction.CYCLE):
+            if mine:
+                await self.life.change(device, f"switched on again ({op['id']})", actor, {"fault": None})
+            return
+        failed_part_way = op["state"] == OperationState.FAILED and op["phase"] in ("off", "on", "booting")
+        if device.get("fault") and not mine:
+            return  # (a failed step's fault says more; it stays)
+        if action == PowerAction.OFF and op["state"] == OperationState.DONE:
             fault = (f"{POWERED_OFF} by {op['requester']} ({op['id']}): switch it on (device-loop power on "
                      f"{device['name']})")
-            await self.life.change(device, fault, actor, {"fault": fault})
-        elif action in (PowerAction.ON, PowerAction.CYCLE) and (device.get("fault") or "").startswith(POWERED_OFF):
-            await self.life.change(device, f"switched on again ({op['id']})", actor, {"fault": None})
+        elif action in (PowerAction.OFF, PowerAction.CYCLE) and failed_part_way:
+            fault = (f"{POWERED_OFF}, perhaps: power {action} {op['id']} by {op['requester']} failed while "
+                     f"{op['phase']}: switch it on (device-loop power on {device['name']})")
+        else:
+            return
+        await self.life.change(device, fault[:500], actor, {"fault": fault[:500]})
 
     async def rearm(self, rows: list[dict[str, Any]]) -> None:
         """A device among ``rows`` (those a report wrote) whose health is ok again may be
@@ -120,12 +127,11 @@ class Power:
             await self._cycle(device)
 
     async def _cycle(self, device: DeviceFacts) -> None:
-        name, now = device["name"], self.life.clock()
+        now = self.life.clock()
         why = f"health failed: {device['health_reason'] or 'no reason given'}"
-        last = await self.store.operations_of_device(name, 1, POWER_KIND)
-        if last and last[0]["args"].get("action") == PowerAction.OFF and last[0]["requester"] != REQUESTER:
-            await self.life.note(device, f"auto-recover: not power-cycling it ({why}): {last[0]['requester']} "
-                                         f"switched it off ({last[0]['id']})"[:500], REQUESTER, auto_recovery="off")
+        if (device.get("fault") or "").startswith(POWERED_OFF):
+            await self.life.note(device, f"auto-recover: not power-cycling it ({why}): {device['fault']}"[:500],
+                                 REQUESTER, auto_recovery="off")
             return
         since = device.get("auto_recovered_at")
         if since is not None and now - since < REARM_S:
@@ -139,12 +145,10 @@ class Power:
                                  auto_recovery="no-switch")
             return
         _, switch = offered[POWER_KIND]
-        try:
-            op = await self.operations.queue(device, POWER_KIND, switch["identifier"], switch["plugin"],
-                                             power_args(PowerAction.CYCLE, None), None, REQUESTER, exclusive=True,
-                                             destructive=False, action="auto_recover", audit={"cause": why})
-        except APIError as exc:  # another process began an operation on it a moment ago: the next report asks again
-            log.info("auto-recover of %s not queued now: %s", name, exc.message)
-            return
+        # (another process beginning an operation on it this moment fails this report with 409, as any
+        # concurrent write does: the exporter reports again, and then the device is busy)
+        op = await self.operations.queue(device, POWER_KIND, switch["identifier"], switch["plugin"],
+                                         power_args(PowerAction.CYCLE, None), None, REQUESTER, exclusive=True,
+                                         destructive=False, action="auto_recover", audit={"cause": why})
         said = f"auto-recover: power-cycling it ({op['id']}), once for this failure ({why})"
         await self.life.note(device, said[:500], REQUESTER, auto_recovery=op["id"], auto_recovered_at=now)

@@ -274,6 +274,10 @@ class PowerCycleStep(StepConfig):
         if self.settle:
             raise ValueError("settle: a power cycle cannot settle a device inside a lease (it would take the board "
                              "from under its holder)")
+        if self.off_time is not None and self.off_time >= self.timeout_for() / 2:
+            raise ValueError(f"off_time: {self.off_time:g} s off leaves too little of the step's "
+                             f"{self.timeout_for():g} s timeout to switch it off and on again (give it a timeout "
+                             "of more than twice the off-time)")
         return self
 
 

@@ -64,6 +64,11 @@ class ConsoleWatch:
         self._first_open = True
         self._present = os.path.exists(node)  # a node seen there that goes away has hung up, open or not
         self._last: Activity | None = read_activity(record)
+        try:
+            self._writer: int | None = os.stat(record).st_ino
+        except OSError:
+            self._writer = None
+        self._misses = 0  # looks in a row that found the node gone while the watch had it open
         self._held_checked, self._held = 0.0, ""
         self._thread = threading.Thread(target=self._run, name=f"console-watch-{os.path.basename(node)}",
                                         daemon=True)
@@ -99,11 +104,16 @@ class ConsoleWatch:
         holds the node nor wants it (no client): then the node is the watch's to read."""
         record, last = read_activity(self.record), self._last
         self._last = record
+        try:
+            writer = os.stat(self.record).st_ino  # (in-process bridges share a pid: a new service, a new file)
+        except OSError:
+            writer = None
+        last_writer, self._writer = self._writer, writer
         if record is None or not (record.open or record.client):
             return None
         self._let_go()  # the bridge has it, or wants it back for its client: never two readers
-        if last is None or last.pid != record.pid:
-            return record.open  # (a new writer: what it counted before is not ours)
+        if last is None or last.pid != record.pid or last_writer != writer:
+            return False  # (a new writer: what it counted before is not ours, and this look saw nothing)
         more: dict[str, int] = {}
         if record.bytes > last.bytes:
             more |= {"bytes": record.bytes - last.bytes, "last_ns": record.last_ns}
@@ -133,6 +143,9 @@ class ConsoleWatch:
                 return True  # a node that is not there: seen, powered off
             self._first_open = False
             self._present = True
+        elif self._held_by_others(time.monotonic()):
+            self._let_go()  # another program opened it meanwhile (ser2net for a client): it is theirs
+            return False
         try:
             data = self._port.read(65536)
         except (serial.SerialException, OSError):
@@ -140,13 +153,18 @@ class ConsoleWatch:
             return True
         if data:
             self._add(bytes=len(data), last_ns=time.monotonic_ns())
-        elif not os.path.exists(self.node):
-            self._gone()  # (a pty whose link went while it printed nothing more)
+        if os.path.exists(self.node):
+            self._misses = 0
+        else:
+            self._misses += 1
+            if self._misses >= 2:  # (once could be a udev link being made again)
+                self._gone()  # a pty whose link went while it printed nothing more
         return True
 
     def _gone(self) -> None:
         """The node hung up or went away: counted once, whether the watch had it open or not."""
         self._let_go()
+        self._misses = 0
         if self._present:
             self._add(hangups=1)
         self._present = False

@@ -24,6 +24,7 @@ from device_loop.core.model import OperationError, OperationKind, PowerReading, 
 from device_loop.core.plugins import PluginSet
 from device_loop.core.vocabulary import PowerAction, PowerState, PowerVerdict
 
+from .console_watch import POLL_S as WATCH_POLL_S
 from .console_watch import ConsoleWatch, Seen, watch_console
 
 log = logging.getLogger("device_loop.exporter")
@@ -37,6 +38,7 @@ HANGUP_WAIT_S = 1.0  # how long an ``off`` watches for its console to hang up
 MIN_SILENT_S = 1.0   # the least silence (after the grace) that shows a console went dark, without a hang-up
 QUIET_S = 1.0        # an ``on`` watches the console this long first: output after on counts only after quiet
 POLL_S = 0.01      # the console is looked at this often while a first byte is awaited
+WATCH_POLL_NS = int(WATCH_POLL_S * 1e9)
 BACKSTOP_S = 5.0   # past its timeout, this long more before a call that has not returned is given up
 
 #: The operation a power resource runs (declared by the exporter for every resource of kind
@@ -139,14 +141,19 @@ class PowerRunner:
         progress("off", detail=f"switching {switch.device} off")
         before = _seen(watch)
         reading = self._switch(switch, PowerAction.OFF, deadline)
+        before_ns = time.monotonic_ns()
         self._read_back(reading, PowerState.OFF, observed)
         if isinstance(watch, ConsoleWatch):
             until = min(time.monotonic() + HANGUP_WAIT_S, deadline)
             while time.monotonic() < until and watch.seen().hangups == before.hangups:
                 self._wait(POLL_S, "watching the console")
-            if watch.seen().hangups > before.hangups:
+            after = watch.seen()
+            if after.hangups > before.hangups:
                 observed.evidence.append("the console hung up")
                 observed.how.append("its console hung up")
+            elif after.last_ns > (settled_ns := before_ns + int(GRACE_S * 1e9)) and after.bytes > before.bytes:
+                observed.contradicted.append(f"its console kept printing after it was switched off "
+                                             f"({(after.last_ns - settled_ns) / 1e9:.2f} s past the grace)")
             else:
                 observed.how.append(f"its console did not hang up within {HANGUP_WAIT_S:g} s (silence alone does "
                                     "not show it is off: an idle board is silent too)")
@@ -165,12 +172,14 @@ class PowerRunner:
         progress("on", detail=f"switching {switch.device} on")
         mark = _seen(watch)
         began = time.monotonic()
+        asked_ns = time.monotonic_ns()
         reading = self._switch(switch, PowerAction.ON, deadline)
         switched = time.monotonic()
         self._read_back(reading, PowerState.ON, observed)
         observed.values["switch_s"] = round(switched - began, 3)
         if isinstance(watch, ConsoleWatch):
-            printed = self._first_byte(watch, mark, switched, _console_timeout(switch), observed, progress, deadline)
+            printed = self._first_byte(watch, mark, asked_ns, switched, _console_timeout(switch), observed, progress,
+                                       deadline)
             if printed and quiet and not _typed_since(mark, watch.seen()):
                 observed.evidence.append("the console printed after on")
             elif printed and _typed_since(mark, watch.seen()):
@@ -179,9 +188,14 @@ class PowerRunner:
     def _cycle(self, switch: Resource, watch, off_time: float, observed: Observed, progress: Progress,
                deadline: float) -> None:
         before = _seen(watch)
+        timeout_s = _seconds(getattr(switch.config, "timeout", None), DEFAULT_TIMEOUT_S)
+        if time.monotonic() + off_time + timeout_s > deadline:  # (a cycle begun must end: on comes)
+            raise OperationError(f"a {off_time:g} s cycle with a switch that may take {timeout_s:g} s a call does "
+                                 "not fit in the step's timeout: nothing was switched", changed=False)
         progress("off", detail=f"switching {switch.device} off for {off_time:g} s")
         off = self._switch(switch, PowerAction.OFF, deadline)
         switched_off = time.monotonic()
+        deadline = max(deadline, switched_off + off_time + timeout_s + BACKSTOP_S)  # never refuse the on
         self._read_back(off, PowerState.OFF, observed, evidence=False)
         try:
             settled = None
@@ -220,6 +234,7 @@ class PowerRunner:
         progress("on", detail=f"switching {switch.device} on again")
         mark = _seen(watch)
         began = time.monotonic()
+        asked_ns = time.monotonic_ns()
         on = self._switch(switch, PowerAction.ON, deadline)
         switched_on = time.monotonic()
         observed.values["switch_s"] = round(switched_on - began, 3)
@@ -227,8 +242,8 @@ class PowerRunner:
         if off.state == PowerState.OFF and on.state == PowerState.ON:
             observed.evidence.append("read back from the switch: off, then on")
         if isinstance(watch, ConsoleWatch):
-            printed = self._first_byte(watch, mark, switched_on, _console_timeout(switch), observed, progress,
-                                       deadline)
+            printed = self._first_byte(watch, mark, asked_ns, switched_on, _console_timeout(switch), observed,
+                                       progress, deadline)
             echoed = _typed_since(mark, watch.seen()) and not observed.values.get("console_hung_up")
             if echoed:
                 observed.how.append("someone typed on the console after on: its output may be their echo")
@@ -241,15 +256,18 @@ class PowerRunner:
         if self.stopping.wait(seconds):
             raise OperationError(f"interrupted while {what}: the exporter stopped")
 
-    def _first_byte(self, watch: ConsoleWatch, mark: Seen, since: float, timeout_s: float, observed: Observed,
-                    progress: Progress, deadline: float) -> bool:
+    def _first_byte(self, watch: ConsoleWatch, mark: Seen, asked_ns: int, since: float, timeout_s: float,
+                    observed: Observed, progress: Progress, deadline: float) -> bool:
         """Wait for the console's first byte after ``mark`` (taken before the switch was asked to
-        turn on); its time after ``since`` (when the switch said it was on) goes in the result."""
+        turn on, at ``asked_ns``); its time after ``since`` (when the switch said it was on) goes
+        in the result. Bytes taken within one look of the ask were printed before it: not these."""
         timeout_s = max(0.0, min(timeout_s, deadline - since))
         progress("booting", detail=f"waiting for the console's first byte (up to {timeout_s:g} s)")
         while True:
             seen = watch.seen()
-            if seen.bytes > mark.bytes:
+            if seen.bytes > mark.bytes and seen.last_ns < asked_ns + WATCH_POLL_NS:
+                mark = seen  # (printed before on, seen only now)
+            elif seen.bytes > mark.bytes:
                 # the latest chunk's time: a first chunk seen within one poll of its arrival
                 first = max(0.0, min(seen.last_ns / 1e9, time.monotonic()) - since)
                 observed.values["first_byte_s"] = round(first, 3)

@@ -53,7 +53,7 @@ def power_text(op: dict) -> str:
 @click.argument("target", metavar="DEVICE|LEASE")
 @click.option("--off-time", "off_time", callback=lambda ctx, param, value: None if value is None else
               _seconds(ctx, param, value), metavar="DURATION",
-              help="a cycle's time with the power off (5s, 500ms is 0.5s; default: the switch's own)")
+              help="a cycle's time with the power off (5s, 0.5s, 1m; default: the switch's own)")
 @detach_option
 @json_option
 @lab_command

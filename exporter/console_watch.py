@@ -60,6 +60,8 @@ class ConsoleWatch:
         self._lock = threading.Lock()
         self._seen = Seen()
         self._stopping = threading.Event()
+        self._looks = 0  # looks ended (``settled`` waits for one begun after it was called)
+        self._looked = threading.Condition()
         self._port: serial.Serial | None = None
         self._first_open = True
         self._present = os.path.exists(node)  # a node seen there that goes away has hung up, open or not
@@ -78,6 +80,14 @@ class ConsoleWatch:
         with self._lock:
             return self._seen
 
+    def settled(self) -> Seen:
+        """What it had shown once a whole look begun after this call ended: every byte printed
+        before the call is counted by then (what a switch-on is then asked for cannot claim it)."""
+        with self._looked:
+            until = self._looks + 2
+            self._looked.wait_for(lambda: self._looks >= until or not self._thread.is_alive(), timeout=1.0)
+        return self.seen()
+
     def close(self) -> None:
         self._stopping.set()
         self._thread.join(2)
@@ -95,6 +105,9 @@ class ConsoleWatch:
                 by_bridge = self._from_record()
                 if not (by_bridge if by_bridge is not None else self._from_node()):
                     self._add(blind_ns=time.monotonic_ns() - began + int(POLL_S * 1e9))
+                with self._looked:
+                    self._looks += 1
+                    self._looked.notify_all()
         finally:
             self._let_go()
 

@@ -24,7 +24,6 @@ from device_loop.core.model import OperationError, OperationKind, PowerReading, 
 from device_loop.core.plugins import PluginSet
 from device_loop.core.vocabulary import PowerAction, PowerState, PowerVerdict
 
-from .console_watch import POLL_S as WATCH_POLL_S
 from .console_watch import ConsoleWatch, Seen, watch_console
 
 log = logging.getLogger("device_loop.exporter")
@@ -38,7 +37,6 @@ HANGUP_WAIT_S = 1.0  # how long an ``off`` watches for its console to hang up
 MIN_SILENT_S = 1.0   # the least silence (after the grace) that shows a console went dark, without a hang-up
 QUIET_S = 1.0        # an ``on`` watches the console this long first: output after on counts only after quiet
 POLL_S = 0.01      # the console is looked at this often while a first byte is awaited
-WATCH_POLL_NS = int(WATCH_POLL_S * 1e9)
 BACKSTOP_S = 5.0   # past its timeout, this long more before a call that has not returned is given up
 
 #: The operation a power resource runs (declared by the exporter for every resource of kind
@@ -170,15 +168,14 @@ class PowerRunner:
                 observed.how.append("its console was not silent (or not seen) just before on: what it prints "
                                     "after on shows nothing")
         progress("on", detail=f"switching {switch.device} on")
-        mark = _seen(watch)
+        mark = _settled(watch)  # (all it printed before is counted: what comes after is the on's)
         began = time.monotonic()
-        asked_ns = time.monotonic_ns()
         reading = self._switch(switch, PowerAction.ON, deadline)
         switched = time.monotonic()
         self._read_back(reading, PowerState.ON, observed)
         observed.values["switch_s"] = round(switched - began, 3)
         if isinstance(watch, ConsoleWatch):
-            printed = self._first_byte(watch, mark, asked_ns, switched, _console_timeout(switch), observed, progress,
+            printed = self._first_byte(watch, mark, switched, _console_timeout(switch), observed, progress,
                                        deadline)
             if printed and quiet and not _typed_since(mark, watch.seen()):
                 observed.evidence.append("the console printed after on")
@@ -232,9 +229,8 @@ class PowerRunner:
                                     f"{GRACE_S:g} s) shows nothing: an idle board is silent too (an off-time of "
                                     f"{MIN_SILENT_S + GRACE_S:g} s or more can show it)")
         progress("on", detail=f"switching {switch.device} on again")
-        mark = _seen(watch)
+        mark = _settled(watch)  # (all it printed before is counted: what comes after is the on's)
         began = time.monotonic()
-        asked_ns = time.monotonic_ns()
         on = self._switch(switch, PowerAction.ON, deadline)
         switched_on = time.monotonic()
         observed.values["switch_s"] = round(switched_on - began, 3)
@@ -242,8 +238,8 @@ class PowerRunner:
         if off.state == PowerState.OFF and on.state == PowerState.ON:
             observed.evidence.append("read back from the switch: off, then on")
         if isinstance(watch, ConsoleWatch):
-            printed = self._first_byte(watch, mark, asked_ns, switched_on, _console_timeout(switch), observed,
-                                       progress, deadline)
+            printed = self._first_byte(watch, mark, switched_on, _console_timeout(switch), observed, progress,
+                                       deadline)
             echoed = _typed_since(mark, watch.seen()) and not observed.values.get("console_hung_up")
             if echoed:
                 observed.how.append("someone typed on the console after on: its output may be their echo")
@@ -256,18 +252,16 @@ class PowerRunner:
         if self.stopping.wait(seconds):
             raise OperationError(f"interrupted while {what}: the exporter stopped")
 
-    def _first_byte(self, watch: ConsoleWatch, mark: Seen, asked_ns: int, since: float, timeout_s: float,
+    def _first_byte(self, watch: ConsoleWatch, mark: Seen, since: float, timeout_s: float,
                     observed: Observed, progress: Progress, deadline: float) -> bool:
-        """Wait for the console's first byte after ``mark`` (taken before the switch was asked to
-        turn on, at ``asked_ns``); its time after ``since`` (when the switch said it was on) goes
-        in the result. Bytes taken within one look of the ask were printed before it: not these."""
+        """Wait for the console's first byte after ``mark`` (settled before the switch was asked
+        to turn on: nothing printed before is in it); its time after ``since`` (when the switch
+        said it was on) goes in the result."""
         timeout_s = max(0.0, min(timeout_s, deadline - since))
         progress("booting", detail=f"waiting for the console's first byte (up to {timeout_s:g} s)")
         while True:
             seen = watch.seen()
-            if seen.bytes > mark.bytes and seen.last_ns < asked_ns + WATCH_POLL_NS:
-                mark = seen  # (printed before on, seen only now)
-            elif seen.bytes > mark.bytes:
+            if seen.bytes > mark.bytes:
                 # the latest chunk's time: a first chunk seen within one poll of its arrival
                 first = max(0.0, min(seen.last_ns / 1e9, time.monotonic()) - since)
                 observed.values["first_byte_s"] = round(first, 3)
@@ -359,6 +353,10 @@ class PowerRunner:
 
 def _seen(watch) -> Seen:
     return watch.seen() if isinstance(watch, ConsoleWatch) else Seen()
+
+
+def _settled(watch) -> Seen:
+    return watch.settled() if isinstance(watch, ConsoleWatch) else Seen()
 
 
 def _typed_since(mark: Seen, now: Seen) -> bool:

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from conftest import wait_for
-from test_end_to_end import run_cli, wait_state
+from test_end_to_end import device, run_cli, wait_state
 from test_mcp import agent, call
 
 pytestmark = pytest.mark.timeout(120)
@@ -87,6 +87,8 @@ def test_a_flash_writes_the_image_verifies_it_and_is_audited(tmp_path, env, coor
 
     target.unlink()
     target.mkdir()  # a target that cannot even be opened: the flash fails and the device was not touched
+    # (a scan between the two lines saw no target at all: its health failed, and says so; wait that out)
+    wait_for(lambda: device(coordinator, "sim-board-0")["health"] == "ok", 15, what="its health ok again")
     refused = run_cli(env, coordinator.url, "flash", "sim-board-0", "build-1", "--json", check=False)
     said = json.loads(refused.stdout)
     assert refused.returncode == 1 and "cannot open the flash target" in said["message"], said

@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping
 
+from .process import last_lines
 from .vocabulary import EndpointRole
 
 Channel = Literal["adb", "ssh", "console"]
@@ -183,7 +184,7 @@ def _adb(endpoint, secret, device, command, timeout_s, max_output) -> tuple[str,
         argv = ["adb", "-H", host, "-P", str(port), *(["-s", serial] if serial else []), "shell", "--", command]
         stdout, stderr, status, truncated = _run_client(argv, timeout_s, max_output, device, "adb")
     if status != 0 and not stdout and _ADB_FAILED.search(stderr):
-        raise ExecError("unreachable", f"adb could not run the command on {device}: {_last_lines(stderr)}")
+        raise ExecError("unreachable", f"adb could not run the command on {device}: {last_lines(stderr)}")
     return stdout, stderr, status, truncated
 
 
@@ -217,12 +218,8 @@ def _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file
         argv = ["ssh", "-p", str(port), *options, "-T", "--", where, command]
         stdout, stderr, status, truncated = _run_client(argv, timeout_s, max_output, device, "ssh")
     if status == 255 and _SSH_FAILED.search(stderr):
-        raise ExecError("unreachable", f"ssh to {device} failed: {_last_lines(stderr)}")
+        raise ExecError("unreachable", f"ssh to {device} failed: {last_lines(stderr)}")
     return stdout, stderr, status, truncated
-
-
-def _last_lines(text: str, lines: int = 3) -> str:
-    return " / ".join(line.strip() for line in text.strip().splitlines()[-lines:])[:500]
 
 
 def _run_client(argv: list[str], timeout_s: float, max_output: int, device: str,

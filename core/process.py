@@ -13,6 +13,7 @@ import ctypes
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -276,6 +277,26 @@ class ProcessRegistry:
                 found.append(Proc(self, {"pid": pid, "start_ticks": ticks, "name": f"unrecorded {name}",
                                          "lease": None, "argv": [], "log": "", "job": False}))
         return found
+
+
+#: Folders where Debian puts daemons and admin tools (ser2net, uhubctl, ipmitool), which a
+#: service's or a user's PATH may lack.
+SBIN_PATH = ("/usr/local/sbin", "/usr/sbin", "/sbin")
+
+
+def find_program(name: str) -> str | None:
+    """The path of program ``name`` (on ``PATH``, else in an sbin folder), or None. A name
+    with a ``/`` is that file, if it may be run."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) else None
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", os.defpath), *SBIN_PATH]))
+
+
+def last_lines(text: str, count: int = 3, limit: int = 500) -> str:
+    """The last ``count`` lines of a program's output that are not blank, on one line (`` / ``
+    between them), the end of it cut to ``limit`` characters: what an error quotes of it."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " / ".join(lines[-count:])[-limit:]
 
 
 def python_module(module: str) -> list[str]:

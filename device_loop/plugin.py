@@ -16,7 +16,7 @@ from device_loop.core.model import (ConfiguredResource, Endpoint, FlashError, Fl
                                     StepKind)
 from device_loop.core.holders import command_of, holders
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
-from device_loop.core.process import python_module, run
+from device_loop.core.process import find_program, last_lines, python_module, run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
@@ -28,7 +28,7 @@ from device_loop.core.vocabulary import EndpointRole
 #: ``host.configured(name)``), ``entry.config`` and ``resource.config`` being that model.
 #: Additions keep it: ``StepKind`` (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``,
 #: ``devloop_fingerprint``, ``EndpointRole.SSH``,
-#: ``devloop_power`` with ``PowerReading`` and ``POWER_KIND``.
+#: ``devloop_power`` with ``PowerReading`` and ``POWER_KIND``, ``find_program``, ``last_lines``.
 API_VERSION = 2
 
 __all__ = [
@@ -52,6 +52,8 @@ __all__ = [
     "PluginConfig", "Duration", "parse_duration",
     # ports and programs
     "inherited_listener", "port_is_free", "python_module", "run", "wait_port_free", "wait_port_open",
+    # programs: one found on PATH or in the sbin folders; what an error quotes of its output
+    "find_program", "last_lines",
     # USB facts from sysfs (read-only, for discovery)
     "UsbDevice", "UsbTty", "usb_devices", "usb_ttys",
     # who has a device node open, from /proc (spawns nothing, opens nothing)

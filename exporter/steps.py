@@ -36,6 +36,7 @@ from device_loop.core.durations import format_duration
 from device_loop.core.host import HostContext
 from device_loop.core.model import Operation, OperationError, Resource, StepKind
 from device_loop.core.plugins import PluginSet
+from device_loop.core.process import last_lines
 from device_loop.core.vocabulary import PowerVerdict
 from device_loop.core.protocol import (EXPORTER_STEPS, MAX_DETAIL_CHARS, ArgName, DesiredOperation, PluginStep,
                                        StepReport, Word)
@@ -386,7 +387,7 @@ class StepRunner:
             code, output = self.host.run_to_end(argv, name=f"step-{device}", timeout=timeout_s)
         except OSError as exc:
             raise OperationError(f"cannot run {argv[0]}: {exc.strerror or exc}", changed=False) from None
-        last = " / ".join(line.strip() for line in output.strip().splitlines()[-3:] if line.strip())
+        last = last_lines(output)
         said = f"; it said: {last}" if last else ""
         if code is None:
             raise OperationError(f"{argv[0]} did not finish within {duration(timeout_s)}; killed it and all it "
@@ -428,7 +429,7 @@ class StepRunner:
                     if now >= deadline:
                         raise OperationError(f"no prompt matching {config.prompt!r} on {console.node} within "
                                              f"{duration(timeout_s)} of sending {config.command!r}"
-                                             + (f"; it last said: {_last_lines(text)!r}" if text.strip() else
+                                             + (f"; it last said: {last_lines(text, 2, 160)!r}" if text.strip() else
                                                 "; it said nothing"))
                     data = port.read(4096)
                     if data:
@@ -439,7 +440,7 @@ class StepRunner:
                                            f"{duration(now - began)}", "console": text[-CONSOLE_RESULT_CHARS:]}
                     if now - shown >= 1.0 and text.strip():
                         shown = now
-                        progress("reboot", detail=f"rebooting: {_last_lines(text, 1)!r}"[:MAX_DETAIL_CHARS])
+                        progress("reboot", detail=f"rebooting: {last_lines(text, 1, 160)!r}"[:MAX_DETAIL_CHARS])
             except (serial.SerialException, OSError) as exc:
                 raise OperationError(f"{device}'s console {console.node} failed: {exc}") from None
 
@@ -511,6 +512,3 @@ def _booted(text: str, prompt: re.Pattern) -> bool:
     return len(booting) >= BOOT_LINES and prompt.search(lines[-1]) is not None
 
 
-def _last_lines(text: str, count: int = 2) -> str:
-    lines = [line.strip() for line in text.split("\n") if line.strip()]
-    return " / ".join(lines[-count:])[-160:]

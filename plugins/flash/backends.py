@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from device_loop.plugin import Duration, OperationError, PluginConfig
+from device_loop.plugin import Duration, OperationError, PluginConfig, last_lines
 
 from .file_target import write_and_verify
 
@@ -80,7 +80,7 @@ def flash_with(host, resource, image, progress) -> str:
         code, output = host.run_to_end(argv, name=f"flash-{resource.device}", timeout=config.timeout_s)
     except OSError as exc:
         raise OperationError(f"cannot run {argv[0]}: {exc.strerror}", changed=False) from None
-    last = " / ".join(line.strip() for line in output.strip().splitlines()[-3:] if line.strip())
+    last = last_lines(output)
     if code is None:
         hint = f" (is {config.fastboot} plugged in and in fastboot mode?)" if backend == "fastboot" else ""
         raise OperationError(f"{what} did not finish within {config.timeout_s:g}s{hint}; killed it"

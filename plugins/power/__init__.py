@@ -42,11 +42,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from device_loop.plugin import POWER_KIND, Health, OperationError, hookimpl
+from device_loop.plugin import POWER_KIND, Health, OperationError, find_program, hookimpl
 
 from . import command, ipmi, pdudaemon, redfish, sim, uhubctl
 from .config import PowerConfig
-from .programs import find_program
 
 BACKENDS = {"pdudaemon": pdudaemon, "uhubctl": uhubctl, "ipmi": ipmi, "redfish": redfish, "command": command,
             "sim": sim}

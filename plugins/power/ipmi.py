@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 import time
 
-from device_loop.plugin import OperationError, PowerReading
+from device_loop.plugin import OperationError, PowerReading, last_lines
 
-from .programs import last_lines, run_program
+from .programs import run_program
 
 READ_BACK_S = 5.0  # how long a BMC may take to report the state it was just told
 POLL_S = 0.2

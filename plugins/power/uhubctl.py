@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from device_loop.plugin import OperationError, PowerReading
+from device_loop.plugin import OperationError, PowerReading, last_lines
 
-from .programs import last_lines, run_program
+from .programs import run_program
 
 
 def port_state(output: str, port: int) -> str | None:

@@ -20,13 +20,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from device_loop.plugin import (Health, PluginConfig, Resource, ServiceError, UsbTty, hookimpl, parse_framing,
-                                start_bridge, usb_ttys)
+from device_loop.plugin import (Health, PluginConfig, Resource, ServiceError, UsbTty, find_program, hookimpl,
+                                parse_framing, start_bridge, usb_ttys)
 
 from .ser2net import start_ser2net
 
@@ -34,8 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def _ser2net() -> str | None:
-    # Debian installs it in /usr/sbin, which is not on a normal user's PATH
-    return shutil.which("ser2net", path=f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin")
+    return find_program("ser2net")  # (Debian installs it in /usr/sbin, off a normal user's PATH)
 
 
 class UartConfig(PluginConfig):

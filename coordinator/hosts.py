@@ -63,7 +63,7 @@ def _columns(device: DeviceReport, digest: str) -> dict:
     return {"class": device.device_class, "tags": json.dumps(dumped["tags"]), "present": True,
             "health": worst.health, "health_reason": reasons, "busy_by": json.dumps(dumped["busy_by"]),
             "resources": json.dumps(dumped["resources"]), "report_digest": digest, "steps": json.dumps(dumped["steps"]),
-            "facts": json.dumps(dumped["facts"]), "auto_recover": device.auto_recover}
+            "facts": json.dumps(dumped["facts"])}
 
 
 class _Changes:

@@ -491,10 +491,9 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         "ALTER TABLE devices ADD COLUMN facts TEXT NOT NULL DEFAULT '{{}}'",
         "ALTER TABLE user_counts ADD COLUMN open_jobs BIGINT NOT NULL DEFAULT 0",
     ],
-    # 18: power (docs/architecture.md, "Power"): what a device allows when its health fails, and
-    # the one automatic power cycle of its current failure
+    # 18: power (docs/architecture.md, "Power"): the one automatic power cycle of a device's
+    # current failure, and when the last was asked for
     [
-        "ALTER TABLE devices ADD COLUMN auto_recover TEXT",
         "ALTER TABLE devices ADD COLUMN auto_recovery TEXT",
         "ALTER TABLE devices ADD COLUMN auto_recovered_at DOUBLE PRECISION",
     ],

@@ -40,7 +40,6 @@ DeviceRow = TypedDict("DeviceRow", {
     "reclaim_op": str | None,      # ... and its operation
     "fault": str | None,           # why a step between leases failed: faulty until cleared
     "facts": dict[str, str],       # what plugins add to its fingerprint (DeviceReport.facts)
-    "auto_recover": str | None,    # what may be done on its own when its health fails (DeviceReport.auto_recover)
     "auto_recovery": str | None,   # the automatic power cycle of its current failure (its op id), once each
     "auto_recovered_at": float | None,  # when the last automatic power cycle was asked for
 })

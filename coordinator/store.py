@@ -52,7 +52,7 @@ _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "
                  "seconds", "args", "result", "steps", "facts", "spec", "fingerprint", "readings", "samples"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
-                  "log_seq", "state_since", "steps", "facts", "auto_recover")
+                  "log_seq", "state_since", "steps", "facts")
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
                  "host_link_lost", "exclusive", "destructive", "warmup"}
 _NO_LIMIT = 2**62  # a count's limit where there is none (BIGINT)

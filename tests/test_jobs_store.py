@@ -52,7 +52,7 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
         store = rules.store  # back to version 16: migration 17's tables and columns gone, and 18's
         for table in ("jobs", "job_cells", "job_runs", "job_leases"):
             await store._exec(f"DROP TABLE {table}")
-        for column in ("facts", "auto_recover", "auto_recovery", "auto_recovered_at"):
+        for column in ("facts", "auto_recovery", "auto_recovered_at"):
             await store._exec(f"ALTER TABLE devices DROP COLUMN {column}")
         await store._exec("ALTER TABLE user_counts DROP COLUMN open_jobs")
         await store._exec("DELETE FROM schema_migrations WHERE version >= 17")

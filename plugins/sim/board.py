@@ -10,7 +10,7 @@ and ``run-workload`` much more (``thermal.py``, ``workload.py``). A line is at m
 
 Power. The board powers on when it is made (the exporter's start) and off with
 ``power_off()`` (its stop). Between the two it follows its switch file (``switch``, by
-default ``NAME.power`` beside its ``link``), looked at every ``SWITCH_POLL_S``: when what the
+default ``NAME.power`` beside its ``link``), watched by ``switches.WATCHER``: when what the
 file says changes and its first word is ``off``, the board powers off: its job is
 interrupted, its ``link`` removed, then its pty closed on both sides, so that whoever reads
 the UART gets a hang-up (EIO, POLLHUP); it prints nothing while off. When the word is
@@ -35,6 +35,7 @@ import tty
 from pathlib import Path
 
 from .facts import BoardFacts
+from .switches import WATCHER
 from .shell import Shell
 from .thermal import Thermal
 from .workload import Workload, WorkloadModel
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 
 INTERRUPT = b"\x03"  # Ctrl-C
 MAX_LINE = 4095      # the kernel's tty line buffer, less the newline
-SWITCH_POLL_S = 0.05  # how often the board looks at its switch file
+RETRY_S = 0.05  # a console read that failed (the pty between two power-ons) is tried again this late
 ON, OFF = "on", "off"
 
 
@@ -88,11 +89,9 @@ class SimBoard:
         self._interrupt = threading.Event()
         self._closed = threading.Event()  # power_off(): the board is gone for good
         self.link.parent.mkdir(parents=True, exist_ok=True)
-        seen = self._switch_signature()   # what the switch says already is not acted on
+        self._seen = self._switch_signature()  # what the switch says already is not acted on
         self.power_on()
-        self._watch = threading.Thread(target=self._watch_switch, args=(seen,), name=f"sim-{name}-switch",
-                                       daemon=True)
-        self._watch.start()
+        WATCHER.watch(self.switch, self._switch_changed)
 
     def _new_shell(self) -> Shell:
         return Shell(self.facts, self.thermal, self.workload, self._banner_text, hang=self._hang)
@@ -184,8 +183,7 @@ class SimBoard:
     def power_off(self) -> None:
         """The exporter stops: off for good (its switch is no longer looked at)."""
         self._closed.set()
-        if self._watch is not threading.current_thread():
-            self._watch.join(5)
+        WATCHER.unwatch(self.switch)
         with self._power:
             if not self.switch_off():
                 self._write_state()
@@ -221,25 +219,25 @@ class SimBoard:
             return None
         return words[0].lower() if words else None
 
-    def _watch_switch(self, seen) -> None:
-        while not self._closed.wait(SWITCH_POLL_S):
-            now = self._switch_signature()
-            if now == seen:
-                continue
-            seen = now
-            word = self._switch_word()  # missing, unreadable, or another word: nothing changes
-            with self._power:
-                if self._closed.is_set():
-                    return
-                try:
-                    if word == ON:
-                        self.power_on()
-                    elif word == OFF:
-                        self.switch_off()
-                except OSError as exc:
-                    log.error("sim: %s: cannot power on: %s", self.name, exc)
-                self._write_state()  # (also when nothing changed: it looked, and says what it is)
-                self.looks += 1
+    def _switch_changed(self) -> None:
+        """The switch file may have changed (``switches.WATCHER`` says so): act on what it says now."""
+        now = self._switch_signature()
+        if now == self._seen:
+            return
+        self._seen = now
+        word = self._switch_word()  # missing, unreadable, or another word: nothing changes
+        with self._power:
+            if self._closed.is_set():
+                return
+            try:
+                if word == ON:
+                    self.power_on()
+                elif word == OFF:
+                    self.switch_off()
+            except OSError as exc:
+                log.error("sim: %s: cannot power on: %s", self.name, exc)
+            self._write_state()  # (also when nothing changed: it looked, and says what it is)
+            self.looks += 1
 
     def _hang(self) -> None:
         """``hang``: from now on the board answers nothing, until it is power-cycled."""
@@ -277,7 +275,7 @@ class SimBoard:
             except BlockingIOError:
                 continue
             except OSError:  # (not while the board holds its slave side; never a busy loop)
-                select.select([off], [], [], SWITCH_POLL_S)
+                select.select([off], [], [], RETRY_S)
                 continue
             with self._typing:
                 if generation != self._generation:

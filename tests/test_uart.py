@@ -129,10 +129,13 @@ def test_console_command_piped_and_logged(tmp_path, env, coordinator, pty_pair):
     stop = threading.Event()
 
     def board():  # answers each line like a shell would
+        typed = b""
         while not stop.is_set():
-            line = far.read_until(b"\n")
-            if line.strip():
-                far.write(b"you said: " + line.strip() + b"\r\njupiter# ")
+            typed += far.read_until(b"\n")  # (what came before its timeout is a part of a line)
+            while b"\n" in typed:
+                line, typed = typed.split(b"\n", 1)
+                if line.strip():
+                    far.write(b"you said: " + line.strip() + b"\r\njupiter# ")
 
     thread = threading.Thread(target=board, daemon=True)
     thread.start()

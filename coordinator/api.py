@@ -17,7 +17,7 @@ from . import openapi
 from .calls import CALLS, Call, Ctx
 from .errors import APIError, bad_request
 from .identity import ANYONE, caller_identity, check_access
-from .idempotency import MAX_KEY_CHARS, idempotent
+from .idempotency import MAX_KEY_CHARS, idempotently
 from .limits import body_of, check_media_type, takes_body
 from .rules import Rules
 from .schemas import MAX_WAIT_S, UploadQuery
@@ -133,13 +133,15 @@ def route_handler(call: Call):
         body = await _model_body(request, call.body) if call.body is not None else None
         args = await _args(call, request)
         ctx = Ctx(_rules(request), await caller_identity(request), _hung_up(request), MAX_WAIT_S, body)
-        answer = await call.run(ctx, args)
-        if call.answer is bytes:  # a file of the registry, streamed
-            return _ImageFile(answer, media_type="application/octet-stream")
-        if call.media_type is not None:  # text to read as it is (a job's evidence markdown)
-            return Response(answer, status_code=call.status, media_type=call.media_type,
-                            headers={"Cache-Control": "no-store"})
-        return JSONResponse(answer, status_code=call.status)
+
+        async def act() -> Response:
+            return _response(call, await call.run(ctx, args))
+
+        if not call.idempotent:
+            return _response(call, await call.carry_out(ctx, args))
+        ready = call.ready
+        return await idempotently(request, ctx.caller.name, act,
+                                  None if ready is None else functools.partial(ready, ctx, args))
 
     handle.__name__ = handle.__qualname__ = call.name
     handle.__doc__ = call.doc
@@ -147,7 +149,16 @@ def route_handler(call: Call):
     marked.call = call
     if call.body is not None:
         handle = takes_body(call.max_body)(handle)
-    return idempotent(handle) if call.idempotent else handle
+    return handle
+
+
+def _response(call: Call, answer: Any) -> Response:
+    if call.answer is bytes:  # a file of the registry, streamed
+        return _ImageFile(answer, media_type="application/octet-stream")
+    if call.media_type is not None:  # text to read as it is (a job's evidence markdown)
+        return Response(answer, status_code=call.status, media_type=call.media_type,
+                        headers={"Cache-Control": "no-store"})
+    return JSONResponse(answer, status_code=call.status)
 
 
 @takes_body(max_bytes=None, media_type=None)  # bytes, streamed; the registry bounds them (--max-image-size)

@@ -70,6 +70,16 @@ class Call:
     aliases: tuple[str, ...] = ()                  # other names of its tool
     media_type: str | None = None                  # an answer that is text of this type, not JSON
     description: str = field(default="")
+    # what the call waits for before it acts, awaited first and holding nothing: an
+    # idempotent call's transaction begins after it (docs/architecture.md, "Nothing that waits
+    # holds the lab")
+    ready: Callable[[Ctx, Any], Awaitable[None]] | None = None
+
+    async def carry_out(self, ctx: Ctx, args: Any) -> Any:
+        """Wait for what the call waits for (``ready``), then run it."""
+        if self.ready is not None:
+            await self.ready(ctx, args)
+        return await self.run(ctx, args)
 
     @property
     def method(self) -> str | None:
@@ -369,8 +379,12 @@ async def claim_job(ctx: Ctx, args: ClaimJobIn) -> ClaimAnswer:
     """A worker takes the oldest queued job of the users it serves (its own token's user by
     default; others only with an admin's token): it is running from now on, and the worker
     beats. With wait_s, answers as soon as one is queued; job is null when none is."""
-    return await ctx.rules.jobs.claim(args.users, args.worker, await _until(ctx, args.wait_s), ctx.caller.name,
-                                      ctx.caller.admin, ctx.gone)
+    return await ctx.rules.jobs.claim(args.users, args.worker, ctx.caller.name, ctx.caller.admin)
+
+
+async def a_job_is_queued(ctx: Ctx, args: ClaimJobIn) -> None:
+    await ctx.rules.jobs.wait_queued(args.users, await _until(ctx, args.wait_s), ctx.caller.name, ctx.caller.admin,
+                                     ctx.gone)
 
 
 async def beat_job(ctx: Ctx, args: JobId) -> dict[str, Any]:
@@ -567,7 +581,8 @@ CALLS: list[Call] = [
     Call("submit_job", USER, submit_job, SubmitJobIn, JobAnswer, "POST /api/v1/jobs", tool=True, status=201,
          idempotent=True),
     Call("my_jobs", USER, my_jobs, JobFilter, list[JobSummary], "GET /api/v1/jobs", tool_key="jobs"),
-    Call("claim_job", USER, claim_job, ClaimJobIn, ClaimAnswer, "POST /api/v1/jobs/claim", idempotent=True),
+    Call("claim_job", USER, claim_job, ClaimJobIn, ClaimAnswer, "POST /api/v1/jobs/claim", idempotent=True,
+         ready=a_job_is_queued),
     Call("job_status", USER, job_status, JobWait, JobAnswer, "GET /api/v1/jobs/{job_id}", tool=True),
     Call("job_evidence", USER, job_evidence, JobId, str, "GET /api/v1/jobs/{job_id}/evidence", tool=True,
          media_type="text/markdown; charset=utf-8"),

@@ -3,10 +3,9 @@ answer again, and changes nothing (docs/architecture.md, "Speed, by design": loo
 stored in the request's own transaction). A stored answer keeps no credential."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-from typing import Any
+from typing import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -14,7 +13,6 @@ from starlette.responses import JSONResponse, Response
 from device_loop.core import LEASE_PREFIX
 
 from .errors import APIError, bad_request
-from .identity import caller_identity
 from .rows import IdempotencyRow
 from .rules import Rules
 from .store import UniqueViolation
@@ -30,34 +28,41 @@ def _json(data, status: int = 200) -> JSONResponse:
     return JSONResponse(data, status_code=status)
 
 
-def idempotent(handler):
-    """Replay the first answer to a repeated ``Idempotency-Key`` from the same caller.
+async def idempotently(request: Request, caller: str, act: Callable[[], Awaitable[Response]],
+                       ready: Callable[[], Awaitable[None]] | None = None) -> Response:
+    """``act()``'s answer, or, to a repeated ``Idempotency-Key`` from the same caller, the
+    first answer again.
 
     The key is looked up, the request carried out and its answer stored in one
     transaction: a request that fails changes nothing, and of two concurrent requests
     with one key (in two coordinator processes) one commits and the other replays it.
+    What the call waits for (``ready``, a long-poll) is awaited before that transaction
+    begins, never inside it (docs/architecture.md, "Nothing that waits holds the lab").
     """
+    key = request.headers.get("Idempotency-Key")
+    if not key:
+        if ready is not None:
+            await ready()
+        return await act()
+    if len(key) > MAX_KEY_CHARS:
+        raise bad_request(f"Idempotency-Key is longer than {MAX_KEY_CHARS} characters")
+    rules = _rules(request)
+    fingerprint = hashlib.sha256(
+        request.method.encode() + request.url.path.encode() + await request.body()).hexdigest()
 
-    @functools.wraps(handler)
-    async def wrapper(request: Request) -> Response:
-        key = request.headers.get("Idempotency-Key")
-        if not key:
-            return await handler(request)
-        if len(key) > MAX_KEY_CHARS:
-            raise bad_request(f"Idempotency-Key is longer than {MAX_KEY_CHARS} characters")
-        rules, caller = _rules(request), (await caller_identity(request)).name
-        fingerprint = hashlib.sha256(
-            request.method.encode() + request.url.path.encode() + await request.body()).hexdigest()
+    def record(response: Response) -> IdempotencyRow:
+        return {"caller": caller, "key": key, "request": fingerprint, "status": response.status_code,
+                "body": _storable(bytes(response.body)), "created_at": rules.clock()}
 
-        def record(response: Response) -> IdempotencyRow:
-            return {"caller": caller, "key": key, "request": fingerprint, "status": response.status_code,
-                    "body": _storable(bytes(response.body)), "created_at": rules.clock()}
-
+    seen = await rules.store.idempotency_key(caller, key) if ready is not None else None
+    if seen is None:
         try:
+            if ready is not None:  # (a repeat replays at once, above: it does not wait again)
+                await ready()
             async with rules.store.tx():
                 seen = await rules.store.idempotency_key(caller, key)
                 if seen is None:
-                    response = await handler(request)
+                    response = await act()
                     await rules.store.save_idempotency_key(record(response))
         except APIError as exc:  # refused: nothing changed, and a repeat gets the same refusal
             response = _json(exc.to_json(), exc.status)
@@ -67,16 +72,12 @@ def idempotent(handler):
                 seen = await rules.store.idempotency_key(caller, key)
         except UniqueViolation:  # a concurrent request with this key committed first
             seen = await rules.store.idempotency_key(caller, key)
-        if seen is None:
-            return response
-        if seen["request"] != fingerprint:
-            raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
-        return Response(await _replayed(rules, seen["body"]), status_code=seen["status"],
-                        media_type="application/json")
-
-    marked: Any = wrapper  # (an attribute of a function, which its type does not know)
-    marked.idempotent = True  # the OpenAPI document lists its Idempotency-Key
-    return wrapper
+    if seen is None:
+        return response
+    if seen["request"] != fingerprint:
+        raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
+    return Response(await _replayed(rules, seen["body"]), status_code=seen["status"],
+                    media_type="application/json")
 
 
 # Fields of an answer that are credentials. A stored answer outlives them (a day), and a copy

@@ -219,27 +219,34 @@ class Jobs:
 
     # ---- the worker ---------------------------------------------------------------------------
 
-    async def claim(self, users: list[str], worker: str | None, wait_s: float, caller: str, admin: bool,
-                    gone: Callable[[], Awaitable[None]]) -> ClaimAnswer:
-        """The oldest queued job of ``users`` (default: the caller), now running with the
-        caller as its worker; with ``wait_s``, as soon as one is queued. A person's token
-        serves only that person's jobs."""
+    def served(self, users: list[str], caller: str, admin: bool) -> list[str]:
+        """Whose jobs a worker of ``caller`` serves: ``users`` (default: the caller). A
+        person's token serves only that person's jobs."""
         served = sorted(set(users)) or [caller]
         if not admin and served != [caller]:
             raise APIError(403, "forbidden", f"a worker of {caller}'s token serves only {caller}'s jobs; an admin's "
                                              "token serves other people's (users)")
-        label = worker or caller
+        return served
 
-        async def take() -> JobRow | None:
-            async with self.store.tx():
-                row = await self.store.claim_job(served, label, caller, self.life.clock())
-                if row is not None:
-                    await self.life.audit(caller, "job_claim", None, None, {"job": row["id"], "worker": label,
-                                                                          "owner": row["owner"]})
-                    self.life.notify(job_key(row["id"]))
-            return row
+    async def wait_queued(self, users: list[str], wait_s: float, caller: str, admin: bool,
+                          gone: Callable[[], Awaitable[None]]) -> None:
+        """Return once a job of ``users`` is queued, or ``wait_s`` ran out: what a claim waits
+        for, holding nothing (docs/architecture.md, "Nothing that waits holds the lab")."""
+        served = self.served(users, caller, admin)
+        if wait_s > 0:
+            await self.life.notifier.long_poll(QUEUED_KEY, lambda: self.store.queued_job_of(served), bool, wait_s,
+                                               gone)
 
-        row = await self.life.notifier.long_poll(QUEUED_KEY, take, lambda r: r is not None, wait_s, gone)
+    async def claim(self, users: list[str], worker: str | None, caller: str, admin: bool) -> ClaimAnswer:
+        """The oldest queued job of ``users`` (default: the caller), now running with the
+        caller as its worker; ``job`` is None when none is queued (``wait_queued`` waits)."""
+        served, label = self.served(users, caller, admin), worker or caller
+        async with self.store.tx():
+            row = await self.store.claim_job(served, label, caller, self.life.clock())
+            if row is not None:
+                await self.life.audit(caller, "job_claim", None, None, {"job": row["id"], "worker": label,
+                                                                      "owner": row["owner"]})
+                self.life.notify(job_key(row["id"]))
         return {"job": await self.view(row) if row is not None else None}
 
     async def beat(self, job_id: str, caller: str, admin: bool) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def _tool(rules, call: Call):
             first = exc.errors()[0]
             raise ToolError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} [invalid]") from None
         try:
-            answer = await call.run(Ctx(rules, caller, _never_hangs_up, TOOL_MAX_WAIT_S, via_tool=True), args)
+            answer = await call.carry_out(Ctx(rules, caller, _never_hangs_up, TOOL_MAX_WAIT_S, via_tool=True), args)
         except APIError as exc:  # the same code REST answers with, for agents that branch on it
             raise ToolError(f"{exc.message} [{exc.code}]") from None
         if isinstance(answer, bytes):

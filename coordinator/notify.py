@@ -3,14 +3,24 @@ changed it (the store tells every process: ``Store.subscribe``)."""
 import asyncio
 import time
 
+from .store import Store
+
 
 class CallerGone(Exception):
     """The caller of a long-poll hung up before its answer."""
 
 
+def refuse_in_transaction(what: str) -> None:
+    """Raise if this task is inside a transaction: ``what`` waits, and nothing that waits
+    holds the lab (docs/architecture.md, "Nothing that waits holds the lab")."""
+    if Store.in_transaction():
+        raise RuntimeError(f"{what} inside a transaction would hold every other writer for its whole wait")
+
+
 class Notifier:
     def __init__(self):
         self._events: dict[str, asyncio.Event] = {}
+        self.waiting = 0  # long-polls waiting now
 
     def watch(self, key: str) -> asyncio.Event:
         """The event set at the next change of ``key``; take it *before* reading the state."""
@@ -25,7 +35,9 @@ class Notifier:
 
     async def long_poll(self, key: str, read, done, wait_s: float, gone):
         """``read()`` again at each change of ``key`` until ``done(value)`` or ``wait_s`` runs
-        out; ``CallerGone`` once ``gone()`` (which returns when the caller hangs up) returned."""
+        out; ``CallerGone`` once ``gone()`` (which returns when the caller hangs up) returned.
+        Never inside a transaction: it would hold the lab for the whole wait."""
+        refuse_in_transaction("a long-poll")
         deadline = time.monotonic() + wait_s
         hung_up = asyncio.ensure_future(gone())
         try:
@@ -36,7 +48,11 @@ class Notifier:
                 if done(value) or remaining <= 0:
                     return value
                 woken = asyncio.ensure_future(event.wait())
-                await asyncio.wait({woken, hung_up}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                self.waiting += 1
+                try:
+                    await asyncio.wait({woken, hung_up}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    self.waiting -= 1
                 woken.cancel()
                 if hung_up.done():
                     raise CallerGone()

@@ -415,6 +415,11 @@ class Store:
             chunk.append(key)
         await self._exec("SELECT pg_notify(:channel, :keys)", channel=CHANNEL, keys="\n".join(chunk))
 
+    @staticmethod
+    def in_transaction() -> bool:
+        """Whether this task is inside a transaction now."""
+        return _CURRENT_TX.get() is not None
+
     def changed(self, *keys: str) -> None:
         """``keys`` change when the current transaction commits: every coordinator process
         on this database hears of it (``subscribe``), nobody if it rolls back."""
@@ -1172,6 +1177,12 @@ class Store:
         return await self._one("UPDATE jobs SET state = :r, worker = :w, worker_user = :wu, started_at = :now, "
                                "beat_at = :now WHERE id = :id AND state = :q RETURNING *", r=JobState.RUNNING,
                                w=worker, wu=worker_user, now=now, id=oldest["id"], q=JobState.QUEUED)
+
+    async def queued_job_of(self, owners: list[str]) -> bool:
+        """Whether a job of one of ``owners`` is queued (a read: it takes nothing)."""
+        where, params = self._in("owner", "owners", owners)
+        return await self._one(f"SELECT id FROM jobs WHERE state = :q AND {where} LIMIT 1", q=JobState.QUEUED,
+                               **params) is not None
 
     async def beat_job(self, job_id: str, now: float) -> bool:
         """A running job's worker is alive; False if the job is not running."""

@@ -76,6 +76,8 @@ async def _lab(url: str, single_user, tailnet_socket, tailnet_admins, settings):
         clients.append(c)
         return c
 
+    client.app = app  # type: ignore[attr-defined]  (the app itself: for an MCP client, say)
+
     async with app.router.lifespan_context(app):
         rules = app.state.rules
         while rules.reap_passes == 0:  # the start's own pass: its statements are no test's

@@ -193,7 +193,7 @@ async def test_every_reader_of_a_body_is_held_to_its_route_s_limit(tmp_path):
         refused = [
             await api.post("/leases", content=big, headers=JSON),
             await api.post("/leases", content=chunks(big), headers=JSON),
-            # api.idempotent hashes the body before the handler, which reads none
+            # a release reads no body: the Idempotency-Key's check hashes it
             await api.post("/leases/lease-x/release", content=big, headers={**JSON, "Idempotency-Key": "k1"}),
             await api.post("/hosts/host-a/heartbeat", content=b" " * (9 * MiB) + b"{}", headers=JSON),
             # the MCP SDK reads its own bodies (and answers a failing read with a 500)

@@ -18,15 +18,11 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixture
 SPEC = JobSpec.model_validate({"target": {"class": "sim-board"}, "run": ["true"]})
 
 
-async def never() -> None:
-    await asyncio.Event().wait()
-
-
 async def test_concurrent_claims_take_each_job_once(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         jobs = rules.jobs
         made = [(await jobs.submit(SPEC, False, None, "ann", TicketKind.INTERACTIVE))["id"] for _ in range(5)]
-        claims = await asyncio.gather(*(jobs.claim(["ann"], f"w{n}", 0, "root", True, never) for n in range(10)))
+        claims = await asyncio.gather(*(jobs.claim(["ann"], f"w{n}", "root", True) for n in range(10)))
         taken = [c["job"]["id"] for c in claims if c["job"] is not None]
         assert sorted(taken) == sorted(made), "each queued job claimed exactly once"
         workers = await rules.store.read("SELECT worker FROM jobs WHERE state = 'running'")

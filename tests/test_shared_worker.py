@@ -8,6 +8,7 @@ no login name: root may use any)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -230,3 +231,52 @@ async def test_a_shared_workers_jobs_see_no_credential_but_their_own_and_leave_n
         exporter.stop()
         coordinator.stop()
         shutil.rmtree(box, ignore_errors=True)
+
+
+def test_running_another_persons_job_shows_its_commands_asks_first_and_keeps_the_readers_token(tmp_path, env):
+    """``run --from-job``, as the evidence advertises it, by an admin: alice's commands are
+    shown (escapes shown as escapes) and need a yes; they never get the admin's token unless
+    told (--share-token)."""
+    coordinator = Coordinator(tmp_path, env, extra=())
+    tokens = make_tokens(tmp_path, alice="person", ops="admin")
+    _, token_file = lab_tokens(env, coordinator, tmp_path)
+    exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}], token_file=str(token_file))
+    try:
+        wait_state(coordinator, "sim-board-0", "idle", 30)
+        hidden = "echo looks harmless\r\x1b[2Kecho"
+        said = ('[ -n "$DEVICE_LOOP_TOKEN" ] && t=1 || t=0; '
+                'echo "{\\"metric\\": \\"token_given\\", \\"value\\": $t}"')
+        alices = coordinator.api("/jobs", "POST", headers={"Authorization": f"Bearer {tokens['alice']}"},
+                                 json={"spec": {"target": {"device": "sim-board-0"}, "setup": [hidden],
+                                                "run": [said]}}).json()
+        ops = {**env, "DEVICE_LOOP_COORDINATOR": coordinator.url, "DEVICE_LOOP_TOKEN": tokens["ops"]}
+
+        def rerun(*args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "device_loop.cli", "run", "--from-job", alices["id"],
+                                   "--json", *args], env=ops, stdin=stdin, capture_output=True, text=True, timeout=60)
+
+        def ops_jobs() -> list[dict]:
+            return coordinator.api("/jobs", headers={"Authorization": f"Bearer {tokens['ops']}"}).json()
+
+        refused = rerun()
+        assert refused.returncode == 1 and f"{alices['id']} is alice's job" in refused.stderr, refused.stderr
+        assert "echo looks harmless\\r\\x1b[2Kecho" in refused.stderr and "\x1b" not in refused.stderr
+        assert said in refused.stderr and "--yes" in refused.stderr
+        primary, secondary = os.openpty()
+        try:
+            os.write(primary, b"n\n")
+            declined = rerun(stdin=secondary)
+        finally:
+            os.close(primary)
+            os.close(secondary)
+        assert declined.returncode == 1 and "Run them?" in declined.stderr and "not run" in declined.stderr
+        assert ops_jobs() == [], "nothing ran"
+
+        for args, given in ((["--yes"], 0), (["--yes", "--share-token"], 1)):
+            ran = rerun(*args)
+            assert ran.returncode == 0, ran.stderr[-3000:]
+            runs = json.loads(ran.stdout)["runs"]
+            assert [s["value"] for s in runs[0]["samples"]] == [given], (args, runs)
+    finally:
+        exporter.stop()
+        coordinator.stop()

@@ -82,14 +82,14 @@ def account_map(users: Iterable[str], given: Iterable[str]) -> dict[str, Account
     users = list(users)
     accounts: dict[str, Account] = {}
     for option in given:
-        user, sep, account = option.partition("=")
-        if not sep or not user or not account:
+        user, sep, named = option.partition("=")
+        if not sep or not user or not named:
             raise AccountError(f"--account takes USER=ACCOUNT (a login name or UID[:GID]), not {option!r}")
         if user not in users:
             raise AccountError(f"--account {option}: {user} is not one of the --users this worker serves")
         if user in accounts:
             raise AccountError(f"--account names {user}'s account twice")
-        accounts[user] = parse_account(account)
+        accounts[user] = parse_account(named)
     missing = [u for u in users if u not in accounts]
     if missing:
         raise AccountError(f"no account for {', '.join(missing)}: a worker that serves others runs each one's "

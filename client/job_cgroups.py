@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 
 from device_loop.core.cgroups import Cgroup, own_cgroup
 from device_loop.core.process import Lifeline, start_ticks

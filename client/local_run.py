@@ -92,14 +92,14 @@ class LocalCommand:
         self._killed = threading.Event()
         self.job = job
         self.cgroup = job.command() if job is not None else None
-        as_account = {} if account is None else {"user": account.uid, "group": account.gid,
-                                                 "extra_groups": list(account.groups)}
         # PR_SET_PDEATHSIG is tied to the thread that forks: the caller's thread waits for the
         # command to end, so it outlives it unless the whole worker dies
         self.popen = subprocess.Popen(
             ["sh", "-c", _LEADER, "device-loop-job", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env=dict(env), cwd=account.workdir if account is not None else cwd,
-            start_new_session=True, preexec_fn=term_when_parent_dies(os.getpid()), **as_account)
+            start_new_session=True, preexec_fn=term_when_parent_dies(os.getpid()),
+            user=None if account is None else account.uid, group=None if account is None else account.gid,
+            extra_groups=None if account is None else list(account.groups))
         self._stdout, self._stderr = _Tail(self.popen.stdout), _Tail(self.popen.stderr)
         gate = self.popen.stdin
         assert gate is not None

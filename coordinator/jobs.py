@@ -75,9 +75,9 @@ def _cell(row: JobCellRow) -> dict[str, Any]:
 
 
 def _run(row: JobRunRow) -> dict[str, Any]:
-    run = {k: v for k, v in row.items() if k != "job"}
+    run: dict[str, Any] = {k: v for k, v in row.items() if k != "job"}
     for key in ("started_at", "ended_at"):  # a run stored before times were bounded (RunRecord) reads as one
-        run[key] = min(max(run[key], 0.0), LATEST_TIME_S)
+        run[key] = min(max(row[key], 0.0), LATEST_TIME_S)
     return run
 
 

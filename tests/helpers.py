@@ -143,7 +143,7 @@ def device_loop_for_anyone(folder: Path) -> Path:
     packages = [p for p in site.getsitepackages() if Path(p).is_dir()]
     script = folder / "device-loop"
     script.write_text("#!/bin/sh\n"
-                      f"exec {python} -P -c 'import site, sys\n"
+                      f"exec {python} -I -S -c 'import site, sys\n"
                       f"for folder in {json.dumps(packages)}: site.addsitedir(folder)\n"
                       "from device_loop.cli.main import main\n"
                       "sys.argv[0] = \"device-loop\"\n"

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -119,7 +120,7 @@ def test_the_worker_is_not_readable_by_its_own_accounts_children(tmp_path):
         print(subprocess.run(["sh", "-c", look], capture_output=True, text=True).stdout)
     """))
     try:
-        said = {mode: subprocess.run([python, "-P", str(box / "worker.py"), mode], user=uid, group=uid,
+        said = {mode: subprocess.run([python, "-I", "-S", str(box / "worker.py"), mode], user=uid, group=uid,
                                      extra_groups=[], cwd="/", capture_output=True, text=True, timeout=30,
                                      env={"PATH": os.environ["PATH"], "USER": str(uid), "WORKER_SECRET": "s3"})
                 for mode in ("plain", "private")}
@@ -130,12 +131,16 @@ def test_the_worker_is_not_readable_by_its_own_accounts_children(tmp_path):
 
 
 def test_a_starting_worker_removes_what_a_worker_killed_with_its_keeper_left(tmp_path):
+    """In a cgroup of this test's own: other tests' workers sweep theirs meanwhile."""
+    base = own_cgroup().child(f"device-loop-test-{os.getpid()}-{time.monotonic_ns()}")
     left = tmp_path / "left"
     script = textwrap.dedent(f"""
         import os
+        from pathlib import Path
         from device_loop.client.job_cgroups import JobCgroups
         from device_loop.client.local_run import LocalCommand
-        cgroups = JobCgroups.start(print)
+        from device_loop.core.cgroups import Cgroup
+        cgroups = JobCgroups.start(print, base=Cgroup(Path({str(base.path)!r})))
         print("keeper", cgroups.keeper.pid, flush=True)
         LocalCommand("setsid sh -c 'echo $$ > {left}; exec sleep 300' & sleep 300", os.environ,
                      job=cgroups.job()).wait(300)
@@ -148,15 +153,15 @@ def test_a_starting_worker_removes_what_a_worker_killed_with_its_keeper_left(tmp
         dead.kill()
         dead.wait()
         assert pid_alive(child), "with its keeper gone too, nothing killed it"
-        folders = [c.path.name for c in own_cgroup().children() if c.path.name.startswith(FOLDER_PREFIX)]
-        assert f"{FOLDER_PREFIX}{dead.pid}-" in " ".join(folders)
-        JobCgroups.start(print).close()
+        assert [c.path.name.startswith(f"{FOLDER_PREFIX}{dead.pid}-") for c in base.children()] == [True]
+        JobCgroups.start(print, base=base).close()
         wait_for(lambda: not pid_alive(child), 10, what="the next worker killing what the gone one left")
-        assert not any(c.path.name.startswith(f"{FOLDER_PREFIX}{dead.pid}-") for c in own_cgroup().children())
+        assert base.children() == []
     finally:
         if dead.poll() is None:
             dead.kill()
             dead.wait()
+        base.remove()
 
 
 def test_a_worker_will_not_serve_others_without_an_account_each(tmp_path, env):
@@ -175,6 +180,29 @@ def test_a_worker_will_not_serve_others_without_an_account_each(tmp_path, env):
         done = subprocess.run([sys.executable, "-m", "device_loop.cli", "worker", "--once", *args], env=env,
                               capture_output=True, text=True, timeout=30)
         assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+
+    # not root: it may not switch accounts, and has no cgroup it may use
+    box = open_folder("dl-refusals-")
+    as_user = {"user": int(uid), "group": int(uid), "extra_groups": [], "cwd": "/", "text": True,
+               "env": {**env, "HOME": "/", "USER": uid}}
+    try:
+        device_loop = str(device_loop_for_anyone(box))
+        done = subprocess.run([device_loop, "worker", "--users", "alice", "--account", "alice=0:1"],
+                              capture_output=True, timeout=30, **as_user)
+        assert done.returncode == 2 and "root's" in done.stderr, done.stderr
+        other = str(int(uid) + 1)
+        done = subprocess.run([device_loop, "worker", "--users", "alice", "--account", f"alice={other}"],
+                              capture_output=True, timeout=30, **as_user)
+        assert done.returncode == 2 and "CAP_SETUID" in done.stderr, done.stderr
+        own = subprocess.Popen([device_loop, "worker", "--once"], stderr=subprocess.PIPE, **as_user)
+        try:
+            warned = own.stderr.readline()
+            assert "warning: cannot make a cgroup" in warned and "setsid" in warned, warned
+        finally:
+            own.kill()
+            own.wait()
+    finally:
+        shutil.rmtree(box)
 
 
 @pytest.mark.anyio

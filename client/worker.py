@@ -111,8 +111,8 @@ class Worker:
 @click.option("--users", callback=_tags, help="whose queued jobs to run, separated by commas (an admin's token); "
                                               "default: your own")
 @click.option("--account", "accounts", multiple=True, metavar="USER=ACCOUNT",
-              help="the Unix account (a login name, or UID[:GID]) whose commands of USER's run as: one for each of "
-                   "--users, each their own, never root's or the worker's")
+              help="the Unix account USER's commands run as (a login name, or UID[:GID]): one for each of --users, "
+                   "each their own, never root's or the worker's")
 @click.option("--once", is_flag=True, help="run one job (or wait --poll for one) and exit: 0 done, 1 failed")
 @click.option("--poll", default="30s", show_default=True, callback=_ttl,
               help="how long one claim waits for a job (at most 60s)")

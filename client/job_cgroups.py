@@ -17,6 +17,7 @@ nothing it starts is outside. Each is killed whole:
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import subprocess
@@ -24,7 +25,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from device_loop.core.cgroups import Cgroup, own_cgroup
+from device_loop.core.cgroups import Cgroup, own_cgroup, own_path
 from device_loop.core.process import Lifeline, start_ticks
 
 FOLDER_PREFIX = "device-loop-worker-"
@@ -93,7 +94,7 @@ class JobCgroups:
         removing what gone workers left there, and start its keeper; ``CgroupsUnavailable``
         saying why where it cannot (no cgroup v2, not allowed to make or move into one)."""
         base = base or own_cgroup()
-        if base is None or not base.path.is_dir():
+        if base is None or not (base.path / "cgroup.procs").exists():
             raise CgroupsUnavailable("no cgroup v2 is mounted here")
         sweep(base, say)
         try:
@@ -130,6 +131,9 @@ def _try_moving(folder: Cgroup) -> None:
     sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
     try:
         probe.add(sleeper.pid)
+        where = own_path(sleeper.pid) or ""
+        if not where.endswith(f"/{folder.path.name}/probe"):
+            raise OSError(errno.EPERM, f"the process stayed in {where or 'its cgroup'}")
     finally:
         probe.kill()
         with contextlib.suppress(ProcessLookupError):

@@ -22,9 +22,9 @@ import pytest
 
 from conftest import Coordinator, Exporter, Proc, lab_tokens, wait_for
 from device_loop.client.accounts import parse_account
-from device_loop.client.job_cgroups import FOLDER_PREFIX, JobCgroups
+from device_loop.client.job_cgroups import FOLDER_PREFIX, CgroupsUnavailable, JobCgroups
 from device_loop.client.local_run import LocalCommand
-from device_loop.core.cgroups import own_cgroup
+from device_loop.core.cgroups import Cgroup, own_cgroup
 from helpers import device_loop_for_anyone, open_folder, pid_alive, unused_uids
 from test_end_to_end import wait_state
 from test_worker import SIM, make_tokens, worker
@@ -75,6 +75,8 @@ def test_a_command_and_all_it_started_die_when_it_ends_a_setsid_child_too(tmp_pa
     finally:
         cgroups.close()
     assert not cgroups.folder.path.exists() and cgroups.keeper.returncode == 0
+    with pytest.raises(CgroupsUnavailable, match="no cgroup v2"):
+        JobCgroups.start(print, base=Cgroup(tmp_path))
 
 
 def test_commands_under_two_accounts_cannot_read_each_others_environment(tmp_path):

@@ -167,42 +167,38 @@ def test_a_starting_worker_removes_what_a_worker_killed_with_its_keeper_left(tmp
 
 
 def test_a_worker_will_not_serve_others_without_an_account_each(tmp_path, env):
+    """Refused before it reaches the coordinator (there is none): each a Python start, run side by side."""
     uid = str(unused_uids(1)[0])
     env = {**env, "DEVICE_LOOP_COORDINATOR": "http://127.0.0.1:9", "DEVICE_LOOP_TOKEN": "dl_unused"}
-    refusals = {
-        ("--users", "alice,bob", "--account", f"alice={uid}"): "no account for bob",
-        ("--users", "alice", "--account", "alice=0"): "root's",
-        ("--users", "alice", "--account", f"alice={os.geteuid()}"): "root's" if os.geteuid() == 0 else "worker's",
-        ("--users", "alice,bob", "--account", f"alice={uid}", "--account", f"bob={uid}:{uid}"): "same account",
-        ("--users", "alice", "--account", f"alice={uid}", "--account", f"carol={uid}"): "carol is not one of",
-        ("--users", "alice", "--account", "alice=nobody-here-at-all"): "no account 'nobody-here-at-all'",
-        ("--account", f"alice={uid}"): "--account is for a worker that serves others",
-    }
-    for args, said in refusals.items():
-        done = subprocess.run([sys.executable, "-m", "device_loop.cli", "worker", "--once", *args], env=env,
-                              capture_output=True, text=True, timeout=30)
-        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
-
-    # not root: it may not switch accounts, and has no cgroup it may use
     box = open_folder("dl-refusals-")
-    as_user = {"user": int(uid), "group": int(uid), "extra_groups": [], "cwd": "/", "text": True,
-               "env": {**env, "HOME": "/", "USER": uid}}
+    # not root (below): it may not switch accounts, and has no cgroup it may use
+    as_user = {"user": int(uid), "group": int(uid), "extra_groups": [], "cwd": "/", "env": {**env, "USER": uid}}
+    as_root = [sys.executable, "-m", "device_loop.cli", "worker"]
     try:
-        device_loop = str(device_loop_for_anyone(box))
-        done = subprocess.run([device_loop, "worker", "--users", "alice", "--account", "alice=0:1"],
-                              capture_output=True, timeout=30, **as_user)
-        assert done.returncode == 2 and "root's" in done.stderr, done.stderr
-        other = str(int(uid) + 1)
-        done = subprocess.run([device_loop, "worker", "--users", "alice", "--account", f"alice={other}"],
-                              capture_output=True, timeout=30, **as_user)
-        assert done.returncode == 2 and "CAP_SETUID" in done.stderr, done.stderr
-        own = subprocess.Popen([device_loop, "worker", "--once"], stderr=subprocess.PIPE, **as_user)
+        not_root = [str(device_loop_for_anyone(box)), "worker"]
+        refusals = {
+            ("--users", "alice,bob", "--account", f"alice={uid}"): "no account for bob",
+            ("--users", "alice", "--account", "alice=0"): "root's",
+            ("--users", "alice,bob", "--account", f"alice={uid}", "--account", f"bob={uid}:{uid}"): "same account",
+            ("--users", "alice", "--account", f"alice={uid}", "--account", f"carol={uid}"): "carol is not one of",
+            ("--users", "alice", "--account", "alice=nobody-here-at-all"): "no account 'nobody-here-at-all'",
+            ("--account", f"alice={uid}"): "--account is for a worker that serves others",
+            ("not root", "--users", "alice", "--account", f"alice={int(uid) + 1}"): "CAP_SETUID",
+        }
+        started = {args: subprocess.Popen([*not_root, *args[1:]], stderr=subprocess.PIPE, text=True, **as_user)
+                   if args[0] == "not root" else
+                   subprocess.Popen([*as_root, "--once", *args], env=env, stderr=subprocess.PIPE, text=True)
+                   for args in refusals}
+        own = subprocess.Popen([*not_root, "--once"], stderr=subprocess.PIPE, text=True, **as_user)
         try:
             warned = own.stderr.readline()
             assert "warning: cannot make a cgroup" in warned and "setsid" in warned, warned
         finally:
             own.kill()
             own.wait()
+        for args, said in refusals.items():
+            _, stderr = started[args].communicate(timeout=60)
+            assert started[args].returncode == 2 and said in stderr, (args, stderr)
     finally:
         shutil.rmtree(box)
 

@@ -166,11 +166,22 @@ def _say(text: str) -> None:
     click.echo(f"  {text}", err=True)
 
 
-def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None) -> None:
+def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, share_token: bool = True) -> None:
     """Submit ``spec`` with this process as its worker, run it, print its table (or JSON),
-    and exit 0 once done, 1 if it failed. Ctrl-C or SIGTERM stops it: failed, leases released."""
+    and exit 0 once done, 1 if it failed. Ctrl-C or SIGTERM stops it: failed, leases released.
+    Its commands run in a cgroup of the job's where this machine lets it make one
+    (``client/job_cgroups.py``), else each in a process group; ``share_token``: they get
+    this process's token."""
+    from device_loop.core.process import keep_private
+
+    from .job_cgroups import CgroupsUnavailable, JobCgroups
     from .runner import Runner, Stopper
 
+    keep_private()
+    try:
+        cgroups: JobCgroups | None = JobCgroups.start(_say)
+    except CgroupsUnavailable:
+        cgroups = None
     job = lab.jobs.submit(spec, claim=True)
     if not as_json:
         click.echo(f"{job.id}: running ({_what(spec)})", err=True)
@@ -179,10 +190,13 @@ def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None) ->
         "interrupted (Ctrl-C)" if signum == signal.SIGINT else "its worker was stopped (SIGTERM)"))
         for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ended = Runner(lab.jobs, say=None if as_json else _say).run(job, stopper)
+        ended = Runner(lab.jobs, say=None if as_json else _say, share_token=share_token, cgroups=cgroups).run(job,
+                                                                                                          stopper)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if cgroups is not None:
+            cgroups.close()
     show_ended(ended, as_json, plot)
     if ended.state is not JobState.DONE:
         sys.exit(130 if stopper.reason == "interrupted (Ctrl-C)" else 1)
@@ -252,16 +266,61 @@ def _go(lab: Lab, spec: JobSpec, as_json: bool, submit: bool, plot: str | None) 
 
 @click.command("run")
 @click.argument("job_file", metavar="JOBFILE.toml", required=False)
-@click.option("--from-job", metavar="ID", help="run again the spec of the job ID")
+@click.option("--from-job", metavar="ID", help="run again the spec of the job ID (another person's: its commands "
+                                               "are shown and you are asked first)")
+@click.option("--yes", is_flag=True, help="with --from-job: run another person's commands without asking")
+@click.option("--share-token", is_flag=True, help="with --from-job: give another person's commands your token too")
 @json_option
 @lab_command
-def run_command(lab: Lab, job_file: str | None, from_job: str | None, as_json: bool):
+def run_command(lab: Lab, job_file: str | None, from_job: str | None, yes: bool, share_token: bool, as_json: bool):
     """Run a job file here (this process is its worker) and print its table; exit 0 once
     done, 1 if it failed."""
     if (job_file is None) == (from_job is None):
         raise click.UsageError("give a JOBFILE.toml or --from-job ID (one of them)")
-    spec = load_job_file(job_file) if job_file is not None else lab.jobs.get(from_job or "").spec
-    run_here(lab, spec, as_json)
+    if job_file is not None:
+        run_here(lab, load_job_file(job_file), as_json)
+        return
+    job = lab.jobs.get(from_job or "")
+    if _yours(lab, job):
+        run_here(lab, job.spec, as_json)
+        return
+    _ask_before_running(job, yes)
+    run_here(lab, job.spec, as_json, share_token=share_token)
+
+
+def _yours(lab: Lab, job: JobView) -> bool:
+    """Whether the job is surely the reader's: in a lab without tokens, by name. With
+    tokens, who the reader is is the coordinator's to say, and it does not: any job may be
+    another person's (an admin reads everyone's)."""
+    return "Authorization" not in lab.api.headers and job.owner == lab.api.user
+
+
+def _ask_before_running(job: JobView, yes: bool) -> None:
+    """Show the commands of a job that may be another person's, and ask before running them
+    here, as the reader: they could do whatever the reader's account can. Without a
+    terminal to ask on, only ``--yes`` runs them."""
+    spec = job.spec
+    lists = [("setup", spec.setup), ("run", spec.run)] + \
+        ([("baseline (A)", spec.ab.baseline), ("patch (B)", spec.ab.patch)] if spec.ab is not None else [])
+    lines = [f"{job.id} is {job.owner}'s job. Its commands run on this machine as you, with your files:"]
+    for name, commands in lists:
+        lines += [f"  {name}: {_shown(command)}" for command in commands]
+    click.echo("\n".join(lines), err=True)
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise click.ClickException(f"not run: read {job.owner}'s commands above, then run it again with --yes")
+    if not click.confirm("Run them?", default=False, err=True):
+        raise click.ClickException("not run")
+
+
+def _shown(command: str) -> str:
+    """A command as a terminal cannot be made to hide any of it: every character that is not
+    printable (a carriage return, an escape sequence, a right-to-left mark) written as its
+    escape, and each line after the first indented."""
+    shown = "".join(c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii")
+                    for c in command)
+    return shown.replace("\n", "\n      ")
 
 
 @click.command("ab")

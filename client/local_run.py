@@ -1,19 +1,23 @@
 """A job's command on the worker (docs/architecture.md, "Jobs and evidence"): ``sh -c`` in a
-process group of its own, killed whole at its deadline, and gone with the worker however the
-worker ends; and the samples its output holds.
+cgroup of its own (``client/job_cgroups.py``) where the worker has cgroups, under the
+account of the job's owner where the worker serves others (``client/accounts.py``), killed
+whole at its deadline and when it ends, and gone with the worker however the worker ends;
+and the samples its output holds.
 
 A command may start anything (``device-loop exec``, ``adb push``, a build): killing ``sh``
-alone would leave those running. So the group's leader is a small shell that runs the
-command in the background and, should the worker die (``PR_SET_PDEATHSIG``, a SIGTERM),
-kills its whole group. At a deadline, or when the worker stops, the worker kills the group
-itself.
+alone would leave those running. Its first process, the leader, waits for a line on its
+standard input before it runs the command, and the worker moves it into the command's
+cgroup before it writes that line: nothing the command starts is ever outside. Without
+cgroups (a worker that serves only its own user, on a machine that has none it may use),
+the leader leads a process group of its own, and should the worker die
+(``PR_SET_PDEATHSIG``, a SIGTERM) kills that group; a process that leaves the group
+(``setsid``) is then out of reach.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -21,15 +25,19 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from device_loop.core.jobs import MAX_METRICS, MAX_TEXT_CHARS, MetricSpec, Sample
+from device_loop.core.jobs import MAX_METRICS, MAX_TEXT_CHARS, MetricSpec, Sample, metric_pattern
 from device_loop.core.process import term_when_parent_dies
+
+from .accounts import Account
+from .job_cgroups import JobCgroup
 
 #: What a command's output keeps: the metrics are read from the last MiB of stdout.
 KEEP_BYTES = 1 << 20
 TAIL_CHARS = MAX_TEXT_CHARS // 2
-# The group's leader: the command in the background, and a dead worker's SIGTERM turned
-# into a SIGKILL of the whole group ("$1" is the command, passed as an argument: no quoting).
-_LEADER = 'trap "kill -KILL 0" TERM; sh -c "$1" </dev/null & wait $!'
+# The leader: the go-ahead read first, then the command in the background, and a dead
+# worker's SIGTERM turned into a SIGKILL of the whole group ("$1" is the command, passed as an
+# argument: no quoting). No go-ahead (the worker could not place it): it ends, having run nothing.
+_LEADER = 'read -r _ || exit 125; trap "kill -KILL 0" TERM; sh -c "$1" </dev/null & wait $!'
 
 
 @dataclass(frozen=True)
@@ -72,33 +80,58 @@ class _Tail:
 
 
 class LocalCommand:
-    """One command running on this machine. Start it, then ``wait``; ``kill`` from any thread."""
+    """One command running on this machine. Start it, then ``wait``; ``kill`` from any thread.
 
-    def __init__(self, command: str, env: Mapping[str, str], cwd: str | None = None, clock=time.time):
+    ``job``: the cgroup of its job, in which it gets one of its own; ``account``: whom it runs as
+    (default: the worker's account), starting in that account's home."""
+
+    def __init__(self, command: str, env: Mapping[str, str], cwd: str | None = None, clock=time.time,
+                 job: JobCgroup | None = None, account: Account | None = None):
         self.clock = clock
         self.started_at = clock()
         self._killed = threading.Event()
+        self.job = job
+        self.cgroup = job.command() if job is not None else None
         # PR_SET_PDEATHSIG is tied to the thread that forks: the caller's thread waits for the
         # command to end, so it outlives it unless the whole worker dies
         self.popen = subprocess.Popen(
-            ["sh", "-c", _LEADER, "device-loop-job", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=dict(env), cwd=cwd, start_new_session=True,
-            preexec_fn=term_when_parent_dies(os.getpid()))
+            ["sh", "-c", _LEADER, "device-loop-job", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=dict(env), cwd=account.workdir if account is not None else cwd,
+            start_new_session=True, preexec_fn=term_when_parent_dies(os.getpid()),
+            user=None if account is None else account.uid, group=None if account is None else account.gid,
+            extra_groups=None if account is None else list(account.groups))
         self._stdout, self._stderr = _Tail(self.popen.stdout), _Tail(self.popen.stderr)
+        gate = self.popen.stdin
+        assert gate is not None
+        try:
+            if self.cgroup is not None:
+                self.cgroup.add(self.popen.pid)
+        except OSError:
+            self.popen.kill()  # (it has run nothing yet: it waits for the go-ahead)
+            self.popen.wait()
+            self._discard()
+            gate.close()
+            raise
+        with contextlib.suppress(BrokenPipeError):  # (killed meanwhile: wait() says so)
+            with gate:
+                gate.write(b"go\n")
 
     @property
     def pid(self) -> int:
-        """The group's leader: its pid is the process group's id."""
+        """The leader: its pid is the process group's id."""
         return self.popen.pid
 
     def kill(self) -> None:
-        """Kill everything the command started (its process group)."""
+        """Kill everything the command started (its cgroup, else its process group)."""
         self._killed.set()
+        if self.job is not None and self.cgroup is not None:
+            self.job.kill(self.cgroup)
+            return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
 
     def wait(self, timeout_s: float) -> LocalResult:
-        """Wait for the command to end, at most ``timeout_s`` (then its group is killed)."""
+        """Wait for the command to end, at most ``timeout_s`` (then all it started is killed)."""
         timed_out = False
         try:
             self.popen.wait(timeout_s)
@@ -106,13 +139,19 @@ class LocalCommand:
             timed_out = True
             self.kill()
             self.popen.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # what the command left behind
-            os.killpg(self.popen.pid, signal.SIGKILL)
+        self._discard()  # what the command left behind
         ended_at = self.clock()
         status = self.popen.returncode
         return LocalResult(status=max(-255, min(255, status)), stdout=self._stdout.text(5), stderr=self._stderr.text(5),
                            started_at=self.started_at, ended_at=ended_at, timed_out=timed_out,
                            killed=self._killed.is_set() and not timed_out)
+
+    def _discard(self) -> None:
+        if self.job is not None and self.cgroup is not None:
+            self.job.discard(self.cgroup)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
 
 
 def samples(result: LocalResult, metrics: Sequence[MetricSpec]) -> list[Sample]:
@@ -155,8 +194,12 @@ def _json_lines(stdout: str) -> dict[str, tuple[float, str]]:
 
 
 def _last_match(regex: str, text: str) -> float | None:
+    try:
+        pattern = metric_pattern(regex)
+    except ValueError:  # a spec stored before RE2 read them (the coordinator refuses such regexes now)
+        return None
     value = None
-    for match in re.finditer(regex, text):
+    for match in pattern.finditer(text):
         try:
             number = float(match.group("value"))
         except (TypeError, ValueError):

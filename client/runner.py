@@ -8,7 +8,9 @@ owner), the device's fingerprint, the setup commands once, then the runs in the 
 this machine with the lease's environment (``client/local_run.py``). A thread beats the job
 meanwhile. A failing command, a lease that ended, a faulty device or a stop (the worker's
 SIGTERM, a cancel) fails or ends the job with its runs kept; the leases are released
-however it ends.
+however it ends. The job's commands run in a cgroup of the job's, killed whole when it ends
+(``client/job_cgroups.py``), and, on a worker that serves others, under the account of the
+job's owner (``client/accounts.py``).
 
 The runner is given its collaborators: the lab's ``Jobs``, the function that runs a
 command on a device (``exec``), and a clock.
@@ -35,7 +37,9 @@ from device_loop.core.jobs import (MAX_TEXT_CHARS, Arm, CellReport, Fingerprint,
                                    RunRecord)
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
 
+from .accounts import Account
 from .http import CoordinatorError
+from .job_cgroups import JobCgroup, JobCgroups
 from .jobs_api import Jobs
 from .lab import Lease, Ticket, TicketEnded
 from .local_run import LocalCommand, LocalResult, samples
@@ -113,6 +117,14 @@ class Stopper:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a job's commands run: in its cgroup (None: each in a process group) and as
+    whom (None: the worker's account)."""
+    cgroup: JobCgroup | None = None
+    account: Account | None = None
+
+
+@dataclass(frozen=True)
 class CellOutcome:
     cell: int
     failed: str | None = None     # why the cell, and so the job, failed
@@ -124,11 +136,17 @@ class Runner:
 
     def __init__(self, jobs: Jobs, *, exec: DeviceExec | None = None, clock: Callable[[], float] = time.time,
                  beat_s: float = BEAT_S, say: Say | None = None, base_env: Mapping[str, str] | None = None,
-                 share_token: bool = True):
+                 share_token: bool = True, cgroups: JobCgroups | None = None,
+                 accounts: Mapping[str, Account] | None = None):
         """``share_token``: give the commands this worker's token. Only for its own jobs: a
-        shared worker's token (an admin's) must not reach its users' commands."""
+        shared worker's token (an admin's) must not reach its users' commands. ``cgroups``:
+        where each job gets a cgroup (None: its commands run in process groups).
+        ``accounts``: whose account each person's commands run as (a worker that serves
+        others); a job of anyone else is not run."""
         self.jobs = jobs
         self.share_token = share_token
+        self.cgroups = cgroups
+        self.accounts = accounts
         self.exec: DeviceExec = exec if exec is not None else exec_on_lease
         self.clock = clock
         self.beat_s = beat_s
@@ -139,18 +157,28 @@ class Runner:
         """Run ``job`` (claimed by this worker) to its end, and finish it on the coordinator;
         the job as it ended there."""
         stopper = stopper or Stopper()
+        if self.accounts is not None and job.owner not in self.accounts:
+            return self._finish(job, stopper, f"this worker has no Unix account for {job.owner}: it runs each "
+                                              "person's commands under their own")
         coordinator_version = str(self.jobs.api.get("/health").get("version", ""))
+        placement = Placement(self.cgroups.job() if self.cgroups is not None else None,
+                              self.accounts[job.owner] if self.accounts is not None else None)
         beating = threading.Event()
         beater = threading.Thread(target=self._beat, args=(job.id, stopper, beating), daemon=True,
                                   name=f"beat-{job.id}")
         beater.start()
         try:
-            outcomes = self._cells(job, stopper, coordinator_version)
+            outcomes = self._cells(job, stopper, coordinator_version, placement)
         finally:
+            if placement.cgroup is not None:
+                placement.cgroup.close()  # whatever of the job still runs
             beating.set()
             beater.join(10)
         failures = [o.failed for o in outcomes if o.failed]
-        reason = stopper.reason or (failures[0] if failures else None)
+        return self._finish(job, stopper, failures[0] if failures else None)
+
+    def _finish(self, job: JobView, stopper: Stopper, failure: str | None) -> JobView:
+        reason = stopper.reason or failure
         if stopper.cancelled:
             self.say(f"{job.id}: {reason}")
             return self.jobs.get(job.id)
@@ -180,16 +208,17 @@ class Runner:
         finally:
             jobs.api.close()
 
-    def _cells(self, job: JobView, stopper: Stopper, coordinator_version: str) -> list[CellOutcome]:
+    def _cells(self, job: JobView, stopper: Stopper, coordinator_version: str,
+               placement: Placement) -> list[CellOutcome]:
         todo = cells(job.spec)
         if len(todo) == 1:
-            return [self._cell(self.jobs, job, todo[0], stopper, coordinator_version)]
+            return [self._cell(self.jobs, job, todo[0], stopper, coordinator_version, placement)]
         outcomes: dict[int, CellOutcome] = {}
 
         def run(cell: Cell) -> None:
             jobs = self.jobs.apart()  # (a connection a thread)
             try:
-                outcomes[cell.index] = self._cell(jobs, job, cell, stopper, coordinator_version)
+                outcomes[cell.index] = self._cell(jobs, job, cell, stopper, coordinator_version, placement)
             finally:
                 jobs.api.close()
 
@@ -201,8 +230,9 @@ class Runner:
                 thread.join(0.5)
         return [outcomes[cell.index] for cell in todo]
 
-    def _cell(self, jobs: Jobs, job: JobView, cell: Cell, stopper: Stopper, coordinator_version: str) -> CellOutcome:
-        run = CellRun(self, jobs, job, cell, stopper, coordinator_version)
+    def _cell(self, jobs: Jobs, job: JobView, cell: Cell, stopper: Stopper, coordinator_version: str,
+              placement: Placement) -> CellOutcome:
+        run = CellRun(self, jobs, job, cell, stopper, coordinator_version, placement)
         try:
             run.run()
         except (CellFailed, CoordinatorError) as exc:
@@ -225,8 +255,9 @@ class CellRun:
     """One cell of a job, on its own lease."""
 
     def __init__(self, runner: Runner, jobs: Jobs, job: JobView, cell: Cell, stopper: Stopper,
-                 coordinator_version: str):
+                 coordinator_version: str, placement: Placement):
         self.runner, self.jobs, self.job, self.cell, self.stopper = runner, jobs, job, cell, stopper
+        self.placement = placement
         self.spec: JobSpec = job.spec
         self.coordinator_version = coordinator_version
         self.lease: Lease | None = None
@@ -352,15 +383,18 @@ class CellRun:
                 lease.renew(self.spec.lease_ttl_s)
 
     def _environment(self, lease: Lease) -> dict[str, str]:
-        """What a command sees: the worker's environment, what ``device-loop env`` exports
-        (through local forwards in a lab with gates), the lease, and who to be to the lab."""
+        """What a command sees: the worker's environment (under another account, only its
+        path and locale: ``Account.environment``), what ``device-loop env`` exports (through
+        local forwards in a lab with gates), the lease, and who to be to the lab."""
         endpoints = [e for e in lease.endpoints if e.get("env")]
         if lease.data.get("secret") and endpoints:
             from device_loop.core.gate import LocalForward
 
             self._forwards = [LocalForward(e, lease.data["secret"]) for e in endpoints]
             endpoints = [f.endpoint for f in self._forwards]
-        env = {**self.runner.base_env, **environment(lease.data, endpoints),
+        account = self.placement.account
+        base = self.runner.base_env if account is None else account.environment(self.runner.base_env)
+        env = {**base, **environment(lease.data, endpoints),
                "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_COORDINATOR": self.jobs.api.url,
                # the lease itself (its endpoints and secret): `device-loop exec $DEVICE_LOOP_LEASE` needs no token
                LEASE_ANSWER_ENV: json.dumps(lease.data)}
@@ -452,7 +486,8 @@ class CellRun:
 
     def _local(self, command: str) -> LocalResult:
         """A command on this machine, with the lease's environment; a stop kills it."""
-        started = LocalCommand(command, self.env, clock=self.runner.clock)
+        started = LocalCommand(command, self.env, clock=self.runner.clock, job=self.placement.cgroup,
+                               account=self.placement.account)
         with self.stopper.killing(started.kill):
             result = started.wait(self.spec.command_timeout_s)
         if result.killed:

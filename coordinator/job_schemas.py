@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, model_validator
 
 from device_loop.core.device_exec import MAX_COMMAND_BYTES
-from device_loop.core.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec
+from device_loop.core.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec, metric_pattern
 from device_loop.core.protocol import MAX_TAGS, Strict, Tag
 
 from .identity import USERNAME
@@ -60,6 +60,20 @@ class SubmitJobIn(Strict):
     worker: WorkerLabel | None = Field(default=None, description="with claim: the worker's label, as the job "
                                                                  "shows it (e.g. 'ci-7:4242'; at most 200 "
                                                                  "characters); default: the caller's name")
+
+    @model_validator(mode="after")
+    def _regexes_a_worker_reads(self) -> SubmitJobIn:
+        """A metric's regex is read by RE2 (``core.jobs.metric_pattern``): refused now, not
+        when a worker runs the job. (Checked here, not in the spec: a spec stored before
+        is read as it is.)"""
+        for metric in self.spec.metrics:
+            if metric.regex is not None:
+                try:
+                    metric_pattern(metric.regex)
+                except ValueError as exc:
+                    raise ValueError(f"metric {metric.name}: a worker reads its regex with RE2, which does not "
+                                     f"take it: {exc}") from None
+        return self
 
 
 class JobFilter(Strict):

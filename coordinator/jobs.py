@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import (OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord,
+from device_loop.core.jobs import (LATEST_TIME_S, OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord,
                                    runs_per_cell)
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, OPEN_TICKET_STATES, LeaseState, TicketKind, TicketState
 
@@ -75,7 +75,10 @@ def _cell(row: JobCellRow) -> dict[str, Any]:
 
 
 def _run(row: JobRunRow) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k != "job"}
+    run: dict[str, Any] = {k: v for k, v in row.items() if k != "job"}
+    for key in ("started_at", "ended_at"):  # a run stored before times were bounded (RunRecord) reads as one
+        run[key] = min(max(row[key], 0.0), LATEST_TIME_S)
+    return run
 
 
 def _reservation(row: JobLeaseRow) -> JobReservation:

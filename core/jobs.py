@@ -24,6 +24,7 @@ REST (coordinator/calls.py declares each once, for REST, MCP and OpenAPI):
 """
 from __future__ import annotations
 
+import functools
 import re
 from enum import StrEnum
 from collections.abc import Mapping
@@ -43,6 +44,9 @@ MAX_WARMUP = 20          # AB blocks of an A/B pair run first and discarded
 MAX_RUNS = MAX_CELLS * 2 * (MAX_WARMUP + MAX_ROUNDS)  # of a job: every cell's runs_per_cell at their most
 MAX_FACTS = 64           # a plugin's own fingerprint fields, and other bounded maps
 MAX_TEXT_CHARS = 4000    # of a fingerprint field, an output tail, a reason
+#: The latest time a run may say it started or ended (2100-01-01, in seconds since 1970):
+#: every time a person may read is between 0 and this.
+LATEST_TIME_S = 4102444800.0
 
 
 class JobState(StrEnum):
@@ -95,6 +99,9 @@ Unit = Annotated[str, StringConstraints(max_length=16)]
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
+Time = Annotated[float, Field(ge=0, le=LATEST_TIME_S)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
@@ -119,6 +126,26 @@ class MetricSpec(Strict):
         if "value" not in groups:
             raise ValueError("a metric's regex needs a group named value: (?P<value>[0-9.]+)")
         return regex
+
+
+@functools.lru_cache(maxsize=256)
+def metric_pattern(regex: str) -> Any:
+    """A metric's regex as RE2 reads it, in time linear in the text whatever the regex
+    (Python's ``re`` can take exponential time, and a job's regex is its owner's to write);
+    ``ValueError`` saying why RE2 does not take it (lookarounds and backreferences, for
+    instance), or why it is no metric's (no group named ``value``)."""
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False  # (RE2 would print each refusal on stderr)
+    try:
+        pattern = re2.compile(regex, options=options)
+    except re2.error as exc:
+        said = exc.args[0] if exc.args else exc
+        raise ValueError(said.decode(errors="replace") if isinstance(said, bytes) else str(said)) from None
+    if "value" not in pattern.groupindex:
+        raise ValueError("it needs a group named value: (?P<value>[0-9.]+)")
+    return pattern
 
 
 class Target(Strict):
@@ -252,8 +279,8 @@ class RunRecord(Strict):
     seq: int = Field(ge=0, lt=MAX_RUNS)            # its place in the cell's order, warmup included
     arm: Arm
     warmup: bool = False
-    started_at: float
-    ended_at: float
+    started_at: Time
+    ended_at: Time
     status: int = Field(ge=-255, le=255)           # the command's exit status (negative: a signal)
     readings: Readings = Field(default_factory=Readings)
     samples: Annotated[list[Sample], Field(max_length=MAX_METRICS)] = Field(default_factory=list)

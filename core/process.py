@@ -26,6 +26,7 @@ from .holders import listening_ports
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_DUMPABLE = 4
 SPAWNED_BY = "DEVICE_LOOP_SPAWNED_BY"  # in a spawned process's environment: the registry that started it
 
 
@@ -51,6 +52,14 @@ def term_when_parent_dies(parent: int):
         if os.getppid() != parent:  # the parent died before we asked
             os._exit(1)
     return arrange
+
+
+def keep_private() -> None:
+    """Make this process unreadable by other processes of its account, its children
+    included: no ``/proc/PID/environ``, ``mem`` or ptrace (the kernel's "non-dumpable"; no core
+    dumps either). A worker holds a token and leases its jobs' commands must not read."""
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")
 
 
 class Lifeline:

@@ -1,6 +1,7 @@
 """Small helpers for talking to boards and checking processes in tests."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -103,3 +104,49 @@ def write_clip(path: Path) -> Path:
         writer.write(np.full((120, 160, 3), shade, np.uint8))
     writer.release()
     return path
+
+
+def unused_uids(count: int) -> list[int]:
+    """Uids no account has and no process runs as: each job's account in a test of its own
+    (tests run side by side, and two sharing an account could read each other)."""
+    import pwd
+    import random
+
+    taken = {entry.pw_uid for entry in pwd.getpwall()}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                taken.add(entry.stat().st_uid)
+    free = [uid for uid in range(61000, 65000) if uid not in taken]
+    return random.sample(free, count)
+
+
+def open_folder(prefix: str) -> Path:
+    """A new folder every account may enter, and write in (sticky, as /tmp): the tests'
+    own tmp_path is root's alone."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    folder.chmod(0o1777)
+    return folder
+
+
+def device_loop_for_anyone(folder: Path) -> Path:
+    """A ``device-loop`` command (written in ``folder``) that an account other than root can
+    run: this venv's Python may lie in a folder only root enters (pyenv under /root), so it
+    is the system's Python of the same version, with this venv's packages."""
+    import site
+    import sys
+
+    python = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    assert python.exists(), f"the tests run commands as other accounts with {python}: install it"
+    packages = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    script = folder / "device-loop"
+    script.write_text("#!/bin/sh\n"
+                      f"exec {python} -I -S -c 'import site, sys\n"
+                      f"for folder in {json.dumps(packages)}: site.addsitedir(folder)\n"
+                      "from device_loop.cli.main import main\n"
+                      "sys.argv[0] = \"device-loop\"\n"
+                      "sys.exit(main())' \"$@\"\n")
+    script.chmod(0o755)
+    return script

@@ -3,7 +3,7 @@ whose token can be stolen): every refusal a clear 4xx, and nothing stored."""
 import pytest
 
 from device_loop.coordinator.identity import issue_token
-from device_loop.core.jobs import MAX_COMMANDS
+from device_loop.core.jobs import LATEST_TIME_S, MAX_COMMANDS, RunRecord
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
@@ -37,12 +37,16 @@ async def test_a_bad_spec_is_refused_and_nothing_is_stored(tmp_path):
             "too many rounds": {**SPEC, "rounds": 201},
             "a matrix without a pair": {**SPEC, "matrix": {"over": ["tags=a"]}},
             "a regex without its group": {**SPEC, "metrics": [{"name": "ms", "regex": "([0-9]+)"}]},
+            "a regex RE2 does not read": {**SPEC, "metrics": [{"name": "ms", "regex": "(?=x)(?P<value>[0-9]+)"}]},
             "a spec that is no object": ["true"],
             "a number for text": {**SPEC, "title": 5},
         }
         for why, spec in bad.items():
             refused = await api.post("/jobs", json={"spec": spec})
             assert refused.status_code == 422, f"{why}: {refused.text}"
+        backreference = await api.post("/jobs", json={"spec": {**SPEC, "metrics": [
+            {"name": "decode_ms", "regex": r"(?P<value>[0-9]+) \1"}]}})
+        assert "metric decode_ms" in backreference.json()["message"] and "RE2" in backreference.json()["message"]
         refused = await api.post("/jobs", json={"spec": {**SPEC, "lease_ttl_s": 7201}})
         assert refused.status_code == 422 and refused.json()["error"] == "ttl_too_long"
         assert (await api.post("/jobs", json={"spec": SPEC, "claim": True, "worker": "a\nb"})).status_code == 422
@@ -88,7 +92,9 @@ async def test_runs_are_append_only_bounded_and_only_while_the_job_runs(tmp_path
         assert (await api.post(f"/jobs/{job['id']}/cells", json={"cell": 1})).json()["error"] == "no_such_cell"
         for bad in [run(1, arm="C"), run(1, status=999), {**run(1), "seq": -1}, {**run(1), "extra": 1},
                     run(1, samples=[{"metric": "bad name!", "value": 1}]), run(1, output_tail="x" * 4001),
-                    run(1, samples=[{"metric": "m", "value": 1}] * 17), run(1, started_at="now")]:
+                    run(1, samples=[{"metric": "m", "value": 1}] * 17), run(1, started_at="now"),
+                    run(1, started_at=-1e308), run(1, ended_at=1e308), run(1, started_at=-1.0),
+                    run(1, ended_at=LATEST_TIME_S + 1)]:
             assert (await api.post(runs, json=bad)).status_code == 422, bad
         nan = await api.post(runs, content=b'{"seq": 1, "arm": "run", "started_at": NaN, "ended_at": 2, "status": 0}',
                              headers={"Content-Type": "application/json"})
@@ -155,3 +161,26 @@ async def test_a_person_has_a_bounded_number_of_open_jobs_and_a_job_of_reservati
 
         await api.post(f"/jobs/{first['id']}/finish", json={"state": "done"})  # an ended job is no longer counted
         assert (await api.post("/jobs", json={"spec": SPEC})).status_code == 201
+
+
+async def test_a_run_of_any_numbers_it_may_hold_reads_and_shows_and_an_old_bad_time_too(tmp_path):
+    """The extremes a run may report render (its page, its evidence), and a run stored before
+    times were bounded (started_at -1e308: the page failed with 500) reads as one."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        spec = {**SPEC, "metrics": [{"name": "m"}]}
+        job = (await api.post("/jobs", json={"spec": spec, "claim": True})).json()
+        extremes = [run(0, started_at=0.0, ended_at=LATEST_TIME_S, samples=[{"metric": "m", "value": 1e308}],
+                        readings={"temperatures": {"cpu": -1e308}, "load": 1e6, "freq_khz": 10**9}),
+                    run(1, started_at=LATEST_TIME_S, ended_at=0.0, samples=[{"metric": "m", "value": -1e308}])]
+        for record in extremes:
+            assert (await api.post(f"/jobs/{job['id']}/runs", json=record)).status_code == 201
+        old = RunRecord.model_validate(run(2)).model_dump(mode="json") | {"started_at": -1e308, "ended_at": 1e308}
+        assert await rules.store.insert_job_run({"job": job["id"], **old})
+        answer = await api.get(f"/jobs/{job['id']}")
+        assert answer.status_code == 200
+        assert [(r["started_at"], r["ended_at"]) for r in answer.json()["runs"]][2] == (0.0, LATEST_TIME_S)
+        page = await api.get(f"http://127.0.0.1/jobs/{job['id']}")
+        assert page.status_code == 200, page.text[-2000:]
+        evidence = await api.get(f"/jobs/{job['id']}/evidence")
+        assert evidence.status_code == 200, evidence.text[-2000:]

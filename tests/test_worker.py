@@ -2,11 +2,14 @@
 machine in a process group of its own, killed whole at its deadline and gone with a worker
 killed outright; an agent's job submitted through MCP runs on ``device-loop worker`` and the
 agent reads its markdown; a worker killed mid-job leaves the job failed ("worker lost") with
-its runs, its lease released, and nothing it started running."""
+its runs, its lease released, and nothing it started running, a setsid child included; a
+job's regex that would take Python's ``re`` forever does not stop its worker's beats.
+(What a shared worker keeps apart: tests/test_shared_worker.py.)"""
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +22,7 @@ import pytest
 from conftest import Coordinator, Exporter, Proc, lab_tokens, wait_for
 from device_loop.client.local_run import LocalCommand, samples
 from device_loop.core.jobs import MetricSpec
-from helpers import pid_alive
+from helpers import device_loop_for_anyone, open_folder, pid_alive, unused_uids
 from test_end_to_end import wait_state
 from test_mcp import agent as mcp_client, call
 
@@ -122,19 +125,23 @@ async def test_an_agents_job_through_mcp_runs_on_a_worker_and_the_agent_reads_th
     _, token_file = await asyncio.to_thread(lab_tokens, env, coordinator, tmp_path)
     exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}], token_file=str(token_file))
     running = None
+    box = open_folder("dl-mcp-")
     try:
         await asyncio.to_thread(wait_state, coordinator, "sim-board-0", "idle", 30)
-        # a shared worker's token (an admin's) never reaches its users' commands: they reach
-        # their lease's device all the same (the worker hands them the lease, not its token)
+        # a shared worker's token (an admin's) never reaches its users' commands, which run as
+        # alice's account: they reach their lease's device all the same (the worker hands them
+        # the lease, not its token)
         no_token = 'test -z "$DEVICE_LOOP_TOKEN" && '
+        workload = WORKLOAD.replace("device-loop", str(device_loop_for_anyone(box)))
         spec = {"title": "decode path", "target": {"class": "sim-board"},
-                "ab": {"baseline": [no_token + WORKLOAD.format(cost=1.0)], "patch": [WORKLOAD.format(cost=0.95)],
+                "ab": {"baseline": [no_token + workload.format(cost=1.0)], "patch": [workload.format(cost=0.95)],
                        "rounds": 2, "warmup": 0}}
         async with mcp_client(coordinator.url, tokens["alice:agent"]) as agent:
             job = await call(agent, "submit_job", spec=spec)
             assert (job["state"], job["kind"], job["owner"]) == ("queued", "batch", "alice")
             running = worker(tmp_path, {k: v for k, v in env.items() if k != "DEVICE_LOOP_TOKEN"}, coordinator,
-                             "--once", "--users", "alice", token=tokens["ops"])  # the lab's shared worker
+                             "--once", "--users", "alice", "--account", f"alice={unused_uids(1)[0]}",
+                             token=tokens["ops"])  # the lab's shared worker
             status = job
             while status["state"] in ("queued", "running"):
                 status = await call(agent, "job_status", job_id=job["id"], wait_s=10, unless=status["state"])
@@ -154,14 +161,17 @@ async def test_an_agents_job_through_mcp_runs_on_a_worker_and_the_agent_reads_th
             running.stop(signal.SIGKILL)
         exporter.stop()
         coordinator.stop()
+        shutil.rmtree(box)
 
 
 def test_a_worker_killed_mid_job_loses_it_and_leaves_nothing_running(tmp_path, env):
     coordinator = Coordinator(tmp_path, env, extra=("--single-user", "--job-worker-timeout", "2s"))
     exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}])
     pids = tmp_path / "pids"
-    # the first run ends at once; the second starts two children that would run for a minute
-    command = (f"if [ -e {pids} ]; then echo $$ >> {pids}; sleep 60 & echo $! >> {pids}; sleep 60; "
+    # the first run ends at once; the second starts three children that would run for a
+    # minute, one of them out of its process group (setsid)
+    command = (f"if [ -e {pids} ]; then echo $$ >> {pids}; sleep 60 & echo $! >> {pids}; "
+               f"setsid sh -c 'echo $$ >> {pids}; exec sleep 60' & sleep 60; "
                f"else echo started > {pids}; echo '{{\"metric\": \"m\", \"value\": 1}}'; fi")
     running = None
     try:
@@ -169,7 +179,7 @@ def test_a_worker_killed_mid_job_loses_it_and_leaves_nothing_running(tmp_path, e
         job = coordinator.api("/jobs", "POST", json={"spec": {"target": {"device": "sim-board-0"}, "run": [command],
                                                               "rounds": 3}}).json()
         running = worker(tmp_path, {**env, "DEVICE_LOOP_USER": "alice"}, coordinator)
-        wait_for(lambda: len(pids.read_text().split()) == 3 if pids.exists() else False, 30,
+        wait_for(lambda: len(pids.read_text().split()) == 4 if pids.exists() else False, 30,
                  what="the second run's command and its children")
         started = [int(p) for p in pids.read_text().split()[1:]]
         assert all(pid_alive(p) for p in started)
@@ -182,6 +192,30 @@ def test_a_worker_killed_mid_job_loses_it_and_leaves_nothing_running(tmp_path, e
         assert all(r["lease_state"] == "released" for r in ended["reservations"] if r["lease"]), ended["reservations"]
         wait_for(lambda: not any(pid_alive(p) for p in started), 10, what="the worker's commands gone with it")
         wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+    finally:
+        if running is not None:
+            running.stop(signal.SIGKILL)
+        exporter.stop()
+        coordinator.stop()
+
+
+def test_a_regex_that_would_take_forever_does_not_stop_the_worker(tmp_path, env):
+    """``(a+)+$`` against 30 a's and a '!' takes Python's re some 2^30 steps, holding the
+    interpreter: the beats stopped and the job was "worker lost". Read by RE2, in time linear
+    in the output, the run is recorded without the metric and the job fails saying so."""
+    coordinator = Coordinator(tmp_path, env, extra=("--single-user", "--job-worker-timeout", "2s"))
+    exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}])
+    running = None
+    try:
+        wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+        spec = {"target": {"device": "sim-board-0"}, "run": ["echo " + "a" * 30 + "!"],
+                "metrics": [{"name": "m", "regex": "(?P<value>(a+)+)$"}]}
+        job = coordinator.api("/jobs", "POST", json={"spec": spec}).json()
+        running = worker(tmp_path, {**env, "DEVICE_LOOP_USER": "alice"}, coordinator)
+        ended = wait_for(lambda: (j := coordinator.api(f"/jobs/{job['id']}", params={"wait": 5, "unless": "running"})
+                                  .json())["state"] not in ("queued", "running") and j, 30, what="the job's end")
+        assert ended["state"] == "failed" and "printed no value for m" in ended["reason"], ended["reason"]
+        assert [(r["seq"], r["samples"]) for r in ended["runs"]] == [(0, [])]
     finally:
         if running is not None:
             running.stop(signal.SIGKILL)

@@ -11,7 +11,7 @@ from device_loop.core import LEASE_PREFIX, LIVE_LEASE_STATES
 from device_loop.core.durations import parse_duration
 from device_loop.core.vocabulary import TicketState
 
-from .http import CoordinatorError
+from .http import Coordinator, CoordinatorError
 from .interrupt import not_interrupted, sigterm_as_ctrl_c
 from .lab import Lab, Lease, LeaseFailed, Ticket, follow_op
 from .output import emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left
@@ -220,16 +220,16 @@ def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json:
                 fail(as_json, exc.code, exc.message + kept, lease=lease.id)
         except KeyboardInterrupt:
             with not_interrupted():
-                said = _give_up(ticket, lease) if give_up else _still_yours(ticket, lease)
-            if not as_json:
+                said = _give_up(got.api, ticket, lease) if give_up else _still_yours(ticket, lease)
+            if not as_json and stopped.at_terminal:
                 click.echo(file=sys.stderr)  # (off the line ^C was echoed on)
             fail(as_json, "interrupted", f"interrupted: {said}", stopped.exit_code)
     return lease
 
 
-def _give_up(ticket: Ticket | None, lease: Lease | None) -> str:
-    """Give back what a wait was for, interrupted: what was done, in words."""
-    api = (ticket or lease).api  # type: ignore[union-attr]
+def _give_up(api: Coordinator, ticket: Ticket | None, lease: Lease | None) -> str:
+    """Give back what an interrupted wait was for: the ticket (with a grant not yet
+    claimed), else the lease it made or claimed. What was done, in words."""
     api.close()  # (the interrupted request's answer may be half read: a new connection)
     try:
         if ticket is not None and lease is None:
@@ -238,21 +238,19 @@ def _give_up(ticket: Ticket | None, lease: Lease | None) -> str:
             except CoordinatorError as exc:
                 if exc.code != "ticket_ended":
                     raise
-                ended = ticket.refresh().data  # claimed meanwhile: its lease goes back below
+                ended = ticket.refresh().data  # claimed meanwhile: its lease is released below
                 if ended["state"] != TicketState.CLAIMED or not ended["lease"]:
                     return f"{ticket.id} is {ended['state']}"
                 lease = Lease(api, ended["lease"])
             else:
-                if ended["lease"]:
-                    return f"{ticket.id} cancelled; its grant, {ended['lease']['id']} on {ended['lease']['device']}, " \
-                           "is given back"
-                return f"{ticket.id} cancelled: nothing waits for you"
-        if lease is None:
-            return "nothing was held"
+                granted = ended["lease"]
+                return f"{ticket.id} cancelled: " + (f"its grant, {granted['id']} on {granted['device']}, is given "
+                                                     "back" if granted else "nothing waits for you")
+        assert lease is not None
         gone = lease.release().data
         return f"{gone['id']} on {gone['device']} released" + (f" (its ticket {ticket.id})" if ticket else "")
     except CoordinatorError as exc:
-        what = ticket.id if ticket is not None and lease is None else lease.id if lease else "it"
+        what = lease.id if lease is not None else ticket.id if ticket is not None else "it"
         return f"could not give {what} back: {exc.message}"
 
 

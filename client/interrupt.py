@@ -15,6 +15,11 @@ class Signal:
         self.number = signal.SIGINT
 
     @property
+    def at_terminal(self) -> bool:
+        """Ctrl-C: typed at a terminal, which echoed ^C."""
+        return self.number == signal.SIGINT
+
+    @property
     def exit_code(self) -> int:
         """128 + the signal's number, as a shell reports a process it ended: 130, or 143."""
         return 128 + int(self.number)

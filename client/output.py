@@ -21,7 +21,7 @@ def table(headers: list[str], rows: list[list[str]], width: int | None = None) -
     """``rows`` under ``headers``, each column as wide as its widest cell. With ``width``
     (a terminal's) the last column wraps to fit it, its lines under its own column."""
     widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
-    if width is None or not headers:
+    if width is None:
         lines = [headers] + rows
         return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
     indent = sum(widths[:-1]) + 2 * (len(widths) - 1)

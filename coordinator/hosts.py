@@ -42,7 +42,8 @@ _HEALTH_ORDER = {status: n for n, status in enumerate(HealthStatus)}  # ok, degr
 
 def _cause(row: dict, new_state: str, cause: str) -> str:
     """The cause a change of state is logged with: a device that turns faulty says why
-    (its failing resources' reasons), and one that recovers says that."""
+    (``logged_cause``: its fault, else its failing resources' reasons), and one that recovers
+    says that."""
     if new_state == DeviceState.FAULTY:
         return logged_cause(row, new_state, None if cause == REPORT_CAUSE else cause)
     if row["state"] == DeviceState.FAULTY and new_state == DeviceState.IDLE and cause == REPORT_CAUSE:

@@ -109,8 +109,8 @@ class Lifecycle:
         now = self.clock()
         seq = await self.store.update_device_logged(device["name"], state=new, updated_at=now, state_since=now,
                                                     **fields)
-        await self.store.add_ring_entries([ring_entry(device, seq, new, now, logged_cause({**device, **fields}, new,
-                                                                                         cause), actor)])
+        cause = logged_cause({**device, **fields}, new, cause)
+        await self.store.add_ring_entries([ring_entry(device, seq, new, now, cause, actor)])
         self.notify(BOARD_KEY)
         return new
 

@@ -25,6 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from conftest import SRC, wait_for
 from helpers import uart_exchange
+from lab_in_process import FakeExporter, device
 from test_end_to_end import reserve, run_cli, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(120)
@@ -74,6 +75,37 @@ def test_ctrl_c_on_a_queued_wait_cancels_its_ticket_and_the_device_is_taken_for_
     coordinator.api(f"/leases/{held['id']}/release", "POST", headers=BOB)
     wait_state(coordinator, "sim-board-0", "idle")  # reclaimed, and nobody's: no grant to a ticket gone
     assert coordinator.api("/devices/sim-board-0").json()["holder"] is None
+
+
+def test_ctrl_c_once_its_ticket_is_granted_releases_the_lease_the_wait_claimed(coordinator, env):
+    exporter = FakeExporter(None, "host-a")  # its reports, sent by hand: a granted lease stays pending
+
+    def beat(services=(), applied=()) -> None:
+        report = exporter.report([device("q0")], list(services), list(applied), heartbeat_s=60.0)
+        assert coordinator.api("/hosts/host-a/heartbeat", "POST", json=report).status_code == 200
+
+    beat()
+    held = coordinator.api("/leases", "POST", json={"device": "q0"}, headers=BOB).json()
+    beat([{"lease": held["id"], "device": "q0", "identifier": "sim:q0", "kind": "uart",
+           "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": 4000}]}], [held["id"]])
+    waiting = subprocess.Popen([*CLI, "--coordinator", coordinator.url, "reserve", "q0", "--queue", "--wait"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        said = read_until(waiting.stderr, b"position 1")
+        coordinator.api(f"/leases/{held['id']}/release", "POST", headers=BOB)
+        beat()  # its services are gone: reclaimed, granted to alice's ticket, which the wait claims
+        said += read_until(waiting.stderr, b": claimed")
+        (lease,) = coordinator.api("/leases").json()
+        assert (lease["device"], lease["state"]) == ("q0", "pending"), "its services never come up here"
+        waiting.send_signal(signal.SIGINT)
+        assert waiting.wait(15) == 130
+        said += waiting.stderr.read()
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    assert f"interrupted: {lease['id']} on q0 released".encode() in said, said
+    assert coordinator.api(f"/leases/{lease['id']}").json()["state"] == "released"
 
 
 def my_tickets_over_mcp(url: str) -> list[dict]:
@@ -218,7 +250,7 @@ def test_help_lists_every_command_with_its_short_help_and_loads_none_of_them(env
                          timeout=60, check=True)
     answer = json.loads(ran.stdout)
     loaded = [name for name in answer["modules"] if name.startswith(heavy)]
-    assert loaded == [], f"--help imported {loaded}"
+    assert loaded == [], f"--help imported {len(loaded)} such modules: {loaded[:8]}..."
 
     from device_loop.cli.main import cli  # every command loaded, as click lists them
     formatter = click.HelpFormatter(width=78)

@@ -306,6 +306,7 @@ def test_a_device_page_keeps_its_flashes_in_sight_and_folds_away_what_an_ab_job_
 
     page, errors = open_board(browser, f"{coordinator.url}/devices/sim-board-0", viewport=PHONE_400)
     flashes = page.locator("section.flashes")
+    assert flashes.count() == 1, "a section of their own"
     assert flashes.locator("h2").inner_text() == "Flashes" and "build-1" in flashes.inner_text()
     assert flashes.is_visible(), "the flashes the README promises, in sight"
     routine = page.locator("section.operations details.routine")

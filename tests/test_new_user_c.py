@@ -131,6 +131,8 @@ def test_a_wait_that_times_out_says_how_to_follow_that_ticket_and_no_listing_cla
     assert hint, timed_out.stderr
     (ticket,) = tickets(env, coordinator.url)
     assert ticket["state"] == "waiting" and ticket["ticket"] in hint.group(1)
+    shown = run_cli(env, coordinator.url, "ticket", ticket["ticket"]).stdout  # as `reserve --queue` prints it too
+    assert f"follow it with '{hint.group(1)}'" in shown and "reserve ..." not in shown, shown
 
     coordinator.api(f"/leases/{held['id']}/release", "POST", headers=BOB)
     wait_for(lambda: coordinator.api("/devices/sim-board-0").json()["holder"] == "alice", 20,

@@ -68,6 +68,8 @@ def lease_text(lease: dict) -> str:
         lines.append(f"  {lease['reason']}")
     if lease.get("flashing"):
         lines.append(f"  being flashed: device-loop op {lease['flashing']}")
+    if lease.get("switched_off"):
+        lines.append(f"  SWITCHED OFF: {lease['switched_off']}")
     if lease.get("needs_recovery"):
         lines.append(f"  NEEDS RECOVERY ({lease['needs_recovery']}): device-loop recover {lease['device']}")
     for e in lease["endpoints"]:

@@ -181,6 +181,7 @@ def test_a_board_its_holder_switched_off_says_so_in_ls_and_exec_and_power_and_se
     assert as_json["error"] == "switched_off"
     assert "switched off by alice" in json.loads(run_cli(env, url, "status", "sim-board-0", "--json").stdout)[
         "switched_off"]
+    assert "  SWITCHED OFF: switched off by alice at " in run_cli(env, url, "status", "sim-board-0").stdout
 
     run_cli(env, url, "power", "on", "sim-board-0")
     row = next(line for line in run_cli(env, url, "ls").stdout.splitlines() if line.startswith("sim-board-0"))

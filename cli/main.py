@@ -1,7 +1,6 @@
 """Entry point of the ``device-loop`` command. Exit codes: 0 ok, 1 refused, 2 usage."""
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -10,8 +9,10 @@ import click
 
 from device_loop.client.commands import COMMANDS, coordinator_url
 
+from .lazy_commands import load, stand_in
+
 # Commands that run a server (or a terminal) import a larger stack; load them only when
-# they run, so that the other client commands start fast.
+# they run, so that the other client commands (and --help) start fast.
 LAZY_COMMANDS = {
     "console": "device_loop.client.console:console_command",
     "adb": "device_loop.client.adb:adb_command",
@@ -51,9 +52,18 @@ class Commands(click.Group):
 
     def get_command(self, ctx, name):
         if name in LAZY_COMMANDS:
-            module, attr = LAZY_COMMANDS[name].split(":")
-            return getattr(importlib.import_module(module), attr)
+            return load(LAZY_COMMANDS[name])
         return super().get_command(ctx, name)
+
+    def format_commands(self, ctx, formatter):
+        """--help's list of commands, as click writes it, with the lazy ones not imported."""
+        commands = [(name, stand_in(name, LAZY_COMMANDS[name]) if name in LAZY_COMMANDS
+                     else self.get_command(ctx, name)) for name in self.list_commands(ctx)]
+        shown = [(name, command) for name, command in commands if command is not None and not command.hidden]
+        if shown:
+            limit = formatter.width - 6 - max(len(name) for name, _ in shown)
+            with formatter.section("Commands"):
+                formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in shown])
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import functools
+import sys
 import time
 
 import click
 
 from device_loop.core import LEASE_PREFIX, LIVE_LEASE_STATES
 from device_loop.core.durations import parse_duration
+from device_loop.core.vocabulary import TicketState
 
-from .http import CoordinatorError
+from .http import Coordinator, CoordinatorError
+from .interrupt import not_interrupted, sigterm_as_ctrl_c
 from .lab import Lab, Lease, LeaseFailed, Ticket, follow_op
-from .output import emit, fail, lease_text, table, ticket_text, tickets_text, time_left
+from .output import emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON only (errors too)")
 
@@ -107,6 +110,8 @@ def _state(device: dict) -> str:
         if device["state"] == "faulty" else []
     if device["state"] == "reclaiming" and device.get("step"):
         why_faulty = [device["reason"]]
+    if device["state"] != "faulty" and device.get("switched_off"):  # (its holder did it, and may hold it still)
+        why_faulty.append("switched off")
     marks = (why_faulty + ["flashing"] * bool(device.get("flashing"))
              + ["needs recovery"] * bool(device.get("needs_recovery"))
              + [f"also claimed by {host}" for host in device.get("conflict_hosts", [])[1:]])
@@ -186,24 +191,75 @@ def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags
         raise click.UsageError("name a DEVICE, or give --class and/or --tags, not both")
     started = time.monotonic()
     got = lab.reserve(device, ttl, class_=device_class, tags=tags, queue=queue)
-    if isinstance(got, Ticket):
-        if not wait:
-            emit(as_json, got.data, ticket_text)
-            return
+    if not wait:
+        emit(as_json, got.data, ticket_text if isinstance(got, Ticket) else lease_text)
+        return
+    emit(as_json, _follow(got, timeout, started, as_json, give_up=True).data, lease_text)
+
+
+def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json: bool, give_up: bool) -> Lease:
+    """``--wait``: a ticket to its lease, then the lease until its endpoints are up (``timeout``
+    from ``started`` for both; a lease alone waits 60 s without one). Ctrl-C or SIGTERM
+    meanwhile ends the command (exit 130, or 143); with ``give_up`` it first gives back what
+    it waited for: the ticket is cancelled (a grant not yet claimed gives its lease back), a
+    lease it made or claimed is released. Nothing waits on for nobody."""
+    ticket, lease = (got, None) if isinstance(got, Ticket) else (None, got)
+    with sigterm_as_ctrl_c() as stopped:
         try:
-            lease = got.wait(timeout, on_change=None if as_json else _say_where)
-        except CoordinatorError as exc:  # (TicketEnded among them)
-            fail(as_json, exc.code, exc.message)
-    else:
-        lease = got
-    if wait:
-        left = None if timeout is None else max(1.0, timeout - (time.monotonic() - started))
-        try:
-            lease.wait_ready(60 if left is None else left)
-        except LeaseFailed as exc:
-            kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == "timeout" else ""
-            fail(as_json, exc.code, exc.message + kept, lease=lease.id)
-    emit(as_json, lease.data, lease_text)
+            if ticket is not None:
+                try:
+                    lease = ticket.wait(timeout, on_change=None if as_json else _say_where)
+                except CoordinatorError as exc:  # (TicketEnded among them; a timeout keeps it waiting)
+                    fail(as_json, exc.code, exc.message, ticket=ticket.id)
+            assert lease is not None
+            left = None if timeout is None else max(1.0, timeout - (time.monotonic() - started))
+            try:
+                lease.wait_ready(60 if left is None else left)
+            except LeaseFailed as exc:
+                kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == "timeout" else ""
+                fail(as_json, exc.code, exc.message + kept, lease=lease.id)
+        except KeyboardInterrupt:
+            with not_interrupted():
+                said = _give_up(got.api, ticket, lease) if give_up else _still_yours(ticket, lease)
+            if not as_json and stopped.at_terminal:
+                click.echo(file=sys.stderr)  # (off the line ^C was echoed on)
+            fail(as_json, "interrupted", f"interrupted: {said}", stopped.exit_code)
+    return lease
+
+
+def _give_up(api: Coordinator, ticket: Ticket | None, lease: Lease | None) -> str:
+    """Give back what an interrupted wait was for: the ticket (with a grant not yet
+    claimed), else the lease it made or claimed. What was done, in words."""
+    api.close()  # (the interrupted request's answer may be half read: a new connection)
+    try:
+        if ticket is not None and lease is None:
+            try:
+                ended = ticket.cancel().data
+            except CoordinatorError as exc:
+                if exc.code != "ticket_ended":
+                    raise
+                ended = ticket.refresh().data  # claimed meanwhile: its lease is released below
+                if ended["state"] != TicketState.CLAIMED or not ended["lease"]:
+                    return f"{ticket.id} is {ended['state']}"
+                lease = Lease(api, ended["lease"])
+            else:
+                granted = ended["lease"]
+                return f"{ticket.id} cancelled: " + (f"its grant, {granted['id']} on {granted['device']}, is given "
+                                                     "back" if granted else "nothing waits for you")
+        assert lease is not None
+        gone = lease.release().data
+        return f"{gone['id']} on {gone['device']} released" + (f" (its ticket {ticket.id})" if ticket else "")
+    except CoordinatorError as exc:
+        what = lease.id if lease is not None else ticket.id if ticket is not None else "it"
+        return f"could not give {what} back: {exc.message}"
+
+
+def _still_yours(ticket: Ticket | None, lease: Lease | None) -> str:
+    """What an interrupted wait leaves as it was, in words."""
+    if lease is not None:
+        return f"no longer waiting for {lease.id}; it is yours until you release it: device-loop release {lease.id}"
+    assert ticket is not None
+    return f"no longer following {ticket.id}"
 
 
 def _say_where(ticket: Ticket) -> None:
@@ -213,6 +269,28 @@ def _say_where(ticket: Ticket) -> None:
         _say_where.last = said  # type: ignore[attr-defined]
         where = f"position {ticket.position}" if ticket.state == "waiting" else ticket.state
         click.echo(f"{ticket.id}: {where} ({ticket.data['kind']}, for a device {ticket.data['wants']})", err=True)
+
+
+@click.command("ticket")
+@click.argument("ticket_id", metavar="TICKET")
+@click.option("--wait", is_flag=True, help="follow it to its lease, and that lease until its endpoints are up "
+                                           "(Ctrl-C then cancels a ticket that still waits)")
+@click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: no limit]")
+@json_option
+@lab_command
+def ticket_command(lab: Lab, ticket_id: str, wait: bool, timeout: float | None, as_json: bool):
+    """One of your queue tickets: where it stands, its lease once granted. Reading a granted
+    ticket claims it: its lease is yours from then on."""
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout is how long --wait waits: give --wait too")
+    started = time.monotonic()
+    ticket = lab.ticket(ticket_id)
+    if not wait:
+        emit(as_json, ticket.data, ticket_text)
+        return
+    # a ticket that still waits is this command's to give up; a lease already claimed is not
+    emit(as_json, _follow(ticket, timeout, started, as_json, give_up=ticket.state == TicketState.WAITING).data,
+         lease_text)
 
 
 @click.command("tickets")
@@ -248,7 +326,7 @@ def settle_command(lab: Lab, target: str, timeout: float | None, as_json: bool):
     op = follow_op(lab.api, lab.api.post(f"/leases/{lease.id}/settle"), on_progress=said, timeout=timeout)
     if op["state"] == "failed":
         fail(as_json, "settle_failed", f"{op['id']}: {op['message']}")
-    emit(as_json, op, lambda o: f"{lease.data['device']} settled: {o['message']}")
+    emit(as_json, op, lambda o: f"{lease.data['device']}: settle {o['state']}: {o['message']}")
 
 
 @click.command("release")
@@ -288,12 +366,14 @@ def status_command(lab: Lab, target: str | None, as_json: bool):
 @json_option
 @lab_command
 def log_command(lab: Lab, device: str, as_json: bool):
-    """A device's last 20 state changes: time, cause, actor."""
+    """A device's last 20 state changes: time, change, who, and its cause (a change to faulty
+    says why). On a terminal a long cause wraps to its width; --json has each one whole."""
     def text(entries):
-        return table(["TIME", "CHANGE", "CAUSE", "ACTOR"],
-                     [[e["at"], f"{e['from']} -> {e['to']}", e["cause"], e["actor"]] for e in entries])
+        return table(["TIME", "CHANGE", "BY", "CAUSE"],
+                     [[e["at"], f"{e['from']} -> {e['to']}", e["actor"], e["cause"]] for e in entries],
+                     terminal_width())
     emit(as_json, lab.log(device), text)
 
 
 COMMANDS = [ls_command, hosts_command, reserve_command, release_command, renew_command, status_command, log_command,
-            tickets_command, cancel_command, settle_command]
+            tickets_command, ticket_command, cancel_command, settle_command]

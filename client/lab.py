@@ -247,7 +247,7 @@ class Lease:
         ssh, else console endpoint, from this machine; an ``ExecResult`` (``stdout``, ``stderr``,
         ``status``, ``channel``, ``elapsed_s``; on a console stderr is merged into stdout), or
         ``ExecError`` (``code``: no_channel, no_prompt, timeout, unreachable, too_large,
-        bad_command). ``identity_file``: the ssh key (else ``$DEVICE_LOOP_SSH_IDENTITY``, else
+        bad_command, switched_off). ``identity_file``: the ssh key (else ``$DEVICE_LOOP_SSH_IDENTITY``, else
         ssh's own). ``timeout_s`` bounds the command; ``max_output`` what is kept of each stream."""
         from device_loop.core.device_exec import exec_on_lease
 
@@ -321,7 +321,8 @@ class Ticket:
             remaining = 25.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise CoordinatorError("timeout", f"{self.id} is still waiting after {timeout:g}s (position "
-                                                  f"{self.position}); cancel it with: device-loop cancel {self.id}")
+                                                  f"{self.position}); follow it with: device-loop ticket {self.id} "
+                                                  f"--wait, or cancel it: device-loop cancel {self.id}")
             self.refresh(wait_s=min(remaining, 5.0))  # (the position may change meanwhile: say it)
         if self.state == "granted":
             self.refresh()  # seeing it claims it

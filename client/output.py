@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import textwrap
 import time
+from typing import NoReturn
 
 import click
 
@@ -11,10 +14,31 @@ from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.durations import format_duration, parse_iso
 
 
-def table(headers: list[str], rows: list[list[str]]) -> str:
+MIN_WRAPPED = 24  # the narrowest a wrapped last column gets, however narrow the terminal
+
+
+def table(headers: list[str], rows: list[list[str]], width: int | None = None) -> str:
+    """``rows`` under ``headers``, each column as wide as its widest cell. With ``width``
+    (a terminal's) the last column wraps to fit it, its lines under its own column."""
     widths = [max(len(str(x)) for x in column) for column in zip(headers, *rows)]
-    lines = [headers] + rows
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    if width is None:
+        lines = [headers] + rows
+        return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    indent = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    last = max(MIN_WRAPPED, width - indent)
+    out = []
+    for line in [headers] + rows:
+        head = "  ".join(str(c).ljust(w) for c, w in zip(line[:-1], widths))
+        pieces = textwrap.wrap(str(line[-1]), last, break_on_hyphens=False) or [""]
+        out.append(f"{head}  {pieces[0]}".rstrip() if head else pieces[0])
+        out += [" " * indent + piece for piece in pieces[1:]]
+    return "\n".join(out)
+
+
+def terminal_width() -> int | None:
+    """The terminal's width when people read stdout there (``COLUMNS`` first); None when it
+    goes to a pipe or a file, where a line stays whole."""
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
 
 
 def time_left(expires_at: str | None) -> str:
@@ -26,7 +50,7 @@ def emit(as_json: bool, data, text) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else text(data))
 
 
-def fail(as_json: bool, code: str, message: str, exit_code: int = 1, **fields) -> None:
+def fail(as_json: bool, code: str, message: str, exit_code: int = 1, **fields) -> NoReturn:
     """Refuse: ``{"error", "message", **fields}`` with --json (``lease`` when one is left behind)."""
     if as_json:
         click.echo(json.dumps({"error": code, "message": message, **fields}))
@@ -44,6 +68,8 @@ def lease_text(lease: dict) -> str:
         lines.append(f"  {lease['reason']}")
     if lease.get("flashing"):
         lines.append(f"  being flashed: device-loop op {lease['flashing']}")
+    if lease.get("switched_off"):
+        lines.append(f"  SWITCHED OFF: {lease['switched_off']}")
     if lease.get("needs_recovery"):
         lines.append(f"  NEEDS RECOVERY ({lease['needs_recovery']}): device-loop recover {lease['device']}")
     for e in lease["endpoints"]:
@@ -59,10 +85,11 @@ def ticket_text(ticket: dict) -> str:
     """A queue ticket for people: what it waits for and where it stands, its lease once granted."""
     head = f"{ticket['ticket']} ({ticket['kind']}) for a device {ticket['wants']}: {ticket['state']}"
     if ticket["state"] == "waiting":
-        head += (f", position {ticket['position']}; follow it with 'device-loop reserve ... --queue --wait', or "
-                 f"cancel it: device-loop cancel {ticket['ticket']}")
+        head += (f", position {ticket['position']}; follow it with 'device-loop ticket {ticket['ticket']} --wait', "
+                 f"or cancel it: device-loop cancel {ticket['ticket']}")
     elif ticket["state"] == "granted":
-        head += f"; claim it by {ticket['claim_by']} (device-loop tickets), or it passes to the next ticket"
+        head += (f"; claim it by {ticket['claim_by']} (device-loop ticket {ticket['ticket']}), or it passes to the "
+                 "next ticket")
     elif ticket["reason"]:
         head += f" ({ticket['reason']})"
     lease = ticket.get("lease")

@@ -58,8 +58,9 @@ DeviceAnswer = TypedDict("DeviceAnswer", {
     "lease": str | None,           # admins only: the id of its live lease
     "steps": list[str],            # what runs on it between two leases, in order
     "step": RunningStep | None,    # the one running now, while it is reclaimed
-    "fault": str | None,           # why a step between leases failed: faulty until an admin clears it
-    "reason": str,                 # why it is in its state, in words ("" when idle or in use)
+    "fault": str | None,           # why a step between leases failed, or who switched it off: faulty once unleased
+    "switched_off": str | None,    # that fault, when it is a person's power off (its holder may still hold it)
+    "reason": str,                 # why it is in its state, in words ("" when idle, or in use and on)
     "facts": dict[str, str],       # what its plugins add to its fingerprint (board revision, firmware)
     "image": FlashedImage | None,  # one device's answer: what its latest completed flash wrote
 }, total=False)
@@ -101,6 +102,7 @@ class LeaseAnswer(TypedDict):
     reason: str
     secret: str | None             # the gate's password while it lives
     needs_recovery: str | None
+    switched_off: str | None       # a person switched it off: by whom, when, how to switch it on
     operation: RunningOperation | None
     flashing: str | None
     commands: list[str]            # how to use its endpoints, as their plugins said

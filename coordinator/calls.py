@@ -240,7 +240,7 @@ async def start_operation(ctx: Ctx, args: OperationIn) -> OperationAnswer:
     lists them with their arguments), e.g. flash with args {"image": REF}. Answers at once
     with the operation (state 'queued'): follow it with operation_status."""
     given = args.args
-    if args.kind == POWER_KIND:  # checked as the power call checks it
+    if args.kind == POWER_KIND and set(given) <= set(PowerSwitch.model_fields):  # (others: named below as unknown)
         try:
             switch = PowerSwitch.model_validate(given)
         except ValidationError as exc:

@@ -8,7 +8,7 @@ from device_loop.core.vocabulary import DeviceState
 from .answers import AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry, RunningOperation, RunningStep
 from .errors import APIError, not_found
 from .holders import holder_json
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, switched_off
 from .rows import DeviceFacts
 from .store import Store
 
@@ -40,6 +40,7 @@ def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
         "steps": [s["step"] for s in row["steps"]],
         "step": step,
         "fault": row["fault"],
+        "switched_off": switched_off(row["fault"]),
         "reason": state_reason(row, step),
         "facts": row.get("facts") or {},  # what its plugins add to its fingerprint
     }
@@ -68,7 +69,7 @@ def state_reason(row: DeviceFacts, step: RunningStep | None) -> str:
         return "waiting for its exporter to stop the last lease's services"
     if row["state"] == DeviceState.FAULTY:
         return row["fault"] or row["health_reason"] or "health check failed"
-    return ""
+    return switched_off(row["fault"]) or ""  # (its holder switched it off, and holds it still)
 
 
 def running_operation(op_id: str | None, kind: str | None) -> RunningOperation | None:

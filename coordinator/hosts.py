@@ -24,7 +24,7 @@ from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 
 from .errors import APIError, conflict
 from .leases import Leases
-from .lifecycle import Lifecycle, device_state, ring_entry
+from .lifecycle import Lifecycle, device_state, logged_cause, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .operations import Operations
 from .power import POWERED_OFF, Power
@@ -42,10 +42,10 @@ _HEALTH_ORDER = {status: n for n, status in enumerate(HealthStatus)}  # ok, degr
 
 def _cause(row: dict, new_state: str, cause: str) -> str:
     """The cause a change of state is logged with: a device that turns faulty says why
-    (its failing resources' reasons), and one that recovers says that."""
+    (``logged_cause``: its fault, else its failing resources' reasons), and one that recovers
+    says that."""
     if new_state == DeviceState.FAULTY:
-        failed = f"health failed: {row['health_reason'] or 'no reason given'}"
-        return failed if cause == REPORT_CAUSE else f"{cause}; {failed}"
+        return logged_cause(row, new_state, None if cause == REPORT_CAUSE else cause)
     if row["state"] == DeviceState.FAULTY and new_state == DeviceState.IDLE and cause == REPORT_CAUSE:
         return "health is ok again"
     return cause

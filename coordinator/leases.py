@@ -18,7 +18,7 @@ from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseSta
 from .answers import LeaseAnswer
 from .devices import Devices, running_operation
 from .errors import APIError, conflict, not_found
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, switched_off
 from .notify import BOARD_KEY, host_key, lease_key
 from .rows import DeviceFacts, LeaseRow, LeaseView
 from .store import Store
@@ -61,6 +61,7 @@ def lease_json(view: LeaseView) -> LeaseAnswer:
         # the gate's password: only the holder (and admins) ever see a lease
         "secret": view["secret"] if live else None,
         "needs_recovery": view["needs_recovery"],  # why (a failed destructive operation), or None
+        "switched_off": switched_off(view["device_fault"]),  # by whom and when, while a person's power off holds
         "operation": running_operation(view["op_id"], view["op_kind"]),  # the exclusive one running on it
         "flashing": view["op_id"] if view["op_kind"] == "flash" else None,
         "commands": [],
@@ -92,7 +93,8 @@ def _view(lease: LeaseRow, device: DeviceFacts, device_state: DeviceState) -> Le
     """What ``lease_json`` reads, for a lease just begun or ended (no service runs for it)."""
     return {**lease, "device_state": device_state, "device_host": device["host"], "resources": device["resources"],
             "host_online": device["host_online"], "host_link_lost": False, "host_services": [],
-            "needs_recovery": device["needs_recovery"], "op_id": device["op_id"], "op_kind": device["op_kind"]}
+            "needs_recovery": device["needs_recovery"], "device_fault": device["fault"], "op_id": device["op_id"],
+            "op_kind": device["op_kind"]}
 
 
 class Leases:

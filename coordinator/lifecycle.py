@@ -15,6 +15,13 @@ from .notify import BOARD_KEY, Notifier
 from .rows import DeviceFacts
 from .store import Store
 
+POWERED_OFF = "switched off"  # the start of the fault a person's power off leaves (power.py)
+
+
+def switched_off(fault: str | None) -> str | None:
+    """The fault a person's power off left (by whom, when, how to switch it on), else None."""
+    return fault if fault and fault.startswith(POWERED_OFF) else None
+
 
 @dataclass
 class Settings:
@@ -58,6 +65,16 @@ def device_state(facts: Mapping[str, Any]) -> DeviceState:
     return DeviceState.IDLE
 
 
+def logged_cause(facts: Mapping[str, Any], new_state: str, cause: str | None) -> str:
+    """The cause a change of state is logged with: a device that turns faulty says why (its
+    fault, else its failed health) where ``cause`` does not (a step that succeeded on a board
+    whose console hung meanwhile)."""
+    if new_state != DeviceState.FAULTY:
+        return cause or ""
+    why = facts.get("fault") or f"health failed: {facts.get('health_reason') or 'no reason given'}"
+    return why if not cause else cause if why in cause else f"{cause}; {why}"
+
+
 def ring_entry(device: Mapping[str, Any], seq: int, new_state: str, at: float, cause: str, actor: str) -> dict:
     return {"device": device["name"], "seq": seq, "at": at, "from_state": device["state"], "to_state": new_state,
             "cause": cause, "actor": actor}
@@ -92,6 +109,7 @@ class Lifecycle:
         now = self.clock()
         seq = await self.store.update_device_logged(device["name"], state=new, updated_at=now, state_since=now,
                                                     **fields)
+        cause = logged_cause({**device, **fields}, new, cause)
         await self.store.add_ring_entries([ring_entry(device, seq, new, now, cause, actor)])
         self.notify(BOARD_KEY)
         return new

@@ -14,16 +14,16 @@ import math
 from typing import Any
 
 from device_loop.core import POWER_KIND
+from device_loop.core.durations import iso
 from device_loop.core.protocol import Heartbeat
 from device_loop.core.vocabulary import (AutoRecover, DeviceState, HealthStatus, OperationState, PowerAction,
                                          PowerState, PowerVerdict)
 
-from .lifecycle import Lifecycle
+from .lifecycle import POWERED_OFF, Lifecycle
 from .operations import Operations, kinds_of
 from .rows import DeviceFacts, OperationRow
 
 REQUESTER = "coordinator"     # who an automatic power cycle is asked by, in the logs
-POWERED_OFF = "switched off"  # the start of the fault a person's power off leaves
 REARM_S = 3600.0              # a device is power-cycled on its own at most once in this long
 
 
@@ -92,11 +92,11 @@ class Power:
         if device.get("fault") and not mine:
             return  # (a failed step's fault says more; it stays)
         if action == PowerAction.OFF and op["state"] == OperationState.DONE:
-            fault = (f"{POWERED_OFF} by {op['requester']} ({op['id']}): switch it on (device-loop power on "
-                     f"{device['name']})")
+            fault = (f"{POWERED_OFF} by {op['requester']} at {iso(op['ended_at'] or self.life.clock())} "
+                     f"({op['id']}): switch it on with device-loop power on {device['name']}")
         elif action in (PowerAction.OFF, PowerAction.CYCLE) and failed_part_way:
             fault = (f"{POWERED_OFF}, perhaps: power {action} {op['id']} by {op['requester']} failed while "
-                     f"{op['phase']}: switch it on (device-loop power on {device['name']})")
+                     f"{op['phase']}: switch it on with device-loop power on {device['name']}")
         else:
             return
         await self.life.change(device, fault[:500], actor, {"fault": fault[:500]})

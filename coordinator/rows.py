@@ -38,7 +38,7 @@ DeviceRow = TypedDict("DeviceRow", {
     "steps": list[dict[str, Any]],  # what runs between two leases, as its exporter reports them (StepReport)
     "reclaim_step": int | None,    # the one running now (its index), while it is reclaimed
     "reclaim_op": str | None,      # ... and its operation
-    "fault": str | None,           # why a step between leases failed: faulty until cleared
+    "fault": str | None,           # why a step between leases failed, or who switched it off: faulty until cleared
     "facts": dict[str, str],       # what plugins add to its fingerprint (DeviceReport.facts)
     "auto_recovery": str | None,   # the automatic power cycle of its current failure (its op id), once each
     "auto_recovered_at": float | None,  # when the last automatic power cycle was asked for
@@ -95,6 +95,7 @@ class LeaseView(LeaseRow):
     device_host: str | None
     resources: list[dict[str, Any]]
     needs_recovery: str | None
+    device_fault: str | None
     host_online: bool | None
     host_link_lost: bool | None
     host_services: list[dict[str, Any]] | None

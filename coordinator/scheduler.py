@@ -222,11 +222,11 @@ class Scheduler:
             return await self._json(ended)
 
     async def tickets(self, caller: str, everyone: bool) -> list[TicketAnswer]:
-        """The caller's tickets (an admin's ``everyone``: all), the open ones first; a granted
-        one of the caller's is claimed by this (it shows its lease)."""
+        """The caller's tickets (an admin's ``everyone``: all), the open ones first. Listing
+        claims nothing: a grant is claimed by its requester following that one ticket
+        (``status``), so a ticket nobody follows any more passes on when its window ends."""
         rows = await self.store.tickets_of(None if everyone else caller, MAX_LISTED)
-        return [await (self.status(row["id"], caller, True) if row["state"] == TicketState.GRANTED
-                       and row["requester"] == caller else self._json(row)) for row in rows]
+        return [await self._json(row) for row in rows]
 
     async def queue(self, caller: str | None, admin: bool) -> list[QueueEntry]:
         """The waiting tickets in the order they are served (per thing they wait for), as the

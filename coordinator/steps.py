@@ -113,7 +113,7 @@ class Steps:
             if settling:
                 return answer
             # nothing to wait for: the operation is over before it reaches the exporter
-            message = f"{device['name']} has no cool-down step (its exporter's config lists none): nothing to settle"
+            message = "nothing to settle: no cool-down step (its exporter's config lists none)"
             now = self.life.clock()
             fields: dict[str, Any] = {"state": OperationState.DONE, "phase": "done", "message": message,
                                       "started_at": now, "ended_at": now}

@@ -665,6 +665,7 @@ class Store:
         return await self._one("SELECT * FROM leases WHERE id = :id", id=lease_id)
 
     _LEASE_VIEW = ("SELECT l.*, d.state AS device_state, d.host AS device_host, d.resources, d.needs_recovery, "
+                   "d.fault AS device_fault, "
                    "h.online AS host_online, h.link_lost AS host_link_lost, h.services AS host_services, "
                    "o.id AS op_id, o.kind AS op_kind FROM leases l "
                    "JOIN devices d ON d.name = l.device LEFT JOIN hosts h ON h.name = d.host "

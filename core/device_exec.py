@@ -43,7 +43,9 @@ from .process import last_lines
 from .vocabulary import EndpointRole
 
 Channel = Literal["adb", "ssh", "console"]
-ErrorCode = Literal["no_channel", "no_prompt", "timeout", "unreachable", "too_large", "bad_command"]
+ErrorCode = Literal["no_channel", "no_prompt", "timeout", "unreachable", "too_large", "bad_command", "switched_off"]
+#: What a device that is switched off fails with: said as that (the lease knows who switched it off)
+_UNANSWERED: tuple[ErrorCode, ...] = ("no_channel", "no_prompt", "unreachable")
 
 #: What one command may be, in bytes (a console's line must also fit the kernel's tty line
 #: buffer, 4095 bytes in canonical mode, once wrapped in its markers).
@@ -87,7 +89,8 @@ class ExecResult:
 
 class ExecError(Exception):
     """A command that could not be run, or did not end: ``code`` says which (``no_channel``,
-    ``no_prompt``, ``timeout``, ``unreachable``, ``too_large``, ``bad_command``), ``message`` in
+    ``no_prompt``, ``timeout``, ``unreachable``, ``too_large``, ``bad_command``,
+    ``switched_off``: a person switched the device off), ``message`` in
     words; ``output``, what it printed before a timeout."""
 
     def __init__(self, code: ErrorCode, message: str, output: str = ""):
@@ -101,6 +104,17 @@ def exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float = 60.
     coordinator answers it), through its adb, else ssh, else console endpoint; its output
     and status, or ``ExecError``. ``timeout_s`` bounds the command, ``max_output`` what is
     kept of each of stdout and stderr."""
+    try:
+        return _exec_on_lease(lease, command, timeout_s, identity_file, max_output)
+    except ExecError as exc:
+        off = lease.get("switched_off")
+        if off and exc.code in _UNANSWERED:  # (not a missing file or a silent console: the board is off)
+            raise ExecError("switched_off", f"{lease.get('device', 'the device')} is {off}") from None
+        raise
+
+
+def _exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float, identity_file: str | None,
+                   max_output: int) -> ExecResult:
     began = time.monotonic()
     _check_command(command)
     timeout_s = float(timeout_s)

@@ -289,7 +289,7 @@ class StepRunner:
             if not run.steps:
                 return "nothing to settle"
             said = [self._message(self._one(run, step, progress)) for step in run.steps]
-            return "settled: " + "; ".join(f"{step.name}: {message}" for step, message in zip(run.steps, said))
+            return "; ".join(f"{step.name}: {message}" for step, message in zip(run.steps, said))
         return self._one(run, run.steps[0], progress)
 
     def _one(self, run: StepRun, step: PlannedStep, progress: Progress) -> str | dict | None:

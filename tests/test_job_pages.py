@@ -48,3 +48,27 @@ async def test_a_jobs_page_shows_its_runs_and_analysis_escaped_to_its_readers_on
         assert nobody.status_code == 404 and "Sign in" in nobody.text
         board = (await ann.get("http://127.0.0.1/")).text
         assert 'href="/jobs"' in board
+
+
+def delta_cells(html: str) -> list[str]:
+    """The text of each Delta cell of a job page's analysis, tags taken out."""
+    import re
+    cells = re.findall(r'<td data-label="Delta">(.*?)</td>', html, re.S)
+    return [" ".join(re.sub(r"<[^>]+>", " ", cell).split()) for cell in cells]
+
+
+async def test_the_delta_shows_its_interval_and_an_unknown_one_its_measure_too(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        decided = (await api.post("/jobs", json={"spec": SPEC, "claim": True})).json()
+        for seq in range(12):
+            await api.post(f"/jobs/{decided['id']}/runs", json=run(seq, "AB"[seq % 2], 10 - seq % 2 * 0.5 + seq / 100))
+        (shown,) = delta_cells((await api.get(f"http://127.0.0.1/jobs/{decided['id']}")).text)
+        assert shown.startswith("-4.") and " [-" in shown and shown.endswith("] B is 4.9% faster"), shown
+
+        unsure = (await api.post("/jobs", json={"spec": SPEC, "claim": True})).json()
+        noisy = [10.0, 10.1, 11.0, 9.8, 9.0, 10.9, 10.5, 9.6, 9.5, 10.4, 10.2, 10.0]  # A and B overlap
+        for seq, value in enumerate(noisy):
+            await api.post(f"/jobs/{unsure['id']}/runs", json=run(seq, "AB"[seq % 2], value))
+        (shown,) = delta_cells((await api.get(f"http://127.0.0.1/jobs/{unsure['id']}")).text)
+        assert "%, " in shown and "] collect more: about " in shown, f"the measured delta, then the hint: {shown}"

@@ -74,6 +74,6 @@ def test_ls_and_log_say_why_a_device_is_faulty(coordinator, exporter_factory, en
     log = run_cli(env, url, "log", "cam-0").stdout
     changes = [line.split(None, 1)[1].strip() for line in log.splitlines()[1:]]  # without the time
     assert [" ".join(change.split()) for change in changes] == [
-        "unregistered -> idle registered: first reported by host host-a exporter:host-a",
-        "idle -> faulty health failed: video: lens cap on exporter:host-a",
-        "faulty -> idle health is ok again exporter:host-a"]
+        "unregistered -> idle exporter:host-a registered: first reported by host host-a",
+        "idle -> faulty exporter:host-a health failed: video: lens cap on",
+        "faulty -> idle exporter:host-a health is ok again"]

@@ -298,7 +298,7 @@ def test_a_settle_runs_only_the_steps_that_settle_in_order(lab, tmp_path):
     heat(exporter, 40)
     begin(exporter, "op-settle", "settle", args={})
     done = ended(exporter, "op-settle")
-    assert done.state == "done" and done.message.startswith("settled: cooldown: cool: "), done.message
+    assert done.state == "done" and done.message.startswith("cooldown: cool: "), done.message
     assert done.message.endswith("; command: touch ran (exit status 0)"), done.message
     assert (tmp_path / "settled").exists() and not (tmp_path / "not-settled").exists()
     begin(exporter, "op-settle-b1", "settle", device="b1", args={})

@@ -84,7 +84,8 @@ async def test_a_device_page_shows_its_flashes_and_known_good_image(tmp_path):
         op = (await api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
         await exporter.beat([board(), board("b1")], operations=[flash_report(op, "failed", "writing", 4096, "torn")])
         page = (await api.get(f"{SITE}/devices/b0")).text
-        assert "build-7" in page and '<span class="op o-failed">failed</span> writing: torn' in page
+        flashes = section(page, '<section class="flashes"')
+        assert "build-7" in flashes and '<span class="op o-failed">failed</span> <span class="why">torn</span>' in flashes
         assert "needs recovery" in page
         assert "<b>golden</b>" in page and '<span class="word">recover</span> <span class="word">b0</span>' in page, \
             "the known-good image of its class"
@@ -160,6 +161,10 @@ async def test_the_board_shows_the_queue_to_anyone_and_their_tickets_to_each(tmp
 
         await who["alice"].post(f"/leases/{lease['id']}/release")
         await exporter.beat([tagged, {**device("x0"), "class": "other"}])  # reclaimed: granted to bob, a person
+        offered = section((await who["bob"].get(f"{SITE}/")).text, '<div id="tickets"')
+        assert f'data-ticket="{bob["ticket"]}" data-state="granted"' in offered and 'data-act="claim-ticket"' in offered
+        assert (await rules.store.ticket(bob["ticket"]))["state"] == "granted", "the board claims nothing"
+        assert (await who["bob"].get(f"/tickets/{bob['ticket']}")).json()["state"] == "claimed"  # "Take it"
         board_page = (await who["bob"].get(f"{SITE}/")).text
         assert 'data-device="b0"' in section(board_page, '<div id="mine"')
         assert "data-ticket=" not in board_page, "a claimed ticket: its lease is all there is to see"
@@ -168,7 +173,7 @@ async def test_the_board_shows_the_queue_to_anyone_and_their_tickets_to_each(tmp
 
 
 @pytest.mark.usefixtures("database")
-async def test_reading_the_page_claims_a_granted_ticket(tmp_path):
+async def test_the_page_offers_a_granted_ticket_and_only_taking_it_claims_it(tmp_path):
     async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
         who = await people(client, rules, "alice", "bob")
         exporter = FakeExporter(who["host-a"], "host-a")
@@ -179,8 +184,12 @@ async def test_reading_the_page_claims_a_granted_ticket(tmp_path):
         await exporter.beat([device("b0"), {**device("b1"), "class": "other"}])
         assert (await rules.store.ticket(ticket["ticket"]))["state"] == "granted"
         elsewhere = (await who["bob"].get(f"{SITE}/devices/b1")).text  # not b0's page: said where it is
-        assert (await rules.store.ticket(ticket["ticket"]))["state"] == "claimed", "the page read it"
+        assert (await rules.store.ticket(ticket["ticket"]))["state"] == "granted", "a board left open holds nothing"
         panel = section(elsewhere, '<div id="tickets"')
+        assert '<a href="/devices/b0">b0</a> is held for you until' in panel
+        assert 'data-act="claim-ticket"' in panel and 'data-act="cancel-ticket"' in panel
+        assert (await who["bob"].get(f"/tickets/{ticket['ticket']}")).json()["state"] == "claimed"  # "Take it"
+        panel = section((await who["bob"].get(f"{SITE}/devices/b1")).text, '<div id="tickets"')
         assert "Granted: your lease on" in panel and '<a href="/devices/b0">b0</a>' in panel
         assert 'data-act="cancel-ticket"' not in panel
         here = (await who["bob"].get(f"{SITE}/devices/b0")).text

@@ -4,6 +4,7 @@ see the camera on a device page; a phone's width in dark mode, in the trust mode
 queue for a class and get its device's lease once it is reclaimed, live.
 Screenshots are kept in ``test-artifacts/``."""
 import json
+import re
 import subprocess
 import sys
 import time
@@ -12,10 +13,11 @@ import httpx2
 import pytest
 
 from conftest import Coordinator
+from device_loop.client import Lab
 from lab_in_process import FakeExporter, device
 from test_browser import screenshot
 from test_end_to_end import run_cli, wait_state
-from test_flash import flashable
+from test_flash import flashable, image_file
 from test_video import gated_lab, with_camera  # noqa: F401  (a lab with tokens, its board with a camera)
 
 pytestmark = pytest.mark.timeout(120)
@@ -154,6 +156,9 @@ def test_a_device_page_shows_what_the_board_has_and_release_asks_first(tmp_path,
     assert page.locator(".terminal").is_visible()
     page.click(f'{ROW.format("sim-board-0", "idle")} button.reserve')
     page.wait_for_selector('#mine [data-device="sim-board-0"] .commands', timeout=15_000)
+    said = page.inner_text("#notice")  # (news: it fades after 8 s, and the lease was ready at once)
+    assert "waiting for" not in said, "the lease is active: its panel says so, the news does not contradict it"
+    assert re.fullmatch(r"sim-board-0 is yours until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", said), said  # ISO
     assert page.locator(".terminal").count() == 0, "no 'reserve' hint while the board is yours"
     page.wait_for_function("() => { const i = document.querySelector('img.camera'); return i && i.naturalWidth; }",
                            timeout=20_000)
@@ -243,6 +248,11 @@ def test_queued_for_a_class_the_board_shows_the_lease_once_its_device_is_reclaim
                                 '51.2 °C")', timeout=5_000)
         beat(operations=[{**running, "state": "done", "message": "44.9 °C after 31 s"}])  # reclaimed: granted
 
+        # the grant is offered, not taken by the page: a board left open holds nothing for nobody
+        board.wait_for_selector('#tickets [data-ticket][data-state="granted"] [data-act="claim-ticket"]',
+                                timeout=10_000)
+        assert "q0 is held for you until" in board.inner_text("#tickets")
+        board.click('#tickets [data-act="claim-ticket"]')
         board.wait_for_selector('#mine [data-device="q0"]', timeout=10_000)
         board.wait_for_selector(f'{ROW.format("q0", "allocating")}.mine, {ROW.format("q0", "in_use")}.mine',
                                 timeout=5_000)
@@ -275,3 +285,37 @@ def test_queued_for_a_class_the_board_shows_the_lease_once_its_device_is_reclaim
         assert errors == []
     finally:
         coordinator.stop()
+
+
+PHONE_400 = {"width": 400, "height": 800}
+
+
+def test_a_device_page_keeps_its_flashes_in_sight_and_folds_away_what_an_ab_job_settled(
+        tmp_path, env, coordinator, exporter_factory, browser):
+    target = tmp_path / "sim-board-0.img"
+    target.write_bytes(b"factory")
+    exporter_factory([{**flashable("sim-board-0", target=str(target)),
+                       "steps": [{"step": "cooldown", "below": "45C", "timeout": "1m"}]}])
+    wait_state(coordinator, "sim-board-0", "idle")
+    build, _ = image_file(tmp_path, "build", 1 << 20)
+    run_cli(env, coordinator.url, "images", "upload", str(build), "--name", "build-1", "--for", "sim-board")
+    lease = Lab(coordinator.url, "alice").reserve("sim-board-0").wait_ready()
+    assert lease.flash("build-1")["state"] == "done"
+    for _ in range(20):  # an A/B job settles before each of its runs: the flash is older than the last 20
+        assert lease.settle()["state"] == "done"
+
+    page, errors = open_board(browser, f"{coordinator.url}/devices/sim-board-0", viewport=PHONE_400)
+    flashes = page.locator("section.flashes")
+    assert flashes.count() == 1, "a section of their own"
+    assert flashes.locator("h2").inner_text() == "Flashes" and "build-1" in flashes.inner_text()
+    assert flashes.is_visible(), "the flashes the README promises, in sight"
+    routine = page.locator("section.operations details.routine")
+    assert "Settle and steps between leases: 20 of the last 20 (20 settle)" in routine.locator("summary").inner_text()
+    assert not routine.evaluate("d => d.open"), "folded away"
+    height = page.evaluate("document.documentElement.scrollHeight")
+    assert height < 3000, f"{height} px tall at 400 px"  # (20 settles shown whole: some 6000)
+    assert fits(page)
+    screenshot(page, "web-device-after-settles-400")
+    routine.locator("summary").click()
+    assert routine.locator("tbody tr").count() == 20, "each one, a click away"
+    assert errors == []

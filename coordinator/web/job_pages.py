@@ -35,6 +35,8 @@ def _number(value: float | None) -> str:
 
 def analysis_rows(analysis: Any) -> list[dict[str, Any]]:
     """A row per cell and metric of ``core.abstats.Analysis``, as the page's table shows it."""
+    from device_loop.core.evidence import delta_text  # (it loads scipy: only once a job page is asked for)
+
     rows = []
     for cell in getattr(analysis, "cells", ()):
         for metric in cell.metrics:
@@ -43,7 +45,10 @@ def analysis_rows(analysis: Any) -> list[dict[str, Any]]:
                 "cell": cell.cell, "group": cell.group, "device": cell.device, "metric": metric.name,
                 "unit": metric.unit, "a": f"{_number(metric.a.median)} {_spread(metric.a)}",
                 "b": f"{_number(metric.b.median)} {_spread(metric.b)}" if metric.b is not None else "",
-                "delta": comparison.words if comparison is not None else "",
+                # the measured change with its interval, as the evidence gives it, then what it means
+                # ("B is 9.5% faster", or for an unknown verdict how many rounds more would decide it)
+                "delta": delta_text(comparison, metric.unit) if comparison is not None else "",
+                "words": comparison.words if comparison is not None else "",
                 "p": f"{comparison.p_holm:.3g}" if comparison is not None else "",
                 "verdict": str(comparison.verdict) if comparison is not None else "",
                 "n": f"{metric.a.n}" + (f"+{metric.b.n}" if metric.b is not None else ""),

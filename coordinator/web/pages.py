@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES, NAME_PATTERN
+from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES, NAME_PATTERN, POWER_KIND
 from device_loop.core.durations import format_duration, iso
 from device_loop.core.usage import camera_urls, screen_url
 from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketState
@@ -24,6 +24,7 @@ from ..errors import APIError, not_found
 from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_identity
 from ..limits import FORM, takes_body
 from ..openapi import answers
+from ..steps import ACTOR as STEPS_ACTOR
 from ..steps import SETTLE
 from .power_panel import power_panel
 
@@ -37,6 +38,8 @@ LEASE_LENGTHS_S = (1800, 3600, 7200, 14400, 86400)  # what the page offers, up t
 STATIC = {name: HERE / "static" / name for name in ("lab.css", "lab.js")}
 COOKIE_MAX_AGE = 30 * 86400  # a cookie outliving its token is no sign-in (identity.py)
 NO_STORE = {"Cache-Control": "no-store"}  # pages hold the viewer's leases and CSRF value
+LAST_OPERATIONS = 20  # a device page's operations: the last this many (the power section lists its own)
+SHOWN_FLASHES = 10    # ... and its last flashes, however many operations came after them
 
 
 def _rows() -> Any:
@@ -106,9 +109,9 @@ async def _queue(request: Request) -> list[dict]:
 
 
 async def _my_tickets(request: Request, viewer: Viewer) -> list[dict]:
-    """The viewer's open tickets, and the granted ones whose lease lives. Reading them claims
-    the granted ones (as GET /api/v1/tickets does): their leases are the viewer's from now on,
-    shown as any lease of theirs. Read before the leases, then."""
+    """The viewer's open tickets, and the claimed ones whose lease lives. Reading them claims
+    nothing (as GET /api/v1/tickets): a granted one offers "Take it", which reads that one
+    ticket and so claims it; a board left open holds nothing for somebody who left."""
     if viewer.name is None:
         return []
     tickets = await request.app.state.rules.scheduler.tickets(viewer.name, False)
@@ -162,7 +165,8 @@ async def device_page(request: Request) -> Response:
         return render(request, "missing.html", viewer, 404, what="device", name=name)
     tickets = await _my_tickets(request, viewer)
     mine = await _my_leases(request, viewer, name)
-    operations = await rules.operations.of_device(name)
+    operations = await rules.operations.of_device(name, LAST_OPERATIONS)
+    listed = [op for op in operations if op["kind"] not in (FLASH_KIND, POWER_KIND)]  # (each has its section)
     # which steps settle runs too: the exporter's config says, and the device's facts keep it
     facts = await rules.store.device(name)
     steps = [{"step": s["step"], "settle": bool(s.get("settle"))} for s in (facts["steps"] if facts else [])]
@@ -171,8 +175,9 @@ async def device_page(request: Request) -> Response:
         settle_lease = mine[0]["id"] if mine else device.get("lease") if viewer.admin else None
     settling = next((op for op in operations if op["kind"] == SETTLE and op["state"] in LIVE_OP_STATES), None)
     return render(request, "device.html", viewer, device=device,
-                 log=list(reversed(await rules.devices.device_log(name))),
-                 operations=operations,
+                 log=list(reversed(await rules.devices.device_log(name))), last_ops=LAST_OPERATIONS,
+                 flashes=await rules.operations.of_device(name, SHOWN_FLASHES, FLASH_KIND),
+                 others=[op for op in listed if not _routine(op)], routine=[op for op in listed if _routine(op)],
                  known_good=await rules.images.known_good_image(device),
                  flash_target=any(r["kind"] == FLASH_KIND for r in device["resources"]),
                  images=await rules.images.list_images(name) if viewer.admin else [],
@@ -180,6 +185,11 @@ async def device_page(request: Request) -> Response:
                  settling=settling if settle_lease else None, power=await power_panel(rules, device, mine, viewer),
                  queue=[e for e in await _queue(request) if serves(device, e)],
                  classes=[device["class"]])
+
+
+def _routine(op: Mapping[str, Any]) -> bool:
+    """A settle or a step between leases: what the page folds away, there are so many."""
+    return op["kind"] == SETTLE or op["requester"] == STEPS_ACTOR
 
 
 def _local(path: str) -> str:

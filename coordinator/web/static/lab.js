@@ -309,7 +309,7 @@
       say(`Nothing that fits is free: you are number ${answer.position} in the queue for ${what}; ` +
           "the next one that fits is yours (this page shows it)");
     } else {
-      say(`${answer.device} is yours until ${new Date(answer.expires_at).toLocaleString()}: ${answer.reason}`);
+      say(`${answer.device} is yours until ${answer.expires_at}`);  // (its panel says when it is ready)
     }
     refreshParts();
   }
@@ -345,6 +345,12 @@
       const body = {tags, queue: field("queue").checked, ttl_s: ttl()};
       if (wanted) body.class = wanted;
       reserved(await call("POST", "/api/v1/leases", body));
+    },
+    async "claim-ticket"(button) {  // reading one granted ticket claims it: its lease is the viewer's
+      const id = button.closest("[data-ticket]").dataset.ticket;
+      const ticket = await call("GET", `/api/v1/tickets/${encodeURIComponent(id)}`);
+      say(ticket.lease ? `${ticket.lease.device} is yours until ${ticket.lease.expires_at}` : `${ticket.ticket}: ${ticket.state}`);
+      refreshParts();
     },
     async "cancel-ticket"(button) {
       const id = button.closest("[data-ticket]").dataset.ticket;
@@ -384,7 +390,7 @@
     },
     async renew(button) {
       const lease = await call("POST", `/api/v1/leases/${leaseOf(button)}/renew`, {ttl_s: ttl()});
-      say(`${lease.device}: renewed until ${new Date(lease.expires_at).toLocaleString()}`);
+      say(`${lease.device}: renewed until ${lease.expires_at}`);
     },
     async release(button) {
       const device = button.closest("[data-lease]").dataset.device;

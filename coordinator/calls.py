@@ -297,7 +297,8 @@ async def camera_snapshot(ctx: Ctx, args: LeaseId) -> bytes:
     menu, a panic, a login prompt) even when its OS is dead."""
     rules, caller = ctx.rules, ctx.caller
     lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
-    return await relays.camera_snapshot(lease, await rules.devices.host_address(lease["host"] or ""))
+    return await relays.camera_snapshot(lease, await rules.devices.host_address(lease["host"] or ""),
+                                        rules.settings.private_addresses)
 
 
 async def uart_exchange(ctx: Ctx, args: UartExchangeIn) -> dict:
@@ -316,7 +317,7 @@ async def exec_command(ctx: Ctx, args: ExecIn) -> ExecAnswer:
     console): at most timeout_s seconds (120 at most; then it is interrupted) and 64 KiB of
     each output (truncated says it was cut). channel says which way it went."""
     lease = await ctx.rules.leases.status(args.lease_id, ctx.caller.name, ctx.caller.admin)
-    return await device_commands.exec_on(lease, args.command, args.timeout_s)
+    return await device_commands.exec_on(lease, args.command, args.timeout_s, ctx.rules.settings.ssh_logins)
 
 
 async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
@@ -328,7 +329,7 @@ async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
     rules, caller = ctx.rules, ctx.caller
     lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
     device = await rules.devices.device_info(lease["device"])
-    return await device_commands.fingerprint(lease, dict(device), __version__)
+    return await device_commands.fingerprint(lease, dict(device), __version__, rules.settings.ssh_logins)
 
 
 # ---- jobs (docs/architecture.md, "Jobs and evidence") -------------------------------------------

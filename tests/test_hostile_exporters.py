@@ -17,6 +17,7 @@ import http.server
 import inspect
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -171,6 +172,49 @@ async def test_no_snapshot_from_a_host_that_did_not_say_its_address(tmp_path):
             result = await snapshot(client, lease)
             assert result.is_error and "did not report its address" in everything_in(result)
             assert asked == []
+
+
+@contextlib.contextmanager
+def listening(host: str = ADDRESS):
+    """A bare TCP listener nobody accepts on: (its port, whether anyone has connected)."""
+    with socket.create_server((host, 0)) as listener:
+        listener.setblocking(False)
+
+        def connected() -> bool:
+            try:
+                listener.accept()[0].close()
+            except BlockingIOError:
+                return False
+            return True
+        yield listener.getsockname()[1], connected
+
+
+@pytest.mark.usefixtures("database")
+@pytest.mark.parametrize("own_host", [ADDRESS, "0.0.0.0", "localhost"])
+async def test_no_request_goes_to_an_address_the_coordinator_owns(tmp_path, own_host):
+    """An exporter on the coordinator's machine declares its camera at the coordinator's own
+    port (a listener stands in for it): nothing connects there; other ports of the machine
+    are the exporter's to serve."""
+    with listening() as (own_port, connected), serving(send(200, JPEG)) as (camera_port, asked):
+        private = ((own_host, own_port), ("db.invalid", camera_port))  # (a database elsewhere: not this camera)
+        async with in_process_lab(tmp_path, private_addresses=private) as (client, rules, clock):
+            result = await snapshot(client, await camera_lease(client, camera(own_port)))
+            assert result.is_error and "an address the coordinator itself owns" in everything_in(result)
+            assert not connected(), "no connection, let alone a request"
+        async with in_process_lab(tmp_path, private_addresses=private) as (client, rules, clock):
+            endpoint = camera(camera_port, host="localhost", url=f"http://localhost:{camera_port}/")
+            result = await snapshot(client, await camera_lease(client, endpoint, address="localhost"))
+            assert not result.is_error and asked == ["/snapshot.jpg"], everything_in(result)
+
+
+def test_what_the_coordinator_owns():
+    assert relays.private_addresses("0.0.0.0", 7420, "sqlite:////srv/lab.sqlite") == (("0.0.0.0", 7420),)
+    assert relays.private_addresses("127.0.0.1", 7420, "postgresql://lab:pw@db.lab:5433/lab", ["[::1]:9100"]) == \
+        (("127.0.0.1", 7420), ("db.lab", 5433), ("::1", 9100))
+    assert relays.private_addresses("::", 1, "postgresql:///lab")[1] == ("127.0.0.1", 5432)
+    for bad in ("db.lab", "db.lab:x", ":80", "db.lab:0", "db.lab:65536"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            relays.private_addresses("127.0.0.1", 7420, "sqlite:///x", [bad])
 
 
 @pytest.mark.usefixtures("database")

@@ -19,7 +19,7 @@ import logging
 from typing import Any, Mapping
 
 from device_loop.core import PROTOCOL_VERSION
-from device_loop.core.protocol import DesiredState, DeviceReport, Heartbeat
+from device_loop.core.protocol import MAX_TAG_CHARS, MAX_TAGS, DesiredState, DeviceReport, Heartbeat
 from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 
 from .errors import APIError, conflict
@@ -53,6 +53,12 @@ def _cause(row: dict, new_state: str, cause: str) -> str:
 
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def _tags(tags: list[str]) -> list[str]:
+    """An adoption's tags as the protocol takes them: one stored before adoption checked them
+    (an empty tag, a long one, too many) would fail every heartbeat of its host."""
+    return [tag for tag in tags if 0 < len(tag) <= MAX_TAG_CHARS][:MAX_TAGS]
 
 
 def _columns(device: DeviceReport, digest: str) -> dict:
@@ -357,7 +363,7 @@ class Hosts:
                      "kind": res["kind"], "plugin": res["plugin"], "secret": r["secret"]}
                     for r in await self.store.desired_services(host_name) for res in r["resources"]
                     if res.get("service", True)]
-        adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": a["tags"]}
+        adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": _tags(a["tags"])}
                    for a in await self.store.adoptions_on_host(host_name)]
         operations = [{"op": o["id"], "kind": o["kind"], "device": o["device"], "identifier": o["identifier"],
                        "plugin": o["plugin"], "requester": o["requester"], "args": o["args"],

@@ -24,10 +24,10 @@ from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 
 from .errors import APIError, conflict
 from .leases import Leases
-from .lifecycle import Lifecycle, device_state, ring_entry
+from .lifecycle import Lifecycle, device_state, held_off, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .operations import Operations
-from .power import POWERED_OFF, Power
+from .power import Power
 from .rows import HostRow
 from .scheduler import Scheduler
 from .steps import Steps
@@ -268,7 +268,7 @@ class Hosts:
             elif not row["present"]:
                 changes.causes[device.name] = f"host {host_name} reports it again"
             if (row.get("fault") and fields["health"] == HealthStatus.OK and row["health"] != HealthStatus.OK
-                    and not str(row["fault"]).startswith(POWERED_OFF)):  # (a board switched off waits for an on)
+                    and not held_off(row["fault"])):  # (a board switched off waits for an on)
                 # a failed step's fault, cleared by the device's health recovering (docs/architecture.md,
                 # "Steps between leases"); its own statement: the heartbeat does not write that column
                 changes.faults_cleared.append(device.name)

@@ -41,6 +41,18 @@ class Settings:
     private_addresses: tuple[tuple[str, int], ...] = ()  # (host, port) it owns: no snapshot is fetched there
 
 
+#: The start of the fault a person's power off leaves (docs/architecture.md, "Power"), and of
+#: the one an on that nothing showed leaves in its place: the board may be off still
+POWERED_OFF = "switched off"
+UNVERIFIED_ON = "switched on, unverified"
+
+
+def held_off(fault: str | None) -> bool:
+    """Whether ``fault`` says the device may be switched off: only a verified power on clears
+    it (not its health turning ok, nor an admin while the last word was an off)."""
+    return bool(fault) and str(fault).startswith((POWERED_OFF, UNVERIFIED_ON))
+
+
 def device_state(facts: Mapping[str, Any]) -> DeviceState:
     """The lifecycle state that follows from a device's facts: its row, ``host_online``
     and ``lease_state`` (of its live lease, if any); a ``fault`` a step between leases left

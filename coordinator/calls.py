@@ -112,7 +112,7 @@ async def device_info(ctx: Ctx, args: DeviceName) -> DeviceAnswer:
 
 async def device_log(ctx: Ctx, args: DeviceName) -> list[LogEntry]:
     """The device's last 20 state changes: time, from, to, cause, actor."""
-    return await ctx.rules.devices.device_log(args.device)
+    return await ctx.rules.devices.device_log(args.device, ctx.sees_all)
 
 
 async def _operations_of(ctx: Ctx, device: str, kind: str | None) -> list[OperationAnswer]:

@@ -524,6 +524,48 @@ async def test_oversized_fields_of_a_report_are_refused(tmp_path):
 # ---- a flash's lease -----------------------------------------------------------------------------
 
 
+EXPORTER_PATH = "/root/.local/share/device-loop/flash/b0.img"
+
+
+@pytest.mark.usefixtures("database")
+async def test_the_exporter_s_file_paths_are_shown_to_an_operation_s_holder_and_admins_only(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        who = await tokens_lab(client, rules)
+        exporter = FakeExporter(who["host-a"], "host-a")
+        await exporter.beat([board()])
+        await upload(who["alice"], "build-7", IMAGE, target="b0")
+        lease = (await who["alice"].post("/leases", json={"device": "b0"})).json()
+        op = (await who["alice"].post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
+        said = f"[Errno 5] Input/output error: '{EXPORTER_PATH}' (see ~/.cache/x.log; 1/2 MB/s)"
+        running = {"op": op["id"], "device": "b0", "kind": "flash", "state": "running", "phase": "writing",
+                   "progress": {"done": 1, "total": None, "unit": "bytes", "detail": f"writing {EXPORTER_PATH}"},
+                   "result": {"target": EXPORTER_PATH}}
+        await exporter.beat([board()], operations=[running])
+        assert EXPORTER_PATH not in (await who["bob"].get(f"/ops/{op['id']}")).text
+        await exporter.beat([board()], operations=[{**running, "state": "failed", "message": said, "changed": True}])
+        # (as a failed step leaves its message: in the device's log, and as its fault)
+        async with rules.store.tx():
+            await rules.life.note(await rules.store.device("b0"), f"step 1/1 command failed: {said}", "exporter:host-a")
+
+        for viewer, sees in [("anyone", False), ("bob", False), ("alice", True), ("root", True)]:
+            ops = (await who[viewer].get("/devices/b0/operations")).json()
+            assert (ops[0]["message"] == said) is sees and (EXPORTER_PATH in json.dumps(ops)) is sees, viewer
+            if not sees:
+                assert ops[0]["message"] == "[Errno 5] Input/output error: '[path]' (see [path]; 1/2 MB/s)"
+                assert ops[0]["progress"]["detail"] == "writing [path]" and ops[0]["result"] == {"target": "[path]"}
+            if viewer != "anyone":
+                assert (EXPORTER_PATH in (await who[viewer].get(f"/ops/{op['id']}")).text) is sees, viewer
+            # the device's own texts (a failed flash needs recovery) and its log: admins only
+            admin = viewer == "root"
+            shown = (await who[viewer].get("/devices/b0")).json()
+            assert "Input/output error" in shown["recovery_reason"]
+            assert (EXPORTER_PATH in shown["recovery_reason"]) is admin, viewer
+            assert (EXPORTER_PATH in (await who[viewer].get("/devices/b0/log")).text) is admin, viewer
+            assert EXPORTER_PATH not in (await who[viewer].get("/devices")).text
+            page = (await who[viewer].get(f"{SITE}/devices/b0")).text  # (alice's: her lease's panel too)
+            assert "Input/output error" in page and (sees or EXPORTER_PATH not in page), viewer
+
+
 @pytest.mark.usefixtures("database")
 async def test_a_flash_s_lease_is_shown_to_its_requester_its_holder_and_admins_only(tmp_path):
     async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):

@@ -152,7 +152,7 @@ class Operations:
         name = device["name"]
         fits = {f"device:{name}", f"class:{device['class']}"}
         if image["target"] not in fits and not fits & set(await self.store.known_good_targets(image["sha256"])):
-            raise APIError(422, "image_not_for_device",
+            raise conflict("image_not_for_device",
                            f"image {image['name']!r} is for {image['target']}, not for {name} (class "
                            f"{device['class']}); an admin can mark it known-good for {name}")
         await self.store.set_image_used(image["sha256"], self.life.clock())

@@ -206,7 +206,7 @@ class UartExchangeIn(LeaseId):
 class UploadQuery(Strict):
     """An upload's body is the image; what it is comes in the query string."""
     name: str = Field(max_length=64, description="the image's name")
-    target: str = Field(alias="for", max_length=71, description="the device or class it is for")
+    target: str = Field(alias="for", min_length=1, max_length=71, description="the device or class it is for")
     description: str = Field(default="", max_length=1000)
     sha256: str | None = Field(default=None, max_length=64, description="its sha256, if the uploader knows it")
     size: int | None = Field(default=None, ge=0, description="its size in bytes, if the uploader knows it")

@@ -217,7 +217,8 @@ def _snapshot_place(address: str | None, host: str, endpoint: EndpointJSON) -> t
     return address, int(endpoint["port"]), path
 
 
-def private_addresses(host: str, port: int, database_url: str, named: Sequence[str] = ()) -> tuple[tuple[str, int], ...]:
+def private_addresses(host: str, port: int, database_url: str,
+                      named: Sequence[str] = ()) -> tuple[tuple[str, int], ...]:
     """What the coordinator owns, which a snapshot is never fetched from: where it listens
     (``host``, ``port``), its PostgreSQL server, and what its admin ``named`` (``HOST:PORT``,
     e.g. another coordinator process on this machine). Other ports of this machine may well be

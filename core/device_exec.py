@@ -66,7 +66,7 @@ IDENTITY_ENV = "DEVICE_LOOP_SSH_IDENTITY"
 #: pins are taken instead of those an endpoint reports
 KNOWN_HOSTS_ENV = "DEVICE_LOOP_SSH_KNOWN_HOSTS"
 #: ``exec_on_lease``'s ``ssh`` for a client: log in as the endpoint says, with the caller's own key
-AS_REPORTED = "as-reported"
+AS_REPORTED: Literal["as-reported"] = "as-reported"
 INTERRUPT = b"\x03"
 ENTER = b"\r"  # what a terminal sends for Enter (a tty's ICRNL makes it a newline)
 #: A shell prompt's end: ``#``, ``$``, ``%`` or ``>``, and maybe a space (escape sequences removed).

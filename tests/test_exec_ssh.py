@@ -10,7 +10,6 @@ import getpass
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import tomli_w

@@ -178,7 +178,8 @@ async def test_the_document_and_the_rules_agree_on_what_a_request_may_be(tmp_pat
 
         # a name that names nothing is a 404, a name several images have a 409 (not 422)
         for target in ("b0", "b1"):
-            made = await api.post("/images", params={"name": "build-7", "for": target}, content=b"image of " + target.encode())
+            made = await api.post("/images", params={"name": "build-7", "for": target},
+                                  content=b"image of " + target.encode())
             assert made.status_code == 201, made.text
         nowhere = await api.post("/images", params={"name": "x", "for": "nothing-like-it"}, content=b"x")
         assert (nowhere.status_code, nowhere.json()["error"]) == (404, "unknown_target")

@@ -206,7 +206,10 @@ def _claim_data_dir(data_dir: Path) -> None:
 @click.option("--port", default=7420, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
               help="an exporter config whose devices join the lab (e.g. a real UART)")
-def up_command(data_dir: Path, port: int, config_path: str | None):
+@click.option("--ssh-logins", "ssh_logins", type=click.Path(dir_okay=False, exists=True),
+              help="how the coordinator's MCP exec logs in to the ssh boards of --config (device-loop coordinator "
+                   "--help)")
+def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: str | None):
     """Start a local lab: coordinator + exporter + simulated boards. Ctrl-C stops it."""
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -232,8 +235,10 @@ def up_command(data_dir: Path, port: int, config_path: str | None):
         screens = _add_screens(registry, config, displays)
         config_file = data_dir / "exporter.toml"
         config_file.write_text(tomli_w.dumps(config))
+        logins = ["--ssh-logins", str(Path(ssh_logins).resolve())] if ssh_logins else []
         coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port),
-                                            "--single-user"], name="coordinator", die_with_parent=True, env=env)
+                                            "--single-user", *logins], name="coordinator", die_with_parent=True,
+                                     env=env)
         children.append(coordinator)
         if not wait_port_open("127.0.0.1", port, timeout=20) or not coordinator.alive():
             raise click.ClickException(f"the coordinator did not start:\n{coordinator.output()[-2000:]}")

@@ -12,7 +12,7 @@ from .answers import DeviceAnswer, HostAnswer
 from .devices import Devices
 from .errors import APIError, conflict, not_found
 from .leases import Leases
-from .lifecycle import Lifecycle
+from .lifecycle import POWERED_OFF, Lifecycle
 from .notify import BOARD_KEY, host_key, op_key
 from .rows import DeviceFacts
 from .scheduler import Scheduler
@@ -51,7 +51,9 @@ class Admin:
 
     async def clear_fault(self, name: str, admin: str) -> DeviceAnswer:
         """Clear the fault a failed step between leases left (docs/architecture.md, "Steps
-        between leases"): the device is idle again, and goes to the first ticket waiting for it."""
+        between leases"), or the one an unverified power on left once an admin saw the board
+        run: the device is idle again, and goes to the first ticket waiting for it. A board
+        switched off stays faulty until a power on is verified (docs/architecture.md, "Power")."""
         async with self.store.tx():
             await self.store.lock_host_of_device(name)
             device = await self.store.device(name)
@@ -60,6 +62,9 @@ class Admin:
             if not device["fault"]:
                 raise conflict("no_fault", f"{name} has no fault to clear (it is {device['state']}"
                                            + (f": {device['health_reason']}" if device["health_reason"] else "") + ")")
+            if str(device["fault"]).startswith(POWERED_OFF):
+                raise conflict("switched_off", f"{name} was switched off ({device['fault']}); only a power on that "
+                                               f"is verified clears that: device-loop power on {name}")
             await self.life.change(device, f"fault cleared by admin {admin} (was: {device['fault']})", admin,
                                    {"fault": None})
             await self.life.audit(admin, "clear_fault", name, None, {"fault": device["fault"]})

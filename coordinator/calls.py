@@ -122,7 +122,7 @@ async def device_info(ctx: Ctx, args: DeviceName) -> DeviceAnswer:
 
 async def device_log(ctx: Ctx, args: DeviceName) -> list[LogEntry]:
     """The device's last 20 state changes: time, from, to, cause, actor."""
-    return await ctx.rules.devices.device_log(args.device)
+    return await ctx.rules.devices.device_log(args.device, ctx.sees_all)
 
 
 async def _operations_of(ctx: Ctx, device: str, kind: str | None) -> list[OperationAnswer]:
@@ -307,7 +307,8 @@ async def camera_snapshot(ctx: Ctx, args: LeaseId) -> bytes:
     menu, a panic, a login prompt) even when its OS is dead."""
     rules, caller = ctx.rules, ctx.caller
     lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
-    return await relays.camera_snapshot(lease, await rules.devices.host_address(lease["host"] or ""))
+    return await relays.camera_snapshot(lease, await rules.devices.host_address(lease["host"] or ""),
+                                        rules.settings.private_addresses)
 
 
 async def uart_exchange(ctx: Ctx, args: UartExchangeIn) -> dict:
@@ -326,7 +327,7 @@ async def exec_command(ctx: Ctx, args: ExecIn) -> ExecAnswer:
     console): at most timeout_s seconds (120 at most; then it is interrupted) and 64 KiB of
     each output (truncated says it was cut). channel says which way it went."""
     lease = await ctx.rules.leases.status(args.lease_id, ctx.caller.name, ctx.caller.admin)
-    return await device_commands.exec_on(lease, args.command, args.timeout_s)
+    return await device_commands.exec_on(lease, args.command, args.timeout_s, ctx.rules.settings.ssh_logins)
 
 
 async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
@@ -338,7 +339,7 @@ async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
     rules, caller = ctx.rules, ctx.caller
     lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
     device = await rules.devices.device_info(lease["device"])
-    return await device_commands.fingerprint(lease, dict(device), __version__)
+    return await device_commands.fingerprint(lease, dict(device), __version__, rules.settings.ssh_logins)
 
 
 # ---- jobs (docs/architecture.md, "Jobs and evidence") -------------------------------------------

@@ -3,7 +3,9 @@
 coordinator): one command, and the device's fingerprint, each bounded in time and size.
 
 Both go through ``core/device_exec.py`` in a worker thread (it blocks on a socket or a
-child process), so no request of the coordinator waits behind them.
+child process), so no request of the coordinator waits behind them. A board reached through
+ssh is logged in to only as the coordinator's own ``--ssh-logins`` says (``ssh_logins.py``):
+the user, the key and the pinned host key, never what its exporter reports.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from device_loop.core.device_exec import ExecError, exec_on_lease
 
 from .answers import ExecAnswer, LeaseAnswer
 from .errors import APIError
+from .ssh_logins import OPTION, SshLogins
 
 EXEC_MAX_OUTPUT = 64 * 1024  # of stdout and of stderr, as an agent reads them
 FINGERPRINT_MAX_OUTPUT = 1 << 20  # a big machine's /proc/cpuinfo is more than 64 KiB
@@ -22,12 +25,18 @@ FINGERPRINT_TIMEOUT_S = 20.0  # each of its few exec round trips
 EXEC_AT_ONCE = 8  # execs a coordinator process runs at once, each on a thread for up to 120 s
 #: How each refusal of ``exec_on_lease`` is answered: the device or its channel is not there
 #: to run it (409), the command did not end in time (504), the command itself is refused (422).
-_STATUS = {"no_channel": 409, "no_prompt": 409, "unreachable": 409, "switched_off": 409, "timeout": 504,
+_STATUS = {"no_channel": 409, "no_login": 409, "no_prompt": 409, "unreachable": 409, "switched_off": 409,
+           "timeout": 504,
            "too_large": 422, "bad_command": 422}
 
 
 def _refusal(exc: ExecError) -> APIError:
-    return APIError(_STATUS.get(exc.code, 409), exc.code, exc.message)
+    message = exc.message
+    if exc.code == "no_login":
+        message += (f" (the coordinator logs in to a board's sshd only as its own {OPTION} file says: a [devices.NAME] "
+                    "or [hosts.NAME] table with user, identity and host_key; see docs/architecture.md, \"Running a "
+                    "command on a device\")")
+    return APIError(_STATUS.get(exc.code, 409), exc.code, message)
 
 
 _running = asyncio.Semaphore(EXEC_AT_ONCE)
@@ -50,24 +59,30 @@ async def _one_at_a_time(lease: LeaseAnswer):
             del _per_lease[lease["id"]]
 
 
-async def exec_on(lease: LeaseAnswer, command: str, timeout_s: float) -> ExecAnswer:
-    """``command`` run on the device of ``lease`` (its holder's view of it)."""
+async def exec_on(lease: LeaseAnswer, command: str, timeout_s: float, logins: SshLogins) -> ExecAnswer:
+    """``command`` run on the device of ``lease`` (its holder's view of it); over ssh as ``logins`` say."""
+    login = logins.login_for(lease["device"], lease["host"])
     try:
         async with _one_at_a_time(lease):
-            result = await asyncio.to_thread(exec_on_lease, lease, command, timeout_s, max_output=EXEC_MAX_OUTPUT)
+            result = await asyncio.to_thread(exec_on_lease, lease, command, timeout_s, max_output=EXEC_MAX_OUTPUT,
+                                             ssh=login)
     except ExecError as exc:
         raise _refusal(exc) from None
     return {"stdout": result.stdout, "stderr": result.stderr, "status": result.status, "channel": result.channel,
             "elapsed_s": result.elapsed_s, "truncated": result.truncated}
 
 
-async def fingerprint(lease: LeaseAnswer, device: Mapping[str, Any], coordinator_version: str) -> dict[str, Any]:
+async def fingerprint(lease: LeaseAnswer, device: Mapping[str, Any], coordinator_version: str,
+                      logins: SshLogins) -> dict[str, Any]:
     """The fingerprint of the device of ``lease`` (``core.fingerprint.gather``), as JSON;
-    ``device`` is its answer, with the image last flashed onto it."""
+    ``device`` is its answer, with the image last flashed onto it; over ssh as ``logins`` say."""
     from device_loop.core import fingerprint as fingerprints
 
+    login = logins.login_for(lease["device"], lease["host"])
+
     def run(command: str, timeout_s: float) -> Any:
-        return exec_on_lease(lease, command, min(timeout_s, FINGERPRINT_TIMEOUT_S), max_output=FINGERPRINT_MAX_OUTPUT)
+        return exec_on_lease(lease, command, min(timeout_s, FINGERPRINT_TIMEOUT_S), max_output=FINGERPRINT_MAX_OUTPUT,
+                             ssh=login)
 
     try:
         async with _one_at_a_time(lease):

@@ -7,6 +7,7 @@ from device_loop.core.vocabulary import DeviceState
 
 from .answers import AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry, RunningOperation, RunningStep
 from .errors import APIError, not_found
+from .hidden_paths import hide_paths, hide_paths_in
 from .holders import holder_json
 from .lifecycle import Lifecycle, switched_off
 from .rows import DeviceFacts
@@ -15,8 +16,10 @@ from .store import Store
 
 def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
     """A device as anyone sees it (``admin``: with the command lines of who else holds its
-    nodes, and the id of its live lease, to act on it)."""
+    nodes, the id of its live lease, to act on it, and the exporter's file paths in its
+    reasons)."""
     step = running_step(row)
+    shown = (lambda text: text) if admin else hide_paths_in
     answer: DeviceAnswer = {
         "name": row["name"],
         "class": row["class"],
@@ -27,21 +30,21 @@ def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
         "holder": row["holder"],
         "expires_at": iso(row["expires_at"]),
         "health": row["health"],
-        "health_reason": row["health_reason"],
+        "health_reason": shown(row["health_reason"]),
         # its owner first, then a host that claims it too (the owner keeps serving it)
         "conflict_hosts": [row["host"] or "", row["conflict_host"]] if row["conflict_host"] else [],
         "busy_by": [holder_json(h, admin) for h in row["busy_by"]],  # public: program and pid only
-        "resources": row["resources"],
+        "resources": [{**r, "reason": shown(r["reason"])} if r.get("reason") else r for r in row["resources"]],
         # a failed destructive operation left it half-changed: no lease until it is recovered
         "needs_recovery": row["needs_recovery"] is not None,
-        "recovery_reason": row["needs_recovery"],
+        "recovery_reason": shown(row["needs_recovery"]),
         "operation": running_operation(row["op_id"], row["op_kind"]),
         "flashing": row["op_id"] if row["op_kind"] == "flash" else None,
         "steps": [s["step"] for s in row["steps"]],
         "step": step,
-        "fault": row["fault"],
+        "fault": shown(row["fault"]),
         "switched_off": switched_off(row["fault"]),
-        "reason": state_reason(row, step),
+        "reason": shown(state_reason(row, step)),
         "facts": row.get("facts") or {},  # what its plugins add to its fingerprint
     }
     if admin:
@@ -94,11 +97,13 @@ class Devices:
         answer["image"] = await self.store.last_flashed_image(name)
         return answer
 
-    async def device_log(self, name: str) -> list[LogEntry]:
+    async def device_log(self, name: str, admin: bool = False) -> list[LogEntry]:
+        """A device's ring log, newest last (the exporter's file paths in it: only for ``admin``)."""
         if await self.store.device(name) is None:
             raise not_found("device", name)
-        return [{"at": iso(e["at"]), "from": e["from_state"], "to": e["to_state"], "cause": e["cause"],
-                 "actor": e["actor"]} for e in await self.store.device_log(name)]
+        return [{"at": iso(e["at"]), "from": e["from_state"], "to": e["to_state"],
+                 "cause": e["cause"] if admin else hide_paths(e["cause"]), "actor": e["actor"]}
+                for e in await self.store.device_log(name)]
 
     async def unknown(self, name: str) -> APIError:
         """The refusal for a device name nobody knows, with some that exist."""

@@ -19,15 +19,15 @@ import logging
 from typing import Any, Mapping
 
 from device_loop.core import PROTOCOL_VERSION
-from device_loop.core.protocol import DesiredState, DeviceReport, Heartbeat
+from device_loop.core.protocol import MAX_TAG_CHARS, MAX_TAGS, DesiredState, DeviceReport, Heartbeat
 from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 
 from .errors import APIError, conflict
 from .leases import Leases
-from .lifecycle import Lifecycle, device_state, logged_cause, ring_entry
+from .lifecycle import Lifecycle, device_state, held_off, logged_cause, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .operations import Operations
-from .power import POWERED_OFF, Power
+from .power import Power
 from .rows import HostRow
 from .scheduler import Scheduler
 from .steps import Steps
@@ -53,6 +53,12 @@ def _cause(row: dict, new_state: str, cause: str) -> str:
 
 def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+
+
+def _tags(tags: list[str]) -> list[str]:
+    """An adoption's tags as the protocol takes them: one stored before adoption checked them
+    (an empty tag, a long one, too many) would fail every heartbeat of its host."""
+    return [tag for tag in tags if 0 < len(tag) <= MAX_TAG_CHARS][:MAX_TAGS]
 
 
 def _columns(device: DeviceReport, digest: str) -> dict:
@@ -262,7 +268,7 @@ class Hosts:
             elif not row["present"]:
                 changes.causes[device.name] = f"host {host_name} reports it again"
             if (row.get("fault") and fields["health"] == HealthStatus.OK and row["health"] != HealthStatus.OK
-                    and not str(row["fault"]).startswith(POWERED_OFF)):  # (a board switched off waits for an on)
+                    and not held_off(row["fault"])):  # (a board switched off waits for an on)
                 # a failed step's fault, cleared by the device's health recovering (docs/architecture.md,
                 # "Steps between leases"); its own statement: the heartbeat does not write that column
                 changes.faults_cleared.append(device.name)
@@ -357,7 +363,7 @@ class Hosts:
                      "kind": res["kind"], "plugin": res["plugin"], "secret": r["secret"]}
                     for r in await self.store.desired_services(host_name) for res in r["resources"]
                     if res.get("service", True)]
-        adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": a["tags"]}
+        adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": _tags(a["tags"])}
                    for a in await self.store.adoptions_on_host(host_name)]
         operations = [{"op": o["id"], "kind": o["kind"], "device": o["device"], "identifier": o["identifier"],
                        "plugin": o["plugin"], "requester": o["requester"], "args": o["args"],

@@ -86,12 +86,14 @@ class Images:
     async def _target(self, name: str) -> str:
         """``device:NAME`` or ``class:NAME`` for what an image is for (given as a name, or
         in that form, as listings print it)."""
+        if not name:  # (as the document says of `for`: a name, not nothing)
+            raise APIError(422, "invalid", "for: say which device or device class the image is for")
         kind, _, bare = name.rpartition(":")
         if kind in ("", "device") and await self.store.device(bare) is not None:
             return f"device:{bare}"
         if kind in ("", "class") and bare in await self.store.device_classes():
             return f"class:{bare}"
-        raise APIError(422, "unknown_target", f"no device or device class is called {name!r}")
+        raise APIError(404, "unknown_target", f"no device or device class is called {name!r}")
 
     async def image(self, ref: str, targets: set[str] | None = None) -> ImageRow:
         """An image by its reference (``parse_ref``): a digest, its start, or a name. A name is
@@ -112,8 +114,8 @@ class Images:
                     else "is called")
             raise APIError(404, "unknown_image", f"no image {what} {value!r}")
         if len(found) > 1:
-            raise APIError(422, "ambiguous_image", f"{ref!r} names several images: {_listed(found)}; name one by "
-                                                   "its sha256 (as shown) instead")
+            raise conflict("ambiguous_image", f"{ref!r} names several images: {_listed(found)}; name one by its "
+                                              "sha256 (as shown) instead")
         return found[0]
 
     async def known_good_image(self, device: DeviceFacts) -> KnownGoodImage | None:

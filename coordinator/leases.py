@@ -18,7 +18,7 @@ from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseSta
 from .answers import LeaseAnswer
 from .devices import Devices, running_operation
 from .errors import APIError, conflict, not_found
-from .lifecycle import Lifecycle, switched_off
+from .lifecycle import Lifecycle, held_off, switched_off
 from .notify import BOARD_KEY, host_key, lease_key
 from .rows import DeviceFacts, LeaseRow, LeaseView
 from .store import Store
@@ -241,7 +241,7 @@ class Leases:
             message = f"{name} is offline (host {device['host']} not heartbeating or the device is unplugged)"
         elif state == DeviceState.FAULTY:
             message = f"{name} is faulty: {device['fault'] or device['health_reason'] or 'health check failed'}"
-            if device["fault"]:
+            if device["fault"] and not held_off(device["fault"]):  # (that one says how it is switched on)
                 message += f" (an admin clears it: device-loop admin clear-fault {name})"
         else:
             message = f"{name} is {state}"

@@ -5,7 +5,7 @@ store, the settings, the clock, the long-polls' notifier, the audit log and the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
@@ -13,10 +13,8 @@ from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 from .metrics import LabMetrics
 from .notify import BOARD_KEY, Notifier
 from .rows import DeviceFacts
+from .ssh_logins import SshLogins
 from .store import Store
-
-POWERED_OFF = "switched off"  # the start of the fault a person's power off leaves (power.py)
-
 
 def switched_off(fault: str | None) -> str | None:
     """The fault a person's power off left (by whom, when, how to switch it on), else None."""
@@ -42,6 +40,21 @@ class Settings:
     max_tickets_per_user: int = 20    # open tickets a person may have (0: no limit)
     # jobs (docs/architecture.md, "Jobs and evidence")
     job_worker_timeout_s: float = 30.0  # a running job whose worker is silent this long fails (worker lost)
+    # what exporters report is data (docs/architecture.md, "What exporters report is data")
+    ssh_logins: SshLogins = field(default_factory=SshLogins)  # how an MCP exec logs in to a board's sshd
+    private_addresses: tuple[tuple[str, int], ...] = ()  # (host, port) it owns: no snapshot is fetched there
+
+
+#: The start of the fault a person's power off leaves (docs/architecture.md, "Power"), and of
+#: the one an on that nothing showed leaves in its place: the board may be off still
+POWERED_OFF = "switched off"
+UNVERIFIED_ON = "switched on, unverified"
+
+
+def held_off(fault: str | None) -> bool:
+    """Whether ``fault`` says the device may be switched off: only a verified power on clears
+    it (not its health turning ok, nor an admin while the last word was an off)."""
+    return bool(fault) and str(fault).startswith((POWERED_OFF, UNVERIFIED_ON))
 
 
 def device_state(facts: Mapping[str, Any]) -> DeviceState:

@@ -48,6 +48,21 @@ CHECKED: dict[tuple[str, str | None], dict[str, Any]] = {
          "properties": {"exporter_host": {"type": "string"}, "user": {"type": "null"}}}]},
     ("Heartbeat", "protocol"): {"type": "integer", "const": PROTOCOL_VERSION,
                                 "description": "the exporter protocol this coordinator speaks"},
+    # reserve: a device by name, or a class and/or tags (scheduler.py)
+    ("ReserveIn", None): {"anyOf": [
+        {"required": ["device"], "properties": {"device": {"type": "string"}, "class": {"type": "null"},
+                                                "tags": {"maxItems": 0}}},
+        {"required": ["class"], "properties": {"class": {"type": "string"}, "device": {"type": "null"}}},
+        {"required": ["tags"], "properties": {"tags": {"minItems": 1}, "device": {"type": "null"}}}]},
+    # a job runs its commands or an A/B pair, and a matrix expands a pair (core/jobs.py)
+    ("JobSpec", None): {"oneOf": [
+        {"required": ["run"], "properties": {"run": {"minItems": 1}, "ab": {"type": "null"},
+                                             "matrix": {"type": "null"}}},
+        {"required": ["ab"], "properties": {"ab": {"type": "object"}, "run": {"maxItems": 0}}}]},
+    # a power operation's off_time_s goes with a cycle
+    **{(model, None): {"anyOf": [{"required": ["action"], "properties": {"action": {"const": "cycle"}}},
+                                 {"properties": {"off_time_s": {"type": "null"}}}]}
+       for model in ("PowerIn", "AdminPowerIn")},
     ("DeviceReport", "name"): DEVICE_NAME, ("AdoptIn", "name"): DEVICE_NAME,
     ("TokenIn", "user"): PERSON, ("TokenIn", "exporter_host"): PERSON,
     ("ReserveIn", "ttl_s"): LEASE_LENGTH, ("RenewIn", "ttl_s"): LEASE_LENGTH,
@@ -58,14 +73,16 @@ REFUSALS = {
          "JSON, an Idempotency-Key too long",
     401: "no credentials, or a token that is unknown, revoked or expired",
     403: "credentials that may not call this, or a request from a page of another origin",
-    404: "what the request names does not exist (or is not the caller's)",
+    404: "what the request names does not exist (or is not the caller's): a device, a device class, an image...",
     408: "the request body stopped arriving",
-    409: "the lab's state refuses it: taken, busy, ended, offline...",
+    409: "the lab's state refuses it: taken, busy, ended, offline, a name several images have, an image for "
+         "another device...",
     410: "the image's file is gone from the registry",
     413: "a body over this route's limit (or an image over the lab's limit or the uploader's quota)",
     415: "a body that is not of the type the route takes (JSON)",
     421: "a Host this coordinator is not reached by",
-    422: "a request the rules refuse: a body the model refuses, a name or reference that names nothing usable, an "
+    422: "a request the rules refuse: a body the model refuses (and what no JSON Schema says: a repeated name in a "
+         "report, a regular expression Python cannot read, an upload whose bytes are not what it declared), an "
          "Idempotency-Key used before for another request",
     507: "the image registry's disk is full: nothing of the upload is kept",
 }
@@ -213,7 +230,7 @@ def _operation(call, refs: dict, schemas: dict, answer: dict[str, Any] | None) -
     elif own["properties"]:
         body = {**own, "required": required} if required else {k: v for k, v in own.items() if k != "required"}
         schemas[f"{call.name}_body"] = body
-        required_body = bool(required) or "oneOf" in body  # else {} will do
+        required_body = bool(required) or "oneOf" in body or "anyOf" in body  # else {} will do
         operation["requestBody"] = {"required": required_body,
                                     "content": {"application/json": {"schema": {"$ref": REF.format(
                                         model=f"{call.name}_body")}}}}

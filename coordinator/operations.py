@@ -27,6 +27,7 @@ from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationS
 
 from .answers import OperationAnswer
 from .errors import APIError, conflict, not_found
+from .hidden_paths import hide_paths_in
 from .images import Images
 from .leases import Leases
 from .lifecycle import Lifecycle
@@ -37,16 +38,18 @@ from .store import Store, UniqueViolation
 _ARGS = TypeAdapter(Args)
 
 
-def op_json(op: OperationRow, lease_shown: bool = False, host_online: bool | None = True) -> OperationAnswer:
-    """An operation as anyone in the lab sees it; its lease (private to its holder, as lease
-    ids are) only with ``lease_shown``: for its requester, the lease's holder and admins."""
+def op_json(op: OperationRow, theirs: bool = False, host_online: bool | None = True) -> OperationAnswer:
+    """An operation as anyone in the lab sees it. Only ``theirs`` (its requester, its lease's
+    holder, admins) see its lease (private, as lease ids are) and the exporter's file paths
+    in what it said (``hidden_paths.py``)."""
+    shown = (lambda value: value) if theirs else hide_paths_in
     answer: OperationAnswer = {
         "id": op["id"], "kind": op["kind"], "device": op["device"], "host": op["host"],
-        "lease": op["lease_id"] if lease_shown else None, "requester": op["requester"], "args": op["args"],
+        "lease": op["lease_id"] if theirs else None, "requester": op["requester"], "args": op["args"],
         "state": op["state"], "phase": op["phase"],
         "progress": {"done": op["progress_done"], "total": op["progress_total"], "unit": op["progress_unit"],
-                     "detail": op["progress_detail"]},
-        "message": op["message"], "result": op["result"], "seconds": op["seconds"],
+                     "detail": shown(op["progress_detail"])},
+        "message": shown(op["message"]), "result": shown(op["result"]), "seconds": op["seconds"],
         "created_at": iso(op["created_at"]), "started_at": iso(op["started_at"]), "ended_at": iso(op["ended_at"]),
     }
     if op["image_sha256"]:  # as flashes always showed it
@@ -149,7 +152,7 @@ class Operations:
         name = device["name"]
         fits = {f"device:{name}", f"class:{device['class']}"}
         if image["target"] not in fits and not fits & set(await self.store.known_good_targets(image["sha256"])):
-            raise APIError(422, "image_not_for_device",
+            raise conflict("image_not_for_device",
                            f"image {image['name']!r} is for {image['target']}, not for {name} (class "
                            f"{device['class']}); an admin can mark it known-good for {name}")
         await self.store.set_image_used(image["sha256"], self.life.clock())
@@ -207,7 +210,7 @@ class Operations:
         except UniqueViolation:  # another coordinator process started one a moment ago
             raise self._busy(name, "another operation", None) from None
         self.life.notify(host_key(op["host"]), BOARD_KEY)  # the board shows it busy
-        return op_json(op, lease_shown=True)
+        return op_json(op, theirs=True)
 
     @staticmethod
     def _checked_args(kind: str, spec: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
@@ -254,8 +257,9 @@ class Operations:
         return await self._ops_json(await self.store.operations_of_device(name, limit, kind), caller, admin)
 
     async def _ops_json(self, ops: list[Any], caller: str | None, admin: bool) -> list[OperationAnswer]:
-        """``ops`` with the lease of each shown only to who may see it: an admin, the one who
-        asked for the operation, and the holder of its lease (``caller`` None: nobody)."""
+        """``ops`` with the lease of each (and the paths in what it said) shown only to who may
+        see it: an admin, the one who asked for the operation, and the holder of its lease
+        (``caller`` None: nobody)."""
         holders: dict[str, str] = {}
         if caller is not None and not admin:
             others = [op["lease_id"] for op in ops if op["lease_id"] and op["requester"] != caller]

@@ -19,7 +19,7 @@ from device_loop.core.protocol import Heartbeat
 from device_loop.core.vocabulary import (AutoRecover, DeviceState, HealthStatus, OperationState, PowerAction,
                                          PowerState, PowerVerdict)
 
-from .lifecycle import POWERED_OFF, Lifecycle
+from .lifecycle import POWERED_OFF, UNVERIFIED_ON, Lifecycle, held_off
 from .operations import Operations, kinds_of
 from .rows import DeviceFacts, OperationRow
 
@@ -80,13 +80,23 @@ class Power:
     async def _left_off(self, device: DeviceFacts, op: OperationRow, actor: str) -> None:
         """A device a person switched off (or whose off or cycle failed part-way: it may be off)
         is not handed to the next one dead: it is faulty (once its lease ends) until someone
-        switches it on, which clears that fault and no other (a failed step's stays)."""
-        action, mine = op["args"].get("action"), (device.get("fault") or "").startswith(POWERED_OFF)
+        switches it on and that is verified, which clears that fault and no other (a failed
+        step's stays). An on that nothing showed leaves a fault an admin clears once they saw
+        the board run."""
+        action, mine = op["args"].get("action"), held_off(device.get("fault"))
         if op["requester"] == REQUESTER or action == PowerAction.STATUS:
             return
         if op["state"] == OperationState.DONE and action in (PowerAction.ON, PowerAction.CYCLE):
-            if mine:
+            if not mine:
+                return
+            result = op["result"] if isinstance(op["result"], dict) else {}
+            if result.get("verdict") == PowerVerdict.VERIFIED:
                 await self.life.change(device, f"switched on again ({op['id']})", actor, {"fault": None})
+                return
+            fault = (f"{UNVERIFIED_ON}: power {action} {op['id']} by {op['requester']} ended, but nothing showed "
+                     f"the board on ({op['message'] or 'no reason given'}): switch it on again, or an admin who "
+                     f"saw it run clears this (device-loop admin clear-fault {device['name']})")
+            await self.life.change(device, fault[:500], actor, {"fault": fault[:500]})
             return
         failed_part_way = op["state"] == OperationState.FAILED and op["phase"] in ("off", "on", "booting")
         if device.get("fault") and not mine:
@@ -129,7 +139,7 @@ class Power:
     async def _cycle(self, device: DeviceFacts) -> None:
         now = self.life.clock()
         why = f"health failed: {device['health_reason'] or 'no reason given'}"
-        if (device.get("fault") or "").startswith(POWERED_OFF):
+        if held_off(device.get("fault")):
             await self.life.note(device, f"auto-recover: not power-cycling it ({why}): {device['fault']}"[:500],
                                  REQUESTER, auto_recovery="off")
             return

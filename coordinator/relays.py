@@ -4,7 +4,9 @@ that passes through the coordinator, each bounded in size and time).
 
 A snapshot is fetched only from the exporter host's own reported address, the camera
 endpoint's own port and a plain path, and passed on only as a JPEG of bounded size: never
-from a URL an exporter supplies.
+from a URL an exporter supplies, and never from an address the coordinator itself owns (its
+own API, its database, what its admin named): no request at all is sent there. The address
+is resolved once, and the request goes to what was checked.
 
 An exchange's ``until`` (a regular expression an agent sends) is searched for by a child
 process: a regular expression can take exponential time (``(a+)+$``), and Python's ``re``
@@ -15,14 +17,17 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import ipaddress
 import os
 import re
 import select
+import socket
 import struct
 import subprocess
 import sys
 import time
 import urllib.parse
+from typing import Sequence
 
 import httpx2
 
@@ -44,8 +49,10 @@ _PATH_SEGMENT = re.compile(r"^[A-Za-z0-9._~-]+$")
 _MEDIA_TYPE = re.compile(r"^[a-z0-9.+-]{1,30}/[a-z0-9.+-]{1,30}$")
 
 
-async def camera_snapshot(lease: LeaseAnswer, host_address: str | None) -> bytes:
-    """The current frame of the lease's camera, as JPEG bytes (``APIError`` with the reason)."""
+async def camera_snapshot(lease: LeaseAnswer, host_address: str | None,
+                          private: Sequence[tuple[str, int]] = ()) -> bytes:
+    """The current frame of the lease's camera, as JPEG bytes (``APIError`` with the reason).
+    ``private``: the addresses (host, port) the coordinator owns (``Settings.private_addresses``)."""
     device = lease["device"]
     if not lease["ready"]:
         raise APIError(409, "not_ready", f"{device}'s camera cannot be looked through now: {lease['reason']}")
@@ -54,7 +61,9 @@ async def camera_snapshot(lease: LeaseAnswer, host_address: str | None) -> bytes
         raise APIError(409, "no_camera", f"{device} has no camera (its endpoints: "
                                          f"{', '.join(e['kind'] for e in lease['endpoints']) or 'none'})")
     try:
-        return await _fetch_snapshot(_snapshot_url(host_address, lease["host"] or "", endpoint))
+        address, port, path = _snapshot_place(host_address, lease["host"] or "", endpoint)
+        ip = await _not_private(address, port, private)
+        return await _fetch_snapshot(f"http://{f'[{ip}]' if ':' in ip else ip}:{port}{path}")
     except _Refused as why:
         raise APIError(409, "camera_refused", f"{device}'s camera {why}") from None
 
@@ -186,10 +195,10 @@ class _Refused(Exception):
     """Why a camera's snapshot is not handed to the agent (it follows "DEVICE's camera")."""
 
 
-def _snapshot_url(address: str | None, host: str, endpoint: EndpointJSON) -> str:
-    """Where a camera's snapshot is fetched (never a URL an exporter supplies):
-    the host's own address, the endpoint's port, and a plain path (its URL's, then its
-    ``snapshot`` param, as the video plugin reports them)."""
+def _snapshot_place(address: str | None, host: str, endpoint: EndpointJSON) -> tuple[str, int, str]:
+    """Where a camera's snapshot is fetched (never a URL an exporter supplies), as (address,
+    port, path): the host's own address, the endpoint's port, and a plain path (its URL's,
+    then its ``snapshot`` param, as the video plugin reports them)."""
     if address is None:
         raise _Refused(f"cannot be looked through: host {host}'s exporter did not report its address (an older "
                        "device-loop?), and the coordinator fetches a snapshot only from a host's own address; "
@@ -205,7 +214,65 @@ def _snapshot_url(address: str | None, host: str, endpoint: EndpointJSON) -> str
                                            for segment in path.split("/")[1:]):
         raise _Refused(f"has a snapshot path that is not a plain path ({path[:100]!r}): letters, digits, "
                        "'.', '_', '~', '-' between slashes")
-    return f"http://{f'[{address}]' if ':' in address else address}:{int(endpoint['port'])}{path}"
+    return address, int(endpoint["port"]), path
+
+
+def private_addresses(host: str, port: int, database_url: str,
+                      named: Sequence[str] = ()) -> tuple[tuple[str, int], ...]:
+    """What the coordinator owns, which a snapshot is never fetched from: where it listens
+    (``host``, ``port``), its PostgreSQL server, and what its admin ``named`` (``HOST:PORT``,
+    e.g. another coordinator process on this machine). Other ports of this machine may well be
+    an exporter's services (``device-loop up`` runs both here)."""
+    own = [(host, port)]
+    database = urllib.parse.urlsplit(database_url)
+    if database.scheme.startswith("postgres"):
+        own.append((database.hostname or "127.0.0.1", database.port or 5432))
+    for place in named:
+        name, _, number = place.rpartition(":")
+        if not name or not number.isdigit() or not 0 < int(number) < 65536:
+            raise ValueError(f"{place!r} is not HOST:PORT")
+        own.append((name.strip("[]"), int(number)))
+    return tuple(own)
+
+
+async def _not_private(address: str, port: int, private: Sequence[tuple[str, int]]) -> str:
+    """``address`` resolved once, to the IP address the snapshot is fetched from; refused if
+    it is one the coordinator owns at ``port`` (on this machine, any of its addresses)."""
+    ips = await _resolve(address, port)
+    if not ips:
+        raise _Refused(f"cannot be reached: {address} resolves to no address")
+    for own_host, own_port in private:
+        if own_port != port:
+            continue
+        own_ips = await _resolve(own_host, own_port)
+        if set(own_ips) & set(ips) or (any(map(_this_machine, ips)) and any(map(_this_machine, own_ips))):
+            raise _Refused(f"is at {address}:{port}, an address the coordinator itself owns: it fetches nothing there")
+    return ips[0]
+
+
+async def _resolve(host: str, port: int) -> list[str]:
+    """The IP addresses ``host`` names, in the resolver's order (an IPv4 address inside an
+    IPv6 one as itself)."""
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    ips: dict[str, None] = {}
+    for *_, sockaddr in found:
+        ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        ips[str(mapped or ip)] = None
+    return list(ips)
+
+
+def _this_machine(ip: str) -> bool:
+    """Whether ``ip`` is an address of this machine (a wildcard one too): it can be bound."""
+    with socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, 0))
+        except OSError:
+            return False
+    return True
 
 
 async def _fetch_snapshot(url: str) -> bytes:

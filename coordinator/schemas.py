@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from device_loop.core import NAME_PATTERN
-from device_loop.core.protocol import MAX_TAGS, Args, Strict, Tag, Word, check_device_name
+from device_loop.core.protocol import MAX_TAG_CHARS, MAX_TAGS, Args, Strict, Tag, Word, check_device_name
 from device_loop.core.vocabulary import DeviceState, PowerAction, TokenKind
 
 MAX_WAIT_S = 60.0  # a long-poll's wait, at most (an MCP tool waits less: mcp_tools.py)
@@ -206,7 +206,7 @@ class UartExchangeIn(LeaseId):
 class UploadQuery(Strict):
     """An upload's body is the image; what it is comes in the query string."""
     name: str = Field(max_length=64, description="the image's name")
-    target: str = Field(alias="for", max_length=71, description="the device or class it is for")
+    target: str = Field(alias="for", min_length=1, max_length=71, description="the device or class it is for")
     description: str = Field(default="", max_length=1000)
     sha256: str | None = Field(default=None, max_length=64, description="its sha256, if the uploader knows it")
     size: int | None = Field(default=None, ge=0, description="its size in bytes, if the uploader knows it")
@@ -277,7 +277,10 @@ class AdoptIn(Strict):
     identifier: str = Field(min_length=1, max_length=255, description="the candidate's identifier")
     name: str = Field(pattern=NAME_PATTERN)
     device_class: str = Field(default="generic", alias="class", min_length=1, max_length=64)
-    tags: list[str] = Field(default_factory=list, max_length=64)
+    # what the exporter reports back of the adopted device: the protocol's tags, or every heartbeat is refused
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS,
+                            description=f"the device's tags: at most {MAX_TAGS}, each of 1 to {MAX_TAG_CHARS} "
+                                        "characters")
 
     @field_validator("name")
     @classmethod

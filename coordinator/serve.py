@@ -15,8 +15,10 @@ from device_loop.core.durations import format_duration, parse_duration
 
 from .app import create_app
 from .limits import BODY_GAP_S
+from .relays import private_addresses
 from .rules import Settings
 from .slow_clients import HEAD_TIMEOUT_S, head_deadline
+from .ssh_logins import SshLogins, SshLoginsError, load_ssh_logins
 from .store import Store
 
 
@@ -61,6 +63,15 @@ def raise_descriptor_limit() -> int:
     return hard
 
 
+def _ssh_logins(ctx, param, path):
+    if path is None:
+        return SshLogins()
+    try:
+        return load_ssh_logins(path)
+    except SshLoginsError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 @click.command("coordinator")
 @click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL", show_envvar=True,
               help="sqlite:///PATH or postgresql://... (default: SQLite in --data-dir)")
@@ -103,10 +114,17 @@ def raise_descriptor_limit() -> int:
               help="how long a connection may take to send a request's head (its headers) before it is closed")
 @click.option("--body-timeout", default=format_duration(BODY_GAP_S), show_default=True, callback=_seconds,
               help="the longest a request's body (an upload's too) may pause before the request is cut (408)")
+@click.option("--ssh-logins", "ssh_logins", envvar="DEVICE_LOOP_SSH_LOGINS", show_envvar=True, callback=_ssh_logins,
+              type=click.Path(dir_okay=False),
+              help="a TOML file of how an MCP exec logs in to boards over ssh: per device or host, the user, the "
+                   "coordinator's key file and the board's host key (without it, no ssh from the coordinator)")
+@click.option("--private-address", "named_private", multiple=True, metavar="HOST:PORT",
+              help="an address the coordinator never fetches a camera's snapshot from (repeatable; where it "
+                   "listens and its PostgreSQL are always such)")
 def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, job_worker_timeout, header_timeout,
                         body_timeout, database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl,
                         single_user, allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir,
-                        max_image_size, image_quota):
+                        max_image_size, image_quota, ssh_logins, named_private):
     """Run the coordinator (leases, devices, hosts, audit log) in the foreground."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if single_user and host not in ("127.0.0.1", "localhost", "::1"):
@@ -116,16 +134,24 @@ def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, job_
         logging.getLogger("device_loop.coordinator").warning(
             "SINGLE-USER TRUST MODE: no tokens; every caller on this machine is trusted as whoever it says it is, "
             "and may call every route, admin ones included")
+    database_url = database_url or sqlite_url(data_dir)
+    try:
+        private = private_addresses(host, port, database_url, named_private)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--private-address") from None
     settings = Settings(allocating_timeout_s=allocating_timeout, default_ttl_s=default_ttl, max_ttl_s=max_ttl,
                         max_leases_per_user=max_leases_per_user, max_image_bytes=max_image_size << 20,
                         image_quota_bytes=(image_quota << 20) or None, batch_max_wait_s=batch_max_wait,
                         claim_window_s=claim_window, max_tickets_per_user=max_tickets_per_user,
                         job_worker_timeout_s=job_worker_timeout,
-                        image_dir=str(image_dir or Path(data_dir).expanduser() / "images"))
-    database_url = database_url or sqlite_url(data_dir)
+                        image_dir=str(image_dir or Path(data_dir).expanduser() / "images"),
+                        ssh_logins=ssh_logins, private_addresses=private)
     _check_database(database_url)
     app = create_app(database_url, settings, single_user=single_user, allowed_hosts=allowed_hosts,
                      tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins, body_gap_s=body_timeout)
+    logging.getLogger("device_loop.coordinator").info(
+        "an MCP exec logs in over ssh to %d devices and the devices of %d hosts (--ssh-logins)",
+        len(ssh_logins.devices), len(ssh_logins.hosts))
     logging.getLogger("device_loop.coordinator").info("up to %d open files (connections)", raise_descriptor_limit())
     # proxy_headers=False: a local caller must not be able to forge its address.
     uvicorn.run(app, host=host, port=port, proxy_headers=False, log_level="info", access_log=False,

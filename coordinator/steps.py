@@ -120,4 +120,4 @@ class Steps:
             await self.store.update_operation(answer["id"], fields)
             row = await self.store.operation(answer["id"])
             assert row is not None
-            return op_json(row, lease_shown=True)
+            return op_json(row, theirs=True)

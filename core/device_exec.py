@@ -6,10 +6,14 @@ The channel is chosen by the lease's endpoints, in this order:
 - ``adb`` (an adb server): ``adb -H HOST -P PORT -s SERIAL shell CMD``; the shell protocol
   v2 returns the exit status, and stderr apart;
 - ``ssh`` (the board's sshd, relayed by the exporter): ``ssh -p PORT -o BatchMode=yes ...
-  USER@HOST CMD``, never an interactive question; the host key is pinned when the endpoint
-  gives one (``params.host_key``), else any is taken (the path is the lease's own relay);
-  the client's key is ``identity_file``, else ``$DEVICE_LOOP_SSH_IDENTITY``, else ssh's own
-  defaults and agent;
+  USER@HOST CMD``, never an interactive question. Whom it logs in as, with which key, and
+  which host key the board must show is ``ssh``: by default (a client on its user's
+  machine) the endpoint's ``params.user``, the caller's own key (``identity_file``, else
+  ``$DEVICE_LOOP_SSH_IDENTITY``, else ssh's own defaults and agent) and a host key pinned from
+  the caller's own ``$DEVICE_LOOP_SSH_KNOWN_HOSTS`` (a known_hosts file naming devices), else
+  from the endpoint's ``params.host_key``, else none (the path is the lease's own relay). An
+  ``SshLogin`` (the coordinator's) says all three itself, from its own configuration, and
+  nothing else of ssh's configuration counts; ``ssh=None`` takes no ssh at all;
 - else the UART ``console``: a shell on a serial line, driven as labgrid's ShellDriver does.
   Ctrl-C and Enter, then a shell prompt must show within ``PROMPT_WAIT_S``; the command is
   sent as one line, ``echo START; sh -c 'CMD'; echo END $?``, with markers unique to the call
@@ -43,7 +47,8 @@ from .process import last_lines
 from .vocabulary import EndpointRole
 
 Channel = Literal["adb", "ssh", "console"]
-ErrorCode = Literal["no_channel", "no_prompt", "timeout", "unreachable", "too_large", "bad_command", "switched_off"]
+ErrorCode = Literal["no_channel", "no_login", "no_prompt", "timeout", "unreachable", "too_large", "bad_command",
+                   "switched_off"]
 #: What a device that is switched off fails with: said as that (the lease knows who switched it off)
 _UNANSWERED: tuple[ErrorCode, ...] = ("no_channel", "no_prompt", "unreachable")
 
@@ -60,6 +65,11 @@ PROMPT_WAIT_S = 3.0
 QUIET_S = 0.05
 CONNECT_TIMEOUT_S = 10.0
 IDENTITY_ENV = "DEVICE_LOOP_SSH_IDENTITY"
+#: A known_hosts file of the caller's own, by device name (``vm-1 ssh-ed25519 AAAA...``): its
+#: pins are taken instead of those an endpoint reports
+KNOWN_HOSTS_ENV = "DEVICE_LOOP_SSH_KNOWN_HOSTS"
+#: ``exec_on_lease``'s ``ssh`` for a client: log in as the endpoint says, with the caller's own key
+AS_REPORTED: Literal["as-reported"] = "as-reported"
 INTERRUPT = b"\x03"
 ENTER = b"\r"  # what a terminal sends for Enter (a tty's ICRNL makes it a newline)
 #: A shell prompt's end: ``#``, ``$``, ``%`` or ``>``, and maybe a space (escape sequences removed).
@@ -87,11 +97,21 @@ class ExecResult:
     truncated: bool = False
 
 
+@dataclass(frozen=True)
+class SshLogin:
+    """A login to a board's sshd as the caller's own configuration says it (the coordinator's
+    ``--ssh-logins``): whom as, with which private key file, and the host key (``TYPE
+    BASE64``) the board must show. Nothing of it comes from what an exporter reports."""
+    user: str
+    identity: str
+    host_key: str
+
+
 class ExecError(Exception):
     """A command that could not be run, or did not end: ``code`` says which (``no_channel``,
-    ``no_prompt``, ``timeout``, ``unreachable``, ``too_large``, ``bad_command``,
-    ``switched_off``: a person switched the device off), ``message`` in
-    words; ``output``, what it printed before a timeout."""
+    ``no_login``, ``no_prompt``, ``timeout``, ``unreachable``, ``too_large``, ``bad_command``,
+    ``switched_off``: a person switched the device off), ``message`` in words; ``output``, what
+    it printed before a timeout."""
 
     def __init__(self, code: ErrorCode, message: str, output: str = ""):
         super().__init__(message)
@@ -99,13 +119,15 @@ class ExecError(Exception):
 
 
 def exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float = 60.0, *,
-                  identity_file: str | None = None, max_output: int = DEFAULT_MAX_OUTPUT) -> ExecResult:
+                  identity_file: str | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
+                  ssh: SshLogin | Literal["as-reported"] | None = AS_REPORTED) -> ExecResult:
     """Run ``command`` (a shell command line) on the device of ``lease`` (a lease as the
     coordinator answers it), through its adb, else ssh, else console endpoint; its output
     and status, or ``ExecError``. ``timeout_s`` bounds the command, ``max_output`` what is
-    kept of each of stdout and stderr."""
+    kept of each of stdout and stderr. ``ssh``: how to log in to the board's sshd
+    (``AS_REPORTED``, an ``SshLogin``, or None: not at all, its console is taken instead)."""
     try:
-        return _exec_on_lease(lease, command, timeout_s, identity_file, max_output)
+        return _exec_on_lease(lease, command, timeout_s, identity_file, max_output, ssh)
     except ExecError as exc:
         off = lease.get("switched_off")
         if off and exc.code in _UNANSWERED:  # (not a missing file or a silent console: the board is off)
@@ -114,7 +136,7 @@ def exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float = 60.
 
 
 def _exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float, identity_file: str | None,
-                   max_output: int) -> ExecResult:
+                   max_output: int, ssh: SshLogin | Literal["as-reported"] | None) -> ExecResult:
     began = time.monotonic()
     _check_command(command)
     timeout_s = float(timeout_s)
@@ -130,13 +152,15 @@ def _exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float, ide
     if endpoint := _first(endpoints, EndpointRole.ADB):
         channel: Channel = "adb"
         run = lambda: _adb(endpoint, secret, device, command, timeout_s, max_output)  # noqa: E731
-    elif endpoint := _first(endpoints, EndpointRole.SSH):
+    elif (endpoint := _first(endpoints, EndpointRole.SSH)) and ssh is not None:
         channel = "ssh"
-        run = lambda: _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file)  # noqa: E731
+        run = lambda: _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file, ssh)  # noqa: E731
     elif consoles := [e for e in endpoints if e.get("role") == EndpointRole.CONSOLE]:
         channel = "console"
         console = sorted(consoles, key=lambda e: e.get("protocol") != "raw")[0]  # a plain socket first
         run = lambda: _console(console, secret, device, command, timeout_s, max_output)  # noqa: E731
+    elif endpoint:
+        raise ExecError("no_login", f"{device} is reached through ssh, and no ssh login to it is configured here")
     else:
         raise ExecError("no_channel", f"{device} has no adb, ssh or console endpoint to run a command through "
                                       f"(its endpoints: {', '.join(_roles(endpoints)) or 'none'})")
@@ -202,31 +226,20 @@ def _adb(endpoint, secret, device, command, timeout_s, max_output) -> tuple[str,
     return stdout, stderr, status, truncated
 
 
-def _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file) -> tuple[str, str, int, bool]:
+def _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file,
+         ssh: SshLogin | str) -> tuple[str, str, int, bool]:
     if shutil.which("ssh") is None:
         raise ExecError("no_channel", f"{device} is reached through ssh, which is not installed here "
                                       "(Debian: apt-get install openssh-client)")
-    params = endpoint.get("params") or {}
-    user, host_key = str(params.get("user") or ""), str(params.get("host_key") or "")
-    if user and not _SSH_USER.match(user):  # an exporter's text: never an option of ssh (-oProxyCommand=...)
-        raise ExecError("unreachable", f"{device}'s ssh endpoint names a user that is not a login name")
-    identity = identity_file or os.environ.get(IDENTITY_ENV) or None
     with contextlib.ExitStack() as stack:
         options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(CONNECT_TIMEOUT_S)}", "-o", "LogLevel=ERROR",
                    "-o", "GlobalKnownHostsFile=/dev/null"]
-        if host_key:  # pinned: that key and no other, whatever port the relay or a forward has
-            import tempfile
-
-            known = stack.enter_context(tempfile.NamedTemporaryFile("w", prefix="devloop-known-", suffix=".hosts"))
-            alias = f"device-loop-{device}"
-            known.write(f"{alias} {host_key}\n")
-            known.flush()
-            options += ["-o", f"HostKeyAlias={alias}", "-o", "StrictHostKeyChecking=yes",
-                        "-o", f"UserKnownHostsFile={known.name}"]
-        else:  # nothing to pin: the lease's relay is the path, and the user's known_hosts stays as it is
-            options += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-        if identity:
-            options += ["-i", identity, "-o", "IdentitiesOnly=yes"]
+        if isinstance(ssh, SshLogin):
+            user = ssh.user
+            options = ["-F", "/dev/null", *options, *_pinned(stack, device, ssh.host_key), *_OWN_LOGIN_ONLY,
+                       "-i", ssh.identity]
+        else:
+            user, options = _as_reported(stack, endpoint, device, identity_file, options)
         host, port = stack.enter_context(_reachable(endpoint, secret, device, "sshd"))
         where = f"{user}@{host}" if user else host
         argv = ["ssh", "-p", str(port), *options, "-T", "--", where, command]
@@ -234,6 +247,45 @@ def _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file
     if status == 255 and _SSH_FAILED.search(stderr):
         raise ExecError("unreachable", f"ssh to {device} failed: {last_lines(stderr)}")
     return stdout, stderr, status, truncated
+
+
+#: An ``SshLogin``'s key and no other credential: no agent, no password, nothing forwarded to the board
+_OWN_LOGIN_ONLY = ["-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "PasswordAuthentication=no",
+                   "-o", "KbdInteractiveAuthentication=no", "-o", "ForwardAgent=no", "-o", "ForwardX11=no",
+                   "-o", "ClearAllForwardings=yes", "-o", "UpdateHostKeys=no"]
+
+
+def _pinned(stack: contextlib.ExitStack, device: str, host_key: str) -> list[str]:
+    """ssh's options that take ``host_key`` and no other, whatever port the relay or a forward has."""
+    import tempfile
+
+    known = stack.enter_context(tempfile.NamedTemporaryFile("w", prefix="devloop-known-", suffix=".hosts"))
+    alias = f"device-loop-{device}"
+    known.write(f"{alias} {host_key}\n")
+    known.flush()
+    return ["-o", f"HostKeyAlias={alias}", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known.name}"]
+
+
+def _as_reported(stack: contextlib.ExitStack, endpoint: Mapping[str, Any], device: str, identity_file: str | None,
+                 options: list[str]) -> tuple[str, list[str]]:
+    """A client's login: the user the endpoint names, the caller's own key, and the host key
+    of the caller's own known_hosts (``$DEVICE_LOOP_SSH_KNOWN_HOSTS``), else the endpoint's."""
+    params = endpoint.get("params") or {}
+    user, host_key = str(params.get("user") or ""), str(params.get("host_key") or "")
+    if user and not _SSH_USER.match(user):  # an exporter's text: never an option of ssh (-oProxyCommand=...)
+        raise ExecError("unreachable", f"{device}'s ssh endpoint names a user that is not a login name")
+    own_pins = os.environ.get(KNOWN_HOSTS_ENV)
+    if own_pins:  # the caller's: by the device's name, strictly (a device it does not name is refused)
+        options = [*options, "-o", f"HostKeyAlias={device}", "-o", "StrictHostKeyChecking=yes",
+                   "-o", f"UserKnownHostsFile={own_pins}"]
+    elif host_key:
+        options = [*options, *_pinned(stack, device, host_key)]
+    else:  # nothing to pin: the lease's relay is the path, and the user's known_hosts stays as it is
+        options = [*options, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    identity = identity_file or os.environ.get(IDENTITY_ENV) or None
+    if identity:
+        options += ["-i", identity, "-o", "IdentitiesOnly=yes"]
+    return user, options
 
 
 def _run_client(argv: list[str], timeout_s: float, max_output: int, device: str,

@@ -4,8 +4,9 @@ a reviewer can check, and the same numbers as a terminal table.
 The markdown renders on GitHub and reads as plain text in Gerrit: aligned tables, bullet
 lists, fenced blocks. Everything in it that a user, an agent, a worker or an exporter wrote
 (titles, device names, fingerprint fields, commands, metric names, reasons) is escaped where
-it lands: in text, so it cannot open a tag, a link, a code span or a table cell; in a fenced
-block, behind a fence longer than any run of backticks it holds.
+it lands: in text, so it cannot open a tag, a link, a code span or a table cell, nor become a
+link or a notification on a forge (a bare URL, an ``@mention``, an ``#12`` go in a code span);
+in a fenced block, behind a fence longer than any run of backticks it holds.
 """
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ from device_loop.core.jobs import CellReport, Fingerprint, JobSpec, JobView, Run
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2028\u2029\u2066-\u2069"
                       "\ud800-\udfff\ufeff\ufffe\uffff]")
 _MARKUP = re.compile(r"([\\`*\[\]~|#!])|(?<!\w)_|_(?!\w)")
+#: What a forge turns into a link or a notification however it is backslash-escaped (it reads
+#: the rendered text): a URL or an address (``https://…``, ``www.…``, ``user@host``), a mention
+#: (``@alice``, ``@org/team``), an issue reference (``#12``). In a code span it means only itself.
+_URL_CHARS = r"[\w.~:/?#@!$%&'+,;=-]"
+_LINKABLE = re.compile(rf"{_URL_CHARS}*(?:://|@|(?<![A-Za-z0-9.])www\.|#\d){_URL_CHARS}*", re.IGNORECASE)
 
 
 # --- escaping -------------------------------------------------------------------------------
@@ -39,9 +45,18 @@ def plain(text: object) -> str:
 
 def md(text: object) -> str:
     """``text`` as inline markdown that means only itself: on one line, markup characters
-    backslash-escaped (``|`` too, so a table cell stays one cell), ``<`` and ``&`` as entities."""
-    flat = plain(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _MARKUP.sub(lambda m: "\\" + m.group(0), flat)
+    backslash-escaped (``|`` too, so a table cell stays one cell), ``<`` and ``&`` as entities,
+    and what a forge would link or notify (``_LINKABLE``) in a code span."""
+    flat, parts, at = plain(text), [], 0
+    for found in _LINKABLE.finditer(flat):
+        parts += [_escaped(flat[at:found.start()]), f"`{found.group()}`"]
+        at = found.end()
+    return "".join(parts + [_escaped(flat[at:])])
+
+
+def _escaped(text: str) -> str:
+    entities = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKUP.sub(lambda m: "\\" + m.group(0), entities)
 
 
 def fence(content: str, info: str = "") -> str:
@@ -268,8 +283,14 @@ def commands(spec: JobSpec) -> list[str]:
 
 
 def spec_toml(spec: JobSpec) -> str:
-    """The job spec as the TOML file ``device-loop run`` reads."""
-    return tomli_w.dumps(spec.model_dump(mode="json", by_alias=True, exclude_none=True))
+    """The job spec as the TOML file ``device-loop run`` reads: of its top-level keys only those
+    not at their default (no ``title = ""``) and never a plain job's ``rounds`` beside an A/B
+    pair's own; its tables (the pair, the matrix, the target, the metrics) whole."""
+    set_apart = spec.model_dump(by_alias=True, exclude_defaults=True).keys()
+    whole = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    shown = {key: value for key, value in whole.items()
+             if key in set_apart and not (key == "rounds" and spec.ab is not None)}
+    return tomli_w.dumps(shown)
 
 
 def _cell_title(cell: CellAnalysis, report: CellReport | None, matrix: bool) -> str:

@@ -24,6 +24,7 @@ MAX_RESOURCES_PER_DEVICE = 32
 MAX_SERVICES_PER_REPORT = 4 * MAX_DEVICES_PER_REPORT
 MAX_ENDPOINTS_PER_SERVICE = 16
 MAX_TAGS = 64
+MAX_TAG_CHARS = 64
 MAX_HOLDERS = 64  # processes reported holding one device's nodes
 MAX_PLUGINS = 256
 MAX_NAME_CHARS = 64
@@ -43,7 +44,7 @@ EXPORTER_STEPS = "exporter"
 HOST_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45})$"
 
 Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
-Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TAG_CHARS)]
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 Reason = Annotated[str, StringConstraints(max_length=MAX_REASON_CHARS)]
 Template = Annotated[str, StringConstraints(max_length=500)]

@@ -18,6 +18,7 @@ from device_loop.core.holders import command_of, holders
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
 from device_loop.core.process import find_program, last_lines, python_module, run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
+from device_loop.core.ssh_keys import public_host_key
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
 from device_loop.core.vocabulary import EndpointRole
@@ -28,7 +29,8 @@ from device_loop.core.vocabulary import EndpointRole
 #: ``host.configured(name)``), ``entry.config`` and ``resource.config`` being that model.
 #: Additions keep it: ``StepKind`` (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``,
 #: ``devloop_fingerprint``, ``EndpointRole.SSH``,
-#: ``devloop_power`` with ``PowerReading`` and ``POWER_KIND``, ``find_program``, ``last_lines``.
+#: ``devloop_power`` with ``PowerReading`` and ``POWER_KIND``, ``find_program``, ``last_lines``,
+#: ``public_host_key``.
 API_VERSION = 2
 
 __all__ = [
@@ -58,4 +60,6 @@ __all__ = [
     "UsbDevice", "UsbTty", "usb_devices", "usb_ttys",
     # who has a device node open, from /proc (spawns nothing, opens nothing)
     "command_of", "holders",
+    # a board's ssh host key, as its .pub file has it (checked, its comment left out)
+    "public_host_key",
 ]

@@ -8,8 +8,10 @@ from conftest import wait_for
 from device_loop.core.hookspecs import hookimpl
 from device_loop.core.model import Resource
 from device_loop.core.tcp_relay import start_relay
+from device_loop.core.protocol import MAX_TAG_CHARS, MAX_TAGS
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
+from lab_in_process import FakeExporter, in_process_lab
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,3 +74,31 @@ def test_a_candidate_is_adopted_then_served(tmp_path, coordinator, echo_server):
         assert ("adopt", "bmc-7") in audit
     finally:
         exporter.shutdown()
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("database")
+async def test_an_adoption_takes_the_protocol_s_tags(tmp_path):
+    """The tags an admin gives are what the exporter reports back of the device: a tag the
+    protocol refuses would fail every heartbeat of that host (it went offline 20 s later)."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        found = {"identifier": "net:CS3-7", "kind": "uart", "plugin": "netscan"}
+        assert (await exporter.beat(candidates=[found])).status_code == 200
+        for tags in (["ok", ""], ["ok", "x" * (MAX_TAG_CHARS + 1)], [f"t{n}" for n in range(MAX_TAGS + 1)], [7]):
+            refused = await api.post("/admin/candidates/net:CS3-7/adopt", json={"name": "bmc-7", "tags": tags})
+            assert refused.status_code == 422 and refused.json()["error"] == "invalid", refused.text
+        tags = ["ok", "x" * MAX_TAG_CHARS, *(f"t{n}" for n in range(MAX_TAGS - 2))]
+        adopted = await api.post("/admin/candidates/net:CS3-7/adopt", json={"name": "bmc-7", "tags": tags})
+        assert adopted.status_code == 201, adopted.text
+        answer = await exporter.beat(candidates=[found])
+        assert answer.status_code == 200 and answer.json()["adopted"][0]["tags"] == tags, answer.text
+
+        # one stored before adoption took the protocol's tags does not fail its host's heartbeats
+        await rules.store.insert_adoption({"identifier": "net:CS3-8", "name": "bmc-8", "class": "bmc",
+                                           "tags": ["ok", "", "x" * 65], "host": "host-a", "adopted_by": "alice",
+                                           "at": clock()})
+        answer = await exporter.beat(candidates=[found])
+        assert answer.status_code == 200, answer.text
+        assert {a["name"]: a["tags"] for a in answer.json()["adopted"]}["bmc-8"] == ["ok"]

@@ -14,6 +14,7 @@ from device_loop.core.jobs import (ABSpec, Arm, CellReport, Fingerprint, JobSpec
                                    MetricSpec, Readings, RunRecord, Sample)
 
 HOSTILE = "evil|dev\nname`x`<script>alert(1)</script>&amp;[link](http://x)**b**\x1b[31m"
+FORGE = "https://evil.example/x www.evil.example @alice @org/team #1 ann@evil.example"
 HOSTILE_COMMAND = "make && ./bench | tee out\n```\n</code><img src=x onerror=alert(1)>"
 
 
@@ -172,6 +173,36 @@ def test_terminal_table_lines_up_and_strips_escapes():
     summary = text.splitlines()[text.splitlines().index("matrix") + 1:]
     assert summary[0].split()[:4] == ["cell", "group", "device", "ISA"]
     assert [row.split()[0] for row in summary[1:4]] == ["0", "1", "2"], "a row per cell, the one not run too"
+
+
+def test_what_a_forge_would_link_or_notify_is_a_code_span():
+    """A forge (GitHub) links a bare URL and notifies an @mention or an issue however they are
+    backslash-escaped: in a code span they are only text."""
+    said = "see https://evil.example/a_b?x=1&y=2, www.evil.example, ann@laptop, @alice, @org/team, #12 now"
+    assert evidence.md(said) == ("see `https://evil.example/a_b?x=1&y=2,` `www.evil.example,` `ann@laptop,` "
+                                 "`@alice,` `@org/team,` `#12` now")
+    assert evidence.md("a|@bob|c") == "a\\|`@bob`\\|c", "a table cell stays one cell"
+    assert evidence.md("workload_ms #x (www.x.org)") == "workload_ms \\#x (`www.x.org`)"
+    job = ab_job(title=f"{FORGE} title", device="board-1")
+    job = job.model_copy(update={"worker": FORGE, "reason": FORGE, "cells": [job.cells[0].model_copy(update={
+        "fingerprint": fingerprint("board-1", ["fp"], extra={"board.rev": FORGE}).model_copy(
+            update={"kernel": FORGE})})]})
+    prose = _outside_fences(render(job)[0])
+    bare = re.sub(r"`[^`]*`", "", prose)  # what is not in a code span
+    assert not re.search(r"://|@|www\.|#\d", bare), [line for line in bare.splitlines() if re.search("[@:#]", line)]
+    assert prose.count("`@alice`") >= 4
+
+
+def test_the_spec_shows_what_its_author_set_and_no_default_beside_the_real_one():
+    spec = JobSpec(ab=ABSpec(baseline=["a"], patch=["b"], rounds=6), metrics=[MetricSpec(name="ms")])
+    toml = evidence.spec_toml(spec)
+    top = toml.split("\n[ab]\n")[0]
+    assert "title" not in top and "rounds" not in top, toml
+    assert re.search(r"^\[ab\]\n(.*\n)*rounds = 6$", toml, re.M) and JobSpec.model_validate(tomllib.loads(toml)) == spec
+    plain = JobSpec(title="t", run=["x"], rounds=3, command_timeout_s=60)
+    assert tomllib.loads(evidence.spec_toml(plain)) == {"title": "t", "run": ["x"], "rounds": 3,
+                                                        "command_timeout_s": 60}
+    assert "rounds" not in evidence.spec_toml(JobSpec(run=["x"]))
 
 
 def test_escaping_helpers():

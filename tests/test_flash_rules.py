@@ -110,7 +110,7 @@ async def test_who_may_flash_what(tmp_path):
         assert unknown.status_code == 404 and unknown.json()["error"] == "unknown_image"
         other = (await bob.post("/leases", json={"device": "b1"})).json()
         wrong = await bob.post(f"/leases/{other['id']}/flash", json={"image": "build-7"})
-        assert wrong.status_code == 422 and "is for device:b0" in wrong.json()["message"]
+        assert wrong.status_code == 409 and "is for device:b0" in wrong.json()["message"]
         await exporter.beat([board(), device("b2")])
         no_target = (await bob.post("/leases", json={"device": "b2"})).json()
         refused = await bob.post(f"/leases/{no_target['id']}/flash", json={"image": "golden"})

@@ -17,6 +17,7 @@ import http.server
 import inspect
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -171,6 +172,49 @@ async def test_no_snapshot_from_a_host_that_did_not_say_its_address(tmp_path):
             result = await snapshot(client, lease)
             assert result.is_error and "did not report its address" in everything_in(result)
             assert asked == []
+
+
+@contextlib.contextmanager
+def listening(host: str = ADDRESS):
+    """A bare TCP listener nobody accepts on: (its port, whether anyone has connected)."""
+    with socket.create_server((host, 0)) as listener:
+        listener.setblocking(False)
+
+        def connected() -> bool:
+            try:
+                listener.accept()[0].close()
+            except BlockingIOError:
+                return False
+            return True
+        yield listener.getsockname()[1], connected
+
+
+@pytest.mark.usefixtures("database")
+@pytest.mark.parametrize("own_host", [ADDRESS, "0.0.0.0", "localhost"])
+async def test_no_request_goes_to_an_address_the_coordinator_owns(tmp_path, own_host):
+    """An exporter on the coordinator's machine declares its camera at the coordinator's own
+    port (a listener stands in for it): nothing connects there; other ports of the machine
+    are the exporter's to serve."""
+    with listening() as (own_port, connected), serving(send(200, JPEG)) as (camera_port, asked):
+        private = ((own_host, own_port), ("db.invalid", camera_port))  # (a database elsewhere: not this camera)
+        async with in_process_lab(tmp_path, private_addresses=private) as (client, rules, clock):
+            result = await snapshot(client, await camera_lease(client, camera(own_port)))
+            assert result.is_error and "an address the coordinator itself owns" in everything_in(result)
+            assert not connected(), "no connection, let alone a request"
+        async with in_process_lab(tmp_path, private_addresses=private) as (client, rules, clock):
+            endpoint = camera(camera_port, host="localhost", url=f"http://localhost:{camera_port}/")
+            result = await snapshot(client, await camera_lease(client, endpoint, address="localhost"))
+            assert not result.is_error and asked == ["/snapshot.jpg"], everything_in(result)
+
+
+def test_what_the_coordinator_owns():
+    assert relays.private_addresses("0.0.0.0", 7420, "sqlite:////srv/lab.sqlite") == (("0.0.0.0", 7420),)
+    assert relays.private_addresses("127.0.0.1", 7420, "postgresql://lab:pw@db.lab:5433/lab", ["[::1]:9100"]) == \
+        (("127.0.0.1", 7420), ("db.lab", 5433), ("::1", 9100))
+    assert relays.private_addresses("::", 1, "postgresql:///lab")[1] == ("127.0.0.1", 5432)
+    for bad in ("db.lab", "db.lab:x", ":80", "db.lab:0", "db.lab:65536"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            relays.private_addresses("127.0.0.1", 7420, "sqlite:///x", [bad])
 
 
 @pytest.mark.usefixtures("database")
@@ -478,6 +522,48 @@ async def test_oversized_fields_of_a_report_are_refused(tmp_path):
 
 
 # ---- a flash's lease -----------------------------------------------------------------------------
+
+
+EXPORTER_PATH = "/root/.local/share/device-loop/flash/b0.img"
+
+
+@pytest.mark.usefixtures("database")
+async def test_the_exporter_s_file_paths_are_shown_to_an_operation_s_holder_and_admins_only(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        who = await tokens_lab(client, rules)
+        exporter = FakeExporter(who["host-a"], "host-a")
+        await exporter.beat([board()])
+        await upload(who["alice"], "build-7", IMAGE, target="b0")
+        lease = (await who["alice"].post("/leases", json={"device": "b0"})).json()
+        op = (await who["alice"].post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
+        said = f"[Errno 5] Input/output error: '{EXPORTER_PATH}' (see ~/.cache/x.log; 1/2 MB/s)"
+        running = {"op": op["id"], "device": "b0", "kind": "flash", "state": "running", "phase": "writing",
+                   "progress": {"done": 1, "total": None, "unit": "bytes", "detail": f"writing {EXPORTER_PATH}"},
+                   "result": {"target": EXPORTER_PATH}}
+        await exporter.beat([board()], operations=[running])
+        assert EXPORTER_PATH not in (await who["bob"].get(f"/ops/{op['id']}")).text
+        await exporter.beat([board()], operations=[{**running, "state": "failed", "message": said, "changed": True}])
+        # (as a failed step leaves its message: in the device's log, and as its fault)
+        async with rules.store.tx():
+            await rules.life.note(await rules.store.device("b0"), f"step 1/1 command failed: {said}", "exporter:host-a")
+
+        for viewer, sees in [("anyone", False), ("bob", False), ("alice", True), ("root", True)]:
+            ops = (await who[viewer].get("/devices/b0/operations")).json()
+            assert (ops[0]["message"] == said) is sees and (EXPORTER_PATH in json.dumps(ops)) is sees, viewer
+            if not sees:
+                assert ops[0]["message"] == "[Errno 5] Input/output error: '[path]' (see [path]; 1/2 MB/s)"
+                assert ops[0]["progress"]["detail"] == "writing [path]" and ops[0]["result"] == {"target": "[path]"}
+            if viewer != "anyone":
+                assert (EXPORTER_PATH in (await who[viewer].get(f"/ops/{op['id']}")).text) is sees, viewer
+            # the device's own texts (a failed flash needs recovery) and its log: admins only
+            admin = viewer == "root"
+            shown = (await who[viewer].get("/devices/b0")).json()
+            assert "Input/output error" in shown["recovery_reason"]
+            assert (EXPORTER_PATH in shown["recovery_reason"]) is admin, viewer
+            assert (EXPORTER_PATH in (await who[viewer].get("/devices/b0/log")).text) is admin, viewer
+            assert EXPORTER_PATH not in (await who[viewer].get("/devices")).text
+            page = (await who[viewer].get(f"{SITE}/devices/b0")).text  # (alice's: her lease's panel too)
+            assert "Input/output error" in page and (sees or EXPORTER_PATH not in page), viewer
 
 
 @pytest.mark.usefixtures("database")

@@ -102,12 +102,12 @@ async def test_names_are_unique_per_target_and_an_ambiguous_name_is_refused_with
         assert "sha256:" + sha(for_b0)[:12] in taken.json()["message"]
 
         ambiguous = await api.get("/images/build")
-        assert ambiguous.status_code == 422 and ambiguous.json()["error"] == "ambiguous_image"
+        assert ambiguous.status_code == 409 and ambiguous.json()["error"] == "ambiguous_image"
         for data, target in ((for_b0, "device:b0"), (for_class, "class:sim-board")):
             assert f"build for {target} (sha256:{sha(data)[:12]})" in ambiguous.json()["message"]
         both = (await api.post("/leases", json={"device": "b0"})).json()
         refused = await api.post(f"/leases/{both['id']}/flash", json={"image": "build"})
-        assert refused.status_code == 422 and "names several images" in refused.json()["message"]
+        assert refused.status_code == 409 and "names several images" in refused.json()["message"]
         one = (await api.post("/leases", json={"device": "b1"})).json()
         op = await api.post(f"/leases/{one['id']}/flash", json={"image": "build"})
         assert op.status_code == 201 and op.json()["image"]["sha256"] == sha(for_class), "only one is for b1"

@@ -59,7 +59,7 @@ async def test_an_upload_is_stored_once_by_its_digest(tmp_path):
 @pytest.mark.parametrize("query, status, code", [
     ({"sha256": "0" * 64}, 422, "checksum_mismatch"),
     ({"size": "12"}, 422, "size_mismatch"),
-    ({"for": "nothing-like-it"}, 422, "unknown_target"),
+    ({"for": "nothing-like-it"}, 404, "unknown_target"),
     ({"name": "no spaces"}, 422, "invalid"),
     ({"sha256": "abc"}, 422, "invalid"),
 ])

@@ -36,18 +36,19 @@ JSON = {"Content-Type": "application/json"}
 # every check of schemathesis runs ("all"), conformance to the document included
 # (positive_data_acceptance: a request the document allows is not refused as malformed)
 NOT_IN_THE_TRUST_MODE = ["ignored_auth"]  # no route needs credentials there
-# Schema-valid requests the rules refuse for what no JSON Schema can say: a target that names
-# no device or class (422 unknown_target), a device name or identifier repeated in a report.
+# Schema-valid requests the rules refuse (422) for what no JSON Schema can say. What one can
+# say, the document says (openapi.CHECKED: a device or a class and/or tags to reserve, run or
+# an A/B pair, off_time_s with a cycle), and a name that names nothing is a 404, a name several
+# images have a 409, as the document says of them.
+# (upload_image: bytes that are not the size or the sha256 the query declared)
+# (heartbeat: a device name or identifier repeated in a report)
 # (start_operation: the arguments an operation takes are its kind's, which the device's plugins declare)
-# (reserve: a device, or a class and/or tags, is one of its fields given, which a JSON
-# schema of optional fields does not say: a body that names nothing is 422)
-# (submit_job: a job runs something, run or an A/B pair, and a metric's regex is one Python reads, with a group
-# named value: no JSON Schema says that a text is a regular expression)
+# (submit_job: a metric's regex is one Python reads, with a group named value, and a matrix's
+# groups name targets: no JSON Schema says that a text is a regular expression or a target)
 # (a job's cell and run must be ones its spec has; a cell's reservation names a target: the
 # document cannot say either)
-REFUSED_WHEN_STATE_SAYS = {"upload_image", "mark_image_good", "heartbeat", "start_operation", "reserve", "submit_job",
-                           "reserve_for_job", "report_cell", "report_run",
-                           "power", "power_unleased"}  # (off_time_s goes with a cycle: no schema of its own says so)
+REFUSED_WHEN_STATE_SAYS = {"upload_image", "heartbeat", "start_operation", "submit_job", "reserve_for_job",
+                           "report_cell", "report_run"}
 # negative_data_rejection's own list, and 413: data too large to be valid is refused for its size first
 REJECTED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # positive_data_acceptance's own list
@@ -135,6 +136,64 @@ async def test_the_document_says_what_the_api_refuses_and_takes(tmp_path):
         reused = await api.post("/leases", json={"device": "b1"}, headers=key)
         assert reused.status_code == 422 and reused.json()["error"] == "idempotency_key_reused"
         assert "Idempotency-Key used before" in described["components"]["responses"]["422"]["description"]
+
+
+def body_schema_says(document: dict, path: str, body: dict) -> bool:
+    """Whether the document takes ``body`` for the POST of ``path``."""
+    ref = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    return Draft202012Validator({**ref, "components": document["components"]}).is_valid(body)
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("database")
+async def test_the_document_and_the_rules_agree_on_what_a_request_may_be(tmp_path):
+    """What the rules refuse as malformed (422), the document refuses; what the document takes,
+    the rules refuse only for the lab's state (404, 409), as the document says of them."""
+    described = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS, 86400, single_user=True)
+    async with in_process_lab(tmp_path) as (client, _, _):
+        api = client()
+        await FakeExporter(api, "host-a").beat([device("b0"), device("b1")])
+        lease = (await api.post("/leases", json={"device": "b1"})).json()
+        run = {"run": ["true"]}
+        cases = [  # (path, body, what the document says)
+            ("/api/v1/leases", {}, False), ("/api/v1/leases", {"tags": []}, False),
+            ("/api/v1/leases", {"device": "b0", "class": "sim-board"}, False),
+            ("/api/v1/leases", {"device": "b0", "tags": ["sim"]}, False),
+            ("/api/v1/leases", {"class": "sim-board", "tags": ["sim"], "queue": True}, True),
+            ("/api/v1/leases", {"tags": ["nothing-has-it"], "device": None}, True),
+            ("/api/v1/jobs", {"spec": {}}, False), ("/api/v1/jobs", {"spec": {"run": []}}, False),
+            ("/api/v1/jobs", {"spec": {**run, "ab": {"baseline": ["a"], "patch": ["b"]}}}, False),
+            ("/api/v1/jobs", {"spec": {**run, "matrix": {"over": ["tags=sim"]}}}, False),
+            ("/api/v1/jobs", {"spec": run}, True),
+            ("/api/v1/jobs", {"spec": {"ab": {"baseline": ["a"], "patch": ["b"]}, "run": []}}, True),
+            ("/api/v1/leases/{lease_id}/power", {"action": "on", "off_time_s": 5}, False),
+            ("/api/v1/leases/{lease_id}/power", {"action": "cycle", "off_time_s": 5}, True),
+            ("/api/v1/admin/devices/{device}/power", {"action": "status", "off_time_s": 0}, False),
+        ]
+        for path, body, takes in cases:
+            assert body_schema_says(described, path, body) is takes, (path, body)
+            url = path.removeprefix("/api/v1").format(lease_id=lease["id"], device="b0")
+            answer = await api.post(url, json=body)
+            assert (answer.status_code != 422) is takes, (path, body, answer.text)
+
+        # a name that names nothing is a 404, a name several images have a 409 (not 422)
+        for target in ("b0", "b1"):
+            made = await api.post("/images", params={"name": "build-7", "for": target},
+                                  content=b"image of " + target.encode())
+            assert made.status_code == 201, made.text
+        nowhere = await api.post("/images", params={"name": "x", "for": "nothing-like-it"}, content=b"x")
+        assert (nowhere.status_code, nowhere.json()["error"]) == (404, "unknown_target")
+        assert (await api.post("/images", params={"name": "x", "for": ""}, content=b"x")).status_code == 422
+        empty_for = next(p for p in described["paths"]["/api/v1/images"]["post"]["parameters"] if p["name"] == "for")
+        assert empty_for["schema"]["minLength"] == 1
+        marked = await api.post("/admin/images/build-7/known-good", json={"for": "sim-board"})  # b0's or b1's?
+        assert marked.status_code == 409 and marked.json()["error"] == "ambiguous_image", marked.text
+        marked = await api.post("/admin/images/sha256:" + hashlib.sha256(b"image of b0").hexdigest()
+                                + "/known-good", json={"for": "nothing-like-it"})
+        assert (marked.status_code, marked.json()["error"]) == (404, "unknown_target")
+        elsewhere = await api.post(f"/leases/{lease['id']}/flash", json={"image": "sha256:" + hashlib.sha256(
+            b"image of b0").hexdigest()})  # (b1's lease)
+        assert (elsewhere.status_code, elsewhere.json()["error"]) == (409, "image_not_for_device")
 
 
 @schemathesis.hook

@@ -52,6 +52,49 @@ async def test_switched_off_and_given_back_is_faulty_until_switched_on_whatever_
         assert (await api.get("/devices/b0")).json()["state"] == "idle"
 
 
+async def test_only_a_verified_on_clears_a_switched_off_fault_not_an_admin(tmp_path):
+    """An admin's clear-fault put a board still off back to idle, and it was leased dead."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([with_health("b0", "ok")])
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        await switch(api, exporter, lease["id"], "off", result={"verdict": "verified"})
+        await api.post(f"/leases/{lease['id']}/release")
+        await exporter.beat([with_health("b0", "ok")])
+        refused = await api.post("/admin/devices/b0/clear-fault")
+        assert refused.status_code == 409 and refused.json()["error"] == "switched_off", refused.text
+        assert "device-loop power on b0" in refused.json()["message"]
+        assert (await api.get("/devices/b0")).json()["state"] == "faulty"
+        taken = await api.post("/leases", json={"device": "b0"})
+        assert taken.status_code == 409 and "switched off by alice" in taken.json()["message"]
+        assert "clear-fault" not in taken.json()["message"], "an admin cannot clear that one"
+
+        async def power_on(verdict: str):
+            asked = (await api.post("/admin/devices/b0/power", json={"action": "on"})).json()
+            [op] = [o for o in await desired_power(api) if o["op"] == asked["id"]]
+            report = reported(op, "done", f"{verdict} (nothing showed the change)", {"verdict": verdict})
+            await exporter.beat([with_health("b0", "ok")], operations=[report])
+
+        await power_on("unverified")  # (a switch without read-back, a console that said nothing)
+        shown = (await api.get("/devices/b0")).json()
+        assert shown["state"] == "faulty" and shown["fault"].startswith("switched on, unverified"), shown
+        await exporter.beat([with_health("b0", "degraded")])
+        await exporter.beat([with_health("b0", "ok")])
+        assert (await api.get("/devices/b0")).json()["state"] == "faulty", "health ok says nothing of the power"
+        await power_on("verified")
+        assert (await api.get("/devices/b0")).json()["state"] == "idle"
+
+        lease = (await api.post("/leases", json={"device": "b0"})).json()
+        await switch(api, exporter, lease["id"], "off", result={"verdict": "verified"})
+        await switch(api, exporter, lease["id"], "on", result={"verdict": "unverified"})
+        await api.post(f"/leases/{lease['id']}/release")
+        await exporter.beat([with_health("b0", "ok")])
+        assert (await api.get("/devices/b0")).json()["state"] == "faulty"
+        cleared = await api.post("/admin/devices/b0/clear-fault")  # an admin who saw it run
+        assert cleared.status_code == 200 and cleared.json()["state"] == "idle", cleared.text
+
+
 async def test_a_step_s_fault_outlives_an_off_and_on_and_a_cycle_that_failed_part_way_leaves_one(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api = client()

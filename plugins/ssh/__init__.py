@@ -5,7 +5,9 @@ Config: a ``[[devices.resources]]`` entry (or a ``[[devices]]`` one) with ``plug
 ``port`` (default 22), ``user`` (whom to log in as; default ``root``) and optionally
 ``host_key``, the board's public host key as its ``/etc/ssh/ssh_host_ed25519_key.pub`` says
 it (``ssh-ed25519 AAAA...``, the comment left out), which clients then pin: ``device-loop
-exec`` refuses a board that shows another key.
+exec`` refuses a board that shows another key (unless its user pins keys of their own). The
+coordinator's MCP ``exec`` takes neither ``user`` nor ``host_key`` from here: it logs in only
+as its own ``--ssh-logins`` says.
 
 A lease gets one endpoint, role ``ssh``: a TCP relay to the sshd (behind the lease gate in a
 lab with tokens), with ``params`` ``user`` and ``host_key``. The exporter takes no part in
@@ -20,14 +22,11 @@ import re
 
 from pydantic import Field, field_validator
 
-from device_loop.plugin import EndpointRole, PluginConfig, hookimpl, start_relay
+from device_loop.plugin import EndpointRole, PluginConfig, hookimpl, public_host_key, start_relay
 
 COMMAND = "ssh -p {port} {user}@{host}"
 #: what an endpoint's param may hold (core/protocol.py bounds each to 255 characters)
 MAX_HOST_KEY_CHARS = 255
-_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
-              "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com", "ssh-rsa")
-_KEY = re.compile(r"^(\S+) ([A-Za-z0-9+/]+={0,2})(?: .*)?$")
 _HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45})$")
 
 
@@ -52,11 +51,7 @@ class SshConfig(PluginConfig):
     def _a_public_key(cls, key: str | None) -> str | None:
         if key is None:
             return None
-        match = _KEY.match(key.strip())
-        if not match or match.group(1) not in _KEY_TYPES:
-            raise ValueError(f"host_key must be a public key as a .pub file has it ({_KEY_TYPES[0]} AAAA...), "
-                             f"not {key[:60]!r}")
-        bare = f"{match.group(1)} {match.group(2)}"
+        bare = public_host_key(key)
         if len(bare) > MAX_HOST_KEY_CHARS:
             raise ValueError(f"host_key is {len(bare)} characters, more than an endpoint carries "
                              f"({MAX_HOST_KEY_CHARS}): give the board's ed25519 or ecdsa key")

@@ -1,0 +1,21 @@
+"""A board's public ssh host key, as a lab admin copies it from the board's
+``/etc/ssh/ssh_host_ed25519_key.pub`` (``ssh-ed25519 AAAA... root@board``): checked, and kept
+without its comment. The ssh plugin's config and the coordinator's own ssh logins take it."""
+from __future__ import annotations
+
+import re
+
+#: The host key types OpenSSH offers (DSA is gone from it)
+HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
+                  "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com", "ssh-rsa")
+_KEY = re.compile(r"^(\S+) ([A-Za-z0-9+/]+={0,2})(?: .*)?$")
+
+
+def public_host_key(text: str) -> str:
+    """``text``, a public key as a ``.pub`` file has it, as ``TYPE BASE64`` (its comment left
+    out); ``ValueError`` saying what is wrong if it is not one."""
+    match = _KEY.match(text.strip())
+    if not match or match.group(1) not in HOST_KEY_TYPES:
+        raise ValueError(f"host_key must be a public key as a .pub file has it ({HOST_KEY_TYPES[0]} AAAA...), "
+                         f"not {text[:60]!r}")
+    return f"{match.group(1)} {match.group(2)}"

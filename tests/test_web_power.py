@@ -267,3 +267,31 @@ def test_in_a_browser_power_cycle_shows_its_outcome_in_place(tmp_path, env, brow
         assert errors == []
     finally:
         coordinator.stop()
+
+
+@anyio
+@pytest.mark.usefixtures("database")
+async def test_a_board_switched_off_offers_its_admin_power_on_and_not_clear_fault(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        who = await people(client, rules, "root")
+        exporter = FakeExporter(who["host-a"], "host-a")
+        board = {**switched("p1"), "steps": [{"step": "cooldown", "plugin": "exporter", "identifier": "sim:p1",
+                                             "timeout_s": 600.0, "settle": True}]}  # (its page shows faults)
+        await exporter.beat([board])
+        token = (await issue_token(rules.store, rules.clock, "root", admin=True))["token"]
+        browser, csrf = await signed_in(client, token)
+
+        async def press(action: str) -> None:
+            assert (await browser.post("/admin/devices/p1/power", json={"action": action}, headers=csrf)
+                    ).status_code == 201
+            (queued,) = await desired_power(who["host-a"])
+            result = {**verified(action, None if action == "off" else 0.42), "state": action}
+            await exporter.beat([board], operations=[reported(queued, "done", "", result)])
+
+        await press("off")
+        page = (await browser.get(f"{SITE}/devices/p1")).text
+        assert '<p class="why bad">switched off by root' in page and 'data-act="power"' in page
+        assert 'data-act="clear-fault"' not in page, "only a verified on clears it: the page offers that"
+        await press("on")
+        page = (await browser.get(f"{SITE}/devices/p1")).text
+        assert '<p class="why bad">' not in page, "the fault is gone with a verified on"

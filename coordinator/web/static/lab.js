@@ -307,7 +307,7 @@
     if (answer.ticket) {
       const what = answer.device ? answer.device : `any device ${answer.wants}`;
       say(`Nothing that fits is free: you are number ${answer.position} in the queue for ${what}; ` +
-          "the next one that fits is yours (this page shows it)");
+          "when one is free it is held for you a little while: take it here, where this page offers it");
     } else {
       say(`${answer.device} is yours until ${answer.expires_at}`);  // (its panel says when it is ready)
     }

@@ -245,8 +245,11 @@ async def start_operation(ctx: Ctx, args: OperationIn) -> OperationAnswer:
             switch = PowerSwitch.model_validate(given)
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise APIError(422, "invalid", f"args.{'.'.join(map(str, first['loc'])) or 'args'}: "
-                                           f"{first['msg'].removeprefix('Value error, ')}") from None
+            where = ".".join(map(str, first["loc"])) or "args"
+            field = PowerSwitch.model_fields.get(str(first["loc"][0])) if first["loc"] else None
+            said = (f"missing: {field.description}" if first["type"] == "missing" and field is not None
+                    else first["msg"].removeprefix("Value error, "))
+            raise APIError(422, "invalid", f"args.{where}: {said}") from None
         given = power_args(switch.action, switch.off_time_s)
     return await ctx.rules.operations.start(args.lease_id, args.kind, given, ctx.caller.name, ctx.caller.admin)
 

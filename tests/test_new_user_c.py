@@ -166,6 +166,9 @@ def test_a_board_its_holder_switched_off_says_so_in_ls_and_exec_and_power_and_se
     bogus = run_cli(env, url, "op", "run", "power", "sim-board-0", "--arg", "bogus=1", check=False)
     assert bogus.returncode == 1 and "power takes action (on, off, cycle or status)" in bogus.stderr, bogus.stderr
     assert "not bogus" in bogus.stderr and "Field required" not in bogus.stderr, bogus.stderr
+    bare = run_cli(env, url, "op", "run", "power", "sim-board-0", check=False)
+    assert bare.returncode == 1 and "args.action: missing: what to do with the device's power: 'on', 'off'" \
+        in bare.stderr and "Field required" not in bare.stderr, bare.stderr
     settled = run_cli(env, url, "settle", "sim-board-0").stdout
     assert settled.startswith("sim-board-0: settle done: cooldown: ") and "settled" not in settled, settled
 

@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import textwrap
 import time
 from typing import NoReturn
 
@@ -24,6 +22,8 @@ def table(headers: list[str], rows: list[list[str]], width: int | None = None) -
     if width is None:
         lines = [headers] + rows
         return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+    import textwrap  # (here, not at the top: with shutil, 5 ms more for every command that prints no table)
+
     indent = sum(widths[:-1]) + 2 * (len(widths) - 1)
     last = max(MIN_WRAPPED, width - indent)
     out = []
@@ -38,7 +38,11 @@ def table(headers: list[str], rows: list[list[str]], width: int | None = None) -
 def terminal_width() -> int | None:
     """The terminal's width when people read stdout there (``COLUMNS`` first); None when it
     goes to a pipe or a file, where a line stays whole."""
-    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    if not sys.stdout.isatty():
+        return None
+    import shutil  # (a terminal's width only: see table)
+
+    return shutil.get_terminal_size().columns
 
 
 def time_left(expires_at: str | None) -> str:

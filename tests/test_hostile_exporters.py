@@ -527,15 +527,22 @@ async def test_oversized_fields_of_a_report_are_refused(tmp_path):
 EXPORTER_PATH = "/root/.local/share/device-loop/flash/b0.img"
 
 
+async def alice_flashes_b0(client, rules):
+    """A lab with tokens where alice leased b0 (host-a's) and asked to flash build-7 onto it:
+    (the clients by name, host-a's exporter, her lease, the flash's answer)."""
+    who = await tokens_lab(client, rules)
+    exporter = FakeExporter(who["host-a"], "host-a")
+    await exporter.beat([board()])
+    await upload(who["alice"], "build-7", IMAGE, target="b0")
+    lease = (await who["alice"].post("/leases", json={"device": "b0"})).json()
+    return who, exporter, lease, await who["alice"].post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})
+
+
 @pytest.mark.usefixtures("database")
 async def test_the_exporter_s_file_paths_are_shown_to_an_operation_s_holder_and_admins_only(tmp_path):
     async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
-        who = await tokens_lab(client, rules)
-        exporter = FakeExporter(who["host-a"], "host-a")
-        await exporter.beat([board()])
-        await upload(who["alice"], "build-7", IMAGE, target="b0")
-        lease = (await who["alice"].post("/leases", json={"device": "b0"})).json()
-        op = (await who["alice"].post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()
+        who, exporter, lease, made = await alice_flashes_b0(client, rules)
+        op = made.json()
         said = f"[Errno 5] Input/output error: '{EXPORTER_PATH}' (see ~/.cache/x.log; 1/2 MB/s)"
         running = {"op": op["id"], "device": "b0", "kind": "flash", "state": "running", "phase": "writing",
                    "progress": {"done": 1, "total": None, "unit": "bytes", "detail": f"writing {EXPORTER_PATH}"},
@@ -569,12 +576,7 @@ async def test_the_exporter_s_file_paths_are_shown_to_an_operation_s_holder_and_
 @pytest.mark.usefixtures("database")
 async def test_a_flash_s_lease_is_shown_to_its_requester_its_holder_and_admins_only(tmp_path):
     async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
-        who = await tokens_lab(client, rules)
-        exporter = FakeExporter(who["host-a"], "host-a")
-        await exporter.beat([board()])
-        await upload(who["alice"], "build-7", IMAGE, target="b0")
-        lease = (await who["alice"].post("/leases", json={"device": "b0"})).json()
-        made = await who["alice"].post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})
+        who, exporter, lease, made = await alice_flashes_b0(client, rules)
         assert made.status_code == 201 and made.json()["lease"] == lease["id"], made.text
         op = made.json()["id"]
         by_admin = (await who["root"].post(f"/leases/{lease['id']}/flash", json={"image": "build-7"})).json()

@@ -15,16 +15,22 @@ SPEC = {"title": "decode", "target": {"class": "sim-board"}, "metrics": [{"name"
                "warmup": 0}}
 
 
+def job_with_twelve_runs(coordinator, owner: dict) -> dict:
+    """A job claimed by its owner, with twelve runs reported (A and B in turn; B 5 % faster)."""
+    job = coordinator.api("/jobs", "POST", json={"spec": SPEC, "claim": True}, **owner).json()
+    for seq in range(12):
+        coordinator.api(f"/jobs/{job['id']}/runs", "POST", json={
+            "seq": seq, "arm": "AB"[seq % 2], "started_at": 1_800_000_000.0 + seq,
+            "ended_at": 1_800_000_001.0 + seq, "status": 0, "readings": {"temperatures": {"cpu": 40 + seq}},
+            "samples": [{"metric": "decode_ms", "value": 10 - seq % 2 * 0.5 + seq / 100}]}, **owner)
+    return job
+
+
 def test_a_jobs_page_follows_its_job_to_its_end(tmp_path, env, browser):
     coordinator = Coordinator(tmp_path, env)  # the trust mode: the page is the lab owner's
     try:
         owner = {"headers": {"X-Device-Loop-User": getpass.getuser()}}
-        job = coordinator.api("/jobs", "POST", json={"spec": SPEC, "claim": True}, **owner).json()
-        for seq in range(12):
-            coordinator.api(f"/jobs/{job['id']}/runs", "POST", json={
-                "seq": seq, "arm": "AB"[seq % 2], "started_at": 1_800_000_000.0 + seq,
-                "ended_at": 1_800_000_001.0 + seq, "status": 0, "readings": {"temperatures": {"cpu": 40 + seq}},
-                "samples": [{"metric": "decode_ms", "value": 10 - seq % 2 * 0.5 + seq / 100}]}, **owner)
+        job = job_with_twelve_runs(coordinator, owner)
         other = coordinator.api("/jobs", "POST", json={"spec": SPEC, "claim": True}, **owner).json()
 
         page = browser.new_context(viewport={"width": 1366, "height": 900}).new_page()
@@ -65,12 +71,7 @@ def test_at_400_px_the_chart_s_labels_stay_readable_and_the_delta_has_its_interv
     coordinator = Coordinator(tmp_path, env)
     try:
         owner = {"headers": {"X-Device-Loop-User": getpass.getuser()}}
-        job = coordinator.api("/jobs", "POST", json={"spec": SPEC, "claim": True}, **owner).json()
-        for seq in range(12):
-            coordinator.api(f"/jobs/{job['id']}/runs", "POST", json={
-                "seq": seq, "arm": "AB"[seq % 2], "started_at": 1_800_000_000.0 + seq,
-                "ended_at": 1_800_000_001.0 + seq, "status": 0, "readings": {"temperatures": {"cpu": 40 + seq}},
-                "samples": [{"metric": "decode_ms", "value": 10 - seq % 2 * 0.5 + seq / 100}]}, **owner)
+        job = job_with_twelve_runs(coordinator, owner)
         page = browser.new_context(viewport={"width": 400, "height": 800}).new_page()
         errors = []
         page.on("pageerror", lambda error: errors.append(str(error)))

@@ -16,6 +16,8 @@ import termios
 import textwrap
 import time
 
+import contextlib
+
 import anyio
 import click
 import httpx2
@@ -52,24 +54,31 @@ def tickets(env, url) -> list[dict]:
     return json.loads(run_cli(env, url, "tickets", "--json").stdout)
 
 
+@contextlib.contextmanager
+def queued_wait(coordinator, env, name: str):
+    """``device-loop reserve NAME --queue --wait`` running; killed on the way out if it still runs."""
+    waiting = subprocess.Popen([*CLI, "--coordinator", coordinator.url, "reserve", name, "--queue", "--wait"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield waiting
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_ctrl_c_on_a_queued_wait_cancels_its_ticket_and_the_device_is_taken_for_nobody(
         coordinator, exporter_factory, env, sig, code):
     exporter_factory()
     wait_state(coordinator, "sim-board-0", "idle")
     held = coordinator.api("/leases", "POST", json={"device": "sim-board-0"}, headers=BOB).json()
-    waiting = subprocess.Popen([*CLI, "--coordinator", coordinator.url, "reserve", "sim-board-0", "--queue", "--wait"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with queued_wait(coordinator, env, "sim-board-0") as waiting:
         said = read_until(waiting.stderr, b"position 1")  # it waits, its ticket first in line
         ticket = re.search(rb"(tk-[0-9a-f]+): position 1", said).group(1).decode()
         waiting.send_signal(sig)
         assert waiting.wait(15) == code
         said += waiting.stderr.read()
-    finally:
-        if waiting.poll() is None:
-            waiting.kill()
-            waiting.wait()
     assert f"interrupted: {ticket} cancelled".encode() in said, said
     assert [(t["ticket"], t["state"]) for t in tickets(env, coordinator.url)] == [(ticket, "cancelled")]
     coordinator.api(f"/leases/{held['id']}/release", "POST", headers=BOB)
@@ -88,9 +97,7 @@ def test_ctrl_c_once_its_ticket_is_granted_releases_the_lease_the_wait_claimed(c
     held = coordinator.api("/leases", "POST", json={"device": "q0"}, headers=BOB).json()
     beat([{"lease": held["id"], "device": "q0", "identifier": "sim:q0", "kind": "uart",
            "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": 4000}]}], [held["id"]])
-    waiting = subprocess.Popen([*CLI, "--coordinator", coordinator.url, "reserve", "q0", "--queue", "--wait"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with queued_wait(coordinator, env, "q0") as waiting:
         said = read_until(waiting.stderr, b"position 1")
         coordinator.api(f"/leases/{held['id']}/release", "POST", headers=BOB)
         beat()  # its services are gone: reclaimed, granted to alice's ticket, which the wait claims
@@ -100,10 +107,6 @@ def test_ctrl_c_once_its_ticket_is_granted_releases_the_lease_the_wait_claimed(c
         waiting.send_signal(signal.SIGINT)
         assert waiting.wait(15) == 130
         said += waiting.stderr.read()
-    finally:
-        if waiting.poll() is None:
-            waiting.kill()
-            waiting.wait()
     assert f"interrupted: {lease['id']} on q0 released".encode() in said, said
     assert coordinator.api(f"/leases/{lease['id']}").json()["state"] == "released"
 

@@ -33,13 +33,16 @@ QUICK_S = 5.0   # what a reserve, a release or a heartbeat may take meanwhile (t
 KEYED = {c.name for c in CALLS if c.idempotent}
 
 
-class SilentConsole:
-    """A board's console that shows a prompt when poked and then never answers: a command
-    sent to it runs until its deadline. ``reached`` is set once something was typed."""
+class Silent:
+    """A peer that never answers: a board's console (``prompt``: shown when poked, then
+    nothing, so a command sent to it runs until its deadline) or a camera's web server (no
+    prompt: it takes a request and never answers it). ``reached`` is set once something was
+    typed to the console, or a request connected to the camera."""
 
-    def __init__(self):
+    def __init__(self, prompt: bytes | None = None):
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.prompt = prompt
         self.reached = threading.Event()
         self.conns: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
@@ -49,16 +52,17 @@ class SilentConsole:
             while True:
                 conn, _ = self.listener.accept()
                 self.conns.append(conn)
-                threading.Thread(target=self._talk, args=(conn,), daemon=True).start()
+                if self.prompt is None:
+                    self.reached.set()
+                else:
+                    threading.Thread(target=self._talk, args=(conn, self.prompt), daemon=True).start()
 
-    def _talk(self, conn: socket.socket) -> None:
-        prompted = False
+    def _talk(self, conn: socket.socket, prompt: bytes) -> None:
         with contextlib.suppress(OSError):
             while conn.recv(4096):
                 self.reached.set()
-                if not prompted:
-                    conn.sendall(b"\r\n# ")
-                    prompted = True
+                conn.sendall(prompt)
+                prompt = b""
 
     def close(self) -> None:
         self.listener.close()
@@ -68,37 +72,14 @@ class SilentConsole:
             conn.close()
 
 
-class SilentCamera:
-    """A camera's web server that takes a request and never answers it."""
-
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.reached = threading.Event()
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = self.listener.accept()
-                self.conns.append(conn)
-                self.reached.set()
-
-    def close(self) -> None:
-        self.listener.close()
-        for conn in self.conns:
-            conn.close()
-
-
 @dataclass
 class Lab:
     client: Callable[..., httpx2.AsyncClient]
     rules: Any
     exporter: FakeExporter       # host-a: b0, the waiting call's device
     other: FakeExporter          # host-b: b1, reserved and released meanwhile
-    console: SilentConsole
-    camera: SilentCamera
+    console: Silent
+    camera: Silent
     report: dict                 # what host-a reports, again and again (nothing changes)
 
     async def beat(self) -> None:
@@ -130,7 +111,7 @@ def _board_with_an_operation() -> dict:
 @contextlib.asynccontextmanager
 async def lab(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, _clock):
-        console, camera = SilentConsole(), SilentCamera()
+        console, camera = Silent(prompt=b"\r\n# "), Silent()
         try:
             a, b = FakeExporter(client("exporter"), "host-a"), FakeExporter(client("exporter"), "host-b")
             here = Lab(client, rules, a, b, console, camera, {"devices": [_board_with_an_operation()],

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import sys
 import time
+import uuid
 
 import click
 
@@ -190,11 +191,34 @@ def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags
     if device is not None and (device_class is not None or tags):
         raise click.UsageError("name a DEVICE, or give --class and/or --tags, not both")
     started = time.monotonic()
-    got = lab.reserve(device, ttl, class_=device_class, tags=tags, queue=queue)
+    got = _reserved(lab, as_json, device, ttl, class_=device_class, tags=tags, queue=queue)
     if not wait:
         emit(as_json, got.data, ticket_text if isinstance(got, Ticket) else lease_text)
         return
     emit(as_json, _follow(got, timeout, started, as_json, give_up=True).data, lease_text)
+
+
+def _reserved(lab: Lab, as_json: bool, *args, **kwargs) -> Lease | Ticket:
+    """``lab.reserve(*args, **kwargs)``. Ctrl-C or SIGTERM before its answer came: the same
+    request again, with its Idempotency-Key (which answers what the first made, or makes it
+    now), and that given back, so that nothing is left reserved that nobody knows of."""
+    key = uuid.uuid4().hex
+    with sigterm_as_ctrl_c() as stopped:
+        try:
+            return lab.reserve(*args, idempotency_key=key, **kwargs)
+        except KeyboardInterrupt:
+            with not_interrupted():
+                lab.api.close()  # (the interrupted request's answer may be half read: a new connection)
+                try:
+                    got = lab.reserve(*args, idempotency_key=key, **kwargs)
+                except CoordinatorError as exc:
+                    said = f"nothing was reserved: {exc.message}"
+                else:
+                    held = (got, None) if isinstance(got, Ticket) else (None, got)
+                    said = _give_up(got.api, *held)
+            if not as_json and stopped.at_terminal:
+                click.echo(file=sys.stderr)  # (off the line ^C was echoed on)
+            fail(as_json, "interrupted", f"interrupted: {said}", stopped.exit_code)
 
 
 def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json: bool, give_up: bool) -> Lease:

@@ -83,17 +83,19 @@ class Lab:
         return Jobs(self.api)
 
     def reserve(self, device: str | None = None, ttl: str | float = "30m", *, class_: str | None = None,
-                tags: list[str] | tuple[str, ...] = (), queue: bool = False) -> "Lease | Ticket":
+                tags: list[str] | tuple[str, ...] = (), queue: bool = False,
+                idempotency_key: str | None = None) -> "Lease | Ticket":
         """Reserve ``device``, or any free device of ``class_`` with all of ``tags`` (the one
         idle the longest), now: never blocks; the lease may still be pending. With ``queue``,
         when nothing that matches is free, a ``Ticket`` (``ticket.wait()`` is the lease once
-        granted) instead of a refusal. A ticket's TTL counts from its grant."""
+        granted) instead of a refusal. A ticket's TTL counts from its grant. The same
+        ``idempotency_key`` again answers what the first call made, and makes nothing more."""
         body: dict = {"ttl_s": parse_duration(ttl), "tags": list(tags), "queue": queue}
         if device is not None:
             body["device"] = device
         if class_ is not None:
             body["class"] = class_
-        answer = self.api.post("/leases", body)
+        answer = self.api.post("/leases", body, key=idempotency_key)
         return Ticket(self.api, answer) if "ticket" in answer else Lease(self.api, answer)
 
     def tickets(self, everyone: bool = False) -> list["Ticket"]:

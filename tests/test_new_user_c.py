@@ -3,20 +3,21 @@ processes. Ctrl-C on a queued wait gives its ticket back, and the hint a wait le
 the same ticket; a listing claims no grant; a board its holder switched off says so; the
 log fits a terminal and says why a device turned faulty; --help loads no command; plain
 words for a wrong power argument and for settle; ./lab waits for another apt."""
+import contextlib
 import json
 import os
 import pty
 import re
 import select
 import shlex
+import socket
 import signal
 import subprocess
 import sys
 import termios
 import textwrap
+import threading
 import time
-
-import contextlib
 
 import anyio
 import click
@@ -55,9 +56,9 @@ def tickets(env, url) -> list[dict]:
 
 
 @contextlib.contextmanager
-def queued_wait(coordinator, env, name: str):
+def queued_wait(url: str, env, name: str):
     """``device-loop reserve NAME --queue --wait`` running; killed on the way out if it still runs."""
-    waiting = subprocess.Popen([*CLI, "--coordinator", coordinator.url, "reserve", name, "--queue", "--wait"],
+    waiting = subprocess.Popen([*CLI, "--coordinator", url, "reserve", name, "--queue", "--wait"],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         yield waiting
@@ -73,7 +74,7 @@ def test_ctrl_c_on_a_queued_wait_cancels_its_ticket_and_the_device_is_taken_for_
     exporter_factory()
     wait_state(coordinator, "sim-board-0", "idle")
     held = coordinator.api("/leases", "POST", json={"device": "sim-board-0"}, headers=BOB).json()
-    with queued_wait(coordinator, env, "sim-board-0") as waiting:
+    with queued_wait(coordinator.url, env, "sim-board-0") as waiting:
         said = read_until(waiting.stderr, b"position 1")  # it waits, its ticket first in line
         ticket = re.search(rb"(tk-[0-9a-f]+): position 1", said).group(1).decode()
         waiting.send_signal(sig)
@@ -84,6 +85,71 @@ def test_ctrl_c_on_a_queued_wait_cancels_its_ticket_and_the_device_is_taken_for_
     coordinator.api(f"/leases/{held['id']}/release", "POST", headers=BOB)
     wait_state(coordinator, "sim-board-0", "idle")  # reclaimed, and nobody's: no grant to a ticket gone
     assert coordinator.api("/devices/sim-board-0").json()["holder"] is None
+
+
+class HeldProxy:
+    """A TCP proxy to a local port that holds one direction of its first connection until
+    ``release()``: its request (``hold="request"``: the coordinator has not seen it) or its
+    answer (``"answer"``: the coordinator did it, the client has not heard). Later
+    connections pass at once. ``held``: the first request came; ``answered``: the
+    coordinator answered it."""
+
+    def __init__(self, port: int, hold: str):
+        self.target, self.hold = port, hold
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.held, self.answered, self.released = threading.Event(), threading.Event(), threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        first = True
+        with contextlib.suppress(OSError):
+            while True:
+                client = self.server.accept()[0]
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+                for source, sink, way in ((client, upstream, "request"), (upstream, client, "answer")):
+                    threading.Thread(target=self._pump, args=(source, sink, first and way), daemon=True).start()
+                first = False
+
+    def _pump(self, source: socket.socket, sink: socket.socket, first: str | bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                (self.held if first == "request" else self.answered if first == "answer" else threading.Event()).set()
+                if first == self.hold:
+                    self.released.wait(30)
+                sink.sendall(data)
+            sink.shutdown(socket.SHUT_WR)
+
+    def release(self) -> None:
+        self.released.set()
+
+    def close(self) -> None:
+        self.release()
+        self.server.close()
+
+
+@pytest.mark.parametrize("hold", ["request", "answer"])
+def test_ctrl_c_before_the_reserve_answered_gives_back_what_it_made(coordinator, env, hold):
+    exporter = FakeExporter(None, "host-a")
+    report = exporter.report([device("q0")], heartbeat_s=60.0)
+    assert coordinator.api("/hosts/host-a/heartbeat", "POST", json=report).status_code == 200
+    coordinator.api("/leases", "POST", json={"device": "q0"}, headers=BOB)
+    proxy = HeldProxy(coordinator.port, hold)
+    try:
+        with queued_wait(proxy.url, env, "q0") as waiting:
+            assert proxy.held.wait(20), "the reserve never reached the proxy"
+            if hold == "answer":  # the ticket is made; its requester has not heard of it
+                assert proxy.answered.wait(20), "the coordinator did not answer the reserve"
+            waiting.send_signal(signal.SIGINT)
+            assert waiting.wait(15) == 130
+            said = waiting.stderr.read()
+        proxy.release()  # (a request held: it comes late, after the retry made its ticket, and is told so)
+        assert proxy.answered.wait(20), "the first request, let through, was not answered"
+        (ticket,) = tickets(env, coordinator.url)
+        assert f"interrupted: {ticket['ticket']} cancelled".encode() in said, said
+        assert ticket["state"] == "cancelled"
+    finally:
+        proxy.close()
 
 
 def test_ctrl_c_once_its_ticket_is_granted_releases_the_lease_the_wait_claimed(coordinator, env):
@@ -97,7 +163,7 @@ def test_ctrl_c_once_its_ticket_is_granted_releases_the_lease_the_wait_claimed(c
     held = coordinator.api("/leases", "POST", json={"device": "q0"}, headers=BOB).json()
     beat([{"lease": held["id"], "device": "q0", "identifier": "sim:q0", "kind": "uart",
            "endpoints": [{"kind": "uart", "host": "127.0.0.1", "port": 4000}]}], [held["id"]])
-    with queued_wait(coordinator, env, "q0") as waiting:
+    with queued_wait(coordinator.url, env, "q0") as waiting:
         said = read_until(waiting.stderr, b"position 1")
         coordinator.api(f"/leases/{held['id']}/release", "POST", headers=BOB)
         beat()  # its services are gone: reclaimed, granted to alice's ticket, which the wait claims

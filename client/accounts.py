@@ -95,11 +95,16 @@ def account_map(users: Iterable[str], given: Iterable[str]) -> dict[str, Account
         raise AccountError(f"no account for {', '.join(missing)}: a worker that serves others runs each one's "
                            "commands under their own Unix account; give --account USER=ACCOUNT (a login name "
                            "or UID[:GID]) for each")
-    own = os.geteuid()
+    own, own_group = os.geteuid(), os.getegid()
     for user, account in accounts.items():
         if account.uid in (0, own):
             raise AccountError(f"{user}'s account {account.name} is {'root' if account.uid == 0 else 'this worker'}"
                                "'s: their commands could then reach the worker and other people's jobs")
+        shared = sorted({0, own_group} & {account.gid, *account.groups})
+        if shared:
+            whose = "root's group" if shared[0] == 0 else f"this worker's group ({own_group})"
+            raise AccountError(f"{user}'s account {account.name} is in {whose}: their commands could read what "
+                               "that group may (give the account a group of its own)")
         others = [u for u, a in accounts.items() if u != user and a.uid == account.uid]
         if others:
             raise AccountError(f"{user} and {others[0]} have the same account ({account.name}): each person "

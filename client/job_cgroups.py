@@ -20,12 +20,13 @@ import contextlib
 import errno
 import itertools
 import os
+import select
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 
-from device_loop.core.cgroups import Cgroup, own_cgroup, own_path
+from device_loop.core.cgroups import READY, Cgroup, own_cgroup, own_path
 from device_loop.core.process import Lifeline, start_ticks
 
 FOLDER_PREFIX = "device-loop-worker-"
@@ -108,8 +109,17 @@ class JobCgroups:
             raise CgroupsUnavailable(f"cannot move a process into a cgroup in {base.path}: {exc.strerror or exc}") \
                 from None
         lifeline = Lifeline()
+        # (its own environment, not the worker's: that may hold a token, and the keeper runs as
+        # the worker's account, so what it holds a command of that account could read)
         keeper = subprocess.Popen([sys.executable, "-P", "-m", "device_loop.core.cgroups", str(folder.path)],
-                                  stdin=lifeline.fd, stdout=subprocess.DEVNULL, start_new_session=True)
+                                  stdin=lifeline.fd, stdout=subprocess.PIPE, start_new_session=True,
+                                  env=_plain_environment())
+        if not _said_ready(keeper):
+            keeper.kill()
+            keeper.wait()
+            lifeline.close()
+            folder.remove(REMOVE_TIMEOUT_S, use_kill_file)
+            raise CgroupsUnavailable(f"its keeper ({sys.executable} -m device_loop.core.cgroups) did not start")
         return cls(folder, keeper, lifeline, use_kill_file)
 
     def job(self) -> JobCgroup:
@@ -125,10 +135,27 @@ class JobCgroups:
             self.keeper.wait(REMOVE_TIMEOUT_S)
 
 
+KEEPER_START_S = 10.0  # for its interpreter to start and say so, on a loaded machine
+_PLAIN = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE")
+
+
+def _plain_environment() -> dict[str, str]:
+    """What a process the worker starts for itself needs of its environment, and no more."""
+    return {name: os.environ[name] for name in _PLAIN if name in os.environ}
+
+
+def _said_ready(keeper: subprocess.Popen) -> bool:
+    """Whether the keeper says it is ready (it watches the lifeline from then on)."""
+    assert keeper.stdout is not None
+    with keeper.stdout:
+        ready, _, _ = select.select([keeper.stdout], [], [], KEEPER_START_S)
+        return bool(ready) and keeper.stdout.readline() == READY
+
+
 def _try_moving(folder: Cgroup) -> None:
     """Move a process into a cgroup in ``folder`` and kill it there: what every command will need."""
     probe = folder.child("probe")
-    sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL)
+    sleeper = subprocess.Popen(["sleep", "30"], stdin=subprocess.DEVNULL, env=_plain_environment())
     try:
         probe.add(sleeper.pid)
         where = own_path(sleeper.pid) or ""

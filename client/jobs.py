@@ -302,7 +302,8 @@ def _ask_before_running(job: JobView, yes: bool) -> None:
     spec = job.spec
     lists = [("setup", spec.setup), ("run", spec.run)] + \
         ([("baseline (A)", spec.ab.baseline), ("patch (B)", spec.ab.patch)] if spec.ab is not None else [])
-    lines = [f"{job.id} is {job.owner}'s job. Its commands run on this machine as you, with your files:"]
+    lines = [f"{job.id} is {job.owner}'s job. Its commands run on this machine as you, with your files (a token "
+             f"file among them: ~/.config/device-loop/token):"]
     for name, commands in lists:
         lines += [f"  {name}: {_shown(command)}" for command in commands]
     click.echo("\n".join(lines), err=True)

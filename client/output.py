@@ -10,6 +10,7 @@ import click
 
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.durations import format_duration, parse_iso
+from device_loop.core.vocabulary import TicketState
 
 
 MIN_WRAPPED = 24  # the narrowest a wrapped last column gets, however narrow the terminal
@@ -105,8 +106,19 @@ def tickets_text(tickets: list[dict]) -> str:
         return "you have no queue tickets"
     return table(["TICKET", "STATE", "KIND", "WANTS", "POSITION", "SINCE", "LEASE"],
                  [[t["ticket"], t["state"], t["kind"], t["wants"], str(t["position"] or "-"), t["created_at"],
-                   (t["lease"] or {}).get("id", "-") + (f" on {t['lease']['device']}" if t["lease"] else "")]
-                  for t in tickets])
+                   _ticket_lease(t)] for t in tickets])
+
+
+def _ticket_lease(ticket: dict) -> str:
+    """A ticket's lease as its listing says it: a grant is to be taken (a listing does not take
+    it), a claimed one is the holder's; an ended ticket's lease is none of theirs."""
+    lease = ticket["lease"]
+    if not lease or ticket["state"] not in (TicketState.GRANTED, TicketState.CLAIMED):
+        return "-"
+    if ticket["state"] == TicketState.GRANTED:
+        by = f" by {ticket['claim_by']}" if ticket.get("claim_by") else ""
+        return f"{lease['device']} held for you{by}: take it with device-loop ticket {ticket['ticket']}"
+    return f"{lease['id']} on {lease['device']}"
 
 
 def on_terminal(as_json: bool) -> bool:

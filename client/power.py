@@ -77,10 +77,16 @@ def power_command(lab: Lab, action: str, target: str, off_time: float | None, de
     try:
         path = f"/leases/{_my_lease(lab, target).id}/power"
     except CoordinatorError as exc:
-        if exc.code != "no_lease" or target.startswith("lease-"):
+        if exc.code not in ("no_lease", "lease_ended") or target.startswith("lease-"):
             raise
-        path = f"/admin/devices/{target}/power"  # a device nobody holds: admins only, and it says so otherwise
-    op = lab.api.post(path, body)
+        path = f"/admin/devices/{target}/power"  # a device nobody holds (yours no longer): an admin's
+    try:
+        op = lab.api.post(path, body)
+    except CoordinatorError as exc:
+        if exc.status != 403 or not path.startswith("/admin/"):
+            raise
+        fail(as_json, exc.code, f"you hold no lease of {target}, and only an admin switches a device nobody holds: "
+                                f"ask one to run device-loop power {action} {target}")
     if detach:
         emit(as_json, op, lambda o: o["id"])
         return

@@ -24,8 +24,8 @@ from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import (LATEST_TIME_S, OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobView, RunRecord,
-                                   runs_per_cell)
+from device_loop.core.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEASURE, OPEN_JOB_STATES, CellReport,
+                                   JobSpec, JobState, JobView, RunRecord, runs_per_cell)
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, OPEN_TICKET_STATES, LeaseState, TicketKind, TicketState
 
 from .answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
@@ -71,14 +71,31 @@ def _summary(row: JobRow) -> dict[str, Any]:
 
 def _cell(row: JobCellRow) -> dict[str, Any]:
     return {"cell": row["cell"], "group": row["cell_group"], "device": row["device"], "lease_id": row["lease_id"],
-            "fingerprint": row["fingerprint"], "not_run": row["not_run"]}
+            "fingerprint": row["fingerprint"] and {**row["fingerprint"],  # (as _run: stored before bounds)
+                                                   "thermal": _temperatures(row["fingerprint"].get("thermal", {}))},
+            "not_run": row["not_run"]}
 
 
 def _run(row: JobRunRow) -> dict[str, Any]:
+    """A run as stored, its numbers within RunRecord's bounds: a run stored before they were
+    bounded reads as one that was (the job's views do not fail on it)."""
     run: dict[str, Any] = {k: v for k, v in row.items() if k != "job"}
-    for key in ("started_at", "ended_at"):  # a run stored before times were bounded (RunRecord) reads as one
-        run[key] = min(max(row[key], 0.0), LATEST_TIME_S)
+    for key in ("started_at", "ended_at"):
+        run[key] = _within(row[key], 0.0, LATEST_TIME_S)
+    readings = dict(run.get("readings") or {})
+    readings["temperatures"] = _temperatures(readings.get("temperatures"))
+    run["readings"] = readings
+    run["samples"] = [{**s, "value": _within(s.get("value"), -MAX_MEASURE, MAX_MEASURE)}
+                      for s in run.get("samples") or []]
     return run
+
+
+def _within(value: Any, low: float, high: float) -> Any:
+    return min(max(value, low), high) if isinstance(value, (int, float)) else value
+
+
+def _temperatures(zones: Any) -> Any:
+    return {k: _within(v, COLDEST_C, HOTTEST_C) for k, v in zones.items()} if isinstance(zones, dict) else zones
 
 
 def _reservation(row: JobLeaseRow) -> JobReservation:

@@ -85,7 +85,7 @@ def logged_cause(facts: Mapping[str, Any], new_state: str, cause: str | None) ->
     if new_state != DeviceState.FAULTY:
         return cause or ""
     why = facts.get("fault") or f"health failed: {facts.get('health_reason') or 'no reason given'}"
-    return why if not cause else cause if why in cause else f"{cause}; {why}"
+    return why if not cause else cause if why in cause else f"{why} ({cause})"
 
 
 def ring_entry(device: Mapping[str, Any], seq: int, new_state: str, at: float, cause: str, actor: str) -> dict:

@@ -103,10 +103,12 @@ class Power:
             return  # (a failed step's fault says more; it stays)
         if action == PowerAction.OFF and op["state"] == OperationState.DONE:
             fault = (f"{POWERED_OFF} by {op['requester']} at {iso(op['ended_at'] or self.life.clock())} "
-                     f"({op['id']}): switch it on with device-loop power on {device['name']}")
+                     f"({op['id']}): switch it on with device-loop power on {device['name']} (once it is "
+                     "released, an admin does)")
         elif action in (PowerAction.OFF, PowerAction.CYCLE) and failed_part_way:
             fault = (f"{POWERED_OFF}, perhaps: power {action} {op['id']} by {op['requester']} failed while "
-                     f"{op['phase']}: switch it on with device-loop power on {device['name']}")
+                     f"{op['phase']}: switch it on with device-loop power on {device['name']} (once it is "
+                     "released, an admin does)")
         else:
             return
         await self.life.change(device, fault[:500], actor, {"fault": fault[:500]})

@@ -3,8 +3,9 @@ and killed, a ``setsid`` child or a double fork included (docs/architecture.md, 
 evidence").
 
 A process group is left with one ``setsid``; a cgroup is not: a process cannot leave the
-cgroup it was put in without write access to another cgroup's ``cgroup.procs``, which a
-job's account does not have. No controller is needed: ``cgroup.procs``, ``cgroup.events``
+cgroup it was put in without write access to another cgroup's ``cgroup.procs``, which the
+account a shared worker runs a person's commands as does not have (root has, and so has an
+account a cgroup was delegated to: a worker of its own user's jobs keeps only what stays). No controller is needed: ``cgroup.procs``, ``cgroup.events``
 and ``cgroup.kill`` exist in every cgroup.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 MOUNTINFO = Path("/proc/self/mountinfo")
 KILL_ROUNDS = 200    # of killing every pid, where the kernel has no cgroup.kill (before 5.14)
+READY = b"ready\n"  # what a keeper says once it watches (``keep``)
 
 
 def mount_point(mountinfo: Path = MOUNTINFO) -> Path | None:
@@ -166,6 +168,8 @@ def keep(folder: Path) -> None:
     group: it ends when its work is done."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    os.write(1, READY)
+    os.close(1)
     while True:
         try:
             if not os.read(0, 4096):

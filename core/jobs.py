@@ -100,6 +100,13 @@ Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 Time = Annotated[float, Field(ge=0, le=LATEST_TIME_S)]
+#: A measured number, and a temperature: finite, and bounded so that the analysis's sums and
+#: squares of thousands of them stay finite too (1.7e308 twice overflowed a mean: a 500 on
+#: every view of its job)
+MAX_MEASURE = 1e100
+Measure = Annotated[float, Field(ge=-MAX_MEASURE, le=MAX_MEASURE)]
+COLDEST_C, HOTTEST_C = -273.15, 1000.0
+Celsius = Annotated[float, Field(ge=COLDEST_C, le=HOTTEST_C)]
 
 
 class Strict(BaseModel):
@@ -145,6 +152,9 @@ def metric_pattern(regex: str) -> Any:
         raise ValueError(said.decode(errors="replace") if isinstance(said, bytes) else str(said)) from None
     if "value" not in pattern.groupindex:
         raise ValueError("it needs a group named value: (?P<value>[0-9.]+)")
+    if pattern.search("") is not None:  # (it would match at every character of the output: seconds a MiB)
+        raise ValueError("it matches empty text, so at every place in the output: make its value need a "
+                         "character, (?P<value>[0-9.]+) rather than (?P<value>[0-9.]*)")
     return pattern
 
 
@@ -260,13 +270,13 @@ class JobSpec(Strict):
 
 class Sample(Strict):
     metric: MetricName
-    value: float
+    value: Measure
     unit: Unit = ""
 
 
 class Readings(Strict):
     """The device at a run's start, so a reader sees drift and what interleaving did."""
-    temperatures: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], float],
+    temperatures: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Celsius],
                             Field(max_length=MAX_FACTS)] = Field(default_factory=dict)
     governor: Annotated[str, StringConstraints(max_length=32)] | None = None
     freq_khz: int | None = Field(default=None, ge=0, le=10**9)
@@ -302,7 +312,7 @@ class Fingerprint(Strict):
     cpufreq: Annotated[list[dict[Annotated[str, StringConstraints(max_length=32)],
                                  Annotated[str, StringConstraints(max_length=64)]]],
                        Field(max_length=64)] = Field(default_factory=list)  # per policy: governor, cur/min/max kHz
-    thermal: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], float],
+    thermal: Annotated[dict[Annotated[str, StringConstraints(max_length=64)], Celsius],
                        Field(max_length=MAX_FACTS)] = Field(default_factory=dict)
     memory_kb: int | None = Field(default=None, ge=0, le=1 << 50)
     os_build: Text = ""                               # ro.build.fingerprint on Android

@@ -537,7 +537,7 @@ async def test_a_device_log_says_when_it_was_registered_and_why_it_is_faulty(tmp
         await exporter.beat([device("b0", health="failed"), device("b1")])
         log = [(e["from"], e["to"], e["cause"]) for e in (await api.get("/devices/b0/log")).json()]
         assert log == [
-            ("unregistered", "faulty", "registered: first reported by host host-a; health failed: uart: broken"),
+            ("unregistered", "faulty", "health failed: uart: broken (registered: first reported by host host-a)"),
             ("faulty", "idle", "health is ok again"), ("idle", "faulty", "health failed: uart: broken")]
         assert [e["cause"] for e in (await api.get("/devices/b1/log")).json()] == [
             "registered: first reported by host host-a"]

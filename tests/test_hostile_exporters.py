@@ -44,6 +44,7 @@ from lab_in_process import FakeExporter, device, in_process_lab
 from test_flash_rules import IMAGE, board, upload
 from test_mcp import agent
 from test_video import gated_lab  # noqa: F401 (a fixture: a lab with tokens, a camera behind the gate)
+from test_web import section
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 SITE = "http://127.0.0.1"  # the in-process clients' base URL is SITE/api/v1
@@ -570,7 +571,9 @@ async def test_the_exporter_s_file_paths_are_shown_to_an_operation_s_holder_and_
             assert (EXPORTER_PATH in (await who[viewer].get("/devices/b0/log")).text) is admin, viewer
             assert EXPORTER_PATH not in (await who[viewer].get("/devices")).text
             page = (await who[viewer].get(f"{SITE}/devices/b0")).text  # (alice's: her lease's panel too)
-            assert "Input/output error" in page and (sees or EXPORTER_PATH not in page), viewer
+            flashes = section(page, '<section class="flashes"')  # (its operations: as the API shows them)
+            assert "Input/output error" in flashes and (EXPORTER_PATH in flashes) is sees, viewer
+            assert sees or EXPORTER_PATH not in page, viewer
 
 
 @pytest.mark.usefixtures("database")

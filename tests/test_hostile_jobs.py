@@ -3,7 +3,7 @@ whose token can be stolen): every refusal a clear 4xx, and nothing stored."""
 import pytest
 
 from device_loop.coordinator.identity import issue_token
-from device_loop.core.jobs import LATEST_TIME_S, MAX_COMMANDS, RunRecord
+from device_loop.core.jobs import COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_COMMANDS, MAX_MEASURE, RunRecord
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
@@ -38,6 +38,8 @@ async def test_a_bad_spec_is_refused_and_nothing_is_stored(tmp_path):
             "a matrix without a pair": {**SPEC, "matrix": {"over": ["tags=a"]}},
             "a regex without its group": {**SPEC, "metrics": [{"name": "ms", "regex": "([0-9]+)"}]},
             "a regex RE2 does not read": {**SPEC, "metrics": [{"name": "ms", "regex": "(?=x)(?P<value>[0-9]+)"}]},
+            # (at every place in a MiB of output: 7 s a stream and metric, for nothing)
+            "a regex that matches empty text": {**SPEC, "metrics": [{"name": "ms", "regex": "(?P<value>a*)"}]},
             "a spec that is no object": ["true"],
             "a number for text": {**SPEC, "title": 5},
         }
@@ -163,23 +165,37 @@ async def test_a_person_has_a_bounded_number_of_open_jobs_and_a_job_of_reservati
         assert (await api.post("/jobs", json={"spec": SPEC})).status_code == 201
 
 
-async def test_a_run_of_any_numbers_it_may_hold_reads_and_shows_and_an_old_bad_time_too(tmp_path):
-    """The extremes a run may report render (its page, its evidence), and a run stored before
-    times were bounded (started_at -1e308: the page failed with 500) reads as one."""
+async def test_a_run_of_any_numbers_it_may_hold_reads_and_shows_and_an_old_bad_one_too(tmp_path):
+    """The extremes a run may report render and are analysed (its page, its evidence, an A/B
+    pair's finish); past them a run is refused; and a run stored before its numbers were
+    bounded (started_at -1e308, a zone at 1.7e308: every view failed with 500) reads as one."""
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api = client()
-        spec = {**SPEC, "metrics": [{"name": "m"}]}
+        spec = {"target": {"class": "sim-board"}, "metrics": [{"name": "m"}],
+                "ab": {"baseline": ["true"], "patch": ["true"], "rounds": 4, "warmup": 0}}
         job = (await api.post("/jobs", json={"spec": spec, "claim": True})).json()
-        extremes = [run(0, started_at=0.0, ended_at=LATEST_TIME_S, samples=[{"metric": "m", "value": 1e308}],
-                        readings={"temperatures": {"cpu": -1e308}, "load": 1e6, "freq_khz": 10**9}),
-                    run(1, started_at=LATEST_TIME_S, ended_at=0.0, samples=[{"metric": "m", "value": -1e308}])]
-        for record in extremes:
-            assert (await api.post(f"/jobs/{job['id']}/runs", json=record)).status_code == 201
-        old = RunRecord.model_validate(run(2)).model_dump(mode="json") | {"started_at": -1e308, "ended_at": 1e308}
+
+        def extreme(seq: int, sign: int) -> dict:
+            return {**run(seq, arm="AB"[seq % 2], started_at=0.0, ended_at=LATEST_TIME_S),
+                    "samples": [{"metric": "m", "value": sign * MAX_MEASURE}],
+                    "readings": {"temperatures": {"cpu": HOTTEST_C, "gpu": COLDEST_C}, "load": 1e6, "freq_khz": 10**9}}
+
+        for seq in range(6):
+            assert (await api.post(f"/jobs/{job['id']}/runs", json=extreme(seq, (-1) ** seq))).status_code == 201
+        for past in ({"samples": [{"metric": "m", "value": 1.7e308}]}, {"readings": {"temperatures": {"z": 1.7e308}}},
+                     {"readings": {"temperatures": {"z": -300.0}}}):
+            assert (await api.post(f"/jobs/{job['id']}/runs", json={**extreme(6, 1), **past})).status_code == 422, past
+        old = RunRecord.model_validate(extreme(6, 1)).model_dump(mode="json") | {"started_at": -1e308,
+                                                                                 "ended_at": 1e308}
+        old["samples"][0]["value"] = 1.7e308
+        old["readings"]["temperatures"] = {"z": 1.7e308}
         assert await rules.store.insert_job_run({"job": job["id"], **old})
+        assert await rules.store.insert_job_run({"job": job["id"], **old, "seq": 7})
         answer = await api.get(f"/jobs/{job['id']}")
-        assert answer.status_code == 200
-        assert [(r["started_at"], r["ended_at"]) for r in answer.json()["runs"]][2] == (0.0, LATEST_TIME_S)
+        assert answer.status_code == 200, answer.text[-2000:]
+        assert [(r["started_at"], r["ended_at"]) for r in answer.json()["runs"]][6] == (0.0, LATEST_TIME_S)
+        finished = await api.post(f"/jobs/{job['id']}/finish", json={"state": "done"})
+        assert finished.status_code == 200, finished.text[-2000:]
         page = await api.get(f"http://127.0.0.1/jobs/{job['id']}")
         assert page.status_code == 200, page.text[-2000:]
         evidence = await api.get(f"/jobs/{job['id']}/evidence")

@@ -83,6 +83,13 @@ def test_at_400_px_the_chart_s_labels_stay_readable_and_the_delta_has_its_interv
         delta = page.locator(".analysis td[data-label=Delta]").first.inner_text()
         assert re.match(r"-\d+\.\d% \[-\d+\.\d%, -\d+\.\d%\]\s+B is \d+\.\d% faster", delta), delta
         screenshot(page, "job-page-400")
+
+        failed = job_with_twelve_runs(coordinator, owner)  # a reason that is one unbroken word of output
+        coordinator.api(f"/jobs/{failed['id']}/finish", "POST", json={"state": "failed", "reason": "x" * 2000}, **owner)
+        for path in (f"/jobs/{failed['id']}", "/jobs", "/jobs?all=1"):
+            page.goto(f"{coordinator.url}{path}")
+            page.wait_for_selector(".why")
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), f"{path} is wider"
         assert not errors, errors
     finally:
         coordinator.stop()

@@ -26,7 +26,7 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import SRC, wait_for
+from conftest import SRC, Coordinator, wait_for
 from helpers import uart_exchange
 from lab_in_process import FakeExporter, device
 from test_end_to_end import reserve, run_cli, wait_active, wait_state
@@ -209,6 +209,9 @@ def test_a_wait_that_times_out_says_how_to_follow_that_ticket_and_no_listing_cla
     for _ in range(2):  # the CLI's listing and an agent's: a grant is seen, not claimed
         assert [t["state"] for t in tickets(env, coordinator.url)] == ["granted"]
         assert [t["state"] for t in my_tickets_over_mcp(coordinator.url)] == ["granted"]
+    listed = run_cli(env, coordinator.url, "tickets").stdout  # what a person reads says to take it, and how
+    assert "sim-board-0 held for you by 20" in listed and f"take it with device-loop ticket {ticket['ticket']}" \
+        in listed, listed
 
     followed = run_cli(env, coordinator.url, *shlex.split(hint.group(1))[1:], "--json")  # the hint, as printed
     lease = json.loads(followed.stdout)
@@ -247,8 +250,8 @@ def test_a_board_its_holder_switched_off_says_so_in_ls_and_exec_and_power_and_se
     failed = run_cli(env, url, "exec", "sim-board-0", "--", "hostname", check=False)
     assert failed.returncode == 1
     assert re.fullmatch(r"device-loop: sim-board-0 is switched off by alice at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ "
-                        r"\(op-[0-9a-f]+\): switch it on with device-loop power on sim-board-0\n", failed.stderr), \
-        failed.stderr
+                        r"\(op-[0-9a-f]+\): switch it on with device-loop power on sim-board-0 \(once it is released, "
+                        r"an admin does\)\n", failed.stderr), failed.stderr
     as_json = json.loads(run_cli(env, url, "exec", "sim-board-0", "--json", "--", "true", check=False).stdout)
     assert as_json["error"] == "switched_off"
     assert "switched off by alice" in json.loads(run_cli(env, url, "status", "sim-board-0", "--json").stdout)[
@@ -260,6 +263,33 @@ def test_a_board_its_holder_switched_off_says_so_in_ls_and_exec_and_power_and_se
     assert "switched off" not in row
     wait_for(lambda: run_cli(env, url, "exec", "sim-board-0", "--", "hostname", check=False).returncode == 0, 20,
              what="the board booted again")
+
+    # switched off, then given back: faulty, and its last holder's power on (the hint's) switches it on
+    run_cli(env, url, "power", "off", "sim-board-0")
+    run_cli(env, url, "release", "sim-board-0")
+    wait_state(coordinator, "sim-board-0", "faulty")
+    run_cli(env, url, "power", "on", "sim-board-0")  # (the trust mode of this lab: anyone may, as an admin)
+    wait_state(coordinator, "sim-board-0", "idle")
+
+
+def test_a_person_who_holds_no_lease_of_a_board_is_told_an_admin_switches_it(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=())  # a lab with tokens
+    try:
+        made = run_cli(env, coordinator.url, "admin", "token", "create", "root", "--admin", "--data-dir",
+                       str(tmp_path / "coord"), "--json").stdout
+        root = {"Authorization": f"Bearer {json.loads(made)['token']}"}
+        tokens = {name: coordinator.api("/admin/tokens", "POST", json=spec, headers=root).json()["token"]
+                  for name, spec in {"alice": {"user": "alice"}, "host-a": {"exporter_host": "host-a"}}.items()}
+        report = FakeExporter(None, "host-a").report([device("q0")], heartbeat_s=60.0)
+        assert coordinator.api("/hosts/host-a/heartbeat", "POST", json=report,
+                               headers={"Authorization": f"Bearer {tokens['host-a']}"}).status_code == 200
+        refused = run_cli({**env, "DEVICE_LOOP_TOKEN": tokens["alice"]}, coordinator.url, "power", "on", "q0",
+                          check=False)
+        assert refused.returncode == 1
+        assert refused.stderr == ("device-loop: you hold no lease of q0, and only an admin switches a device nobody "
+                                  "holds: ask one to run device-loop power on q0\n"), refused.stderr
+    finally:
+        coordinator.stop()
 
 
 def terminal_run(env: dict, args: list[str], columns: int) -> str:

@@ -56,6 +56,23 @@ def values(job: dict) -> dict[str, float]:
     return {s["metric"]: s["value"] for run in job["runs"] for s in run["samples"]}
 
 
+def test_the_keeper_holds_nothing_of_the_workers_environment_and_says_when_it_watches(monkeypatch):
+    """The keeper runs as the worker's account, so a command of that account (``run
+    --from-job`` of another person's job) could read its environment: it gets no token."""
+    monkeypatch.setenv("DEVICE_LOOP_TOKEN", "dl_not-for-the-keeper")
+    cgroups = JobCgroups.start(print)
+    try:
+        environ = Path(f"/proc/{cgroups.keeper.pid}/environ").read_bytes().split(b"\0")
+        assert not [v for v in environ if b"DEVICE_LOOP" in v or b"not-for-the-keeper" in v], environ
+        assert cgroups.keeper.poll() is None, "it watches the lifeline"
+    finally:
+        cgroups.close()
+    monkeypatch.setenv("PYTHONPATH", "/nowhere")  # (its interpreter then finds no device_loop: it never says ready)
+    monkeypatch.setattr("device_loop.client.job_cgroups.sys.executable", shutil.which("python3") or "python3")
+    with pytest.raises(CgroupsUnavailable, match="keeper .* did not start"):
+        JobCgroups.start(print)
+
+
 def test_a_command_and_all_it_started_die_when_it_ends_a_setsid_child_too(tmp_path):
     """In a cgroup, with cgroup.kill, and as a kernel without it (5.13 and before): pid by pid."""
     cgroups = JobCgroups.start(print)
@@ -179,6 +196,7 @@ def test_a_worker_will_not_serve_others_without_an_account_each(tmp_path, env):
         refusals = {
             ("--users", "alice,bob", "--account", f"alice={uid}"): "no account for bob",
             ("--users", "alice", "--account", "alice=0"): "root's",
+            ("--users", "alice", "--account", f"alice={uid}:0"): "in root's group",
             ("--users", "alice,bob", "--account", f"alice={uid}", "--account", f"bob={uid}:{uid}"): "same account",
             ("--users", "alice", "--account", f"alice={uid}", "--account", f"carol={uid}"): "carol is not one of",
             ("--users", "alice", "--account", "alice=nobody-here-at-all"): "no account 'nobody-here-at-all'",

@@ -165,7 +165,8 @@ async def device_page(request: Request) -> Response:
         return render(request, "missing.html", viewer, 404, what="device", name=name)
     tickets = await _my_tickets(request, viewer)
     mine = await _my_leases(request, viewer, name)
-    operations = await rules.operations.of_device(name, LAST_OPERATIONS)
+    seen_as = {"caller": viewer.name, "admin": viewer.admin}  # (paths in what they said: to whom they are shown)
+    operations = await rules.operations.of_device(name, LAST_OPERATIONS, **seen_as)
     listed = [op for op in operations if op["kind"] not in (FLASH_KIND, POWER_KIND)]  # (each has its section)
     # which steps settle runs too: the exporter's config says, and the device's facts keep it
     facts = await rules.store.device(name)
@@ -176,7 +177,7 @@ async def device_page(request: Request) -> Response:
     settling = next((op for op in operations if op["kind"] == SETTLE and op["state"] in LIVE_OP_STATES), None)
     return render(request, "device.html", viewer, device=device,
                  log=list(reversed(await rules.devices.device_log(name))), last_ops=LAST_OPERATIONS,
-                 flashes=await rules.operations.of_device(name, SHOWN_FLASHES, FLASH_KIND),
+                 flashes=await rules.operations.of_device(name, SHOWN_FLASHES, FLASH_KIND, **seen_as),
                  others=[op for op in listed if not _routine(op)], routine=[op for op in listed if _routine(op)],
                  known_good=await rules.images.known_good_image(device),
                  flash_target=any(r["kind"] == FLASH_KIND for r in device["resources"]),

@@ -5,8 +5,9 @@ evidence").
 A process group is left with one ``setsid``; a cgroup is not: a process cannot leave the
 cgroup it was put in without write access to another cgroup's ``cgroup.procs``, which the
 account a shared worker runs a person's commands as does not have (root has, and so has an
-account a cgroup was delegated to: a worker of its own user's jobs keeps only what stays). No controller is needed: ``cgroup.procs``, ``cgroup.events``
-and ``cgroup.kill`` exist in every cgroup.
+account a cgroup was delegated to: a worker of its own user's jobs keeps only what stays).
+No controller is needed: ``cgroup.procs``, ``cgroup.events`` and ``cgroup.kill`` exist in
+every cgroup.
 """
 from __future__ import annotations
 

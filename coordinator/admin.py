@@ -12,7 +12,7 @@ from .answers import DeviceAnswer, HostAnswer
 from .devices import Devices
 from .errors import APIError, conflict, not_found
 from .leases import Leases
-from .lifecycle import POWERED_OFF, Lifecycle
+from .lifecycle import Lifecycle, switched_off
 from .notify import BOARD_KEY, host_key, op_key
 from .rows import DeviceFacts
 from .scheduler import Scheduler
@@ -62,7 +62,7 @@ class Admin:
             if not device["fault"]:
                 raise conflict("no_fault", f"{name} has no fault to clear (it is {device['state']}"
                                            + (f": {device['health_reason']}" if device["health_reason"] else "") + ")")
-            if str(device["fault"]).startswith(POWERED_OFF):
+            if switched_off(device["fault"]):
                 raise conflict("switched_off", f"{name} was switched off ({device['fault']}); only a power on that "
                                                f"is verified clears that: device-loop power on {name}")
             await self.life.change(device, f"fault cleared by admin {admin} (was: {device['fault']})", admin,

@@ -26,8 +26,7 @@ EXEC_AT_ONCE = 8  # execs a coordinator process runs at once, each on a thread f
 #: How each refusal of ``exec_on_lease`` is answered: the device or its channel is not there
 #: to run it (409), the command did not end in time (504), the command itself is refused (422).
 _STATUS = {"no_channel": 409, "no_login": 409, "no_prompt": 409, "unreachable": 409, "switched_off": 409,
-           "timeout": 504,
-           "too_large": 422, "bad_command": 422}
+           "timeout": 504, "too_large": 422, "bad_command": 422}
 
 
 def _refusal(exc: ExecError) -> APIError:

@@ -18,8 +18,10 @@ import logging
 
 from typing import Any, Mapping
 
+from pydantic import TypeAdapter, ValidationError
+
 from device_loop.core import PROTOCOL_VERSION
-from device_loop.core.protocol import MAX_TAG_CHARS, MAX_TAGS, DesiredState, DeviceReport, Heartbeat
+from device_loop.core.protocol import MAX_TAGS, DesiredState, DeviceReport, Heartbeat, Tag
 from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 
 from .errors import APIError, conflict
@@ -55,10 +57,21 @@ def _digest(text: str) -> str:
     return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
+_TAG = TypeAdapter(Tag)
+
+
 def _tags(tags: list[str]) -> list[str]:
     """An adoption's tags as the protocol takes them: one stored before adoption checked them
     (an empty tag, a long one, too many) would fail every heartbeat of its host."""
-    return [tag for tag in tags if 0 < len(tag) <= MAX_TAG_CHARS][:MAX_TAGS]
+    return [tag for tag in tags if _valid(_TAG, tag)][:MAX_TAGS]
+
+
+def _valid(adapter: TypeAdapter, value: Any) -> bool:
+    try:
+        adapter.validate_python(value)
+    except ValidationError:
+        return False
+    return True
 
 
 def _columns(device: DeviceReport, digest: str) -> dict:

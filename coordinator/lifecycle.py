@@ -16,10 +16,6 @@ from .rows import DeviceFacts
 from .ssh_logins import SshLogins
 from .store import Store
 
-def switched_off(fault: str | None) -> str | None:
-    """The fault a person's power off left (by whom, when, how to switch it on), else None."""
-    return fault if fault and fault.startswith(POWERED_OFF) else None
-
 
 @dataclass
 class Settings:
@@ -49,6 +45,11 @@ class Settings:
 #: the one an on that nothing showed leaves in its place: the board may be off still
 POWERED_OFF = "switched off"
 UNVERIFIED_ON = "switched on, unverified"
+
+
+def switched_off(fault: str | None) -> str | None:
+    """The fault a person's power off left (by whom, when, how to switch it on), else None."""
+    return fault if fault and fault.startswith(POWERED_OFF) else None
 
 
 def held_off(fault: str | None) -> bool:

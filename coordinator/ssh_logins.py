@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from device_loop.core import NAME_PATTERN
 from device_loop.core.device_exec import SshLogin
-from device_loop.core.ssh_keys import public_host_key
+from device_loop.core.ssh_keys import LOGIN_NAME_PATTERN, public_host_key
 
 OPTION = "--ssh-logins"
 _NAME = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -43,7 +43,7 @@ _MAX_ENTRIES = 10_000
 
 class _Entry(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    user: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", description="whom to log in as")
+    user: str = Field(pattern=LOGIN_NAME_PATTERN, description="whom to log in as")
     identity: str = Field(min_length=1, max_length=4096, description="the coordinator's private key file")
     host_key: str = Field(max_length=16384, description="the board's public host key (ssh-ed25519 AAAA...)")
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping
 
 from .process import last_lines
+from .ssh_keys import LOGIN_NAME_PATTERN
 from .vocabulary import EndpointRole
 
 Channel = Literal["adb", "ssh", "console"]
@@ -81,7 +82,7 @@ _SSH_FAILED = re.compile(r"^(ssh: |kex_exchange_identification|.*(Permission den
                          r"Connection (closed|reset|refused|timed out)|IDENTIFICATION HAS CHANGED|Unable to negotiate|"
                          r"Load key|Bad owner|no such identity|Could not resolve))", re.M)
 _LINE_CONTROL = re.compile(r"[\x01-\x08\x0b-\x1f\x7f]")  # a terminal's line discipline acts on these
-_SSH_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")  # as the ssh plugin's config has it
+_SSH_USER = re.compile(LOGIN_NAME_PATTERN)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from .protocol import FactKey
+from .protocol import FactKey, Tag
 from .vocabulary import TicketKind
 
 MAX_COMMANDS = 16        # in one list (setup, run, baseline, patch)
@@ -96,7 +96,6 @@ Command = Annotated[str, StringConstraints(min_length=1, max_length=MAX_COMMAND_
 Commands = Annotated[list[Command], Field(max_length=MAX_COMMANDS)]
 MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]{0,63}$")]
 Unit = Annotated[str, StringConstraints(max_length=16)]
-Tag = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
 Time = Annotated[float, Field(ge=0, le=LATEST_TIME_S)]

@@ -1,10 +1,13 @@
-"""A board's public ssh host key, as a lab admin copies it from the board's
-``/etc/ssh/ssh_host_ed25519_key.pub`` (``ssh-ed25519 AAAA... root@board``): checked, and kept
-without its comment. The ssh plugin's config and the coordinator's own ssh logins take it."""
+"""What an ssh login to a board names: a login name, and the board's public host key as a lab
+admin copies it from the board's ``/etc/ssh/ssh_host_ed25519_key.pub`` (``ssh-ed25519 AAAA...
+root@board``), checked and kept without its comment. The ssh plugin's config, the
+coordinator's own ssh logins and ``device_exec`` (of what an exporter reports) take them."""
 from __future__ import annotations
 
 import re
 
+#: What a user to log in as may be: a login name, never an option of ssh (``-oProxyCommand=...``)
+LOGIN_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
 #: The host key types OpenSSH offers (DSA is gone from it)
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
                   "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com", "ssh-rsa")

@@ -22,7 +22,7 @@ import re
 
 from pydantic import Field, field_validator
 
-from device_loop.plugin import EndpointRole, PluginConfig, hookimpl, public_host_key, start_relay
+from device_loop.plugin import LOGIN_NAME_PATTERN, EndpointRole, PluginConfig, hookimpl, public_host_key, start_relay
 
 COMMAND = "ssh -p {port} {user}@{host}"
 #: what an endpoint's param may hold (core/protocol.py bounds each to 255 characters)
@@ -35,7 +35,7 @@ class SshConfig(PluginConfig):
 
     host: str = Field(default="127.0.0.1", description="the sshd's address, as this exporter reaches it")
     port: int = Field(default=22, ge=1, le=65535, description="the sshd's port")
-    user: str = Field(default="root", pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", description="whom to log in as")
+    user: str = Field(default="root", pattern=LOGIN_NAME_PATTERN, description="whom to log in as")
     host_key: str | None = Field(default=None, description="the board's public host key (ssh-ed25519 AAAA...), "
                                                            "which clients pin")
 

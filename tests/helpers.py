@@ -131,22 +131,55 @@ def open_folder(prefix: str) -> Path:
     return folder
 
 
-def device_loop_for_anyone(folder: Path) -> Path:
-    """A ``device-loop`` command (written in ``folder``) that an account other than root can
-    run: this venv's Python may lie in a folder only root enters (pyenv under /root), so it
-    is the system's Python of the same version, with this venv's packages."""
+def importable_by_anyone(folder: Path) -> tuple[str, str]:
+    """(a Python, the first lines of a program it runs) for an account other than root to
+    import this project and its packages. This venv's Python may lie in a folder only root
+    enters (pyenv under /root), and the checkout with its venv too (a clone in a ``mktemp -d``
+    folder, as CI makes): so it is the system's Python of the same version, with this venv's
+    packages and the project's source linked into ``folder`` (hard links: no byte copied
+    where they share a file system). Run it with ``-I -S``."""
     import site
+    import subprocess
     import sys
 
-    python = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
-    assert python.exists(), f"the tests run commands as other accounts with {python}: install it"
-    packages = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    assert Path(python).exists(), f"the tests run commands as other accounts with {python}: install it"
+    checkout = Path(__file__).resolve().parent.parent
+    source = folder / "device-loop-source"
+    source.mkdir()
+    packages = []
+    for n, where in enumerate(p for p in site.getsitepackages() if Path(p).is_dir()):
+        packages.append(str(_linked(Path(where), source / f"site-{n}")))
+    for part in ("device_loop", "core", "coordinator", "exporter", "client", "cli", "plugins"):
+        _linked(checkout / part, source / part)  # (device_loop/ links to the others: ../core...)
+    # its folders are its own (a link's file is the venv's: its mode stays as pip made it, readable)
+    subprocess.run(["find", str(source), "-type", "d", "-exec", "chmod", "a+rx", "{}", "+"], check=True)
+    prologue = (f"import site, sys\nfor folder in {json.dumps(packages)}: site.addsitedir(folder)\n"
+                f"sys.path.insert(0, {json.dumps(str(source))})\n")
+    return python, prologue
+
+
+def device_loop_for_anyone(folder: Path) -> Path:
+    """A ``device-loop`` command (written in ``folder``) that an account other than root can
+    run (``importable_by_anyone``)."""
+    python, prologue = importable_by_anyone(folder)
     script = folder / "device-loop"
     script.write_text("#!/bin/sh\n"
-                      f"exec {python} -I -S -c 'import site, sys\n"
-                      f"for folder in {json.dumps(packages)}: site.addsitedir(folder)\n"
+                      f"exec {python} -I -S -c '{prologue}"
                       "from device_loop.cli.main import main\n"
                       "sys.argv[0] = \"device-loop\"\n"
                       "sys.exit(main())' \"$@\"\n")
     script.chmod(0o755)
     return script
+
+
+def _linked(tree: Path, to: Path) -> Path:
+    """``tree`` as ``to``: hard links, else (another file system) a copy."""
+    import subprocess
+
+    if subprocess.run(["cp", "-al", str(tree), str(to)], capture_output=True).returncode != 0:
+        import shutil
+
+        shutil.rmtree(to, ignore_errors=True)
+        subprocess.run(["cp", "-a", str(tree), str(to)], check=True)
+    return to

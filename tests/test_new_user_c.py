@@ -118,7 +118,8 @@ class HeldProxy:
                 if first == self.hold:
                     self.released.wait(30)
                 sink.sendall(data)
-            sink.shutdown(socket.SHUT_WR)
+            if first != "request":  # (the first request's client may be gone by then: it is still answered)
+                sink.shutdown(socket.SHUT_WR)
 
     def release(self) -> None:
         self.released.set()

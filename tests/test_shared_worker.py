@@ -25,7 +25,7 @@ from device_loop.client.accounts import parse_account
 from device_loop.client.job_cgroups import FOLDER_PREFIX, CgroupsUnavailable, JobCgroups
 from device_loop.client.local_run import LocalCommand
 from device_loop.core.cgroups import Cgroup, own_cgroup
-from helpers import device_loop_for_anyone, open_folder, pid_alive, unused_uids
+from helpers import device_loop_for_anyone, importable_by_anyone, open_folder, pid_alive, unused_uids
 from test_end_to_end import wait_state
 from test_worker import SIM, make_tokens, worker
 
@@ -127,11 +127,9 @@ def test_the_worker_is_not_readable_by_its_own_accounts_children(tmp_path):
     environment nor its memory; without it, it does."""
     uid = unused_uids(1)[0]
     box = open_folder("dl-private-")
-    python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    (box / "worker.py").write_text(textwrap.dedent(f"""
-        import site, subprocess, sys
-        for folder in {[p for p in sys.path if p.endswith("site-packages")]!r}:
-            site.addsitedir(folder)
+    python, prologue = importable_by_anyone(box)
+    (box / "worker.py").write_text(prologue + textwrap.dedent("""
+        import subprocess
         from device_loop.core.process import keep_private
         if sys.argv[1] == "private":
             keep_private()

@@ -175,13 +175,14 @@ def hosts_command(lab: Lab, as_json: bool):
 @click.option("--class", "device_class", help="any free device of this class (the one idle the longest)")
 @click.option("--tags", callback=_tags, help="any free device with all these tags, separated by commas")
 @click.option("--queue", is_flag=True, help="nothing that matches is free: take a queue ticket instead of a refusal")
-@click.option("--ttl", default="30m", show_default=True, callback=_ttl, help="90s, 30m, 2h, 1d (from the grant)")
+@click.option("--ttl", callback=_ttl, help="90s, 30m, 2h, 1d (from the grant)  [default: the lab's, 30m unless its "
+                                            "coordinator's --default-ttl says]")
 @click.option("--wait", is_flag=True, help="return once the endpoints are up (with --queue: once granted, too)")
 @click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: 60s; with --queue: no limit]")
 @json_option
 @lab_command
-def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags: list[str], queue: bool, ttl: float,
-                    wait: bool, timeout: float | None, as_json: bool):
+def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags: list[str], queue: bool,
+                    ttl: float | None, wait: bool, timeout: float | None, as_json: bool):
     """Reserve DEVICE, or any free device of --class and/or with --tags. Answers at once
     (pending, or with --queue a ticket) unless --wait."""
     if timeout is not None and not wait:

@@ -23,7 +23,8 @@ import click
 from pydantic import ValidationError
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import JobSpec, JobState, JobSummary, JobView, Order, group_target
+from device_loop.core.jobs import JobSpec, JobSummary, JobView, Order, group_target
+from device_loop.core.vocabulary import JobState
 
 from .commands import _tags, _ttl, json_option, lab_command
 from .lab import Lab

@@ -19,8 +19,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from device_loop.core.jobs import (OPEN_JOB_STATES, CellReport, JobSpec, JobState, JobSummary, JobView, RunRecord,
-                                   Target)
+from device_loop.core.jobs import CellReport, JobSpec, JobSummary, JobView, RunRecord, Target
+from device_loop.core.vocabulary import OPEN_JOB_STATES, JobState
 
 from .http import Coordinator, CoordinatorError
 from .lab import Lease, Ticket

@@ -82,15 +82,18 @@ class Lab:
 
         return Jobs(self.api)
 
-    def reserve(self, device: str | None = None, ttl: str | float = "30m", *, class_: str | None = None,
+    def reserve(self, device: str | None = None, ttl: str | float | None = None, *, class_: str | None = None,
                 tags: list[str] | tuple[str, ...] = (), queue: bool = False,
                 idempotency_key: str | None = None) -> "Lease | Ticket":
         """Reserve ``device``, or any free device of ``class_`` with all of ``tags`` (the one
         idle the longest), now: never blocks; the lease may still be pending. With ``queue``,
         when nothing that matches is free, a ``Ticket`` (``ticket.wait()`` is the lease once
-        granted) instead of a refusal. A ticket's TTL counts from its grant. The same
+        granted) instead of a refusal. ``ttl`` (``"2h"``, or seconds) counts from the grant;
+        without it the lab's default (its coordinator's ``--default-ttl``). The same
         ``idempotency_key`` again answers what the first call made, and makes nothing more."""
-        body: dict = {"ttl_s": parse_duration(ttl), "tags": list(tags), "queue": queue}
+        body: dict = {"tags": list(tags), "queue": queue}
+        if ttl is not None:  # (else the lab's own default applies: docs/architecture.md, "Leases")
+            body["ttl_s"] = parse_duration(ttl)
         if device is not None:
             body["device"] = device
         if class_ is not None:

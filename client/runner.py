@@ -33,8 +33,8 @@ from device_loop.core import abstats
 from device_loop.core.device_exec import exec_on_lease
 from device_loop.core.durations import format_duration, parse_iso
 from device_loop.core.fingerprint import gather, readings, unfit
-from device_loop.core.jobs import (MAX_TEXT_CHARS, Arm, CellReport, Fingerprint, JobSpec, JobState, JobView, Readings,
-                                   RunRecord)
+from device_loop.core.jobs import MAX_TEXT_CHARS, CellReport, Fingerprint, JobSpec, JobView, Readings, RunRecord
+from device_loop.core.vocabulary import Arm, JobState
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
 
 from .accounts import Account

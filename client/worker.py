@@ -23,7 +23,7 @@ import time
 
 import click
 
-from device_loop.core.jobs import JobState
+from device_loop.core.vocabulary import JobState
 from device_loop.core.process import keep_private
 
 from .accounts import Account, AccountError, account_map, can_switch_accounts

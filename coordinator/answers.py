@@ -8,8 +8,8 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
-from device_loop.core.jobs import CellReport, JobSpec, JobState, RunRecord
-from device_loop.core.vocabulary import (DeviceState, HealthStatus, LeaseState, OperationState, TicketKind,
+from device_loop.core.jobs import CellReport, JobSpec, RunRecord
+from device_loop.core.vocabulary import (DeviceState, HealthStatus, JobState, LeaseState, OperationState, TicketKind,
                                          TicketState, TokenKind)
 
 from .rows import FlashedImage

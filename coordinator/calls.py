@@ -15,9 +15,9 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel, ValidationError
 
 from device_loop.core import POWER_KIND, PROTOCOL_VERSION, __version__
-from device_loop.core.jobs import CellReport, JobState, JobSummary, RunRecord
+from device_loop.core.jobs import CellReport, JobSummary, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
-from device_loop.core.vocabulary import LIVE_OP_STATES, TicketKind
+from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, TicketKind
 
 from . import device_commands, relays
 from .answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer, HealthAnswer, HostAnswer,

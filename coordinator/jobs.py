@@ -24,9 +24,10 @@ from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEASURE, OPEN_JOB_STATES, CellReport,
-                                   JobSpec, JobState, JobView, RunRecord, runs_per_cell)
-from device_loop.core.vocabulary import LIVE_LEASE_STATES, OPEN_TICKET_STATES, LeaseState, TicketKind, TicketState
+from device_loop.core.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEASURE, CellReport, JobSpec, JobView,
+                                   RunRecord, runs_per_cell)
+from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, JobState, LeaseState,
+                                         TicketKind, TicketState)
 
 from .answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
 from .errors import APIError, conflict, not_found

@@ -10,9 +10,8 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
-from device_loop.core.jobs import Arm, JobState
-from device_loop.core.vocabulary import (DeviceState, HealthStatus, LeaseState, OperationState, TicketKind,
-                                         TicketState, TokenKind)
+from device_loop.core.vocabulary import (Arm, DeviceState, HealthStatus, JobState, LeaseState, OperationState,
+                                         TicketKind, TicketState, TokenKind)
 
 # "class" is a keyword: the functional form
 DeviceRow = TypedDict("DeviceRow", {

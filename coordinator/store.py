@@ -24,9 +24,8 @@ from typing import Any, Callable, Literal, Mapping, Sequence, overload
 
 from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES
 
-from device_loop.core.jobs import OPEN_JOB_STATES, JobState
-from device_loop.core.vocabulary import (OPEN_TICKET_STATES, VOCABULARY, OperationState, TicketKind, TicketState,
-                                         sql_list)
+from device_loop.core.vocabulary import (OPEN_JOB_STATES, OPEN_TICKET_STATES, VOCABULARY, JobState, OperationState,
+                                         TicketKind, TicketState, sql_list)
 
 from .migrations import MIGRATIONS, SERIAL
 from .rows import (AdoptionRow, AuditRow, CandidateRow, DeviceFacts, FlashedImage, HostRow, IdempotencyRow, ImageRow,

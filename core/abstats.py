@@ -37,8 +37,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from device_loop.core.jobs import (MAX_ROUNDS, ABSpec, Arm, Better, CellReport, JobSpec, RunRecord, Verdict,
-                                   looks)
+from device_loop.core.jobs import MAX_ROUNDS, ABSpec, Better, CellReport, JobSpec, RunRecord, Verdict, looks
+from device_loop.core.vocabulary import Arm
 
 SPREAD_CONFIDENCE = 0.95
 EXACT_P_MAX_PAIRS = 400

@@ -17,7 +17,8 @@ from xml.sax.saxutils import escape
 
 from device_loop.core.abstats import Analysis, run_value, start_temperature
 from device_loop.core.evidence import number, plain
-from device_loop.core.jobs import Arm, JobView, RunRecord
+from device_loop.core.jobs import JobView, RunRecord
+from device_loop.core.vocabulary import Arm
 
 WIDTH = 720
 PANEL_HEIGHT = 200

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
 
-from device_loop.core.jobs import MAX_FACTS, MAX_TEXT_CHARS, FactKey, Fingerprint, Readings
+from device_loop.core.jobs import MAX_TEXT_CHARS, FactKey, Fingerprint, Readings
+from device_loop.core.protocol import MAX_FACTS
 
 MAX_ZONES = 8              # thermal_zone0..7: what a board has; a phone's first few are its CPU's
 MAX_POLICIES = 16          # cpufreq policies are named by their first CPU: policy0..policy(cores-1)

@@ -32,8 +32,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from .protocol import FactKey, Tag
-from .vocabulary import TicketKind
+from .protocol import MAX_FACTS, FactKey, Tag
+from .vocabulary import Arm, JobState, Needs, TicketKind
 
 MAX_COMMANDS = 16        # in one list (setup, run, baseline, patch)
 MAX_COMMAND_CHARS = 2000
@@ -42,41 +42,15 @@ MAX_ROUNDS = 200         # of an A/B pair, warmup included, --until-decided's la
 MAX_CELLS = 16           # of a matrix
 MAX_WARMUP = 20          # AB blocks of an A/B pair run first and discarded
 MAX_RUNS = MAX_CELLS * 2 * (MAX_WARMUP + MAX_ROUNDS)  # of a job: every cell's runs_per_cell at their most
-MAX_FACTS = 64           # a plugin's own fingerprint fields, and other bounded maps
 MAX_TEXT_CHARS = 4000    # of a fingerprint field, an output tail, a reason
 #: The latest time a run may say it started or ended (2100-01-01, in seconds since 1970):
 #: every time a person may read is between 0 and this.
 LATEST_TIME_S = 4102444800.0
 
 
-class JobState(StrEnum):
-    """A job's life: queued until a worker claims it; then running; then one of the ends."""
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"          # every run it asked for ran (a verdict may still be "unknown")
-    FAILED = "failed"      # a command failed, the device went faulty, the lease ended, the worker was lost
-    CANCELLED = "cancelled"
-
-
-OPEN_JOB_STATES = (JobState.QUEUED, JobState.RUNNING)
-
-
-class Needs(StrEnum):
-    """What a job needs to run on: ``any`` may later go to ephemeral virtual devices."""
-    REAL_HW = "real-hw"
-    ANY = "any"
-
-
 class Better(StrEnum):
     LOWER = "lower"
     HIGHER = "higher"
-
-
-class Arm(StrEnum):
-    """Which command a run ran: A (baseline), B (patch), or a plain job's only command."""
-    A = "A"
-    B = "B"
-    RUN = "run"
 
 
 class Order(StrEnum):

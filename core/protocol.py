@@ -35,7 +35,7 @@ MAX_ARGS = 32             # of an operation
 MAX_ARG_CHARS = 4096      # of one argument's text
 MAX_RESULT_BYTES = 64 << 10  # an operation's result, as JSON (a boot log, say)
 MAX_STEPS = 16            # a device runs between two leases
-MAX_FACTS = 64            # a device's fingerprint fields from plugins (devloop_fingerprint)
+MAX_FACTS = 64            # a device's fingerprint fields from plugins (devloop_fingerprint); other bounded maps
 MAX_DETAIL_CHARS = 200    # of an operation's progress in words ("cooling down: 51.2 °C, waiting for < 45 °C")
 #: Who runs the steps that are not one plugin's (cooldown, command, settle): the exporter itself.
 EXPORTER_STEPS = "exporter"

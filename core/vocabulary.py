@@ -1,7 +1,9 @@
-"""The lab's vocabulary, written once: the states of leases, devices, health and
-operations, and what an endpoint is for. The protocol's models, the coordinator's rules,
-its SQL (``CHECK`` constraints made from these values, ``sql_list``) and the clients all
-take them from here; a ``StrEnum`` is its value, so JSON and the database see plain text.
+"""The lab's vocabulary, written once: the states of leases, devices, health,
+operations, tickets and jobs, a run's arm, and what an endpoint is for. The protocol's
+models, the coordinator's rules, its SQL (``CHECK`` constraints made from these values,
+``sql_list``) and the clients all take them from here; a ``StrEnum`` is its value, so JSON
+and the database see plain text. The migrations restate some of them as they were when
+each was written (tests/test_vocabulary.py holds them to these).
 """
 from __future__ import annotations
 
@@ -116,9 +118,35 @@ class TokenKind(StrEnum):
     AGENT = "agent"
 
 
+class JobState(StrEnum):
+    """A job's life: queued until a worker claims it; then running; then one of the ends."""
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"          # every run it asked for ran (a verdict may still be "unknown")
+    FAILED = "failed"      # a command failed, the device went faulty, the lease ended, the worker was lost
+    CANCELLED = "cancelled"
+
+
+OPEN_JOB_STATES = (JobState.QUEUED, JobState.RUNNING)
+
+
+class Needs(StrEnum):
+    """What a job needs to run on: ``any`` may later go to ephemeral virtual devices."""
+    REAL_HW = "real-hw"
+    ANY = "any"
+
+
+class Arm(StrEnum):
+    """Which command a run ran: A (baseline), B (patch), or a plain job's only command."""
+    A = "A"
+    B = "B"
+    RUN = "run"
+
+
 #: Every enum of the vocabulary.
 VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, PowerAction, PowerState,
-              PowerVerdict, AutoRecover, TicketState, TicketKind, TokenKind)
+              PowerVerdict, AutoRecover, TicketState, TicketKind, TokenKind,
+              JobState, Needs, Arm)
 
 
 def sql_list(values) -> str:

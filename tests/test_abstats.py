@@ -10,8 +10,9 @@ import pytest
 from scipy import stats
 
 from device_loop.core import abstats
-from device_loop.core.jobs import (ABSpec, Arm, Better, CellReport, Fingerprint, JobSpec, MatrixSpec, MetricSpec,
-                                   Readings, RunRecord, Sample, Verdict)
+from device_loop.core.jobs import (ABSpec, Better, CellReport, Fingerprint, JobSpec, MatrixSpec, MetricSpec, Readings,
+                                   RunRecord, Sample, Verdict)
+from device_loop.core.vocabulary import Arm
 
 
 def ab_spec(rounds=10, metrics=None, **ab):

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from device_loop.core import abstats, charts, evidence
-from device_loop.core.jobs import (ABSpec, Arm, CellReport, Fingerprint, JobSpec, JobState, JobView, MatrixSpec,
-                                   MetricSpec, Readings, RunRecord, Sample)
+from device_loop.core.jobs import (ABSpec, CellReport, Fingerprint, JobSpec, JobView, MatrixSpec, MetricSpec, Readings,
+                                   RunRecord, Sample)
+from device_loop.core.vocabulary import Arm, JobState
 
 HOSTILE = "evil|dev\nname`x`<script>alert(1)</script>&amp;[link](http://x)**b**\x1b[31m"
 FORGE = "https://evil.example/x www.evil.example @alice @org/team #1 ann@evil.example"

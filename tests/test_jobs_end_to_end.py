@@ -19,7 +19,8 @@ from helpers import pid_alive
 from device_loop.cli import main as cli_main
 from device_loop.client import Lab
 from device_loop.client.runner import Runner, Stopper
-from device_loop.core.jobs import JobSpec, JobState
+from device_loop.core.jobs import JobSpec
+from device_loop.core.vocabulary import JobState
 from test_end_to_end import wait_state
 
 pytestmark = pytest.mark.timeout(120)

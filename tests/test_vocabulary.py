@@ -1,15 +1,17 @@
 """The vocabulary is written once: the database's CHECK constraints allow exactly the
-values of core/vocabulary.py's enums (and core/jobs.py's), and refuse any other (migrations 15, 16
-and 17 wrote them)."""
+values of core/vocabulary.py's enums, and refuse any other (migrations 15, 16 and 17 wrote
+them); every vocabulary the migrations restate (their tuples, the literals of their partial
+indexes and updates) is the enum's."""
 import asyncio
 import re
 import sqlite3
 
 import pytest
 
+from device_loop.coordinator import migrations
 from device_loop.coordinator.store import Store
-from device_loop.core.jobs import Arm, JobState
-from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState, OperationState, TicketKind, TicketState, TokenKind
+from device_loop.core.vocabulary import (LIVE_LEASE_STATES, LIVE_OP_STATES, VOCABULARY, Arm, DeviceState, HealthStatus,
+                                         JobState, LeaseState, OperationState, TicketKind, TicketState, TokenKind)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -59,3 +61,35 @@ def test_a_value_outside_the_vocabulary_is_refused_and_each_inside_it_taken(sche
             insert(table, column, member.value)
         with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
             insert(table, column, "bogus")
+
+
+RESTATED = {"DEVICE_STATES": DeviceState, "HEALTH_STATES": HealthStatus, "LEASE_STATES": LeaseState,
+            "OPERATION_STATES": OperationState, "TICKET_STATES": TicketState, "TICKET_KINDS": TicketKind,
+            "TOKEN_KINDS": TokenKind, "JOB_STATES": JobState, "RUN_ARMS": Arm}
+
+
+def test_the_migrations_tuples_are_the_enums():
+    """A member added to an enum without a migration that lets the database take it fails here."""
+    restated = {name for name, value in vars(migrations).items() if name.isupper() and isinstance(value, tuple)}
+    assert restated == set(RESTATED), "a vocabulary the migrations restate, not tied to its enum here"
+    for name, enum in RESTATED.items():
+        assert getattr(migrations, name) == tuple(member.value for member in enum), name
+
+
+def _statements() -> list[str]:
+    return [text for step in migrations.MIGRATIONS for statement in step
+            for text in (statement.values() if isinstance(statement, dict) else [statement])]
+
+
+def test_the_literals_the_migrations_match_are_the_vocabularys():
+    """``state IN ('pending', 'active')`` in a partial index is the live lease states, and
+    every value a migration compares a state, health, kind or arm column with is a member."""
+    lists = [tuple(re.findall(r"'([^']*)'", found)) for text in _statements()
+             for found in re.findall(r"\b(?:state|health|kind|arm) (?:NOT )?IN \(('[^)]*)\)", text)]
+    assert lists, "the scan found no literal lists: has the migrations' SQL changed its form?"
+    vocabularies = [{member.value for member in enum} for enum in VOCABULARY]
+    for values in lists:
+        assert any(set(values) <= vocabulary for vocabulary in vocabularies), values
+    partial = {tuple(re.findall(r"'([^']*)'", found)) for text in _statements() if "INDEX" in text
+               for found in re.findall(r"WHERE (?:exclusive AND )?state IN \(([^)]*)\)", text)}
+    assert partial == {tuple(LIVE_LEASE_STATES), tuple(LIVE_OP_STATES)}

@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from device_loop.core.jobs import OPEN_JOB_STATES, JobView
+from device_loop.core.jobs import JobView
+from device_loop.core.vocabulary import OPEN_JOB_STATES
 
 from ..errors import APIError
 from ..openapi import answers

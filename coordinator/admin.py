@@ -12,7 +12,7 @@ from .answers import DeviceAnswer, HostAnswer
 from .devices import Devices
 from .errors import APIError, conflict, not_found
 from .leases import Leases
-from .lifecycle import Lifecycle, switched_off
+from .lifecycle import NO_FAULT, Lifecycle, switched_off
 from .notify import BOARD_KEY, host_key, op_key
 from .rows import DeviceFacts
 from .scheduler import Scheduler
@@ -62,11 +62,11 @@ class Admin:
             if not device["fault"]:
                 raise conflict("no_fault", f"{name} has no fault to clear (it is {device['state']}"
                                            + (f": {device['health_reason']}" if device["health_reason"] else "") + ")")
-            if switched_off(device["fault"]):
+            if switched_off(device["fault"], device["fault_kind"]):
                 raise conflict("switched_off", f"{name} was switched off ({device['fault']}); only a power on that "
                                                f"is verified clears that: device-loop power on {name}")
             await self.life.change(device, f"fault cleared by admin {admin} (was: {device['fault']})", admin,
-                                   {"fault": None})
+                                   NO_FAULT)
             await self.life.audit(admin, "clear_fault", name, None, {"fault": device["fault"]})
             await self.scheduler.grant_free([name])
         return await self.devices.device_info(name)

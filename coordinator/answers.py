@@ -9,8 +9,8 @@ from typing import Any
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
 from device_loop.core.jobs import CellReport, JobSpec, RunRecord
-from device_loop.core.vocabulary import (DeviceState, HealthStatus, JobState, LeaseState, OperationState, TicketKind,
-                                         TicketState, TokenKind)
+from device_loop.core.vocabulary import (DeviceState, Fidelity, HealthStatus, JobState, LeaseState, OperationState,
+                                         TicketKind, TicketState, TokenKind)
 
 from .rows import FlashedImage
 
@@ -60,6 +60,7 @@ DeviceAnswer = TypedDict("DeviceAnswer", {
     "step": RunningStep | None,    # the one running now, while it is reclaimed
     "fault": str | None,           # why a step between leases failed, or who switched it off: faulty once unleased
     "switched_off": str | None,    # that fault, when it is a person's power off (its holder may still hold it)
+    "fidelity": Fidelity,          # what it is: a board, a simulation, a virtual machine or an emulator
     "reason": str,                 # why it is in its state, in words ("" when idle, or in use and on)
     "facts": dict[str, str],       # what its plugins add to its fingerprint (board revision, firmware)
     "image": FlashedImage | None,  # one device's answer: what its latest completed flash wrote

@@ -43,7 +43,8 @@ def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
         "steps": [s["step"] for s in row["steps"]],
         "step": step,
         "fault": shown(row["fault"]),
-        "switched_off": switched_off(row["fault"]),
+        "switched_off": switched_off(row["fault"], row["fault_kind"]),
+        "fidelity": row["fidelity"],  # a board, a simulation, a virtual machine or an emulator
         "reason": shown(state_reason(row, step)),
         "facts": row.get("facts") or {},  # what its plugins add to its fingerprint
     }
@@ -72,7 +73,7 @@ def state_reason(row: DeviceFacts, step: RunningStep | None) -> str:
         return "waiting for its exporter to stop the last lease's services"
     if row["state"] == DeviceState.FAULTY:
         return row["fault"] or row["health_reason"] or "health check failed"
-    return switched_off(row["fault"]) or ""  # (its holder switched it off, and holds it still)
+    return switched_off(row["fault"], row["fault_kind"]) or ""  # (its holder switched it off, and holds it still)
 
 
 def running_operation(op_id: str | None, kind: str | None) -> RunningOperation | None:

@@ -26,7 +26,7 @@ from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
 
 from .errors import APIError, conflict
 from .leases import Leases
-from .lifecycle import Lifecycle, device_state, held_off, logged_cause, ring_entry
+from .lifecycle import NO_FAULT, Lifecycle, device_state, held_off, logged_cause, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .operations import Operations
 from .power import Power
@@ -82,7 +82,7 @@ def _columns(device: DeviceReport, digest: str) -> dict:
     return {"class": device.device_class, "tags": json.dumps(dumped["tags"]), "present": True,
             "health": worst.health, "health_reason": reasons, "busy_by": json.dumps(dumped["busy_by"]),
             "resources": json.dumps(dumped["resources"]), "report_digest": digest, "steps": json.dumps(dumped["steps"]),
-            "facts": json.dumps(dumped["facts"])}
+            "facts": json.dumps(dumped["facts"]), "fidelity": device.fidelity}
 
 
 class _Changes:
@@ -209,7 +209,7 @@ class Hosts:
         rows_to_write = changes.settle()
         await self.store.write_devices(rows_to_write)
         for name in changes.faults_cleared:
-            await self.store.update_device(name, fault=None)
+            await self.store.update_device(name, **NO_FAULT)
         if changes.identities:
             await self.store.replace_identities(list(changes.identities),
                                                 [r for rs in changes.identities.values() for r in rs])
@@ -275,17 +275,17 @@ class Hosts:
                 row = {"name": device.name, "state": "unregistered", "reclaim_lease": None, "retired": False,
                        "conflict_host": None, "created_at": changes.now, "state_since": changes.now, "log_seq": 0,
                        "lease_id": None, "lease_state": None, "host_online": online, "present": False,
-                       "reclaim_step": None, "fault": None, **fields}
+                       "reclaim_step": None, "fault": None, "fault_kind": None, **fields}
                 changes.dirty.add(device.name)
                 changes.causes[device.name] = f"registered: first reported by host {host_name}"
             elif not row["present"]:
                 changes.causes[device.name] = f"host {host_name} reports it again"
             if (row.get("fault") and fields["health"] == HealthStatus.OK and row["health"] != HealthStatus.OK
-                    and not held_off(row["fault"])):  # (a board switched off waits for an on)
+                    and not held_off(row.get("fault_kind"))):  # (a board switched off waits for an on)
                 # a failed step's fault, cleared by the device's health recovering (docs/architecture.md,
                 # "Steps between leases"); its own statement: the heartbeat does not write that column
                 changes.faults_cleared.append(device.name)
-                fields["fault"] = None
+                fields.update(NO_FAULT)
                 changes.causes[device.name] = "health is ok again: the failed step's fault is cleared"
             changes.wake_host |= not row["present"]
             own[device.name] = changes.touch(row, **fields)

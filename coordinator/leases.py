@@ -61,7 +61,8 @@ def lease_json(view: LeaseView) -> LeaseAnswer:
         # the gate's password: only the holder (and admins) ever see a lease
         "secret": view["secret"] if live else None,
         "needs_recovery": view["needs_recovery"],  # why (a failed destructive operation), or None
-        "switched_off": switched_off(view["device_fault"]),  # by whom and when, while a person's power off holds
+        # by whom and when, while a person's power off holds
+        "switched_off": switched_off(view["device_fault"], view["device_fault_kind"]),
         "operation": running_operation(view["op_id"], view["op_kind"]),  # the exclusive one running on it
         "flashing": view["op_id"] if view["op_kind"] == "flash" else None,
         "commands": [],
@@ -93,7 +94,8 @@ def _view(lease: LeaseRow, device: DeviceFacts, device_state: DeviceState) -> Le
     """What ``lease_json`` reads, for a lease just begun or ended (no service runs for it)."""
     return {**lease, "device_state": device_state, "device_host": device["host"], "resources": device["resources"],
             "host_online": device["host_online"], "host_link_lost": False, "host_services": [],
-            "needs_recovery": device["needs_recovery"], "device_fault": device["fault"], "op_id": device["op_id"],
+            "needs_recovery": device["needs_recovery"], "device_fault": device["fault"],
+            "device_fault_kind": device["fault_kind"], "op_id": device["op_id"],
             "op_kind": device["op_kind"]}
 
 
@@ -241,7 +243,7 @@ class Leases:
             message = f"{name} is offline (host {device['host']} not heartbeating or the device is unplugged)"
         elif state == DeviceState.FAULTY:
             message = f"{name} is faulty: {device['fault'] or device['health_reason'] or 'health check failed'}"
-            if device["fault"] and not held_off(device["fault"]):  # (that one says how it is switched on)
+            if device["fault"] and not held_off(device["fault_kind"]):  # (that one says how it is switched on)
                 message += f" (an admin clears it: device-loop admin clear-fault {name})"
         else:
             message = f"{name} is {state}"

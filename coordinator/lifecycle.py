@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
+from device_loop.core.vocabulary import HELD_OFF, DeviceState, FaultKind, HealthStatus, LeaseState
 
 from .metrics import LabMetrics
 from .notify import BOARD_KEY, Notifier
@@ -41,21 +41,25 @@ class Settings:
     private_addresses: tuple[tuple[str, int], ...] = ()  # (host, port) it owns: no snapshot is fetched there
 
 
-#: The start of the fault a person's power off leaves (docs/architecture.md, "Power"), and of
-#: the one an on that nothing showed leaves in its place: the board may be off still
-POWERED_OFF = "switched off"
-UNVERIFIED_ON = "switched on, unverified"
+def fault(kind: FaultKind, words: str) -> dict[str, Any]:
+    """The fields of a device that make it faulty: what the rules read (``kind``) and what
+    people read (``words``), written together (docs/architecture.md, "Lifecycle")."""
+    return {"fault": words[:500], "fault_kind": kind}
 
 
-def switched_off(fault: str | None) -> str | None:
+#: The fields of a device with no fault.
+NO_FAULT: dict[str, Any] = {"fault": None, "fault_kind": None}
+
+
+def switched_off(words: str | None, kind: str | None) -> str | None:
     """The fault a person's power off left (by whom, when, how to switch it on), else None."""
-    return fault if fault and fault.startswith(POWERED_OFF) else None
+    return words if kind == FaultKind.SWITCHED_OFF else None
 
 
-def held_off(fault: str | None) -> bool:
-    """Whether ``fault`` says the device may be switched off: only a verified power on clears
-    it (not its health turning ok, nor an admin while the last word was an off)."""
-    return bool(fault) and str(fault).startswith((POWERED_OFF, UNVERIFIED_ON))
+def held_off(kind: str | None) -> bool:
+    """Whether a fault of ``kind`` says the device may be switched off: only a verified power
+    on clears it (not its health turning ok, nor an admin while the last word was an off)."""
+    return kind in HELD_OFF
 
 
 def device_state(facts: Mapping[str, Any]) -> DeviceState:

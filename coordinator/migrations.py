@@ -28,6 +28,8 @@ TICKET_KINDS = ("interactive", "batch")
 TOKEN_KINDS = ("person", "agent")
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 RUN_ARMS = ("A", "B", "run")
+FAULT_KINDS = ("step-failed", "switched-off", "unverified-on")
+FIDELITIES = ("hardware", "simulated", "virtual", "emulated")
 
 MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 1: devices, resources, hosts, leases, logs, idempotency keys
@@ -496,5 +498,16 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     [
         "ALTER TABLE devices ADD COLUMN auto_recovery TEXT",
         "ALTER TABLE devices ADD COLUMN auto_recovered_at DOUBLE PRECISION",
+    ],
+    # 19: meaning in columns, not in words (docs/architecture.md, "Lifecycle"): what left a
+    # device faulty (its fault's words were read for it), what the device is (a tag was read),
+    # and an operation its exporter's restart or stop cut short (its message was read)
+    [
+        f"ALTER TABLE devices ADD COLUMN fault_kind TEXT {_one_of('fault_kind', FAULT_KINDS)}",
+        "UPDATE devices SET fault_kind = 'switched-off' WHERE substr(fault, 1, 12) = 'switched off'",
+        "UPDATE devices SET fault_kind = 'unverified-on' WHERE substr(fault, 1, 23) = 'switched on, unverified'",
+        "UPDATE devices SET fault_kind = 'step-failed' WHERE fault IS NOT NULL AND fault_kind IS NULL",
+        f"ALTER TABLE devices ADD COLUMN fidelity TEXT NOT NULL DEFAULT 'hardware' {_one_of('fidelity', FIDELITIES)}",
+        "ALTER TABLE operations ADD COLUMN interrupted BOOLEAN NOT NULL DEFAULT FALSE",
     ],
 ]

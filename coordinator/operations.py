@@ -200,7 +200,8 @@ class Operations:
             "image_size": image["size"] if image else None, "state": OperationState.QUEUED, "phase": "queued",
             "progress_done": 0, "progress_total": image["size"] if image else None,
             "progress_unit": "bytes" if image else "", "progress_detail": "", "message": "", "seconds": {},
-            "result": None, "boot_id": None, "audit_id": None, "created_at": now, "started_at": None, "ended_at": None}
+            "result": None, "boot_id": None, "interrupted": False, "audit_id": None, "created_at": now,
+            "started_at": None, "ended_at": None}
         detail: dict[str, Any] = {"op": op["id"], "kind": kind, "args": args, **(audit or {})}
         if image:
             detail |= {"image": image["name"], "sha256": image["sha256"], "size": image["size"]}
@@ -299,7 +300,7 @@ class Operations:
                 "progress_unit": seen.progress.unit or op["progress_unit"], "progress_detail": seen.progress.detail,
                 "message": seen.message,
                 "seconds": {k: round(v, 3) for k, v in seen.seconds.items()}, "result": seen.result,
-                "boot_id": report.boot_id}
+                "boot_id": report.boot_id, "interrupted": seen.interrupted}
             if all(op[k] == v for k, v in fields.items()):  # type: ignore[literal-required]
                 continue
             fields["started_at"] = op["started_at"] or now
@@ -321,7 +322,7 @@ class Operations:
                                phase=op["phase"] if changed else "fetching" if op["image_sha256"] else op["phase"],
                                progress=Progress(done=op["progress_done"], total=op["progress_total"],
                                                  unit=op["progress_unit"]),
-                               seconds=op["seconds"], changed=changed,
+                               seconds=op["seconds"], changed=changed, interrupted=True,
                                message=f"interrupted: exporter {host_name} restarted during the {op['kind']}")
 
     async def _finished(self, op: OperationRow, changed: bool, actor: str) -> None:

@@ -16,15 +16,18 @@ from typing import Any
 from device_loop.core import POWER_KIND
 from device_loop.core.durations import iso
 from device_loop.core.protocol import Heartbeat
-from device_loop.core.vocabulary import (AutoRecover, DeviceState, HealthStatus, OperationState, PowerAction,
+from device_loop.core.vocabulary import (AutoRecover, DeviceState, FaultKind, HealthStatus, OperationState, PowerAction,
                                          PowerState, PowerVerdict)
 
-from .lifecycle import POWERED_OFF, UNVERIFIED_ON, Lifecycle, held_off
+from .lifecycle import NO_FAULT, Lifecycle, fault, held_off
 from .operations import Operations, kinds_of
 from .rows import DeviceFacts, OperationRow
 
 REQUESTER = "coordinator"     # who an automatic power cycle is asked by, in the logs
 REARM_S = 3600.0              # a device is power-cycled on its own at most once in this long
+# how the faults a power operation leaves begin, for people (the rules read their FaultKind)
+POWERED_OFF = "switched off"
+UNVERIFIED_ON = "switched on, unverified"
 
 
 def power_args(action: PowerAction, off_time_s: float | None) -> dict[str, Any]:
@@ -83,7 +86,7 @@ class Power:
         switches it on and that is verified, which clears that fault and no other (a failed
         step's stays). An on that nothing showed leaves a fault an admin clears once they saw
         the board run."""
-        action, mine = op["args"].get("action"), held_off(device.get("fault"))
+        action, mine = op["args"].get("action"), held_off(device["fault_kind"])
         if op["requester"] == REQUESTER or action == PowerAction.STATUS:
             return
         if op["state"] == OperationState.DONE and action in (PowerAction.ON, PowerAction.CYCLE):
@@ -91,27 +94,27 @@ class Power:
                 return
             result = op["result"] if isinstance(op["result"], dict) else {}
             if result.get("verdict") == PowerVerdict.VERIFIED:
-                await self.life.change(device, f"switched on again ({op['id']})", actor, {"fault": None})
+                await self.life.change(device, f"switched on again ({op['id']})", actor, NO_FAULT)
                 return
-            fault = (f"{UNVERIFIED_ON}: power {action} {op['id']} by {op['requester']} ended, but nothing showed "
+            words = (f"{UNVERIFIED_ON}: power {action} {op['id']} by {op['requester']} ended, but nothing showed "
                      f"the board on ({op['message'] or 'no reason given'}): switch it on again, or an admin who "
                      f"saw it run clears this (device-loop admin clear-fault {device['name']})")
-            await self.life.change(device, fault[:500], actor, {"fault": fault[:500]})
+            await self.life.change(device, words[:500], actor, fault(FaultKind.UNVERIFIED_ON, words))
             return
         failed_part_way = op["state"] == OperationState.FAILED and op["phase"] in ("off", "on", "booting")
         if device.get("fault") and not mine:
             return  # (a failed step's fault says more; it stays)
         if action == PowerAction.OFF and op["state"] == OperationState.DONE:
-            fault = (f"{POWERED_OFF} by {op['requester']} at {iso(op['ended_at'] or self.life.clock())} "
+            words = (f"{POWERED_OFF} by {op['requester']} at {iso(op['ended_at'] or self.life.clock())} "
                      f"({op['id']}): switch it on with device-loop power on {device['name']} (once it is "
                      "released, an admin does)")
         elif action in (PowerAction.OFF, PowerAction.CYCLE) and failed_part_way:
-            fault = (f"{POWERED_OFF}, perhaps: power {action} {op['id']} by {op['requester']} failed while "
+            words = (f"{POWERED_OFF}, perhaps: power {action} {op['id']} by {op['requester']} failed while "
                      f"{op['phase']}: switch it on with device-loop power on {device['name']} (once it is "
                      "released, an admin does)")
         else:
             return
-        await self.life.change(device, fault[:500], actor, {"fault": fault[:500]})
+        await self.life.change(device, words[:500], actor, fault(FaultKind.SWITCHED_OFF, words))
 
     async def rearm(self, rows: list[dict[str, Any]]) -> None:
         """A device among ``rows`` (those a report wrote) whose health is ok again may be
@@ -141,7 +144,7 @@ class Power:
     async def _cycle(self, device: DeviceFacts) -> None:
         now = self.life.clock()
         why = f"health failed: {device['health_reason'] or 'no reason given'}"
-        if held_off(device.get("fault")):
+        if held_off(device["fault_kind"]):
             await self.life.note(device, f"auto-recover: not power-cycling it ({why}): {device['fault']}"[:500],
                                  REQUESTER, auto_recovery="off")
             return

@@ -10,8 +10,8 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
-from device_loop.core.vocabulary import (Arm, DeviceState, HealthStatus, JobState, LeaseState, OperationState,
-                                         TicketKind, TicketState, TokenKind)
+from device_loop.core.vocabulary import (Arm, DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState,
+                                         OperationState, TicketKind, TicketState, TokenKind)
 
 # "class" is a keyword: the functional form
 DeviceRow = TypedDict("DeviceRow", {
@@ -38,6 +38,8 @@ DeviceRow = TypedDict("DeviceRow", {
     "reclaim_step": int | None,    # the one running now (its index), while it is reclaimed
     "reclaim_op": str | None,      # ... and its operation
     "fault": str | None,           # why a step between leases failed, or who switched it off: faulty until cleared
+    "fault_kind": FaultKind | None,  # what left that fault, as the rules read it (its words are for people)
+    "fidelity": Fidelity,          # what it is: a board, a simulation, a virtual machine, an emulator
     "facts": dict[str, str],       # what plugins add to its fingerprint (DeviceReport.facts)
     "auto_recovery": str | None,   # the automatic power cycle of its current failure (its op id), once each
     "auto_recovered_at": float | None,  # when the last automatic power cycle was asked for
@@ -95,6 +97,7 @@ class LeaseView(LeaseRow):
     resources: list[dict[str, Any]]
     needs_recovery: str | None
     device_fault: str | None
+    device_fault_kind: FaultKind | None
     host_online: bool | None
     host_link_lost: bool | None
     host_services: list[dict[str, Any]] | None
@@ -127,6 +130,7 @@ class OperationRow(TypedDict):
     seconds: dict[str, float]
     result: dict[str, Any] | None
     boot_id: str | None       # the exporter start that ran it
+    interrupted: bool         # its exporter's restart or stop cut it short (not a failure of its own)
     audit_id: int | None      # the audit entry of its start
     created_at: float
     started_at: float | None

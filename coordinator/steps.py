@@ -16,12 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from device_loop.core.protocol import EXPORTER_STEPS
-from device_loop.core.vocabulary import OperationState
+from device_loop.core.vocabulary import FaultKind, OperationState
 
 from .answers import OperationAnswer
 from .errors import APIError, conflict, not_found
 from .leases import Leases
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, fault
 from .operations import Operations, op_json
 from .rows import DeviceFacts, OperationRow
 from .store import Store
@@ -29,7 +29,6 @@ from .store import Store
 ACTOR = "coordinator"  # who runs the steps, in the logs
 SETTLE = "settle"
 REFLASH = "reflash"
-INTERRUPTED = "interrupted"  # how an operation its exporter's restart cut short begins its message
 
 
 class Steps:
@@ -79,7 +78,7 @@ class Steps:
                 await self.life.change(device, f"{what} done: {op['message']}; steps between leases done", ACTOR,
                                        {"reclaim_lease": None, "reclaim_step": None, "reclaim_op": None})
                 idle.append(device["name"])
-            elif op["message"].startswith(INTERRUPTED):
+            elif op["interrupted"]:  # (its exporter's restart or stop, never a plugin's words)
                 await self.life.note(device, f"{what} {op['message']}; the steps run again from the first", ACTOR)
                 await self._queue(device, 0, f"{what} was interrupted")
             else:
@@ -88,9 +87,9 @@ class Steps:
 
     async def _fail(self, device: DeviceFacts, index: int, why: str) -> None:
         steps = device["steps"]
-        fault = f"step {index + 1}/{len(steps)} {steps[index]['step']} failed: {why}"
-        await self.life.change(device, fault, ACTOR, {"reclaim_lease": None, "reclaim_step": None,
-                                                      "reclaim_op": None, "fault": fault})
+        words = f"step {index + 1}/{len(steps)} {steps[index]['step']} failed: {why}"
+        await self.life.change(device, words, ACTOR, {"reclaim_lease": None, "reclaim_step": None,
+                                                      "reclaim_op": None, **fault(FaultKind.STEP_FAILED, words)})
 
     async def settle(self, lease_id: str, caller: str, admin: bool = False) -> OperationAnswer:
         """Run the device's cool-down steps inside the lease (what an A/B runner asks between

@@ -51,9 +51,9 @@ _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "
                  "seconds", "args", "result", "steps", "facts", "spec", "fingerprint", "readings", "samples"}
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
-                  "log_seq", "state_since", "steps", "facts")
+                  "log_seq", "state_since", "steps", "facts", "fidelity")
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
-                 "host_link_lost", "exclusive", "destructive", "warmup"}
+                 "host_link_lost", "exclusive", "destructive", "warmup", "interrupted"}
 _NO_LIMIT = 2**62  # a count's limit where there is none (BIGINT)
 _COUNTED = ("live_leases", "image_bytes", "open_tickets", "open_jobs")  # user_counts: what each person holds
 _MAX_PARAMS = 30_000  # per statement: SQLite allows 32766, asyncpg 32767
@@ -664,7 +664,7 @@ class Store:
         return await self._one("SELECT * FROM leases WHERE id = :id", id=lease_id)
 
     _LEASE_VIEW = ("SELECT l.*, d.state AS device_state, d.host AS device_host, d.resources, d.needs_recovery, "
-                   "d.fault AS device_fault, "
+                   "d.fault AS device_fault, d.fault_kind AS device_fault_kind, "
                    "h.online AS host_online, h.link_lost AS host_link_lost, h.services AS host_services, "
                    "o.id AS op_id, o.kind AS op_kind FROM leases l "
                    "JOIN devices d ON d.name = l.device LEFT JOIN hosts h ON h.name = d.host "

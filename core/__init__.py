@@ -3,9 +3,10 @@ from .vocabulary import LIVE_LEASE_STATES, LIVE_OP_STATES  # noqa: F401 (the voc
 
 #: Heartbeat protocol spoken between exporter and coordinator (``core/protocol.py``).
 #: Bump on an incompatible change; a coordinator refuses exporters of another version.
+# 4: an operation's purpose (DesiredOperation.purpose), its report's interrupted flag, a device's fidelity;
 # 3: the steps a device runs between two leases (DeviceReport.steps), a progress detail;
 # 2: operations of any kind (one carrier), endpoint roles, resources that serve no lease
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 #: Device, host and user names: letters, digits, ``.``, ``_``, ``-``; at most 64 characters.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 #: Lease ids start with this; device names may not, so a name never reads as a lease.

@@ -20,6 +20,7 @@ from typing import Any, Literal, Protocol, get_args
 
 from device_loop.core.jobs import MAX_TEXT_CHARS, FactKey, Fingerprint, Readings
 from device_loop.core.protocol import MAX_FACTS
+from device_loop.core.vocabulary import NOT_FOR_TIMING
 
 MAX_ZONES = 8              # thermal_zone0..7: what a board has; a phone's first few are its CPU's
 MAX_POLICIES = 16          # cpufreq policies are named by their first CPU: policy0..policy(cores-1)
@@ -33,7 +34,6 @@ _WORD = re.compile(r"^[A-Za-z0-9_.:+-]{1,64}$")
 _FEATURE = re.compile(r"^[a-z0-9_.+-]{1,32}$")
 _INT = re.compile(r"^-?\d{1,12}$")
 _ERROR = re.compile(r"not found|no such file|permission denied|cannot|can't|unknown command|inaccessible", re.I)
-_TRUE = {"1", "true", "yes", "on"}
 
 THERMAL = "/sys/class/thermal/thermal_zone{n}/{file}"
 CPUFREQ = "/sys/devices/system/cpu/cpufreq/policy{n}/scaling_{file}"
@@ -342,18 +342,11 @@ def parse_cpufreq(found: Mapping[str, str], policies: range) -> list[dict[str, s
 
 # --- what the coordinator says -----------------------------------------------------------------
 
-#: What a device says of itself when its numbers are modelled, not measured on silicon.
-EMULATED = ("emulated", "simulated")
-
-
 def is_emulated(device: Mapping[str, Any]) -> bool:
-    """Whether the device says it is emulated or simulated (a fact ``emulated`` or
-    ``simulated`` that is true, or either as a tag): its numbers are not for timing."""
-    facts = device.get("facts") or {}
-    tags = device.get("tags") or []
-    said = [facts.get(key) for key in EMULATED] if isinstance(facts, Mapping) else []
-    return (any(str(fact).strip().lower() in _TRUE for fact in said)
-            or (isinstance(tags, list) and any(key in tags for key in EMULATED)))
+    """Whether the coordinator says the device is simulated or emulated (its ``fidelity``, a
+    typed fact its plugins report; never a tag or a fact's words): its numbers are not for
+    timing."""
+    return device.get("fidelity") in NOT_FOR_TIMING
 
 
 _FACT_KEY = re.compile(get_args(FactKey)[1].pattern)  # (the protocol's rule, not a copy of it)

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .vocabulary import HealthStatus
+from .vocabulary import Fidelity, HealthStatus
 
 if TYPE_CHECKING:  # (not imported to run: service processes import this module, and pydantic costs 0.2 s)
     from .plugin_config import PluginConfig
@@ -56,6 +56,7 @@ class Resource:
     plugin: str = ""
     candidate: bool = False  # found on the network: an admin adopts it before anyone can book it
     serves_lease: bool = True  # False: no service for a lease; reached only through operations (a flash target)
+    fidelity: Fidelity = Fidelity.HARDWARE  # what it is a part of: a board, a simulation, a VM, an emulator
 
     def to_report(self) -> dict[str, Any]:
         return {"kind": self.kind, "plugin": self.plugin, "identifier": self.identifier,
@@ -226,8 +227,9 @@ class ConfiguredResource:
     plugin: str
     config: PluginConfig = field(hash=False, compare=False)
 
-    def resource(self, kind: str, identifier: str, node: str | None = None) -> Resource:
+    def resource(self, kind: str, identifier: str, node: str | None = None,
+                 fidelity: Fidelity = Fidelity.HARDWARE) -> Resource:
         """The discovered resource for this entry (its ``config`` is the entry's)."""
         return Resource(device=self.device, kind=kind, identifier=identifier,
                         device_class=self.device_class, tags=self.tags, node=node,
-                        config=self.config)
+                        config=self.config, fidelity=fidelity)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from . import LEASE_PREFIX, NAME_PATTERN
 from .usage import template_problem
-from .vocabulary import AutoRecover, EndpointRole, HealthStatus, OperationState
+from .vocabulary import AutoRecover, EndpointRole, Fidelity, HealthStatus, OperationState
 
 MAX_DEVICES_PER_REPORT = 1000
 MAX_RESOURCES_PER_DEVICE = 32
@@ -168,6 +168,9 @@ class DeviceReport(Strict):
                                                         "(devloop_fingerprint): board revision, firmware")
     auto_recover: AutoRecover | None = Field(
         default=None, description="power-cycle it once when its health turns failed while nobody holds it")
+    fidelity: Fidelity = Field(default=Fidelity.HARDWARE,
+                               description="what it is: a board, a simulation, a virtual machine or an emulator "
+                                           "(what its resources' plugins say)")
 
     @field_validator("name")
     @classmethod
@@ -213,6 +216,8 @@ class OperationReport(Strict):
                                                     description=f"what it found, as JSON ({MAX_RESULT_BYTES} bytes "
                                                                 "at most)")
     changed: bool = Field(default=False, description="the device may have been changed (its plugin began)")
+    interrupted: bool = Field(default=False, description="the exporter's stop or restart cut it short, not a failure "
+                                                         "of its own (docs/architecture.md, \"Operations\")")
 
     @field_validator("result")
     @classmethod

@@ -93,6 +93,32 @@ class AutoRecover(StrEnum):
     POWER_CYCLE = "power-cycle"
 
 
+class FaultKind(StrEnum):
+    """What left a device faulty (docs/architecture.md, "Lifecycle"): the coordinator decides
+    by this, never by the fault's words, which are for people."""
+    STEP_FAILED = "step-failed"      # a step between leases failed: an admin or its health recovering clears it
+    SWITCHED_OFF = "switched-off"    # a person's power off (or an off that failed part-way): a verified on clears it
+    UNVERIFIED_ON = "unverified-on"  # an on nothing showed: a verified on, or an admin who saw it run, clears it
+
+
+#: The faults that say the board may be off: only a verified power on clears them
+#: (docs/architecture.md, "Power").
+HELD_OFF = (FaultKind.SWITCHED_OFF, FaultKind.UNVERIFIED_ON)
+
+
+class Fidelity(StrEnum):
+    """What a device is (docs/architecture.md, "Lifecycle"): a plugin says it of the
+    resources it serves (``Resource.fidelity``), never a tag or a fact's words."""
+    HARDWARE = "hardware"    # a board on the bench: its numbers are measured
+    SIMULATED = "simulated"  # a model of a board (the sim plugin's): its numbers are modelled
+    VIRTUAL = "virtual"      # a virtual machine: real silicon, shared
+    EMULATED = "emulated"    # an emulator (QEMU's TCG): another ISA, modelled
+
+
+#: The fidelities whose numbers are not for timing (an A/B on them warns).
+NOT_FOR_TIMING = (Fidelity.SIMULATED, Fidelity.EMULATED)
+
+
 class TicketState(StrEnum):
     """A queue ticket (docs/architecture.md, "Who gets the next lease")."""
     WAITING = "waiting"      # nothing matching was free yet
@@ -145,7 +171,7 @@ class Arm(StrEnum):
 
 #: Every enum of the vocabulary.
 VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, PowerAction, PowerState,
-              PowerVerdict, AutoRecover, TicketState, TicketKind, TokenKind,
+              PowerVerdict, AutoRecover, FaultKind, Fidelity, TicketState, TicketKind, TokenKind,
               JobState, Needs, Arm)
 
 

@@ -21,7 +21,7 @@ from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start
 from device_loop.core.ssh_keys import LOGIN_NAME_PATTERN, public_host_key
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
-from device_loop.core.vocabulary import EndpointRole
+from device_loop.core.vocabulary import EndpointRole, Fidelity
 
 #: Bumped when a name below goes away or changes meaning. 2: ``devloop_flash`` became the
 #: ``flash`` kind of ``devloop_operate``; endpoints have a ``role``; config entries are
@@ -30,7 +30,7 @@ from device_loop.core.vocabulary import EndpointRole
 #: Additions keep it: ``StepKind`` (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``,
 #: ``devloop_fingerprint``, ``EndpointRole.SSH``,
 #: ``devloop_power`` with ``PowerReading`` and ``POWER_KIND``, ``find_program``, ``last_lines``,
-#: ``public_host_key``, ``LOGIN_NAME_PATTERN``.
+#: ``public_host_key``, ``LOGIN_NAME_PATTERN``, ``Fidelity`` (``Resource.fidelity``).
 API_VERSION = 2
 
 __all__ = [
@@ -46,8 +46,8 @@ __all__ = [
     "StepKind",
     # power backends: what devloop_power returns, and the kind of their resources
     "PowerReading", "POWER_KIND",
-    # what an endpoint is for
-    "EndpointRole",
+    # what an endpoint is for; what a resource is a part of (a board, a simulation, a VM, an emulator)
+    "EndpointRole", "Fidelity",
     # services, ready-made: a serial device as raw TCP or RFC 2217, a TCP relay
     "CONSOLE_COMMAND", "parse_framing", "start_bridge", "start_relay",
     # config entries: the base of a plugin's model (devloop_config_model); values as people write them: 90s, 10m

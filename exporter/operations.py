@@ -35,6 +35,7 @@ from device_loop.core.protocol import (MAX_DETAIL_CHARS, MAX_REASON_CHARS, MAX_R
 from device_loop.core.vocabulary import OperationState
 
 from .image_cache import ImageCache
+from .interrupted import Interrupted
 from .power import PowerRunner
 from .steps import StepRun, StepRunner
 
@@ -62,6 +63,7 @@ class Job:
         self.message = ""
         self.result: dict | None = None
         self.changed = False  # its plugin was called: the device may have been changed
+        self.interrupted = False  # the exporter's stop cut it short (its report says so; never read from words)
         self.thread: threading.Thread | None = None
         self.last_report = 0.0  # (time.monotonic) when its progress last woke the report loop
         self._spent: dict[str, float] = {}  # phase -> seconds in it, the current one's excepted
@@ -73,6 +75,7 @@ class Job:
         job = cls(report.op, report.device, report.kind, report.phase)
         job.state, job.progress, job.message = report.state, report.progress, report.message
         job.result, job.changed, job._spent = report.result, report.changed, dict(report.seconds)
+        job.interrupted = report.interrupted
         return job
 
     def phases(self) -> set[str]:
@@ -98,7 +101,7 @@ class Job:
             seconds[self.phase] = seconds.get(self.phase, 0.0) + time.monotonic() - self._since
         return OperationReport(op=self.op, device=self.device, kind=self.kind, state=self.state, phase=self.phase,
                                progress=self.progress, message=self.message, seconds=seconds, result=self.result,
-                               changed=self.changed)
+                               changed=self.changed, interrupted=self.interrupted)
 
 
 class Operations:
@@ -195,6 +198,7 @@ class Operations:
         except OperationError as exc:
             with self._lock:
                 job.changed = job.changed and exc.changed
+                job.interrupted = isinstance(exc, Interrupted)
                 job.end(OperationState.FAILED, str(exc))
             log.error("%s %s of %s failed while %s: %s", job.kind, job.op, job.device, job.phase, exc)
         except Exception as exc:  # a plugin's bug is this operation's failure, not the exporter's
@@ -229,7 +233,10 @@ class Operations:
         self._begin(job, image)
         op = Operation(id=want.op, kind=want.kind, device=want.device, requester=want.requester, args=dict(want.args),
                        image=image, report_progress=lambda *said: self._progress(job, *said))
-        return self.plugins.call(resource.plugin, "devloop_operate", host=self.host, resource=resource, op=op)
+        try:
+            return self.plugins.call(resource.plugin, "devloop_operate", host=self.host, resource=resource, op=op)
+        except Interrupted as exc:  # (a plugin's failure, whatever it raised: only the exporter's runners interrupt)
+            raise OperationError(str(exc)) from None
 
     def _operate_step(self, job: Job, step: StepRun):
         """Hand a step to the step runner (which runs it, or hands it to its plugin); what it returned."""
@@ -328,7 +335,7 @@ class Operations:
             if report.state == OperationState.RUNNING:
                 log.error("%s %s of %s was interrupted while %s: the exporter stopped", report.kind, report.op,
                           report.device, report.phase)
-                report = report.model_copy(update={"state": OperationState.FAILED,
+                report = report.model_copy(update={"state": OperationState.FAILED, "interrupted": True,
                                                    "message": f"interrupted while {report.phase}: the exporter "
                                                               "stopped"})
                 write_atomically(path, report.model_dump_json())

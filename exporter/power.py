@@ -25,6 +25,7 @@ from device_loop.core.plugins import PluginSet
 from device_loop.core.vocabulary import PowerAction, PowerState, PowerVerdict
 
 from .console_watch import ConsoleWatch, Seen, watch_console
+from .interrupted import Interrupted
 
 log = logging.getLogger("device_loop.exporter")
 CONSOLE_KINDS = ("uart",)  # the resources whose node is the device's console (the sim boards' too)
@@ -250,7 +251,7 @@ class PowerRunner:
 
     def _wait(self, seconds: float, what: str) -> None:
         if self.stopping.wait(seconds):
-            raise OperationError(f"interrupted while {what}: the exporter stopped")
+            raise Interrupted(what)
 
     def _first_byte(self, watch: ConsoleWatch, mark: Seen, since: float, timeout_s: float,
                     observed: Observed, progress: Progress, deadline: float) -> bool:

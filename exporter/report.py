@@ -24,6 +24,7 @@ from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_FACTS, MAX_HOLDERS
                                        MAX_OPERATION_KINDS, MAX_PLUGINS, MAX_REASON_CHARS, Adoption, CandidateReport,
                                        DeviceReport, FactKey, FactValue, Heartbeat, OperationKindReport,
                                        OperationReport, PluginsReport, ServiceReport)
+from device_loop.core.vocabulary import Fidelity
 
 from .config import StepConfig
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
@@ -236,6 +237,8 @@ class Reporter:
                                        "health": health.status, "reason": health.reason, "service": r.serves_lease,
                                        "operations": self.kinds.get(r.identifier, [])})
             entry["busy_by"] += self._busy.get(r.identifier, [])
+            if r.fidelity != Fidelity.HARDWARE:  # (the first resource that is not a board says what the device is)
+                entry.setdefault("fidelity", r.fidelity)
             mine.setdefault(r.device, []).append(r)
         for name, entry in devices.items():  # what runs between two leases, and where
             configured = self.steps_of(name, entry["class"])

@@ -44,6 +44,7 @@ from device_loop.core.protocol import (EXPORTER_STEPS, MAX_DETAIL_CHARS, ArgName
 from .config import (BUILT_IN_STEPS, MAX_STEP_TIMEOUT_S, CommandStep, CooldownStep, PluginStepConfig,
                      PowerCycleStep, RebootStep, ReflashStep, StepConfig)
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
+from .interrupted import Interrupted
 from .power import PowerRunner
 
 log = logging.getLogger("device_loop.exporter")
@@ -208,7 +209,7 @@ class StepRunner:
         self.stopping.set()
 
     def _interrupted(self, what: str) -> OperationError:
-        return OperationError(f"interrupted while {what}: the exporter stopped")
+        return Interrupted(what)
 
     # ---- what the exporter asks --------------------------------------------------------------
 
@@ -497,6 +498,8 @@ class StepRunner:
             log.warning("step %s of %s has not returned after %s; left to run", step.name, want.device,
                         duration(step.timeout_s))
             raise OperationError(f"timed out after {duration(step.timeout_s)}")
+        if isinstance(outcome.get("error"), Interrupted):  # (a plugin's, which no plugin's words make ours)
+            raise OperationError(str(outcome["error"]))
         if "error" in outcome:
             raise outcome["error"]
         return outcome.get("said")

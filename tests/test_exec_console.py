@@ -167,8 +167,9 @@ def test_a_sim_board_s_fingerprint_through_its_console(console_lab):
                       "min_khz": "600000", "max_khz": "1800000"}
     assert 600000 <= int(policy["cur_khz"]) <= 1800000, "(lower once the module's tests have warmed the board)"
     assert list(found.thermal) == ["cpu-thermal"] and 35 < found.thermal["cpu-thermal"] < 80
-    assert found.extra == {"simulated": "true", "sim.seed": "0", "sim.workload_s": "0.05"}, "the plugin's facts"
+    assert found.extra == {"sim.seed": "0", "sim.workload_s": "0.05"}, "the plugin's facts"
+    assert found.emulated, "a sim board's resources say it is simulated (its fidelity): not for timing"
     said = json.loads(run_cli(alice, coordinator.url, "fingerprint", "sb", "--json").stdout)
     assert said["isa"] == found.isa and said["channel"] == "console"
     text = run_cli(alice, coordinator.url, "fingerprint", "sb").stdout
-    assert "reached over console" in text and "zba" in text and "policy0" in text and "simulated" in text
+    assert "reached over console" in text and "zba" in text and "policy0" in text and "not for timing" in text

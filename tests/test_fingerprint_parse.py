@@ -158,7 +158,7 @@ def test_gather_on_a_phone_like_board_over_adb():
 def test_gather_over_a_console_reads_no_build_and_marks_emulated():
     shell = MiniShell(board_files(x86_cpuinfo(), policies=(0, 1)), nproc="4",
                       uname="Linux sim-1 6.1.0-sim #1 SMP PREEMPT x86_64 GNU/Linux")
-    f = fp.gather(shell, {"device": "sim-1"}, {"facts": {"emulated": "true"}, "tags": []}, "9.9.9")
+    f = fp.gather(shell, {"device": "sim-1"}, {"fidelity": "emulated", "facts": {}, "tags": []}, "9.9.9")
     assert len(shell.commands) == 2 and not any("getprop" in c for c in shell.commands)
     assert f.channel == "console" and f.os_build == "" and f.emulated
     assert f.cpu_model == "Intel(R) Xeon(R) Gold 6230 CPU @ 2.10GHz"
@@ -167,8 +167,14 @@ def test_gather_over_a_console_reads_no_build_and_marks_emulated():
                                      "avx512vl", "avx512_vnni"]
     assert f.cores == 4 and f.image == "" and f.image_sha256 == ""
     assert "coordinator 9.9.9" in f.device_loop_version
-    assert fp.is_emulated({"tags": ["emulated"]}) and not fp.is_emulated({})
-    assert fp.is_emulated({"facts": {"simulated": "true"}}) and not fp.is_emulated({"facts": {"simulated": "false"}})
+    assert fp.is_emulated({"fidelity": "simulated"}) and not fp.is_emulated({})
+    assert not fp.is_emulated({"fidelity": "hardware"}) and not fp.is_emulated({"fidelity": "virtual"})
+
+
+def test_emulated_is_the_device_s_typed_fidelity_never_a_tag_or_a_fact_s_words():
+    # (docs/architecture.md, "Lifecycle": what a device is, its plugins say in a type)
+    assert not fp.is_emulated({"tags": ["emulated", "simulated"], "fidelity": "hardware"})
+    assert not fp.is_emulated({"facts": {"simulated": "true", "emulated": "yes"}, "fidelity": "hardware"})
 
 
 def test_riscv_isa_string():

@@ -138,7 +138,7 @@ def test_kill_9_while_running_is_reported_interrupted_by_the_next_start(fake, st
     start(devices, heartbeat_s=0.5)  # the same host, its state folder, started again
     failed = wait_for(lambda: fake.ended("op-long"), 15, what="the count to be found interrupted")
     assert failed.state == "failed" and failed.message == "interrupted while counting: the exporter stopped"
-    assert failed.changed and failed.kind == "count"
+    assert failed.changed and failed.kind == "count" and failed.interrupted
     after = [(boot, r.state) for boot, r in fake.reports("op-long") if boot != killed_boot]
     assert after and all(state == "failed" for _, state in after), f"begun again after the restart: {after}"
     wait_for(lambda: fake.heartbeats[-1].operations == [], 5, what="the acknowledged failure to leave the reports")

@@ -100,14 +100,14 @@ async def test_a_step_s_fault_outlives_an_off_and_on_and_a_cycle_that_failed_par
         api = client()
         exporter = FakeExporter(api, "host-a")
         await exporter.beat([with_health("b0", "ok")])
-        await rules.store.update_device("b0", fault="step 1/1 reflash failed: bad image")
+        await rules.store.update_device("b0", fault="step 1/1 reflash failed: bad image", fault_kind="step-failed")
         lease = None
         for action in ("off", "on"):
             asked = await api.post("/admin/devices/b0/power", json={"action": action})
             [op] = [o for o in await desired_power(api) if o["op"] == asked.json()["id"]]
             await exporter.beat([with_health("b0", "ok")], operations=[reported(op, "done", "", {"verdict": "x"})])
         assert (await api.get("/devices/b0")).json()["fault"] == "step 1/1 reflash failed: bad image"
-        await rules.store.update_device("b0", fault=None)
+        await rules.store.update_device("b0", fault=None, fault_kind=None)
         await exporter.beat([with_health("b0", "degraded")])
         await exporter.beat([with_health("b0", "ok")])
         lease = (await api.post("/leases", json={"device": "b0"})).json()
@@ -119,6 +119,30 @@ async def test_a_step_s_fault_outlives_an_off_and_on_and_a_cycle_that_failed_par
         log = [e["cause"] for e in (await api.get("/devices/b0/log")).json()]
         [line] = [c for c in log if soon["op"] in c and c.startswith("power cycle")]
         assert line.endswith(": verified") and "first console byte" not in line, line  # "soon" is no number
+
+
+async def test_the_rules_read_a_fault_s_kind_never_its_words(tmp_path):
+    """(docs/architecture.md, "Lifecycle"): a step's failure whose words begin like a power off's
+    is a step's fault (an admin clears it, health recovering clears it); a power off's fault in
+    other words still holds the board off."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([with_health("b0", "ok")])
+        await rules.store.update_device("b0", fault="switched off by the relay plugin: it said so",
+                                        fault_kind="step-failed")
+        await exporter.beat([with_health("b0", "degraded")])
+        shown = (await api.get("/devices/b0")).json()
+        assert (shown["state"], shown["switched_off"]) == ("faulty", None)
+        cleared = await api.post("/admin/devices/b0/clear-fault")
+        assert cleared.status_code == 200 and cleared.json()["state"] == "idle", cleared.text
+        await rules.store.update_device("b0", fault="held: ask ann", fault_kind="switched-off")
+        await exporter.beat([with_health("b0", "degraded")])
+        await exporter.beat([with_health("b0", "ok")])
+        shown = (await api.get("/devices/b0")).json()
+        assert (shown["state"], shown["switched_off"]) == ("faulty", "held: ask ann"), "its health clears no off"
+        refused = await api.post("/admin/devices/b0/clear-fault")
+        assert refused.status_code == 409 and refused.json()["error"] == "switched_off"
 
 
 async def test_auto_recover_comes_once_an_hour_and_never_after_a_person_s_off(tmp_path):

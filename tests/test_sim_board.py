@@ -95,7 +95,8 @@ def test_a_board_s_fingerprint_facts_are_reported_and_bounded(tmp_path, monkeypa
     exporter = in_process_exporter(tmp_path, [{"name": "b0", "plugin": "sim", "seed": 7, "workload_s": 0.5}])
     try:
         (device,) = exporter.report(scan=True).devices
-        assert device.facts == {"simulated": "true", "sim.seed": "7", "sim.workload_s": "0.5"}
+        assert device.facts == {"sim.seed": "7", "sim.workload_s": "0.5"}
+        assert device.fidelity == "simulated", "a sim board says what it is in a type, not in a fact's words"
         real_call = exporter.plugins.call
         answers = iter([{"Bad Key": "x", "ok": "v" * 5000, "n": 3, "nested": {"a": 1},
                          **{f"k{n:03}": "x" for n in range(100)}},

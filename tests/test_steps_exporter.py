@@ -51,6 +51,8 @@ class Bench:
             return "released"
         if op.args.get("outlet") == 0:
             raise OperationError("outlet 0 does not answer")
+        if op.args.get("outlet") == 13:  # a plugin's words, like the exporter's own
+            raise OperationError("interrupted while cycling: the exporter stopped")
         op.progress("cycling", 1, 2, "steps", detail="outlet off")
         return {"message": f"cycled outlet {op.args['outlet']}", "outlet": op.args["outlet"]}
 
@@ -344,4 +346,15 @@ def test_a_stopping_exporter_interrupts_a_waiting_step_so_the_steps_run_again(la
     assert time.monotonic() - began < 10, "a stop does not wait out a cooldown"
     failed = report_of(exporter, "op-cool")
     assert (failed.state, failed.message) == ("failed", "interrupted while cooling down: the exporter stopped")
+    assert failed.interrupted, "the report says so: the coordinator never reads the words for it"
     assert failed.changed, "marked: its result reaches the coordinator after a restart too"
+
+
+def test_a_plugin_s_error_that_reads_like_an_interruption_is_its_step_s_failure(lab):
+    exporter = lab([{"name": "b0", "resources": [{"plugin": "bench"}],
+                     "steps": [{"step": "relay-cycle", "outlet": 13}]}])
+    (step,) = steps_reported(exporter)
+    begin(exporter, "op-cycle", "relay-cycle", plugin=step.plugin, identifier=step.identifier)
+    failed = ended(exporter, "op-cycle")
+    assert (failed.state, failed.message) == ("failed", "interrupted while cycling: the exporter stopped")
+    assert not failed.interrupted, "(docs/architecture.md, \"Operations\"): only the exporter's stop interrupts"

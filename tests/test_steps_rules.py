@@ -22,10 +22,11 @@ def stepped(*steps, flash=False) -> dict:
     return report
 
 
-def op_report(op: dict, state: str, message: str = "", detail: str = "", phase: str = "running") -> dict:
+def op_report(op: dict, state: str, message: str = "", detail: str = "", phase: str = "running",
+              interrupted: bool = False) -> dict:
     return {"op": op["op"], "device": op["device"], "kind": op["kind"], "state": state, "phase": phase,
             "progress": {"done": 0, "total": None, "unit": "", "detail": detail}, "message": message,
-            "seconds": {}, "result": None, "changed": True}
+            "seconds": {}, "result": None, "changed": True, "interrupted": interrupted}
 
 
 async def desired_ops(api) -> list[dict]:
@@ -137,6 +138,27 @@ async def test_an_interrupted_step_makes_the_steps_run_again_from_the_first(tmp_
         assert (await api.get("/devices/d0")).json()["state"] == "reclaiming"
         causes = [e["cause"] for e in (await api.get("/devices/d0/log")).json()]
         assert any("interrupted" in c and "again from the first" in c for c in causes)
+
+
+async def test_a_step_is_interrupted_by_its_report_s_flag_never_by_its_words(tmp_path):
+    """(docs/architecture.md, "Operations"): a plugin whose error begins "interrupted" failed its
+    step (the device is faulty); an exporter that stopped under a step says so in its report,
+    and the steps run again from the first."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client("alice")
+        exporter = FakeExporter(api, "host-a")
+        report = stepped(COOLDOWN, REBOOT)
+        await exporter.beat([report])
+        await used_and_released(api, exporter, report)
+        (first,) = await desired_ops(api)
+        await exporter.beat([report], operations=[op_report(first, "failed", "interrupted while cooling down: the "
+                                                                             "exporter stopped", interrupted=True)])
+        (again,) = await desired_ops(api)
+        assert (again["kind"], again["args"]) == ("cooldown", {"step": 0}), "from the first step again"
+        await exporter.beat([report], operations=[op_report(again, "failed", "interrupted by the relay: it said so")])
+        shown = (await api.get("/devices/d0")).json()
+        assert shown["state"] == "faulty" and await desired_ops(api) == [], "a plugin's words interrupt nothing"
+        assert shown["fault"] == "step 1/2 cooldown failed: interrupted by the relay: it said so"
 
 
 async def test_reflash_writes_the_latest_known_good_image_through_the_flash_path(tmp_path):

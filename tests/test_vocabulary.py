@@ -10,15 +10,17 @@ import pytest
 
 from device_loop.coordinator import migrations
 from device_loop.coordinator.store import Store
-from device_loop.core.vocabulary import (LIVE_LEASE_STATES, LIVE_OP_STATES, VOCABULARY, Arm, DeviceState, HealthStatus,
-                                         JobState, LeaseState, OperationState, TicketKind, TicketState, TokenKind)
+from device_loop.core.vocabulary import (LIVE_LEASE_STATES, LIVE_OP_STATES, VOCABULARY, Arm, DeviceState, FaultKind,
+                                         Fidelity, HealthStatus, JobState, LeaseState, OperationState, TicketKind,
+                                         TicketState, TokenKind)
 
 pytestmark = pytest.mark.timeout(30)
 
 CHECKED = {("devices", "state"): DeviceState, ("devices", "health"): HealthStatus,
            ("leases", "state"): LeaseState, ("operations", "state"): OperationState,
            ("tickets", "state"): TicketState, ("tickets", "kind"): TicketKind, ("tokens", "kind"): TokenKind,
-           ("jobs", "state"): JobState, ("jobs", "kind"): TicketKind, ("job_runs", "arm"): Arm}
+           ("jobs", "state"): JobState, ("jobs", "kind"): TicketKind, ("job_runs", "arm"): Arm,
+           ("devices", "fault_kind"): FaultKind, ("devices", "fidelity"): Fidelity}
 
 
 @pytest.fixture
@@ -38,7 +40,7 @@ def schema(tmp_path) -> dict[str, str]:
 
 def test_each_state_column_allows_exactly_its_enum(schema):
     for (table, column), enum in CHECKED.items():
-        allowed = set(re.findall(rf"\b{column} = '([A-Za-z_]+)'", schema[table]))
+        allowed = set(re.findall(rf"\b{column} = '([A-Za-z_-]+)'", schema[table]))
         assert allowed == {member.value for member in enum}, f"{table}.{column}"
 
 
@@ -65,7 +67,8 @@ def test_a_value_outside_the_vocabulary_is_refused_and_each_inside_it_taken(sche
 
 RESTATED = {"DEVICE_STATES": DeviceState, "HEALTH_STATES": HealthStatus, "LEASE_STATES": LeaseState,
             "OPERATION_STATES": OperationState, "TICKET_STATES": TicketState, "TICKET_KINDS": TicketKind,
-            "TOKEN_KINDS": TokenKind, "JOB_STATES": JobState, "RUN_ARMS": Arm}
+            "TOKEN_KINDS": TokenKind, "JOB_STATES": JobState, "RUN_ARMS": Arm, "FAULT_KINDS": FaultKind,
+            "FIDELITIES": Fidelity}
 
 
 def test_the_migrations_tuples_are_the_enums():

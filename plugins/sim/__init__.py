@@ -25,8 +25,8 @@ and keeps it across power cycles: a person at the console sees the board go sile
 again. Its temperature (one zone, ``cpu``: ``devloop_thermal``) rises with the work its
 console does, most with ``stress`` and ``run-workload`` (``board.py``, ``thermal.py``), which
 a cooldown step waits out.
-``devloop_fingerprint`` says what no file of the board says: that it is simulated, and its
-workload's seed.
+Its resources say the board is simulated (``Fidelity.SIMULATED``); ``devloop_fingerprint``
+says what no file of the board says: its workload's seed.
 """
 import os
 import re
@@ -36,7 +36,7 @@ from pydantic import Field, StringConstraints, field_validator
 
 from pathlib import Path
 
-from device_loop.plugin import Duration, Health, PluginConfig, hookimpl, start_bridge
+from device_loop.plugin import Duration, Fidelity, Health, PluginConfig, hookimpl, start_bridge
 
 from .board import SimBoard
 from .facts import DEFAULT_CPU_MODEL, BoardFacts
@@ -155,7 +155,8 @@ class SimPlugin:
     def devloop_discover(self, host):
         # the stable link, not the pty of the moment (a new one at each power-on): a board
         # powered off is still there, and its service keeps serving it
-        return [entry.resource("uart", f"sim:{host.name}:{entry.device}", node=str(self.boards[entry.device].link))
+        return [entry.resource("uart", f"sim:{host.name}:{entry.device}", node=str(self.boards[entry.device].link),
+                               fidelity=Fidelity.SIMULATED)
                 for entry in host.entries if entry.device in self.boards]
 
     @hookimpl
@@ -179,7 +180,7 @@ class SimPlugin:
         board = self.boards.get(resource.device)
         if board is None:
             return None
-        return {"simulated": "true", "sim.seed": str(board.workload.model.seed),
+        return {"sim.seed": str(board.workload.model.seed),
                 "sim.workload_s": f"{board.workload.model.seconds:g}"}
 
     @hookimpl

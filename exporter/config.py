@@ -497,11 +497,6 @@ def parse_steps(config: ExporterConfig) -> dict[tuple[str, str], list[StepConfig
         own = bool(device.steps)
         home = config.classes.get(device.device_class or "generic")
         written = device.steps if own else home.steps if home is not None else []
-        reflash = [n for n, data in enumerate(written, 1) if data.get("step") == "reflash"]
-        if reflash and "flash" not in {entry.plugin for entry in device.entries()}:
-            whose = "" if own else f" (of its class {device.device_class or 'generic'!r})"
-            problems.append(f"  device {device.name!r}: step {reflash[0]}{whose} reflashes it, and it has no flash "
-                            "resource to write: add a [[devices.resources]] entry with plugin = \"flash\"")
         if device.auto_recover and "power" not in {entry.plugin for entry in device.entries()}:
             problems.append(f"  device {device.name!r}: auto_recover = \"{device.auto_recover}\" power-cycles it, and "
                             "it has no power switch: add a [[devices.resources]] entry with plugin = \"power\"")

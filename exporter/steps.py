@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 import serial
 from pydantic import TypeAdapter, ValidationError
 
+from device_loop.core import FLASH_KIND
 from device_loop.core.durations import format_duration
 from device_loop.core.host import HostContext
 from device_loop.core.model import Operation, OperationError, Resource, StepKind
@@ -109,11 +110,13 @@ def plan(steps: Sequence[StepConfig], resources: Sequence[Resource],
     planned = []
     for index, step in enumerate(steps):
         if isinstance(step, ReflashStep):
-            target = next((r for r in resources if r.plugin == "flash"), None)
-            planned.append(PlannedStep(index, step, "flash", target.identifier, step.timeout_for()) if target else
-                           PlannedStep(index, step, EXPORTER_STEPS, anywhere, step.timeout_for(),
-                                       problem=f"{resources[0].device} has no flash resource here to reflash "
-                                               "(is its flash target's plugin loaded?)"))
+            # the flash target is found by the kind it serves, whichever plugin serves it (docs/architecture.md,
+            # "Steps between leases"): a third-party flash plugin's target reflashes as the built-in one's does
+            target = next((r for r in resources if r.kind == FLASH_KIND), None)
+            planned.append(PlannedStep(index, step, target.plugin, target.identifier, step.timeout_for()) if target
+                           else PlannedStep(index, step, EXPORTER_STEPS, anywhere, step.timeout_for(),
+                                            problem=f"{resources[0].device} has no flash resource here to reflash "
+                                                    f"(a resource of kind {FLASH_KIND!r}: is its plugin loaded?)"))
         elif isinstance(step, PluginStepConfig):
             found = next(((r, k) for r in resources for k in offered.get(r.identifier, ()) if k.name == step.step),
                          None)

@@ -4,7 +4,9 @@ the plugins know, when the exporter starts), named by file, device or class, ste
 import pytest
 
 from device_loop.core.ports import free_port
-from device_loop.core.model import StepKind
+from device_loop.core.model import Resource, StepKind
+from device_loop.core.protocol import EXPORTER_STEPS
+from device_loop.exporter.steps import plan
 from device_loop.exporter.config import (DEFAULT_PROMPT, CommandStep, ConfigError, CooldownStep, PluginStepConfig,
                                          RebootStep, ReflashStep, check_steps, load_config, parse_config)
 from device_loop.exporter.daemon import Exporter
@@ -137,18 +139,19 @@ def test_unknown_tables_and_keys_of_classes_are_named_with_the_closest_one():
     assert "a class name takes 1 to 64 characters" in refusal({"classes": {"x" * 65: {}}})
 
 
-def test_a_reflash_needs_a_flash_resource_on_each_device_that_runs_it():
-    said = refusal({"devices": [{"name": "b0", "plugin": "sim", "steps": [{"step": "cooldown", "below": 40},
-                                                                         {"step": "reflash"}]}]})
-    assert "device 'b0': step 2 reflashes it, and it has no flash resource" in said, said
-    said = refusal({"classes": {"board": {"steps": [{"step": "reflash"}]}},
-                    "devices": [{"name": "b1", "class": "board", "plugin": "sim"},
-                                {"name": "b2", "class": "board", "resources": FLASHED}]})
-    assert "device 'b1': step 1 (of its class 'board') reflashes it" in said and "'b2'" not in said, said
-    # its own steps replace its class's: no reflash, nothing to refuse
-    parse_config({"classes": {"board": {"steps": [{"step": "reflash"}]}},
-                  "devices": [{"name": "b1", "class": "board", "plugin": "sim",
-                               "steps": [{"step": "cooldown", "below": 40}]}]})
+def test_a_reflash_runs_on_the_device_s_resource_of_kind_flash_whichever_plugin_serves_it():
+    """(docs/architecture.md, "Steps between leases"): no plugin name is spelled for it; a device
+    with no flash resource is told so where the step runs (its plugins may serve one the file
+    cannot know of)."""
+    config = parse_config({"classes": {"board": {"steps": [{"step": "reflash"}]}},
+                           "devices": [{"name": "b1", "class": "board", "resources": [{"plugin": "sim"},
+                                                                                      {"plugin": "acme-writer"}]}]})
+    console = Resource(device="b1", kind="uart", identifier="sim:b1", plugin="sim")
+    target = Resource(device="b1", kind="flash", identifier="acme:b1", plugin="acme-writer")
+    (step,) = plan(config.steps_of("b1", "board"), [console, target], {})
+    assert (step.plugin, step.identifier, step.problem) == ("acme-writer", "acme:b1", None)
+    (step,) = plan(config.steps_of("b1", "board"), [console], {})
+    assert step.plugin == EXPORTER_STEPS and "b1 has no flash resource here to reflash" in step.problem
 
 
 def test_the_exporter_refuses_at_start_a_step_no_plugin_offers(tmp_path):

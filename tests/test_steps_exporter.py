@@ -11,7 +11,8 @@ import pytest
 import serial
 
 from device_loop.core.hookspecs import hookimpl
-from device_loop.core.model import OperationError, StepKind
+from device_loop.core import FLASH_KIND
+from device_loop.core.model import OperationError, OperationKind, StepKind
 from device_loop.core.ports import free_port
 from device_loop.core.protocol import EXPORTER_STEPS
 from device_loop.exporter.config import parse_config
@@ -57,6 +58,23 @@ class Bench:
         return {"message": f"cycled outlet {op.args['outlet']}", "outlet": op.args["outlet"]}
 
 
+class AcmeWriter:
+    """A third-party flash plugin (not named flash): its resource is of kind flash."""
+
+    @hookimpl
+    def devloop_discover(self, host):
+        return [dataclasses.replace(e.resource(FLASH_KIND, f"acme:{e.device}"), serves_lease=False)
+                for e in host.entries if e.plugin == "acme-writer"]
+
+    @hookimpl
+    def devloop_operations(self, host, resource):
+        return [OperationKind(FLASH_KIND, "write an image", destructive=True)]
+
+    @hookimpl
+    def devloop_operate(self, host, resource, op):
+        return f"wrote {op.image.name if op.image else 'nothing'}"
+
+
 @pytest.fixture
 def lab(tmp_path):
     """``lab(devices)``: an in-process exporter on them (its plugins loaded, the bench among them);
@@ -70,6 +88,7 @@ def lab(tmp_path):
         exporter = Exporter(config)
         bench = Bench()
         exporter.plugins.pm.register(bench, name="bench")
+        exporter.plugins.pm.register(AcmeWriter(), name="acme-writer")
         exporter.setup()
         exporter.bench = bench
         made.append(exporter)
@@ -247,6 +266,13 @@ def test_a_command_that_hangs_is_killed_at_its_timeout_with_all_it_started(lab, 
     for pid in map(int, pids.read_text().split()):
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split(")")[1][:3], \
             f"pid {pid} outlived the step"
+
+
+def test_a_third_party_flash_plugin_s_target_serves_the_reflash_step(lab):
+    exporter = lab([{"name": "b0", "resources": [BOARD, {"plugin": "acme-writer"}], "steps": [{"step": "reflash"}]}])
+    (reflash,) = steps_reported(exporter)
+    assert (reflash.step, reflash.plugin, reflash.identifier) == ("reflash", "acme-writer", "acme:b0"), \
+        "found by the kind it serves, not by the plugin's name"
 
 
 # ---- a plugin's step --------------------------------------------------------------------------------

@@ -8,10 +8,29 @@ answer is the answer, and each docstring says what an answer of ``None`` means. 
 that raises is that plugin's failure alone: the exporter logs it and goes on (a
 ``devloop_available`` or ``devloop_startup`` that raises skips the plugin, with the
 error as the reason).
+
+A plugin written for a newer exporter says so: ``DEVLOOP_API_VERSION = 3`` in its module
+(or on its class) is the ``API_VERSION`` it needs, and an exporter whose API is older
+skips it, saying which version it lacks, before looking at its hooks.
 """
 import pluggy
 
 PROJECT = "device_loop"
+
+#: The plugin API's version (``device_loop.plugin``), bumped when a name of it goes away or
+#: changes meaning. 2: ``devloop_flash`` became the ``flash`` kind of ``devloop_operate``;
+#: endpoints have a ``role``; config entries are parsed by the plugin's ``PluginConfig``
+#: model and found in ``host.entries`` (not ``host.configured(name)``), ``entry.config``
+#: and ``resource.config`` being that model. Additions keep it: ``StepKind``
+#: (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``,
+#: ``devloop_fingerprint``, ``EndpointRole.SSH``, ``devloop_power`` with ``PowerReading``
+#: and ``POWER_KIND``, ``find_program``, ``last_lines``, ``public_host_key``,
+#: ``LOGIN_NAME_PATTERN``, ``Fidelity`` (``Resource.fidelity``), a plugin's
+#: ``DEVLOOP_API_VERSION``.
+API_VERSION = 2
+#: What a plugin names (on its module or class) to say which ``API_VERSION`` it needs.
+NEEDS_API = "DEVLOOP_API_VERSION"
+
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 

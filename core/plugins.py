@@ -8,6 +8,8 @@ Loading is fault-isolated. Which plugins to load is decided before anything is i
 so an uninstallable package that is not wanted is never touched. A plugin that fails to
 import, marks a function as a hook that does not exist (``devloop_discovr``), or has a
 ``devloop_`` function without ``@hookimpl`` is skipped with the reason, and the others load.
+A plugin that needs a newer plugin API (its ``DEVLOOP_API_VERSION``) is skipped saying
+which version this exporter lacks, before its hooks are looked at (they may be new ones).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Sequence
 import pluggy
 
 from . import hookspecs
-from .hookspecs import PROJECT, hookimpl
+from .hookspecs import API_VERSION, NEEDS_API, PROJECT, hookimpl
 from .plugin_config import PluginConfig
 
 ENTRY_POINT_GROUP = "device_loop"
@@ -53,6 +55,21 @@ def model_problem(model) -> str | None:
         return f"devloop_config_model returned {model!r}, not a subclass of PluginConfig"
     if model.model_config.get("extra") != "forbid":
         return f"its config model {model.__name__} lets unknown keys in (extra must stay \"forbid\")"
+    return None
+
+
+def api_problem(plugin: object) -> str | None:
+    """Why a plugin cannot load here because it needs a newer plugin API than this
+    exporter's (its ``DEVLOOP_API_VERSION``), or None."""
+    needed = getattr(plugin, NEEDS_API, None)
+    if needed is None:
+        return None
+    if not isinstance(needed, int) or isinstance(needed, bool) or needed < 1:
+        return f"its {NEEDS_API} is {needed!r}, not a version number"
+    if needed > API_VERSION:
+        lacking = ", ".join(str(version) for version in range(API_VERSION + 1, needed + 1))
+        return (f"it needs device-loop's plugin API {needed}, and this exporter has API {API_VERSION}: it lacks "
+                f"version{'s' if needed - API_VERSION > 1 else ''} {lacking} (upgrade device-loop on this host)")
     return None
 
 
@@ -96,7 +113,7 @@ class PluginSet:
         except Exception as exc:  # an import error, a syntax error, a missing dependency...
             self.skipped.append({"name": entry.name, "reason": f"cannot import {entry.value}: {exc!r}"})
             return
-        problems = hook_problems(plugin)
+        problems = [problem] if (problem := api_problem(plugin)) else hook_problems(plugin)
         if problems:
             self.skipped.append({"name": entry.name, "reason": "; ".join(problems)})
             return

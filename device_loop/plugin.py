@@ -7,7 +7,7 @@ pins the names below, so removing or renaming one is a deliberate, visible chang
 new ``API_VERSION``). ``docs/plugins.md`` describes each.
 """
 from device_loop.core import POWER_KIND
-from device_loop.core.hookspecs import hookimpl
+from device_loop.core.hookspecs import API_VERSION, hookimpl
 from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
 from device_loop.core.plugin_config import Duration, PluginConfig
@@ -23,15 +23,6 @@ from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
 from device_loop.core.vocabulary import EndpointRole, Fidelity
 
-#: Bumped when a name below goes away or changes meaning. 2: ``devloop_flash`` became the
-#: ``flash`` kind of ``devloop_operate``; endpoints have a ``role``; config entries are
-#: parsed by the plugin's ``PluginConfig`` model and found in ``host.entries`` (not
-#: ``host.configured(name)``), ``entry.config`` and ``resource.config`` being that model.
-#: Additions keep it: ``StepKind`` (``devloop_steps``), ``devloop_thermal``, ``op.progress``'s ``detail``,
-#: ``devloop_fingerprint``, ``EndpointRole.SSH``,
-#: ``devloop_power`` with ``PowerReading`` and ``POWER_KIND``, ``find_program``, ``last_lines``,
-#: ``public_host_key``, ``LOGIN_NAME_PATTERN``, ``Fidelity`` (``Resource.fidelity``).
-API_VERSION = 2
 
 __all__ = [
     "API_VERSION",

@@ -3,12 +3,15 @@ docs/plugins.md, which plugin authors write from, names that surface and nothing
 import ast
 import dataclasses
 import re
+import sys
+from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import device_loop.plugin
 from device_loop.core import hookspecs
 from device_loop.core.host import HostContext
 from device_loop.core.model import ConfiguredResource, Operation, Resource
+from device_loop.core import plugins
 from device_loop.core.plugins import PluginSet
 from device_loop.core.usage import commands, environment
 from conftest import SRC
@@ -153,3 +156,29 @@ def test_a_new_endpoint_kind_says_how_it_is_used():
     assert environment(lease) == {"RELAY_ADDRESS": "10.0.0.7:4000", "RELAY_LEASE": "lease-1"}
     gated = {**lease, "secret": "s3cret"}
     assert commands(gated)[0] == "device-loop forward lease-1"
+
+
+def test_a_plugin_for_a_newer_api_is_refused_saying_which_version_it_lacks(tmp_path, monkeypatch):
+    """A plugin needing API 4 (with a hook this exporter has never heard of) is skipped for
+    its version, not for a "typo"; one needing this API, or declaring none, loads."""
+    newer, current = device_loop.plugin.API_VERSION + 2, device_loop.plugin.API_VERSION
+    for name, needs in (("devloop_newer", newer), ("devloop_current", current)):
+        (tmp_path / f"{name}.py").write_text(
+            "from device_loop.plugin import hookimpl\n"
+            f"DEVLOOP_API_VERSION = {needs}\n"
+            "@hookimpl\ndef devloop_discover(host):\n    return []\n"
+            + ("@hookimpl\ndef devloop_hook_of_the_future(host):\n    return None\n" if needs == newer else ""))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(plugins.LOAD_ENV, raising=False)
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [
+        EntryPoint(name, f"devloop_{name}", group) for name in ("newer", "current")])
+    try:
+        loaded = PluginSet()
+    finally:
+        for name in ("devloop_newer", "devloop_current"):
+            sys.modules.pop(name, None)
+    skipped = {s["name"]: s["reason"] for s in loaded.skipped}
+    assert loaded.names() == ["current"] and list(skipped) == ["newer"]
+    assert f"needs device-loop's plugin API {newer}" in skipped["newer"]
+    assert f"this exporter has API {current}: it lacks versions {current + 1}, {newer}" in skipped["newer"]
+    assert "typo" not in skipped["newer"]

@@ -12,8 +12,22 @@ error as the reason).
 A plugin written for a newer exporter says so: ``DEVLOOP_API_VERSION = 3`` in its module
 (or on its class) is the ``API_VERSION`` it needs, and an exporter whose API is older
 skips it, saying which version it lacks, before looking at its hooks.
+
+The hooks are typed as pytest types its own: what each is handed and what it may answer.
+mypy holds the built-in plugins' hooks to these (tests/test_static_checks.py).
 """
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import pluggy
+
+if TYPE_CHECKING:  # (hookspecs are loaded by every exporter and its service processes: nothing heavy at run time)
+    from .host import HostContext
+    from .model import (ConfiguredResource, Health, LeaseRef, Operation, OperationKind, PowerReading, Resource,
+                        Service, StepKind)
+    from .plugin_config import PluginConfig
 
 PROJECT = "device_loop"
 
@@ -36,7 +50,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec(firstresult=True)
-def devloop_available(host):
+def devloop_available(host: HostContext) -> str | None:
     """Say whether this host has what the plugin needs (a binary, a kernel interface).
 
     Return ``None`` when the plugin can run here, or a short reason string when it
@@ -46,7 +60,7 @@ def devloop_available(host):
 
 
 @hookspec(firstresult=True)
-def devloop_startup(host):
+def devloop_startup(host: HostContext) -> None:
     """Prepare what discovery will look at, once, when the exporter starts.
 
     Most plugins do not need this. The simulated boards use it to power on their
@@ -56,12 +70,12 @@ def devloop_startup(host):
 
 
 @hookspec(firstresult=True)
-def devloop_shutdown(host):
+def devloop_shutdown(host: HostContext) -> None:
     """Undo ``devloop_startup`` when the exporter stops. The result is ignored."""
 
 
 @hookspec(firstresult=True)
-def devloop_config_model():
+def devloop_config_model() -> type[PluginConfig] | None:
     """Return the model of this plugin's config entries: a subclass of
     :class:`PluginConfig` (the class, not an object).
 
@@ -73,7 +87,7 @@ def devloop_config_model():
 
 
 @hookspec(firstresult=True)
-def devloop_check_config(host, entry):
+def devloop_check_config(host: HostContext, entry: ConfiguredResource) -> str | None:
     """Say why one of this plugin's config entries (a :class:`ConfiguredResource`, which
     its model accepted) was not found, or ``None`` for "not plugged in, or a typo".
 
@@ -84,7 +98,7 @@ def devloop_check_config(host, entry):
 
 
 @hookspec(firstresult=True)
-def devloop_discover(host):
+def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
     """Return the resources of this plugin's kind present on this host.
 
     A list of :class:`Resource` (``None`` means none). Read-only: look at sysfs (under
@@ -97,7 +111,7 @@ def devloop_discover(host):
 
 
 @hookspec(firstresult=True)
-def devloop_health(host, resource):
+def devloop_health(host: HostContext, resource: Resource) -> Health | None:
     """Cheap, periodic health check of one resource.
 
     Return a :class:`Health` (``ok``, ``degraded`` or ``failed`` with a reason; the
@@ -108,7 +122,7 @@ def devloop_health(host, resource):
 
 
 @hookspec(firstresult=True)
-def devloop_start(host, resource, lease):
+def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Service | None:
     """Start the service that exposes ``resource`` for ``lease``.
 
     ``lease`` is a :class:`LeaseRef`. Never choose port numbers:
@@ -126,7 +140,7 @@ def devloop_start(host, resource, lease):
 
 
 @hookspec(firstresult=True)
-def devloop_operations(host, resource):
+def devloop_operations(host: HostContext, resource: Resource) -> Sequence[OperationKind] | None:
     """Say which operations the plugin runs on ``resource``: a list of
     :class:`OperationKind` (``None``: none).
 
@@ -137,7 +151,7 @@ def devloop_operations(host, resource):
 
 
 @hookspec(firstresult=True)
-def devloop_operate(host, resource, op):
+def devloop_operate(host: HostContext, resource: Resource, op: Operation) -> str | Mapping[str, Any] | None:
     """Run the operation ``op`` (an :class:`Operation`: ``kind``, ``args``, ``image``) on
     ``resource``, and return when it has ended.
 
@@ -158,7 +172,7 @@ def devloop_operate(host, resource, op):
 
 
 @hookspec(firstresult=True)
-def devloop_power(host, resource, action):
+def devloop_power(host: HostContext, resource: Resource, action: str) -> PowerReading | None:
     """Switch the power of ``resource``'s device, or read it: the one hook of a power
     backend. ``resource`` is one of this plugin's of kind ``power`` (``POWER_KIND``);
     ``action`` is ``"on"``, ``"off"`` or ``"status"`` (a ``cycle`` is the exporter's: off,
@@ -183,7 +197,7 @@ def devloop_power(host, resource, action):
 
 
 @hookspec(firstresult=True)
-def devloop_thermal(host, resource):
+def devloop_thermal(host: HostContext, resource: Resource) -> Mapping[str, float] | None:
     """Read the temperatures of ``resource``'s device: a dict of zone name (``cpu``,
     ``battery``) -> degrees Celsius (a float), or ``None`` when the plugin has no thermal
     readings for it.
@@ -199,7 +213,7 @@ def devloop_thermal(host, resource):
 
 
 @hookspec(firstresult=True)
-def devloop_fingerprint(host, resource):
+def devloop_fingerprint(host: HostContext, resource: Resource) -> Mapping[str, str] | None:
     """Facts about ``resource``'s device that a reviewer needs to judge a number measured on
     it and that no command on the device tells (a board revision, a firmware version, how a
     board is cooled): a dict of key -> value, both strings, or ``None`` for none.
@@ -215,7 +229,7 @@ def devloop_fingerprint(host, resource):
 
 
 @hookspec(firstresult=True)
-def devloop_steps(host, resource):
+def devloop_steps(host: HostContext, resource: Resource | None) -> Sequence[StepKind] | None:
     """Say which steps between two leases the plugin runs on ``resource``: a list of
     :class:`StepKind` (``None``: none).
 
@@ -234,7 +248,7 @@ def devloop_steps(host, resource):
 
 
 @hookspec(firstresult=True)
-def devloop_cleanup(host, data):
+def devloop_cleanup(host: HostContext, data: dict[str, Any]) -> None:
     """Undo what a service changed outside its processes, after its exporter died.
 
     A service of this plugin was running when the exporter was killed (kill -9, a crash):
@@ -247,7 +261,7 @@ def devloop_cleanup(host, data):
 
 
 @hookspec(firstresult=True)
-def devloop_stop(host, service):
+def devloop_stop(host: HostContext, service: Service) -> object:
     """Stop a service returned by ``devloop_start``.
 
     Return only when it is really gone: processes reaped, ports free. Return ``None``

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from .vocabulary import Fidelity, HealthStatus
-
-if TYPE_CHECKING:  # (not imported to run: service processes import this module, and pydantic costs 0.2 s)
-    from .plugin_config import PluginConfig
 
 HEALTH_STATES = tuple(status.value for status in HealthStatus)
 
@@ -219,13 +216,14 @@ class PowerReading:
 class ConfiguredResource:
     """One ``[[devices.resources]]`` entry of the exporter config, as its plugin finds it in
     ``host.entries``: ``config`` is the entry parsed by the plugin's model (its
-    ``PluginConfig``), which the exporter checked when it loaded its config."""
+    ``PluginConfig`` subclass, as ``Resource.config``: typed by the plugin, not here), which
+    the exporter checked when it loaded its config."""
 
     device: str
     device_class: str
     tags: tuple[str, ...]
     plugin: str
-    config: PluginConfig = field(hash=False, compare=False)
+    config: Any = field(hash=False, compare=False)
 
     def resource(self, kind: str, identifier: str, node: str | None = None,
                  fidelity: Fidelity = Fidelity.HARDWARE) -> Resource:

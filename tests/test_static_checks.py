@@ -100,3 +100,70 @@ def test_each_citation_of_the_architecture_names_one_of_its_headings():
     wrong = [f"{name}:{line}: \"{heading}\"" for name, line, heading in citations if heading not in headings]
     assert not wrong, (f"docs/architecture.md has no such heading (it has: {', '.join(sorted(headings))}):\n"
                        + "\n".join(wrong))
+
+
+def _built_in_hooks() -> list[tuple[str, str, str, object]]:
+    """(plugin, its module, its class or "", the object whose hook it is) for each hook of each built-in plugin."""
+    import importlib
+    import tomllib
+
+    from device_loop.core.plugins import HOOKS
+
+    entry_points = tomllib.loads((SRC / "pyproject.toml").read_text())["project"]["entry-points"]["device_loop"]
+    found = []
+    for plugin, target in sorted(entry_points.items()):
+        module_name, _, class_name = target.partition(":")
+        holder = importlib.import_module(module_name)
+        holder = getattr(holder, class_name) if class_name else holder
+        found += [(plugin, module_name, class_name, getattr(holder, hook)) for hook in sorted(HOOKS)
+                  if hasattr(holder, hook)]
+    return found
+
+
+def _hook_checks() -> str:
+    """A module for mypy alone (never run): for each hook of each built-in plugin, a call
+    as the exporter makes it (what the hookspec hands, by name: a hook may take a subset),
+    its answer assigned to what the hookspec says it may answer."""
+    import inspect
+
+    from device_loop.core import hookspecs
+
+    names: set[str] = set()
+    lines: list[str] = []
+    for plugin, module_name, class_name, impl in _built_in_hooks():
+        hook = impl.__name__
+        spec = inspect.signature(getattr(hookspecs, hook))
+        taken = [p for p in inspect.signature(impl).parameters if p != "self"]
+        annotations = [spec.parameters[p].annotation for p in taken] + [spec.return_annotation]
+        names.update(re.findall(r"[A-Za-z_]\w*", " ".join(annotations)))
+        params = [f"{p}: {spec.parameters[p].annotation}" for p in taken]
+        if class_name:
+            params.insert(0, f"plugin: {module_name}.{class_name}")
+        lines += [f"import {module_name}",
+                  f"def _{plugin}_{hook}({', '.join(params)}) -> None:",
+                  f"    answer: {spec.return_annotation} = {'plugin' if class_name else module_name}.{hook}("
+                  + ", ".join(f"{p}={p}" for p in taken) + ")"]
+    builtins = {"None", "str", "float", "int", "dict", "list", "type", "object", "bool"}
+    return "\n".join(["from __future__ import annotations",
+                      f"from device_loop.core.hookspecs import {', '.join(sorted(names - builtins))}", *lines]) + "\n"
+
+
+def test_the_built_in_plugins_hooks_are_annotated():
+    """Every hook of a built-in plugin says what it takes and answers (so mypy holds its body to that too)."""
+    import inspect
+
+    bare = [f"{plugin}.{impl.__name__}" for plugin, _, _, impl in _built_in_hooks()
+            if (signature := inspect.signature(impl)).return_annotation is inspect.Signature.empty
+            or any(p.annotation is inspect.Parameter.empty for name, p in signature.parameters.items() if name != "self")]
+    assert not bare, f"hooks without annotations: {', '.join(bare)}"
+
+
+@pytest.mark.timeout(300)
+def test_mypy_holds_the_built_in_plugins_to_the_hookspecs(tmp_path):
+    checks = tmp_path / "hook_checks.py"
+    checks.write_text(_hook_checks())
+    path = BIN / "mypy"
+    result = subprocess.run([str(path), "--config-file", str(SRC / "pyproject.toml"), "--cache-dir",
+                             str(SRC / ".mypy_cache"), str(checks)], cwd=SRC, capture_output=True, text=True,
+                            timeout=280, env={**os.environ, "MYPYPATH": str(SRC)})
+    assert result.returncode == 0, f"mypy, on the built-in plugins' hooks against the hookspecs:\n{_said(result)}"

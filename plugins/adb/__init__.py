@@ -26,19 +26,20 @@ started for the call the way a lease's is (and stopped after it), under the same
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 import contextlib
 import logging
 import os
 import shutil
 import threading
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from pydantic import Field
 
-from device_loop.plugin import (Endpoint, EndpointRole, Health, OperationError, PluginConfig, Resource, Service,
-                                ServiceError, StepKind, UsbDevice, hookimpl, port_is_free, run, usb_devices,
-                                wait_port_free)
+from device_loop.plugin import (Endpoint, EndpointRole, Health, HostContext, LeaseRef, Operation, OperationError,
+                                PluginConfig, Resource, Service, ServiceError, StepKind, UsbDevice, hookimpl,
+                                port_is_free, run, usb_devices, wait_port_free)
 
 log = logging.getLogger(__name__)
 ADB_INTERFACE = ("ff", "42", "01")
@@ -94,24 +95,24 @@ class AdbPlugin:
         self.readings: dict[str, tuple[float, dict[str, float] | None]] = {}  # serial -> (when, its zones)
 
     @hookimpl
-    def devloop_config_model(self):
+    def devloop_config_model(self) -> type[PluginConfig] | None:
         return AdbConfig
 
     @hookimpl
-    def devloop_available(self, host):
+    def devloop_available(self, host: HostContext) -> str | None:
         if not shutil.which("adb"):
             return "adb is not installed (Debian: apt-get install adb)"
         return None
 
     @hookimpl
-    def devloop_startup(self, host):
+    def devloop_startup(self, host: HostContext) -> None:
         code, output = run(["adb", "--help"])
         self.one_device = "--one-device" in output
         log.info("adb: %s", "one server per phone (--one-device)" if self.one_device else
                  NO_ONE_DEVICE + ": serving a phone only while it is the only one")
 
     @hookimpl
-    def devloop_discover(self, host):
+    def devloop_discover(self, host: HostContext) -> Sequence[Resource] | None:
         named = {e.config.serial: e for e in host.entries}
         resources = []
         for phone in _phones(host):
@@ -125,7 +126,7 @@ class AdbPlugin:
         return resources
 
     @hookimpl
-    def devloop_health(self, host, resource):
+    def devloop_health(self, host: HostContext, resource: Resource) -> Health | None:
         phones = _phones(host)
         if _serial(resource) not in {p.serial for p in phones}:
             return Health("failed", "the phone is gone from USB")
@@ -136,7 +137,7 @@ class AdbPlugin:
         return Health("failed", f"{others}; {NO_ONE_DEVICE}")
 
     @hookimpl
-    def devloop_start(self, host, resource, lease):
+    def devloop_start(self, host: HostContext, resource: Resource, lease: LeaseRef) -> Service | None:
         with self.starting:
             return self._start(host, resource, lease)
 
@@ -164,10 +165,10 @@ class AdbPlugin:
         return Service(endpoints=[endpoint], processes=[proc], data={"serial": serial})
 
     @hookimpl
-    def devloop_stop(self, host, service):
+    def devloop_stop(self, host: HostContext, service: Service) -> object:
         self.serving.discard(service.data["serial"])
         self.ports.pop(service.data["serial"], None)
-        # returning nothing lets the default stop the server process
+        return None  # lets the default stop the server process
 
     @contextlib.contextmanager
     def _server(self, host, resource) -> Iterator[int | None]:
@@ -201,7 +202,7 @@ class AdbPlugin:
                 self.serving.discard(serial)
 
     @hookimpl
-    def devloop_thermal(self, host, resource):
+    def devloop_thermal(self, host: HostContext, resource: Resource) -> Mapping[str, float] | None:
         """The phone's thermal zones, through a server of this one phone (spawns adb: see the module)."""
         serial = _serial(resource)
         when, zones = self.readings.get(serial, (float("-inf"), None))
@@ -219,11 +220,11 @@ class AdbPlugin:
         return zones
 
     @hookimpl
-    def devloop_steps(self, host, resource):
+    def devloop_steps(self, host: HostContext, resource: Resource | None) -> Sequence[StepKind] | None:
         return [WAIT_BOOT] if resource is None or resource.kind == "adb" else None
 
     @hookimpl
-    def devloop_operate(self, host, resource, op):
+    def devloop_operate(self, host: HostContext, resource: Resource, op: Operation) -> str | Mapping[str, Any] | None:
         if op.kind != WAIT_BOOT.name:
             raise OperationError(f"the adb plugin runs {WAIT_BOOT.name!r} alone, not {op.kind!r}", changed=False)
         serial = _serial(resource)

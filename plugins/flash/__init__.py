@@ -18,33 +18,36 @@ fetched and verified (``op.image``).
 """
 from __future__ import annotations
 
+from typing import Any
+from collections.abc import Mapping, Sequence
 import dataclasses
 import os
 from pathlib import Path
 
-from device_loop.plugin import Health, OperationError, OperationKind, hookimpl, usb_devices
+from device_loop.plugin import (Health, HostContext, Operation, OperationError, OperationKind, PluginConfig, Resource,
+                                hookimpl, usb_devices)
 
 from .backends import FlashConfig, flash_with
 
 
 @hookimpl
-def devloop_available(host):
+def devloop_available(host: HostContext) -> str | None:
     return None
 
 
 @hookimpl
-def devloop_config_model():
+def devloop_config_model() -> type[PluginConfig] | None:
     return FlashConfig
 
 
 @hookimpl
-def devloop_discover(host):
+def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
     return [dataclasses.replace(entry.resource("flash", f"flash:{host.name}:{entry.device}"), serves_lease=False)
             for entry in host.entries]
 
 
 @hookimpl
-def devloop_health(host, resource):
+def devloop_health(host: HostContext, resource: Resource) -> Health | None:
     config = resource.config
     backend = config.backend
     if backend == "target":
@@ -66,12 +69,12 @@ FLASH = OperationKind("flash", "write an image of the registry to the device, an
 
 
 @hookimpl
-def devloop_operations(host, resource):
+def devloop_operations(host: HostContext, resource: Resource) -> Sequence[OperationKind] | None:
     return [FLASH] if resource.kind == "flash" else None
 
 
 @hookimpl
-def devloop_operate(host, resource, op):
+def devloop_operate(host: HostContext, resource: Resource, op: Operation) -> str | Mapping[str, Any] | None:
     if op.kind != FLASH.kind:
         raise OperationError(f"a flash target runs {FLASH.kind!r} alone, not {op.kind!r}", changed=False)
     if op.image is None:

@@ -9,12 +9,13 @@ sysfs (millidegrees in each zone's ``temp``), reading nothing else and spawning 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 import dataclasses
 from pathlib import Path
 
 from pydantic import Field
 
-from device_loop.plugin import Health, PluginConfig, hookimpl
+from device_loop.plugin import Health, HostContext, PluginConfig, Resource, hookimpl
 
 
 class HostConfig(PluginConfig):
@@ -48,23 +49,23 @@ def zones(sysfs_root: Path, wanted: list[str] | None = None) -> dict[str, float]
 
 
 @hookimpl
-def devloop_config_model():
+def devloop_config_model() -> type[PluginConfig] | None:
     return HostConfig
 
 
 @hookimpl
-def devloop_available(host):
+def devloop_available(host: HostContext) -> str | None:
     return None
 
 
 @hookimpl
-def devloop_discover(host):
+def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
     return [dataclasses.replace(entry.resource("thermal", f"host-thermal:{host.name}:{entry.device}"),
                                 serves_lease=False) for entry in host.entries]
 
 
 @hookimpl
-def devloop_health(host, resource):
+def devloop_health(host: HostContext, resource: Resource) -> Health | None:
     if zones(host.sysfs_root, resource.config.zones):
         return Health("ok")
     which = f"none of the zones {', '.join(resource.config.zones)}" if resource.config.zones else "no thermal zone"
@@ -72,5 +73,5 @@ def devloop_health(host, resource):
 
 
 @hookimpl
-def devloop_thermal(host, resource):
+def devloop_thermal(host: HostContext, resource: Resource) -> Mapping[str, float] | None:
     return zones(host.sysfs_root, resource.config.zones) or None

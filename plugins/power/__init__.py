@@ -39,10 +39,12 @@ program not installed is ``failed``.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import dataclasses
 import os
 
-from device_loop.plugin import POWER_KIND, Health, OperationError, find_program, hookimpl
+from device_loop.plugin import (POWER_KIND, Health, HostContext, OperationError, PluginConfig, PowerReading, Resource,
+                                find_program, hookimpl)
 
 from . import command, ipmi, pdudaemon, redfish, sim, uhubctl
 from .config import PowerConfig
@@ -58,17 +60,17 @@ ACTIONS = ("on", "off", "status")
 
 
 @hookimpl
-def devloop_available(host):
+def devloop_available(host: HostContext) -> str | None:
     return None  # each backend's program is checked by its resources' health
 
 
 @hookimpl
-def devloop_config_model():
+def devloop_config_model() -> type[PluginConfig] | None:
     return PowerConfig
 
 
 @hookimpl
-def devloop_discover(host):
+def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
     return [dataclasses.replace(entry.resource(POWER_KIND, f"power:{host.name}:{entry.device}"), serves_lease=False)
             for entry in host.entries]
 
@@ -82,7 +84,7 @@ def _programs(resource) -> list[str]:
 
 
 @hookimpl
-def devloop_health(host, resource):
+def devloop_health(host: HostContext, resource: Resource) -> Health | None:
     """Whether the switch can be used, from what is here (files, programs): spawns nothing."""
     if resource.kind != POWER_KIND:
         return None
@@ -100,7 +102,7 @@ def devloop_health(host, resource):
 
 
 @hookimpl
-def devloop_power(host, resource, action):
+def devloop_power(host: HostContext, resource: Resource, action: str) -> PowerReading | None:
     """Switch ``resource``'s device on or off, or read its state, with its backend."""
     if resource.kind != POWER_KIND:
         return None

@@ -28,6 +28,9 @@ a cooldown step waits out.
 Its resources say the board is simulated (``Fidelity.SIMULATED``); ``devloop_fingerprint``
 says what no file of the board says: its workload's seed.
 """
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 import os
 import re
 from typing import Annotated, Literal
@@ -36,7 +39,8 @@ from pydantic import Field, StringConstraints, field_validator
 
 from pathlib import Path
 
-from device_loop.plugin import Duration, Fidelity, Health, PluginConfig, hookimpl, start_bridge
+from device_loop.plugin import (Duration, Fidelity, Health, HostContext, LeaseRef, PluginConfig, Resource, Service,
+                                hookimpl, start_bridge)
 
 from .board import SimBoard
 from .facts import DEFAULT_CPU_MODEL, BoardFacts
@@ -129,15 +133,15 @@ class SimPlugin:
         self.boards: dict[str, SimBoard] = {}
 
     @hookimpl
-    def devloop_config_model(self):
+    def devloop_config_model(self) -> type[PluginConfig] | None:
         return SimConfig
 
     @hookimpl
-    def devloop_available(self, host):
+    def devloop_available(self, host: HostContext) -> str | None:
         return None
 
     @hookimpl
-    def devloop_startup(self, host):
+    def devloop_startup(self, host: HostContext) -> None:
         for entry in host.entries:
             if entry.device not in self.boards:
                 config = entry.config
@@ -147,12 +151,12 @@ class SimPlugin:
                                                      switch=config.switch(host.state_dir, entry.device))
 
     @hookimpl
-    def devloop_shutdown(self, host):
+    def devloop_shutdown(self, host: HostContext) -> None:
         while self.boards:
             self.boards.popitem()[1].power_off()
 
     @hookimpl
-    def devloop_discover(self, host):
+    def devloop_discover(self, host: HostContext) -> Sequence[Resource] | None:
         # the stable link, not the pty of the moment (a new one at each power-on): a board
         # powered off is still there, and its service keeps serving it
         return [entry.resource("uart", f"sim:{host.name}:{entry.device}", node=str(self.boards[entry.device].link),
@@ -160,7 +164,7 @@ class SimPlugin:
                 for entry in host.entries if entry.device in self.boards]
 
     @hookimpl
-    def devloop_health(self, resource):
+    def devloop_health(self, resource: Resource) -> Health | None:
         board = self.boards.get(resource.device)
         if board is not None and not board.powered:
             return Health("degraded", "powered off (its switch says off)")
@@ -171,12 +175,12 @@ class SimPlugin:
         return Health("failed", f"console {resource.node} is gone")
 
     @hookimpl
-    def devloop_thermal(self, resource):
+    def devloop_thermal(self, resource: Resource) -> Mapping[str, float] | None:
         board = self.boards.get(resource.device)
         return {"cpu": round(board.thermal.read(), 2)} if board is not None else None
 
     @hookimpl
-    def devloop_fingerprint(self, host, resource):
+    def devloop_fingerprint(self, host: HostContext, resource: Resource) -> Mapping[str, str] | None:
         board = self.boards.get(resource.device)
         if board is None:
             return None
@@ -184,8 +188,8 @@ class SimPlugin:
                 "sim.workload_s": f"{board.workload.model.seconds:g}"}
 
     @hookimpl
-    def devloop_start(self, host, resource, lease):
+    def devloop_start(self, host: HostContext, resource: Resource, lease: LeaseRef) -> Service | None:
         self.boards[resource.device].fresh_line()  # a lease starts: not glued to what the last holder typed
         # (the node is the link: after a power cycle the bridge opens the new pty)
-        return start_bridge(host, resource, lease, resource.node, resource.config.baud,
-                            in_thread=True)
+        assert resource.node is not None  # (discovery gives each board its link)
+        return start_bridge(host, resource, lease, resource.node, resource.config.baud, in_thread=True)

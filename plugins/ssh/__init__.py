@@ -17,12 +17,14 @@ logging in: the client authenticates with its own key (``device-loop exec --iden
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import dataclasses
 import re
 
 from pydantic import Field, field_validator
 
-from device_loop.plugin import LOGIN_NAME_PATTERN, EndpointRole, PluginConfig, hookimpl, public_host_key, start_relay
+from device_loop.plugin import (LOGIN_NAME_PATTERN, EndpointRole, HostContext, LeaseRef, PluginConfig, Resource,
+                                Service, hookimpl, public_host_key, start_relay)
 
 COMMAND = "ssh -p {port} {user}@{host}"
 #: what an endpoint's param may hold (core/protocol.py bounds each to 255 characters)
@@ -59,17 +61,17 @@ class SshConfig(PluginConfig):
 
 
 @hookimpl
-def devloop_config_model():
+def devloop_config_model() -> type[PluginConfig] | None:
     return SshConfig
 
 
 @hookimpl
-def devloop_discover(host):
+def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
     return [entry.resource("ssh", f"ssh:{host.name}:{entry.device}") for entry in host.entries]
 
 
 @hookimpl
-def devloop_start(host, resource, lease):
+def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Service | None:
     config = resource.config
     service = start_relay(host, resource, lease, f"{config.host}:{config.port}", command=COMMAND, protocol="ssh",
                           role=EndpointRole.SSH)

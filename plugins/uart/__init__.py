@@ -17,6 +17,7 @@ serves the same RFC 2217 endpoint (but no raw one); the exporter log says which 
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import logging
 import os
 import re
@@ -24,8 +25,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from device_loop.plugin import (Health, PluginConfig, Resource, ServiceError, UsbTty, find_program, hookimpl,
-                                parse_framing, start_bridge, usb_ttys)
+from device_loop.plugin import (ConfiguredResource, Health, HostContext, LeaseRef, PluginConfig, Resource, Service,
+                                ServiceError, UsbTty, find_program, hookimpl, parse_framing, start_bridge, usb_ttys)
 
 from .ser2net import start_ser2net
 
@@ -93,12 +94,12 @@ def _server(config: UartConfig) -> str:
 
 
 @hookimpl
-def devloop_config_model():
+def devloop_config_model() -> type[PluginConfig] | None:
     return UartConfig
 
 
 @hookimpl
-def devloop_check_config(entry):
+def devloop_check_config(entry: ConfiguredResource) -> str | None:
     config = entry.config
     if config.path is not None:
         return f"{config.path} does not exist (unplugged?)"
@@ -106,7 +107,7 @@ def devloop_check_config(entry):
 
 
 @hookimpl
-def devloop_available(host):
+def devloop_available(host: HostContext) -> str | None:
     server = _ser2net()
     log.info("uart: serving with %s", f"ser2net ({server})" if server else
              "the built-in bridge (pyserial): ser2net is not installed")
@@ -133,7 +134,7 @@ def _identities(ttys: list[UsbTty]) -> dict[str, tuple[str, str]]:
 
 
 @hookimpl
-def devloop_discover(host):
+def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
     ttys = usb_ttys(host.sysfs_root)
     by_name = {tty.name: tty for tty in ttys}
     identity = _identities(ttys)
@@ -164,9 +165,9 @@ def devloop_discover(host):
 
 
 @hookimpl
-def devloop_health(resource):
+def devloop_health(resource: Resource) -> Health | None:
     """Without opening the port (that toggles DTR and resets many boards)."""
-    if not os.path.exists(resource.node):
+    if resource.node is None or not os.path.exists(resource.node):
         return Health("failed", f"{resource.node} is gone")
     if not os.access(resource.node, os.R_OK | os.W_OK):
         return Health("failed", f"the exporter may not read and write {resource.node}")
@@ -178,8 +179,9 @@ def devloop_health(resource):
 
 
 @hookimpl
-def devloop_start(host, resource, lease):
-    config = resource.config
+def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Service | None:
+    config, node = resource.config, resource.node
+    assert node is not None  # (discovery gives each uart resource its node)
     baud, framing, raw = config.baud, config.framing, config.raw
     try:
         server = _server(config)
@@ -189,10 +191,10 @@ def devloop_start(host, resource, lease):
         ser2net = _ser2net()
         if ser2net is None:  # (it was there a moment ago, for _server)
             raise ServiceError("ser2net is not installed")
-        return start_ser2net(host, resource, lease, ser2net, resource.node, baud, framing, raw)
+        return start_ser2net(host, resource, lease, ser2net, node, baud, framing, raw)
     if raw:
         # Two bridges would each open the device and split what the board prints
         # between them; ser2net lets one client at a time have it.
         log.warning("uart: %s asks for a raw endpoint too; the built-in bridge serves RFC 2217 only",
                     resource.device)
-    return start_bridge(host, resource, lease, resource.node, baud, framing, rfc2217=True)
+    return start_bridge(host, resource, lease, node, baud, framing, rfc2217=True)

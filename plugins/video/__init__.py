@@ -20,6 +20,7 @@ exporter stays small, and a crash in a codec takes only that lease's stream down
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import dataclasses
 import importlib.util
 import os
@@ -28,8 +29,8 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from device_loop.plugin import (EndpointRole, Health, PluginConfig, ServiceError, UsbDevice, hookimpl, python_module,
-                                usb_devices)
+from device_loop.plugin import (ConfiguredResource, EndpointRole, Health, HostContext, LeaseRef, PluginConfig, Resource,
+                                Service, ServiceError, UsbDevice, hookimpl, python_module, usb_devices)
 
 SOURCES = ("source", "usb_serial", "usb_port", "path", "file", "url")
 COMMAND = "device-loop video {lease}"
@@ -101,19 +102,19 @@ def _usb_cameras(host) -> dict[tuple[str, str], tuple[str, UsbDevice]]:
 
 
 @hookimpl
-def devloop_available(host):
+def devloop_available(host: HostContext) -> str | None:
     if importlib.util.find_spec("cv2") is None:
         return "OpenCV is not installed (pip install opencv-python-headless)"
     return None
 
 
 @hookimpl
-def devloop_config_model():
+def devloop_config_model() -> type[PluginConfig] | None:
     return VideoConfig
 
 
 @hookimpl
-def devloop_check_config(host, entry):
+def devloop_check_config(host: HostContext, entry: ConfiguredResource) -> str | None:
     config = entry.config
     if config.origin.startswith("usb_"):
         return f"no V4L2 camera with {config.origin} {config.where} is plugged in"
@@ -121,7 +122,7 @@ def devloop_check_config(host, entry):
 
 
 @hookimpl
-def devloop_discover(host):
+def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
     cameras = None
     found = []
     for entry in host.entries:
@@ -140,7 +141,7 @@ def devloop_discover(host):
 
 
 @hookimpl
-def devloop_health(host, resource):
+def devloop_health(host: HostContext, resource: Resource) -> Health:
     config = resource.config
     if config.origin == "source":
         switch = fail_switch(host, resource.device)
@@ -157,7 +158,7 @@ def devloop_health(host, resource):
 
 
 @hookimpl
-def devloop_start(host, resource, lease):
+def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Service | None:
     health = devloop_health(host, resource)
     if health.status == "failed":
         raise ServiceError(f"the camera cannot be used: {health.reason}")

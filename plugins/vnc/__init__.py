@@ -12,6 +12,7 @@ Debian's noVNC files (``novnc`` and ``websockify`` packages; ``x11vnc`` for disp
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 import re
 import shutil
 import socket
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from device_loop.plugin import (Endpoint, EndpointRole, Health, PluginConfig, Service, ServiceError, hookimpl,
-                                start_relay)
+from device_loop.plugin import (ConfiguredResource, Endpoint, EndpointRole, Health, HostContext, LeaseRef, PluginConfig,
+                                Resource, Service, ServiceError, hookimpl, start_relay)
 
 NOVNC = Path("/usr/share/novnc")
 X_SOCKETS = Path("/tmp/.X11-unix")
@@ -55,19 +56,19 @@ class VncConfig(PluginConfig):
 
 
 @hookimpl
-def devloop_config_model():
+def devloop_config_model() -> type[PluginConfig] | None:
     return VncConfig
 
 
 @hookimpl
-def devloop_available(host):
+def devloop_available(host: HostContext) -> str | None:
     if shutil.which("websockify") is None or not (NOVNC / "vnc.html").exists():
         return "websockify and noVNC are not installed (apt-get install novnc)"
     return None
 
 
 @hookimpl
-def devloop_check_config(host, entry):
+def devloop_check_config(host: HostContext, entry: ConfiguredResource) -> str | None:
     kind, value = entry.config.screen()
     if kind == "display":
         if shutil.which("x11vnc") is None:
@@ -77,7 +78,7 @@ def devloop_check_config(host, entry):
 
 
 @hookimpl
-def devloop_discover(host):
+def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
     found = []
     for entry in host.entries:
         kind, value = entry.config.screen()
@@ -91,7 +92,7 @@ def devloop_discover(host):
 
 
 @hookimpl
-def devloop_health(host, resource):
+def devloop_health(host: HostContext, resource: Resource) -> Health | None:
     kind, value = resource.config.screen()
     if kind == "display" and not (X_SOCKETS / f"X{value}").exists():
         return Health("failed", f"display :{value} is gone (its X server stopped)")
@@ -99,7 +100,7 @@ def devloop_health(host, resource):
 
 
 @hookimpl
-def devloop_start(host, resource, lease):
+def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Service | None:
     kind, value = resource.config.screen()
     service = Service(endpoints=[])
     try:

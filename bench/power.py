@@ -103,10 +103,10 @@ def main() -> None:
                     drain(uart)
                     began = time.monotonic()
                     op = lease.power("cycle", off_time=args.off_time, timeout=60)
-                    if (op.get("result") or {}).get("verdict") != "verified":
-                        raise SystemExit(f"the cycle was not verified: {op['message']}")
+                    if (op.result or {}).get("verdict") != "verified":
+                        raise SystemExit(f"the cycle was not verified: {op.message}")
                     ours.append(until_banner(uart, began))
-                    first_bytes.append(op["result"]["first_byte_s"])
+                    first_bytes.append((op.result or {})["first_byte_s"])
                     drain(uart)
                     began = time.monotonic()
                     url = (f"http://127.0.0.1:{port}/power/control/reboot?hostname=pdu01&port=1"

@@ -131,8 +131,8 @@ def console_command(lab: Lab, target: str, log_path: str | None, baud: int | Non
     """A terminal on the UART of your lease (Ctrl-] leaves)."""
     lease = _my_lease(lab, target)
     device, endpoint = lease.data["device"], uart_endpoint(lease)
-    if lease.data.get("secret"):  # a gated endpoint: speak its handshake through a local port
-        endpoint = LocalForward(endpoint, lease.data["secret"]).endpoint  # for as long as the console runs
+    if secret := lease.data.get("secret"):  # a gated endpoint: speak its handshake through a local port
+        endpoint = LocalForward(endpoint, secret).endpoint  # for as long as the console runs
     where = f"{endpoint['host']}:{endpoint['port']}"
     if baud and endpoint.get("protocol") != "rfc2217":
         click.echo(f"device-loop: {device}'s UART is raw TCP: --baud needs RFC 2217 and is ignored", err=True)

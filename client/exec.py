@@ -50,7 +50,7 @@ def _lease_of_this_job(lab: Lab, target: str) -> Lease | None:
         return None
     if not isinstance(data, dict) or target not in (data.get("id"), data.get("device")) or not data.get("ready"):
         return None
-    return Lease(lab.api, data)
+    return Lease(lab.api, data)  # type: ignore[arg-type]  # (the lease's answer, as `device-loop env` wrote it)
 
 
 @click.command("exec", context_settings={"ignore_unknown_options": True})

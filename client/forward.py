@@ -2,6 +2,8 @@
 tools (nc, telnet, adb -H -P, a VNC viewer, a browser) connect to localhost."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 import json
 import sys
 import urllib.parse
@@ -27,7 +29,7 @@ def local_url(url: str, port: int, secret: str) -> str:
     return urllib.parse.urlunsplit(("http", f"127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
 
 
-def _address(endpoint: dict) -> str:
+def _address(endpoint: Mapping[str, Any]) -> str:
     """Where to point a tool: an HTTP endpoint's URL, else HOST:PORT."""
     return endpoint.get("url") or f"{endpoint['host']}:{endpoint['port']}"
 

@@ -11,30 +11,37 @@ class and tags, and queueing when nothing that matches is free:
     ticket = lab.reserve(class_="riscv-sbc", tags=["rvv"], queue=True)   # a Lease, or a Ticket
     with ticket.wait() as lease:                 # a Ticket waits for its grant (a Lease waits for nothing)
         ...
+
+What the lab answers is typed as the coordinator answers it (``core/answers.py``: a
+``Lease``'s ``data`` is a ``LeaseAnswer``, ``Lab.devices()`` a list of ``DeviceAnswer``);
+an operation (``flash``, ``recover``, ``power``, ``settle``, ``operate``) is an
+``Operation``, as ``exec`` is an ``ExecResult``.
 """
 from __future__ import annotations
 
 import socket
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 from device_loop.core.durations import parse_duration
 
 from .http import Coordinator, CoordinatorError
 
-if TYPE_CHECKING:  # (exec and fingerprints are loaded when used: pydantic is heavy for a short command)
+if TYPE_CHECKING:  # (exec, fingerprints, the answers' types: loaded when used, pydantic is heavy for a short command)
+    from device_loop.core.answers import (DeviceAnswer, EndpointAnswer, HostAnswer, LeaseAnswer, LogEntry,
+                                          OperationAnswer, TicketAnswer)
     from device_loop.core.device_exec import ExecResult
     from device_loop.core.jobs import Fingerprint
 
-if TYPE_CHECKING:
     from .jobs_api import Jobs
 
 class LeaseFailed(CoordinatorError):
     """The lease ended, or did not get ready in time."""
 
 
-def require_ready(lease: dict) -> None:
+def require_ready(lease: Mapping[str, Any]) -> None:
     """Refuse (``CoordinatorError``) a lease, as JSON, whose endpoints cannot be used now."""
     if lease["state"] not in LIVE_LEASE_STATES:
         raise CoordinatorError("lease_ended", f"{lease['id']} has ended ({lease['reason']})")
@@ -42,7 +49,8 @@ def require_ready(lease: dict) -> None:
         raise CoordinatorError("not_ready", f"{lease['id']} is not ready yet: {lease['reason']}")
 
 
-def follow_op(api: Coordinator, op: dict, on_progress=None, timeout: float | None = None) -> dict:
+def follow_op(api: Coordinator, op: OperationAnswer, on_progress: Callable[[OperationAnswer], object] | None = None,
+              timeout: float | None = None) -> OperationAnswer:
     """Wait until an operation (of any kind) ends (``on_progress(op)`` at each news, at least
     once a second while it runs); the op as it ended.
 
@@ -59,20 +67,65 @@ def follow_op(api: Coordinator, op: dict, on_progress=None, timeout: float | Non
     return op
 
 
+class Operation:
+    """An operation on a leased device (a flash, a power switch, a settle, a plugin's kind),
+    as it stood when last fetched: ``data`` is the coordinator's ``OperationAnswer``."""
+
+    def __init__(self, api: Coordinator, data: OperationAnswer):
+        self.api = api
+        self.data = data
+
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    @property
+    def kind(self) -> str:
+        return self.data["kind"]
+
+    @property
+    def state(self) -> str:
+        """``queued``, ``running``, then ``done`` or ``failed``."""
+        return self.data["state"]
+
+    @property
+    def message(self) -> str:
+        """What happened, in words."""
+        return self.data.get("message", "")
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """What it found (a power operation's ``verdict``, a plugin's dict), once it ended."""
+        return self.data.get("result")
+
+    def wait(self, timeout: float | None = None) -> "Operation":
+        """Follow it until it ends (``CoordinatorError("timeout")`` after ``timeout`` seconds; it goes on)."""
+        self.data = follow_op(self.api, self.data, timeout=timeout)
+        return self
+
+    def __repr__(self) -> str:
+        said = f": {self.message}" if self.message else ""
+        return f"<Operation {self.id} {self.kind} on {self.data.get('device', '?')}, {self.state}{said}>"
+
+
 class Lab:
     def __init__(self, url: str | None = None, user: str | None = None, token: str | None = None):
         """``url`` (else ``$DEVICE_LOOP_COORDINATOR``), ``token`` (else ``$DEVICE_LOOP_TOKEN`` or
         ``~/.config/device-loop/token``); ``user`` counts only in a lab without tokens."""
         self.api = Coordinator(url, user, token=token)
 
-    def devices(self, device_class: str | None = None, tags: list[str] | tuple[str, ...] = ()) -> list[dict]:
+    def __repr__(self) -> str:
+        return f"<Lab {self.api.url} as {self.api.user}>"
+
+    def devices(self, device_class: str | None = None, tags: list[str] | tuple[str, ...] = ()) -> list[DeviceAnswer]:
         """The lab's devices (of ``device_class``, with all of ``tags``)."""
-        params = {"class": device_class} if device_class else {}
+        params: dict[str, str] = {"class": device_class} if device_class else {}
         if tags:
             params["tags"] = ",".join(tags)
         return self.api.get("/devices", **params)
 
-    def hosts(self) -> list[dict]:
+    def hosts(self) -> list[HostAnswer]:
+        """The lab's hosts: their exporters, plugins and devices."""
         return self.api.get("/hosts")
 
     @property
@@ -106,9 +159,11 @@ class Lab:
         return [Ticket(self.api, data) for data in self.api.get("/tickets", **({"all": "true"} if everyone else {}))]
 
     def ticket(self, ticket_id: str) -> "Ticket":
+        """One of your tickets (seeing a granted one claims it)."""
         return Ticket(self.api, self.api.get(f"/tickets/{ticket_id}"))
 
     def lease(self, lease_id: str) -> "Lease":
+        """One of your leases."""
         return Lease(self.api, self.api.get(f"/leases/{lease_id}"))
 
     def my_leases(self, device: str | None = None) -> list["Lease"]:
@@ -116,22 +171,35 @@ class Lab:
         params = {"device": device} if device else {}
         return [Lease(self.api, data) for data in self.api.get("/leases", **params)]
 
-    def log(self, device: str) -> list[dict]:
+    def log(self, device: str) -> list[LogEntry]:
+        """A device's ring log: its last changes of state, with their causes and actors."""
         return self.api.get(f"/devices/{device}/log")
 
-    def op(self, op_id: str) -> dict:
+    def op(self, op_id: str) -> Operation:
         """An operation: kind, state, phase, progress, its message and result."""
-        return self.api.get(f"/ops/{op_id}")
+        return Operation(self.api, self.api.get(f"/ops/{op_id}"))
 
-    def operations(self, device: str, kind: str | None = None) -> list[dict]:
+    def operations(self, device: str, kind: str | None = None) -> list[Operation]:
         """A device's last 20 operations (only those of ``kind``), newest first."""
-        return self.api.get(f"/devices/{device}/operations", **({"kind": kind} if kind else {}))
+        return [Operation(self.api, data)
+                for data in self.api.get(f"/devices/{device}/operations", **({"kind": kind} if kind else {}))]
 
 
 class Lease:
-    def __init__(self, api: Coordinator, data: dict):
+    """A lease on a device, as it stood when last fetched: ``data`` is the coordinator's
+    ``LeaseAnswer`` (endpoints, state, expiry...)."""
+
+    def __init__(self, api: Coordinator, data: LeaseAnswer):
         self.api = api
         self.data = data
+
+    def __repr__(self) -> str:
+        ready = ", ready" if self.data.get("ready") else ""
+        return f"<Lease {self.id} on {self.device}, {self.state}{ready}, expires {self.data.get('expires_at')}>"
+
+    @property
+    def device(self) -> str:
+        return self.data["device"]
 
     @property
     def id(self) -> str:
@@ -142,10 +210,10 @@ class Lease:
         return self.data["state"]
 
     @property
-    def endpoints(self) -> list[dict]:
+    def endpoints(self) -> list[EndpointAnswer]:
         return self.data["endpoints"]
 
-    def _endpoint(self, what: str, protocol: str | None = None) -> dict:
+    def _endpoint(self, what: str, protocol: str | None = None) -> EndpointAnswer:
         """The first endpoint whose role is ``what`` (and that speaks ``protocol``), else the
         first of resource kind ``what``: ``console`` finds any serial console, ``uart`` the
         endpoints of ``uart`` resources."""
@@ -170,10 +238,10 @@ class Lease:
         tokens the connection first sends ``DEVLOOP <secret>\n`` and reads ``OK\n``, and
         then it is the service's."""
         endpoint = self._endpoint(what, protocol)
-        if self.data.get("secret"):
+        if secret := self.data.get("secret"):
             from device_loop.core.gate import connect_gated  # (asyncio and friends: only when needed)
 
-            return connect_gated(endpoint["host"], endpoint["port"], self.data["secret"], timeout)
+            return connect_gated(endpoint["host"], endpoint["port"], secret, timeout)
         return socket.create_connection((endpoint["host"], endpoint["port"]), timeout=timeout)
 
     def refresh(self, wait_s: float = 0) -> "Lease":
@@ -200,51 +268,52 @@ class Lease:
         return self
 
     def renew(self, ttl: str | float) -> "Lease":
+        """Extend it: it then expires ``ttl`` (``"2h"``, or seconds) from now."""
         self.data = self.api.post(f"/leases/{self.id}/renew", {"ttl_s": parse_duration(ttl)})
         return self
 
-    def start_operation(self, kind: str, args: dict | None = None) -> dict:
+    def start_operation(self, kind: str, args: dict[str, Any] | None = None) -> Operation:
         """Start an operation of ``kind`` (one the device's resources run: ``Lab.devices()``,
         ``resources[].operations``) with ``args``; the operation at once, ``queued``."""
-        return self.api.post(f"/leases/{self.id}/operations", {"kind": kind, "args": args or {}})
+        return Operation(self.api, self.api.post(f"/leases/{self.id}/operations", {"kind": kind, "args": args or {}}))
 
-    def operate(self, kind: str, /, wait: bool = True, timeout: float | None = None, **args) -> dict:
+    def operate(self, kind: str, /, wait: bool = True, timeout: float | None = None, **args: Any) -> Operation:
         """Run an operation of ``kind`` on the leased device with ``args``
         (``lease.operate("capture-boot-log", seconds=5)``); with ``wait``, the operation once
         it ended (check its ``state``: ``done`` or ``failed``; ``result`` holds what it found,
         ``message`` what happened), else at once. ``timeout``: ``CoordinatorError("timeout")``
         after that many seconds (it goes on). An argument named ``wait`` or ``timeout``:
-        ``follow_op(lease.api, lease.start_operation(kind, {...}))``."""
+        ``lease.start_operation(kind, {...}).wait()``."""
         op = self.start_operation(kind, args)
-        return follow_op(self.api, op, timeout=timeout) if wait else op
+        return op.wait(timeout) if wait else op
 
-    def flash(self, image: str, wait: bool = True, timeout: float | None = None) -> dict:
+    def flash(self, image: str, wait: bool = True, timeout: float | None = None) -> Operation:
         """Flash ``image`` (its ref, ``sha256:...``, or its name) onto the leased device; with ``wait``, the
         operation once it ended (check its ``state``: ``done`` or ``failed``)."""
         return self.operate("flash", wait=wait, timeout=timeout, image=image)
 
-    def recover(self, wait: bool = True, timeout: float | None = None) -> dict:
+    def recover(self, wait: bool = True, timeout: float | None = None) -> Operation:
         """Flash the device's latest known-good image (this clears ``needs_recovery``)."""
-        op = self.api.post(f"/leases/{self.id}/recover")
-        return follow_op(self.api, op, timeout=timeout) if wait else op
+        op = Operation(self.api, self.api.post(f"/leases/{self.id}/recover"))
+        return op.wait(timeout) if wait else op
 
     def power(self, action: str, off_time: float | None = None, wait: bool = True,
-              timeout: float | None = None) -> dict:
+              timeout: float | None = None) -> Operation:
         """Switch the leased device's power: ``"on"``, ``"off"``, ``"cycle"`` (off for ``off_time``
         seconds, default the switch's, then on) or ``"status"``; with ``wait``, the operation once
         it ended. Its ``result["verdict"]`` is ``"verified"`` only when the switch read the change
         back or the console showed it (silent while off, printing again after on:
         ``result["first_byte_s"]``); ``"unverified"`` means nothing showed it happened."""
-        body: dict = {"action": action}
+        body: dict[str, Any] = {"action": action}
         if off_time is not None:
             body["off_time_s"] = off_time
-        op = self.api.post(f"/leases/{self.id}/power", body)
-        return follow_op(self.api, op, timeout=timeout) if wait else op
+        op = Operation(self.api, self.api.post(f"/leases/{self.id}/power", body))
+        return op.wait(timeout) if wait else op
 
-    def settle(self, timeout: float | None = None) -> dict:
+    def settle(self, timeout: float | None = None) -> Operation:
         """Run the device's cool-down steps now and wait until they are done (between two
         benchmark runs); the operation as it ended (``done`` at once for a device with none)."""
-        return follow_op(self.api, self.api.post(f"/leases/{self.id}/settle"), timeout=timeout)
+        return Operation(self.api, self.api.post(f"/leases/{self.id}/settle")).wait(timeout)
 
     def exec(self, command: str, timeout_s: float = 60.0, *, identity_file: str | None = None,
              max_output: int = 1 << 20) -> "ExecResult":
@@ -272,6 +341,7 @@ class Lease:
                       self.data, device, coordinator_version)
 
     def release(self) -> "Lease":
+        """Give it back (its services stop; the device goes on to its steps between leases)."""
         self.data = self.api.post(f"/leases/{self.id}/release")
         return self
 
@@ -282,7 +352,7 @@ class Lease:
             self.release()
             raise
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
 
@@ -294,9 +364,13 @@ class Ticket:
     """A place in the lab's queue (``Lab.reserve(..., queue=True)``): granted the first free
     device that matches, people before agents; ``wait()`` follows it to its lease."""
 
-    def __init__(self, api: Coordinator, data: dict):
+    def __init__(self, api: Coordinator, data: TicketAnswer):
         self.api = api
         self.data = data
+
+    def __repr__(self) -> str:
+        where = f", position {self.position}" if self.position is not None else ""
+        return f"<Ticket {self.id} for {self.data.get('wants', '?')}, {self.state}{where}>"
 
     @property
     def id(self) -> str:
@@ -315,7 +389,7 @@ class Ticket:
         self.data = self.api.get(f"/tickets/{self.id}", **({"wait": wait_s} if wait_s else {}))
         return self
 
-    def wait(self, timeout: float | None = None, on_change=None) -> Lease:
+    def wait(self, timeout: float | None = None, on_change: Callable[["Ticket"], object] | None = None) -> Lease:
         """Block until the ticket is granted (``on_change(ticket)`` at each news, the position
         while it waits); the lease, claimed. Raises ``TicketEnded`` if it is cancelled or its
         grant expired, ``CoordinatorError("timeout")`` after ``timeout`` seconds (it waits on)."""
@@ -338,5 +412,6 @@ class Ticket:
         return Lease(self.api, self.data["lease"])
 
     def cancel(self) -> "Ticket":
+        """Leave the queue (a granted ticket gives its lease back)."""
         self.data = self.api.post(f"/tickets/{self.id}/cancel")
         return self

@@ -3,6 +3,8 @@ kind a device's resources run), ``flash`` and ``recover`` (the image registry's)
 (one operation), ``ops`` and ``flashes`` (a device's history)."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 import json
 import math
 import shlex
@@ -18,6 +20,9 @@ from .http import CoordinatorError
 from .lab import Lab, follow_op
 from .output import emit, fail, on_terminal, progress_bar, table
 
+if TYPE_CHECKING:
+    from device_loop.core.answers import OperationAnswer
+
 
 detach_option = click.option("--detach", is_flag=True,
                              help="print the operation's id and return; follow it with 'device-loop op OP --wait'")
@@ -25,7 +30,7 @@ detach_option = click.option("--detach", is_flag=True,
 
 # ---- how an operation reads -------------------------------------------------------------------
 
-def _what(op: dict) -> str:
+def _what(op: Mapping[str, Any]) -> str:
     """``op-…: flash of sim-board-0 with build-1 (3f2a…)``, ``op-…: capture-boot-log of sim-board-0``."""
     if op.get("image"):
         image = op["image"]
@@ -33,7 +38,7 @@ def _what(op: dict) -> str:
     return f"{op['id']}: {op['kind']} of {op['device']}"
 
 
-def _progress(op: dict) -> str:
+def _progress(op: Mapping[str, Any]) -> str:
     """``writing, 3/8 MiB``, ``capturing, 2/5 seconds``, or just the phase."""
     progress = op["progress"]
     done, total, unit = progress["done"], progress["total"], progress["unit"]
@@ -63,7 +68,7 @@ def _result_text(result: dict) -> list[str]:
     return lines
 
 
-def _state_of(op: dict) -> str:
+def _state_of(op: Mapping[str, Any]) -> str:
     """An operation's state for people; a power operation that ended is verified or unverified,
     never merely done (docs/architecture.md, "Power")."""
     if op["state"] == "done" and op["kind"] == POWER_KIND:
@@ -72,7 +77,7 @@ def _state_of(op: dict) -> str:
     return op["state"]
 
 
-def op_text(op: dict) -> str:
+def op_text(op: Mapping[str, Any]) -> str:
     lines = [f"{_what(op)}: {_state_of(op)}" + (f" ({_progress(op)})" if op["state"] == "running" else "")]
     if op["message"]:
         lines.append(f"  {op['message']}")
@@ -85,7 +90,7 @@ def op_text(op: dict) -> str:
     return "\n".join(lines)
 
 
-def _draw(op: dict) -> None:
+def _draw(op: Mapping[str, Any]) -> None:
     """The operation's progress, over the last drawing, on stderr."""
     progress = op["progress"]
     phase = op["phase"] if op["state"] == "running" else _state_of(op)
@@ -102,7 +107,7 @@ def _draw(op: dict) -> None:
     sys.stderr.flush()
 
 
-def _follow_and_show(lab: Lab, op: dict, detach: bool, as_json: bool) -> None:
+def _follow_and_show(lab: Lab, op: OperationAnswer, detach: bool, as_json: bool) -> None:
     """Follow ``op`` to its end drawing its progress (on a terminal), print it, exit 1 if it failed."""
     if detach:
         emit(as_json, op, lambda o: o["id"])
@@ -112,7 +117,7 @@ def _follow_and_show(lab: Lab, op: dict, detach: bool, as_json: bool) -> None:
     if drawing:
         click.echo(f"{_what(op)} (Ctrl-C stops following; the {kind} goes on)", err=True)
 
-    def show(current: dict) -> None:
+    def show(current: Mapping[str, Any]) -> None:
         if drawing:
             _draw(current)
 
@@ -132,7 +137,7 @@ def _follow_and_show(lab: Lab, op: dict, detach: bool, as_json: bool) -> None:
     emit(as_json, final, op_text)
 
 
-def _failure(lab: Lab, op: dict) -> str:
+def _failure(lab: Lab, op: Mapping[str, Any]) -> str:
     """Why an operation failed, and what to do now."""
     device = lab.api.get(f"/devices/{op['device']}")
     if op["kind"] == FLASH_KIND:
@@ -232,7 +237,7 @@ def op_run_command(lab: Lab, kind: str, target: str, args: dict, detach: bool, a
 def op_show_command(lab: Lab, op_id: str, wait: bool, as_json: bool):
     """Show an operation: kind, state, phase, progress, seconds per phase, message and result
     ('device-loop op OP' is this)."""
-    op = lab.op(op_id)
+    op = lab.op(op_id).data
     if wait:
         _follow_and_show(lab, op, False, as_json)
     else:
@@ -304,7 +309,7 @@ def ops_command(lab: Lab, device: str, kind: str | None, as_json: bool):
                      [[o["id"], o["kind"], _state_of(o), o["phase"], _progress(o).partition(", ")[2] or "-",
                        o["requester"], o["created_at"],
                        (o["message"][:50] + "...") if len(o["message"]) > 53 else o["message"]] for o in ops])
-    emit(as_json, lab.operations(device, kind), text)
+    emit(as_json, [op.data for op in lab.operations(device, kind)], text)
 
 
 @click.command("flash")
@@ -316,7 +321,7 @@ def ops_command(lab: Lab, device: str, kind: str | None, as_json: bool):
 def flash_command(lab: Lab, target: str, image: str, detach: bool, as_json: bool):
     """Flash IMAGE (its REF, sha256:..., or its name, from 'device-loop images ls') onto a device you hold,
     and follow it to its end (exit 1 if it failed)."""
-    _follow_and_show(lab, _my_lease(lab, target).operate(FLASH_KIND, wait=False, image=image), detach, as_json)
+    _follow_and_show(lab, _my_lease(lab, target).operate(FLASH_KIND, wait=False, image=image).data, detach, as_json)
 
 
 @click.command("recover")

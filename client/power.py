@@ -2,6 +2,8 @@
 coordinator and say what was observed (docs/architecture.md, "Power")."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 import click
 
 from device_loop.core.vocabulary import PowerAction, PowerVerdict
@@ -17,12 +19,12 @@ from .output import emit, fail
 UNVERIFIED = 3
 
 
-def _result(op: dict) -> dict:
+def _result(op: Mapping[str, Any]) -> dict:
     result = op.get("result")
     return result if isinstance(result, dict) else {}
 
 
-def verdict_of(op: dict) -> str:
+def verdict_of(op: Mapping[str, Any]) -> str:
     """A power operation's word for people: ``verified`` or ``unverified`` once it is done (what
     an exporter reported is data: anything else reads as unverified), else its state."""
     if op["state"] != "done":
@@ -32,7 +34,7 @@ def verdict_of(op: dict) -> str:
         PowerVerdict.UNVERIFIED.value
 
 
-def power_text(op: dict) -> str:
+def power_text(op: Mapping[str, Any]) -> str:
     """``sim-board-0: power cycle verified (...)`` and the observations, one a line."""
     result = _result(op)
     action = op["args"].get("action", "?")

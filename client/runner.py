@@ -387,10 +387,10 @@ class CellRun:
         path and locale: ``Account.environment``), what ``device-loop env`` exports (through
         local forwards in a lab with gates), the lease, and who to be to the lab."""
         endpoints = [e for e in lease.endpoints if e.get("env")]
-        if lease.data.get("secret") and endpoints:
+        if (secret := lease.data.get("secret")) and endpoints:
             from device_loop.core.gate import LocalForward
 
-            self._forwards = [LocalForward(e, lease.data["secret"]) for e in endpoints]
+            self._forwards = [LocalForward(e, secret) for e in endpoints]
             endpoints = [f.endpoint for f in self._forwards]
         account = self.placement.account
         base = self.runner.base_env if account is None else account.environment(self.runner.base_env)
@@ -437,8 +437,8 @@ class CellRun:
         (a zone above the cool-down threshold when the step timed out)."""
         assert self.lease is not None
         op = self.lease.settle(timeout=self.spec.command_timeout_s)
-        if op["state"] != "done":
-            return f"settle {op['state']}: {op.get('message') or op.get('reason') or 'no reason given'}"
+        if op.state != "done":
+            return f"settle {op.state}: {op.message or 'no reason given'}"
         return None
 
     # --- runs ---------------------------------------------------------------------------------

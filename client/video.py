@@ -1,6 +1,8 @@
 """``device-loop video``: a leased device's camera, as a URL to open or a snapshot to save."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 import sys
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from .lab import Lab, require_ready
 from .output import emit
 
 
-def _camera(lease: dict) -> dict:
+def _camera(lease: Mapping[str, Any]) -> dict:
     """The URLs of a ready lease's camera (they carry the lease's capability in a lab with
     tokens: only its holder has them)."""
     require_ready(lease)

@@ -1,6 +1,8 @@
 """``device-loop vnc``: a leased device's screen, in a browser or a VNC viewer."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
 import click
 
 from device_loop.core.usage import by_role, screen_url
@@ -12,7 +14,7 @@ from .lab import Lab, require_ready
 from .output import emit
 
 
-def screen(lease: dict) -> dict:
+def screen(lease: Mapping[str, Any]) -> dict:
     """The browser viewer's URL and how to point a VNC viewer at a ready lease's screen."""
     require_ready(lease)
     screens = by_role(lease, EndpointRole.RFB)

@@ -8,7 +8,7 @@ from device_loop.core import FLASH_KIND
 from device_loop.core.durations import iso
 from device_loop.core.vocabulary import LeaseState, OperationState
 
-from .answers import DeviceAnswer, HostAnswer
+from device_loop.core.answers import DeviceAnswer, HostAnswer
 from .devices import Devices
 from .errors import APIError, conflict, not_found
 from .leases import Leases

@@ -1,6 +1,6 @@
 """Everything a client can ask the coordinator, declared once (``CALLS``): each call's name,
 who may make it, what it takes (a model of ``schemas.py``) and what it answers (a type of
-``answers.py``). The REST routes (``api.py``), the MCP tools (``mcp_tools.py``) and the
+``core/answers.py``). The REST routes (``api.py``), the MCP tools (``mcp_tools.py``) and the
 OpenAPI document (``openapi.py``) are all made from this table, and the access guard test
 (tests/test_access.py) holds it to who may call what.
 
@@ -20,9 +20,9 @@ from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, TicketKind
 
 from . import device_commands, relays
-from .answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer, HealthAnswer, HostAnswer,
-                      ImageAnswer, JobAnswer, LeaseAnswer, LogEntry, OperationAnswer, QueueEntry,
-                      TicketAnswer, TokenAnswer)
+from device_loop.core.answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer,
+                                      HealthAnswer, HostAnswer, ImageAnswer, JobAnswer, LeaseAnswer, LogEntry,
+                                      OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer)
 from .errors import APIError
 from .evidence import evidence_markdown
 from .identity import ADMIN, ANYONE, EXPORTER, USER, Identity, issue_token, refusal, token_view

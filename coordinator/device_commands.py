@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from device_loop.core.device_exec import ExecError, exec_on_lease
 
-from .answers import ExecAnswer, LeaseAnswer
+from device_loop.core.answers import ExecAnswer, LeaseAnswer
 from .errors import APIError
 from .ssh_logins import OPTION, SshLogins
 

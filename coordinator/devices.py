@@ -5,7 +5,8 @@ from device_loop.core.durations import iso
 
 from device_loop.core.vocabulary import DeviceState
 
-from .answers import AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry, RunningOperation, RunningStep
+from device_loop.core.answers import (AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry,
+                                      RunningOperation, RunningStep)
 from .errors import APIError, not_found
 from .hidden_paths import hide_paths, hide_paths_in
 from .holders import holder_json

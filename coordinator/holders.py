@@ -21,7 +21,7 @@ import posixpath
 import re
 from typing import Any, Mapping, cast
 
-from .answers import HolderAnswer
+from device_loop.core.answers import HolderAnswer
 
 REDACTED = "[redacted]"
 SECRET_WORDS = ("password", "passwd", "passphrase", "secret", "token", "apikey", "credential", "auth", "cookie",

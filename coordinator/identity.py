@@ -29,7 +29,7 @@ from starlette.requests import Request
 from device_loop.core.durations import iso
 from device_loop.core.vocabulary import TokenKind
 
-from .answers import TokenAnswer
+from device_loop.core.answers import TokenAnswer
 from .errors import APIError
 from .rows import TokenRow
 

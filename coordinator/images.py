@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from device_loop.core import NAME_PATTERN
 from device_loop.core.durations import iso
 
-from .answers import ImageAnswer
+from device_loop.core.answers import ImageAnswer
 from .errors import APIError, conflict, not_found
 from .image_files import ImageFiles
 from .lifecycle import Lifecycle

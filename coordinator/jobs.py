@@ -29,7 +29,7 @@ from device_loop.core.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEAS
 from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, JobState, LeaseState,
                                          TicketKind, TicketState)
 
-from .answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
+from device_loop.core.answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
 from .errors import APIError, conflict, not_found
 from .leases import Leases
 from .lifecycle import Lifecycle

@@ -15,7 +15,7 @@ from device_loop.core.durations import format_duration, iso
 from device_loop.core.usage import commands
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
 
-from .answers import LeaseAnswer
+from device_loop.core.answers import LeaseAnswer
 from .devices import Devices, running_operation
 from .errors import APIError, conflict, not_found
 from .lifecycle import Lifecycle, held_off, switched_off

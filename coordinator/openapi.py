@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 description of the REST API (``GET /api/v1/openapi.json``), made from
 the calls' table (``calls.CALLS``): each call's arguments (its model: path, query and body
-fields), its answer's type (``answers.py``) and who may make it. No wire shape is written
+fields), its answer's type (``core/answers.py``) and who may make it. No wire shape is written
 here a second time, only what the rules check beyond a model (``CHECKED``). Routes that do
 not answer JSON (the web page, its files, metrics, the event stream) are not described."""
 from __future__ import annotations

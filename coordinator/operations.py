@@ -25,7 +25,7 @@ from device_loop.core.durations import iso
 from device_loop.core.protocol import Args, Heartbeat, OperationReport, Progress
 from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationState
 
-from .answers import OperationAnswer
+from device_loop.core.answers import OperationAnswer
 from .errors import APIError, conflict, not_found
 from .hidden_paths import hide_paths_in
 from .images import Images

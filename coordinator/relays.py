@@ -36,7 +36,7 @@ from device_loop.core.uart_client import open_uart
 from device_loop.core.usage import EndpointJSON, camera_endpoint
 from device_loop.core.vocabulary import EndpointRole
 
-from .answers import LeaseAnswer
+from device_loop.core.answers import LeaseAnswer
 from .errors import APIError
 
 EXCHANGE_MAX_WAIT_S = 10.0

@@ -10,6 +10,7 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
+from device_loop.core.answers import FlashedImage as FlashedImage  # (read as it is answered: one type)
 from device_loop.core.vocabulary import (Arm, DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState,
                                          OperationState, TicketKind, TicketState, TokenKind)
 
@@ -139,12 +140,6 @@ class OperationRow(TypedDict):
 
 class OperationView(OperationRow):
     host_online: bool | None
-
-
-class FlashedImage(TypedDict):
-    """The image a device's latest completed flash wrote."""
-    name: str
-    sha256: str
 
 
 class ImageRow(TypedDict):

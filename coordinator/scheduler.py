@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 from device_loop.core.durations import format_duration, iso
 from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, LeaseState
 
-from .answers import LeaseAnswer, QueueEntry, TicketAnswer
+from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer
 from .errors import APIError, conflict, not_found
 from .leases import Leases, describe_want, lease_json
 from .lifecycle import Lifecycle

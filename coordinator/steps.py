@@ -18,7 +18,7 @@ from typing import Any
 from device_loop.core.protocol import EXPORTER_STEPS
 from device_loop.core.vocabulary import FaultKind, OperationState
 
-from .answers import OperationAnswer
+from device_loop.core.answers import OperationAnswer
 from .errors import APIError, conflict, not_found
 from .leases import Leases
 from .lifecycle import Lifecycle, fault

@@ -128,12 +128,13 @@ def test_rest_the_cli_python_and_an_agent_each_capture_the_boot_log(board, env):
     lab = Lab(coordinator.url, user="alice")
     try:
         op = lab.lease(lease["id"]).operate(KIND, seconds=2)
-        assert_captured(op, 2)
-        assert [o["id"] for o in lab.operations("sim-board-0", kind=KIND)][0] == op["id"]
+        assert_captured(op.data, 2)
+        assert repr(op).startswith(f"<Operation {op.id} {KIND} on sim-board-0, done: captured ")
+        assert [o.id for o in lab.operations("sim-board-0", kind=KIND)][0] == op.id
         queued = lab.lease(lease["id"]).operate(KIND, wait=False, seconds=1)
-        assert queued["state"] == "queued"
-        assert lab.op(queued["id"])["id"] == queued["id"]
-        assert_captured(cli_json_wait(env, coordinator, queued["id"]), 1)
+        assert queued.state == "queued"
+        assert lab.op(queued.id).id == queued.id
+        assert_captured(cli_json_wait(env, coordinator, queued.id), 1)
     finally:
         lab.api.close()
 

@@ -107,7 +107,7 @@ def test_the_demo_boards_flash_and_recover_without_hardware(lab, env):
     target.write_bytes(b"a broken build")
     with lab_client.reserve("sim-board-0", ttl="10m") as lease:
         done = lease.flash("sim-firmware-1.0")
-        assert done["state"] == "done" and "verified by read-back" in done["message"]
+        assert done.state == "done" and "verified by read-back" in done.message
         assert hashlib.sha256(target.read_bytes()).hexdigest() == firmware["sha256"]
         target.write_bytes(b"broken again")
         camera = next(e for e in lease.endpoints if e["kind"] == "video")

@@ -300,9 +300,9 @@ def test_a_device_page_keeps_its_flashes_in_sight_and_folds_away_what_an_ab_job_
     build, _ = image_file(tmp_path, "build", 1 << 20)
     run_cli(env, coordinator.url, "images", "upload", str(build), "--name", "build-1", "--for", "sim-board")
     lease = Lab(coordinator.url, "alice").reserve("sim-board-0").wait_ready()
-    assert lease.flash("build-1")["state"] == "done"
+    assert lease.flash("build-1").state == "done"
     for _ in range(20):  # an A/B job settles before each of its runs: the flash is older than the last 20
-        assert lease.settle()["state"] == "done"
+        assert lease.settle().state == "done"
 
     page, errors = open_board(browser, f"{coordinator.url}/devices/sim-board-0", viewport=PHONE_400)
     flashes = page.locator("section.flashes")

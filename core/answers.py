@@ -1,6 +1,7 @@
-"""What the coordinator answers, as types: the REST routes and MCP tools return these, and
-the OpenAPI document describes each route's answer from them (``openapi.py``), so a shape
-is written once, here. Times are ISO 8601 text (``core.durations.iso``).
+"""What the coordinator answers, as types: the REST routes and MCP tools return these, the
+OpenAPI document describes each route's answer from them (``coordinator/openapi.py``), and
+the Python client (``client/lab.py``) hands them on, so a shape is written once, here.
+Times are ISO 8601 text (``core.durations.iso``).
 """
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
-from device_loop.core.jobs import CellReport, JobSpec, RunRecord
-from device_loop.core.vocabulary import (DeviceState, Fidelity, HealthStatus, JobState, LeaseState, OperationState,
-                                         TicketKind, TicketState, TokenKind)
+from .jobs import CellReport, JobSpec, RunRecord
+from .vocabulary import (DeviceState, Fidelity, HealthStatus, JobState, LeaseState, OperationState, TicketKind,
+                         TicketState, TokenKind)
 
-from .rows import FlashedImage
+
+class FlashedImage(TypedDict):
+    """The image a device's latest completed flash wrote."""
+    name: str
+    sha256: str
 
 
 class HolderAnswer(TypedDict, total=False):

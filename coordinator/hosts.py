@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -100,7 +100,7 @@ class _Changes:
         self.begin_steps: list[str] = []    # devices whose steps between leases begin now
         self.faults_cleared: list[str] = []  # devices whose health recovered after a failed step
 
-    def touch(self, row: Mapping[str, Any], cause: str | None = None, **fields) -> dict[str, Any]:
+    def touch(self, row: Mapping[str, Any], cause: str | None = None, **fields: Any) -> dict[str, Any]:
         """Take ``row`` into account (its state is recomputed), with ``fields`` changed."""
         current = self.rows.setdefault(row["name"], dict(row))
         if any(current.get(k) != v for k, v in fields.items()):
@@ -387,7 +387,7 @@ class Hosts:
         return DesiredState.model_validate({"services": services, "adopted": adopted, "operations": operations,
                                             "etag": etag, "as_of": as_of}).model_dump(by_alias=True, mode="json")
 
-    async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone,
+    async def wait_desired(self, host_name: str, etag: str | None, wait_s: float, gone: Callable[[], Awaitable[object]],
                            boot_id: str | None = None) -> dict:
         """Long-poll: the desired state as soon as its etag differs from ``etag``.
 

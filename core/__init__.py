@@ -22,7 +22,7 @@ OP_PREFIX = "op-"
 EVENTS_KEEPALIVE_S = 15.0
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> str:
     # __version__ is looked up when asked for: importlib.metadata costs a short command
     # like `device-loop ls` 13 ms of its start
     if name == "__version__":

@@ -33,6 +33,7 @@ heavy (no pydantic): ``device-loop exec`` starts for every command a job runs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import selectors
@@ -152,10 +153,10 @@ def _exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float, ide
     run: Callable[[], tuple[str, str, int, bool]]
     if endpoint := _first(endpoints, EndpointRole.ADB):
         channel: Channel = "adb"
-        run = lambda: _adb(endpoint, secret, device, command, timeout_s, max_output)  # noqa: E731
+        run = functools.partial(_adb, endpoint, secret, device, command, timeout_s, max_output)
     elif (endpoint := _first(endpoints, EndpointRole.SSH)) and ssh is not None:
         channel = "ssh"
-        run = lambda: _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file, ssh)  # noqa: E731
+        run = functools.partial(_ssh, endpoint, secret, device, command, timeout_s, max_output, identity_file, ssh)
     elif consoles := [e for e in endpoints if e.get("role") == EndpointRole.CONSOLE]:
         channel = "console"
         console = sorted(consoles, key=lambda e: e.get("protocol") != "raw")[0]  # a plain socket first
@@ -214,7 +215,8 @@ def _reachable(endpoint: Mapping[str, Any], secret: str | None, device: str, wha
         yield forward.endpoint["host"], forward.endpoint["port"]
 
 
-def _adb(endpoint, secret, device, command, timeout_s, max_output) -> tuple[str, str, int, bool]:
+def _adb(endpoint: Mapping[str, Any], secret: str | None, device: str, command: str, timeout_s: float,
+         max_output: int) -> tuple[str, str, int, bool]:
     if shutil.which("adb") is None:
         raise ExecError("no_channel", f"{device} is reached through adb, which is not installed here "
                                       "(Debian: apt-get install adb)")
@@ -227,8 +229,8 @@ def _adb(endpoint, secret, device, command, timeout_s, max_output) -> tuple[str,
     return stdout, stderr, status, truncated
 
 
-def _ssh(endpoint, secret, device, command, timeout_s, max_output, identity_file,
-         ssh: SshLogin | str) -> tuple[str, str, int, bool]:
+def _ssh(endpoint: Mapping[str, Any], secret: str | None, device: str, command: str, timeout_s: float,
+         max_output: int, identity_file: str | None, ssh: SshLogin | str) -> tuple[str, str, int, bool]:
     if shutil.which("ssh") is None:
         raise ExecError("no_channel", f"{device} is reached through ssh, which is not installed here "
                                       "(Debian: apt-get install openssh-client)")
@@ -401,7 +403,8 @@ def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
 
-def _console(endpoint, secret, device, command, timeout_s, max_output) -> tuple[str, str, int, bool]:
+def _console(endpoint: Mapping[str, Any], secret: str | None, device: str, command: str, timeout_s: float,
+             max_output: int) -> tuple[str, str, int, bool]:
     if "\n" in command or "\r" in command:
         raise ExecError("bad_command", "a console takes a command of one line: join its parts with ';'")
     if control := _LINE_CONTROL.search(command):  # ^C, ^U, ^D... act on the line even inside quotes

@@ -42,11 +42,15 @@ import stat
 import sys
 import threading
 import urllib.parse
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .ports import inherited_listener
 from .process import python_module
 from .tcp_relay import pipe
+
+if TYPE_CHECKING:
+    from .host import HostContext
+    from .model import Endpoint, LeaseRef, Resource, Service
 
 SECRET_ENV = "DEVLOOP_GATE_SECRET"  # not argv: others on the host may read command lines
 HELLO = b"DEVLOOP "
@@ -79,7 +83,7 @@ async def _until_gone(lifeline: int) -> None:
         loop.remove_reader(lifeline)
 
 
-def grace_s(environ=os.environ) -> float:
+def grace_s(environ: Mapping[str, str] = os.environ) -> float:
     """How long a gate lets its live connections go on once its exporter is gone: ``GRACE_S``
     unless ``DEVICE_LOOP_GATE_GRACE_S`` says otherwise. Raises ``ValueError`` if that is not
     a number of seconds from 0 to ``MAX_GRACE_S``."""
@@ -142,7 +146,7 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes,
                 http: bool = False) -> None:
     live: set[asyncio.Task] = set()
 
-    async def handle(reader, writer):
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None  # (the server runs each connection's handler in a task of its own)
         live.add(task)
@@ -151,7 +155,7 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes,
         finally:
             live.discard(task)
 
-    async def admit(reader, writer):
+    async def admit(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             line = await asyncio.wait_for(_first_line(reader), HANDSHAKE_S)
         except (asyncio.TimeoutError, ConnectionError):
@@ -190,10 +194,12 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes,
     # connections close with it
 
 
-def gate_service(host, resource, lease, service):
+def gate_service(host: HostContext, resource: Resource, lease: LeaseRef, service: Service) -> Service:
     """Put a gate in front of every endpoint of ``service`` (which listens on loopback); each
     ends with this process (its lifeline)."""
-    gated = []
+    if lease.secret is None:
+        raise ValueError(f"lease {lease.id} has no secret: there is nothing a gate could ask for")
+    secret, gated = lease.secret, []
     grace = grace_s()
     for endpoint in service.endpoints:
         http = endpoint.protocol == "http"
@@ -201,17 +207,17 @@ def gate_service(host, resource, lease, service):
                 "--lifeline", "{lifeline}", "--grace", f"{grace:g}", *(["--http"] if http else [])]
         front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
                                         protocol=endpoint.protocol, params=endpoint.params,
-                                        env={**os.environ, SECRET_ENV: lease.secret}, command=endpoint.command,
+                                        env={**os.environ, SECRET_ENV: secret}, command=endpoint.command,
                                         role=endpoint.role)
         gated += [dataclasses.replace(e, kind=endpoint.kind, env=endpoint.env,
-                                      url=_gated_url(endpoint, e, lease.secret))
+                                      url=_gated_url(endpoint, e, secret))
                   for e in front.endpoints]
         service.processes += front.processes
     service.endpoints = gated
     return service
 
 
-def _gated_url(service_endpoint, gate_endpoint, secret: str) -> str | None:
+def _gated_url(service_endpoint: Endpoint, gate_endpoint: Endpoint, secret: str) -> str | None:
     """The URL of an HTTP endpoint through its gate: the capability is its first path segment."""
     if service_endpoint.protocol != "http" or service_endpoint.url is None:
         return None
@@ -243,7 +249,7 @@ def connect_gated(host: str, port: int, secret: str, timeout: float = 10.0) -> s
 
 async def serve_forward(listener: socket.socket, host: str, port: int, secret: str) -> None:
     """Relay every local connection on ``listener`` through the gate of ``host:port``."""
-    async def handle(reader, writer):
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             sock = await asyncio.to_thread(connect_gated, host, port, secret)
         except OSError:
@@ -278,7 +284,7 @@ class LocalForward:
 
     def close(self) -> None:
         """Stop serving and close the port; returns once it is closed."""
-        async def stop():
+        async def stop() -> None:
             self._serving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._serving  # closes the listening socket
@@ -297,7 +303,7 @@ class LocalForward:
     def __enter__(self) -> "LocalForward":
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

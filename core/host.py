@@ -5,6 +5,7 @@ import dataclasses
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import ports
 from .model import ConfiguredResource, Endpoint, LeaseRef, Resource, Service
@@ -30,7 +31,7 @@ class HostContext:
     entries: list[ConfiguredResource] = field(default_factory=list)
     processes: ProcessRegistry = None  # type: ignore[assignment]  # (None: __post_init__ makes one)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
         self.sysfs_root = Path(self.sysfs_root)
         if self.processes is None:
@@ -49,7 +50,7 @@ class HostContext:
         return ports.free_port(self.bind_address)
 
     def serve_on_free_port(self, argv: list[str], resource: Resource, lease: LeaseRef, *,
-                           name: str, protocol: str = "raw", params: dict | None = None,
+                           name: str, protocol: str | None = "raw", params: dict | None = None,
                            env: dict | None = None, command: str | None = None, role: str | None = None) -> Service:
         """Start ``argv`` on a listening socket of a free port; ``{fd}`` in ``argv`` is its fd.
 
@@ -76,8 +77,9 @@ class HostContext:
                             params=params, command=command, role=role)
         return Service(endpoints=[endpoint], processes=[proc])
 
-    def serve_in_thread(self, serve, resource: Resource, lease: LeaseRef, *, name: str, protocol: str = "raw",
-                        params: dict | None = None, command: str | None = None, role: str | None = None) -> Service:
+    def serve_in_thread(self, serve: Callable[[socket.socket, int], None], resource: Resource, lease: LeaseRef, *,
+                        name: str, protocol: str = "raw", params: dict | None = None, command: str | None = None,
+                        role: str | None = None) -> Service:
         """Run ``serve(listener, stop_fd)`` in a thread of the exporter, on a listening socket
         of a free port; it must return once ``stop_fd`` is readable. For services that
         cost next to nothing (the simulated boards'); real devices get processes, which

@@ -65,7 +65,7 @@ class Health:
     status: str = "ok"
     reason: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.status not in HEALTH_STATES:
             raise ValueError(f"health status must be one of {HEALTH_STATES}, not {self.status!r}")
 
@@ -207,7 +207,7 @@ class PowerReading:
     state: str | None = None  # a PowerState value, or None: not read back
     detail: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.state is not None and self.state not in ("on", "off"):
             raise ValueError(f"a power reading's state is 'on', 'off' or None, not {self.state!r}")
 

@@ -14,14 +14,17 @@ which version this exporter lacks, before its hooks are looked at (they may be n
 from __future__ import annotations
 
 import os
-from importlib.metadata import entry_points
-from typing import Sequence
+from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pluggy
 
 from . import hookspecs
 from .hookspecs import API_VERSION, NEEDS_API, PROJECT, hookimpl
 from .plugin_config import PluginConfig
+
+if TYPE_CHECKING:
+    from .model import Service
 
 ENTRY_POINT_GROUP = "device_loop"
 #: A comma-separated list of the plugins to load (all installed ones when unset), as
@@ -34,13 +37,13 @@ class _Defaults:
     """Fallbacks for hooks a plugin may leave out (registered last, like pytest's)."""
 
     @hookimpl(trylast=True)
-    def devloop_stop(self, service):
+    def devloop_stop(self, service: Service) -> object:
         for proc in service.processes:
             proc.stop()
         return True
 
     @hookimpl(trylast=True)
-    def devloop_config_model(self):
+    def devloop_config_model(self) -> type[PluginConfig]:
         return PluginConfig  # a plugin that declares no model takes no keys
 
 
@@ -49,7 +52,7 @@ def wanted_by_environment() -> set[str] | None:
     return None if value is None else {name.strip() for name in value.split(",") if name.strip()}
 
 
-def model_problem(model) -> str | None:
+def model_problem(model: object) -> str | None:
     """What is wrong with what a plugin's ``devloop_config_model`` returned, or None."""
     if not (isinstance(model, type) and issubclass(model, PluginConfig)):
         return f"devloop_config_model returned {model!r}, not a subclass of PluginConfig"
@@ -73,7 +76,7 @@ def api_problem(plugin: object) -> str | None:
     return None
 
 
-def hook_problems(plugin) -> list[str]:
+def hook_problems(plugin: object) -> list[str]:
     """What is wrong with a plugin's hooks that pluggy would let pass in silence."""
     problems = []
     for name in dir(plugin):
@@ -105,7 +108,7 @@ class PluginSet:
             self._load(entry)
         self.pm.register(_Defaults(), name="defaults")
 
-    def _load(self, entry) -> None:
+    def _load(self, entry: EntryPoint) -> None:
         try:
             plugin = entry.load()
             if isinstance(plugin, type):  # a plugin class: this exporter's own object keeps its state
@@ -128,7 +131,7 @@ class PluginSet:
     def names(self) -> list[str]:
         return [name for name, _ in self._registered() if name != "defaults"]
 
-    def call(self, plugin: str, hook: str, **kwargs):
+    def call(self, plugin: str, hook: str, **kwargs: Any) -> Any:
         """Call ``hook`` of one plugin (with the defaults as fallback). The ``host`` it is
         handed becomes that plugin's view of it, with its own config entries alone."""
         if "host" in kwargs:

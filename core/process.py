@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from .files import write_atomically
 from .holders import listening_ports
@@ -45,7 +46,7 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-def term_when_parent_dies(parent: int):
+def term_when_parent_dies(parent: int) -> Callable[[], None]:
     """A ``preexec_fn``: the child gets SIGTERM when ``parent`` (the forking thread's process) dies."""
     def arrange() -> None:  # runs in the child, between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -73,7 +74,7 @@ class Lifeline:
     thread that spawned, and services start in worker threads.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.fd, self._write_fd = os.pipe()
 
     def close(self) -> None:

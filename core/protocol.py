@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -105,7 +105,7 @@ class EndpointReport(Strict):
     _host_is_an_address = field_validator("host")(check_host)
 
     @model_validator(mode="after")
-    def _templates_name_only_fields(self):
+    def _templates_name_only_fields(self) -> "EndpointReport":
         params = (self.params or {}).keys()
         for where, template in [("command", self.command), *((f"env {k}", v) for k, v in (self.env or {}).items())]:
             problem = template_problem(template, params) if template is not None else None
@@ -221,7 +221,7 @@ class OperationReport(Strict):
 
     @field_validator("result")
     @classmethod
-    def _small(cls, result):
+    def _small(cls, result: dict[str, Any] | None) -> dict[str, Any] | None:
         if result is not None and len(json.dumps(result)) > MAX_RESULT_BYTES:
             raise ValueError(f"a result may take {MAX_RESULT_BYTES} bytes of JSON at most")
         return result
@@ -287,7 +287,7 @@ class Heartbeat(Strict):
     _address_is_an_address = field_validator("address")(check_host)
 
     @model_validator(mode="after")
-    def _endpoints_at_the_host_s_address(self):
+    def _endpoints_at_the_host_s_address(self) -> "Heartbeat":
         if self.address is not None:
             elsewhere = sorted({e.host for s in self.services for e in s.endpoints} - {self.address})
             if elsewhere:
@@ -296,7 +296,7 @@ class Heartbeat(Strict):
         return self
 
     @model_validator(mode="after")
-    def _each_thing_once(self):
+    def _each_thing_once(self) -> "Heartbeat":
         for what, values in (("device name", [d.name for d in self.devices]),
                              ("resource identifier", [r.identifier for d in self.devices for r in d.resources])):
             seen: set[str] = set()

@@ -29,6 +29,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import serial
 from serial.rfc2217 import PortManager
@@ -38,6 +39,10 @@ from .model import Service
 from .ports import inherited_listener
 from .process import python_module
 from .vocabulary import EndpointRole
+
+if TYPE_CHECKING:
+    from .host import HostContext
+    from .model import LeaseRef, Resource
 
 #: How a person uses a serial console endpoint (it speaks the lease gate where there is one).
 CONSOLE_COMMAND = "device-loop console {lease}"
@@ -75,16 +80,16 @@ class _Port(serial.Serial):
         finally:
             self._keep_input = False
 
-    def _reset_input_buffer(self):
+    def _reset_input_buffer(self) -> None:
         if not self._keep_input:
             super()._reset_input_buffer()  # type: ignore[misc]  # (private: not in types-pyserial)
 
     # a client's purge while the device is away (closed) purges nothing
-    def reset_input_buffer(self):
+    def reset_input_buffer(self) -> None:
         if self.is_open:
             super().reset_input_buffer()
 
-    def reset_output_buffer(self):
+    def reset_output_buffer(self) -> None:
         if self.is_open:
             super().reset_output_buffer()
 
@@ -93,19 +98,19 @@ class _Port(serial.Serial):
     ri = property(lambda self: self._line("ri"))
     cd = property(lambda self: self._line("cd"))
 
-    def _update_dtr_state(self):
+    def _update_dtr_state(self) -> None:
         try:
             super()._update_dtr_state()  # type: ignore[misc]  # (private: not in types-pyserial)
         except OSError:
             pass
 
-    def _update_rts_state(self):
+    def _update_rts_state(self) -> None:
         try:
             super()._update_rts_state()  # type: ignore[misc]  # (private: not in types-pyserial)
         except OSError:
             pass
 
-    def _update_break_state(self):
+    def _update_break_state(self) -> None:
         try:
             super()._update_break_state()  # type: ignore[misc]  # (private: not in types-pyserial)
         except OSError:
@@ -131,7 +136,7 @@ class _Telnet:
 
 
 class _Raw:
-    def __init__(self, conn, port):
+    def __init__(self, conn: socket.socket, port: serial.Serial) -> None:
         pass
 
     @staticmethod
@@ -223,7 +228,8 @@ class _Device:
 class _Bridge:
     """One bridge's state: the device (open only while a client is connected), the client."""
 
-    def __init__(self, listener: socket.socket, device: _Device, protocol_for, stop_fd: int | None):
+    def __init__(self, listener: socket.socket, device: _Device,
+                 protocol_for: Callable[..., _Telnet | _Raw], stop_fd: int | None) -> None:
         self.listener, self.device, self.protocol_for, self.stop_fd = listener, device, protocol_for, stop_fd
         self.conn: socket.socket | None = None
         self.protocol: _Telnet | _Raw | None = None  # the client's, while there is one
@@ -390,8 +396,8 @@ def serve(listener: socket.socket, device: str, baud: int, framing: str, rfc2217
             activity.close()
 
 
-def start_bridge(host, resource, lease, device: str, baud: int, framing: str = "8N1", rfc2217: bool = False,
-                 in_thread: bool = False, role: str = EndpointRole.CONSOLE) -> Service:
+def start_bridge(host: HostContext, resource: Resource, lease: LeaseRef, device: str, baud: int, framing: str = "8N1",
+                 rfc2217: bool = False, in_thread: bool = False, role: str = EndpointRole.CONSOLE) -> Service:
     """Serve ``device`` on a free port of ``host`` for ``lease``: one endpoint, raw or RFC 2217,
     a ``console`` unless ``role`` says otherwise. The bridge records what the device prints at
     ``record_path(host.state_dir, resource.identifier)`` while it runs.

@@ -8,10 +8,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
+from typing import TYPE_CHECKING
 
 from .model import Service
 from .ports import inherited_listener
 from .process import python_module
+
+if TYPE_CHECKING:
+    from .host import HostContext
+    from .model import LeaseRef, Resource
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -26,7 +31,7 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 
 
 async def _relay(listener: socket.socket, target_host: str, target_port: int) -> None:
-    async def handle(client_reader, client_writer):
+    async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         try:
             target_reader, target_writer = await asyncio.open_connection(target_host, target_port)
         except OSError as exc:
@@ -40,8 +45,8 @@ async def _relay(listener: socket.socket, target_host: str, target_port: int) ->
         await server.serve_forever()
 
 
-def start_relay(host, resource, lease, target: str, command: str | None = None, protocol: str = "raw",
-                role: str | None = None) -> Service:
+def start_relay(host: HostContext, resource: Resource, lease: LeaseRef, target: str, command: str | None = None,
+                protocol: str = "raw", role: str | None = None) -> Service:
     """Relay a free port of ``host`` to ``target`` (``host:port``) for ``lease``; ``command``
     tells clients how to use it, ``protocol`` what they speak there, ``role`` what it is for
     (see ``Endpoint``)."""

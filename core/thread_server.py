@@ -25,7 +25,7 @@ class ThreadServer:
         self._thread = threading.Thread(target=self._run, args=(serve,), name=name, daemon=True)
         self._thread.start()
 
-    def _run(self, serve) -> None:
+    def _run(self, serve: Callable[[socket.socket, int], None]) -> None:
         try:
             serve(self._listener, self._stop_r)
         except Exception:

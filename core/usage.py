@@ -11,7 +11,7 @@ fails, and leaves what it does not know as it is (rows stored before that check)
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from .vocabulary import EndpointRole
 
@@ -46,7 +46,7 @@ def fill(template: str, endpoint: EndpointJSON, lease_id: str) -> str:
     return _PIECE.sub(piece, template)
 
 
-def template_problem(template: str, params_keys) -> str | None:
+def template_problem(template: str, params_keys: Iterable[str]) -> str | None:
     """Why ``template`` is not one an endpoint may carry, or None."""
     known = (*TEMPLATE_FIELDS, *sorted(params_keys))
     for match in _PIECE.finditer(template):

@@ -7,6 +7,7 @@ each was written (tests/test_vocabulary.py holds them to these).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -175,6 +176,6 @@ VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRol
               JobState, Needs, Arm)
 
 
-def sql_list(values) -> str:
+def sql_list(values: Iterable[str]) -> str:
     """``('a', 'b')``: the values of an enum (or some of them) for SQL's ``IN``."""
     return "(" + ", ".join(f"'{value}'" for value in values) + ")"

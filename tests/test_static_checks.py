@@ -167,3 +167,17 @@ def test_mypy_holds_the_built_in_plugins_to_the_hookspecs(tmp_path):
                              str(SRC / ".mypy_cache"), str(checks)], cwd=SRC, capture_output=True, text=True,
                             timeout=280, env={**os.environ, "MYPYPATH": str(SRC)})
     assert result.returncode == 0, f"mypy, on the built-in plugins' hooks against the hookspecs:\n{_said(result)}"
+
+
+def test_mypy_wants_every_function_typed_in_core_the_plugin_api_and_the_services():
+    """``disallow_untyped_defs`` covers core/, the plugin API, and rules.py with each service it
+    composes (their statements' store may follow): a new service is typed from its first line."""
+    import tomllib
+
+    overrides = tomllib.loads((SRC / "pyproject.toml").read_text())["tool"]["mypy"]["overrides"]
+    strict = {module for override in overrides if override.get("disallow_untyped_defs")
+              for module in override["module"]}
+    services = set(re.findall(r"^from \.(\w+) import", (SRC / "coordinator" / "rules.py").read_text(), re.M))
+    wanted = {"device_loop.core.*", "device_loop.plugin", "device_loop.coordinator.rules",
+              *(f"device_loop.coordinator.{name}" for name in services if not name.startswith("store"))}
+    assert sorted(wanted - strict) == []

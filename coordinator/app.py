@@ -96,7 +96,7 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
     # the data-plane gate goes with authentication: off exactly in the trust mode
     rules = Rules(store, dataclasses.replace(settings, gated=not single_user))
     events = Broadcaster(rules.devices.list_devices, rules.life.notifier, render_row=device_row)  # one a process
-    events.follow_queue(lambda: rules.scheduler.queue(None, False), queue_row)  # the board shows the queue too
+    events.follow_queue(lambda: rules.scheduler.queue(), queue_row)  # the board shows the queue too
     state = {"rules": rules, "single_user": single_user, "tailnet_socket": tailnet_socket,
              "tailnet_admins": set(tailnet_admins), "events": events}
     agents = LazyAgents(rules, list(allowed_hosts), state)

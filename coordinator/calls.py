@@ -25,7 +25,7 @@ from device_loop.core.answers import (AuditEntry, CandidateAnswer, ClaimAnswer, 
                                       OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer)
 from .errors import APIError
 from .evidence import evidence_markdown
-from .identity import ADMIN, ANYONE, EXPORTER, USER, Identity, issue_token, refusal, token_view
+from .identity import ADMIN, ANYONE, EXPORTER, USER, issue_token, token_view
 from .job_schemas import ClaimJobIn, ExecIn, FinishJobIn, JobFilter, JobId, JobReserveIn, JobWait, SubmitJobIn
 from .power import power_args
 from .rules import Rules
@@ -34,22 +34,18 @@ from .schemas import (AdminDevice, AdminPowerIn, AdoptIn, CollectIn, DesiredWait
                       KnownGoodIn, LeaseId, LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, PowerIn, PowerSwitch,
                       RenewIn, ReserveIn, RetireIn, TicketFilter, TicketId, TicketWait, TokenId, TokenIn,
                       UartExchangeIn, UploadQuery, split_tags)
+from .who import Who
 
 
 @dataclass
 class Ctx:
     """One call as its ``run`` sees it."""
     rules: Rules
-    caller: Identity
+    caller: Who                          # who calls (docs/architecture.md, "Who may act on what")
     gone: Callable[[], Awaitable[None]]  # returns once the caller hung up (a tool's caller: never)
     max_wait_s: float                    # the longest a long-poll may wait here
     body: Any = None                     # a call that takes a model of its own as its body: that
     via_tool: bool = False               # an MCP tool call: its queue tickets are batch
-
-    @property
-    def sees_all(self) -> bool:
-        """An admin, or the lab's owner in the trust mode: sees lease ids and command lines."""
-        return refusal(ADMIN, self.caller) is None
 
 
 @dataclass(frozen=True)
@@ -117,17 +113,16 @@ async def list_devices(ctx: Ctx, args: DeviceFilter) -> list[DeviceAnswer]:
 async def device_info(ctx: Ctx, args: DeviceName) -> DeviceAnswer:
     """One device: class, tags, state, host, holder, its resources with their health and the
     operations they run; admins also see the id of its live lease."""
-    return await ctx.rules.devices.device_info(args.device, ctx.sees_all)
+    return await ctx.rules.devices.device_info(args.device, ctx.caller)
 
 
 async def device_log(ctx: Ctx, args: DeviceName) -> list[LogEntry]:
     """The device's last 20 state changes: time, from, to, cause, actor."""
-    return await ctx.rules.devices.device_log(args.device, ctx.sees_all)
+    return await ctx.rules.devices.device_log(args.device, ctx.caller)
 
 
 async def _operations_of(ctx: Ctx, device: str, kind: str | None) -> list[OperationAnswer]:
-    caller = ctx.caller.name if ctx.caller.known else None  # an operation's lease: to its requester, holder, admins
-    return await ctx.rules.operations.of_device(device, kind=kind, caller=caller, admin=ctx.sees_all)
+    return await ctx.rules.operations.of_device(device, kind=kind, who=ctx.caller)
 
 
 async def device_operations(ctx: Ctx, args: DeviceOperations) -> list[OperationAnswer]:
@@ -173,38 +168,38 @@ async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer | TicketAnswer:
     follow it with lease_status), or, with queue, a ticket when nothing that matches is free
     (follow it with ticket_status until it holds a lease), or says why not and what is free."""
     return await ctx.rules.scheduler.reserve(args.device, args.device_class, args.tags, args.ttl_s, args.queue,
-                                             ctx.caller.name, ticket_kind(ctx), ctx.caller.admin)
+                                             ctx.caller, ticket_kind(ctx))
 
 
 async def ticket_status(ctx: Ctx, args: TicketWait) -> TicketAnswer:
     """A queue ticket: state (waiting, granted, claimed, cancelled, expired), position while
     waiting, and once granted its lease (seeing it claims it: a grant not seen within the
     claim window passes to the next ticket). With wait_s, answers at its first change."""
-    return await ctx.rules.scheduler.wait(args.ticket_id, ctx.caller.name, ctx.sees_all,
+    return await ctx.rules.scheduler.wait(args.ticket_id, ctx.caller,
                                           await _until(ctx, args.wait_s), ctx.gone)
 
 
 async def cancel_ticket(ctx: Ctx, args: TicketId) -> TicketAnswer:
     """Cancel a queue ticket (a granted one not yet claimed gives its lease back)."""
-    return await ctx.rules.scheduler.cancel(args.ticket_id, ctx.caller.name, ctx.sees_all)
+    return await ctx.rules.scheduler.cancel(args.ticket_id, ctx.caller)
 
 
 async def my_tickets(ctx: Ctx, args: TicketFilter) -> list[TicketAnswer]:
     """The caller's queue tickets, open ones first (an admin's all=true: everyone's)."""
-    return await ctx.rules.scheduler.tickets(ctx.caller.name, args.everyone and ctx.sees_all)
+    return await ctx.rules.scheduler.tickets(ctx.caller.name, args.everyone and ctx.caller.may_see_all)
 
 
 async def queue_board(ctx: Ctx, args: NoArgs) -> list[QueueEntry]:
     """The waiting tickets, in the order they are served: who, for what, how long,
     interactive or batch (ids only to their requesters and admins)."""
-    return await ctx.rules.scheduler.queue(ctx.caller.name if ctx.caller.known else None, ctx.sees_all)
+    return await ctx.rules.scheduler.queue(ctx.caller)
 
 
 async def settle(ctx: Ctx, args: LeaseId) -> OperationAnswer:
     """Run the leased device's cool-down steps now (between two benchmark runs, say): answers
     at once with the operation (follow it with operation_status, wait_s, until it is 'done':
     the device is cool); 'done' at once for a device that has no cool-down step."""
-    return await ctx.rules.steps.settle(args.lease_id, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.steps.settle(args.lease_id, ctx.caller)
 
 
 async def my_leases(ctx: Ctx, args: MyLeases) -> list[LeaseAnswer]:
@@ -219,18 +214,18 @@ async def lease_status(ctx: Ctx, args: LeaseWait) -> LeaseAnswer:
     wait = await _until(ctx, args.wait_s)
     unless = args.unless
     if wait and unless is None:
-        unless = (await leases.status(args.lease_id, caller.name, caller.admin))["state"]
-    return await leases.wait(args.lease_id, caller.name, unless, wait, ctx.gone, caller.admin)
+        unless = (await leases.status(args.lease_id, caller))["state"]
+    return await leases.wait(args.lease_id, caller, unless, wait, ctx.gone)
 
 
 async def renew(ctx: Ctx, args: RenewIn) -> LeaseAnswer:
     """Extend a lease: it then expires ttl_s seconds from now."""
-    return await ctx.rules.leases.renew(args.lease_id, args.ttl_s, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.leases.renew(args.lease_id, args.ttl_s, ctx.caller)
 
 
 async def release(ctx: Ctx, args: LeaseId) -> LeaseAnswer:
     """Give a device back: its lease ends and the device is reclaimed."""
-    return await ctx.rules.leases.release(args.lease_id, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.leases.release(args.lease_id, ctx.caller)
 
 
 # ---- operations on devices ------------------------------------------------------------------------
@@ -251,7 +246,7 @@ async def start_operation(ctx: Ctx, args: OperationIn) -> OperationAnswer:
                     else first["msg"].removeprefix("Value error, "))
             raise APIError(422, "invalid", f"args.{where}: {said}") from None
         given = power_args(switch.action, switch.off_time_s)
-    return await ctx.rules.operations.start(args.lease_id, args.kind, given, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.operations.start(args.lease_id, args.kind, given, ctx.caller)
 
 
 async def flash(ctx: Ctx, args: FlashIn) -> OperationAnswer:
@@ -259,13 +254,13 @@ async def flash(ctx: Ctx, args: FlashIn) -> OperationAnswer:
     your lease. Answers at once with the operation (state 'queued'): follow it with
     operation_status until its state is 'done' or 'failed'. A failure part-way leaves the
     device needing recovery: then call recover."""
-    return await ctx.rules.operations.flash(args.lease_id, args.image, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.operations.flash(args.lease_id, args.image, ctx.caller)
 
 
 async def recover(ctx: Ctx, args: LeaseId) -> OperationAnswer:
     """Flash the latest known-good image of your leased device (else of its class) back onto
     it; its success clears the device's needs_recovery. Follow it with operation_status."""
-    return await ctx.rules.operations.recover(args.lease_id, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.operations.recover(args.lease_id, ctx.caller)
 
 
 async def operation_status(ctx: Ctx, args: OpWait) -> OperationAnswer:
@@ -275,10 +270,10 @@ async def operation_status(ctx: Ctx, args: OpWait) -> OperationAnswer:
     wait = await _until(ctx, args.wait_s)
     unless = args.unless
     if wait and unless is None:
-        unless = (await operations.op(args.op_id, caller=caller.name, admin=ctx.sees_all))["state"]
+        unless = (await operations.op(args.op_id, caller))["state"]
         if unless not in LIVE_OP_STATES:
             wait = 0  # it has ended: no change is coming
-    return await operations.wait(args.op_id, unless, wait, ctx.gone, caller=caller.name, admin=ctx.sees_all)
+    return await operations.wait(args.op_id, unless, wait, ctx.gone, who=caller)
 
 
 async def power(ctx: Ctx, args: PowerIn) -> OperationAnswer:
@@ -289,7 +284,7 @@ async def power(ctx: Ctx, args: PowerIn) -> OperationAnswer:
     printed again after on; first_byte_s is the time to its first byte) or 'unverified' (nothing
     showed it: then do not count on it having happened)."""
     return await ctx.rules.operations.start(args.lease_id, POWER_KIND, power_args(args.action, args.off_time_s),
-                                            ctx.caller.name, ctx.caller.admin)
+                                            ctx.caller)
 
 
 async def power_unleased(ctx: Ctx, args: AdminPowerIn) -> OperationAnswer:
@@ -309,7 +304,7 @@ async def camera_snapshot(ctx: Ctx, args: LeaseId) -> bytes:
     """The current frame of the leased device's camera, as an image: see its screen (a boot
     menu, a panic, a login prompt) even when its OS is dead."""
     rules, caller = ctx.rules, ctx.caller
-    lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
+    lease = await rules.leases.status(args.lease_id, caller)
     return await relays.camera_snapshot(lease, await rules.devices.host_address(lease["host"] or ""),
                                         rules.settings.private_addresses)
 
@@ -320,7 +315,7 @@ async def uart_exchange(ctx: Ctx, args: UartExchangeIn) -> dict:
     regular expression (e.g. '# $', a shell prompt), it answers as soon as the output matches.
     The answer: output, truncated (cut at 64 KiB), matched (whether until matched; false
     without one) and waited_s (how long it listened)."""
-    lease = await ctx.rules.leases.status(args.lease_id, ctx.caller.name, ctx.caller.admin)
+    lease = await ctx.rules.leases.status(args.lease_id, ctx.caller)
     return await relays.uart_exchange(lease, args.send, args.wait_s, args.until)
 
 
@@ -329,7 +324,7 @@ async def exec_command(ctx: Ctx, args: ExecIn) -> ExecAnswer:
     (127: no such command), through the device's own channel (adb shell, ssh, else its UART
     console): at most timeout_s seconds (120 at most; then it is interrupted) and 64 KiB of
     each output (truncated says it was cut). channel says which way it went."""
-    lease = await ctx.rules.leases.status(args.lease_id, ctx.caller.name, ctx.caller.admin)
+    lease = await ctx.rules.leases.status(args.lease_id, ctx.caller)
     return await device_commands.exec_on(lease, args.command, args.timeout_s, ctx.rules.settings.ssh_logins)
 
 
@@ -340,7 +335,7 @@ async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
     flashed, its host and the device-loop version; emulated says its numbers are not for
     timing."""
     rules, caller = ctx.rules, ctx.caller
-    lease = await rules.leases.status(args.lease_id, caller.name, caller.admin)
+    lease = await rules.leases.status(args.lease_id, caller)
     device = await rules.devices.device_info(lease["device"])
     return await device_commands.fingerprint(lease, dict(device), __version__, rules.settings.ssh_logins)
 
@@ -352,20 +347,19 @@ async def submit_job(ctx: Ctx, args: SubmitJobIn) -> JobAnswer:
     A/B pair, metrics, a matrix). It is queued until a device-loop worker that serves you takes
     it and runs its commands; follow it with job_status (wait_s) until it is done, failed or
     cancelled, then read job_evidence. An agent's job queues for devices as batch."""
-    return await ctx.rules.jobs.submit(args.spec, args.claim, args.worker, ctx.caller.name, ticket_kind(ctx),
-                                       ctx.caller.admin)
+    return await ctx.rules.jobs.submit(args.spec, args.claim, args.worker, ctx.caller, ticket_kind(ctx))
 
 
 async def my_jobs(ctx: Ctx, args: JobFilter) -> list[dict[str, Any]]:
     """The caller's jobs (those they own or work on), open ones first (an admin's all=true: everyone's)."""
-    return await ctx.rules.jobs.jobs(ctx.caller.name, args.everyone and ctx.caller.admin)
+    return await ctx.rules.jobs.jobs(ctx.caller.name, args.everyone and ctx.caller.may_see_all)
 
 
 async def job_status(ctx: Ctx, args: JobWait) -> JobAnswer:
     """A job: state (queued, running, done, failed, cancelled) and reason, its spec, cells
     (device, fingerprint), runs, the tickets and leases it made, and the analysis of its runs.
     With wait_s, answers once its state changes."""
-    job = await ctx.rules.jobs.status(args.job_id, ctx.caller.name, ctx.caller.admin, await _until(ctx, args.wait_s),
+    job = await ctx.rules.jobs.status(args.job_id, ctx.caller, await _until(ctx, args.wait_s),
                                       args.unless, ctx.gone)
     if not args.runs:
         job["runs"] = []
@@ -376,55 +370,53 @@ async def job_evidence(ctx: Ctx, args: JobId) -> str:
     """The job's evidence, as markdown to paste into a review: the claim as numbers, the
     table per cell with intervals and verdicts, every device's fingerprint, each run's start
     time and temperature, the exact commands and spec, and how to reproduce it."""
-    return await evidence_markdown(ctx.rules.jobs, args.job_id, ctx.caller.name, ctx.caller.admin)
+    return await evidence_markdown(ctx.rules.jobs, args.job_id, ctx.caller)
 
 
 async def claim_job(ctx: Ctx, args: ClaimJobIn) -> ClaimAnswer:
     """A worker takes the oldest queued job of the users it serves (its own token's user by
     default; others only with an admin's token): it is running from now on, and the worker
     beats. With wait_s, answers as soon as one is queued; job is null when none is."""
-    return await ctx.rules.jobs.claim(args.users, args.worker, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.jobs.claim(args.users, args.worker, ctx.caller)
 
 
 async def a_job_is_queued(ctx: Ctx, args: ClaimJobIn) -> None:
-    await ctx.rules.jobs.wait_queued(args.users, await _until(ctx, args.wait_s), ctx.caller.name, ctx.caller.admin,
-                                     ctx.gone)
+    await ctx.rules.jobs.wait_queued(args.users, await _until(ctx, args.wait_s), ctx.caller, ctx.gone)
 
 
 async def beat_job(ctx: Ctx, args: JobId) -> dict[str, Any]:
     """The job's worker is alive (a running job whose worker is silent for the lab's
     --job-worker-timeout fails: worker lost)."""
-    return await ctx.rules.jobs.beat(args.job_id, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.jobs.beat(args.job_id, ctx.caller)
 
 
 async def reserve_for_job(ctx: Ctx, args: JobReserveIn) -> LeaseAnswer | TicketAnswer:
     """A lease for one cell of a running job (held by its owner), or a queue ticket of the
     job's kind when nothing that matches is free: follow it with ticket_status."""
     return await ctx.rules.jobs.reserve(args.job_id, args.cell, args.device, args.device_class, args.tags,
-                                        ctx.caller.name, ctx.caller.admin)
+                                        ctx.caller)
 
 
 async def report_cell(ctx: Ctx, args: JobId) -> dict[str, Any]:
     """A cell of a running job as its worker saw it (a CellReport: device, lease, fingerprint,
     or not_run with why)."""
-    return await ctx.rules.jobs.report_cell(args.job_id, ctx.body, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.jobs.report_cell(args.job_id, ctx.body, ctx.caller)
 
 
 async def report_run(ctx: Ctx, args: JobId) -> dict[str, Any]:
     """One run of a running job (a RunRecord), as soon as it ended; runs are never changed."""
-    return await ctx.rules.jobs.add_run(args.job_id, ctx.body, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.jobs.add_run(args.job_id, ctx.body, ctx.caller)
 
 
 async def finish_job(ctx: Ctx, args: FinishJobIn) -> JobAnswer:
     """The worker says the job ended, done or failed (with why): its leases are released."""
-    return await ctx.rules.jobs.finish(args.job_id, JobState(args.state), args.reason, ctx.caller.name,
-                                       ctx.caller.admin)
+    return await ctx.rules.jobs.finish(args.job_id, JobState(args.state), args.reason, ctx.caller)
 
 
 async def cancel_job(ctx: Ctx, args: JobId) -> JobAnswer:
     """Cancel a queued or running job (its owner, or an admin): its tickets are cancelled and
     its leases released; the runs it has are kept."""
-    return await ctx.rules.jobs.cancel(args.job_id, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.jobs.cancel(args.job_id, ctx.caller)
 
 
 # ---- images ---------------------------------------------------------------------------------------
@@ -443,7 +435,7 @@ async def image_info(ctx: Ctx, args: ImageRefIn) -> ImageAnswer:
 
 async def remove_image(ctx: Ctx, args: ImageRefIn) -> dict:
     """Remove an image (its uploader, or an admin); never the only known-good image of a target."""
-    return await ctx.rules.images.remove_image(args.ref, ctx.caller.name, ctx.caller.admin)
+    return await ctx.rules.images.remove_image(args.ref, ctx.caller)
 
 
 async def upload_image(ctx: Ctx, args: UploadQuery) -> ImageAnswer:

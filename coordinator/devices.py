@@ -13,6 +13,7 @@ from .holders import holder_json
 from .lifecycle import Lifecycle, switched_off
 from .rows import DeviceFacts
 from .store import Store
+from .who import Who
 
 
 def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
@@ -91,20 +92,23 @@ class Devices:
     async def list_devices(self) -> list[DeviceAnswer]:
         return [device_json(d) for d in await self.store.devices()]
 
-    async def device_info(self, name: str, admin: bool = False) -> DeviceAnswer:
+    async def device_info(self, name: str, who: Who | None = None) -> DeviceAnswer:
+        """A device as ``who`` sees it (in full if it may see all)."""
         row = await self.store.device(name)
         if row is None:
             raise not_found("device", name)
-        answer = device_json(row, admin)
+        answer = device_json(row, who is not None and who.may_see_all)
         answer["image"] = await self.store.last_flashed_image(name)
         return answer
 
-    async def device_log(self, name: str, admin: bool = False) -> list[LogEntry]:
-        """A device's ring log, newest last (the exporter's file paths in it: only for ``admin``)."""
+    async def device_log(self, name: str, who: Who | None = None) -> list[LogEntry]:
+        """A device's ring log, newest last (the exporter's file paths in it: only for a ``who``
+        that may see all)."""
+        in_full = who is not None and who.may_see_all
         if await self.store.device(name) is None:
             raise not_found("device", name)
         return [{"at": iso(e["at"]), "from": e["from_state"], "to": e["to_state"],
-                 "cause": e["cause"] if admin else hide_paths(e["cause"]), "actor": e["actor"]}
+                 "cause": e["cause"] if in_full else hide_paths(e["cause"]), "actor": e["actor"]}
                 for e in await self.store.device_log(name)]
 
     async def unknown(self, name: str) -> APIError:

@@ -12,6 +12,7 @@ import asyncio
 
 from .errors import APIError
 from .jobs import Jobs
+from .who import Who
 
 
 def _missing(what: str) -> APIError:
@@ -19,13 +20,13 @@ def _missing(what: str) -> APIError:
                                           "upgrade it")
 
 
-async def evidence_markdown(jobs: Jobs, job_id: str, caller: str, admin: bool) -> str:
-    """The job's evidence markdown, as ``caller`` may read it (404 otherwise)."""
+async def evidence_markdown(jobs: Jobs, job_id: str, who: Who) -> str:
+    """The job's evidence markdown, if ``who`` may read the job (404 otherwise)."""
     try:
         from device_loop.core import evidence
     except ImportError:
         raise _missing("evidence") from None
-    job, analysis = await jobs.analysed(job_id, caller, admin)
+    job, analysis = await jobs.analysed(job_id, who)
     if analysis is None:
         raise _missing("abstats")
     return await asyncio.to_thread(evidence.markdown, job, analysis)

@@ -6,7 +6,9 @@ shown once, stored as SHA-256 hashes, with an owner, an optional expiry, and for
 exporters the one host they may report for); where configured, the tailnet identity of
 the peer (tailscaled's LocalAPI ``whois``) for callers without a token; or, in the explicit single-user trust
 mode of ``device-loop up`` on loopback, whoever the caller says it is (who may then call
-every route, admin ones included, but holds only its own leases).
+every route, admin ones included, and acts on another name's leases, tickets and jobs only
+through them: docs/architecture.md, "Who may act on what"). What it answers is a ``Who``
+(``who.py``).
 
 A browser signed in on the web page sends its token in a cookie (HttpOnly, SameSite=Strict).
 A cookie goes with every request to the coordinator, whoever made the page that sends it, so
@@ -21,7 +23,6 @@ import hashlib
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
 
 import httpx2
 from starlette.requests import Request
@@ -32,6 +33,7 @@ from device_loop.core.vocabulary import TokenKind
 from device_loop.core.answers import TokenAnswer
 from .errors import APIError
 from .rows import TokenRow
+from .who import ANONYMOUS, CallerKind, Who
 
 USER_HEADER = "X-Device-Loop-User"
 COOKIE = "device_loop_token"  # the web page's sign-in: the token itself
@@ -49,21 +51,6 @@ ANYONE = "anyone"        # no token needed: health, the public board
 USER = "user"            # any person's token (not an exporter's)
 EXPORTER = "exporter"    # the token of the exporter whose host is in the path
 ADMIN = "admin"
-
-
-@dataclass(frozen=True)
-class Identity:
-    name: str
-    admin: bool = False
-    host: str | None = None  # exporter tokens only: the host they report for
-    known: bool = True        # False: no credentials at all
-    trusted: bool = False     # single-user trust mode: may call every route
-    csrf: str | None = None   # signed in by the page's cookie: what its unsafe requests carry
-    csrf_missing: bool = False  # ... and this unsafe request does not: only public routes answer it
-    agent: bool = False       # a token an admin made for an agent: its queue tickets are batch
-
-
-ANONYMOUS = Identity("anonymous", known=False)
 
 
 def hash_token(token: str) -> str:
@@ -86,14 +73,14 @@ def usable_name(name: str) -> bool:
     return bool(USERNAME.match(name)) and name.lower() not in RESERVED_NAMES
 
 
-async def caller_identity(request: Request) -> Identity:
+async def caller_identity(request: Request) -> Who:
     """The caller of ``request`` (computed once per request)."""
     if not hasattr(request.state, "identity"):
         request.state.identity = await _identify(request)
     return request.state.identity
 
 
-async def _identify(request: Request) -> Identity:
+async def _identify(request: Request) -> Who:
     app = request.app.state
     if app.single_user:
         # `device-loop up` on loopback: one person's lab, everyone local is trusted; who
@@ -102,7 +89,7 @@ async def _identify(request: Request) -> Identity:
         if said and not usable_name(said):
             raise APIError(400, "bad_user", f"{USER_HEADER}: {said[:64]!r} is not a usable name (letters, digits, "
                                             f". _ -; 64 at most; not {', '.join(sorted(RESERVED_NAMES))})")
-        return Identity(said or LAB_OWNER, trusted=True)
+        return Who(said or LAB_OWNER, CallerKind.TRUSTED_LOCAL)
     header = request.headers.get("authorization", "")
     if header:
         scheme, _, token = header.partition(" ")
@@ -123,17 +110,18 @@ async def _identify(request: Request) -> Identity:
     return await _tailnet_identity(request) if app.tailnet_socket else ANONYMOUS
 
 
-async def token_identity(rules, token: str) -> Identity | None:
+async def token_identity(rules, token: str) -> Who | None:
     """Whose ``token`` is, or None if it is unknown, revoked or expired."""
     row = await rules.store.token_by_hash(hash_token(token))
     if row is None or row["revoked_at"] is not None or (row["expires_at"] or float("inf")) <= rules.clock():
         return None
     if row["host"]:
-        return Identity(f"exporter:{row['host']}", host=row["host"])
-    return Identity(row["username"], admin=row["admin"], agent=row["kind"] == TokenKind.AGENT)
+        return Who(f"exporter:{row['host']}", CallerKind.EXPORTER, host=row["host"])
+    kind = CallerKind.AGENT if row["kind"] == TokenKind.AGENT else CallerKind.PERSON
+    return Who(row["username"], kind, admin=row["admin"])
 
 
-async def _tailnet_identity(request: Request) -> Identity:
+async def _tailnet_identity(request: Request) -> Who:
     """The tailnet user behind the peer address, from tailscaled's LocalAPI ``whois``.
 
     Only where the admin turned it on (``--tailnet-socket``): the peer address must be the
@@ -154,17 +142,17 @@ async def _tailnet_identity(request: Request) -> Identity:
         login, tagged = None, False
     if not login or tagged:  # tagged nodes (servers, CI) all share one login: they are nobody
         return ANONYMOUS
-    return Identity(login, admin=login in app.tailnet_admins)
+    return Who(login, admin=login in app.tailnet_admins)
 
 
-def check_access(access: str, identity: Identity, host: str | None = None) -> None:
+def check_access(access: str, identity: Who, host: str | None = None) -> None:
     """Refuse (401 without credentials, 403 with the wrong ones) unless ``identity`` may call."""
     problem = refusal(access, identity, host)
     if problem is not None:
         raise problem
 
 
-def refusal(access: str, identity: Identity, host: str | None = None) -> APIError | None:
+def refusal(access: str, identity: Who, host: str | None = None) -> APIError | None:
     """Why ``identity`` may not call a route of ``access`` (for ``host``), or None if it may."""
     if access == ANYONE:  # signing in and out included: a cookie there is no credential
         return None

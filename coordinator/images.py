@@ -21,6 +21,7 @@ from .image_files import ImageFiles
 from .lifecycle import Lifecycle
 from .rows import DeviceFacts, ImageRow, KnownGoodImage
 from .store import Store, UniqueViolation
+from .who import Who
 
 log = logging.getLogger(__name__)
 
@@ -262,10 +263,13 @@ class Images:
             await self.life.audit(admin, "image_known_good", None, None, {"image": image["name"], "for": target})
         return await self.image_info(image["sha256"])
 
-    async def remove_image(self, ref: str, caller: str, admin: bool) -> dict[str, Any]:
+    async def remove_image(self, ref: str, who: Who) -> dict[str, Any]:
+        """Remove an image, if ``who`` may act on its uploader (docs/architecture.md, "Who may
+        act on what")."""
+        caller = who.name
         async with self.store.tx():
             image = await self.image(ref)
-            if image["uploader"] != caller and not admin:
+            if not who.may_act_on(image["uploader"]):
                 raise APIError(403, "forbidden", f"image {image['name']!r} is {image['uploader']}'s: "
                                                  "only they or an admin remove it")
             sole = await self.store.sole_known_good_targets(image["sha256"])

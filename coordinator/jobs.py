@@ -37,6 +37,7 @@ from .notify import ticket_key
 from .rows import JobCellRow, JobLeaseRow, JobRow, JobRunRow
 from .scheduler import Scheduler
 from .store import Store
+from .who import Who, lab_actor
 
 JOB_PREFIX = "job-"
 MAX_LISTED = 200           # jobs a listing shows
@@ -131,42 +132,42 @@ class Jobs:
 
     # ---- submit, list, read -----------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec, claim: bool, worker: str | None, caller: str, kind: TicketKind,
-                     admin: bool = False) -> JobAnswer:
+    async def submit(self, spec: JobSpec, claim: bool, worker: str | None, who: Who, kind: TicketKind) -> JobAnswer:
         """Store a new job, queued for a worker (or, with ``claim``, running with the caller as
         its worker). ``kind`` is the submitter's, as a ticket's is (``calls.ticket_kind``). The
         open jobs of a person are counted by the database (``MAX_OPEN_JOBS``)."""
         self.leases.check_ttl(spec.lease_ttl_s)  # its leases' length: refused now rather than at its first reserve
         now = self.life.clock()
-        row: JobRow = {"id": JOB_PREFIX + secrets.token_hex(8), "owner": caller, "kind": kind,
+        row: JobRow = {"id": JOB_PREFIX + secrets.token_hex(8), "owner": who.name, "kind": kind,
                        "state": JobState.RUNNING if claim else JobState.QUEUED, "reason": "",
                        "spec": spec.model_dump(mode="json", by_alias=True), "created_at": now,
                        "started_at": now if claim else None, "ended_at": None,
-                       "worker": (worker or caller) if claim else None, "worker_user": caller if claim else None,
+                       "worker": (worker or who.name) if claim else None, "worker_user": who.name if claim else None,
                        "beat_at": now if claim else None}
         async with self.store.tx():
-            if not await self.store.count_job(caller, None if admin else MAX_OPEN_JOBS):
+            if not await self.store.count_job(who.name, MAX_OPEN_JOBS if who.limited else None):
                 raise conflict("too_many_jobs", f"you have {MAX_OPEN_JOBS} queued or running jobs, this lab's limit "
                                                 "per person; cancel one or wait for one to end")
             await self.store.insert_job(row)
-            await self.life.audit(caller, "job_submit", None, None, {"job": row["id"], "kind": kind,
+            await self.life.audit(who.name, "job_submit", None, None, {"job": row["id"], "kind": kind,
                                                                     "title": spec.title})
             if claim:
-                await self.life.audit(caller, "job_claim", None, None, {"job": row["id"], "worker": row["worker"]})
+                await self.life.audit(who.name, "job_claim", None, None, {"job": row["id"], "worker": row["worker"]})
             self.life.notify(job_key(row["id"]), *(() if claim else (QUEUED_KEY,)))
         return await self.view(row)
 
-    async def _readable(self, job_id: str, caller: str, admin: bool, for_update: bool = False) -> JobRow:
-        """The job, if ``caller`` owns it, works on it or is an admin; anyone else is told it does not exist."""
+    async def _readable(self, job_id: str, who: Who, for_update: bool = False) -> JobRow:
+        """The job, if ``who`` may act on its owner or its worker (docs/architecture.md, "Who may act
+        on what"); anyone else is told it does not exist."""
         row = await self.store.job(job_id, for_update)
-        if row is None or not (admin or caller in (row["owner"], row["worker_user"])):
+        if row is None or not who.may_act_on(row["owner"], row["worker_user"]):
             raise not_found("job", job_id)
         return row
 
-    async def _worked(self, job_id: str, caller: str, admin: bool, doing: str) -> JobRow:
-        """The running job ``caller`` is the worker of (or an admin acts on), its row locked."""
-        row = await self._readable(job_id, caller, admin, for_update=True)
-        if not admin and row["worker_user"] != caller:
+    async def _worked(self, job_id: str, who: Who, doing: str) -> JobRow:
+        """The running job ``who`` is the worker of (or an admin acts on), its row locked."""
+        row = await self._readable(job_id, who, for_update=True)
+        if not who.may_act_on(row["worker_user"]):
             worked = f"run by {row['worker_user']}'s worker" if row["worker_user"] else "not claimed by a worker yet"
             raise APIError(403, "not_the_worker", f"{job_id} is {worked}: only its worker (or an admin) {doing}")
         if row["state"] != JobState.RUNNING:
@@ -174,16 +175,15 @@ class Jobs:
             raise conflict("job_not_running", f"{job_id} is {row['state']}{why}: only a running job's worker {doing}")
         return row
 
-    async def status(self, job_id: str, caller: str, admin: bool, wait_s: float = 0, unless: str | None = None,
+    async def status(self, job_id: str, who: Who, wait_s: float = 0, unless: str | None = None,
                      gone: Callable[[], Awaitable[None]] | None = None) -> JobAnswer:
         """A job with its cells, runs, reservations and analysis. With ``wait_s``, once its
         state is not ``unless`` (default: the state it has now; an ended job answers at once)."""
-        row = await self._readable(job_id, caller, admin)
+        row = await self._readable(job_id, who)
         if wait_s and gone is not None:
             seen = unless if unless is not None else row["state"]
             if unless is not None or seen in OPEN_JOB_STATES:
-                row = await self.life.notifier.long_poll(job_key(job_id), lambda: self._readable(job_id, caller,
-                                                                                                  admin),
+                row = await self.life.notifier.long_poll(job_key(job_id), lambda: self._readable(job_id, who),
                                                          lambda r: r["state"] != seen, wait_s, gone)
         return await self.view(row)
 
@@ -228,10 +228,10 @@ class Jobs:
             self._analyses.popitem(last=False)
         return analysis
 
-    async def analysed(self, job_id: str, caller: str, admin: bool) -> tuple[JobView, Any]:
+    async def analysed(self, job_id: str, who: Who) -> tuple[JobView, Any]:
         """A job as the evidence and charts read it, and the analysis of its runs (None where
         the analysis is not installed)."""
-        answer = await self.view(await self._readable(job_id, caller, admin))
+        answer = await self.view(await self._readable(job_id, who))
         return self.as_view(answer), await self._analysis(answer)
 
     async def jobs(self, caller: str, everyone: bool) -> list[dict[str, Any]]:
@@ -240,66 +240,68 @@ class Jobs:
 
     # ---- the worker ---------------------------------------------------------------------------
 
-    def served(self, users: list[str], caller: str, admin: bool) -> list[str]:
-        """Whose jobs a worker of ``caller`` serves: ``users`` (default: the caller). A
+    def served(self, users: list[str], who: Who) -> list[str]:
+        """Whose jobs a worker of ``who`` serves: ``users`` (default: the caller). A
         person's token serves only that person's jobs."""
-        served = sorted(set(users)) or [caller]
-        if not admin and served != [caller]:
-            raise APIError(403, "forbidden", f"a worker of {caller}'s token serves only {caller}'s jobs; an admin's "
+        served = sorted(set(users)) or [who.name]
+        if not all(who.may_act_on(user) for user in served):
+            name = who.name
+            raise APIError(403, "forbidden", f"a worker of {name}'s token serves only {name}'s jobs; an admin's "
                                              "token serves other people's (users)")
         return served
 
-    async def wait_queued(self, users: list[str], wait_s: float, caller: str, admin: bool,
+    async def wait_queued(self, users: list[str], wait_s: float, who: Who,
                           gone: Callable[[], Awaitable[None]]) -> None:
         """Return once a job of ``users`` is queued, or ``wait_s`` ran out: what a claim waits
         for, holding nothing (docs/architecture.md, "Nothing that waits holds the lab")."""
-        served = self.served(users, caller, admin)
+        served = self.served(users, who)
         if wait_s > 0:
             await self.life.notifier.long_poll(QUEUED_KEY, lambda: self.store.queued_job_of(served), bool, wait_s,
                                                gone)
 
-    async def claim(self, users: list[str], worker: str | None, caller: str, admin: bool) -> ClaimAnswer:
+    async def claim(self, users: list[str], worker: str | None, who: Who) -> ClaimAnswer:
         """The oldest queued job of ``users`` (default: the caller), now running with the
         caller as its worker; ``job`` is None when none is queued (``wait_queued`` waits)."""
-        served, label = self.served(users, caller, admin), worker or caller
+        served, label = self.served(users, who), worker or who.name
         async with self.store.tx():
-            row = await self.store.claim_job(served, label, caller, self.life.clock())
+            row = await self.store.claim_job(served, label, who.name, self.life.clock())
             if row is not None:
-                await self.life.audit(caller, "job_claim", None, None, {"job": row["id"], "worker": label,
+                await self.life.audit(who.name, "job_claim", None, None, {"job": row["id"], "worker": label,
                                                                       "owner": row["owner"]})
                 self.life.notify(job_key(row["id"]))
         return {"job": await self.view(row) if row is not None else None}
 
-    async def beat(self, job_id: str, caller: str, admin: bool) -> dict[str, Any]:
+    async def beat(self, job_id: str, who: Who) -> dict[str, Any]:
         """The worker is alive. Grants its tickets were given are claimed by this (the
         worker may be an admin's shared one, not the tickets' holder)."""
         async with self.store.tx():
-            row = await self._worked(job_id, caller, admin, "beats for it")
+            row = await self._worked(job_id, who, "beats for it")
             now = self.life.clock()
             await self.store.beat_job(job_id, now)
             for held in await self.store.job_leases(job_id):
                 if held["ticket_id"] and held["ticket_state"] == TicketState.GRANTED \
                         and await self.store.claim_ticket(held["ticket_id"], now):
-                    await self.life.audit(caller, "ticket_claim", held["device"], held["lease_id"],
+                    await self.life.audit(who.name, "ticket_claim", held["device"], held["lease_id"],
                                           {"ticket": held["ticket_id"], "job": job_id})
                     self.life.notify(ticket_key(held["ticket_id"]))
         return _summary(row)
 
     async def reserve(self, job_id: str, cell: int, device: str | None, device_class: str | None, tags: list[str],
-                      caller: str, admin: bool) -> LeaseAnswer | TicketAnswer:
+                      who: Who) -> LeaseAnswer | TicketAnswer:
         """A lease for one cell of a running job, held by the job's owner, or a queue ticket
         of the job's kind when nothing that matches is free (``Scheduler.reserve``); recorded
         on the job, which ends it when it ends."""
         async with self.store.tx():
-            row = await self._worked(job_id, caller, admin, "reserves for it")
+            row = await self._worked(job_id, who, "reserves for it")
             spec = JobSpec.model_validate(row["spec"])
             self._check_cell(spec, cell)
             most = RESERVATIONS_PER_CELL * cell_count(spec)
             if await self.store.job_lease_count(job_id) >= most:
                 raise conflict("too_many_reservations", f"{job_id} has made {most} tickets and leases, the most a "
                                                         f"job of {cell_count(spec)} cell(s) makes")
+            owner = Who(row["owner"])  # the job's leases are its owner's, counted and limited as theirs
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
-                                                  row["owner"], TicketKind(row["kind"]))
+                                                  owner, TicketKind(row["kind"]))
             made: dict[str, Any] = dict(answer)  # a lease, or a ticket (which has a key of that name)
             ticket = made.get("ticket")
             await self.store.add_job_lease(job_id, cell, ticket, None if ticket else made["id"], self.life.clock())
@@ -313,11 +315,11 @@ class Jobs:
             raise APIError(422, "no_such_cell", f"cell {cell} is not one of this job's: it has {cells} "
                                                 f"(0 to {cells - 1})")
 
-    async def report_cell(self, job_id: str, report: CellReport, caller: str, admin: bool) -> dict[str, Any]:
+    async def report_cell(self, job_id: str, report: CellReport, who: Who) -> dict[str, Any]:
         """A cell as its worker saw it (its device, lease, fingerprint, or why it never ran):
         the last report of a cell is what it is."""
         async with self.store.tx():
-            row = await self._worked(job_id, caller, admin, "reports its cells")
+            row = await self._worked(job_id, who, "reports its cells")
             self._check_cell(JobSpec.model_validate(row["spec"]), report.cell)
             dumped = report.model_dump(mode="json", by_alias=True)
             await self.store.save_job_cell({"job": job_id, "cell": report.cell, "cell_group": report.group,
@@ -326,11 +328,11 @@ class Jobs:
             self.life.notify(job_key(job_id))
         return dumped
 
-    async def add_run(self, job_id: str, run: RunRecord, caller: str, admin: bool) -> dict[str, Any]:
+    async def add_run(self, job_id: str, run: RunRecord, who: Who) -> dict[str, Any]:
         """Append one run of a running job. Runs are never changed: the same (cell, seq) twice is
         refused, and so is a seq past what the job's spec asks a cell for (``runs_per_cell``)."""
         async with self.store.tx():
-            row = await self._worked(job_id, caller, admin, "reports its runs")
+            row = await self._worked(job_id, who, "reports its runs")
             spec = JobSpec.model_validate(row["spec"])
             self._check_cell(spec, run.cell)
             most = runs_per_cell(spec)
@@ -344,23 +346,23 @@ class Jobs:
             self.life.notify(job_key(job_id))
         return dumped
 
-    async def finish(self, job_id: str, state: JobState, reason: str, caller: str, admin: bool) -> JobAnswer:
+    async def finish(self, job_id: str, state: JobState, reason: str, who: Who) -> JobAnswer:
         """The worker says the job ended (done or failed): its leases are released."""
         async with self.store.tx():
-            row = await self._worked(job_id, caller, admin, "finishes it")
+            row = await self._worked(job_id, who, "finishes it")
             ended = await self._end(row, state, reason or ("every run it asked for ran" if state == JobState.DONE
-                                                           else "its worker said it failed"), caller, "job_finish")
+                                                           else "its worker said it failed"), who.name, "job_finish")
         return await self.view(ended)
 
-    async def cancel(self, job_id: str, caller: str, admin: bool) -> JobAnswer:
+    async def cancel(self, job_id: str, who: Who) -> JobAnswer:
         """Its owner (or an admin) cancels a queued or running job: its leases are released."""
         async with self.store.tx():
-            row = await self._readable(job_id, caller, admin, for_update=True)
-            if not admin and row["owner"] != caller:
+            row = await self._readable(job_id, who, for_update=True)
+            if not who.may_act_on(row["owner"]):
                 raise APIError(403, "not_the_owner", f"{job_id} is {row['owner']}'s: only they (or an admin) cancel it")
             if row["state"] not in OPEN_JOB_STATES:
                 raise conflict("job_ended", f"{job_id} is {row['state']} already")
-            ended = await self._end(row, JobState.CANCELLED, f"cancelled by {caller}", caller, "job_cancel")
+            ended = await self._end(row, JobState.CANCELLED, f"cancelled by {who.name}", who.name, "job_cancel")
         return await self.view(ended)
 
     async def _end(self, row: JobRow, state: JobState, reason: str, actor: str, action: str) -> JobRow:
@@ -375,7 +377,7 @@ class Jobs:
             raise conflict("job_changed", f"{job_id} changed just now; look at it again")
         await self.store.uncount_job(ended["owner"])
         for ticket in {h["ticket_id"] for h in held if h["ticket_id"] and h["ticket_state"] in OPEN_TICKET_STATES}:
-            await self.scheduler.cancel(ticket, actor, admin=True)  # a granted one gives its lease back
+            await self.scheduler.cancel(ticket, lab_actor(actor))  # a granted one gives its lease back
         for lease_id in {h["lease_id"] for h in await self.store.job_leases(job_id)
                          if h["lease_id"] and h["lease_state"] in LIVE_LEASE_STATES}:
             lease = await self.store.lease(lease_id)

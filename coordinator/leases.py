@@ -22,6 +22,7 @@ from .lifecycle import Lifecycle, held_off, switched_off
 from .notify import BOARD_KEY, host_key, lease_key
 from .rows import DeviceFacts, LeaseRow, LeaseView
 from .store import Store
+from .who import Who
 
 
 def describe_want(device: str | None, device_class: str | None, tags: list[str]) -> str:
@@ -108,22 +109,23 @@ class Leases:
 
     # ---- what a holder sees -----------------------------------------------------------------
 
-    async def own_view(self, lease_id: str, caller: str, admin: bool = False) -> LeaseView:
-        """The lease, if ``caller`` holds it (or is an admin); anyone else is told it does not exist."""
+    async def own_view(self, lease_id: str, who: Who) -> LeaseView:
+        """The lease, if ``who`` may act on it (docs/architecture.md, "Who may act on what");
+        anyone else is told it does not exist."""
         view = await self.store.lease_view(lease_id)
-        if view is None or (view["holder"] != caller and not admin):
+        if view is None or not who.may_act_on(view["holder"]):
             raise not_found("lease", lease_id)
         return view
 
-    async def live_view(self, lease_id: str, caller: str, admin: bool, doing: str) -> LeaseView:
+    async def live_view(self, lease_id: str, who: Who, doing: str) -> LeaseView:
         """``own_view`` of a lease that still lives (``doing`` what needs it, for the refusal)."""
-        view = await self.own_view(lease_id, caller, admin)
+        view = await self.own_view(lease_id, who)
         if view["state"] not in LIVE_LEASE_STATES:
             raise conflict("lease_ended", f"{lease_id} is {view['state']}: reserve {view['device']} again to {doing}")
         return view
 
-    async def status(self, lease_id: str, caller: str, admin: bool = False) -> LeaseAnswer:
-        return lease_json(await self.own_view(lease_id, caller, admin))
+    async def status(self, lease_id: str, who: Who) -> LeaseAnswer:
+        return lease_json(await self.own_view(lease_id, who))
 
     async def mine(self, caller: str, device: str | None = None) -> list[LeaseAnswer]:
         """The caller's live leases; on one ``device``, their lease there, live or the last that ended."""
@@ -132,15 +134,15 @@ class Leases:
             return [lease_json(view)] if view else []
         return [lease_json(v) for v in await self.store.live_lease_views_of_holder(caller)]
 
-    async def wait(self, lease_id: str, caller: str, unless_state: str | None, wait_s: float,
-                   gone: Callable[[], Awaitable[None]], admin: bool = False) -> LeaseAnswer:
+    async def wait(self, lease_id: str, who: Who, unless_state: str | None, wait_s: float,
+                   gone: Callable[[], Awaitable[None]]) -> LeaseAnswer:
         """Long-poll: the lease as soon as its state is not ``unless_state``."""
-        return await self.life.notifier.long_poll(lease_key(lease_id), lambda: self.status(lease_id, caller, admin),
+        return await self.life.notifier.long_poll(lease_key(lease_id), lambda: self.status(lease_id, who),
                                                   lambda view: view["state"] != unless_state, wait_s, gone)
 
     # ---- reserve, renew, release ------------------------------------------------------------
 
-    async def reserve(self, device_name: str, ttl_s: float | None, caller: str, admin: bool = False) -> LeaseAnswer:
+    async def reserve(self, device_name: str, ttl_s: float | None, who: Who) -> LeaseAnswer:
         """Reserve the device called ``device_name`` (or say why not, and what else is free)."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
@@ -148,14 +150,14 @@ class Leases:
             device = await self.store.device(device_name)
             if device is None:
                 raise await self.devices.unknown(device_name)
-            await self._refuse_unless_free(device, caller)
-            answer = await self.grant(device, ttl, caller, admin, f"reserved ({format_duration(ttl)})")
+            await self._refuse_unless_free(device, who.name)
+            answer = await self.grant(device, ttl, who.name, who.limited, f"reserved ({format_duration(ttl)})")
             if answer is None:
                 raise conflict("busy", f"{device_name} was just reserved by someone else")
             return answer
 
-    async def reserve_matching(self, device_class: str | None, tags: list[str], ttl_s: float | None, caller: str,
-                               admin: bool = False) -> LeaseAnswer:
+    async def reserve_matching(self, device_class: str | None, tags: list[str], ttl_s: float | None,
+                               who: Who) -> LeaseAnswer:
         """Reserve a free device of ``device_class`` with all of ``tags``: the one idle the
         longest (docs/architecture.md, "Who gets the next lease"), or say why none is."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
@@ -163,7 +165,8 @@ class Leases:
             picked = await self.store.free_devices(device_class, tags, self.PICKS)
             await self.store.lock_hosts([d["host"] for d in picked if d["host"]])  # all at once, in one order
             for device in picked:
-                answer = await self.grant(device, ttl, caller, admin, f"reserved by class ({format_duration(ttl)})")
+                answer = await self.grant(device, ttl, who.name, who.limited,
+                                          f"reserved by class ({format_duration(ttl)})")
                 if answer is not None:
                     return answer
             raise await self.none_free(device_class, tags)
@@ -183,7 +186,7 @@ class Leases:
         return conflict("none_free", f"no device {wanted} is free now ({standing}); add --queue (REST: "
                                      "\"queue\": true) for a ticket that is granted the first one that is")
 
-    async def grant(self, device: DeviceFacts, ttl: float, holder: str, admin: bool, cause: str,
+    async def grant(self, device: DeviceFacts, ttl: float, holder: str, limited: bool, cause: str,
                     ticket_id: str | None = None) -> LeaseAnswer | None:
         """A new lease of ``device`` for ``holder`` (in the caller's transaction), or None if
         the device has a live lease already (another process took it a moment ago). A lease
@@ -199,7 +202,7 @@ class Leases:
             return None
         # counted by the database in one statement: concurrent reserves in several
         # processes cannot all see room for one more (admins are counted, not limited)
-        limit = None if admin or ticket_id else life.settings.max_leases_per_user or None
+        limit = (life.settings.max_leases_per_user or None) if limited and not ticket_id else None
         if not await self.store.count_lease(holder, limit):
             await self._refuse_hoarding(holder)
         state = await life.change({**device, "lease_state": LeaseState.PENDING}, cause, holder)
@@ -260,25 +263,25 @@ class Leases:
         raise conflict("too_many_leases", f"you hold {len(held)} leases ({devices}), this lab's limit per "
                                           f"person; release one first")
 
-    async def renew(self, lease_id: str, ttl_s: float, caller: str, admin: bool = False) -> LeaseAnswer:
+    async def renew(self, lease_id: str, ttl_s: float, who: Who) -> LeaseAnswer:
         ttl = self.check_ttl(ttl_s)
         async with self.store.tx():
-            view = await self.own_view(lease_id, caller, admin)
+            view = await self.own_view(lease_id, who)
             if view["state"] not in LIVE_LEASE_STATES:
                 raise conflict("lease_ended", f"{lease_id} is {view['state']}; reserve the device again")
             view["expires_at"] = self.life.clock() + ttl
             if not await self.store.set_lease_expiry(lease_id, view["expires_at"]):
                 raise conflict("lease_ended", f"{lease_id} ended just now; reserve the device again")
-            await self.life.audit(caller, "renew", view["device"], lease_id, {"ttl_s": ttl})
+            await self.life.audit(who.name, "renew", view["device"], lease_id, {"ttl_s": ttl})
             self.life.notify(lease_key(lease_id), BOARD_KEY)
         return lease_json(view)
 
-    async def release(self, lease_id: str, caller: str, admin: bool = False) -> LeaseAnswer:
+    async def release(self, lease_id: str, who: Who) -> LeaseAnswer:
         async with self.store.tx():
             lease = await self.store.lease(lease_id)
-            if lease is None or (lease["holder"] != caller and not admin):
+            if lease is None or not who.may_act_on(lease["holder"]):
                 raise not_found("lease", lease_id)
-            return await self._end_and_show(lease, LeaseState.RELEASED, f"released by {caller}", caller, "release",
+            return await self._end_and_show(lease, LeaseState.RELEASED, f"released by {who.name}", who.name, "release",
                                             {})
 
     async def revoke(self, lease_id: str, admin: str) -> LeaseAnswer:

@@ -23,8 +23,9 @@ from device_loop.core import __version__
 
 from .calls import TOOLS, Call, Ctx
 from .errors import APIError
-from .identity import Identity, caller_identity, check_access
+from .identity import caller_identity, check_access
 from .origin import allowed_hosts
+from .who import Who
 
 TOOL_MAX_WAIT_S = 30.0  # a tool's long-poll: an agent's call never hangs for long
 
@@ -34,7 +35,7 @@ async def _never_hangs_up() -> None:
     await asyncio.get_running_loop().create_future()
 
 
-async def _who(ctx: Context, access: str) -> Identity:
+async def _who(ctx: Context, access: str) -> Who:
     """The caller, if it may call a tool of ``access``."""
     try:
         request = ctx.request_context.request

@@ -34,6 +34,7 @@ from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, host_key, op_key
 from .rows import DeviceFacts, HostRow, ImageRow, OperationRow
 from .store import Store, UniqueViolation
+from .who import Who
 
 _ARGS = TypeAdapter(Args)
 
@@ -76,8 +77,7 @@ class Operations:
 
     # ---- starting one -----------------------------------------------------------------------
 
-    async def start(self, lease_id: str, kind: str, args: dict[str, Any], caller: str,
-                    admin: bool = False) -> OperationAnswer:
+    async def start(self, lease_id: str, kind: str, args: dict[str, Any], who: Who) -> OperationAnswer:
         """Start an operation of ``kind`` with ``args`` on the device of ``lease_id`` (a
         ``flash`` names its image in ``args["image"]``)."""
         if kind == FLASH_KIND:
@@ -85,23 +85,23 @@ class Operations:
             if not isinstance(image, str) or set(args) - {"image"}:
                 raise APIError(422, "invalid", "a flash takes one argument, image: the image's ref or name "
                                                "(device-loop images ls)")
-            return await self.flash(lease_id, image, caller, admin)
+            return await self.flash(lease_id, image, who)
         async with self.store.tx():
-            device = await self._leased_device(lease_id, caller, admin, f"run {kind} on it")
-            return await self._start(device, kind, args, lease_id, caller)
+            device = await self._leased_device(lease_id, who, f"run {kind} on it")
+            return await self._start(device, kind, args, lease_id, who.name)
 
-    async def flash(self, lease_id: str, image_ref: str, caller: str, admin: bool = False) -> OperationAnswer:
+    async def flash(self, lease_id: str, image_ref: str, who: Who) -> OperationAnswer:
         """Flash ``image_ref`` (``images.parse_ref``) onto the device of ``lease_id``."""
         async with self.store.tx():
-            device = await self._leased_device(lease_id, caller, admin, "flash it")
+            device = await self._leased_device(lease_id, who, "flash it")
             image = await self.images.image(image_ref, {f"device:{device['name']}", f"class:{device['class']}"})
-            return await self._start_flash(device, image, lease_id, caller, "flash")
+            return await self._start_flash(device, image, lease_id, who.name, "flash")
 
-    async def recover(self, lease_id: str, caller: str, admin: bool = False) -> OperationAnswer:
+    async def recover(self, lease_id: str, who: Who) -> OperationAnswer:
         """Flash the latest known-good image of the lease's device (else of its class)."""
         async with self.store.tx():
-            device = await self._leased_device(lease_id, caller, admin, "recover it")
-            return await self._start_flash(device, await self._known_good(device), lease_id, caller, "recover")
+            device = await self._leased_device(lease_id, who, "recover it")
+            return await self._start_flash(device, await self._known_good(device), lease_id, who.name, "recover")
 
     async def recover_unleased(self, name: str, admin: str) -> OperationAnswer:
         """An admin recovers a device nobody holds (its holder gave it back broken)."""
@@ -128,8 +128,8 @@ class Operations:
                                          f"{device['lease_id']})")
             return await self._start(device, kind, args, device["lease_id"], admin)
 
-    async def _leased_device(self, lease_id: str, caller: str, admin: bool, doing: str) -> DeviceFacts:
-        view = await self.leases.live_view(lease_id, caller, admin, doing)
+    async def _leased_device(self, lease_id: str, who: Who, doing: str) -> DeviceFacts:
+        view = await self.leases.live_view(lease_id, who, doing)
         device = await self.store.device(view["device"])
         if device is None:
             raise not_found("device", view["device"])
@@ -237,35 +237,37 @@ class Operations:
 
     # ---- following them ---------------------------------------------------------------------
 
-    async def op(self, op_id: str, *, caller: str | None = None, admin: bool = False) -> OperationAnswer:
-        """An operation as ``caller`` sees it (``_ops_json``)."""
+    async def op(self, op_id: str, who: Who | None = None) -> OperationAnswer:
+        """An operation as ``who`` sees it (``_ops_json``)."""
         op = await self.store.operation(op_id)
         if op is None:
             raise not_found("operation", op_id)
-        return (await self._ops_json([op], caller, admin))[0]
+        return (await self._ops_json([op], who))[0]
 
     async def wait(self, op_id: str, unless_state: str | None, wait_s: float, gone: Callable[[], Awaitable[None]], *,
-                   caller: str | None = None, admin: bool = False) -> OperationAnswer:
+                   who: Who | None = None) -> OperationAnswer:
         """Long-poll: the operation once its state is not ``unless_state`` (or ``wait_s`` passed)."""
-        return await self.life.notifier.long_poll(op_key(op_id), lambda: self.op(op_id, caller=caller, admin=admin),
+        return await self.life.notifier.long_poll(op_key(op_id), lambda: self.op(op_id, who),
                                                   lambda op: op["state"] != unless_state, wait_s, gone)
 
-    async def of_device(self, name: str, limit: int = 20, kind: str | None = None, *, caller: str | None = None,
-                        admin: bool = False) -> list[OperationAnswer]:
-        """A device's latest operations (of ``kind``), newest first, as ``caller`` sees them."""
+    async def of_device(self, name: str, limit: int = 20, kind: str | None = None, *,
+                        who: Who | None = None) -> list[OperationAnswer]:
+        """A device's latest operations (of ``kind``), newest first, as ``who`` sees them."""
         if await self.store.device(name) is None:
             raise not_found("device", name)
-        return await self._ops_json(await self.store.operations_of_device(name, limit, kind), caller, admin)
+        return await self._ops_json(await self.store.operations_of_device(name, limit, kind), who)
 
-    async def _ops_json(self, ops: list[Any], caller: str | None, admin: bool) -> list[OperationAnswer]:
+    async def _ops_json(self, ops: list[Any], who: Who | None) -> list[OperationAnswer]:
         """``ops`` with the lease of each (and the paths in what it said) shown only to who may
-        see it: an admin, the one who asked for the operation, and the holder of its lease
-        (``caller`` None: nobody)."""
+        see it: whoever may see all, the one who asked for the operation, and the holder of its
+        lease (``who`` None: nobody; docs/architecture.md, "Who may act on what")."""
+        if who is None:
+            return [op_json(op, False, op.get("host_online", True)) for op in ops]
         holders: dict[str, str] = {}
-        if caller is not None and not admin:
-            others = [op["lease_id"] for op in ops if op["lease_id"] and op["requester"] != caller]
+        if not who.may_see_all:
+            others = [op["lease_id"] for op in ops if op["lease_id"] and op["requester"] != who.name]
             holders = await self.store.lease_holders(others) if others else {}
-        return [op_json(op, admin or caller is not None and caller in (op["requester"], holders.get(op["lease_id"])),
+        return [op_json(op, who.may_see_all or who.may_act_on(op["requester"], holders.get(op["lease_id"])),
                         op.get("host_online", True)) for op in ops]
 
     async def image_for_host(self, host: str, sha256: str) -> str:

@@ -25,6 +25,7 @@ from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, ticket_key
 from .rows import DeviceFacts, TicketRow
 from .store import Store
+from .who import Who
 
 TICKET_PREFIX = "tk-"
 #: The refusals of a reserve by name that a ticket waits out (a held, reclaimed, faulty,
@@ -57,7 +58,7 @@ class Scheduler:
     # ---- reserve --------------------------------------------------------------------------
 
     async def reserve(self, device: str | None, device_class: str | None, tags: list[str], ttl_s: float | None,
-                      queue: bool, caller: str, kind: TicketKind, admin: bool = False) -> LeaseAnswer | TicketAnswer:
+                      queue: bool, who: Who, kind: TicketKind) -> LeaseAnswer | TicketAnswer:
         """A lease of the named device, or of a free one of ``device_class`` with all of
         ``tags``; when there is none and ``queue``, a ticket (its ``kind`` is the caller's,
         never the request's). Never waits."""
@@ -70,17 +71,17 @@ class Scheduler:
         async with self.store.tx():
             try:
                 if device is not None:
-                    return await self.leases.reserve(device, ttl, caller, admin)
-                return await self.leases.reserve_matching(device_class, tags, ttl, caller, admin)
+                    return await self.leases.reserve(device, ttl, who)
+                return await self.leases.reserve_matching(device_class, tags, ttl, who)
             except APIError as refusal:
                 if not queue or refusal.code not in QUEUEABLE:
                     raise
-            return await self._enqueue(device, device_class, tags, ttl, caller, kind, admin)
+            return await self._enqueue(device, device_class, tags, ttl, who, kind)
 
-    async def _enqueue(self, device: str | None, device_class: str | None, tags: list[str], ttl: float, caller: str,
-                       kind: TicketKind, admin: bool) -> TicketAnswer:
-        life = self.life
-        limit = None if admin else life.settings.max_tickets_per_user or None
+    async def _enqueue(self, device: str | None, device_class: str | None, tags: list[str], ttl: float, who: Who,
+                       kind: TicketKind) -> TicketAnswer:
+        life, caller = self.life, who.name
+        limit = (life.settings.max_tickets_per_user or None) if who.limited else None
         if not await self.store.count_ticket(caller, limit):
             raise conflict("too_many_tickets", f"you have {limit} open tickets, this lab's limit per person; cancel "
                                                "one first (device-loop tickets, device-loop cancel TICKET)")
@@ -162,22 +163,23 @@ class Scheduler:
 
     # ---- what a requester does with a ticket ------------------------------------------------
 
-    async def _own(self, ticket_id: str, caller: str, admin: bool, for_update: bool = False) -> TicketRow:
+    async def _own(self, ticket_id: str, who: Who, for_update: bool = False) -> TicketRow:
+        """The ticket, if ``who`` may act on it (docs/architecture.md, "Who may act on what")."""
         row = await self.store.ticket(ticket_id, for_update)
-        if row is None or (row["requester"] != caller and not admin):
+        if row is None or not who.may_act_on(row["requester"]):
             raise not_found("ticket", ticket_id)
         return row
 
-    async def status(self, ticket_id: str, caller: str, admin: bool = False) -> TicketAnswer:
+    async def status(self, ticket_id: str, who: Who) -> TicketAnswer:
         """A ticket as its requester sees it; a granted one is claimed by its requester seeing it."""
-        row = await self._own(ticket_id, caller, admin)
+        row, caller = await self._own(ticket_id, who), who.name
         if row["state"] == TicketState.GRANTED and row["requester"] == caller:
             async with self.store.tx():
                 if await self.store.claim_ticket(ticket_id, self.life.clock()):
                     await self.life.audit(caller, "ticket_claim", row["granted_device"], row["lease_id"],
                                           {"ticket": ticket_id})
                     self.life.notify(ticket_key(ticket_id))
-            row = await self._own(ticket_id, caller, admin)
+            row = await self._own(ticket_id, who)
         return await self._json(row)
 
     async def _json(self, row: TicketRow) -> TicketAnswer:
@@ -190,19 +192,20 @@ class Scheduler:
             lease = lease_json(view) if view else None
         return ticket_json(row, position, lease, self.life.settings.claim_window_s)
 
-    async def wait(self, ticket_id: str, caller: str, admin: bool, wait_s: float,
+    async def wait(self, ticket_id: str, who: Who, wait_s: float,
                    gone: Callable[[], Awaitable[None]]) -> TicketAnswer:
         """Long-poll: the ticket once its state changes (or ``wait_s`` passed)."""
-        first = await self.status(ticket_id, caller, admin)
+        first = await self.status(ticket_id, who)
         if not wait_s or first["state"] != TicketState.WAITING:
             return first
-        return await self.life.notifier.long_poll(ticket_key(ticket_id), lambda: self.status(ticket_id, caller, admin),
+        return await self.life.notifier.long_poll(ticket_key(ticket_id), lambda: self.status(ticket_id, who),
                                                   lambda t: t["state"] != TicketState.WAITING, wait_s, gone)
 
-    async def cancel(self, ticket_id: str, caller: str, admin: bool = False) -> TicketAnswer:
+    async def cancel(self, ticket_id: str, who: Who) -> TicketAnswer:
         """Cancel a waiting ticket, or a granted one nobody claimed yet (its lease ends)."""
+        caller = who.name
         async with self.store.tx():
-            row = await self._own(ticket_id, caller, admin, for_update=True)
+            row = await self._own(ticket_id, who, for_update=True)
             if row["state"] not in OPEN_TICKET_STATES:
                 raise conflict("ticket_ended", f"{ticket_id} is {row['state']} already" + (
                     f": its lease {row['lease_id']} is yours; release it instead" if row["state"] ==
@@ -228,9 +231,10 @@ class Scheduler:
         rows = await self.store.tickets_of(None if everyone else caller, MAX_LISTED)
         return [await self._json(row) for row in rows]
 
-    async def queue(self, caller: str | None, admin: bool) -> list[QueueEntry]:
+    async def queue(self, who: Who | None = None) -> list[QueueEntry]:
         """The waiting tickets in the order they are served (per thing they wait for), as the
-        board shows them: ids only to their requesters and admins."""
+        board shows them (to ``who``; None: to anyone): ids only to their requesters and to
+        whoever may see all."""
         now = self.life.clock()
         aged = self._aged(now)
         rows = await self.store.waiting_tickets(MAX_LISTED)
@@ -241,7 +245,8 @@ class Scheduler:
         for row in rows:
             want = (row["device"], row["device_class"], tuple(row["tags"]))
             seen[want] = seen.get(want, 0) + 1
-            entries.append({"ticket": row["id"] if admin or row["requester"] == caller else None,
+            shown = who is not None and (who.may_see_all or who.may_act_on(row["requester"]))
+            entries.append({"ticket": row["id"] if shown else None,
                             "requester": row["requester"], "kind": row["kind"],
                             "wants": describe_want(row["device"], row["device_class"], row["tags"]),
                             "device": row["device"], "device_class": row["device_class"], "tags": row["tags"],

@@ -25,6 +25,7 @@ from .lifecycle import Lifecycle, fault
 from .operations import Operations, op_json
 from .rows import DeviceFacts, OperationRow
 from .store import Store
+from .who import Who
 
 ACTOR = "coordinator"  # who runs the steps, in the logs
 SETTLE = "settle"
@@ -91,11 +92,11 @@ class Steps:
         await self.life.change(device, words, ACTOR, {"reclaim_lease": None, "reclaim_step": None,
                                                       "reclaim_op": None, **fault(FaultKind.STEP_FAILED, words)})
 
-    async def settle(self, lease_id: str, caller: str, admin: bool = False) -> OperationAnswer:
+    async def settle(self, lease_id: str, who: Who) -> OperationAnswer:
         """Run the device's cool-down steps inside the lease (what an A/B runner asks between
         two runs): an operation to follow; done at once when the device has none."""
         async with self.store.tx():
-            view = await self.leases.live_view(lease_id, caller, admin, "settle it")
+            view = await self.leases.live_view(lease_id, who, "settle it")
             device = await self.store.device(view["device"])
             if device is None:
                 raise not_found("device", view["device"])
@@ -107,7 +108,7 @@ class Steps:
                 raise conflict("no_resources", f"{device['name']} reports no resource to run on")
             settling = [s["step"] for s in device["steps"] if s.get("settle")]
             answer = await self.operations.queue(device, SETTLE, first["identifier"], EXPORTER_STEPS, {}, lease_id,
-                                                 caller, exclusive=False, destructive=False,
+                                                 who.name, exclusive=False, destructive=False,
                                                  audit={"steps": settling})
             if settling:
                 return answer

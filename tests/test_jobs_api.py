@@ -182,10 +182,10 @@ async def test_a_jobs_kind_is_its_submitters(tmp_path):
         assert ticket["kind"] == "batch" and ticket["requester"] == "bot"
         # through MCP (the tool's caller is batch, whatever its token)
         from device_loop.coordinator.calls import BY_NAME, Ctx
-        from device_loop.coordinator.identity import Identity
+        from device_loop.coordinator.who import Who
         from device_loop.coordinator.job_schemas import SubmitJobIn
 
-        ctx = Ctx(rules, Identity("ann"), asyncio.Event().wait, 30, via_tool=True)
+        ctx = Ctx(rules, Who("ann"), asyncio.Event().wait, 30, via_tool=True)
         by_tool = await BY_NAME["submit_job"].run(ctx, SubmitJobIn.model_validate({"spec": PLAIN}))
         assert by_tool["kind"] == "batch" and by_tool["state"] == "queued"
 

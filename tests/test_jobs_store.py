@@ -10,6 +10,7 @@ from device_loop.coordinator.jobs import SILENT_PER_PASS
 from device_loop.coordinator.migrations import MIGRATIONS
 from device_loop.coordinator.store import Store
 from device_loop.core.jobs import JobSpec
+from device_loop.coordinator.who import Who
 from device_loop.core.vocabulary import TicketKind
 from lab_in_process import FakeExporter, device, in_process_lab
 
@@ -21,8 +22,8 @@ SPEC = JobSpec.model_validate({"target": {"class": "sim-board"}, "run": ["true"]
 async def test_concurrent_claims_take_each_job_once(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         jobs = rules.jobs
-        made = [(await jobs.submit(SPEC, False, None, "ann", TicketKind.INTERACTIVE))["id"] for _ in range(5)]
-        claims = await asyncio.gather(*(jobs.claim(["ann"], f"w{n}", "root", True) for n in range(10)))
+        made = [(await jobs.submit(SPEC, False, None, Who("ann"), TicketKind.INTERACTIVE))["id"] for _ in range(5)]
+        claims = await asyncio.gather(*(jobs.claim(["ann"], f"w{n}", Who("root", admin=True)) for n in range(10)))
         taken = [c["job"]["id"] for c in claims if c["job"] is not None]
         assert sorted(taken) == sorted(made), "each queued job claimed exactly once"
         workers = await rules.store.read("SELECT worker FROM jobs WHERE state = 'running'")
@@ -32,7 +33,7 @@ async def test_concurrent_claims_take_each_job_once(tmp_path):
 async def test_the_reaper_ends_a_bounded_number_of_silent_jobs_a_pass(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         for _ in range(SILENT_PER_PASS + 3):
-            await rules.jobs.submit(SPEC, True, None, "ann", TicketKind.INTERACTIVE)
+            await rules.jobs.submit(SPEC, True, None, Who("ann"), TicketKind.INTERACTIVE)
         clock.advance(rules.settings.job_worker_timeout_s + 1)
         await rules.reap()
         states = await rules.store.job_counts()

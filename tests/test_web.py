@@ -20,6 +20,7 @@ from device_loop.coordinator import events
 from device_loop.coordinator.events import Broadcaster
 from device_loop.coordinator.identity import csrf_token, issue_token
 from device_loop.coordinator.web.pages import device_row, queue_row
+from device_loop.coordinator.who import Who
 from device_loop.core.vocabulary import TokenKind
 from lab_in_process import FakeExporter, device, in_process_lab, leased_board
 from test_end_to_end import run_cli, wait_state
@@ -354,7 +355,7 @@ async def test_metrics_parse_and_move_with_leases_and_flashes(tmp_path):
         assert (await client("bob").post("/leases", json={"device": "b0"})).status_code == 409
         with pytest.raises(RuntimeError):
             async with rules.store.tx():
-                await rules.leases.reserve("b1", None, "bob")
+                await rules.leases.reserve("b1", None, Who("bob"))
                 raise RuntimeError("rolled back after the reserve")
         clock.advance(2.5)
         service = {"lease": lease["id"], "device": "b0", "identifier": "sim:b0", "kind": "uart",
@@ -510,7 +511,7 @@ async def test_the_stream_sends_the_queue_when_a_ticket_comes_goes_or_moves(tmp_
         await exporter.beat([device("b0")])
         lease = (await api.post("/leases", json={"device": "b0"})).json()
         broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier, device_row,
-                                  read_queue=lambda: rules.scheduler.queue(None, False), render_entry=queue_row)
+                                  read_queue=lambda: rules.scheduler.queue(), render_entry=queue_row)
         rows, plain = broadcaster.stream(html=True), broadcaster.stream()
         for stream in (rows, plain):
             assert (await anext(stream)).startswith(b"retry: ")
@@ -570,7 +571,7 @@ async def test_a_broadcaster_made_without_the_queue_follows_it_once_told(tmp_pat
         stream = broadcaster.stream(html=True)
         await anext(stream)
         assert frame(await asyncio.wait_for(anext(stream), 5))[0] == "snapshot"
-        broadcaster.follow_queue(lambda: rules.scheduler.queue(None, False), queue_row)  # what a page does
+        broadcaster.follow_queue(lambda: rules.scheduler.queue(), queue_row)  # what a page does
         assert frame(await asyncio.wait_for(anext(stream), 5)) == ("queue", [])
         broadcaster.follow_queue(lambda: [], queue_row)  # (told twice: the first stays)
         await client("bob").post("/leases", json={"device": "b0"})

@@ -85,7 +85,7 @@ def _chart(job: JobView, analysis: Any) -> Markup | None:
 
 
 def _may_cancel(viewer: Viewer, job: JobView) -> bool:
-    return job.state in OPEN_JOB_STATES and (viewer.admin or viewer.name == job.owner)
+    return job.state in OPEN_JOB_STATES and viewer.who.may_act_on(job.owner)
 
 
 @answers("text/html")
@@ -104,7 +104,7 @@ async def job_page(request: Request) -> Response:
     if viewer.name is None or not JOB_ID.match(job_id):
         return render(request, "missing.html", viewer, 404, what="job", name=job_id[:64])
     try:
-        job, analysis = await request.app.state.rules.jobs.analysed(job_id, viewer.name, viewer.admin)
+        job, analysis = await request.app.state.rules.jobs.analysed(job_id, viewer.who)
     except APIError as exc:
         if exc.status != 404:
             raise

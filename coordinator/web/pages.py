@@ -26,6 +26,7 @@ from ..limits import FORM, takes_body
 from ..openapi import answers
 from ..steps import ACTOR as STEPS_ACTOR
 from ..steps import SETTLE
+from ..who import Who
 from .power_panel import power_panel
 
 HERE = Path(__file__).parent
@@ -71,6 +72,7 @@ class Viewer:
     admin: bool
     trusted: bool     # the single-user trust mode: the lab's owner, without signing in
     csrf: str         # what requests send as X-Device-Loop-CSRF ("" unless signed in by cookie)
+    who: Who          # the caller, as the services take it
 
 
 async def viewer_of(request: Request) -> Viewer:
@@ -78,7 +80,7 @@ async def viewer_of(request: Request) -> Viewer:
     identity = await caller_identity(request)
     person = refusal(USER, identity) is None  # (an exporter's token is nobody here)
     return Viewer(identity.name if person else None, refusal(ADMIN, identity) is None, identity.trusted,
-                  identity.csrf or "")
+                  identity.csrf or "", identity)
 
 
 def _http_url(url: str | None) -> str | None:
@@ -105,7 +107,7 @@ async def _queue(request: Request) -> list[dict]:
     """The waiting tickets as anyone sees them (no ticket ids: the event stream, which the app
     makes following them, sends the same to every viewer)."""
     rules = request.app.state.rules
-    return [dict(e) for e in await rules.scheduler.queue(None, False)]
+    return [dict(e) for e in await rules.scheduler.queue()]
 
 
 async def _my_tickets(request: Request, viewer: Viewer) -> list[dict]:
@@ -158,22 +160,23 @@ async def device_page(request: Request) -> Response:
     operations, power switch and known-good image."""
     rules, viewer, name = request.app.state.rules, await viewer_of(request), request.path_params["name"]
     try:
-        device = await rules.devices.device_info(name, viewer.admin)  # (an admin's: with its lease's id)
+        device = await rules.devices.device_info(name, viewer.who)  # (an admin's: with its lease's id)
     except APIError as exc:
         if exc.status != 404:
             raise
         return render(request, "missing.html", viewer, 404, what="device", name=name)
     tickets = await _my_tickets(request, viewer)
     mine = await _my_leases(request, viewer, name)
-    seen_as = {"caller": viewer.name, "admin": viewer.admin}  # (paths in what they said: to whom they are shown)
+    seen_as = {"who": viewer.who}  # (paths in what they said: to whom they are shown)
     operations = await rules.operations.of_device(name, LAST_OPERATIONS, **seen_as)
     listed = [op for op in operations if op["kind"] not in (FLASH_KIND, POWER_KIND)]  # (each has its section)
     # which steps settle runs too: the exporter's config says, and the device's facts keep it
     facts = await rules.store.device(name)
     steps = [{"step": s["step"], "settle": bool(s.get("settle"))} for s in (facts["steps"] if facts else [])]
-    settle_lease = None  # the live lease the viewer may settle: theirs, or (an admin) anyone's
+    settle_lease = None  # the live lease the viewer may settle: theirs, or one it may act on (an admin's token)
     if any(s["settle"] for s in steps):
-        settle_lease = mine[0]["id"] if mine else device.get("lease") if viewer.admin else None
+        settle_lease = mine[0]["id"] if mine else device.get("lease") if viewer.who.may_act_on(device["holder"]) \
+            else None
     settling = next((op for op in operations if op["kind"] == SETTLE and op["state"] in LIVE_OP_STATES), None)
     return render(request, "device.html", viewer, device=device,
                  log=list(reversed(await rules.devices.device_log(name))), last_ops=LAST_OPERATIONS,

@@ -84,14 +84,13 @@ class PowerPanel:
 async def power_panel(rules: Rules, device: Mapping[str, Any], mine: list[dict], viewer: Viewer) -> PowerPanel:
     """The "Power" section of ``device``'s page for ``viewer`` (``mine``: their live leases on it;
     ``device`` as an admin's device_info shows it to an admin: with its lease's id)."""
-    ops = await rules.operations.of_device(device["name"], SHOWN, kind=POWER_KIND, caller=viewer.name,
-                                           admin=viewer.admin)
+    ops = await rules.operations.of_device(device["name"], SHOWN, kind=POWER_KIND, who=viewer.who)
     switch = has_switch(device)
     lease, unleased = None, False
     if switch and viewer.name is not None:
         if mine:
             lease = mine[0]["id"]
-        elif viewer.admin:
-            lease = device.get("lease")
-            unleased = lease is None
+        elif viewer.admin:  # another's lease: only for who may act on it (docs/architecture.md, "Who may act on what")
+            lease = device.get("lease") if viewer.who.may_act_on(device["holder"]) else None
+            unleased = device.get("lease") is None
     return PowerPanel(switch, lease, unleased, [row(op) for op in ops])

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import click
 
-from device_loop.client.commands import json_option, lab_command
+from device_loop.cli.commands import json_option, lab_command
 from device_loop.client.http import CoordinatorError
-from device_loop.client.output import emit, lease_text, table
+from device_loop.cli.output import emit, lease_text, table
 from device_loop.core import LEASE_PREFIX
 from device_loop.core.durations import parse_duration
 

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent  # the folder that holds cli/, 
 
 
 def load(target: str) -> click.Command:
-    """The command at ``target`` (``device_loop.client.console:console_command``), imported."""
+    """The command at ``target`` (``device_loop.cli.console:console_command``), imported."""
     module, attr = target.split(":")
     return getattr(importlib.import_module(module), attr)
 

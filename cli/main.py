@@ -7,39 +7,39 @@ import sys
 
 import click
 
-from device_loop.client.commands import COMMANDS, coordinator_url
+from device_loop.cli.commands import COMMANDS, coordinator_url
 
 from .lazy_commands import load, stand_in
 
 # Commands that run a server (or a terminal) import a larger stack; load them only when
 # they run, so that the other client commands (and --help) start fast.
 LAZY_COMMANDS = {
-    "console": "device_loop.client.console:console_command",
-    "adb": "device_loop.client.adb:adb_command",
-    "env": "device_loop.client.adb:env_command",
+    "console": "device_loop.cli.console:console_command",
+    "adb": "device_loop.cli.adb:adb_command",
+    "env": "device_loop.cli.adb:env_command",
     "admin": "device_loop.cli.admin:admin_group",
-    "images": "device_loop.client.images:images_group",
-    "flash": "device_loop.client.operations:flash_command",
-    "recover": "device_loop.client.operations:recover_command",
-    "op": "device_loop.client.operations:op_command",
-    "ops": "device_loop.client.operations:ops_command",
-    "flashes": "device_loop.client.operations:flashes_command",
-    "video": "device_loop.client.video:video_command",
-    "vnc": "device_loop.client.vnc:vnc_command",
-    "watch": "device_loop.client.watch:watch_command",
-    "forward": "device_loop.client.forward:forward_command",
+    "images": "device_loop.cli.images:images_group",
+    "flash": "device_loop.cli.operations:flash_command",
+    "recover": "device_loop.cli.operations:recover_command",
+    "op": "device_loop.cli.operations:op_command",
+    "ops": "device_loop.cli.operations:ops_command",
+    "flashes": "device_loop.cli.operations:flashes_command",
+    "video": "device_loop.cli.video:video_command",
+    "vnc": "device_loop.cli.vnc:vnc_command",
+    "watch": "device_loop.cli.watch:watch_command",
+    "forward": "device_loop.cli.forward:forward_command",
     "up": "device_loop.cli.up:up_command",
     "coordinator": "device_loop.coordinator.serve:coordinator_command",
     "exporter": "device_loop.exporter.run:exporter_command",
-    "exec": "device_loop.client.exec:exec_command",
-    "fingerprint": "device_loop.client.exec:fingerprint_command",
-    "run": "device_loop.client.jobs:run_command",
-    "ab": "device_loop.client.jobs:ab_command",
-    "matrix": "device_loop.client.jobs:matrix_command",
-    "jobs": "device_loop.client.jobs:jobs_command",
-    "job": "device_loop.client.jobs:job_group",
-    "worker": "device_loop.client.worker:worker_command",
-    "power": "device_loop.client.power:power_command",
+    "exec": "device_loop.cli.exec:exec_command",
+    "fingerprint": "device_loop.cli.exec:fingerprint_command",
+    "run": "device_loop.cli.jobs:run_command",
+    "ab": "device_loop.cli.jobs:ab_command",
+    "matrix": "device_loop.cli.jobs:matrix_command",
+    "jobs": "device_loop.cli.jobs:jobs_command",
+    "job": "device_loop.cli.jobs:job_group",
+    "worker": "device_loop.cli.worker:worker_command",
+    "power": "device_loop.cli.power:power_command",
 }
 
 

@@ -346,8 +346,8 @@ def test_the_log_fits_a_terminal_and_a_device_that_turns_faulty_says_why(coordin
 
 
 def test_help_lists_every_command_with_its_short_help_and_loads_none_of_them(env):
-    heavy = ("device_loop.coordinator", "device_loop.exporter", "device_loop.client.runner", "device_loop.client.jobs",
-             "device_loop.client.worker", "device_loop.cli.up", "scipy", "numpy", "pydantic", "starlette", "cv2",
+    heavy = ("device_loop.coordinator", "device_loop.exporter", "device_loop.client.runner", "device_loop.cli.jobs",
+             "device_loop.cli.worker", "device_loop.cli.up", "scipy", "numpy", "pydantic", "starlette", "cv2",
              "uvicorn", "mcp")
     probe = ("import json, sys, contextlib, io; from device_loop.cli import main as m; sys.argv = ['device-loop', "
              "'--help']; out = io.StringIO()\nwith contextlib.redirect_stdout(out): m._run()\n"

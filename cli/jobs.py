@@ -27,7 +27,7 @@ from device_loop.core.jobs import JobSpec, JobSummary, JobView, Order, group_tar
 from device_loop.core.vocabulary import JobState
 
 from .commands import _tags, _ttl, json_option, lab_command
-from .lab import Lab
+from device_loop.client.lab import Lab
 from .output import emit, table
 
 MAX_JOB_FILE_BYTES = 1 << 20
@@ -175,8 +175,8 @@ def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, sh
     this process's token."""
     from device_loop.core.process import keep_private
 
-    from .job_cgroups import CgroupsUnavailable, JobCgroups
-    from .runner import Runner, Stopper
+    from device_loop.client.job_cgroups import CgroupsUnavailable, JobCgroups
+    from device_loop.client.runner import Runner, Stopper
 
     keep_private()
     try:

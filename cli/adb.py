@@ -13,8 +13,8 @@ from device_loop.core.usage import by_role, environment
 from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
-from .http import CoordinatorError
-from .lab import Lab
+from device_loop.client.http import CoordinatorError
+from device_loop.client.lab import Lab
 from .output import emit, fail
 
 

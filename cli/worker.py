@@ -26,12 +26,12 @@ import click
 from device_loop.core.vocabulary import JobState
 from device_loop.core.process import keep_private
 
-from .accounts import Account, AccountError, account_map, can_switch_accounts
+from device_loop.client.accounts import Account, AccountError, account_map, can_switch_accounts
 from .commands import _tags, _ttl, lab_command
-from .http import CoordinatorError
-from .job_cgroups import CgroupsUnavailable, JobCgroups
-from .lab import Lab
-from .runner import BEAT_S, Runner, Stopper
+from device_loop.client.http import CoordinatorError
+from device_loop.client.job_cgroups import CgroupsUnavailable, JobCgroups
+from device_loop.client.lab import Lab
+from device_loop.client.runner import BEAT_S, Runner, Stopper
 
 MAX_CLAIM_WAIT_S = 60.0   # the coordinator's longest long-poll
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)  # after the coordinator could not be reached, in turn

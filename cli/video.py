@@ -12,8 +12,8 @@ import httpx2
 from device_loop.core.usage import camera_urls
 
 from .commands import _my_lease, json_option, lab_command
-from .http import CoordinatorError
-from .lab import Lab, require_ready
+from device_loop.client.http import CoordinatorError
+from device_loop.client.lab import Lab, require_ready
 from .output import emit
 
 

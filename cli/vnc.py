@@ -9,8 +9,8 @@ from device_loop.core.usage import by_role, screen_url
 from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
-from .http import CoordinatorError
-from .lab import Lab, require_ready
+from device_loop.client.http import CoordinatorError
+from device_loop.client.lab import Lab, require_ready
 from .output import emit
 
 

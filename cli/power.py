@@ -10,8 +10,8 @@ from device_loop.core.vocabulary import PowerAction, PowerVerdict
 
 from .commands import _my_lease, json_option, lab_command
 from .exec import _seconds
-from .http import CoordinatorError
-from .lab import Lab, follow_op
+from device_loop.client.http import CoordinatorError
+from device_loop.client.lab import Lab, follow_op
 from .operations import detach_option
 from .output import emit, fail
 

@@ -15,7 +15,7 @@ from device_loop.core.gate import LocalForward
 from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
-from .lab import Lab
+from device_loop.client.lab import Lab
 from .output import fail
 
 WATCH_S = 30  # each long-poll of the lease; Ctrl-C interrupts it at once (it runs in the main thread)

@@ -18,7 +18,7 @@ from device_loop.core.durations import parse_duration
 from device_loop.core.usage import LEASE_ANSWER_ENV
 
 from .commands import _my_lease, json_option, lab_command
-from .lab import Lab, Lease
+from device_loop.client.lab import Lab, Lease
 from .output import fail
 
 #: The exit status of a command that outlived its --timeout (as GNU timeout's).

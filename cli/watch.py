@@ -11,8 +11,8 @@ import httpx2
 from device_loop.core import EVENTS_KEEPALIVE_S
 
 from .commands import lab_command
-from .http import CoordinatorError
-from .lab import Lab
+from device_loop.client.http import CoordinatorError
+from device_loop.client.lab import Lab
 
 RECONNECT_S = 1.0
 KEEPALIVE_GRACE_S = 3 * EVENTS_KEEPALIVE_S  # silent that long: the stream is gone

@@ -26,8 +26,8 @@ from device_loop.core.usage import EndpointJSON, by_role
 from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
-from .http import CoordinatorError
-from .lab import Lab
+from device_loop.client.http import CoordinatorError
+from device_loop.client.lab import Lab
 from .output import fail
 
 ESCAPE = b"\x1d"  # Ctrl-], as in telnet

@@ -8,7 +8,7 @@ import click
 from device_loop.core.files import file_sha256
 
 from .commands import json_option, lab_command
-from .lab import Lab
+from device_loop.client.lab import Lab
 from .output import emit, on_terminal, progress_bar, table
 
 CHUNK = 1 << 20

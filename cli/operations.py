@@ -16,8 +16,8 @@ from device_loop.core import FLASH_KIND, POWER_KIND
 from device_loop.core.vocabulary import FIRST_PHASES
 
 from .commands import _my_lease, json_option, lab_command
-from .http import CoordinatorError
-from .lab import Lab, follow_op
+from device_loop.client.http import CoordinatorError
+from device_loop.client.lab import Lab, follow_op
 from .output import emit, fail, on_terminal, progress_bar, table
 
 if TYPE_CHECKING:

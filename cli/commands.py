@@ -12,9 +12,9 @@ from device_loop.core import LEASE_PREFIX, LIVE_LEASE_STATES
 from device_loop.core.durations import parse_duration
 from device_loop.core.vocabulary import TicketState
 
-from .http import Coordinator, CoordinatorError
-from .interrupt import not_interrupted, sigterm_as_ctrl_c
-from .lab import Lab, Lease, LeaseFailed, Ticket, follow_op
+from device_loop.client.http import Coordinator, CoordinatorError
+from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
+from device_loop.client.lab import Lab, Lease, LeaseFailed, Ticket, follow_op
 from .output import emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON only (errors too)")

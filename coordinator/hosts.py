@@ -380,6 +380,7 @@ class Hosts:
                    for a in await self.store.adoptions_on_host(host_name)]
         operations = [{"op": o["id"], "kind": o["kind"], "device": o["device"], "identifier": o["identifier"],
                        "plugin": o["plugin"], "requester": o["requester"], "args": o["args"],
+                       "purpose": o["purpose"], "step": o["step"],
                        "image": {"sha256": o["image_sha256"], "size": o["image_size"], "name": o["image_name"]}
                        if o["image_sha256"] else None}
                       for o in await self.store.queued_operations(host_name)]

@@ -30,6 +30,7 @@ JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 RUN_ARMS = ("A", "B", "run")
 FAULT_KINDS = ("step-failed", "switched-off", "unverified-on")
 FIDELITIES = ("hardware", "simulated", "virtual", "emulated")
+PURPOSES = ("lease", "step", "settle", "recovery")
 
 MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 1: devices, resources, hosts, leases, logs, idempotency keys
@@ -509,5 +510,17 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         "UPDATE devices SET fault_kind = 'step-failed' WHERE fault IS NOT NULL AND fault_kind IS NULL",
         f"ALTER TABLE devices ADD COLUMN fidelity TEXT NOT NULL DEFAULT 'hardware' {_one_of('fidelity', FIDELITIES)}",
         "ALTER TABLE operations ADD COLUMN interrupted BOOLEAN NOT NULL DEFAULT FALSE",
+    ],
+    # 20: why an operation runs (docs/architecture.md, "Operations"), where a step's place was an
+    # argument the exporter looked for: its purpose, and a step's place in the device's steps
+    [
+        f"ALTER TABLE operations ADD COLUMN purpose TEXT NOT NULL DEFAULT 'lease' {_one_of('purpose', PURPOSES)}",
+        "ALTER TABLE operations ADD COLUMN step INTEGER",
+        {"sqlite": "UPDATE operations SET purpose = 'step', step = json_extract(args, '$.step') "
+                   "WHERE json_extract(args, '$.step') IS NOT NULL AND requester = 'coordinator'",
+         "postgresql": "UPDATE operations SET purpose = 'step', step = CAST(CAST(args AS JSONB) ->> 'step' AS INTEGER) "
+                       "WHERE (CAST(args AS JSONB) ->> 'step') IS NOT NULL AND requester = 'coordinator'"},
+        "UPDATE operations SET purpose = 'settle' WHERE kind = 'settle' AND plugin = 'exporter'",
+        "UPDATE operations SET purpose = 'recovery' WHERE lease_id IS NULL AND purpose = 'lease'",
     ],
 ]

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from device_loop.core import FLASH_KIND, OP_PREFIX
 from device_loop.core.durations import iso
 from device_loop.core.protocol import Args, Heartbeat, OperationReport, Progress
-from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationState
+from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationState, Purpose
 
 from device_loop.core.answers import OperationAnswer
 from .errors import APIError, conflict, not_found
@@ -142,13 +142,15 @@ class Operations:
         raise conflict("no_known_good", f"no image is known-good for {device['name']} or its class "
                                         f"{device['class']}: an admin marks one (device-loop images mark-good)")
 
-    async def reflash(self, device: DeviceFacts, requester: str, audit: dict[str, Any]) -> OperationAnswer:
+    async def reflash(self, device: DeviceFacts, requester: str, step: int, audit: dict[str, Any]) -> OperationAnswer:
         """Write the device's latest known-good image back (the ``reflash`` step between
-        leases, audited with ``audit``: its cause); refused when none is known-good."""
-        return await self._start_flash(device, await self._known_good(device), None, requester, "reflash", audit)
+        leases at place ``step``, audited with ``audit``: its cause); refused when none is known-good."""
+        return await self._start_flash(device, await self._known_good(device), None, requester, "reflash", audit,
+                                       step=step)
 
     async def _start_flash(self, device: DeviceFacts, image: ImageRow, lease_id: str | None, caller: str,
-                           purpose: str, audit: dict[str, Any] | None = None) -> OperationAnswer:
+                           purpose: str, audit: dict[str, Any] | None = None,
+                           step: int | None = None) -> OperationAnswer:
         name = device["name"]
         fits = {f"device:{name}", f"class:{device['class']}"}
         if image["target"] not in fits and not fits & set(await self.store.known_good_targets(image["sha256"])):
@@ -157,12 +159,14 @@ class Operations:
                            f"{device['class']}); an admin can mark it known-good for {name}")
         await self.store.set_image_used(image["sha256"], self.life.clock())
         return await self._start(device, FLASH_KIND, {"purpose": purpose}, lease_id, caller, image, action=purpose,
-                                 audit=audit)
+                                 audit=audit, step=step)
 
     async def _start(self, device: DeviceFacts, kind: str, args: dict[str, Any], lease_id: str | None, caller: str,
                      image: ImageRow | None = None, action: str | None = None,
-                     audit: dict[str, Any] | None = None) -> OperationAnswer:
-        """Queue the operation for the device's exporter (in the caller's transaction)."""
+                     audit: dict[str, Any] | None = None, step: int | None = None) -> OperationAnswer:
+        """Queue the operation for the device's exporter (in the caller's transaction): a step
+        between leases (at place ``step``), else one asked for in a lease, else (no lease) a
+        recovery."""
         name = device["name"]
         offered = kinds_of(device)
         if kind not in offered:
@@ -179,13 +183,14 @@ class Operations:
             raise conflict("offline", f"{name} is offline (host {device['host']}): nothing runs on it now")
         if spec.get("exclusive", True) and device["op_id"]:
             raise self._busy(name, device["op_id"], device["op_kind"])
+        purpose = Purpose.STEP if step is not None else Purpose.LEASE if lease_id else Purpose.RECOVERY
         return await self.queue(device, kind, resource["identifier"], resource["plugin"], args, lease_id, caller,
                                 exclusive=spec.get("exclusive", True), destructive=spec.get("destructive", False),
-                                image=image, action=action, audit=audit)
+                                image=image, action=action, audit=audit, purpose=purpose, step=step)
 
     async def queue(self, device: DeviceFacts, kind: str, identifier: str, plugin: str, args: dict[str, Any],
-                    lease_id: str | None, requester: str, *, exclusive: bool, destructive: bool,
-                    image: ImageRow | None = None, action: str | None = None,
+                    lease_id: str | None, requester: str, *, exclusive: bool, destructive: bool, purpose: Purpose,
+                    step: int | None = None, image: ImageRow | None = None, action: str | None = None,
                     audit: dict[str, Any] | None = None) -> OperationAnswer:
         """Queue an operation for the device's exporter, audited (as ``action``, with
         ``audit`` in its detail), in the caller's transaction: what ``start`` and the
@@ -200,7 +205,8 @@ class Operations:
             "image_size": image["size"] if image else None, "state": OperationState.QUEUED, "phase": "queued",
             "progress_done": 0, "progress_total": image["size"] if image else None,
             "progress_unit": "bytes" if image else "", "progress_detail": "", "message": "", "seconds": {},
-            "result": None, "boot_id": None, "interrupted": False, "audit_id": None, "created_at": now,
+            "result": None, "boot_id": None, "interrupted": False, "purpose": purpose, "step": step,
+            "audit_id": None, "created_at": now,
             "started_at": None, "ended_at": None}
         detail: dict[str, Any] = {"op": op["id"], "kind": kind, "args": args, **(audit or {})}
         if image:

@@ -17,7 +17,7 @@ from device_loop.core import POWER_KIND
 from device_loop.core.durations import iso
 from device_loop.core.protocol import Heartbeat
 from device_loop.core.vocabulary import (AutoRecover, DeviceState, FaultKind, HealthStatus, OperationState, PowerAction,
-                                         PowerState, PowerVerdict)
+                                         PowerState, PowerVerdict, Purpose)
 
 from .lifecycle import NO_FAULT, Lifecycle, fault, held_off
 from .operations import Operations, kinds_of
@@ -164,6 +164,7 @@ class Power:
         # concurrent write does: the exporter reports again, and then the device is busy)
         op = await self.operations.queue(device, POWER_KIND, switch["identifier"], switch["plugin"],
                                          power_args(PowerAction.CYCLE, None), None, REQUESTER, exclusive=True,
-                                         destructive=False, action="auto_recover", audit={"cause": why})
+                                         destructive=False, purpose=Purpose.RECOVERY, action="auto_recover",
+                                         audit={"cause": why})
         said = f"auto-recover: power-cycling it ({op['id']}), once for this failure ({why})"
         await self.life.note(device, said[:500], REQUESTER, auto_recovery=op["id"], auto_recovered_at=now)

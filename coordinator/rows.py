@@ -12,7 +12,7 @@ from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only
 
 from device_loop.core.answers import FlashedImage as FlashedImage  # (read as it is answered: one type)
 from device_loop.core.vocabulary import (Arm, DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState,
-                                         OperationState, TicketKind, TicketState, TokenKind)
+                                         OperationState, Purpose, TicketKind, TicketState, TokenKind)
 
 # "class" is a keyword: the functional form
 DeviceRow = TypedDict("DeviceRow", {
@@ -132,6 +132,8 @@ class OperationRow(TypedDict):
     result: dict[str, Any] | None
     boot_id: str | None       # the exporter start that ran it
     interrupted: bool         # its exporter's restart or stop cut it short (not a failure of its own)
+    purpose: Purpose          # why it runs: in a lease, a step between leases, a settle, a recovery
+    step: int | None          # a step's place in the device's steps (purpose step)
     audit_id: int | None      # the audit entry of its start
     created_at: float
     started_at: float | None

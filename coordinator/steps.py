@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from device_loop.core.protocol import EXPORTER_STEPS
-from device_loop.core.vocabulary import FaultKind, OperationState
-
+from device_loop.core import SETTLE_KIND
 from device_loop.core.answers import OperationAnswer
+from device_loop.core.protocol import EXPORTER_STEPS
+from device_loop.core.vocabulary import FaultKind, OperationState, Purpose
+
 from .errors import APIError, conflict, not_found
 from .leases import Leases
 from .lifecycle import Lifecycle, fault
@@ -28,7 +29,6 @@ from .store import Store
 from .who import Who
 
 ACTOR = "coordinator"  # who runs the steps, in the logs
-SETTLE = "settle"
 REFLASH = "reflash"
 
 
@@ -51,11 +51,11 @@ class Steps:
         audit: dict[str, Any] = {"step": index, "of": len(steps), "cause": cause}
         try:
             if step["step"] == REFLASH:
-                op = await self.operations.reflash(device, ACTOR, audit)
+                op = await self.operations.reflash(device, ACTOR, index, audit)
             else:
-                op = await self.operations.queue(device, step["step"], step["identifier"], step["plugin"],
-                                                 {"step": index}, None, ACTOR, exclusive=True, destructive=False,
-                                                 action="step", audit=audit)
+                op = await self.operations.queue(device, step["step"], step["identifier"], step["plugin"], {}, None,
+                                                 ACTOR, exclusive=True, destructive=False, purpose=Purpose.STEP,
+                                                 step=index, action="step", audit=audit)
         except APIError as refusal:  # (no known-good image to reflash, say)
             await self._fail(device, index, refusal.message)
             return
@@ -107,9 +107,9 @@ class Steps:
             if first is None:
                 raise conflict("no_resources", f"{device['name']} reports no resource to run on")
             settling = [s["step"] for s in device["steps"] if s.get("settle")]
-            answer = await self.operations.queue(device, SETTLE, first["identifier"], EXPORTER_STEPS, {}, lease_id,
-                                                 who.name, exclusive=False, destructive=False,
-                                                 audit={"steps": settling})
+            answer = await self.operations.queue(device, SETTLE_KIND, first["identifier"], EXPORTER_STEPS, {},
+                                                 lease_id, who.name, exclusive=False, destructive=False,
+                                                 purpose=Purpose.SETTLE, audit={"steps": settling})
             if settling:
                 return answer
             # nothing to wait for: the operation is over before it reaches the exporter

@@ -16,6 +16,9 @@ LEASE_PREFIX = "lease-"
 FLASH_KIND = "flash"
 #: The resource kind of power switches, and the operation kind that switches one (docs/architecture.md, "Power").
 POWER_KIND = "power"
+#: The operation that runs a device's steps that settle, inside a lease (docs/architecture.md, "Steps between
+#: leases"): the exporter's own, never a plugin's.
+SETTLE_KIND = "settle"
 #: Operation ids start with this.
 OP_PREFIX = "op-"
 #: The event stream (``GET /api/v1/events``) sends at least a keepalive this often.

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from . import LEASE_PREFIX, NAME_PATTERN
 from .usage import template_problem
-from .vocabulary import AutoRecover, EndpointRole, Fidelity, HealthStatus, OperationState
+from .vocabulary import AutoRecover, EndpointRole, Fidelity, HealthStatus, OperationState, Purpose
 
 MAX_DEVICES_PER_REPORT = 1000
 MAX_RESOURCES_PER_DEVICE = 32
@@ -144,8 +144,8 @@ class Holder(Strict):
 class StepReport(Strict):
     """A step the exporter runs on a device between two leases (docs/architecture.md,
     "Steps between leases"), as its config lists them, in order. The coordinator queues
-    each as an operation whose kind is the step's name, with ``args = {"step": INDEX}`` (its
-    place in this list); what the step does (a threshold, a command) stays in the
+    each as an operation whose kind is the step's name, of purpose step, with ``step = INDEX``
+    (its place in this list; ``DesiredOperation``); what the step does (a threshold, a command) stays in the
     exporter's config, never in the request."""
     step: Word = Field(description="cooldown, reboot, reflash, command, or a plugin's own step")
     plugin: Name = Field(description=f"who runs it: {EXPORTER_STEPS!r} (cooldown, command), else the plugin whose "
@@ -335,7 +335,9 @@ class ImageRef(Strict):
 
 
 class DesiredOperation(Strict):
-    """An operation the exporter should begin on a resource of one of its devices."""
+    """An operation the exporter should begin on a resource of one of its devices, and why
+    (``purpose``, docs/architecture.md "Operations"): the executor hands it to the handler of
+    its purpose and kind, never guessing from its arguments."""
     op: Name
     kind: Word
     device: Name
@@ -344,6 +346,16 @@ class DesiredOperation(Strict):
     requester: Identifier = Field(description="who asked for it (person, agent or admin)")
     args: Args = Field(default_factory=dict)
     image: ImageRef | None = None
+    purpose: Purpose = Purpose.LEASE
+    step: int | None = Field(default=None, ge=0, lt=MAX_STEPS,
+                             description="a step's place in the device's steps (purpose step only)")
+
+    @model_validator(mode="after")
+    def _a_step_has_its_place(self):
+        if (self.purpose == Purpose.STEP) != (self.step is not None):
+            raise ValueError("an operation has a step (its place in the device's steps) exactly when its purpose is "
+                             "step")
+        return self
 
 
 class DesiredState(Strict):

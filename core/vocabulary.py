@@ -67,6 +67,15 @@ class EndpointRole(StrEnum):
     SSH = "ssh"                  # a board's sshd (params user, host_key)
 
 
+class Purpose(StrEnum):
+    """Why an operation runs (docs/architecture.md, "Operations"): what the exporter's
+    executor dispatches on, with the operation's kind, never on its arguments."""
+    LEASE = "lease"        # asked for inside a lease, by its holder or an admin
+    STEP = "step"          # a step between two leases (DesiredOperation.step: its place in the device's steps)
+    SETTLE = "settle"      # the device's steps that settle, inside a lease
+    RECOVERY = "recovery"  # the coordinator's or an admin's, on a device no lease holds (a power cycle, a recover)
+
+
 class PowerAction(StrEnum):
     """What a ``power`` operation asks of a device's power switch (docs/architecture.md, "Power")."""
     ON = "on"
@@ -172,7 +181,7 @@ class Arm(StrEnum):
 
 #: Every enum of the vocabulary.
 VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, PowerAction, PowerState,
-              PowerVerdict, AutoRecover, FaultKind, Fidelity, TicketState, TicketKind, TokenKind,
+              PowerVerdict, AutoRecover, Purpose, FaultKind, Fidelity, TicketState, TicketKind, TokenKind,
               JobState, Needs, Arm)
 
 

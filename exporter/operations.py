@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -48,6 +48,9 @@ FETCHING = "fetching"  # its image comes into the cache
 WRITING = "writing"    # the plugin has the image (an operation that carries one writes it), until it says more
 RUNNING = "running"    # the plugin runs an operation that carries no image, until it says more
 _WORD = TypeAdapter(Word)
+#: Who runs an operation of one kind: (its job, what was asked, its resource as last scanned or None, the host's
+#: resources, the kinds its plugin declared) -> what it said.
+Handler = Callable[["Job", DesiredOperation, "Resource | None", list[Resource], set[str]], Any]
 #: The most phases a report's ``seconds`` holds: a plugin's further phases are not entered.
 MAX_PHASES = next(m.max_length for m in OperationReport.model_fields["seconds"].metadata if hasattr(m, "max_length"))
 
@@ -114,6 +117,11 @@ class Operations:
         self.on_change = on_change
         self.steps = steps  # the devices' steps between leases; None: this executor runs none
         self.power = power  # power operations; None: this executor runs none
+        # kind -> who runs an operation of that kind (docs/architecture.md, "Operations"): a kind the exporter
+        # mediates is registered here once; any other kind is its resource's plugin's (devloop_operate)
+        self.handlers: dict[str, Handler] = {}
+        if power is not None:
+            self.handlers[POWER_KIND] = self._operate_power
         self.markers = host.state_dir / MARKERS
         self.jobs: dict[str, Job] = {}
         self._begun: set[str] = set()
@@ -178,22 +186,15 @@ class Operations:
     def _run(self, job: Job, want: DesiredOperation, resource: Resource | None, declared: set[str],
              resources: list[Resource], offered: dict[str, list[StepKind]]) -> None:
         try:
-            # a step (its plugin "exporter", or a plugin's step at its place in the device's
-            # steps) is the step runner's; anything else is its plugin's operation
+            # by its purpose first: a step or a settle is the step runner's (but a step that is an
+            # operation of a kind, a reflash, is that kind's); then by its kind: a registered
+            # handler's, else its resource's plugin's
             step = self.steps.match(want, resources, offered) if self.steps is not None else None
             if step is not None:
                 said = self._operate_step(job, step)
-            elif want.kind == POWER_KIND and self.power is not None:
-                said = self._operate_power(job, want, resource, resources)
             else:
-                with contextlib.ExitStack() as images:
-                    image = None
-                    self._check(want, resource, declared)
-                    assert resource is not None  # (_check refused an operation on what is not here)
-                    if want.image is not None:
-                        images.enter_context(self.cache.use(want.image.sha256))  # not dropped while in use
-                        image = self._fetched(job, want.image)
-                    said = self._operate(job, want, resource, image)
+                handler = self.handlers.get(want.kind, self._operate_plugin)
+                said = handler(job, want, resource, resources, declared)
             self._finish(job, said)
         except OperationError as exc:
             with self._lock:
@@ -228,6 +229,18 @@ class Operations:
                               lambda done: self._progress(job, FETCHING, done, ref.size, "bytes"))
         return FlashImage(path=Path(path), sha256=ref.sha256, size=ref.size, name=ref.name)
 
+    def _operate_plugin(self, job: Job, want: DesiredOperation, resource: Resource | None, resources: list[Resource],
+                        declared: set[str]):
+        """An operation of its resource's plugin (``devloop_operate``), its image fetched first."""
+        with contextlib.ExitStack() as images:
+            image = None
+            self._check(want, resource, declared)
+            assert resource is not None  # (_check refused an operation on what is not here)
+            if want.image is not None:
+                images.enter_context(self.cache.use(want.image.sha256))  # not dropped while in use
+                image = self._fetched(job, want.image)
+            return self._operate(job, want, resource, image)
+
     def _operate(self, job: Job, want: DesiredOperation, resource: Resource, image: FlashImage | None):
         """Hand the operation to its plugin; what the plugin returned."""
         self._begin(job, image)
@@ -244,7 +257,8 @@ class Operations:
         self._begin(job, None)
         return self.steps.run(step, lambda *said, **more: self._progress(job, *said, **more))
 
-    def _operate_power(self, job: Job, want: DesiredOperation, switch: Resource | None, resources: list[Resource]):
+    def _operate_power(self, job: Job, want: DesiredOperation, switch: Resource | None, resources: list[Resource],
+                       declared: set[str]):
         """Hand a power operation to the power runner, on the device's switch (``switch``)."""
         assert self.power is not None  # (only then is a power operation the runner's)
         if switch is None or switch.plugin != want.plugin or switch.kind != POWER_KIND:

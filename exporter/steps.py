@@ -2,8 +2,8 @@
 where each runs, and the exporter's own.
 
 A device's config lists its steps (``[[devices.steps]]``, or its class's); after every lease
-the coordinator asks for each, in order, as an operation whose kind is the step's name and
-whose only argument is its place in the list (``{"step": 0}``): what the step does stays in
+the coordinator asks for each, in order, as an operation whose kind is the step's name, of
+purpose ``step``, with its place in the list (``DesiredOperation.step``): what the step does stays in
 this exporter's config, never in the request. ``plan`` says where each runs, from the
 resources as last scanned: a ``reflash`` on the device's flash resource (the coordinator
 asks for it as a ``flash``), a plugin's step on the first resource whose plugin offers it
@@ -32,13 +32,13 @@ from typing import Any, Callable, Mapping, Sequence
 import serial
 from pydantic import TypeAdapter, ValidationError
 
-from device_loop.core import FLASH_KIND
+from device_loop.core import FLASH_KIND, SETTLE_KIND
 from device_loop.core.durations import format_duration
 from device_loop.core.host import HostContext
 from device_loop.core.model import Operation, OperationError, Resource, StepKind
 from device_loop.core.plugins import PluginSet
 from device_loop.core.process import last_lines
-from device_loop.core.vocabulary import PowerVerdict
+from device_loop.core.vocabulary import PowerVerdict, Purpose
 from device_loop.core.protocol import (EXPORTER_STEPS, MAX_DETAIL_CHARS, ArgName, DesiredOperation, PluginStep,
                                        StepReport, Word)
 
@@ -49,8 +49,6 @@ from .interrupted import Interrupted
 from .power import PowerRunner
 
 log = logging.getLogger("device_loop.exporter")
-#: The operation that runs, inside a lease, the device's steps that settle (its cooldowns).
-SETTLE = "settle"
 POLL_S = 1.0  # a cooldown reads the device's temperatures this often
 QUIET_S = 0.3  # a console that printed its prompt and then nothing for this long has booted
 BOOT_LINES = 2  # lines a console prints between a reboot's echo and its prompt, at least: an error prints one
@@ -146,7 +144,7 @@ def step_kinds(answer: Any) -> list[StepKind]:
         except ValidationError:
             raise ValueError(f"step {kind.name!r} or one of its settings ({', '.join(kind.settings)}) is not a "
                              "name a config can give (lowercase letters, digits, - in a step, _ in a key)") from None
-        if kind.name in (*BUILT_IN_STEPS, SETTLE):
+        if kind.name in (*BUILT_IN_STEPS, SETTLE_KIND):
             raise ValueError(f"step {kind.name!r} is one of the exporter's own: a plugin's step needs a name of its "
                              "own")
         if _RESERVED_SETTINGS & set(kind.settings):
@@ -237,52 +235,45 @@ class StepRunner:
 
     def match(self, want: DesiredOperation, resources: Sequence[Resource],
               offered: Mapping[str, Sequence[StepKind]]) -> StepRun | None:
-        """The step ``want`` asks for, or None when it is no step (an operation of a plugin's,
-        which the executor runs as ever). Refused (``OperationError(changed=False)``, nothing
-        touched) when it asks for a step this device does not have at that place."""
+        """The steps ``want`` runs, by its purpose (docs/architecture.md, "Operations"): a
+        settle's, or the step at its place; None when it is no step, or a step that is an
+        operation of a kind (a reflash: a flash, its kind's handler writes it). Refused
+        (``OperationError(changed=False)``, nothing touched) when it asks for a step this
+        device does not have at that place."""
+        if want.purpose not in (Purpose.STEP, Purpose.SETTLE):
+            return None
         mine = [r for r in resources if r.device == want.device]
-        if want.plugin != EXPORTER_STEPS:
-            if "step" not in want.args:
-                return None
-            planned = self.plan_for(want.device, mine, offered)
-            if not any(p.name == want.kind and p.plugin == want.plugin for p in planned):
-                return None  # an operation of the plugin's own, with an argument called step
-            step = planned[self._index(want, planned)]
-            if (step.plugin, step.identifier) != (want.plugin, want.identifier):
-                raise OperationError(f"step {step.index} of {want.device} runs on {step.identifier} (plugin "
-                                     f"{step.plugin}) here, not on {want.identifier}", changed=False)
-            return StepRun(want, [step], mine)
         if not any(r.identifier == want.identifier for r in mine):
             raise OperationError(f"{want.identifier} is not a resource of {want.device} on host {self.host.name} "
                                  "(any more)", changed=False)
         planned = self.plan_for(want.device, mine, offered)
-        if want.kind == SETTLE:
-            if want.args:
-                raise OperationError(f"settle takes no arguments, not {', '.join(sorted(want.args))}", changed=False)
+        step = self._at(want, planned) if want.purpose == Purpose.STEP else None
+        if step is not None and (step.plugin, step.identifier) != (want.plugin, want.identifier):
+            raise OperationError(f"step {step.index} of {want.device} ({step.name}) runs on {step.identifier} (plugin "
+                                 f"{step.plugin}) here, not on {want.identifier}", changed=False)
+        if step is not None and isinstance(step.config, ReflashStep):
+            return None  # a flash, asked for as one: the flash target's plugin writes it
+        if want.args:
+            raise OperationError(f"a {want.purpose} takes no arguments (what it does is this exporter's config), not "
+                                 f"{', '.join(sorted(want.args))}", changed=False)
+        if step is None:
             return StepRun(want, [p for p in planned if p.config.settles], mine, settle=True)
-        step = planned[self._index(want, planned)]
-        if step.plugin != EXPORTER_STEPS:
-            raise OperationError(f"step {step.index} of {want.device} ({step.name}) is run by plugin {step.plugin} on "
-                                 f"{step.identifier}, not by the exporter", changed=False)
         return StepRun(want, [step], mine)
 
     @staticmethod
-    def _index(want: DesiredOperation, planned: list[PlannedStep]) -> int:
-        """The place of the step ``want`` names, checked against the device's steps."""
-        if set(want.args) != {"step"}:
-            raise OperationError(f"a step's one argument is its place in the device's steps (step = 0, 1, ...), not "
-                                 f"{', '.join(sorted(want.args)) or 'none'}", changed=False)
-        index = want.args["step"]
-        if not isinstance(index, int) or isinstance(index, bool):
-            raise OperationError(f"step must be a whole number (its place in the device's steps), not {index!r}",
-                                 changed=False)
-        if not 0 <= index < len(planned):
+    def _at(want: DesiredOperation, planned: list[PlannedStep]) -> PlannedStep:
+        """The step at the place ``want`` names, checked against the device's steps."""
+        index = want.step
+        assert index is not None  # (the protocol gives every step its place)
+        if not index < len(planned):
             raise OperationError(f"{want.device} has {len(planned)} step(s) here: there is no step {index}",
                                  changed=False)
-        if planned[index].name != want.kind:
-            raise OperationError(f"step {index} of {want.device} is {planned[index].name!r} here, not {want.kind!r} "
+        step = planned[index]
+        kind = FLASH_KIND if isinstance(step.config, ReflashStep) else step.name
+        if kind != want.kind:
+            raise OperationError(f"step {index} of {want.device} is {step.name!r} here, not {want.kind!r} "
                                  "(was the exporter's config changed?)", changed=False)
-        return index
+        return step
 
     # ---- running them --------------------------------------------------------------------------
 

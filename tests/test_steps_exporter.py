@@ -9,12 +9,13 @@ import time
 
 import pytest
 import serial
+from pydantic import ValidationError
 
 from device_loop.core.hookspecs import hookimpl
 from device_loop.core import FLASH_KIND
 from device_loop.core.model import OperationError, OperationKind, StepKind
 from device_loop.core.ports import free_port
-from device_loop.core.protocol import EXPORTER_STEPS
+from device_loop.core.protocol import EXPORTER_STEPS, DesiredOperation
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
 from conftest import wait_for
@@ -109,13 +110,14 @@ def steps_reported(exporter, device="b0"):
     return next(d for d in exporter.report(scan=True).devices if d.name == device).steps
 
 
-def begin(exporter, op: str, kind: str, device="b0", args=None, plugin=EXPORTER_STEPS, identifier=None):
+def begin(exporter, op: str, kind: str, device="b0", args=None, plugin=EXPORTER_STEPS, identifier=None,
+          purpose="step", step=0):
     """Ask for an operation as the coordinator does: in a desired state, after a scan."""
     if identifier is None:
         identifier = next(r.identifier for r in exporter.reporter.scan(set()) if r.device == device)
     converge(exporter, {"operations": [{"op": op, "kind": kind, "device": device, "identifier": identifier,
-                                        "plugin": plugin, "requester": "coordinator",
-                                        "args": {"step": 0} if args is None else args}]})
+                                        "plugin": plugin, "requester": "coordinator", "args": args or {},
+                                        "purpose": purpose, "step": step if purpose == "step" else None}]})
 
 
 def report_of(exporter, op: str):
@@ -282,7 +284,7 @@ def test_a_plugin_step_is_handed_to_its_devloop_operate_with_the_config_s_settin
                      "steps": [{"step": "cooldown", "below": 90},
                                {"step": "relay-cycle", "outlet": 3, "off_s": 2.5, "timeout": "45s"}]}])
     step = steps_reported(exporter)[1]
-    begin(exporter, "op-cycle", "relay-cycle", args={"step": 1}, plugin=step.plugin, identifier=step.identifier)
+    begin(exporter, "op-cycle", "relay-cycle", step=1, plugin=step.plugin, identifier=step.identifier)
     done = ended(exporter, "op-cycle")
     assert (done.state, done.message, done.result) == ("done", "cycled outlet 3", {"outlet": 3})
     assert done.progress.detail == "outlet off"
@@ -324,33 +326,48 @@ def test_a_settle_runs_only_the_steps_that_settle_in_order(lab, tmp_path):
         {"name": "b1", "resources": [BOARD], "steps": [{"step": "reboot"}]}])
     assert [s.settle for s in steps_reported(exporter)] == [False, True, True, False]
     heat(exporter, 40)
-    begin(exporter, "op-settle", "settle", args={})
+    begin(exporter, "op-settle", "settle", purpose="settle")
     done = ended(exporter, "op-settle")
     assert done.state == "done" and done.message.startswith("cooldown: cool: "), done.message
     assert done.message.endswith("; command: touch ran (exit status 0)"), done.message
     assert (tmp_path / "settled").exists() and not (tmp_path / "not-settled").exists()
-    begin(exporter, "op-settle-b1", "settle", device="b1", args={})
+    begin(exporter, "op-settle-b1", "settle", device="b1", purpose="settle")
     assert (ended(exporter, "op-settle-b1").state, ended(exporter, "op-settle-b1").message) == (
         "done", "nothing to settle")
 
 
 # ---- what is refused before anything is touched ---------------------------------------------------------
 
-@pytest.mark.parametrize("kind, args, plugin, complaint", [
-    ("cooldown", {"step": 1}, EXPORTER_STEPS, "b0 has 1 step(s) here: there is no step 1"),
-    ("cooldown", {"step": True}, EXPORTER_STEPS, "step must be a whole number"),
-    ("cooldown", {"step": "0"}, EXPORTER_STEPS, "step must be a whole number"),
-    ("cooldown", {}, EXPORTER_STEPS, "a step's one argument is its place in the device's steps"),
-    ("reboot", {"step": 0}, EXPORTER_STEPS, "step 0 of b0 is 'cooldown' here, not 'reboot'"),
-    ("settle", {"step": 0}, EXPORTER_STEPS, "settle takes no arguments"),
+@pytest.mark.parametrize("kind, purpose, step, args, complaint", [
+    ("cooldown", "step", 1, {}, "b0 has 1 step(s) here: there is no step 1"),
+    ("cooldown", "step", 0, {"below": 20}, "a step takes no arguments"),
+    ("reboot", "step", 0, {}, "step 0 of b0 is 'cooldown' here, not 'reboot'"),
+    ("settle", "settle", None, {"step": 0}, "a settle takes no arguments"),
 ])
-def test_a_step_the_device_does_not_have_there_is_refused_untouched(lab, kind, args, plugin, complaint):
+def test_a_step_the_device_does_not_have_there_is_refused_untouched(lab, kind, purpose, step, args, complaint):
     exporter = lab([{"name": "b0", "resources": [BOARD], "steps": [{"step": "cooldown", "below": 90}]}])
-    begin(exporter, "op-x", kind, args=args, plugin=plugin)
+    begin(exporter, "op-x", kind, args=args, purpose=purpose, step=step)
     failed = ended(exporter, "op-x", timeout=5)
     assert failed.state == "failed" and complaint in failed.message, failed.message
     assert not failed.changed
     assert not (exporter.host.state_dir / "operations" / "op-x.json").exists(), "no marker: nothing was begun"
+
+
+def test_an_operation_is_a_step_by_its_purpose_never_by_an_argument_called_step(lab):
+    """(docs/architecture.md, "Operations"): the protocol says why an operation runs; a
+    plugin's operation with an argument called step is the plugin's, and a step has its place."""
+    exporter = lab([{"name": "b0", "resources": [{"plugin": "bench"}], "steps": [{"step": "relay-cycle"}]}])
+    mine = exporter.reporter.scan(set())
+    asked = {"op": "op-1", "kind": "relay-cycle", "device": "b0", "identifier": "bench:b0", "plugin": "bench",
+             "requester": "ann"}
+    offered = {"bench:b0": exporter.bench.devloop_steps(exporter.host, None)}
+    plain = DesiredOperation.model_validate({**asked, "args": {"step": 0}})
+    assert plain.purpose == "lease" and exporter.step_runner.match(plain, mine, offered) is None
+    step = DesiredOperation.model_validate({**asked, "purpose": "step", "step": 0})
+    assert exporter.step_runner.match(step, mine, offered).steps[0].name == "relay-cycle"
+    for wrong in ({"purpose": "step"}, {"step": 0}, {"purpose": "settle", "step": 0}):
+        with pytest.raises(ValidationError, match="exactly when its purpose is step"):
+            DesiredOperation.model_validate({**asked, **wrong})
 
 
 def test_a_step_on_a_resource_of_another_device_is_refused(lab):

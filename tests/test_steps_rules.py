@@ -54,8 +54,8 @@ async def test_steps_run_in_order_as_operations_while_the_device_is_reclaimed(tm
         ticket = (await bob.post("/leases", json={"device": "d0", "queue": True})).json()
         assert ticket["state"] == "waiting", "reclaiming until its steps are done"
         (first,) = await desired_ops(api)
-        assert (first["kind"], first["plugin"], first["args"], first["requester"]) == (
-            "cooldown", "exporter", {"step": 0}, "coordinator")
+        assert (first["kind"], first["plugin"], first["args"], first["requester"], first["purpose"], first["step"]) == (
+            "cooldown", "exporter", {}, "coordinator", "step", 0)
         shown = (await api.get("/devices/d0")).json()
         assert shown["state"] == "reclaiming" and shown["reason"] == "step 1/2 cooldown: queued"
         await exporter.beat([report], operations=[op_report(first, "running",
@@ -65,7 +65,7 @@ async def test_steps_run_in_order_as_operations_while_the_device_is_reclaimed(tm
         assert shown["step"]["detail"].startswith("cooling down")
         await exporter.beat([report], operations=[op_report(first, "done", "44.9 °C after 31 s")])
         (second,) = await desired_ops(api)
-        assert (second["kind"], second["args"]) == ("reboot", {"step": 1})
+        assert (second["kind"], second["args"], second["step"]) == ("reboot", {}, 1)
         assert (await api.get("/devices/d0")).json()["state"] == "reclaiming"
         await exporter.beat([report], operations=[op_report(second, "done", "prompt seen after 2.1 s")])
         granted = (await bob.get(f"/tickets/{ticket['ticket']}")).json()
@@ -134,7 +134,7 @@ async def test_an_interrupted_step_makes_the_steps_run_again_from_the_first(tmp_
         exporter.reboot()  # killed during the reboot step: its next start reports it interrupted
         await exporter.beat([report])
         (again,) = await desired_ops(api)
-        assert (again["kind"], again["args"]) == ("cooldown", {"step": 0}), "from the first step again"
+        assert (again["kind"], again["step"]) == ("cooldown", 0), "from the first step again"
         assert (await api.get("/devices/d0")).json()["state"] == "reclaiming"
         causes = [e["cause"] for e in (await api.get("/devices/d0/log")).json()]
         assert any("interrupted" in c and "again from the first" in c for c in causes)
@@ -154,7 +154,7 @@ async def test_a_step_is_interrupted_by_its_report_s_flag_never_by_its_words(tmp
         await exporter.beat([report], operations=[op_report(first, "failed", "interrupted while cooling down: the "
                                                                              "exporter stopped", interrupted=True)])
         (again,) = await desired_ops(api)
-        assert (again["kind"], again["args"]) == ("cooldown", {"step": 0}), "from the first step again"
+        assert (again["kind"], again["step"]) == ("cooldown", 0), "from the first step again"
         await exporter.beat([report], operations=[op_report(again, "failed", "interrupted by the relay: it said so")])
         shown = (await api.get("/devices/d0")).json()
         assert shown["state"] == "faulty" and await desired_ops(api) == [], "a plugin's words interrupt nothing"

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES, NAME_PATTERN, POWER_KIND
+from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES, NAME_PATTERN, POWER_KIND, SETTLE_KIND
 from device_loop.core.durations import format_duration, iso
 from device_loop.core.usage import camera_urls, screen_url
 from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketState
@@ -25,7 +25,6 @@ from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_iden
 from ..limits import FORM, takes_body
 from ..openapi import answers
 from ..steps import ACTOR as STEPS_ACTOR
-from ..steps import SETTLE
 from ..who import Who
 from .power_panel import power_panel
 
@@ -177,7 +176,7 @@ async def device_page(request: Request) -> Response:
     if any(s["settle"] for s in steps):
         settle_lease = mine[0]["id"] if mine else device.get("lease") if viewer.who.may_act_on(device["holder"]) \
             else None
-    settling = next((op for op in operations if op["kind"] == SETTLE and op["state"] in LIVE_OP_STATES), None)
+    settling = next((op for op in operations if op["kind"] == SETTLE_KIND and op["state"] in LIVE_OP_STATES), None)
     return render(request, "device.html", viewer, device=device,
                  log=list(reversed(await rules.devices.device_log(name))), last_ops=LAST_OPERATIONS,
                  flashes=await rules.operations.of_device(name, SHOWN_FLASHES, FLASH_KIND, **seen_as),
@@ -193,7 +192,7 @@ async def device_page(request: Request) -> Response:
 
 def _routine(op: Mapping[str, Any]) -> bool:
     """A settle or a step between leases: what the page folds away, there are so many."""
-    return op["kind"] == SETTLE or op["requester"] == STEPS_ACTOR
+    return op["kind"] == SETTLE_KIND or op["requester"] == STEPS_ACTOR
 
 
 def _local(path: str) -> str:

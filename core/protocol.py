@@ -351,7 +351,7 @@ class DesiredOperation(Strict):
                              description="a step's place in the device's steps (purpose step only)")
 
     @model_validator(mode="after")
-    def _a_step_has_its_place(self):
+    def _a_step_has_its_place(self) -> "DesiredOperation":
         if (self.purpose == Purpose.STEP) != (self.step is not None):
             raise ValueError("an operation has a step (its place in the device's steps) exactly when its purpose is "
                              "step")

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from device_loop.core import POWER_KIND, PROTOCOL_VERSION, __version__
+from device_loop.core import FLASH_KIND, POWER_KIND, PROTOCOL_VERSION, __version__
 from device_loop.core.jobs import CellReport, JobSummary, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, TicketKind
@@ -133,7 +133,7 @@ async def device_operations(ctx: Ctx, args: DeviceOperations) -> list[OperationA
 
 async def device_flashes(ctx: Ctx, args: DeviceName) -> list[OperationAnswer]:
     """A device's last 20 flashes (its operations of kind flash)."""
-    return await _operations_of(ctx, args.device, "flash")
+    return await _operations_of(ctx, args.device, FLASH_KIND)
 
 
 async def list_hosts(ctx: Ctx, args: NoArgs) -> list[HostAnswer]:

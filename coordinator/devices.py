@@ -1,6 +1,7 @@
 """What the lab looks like: devices, their logs, hosts, network finds, the audit log. Reads only."""
 from __future__ import annotations
 
+from device_loop.core import FLASH_KIND
 from device_loop.core.durations import iso
 
 from device_loop.core.vocabulary import DeviceState
@@ -41,7 +42,7 @@ def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
         "needs_recovery": row["needs_recovery"] is not None,
         "recovery_reason": shown(row["needs_recovery"]),
         "operation": running_operation(row["op_id"], row["op_kind"]),
-        "flashing": row["op_id"] if row["op_kind"] == "flash" else None,
+        "flashing": row["op_id"] if row["op_kind"] == FLASH_KIND else None,
         "steps": [s["step"] for s in row["steps"]],
         "step": step,
         "fault": shown(row["fault"]),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Awaitable, Callable
 
-from device_loop.core import LEASE_PREFIX
+from device_loop.core import FLASH_KIND, LEASE_PREFIX
 from device_loop.core.durations import format_duration, iso
 from device_loop.core.usage import commands
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
@@ -65,7 +65,7 @@ def lease_json(view: LeaseView) -> LeaseAnswer:
         # by whom and when, while a person's power off holds
         "switched_off": switched_off(view["device_fault"], view["device_fault_kind"]),
         "operation": running_operation(view["op_id"], view["op_kind"]),  # the exclusive one running on it
-        "flashing": view["op_id"] if view["op_kind"] == "flash" else None,
+        "flashing": view["op_id"] if view["op_kind"] == FLASH_KIND else None,
         "commands": [],
     }
     if ready:
@@ -235,7 +235,7 @@ class Leases:
         if device["lease_id"] is not None:
             message = f"{name} is held by {device['holder']} until {iso(device['expires_at'])}"
         elif device["op_id"]:
-            doing = "flashed" if device["op_kind"] == "flash" else f"operated on ({device['op_kind']})"
+            doing = "flashed" if device["op_kind"] == FLASH_KIND else f"operated on ({device['op_kind']})"
             message = f"{name} is being {doing} ({device['op_id']}); it is free again when that ends"
         elif device["needs_recovery"]:
             message = (f"{name} needs recovery ({device['needs_recovery']}): no lease is granted until a "

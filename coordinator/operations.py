@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
-from device_loop.core import FLASH_KIND, OP_PREFIX
+from device_loop.core import FLASH_KIND, OP_PREFIX, REFLASH_STEP
 from device_loop.core.durations import iso
 from device_loop.core.protocol import Args, Heartbeat, OperationReport, Progress
 from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationState, Purpose
@@ -95,7 +95,7 @@ class Operations:
         async with self.store.tx():
             device = await self._leased_device(lease_id, who, "flash it")
             image = await self.images.image(image_ref, {f"device:{device['name']}", f"class:{device['class']}"})
-            return await self._start_flash(device, image, lease_id, who.name, "flash")
+            return await self._start_flash(device, image, lease_id, who.name, FLASH_KIND)
 
     async def recover(self, lease_id: str, who: Who) -> OperationAnswer:
         """Flash the latest known-good image of the lease's device (else of its class)."""
@@ -145,7 +145,7 @@ class Operations:
     async def reflash(self, device: DeviceFacts, requester: str, step: int, audit: dict[str, Any]) -> OperationAnswer:
         """Write the device's latest known-good image back (the ``reflash`` step between
         leases at place ``step``, audited with ``audit``: its cause); refused when none is known-good."""
-        return await self._start_flash(device, await self._known_good(device), None, requester, "reflash", audit,
+        return await self._start_flash(device, await self._known_good(device), None, requester, REFLASH_STEP, audit,
                                        step=step)
 
     async def _start_flash(self, device: DeviceFacts, image: ImageRow, lease_id: str | None, caller: str,
@@ -341,7 +341,7 @@ class Operations:
                                 if v is None or isinstance(v, (str, int, float, bool))}
         if op["image_sha256"]:
             detail |= {"image": op["image_name"], "sha256": op["image_sha256"]}
-        action = f"{'flash' if op['kind'] == FLASH_KIND else op['kind']}_{op['state']}"
+        action = f"{op['kind']}_{op['state']}"
         await life.audit(actor, action, op["device"], op["lease_id"], detail)
         life.notify(BOARD_KEY)  # no longer busy, perhaps needing recovery
         self.store.after_commit(life.metrics.operations.labels(kind=op["kind"], outcome=op["state"]).inc)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from device_loop.core import SETTLE_KIND
+from device_loop.core import REFLASH_STEP, SETTLE_KIND
 from device_loop.core.answers import OperationAnswer
 from device_loop.core.protocol import EXPORTER_STEPS
 from device_loop.core.vocabulary import FaultKind, OperationState, Purpose
@@ -29,7 +29,6 @@ from .store import Store
 from .who import Who
 
 ACTOR = "coordinator"  # who runs the steps, in the logs
-REFLASH = "reflash"
 
 
 class Steps:
@@ -50,7 +49,7 @@ class Steps:
         step = steps[index]
         audit: dict[str, Any] = {"step": index, "of": len(steps), "cause": cause}
         try:
-            if step["step"] == REFLASH:
+            if step["step"] == REFLASH_STEP:
                 op = await self.operations.reflash(device, ACTOR, index, audit)
             else:
                 op = await self.operations.queue(device, step["step"], step["identifier"], step["plugin"], {}, None,

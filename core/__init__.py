@@ -19,6 +19,9 @@ POWER_KIND = "power"
 #: The operation that runs a device's steps that settle, inside a lease (docs/architecture.md, "Steps between
 #: leases"): the exporter's own, never a plugin's.
 SETTLE_KIND = "settle"
+#: The step between leases that writes the latest known-good image back: the coordinator asks for it as a flash
+#: (its exporter's model of it: ``exporter/config.ReflashStep``).
+REFLASH_STEP = "reflash"
 #: Operation ids start with this.
 OP_PREFIX = "op-"
 #: The event stream (``GET /api/v1/events``) sends at least a keepalive this often.

@@ -9,7 +9,7 @@ import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping, Sequence, get_args
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, field_validator,
                       model_validator)
@@ -114,8 +114,6 @@ class Entry:
 
 # ---- steps between leases (docs/architecture.md, "Steps between leases") ----------------------
 
-#: The steps the exporter knows itself; any other name is a plugin's (``devloop_steps``).
-BUILT_IN_STEPS = ("cooldown", "command", "reboot", "reflash", "power-cycle")
 #: What a console prints once it has booted: a shell's prompt (``root@x:~# ``, ``$ ``) ending the output.
 DEFAULT_PROMPT = r"[#$] ?$"
 LINE_ENDINGS = {"\r": "CR", "\n": "LF", "\r\n": "CR LF"}
@@ -159,11 +157,17 @@ class StepConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     DEFAULT_TIMEOUT_S: ClassVar[float] = 600.0
     SETTLES: ClassVar[bool] = False  # run by a settle inside a lease, unless the entry says
+    DESCRIPTION: ClassVar[str] = ""  # what it does, as device-loop hosts lists the exporter's own steps
     step: str
     timeout: float | None = None
     settle: bool | None = None
 
     _timeout = field_validator("timeout", mode="before")(_step_timeout)
+
+    @classmethod
+    def kind(cls) -> str:
+        """A built-in step's name: the one its model's ``step`` takes (``Literal["cooldown"]``)."""
+        return get_args(cls.model_fields["step"].annotation)[0]
 
     @property
     def settles(self) -> bool:
@@ -181,6 +185,7 @@ class CooldownStep(StepConfig):
     """Wait until every thermal zone of the device reads below ``below`` (°C)."""
     DEFAULT_TIMEOUT_S: ClassVar[float] = 600.0
     SETTLES: ClassVar[bool] = True
+    DESCRIPTION: ClassVar[str] = "wait until every thermal zone of the device reads below a threshold (below = \"45C\")"
     step: Literal["cooldown"]
     below: float
 
@@ -190,6 +195,8 @@ class CooldownStep(StepConfig):
 class CommandStep(StepConfig):
     """Run an admin's program (no shell); ``{device}`` in its arguments is the device's name."""
     DEFAULT_TIMEOUT_S: ClassVar[float] = 600.0
+    DESCRIPTION: ClassVar[str] = ("run a program (command = [...]; no shell), killed at its timeout; a non-zero exit "
+                                  "fails")
     step: Literal["command"]
     command: list[str] = Field(min_length=1)
 
@@ -215,6 +222,8 @@ class RebootStep(StepConfig):
     """Reboot through the device's console: ``command`` and ``line_ending`` sent on its UART,
     done once ``prompt`` (a regular expression) ends what the console printed after it."""
     DEFAULT_TIMEOUT_S: ClassVar[float] = 300.0
+    DESCRIPTION: ClassVar[str] = ("send reboot on the device's console and wait for its prompt (command, prompt, "
+                                  "line_ending)")
     step: Literal["reboot"]
     command: str = Field(default="reboot", min_length=1)
     prompt: str = DEFAULT_PROMPT
@@ -241,6 +250,7 @@ class ReflashStep(StepConfig):
     """Flash the device's latest known-good image: the coordinator asks for the flash, on the
     device's flash resource, as for any flash."""
     DEFAULT_TIMEOUT_S: ClassVar[float] = 1800.0
+    DESCRIPTION: ClassVar[str] = "flash the device's latest known-good image through its flash resource"
     step: Literal["reflash"]
 
     @model_validator(mode="after")
@@ -256,6 +266,8 @@ class PowerCycleStep(StepConfig):
     through its power resource (docs/architecture.md, "Power"); a cycle nobody could observe
     fails the step unless ``verify = false``."""
     DEFAULT_TIMEOUT_S: ClassVar[float] = 120.0
+    DESCRIPTION: ClassVar[str] = ("switch the device off and on through its power resource, verified by its read-back "
+                                  "or console (off_time, verify)")
     step: Literal["power-cycle"]
     off_time: float | None = None
     verify: bool = True
@@ -298,9 +310,12 @@ class PluginStepConfig(StepConfig):
         return dict(self.model_extra or {})
 
 
-_STEP_MODELS: dict[str, type[StepConfig]] = {"cooldown": CooldownStep, "command": CommandStep,
-                                             "reboot": RebootStep, "reflash": ReflashStep,
-                                             "power-cycle": PowerCycleStep}
+#: The steps the exporter knows itself, one entry each (docs/architecture.md, "Steps between leases"): a step's
+#: model is its name (``step: Literal[...]``), keys, checks, default timeout and description; its runner is
+#: ``steps.RUNNERS``. Any other name is a plugin's (``devloop_steps``).
+STEP_MODELS: dict[str, type[StepConfig]] = {model.kind(): model for model in (
+    CooldownStep, CommandStep, RebootStep, ReflashStep, PowerCycleStep)}
+BUILT_IN_STEPS = tuple(STEP_MODELS)
 
 
 class ClassEntry(BaseModel):
@@ -520,7 +535,7 @@ def _parsed_step(data: dict[str, Any]) -> tuple[StepConfig | None, list[str]]:
         _WORD.validate_python(name)
     except ValidationError:
         return None, [f"step {name!r} is not a step's name (a word: lowercase letters, digits and -)"]
-    model = _STEP_MODELS.get(name, PluginStepConfig)
+    model = STEP_MODELS.get(name, PluginStepConfig)
     try:
         return model.model_validate(data), []
     except ValidationError as exc:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 from pydantic import TypeAdapter, ValidationError
 
-from device_loop.core import POWER_KIND
+from device_loop.core import FLASH_KIND, POWER_KIND
 from device_loop.core.files import write_atomically
 from device_loop.core.host import HostContext
 from device_loop.core.model import FlashImage, Operation, OperationError, Resource, StepKind
@@ -361,7 +361,7 @@ class Operations:
         for path in sorted((self.host.state_dir / LEGACY_MARKERS).glob("*.json")):
             try:
                 mark = json.loads(path.read_text())
-                report = OperationReport(op=mark["op"], device=mark["device"], kind="flash", state=mark["state"],
+                report = OperationReport(op=mark["op"], device=mark["device"], kind=FLASH_KIND, state=mark["state"],
                                          phase=mark["phase"], message=mark.get("message", ""),
                                          changed=mark.get("changed", True))
             except (OSError, ValueError, KeyError, TypeError):

@@ -42,7 +42,7 @@ from device_loop.core.vocabulary import PowerVerdict, Purpose
 from device_loop.core.protocol import (EXPORTER_STEPS, MAX_DETAIL_CHARS, ArgName, DesiredOperation, PluginStep,
                                        StepReport, Word)
 
-from .config import (BUILT_IN_STEPS, MAX_STEP_TIMEOUT_S, CommandStep, CooldownStep, PluginStepConfig,
+from .config import (BUILT_IN_STEPS, MAX_STEP_TIMEOUT_S, STEP_MODELS, CommandStep, CooldownStep, PluginStepConfig,
                      PowerCycleStep, RebootStep, ReflashStep, StepConfig)
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
 from .interrupted import Interrupted
@@ -57,18 +57,9 @@ CONSOLE_KINDS = ("uart", "sim")
 DEFAULT_BAUD = 115200
 MAX_CONSOLE_CHARS = 64 << 10  # what a reboot keeps of what its console printed (the prompt is at its end)
 CONSOLE_RESULT_CHARS = 4000  # what its result carries of it: the end of the boot
-#: The exporter's own steps, as ``device-loop hosts`` lists them.
-BUILT_IN_DESCRIPTIONS = {
-    "cooldown": "wait until every thermal zone of the device reads below a threshold (below = \"45C\")",
-    "command": "run a program (command = [...]; no shell), killed at its timeout; a non-zero exit fails",
-    "reboot": "send reboot on the device's console and wait for its prompt (command, prompt, line_ending)",
-    "reflash": "flash the device's latest known-good image through its flash resource",
-    "power-cycle": "switch the device off and on through its power resource, verified by its read-back or console "
-                   "(off_time, verify)",
-}
 _WORD = TypeAdapter(Word)
 _ARG_NAME = TypeAdapter(ArgName)
-_RESERVED_SETTINGS = {"step", "timeout", "settle", "timeout_s"}  # every step entry's own keys, and the one added
+_RESERVED_SETTINGS = {*StepConfig.model_fields, "timeout_s"}  # every step entry's own keys, and the one added
 
 Progress = Callable[..., None]  # (phase, done, total, unit, detail), as Operation.progress takes them
 
@@ -164,8 +155,8 @@ def step_kinds(answer: Any) -> list[StepKind]:
 def plugin_steps(offered: Mapping[str, Sequence[StepKind]]) -> list[PluginStep]:
     """Every step this exporter can run, as ``device-loop hosts`` lists them: its own, then
     those its plugins offer (``offered``: plugin -> its steps), each once."""
-    listed = [PluginStep(plugin=EXPORTER_STEPS, step=name, description=text)
-              for name, text in BUILT_IN_DESCRIPTIONS.items()]
+    listed = [PluginStep(plugin=EXPORTER_STEPS, step=name, description=model.DESCRIPTION)
+              for name, model in STEP_MODELS.items()]
     seen = {(s.plugin, s.step) for s in listed}
     for plugin, kinds in offered.items():
         for kind in kinds:
@@ -290,17 +281,10 @@ class StepRunner:
     def _one(self, run: StepRun, step: PlannedStep, progress: Progress) -> str | dict | None:
         if step.problem:
             raise OperationError(step.problem, changed=False)
-        device = run.want.device
-        config = step.config
-        if isinstance(config, CooldownStep):
-            return self._cooldown(device, run.resources, config.below, step.timeout_s, progress)
-        if isinstance(config, CommandStep):
-            return self._command(device, config, step.timeout_s, progress)
-        if isinstance(config, RebootStep):
-            return self._reboot(device, run.resources, config, step.timeout_s, progress)
-        if isinstance(config, PowerCycleStep):
-            return self._power_cycle(device, run.resources, config, step.timeout_s, progress)
-        if isinstance(config, PluginStepConfig) and step.plugin != EXPORTER_STEPS:
+        runner = RUNNERS.get(type(step.config))
+        if runner is not None:
+            return runner(self, run.want.device, run.resources, step.config, step.timeout_s, progress)
+        if isinstance(step.config, PluginStepConfig) and step.plugin != EXPORTER_STEPS:
             return self._plugin_step(run, step, progress)
         raise OperationError(f"the exporter does not run {step.name!r} itself", changed=False)
 
@@ -343,8 +327,9 @@ class StepRunner:
                 zones[zone if zone not in zones else f"{zone} ({r.plugin})"] = float(degrees)
         return zones, problems
 
-    def _cooldown(self, device: str, resources: Sequence[Resource], below: float, timeout_s: float,
+    def _cooldown(self, device: str, resources: Sequence[Resource], config: CooldownStep, timeout_s: float,
                   progress: Progress) -> str:
+        below = config.below
         began = time.monotonic()
         deadline = began + timeout_s
         while True:
@@ -360,10 +345,10 @@ class StepRunner:
                         + (f", after {duration(waited)}" if waited >= 1 else ""))
             if hottest is not None:
                 where = f"{hottest[1]:.1f} °C ({hottest[0]})"
-                progress("cooldown", detail=f"cooling down: {where}, waiting for < {below:g} °C")
+                progress(config.kind(), detail=f"cooling down: {where}, waiting for < {below:g} °C")
             else:
                 where = "unread"
-                progress("cooldown", detail=f"cooling down: no reading yet ({problems[0]})"[:MAX_DETAIL_CHARS])
+                progress(config.kind(), detail=f"cooling down: no reading yet ({problems[0]})"[:MAX_DETAIL_CHARS])
             now = time.monotonic()
             if now >= deadline:
                 if hottest is None:
@@ -375,9 +360,10 @@ class StepRunner:
 
     # ---- command -------------------------------------------------------------------------------
 
-    def _command(self, device: str, config: CommandStep, timeout_s: float, progress: Progress) -> str:
+    def _command(self, device: str, resources: Sequence[Resource], config: CommandStep, timeout_s: float,
+                 progress: Progress) -> str:
         argv = config.argv(device)
-        progress("command", detail=f"running {shlex.join(argv)}"[:MAX_DETAIL_CHARS])
+        progress(config.kind(), detail=f"running {shlex.join(argv)}"[:MAX_DETAIL_CHARS])
         try:
             code, output = self.host.run_to_end(argv, name=f"step-{device}", timeout=timeout_s)
         except OSError as exc:
@@ -416,7 +402,7 @@ class StepRunner:
                 time.sleep(QUIET_S)
                 port.reset_input_buffer()
                 port.write((config.command + config.line_ending).encode())
-                progress("reboot", detail=f"rebooting: sent {config.command!r} on {console.node}")
+                progress(config.kind(), detail=f"rebooting: sent {config.command!r} on {console.node}")
                 while True:
                     now = time.monotonic()
                     if self.stopping.is_set():
@@ -435,7 +421,7 @@ class StepRunner:
                                            f"{duration(now - began)}", "console": text[-CONSOLE_RESULT_CHARS:]}
                     if now - shown >= 1.0 and text.strip():
                         shown = now
-                        progress("reboot", detail=f"rebooting: {last_lines(text, 1, 160)!r}"[:MAX_DETAIL_CHARS])
+                        progress(config.kind(), detail=f"rebooting: {last_lines(text, 1, 160)!r}"[:MAX_DETAIL_CHARS])
             except (serial.SerialException, OSError) as exc:
                 raise OperationError(f"{device}'s console {console.node} failed: {exc}") from None
 
@@ -497,6 +483,13 @@ class StepRunner:
         if "error" in outcome:
             raise outcome["error"]
         return outcome.get("said")
+
+
+#: Who runs each of the exporter's own steps (its model, ``config.STEP_MODELS``, is the rest of its entry); a
+#: reflash has none here: the coordinator asks for it as a flash, which the flash target's plugin writes.
+RUNNERS: dict[type[StepConfig], Callable[..., Any]] = {
+    CooldownStep: StepRunner._cooldown, CommandStep: StepRunner._command, RebootStep: StepRunner._reboot,
+    PowerCycleStep: StepRunner._power_cycle}
 
 
 def _booted(text: str, prompt: re.Pattern) -> bool:

@@ -181,3 +181,64 @@ def test_mypy_wants_every_function_typed_in_core_the_plugin_api_and_the_services
     wanted = {"device_loop.core.*", "device_loop.plugin", "device_loop.coordinator.rules",
               *(f"device_loop.coordinator.{name}" for name in services if not name.startswith("store"))}
     assert sorted(wanted - strict) == []
+
+
+# ---- kinds are named where they are declared (docs/architecture.md, "Operations") ----------------------------
+
+#: The modules that declare kinds, and may spell their names: the shared constants (FLASH_KIND, POWER_KIND,
+#: SETTLE_KIND, REFLASH_STEP), the vocabulary (Purpose.SETTLE, AutoRecover.POWER_CYCLE), the built-in steps'
+#: models (exporter/config.py: a step's model is its name), the migrations (history, written once) and the call
+#: table (it declares the calls named after kinds: flash, power, settle). A kind's own plugin is outside the scan.
+KIND_DECLARING = {"core/__init__.py", "core/vocabulary.py", "exporter/config.py", "coordinator/migrations.py",
+                  "coordinator/calls.py"}
+#: Where the generic machinery lives: no kind's name is spelled there.
+KIND_SCANNED = ("core", "coordinator", "exporter", "device_loop")
+
+
+def _kind_names() -> set[str]:
+    from device_loop.core import FLASH_KIND, POWER_KIND, REFLASH_STEP, SETTLE_KIND
+    from device_loop.exporter.config import BUILT_IN_STEPS
+
+    # "command" is a step's name and a word of everything else (a holder's command line, an endpoint's
+    # command template): its step is held by its model's Literal alone
+    return {FLASH_KIND, POWER_KIND, SETTLE_KIND, REFLASH_STEP, *BUILT_IN_STEPS} - {"command"}
+
+
+def _spelled_kinds(path: Path, kinds: set[str]) -> list[tuple[int, str]]:
+    """The string constants of ``path`` that are a kind's name, but not its docstrings, a record's
+    keys (``row["settle"]``, ``{"settle": ...}``, ``.get("settle")``: a field called like a kind)."""
+    import ast
+
+    tree = ast.parse(path.read_text(), str(path))
+    ignored: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            ignored.add(id(body[0].value))
+        if isinstance(node, ast.Subscript):
+            ignored.add(id(node.slice))
+        elif isinstance(node, ast.Dict):
+            ignored.update(id(key) for key in node.keys if key is not None)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args):
+            ignored.add(id(node.args[0]))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in kinds
+            and id(node) not in ignored]
+
+
+def test_a_kind_s_name_is_spelled_only_where_the_kind_is_declared():
+    """A new kind touches its declaration and its plugin, not the generic operation: the
+    coordinator and the exporter take a kind's constant and find resources by kind."""
+    kinds = _kind_names()
+    spelled = [f"{path.relative_to(SRC)}:{line}: {value!r}" for folder in KIND_SCANNED
+               for path in sorted((SRC / folder).rglob("*.py"))
+               if str(path.relative_to(SRC)) not in KIND_DECLARING
+               for line, value in _spelled_kinds(path, kinds)]
+    assert spelled == [], "a kind's name outside its declaration (take its constant):\n" + "\n".join(spelled)
+
+
+def test_the_kind_scan_finds_a_kind_spelled(tmp_path):
+    checked = tmp_path / "generic.py"
+    checked.write_text('"""flash"""\nKIND = "flash"\nrow["flash"]\nrow.get("power")\n{"settle": 1}\n')
+    assert _spelled_kinds(checked, _kind_names()) == [(2, "flash")]

@@ -1,12 +1,56 @@
-"""Small helpers for talking to boards and checking processes in tests."""
+"""Small helpers for talking to a lab, its boards and its processes in tests."""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+from conftest import wait_for
+
+
+def device(coordinator, name):
+    """The coordinator's row of device ``name``."""
+    return coordinator.api(f"/devices/{name}").json()
+
+
+def wait_state(coordinator, name, state, timeout=15):
+    """Wait until device ``name`` is in ``state``."""
+    wait_for(lambda: device(coordinator, name).get("state") == state, timeout, what=f"{name} {state}")
+
+
+def reserve(coordinator, name, ttl_s=600):
+    """Reserve device ``name`` through the API: the new lease (pending or active)."""
+    response = coordinator.api("/leases", "POST", json={"device": name, "ttl_s": ttl_s})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def wait_active(coordinator, lease_id):
+    """Wait until lease ``lease_id`` is ready: the lease."""
+    def active():
+        lease = coordinator.api(f"/leases/{lease_id}", params={"wait": 5, "unless": "pending"}).json()
+        return lease if lease["ready"] else None
+    return wait_for(active, 20, what=f"{lease_id} ready")
+
+
+def raw_endpoint(lease):
+    """The lease's raw TCP endpoint."""
+    return next(e for e in lease["endpoints"] if e["protocol"] == "raw")
+
+
+def run_cli(env, url, *args, check=True):
+    """``device-loop --coordinator URL ARGS`` with this interpreter: the finished process
+    (asserted to succeed unless ``check`` is false)."""
+    result = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", url, *args],
+                            env=env, capture_output=True, text=True, timeout=60)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
 
 
 def uart_exchange(host: str, port: int, send: bytes, expect: bytes, timeout: float = 5.0) -> bytes:
@@ -139,8 +183,6 @@ def importable_by_anyone(folder: Path) -> tuple[str, str]:
     packages and the project's source linked into ``folder`` (hard links: no byte copied
     where they share a file system). Run it with ``-I -S``."""
     import site
-    import subprocess
-    import sys
 
     python = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
     assert Path(python).exists(), f"the tests run commands as other accounts with {python}: install it"
@@ -175,8 +217,6 @@ def device_loop_for_anyone(folder: Path) -> Path:
 
 def _linked(tree: Path, to: Path) -> Path:
     """``tree`` as ``to``: hard links, else (another file system) a copy."""
-    import subprocess
-
     if subprocess.run(["cp", "-al", str(tree), str(to)], capture_output=True).returncode != 0:
         import shutil
 

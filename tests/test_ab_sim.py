@@ -12,7 +12,7 @@ import pytest
 from conftest import Exporter
 from device_loop.client.schedule import cells, measured_arms, warmup_arms
 from device_loop.core.jobs import ABSpec, JobSpec, Target, group_target
-from test_end_to_end import wait_state
+from helpers import wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

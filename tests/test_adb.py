@@ -14,8 +14,7 @@ from device_loop.core.ports import free_port, port_is_free
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter as InProcessExporter
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device
-from helpers import pid_alive, processes_with
-from test_end_to_end import reserve, run_cli, wait_active, wait_state
+from helpers import pid_alive, processes_with, reserve, run_cli, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(90)
 

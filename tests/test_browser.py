@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import SRC
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 from test_video import with_camera
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,30 +9,10 @@ import pytest
 
 from conftest import Coordinator, Exporter, sim_devices, uart_device, wait_for
 from device_loop.core.ports import free_port
-from helpers import pid_alive, port_open, recorded_pids, uart_exchange
+from helpers import (device, pid_alive, port_open, raw_endpoint, recorded_pids, reserve, run_cli, uart_exchange,
+                     wait_active, wait_state)
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def device(coordinator, name):
-    return coordinator.api(f"/devices/{name}").json()
-
-
-def wait_state(coordinator, name, state, timeout=15):
-    wait_for(lambda: device(coordinator, name).get("state") == state, timeout, what=f"{name} {state}")
-
-
-def reserve(coordinator, name, ttl_s=600):
-    response = coordinator.api("/leases", "POST", json={"device": name, "ttl_s": ttl_s})
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def wait_active(coordinator, lease_id):
-    def active():
-        lease = coordinator.api(f"/leases/{lease_id}", params={"wait": 5, "unless": "pending"}).json()
-        return lease if lease["ready"] else None
-    return wait_for(active, 20, what=f"{lease_id} ready")
 
 
 def test_reserve_talk_release(coordinator, exporter_factory):
@@ -61,10 +41,6 @@ def test_reserve_talk_release(coordinator, exporter_factory):
     log = coordinator.api("/devices/sim-board-0/log").json()
     assert [(e["from"], e["to"]) for e in log][-4:] == [
         ("idle", "allocating"), ("allocating", "in_use"), ("in_use", "reclaiming"), ("reclaiming", "idle")]
-
-
-def raw_endpoint(lease):
-    return next(e for e in lease["endpoints"] if e["protocol"] == "raw")
 
 
 def test_a_service_process_ends_with_its_lease(coordinator, exporter_factory, pty_pair, echo_board):
@@ -191,14 +167,6 @@ def test_allocation_timeout_fails_lease_cleanly(tmp_path, env):
         exporter.popen.send_signal(signal.SIGCONT)
         exporter.stop()
         coordinator.stop()
-
-
-def run_cli(env, url, *args, check=True):
-    result = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", url, *args],
-                            env=env, capture_output=True, text=True, timeout=60)
-    if check:
-        assert result.returncode == 0, result.stdout + result.stderr
-    return result
 
 
 def test_cli_round_trip(coordinator, exporter_factory, env):

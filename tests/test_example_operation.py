@@ -18,7 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 from conftest import BUILT_IN_PLUGINS, SRC, Exporter
 from device_loop.client import Lab
 from device_loop.core.plugins import LOAD_ENV
-from test_end_to_end import reserve, run_cli, wait_active, wait_state
+from helpers import reserve, run_cli, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(90)
 

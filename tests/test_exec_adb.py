@@ -14,8 +14,7 @@ from device_loop.client.lab import Lab
 from device_loop.core.device_exec import ExecError, exec_on_lease
 from device_loop.core.ports import free_port
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device
-from helpers import processes_with
-from test_end_to_end import run_cli, wait_state
+from helpers import processes_with, run_cli, wait_state
 from test_exec_console import environment
 
 pytestmark = pytest.mark.timeout(90)

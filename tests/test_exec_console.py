@@ -13,7 +13,7 @@ from device_loop.client.lab import Lab
 from device_loop.core import device_exec
 from device_loop.core.device_exec import MAX_COMMAND_BYTES, ExecError, exec_on_lease
 from device_loop.core.plugins import LOAD_ENV
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 
 pytestmark = pytest.mark.timeout(90)
 

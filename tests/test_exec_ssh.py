@@ -20,7 +20,7 @@ from device_loop.coordinator.ssh_logins import SshLoginsError, load_ssh_logins
 from device_loop.core.device_exec import KNOWN_HOSTS_ENV, ExecError, SshLogin
 from device_loop.core.ports import free_port, port_is_free
 from device_loop.plugins.ssh import SshConfig
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 from test_exec_console import environment
 from test_mcp import agent
 

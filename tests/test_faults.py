@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import Coordinator, Exporter, sim_devices, uart_device, wait_for
-from helpers import kill_spawned, pid_alive, recorded_pids, spawned_by, uart_exchange, write_clip
+from helpers import (kill_spawned, pid_alive, raw_endpoint, recorded_pids, reserve, spawned_by, uart_exchange,
+                     wait_active, wait_state, write_clip)
 from live_lab import LIVE
-from test_end_to_end import raw_endpoint, reserve, wait_active, wait_state
 from test_video import camera_of, frames, with_camera
 from test_vnc import banner, screen_of
 

@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from conftest import wait_for
-from test_end_to_end import device, run_cli, wait_state
+from helpers import device, run_cli, wait_state
 from test_mcp import agent, call
 
 pytestmark = pytest.mark.timeout(120)

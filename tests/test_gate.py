@@ -11,7 +11,7 @@ import pytest
 from conftest import Coordinator, Exporter, lab_tokens
 from device_loop.core.ports import free_port
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 from conftest import PtyPair
 from test_uart import bytes_both_ways
 

@@ -20,8 +20,7 @@ from device_loop.core.gate import GRACE_ENV, GRACE_S as DEFAULT_GRACE_S, connect
 from device_loop.core.host import HostContext
 from device_loop.core.model import Endpoint, LeaseRef, Resource, Service
 from device_loop.core.process import ProcessRegistry
-from helpers import kill_spawned, pid_alive, recorded_pids, spawned_by
-from test_end_to_end import raw_endpoint, run_cli, wait_state
+from helpers import kill_spawned, pid_alive, raw_endpoint, recorded_pids, run_cli, spawned_by, wait_state
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import BUILT_IN_PLUGINS, Exporter, sim_devices, wait_for
 from device_loop.core.plugins import LOAD_ENV
 from device_loop.exporter.hook_deadlines import HookDeadlines, HookTimedOut, Returned
-from test_end_to_end import reserve, wait_active, wait_state
+from helpers import reserve, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,13 +15,12 @@ import threading
 import pytest
 
 from conftest import BUILT_IN_PLUGINS, DEFAULT_COORDINATOR_GUARD, LOAD_ENV, Coordinator, Exporter, wait_for
-from helpers import pid_alive
+from helpers import pid_alive, wait_state
 from device_loop.cli import main as cli_main
 from device_loop.client import Lab
 from device_loop.client.runner import Runner, Stopper
 from device_loop.core.jobs import JobSpec
 from device_loop.core.vocabulary import JobState
-from test_end_to_end import wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import Exporter
-from test_end_to_end import wait_state
+from helpers import wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,7 +14,7 @@ from mcp.client.streamable_http import streamable_http_client
 from conftest import SRC, Coordinator, Exporter, lab_tokens, sim_devices, wait_for
 from device_loop.core import __version__
 from device_loop.core.holders import listening_ports
-from test_end_to_end import wait_state
+from helpers import wait_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

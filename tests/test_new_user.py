@@ -11,7 +11,7 @@ from conftest import DEFAULT_COORDINATOR_GUARD
 from device_loop.client import Lab
 from device_loop.client.http import CoordinatorError
 from device_loop.exporter.config import parse_config
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 
 pytestmark = pytest.mark.timeout(60)
 

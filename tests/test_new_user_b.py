@@ -16,8 +16,7 @@ import pytest
 
 from conftest import Coordinator, Exporter, lab_tokens, wait_for
 from device_loop.client import Lab
-from helpers import port_open, uart_exchange
-from test_end_to_end import reserve, run_cli, wait_active, wait_state
+from helpers import port_open, reserve, run_cli, uart_exchange, wait_active, wait_state
 from test_flash import flashable, image_file
 from test_video import with_camera
 from test_vnc import upgrade

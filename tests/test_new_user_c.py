@@ -27,9 +27,8 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from conftest import SRC, Coordinator, wait_for
-from helpers import uart_exchange
+from helpers import reserve, run_cli, uart_exchange, wait_active, wait_state
 from lab_in_process import FakeExporter, device
-from test_end_to_end import reserve, run_cli, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(120)
 CLI = [sys.executable, "-m", "device_loop.cli"]

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import BUILT_IN_PLUGINS, Exporter, sim_devices
 from device_loop.core.plugins import LOAD_ENV
-from test_end_to_end import wait_state
+from helpers import wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

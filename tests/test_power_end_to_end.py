@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import Exporter, wait_for
-from test_end_to_end import device, reserve, run_cli, wait_active, wait_state
+from helpers import device, reserve, run_cli, wait_active, wait_state
 from test_power_backends import pdudaemon, start  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(120)

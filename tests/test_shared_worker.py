@@ -25,8 +25,7 @@ from device_loop.client.accounts import parse_account
 from device_loop.client.job_cgroups import FOLDER_PREFIX, CgroupsUnavailable, JobCgroups
 from device_loop.client.local_run import LocalCommand
 from device_loop.core.cgroups import Cgroup, own_cgroup
-from helpers import device_loop_for_anyone, importable_by_anyone, open_folder, pid_alive, unused_uids
-from test_end_to_end import wait_state
+from helpers import device_loop_for_anyone, importable_by_anyone, open_folder, pid_alive, unused_uids, wait_state
 from test_worker import SIM, make_tokens, worker
 
 pytestmark = pytest.mark.timeout(90)

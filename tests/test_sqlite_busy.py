@@ -10,7 +10,7 @@ import httpx2
 import pytest
 
 from conftest import wait_for
-from test_end_to_end import wait_state
+from helpers import wait_state
 
 pytestmark = pytest.mark.timeout(60)
 

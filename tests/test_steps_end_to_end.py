@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from conftest import Exporter, wait_for
-from test_end_to_end import device, reserve, wait_active, wait_state
+from helpers import device, reserve, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

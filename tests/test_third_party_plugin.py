@@ -7,7 +7,7 @@ import pytest
 
 from conftest import BUILT_IN_PLUGINS, SRC, Exporter, wait_for
 from device_loop.core.plugins import LOAD_ENV
-from test_end_to_end import reserve, wait_active, wait_state
+from helpers import reserve, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,8 +11,7 @@ import pytest
 
 from conftest import Coordinator, Exporter, sim_devices, wait_for
 from device_loop.client import Lab
-from helpers import uart_exchange
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, uart_exchange, wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

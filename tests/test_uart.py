@@ -12,8 +12,7 @@ import pytest
 
 from conftest import Exporter, uart_device, wait_for
 from device_loop.core.uart_client import open_uart
-from helpers import port_open, recorded_pids
-from test_end_to_end import reserve, run_cli, wait_active, wait_state
+from helpers import port_open, recorded_pids, reserve, run_cli, wait_active, wait_state
 
 pytestmark = pytest.mark.timeout(120)
 

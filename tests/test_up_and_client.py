@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -13,10 +14,11 @@ import pytest
 from conftest import SRC, wait_for
 from device_loop.client import Lab
 from device_loop.core.ports import free_port
-from helpers import pid_alive, port_open, recorded_pids, uart_exchange
-from test_end_to_end import run_cli
+from helpers import pid_alive, port_open, recorded_pids, run_cli, uart_exchange
 
 pytestmark = pytest.mark.timeout(120)
+# the command pip installed beside this interpreter, as a user runs it (whichever environment runs the tests)
+DEVICE_LOOP = shutil.which("device-loop", path=str(Path(sys.executable).parent)) or shutil.which("device-loop")
 SCREENS = shutil.which("Xvfb") is not None  # then `up` gives each simulated board a screen (./lab test installs it)
 
 
@@ -32,7 +34,8 @@ def lab(tmp_path, env):
     here.mkdir()
     for module in ("cv2", "mcp", "serial"):
         (here / f"{module}.py").write_text(f"raise SystemExit('the {module}.py of the folder up was started in')\n")
-    proc = subprocess.Popen([str(SRC / ".venv" / "bin" / "device-loop"), "up", "--data-dir", str(data_dir),
+    assert DEVICE_LOOP, f"no device-loop command beside {sys.executable}: install the project (pip install -e .)"
+    proc = subprocess.Popen([DEVICE_LOOP, "up", "--data-dir", str(data_dir),
                              "--port", str(port), "--config", str(extra)],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=here)
     url = f"http://127.0.0.1:{port}"

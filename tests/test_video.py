@@ -19,8 +19,7 @@ from device_loop.core.host import HostContext
 from device_loop.core.model import ConfiguredResource
 from device_loop.plugins import video
 from fake_sysfs import UVC, usb_device, v4l2_node
-from helpers import write_clip
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state, write_clip
 from test_mcp import agent
 
 pytestmark = pytest.mark.timeout(90)

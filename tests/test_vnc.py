@@ -11,7 +11,7 @@ import pytest
 from conftest import Coordinator, Exporter, lab_tokens, wait_for
 from device_loop.core.gate import connect_gated
 from device_loop.core.ports import free_port
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -23,7 +23,7 @@ from device_loop.coordinator.web.pages import device_row, queue_row
 from device_loop.coordinator.who import Who
 from device_loop.core.vocabulary import TokenKind
 from lab_in_process import FakeExporter, device, in_process_lab, leased_board
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 from test_flash_rules import board, flash_report, lab_with_board
 from test_steps_rules import COOLDOWN, REBOOT, desired_ops, op_report, stepped
 

@@ -16,7 +16,7 @@ from conftest import Coordinator
 from device_loop.client import Lab
 from lab_in_process import FakeExporter, device
 from test_browser import screenshot
-from test_end_to_end import run_cli, wait_state
+from helpers import run_cli, wait_state
 from test_flash import flashable, image_file
 from test_video import gated_lab, with_camera  # noqa: F401  (a lab with tokens, its board with a camera)
 

@@ -236,9 +236,12 @@ class Coordinator(Proc):
         return httpx2.request(method, f"{self.url}/api/v1{path}", timeout=10, **kwargs)
 
 
+HEARTBEAT_S = 1.0  # a test exporter's heartbeat period, unless the test sets one
+
+
 class Exporter(Proc):
     def __init__(self, tmp_path: Path, env: dict, coordinator_url: str, devices: list[dict],
-                 name="host-a", heartbeat_s=1.0, plugins=None, **settings):
+                 name="host-a", heartbeat_s=HEARTBEAT_S, plugins=None, **settings):
         config = {"exporter": {"name": name, "coordinator": coordinator_url, "heartbeat_s": heartbeat_s,
                                "state_dir": str(tmp_path / f"state-{name}"), **settings},
                   "devices": devices}

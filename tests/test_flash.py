@@ -10,7 +10,7 @@ import time
 import anyio
 import pytest
 
-from conftest import wait_for
+from conftest import HEARTBEAT_S, wait_for
 from helpers import device, run_cli, wait_state
 from test_mcp import agent, call
 
@@ -113,7 +113,8 @@ def test_heartbeats_and_other_leases_go_on_during_a_long_flash(tmp_path, env, co
     while op(coordinator, op_id)["state"] == "running":
         ages.append(coordinator.api("/hosts").json()[0]["heartbeat_age_s"])
         time.sleep(0.25)
-    assert len(ages) >= 6 and max(ages) < 2.5, f"heartbeats stalled during the flash: {ages}"
+    # (the coordinator takes a host for offline after 3 periods of silence)
+    assert len(ages) >= 6 and max(ages) < 2.5 * HEARTBEAT_S, f"heartbeats stalled during the flash: {ages}"
     finished = op(coordinator, op_id)
     assert finished["state"] == "done" and "written by sh" in finished["message"]
     assert out.read_bytes() == build.read_bytes()
@@ -178,7 +179,8 @@ def test_kill_9_while_writing_needs_recovery_and_recover_brings_it_back(tmp_path
 
 def test_fastboot_against_an_absent_phone_ends_within_its_timeout(tmp_path, env, coordinator, exporter_factory):
     serial = "DLNOSUCHPHONE01"
-    exporter_factory([flashable("phone-0", fastboot=serial, partition="boot", timeout=3)])
+    timeout_s = 3
+    exporter_factory([flashable("phone-0", fastboot=serial, partition="boot", timeout=timeout_s)])
     wait_state(coordinator, "phone-0", "idle")
     health = coordinator.api("/devices/phone-0").json()
     assert health["health"] == "degraded" and f"no USB device with serial {serial}" in health["health_reason"]
@@ -191,7 +193,7 @@ def test_fastboot_against_an_absent_phone_ends_within_its_timeout(tmp_path, env,
     assert failed.returncode == 1, failed.stdout
     said = json.loads(failed.stdout)
     assert "fastboot boot of DLNOSUCHPHONE01 did not finish within 3s" in said["message"], said
-    assert "killed it" in said["message"] and took < 12, took
+    assert "killed it" in said["message"] and took < 4 * timeout_s, took  # (the CLI's start and the upload too)
     assert subprocess.run(["pgrep", "-f", serial], capture_output=True).returncode == 1, "fastboot was left running"
     assert coordinator.api("/devices/phone-0").json()["needs_recovery"], "it may have been half-written"
 

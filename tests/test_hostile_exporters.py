@@ -248,7 +248,8 @@ HOSTILE = {  # what answers at the endpoint's port: (answer, what the refusal sa
 @pytest.mark.usefixtures("database")
 @pytest.mark.parametrize("what", HOSTILE)
 async def test_only_a_bounded_jpeg_reaches_the_agent(tmp_path, monkeypatch, what):
-    monkeypatch.setattr(relays, "SNAPSHOT_TIMEOUT_S", 1.0)
+    timeout_s = 1.0
+    monkeypatch.setattr(relays, "SNAPSHOT_TIMEOUT_S", timeout_s)
     answer, reason = HOSTILE[what]
     with serving(send(200, f"the payroll database password is {SECRET}".encode(), "text/plain")) as (inside, asked):
         if answer is None:
@@ -264,7 +265,7 @@ async def test_only_a_bounded_jpeg_reaches_the_agent(tmp_path, monkeypatch, what
                 assert result.is_error, f"{what} reached the agent"
                 said = everything_in(result)
                 assert reason in said and SECRET not in said and "b0's camera" in said, said
-                assert took < 3.0, "a snapshot is bounded in time (the slow camera sends for 4 s)"
+                assert took < 3 * timeout_s, "a snapshot is bounded in time (the slow camera sends for 4 s)"
         assert asked == [], "a redirect is not followed"
 
 

@@ -177,9 +177,8 @@ async def ready_lease(client: Client, device: str) -> dict:
 async def test_lease_status_waits_for_the_first_change(lab_with_tokens):
     coordinator, tokens = lab_with_tokens
     async with agent(coordinator.url, tokens["alice"]) as alice:
-        began = time.monotonic()
         lease = await ready_lease(alice, "sim-board-0")
-        assert lease["state"] == "active" and time.monotonic() - began < 20
+        assert lease["state"] == "active"
         began = time.monotonic()
         same = await call(alice, "lease_status", lease_id=lease["id"], wait_s=1)  # unless: the state it has now
         assert same["state"] == "active" and time.monotonic() - began >= 0.9, "it answered before anything changed"
@@ -187,14 +186,14 @@ async def test_lease_status_waits_for_the_first_change(lab_with_tokens):
         answers: dict = {}
 
         async def wait_for_its_end() -> None:
-            answers["lease"] = await call(alice, "lease_status", lease_id=lease["id"], wait_s=25, unless="active")
+            answers["lease"] = await call(alice, "lease_status", lease_id=lease["id"], wait_s=wait_s, unless="active")
             answers["after_s"] = time.monotonic() - began
 
-        began = time.monotonic()
+        began, wait_s = time.monotonic(), 25
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(wait_for_its_end)
             await call(alice, "release", lease_id=lease["id"])
-        assert answers["lease"]["state"] == "released" and answers["after_s"] < 10, answers
+        assert answers["lease"]["state"] == "released" and answers["after_s"] < wait_s / 2, answers
 
 
 async def test_uart_exchange_answers_as_soon_as_the_output_matches(lab_with_tokens):
@@ -202,9 +201,10 @@ async def test_uart_exchange_answers_as_soon_as_the_output_matches(lab_with_toke
     async with agent(coordinator.url, tokens["alice"]) as alice:
         lease = await ready_lease(alice, "sim-board-0")
         began = time.monotonic()
-        said = await call(alice, "uart_exchange", lease_id=lease["id"], send="help\r", until=r"# $", wait_s=10)
-        assert time.monotonic() - began < 5, "it waited out wait_s instead of answering at the prompt"
-        assert said["matched"] and said["waited_s"] < 5 and not said["truncated"]
+        wait_s = 10
+        said = await call(alice, "uart_exchange", lease_id=lease["id"], send="help\r", until=r"# $", wait_s=wait_s)
+        assert time.monotonic() - began < wait_s / 2, "it waited out wait_s instead of answering at the prompt"
+        assert said["matched"] and said["waited_s"] < wait_s / 2 and not said["truncated"]
         assert "commands: help" in said["output"] and said["output"].endswith("sim-board-0:~# "), said
 
         said = await call(alice, "uart_exchange", lease_id=lease["id"], send="uname\r", until="never printed",
@@ -237,11 +237,11 @@ async def test_a_catastrophic_until_costs_its_wait_and_nothing_more(lab_with_tok
     coordinator, tokens = lab_with_tokens
     async with agent(coordinator.url, tokens["alice"]) as alice:
         lease = await ready_lease(alice, "sim-board-1")
-        began = time.monotonic()
+        began, wait_s = time.monotonic(), 2
         # (a+)+c takes 2**40 steps on 40 a's without a c after them: the search outlasts any wait
         said = await call(alice, "uart_exchange", lease_id=lease["id"], send="echo " + "a" * 40 + "b\r",
-                          until=r"(a+)+c", wait_s=2)
-        assert time.monotonic() - began < 8, "the search held the exchange up past its wait"
+                          until=r"(a+)+c", wait_s=wait_s)
+        assert time.monotonic() - began < 4 * wait_s, "the search held the exchange up past its wait"
         assert not said["matched"] and "a" * 40 + "b\r\n" in said["output"], said
         assert (await call(alice, "list_devices", state="in_use"))["devices"], "the coordinator answers"
         assert searchers_of(coordinator.popen.pid) == [], "the search outlived its exchange"

@@ -40,10 +40,12 @@ def camera_lab_with_tokens(tmp_path, env):
 def test_forward_ends_at_once_on_ctrl_c_and_gives_a_browser_its_url(camera_lab_with_tokens):
     coordinator, alice = camera_lab_with_tokens
     lease = json.loads(run_cli(alice, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
+    began = time.monotonic()
     proc = subprocess.Popen([*CLI, "--coordinator", coordinator.url, "forward", lease["id"]], env=alice, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         said = [proc.stdout.readline() for _ in range(3)]  # the heading, then a line per endpoint
+        started_s = time.monotonic() - began
         assert said[0].startswith(f"forwarding sim-board-0 ({lease['id']})"), said
         uart = re.search(r"uart\s+127\.0\.0\.1:(\d+)\s+nc 127\.0\.0\.1 (\d+)$", said[1].rstrip())
         video = re.search(r"video\s+127\.0\.0\.1:(\d+)\s+a browser: (http://127\.0\.0\.1:(\d+)/)$", said[2].rstrip())
@@ -56,7 +58,7 @@ def test_forward_ends_at_once_on_ctrl_c_and_gives_a_browser_its_url(camera_lab_w
         proc.send_signal(signal.SIGINT)  # as Ctrl-C in its terminal
         asked = time.monotonic()
         assert proc.wait(10) == 0
-        assert time.monotonic() - asked < 2.0, "Ctrl-C ends it at once"
+        assert time.monotonic() - asked < started_s, "Ctrl-C ends it at once (sooner than it started)"
         rest = proc.stdout.read()
         assert "Traceback" not in rest and "Error" not in rest, rest
         assert not port_open("127.0.0.1", int(uart[1])) and not port_open("127.0.0.1", int(video[1])), \

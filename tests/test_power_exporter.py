@@ -97,7 +97,7 @@ def test_a_backend_that_never_returns_fails_the_operation_and_the_next_call_is_r
     power(exporter, "op-hang", action="on")
     failed = ended(exporter, "op-hang", timeout=1 + BACKSTOP_S + 10)
     assert failed.state == "failed" and "did not answer on within 6 s (its timeout is 1 s)" in failed.message, failed
-    assert time.monotonic() - began < 1 + BACKSTOP_S + 5
+    assert time.monotonic() - began < 2 * (1 + BACKSTOP_S)
     power(exporter, "op-again", action="off")  # the hung call has not returned: one at a time
     again = ended(exporter, "op-again")
     assert again.state == "failed" and "has not returned yet" in again.message, again

@@ -38,9 +38,10 @@ def test_sigterm_ignored_escalates_to_sigkill(tmp_path):
     proc = registry.spawn(IGNORES_SIGTERM, name="stubborn")
     wait_output(proc, "ready")
     started = time.monotonic()
-    proc.stop(grace=0.5)
+    grace_s = 0.5
+    proc.stop(grace=grace_s)
     assert proc.popen.returncode == -9
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10 * grace_s
 
 
 CRASHING_RUN = """

@@ -45,11 +45,12 @@ def test_requests_are_answered_while_another_process_holds_the_write_lock(tmp_pa
             for path in ("/health", "/devices"):
                 began = time.monotonic()
                 try:
-                    response = httpx2.get(f"{coordinator.url}/api/v1{path}", timeout=1)
+                    response = httpx2.get(f"{coordinator.url}/api/v1{path}", timeout=HELD_S / 2)
                 except httpx2.TimeoutException:
-                    pytest.fail(f"GET {path} got no answer within 1 s while another process held the write lock")
+                    pytest.fail(f"GET {path} got no answer while another process held the write lock")
                 assert response.status_code == 200, response.text
-                assert time.monotonic() - began < 0.5, f"GET {path} took {time.monotonic() - began:.2f} s"
+                # a frozen event loop answers only once the lock is let go
+                assert time.monotonic() - began < HELD_S / 2, f"GET {path} took {time.monotonic() - began:.2f} s"
                 answered += 1
         assert answered >= 10 and not reserved, "the reserve did not wait for the write lock"
     finally:

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from contextlib import asynccontextmanager
 
 import httpx2
@@ -616,10 +615,8 @@ async def test_the_event_stream_of_a_coordinator_process(coordinator):
                                                                                 '<tr data-name="b1"']
         assert await next_event(plain, "queue") == [] and await next_event(rows, "queue") == [], \
             "the queue follows the snapshot"
-        started = time.monotonic()
         assert coordinator.api("/leases", "POST", json={"device": "b1"}).status_code == 201
-        changed = await next_event(plain)
-        assert time.monotonic() - started < 1.0, "live: within a second"
+        changed = await next_event(plain)  # pushed: the feed has no poll (how soon: bench/live_feed.py)
         assert (changed["name"], changed["state"], changed["holder"]) == ("b1", "allocating", "alice")
         row = await next_event(rows)
         assert row["html"].startswith('<tr data-name="b1" data-state="allocating" data-holder="alice">')
@@ -639,10 +636,9 @@ async def test_a_change_through_one_process_reaches_a_viewer_of_another(two_coor
     await seed(first.url, ["b0"])
     async with event_stream(second.url) as source:
         await next_event(source, "snapshot")
-        started = time.monotonic()
         assert first.api("/leases", "POST", json={"device": "b0"}).status_code == 201
-        changed = await next_event(source)
-        assert changed["state"] == "allocating" and time.monotonic() - started < 1.0
+        changed = await next_event(source)  # pushed (how soon: bench/live_feed.py)
+        assert changed["state"] == "allocating"
 
 
 # ---- device-loop watch ----------------------------------------------------------------------

@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 import httpx2
 import pytest
@@ -102,10 +101,9 @@ def test_signed_in_the_board_reserves_and_follows_a_release_made_elsewhere(gated
     assert "reserved (30m)" in device.inner_text("#details"), "its last state changes"
 
     run_cli(alice, coordinator.url, "release", "sim-board-0")  # another client gives it back
-    released = time.monotonic()
+    # the board shows it, pushed (how soon: bench/live_feed.py)
     board.wait_for_selector(f'{ROW.format("sim-board-0", "reclaiming")}, {ROW.format("sim-board-0", "idle")}',
                             timeout=5_000)
-    assert time.monotonic() - released < 1.0, "the board shows it within a second"
     board.wait_for_selector('#mine [data-device="sim-board-0"]', state="detached", timeout=5_000)
     board.wait_for_selector(ROW.format("sim-board-0", "idle"), timeout=15_000)
     assert board.evaluate("window.sameDocument") is True, "live, not reloaded"

@@ -114,7 +114,21 @@ LONGEST_FIRST = ("test_openapi.py::test_schemathesis", "test_lease_properties.py
                  "test_faults.py::test_acknowledged", "test_ticket_properties.py::test_tickets_are")
 
 
+# The fast tier (`./lab test --fast`: `-m "not service"`) runs the tests that start no
+# process and use no PostgreSQL. A test using one of these fixtures (or one built on them),
+# or the database fixture's PostgreSQL half, is marked `service` here; a module whose tests
+# start processes themselves says so (`pytestmark = [pytest.mark.service, ...]`). A test not
+# marked that starts a process fails (only_a_service_test_starts_a_process).
+SERVICE_FIXTURES = {"coordinator", "exporters", "postgres_database", "pty_pair", "display", "browser"}
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m deselects by marker)
 def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        on_postgresql = getattr(item, "callspec", None) and item.callspec.params.get("database") == "postgresql"
+        if on_postgresql or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.service)
+
     def rank(item) -> int:
         return next((n for n, name in enumerate(LONGEST_FIRST) if name in item.nodeid), len(LONGEST_FIRST))
     items.sort(key=rank)  # stable: the rest keep their order
@@ -125,6 +139,26 @@ def pytest_sessionfinish(session, exitstatus):
     if reached:
         print("\nsomething reached the default coordinator URL after the last test:\n  " + "\n  ".join(reached))
         session.exitstatus = 1
+
+
+@pytest.fixture(autouse=True)
+def only_a_service_test_starts_a_process(request, monkeypatch):
+    """Fail a test not marked ``service`` that started a process: the fast tier would run it."""
+    if request.node.get_closest_marker("service"):
+        yield
+        return
+    started: list[str] = []
+    execute_child = subprocess.Popen._execute_child
+
+    def recorded(self, args, *rest, **kwargs):
+        started.append(args if isinstance(args, (str, bytes)) else " ".join(map(str, args)))
+        return execute_child(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", recorded)
+    yield
+    if started:
+        pytest.fail("a test that starts a process is marked service (the fast tier leaves it out): it started "
+                    + "; ".join(s[:200] for s in started), pytrace=False)
 
 
 POSTGRES_ENV = "DEVICE_LOOP_TEST_POSTGRES"  # an admin URL; ./lab test starts a throwaway server and sets it

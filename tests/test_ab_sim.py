@@ -14,7 +14,7 @@ from device_loop.client.schedule import cells, measured_arms, warmup_arms
 from device_loop.core.jobs import ABSpec, JobSpec, Target, group_target
 from helpers import wait_state
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 
 def ab(**fields) -> ABSpec:

@@ -16,7 +16,7 @@ from device_loop.exporter.daemon import Exporter as InProcessExporter
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device
 from helpers import pid_alive, processes_with, reserve, run_cli, wait_active, wait_state
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 
 @pytest.fixture

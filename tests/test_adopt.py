@@ -13,7 +13,7 @@ from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
 from lab_in_process import FakeExporter, in_process_lab
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 
 class NetScanner:

@@ -26,7 +26,7 @@ from device_loop.core.uart_client import open_uart
 from helpers import recorded_pids
 from test_uart import line_speed
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
 
 
 @contextmanager

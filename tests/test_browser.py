@@ -12,7 +12,7 @@ from conftest import SRC
 from helpers import run_cli, wait_state
 from test_video import with_camera
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 ARTIFACTS = SRC / "test-artifacts"
 ORANGE_BGR = (0, 128, 255)  # xsetroot -solid '#ff8000'
 

@@ -14,7 +14,7 @@ from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device, usb_tty
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
 
 SPAWN_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.fork", "os.forkpty", "os.spawn")
 _watching = []

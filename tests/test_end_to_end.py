@@ -12,7 +12,7 @@ from device_loop.core.ports import free_port
 from helpers import (device, pid_alive, port_open, raw_endpoint, recorded_pids, reserve, run_cli, uart_exchange,
                      wait_active, wait_state)
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 
 def test_reserve_talk_release(coordinator, exporter_factory):

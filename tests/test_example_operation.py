@@ -20,7 +20,7 @@ from device_loop.client import Lab
 from device_loop.core.plugins import LOAD_ENV
 from helpers import reserve, run_cli, wait_active, wait_state
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 EXAMPLE = SRC / "examples" / "devloop-bootlog"
 KIND = "capture-boot-log"

@@ -17,7 +17,7 @@ from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device
 from helpers import processes_with, run_cli, wait_state
 from test_exec_console import environment
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")

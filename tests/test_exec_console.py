@@ -16,7 +16,7 @@ from device_loop.core.device_exec import MAX_COMMAND_BYTES, ExecError, exec_on_l
 from device_loop.core.plugins import LOAD_ENV
 from helpers import run_cli, wait_state
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 
 class RealShell:

@@ -24,7 +24,7 @@ from helpers import run_cli, wait_state
 from test_exec_console import environment
 from test_mcp import agent
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 SSHD = "/usr/sbin/sshd"
 
 

@@ -6,7 +6,7 @@ from device_loop.core.protocol import DesiredState
 from exporter_testkit import converge, in_process_exporter, installed_testkit, load_testkit
 from helpers import pid_alive
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
 
 
 @pytest.fixture(scope="module")

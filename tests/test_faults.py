@@ -21,7 +21,7 @@ from live_lab import LIVE
 from test_video import camera_of, frames, with_camera
 from test_vnc import banner, screen_of
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(150)]
 
 HEARTBEAT_S = 2.0
 

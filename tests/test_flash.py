@@ -14,7 +14,7 @@ from conftest import HEARTBEAT_S, wait_for
 from helpers import device, run_cli, wait_state
 from test_mcp import agent, call
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 
 def flashable(name: str, **flash) -> dict:

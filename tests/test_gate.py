@@ -15,7 +15,7 @@ from helpers import run_cli, wait_state
 from conftest import PtyPair
 from test_uart import bytes_both_ways
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 
 @pytest.fixture

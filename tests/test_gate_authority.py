@@ -22,7 +22,7 @@ from device_loop.core.model import Endpoint, LeaseRef, Resource, Service
 from device_loop.core.process import ProcessRegistry
 from helpers import kill_spawned, pid_alive, raw_endpoint, recorded_pids, run_cli, spawned_by, wait_state
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 GRACE_S = 1.5  # short, so that the tests see the cut soon
 SECRET = "s3cret-of-lease-1"

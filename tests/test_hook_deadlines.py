@@ -15,7 +15,7 @@ from device_loop.core.plugins import LOAD_ENV
 from device_loop.exporter.hook_deadlines import PARALLEL_CALLS, HookDeadlines, HookTimedOut, Returned
 from helpers import reserve, wait_active, wait_state
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 # Its first discovery finds its devices, every later one hangs; its health check hangs.
 # Each call is written down, so that the test sees which calls were started.

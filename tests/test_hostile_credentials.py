@@ -12,7 +12,7 @@ from device_loop.coordinator.identity import issue_token
 from lab_in_process import FakeExporter, device, in_process_lab
 from live_lab import LabDatabase, Spread
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 
 async def every_row(store) -> list[tuple[str, str]]:

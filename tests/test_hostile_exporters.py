@@ -46,7 +46,7 @@ from test_mcp import agent
 from test_video import gated_lab  # noqa: F401 (a fixture: a lab with tokens, a camera behind the gate)
 from test_web import section
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.service, pytest.mark.anyio, pytest.mark.timeout(60)]
 SITE = "http://127.0.0.1"  # the in-process clients' base URL is SITE/api/v1
 ADDRESS = "127.0.0.1"      # host-a's own address, as its exporter reports it
 SECRET = "hunter2"

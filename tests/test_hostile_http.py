@@ -28,7 +28,7 @@ from device_loop.core.protocol import (CandidateReport, DeviceReport, EndpointRe
                                        ServiceReport)
 from lab_in_process import FakeExporter, device, in_process_lab
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 MiB = 1 << 20
 JSON = {"Content-Type": "application/json"}
 

@@ -20,7 +20,7 @@ from live_lab import LabDatabase, Spread
 
 from device_loop.coordinator.image_files import PARTIAL_GRACE_S, ImageFiles
 
-pytestmark = [pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 in_process = [pytest.mark.anyio, pytest.mark.usefixtures("database")]
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from device_loop.core.hotplug import watch_hotplug
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 NETLINK_KOBJECT_UEVENT = 15
 UDEV_GROUP = 2  # libudev's MONITOR_GROUP_UDEV: what udevd sends once its rules ran (1 is the kernel's)

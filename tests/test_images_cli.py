@@ -6,7 +6,7 @@ import pytest
 
 from helpers import run_cli, wait_state
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 
 def test_images_from_the_command_line(tmp_path, env, coordinator, exporter_factory):

@@ -9,7 +9,7 @@ import pytest
 from conftest import Coordinator
 from test_browser import screenshot
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 SPEC = {"title": "decode", "target": {"class": "sim-board"}, "metrics": [{"name": "decode_ms", "unit": "ms"}],
         "ab": {"baseline": ["run-workload --cost 1.0"], "patch": ["run-workload --cost 0.95"], "rounds": 6,
                "warmup": 0}}

@@ -22,7 +22,7 @@ from device_loop.client.runner import Runner, Stopper
 from device_loop.core.jobs import JobSpec
 from device_loop.core.vocabulary import JobState
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 WORKLOAD = "device-loop exec $DEVICE_LOOP_LEASE -- run-workload --cost {cost}"
 BOARD = {"name": "sim-board-0", "plugin": "sim", "class": "sim-board", "tags": ["rvv"], "workload_s": 0.02}

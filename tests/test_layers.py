@@ -6,7 +6,11 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from conftest import SRC
+
+pytestmark = pytest.mark.service  # (import-linter runs as a process)
 
 
 def test_each_layer_imports_only_the_layers_below_it():

@@ -12,7 +12,7 @@ import pytest
 from conftest import Exporter
 from helpers import wait_state
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 WORKLOAD = "device-loop exec $DEVICE_LOOP_LEASE -- run-workload --cost {cost}"
 

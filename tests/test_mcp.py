@@ -16,7 +16,7 @@ from device_loop.core import __version__
 from device_loop.core.holders import listening_ports
 from helpers import wait_state
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.service, pytest.mark.anyio, pytest.mark.timeout(120)]
 
 
 def agent(url: str, token: str | None = None, host: str | None = None) -> Client:

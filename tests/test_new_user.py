@@ -13,7 +13,7 @@ from device_loop.client.http import CoordinatorError
 from device_loop.exporter.config import parse_config
 from helpers import run_cli, wait_state
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 
 def test_every_default_coordinator_is_the_guard_and_the_guard_sees_who_reaches_it(env):

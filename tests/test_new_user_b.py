@@ -21,7 +21,7 @@ from test_flash import flashable, image_file
 from test_video import with_camera
 from test_vnc import upgrade
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 CLI = [sys.executable, "-m", "device_loop.cli"]
 
 

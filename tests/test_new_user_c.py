@@ -30,7 +30,7 @@ from conftest import SRC, Coordinator, wait_for
 from helpers import reserve, run_cli, uart_exchange, wait_active, wait_state
 from lab_in_process import FakeExporter, device
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 CLI = [sys.executable, "-m", "device_loop.cli"]
 BOB = {"X-Device-Loop-User": "bob"}
 

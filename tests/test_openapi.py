@@ -31,6 +31,8 @@ from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import CandidateReport, DeviceReport, Heartbeat, ResourceReport
 from lab_in_process import FakeExporter, device, flash_target, in_process_lab
 
+pytestmark = pytest.mark.service
+
 TESTS = Path(__file__).resolve().parent
 JSON = {"Content-Type": "application/json"}
 # every check of schemathesis runs ("all"), conformance to the document included

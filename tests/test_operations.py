@@ -10,7 +10,7 @@ import pytest
 from conftest import Exporter, wait_for
 from exporter_testkit import FakeCoordinator, installed_testkit, with_testkit
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 BENCH = {"name": "b0", "class": "bench", "plugin": "steps"}
 

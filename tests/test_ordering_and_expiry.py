@@ -44,6 +44,7 @@ def serving(exporter) -> list[str]:
     return sorted(lease for lease, _ in exporter.running)
 
 
+@pytest.mark.service
 async def test_of_two_desired_states_that_cross_the_one_read_later_wins(tmp_path):
     exporter = in_process_exporter(tmp_path, sim_devices("sim-board-0"))
     try:

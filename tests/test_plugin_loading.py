@@ -9,7 +9,7 @@ from conftest import BUILT_IN_PLUGINS, Exporter, sim_devices
 from device_loop.core.plugins import LOAD_ENV
 from helpers import wait_state
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 PACKAGES = {
     # fails to import (a dependency that is not there); says so in a file when it is tried

@@ -29,7 +29,7 @@ from device_loop.plugins.power import sim as power_sim
 from device_loop.plugins.power.config import PowerConfig
 from device_loop.plugins.sim import board as sim_board
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 SECRET = "s3cr3t-Pa55-7Zq"  # a password that must appear in no message, argv or log
 VENV_BIN = Path(sys.executable).parent

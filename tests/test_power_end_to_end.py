@@ -10,7 +10,7 @@ from conftest import Exporter, wait_for
 from helpers import device, reserve, run_cli, wait_active, wait_state
 from test_power_backends import pdudaemon, start  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 HANG_S = 60  # how long the hung board's switch command would run
 BOB = {"X-Device-Loop-User": "bob"}
 

@@ -16,7 +16,7 @@ from device_loop.exporter.power import BACKSTOP_S
 from device_loop.core.ports import free_port
 from exporter_testkit import converge
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 
 class RelayConfig(PluginConfig):

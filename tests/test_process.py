@@ -10,7 +10,7 @@ from device_loop.core.ports import listen_socket, port_is_free
 from device_loop.core.process import ProcessRegistry
 from helpers import pid_alive
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
 
 IGNORES_SIGTERM = [sys.executable, "-c",
                    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"]

@@ -28,7 +28,7 @@ from device_loop.core.cgroups import Cgroup, own_cgroup
 from helpers import device_loop_for_anyone, importable_by_anyone, open_folder, pid_alive, unused_uids, wait_state
 from test_worker import SIM, make_tokens, worker
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 # Every environment this command's account can read: how many there are, how many hold a
 # token, and how many hold a lease's answer other than its own lease's. First its parents,

@@ -87,6 +87,7 @@ def test_a_fresh_line_forgets_what_was_typed(board):
         assert said.endswith(b"hostname\r\njupiter\r\njupiter:~# ") and b"not found" not in said, said
 
 
+@pytest.mark.service
 def test_a_board_s_fingerprint_facts_are_reported_and_bounded(tmp_path, monkeypatch):
     """devloop_fingerprint: the sim plugin's facts reach the device's report; a plugin's junk is
     cut to the report's bounds, and one that fails keeps what it said before."""

@@ -22,7 +22,7 @@ from exporter_testkit import in_process_exporter
 from test_bridge_reopen import recv_until
 from test_sim_board import read_until
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
 
 BANNER = b"device-loop simulated board b0"
 PROMPT = b"b0:~# "

@@ -12,7 +12,7 @@ import pytest
 from conftest import wait_for
 from helpers import wait_state
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 # Takes the write lock, says so, and keeps it until told (a line on stdin).
 HOLD_THE_WRITE_LOCK = """

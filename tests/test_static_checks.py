@@ -14,6 +14,8 @@ import pytest
 
 from conftest import SRC
 
+pytestmark = pytest.mark.service  # (the tools run as processes)
+
 BIN = Path(sys.executable).parent  # the virtualenv's: the test extra installs the tools there
 ARCHITECTURE = SRC / "docs" / "architecture.md"
 # written in two pieces, so that this file does not say them itself

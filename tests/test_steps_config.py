@@ -11,7 +11,7 @@ from device_loop.exporter.config import (DEFAULT_PROMPT, CommandStep, ConfigErro
                                          RebootStep, ReflashStep, check_steps, load_config, parse_config)
 from device_loop.exporter.daemon import Exporter
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
 
 FLASHED = [{"plugin": "sim"}, {"plugin": "flash", "target": "/tmp/nowhere.img"}]
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import Exporter, wait_for
 from helpers import device, reserve, wait_active, wait_state
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 THRESHOLD = "43C"  # the boards' ambient is 40 °C: a few degrees above it, as the demo's
 

@@ -21,7 +21,7 @@ from device_loop.exporter.daemon import Exporter
 from conftest import wait_for
 from exporter_testkit import converge
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 BOARD = {"plugin": "sim", "ambient": "30C", "tau": "1s"}  # a board that cools fast: tests wait for conditions
 

@@ -106,6 +106,7 @@ def test_each_console_command_warms_the_board_and_stress_is_a_command(tmp_path):
         board.power_off()
 
 
+@pytest.mark.service
 def test_stress_typed_on_the_console_heats_what_the_hook_reads(tmp_path):
     exporter = in_process_exporter(tmp_path, [{"name": "b0", "plugin": "sim", "ambient": "30C", "tau": "1s"}])
     try:
@@ -157,6 +158,7 @@ def test_a_host_without_thermal_zones_reads_none_and_is_degraded(tmp_path):
     assert "none of the zones cpu" in host_plugin.devloop_health(host, picky).reason
 
 
+@pytest.mark.service
 def test_the_host_plugin_is_a_built_in_that_the_exporter_reports(tmp_path):
     sysfs = tmp_path / "sys"
     thermal_zone(sysfs, 0, "x86_pkg_temp", 48000)
@@ -226,6 +228,7 @@ def phone_host(tmp_path, *serials):
         ConfiguredResource("pixel", "android", (), "adb", AdbConfig(serial=serials[0]))])
 
 
+@pytest.mark.service
 def test_a_phone_is_read_through_a_server_of_its_own_started_for_the_reading(tmp_path, fake_adb):
     host = phone_host(tmp_path, "8AAY0GCXH")
     plugin = AdbPlugin()
@@ -243,6 +246,7 @@ def test_a_phone_is_read_through_a_server_of_its_own_started_for_the_reading(tmp
     assert len(fake_adb.read_text().splitlines()) == before, "a fresh reading is answered again, not asked"
 
 
+@pytest.mark.service
 def test_a_phone_with_a_lease_is_read_through_the_lease_s_server(tmp_path, fake_adb):
     host = phone_host(tmp_path, "8AAY0GCXH")
     plugin = AdbPlugin()
@@ -263,6 +267,7 @@ def test_without_one_device_a_phone_beside_others_is_not_read(tmp_path, fake_adb
     assert not fake_adb.exists(), "no adb was run at all"
 
 
+@pytest.mark.service
 def test_the_adb_step_wait_boot_asks_the_phone_through_a_server_of_its_own(tmp_path, fake_adb):
     """(The same one-phone server as a reading: the step the adb plugin offers between two leases.)"""
     host = phone_host(tmp_path, "8AAY0GCXH")

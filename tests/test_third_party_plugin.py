@@ -9,7 +9,7 @@ from conftest import BUILT_IN_PLUGINS, SRC, Exporter, wait_for
 from device_loop.core.plugins import LOAD_ENV
 from helpers import reserve, wait_active, wait_state
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 
 def test_pip_installed_plugin_serves_its_device(tmp_path, env, coordinator, echo_server):

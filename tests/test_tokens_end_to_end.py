@@ -13,7 +13,7 @@ from conftest import Coordinator, Exporter, sim_devices, wait_for
 from device_loop.client import Lab
 from helpers import run_cli, uart_exchange, wait_state
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 
 def test_a_lab_with_tokens(tmp_path, env):

@@ -14,7 +14,7 @@ from conftest import Exporter, uart_device, wait_for
 from device_loop.core.uart_client import open_uart
 from helpers import port_open, recorded_pids, reserve, run_cli, wait_active, wait_state
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 
 def line_speed(path) -> int:

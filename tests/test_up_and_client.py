@@ -16,7 +16,7 @@ from device_loop.client import Lab
 from device_loop.core.ports import free_port
 from helpers import pid_alive, port_open, recorded_pids, run_cli, uart_exchange
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 # the command pip installed beside this interpreter, as a user runs it (whichever environment runs the tests)
 DEVICE_LOOP = shutil.which("device-loop", path=str(Path(sys.executable).parent)) or shutil.which("device-loop")
 SCREENS = shutil.which("Xvfb") is not None  # then `up` gives each simulated board a screen (./lab test installs it)

@@ -22,7 +22,7 @@ from fake_sysfs import UVC, usb_device, v4l2_node
 from helpers import run_cli, wait_state, write_clip
 from test_mcp import agent
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 SIZE = (320, 240)
 
 

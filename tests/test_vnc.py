@@ -13,7 +13,7 @@ from device_loop.core.gate import connect_gated
 from device_loop.core.ports import free_port
 from helpers import run_cli, wait_state
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 
 def banner(sock: socket.socket) -> bytes:

@@ -26,7 +26,7 @@ from helpers import run_cli, wait_state
 from test_flash_rules import board, flash_report, lab_with_board
 from test_steps_rules import COOLDOWN, REBOOT, desired_ops, op_report, stepped
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.service, pytest.mark.anyio, pytest.mark.timeout(90)]
 SITE = "http://127.0.0.1"  # the in-process clients' base URL is SITE/api/v1
 
 

@@ -19,7 +19,7 @@ from helpers import run_cli, wait_state
 from test_flash import flashable, image_file
 from test_video import gated_lab, with_camera  # noqa: F401  (a lab with tokens, its board with a camera)
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 WIDE, PHONE = {"width": 1366, "height": 768}, {"width": 390, "height": 844}
 ROW = 'tr[data-name="{}"][data-state="{}"]'
 

@@ -20,7 +20,7 @@ from lab_in_process import FakeExporter, device, in_process_lab
 from test_browser import screenshot
 from test_web import SITE, people, section
 
-pytestmark = [pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 anyio = pytest.mark.anyio
 HOW = ["the console went silent while off", "it printed again 0.42 s after on"]
 

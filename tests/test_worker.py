@@ -25,7 +25,7 @@ from device_loop.core.jobs import MetricSpec
 from helpers import device_loop_for_anyone, open_folder, pid_alive, unused_uids, wait_state
 from test_mcp import agent as mcp_client, call
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 
 def group_alive(pgid: int) -> list[int]:

@@ -14,7 +14,7 @@ from device_loop.client.lab import Lease, Operation, Ticket
 from device_loop.core.answers import DeviceAnswer, LeaseAnswer, OperationAnswer
 from device_loop.core.durations import parse_iso
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
 LAB_DEFAULT_S = 7 * 60  # not the coordinator's own default (30 min), nor any client's
 

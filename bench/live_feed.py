@@ -6,8 +6,8 @@ viewer of ``GET /api/v1/events`` (what the web page's board follows). Each round
 the board and releases it; measured from sending the request to the viewer reading the
 device's event that shows it (``allocating``, then ``reclaiming``, or the state after it
 where the feed's read found both changes made). Floor: a bare
-``GET /health`` round trip to the same coordinator. Goal: within a second (README, "Web
-page and metrics"), far within it: the feed is pushed, never polled.
+``GET /health`` round trip to the same coordinator. Goal: within a second, far within it:
+the feed is pushed, never polled (README, "Web page and metrics").
 
 Usage: bench/live_feed.py [--rounds 50]
 """

@@ -1,7 +1,7 @@
 """The static checks, run by the suite so that `./lab test` runs them: ruff (lint) and mypy
 (types), each as configured in pyproject.toml (import-linter's contracts: tests/test_layers.py);
 and the comments' citations, which name only what the repository holds: sections of
-docs/architecture.md, by headings that exist."""
+docs/architecture.md and of the README, by headings that exist."""
 from __future__ import annotations
 
 import os
@@ -23,6 +23,8 @@ OUTSIDE = ("DESIGN" + " §", "../" + "shared")
 # a citation: the document's path, a comma (or none) and a heading in double quotes, on
 # the same line or, in a wrapped comment, the next
 CITATION = re.compile(r'docs/architecture\.md,?[ \t]*(?:\n[ \t]*(?:#[ \t]*)?)?"([^"\n]+)"')
+README = SRC / "README.md"
+README_CITATION = re.compile(r'\bREADME(?:\.md)?,?[ \t]*(?:\n[ \t]*(?:#[ \t]*)?)?"([^"\n]+)"')
 SKIPPED_DIRS = {".git", ".venv", "__pycache__", "node_modules"}
 
 
@@ -89,14 +91,34 @@ def test_nothing_cites_a_document_outside_the_repository():
                        "instead, as (docs/architecture.md, \"Heading\"):\n" + "\n".join(found))
 
 
-def test_each_citation_of_the_architecture_names_one_of_its_headings():
-    headings = _headings(ARCHITECTURE.read_text())
-    citations = [(name, text.count("\n", 0, match.start()) + 1, match.group(1))
-                 for name, text in _texts().items() for match in CITATION.finditer(text)]
-    assert len(citations) >= 10, f"the citations were not found (the pattern is out of date?): {citations}"
+def _citations(pattern: re.Pattern) -> list[tuple[str, int, str]]:
+    """(file, line, heading) of each citation ``pattern`` finds in the repository's files."""
+    return [(name, text.count("\n", 0, match.start()) + 1, match.group(1))
+            for name, text in _texts().items() for match in pattern.finditer(text)]
+
+
+def _cited_headings_missing(document: Path, citations: list[tuple[str, int, str]]) -> str:
+    """What ``citations`` cite that ``document`` has no heading of, or "" (saying what it has)."""
+    headings = _headings(document.read_text())
     wrong = [f"{name}:{line}: \"{heading}\"" for name, line, heading in citations if heading not in headings]
-    assert not wrong, (f"docs/architecture.md has no such heading (it has: {', '.join(sorted(headings))}):\n"
-                       + "\n".join(wrong))
+    return (f"{document.relative_to(SRC)} has no such heading (it has: {', '.join(sorted(headings))}):\n"
+            + "\n".join(wrong)) if wrong else ""
+
+
+def test_each_citation_of_the_architecture_names_one_of_its_headings():
+    citations = _citations(CITATION)
+    assert len(citations) >= 10, f"the citations were not found (the pattern is out of date?): {citations}"
+    assert not (missing := _cited_headings_missing(ARCHITECTURE, citations)), missing
+
+
+def test_each_citation_of_the_readme_names_one_of_its_headings():
+    """A citation of the README (the word, a comma, a heading in double quotes), pyproject.toml's included,
+    names a heading the README has."""
+    citations = _citations(README_CITATION)
+    assert {name for name, _, _ in citations} >= {"pyproject.toml"}, \
+        f"the citations were not found (the pattern is out of date?): {citations}"
+    assert not (missing := _cited_headings_missing(README, citations)), missing
+    assert _cited_headings_missing(README, [("x.py", 1, "Jobs and evidence")]), "a heading it lacks is found"
 
 
 def _built_in_hooks() -> list[tuple[str, str, str, object]]:

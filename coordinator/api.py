@@ -13,6 +13,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from device_loop.core import API_PREFIX
+
 from . import openapi
 from .calls import CALLS, Call, Ctx
 from .errors import APIError, bad_request
@@ -20,7 +22,7 @@ from .identity import ANYONE, caller_identity, check_access
 from .idempotency import MAX_KEY_CHARS, idempotently
 from .limits import body_of, check_media_type, takes_body
 from .rules import Rules
-from .schemas import MAX_WAIT_S, UploadQuery
+from .schemas import MAX_WAIT_S
 from .web import pages
 
 # PostgreSQL's text holds no NUL character (SQLite's does): it is refused on both, before
@@ -91,7 +93,7 @@ async def _args(call: Call, request: Request) -> BaseModel:
     """What ``call`` takes, from the path, and the query (a GET) or the JSON body (a POST):
     the body parsed strictly (a number is not true or "60"), the URL's text as text."""
     values: dict[str, Any] = dict(request.path_params)
-    if call.method == "GET" or call.body is not None or call.name == "upload_image":
+    if call.method == "GET" or call.body is not None or call.streamed:
         values |= {k: v for k, v in request.query_params.items()}
         strict = False
     else:
@@ -110,7 +112,7 @@ async def _args(call: Call, request: Request) -> BaseModel:
         return call.args.model_validate(values)
     except ValidationError as exc:
         errors = exc.errors()
-    if not strict:  # a bad query parameter is a malformed URL
+    if not strict and not call.streamed:  # a bad query parameter is a malformed URL (an upload's: what it takes)
         raise bad_request("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
     raise _problems(errors)
 
@@ -132,13 +134,14 @@ def route_handler(call: Call):
     async def handle(request: Request) -> Response:
         body = await _model_body(request, call.body) if call.body is not None else None
         args = await _args(call, request)
-        ctx = Ctx(_rules(request), await caller_identity(request), _hung_up(request), MAX_WAIT_S, body)
+        ctx = Ctx(_rules(request), await caller_identity(request), _hung_up(request), MAX_WAIT_S, body,
+                  stream=request.stream() if call.streamed else None)
 
         async def act() -> Response:
-            return _response(call, await call.run(ctx, args))
+            return _response(call, ctx, await call.run(ctx, args))
 
         if not call.idempotent:
-            return _response(call, await call.carry_out(ctx, args))
+            return _response(call, ctx, await call.carry_out(ctx, args))
         ready = call.ready
         return await idempotently(request, ctx.caller.name, act,
                                   None if ready is None else functools.partial(ready, ctx, args))
@@ -147,38 +150,20 @@ def route_handler(call: Call):
     handle.__doc__ = call.doc
     marked: Any = handle  # (what the access test reads: the call a handler serves)
     marked.call = call
-    if call.body is not None:
+    if call.streamed:  # bytes, streamed; the run bounds them (the registry: --max-image-size)
+        handle = takes_body(max_bytes=None, media_type=None)(handle)
+    elif call.body is not None:
         handle = takes_body(call.max_body)(handle)
     return handle
 
 
-def _response(call: Call, answer: Any) -> Response:
+def _response(call: Call, ctx: Ctx, answer: Any) -> Response:
     if call.answer is bytes:  # a file of the registry, streamed
         return _ImageFile(answer, media_type="application/octet-stream")
     if call.media_type is not None:  # text to read as it is (a job's evidence markdown)
         return Response(answer, status_code=call.status, media_type=call.media_type,
                         headers={"Cache-Control": "no-store"})
-    return JSONResponse(answer, status_code=call.status)
-
-
-@takes_body(max_bytes=None, media_type=None)  # bytes, streamed; the registry bounds them (--max-image-size)
-async def upload_image(request: Request) -> Response:
-    """The body is the image, streamed; what it is comes in the query string (name, for,
-    description; sha256 and size if the uploader knows them)."""
-    query = request.query_params
-    try:
-        size = int(query["size"]) if "size" in query else None
-    except ValueError:
-        raise bad_request("size must be a whole number of bytes") from None
-    caller = await caller_identity(request)
-    image, new = await _rules(request).images.upload(request.stream(), query.get("name", ""), query.get("for", ""),
-                                                     query.get("description", ""), query.get("sha256"), size,
-                                                     caller.name)
-    return JSONResponse(image, status_code=201 if new else 200)
-
-
-upload_image.call = next(c for c in CALLS if c.name == "upload_image")
-assert upload_image.call.args is UploadQuery
+    return JSONResponse(answer, status_code=ctx.status or call.status)
 
 
 @openapi.answers("text/event-stream")
@@ -212,16 +197,12 @@ def _openapi_document(max_ttl_s: float, single_user: bool) -> bytes:
     return json.dumps(openapi.document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS, max_ttl_s, single_user)).encode()
 
 
-def _handler(call: Call):
-    return upload_image if call.name == "upload_image" else route_handler(call)
-
-
 # The route table: every route, and who may call it. Only the ANYONE rows take callers
 # without a token (tests/test_access.py calls every route to hold this table to it).
 ROUTES: list[tuple[str, str, str, Any]] = [
-    *[(call.method or "", call.path or "", call.access, _handler(call)) for call in CALLS if call.rest],
-    ("GET", "/api/v1/openapi.json", ANYONE, openapi_json),
-    ("GET", "/api/v1/events", ANYONE, events),  # the board's changes, as they happen
+    *[(call.method or "", call.route, call.access, route_handler(call)) for call in CALLS if call.path is not None],
+    ("GET", API_PREFIX + "/openapi.json", ANYONE, openapi_json),
+    ("GET", API_PREFIX + "/events", ANYONE, events),  # the board's changes, as they happen
     ("GET", "/metrics", ANYONE, metrics),
     # the web page (README "Web page and metrics"): what it changes goes through the routes above
     ("GET", "/", ANYONE, pages.board),

@@ -2,19 +2,21 @@
 who may make it, what it takes (a model of ``schemas.py``) and what it answers (a type of
 ``core/answers.py``). The REST routes (``api.py``), the MCP tools (``mcp_tools.py``) and the
 OpenAPI document (``openapi.py``) are all made from this table, and the access guard test
-(tests/test_access.py) holds it to who may call what.
+(tests/test_access.py) holds it to who may call what. A route's path is written here under
+the one prefix every route has (``API_PREFIX``; ``Call.route`` is the path served).
 
 A call's ``run(ctx, args)`` asks the services (``rules.py``) and returns the answer; what only
-one side has (a streamed upload, an image's file, a JPEG for an agent) is that side's.
+one side has (an upload's streamed body, ``ctx.stream``; an image's file; a JPEG for an agent)
+that side provides.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from device_loop.core import FLASH_KIND, POWER_KIND, PROTOCOL_VERSION, __version__
+from device_loop.core import API_PREFIX, FLASH_KIND, POWER_KIND, PROTOCOL_VERSION, __version__
 from device_loop.core.jobs import CellReport, JobSummary, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, TicketKind
@@ -46,6 +48,8 @@ class Ctx:
     max_wait_s: float                    # the longest a long-poll may wait here
     body: Any = None                     # a call that takes a model of its own as its body: that
     via_tool: bool = False               # an MCP tool call: its queue tickets are batch
+    stream: AsyncIterator[bytes] | None = None  # a streamed call's body, as the REST side reads it
+    status: int | None = None            # what REST answers, where the run decides (an upload it had: 200)
 
 
 @dataclass(frozen=True)
@@ -55,13 +59,15 @@ class Call:
     run: Callable[[Ctx, Any], Awaitable[Any]]
     args: type[BaseModel] = NoArgs                 # what the caller passes
     answer: Any = dict                             # the answer's type
-    rest: str | None = None                        # "METHOD /path"; None: a tool only
+    method: str | None = None                      # its REST route's method ...
+    path: str | None = None                        # ... and path, under API_PREFIX; None: a tool only
     tool: bool = False                             # an MCP tool too
     tool_key: str | None = None                    # a list answer, as a tool's: under this key
     status: int = 200                              # what REST answers when it is done (201: made)
     idempotent: bool = False                       # takes an Idempotency-Key (a call that changes something)
     body: type[BaseModel] | None = None            # a body that is a model of its own (the heartbeat)
     max_body: int | None = None                    # its body's limit, where not the default (limits.py)
+    streamed: bool = False                         # its body is bytes, streamed (ctx.stream); what it takes: the query
     refusals: frozenset[int] = frozenset()         # what it refuses besides what its shape tells (openapi.py)
     aliases: tuple[str, ...] = ()                  # other names of its tool
     media_type: str | None = None                  # an answer that is text of this type, not JSON
@@ -78,12 +84,10 @@ class Call:
         return await self.run(ctx, args)
 
     @property
-    def method(self) -> str | None:
-        return self.rest.split(" ", 1)[0] if self.rest else None
-
-    @property
-    def path(self) -> str | None:
-        return self.rest.split(" ", 1)[1] if self.rest else None
+    def route(self) -> str:
+        """Its REST route's path as served: the table's, under the API's one prefix."""
+        assert self.path is not None, f"{self.name} is a tool only"
+        return API_PREFIX + self.path
 
     @property
     def doc(self) -> str:
@@ -440,8 +444,14 @@ async def remove_image(ctx: Ctx, args: ImageRefIn) -> dict:
 
 async def upload_image(ctx: Ctx, args: UploadQuery) -> ImageAnswer:
     """The body is the image, streamed; what it is comes in the query string (name, for,
-    description; sha256 and size if the uploader knows them). ``api.py`` streams it."""
-    raise NotImplementedError("a streamed body: api.upload_image serves it")
+    description; sha256 and size if the uploader knows them)."""
+    if ctx.stream is None:
+        raise APIError(400, "bad_request", "an upload's body is the image's bytes")
+    image, new = await ctx.rules.images.upload(ctx.stream, args.name, args.target, args.description, args.sha256,
+                                               args.size, ctx.caller.name)
+    if not new:
+        ctx.status = 200  # bytes the registry had already
+    return image
 
 
 async def image_content(ctx: Ctx, args: ImageOfHost) -> str:
@@ -528,102 +538,102 @@ async def adopt_candidate(ctx: Ctx, args: AdoptIn) -> dict:
 # and 1000 network finds is 2.3 MiB; every field at its bound would allow 37 MiB, which no host
 # sends: 8 MiB.
 CALLS: list[Call] = [
-    Call("health", ANYONE, health, answer=HealthAnswer, rest="GET /api/v1/health"),
-    Call("list_devices", ANYONE, list_devices, DeviceFilter, list[DeviceAnswer], "GET /api/v1/devices", tool=True,
+    Call("health", ANYONE, health, answer=HealthAnswer, method="GET", path="/health"),
+    Call("list_devices", ANYONE, list_devices, DeviceFilter, list[DeviceAnswer], "GET", "/devices", tool=True,
          tool_key="devices"),
-    Call("device_info", ANYONE, device_info, DeviceName, DeviceAnswer, "GET /api/v1/devices/{name}", tool=True),
-    Call("device_log", ANYONE, device_log, DeviceName, list[LogEntry], "GET /api/v1/devices/{name}/log", tool=True,
+    Call("device_info", ANYONE, device_info, DeviceName, DeviceAnswer, "GET", "/devices/{name}", tool=True),
+    Call("device_log", ANYONE, device_log, DeviceName, list[LogEntry], "GET", "/devices/{name}/log", tool=True,
          tool_key="entries"),
     Call("device_operations", ANYONE, device_operations, DeviceOperations, list[OperationAnswer],
-         "GET /api/v1/devices/{name}/operations", tool=True, tool_key="operations"),
+         "GET", "/devices/{name}/operations", tool=True, tool_key="operations"),
     Call("device_flashes", ANYONE, device_flashes, DeviceName, list[OperationAnswer],
-         "GET /api/v1/devices/{name}/flashes"),
-    Call("list_hosts", ANYONE, list_hosts, answer=list[HostAnswer], rest="GET /api/v1/hosts"),
-    Call("heartbeat", EXPORTER, heartbeat, HostName, DesiredState, "POST /api/v1/hosts/{name}/heartbeat",
+         "GET", "/devices/{name}/flashes"),
+    Call("list_hosts", ANYONE, list_hosts, answer=list[HostAnswer], method="GET", path="/hosts"),
+    Call("heartbeat", EXPORTER, heartbeat, HostName, DesiredState, "POST", "/hosts/{name}/heartbeat",
          body=Heartbeat, max_body=8 << 20),
-    Call("desired", EXPORTER, desired, DesiredWait, DesiredState, "GET /api/v1/hosts/{name}/desired"),
-    Call("image_content", EXPORTER, image_content, ImageOfHost, bytes, "GET /api/v1/hosts/{name}/images/{sha256}",
+    Call("desired", EXPORTER, desired, DesiredWait, DesiredState, "GET", "/hosts/{name}/desired"),
+    Call("image_content", EXPORTER, image_content, ImageOfHost, bytes, "GET", "/hosts/{name}/images/{sha256}",
          refusals=frozenset({410})),  # only images its own operations write
-    Call("reserve", USER, reserve, ReserveIn, LeaseAnswer | TicketAnswer, "POST /api/v1/leases", tool=True,
+    Call("reserve", USER, reserve, ReserveIn, LeaseAnswer | TicketAnswer, "POST", "/leases", tool=True,
          status=201, idempotent=True),
-    Call("ticket_status", USER, ticket_status, TicketWait, TicketAnswer, "GET /api/v1/tickets/{ticket_id}", tool=True),
-    Call("cancel_ticket", USER, cancel_ticket, TicketId, TicketAnswer, "POST /api/v1/tickets/{ticket_id}/cancel",
+    Call("ticket_status", USER, ticket_status, TicketWait, TicketAnswer, "GET", "/tickets/{ticket_id}", tool=True),
+    Call("cancel_ticket", USER, cancel_ticket, TicketId, TicketAnswer, "POST", "/tickets/{ticket_id}/cancel",
          tool=True, idempotent=True),
-    Call("my_tickets", USER, my_tickets, TicketFilter, list[TicketAnswer], "GET /api/v1/tickets", tool=True,
+    Call("my_tickets", USER, my_tickets, TicketFilter, list[TicketAnswer], "GET", "/tickets", tool=True,
          tool_key="tickets"),
-    Call("queue_board", ANYONE, queue_board, answer=list[QueueEntry], rest="GET /api/v1/queue"),
-    Call("my_leases", USER, my_leases, MyLeases, list[LeaseAnswer], "GET /api/v1/leases"),
-    Call("lease_status", USER, lease_status, LeaseWait, LeaseAnswer, "GET /api/v1/leases/{lease_id}", tool=True),
-    Call("renew", USER, renew, RenewIn, LeaseAnswer, "POST /api/v1/leases/{lease_id}/renew", tool=True,
+    Call("queue_board", ANYONE, queue_board, answer=list[QueueEntry], method="GET", path="/queue"),
+    Call("my_leases", USER, my_leases, MyLeases, list[LeaseAnswer], "GET", "/leases"),
+    Call("lease_status", USER, lease_status, LeaseWait, LeaseAnswer, "GET", "/leases/{lease_id}", tool=True),
+    Call("renew", USER, renew, RenewIn, LeaseAnswer, "POST", "/leases/{lease_id}/renew", tool=True,
          idempotent=True),
-    Call("release", USER, release, LeaseId, LeaseAnswer, "POST /api/v1/leases/{lease_id}/release", tool=True,
+    Call("release", USER, release, LeaseId, LeaseAnswer, "POST", "/leases/{lease_id}/release", tool=True,
          idempotent=True),
     Call("start_operation", USER, start_operation, OperationIn, OperationAnswer,
-         "POST /api/v1/leases/{lease_id}/operations", tool=True, status=201, idempotent=True),
-    Call("flash", USER, flash, FlashIn, OperationAnswer, "POST /api/v1/leases/{lease_id}/flash", tool=True,
+         "POST", "/leases/{lease_id}/operations", tool=True, status=201, idempotent=True),
+    Call("flash", USER, flash, FlashIn, OperationAnswer, "POST", "/leases/{lease_id}/flash", tool=True,
          status=201, idempotent=True),
-    Call("recover", USER, recover, LeaseId, OperationAnswer, "POST /api/v1/leases/{lease_id}/recover", tool=True,
+    Call("recover", USER, recover, LeaseId, OperationAnswer, "POST", "/leases/{lease_id}/recover", tool=True,
          status=201, idempotent=True),
-    Call("operation_status", USER, operation_status, OpWait, OperationAnswer, "GET /api/v1/ops/{op_id}", tool=True,
+    Call("operation_status", USER, operation_status, OpWait, OperationAnswer, "GET", "/ops/{op_id}", tool=True,
          aliases=("flash_status",)),
-    Call("settle", USER, settle, LeaseId, OperationAnswer, "POST /api/v1/leases/{lease_id}/settle", tool=True,
+    Call("settle", USER, settle, LeaseId, OperationAnswer, "POST", "/leases/{lease_id}/settle", tool=True,
          status=201, idempotent=True),
-    Call("power", USER, power, PowerIn, OperationAnswer, "POST /api/v1/leases/{lease_id}/power", tool=True,
+    Call("power", USER, power, PowerIn, OperationAnswer, "POST", "/leases/{lease_id}/power", tool=True,
          status=201, idempotent=True),
     Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True),
     Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True),
     Call("exec", USER, exec_command, ExecIn, ExecAnswer, tool=True),
     Call("fingerprint", USER, fingerprint, LeaseId, dict, tool=True),
-    Call("submit_job", USER, submit_job, SubmitJobIn, JobAnswer, "POST /api/v1/jobs", tool=True, status=201,
+    Call("submit_job", USER, submit_job, SubmitJobIn, JobAnswer, "POST", "/jobs", tool=True, status=201,
          idempotent=True),
-    Call("my_jobs", USER, my_jobs, JobFilter, list[JobSummary], "GET /api/v1/jobs", tool_key="jobs"),
-    Call("claim_job", USER, claim_job, ClaimJobIn, ClaimAnswer, "POST /api/v1/jobs/claim", idempotent=True,
+    Call("my_jobs", USER, my_jobs, JobFilter, list[JobSummary], "GET", "/jobs", tool_key="jobs"),
+    Call("claim_job", USER, claim_job, ClaimJobIn, ClaimAnswer, "POST", "/jobs/claim", idempotent=True,
          ready=a_job_is_queued),
-    Call("job_status", USER, job_status, JobWait, JobAnswer, "GET /api/v1/jobs/{job_id}", tool=True),
-    Call("job_evidence", USER, job_evidence, JobId, str, "GET /api/v1/jobs/{job_id}/evidence", tool=True,
+    Call("job_status", USER, job_status, JobWait, JobAnswer, "GET", "/jobs/{job_id}", tool=True),
+    Call("job_evidence", USER, job_evidence, JobId, str, "GET", "/jobs/{job_id}/evidence", tool=True,
          media_type="text/markdown; charset=utf-8"),
-    Call("beat_job", USER, beat_job, JobId, JobSummary, "POST /api/v1/jobs/{job_id}/beat"),
+    Call("beat_job", USER, beat_job, JobId, JobSummary, "POST", "/jobs/{job_id}/beat"),
     Call("reserve_for_job", USER, reserve_for_job, JobReserveIn, LeaseAnswer | TicketAnswer,
-         "POST /api/v1/jobs/{job_id}/reserve", status=201, idempotent=True),
-    Call("report_cell", USER, report_cell, JobId, CellReport, "POST /api/v1/jobs/{job_id}/cells", idempotent=True,
+         "POST", "/jobs/{job_id}/reserve", status=201, idempotent=True),
+    Call("report_cell", USER, report_cell, JobId, CellReport, "POST", "/jobs/{job_id}/cells", idempotent=True,
          body=CellReport, max_body=1 << 20),  # a fingerprint: 64 plugin fields of 4000 characters, 512 ISA flags
-    Call("report_run", USER, report_run, JobId, RunRecord, "POST /api/v1/jobs/{job_id}/runs", status=201,
+    Call("report_run", USER, report_run, JobId, RunRecord, "POST", "/jobs/{job_id}/runs", status=201,
          idempotent=True, body=RunRecord, max_body=128 << 10),  # its output's tail, readings, 16 samples
-    Call("finish_job", USER, finish_job, FinishJobIn, JobAnswer, "POST /api/v1/jobs/{job_id}/finish",
+    Call("finish_job", USER, finish_job, FinishJobIn, JobAnswer, "POST", "/jobs/{job_id}/finish",
          idempotent=True),
-    Call("cancel_job", USER, cancel_job, JobId, JobAnswer, "POST /api/v1/jobs/{job_id}/cancel", idempotent=True),
-    Call("upload_image", USER, upload_image, UploadQuery, ImageAnswer, "POST /api/v1/images", status=201,
+    Call("cancel_job", USER, cancel_job, JobId, JobAnswer, "POST", "/jobs/{job_id}/cancel", idempotent=True),
+    Call("upload_image", USER, upload_image, UploadQuery, ImageAnswer, "POST", "/images", status=201, streamed=True,
          refusals=frozenset({507})),
-    Call("list_images", USER, list_images, ImageFilter, list[ImageAnswer], "GET /api/v1/images", tool=True,
+    Call("list_images", USER, list_images, ImageFilter, list[ImageAnswer], "GET", "/images", tool=True,
          tool_key="images", refusals=frozenset({404})),  # what it names in the query may not exist
-    Call("image_info", USER, image_info, ImageRefIn, ImageAnswer, "GET /api/v1/images/{ref}",
+    Call("image_info", USER, image_info, ImageRefIn, ImageAnswer, "GET", "/images/{ref}",
          refusals=frozenset({422})),  # a reference may be malformed, or name several images
-    Call("remove_image", USER, remove_image, ImageRefIn, dict, "POST /api/v1/images/{ref}/remove", idempotent=True),
-    Call("create_token", ADMIN, create_token, TokenIn, TokenAnswer, "POST /api/v1/admin/tokens", status=201,
+    Call("remove_image", USER, remove_image, ImageRefIn, dict, "POST", "/images/{ref}/remove", idempotent=True),
+    Call("create_token", ADMIN, create_token, TokenIn, TokenAnswer, "POST", "/admin/tokens", status=201,
          idempotent=True),
-    Call("list_tokens", ADMIN, list_tokens, answer=list[TokenAnswer], rest="GET /api/v1/admin/tokens"),
-    Call("revoke_token", ADMIN, revoke_token, TokenId, dict, "POST /api/v1/admin/tokens/{token_id}/revoke",
+    Call("list_tokens", ADMIN, list_tokens, answer=list[TokenAnswer], method="GET", path="/admin/tokens"),
+    Call("revoke_token", ADMIN, revoke_token, TokenId, dict, "POST", "/admin/tokens/{token_id}/revoke",
          idempotent=True),
-    Call("revoke_lease", ADMIN, revoke_lease, LeaseId, LeaseAnswer, "POST /api/v1/admin/leases/{lease_id}/revoke",
+    Call("revoke_lease", ADMIN, revoke_lease, LeaseId, LeaseAnswer, "POST", "/admin/leases/{lease_id}/revoke",
          idempotent=True),
-    Call("retire_device", ADMIN, retire_device, RetireIn, DeviceAnswer, "POST /api/v1/admin/devices/{device}/retire",
+    Call("retire_device", ADMIN, retire_device, RetireIn, DeviceAnswer, "POST", "/admin/devices/{device}/retire",
          idempotent=True),
     Call("recover_unleased", ADMIN, recover_unleased, AdminDevice, OperationAnswer,
-         "POST /api/v1/admin/devices/{device}/recover", status=201, idempotent=True),
+         "POST", "/admin/devices/{device}/recover", status=201, idempotent=True),
     Call("power_unleased", ADMIN, power_unleased, AdminPowerIn, OperationAnswer,
-         "POST /api/v1/admin/devices/{device}/power", status=201, idempotent=True),
+         "POST", "/admin/devices/{device}/power", status=201, idempotent=True),
     Call("clear_fault", ADMIN, clear_fault, AdminDevice, DeviceAnswer,
-         "POST /api/v1/admin/devices/{device}/clear-fault", idempotent=True),
-    Call("drain_host", ADMIN, drain_host, DrainIn, HostAnswer, "POST /api/v1/admin/hosts/{host}/drain",
+         "POST", "/admin/devices/{device}/clear-fault", idempotent=True),
+    Call("drain_host", ADMIN, drain_host, DrainIn, HostAnswer, "POST", "/admin/hosts/{host}/drain",
          idempotent=True),
-    Call("forget", ADMIN, forget, ForgetIn, dict, "POST /api/v1/admin/forget", idempotent=True),
-    Call("audit_log", ADMIN, audit_log, answer=list[AuditEntry], rest="GET /api/v1/admin/audit"),
-    Call("list_candidates", ADMIN, list_candidates, answer=list[CandidateAnswer], rest="GET /api/v1/admin/candidates"),
+    Call("forget", ADMIN, forget, ForgetIn, dict, "POST", "/admin/forget", idempotent=True),
+    Call("audit_log", ADMIN, audit_log, answer=list[AuditEntry], method="GET", path="/admin/audit"),
+    Call("list_candidates", ADMIN, list_candidates, NoArgs, list[CandidateAnswer], "GET", "/admin/candidates"),
     Call("adopt_candidate", ADMIN, adopt_candidate, AdoptIn, dict,
-         "POST /api/v1/admin/candidates/{identifier:path}/adopt", status=201, idempotent=True),
+         "POST", "/admin/candidates/{identifier:path}/adopt", status=201, idempotent=True),
     Call("mark_image_good", ADMIN, mark_image_good, KnownGoodIn, ImageAnswer,
-         "POST /api/v1/admin/images/{ref}/known-good", idempotent=True),
-    Call("collect_images", ADMIN, collect_images, CollectIn, dict, "POST /api/v1/admin/images/gc", idempotent=True),
+         "POST", "/admin/images/{ref}/known-good", idempotent=True),
+    Call("collect_images", ADMIN, collect_images, CollectIn, dict, "POST", "/admin/images/gc", idempotent=True),
 ]
 BY_NAME = {call.name: call for call in CALLS}
 TOOLS = [call for call in CALLS if call.tool]

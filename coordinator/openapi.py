@@ -105,7 +105,7 @@ def answers(media_type: str):
 
 def documented(calls: list) -> list:
     """The calls the document describes: those with a REST route."""
-    return [call for call in calls if call.rest]
+    return [call for call in calls if call.path is not None]
 
 
 def document(calls: list, max_wait_s: float, max_key_chars: int, max_ttl_s: float | None = None,
@@ -136,7 +136,7 @@ def document(calls: list, max_wait_s: float, max_key_chars: int, max_ttl_s: floa
         if single_user:
             operation["parameters"].append(user)
             operation.pop("security", None)
-        paths.setdefault(openapi_path(call.path), {})[call.method.lower()] = operation
+        paths.setdefault(openapi_path(call.route), {})[call.method.lower()] = operation
     return {
         "openapi": "3.1.0",
         "info": {"title": "device-loop coordinator", "version": __version__,
@@ -224,7 +224,7 @@ def _operation(call, refs: dict, schemas: dict, answer: dict[str, Any] | None) -
         operation["description"] = call.doc
     if call.access == ANYONE:
         operation["security"] = []
-    if call.method in SAFE_METHODS or call.body is not None or call.name == "upload_image":
+    if call.method in SAFE_METHODS or call.body is not None or call.streamed:
         parameters += [{"name": name, "in": "query", "required": name in required, "schema": schema}
                        for name, schema in own["properties"].items()]
     elif own["properties"]:
@@ -237,7 +237,7 @@ def _operation(call, refs: dict, schemas: dict, answer: dict[str, Any] | None) -
     if call.body is not None:
         operation["requestBody"] = {"required": True, "content": {"application/json": {
             "schema": refs[(call.body, "validation")]}}}
-    elif call.name == "upload_image":
+    elif call.streamed:
         operation["requestBody"] = {"required": False, "content": BINARY}
     return operation
 
@@ -245,7 +245,7 @@ def _operation(call, refs: dict, schemas: dict, answer: dict[str, Any] | None) -
 def _responses(call, answer: dict[str, Any] | None) -> dict:
     content = (BINARY if answer is None else {call.media_type.split(";")[0]: {"schema": answer}} if call.media_type
                else {"application/json": {"schema": answer}})
-    statuses = [str(call.status)] + (["200"] if call.name == "upload_image" else [])  # bytes it had already
+    statuses = [str(call.status)] + (["200"] if call.streamed else [])  # (an upload: bytes it had already)
     return {status: {"description": "created" if status == "201" else "done", "content": content}
             for status in statuses}
 

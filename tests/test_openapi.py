@@ -27,7 +27,7 @@ from device_loop.coordinator.calls import CALLS
 from device_loop.coordinator.idempotency import MAX_KEY_CHARS
 from device_loop.coordinator.openapi import document, documented, openapi_path
 from device_loop.coordinator.schemas import MAX_WAIT_S, aliases
-from device_loop.core import PROTOCOL_VERSION
+from device_loop.core import API_PREFIX, PROTOCOL_VERSION
 from device_loop.core.protocol import CandidateReport, DeviceReport, Heartbeat, ResourceReport
 from lab_in_process import FakeExporter, device, flash_target, in_process_lab
 
@@ -70,8 +70,8 @@ def test_the_document_is_valid_and_lists_every_route():
                 assert step in place, f"#/{ref} names nothing in the document"
                 place = place[step]
     operations = [(method.upper(), path) for path, ops in described["paths"].items() for method in ops]
-    assert sorted(operations) == sorted((c.method, openapi_path(c.path)) for c in documented(CALLS))
-    left_out = {row[:2] for row in ROUTES} - {(c.method, c.path) for c in documented(CALLS)}
+    assert sorted(operations) == sorted((c.method, openapi_path(c.route)) for c in documented(CALLS))
+    left_out = {row[:2] for row in ROUTES} - {(c.method, c.route) for c in documented(CALLS)}
     assert left_out == {("GET", "/api/v1/openapi.json"), ("GET", "/api/v1/events"), ("GET", "/metrics"),
                         ("GET", "/"), ("GET", "/devices/{name}"), ("POST", "/login"), ("POST", "/logout"),
                         ("GET", "/static/{file}")}, "only what is no call of the table's"
@@ -83,11 +83,11 @@ def test_every_argument_of_a_call_is_described_where_its_route_takes_it():
     described = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS)
     schemas = described["components"]["schemas"]
     for call in documented(CALLS):
-        operation = described["paths"][openapi_path(call.path)][call.method.lower()]
+        operation = described["paths"][openapi_path(call.route)][call.method.lower()]
         names = set(aliases(call.args).values()) - path_names(call)
         query = {p["name"] for p in operation["parameters"] if p["in"] == "query"}
         assert {p["name"] for p in operation["parameters"] if p["in"] == "path"} == path_names(call), call.name
-        if call.method == "GET" or call.body is not None or call.name == "upload_image":
+        if call.method == "GET" or call.body is not None or call.streamed:
             assert query == names, call.name
         else:
             assert query == set(), call.name
@@ -300,3 +300,18 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(datab
         coordinator.stop()
     assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-5000:]}\ncoordinator log:\n" \
                                 f"{coordinator.output()[-10000:]}"
+
+
+def test_the_api_prefix_is_written_once_and_every_route_of_the_table_is_its_calls():
+    """The call table's paths are under the one prefix, which it never spells (``Call.route``
+    is the path served), and every route made from it serves its call: the upload too, a
+    real entry of the table, not a stub replaced by name."""
+    table = {c.name: c for c in CALLS if c.path is not None}
+    assert not [c.name for c in table.values() if c.path.startswith("/api")]
+    assert "/api/v1" not in Path(inspect.getfile(CALLS[0].run)).read_text()
+    served = {(m, p): h for m, p, _, h in ROUTES if getattr(h, "call", None) is not None}
+    assert {(c.method, c.route) for c in table.values()} == set(served)
+    assert all(p.startswith(API_PREFIX + "/") and h.call is table[h.call.name] for (m, p), h in served.items())
+    assert table["upload_image"].streamed and served[("POST", API_PREFIX + "/images")].call.run.__name__ \
+        == "upload_image"
+

@@ -93,7 +93,7 @@ def pdudaemon(tmp_path, start):
 def test_pdudaemon_switches_an_outlet_and_cannot_read_it_back(tmp_path, pdudaemon):
     port, outlets = pdudaemon
     host, resource = switch_of(tmp_path, backend="pdudaemon", port=port, pdu="pdu01", outlet=3)
-    assert resource.config.off_time == 5.0 and resource.config.host == "127.0.0.1"
+    assert resource.config.off_time == 5.0 and resource.config.settings.host == "127.0.0.1"
     reading = power.devloop_power(host, resource, "on")
     assert reading.state is None and "not read back" in reading.detail
     assert (outlets / "3").read_text() == "on"
@@ -637,7 +637,7 @@ def test_the_config_names_the_key_it_refuses(tmp_path):
 
 def test_the_config_has_each_backends_defaults():
     def parsed(**settings):
-        return PowerConfig.model_validate(settings)
+        return PowerConfig.model_validate(settings).settings
     assert (parsed(backend="pdudaemon", pdu="p", outlet="A1").off_time, parsed(backend="sim").off_time,
             parsed(backend="uhubctl", location="1-1", port=1).off_time) == (5.0, 2.0, 2.0)
     ipmi = parsed(backend="ipmi", host="bmc", user="admin", password_file="/pw", off_time="10s")
@@ -646,6 +646,25 @@ def test_the_config_has_each_backends_defaults():
     redfish = parsed(backend="redfish", url="https://bmc:8443/", system="/redfish/v1/Systems/1")
     assert (redfish.url, redfish.on_reset_type, redfish.off_reset_type, redfish.verify_tls, redfish.off_time) == \
         ("https://bmc:8443", "On", "ForceOff", True, 5.0)
+
+
+def test_each_backend_s_keys_are_its_own_model_and_one_entry_of_the_registry():
+    """(docs/architecture.md, "Power"): the config is a discriminated union on backend; each
+    backend's model refuses the keys it does not declare, whatever another backend takes."""
+    from device_loop.plugins.power.config import BACKENDS, COMMON
+    assert set(BACKENDS) == {"pdudaemon", "uhubctl", "ipmi", "redfish", "command", "sim"}
+    for name, module in BACKENDS.items():
+        assert module.Keys.name() == name and callable(module.power), name
+        assert isinstance(PowerConfig.model_validate({"backend": "sim"}).settings, BACKENDS["sim"].Keys)
+    assert set(BACKENDS["sim"].Keys.model_fields) == {*COMMON, "switch"}
+    assert set(BACKENDS["uhubctl"].Keys.model_fields) == {*COMMON, "location", "port"}
+    # past the friendly check, the backend's own model refuses a key it does not declare
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        PowerConfig.model_validate({"settings": {"backend": "sim", "pdu": "p"}})
+    with pytest.raises(ValidationError, match="settings.uhubctl.location"):
+        PowerConfig.model_validate({"settings": {"backend": "uhubctl", "port": 1}})
+    assert "unknown key 'swtich' of backend 'sim'; did you mean 'switch'?" in refusal(backend="sim", swtich="/x")
+    assert "give the switch's backend" in refusal(switch="/x")
 
 
 def test_a_password_file_is_checked_by_health_and_its_content_shows_nowhere(tmp_path):

@@ -46,11 +46,8 @@ import os
 from device_loop.plugin import (POWER_KIND, Health, HostContext, OperationError, PluginConfig, PowerReading, Resource,
                                 find_program, hookimpl)
 
-from . import command, ipmi, pdudaemon, redfish, sim, uhubctl
-from .config import PowerConfig
+from .config import BACKENDS, PowerConfig
 
-BACKENDS = {"pdudaemon": pdudaemon, "uhubctl": uhubctl, "ipmi": ipmi, "redfish": redfish, "command": command,
-            "sim": sim}
 #: What a backend is asked: exactly ``on``, ``off`` and ``status``, the values of the core's
 #: ``PowerAction.ON``, ``OFF`` and ``STATUS``, spelled here because a plugin imports nothing of
 #: device-loop's but ``device_loop.plugin``, which does not export ``PowerAction``. ``cycle`` is
@@ -75,24 +72,16 @@ def devloop_discover(host: HostContext) -> Sequence[Resource] | None:
             for entry in host.entries]
 
 
-def _programs(resource) -> list[str]:
-    config = resource.config
-    if config.backend == "command":
-        return [command.argv_of(template, resource.device)[0] for template in (config.on, config.off, config.status)
-                if template]
-    return {"uhubctl": ["uhubctl"], "ipmi": ["ipmitool"]}.get(config.backend, [])
-
-
 @hookimpl
 def devloop_health(host: HostContext, resource: Resource) -> Health | None:
     """Whether the switch can be used, from what is here (files, programs): spawns nothing."""
     if resource.kind != POWER_KIND:
         return None
-    config = resource.config
-    for program in _programs(resource):
+    config = resource.config.settings
+    for program in config.programs(resource.device):
         if find_program(program) is None:
             return Health("failed", f"{program} is not installed here (not on PATH)")
-    if config.password_file is not None:
+    if getattr(config, "password_file", None) is not None:
         if not os.path.isfile(config.password_file):
             return Health("failed", f"the BMC's password file {config.password_file} does not exist")
         if not os.access(config.password_file, os.R_OK):

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import re
 import time
+from typing import ClassVar, Literal
+
+from pydantic import Field
 
 from device_loop.plugin import OperationError, PowerReading, last_lines
 
+from .keys import BackendKeys
 from .programs import run_program
+
 
 READ_BACK_S = 5.0  # how long a BMC may take to report the state it was just told
 POLL_S = 0.2
@@ -37,7 +42,7 @@ def argv_for(config, *command: str) -> list[str]:
 
 
 def _ipmitool(host, resource, deadline: float, *command: str) -> str:
-    config = resource.config
+    config = resource.config.settings
     bmc = f"the BMC at {config.host}:{config.port}"
     code, output = run_program(host, resource, argv_for(config, *command), max(1.0, deadline - time.monotonic()))
     if code == 0:
@@ -68,7 +73,7 @@ def _state(output: str) -> str | None:
 
 def power(host, resource, action: str) -> PowerReading:
     """Switch (or read) the chassis power, then read it back until it says so (a few seconds)."""
-    config = resource.config
+    config = resource.config.settings
     problem = password_problem(config.password_file)
     if problem:
         raise OperationError(problem, changed=False)
@@ -93,3 +98,16 @@ def power(host, resource, action: str) -> PowerReading:
         raise OperationError(f"{bmc} was told power {action}, but it still reads {state or 'no state'} "
                              f"after {READ_BACK_S:g}s")
     return PowerReading(state, f"{bmc} switched chassis power {action}; reads {state}")
+
+
+class Keys(BackendKeys):
+    """A BMC, with ipmitool."""
+    OFF_TIME: ClassVar[float] = 5.0
+    PROGRAMS: ClassVar[tuple[str, ...]] = ("ipmitool",)
+    backend: Literal["ipmi"]
+    host: str = Field(min_length=1, description="the BMC's address")
+    port: int = Field(default=623, ge=1, le=65535, description="the BMC's port")
+    user: str = Field(min_length=1, description="the BMC's user")
+    password_file: str = Field(min_length=1, description="a file holding the BMC's password")
+    interface: Literal["lanplus", "lan"] = Field(default="lanplus", description="ipmitool's interface")
+    cipher_suite: int = Field(default=3, ge=0, le=17, description="ipmitool's cipher suite (lanplus)")

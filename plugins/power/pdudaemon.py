@@ -4,10 +4,15 @@ from __future__ import annotations
 import socket
 import time
 import urllib.parse
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator
 
 from device_loop.plugin import OperationError, PowerReading
 
 from . import web
+from .keys import BackendKeys
+
 
 ANSWER_LIMIT = 64 * 1024  # pdudaemon answers a line; more than this is not read
 
@@ -22,7 +27,7 @@ def control_url(config, action: str) -> str:
 def power(host, resource, action: str) -> PowerReading:
     """Ask pdudaemon to switch the outlet; its answer is all there is (no read-back). The
     call, the answer's last byte included, takes at most the entry's ``timeout``."""
-    config = resource.config
+    config = resource.config.settings
     what = f"outlet {config.outlet} of {config.pdu}"
     if action == "status":
         return PowerReading(None, f"pdudaemon has no status: {what} not read back")
@@ -48,3 +53,22 @@ def power(host, resource, action: str) -> PowerReading:
         raise OperationError(f"pdudaemon refused {url}: HTTP {answer.status}" + (f" {said!r}" if said else "")
                              + hint, changed=not refused)
     return PowerReading(None, f"pdudaemon switched {what} {action} ({said or 'no answer text'}); not read back")
+
+
+class Keys(BackendKeys):
+    """An outlet of a PDU that pdudaemon drives, through its HTTP listener."""
+    OFF_TIME: ClassVar[float] = 5.0
+    backend: Literal["pdudaemon"]
+    host: str = Field(default="127.0.0.1", min_length=1, description="pdudaemon's address")
+    port: int = Field(default=16421, ge=1, le=65535, description="pdudaemon's port")
+    pdu: str = Field(min_length=1, description="the PDU's name in pdudaemon's config")
+    outlet: int | str = Field(description="the PDU's outlet")
+
+    @field_validator("outlet")
+    @classmethod
+    def _outlet(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"an outlet is a number from 0 or a name, not {value}")
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("an outlet's name must not be blank")
+        return value

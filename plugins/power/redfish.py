@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import ssl
 import time
 import urllib.parse
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
 
 from device_loop.plugin import OperationError, PowerReading
 
 from . import web
+from .keys import BackendKeys
+
 
 SYSTEMS = "/redfish/v1/Systems"
 POLL_S = 0.25
@@ -163,7 +169,7 @@ def _message(body: dict) -> str:
 def power(host, resource, action: str) -> PowerReading:
     """Switch (or read) the system's power: its Reset action with the configured type, then
     its ``PowerState`` polled until it says so, within the entry's ``timeout``."""
-    config = resource.config
+    config = resource.config.settings
     service = Service(config, time.monotonic() + config.timeout)
     path, system = service.system()
     name = system.get("Id") or path
@@ -202,3 +208,41 @@ def power(host, resource, action: str) -> PowerReading:
             raise OperationError(f"system {name} was reset with {reset_type}, but its PowerState still reads "
                                  f"{state or 'nothing'} after {config.timeout:g}s")
         time.sleep(POLL_S)
+
+
+class Keys(BackendKeys):
+    """A Redfish service's ComputerSystem."""
+    OFF_TIME: ClassVar[float] = 5.0
+    backend: Literal["redfish"]
+    url: str = Field(description="the Redfish service's root, http(s)://HOST[:PORT]")
+    system: str = Field(min_length=1,
+                        description="the ComputerSystem: its id or name, or its path (/redfish/v1/Systems/ID)")
+    user: str | None = Field(default=None, min_length=1, description="the BMC's user")
+    password_file: str | None = Field(default=None, min_length=1, description="a file holding the BMC's password")
+    on_reset_type: str = Field(default="On", min_length=1, description="the ResetType that switches on")
+    off_reset_type: str = Field(default="ForceOff", min_length=1, description="the ResetType that switches off")
+    verify_tls: bool = Field(default=True, description="check the BMC's TLS certificate")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        match = re.fullmatch(r"(https?)://([^/?#]+)/*", value)
+        if not match:
+            raise ValueError("the url is the Redfish service's root, http(s)://HOST[:PORT], not what was given")
+        if "@" in match.group(2):
+            # a password in a URL ends up in messages and logs
+            raise ValueError("the url must not hold credentials: give 'user' and 'password_file'")
+        return value.rstrip("/")
+
+    @field_validator("system")
+    @classmethod
+    def _system(cls, value: str) -> str:
+        if not value.strip("/").strip():
+            raise ValueError("system must name a system")
+        return value
+
+    @model_validator(mode="after")
+    def _basic_auth(self) -> "Keys":
+        if (self.user is None) != (self.password_file is None):
+            raise ValueError("'user' and 'password_file' go together (HTTP basic auth), or neither is given")
+        return self

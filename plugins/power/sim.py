@@ -6,8 +6,14 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
 
 from device_loop.plugin import OperationError, PowerReading
+
+from .keys import BackendKeys
+
 
 READ_BACK_S = 5.0
 POLL_S = 0.02
@@ -15,7 +21,7 @@ POLL_S = 0.02
 
 def switch_path(host, resource) -> Path:
     """The switch file: the entry's ``switch``, else ``STATE_DIR/sim/DEVICE.power``."""
-    switch = resource.config.switch
+    switch = resource.config.settings.switch
     return Path(switch) if switch else host.state_dir / "sim" / f"{resource.device}.power"
 
 
@@ -66,3 +72,9 @@ def power(host, resource, action: str) -> PowerReading:
                              f"{min(READ_BACK_S, resource.config.timeout):g}s (its switch file {switch}; "
                              f"{state_path(switch).name} says {state or 'nothing'})")
     return PowerReading(state, f"simulated board {resource.device} switched {action}")
+
+
+class Keys(BackendKeys):
+    """A simulated board's switch file."""
+    backend: Literal["sim"]
+    switch: str | None = Field(default=None, min_length=1, description="the simulated board's switch file")

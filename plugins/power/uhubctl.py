@@ -3,9 +3,13 @@ port line."""
 from __future__ import annotations
 
 import re
+from typing import ClassVar, Literal
+
+from pydantic import Field, field_validator
 
 from device_loop.plugin import OperationError, PowerReading, last_lines
 
+from .keys import BackendKeys
 from .programs import run_program
 
 
@@ -21,7 +25,7 @@ def port_state(output: str, port: int) -> str | None:
 
 def power(host, resource, action: str) -> PowerReading:
     """Switch (or read) the port; the state is uhubctl's own report after the change."""
-    config = resource.config
+    config = resource.config.settings
     argv = ["uhubctl", "-l", config.location, "-p", str(config.port)]
     if action != "status":
         argv += ["-a", action]
@@ -42,3 +46,18 @@ def power(host, resource, action: str) -> PowerReading:
                              f"its ports' power, or only signal it?)")
     done = "reads" if action == "status" else f"switched {action}; reads"
     return PowerReading(state, f"uhubctl: {where} {done} {state}")
+
+
+class Keys(BackendKeys):
+    """A port of a USB hub that switches its ports' power."""
+    PROGRAMS: ClassVar[tuple[str, ...]] = ("uhubctl",)
+    backend: Literal["uhubctl"]
+    location: str = Field(description="the USB hub's location, as uhubctl names it (1-1)")
+    port: int = Field(ge=1, le=65535, description="the hub's port")
+
+    @field_validator("location")
+    @classmethod
+    def _location(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9]+(-[0-9]+(\.[0-9]+)*)?", value):
+            raise ValueError(f"a hub's location is as uhubctl names it (1-1, 2-1.4), not {value!r}")
+        return value

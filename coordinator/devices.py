@@ -17,12 +17,12 @@ from .store import Store
 from .who import Who
 
 
-def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
-    """A device as anyone sees it (``admin``: with the command lines of who else holds its
-    nodes, the id of its live lease, to act on it, and the exporter's file paths in its
-    reasons)."""
+def device_json(row: DeviceFacts, in_full: bool = False) -> DeviceAnswer:
+    """A device as anyone sees it (``in_full``, for a caller that may see all: with the command
+    lines of who else holds its nodes, the id of its live lease, to act on it, and the
+    exporter's file paths in its reasons)."""
     step = running_step(row)
-    shown = (lambda text: text) if admin else hide_paths_in
+    shown = (lambda text: text) if in_full else hide_paths_in
     answer: DeviceAnswer = {
         "name": row["name"],
         "class": row["class"],
@@ -36,7 +36,7 @@ def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
         "health_reason": shown(row["health_reason"]),
         # its owner first, then a host that claims it too (the owner keeps serving it)
         "conflict_hosts": [row["host"] or "", row["conflict_host"]] if row["conflict_host"] else [],
-        "busy_by": [holder_json(h, admin) for h in row["busy_by"]],  # public: program and pid only
+        "busy_by": [holder_json(h, in_full) for h in row["busy_by"]],  # public: program and pid only
         "resources": [{**r, "reason": shown(r["reason"])} if r.get("reason") else r for r in row["resources"]],
         # a failed destructive operation left it half-changed: no lease until it is recovered
         "needs_recovery": row["needs_recovery"] is not None,
@@ -51,7 +51,7 @@ def device_json(row: DeviceFacts, admin: bool = False) -> DeviceAnswer:
         "reason": shown(state_reason(row, step)),
         "facts": row.get("facts") or {},  # what its plugins add to its fingerprint
     }
-    if admin:
+    if in_full:
         answer["lease"] = row["lease_id"]
     return answer
 

@@ -34,13 +34,14 @@ _URL_PASSWORD = re.compile(r"(://[^/\s:@]*):[^/\s@]*@")
 _RUN = re.compile(r"[A-Za-z0-9+=_-]{20,}")
 
 
-def holder_json(holder: Mapping[str, Any], admin: bool = False) -> HolderAnswer:
-    """A process holding a device node: ``pid`` and ``program``, and for admins ``command``."""
+def holder_json(holder: Mapping[str, Any], in_full: bool = False) -> HolderAnswer:
+    """A process holding a device node: ``pid`` and ``program``, and ``in_full`` (for a caller
+    that may see all) ``command``."""
     command = redact(str(holder.get("command", "")))
     program = posixpath.basename(command.split(" ", 1)[0])[:MAX_PROGRAM_CHARS] or "?"
     # (a report's holders all have a pid: core.protocol.Holder)
     answer: HolderAnswer = {"pid": cast(int, holder.get("pid")), "program": program}
-    if admin:
+    if in_full:
         answer["command"] = command
     return answer
 

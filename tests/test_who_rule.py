@@ -110,11 +110,38 @@ async def test_who_may_act_on_what(tmp_path, name):
             assert _refused(outcome) is not allowed, f"{name} by {label}: {outcome!r}"
 
 
-def test_who_sees_all():
-    """Lease ids on devices, everyone's lists and the paths in what exporters said: admins
-    and the trust mode's caller; not another person, an agent or an exporter."""
-    for label, who, sees in [("a person", Who("bob"), False), ("an agent", Who("bob", CallerKind.AGENT), False),
-                             ("an exporter", Who("exporter:h", CallerKind.EXPORTER, host="h"), False),
-                             ("the trust mode's caller", Who("carol", CallerKind.TRUSTED_LOCAL), True),
-                             ("an admin", Who("root", admin=True), True)]:
-        assert who.may_see_all is sees, label
+# Who sees all (the rule, written out): the board and the lists show them more.
+SEERS: list[tuple[str, Who, bool]] = [
+    ("another person", Who("bob"), False),
+    ("an agent", Who("agent-7", CallerKind.AGENT), False),
+    ("an exporter", Who("exporter:host-a", CallerKind.EXPORTER, host="host-a"), False),
+    ("the trust mode's caller under another name", Who("carol", CallerKind.TRUSTED_LOCAL), True),
+    ("an admin", Who("root", admin=True), True),
+]
+# What each call shows only to who sees all, as a question of its answer about alice's things.
+SHOWN: dict[str, tuple[dict[str, Any], Any]] = {
+    "device_info": ({"name": "b1"}, lambda answer, owned: answer.get("lease") == owned["lease"]),
+    "queue_board": ({}, lambda answer, owned: [e["ticket"] for e in answer] == [owned["ticket"]]),
+    "my_tickets": ({"all": True}, lambda answer, owned: owned["ticket"] in [t["ticket"] for t in answer]),
+    "my_jobs": ({"all": True}, lambda answer, owned: owned["job"] in [j["id"] for j in answer]),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("database")
+async def test_who_sees_all(tmp_path):
+    """Lease ids on devices, ticket ids on the queue, everyone's tickets and jobs: admins and
+    the trust mode's caller; not another person, an agent or an exporter."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        await FakeExporter(client(OWNER), "host-a").beat([device("b0"), device("b1")])
+        owned = {"lease": (await rules.leases.reserve("b1", None, Who(OWNER)))["id"]}
+        await rules.leases.reserve("b0", None, Who("zed"))
+        owned["ticket"] = (await rules.scheduler.reserve("b0", None, [], None, True, Who(OWNER),
+                                                         TicketKind.INTERACTIVE))["ticket"]
+        owned["job"] = (await rules.jobs.submit(SPEC, False, None, Who(OWNER), TicketKind.INTERACTIVE))["id"]
+        for name, (given, shows) in SHOWN.items():
+            call = next(c for c in CALLS if c.name == name)
+            for label, who, sees in SEERS:
+                assert who.may_see_all is sees, f"Who.may_see_all answers {label} against the rule"
+                answer = await call.carry_out(Ctx(rules, who, asyncio.Event().wait, 0), call.args.model_validate(given))
+                assert shows(answer, owned) is sees, f"{name} for {label}: {answer}"

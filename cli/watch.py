@@ -8,7 +8,7 @@ from datetime import datetime
 import click
 import httpx2
 
-from device_loop.core import EVENTS_KEEPALIVE_S
+from device_loop.core import API_PREFIX, EVENTS_KEEPALIVE_S
 
 from .commands import lab_command
 from device_loop.client.http import CoordinatorError
@@ -26,7 +26,7 @@ def changes(lab: Lab, connected=lambda devices: None):
     broken = False
     while True:
         try:
-            with lab.api.http.sse("/api/v1/events", max_event_size=None,
+            with lab.api.http.sse(f"{API_PREFIX}/events", max_event_size=None,
                                   timeout=httpx2.Timeout(15.0, read=KEEPALIVE_GRACE_S)) as source:
                 if source.response.status_code != 200:
                     error = json.loads(source.response.read() or b"{}")

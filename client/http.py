@@ -17,6 +17,7 @@ import urllib.parse
 import uuid
 from typing import Any
 
+from device_loop.core import API_PREFIX
 from device_loop.core.tokens import TokenFileError, load_token
 
 DEFAULT_URL = "http://127.0.0.1:7420"
@@ -98,7 +99,7 @@ class Coordinator:
         import httpx2
 
         try:
-            response = self.http.request("POST", f"/api/v1{path}", params=params, content=chunks,
+            response = self.http.request("POST", f"{API_PREFIX}{path}", params=params, content=chunks,
                                          timeout=httpx2.Timeout(self.timeout, write=None, read=600.0))
         except httpx2.TransportError as exc:
             raise CoordinatorError("unreachable", f"cannot reach the coordinator at {self.url}: {exc}") from None
@@ -106,7 +107,7 @@ class Coordinator:
 
     def _request(self, method: str, path: str, params: dict | None = None, body: bytes | None = None,
                  headers: dict[str, str] | None = None, timeout: float | None = None):
-        target = f"{self._base_path}/api/v1{path}"
+        target = f"{self._base_path}{API_PREFIX}{path}"
         if params:
             target += "?" + urllib.parse.urlencode({k: _query_value(v) for k, v in params.items()}, doseq=True)
         for attempt in range(self.retries):

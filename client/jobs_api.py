@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from device_loop.core import API_PREFIX
 from device_loop.core.jobs import CellReport, JobSpec, JobSummary, JobView, RunRecord, Target
 from device_loop.core.vocabulary import OPEN_JOB_STATES, JobState
 
@@ -134,7 +135,7 @@ def _text(api: Coordinator, path: str) -> str:
     import httpx2
 
     try:
-        response = api.http.get(f"/api/v1{path}")
+        response = api.http.get(f"{API_PREFIX}{path}")
     except httpx2.TransportError as exc:
         raise CoordinatorError("unreachable", f"cannot reach the coordinator at {api.url}: {exc}") from None
     if response.status_code >= 400:

@@ -24,7 +24,8 @@ SETTLE_KIND = "settle"
 REFLASH_STEP = "reflash"
 #: Operation ids start with this.
 OP_PREFIX = "op-"
-#: Where the coordinator's REST API lives: every route of the call table is under it (``coordinator/api.py``).
+#: Where the coordinator's REST API lives: every route of its call table is under it (``coordinator/api.py``),
+#: and the client and the exporter ask there.
 API_PREFIX = "/api/v1"
 #: The event stream (``GET /api/v1/events``) sends at least a keepalive this often.
 EVENTS_KEEPALIVE_S = 15.0

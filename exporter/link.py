@@ -11,6 +11,7 @@ from typing import Iterator
 
 import httpx2
 
+from device_loop.core import API_PREFIX
 from device_loop.core.model import OperationError
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.tokens import load_token
@@ -27,7 +28,7 @@ class CoordinatorLink:
         self.url, self.host_name = url, host_name
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = self._client(timeout)
-        self._path = f"/api/v1/hosts/{host_name}"
+        self._path = f"{API_PREFIX}/hosts/{host_name}"
         self._last_refusal: str | None = None  # said once, not at every heartbeat
         self.accepted = False  # whether the last heartbeat was taken (answered 200)
 

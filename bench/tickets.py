@@ -264,7 +264,7 @@ async def grant_latency(admin_url: str | None, folder: Path, devices: int, ticke
             sent = time.perf_counter()
             await the_lab.beat(body)
             beats.append(time.perf_counter() - sent)
-            facts = await the_lab.rules.store.device(lease["device"])
+            facts = await the_lab.rules.devices.facts(lease["device"])
             if facts["lease_id"] is None:  # no ticket left that would take it
                 idle_without_ticket += 1
                 continue
@@ -313,7 +313,7 @@ async def grant_costs(admin_url: str | None, folder: Path, devices: int, tickets
                 costs[target][0].append(store.statements - before)
                 if target:
                     waiting -= 1  # granted to the first of them
-                    granted = await store.device(freed["device"])
+                    granted = await the_lab.rules.devices.facts(freed["device"])
                     the_lab.exporter.serving[freed["device"]] = granted["lease_id"]
                 else:
                     held += await the_lab.hold([freed["device"]])  # nothing took it: held again

@@ -44,9 +44,9 @@ async def _on_database(url: str, action):
 
 async def _audit_direct(store, action: str, detail: dict) -> None:
     """Work done on the database itself is audited too, as the login that did it."""
-    async with store.tx():
-        await store.add_audit({"at": time.time(), "actor": f"database:{getpass.getuser()}", "action": action,
-                               "device": None, "lease_id": None, "detail": detail})
+    from device_loop.coordinator.rules import Rules
+
+    await Rules(store).admin.record(f"database:{getpass.getuser()}", action, detail)
 
 
 def _database_url(database_url, data_dir) -> str | None:
@@ -136,7 +136,9 @@ def token_ls(ctx, database_url, data_dir, as_json):
     url = _database_url(database_url, data_dir)
     if url:
         from device_loop.coordinator.identity import token_view
-        rows = asyncio.run(_on_database(url, lambda store: store.tokens()))
+        from device_loop.coordinator.rules import Rules
+
+        rows = asyncio.run(_on_database(url, lambda store: Rules(store).admin.tokens()))
         emit(as_json, [token_view(r) for r in rows], _tokens_text)
     else:
         ctx.invoke(_token_ls_api, as_json=as_json)

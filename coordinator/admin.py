@@ -14,23 +14,35 @@ from .errors import APIError, conflict, not_found
 from .leases import Leases
 from .lifecycle import NO_FAULT, Lifecycle, switched_off
 from .notify import BOARD_KEY, host_key, op_key
-from .rows import DeviceFacts
+from .rows import DeviceFacts, TokenRow
 from .scheduler import Scheduler
 from .store import Store, UniqueViolation
+from .store.devices import DeviceQueries
+from .store.hosts import HostQueries
+from .store.leases import LeaseQueries
+from .store.operations import OperationQueries
+from .store.tokens import TokenQueries
 
 
 class Admin:
     """What only admins do; each action in the audit log."""
 
-    def __init__(self, life: Lifecycle, devices: Devices, leases: Leases, scheduler: Scheduler):
+    def __init__(self, life: Lifecycle, devices: Devices, leases: Leases, scheduler: Scheduler, *,
+                 hosts_sql: HostQueries, devices_sql: DeviceQueries, leases_sql: LeaseQueries,
+                 operations_sql: OperationQueries, tokens_sql: TokenQueries):
         self.life, self.devices, self.leases, self.scheduler = life, devices, leases, scheduler
         self.store: Store = life.store
+        self.hosts_sql = hosts_sql
+        self.devices_sql = devices_sql
+        self.leases_sql = leases_sql
+        self.operations_sql = operations_sql
+        self.tokens_sql = tokens_sql
 
     async def retire(self, name: str, admin: str, retired: bool = True, force: bool = False) -> DeviceAnswer:
         """Take a device out of the lab (a live lease is revoked only with ``force``), or bring it back."""
         async with self.store.tx():
-            await self.store.lock_host_of_device(name)
-            device = await self.store.device(name)
+            await self.leases_sql.lock_host_of_device(name)
+            device = await self.devices_sql.device(name)
             if device is None:
                 raise not_found("device", name)
             lease_id = device["lease_id"]
@@ -38,7 +50,7 @@ class Admin:
                 raise conflict("leased", f"{name} is leased by {device['holder']}; retiring it with --force "
                                          "revokes that lease")
             if retired and lease_id:
-                lease = await self.store.lease(lease_id)
+                lease = await self.leases_sql.lease(lease_id)
                 assert lease is not None  # the device's live lease, read in this same transaction
                 device = await self.leases.end(lease, LeaseState.REVOKED, f"device retired by admin {admin}",
                                                admin) or device
@@ -55,8 +67,8 @@ class Admin:
         run: the device is idle again, and goes to the first ticket waiting for it. A board
         switched off stays faulty until a power on is verified (docs/architecture.md, "Power")."""
         async with self.store.tx():
-            await self.store.lock_host_of_device(name)
-            device = await self.store.device(name)
+            await self.leases_sql.lock_host_of_device(name)
+            device = await self.devices_sql.device(name)
             if device is None:
                 raise not_found("device", name)
             if not device["fault"]:
@@ -74,26 +86,26 @@ class Admin:
     async def drain(self, host_name: str, admin: str, draining: bool = True) -> HostAnswer:
         """No new leases on a host's devices (live ones run out), or lift that."""
         async with self.store.tx():
-            if await self.store.host(host_name) is None:
+            if await self.hosts_sql.host(host_name) is None:
                 raise not_found("host", host_name)
-            await self.store.set_host_draining(host_name, draining)
+            await self.hosts_sql.set_host_draining(host_name, draining)
             await self.life.audit(admin, "drain" if draining else "undrain", None, None, {"host": host_name})
             if not draining:
-                await self.scheduler.grant_free([d["name"] for d in await self.store.devices_of_host(host_name)])
+                await self.scheduler.grant_free([d["name"] for d in await self.devices_sql.devices_of_host(host_name)])
         return (await self.devices.hosts(only=host_name))[0]
 
     async def adopt(self, identifier: str, name: str, device_class: str, tags: list[str], admin: str) -> dict[str, Any]:
         """Make a network candidate a device of the host that found it, named ``name``."""
         async with self.store.tx():
-            candidate = await self.store.candidate(identifier)
+            candidate = await self.hosts_sql.candidate(identifier)
             if candidate is None:
                 raise not_found("candidate", identifier)
-            if await self.store.device(name) is not None:
+            if await self.devices_sql.device(name) is not None:
                 raise conflict("name_taken", f"a device named {name!r} exists already")
             try:
-                await self.store.insert_adoption({"identifier": identifier, "name": name, "class": device_class,
-                                                  "tags": tags, "host": candidate["host"], "adopted_by": admin,
-                                                  "at": self.life.clock()})
+                await self.hosts_sql.insert_adoption({"identifier": identifier, "name": name, "class": device_class,
+                                                      "tags": tags, "host": candidate["host"], "adopted_by": admin,
+                                                      "at": self.life.clock()})
             except UniqueViolation:
                 raise conflict("adopted", f"{identifier} is adopted already, or {name!r} is taken") from None
             await self.life.audit(admin, "adopt", name, None, {"identifier": identifier, "host": candidate["host"]})
@@ -116,35 +128,35 @@ class Admin:
                 await self.life.audit(admin, "forget", device["name"], None, {"host": device["host"], **running})
             names = [d["name"] for d in devices]
             if names:
-                await self.store.forget_devices(names)
+                await self.devices_sql.forget_devices(names)
             if kind == "host":
-                await self.store.drop_claims(name)
-                await self.store.forget_host(name)
+                await self.devices_sql.drop_claims(name)
+                await self.hosts_sql.forget_host(name)
                 await self.life.audit(admin, "forget_host", None, None, {"host": name, "devices": names})
             self.life.notify(BOARD_KEY)
         return {"forgotten": kind, "name": name, "devices": names}
 
     async def _host_devices_to_forget(self, name: str) -> list[DeviceFacts]:
-        host = await self.store.host(name, for_update=True)  # its heartbeats wait for this transaction
+        host = await self.hosts_sql.host(name, for_update=True)  # its heartbeats wait for this transaction
         if host is None:
             raise not_found("host", name)
         if host["online"]:
             raise conflict("online", f"host {name} is online (it reported at {iso(host['last_seen'])}): "
                                      "stop its exporter, then forget it")
-        owned = [d for d in await self.store.devices_of_host(name) if d["host"] == name]  # (not its claims)
+        owned = [d for d in await self.devices_sql.devices_of_host(name) if d["host"] == name]  # (not its claims)
         return sorted(owned, key=lambda d: d["name"])
 
     async def _device_to_forget(self, name: str) -> list[DeviceFacts]:
-        device = await self.store.device(name)
+        device = await self.devices_sql.device(name)
         if device is not None and device["host"] is not None:
-            await self.store.host(device["host"], for_update=True)
-            device = await self.store.device(name)  # as it is now that no heartbeat can change it
+            await self.hosts_sql.host(device["host"], for_update=True)
+            device = await self.devices_sql.device(name)  # as it is now that no heartbeat can change it
         if device is None:
             raise not_found("device", name)
         return [device]
 
     async def _device_or_host(self, name: str) -> str:
-        device, host = await self.store.device(name), await self.store.host(name)
+        device, host = await self.devices_sql.device(name), await self.hosts_sql.host(name)
         if device is not None and host is not None:
             raise conflict("ambiguous", f"a device and a host are both named {name!r}: say which one "
                                         "(--device or --host)")
@@ -171,20 +183,24 @@ class Admin:
         """An operation left on a device of an offline host would wait for that host for ever:
         it fails with its device."""
         if device["op_id"]:
-            await self.store.update_operation(device["op_id"], {
-                "state": OperationState.FAILED, "ended_at": self.life.clock(),
-                "message": f"its device was forgotten by admin {admin}"})
+            await self.operations_sql.update_operation(device["op_id"], {
+                         "state": OperationState.FAILED, "ended_at": self.life.clock(),
+                         "message": f"its device was forgotten by admin {admin}"})
             self.life.notify(op_key(device["op_id"]))
+
+    async def tokens(self) -> list[TokenRow]:
+        """Every token (its hash among the rest: the caller shows ``identity.token_view``)."""
+        return await self.tokens_sql.tokens()
 
     async def revoke_token(self, token_id: str, admin: str) -> dict[str, Any]:
         async with self.store.tx():
-            token = await self.store.token(token_id)
+            token = await self.tokens_sql.token(token_id)
             if token is None:
                 raise not_found("token", token_id)
             if token["revoked_at"] is not None:
                 raise conflict("already_revoked",
                                f"token {token_id} was revoked already, at {iso(token['revoked_at'])}")
-            await self.store.revoke_token(token_id, self.life.clock())
+            await self.tokens_sql.revoke_token(token_id, self.life.clock())
             await self.life.audit(admin, "token_revoke", None, None, {"id": token_id})
         return {"id": token_id, "revoked": True}
 

@@ -182,7 +182,7 @@ async def events(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     """Prometheus metrics: the lab as the database has it, and what this process counted."""
     life = _rules(request).life
-    return Response(await life.metrics.exposition(life.store, life.clock()), media_type=life.metrics.content_type)
+    return Response(await life.metrics.exposition(life.clock()), media_type=life.metrics.content_type)
 
 
 @openapi.answers("application/json")

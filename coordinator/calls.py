@@ -483,7 +483,7 @@ async def create_token(ctx: Ctx, args: TokenIn) -> TokenAnswer:
 
 async def list_tokens(ctx: Ctx, args: NoArgs) -> list[TokenAnswer]:
     """Every token (never its secret)."""
-    return [token_view(row) for row in await ctx.rules.store.tokens()]
+    return [token_view(row) for row in await ctx.rules.admin.tokens()]
 
 
 async def revoke_token(ctx: Ctx, args: TokenId) -> dict:

@@ -15,6 +15,10 @@ from .lifecycle import Lifecycle, switched_off
 from .rows import DeviceFacts
 from .store import Store
 from .who import Who
+from .store.audit import AuditQueries
+from .store.devices import DeviceQueries
+from .store.hosts import HostQueries
+from .store.operations import OperationQueries
 
 
 def device_json(row: DeviceFacts, in_full: bool = False) -> DeviceAnswer:
@@ -86,35 +90,45 @@ def running_operation(op_id: str | None, kind: str | None) -> RunningOperation |
 class Devices:
     """The board and what stands behind it."""
 
-    def __init__(self, life: Lifecycle):
+    def __init__(self, life: Lifecycle, *,
+                 devices_sql: DeviceQueries, hosts_sql: HostQueries, operations_sql: OperationQueries,
+                 audit_sql: AuditQueries):
         self.life = life
         self.store: Store = life.store
+        self.devices_sql = devices_sql
+        self.hosts_sql = hosts_sql
+        self.operations_sql = operations_sql
+        self.audit_sql = audit_sql
 
     async def list_devices(self) -> list[DeviceAnswer]:
-        return [device_json(d) for d in await self.store.devices()]
+        return [device_json(d) for d in await self.devices_sql.devices()]
+
+    async def facts(self, name: str) -> DeviceFacts | None:
+        """A device's row with its facts (its steps among them), or None."""
+        return await self.devices_sql.device(name)
 
     async def device_info(self, name: str, who: Who | None = None) -> DeviceAnswer:
         """A device as ``who`` sees it (in full if it may see all)."""
-        row = await self.store.device(name)
+        row = await self.devices_sql.device(name)
         if row is None:
             raise not_found("device", name)
         answer = device_json(row, who is not None and who.may_see_all)
-        answer["image"] = await self.store.last_flashed_image(name)
+        answer["image"] = await self.operations_sql.last_flashed_image(name)
         return answer
 
     async def device_log(self, name: str, who: Who | None = None) -> list[LogEntry]:
         """A device's ring log, newest last (the exporter's file paths in it: only for a ``who``
         that may see all)."""
         in_full = who is not None and who.may_see_all
-        if await self.store.device(name) is None:
+        if await self.devices_sql.device(name) is None:
             raise not_found("device", name)
         return [{"at": iso(e["at"]), "from": e["from_state"], "to": e["to_state"],
                  "cause": e["cause"] if in_full else hide_paths(e["cause"]), "actor": e["actor"]}
-                for e in await self.store.device_log(name)]
+                for e in await self.devices_sql.device_log(name)]
 
     async def unknown(self, name: str) -> APIError:
         """The refusal for a device name nobody knows, with some that exist."""
-        names = await self.store.device_names(10)
+        names = await self.devices_sql.device_names(10)
         hint = f"; known devices: {', '.join(names)}" if names else "; no device is registered yet"
         return APIError(404, "unknown_device", f"unknown device {name!r}{hint} (a configured device that no "
                                                "plugin serves is listed by 'device-loop hosts')")
@@ -123,7 +137,7 @@ class Devices:
         now = self.life.clock()
         devices: dict[str, list[str]] = {}
         claims: dict[str, list[str]] = {}
-        for row in await self.store.device_hosts():
+        for row in await self.devices_sql.device_hosts():
             devices.setdefault(row["host"], []).append(row["name"])
             if row["conflict_host"]:
                 claims.setdefault(row["conflict_host"], []).append(row["name"])
@@ -136,19 +150,19 @@ class Devices:
             "address": h["address"],  # its own, as its exporter reports it: where its endpoints are
             "devices": devices.get(h["name"], []),
             "claims": claims.get(h["name"], []),  # devices it reports that another host owns
-        } for h in await self.store.hosts() if only in (None, h["name"])]
+        } for h in await self.hosts_sql.hosts() if only in (None, h["name"])]
 
     async def host_address(self, name: str) -> str | None:
         """The address host ``name``'s exporter reported as its own (None: it did not say)."""
-        host = await self.store.host(name)
+        host = await self.hosts_sql.host(name)
         return host["address"] if host else None
 
     async def candidates(self) -> list[CandidateAnswer]:
         """What exporters found on the network and nobody adopted yet (and what they did)."""
         return [{"identifier": c["identifier"], "host": c["host"], "kind": c["kind"], "plugin": c["plugin"],
                  "label": c["label"], "last_seen": iso(c["last_seen"]), "adopted_as": c["adopted_as"]}
-                for c in await self.store.candidates()]
+                for c in await self.hosts_sql.candidates()]
 
     async def audit(self, limit: int = 100) -> list[AuditEntry]:
         return [{"at": iso(a["at"]), "actor": a["actor"], "action": a["action"], "device": a["device"],
-                 "lease": a["lease_id"], "detail": a["detail"]} for a in await self.store.audit(limit)]
+                 "lease": a["lease_id"], "detail": a["detail"]} for a in await self.audit_sql.audit(limit)]

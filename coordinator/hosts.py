@@ -34,6 +34,10 @@ from .rows import HostRow
 from .scheduler import Scheduler
 from .steps import Steps
 from .store import Store, UniqueViolation
+from .store.devices import DeviceQueries
+from .store.hosts import HostQueries
+from .store.leases import LeaseQueries
+from .store.operations import OperationQueries
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +137,16 @@ class Hosts:
     """What exporters report, and what they are answered."""
 
     def __init__(self, life: Lifecycle, leases: Leases, operations: Operations, steps: Steps, scheduler: Scheduler,
-                 power: Power):
+                 power: Power, *,
+                 hosts_sql: HostQueries, devices_sql: DeviceQueries, leases_sql: LeaseQueries,
+                 operations_sql: OperationQueries):
         self.life, self.leases, self.operations = life, leases, operations
         self.steps, self.scheduler, self.power = steps, scheduler, power
         self.store: Store = life.store
+        self.hosts_sql = hosts_sql
+        self.devices_sql = devices_sql
+        self.leases_sql = leases_sql
+        self.operations_sql = operations_sql
 
     async def heartbeat(self, host_name: str, report: Heartbeat, actor: str) -> dict:
         """Replace this host's snapshot and answer with its desired state."""
@@ -152,7 +162,7 @@ class Hosts:
         await asyncio.sleep(0)  # requests that came meanwhile go first
         try:
             async with self.store.tx():
-                previous = await self.store.host(host_name, for_update=True)
+                previous = await self.hosts_sql.host(host_name, for_update=True)
                 self._refuse_stale(host_name, previous, report)
                 if previous is None or (previous["boot_id"], previous["generation"]) != (report.boot_id,
                                                                                        report.generation):
@@ -166,10 +176,10 @@ class Hosts:
                        snapshot: str) -> dict[str, dict]:
         """The columns of the devices whose report changed, as far as the committed state
         tells (only this host's heartbeats write them): encoded before the write lock."""
-        previous = await self.store.host(host_name)
+        previous = await self.hosts_sql.host(host_name)
         if previous is not None and previous["devices_digest"] == snapshot:
             return {}
-        stored = await self.store.report_digests(host_name)
+        stored = await self.devices_sql.report_digests(host_name)
         return {d.name: _columns(d, digests[d.name]) for d in report.devices if stored.get(d.name) != digests[d.name]}
 
     @staticmethod
@@ -196,25 +206,25 @@ class Hosts:
         else:
             cause = f"exporter {host_name} stopped" if report.stopping else "host is heartbeating again"
         changes = _Changes(now, actor, cause)
-        rows = await self.store.devices_of_host(host_name, in_transition_only=not full, decode_json=False)
+        rows = await self.devices_sql.devices_of_host(host_name, in_transition_only=not full, decode_json=False)
         own = {r["name"]: {**r, "host_online": online} for r in rows if r["host"] == host_name}
         if full:
             claimed_before = {r["name"]: r for r in rows if r["conflict_host"] == host_name}
             await self._apply_devices(host_name, report, digests, columns, own, claimed_before, changes, online)
             for row in own.values():
                 changes.touch(row)  # the host's online state may have changed: recompute all
-            await self.store.save_candidates([{**c.model_dump(), "host": host_name, "last_seen": now}
-                                              for c in report.candidates])
+            await self.hosts_sql.save_candidates([{**c.model_dump(), "host": host_name, "last_seen": now}
+                                                  for c in report.candidates])
         activated = self._progress(report, own, changes)
         rows_to_write = changes.settle()
-        await self.store.write_devices(rows_to_write)
+        await self.devices_sql.write_devices(rows_to_write)
         for name in changes.faults_cleared:
-            await self.store.update_device(name, **NO_FAULT)
+            await self.devices_sql.update_device(name, **NO_FAULT)
         if changes.identities:
-            await self.store.replace_identities(list(changes.identities),
-                                                [r for rs in changes.identities.values() for r in rs])
-        await self.store.add_ring_entries(changes.ring)
-        ready = await self.store.activate_leases(activated)
+            await self.devices_sql.replace_identities(list(changes.identities),
+                                                      [r for rs in changes.identities.values() for r in rs])
+        await self.devices_sql.add_ring_entries(changes.ring)
+        ready = await self.leases_sql.activate_leases(activated)
         if ready:
             self.store.after_commit(lambda: self.life.metrics.leases_ready([now - r["created_at"] for r in ready]))
         if rows_to_write:
@@ -249,9 +259,9 @@ class Hosts:
 
         new_identity = [d for d in report.devices if identity_changed(d)]
         new_names = {d.name for d in new_identity}
-        owners = {o["identifier"]: o for o in await self.store.identifier_owners(
+        owners = {o["identifier"]: o for o in await self.devices_sql.identifier_owners(
             [r.identifier for d in new_identity for r in d.resources])}
-        elsewhere = {r["name"]: r for r in await self.store.devices_named(sorted(
+        elsewhere = {r["name"]: r for r in await self.devices_sql.devices_named(sorted(
             ({d.name for d in report.devices} | {o["device"] for o in owners.values()}) - own.keys()))}
         claimed: set[str] = set()
         for device in report.devices:
@@ -307,9 +317,9 @@ class Hosts:
         if claimed - before:
             log.warning("host %s reports devices that another host owns, which keeps them: %s",
                         host_name, ", ".join(sorted(claimed - before)))
-            await self.store.set_claims(host_name, sorted(claimed - before))
+            await self.devices_sql.set_claims(host_name, sorted(claimed - before))
         if before - claimed:
-            await self.store.drop_claims(host_name, sorted(before - claimed))
+            await self.devices_sql.drop_claims(host_name, sorted(before - claimed))
         if claimed != before:
             self.life.notify(BOARD_KEY)
 
@@ -359,13 +369,13 @@ class Hosts:
                "last_seen": now, "online": online, "devices_digest": snapshot, "link_lost": False,
                "address": report.address}  # its own: endpoints are there, and snapshots fetched only there
         if previous is None:
-            await self.store.save_host({"name": host_name, **row, "superseded_boots": []}, new=True)
+            await self.hosts_sql.save_host({"name": host_name, **row, "superseded_boots": []}, new=True)
             return
         if previous["boot_id"] != report.boot_id:
             earlier = [b for b in previous["superseded_boots"] if b != report.boot_id]
             row["superseded_boots"] = (earlier + [previous["boot_id"]])[-SUPERSEDED_KEPT:]
         changed = {k: v for k, v in row.items() if previous.get(k) != v or k in ("generation", "last_seen")}
-        await self.store.save_host({"name": host_name, **changed}, new=False)
+        await self.hosts_sql.save_host({"name": host_name, **changed}, new=False)
 
     async def desired(self, host_name: str) -> dict[str, Any]:
         """What ``host_name`` should run: the services of the live leases on its devices (not
@@ -374,16 +384,16 @@ class Hosts:
         as_of = self.life.clock()
         services = [{"lease": r["id"], "holder": r["holder"], "device": r["device"], "identifier": res["identifier"],
                      "kind": res["kind"], "plugin": res["plugin"], "secret": r["secret"]}
-                    for r in await self.store.desired_services(host_name) for res in r["resources"]
+                    for r in await self.leases_sql.desired_services(host_name) for res in r["resources"]
                     if res.get("service", True)]
         adopted = [{"identifier": a["identifier"], "name": a["name"], "class": a["class"], "tags": _tags(a["tags"])}
-                   for a in await self.store.adoptions_on_host(host_name)]
+                   for a in await self.hosts_sql.adoptions_on_host(host_name)]
         operations = [{"op": o["id"], "kind": o["kind"], "device": o["device"], "identifier": o["identifier"],
                        "plugin": o["plugin"], "requester": o["requester"], "args": o["args"],
                        "purpose": o["purpose"], "step": o["step"],
                        "image": {"sha256": o["image_sha256"], "size": o["image_size"], "name": o["image_name"]}
                        if o["image_sha256"] else None}
-                      for o in await self.store.queued_operations(host_name)]
+                      for o in await self.operations_sql.queued_operations(host_name)]
         etag = _digest(json.dumps([services, adopted, operations], sort_keys=True))
         return DesiredState.model_validate({"services": services, "adopted": adopted, "operations": operations,
                                             "etag": etag, "as_of": as_of}).model_dump(by_alias=True, mode="json")
@@ -402,20 +412,21 @@ class Hosts:
         except CallerGone:
             if boot_id:
                 async with self.store.tx():
-                    await self.store.set_link_lost(host_name, boot_id)
+                    await self.hosts_sql.set_link_lost(host_name, boot_id)
                     await self._wake_leases_of(host_name)
             raise
 
     async def _wake_leases_of(self, host_name: str) -> None:
-        self.life.notify(*[lease_key(r["id"]) for r in await self.store.desired_services(host_name)])
+        self.life.notify(*[lease_key(r["id"]) for r in await self.leases_sql.desired_services(host_name)])
 
     async def mark_silent(self, now: float, actor: str) -> None:
         """Hosts that stopped heartbeating go offline, with their devices and claims."""
-        silent = await self.store.hosts_silent_since(now, self.life.settings.offline_after_periods,
-                                                     self.life.settings.offline_after_min_s, self.life.serving_since)
+        settings = self.life.settings
+        silent = await self.hosts_sql.hosts_silent_since(now, settings.offline_after_periods,
+                                                         settings.offline_after_min_s, self.life.serving_since)
         for host_name in silent:
-            await self.store.set_host_offline(host_name)
-            await self.store.drop_claims(host_name)
+            await self.hosts_sql.set_host_offline(host_name)
+            await self.devices_sql.drop_claims(host_name)
             self.life.notify(BOARD_KEY)
-            for device in await self.store.devices_of_host(host_name):
+            for device in await self.devices_sql.devices_of_host(host_name):
                 await self.life.change(device, f"host {host_name} stopped heartbeating", actor)

@@ -54,24 +54,24 @@ async def idempotently(request: Request, caller: str, act: Callable[[], Awaitabl
         return {"caller": caller, "key": key, "request": fingerprint, "status": response.status_code,
                 "body": _storable(bytes(response.body)), "created_at": rules.clock()}
 
-    seen = await rules.store.idempotency_key(caller, key) if ready is not None else None
+    seen = await rules.idempotency_sql.idempotency_key(caller, key) if ready is not None else None
     if seen is None:
         try:
             if ready is not None:  # (a repeat replays at once, above: it does not wait again)
                 await ready()
             async with rules.store.tx():
-                seen = await rules.store.idempotency_key(caller, key)
+                seen = await rules.idempotency_sql.idempotency_key(caller, key)
                 if seen is None:
                     response = await act()
-                    await rules.store.save_idempotency_key(record(response))
+                    await rules.idempotency_sql.save_idempotency_key(record(response))
         except APIError as exc:  # refused: nothing changed, and a repeat gets the same refusal
             response = _json(exc.to_json(), exc.status)
             try:
-                await rules.store.save_idempotency_key(record(response))
+                await rules.idempotency_sql.save_idempotency_key(record(response))
             except UniqueViolation:
-                seen = await rules.store.idempotency_key(caller, key)
+                seen = await rules.idempotency_sql.idempotency_key(caller, key)
         except UniqueViolation:  # a concurrent request with this key committed first
-            seen = await rules.store.idempotency_key(caller, key)
+            seen = await rules.idempotency_sql.idempotency_key(caller, key)
     if seen is None:
         return response
     if seen["request"] != fingerprint:
@@ -106,8 +106,7 @@ async def _replayed(rules: Rules, body: str) -> str:
     if not isinstance(answer, dict):
         return body
     if str(answer.get("id", "")).startswith(LEASE_PREFIX) and SECRET_MARK in body:
-        lease = await rules.store.lease(answer["id"])
-        secret = lease["secret"] if lease else None
+        secret = await rules.leases.secret(answer["id"])
         answer = json.loads(body.replace(SECRET_MARK, secret or ""))
         answer["secret"] = secret
     if answer.get("token") == "":

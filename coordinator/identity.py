@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from typing import Callable
 
 import httpx2
 from starlette.requests import Request
@@ -34,6 +35,8 @@ from device_loop.core.answers import TokenAnswer
 from .errors import APIError
 from .rows import TokenRow
 from .who import ANONYMOUS, CallerKind, Who
+from .store import Store
+from .store.tokens import TokenQueries
 
 USER_HEADER = "X-Device-Loop-User"
 COOKIE = "device_loop_token"  # the web page's sign-in: the token itself
@@ -112,7 +115,7 @@ async def _identify(request: Request) -> Who:
 
 async def token_identity(rules, token: str) -> Who | None:
     """Whose ``token`` is, or None if it is unknown, revoked or expired."""
-    row = await rules.store.token_by_hash(hash_token(token))
+    row = await TokenQueries(rules.store).token_by_hash(hash_token(token))
     if row is None or row["revoked_at"] is not None or (row["expires_at"] or float("inf")) <= rules.clock():
         return None
     if row["host"]:
@@ -172,7 +175,7 @@ def refusal(access: str, identity: Who, host: str | None = None) -> APIError | N
     return APIError(403, "forbidden", f"this needs {what[access]}; you are {identity.name}")
 
 
-async def issue_token(store, clock, username: str | None = None, admin: bool = False,
+async def issue_token(store: Store, clock: Callable[[], float], username: str | None = None, admin: bool = False,
                       host: str | None = None, expires_s: float | None = None,
                       kind: TokenKind = TokenKind.PERSON) -> TokenAnswer:
     """A new token for a person (``username``; ``kind``: a person's or an agent's, whose
@@ -192,7 +195,7 @@ async def issue_token(store, clock, username: str | None = None, admin: bool = F
     row: TokenRow = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",
            "admin": bool(admin and host is None), "host": host, "kind": TokenKind(kind), "created_at": now,
            "expires_at": now + expires_s if expires_s else None, "revoked_at": None}
-    await store.insert_token(row)
+    await TokenQueries(store).insert_token(row)
     return {**token_view(row), "token": token}
 
 

@@ -22,6 +22,9 @@ from .lifecycle import Lifecycle
 from .rows import DeviceFacts, ImageRow, KnownGoodImage
 from .store import Store, UniqueViolation
 from .who import Who
+from .store.devices import DeviceQueries
+from .store.images import ImageQueries
+from .store.operations import OperationQueries
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +82,13 @@ def image_json(row: ImageRow, known_good_for: list[str] | None = None) -> ImageA
 class Images:
     """The registry: its rows, its files (``ImageFiles``), their references."""
 
-    def __init__(self, life: Lifecycle, files: ImageFiles):
+    def __init__(self, life: Lifecycle, files: ImageFiles, *,
+                 images_sql: ImageQueries, devices_sql: DeviceQueries, operations_sql: OperationQueries):
         self.life, self.image_files = life, files
         self.store: Store = life.store
+        self.images_sql = images_sql
+        self.devices_sql = devices_sql
+        self.operations_sql = operations_sql
         self._next_sweep = 0.0
 
     async def _target(self, name: str) -> str:
@@ -90,9 +97,9 @@ class Images:
         if not name:  # (as the document says of `for`: a name, not nothing)
             raise APIError(422, "invalid", "for: say which device or device class the image is for")
         kind, _, bare = name.rpartition(":")
-        if kind in ("", "device") and await self.store.device(bare) is not None:
+        if kind in ("", "device") and await self.devices_sql.device(bare) is not None:
             return f"device:{bare}"
-        if kind in ("", "class") and bare in await self.store.device_classes():
+        if kind in ("", "class") and bare in await self.devices_sql.device_classes():
             return f"class:{bare}"
         raise APIError(404, "unknown_target", f"no device or device class is called {name!r}")
 
@@ -103,11 +110,11 @@ class Images:
         refused as ambiguous, with what it matched."""
         kind, value = parse_ref(ref)
         if kind == "digest":
-            found = [image] if (image := await self.store.image(value)) else []
+            found = [image] if (image := await self.images_sql.image(value)) else []
         elif kind == "prefix":
-            found = await self.store.images_by_prefix(value)
+            found = await self.images_sql.images_by_prefix(value)
         else:
-            found = await self.store.images_named(value)
+            found = await self.images_sql.images_named(value)
             fitting = [i for i in found if targets and i["target"] in targets]
             found = fitting if len(fitting) == 1 else found
         if not found:
@@ -123,7 +130,7 @@ class Images:
         """The image recovery writes onto ``device`` (its name and class): the latest marked
         known-good for it, else for its class (with ``marked_at``)."""
         for target in (f"device:{device['name']}", f"class:{device['class']}"):
-            image = await self.store.latest_known_good(target)
+            image = await self.images_sql.latest_known_good(target)
             if image is not None:
                 return image
         return None
@@ -145,10 +152,10 @@ class Images:
         received = await self.image_files.receive(chunks, limit, too_large, declared_sha256, declared_size)
         try:
             async with self.store.tx():
-                existing = await self.store.image(received.sha256)
+                existing = await self.images_sql.image(received.sha256)
                 if existing is None:
-                    self._refuse_taken_name(await self.store.images_named(name), name, target)
-                    await self.store.pin_image_file(received.sha256, self.life.clock())
+                    self._refuse_taken_name(await self.images_sql.images_named(name), name, target)
+                    await self.images_sql.pin_image_file(received.sha256, self.life.clock())
         except BaseException:
             self.image_files.discard(received)
             raise
@@ -162,20 +169,21 @@ class Images:
         try:
             async with self.store.tx():
                 # pinned again, and there: a sweep that found the pin stale took the file, or waits
-                await self.store.pin_image_file(received.sha256, now)
+                await self.images_sql.pin_image_file(received.sha256, now)
                 if not self.image_files.path(received.sha256).exists():
                     raise APIError(503, "try_again", "the registry was cleaning up these bytes just now: upload "
                                                      "them again")
-                await self.store.insert_image(row)
-                if not await self.store.count_image_bytes(caller, received.size, self.life.settings.image_quota_bytes):
+                await self.images_sql.insert_image(row)
+                quota = self.life.settings.image_quota_bytes
+                if not await self.images_sql.count_image_bytes(caller, received.size, quota):
                     raise APIError(413, "over_quota", await self._over_quota(caller, received.size))
                 await self.life.audit(caller, "image_upload", None, None,
                                   {"image": name, "for": target, "sha256": received.sha256, "size": received.size})
         except UniqueViolation:  # these bytes, or this name for this target, were just registered
-            existing = await self.store.image(received.sha256)
+            existing = await self.images_sql.image(received.sha256)
             if existing is not None:
                 return self._uploaded_before(existing, name, target, target_name)
-            self._refuse_taken_name(await self.store.images_named(name), name, target)
+            self._refuse_taken_name(await self.images_sql.images_named(name), name, target)
             raise
         return image_json(row), True
 
@@ -192,13 +200,13 @@ class Images:
         limit = self.life.settings.max_image_bytes
         quota = self.life.settings.image_quota_bytes
         if quota:
-            room = max(0, quota - (await self.store.user_counts(caller))["image_bytes"])
+            room = max(0, quota - (await self.images_sql.user_counts(caller))["image_bytes"])
             if room < limit:
                 return room, APIError(413, "over_quota", await self._over_quota(caller, room + 1))
         return limit, APIError(413, "too_large", f"the image is over this lab's limit of {limit} bytes")
 
     async def _over_quota(self, caller: str, size: int) -> str:
-        used = (await self.store.user_counts(caller))["image_bytes"]
+        used = (await self.images_sql.user_counts(caller))["image_bytes"]
         quota = self.life.settings.image_quota_bytes
         return (f"{size} more bytes would take {caller} over this lab's quota of {quota} "
                 f"bytes of images per person ({used} used): remove some first (device-loop images rm)")
@@ -223,8 +231,8 @@ class Images:
         on_disk = await asyncio.to_thread(self.image_files.digests)
         async with self.store.tx():
             now = self.life.clock()
-            await self.store.adopt_image_files(sorted(on_disk - await self.store.image_file_names()), now)
-            unused = await self.store.unused_image_files(now - FILE_PIN_S)
+            await self.images_sql.adopt_image_files(sorted(on_disk - await self.images_sql.image_file_names()), now)
+            unused = await self.images_sql.unused_image_files(now - FILE_PIN_S)
             for sha256 in unused:
                 self.image_files.remove(sha256)
         return unused
@@ -244,11 +252,11 @@ class Images:
         """Every image, or those for ``device`` and its class."""
         targets = None
         if device is not None:
-            row = await self.store.device(device)
+            row = await self.devices_sql.device(device)
             if row is None:
                 raise not_found("device", device)
             targets = [f"device:{device}", f"class:{row['class']}"]
-        return [image_json(r, r["known_good_for"]) for r in await self.store.images(targets)]
+        return [image_json(r, r["known_good_for"]) for r in await self.images_sql.images(targets)]
 
     async def image_info(self, ref: str) -> ImageAnswer:
         image = await self.image(ref)
@@ -258,8 +266,8 @@ class Images:
         async with self.store.tx():
             target = await self._target(target_name)
             image = await self.image(ref, {target})
-            await self.store.mark_known_good({"target": target, "sha256": image["sha256"], "marked_by": admin,
-                                              "at": self.life.clock()})
+            await self.images_sql.mark_known_good({"target": target, "sha256": image["sha256"], "marked_by": admin,
+                                                   "at": self.life.clock()})
             await self.life.audit(admin, "image_known_good", None, None, {"image": image["name"], "for": target})
         return await self.image_info(image["sha256"])
 
@@ -272,11 +280,11 @@ class Images:
             if not who.may_act_on(image["uploader"]):
                 raise APIError(403, "forbidden", f"image {image['name']!r} is {image['uploader']}'s: "
                                                  "only they or an admin remove it")
-            sole = await self.store.sole_known_good_targets(image["sha256"])
+            sole = await self.images_sql.sole_known_good_targets(image["sha256"])
             if sole:
                 raise conflict("only_known_good", f"image {image['name']!r} is the only known-good image for "
                                                   f"{', '.join(sole)}: mark another one first")
-            using = await self.store.live_image_uses(image["sha256"])
+            using = await self.operations_sql.live_image_uses(image["sha256"])
             if using:
                 raise conflict("image_in_use", f"image {image['name']!r} is being flashed onto {using[0]['device']} "
                                                f"({using[0]['id']}): remove it once that ends")
@@ -290,7 +298,7 @@ class Images:
         if not unused_days >= 0:
             raise APIError(422, "invalid", "days must be 0 or more")
         async with self.store.tx():
-            gone = await self.store.images_unused_since(self.life.clock() - unused_days * 86400)
+            gone = await self.images_sql.images_unused_since(self.life.clock() - unused_days * 86400)
             for image in gone:
                 await self._delete(image)
             names = [i["name"] for i in gone]
@@ -301,8 +309,8 @@ class Images:
     async def _delete(self, image: ImageRow) -> None:
         """An image's row goes (its known-good marks with it), and its bytes from its uploader's
         count; its file once the transaction committed (``sweep_files``)."""
-        await self.store.delete_image(image["sha256"])
-        await self.store.uncount_image_bytes(image["uploader"], image["size"])
+        await self.images_sql.delete_image(image["sha256"])
+        await self.images_sql.uncount_image_bytes(image["uploader"], image["size"])
         self._sweep_after_commit()
 
 

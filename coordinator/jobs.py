@@ -38,6 +38,9 @@ from .rows import JobCellRow, JobLeaseRow, JobRow, JobRunRow
 from .scheduler import Scheduler
 from .store import Store
 from .who import Who, lab_actor
+from .store.jobs import JobQueries
+from .store.leases import LeaseQueries
+from .store.tickets import TicketQueries
 
 JOB_PREFIX = "job-"
 MAX_LISTED = 200           # jobs a listing shows
@@ -125,9 +128,13 @@ def _jsonable(value: Any) -> Any:
 class Jobs:
     """Jobs, their cells and runs, and the leases they hold."""
 
-    def __init__(self, life: Lifecycle, scheduler: Scheduler, leases: Leases):
+    def __init__(self, life: Lifecycle, scheduler: Scheduler, leases: Leases, *,
+                 jobs_sql: JobQueries, leases_sql: LeaseQueries, tickets_sql: TicketQueries):
         self.life, self.scheduler, self.leases = life, scheduler, leases
         self.store: Store = life.store
+        self.jobs_sql = jobs_sql
+        self.leases_sql = leases_sql
+        self.tickets_sql = tickets_sql
         self._analyses: OrderedDict[tuple, Any] = OrderedDict()  # what the last few jobs' runs came to
 
     # ---- submit, list, read -----------------------------------------------------------------
@@ -145,10 +152,10 @@ class Jobs:
                        "worker": (worker or who.name) if claim else None, "worker_user": who.name if claim else None,
                        "beat_at": now if claim else None}
         async with self.store.tx():
-            if not await self.store.count_job(who.name, MAX_OPEN_JOBS if who.limited else None):
+            if not await self.jobs_sql.count_job(who.name, MAX_OPEN_JOBS if who.limited else None):
                 raise conflict("too_many_jobs", f"you have {MAX_OPEN_JOBS} queued or running jobs, this lab's limit "
                                                 "per person; cancel one or wait for one to end")
-            await self.store.insert_job(row)
+            await self.jobs_sql.insert_job(row)
             await self.life.audit(who.name, "job_submit", None, None, {"job": row["id"], "kind": kind,
                                                                     "title": spec.title})
             if claim:
@@ -159,7 +166,7 @@ class Jobs:
     async def _readable(self, job_id: str, who: Who, for_update: bool = False) -> JobRow:
         """The job, if ``who`` may act on its owner or its worker (docs/architecture.md, "Who may act
         on what"); anyone else is told it does not exist."""
-        row = await self.store.job(job_id, for_update)
+        row = await self.jobs_sql.job(job_id, for_update)
         if row is None or not who.may_act_on(row["owner"], row["worker_user"]):
             raise not_found("job", job_id)
         return row
@@ -189,8 +196,8 @@ class Jobs:
 
     async def view(self, row: JobRow) -> JobAnswer:
         """What ``GET /api/v1/jobs/{id}`` answers of a job."""
-        cells = [_cell(c) for c in await self.store.job_cells(row["id"])]
-        runs = [_run(r) for r in await self.store.job_runs(row["id"])]
+        cells = [_cell(c) for c in await self.jobs_sql.job_cells(row["id"])]
+        runs = [_run(r) for r in await self.jobs_sql.job_runs(row["id"])]
         answer: JobAnswer = {
             "id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
             "reason": row["reason"], "spec": row["spec"],  # type: ignore[typeddict-item]  # (its JSON, checked at submit)
@@ -198,7 +205,7 @@ class Jobs:
             "worker": row["worker"], "cells": cells, "runs": runs,  # type: ignore[typeddict-item]
             "run_count": len(runs),
             "coordinator_version": _version(),
-            "reservations": [_reservation(r) for r in await self.store.job_leases(row["id"])],
+            "reservations": [_reservation(r) for r in await self.jobs_sql.job_leases(row["id"])],
             "analysis": None,
         }
         if runs:
@@ -236,7 +243,7 @@ class Jobs:
 
     async def jobs(self, caller: str, everyone: bool) -> list[dict[str, Any]]:
         """The jobs the caller owns or works on (an admin's ``everyone``: all), open ones first."""
-        return [_summary(r) for r in await self.store.jobs_of(None if everyone else caller, MAX_LISTED)]
+        return [_summary(r) for r in await self.jobs_sql.jobs_of(None if everyone else caller, MAX_LISTED)]
 
     # ---- the worker ---------------------------------------------------------------------------
 
@@ -256,15 +263,15 @@ class Jobs:
         for, holding nothing (docs/architecture.md, "Nothing that waits holds the lab")."""
         served = self.served(users, who)
         if wait_s > 0:
-            await self.life.notifier.long_poll(QUEUED_KEY, lambda: self.store.queued_job_of(served), bool, wait_s,
-                                               gone)
+            await self.life.notifier.long_poll(QUEUED_KEY, lambda: self.jobs_sql.queued_job_of(served), bool, wait_s,
+                                                  gone)
 
     async def claim(self, users: list[str], worker: str | None, who: Who) -> ClaimAnswer:
         """The oldest queued job of ``users`` (default: the caller), now running with the
         caller as its worker; ``job`` is None when none is queued (``wait_queued`` waits)."""
         served, label = self.served(users, who), worker or who.name
         async with self.store.tx():
-            row = await self.store.claim_job(served, label, who.name, self.life.clock())
+            row = await self.jobs_sql.claim_job(served, label, who.name, self.life.clock())
             if row is not None:
                 await self.life.audit(who.name, "job_claim", None, None, {"job": row["id"], "worker": label,
                                                                       "owner": row["owner"]})
@@ -277,10 +284,10 @@ class Jobs:
         async with self.store.tx():
             row = await self._worked(job_id, who, "beats for it")
             now = self.life.clock()
-            await self.store.beat_job(job_id, now)
-            for held in await self.store.job_leases(job_id):
+            await self.jobs_sql.beat_job(job_id, now)
+            for held in await self.jobs_sql.job_leases(job_id):
                 if held["ticket_id"] and held["ticket_state"] == TicketState.GRANTED \
-                        and await self.store.claim_ticket(held["ticket_id"], now):
+                        and await self.tickets_sql.claim_ticket(held["ticket_id"], now):
                     await self.life.audit(who.name, "ticket_claim", held["device"], held["lease_id"],
                                           {"ticket": held["ticket_id"], "job": job_id})
                     self.life.notify(ticket_key(held["ticket_id"]))
@@ -296,7 +303,7 @@ class Jobs:
             spec = JobSpec.model_validate(row["spec"])
             self._check_cell(spec, cell)
             most = RESERVATIONS_PER_CELL * cell_count(spec)
-            if await self.store.job_lease_count(job_id) >= most:
+            if await self.jobs_sql.job_lease_count(job_id) >= most:
                 raise conflict("too_many_reservations", f"{job_id} has made {most} tickets and leases, the most a "
                                                         f"job of {cell_count(spec)} cell(s) makes")
             owner = Who(row["owner"])  # the job's leases are its owner's, counted and limited as theirs
@@ -304,7 +311,7 @@ class Jobs:
                                                   owner, TicketKind(row["kind"]))
             made: dict[str, Any] = dict(answer)  # a lease, or a ticket (which has a key of that name)
             ticket = made.get("ticket")
-            await self.store.add_job_lease(job_id, cell, ticket, None if ticket else made["id"], self.life.clock())
+            await self.jobs_sql.add_job_lease(job_id, cell, ticket, None if ticket else made["id"], self.life.clock())
             self.life.notify(job_key(job_id))
             return answer
 
@@ -322,9 +329,9 @@ class Jobs:
             row = await self._worked(job_id, who, "reports its cells")
             self._check_cell(JobSpec.model_validate(row["spec"]), report.cell)
             dumped = report.model_dump(mode="json", by_alias=True)
-            await self.store.save_job_cell({"job": job_id, "cell": report.cell, "cell_group": report.group,
-                                            "device": report.device, "lease_id": report.lease_id,
-                                            "fingerprint": dumped["fingerprint"], "not_run": report.not_run})
+            await self.jobs_sql.save_job_cell({"job": job_id, "cell": report.cell, "cell_group": report.group,
+                                               "device": report.device, "lease_id": report.lease_id,
+                                               "fingerprint": dumped["fingerprint"], "not_run": report.not_run})
             self.life.notify(job_key(job_id))
         return dumped
 
@@ -340,7 +347,7 @@ class Jobs:
                 raise APIError(409, "too_many_runs", f"a cell of {job_id} has at most {most} runs (its spec's "
                                                      f"rounds): seq {run.seq} is past them")
             dumped = run.model_dump(mode="json", by_alias=True)
-            if not await self.store.insert_job_run({"job": job_id, **dumped}):  # type: ignore[typeddict-item]
+            if not await self.jobs_sql.insert_job_run({"job": job_id, **dumped}):  # type: ignore[typeddict-item]
                 raise conflict("duplicate_run", f"{job_id} has run {run.seq} of cell {run.cell} already: runs are "
                                                 "never changed")
             self.life.notify(job_key(job_id))
@@ -369,21 +376,21 @@ class Jobs:
         """End a job (in the caller's transaction, its row locked): its open tickets cancelled,
         its live leases released, their devices' hosts locked first."""
         job_id = row["id"]
-        held = await self.store.job_leases(job_id)
-        await self.store.lock_hosts([h["host"] for h in held if h["host"] and (
+        held = await self.jobs_sql.job_leases(job_id)
+        await self.leases_sql.lock_hosts([h["host"] for h in held if h["host"] and (
             h["lease_state"] in LIVE_LEASE_STATES or h["ticket_state"] in OPEN_TICKET_STATES)])
-        ended = await self.store.end_job(job_id, state, reason, self.life.clock(), OPEN_JOB_STATES)
+        ended = await self.jobs_sql.end_job(job_id, state, reason, self.life.clock(), OPEN_JOB_STATES)
         if ended is None:
             raise conflict("job_changed", f"{job_id} changed just now; look at it again")
-        await self.store.uncount_job(ended["owner"])
+        await self.jobs_sql.uncount_job(ended["owner"])
         for ticket in {h["ticket_id"] for h in held if h["ticket_id"] and h["ticket_state"] in OPEN_TICKET_STATES}:
             await self.scheduler.cancel(ticket, lab_actor(actor))  # a granted one gives its lease back
-        for lease_id in {h["lease_id"] for h in await self.store.job_leases(job_id)
-                         if h["lease_id"] and h["lease_state"] in LIVE_LEASE_STATES}:
-            lease = await self.store.lease(lease_id)
-            if lease is not None and await self.leases.end(lease, LeaseState.RELEASED,
-                                                           f"its job {job_id} ended ({state})", actor):
-                await self.life.audit(actor, "release", lease["device"], lease_id, {"job": job_id})
+        for lease_id in {h["lease_id"] for h in await self.jobs_sql.job_leases(job_id)
+                            if h["lease_id"] and h["lease_state"] in LIVE_LEASE_STATES}:
+               lease = await self.leases_sql.lease(lease_id)
+               if lease is not None and await self.leases.end(lease, LeaseState.RELEASED,
+                                                              f"its job {job_id} ended ({state})", actor):
+                   await self.life.audit(actor, "release", lease["device"], lease_id, {"job": job_id})
         await self.life.audit(actor, action, None, None, {"job": job_id, "state": state, "reason": reason})
         self.life.notify(job_key(job_id))
         return ended
@@ -397,9 +404,9 @@ class Jobs:
         before = now - timeout
         if self.life.serving_since > before:
             return
-        for row in await self.store.jobs_silent_before(before, SILENT_PER_PASS):
+        for row in await self.jobs_sql.jobs_silent_before(before, SILENT_PER_PASS):
             async with self.store.tx():
-                locked = await self.store.job(row["id"], for_update=True)
+                locked = await self.jobs_sql.job(row["id"], for_update=True)
                 if locked is None or locked["state"] != JobState.RUNNING or (locked["beat_at"] or 0) >= before:
                     continue  # it beat, or ended, in another process meanwhile
                 await self._end(locked, JobState.FAILED, f"worker lost: {locked['worker']} did not beat within "

@@ -23,6 +23,8 @@ from .notify import BOARD_KEY, host_key, lease_key
 from .rows import DeviceFacts, LeaseRow, LeaseView
 from .store import Store
 from .who import Who
+from .store.devices import DeviceQueries
+from .store.leases import LeaseQueries
 
 
 def describe_want(device: str | None, device_class: str | None, tags: list[str]) -> str:
@@ -103,16 +105,24 @@ def _view(lease: LeaseRow, device: DeviceFacts, device_state: DeviceState) -> Le
 class Leases:
     """Who holds which device, until when."""
 
-    def __init__(self, life: Lifecycle, devices: Devices):
+    def __init__(self, life: Lifecycle, devices: Devices, *,
+                 leases_sql: LeaseQueries, devices_sql: DeviceQueries):
         self.life, self.devices = life, devices
         self.store: Store = life.store
+        self.leases_sql = leases_sql
+        self.devices_sql = devices_sql
 
     # ---- what a holder sees -----------------------------------------------------------------
+
+    async def secret(self, lease_id: str) -> str | None:
+        """The secret of ``lease_id`` while it lives (it dies with the lease), else None."""
+        lease = await self.leases_sql.lease(lease_id)
+        return lease["secret"] if lease else None
 
     async def own_view(self, lease_id: str, who: Who) -> LeaseView:
         """The lease, if ``who`` may act on it (docs/architecture.md, "Who may act on what");
         anyone else is told it does not exist."""
-        view = await self.store.lease_view(lease_id)
+        view = await self.leases_sql.lease_view(lease_id)
         if view is None or not who.may_act_on(view["holder"]):
             raise not_found("lease", lease_id)
         return view
@@ -130,9 +140,9 @@ class Leases:
     async def mine(self, caller: str, device: str | None = None) -> list[LeaseAnswer]:
         """The caller's live leases; on one ``device``, their lease there, live or the last that ended."""
         if device is not None:
-            view = await self.store.last_lease_view(caller, device)
+            view = await self.leases_sql.last_lease_view(caller, device)
             return [lease_json(view)] if view else []
-        return [lease_json(v) for v in await self.store.live_lease_views_of_holder(caller)]
+        return [lease_json(v) for v in await self.leases_sql.live_lease_views_of_holder(caller)]
 
     async def wait(self, lease_id: str, who: Who, unless_state: str | None, wait_s: float,
                    gone: Callable[[], Awaitable[None]]) -> LeaseAnswer:
@@ -146,8 +156,8 @@ class Leases:
         """Reserve the device called ``device_name`` (or say why not, and what else is free)."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
-            await self.store.lock_host_of_device(device_name)  # (docs/architecture.md, "Leases": the lock order)
-            device = await self.store.device(device_name)
+            await self.leases_sql.lock_host_of_device(device_name)  # (docs/architecture.md, "Leases": the lock order)
+            device = await self.devices_sql.device(device_name)
             if device is None:
                 raise await self.devices.unknown(device_name)
             await self._refuse_unless_free(device, who.name)
@@ -162,8 +172,8 @@ class Leases:
         longest (docs/architecture.md, "Who gets the next lease"), or say why none is."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
-            picked = await self.store.free_devices(device_class, tags, self.PICKS)
-            await self.store.lock_hosts([d["host"] for d in picked if d["host"]])  # all at once, in one order
+            picked = await self.devices_sql.free_devices(device_class, tags, self.PICKS)
+            await self.leases_sql.lock_hosts([d["host"] for d in picked if d["host"]])  # all at once, in one order
             for device in picked:
                 answer = await self.grant(device, ttl, who.name, who.limited,
                                           f"reserved by class ({format_duration(ttl)})")
@@ -177,10 +187,10 @@ class Leases:
         """The refusal of a reserve by class and tags that found no free device: 404 if none
         in the lab matches at all, else 409 with how the matching ones stand."""
         wanted = describe_want(None, device_class, tags)
-        states = await self.store.matching_device_states(device_class, tags)
+        states = await self.devices_sql.matching_device_states(device_class, tags)
         states.pop(DeviceState.RETIRED, None)
         if not states:
-            classes = ", ".join(await self.store.device_classes()) or "none yet"
+            classes = ", ".join(await self.devices_sql.device_classes()) or "none yet"
             return APIError(404, "no_such_devices", f"no device in the lab is {wanted} (classes: {classes})")
         standing = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
         return conflict("none_free", f"no device {wanted} is free now ({standing}); add --queue (REST: "
@@ -198,12 +208,12 @@ class Leases:
                            "state": LeaseState.PENDING, "created_at": now, "expires_at": now + ttl,
                            "ended_at": None, "end_reason": None,
                            "secret": secrets.token_urlsafe(24) if life.settings.gated else None}
-        if not await self.store.insert_lease_if_free(lease):
+        if not await self.leases_sql.insert_lease_if_free(lease):
             return None
         # counted by the database in one statement: concurrent reserves in several
         # processes cannot all see room for one more (admins are counted, not limited)
         limit = (life.settings.max_leases_per_user or None) if limited and not ticket_id else None
-        if not await self.store.count_lease(holder, limit):
+        if not await self.leases_sql.count_lease(holder, limit):
             await self._refuse_hoarding(holder)
         state = await life.change({**device, "lease_state": LeaseState.PENDING}, cause, holder)
         detail: dict[str, Any] = {"ttl_s": ttl} if ticket_id is None else {"ttl_s": ttl, "ticket": ticket_id}
@@ -250,7 +260,7 @@ class Leases:
                 message += f" (an admin clears it: device-loop admin clear-fault {name})"
         else:
             message = f"{name} is {state}"
-        alternative = await self.store.idle_device_of_class(device["class"], other_than=name)
+        alternative = await self.devices_sql.idle_device_of_class(device["class"], other_than=name)
         if alternative:
             message += f"; try {alternative}"
         code = ("busy" if device["lease_id"] or state == DeviceState.RECLAIMING or device["op_id"] else
@@ -258,7 +268,7 @@ class Leases:
         raise conflict(code, message)
 
     async def _refuse_hoarding(self, caller: str) -> None:
-        held = await self.store.live_leases_of_holder(caller)
+        held = await self.leases_sql.live_leases_of_holder(caller)
         devices = ", ".join(lease["device"] for lease in held)
         raise conflict("too_many_leases", f"you hold {len(held)} leases ({devices}), this lab's limit per "
                                           f"person; release one first")
@@ -270,7 +280,7 @@ class Leases:
             if view["state"] not in LIVE_LEASE_STATES:
                 raise conflict("lease_ended", f"{lease_id} is {view['state']}; reserve the device again")
             view["expires_at"] = self.life.clock() + ttl
-            if not await self.store.set_lease_expiry(lease_id, view["expires_at"]):
+            if not await self.leases_sql.set_lease_expiry(lease_id, view["expires_at"]):
                 raise conflict("lease_ended", f"{lease_id} ended just now; reserve the device again")
             await self.life.audit(who.name, "renew", view["device"], lease_id, {"ttl_s": ttl})
             self.life.notify(lease_key(lease_id), BOARD_KEY)
@@ -278,7 +288,7 @@ class Leases:
 
     async def release(self, lease_id: str, who: Who) -> LeaseAnswer:
         async with self.store.tx():
-            lease = await self.store.lease(lease_id)
+            lease = await self.leases_sql.lease(lease_id)
             if lease is None or not who.may_act_on(lease["holder"]):
                 raise not_found("lease", lease_id)
             return await self._end_and_show(lease, LeaseState.RELEASED, f"released by {who.name}", who.name, "release",
@@ -287,7 +297,7 @@ class Leases:
     async def revoke(self, lease_id: str, admin: str) -> LeaseAnswer:
         """An admin takes a lease back (``admin release --force``)."""
         async with self.store.tx():
-            lease = await self.store.lease(lease_id)
+            lease = await self.leases_sql.lease(lease_id)
             if lease is None:
                 raise not_found("lease", lease_id)
             return await self._end_and_show(lease, LeaseState.REVOKED, f"revoked by admin {admin}", admin, "revoke",
@@ -298,7 +308,7 @@ class Leases:
         """End ``lease`` (if still live; audited as ``action``) and show it as it is now."""
         device = await self.end(lease, state, reason, actor)
         if device is None:  # it had ended already
-            view = await self.store.lease_view(lease["id"])
+            view = await self.leases_sql.lease_view(lease["id"])
             if view is None:  # and an admin has forgotten its device since
                 raise conflict("lease_ended", f"{lease['id']} is {lease['state']} ({lease['end_reason']}), and its "
                                               f"device {lease['device']} is no longer in the lab")
@@ -313,10 +323,10 @@ class Leases:
         None if the lease had ended already (here or in another coordinator process), or
         is no longer what ``still`` says (``Store.end_lease``)."""
         life = self.life
-        await self.store.lock_host_of_device(lease["device"])  # before the lease: a heartbeat's order
-        if not await self.store.end_lease(lease["id"], state, reason, life.clock(), **still):
+        await self.leases_sql.lock_host_of_device(lease["device"])  # before the lease: a heartbeat's order
+        if not await self.leases_sql.end_lease(lease["id"], state, reason, life.clock(), **still):
             return None
-        device = await self.store.device(lease["device"])
+        device = await self.devices_sql.device(lease["device"])
         if device is None:  # forgotten by an admin meanwhile: nothing to reclaim
             return None
         device["state"] = await life.change(device, f"lease {state}: {reason}", actor, {"reclaim_lease": lease["id"]})
@@ -326,12 +336,12 @@ class Leases:
 
     async def end_overdue(self, now: float, actor: str) -> None:
         """Expire leases past their ttl; fail those whose services never came up."""
-        for lease in await self.store.leases_past("expires_at", LIVE_LEASE_STATES, now):
+        for lease in await self.leases_sql.leases_past("expires_at", LIVE_LEASE_STATES, now):
             if await self.end(lease, LeaseState.EXPIRED, "its ttl ran out", actor, overdue=True):
                 await self.life.audit(actor, "expire", lease["device"], lease["id"], {})
         timeout = self.life.settings.allocating_timeout_s
-        for lease in await self.store.leases_past("created_at", (LeaseState.PENDING,), now - timeout):
-            view = await self.store.lease_view(lease["id"])
+        for lease in await self.leases_sql.leases_past("created_at", (LeaseState.PENDING,), now - timeout):
+            view = await self.leases_sql.lease_view(lease["id"])
             reason = f"services did not come up within {format_duration(timeout)}"
             shown = lease_json(view)["reason"] if view else ""
             if shown.startswith("service failed"):

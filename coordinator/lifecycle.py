@@ -15,6 +15,8 @@ from .notify import BOARD_KEY, Notifier
 from .rows import DeviceFacts
 from .ssh_logins import SshLogins
 from .store import Store
+from .store.audit import AuditQueries
+from .store.devices import DeviceQueries
 
 
 @dataclass
@@ -99,36 +101,41 @@ def ring_entry(device: Mapping[str, Any], seq: int, new_state: str, at: float, c
 
 
 class Lifecycle:
-    """What every service writes with: the store, the settings, the clock, the notifier of
-    long-polls (in every coordinator process), the metrics, the ring and audit logs."""
+    """What every service writes with: the store's transactions, the settings, the clock, the
+    notifier of long-polls (in every coordinator process), the metrics, a device's state and
+    its ring log, the audit log. Its statements (``devices_sql``, ``audit_sql``) are its own:
+    a service is handed what it reads of those tables itself
+    (docs/architecture.md, "A service reaches only its tables")."""
 
-    def __init__(self, store: Store, settings: Settings | None = None, clock: Callable[[], float] = time.time):
+    def __init__(self, store: Store, metrics: LabMetrics, settings: Settings | None = None,
+                 clock: Callable[[], float] = time.time, *, devices_sql: DeviceQueries, audit_sql: AuditQueries):
         self.store = store
+        self.devices_sql, self.audit_sql = devices_sql, audit_sql
         self.settings = settings or Settings()
         self.clock = clock
         self.notifier = Notifier()
         store.subscribe(self.notifier.heard)
-        self.metrics = LabMetrics(tuple(DeviceState))
+        self.metrics = metrics
         # hosts are silent only counting from here: after an outage of the coordinator they
         # get their heartbeat periods to report before they are taken for offline
         self.serving_since = 0.0
 
     async def change(self, device: DeviceFacts, cause: str, actor: str,
                      fields: dict[str, Any] | None = None) -> DeviceState:
-        """Write ``fields`` of ``device`` (a row with its facts, as ``Store.device`` reads it)
+        """Write ``fields`` of ``device`` (a row with its facts, as ``DeviceQueries.device`` reads it)
         and the state they lead to; a change of state goes to the ring log. Returns the state."""
         fields = fields or {}
         new = device_state({**device, **fields})
         if new == device["state"]:
             if fields:
-                await self.store.update_device(device["name"], **fields)
+                await self.devices_sql.update_device(device["name"], **fields)
                 self.notify(BOARD_KEY)
             return new
         now = self.clock()
-        seq = await self.store.update_device_logged(device["name"], state=new, updated_at=now, state_since=now,
-                                                    **fields)
+        seq = await self.devices_sql.update_device_logged(device["name"], state=new, updated_at=now, state_since=now,
+                                                          **fields)
         cause = logged_cause({**device, **fields}, new, cause)
-        await self.store.add_ring_entries([ring_entry(device, seq, new, now, cause, actor)])
+        await self.devices_sql.add_ring_entries([ring_entry(device, seq, new, now, cause, actor)])
         self.notify(BOARD_KEY)
         return new
 
@@ -136,8 +143,8 @@ class Lifecycle:
         """Write ``fields`` that are not facts of the state (``needs_recovery``), with a line in
         the device's ring log (its state stays)."""
         now = self.clock()
-        seq = await self.store.update_device_logged(device["name"], updated_at=now, **fields)
-        await self.store.add_ring_entries([ring_entry(device, seq, device["state"], now, cause, actor)])
+        seq = await self.devices_sql.update_device_logged(device["name"], updated_at=now, **fields)
+        await self.devices_sql.add_ring_entries([ring_entry(device, seq, device["state"], now, cause, actor)])
         self.notify(BOARD_KEY)
 
     def notify(self, *keys: str) -> None:
@@ -147,5 +154,5 @@ class Lifecycle:
     async def audit(self, actor: str, action: str, device: str | None, lease_id: str | None,
                     detail: dict[str, Any]) -> int:
         """An entry of the audit log; its id."""
-        return await self.store.add_audit({"at": self.clock(), "actor": actor, "action": action,
-                                           "device": device, "lease_id": lease_id, "detail": detail})
+        return await self.audit_sql.add_audit({"at": self.clock(), "actor": actor, "action": action,
+                                               "device": device, "lease_id": lease_id, "detail": detail})

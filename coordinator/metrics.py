@@ -13,6 +13,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from device_loop.core import LIVE_LEASE_STATES
 
+from .store.metrics import MetricQueries
+
 disable_created_metrics()  # no *_created series next to each counter: dashboards do not use them
 READY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 WAIT_BUCKETS = (1, 5, 15, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600)  # a ticket waits minutes to hours
@@ -24,7 +26,7 @@ class _Families:
     def __init__(self, families: list):
         self.families = families
 
-    def collect(self):
+    def collect(self) -> list:
         return self.families
 
 
@@ -34,8 +36,9 @@ class LabMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, states: tuple[str, ...]):
+    def __init__(self, states: tuple[str, ...], metrics_sql: MetricQueries):
         self.states = states
+        self.metrics_sql = metrics_sql
         self.registry = CollectorRegistry(auto_describe=False)
         self.leases_granted = Counter("device_loop_leases_granted", "Leases this process granted",
                                       registry=self.registry)
@@ -54,26 +57,26 @@ class LabMetrics:
         for seconds in waited_s:
             self.reserve_ready.observe(max(0.0, seconds))
 
-    async def exposition(self, store, now: float) -> bytes:
+    async def exposition(self, now: float) -> bytes:
         """The text format: the lab as the database has it, then this process's counters."""
         devices = GaugeMetricFamily("device_loop_devices", "Devices by state and class", labels=["state", "class"])
-        counts = {(r["state"], r["class"]): r["n"] for r in await store.device_counts()}
+        counts = {(r["state"], r["class"]): r["n"] for r in await self.metrics_sql.device_counts()}
         for device_class in sorted({c for _, c in counts}):
             for state in self.states:
                 devices.add_metric([state, device_class], counts.get((state, device_class), 0))
         leases = GaugeMetricFamily("device_loop_leases_live", "Live leases in the lab, by state", labels=["state"])
-        live = await store.live_lease_counts()
+        live = await self.metrics_sql.live_lease_counts()
         for state in LIVE_LEASE_STATES:
             leases.add_metric([state], live.get(state, 0))
         age = GaugeMetricFamily("device_loop_host_heartbeat_age_seconds", "Seconds since each host's last heartbeat",
                                 labels=["host"])
         online = GaugeMetricFamily("device_loop_host_online", "1 while a host is online", labels=["host"])
-        for host in await store.host_heartbeats():
+        for host in await self.metrics_sql.host_heartbeats():
             age.add_metric([host["name"]], round(now - host["last_seen"], 3))
             online.add_metric([host["name"]], int(host["online"]))
         waiting = GaugeMetricFamily("device_loop_tickets_waiting", "Queue tickets waiting, by the class they wait "
                                     "for (a named device's) and kind", labels=["class", "kind"])
-        for row in await store.waiting_ticket_counts():
+        for row in await self.metrics_sql.waiting_ticket_counts():
             waiting.add_metric([row["class"], row["kind"]], row["n"])
         return (generate_latest(_Families([devices, leases, age, online, waiting]))
                 + generate_latest(self.registry))

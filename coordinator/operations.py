@@ -35,6 +35,10 @@ from .notify import BOARD_KEY, host_key, op_key
 from .rows import DeviceFacts, HostRow, ImageRow, OperationRow
 from .store import Store, UniqueViolation
 from .who import Who
+from .store.devices import DeviceQueries
+from .store.images import ImageQueries
+from .store.leases import LeaseQueries
+from .store.operations import OperationQueries
 
 _ARGS = TypeAdapter(Args)
 
@@ -71,9 +75,15 @@ def kinds_of(device: DeviceFacts) -> dict[str, tuple[dict[str, Any], dict[str, A
 class Operations:
     """Starting operations, following them, and taking what exporters report of them."""
 
-    def __init__(self, life: Lifecycle, leases: Leases, images: Images):
+    def __init__(self, life: Lifecycle, leases: Leases, images: Images, *,
+                 operations_sql: OperationQueries, devices_sql: DeviceQueries, leases_sql: LeaseQueries,
+                 images_sql: ImageQueries):
         self.life, self.leases, self.images = life, leases, images
         self.store: Store = life.store
+        self.operations_sql = operations_sql
+        self.devices_sql = devices_sql
+        self.leases_sql = leases_sql
+        self.images_sql = images_sql
 
     # ---- starting one -----------------------------------------------------------------------
 
@@ -106,7 +116,7 @@ class Operations:
     async def recover_unleased(self, name: str, admin: str) -> OperationAnswer:
         """An admin recovers a device nobody holds (its holder gave it back broken)."""
         async with self.store.tx():
-            device = await self.store.device(name)
+            device = await self.devices_sql.device(name)
             if device is None:
                 raise not_found("device", name)
             if device["lease_id"] and device["holder"] != admin:
@@ -119,7 +129,7 @@ class Operations:
         """An admin starts an operation on a device nobody holds (a hung board to switch off
         and on); a device held by another is theirs to operate."""
         async with self.store.tx():
-            device = await self.store.device(name)
+            device = await self.devices_sql.device(name)
             if device is None:
                 raise not_found("device", name)
             if device["lease_id"] and device["holder"] != admin:
@@ -130,7 +140,7 @@ class Operations:
 
     async def _leased_device(self, lease_id: str, who: Who, doing: str) -> DeviceFacts:
         view = await self.leases.live_view(lease_id, who, doing)
-        device = await self.store.device(view["device"])
+        device = await self.devices_sql.device(view["device"])
         if device is None:
             raise not_found("device", view["device"])
         return device
@@ -153,11 +163,11 @@ class Operations:
                            step: int | None = None) -> OperationAnswer:
         name = device["name"]
         fits = {f"device:{name}", f"class:{device['class']}"}
-        if image["target"] not in fits and not fits & set(await self.store.known_good_targets(image["sha256"])):
+        if image["target"] not in fits and not fits & set(await self.images_sql.known_good_targets(image["sha256"])):
             raise conflict("image_not_for_device",
                            f"image {image['name']!r} is for {image['target']}, not for {name} (class "
                            f"{device['class']}); an admin can mark it known-good for {name}")
-        await self.store.set_image_used(image["sha256"], self.life.clock())
+        await self.images_sql.set_image_used(image["sha256"], self.life.clock())
         return await self._start(device, FLASH_KIND, {"purpose": purpose}, lease_id, caller, image, action=purpose,
                                  audit=audit, step=step)
 
@@ -213,7 +223,7 @@ class Operations:
             detail |= {"image": image["name"], "sha256": image["sha256"], "size": image["size"]}
         op["audit_id"] = await self.life.audit(requester, action or kind, name, lease_id, detail)
         try:
-            await self.store.insert_operation(op)
+            await self.operations_sql.insert_operation(op)
         except UniqueViolation:  # another coordinator process started one a moment ago
             raise self._busy(name, "another operation", None) from None
         self.life.notify(host_key(op["host"]), BOARD_KEY)  # the board shows it busy
@@ -245,7 +255,7 @@ class Operations:
 
     async def op(self, op_id: str, who: Who | None = None) -> OperationAnswer:
         """An operation as ``who`` sees it (``_ops_json``)."""
-        op = await self.store.operation(op_id)
+        op = await self.operations_sql.operation(op_id)
         if op is None:
             raise not_found("operation", op_id)
         return (await self._ops_json([op], who))[0]
@@ -259,9 +269,9 @@ class Operations:
     async def of_device(self, name: str, limit: int = 20, kind: str | None = None, *,
                         who: Who | None = None) -> list[OperationAnswer]:
         """A device's latest operations (of ``kind``), newest first, as ``who`` sees them."""
-        if await self.store.device(name) is None:
+        if await self.devices_sql.device(name) is None:
             raise not_found("device", name)
-        return await self._ops_json(await self.store.operations_of_device(name, limit, kind), who)
+        return await self._ops_json(await self.operations_sql.operations_of_device(name, limit, kind), who)
 
     async def _ops_json(self, ops: list[Any], who: Who | None) -> list[OperationAnswer]:
         """``ops`` with the lease of each (and the paths in what it said) shown only to who may
@@ -272,13 +282,13 @@ class Operations:
         holders: dict[str, str] = {}
         if not who.may_see_all:
             others = [op["lease_id"] for op in ops if op["lease_id"] and op["requester"] != who.name]
-            holders = await self.store.lease_holders(others) if others else {}
+            holders = await self.leases_sql.lease_holders(others) if others else {}
         return [op_json(op, who.may_see_all or who.may_act_on(op["requester"], holders.get(op["lease_id"])),
                         op.get("host_online", True)) for op in ops]
 
     async def image_for_host(self, host: str, sha256: str) -> str:
         """The file of an image that a live operation on ``host`` writes (exporters fetch only those)."""
-        if not await self.store.live_image_uses(sha256, host):
+        if not await self.operations_sql.live_image_uses(sha256, host):
             raise APIError(404, "unknown_image", f"no operation on host {host} writes image {sha256}")
         path = self.images.image_files.path(sha256)
         if not path.exists():
@@ -298,7 +308,7 @@ class Operations:
             return []
         now = self.life.clock()
         ended: list[OperationRow] = []
-        for op in await self.store.operations_to_update(host_name, list(reported), restarted, report.boot_id):
+        for op in await self.operations_sql.operations_to_update(host_name, list(reported), restarted, report.boot_id):
             if op["state"] not in LIVE_OP_STATES:
                 continue  # a result reported again, before the exporter saw it acknowledged
             seen = reported.get(op["id"]) or self._interrupted(op, host_name)
@@ -314,7 +324,7 @@ class Operations:
             fields["started_at"] = op["started_at"] or now
             if seen.state != OperationState.RUNNING:
                 fields["ended_at"] = now
-            await self.store.update_operation(op["id"], fields)
+            await self.operations_sql.update_operation(op["id"], fields)
             if seen.state != OperationState.RUNNING:
                 finished: OperationRow = {**op, **fields}  # type: ignore[typeddict-item]
                 await self._finished(finished, seen.changed, actor)
@@ -345,7 +355,7 @@ class Operations:
         await life.audit(actor, action, op["device"], op["lease_id"], detail)
         life.notify(BOARD_KEY)  # no longer busy, perhaps needing recovery
         self.store.after_commit(life.metrics.operations.labels(kind=op["kind"], outcome=op["state"]).inc)
-        device = await self.store.device(op["device"])
+        device = await self.devices_sql.device(op["device"])
         if device is None:
             return
         if op["state"] == OperationState.FAILED and changed and op["destructive"]:
@@ -354,7 +364,7 @@ class Operations:
             what += f" failed while {op['phase']}"
             await life.note(device, f"needs recovery: {what}", actor, needs_recovery=f"{what}: {op['message']}")
         elif op["state"] == OperationState.DONE and device["needs_recovery"] and op["image_sha256"]:
-            good = await self.store.known_good_targets(op["image_sha256"])
+            good = await self.images_sql.known_good_targets(op["image_sha256"])
             if {f"device:{device['name']}", f"class:{device['class']}"} & set(good):
                 await life.note(device, f"recovered by {op['id']} (known-good {op['image_name']})", actor,
                                 needs_recovery=None)

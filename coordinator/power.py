@@ -22,6 +22,7 @@ from device_loop.core.vocabulary import (AutoRecover, DeviceState, FaultKind, He
 from .lifecycle import NO_FAULT, Lifecycle, fault, held_off
 from .operations import Operations, kinds_of
 from .rows import DeviceFacts, OperationRow
+from .store.devices import DeviceQueries
 
 REQUESTER = "coordinator"     # who an automatic power cycle is asked by, in the logs
 REARM_S = 3600.0              # a device is power-cycled on its own at most once in this long
@@ -58,9 +59,11 @@ def log_line(op: OperationRow) -> str:
 class Power:
     """The power rules of the coordinator that are not every operation's."""
 
-    def __init__(self, life: Lifecycle, operations: Operations):
+    def __init__(self, life: Lifecycle, operations: Operations, *,
+                 devices_sql: DeviceQueries):
         self.life, self.operations = life, operations
         self.store = life.store
+        self.devices_sql = devices_sql
 
     async def ended(self, ops: list[OperationRow], actor: str) -> None:
         """The power operations among ``ops`` (that ended in this report) each leave a line in
@@ -68,7 +71,7 @@ class Power:
         for op in ops:
             if op["kind"] != POWER_KIND:
                 continue
-            device = await self.store.device(op["device"])
+            device = await self.devices_sql.device(op["device"])
             if device is None:
                 continue
             line = log_line(op)
@@ -122,7 +125,7 @@ class Power:
         the last time: a board that hangs at every boot is not cycled in a loop)."""
         for row in rows:
             if row.get("auto_recovery") and row["health"] == HealthStatus.OK:
-                await self.store.update_device(row["name"], auto_recovery=None)
+                await self.devices_sql.update_device(row["name"], auto_recovery=None)
 
     async def recover(self, report: Heartbeat) -> None:
         """Devices of ``report`` whose health failed and whose config allows an automatic power
@@ -134,7 +137,7 @@ class Power:
                                                                        for r in d.resources)]
         if not wanted:
             return
-        for device in await self.store.devices_named(wanted):
+        for device in await self.devices_sql.devices_named(wanted):
             if (device.get("auto_recovery") or device["state"] != DeviceState.FAULTY or device["lease_id"]
                     or device["reclaim_lease"] or device["op_id"] or device["retired"] or not device["present"]
                     or not device["host_online"]):

@@ -1,7 +1,9 @@
 """Every rule of the lab, as services that each hold only what they use, handed their
 collaborators when they are made (``Rules``). The routes and MCP tools call them, and
-nothing else; SQL lives in ``store``. Each method that writes runs in one transaction and
-wakes the long-polls once it committed.
+nothing else; SQL lives in ``store/``, one query object per service's tables, which this
+wiring hands to the services that own those tables and to those lent them, and to nobody
+else (docs/architecture.md, "A service reaches only its tables"). Each method that writes
+runs in one transaction and wakes the long-polls once it committed.
 
 - ``lifecycle`` (``Lifecycle``): what every service writes with — a device's state from its
   facts and its ring log, the audit log, the clock, the long-polls' notifier;
@@ -21,6 +23,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from device_loop.core.vocabulary import DeviceState
+
 from .admin import Admin
 from .devices import Devices
 from .hosts import Hosts
@@ -29,11 +33,23 @@ from .images import Images
 from .jobs import Jobs
 from .leases import Leases
 from .lifecycle import Lifecycle, Settings
+from .metrics import LabMetrics
 from .operations import Operations
 from .power import Power
 from .scheduler import Scheduler
 from .steps import Steps
 from .store import Store
+from .store.audit import AuditQueries
+from .store.devices import DeviceQueries
+from .store.hosts import HostQueries
+from .store.idempotency import IdempotencyQueries
+from .store.images import ImageQueries
+from .store.jobs import JobQueries
+from .store.leases import LeaseQueries
+from .store.metrics import MetricQueries
+from .store.operations import OperationQueries
+from .store.tickets import TicketQueries
+from .store.tokens import TokenQueries
 
 __all__ = ["Rules", "Settings"]
 
@@ -45,17 +61,31 @@ class Rules:
     """The services of one coordinator process, wired together."""
 
     def __init__(self, store: Store, settings: Settings | None = None, clock: Callable[[], float] = time.time):
-        self.life = Lifecycle(store, settings, clock)
-        self.devices = Devices(self.life)
-        self.leases = Leases(self.life, self.devices)
-        self.images = Images(self.life, ImageFiles(self.life.settings.image_dir))
-        self.operations = Operations(self.life, self.leases, self.images)
-        self.scheduler = Scheduler(self.life, self.leases)
-        self.steps = Steps(self.life, self.leases, self.operations)
-        self.power = Power(self.life, self.operations)
-        self.hosts = Hosts(self.life, self.leases, self.operations, self.steps, self.scheduler, self.power)
-        self.admin = Admin(self.life, self.devices, self.leases, self.scheduler)
-        self.jobs = Jobs(self.life, self.scheduler, self.leases)
+        devices_sql, hosts_sql, leases_sql = DeviceQueries(store), HostQueries(store), LeaseQueries(store)
+        operations_sql, images_sql, tickets_sql = OperationQueries(store), ImageQueries(store), TicketQueries(store)
+        audit_sql, self.idempotency_sql = AuditQueries(store), IdempotencyQueries(store)
+        self.life = Lifecycle(store, LabMetrics(tuple(DeviceState), MetricQueries(store)), settings, clock,
+                              devices_sql=devices_sql, audit_sql=audit_sql)
+        self.devices = Devices(self.life, devices_sql=devices_sql, hosts_sql=hosts_sql, operations_sql=operations_sql,
+                               audit_sql=audit_sql)
+        self.leases = Leases(self.life, self.devices, leases_sql=leases_sql, devices_sql=devices_sql)
+        self.images = Images(self.life, ImageFiles(self.life.settings.image_dir), images_sql=images_sql,
+                             devices_sql=devices_sql, operations_sql=operations_sql)
+        self.operations = Operations(self.life, self.leases, self.images, operations_sql=operations_sql,
+                                     devices_sql=devices_sql, leases_sql=leases_sql, images_sql=images_sql)
+        self.scheduler = Scheduler(self.life, self.leases, tickets_sql=tickets_sql, leases_sql=leases_sql,
+                                   devices_sql=devices_sql)
+        self.steps = Steps(self.life, self.leases, self.operations, devices_sql=devices_sql,
+                           operations_sql=operations_sql)
+        self.power = Power(self.life, self.operations, devices_sql=devices_sql)
+        self.hosts = Hosts(self.life, self.leases, self.operations, self.steps, self.scheduler, self.power,
+                           hosts_sql=hosts_sql, devices_sql=devices_sql, leases_sql=leases_sql,
+                           operations_sql=operations_sql)
+        self.admin = Admin(self.life, self.devices, self.leases, self.scheduler, hosts_sql=hosts_sql,
+                           devices_sql=devices_sql, leases_sql=leases_sql, operations_sql=operations_sql,
+                           tokens_sql=TokenQueries(store))
+        self.jobs = Jobs(self.life, self.scheduler, self.leases, jobs_sql=JobQueries(store), leases_sql=leases_sql,
+                         tickets_sql=tickets_sql)
         self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first
 
     # what tests and tools reach for: the lifecycle's own
@@ -93,7 +123,7 @@ class Rules:
             await self.leases.end_overdue(now, REAPER)
             await self.hosts.mark_silent(now, REAPER)
             await self.scheduler.expire_unclaimed(now, REAPER)
-            await self.life.store.drop_idempotency_keys_before(now - IDEMPOTENCY_KEPT_S)
+            await self.idempotency_sql.drop_idempotency_keys_before(now - IDEMPOTENCY_KEPT_S)
         await self.scheduler.grant_wanted()
         await self.jobs.end_silent(self.life.clock(), REAPER)
         await self.images.sweep_files_if_due()

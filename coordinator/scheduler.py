@@ -26,6 +26,9 @@ from .notify import BOARD_KEY, ticket_key
 from .rows import DeviceFacts, TicketRow
 from .store import Store
 from .who import Who
+from .store.devices import DeviceQueries
+from .store.leases import LeaseQueries
+from .store.tickets import TicketQueries
 
 TICKET_PREFIX = "tk-"
 #: The refusals of a reserve by name that a ticket waits out (a held, reclaimed, faulty,
@@ -51,9 +54,13 @@ def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None,
 class Scheduler:
     """Reserve by name or by class and tags; queue tickets and their grants."""
 
-    def __init__(self, life: Lifecycle, leases: Leases):
+    def __init__(self, life: Lifecycle, leases: Leases, *,
+                 tickets_sql: TicketQueries, leases_sql: LeaseQueries, devices_sql: DeviceQueries):
         self.life, self.leases = life, leases
         self.store: Store = life.store
+        self.tickets_sql = tickets_sql
+        self.leases_sql = leases_sql
+        self.devices_sql = devices_sql
 
     # ---- reserve --------------------------------------------------------------------------
 
@@ -82,7 +89,7 @@ class Scheduler:
                        kind: TicketKind) -> TicketAnswer:
         life, caller = self.life, who.name
         limit = (life.settings.max_tickets_per_user or None) if who.limited else None
-        if not await self.store.count_ticket(caller, limit):
+        if not await self.tickets_sql.count_ticket(caller, limit):
             raise conflict("too_many_tickets", f"you have {limit} open tickets, this lab's limit per person; cancel "
                                                "one first (device-loop tickets, device-loop cancel TICKET)")
         now = life.clock()
@@ -90,11 +97,11 @@ class Scheduler:
                           "device": device, "device_class": device_class, "tags": tags, "ttl_s": ttl,
                           "state": TicketState.WAITING, "created_at": now, "granted_at": None, "ended_at": None,
                           "lease_id": None, "granted_device": None, "reason": ""}
-        await self.store.insert_ticket(row)
+        await self.tickets_sql.insert_ticket(row)
         await life.audit(caller, "queue", device, None, {"ticket": row["id"], "kind": kind, "wants": describe_want(
             device, device_class, tags), "ttl_s": ttl})
         life.notify(BOARD_KEY)
-        position = await self.store.tickets_ahead(row, self._aged(now)) + 1
+        position = await self.tickets_sql.tickets_ahead(row, self._aged(now)) + 1
         return ticket_json(row, position, None, life.settings.claim_window_s)
 
     def _aged(self, now: float) -> float:
@@ -107,26 +114,26 @@ class Scheduler:
         """Devices among ``names`` may have become free (in the caller's transaction, which
         made them so): each goes to the first waiting ticket that matches it. Costs one
         statement when nothing waits, and a fixed number a grant."""
-        if not names or not await self.store.any_waiting_ticket():
+        if not names or not await self.tickets_sql.any_waiting_ticket():
             return
-        for device in await self.store.free_devices_named(names):
+        for device in await self.devices_sql.free_devices_named(names):
             await self._grant(device)
 
     async def grant_wanted(self, limit: int = 50) -> None:
         """The reaper's pass: free devices a waiting ticket matches (a ticket made in another
         process while the device became free there saw it busy, and that grant saw no ticket)."""
         async with self.store.tx():
-            if not await self.store.any_waiting_ticket():
+            if not await self.tickets_sql.any_waiting_ticket():
                 return
-            wanted = await self.store.free_devices_wanted(limit)
-            await self.store.lock_hosts([d["host"] for d in wanted if d["host"]])
+            wanted = await self.tickets_sql.free_devices_wanted(limit)
+            await self.leases_sql.lock_hosts([d["host"] for d in wanted if d["host"]])
             for device in wanted:
                 await self._grant(device)
 
     async def _grant(self, device: DeviceFacts) -> bool:
         """Grant ``device`` to its first waiting ticket, if any: True if one was."""
         life = self.life
-        ticket = await self.store.first_ticket_for(device, self._aged(life.clock()))
+        ticket = await self.tickets_sql.first_ticket_for(device, self._aged(life.clock()))
         if ticket is None:
             return False
         waited = format_duration(life.clock() - ticket["created_at"])
@@ -136,9 +143,9 @@ class Scheduler:
         if answer is None:  # leased a moment ago in another process: not free after all
             return False
         now = life.clock()
-        if not await self.store.grant_ticket(ticket["id"], answer["id"], device["name"], now):
+        if not await self.tickets_sql.grant_ticket(ticket["id"], answer["id"], device["name"], now):
             raise RuntimeError(f"ticket {ticket['id']} changed while locked")  # (locked by first_ticket_for)
-        await self.store.uncount_ticket(ticket["requester"])
+        await self.tickets_sql.uncount_ticket(ticket["requester"])
         life.notify(ticket_key(ticket["id"]), BOARD_KEY)
         seconds = now - ticket["created_at"]
         self.store.after_commit(lambda: life.metrics.ticket_waits.labels(kind=ticket["kind"]).observe(seconds))
@@ -148,16 +155,17 @@ class Scheduler:
         """Grants their requesters did not claim within the claim window: the lease ends, the
         ticket is ``expired``, and the device goes on (reclaimed, then to the next ticket)."""
         window = self.life.settings.claim_window_s
-        for ticket in await self.store.tickets_granted_before(now - window):
+        for ticket in await self.tickets_sql.tickets_granted_before(now - window):
             reason = f"not claimed within {format_duration(window)} of its grant"
-            if await self.store.end_ticket(ticket["id"], TicketState.EXPIRED, reason, now, (TicketState.GRANTED,)):
+            if await self.tickets_sql.end_ticket(ticket["id"], TicketState.EXPIRED, reason, now,
+                                                 (TicketState.GRANTED,)):
                 await self._end_lease_of(ticket, LeaseState.EXPIRED, f"its ticket was {reason}", actor)
                 await self.life.audit(actor, "ticket_expire", ticket["granted_device"], ticket["lease_id"],
                                       {"ticket": ticket["id"]})
                 self.life.notify(ticket_key(ticket["id"]), BOARD_KEY)
 
     async def _end_lease_of(self, ticket: TicketRow, state: LeaseState, reason: str, actor: str) -> None:
-        lease = await self.store.lease(ticket["lease_id"] or "")
+        lease = await self.leases_sql.lease(ticket["lease_id"] or "")
         if lease is not None:
             await self.leases.end(lease, state, reason, actor)
 
@@ -165,7 +173,7 @@ class Scheduler:
 
     async def _own(self, ticket_id: str, who: Who, for_update: bool = False) -> TicketRow:
         """The ticket, if ``who`` may act on it (docs/architecture.md, "Who may act on what")."""
-        row = await self.store.ticket(ticket_id, for_update)
+        row = await self.tickets_sql.ticket(ticket_id, for_update)
         if row is None or not who.may_act_on(row["requester"]):
             raise not_found("ticket", ticket_id)
         return row
@@ -175,7 +183,7 @@ class Scheduler:
         row, caller = await self._own(ticket_id, who), who.name
         if row["state"] == TicketState.GRANTED and row["requester"] == caller:
             async with self.store.tx():
-                if await self.store.claim_ticket(ticket_id, self.life.clock()):
+                if await self.tickets_sql.claim_ticket(ticket_id, self.life.clock()):
                     await self.life.audit(caller, "ticket_claim", row["granted_device"], row["lease_id"],
                                           {"ticket": ticket_id})
                     self.life.notify(ticket_key(ticket_id))
@@ -185,10 +193,10 @@ class Scheduler:
     async def _json(self, row: TicketRow) -> TicketAnswer:
         position = None
         if row["state"] == TicketState.WAITING:
-            position = await self.store.tickets_ahead(row, self._aged(self.life.clock())) + 1
+            position = await self.tickets_sql.tickets_ahead(row, self._aged(self.life.clock())) + 1
         lease = None
         if row["lease_id"]:
-            view = await self.store.lease_view(row["lease_id"])
+            view = await self.leases_sql.lease_view(row["lease_id"])
             lease = lease_json(view) if view else None
         return ticket_json(row, position, lease, self.life.settings.claim_window_s)
 
@@ -211,12 +219,12 @@ class Scheduler:
                     f": its lease {row['lease_id']} is yours; release it instead" if row["state"] ==
                     TicketState.CLAIMED else ""))
             reason = f"cancelled by {caller}"
-            ended = await self.store.end_ticket(ticket_id, TicketState.CANCELLED, reason, self.life.clock(),
-                                                OPEN_TICKET_STATES)
+            ended = await self.tickets_sql.end_ticket(ticket_id, TicketState.CANCELLED, reason, self.life.clock(),
+                                                      OPEN_TICKET_STATES)
             if ended is None:
                 raise conflict("ticket_changed", f"{ticket_id} changed just now; look at it again")
             if row["state"] == TicketState.WAITING:  # (a granted one was uncounted at its grant)
-                await self.store.uncount_ticket(ended["requester"])
+                await self.tickets_sql.uncount_ticket(ended["requester"])
             else:
                 await self._end_lease_of(ended, LeaseState.RELEASED, f"its ticket was {reason}", caller)
             await self.life.audit(caller, "ticket_cancel", ended["granted_device"] or ended["device"],
@@ -228,7 +236,7 @@ class Scheduler:
         """The caller's tickets (an admin's ``everyone``: all), the open ones first. Listing
         claims nothing: a grant is claimed by its requester following that one ticket
         (``status``), so a ticket nobody follows any more passes on when its window ends."""
-        rows = await self.store.tickets_of(None if everyone else caller, MAX_LISTED)
+        rows = await self.tickets_sql.tickets_of(None if everyone else caller, MAX_LISTED)
         return [await self._json(row) for row in rows]
 
     async def queue(self, who: Who | None = None) -> list[QueueEntry]:
@@ -237,7 +245,7 @@ class Scheduler:
         whoever may see all."""
         now = self.life.clock()
         aged = self._aged(now)
-        rows = await self.store.waiting_tickets(MAX_LISTED)
+        rows = await self.tickets_sql.waiting_tickets(MAX_LISTED)
         rows.sort(key=lambda t: (0 if t["kind"] == TicketKind.INTERACTIVE or t["created_at"] <= aged else 1,
                                  t["created_at"], t["id"]))
         seen: dict[tuple, int] = {}

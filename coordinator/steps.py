@@ -27,6 +27,8 @@ from .operations import Operations, op_json
 from .rows import DeviceFacts, OperationRow
 from .store import Store
 from .who import Who
+from .store.devices import DeviceQueries
+from .store.operations import OperationQueries
 
 ACTOR = "coordinator"  # who runs the steps, in the logs
 
@@ -34,13 +36,16 @@ ACTOR = "coordinator"  # who runs the steps, in the logs
 class Steps:
     """The sequence of a device's steps between two leases, and ``settle``."""
 
-    def __init__(self, life: Lifecycle, leases: Leases, operations: Operations):
+    def __init__(self, life: Lifecycle, leases: Leases, operations: Operations, *,
+                 devices_sql: DeviceQueries, operations_sql: OperationQueries):
         self.life, self.leases, self.operations = life, leases, operations
         self.store: Store = life.store
+        self.devices_sql = devices_sql
+        self.operations_sql = operations_sql
 
     async def begin(self, names: list[str]) -> None:
         """The exporter confirmed these devices' last lease is over: their first step begins."""
-        for device in await self.store.devices_named(sorted(names)):
+        for device in await self.devices_sql.devices_named(sorted(names)):
             if device["reclaim_lease"] and device["reclaim_step"] is None and device["steps"] and not device["op_id"]:
                 await self._queue(device, 0, f"lease {device['reclaim_lease']} ended")
 
@@ -58,7 +63,7 @@ class Steps:
         except APIError as refusal:  # (no known-good image to reflash, say)
             await self._fail(device, index, refusal.message)
             return
-        await self.store.update_device(device["name"], reclaim_step=index, reclaim_op=op["id"])
+        await self.devices_sql.update_device(device["name"], reclaim_step=index, reclaim_op=op["id"])
         self.life.notify("board")
 
     async def after_operations(self, ended: list[OperationRow]) -> list[str]:
@@ -66,7 +71,7 @@ class Steps:
         Returns the devices whose last step succeeded (idle now)."""
         idle: list[str] = []
         for op in ended:
-            device = await self.store.device(op["device"])
+            device = await self.devices_sql.device(op["device"])
             if device is None or device["reclaim_op"] != op["id"] or device["reclaim_step"] is None:
                 continue
             index, steps = device["reclaim_step"], device["steps"]
@@ -96,7 +101,7 @@ class Steps:
         two runs): an operation to follow; done at once when the device has none."""
         async with self.store.tx():
             view = await self.leases.live_view(lease_id, who, "settle it")
-            device = await self.store.device(view["device"])
+            device = await self.devices_sql.device(view["device"])
             if device is None:
                 raise not_found("device", view["device"])
             if not (device["host_online"] and device["present"]):
@@ -116,7 +121,7 @@ class Steps:
             now = self.life.clock()
             fields: dict[str, Any] = {"state": OperationState.DONE, "phase": "done", "message": message,
                                       "started_at": now, "ended_at": now}
-            await self.store.update_operation(answer["id"], fields)
-            row = await self.store.operation(answer["id"])
+            await self.operations_sql.update_operation(answer["id"], fields)
+            row = await self.operations_sql.operation(answer["id"])
             assert row is not None
             return op_json(row, theirs=True)

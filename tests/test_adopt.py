@@ -96,7 +96,7 @@ async def test_an_adoption_takes_the_protocol_s_tags(tmp_path):
         assert answer.status_code == 200 and answer.json()["adopted"][0]["tags"] == tags, answer.text
 
         # one stored before adoption took the protocol's tags does not fail its host's heartbeats
-        await rules.store.insert_adoption({"identifier": "net:CS3-8", "name": "bmc-8", "class": "bmc",
+        await rules.admin.hosts_sql.insert_adoption({"identifier": "net:CS3-8", "name": "bmc-8", "class": "bmc",
                                            "tags": ["ok", "", "x" * 65], "host": "host-a", "adopted_by": "alice",
                                            "at": clock()})
         answer = await exporter.beat(candidates=[found])

@@ -5,7 +5,7 @@ import sqlite3
 import asyncpg
 import pytest
 
-from device_loop.coordinator import store as store_module
+from device_loop.coordinator.store import core as store_core
 from device_loop.coordinator.identity import issue_token
 from device_loop.coordinator.migrations import MIGRATIONS
 from device_loop.coordinator.store import Store
@@ -456,7 +456,7 @@ async def _old_database(url: str, version: int, rows: list[str]) -> None:
     """A database at schema ``version``, as a coordinator of then left it: the migrations up
     to that one, through the coordinator's own migration runner, then ``rows``."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(store_module, "MIGRATIONS", MIGRATIONS[:version])
+        patch.setattr(store_core, "MIGRATIONS", MIGRATIONS[:version])
         old = Store(url)
         await old.connect()
         await old.disconnect()
@@ -472,8 +472,8 @@ async def test_a_database_of_an_older_version_is_upgraded_when_the_coordinator_o
     (tmp_path / "scratch").mkdir()
     async with in_process_lab(tmp_path / "scratch") as (client, rules, clock):
         await FakeExporter(client(), "host-a").beat(report)
-        snapshot = (await rules.store.host("host-a"))["devices_digest"]
-        digests = await rules.store.report_digests("host-a")
+        snapshot = (await rules.hosts.hosts_sql.host("host-a"))["devices_digest"]
+        digests = await rules.hosts.devices_sql.report_digests("host-a")
     now = FakeClock().now
     host = {"name": "host-a", "boot_id": OLD_BOOT, "generation": 7, "protocol": PROTOCOL_VERSION, "version": "old",
             "heartbeat_s": 1.0, "plugins": json.dumps({"loaded": ["sim"]}), "services": "[]",

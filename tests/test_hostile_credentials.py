@@ -102,7 +102,7 @@ async def test_the_lease_limit_counts_every_way_a_lease_ends(tmp_path):
         assert (await root.post("/admin/devices/b4/retire", json={"force": True})).status_code == 200
         assert (await reserve("b5")).status_code == 201, "nor one revoked by retiring its device"
         assert (await reserve("b0")).status_code == 409
-        assert (await rules.store.user_counts("alice"))["live_leases"] == 2
+        assert (await rules.images.images_sql.user_counts("alice"))["live_leases"] == 2
 
 
 def test_the_lease_limit_holds_under_concurrent_reserves_through_two_processes(tmp_path, env, postgres_database):

@@ -438,7 +438,7 @@ async def test_what_an_exporter_reported_never_breaks_a_view(tmp_path):
         stored = [{"kind": "uart", "host": ADDRESS, "port": 4000 + n, "command": t, "env": {"X": t}}
                   for n, t in enumerate(BAD_TEMPLATES)]
         async with rules.store.tx():
-            await rules.store.save_host({"name": "host-a", "services": [{**service, "endpoints": [
+            await rules.hosts.hosts_sql.save_host({"name": "host-a", "services": [{**service, "endpoints": [
                 *endpoints, *stored]}]}, new=False)
         for viewer, path in [("alice", f"/leases/{lease['id']}"), ("alice", "/leases"),
                              ("root", f"/leases/{lease['id']}"), ("alice", f"{SITE}/"),
@@ -554,7 +554,7 @@ async def test_the_exporter_s_file_paths_are_shown_to_an_operation_s_holder_and_
         await exporter.beat([board()], operations=[{**running, "state": "failed", "message": said, "changed": True}])
         # (as a failed step leaves its message: in the device's log, and as its fault)
         async with rules.store.tx():
-            await rules.life.note(await rules.store.device("b0"), f"step 1/1 command failed: {said}", "exporter:host-a")
+            await rules.life.note(await rules.devices.devices_sql.device("b0"), f"step 1/1 command failed: {said}", "exporter:host-a")
 
         for viewer, sees in [("anyone", False), ("bob", False), ("alice", True), ("root", True)]:
             ops = (await who[viewer].get("/devices/b0/operations")).json()

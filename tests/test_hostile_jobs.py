@@ -189,8 +189,8 @@ async def test_a_run_of_any_numbers_it_may_hold_reads_and_shows_and_an_old_bad_o
                                                                                  "ended_at": 1e308}
         old["samples"][0]["value"] = 1.7e308
         old["readings"]["temperatures"] = {"z": 1.7e308}
-        assert await rules.store.insert_job_run({"job": job["id"], **old})
-        assert await rules.store.insert_job_run({"job": job["id"], **old, "seq": 7})
+        assert await rules.jobs.jobs_sql.insert_job_run({"job": job["id"], **old})
+        assert await rules.jobs.jobs_sql.insert_job_run({"job": job["id"], **old, "seq": 7})
         answer = await api.get(f"/jobs/{job['id']}")
         assert answer.status_code == 200, answer.text[-2000:]
         assert [(r["started_at"], r["ended_at"]) for r in answer.json()["runs"]][6] == (0.0, LATEST_TIME_S)

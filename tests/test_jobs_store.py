@@ -9,6 +9,8 @@ import pytest
 from device_loop.coordinator.jobs import SILENT_PER_PASS
 from device_loop.coordinator.migrations import MIGRATIONS
 from device_loop.coordinator.store import Store
+from device_loop.coordinator.store.devices import DeviceQueries
+from device_loop.coordinator.store.jobs import JobQueries
 from device_loop.core.jobs import JobSpec
 from device_loop.coordinator.who import Who
 from device_loop.core.vocabulary import TicketKind
@@ -36,10 +38,10 @@ async def test_the_reaper_ends_a_bounded_number_of_silent_jobs_a_pass(tmp_path):
             await rules.jobs.submit(SPEC, True, None, Who("ann"), TicketKind.INTERACTIVE)
         clock.advance(rules.settings.job_worker_timeout_s + 1)
         await rules.reap()
-        states = await rules.store.job_counts()
+        states = await rules.jobs.jobs_sql.job_counts()
         assert states == {"failed": SILENT_PER_PASS, "running": 3}
         await rules.reap()
-        assert await rules.store.job_counts() == {"failed": SILENT_PER_PASS + 3}
+        assert await rules.jobs.jobs_sql.job_counts() == {"failed": SILENT_PER_PASS + 3}
 
 
 async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
@@ -48,23 +50,23 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
         url = rules.store.url
         store = rules.store  # back to version 16: migration 17's tables and columns gone, and 18's to 20's
         for table in ("jobs", "job_cells", "job_runs", "job_leases"):
-            await store._exec(f"DROP TABLE {table}")
+            await store.run(f"DROP TABLE {table}")
         for column in ("facts", "auto_recovery", "auto_recovered_at", "fault_kind", "fidelity"):
-            await store._exec(f"ALTER TABLE devices DROP COLUMN {column}")
+            await store.run(f"ALTER TABLE devices DROP COLUMN {column}")
         for column in ("interrupted", "purpose", "step"):
-            await store._exec(f"ALTER TABLE operations DROP COLUMN {column}")
-        await store._exec("ALTER TABLE user_counts DROP COLUMN open_jobs")
-        await store._exec("UPDATE devices SET fault = 'switched off by ann at noon (op-1)' WHERE name = 'b0'")
-        await store._exec("DELETE FROM schema_migrations WHERE version >= 17")
+            await store.run(f"ALTER TABLE operations DROP COLUMN {column}")
+        await store.run("ALTER TABLE user_counts DROP COLUMN open_jobs")
+        await store.run("UPDATE devices SET fault = 'switched off by ann at noon (op-1)' WHERE name = 'b0'")
+        await store.run("DELETE FROM schema_migrations WHERE version >= 17")
         assert len(MIGRATIONS) == 20, "a newer migration: take it off here too"
         again = Store(url)  # a coordinator of this version starts on it
         await again.connect()
         try:
-            upgraded = await again.device("b0")
+            upgraded = await DeviceQueries(again).device("b0")
             assert upgraded["facts"] == {}
             # the words a fault was read by before migration 19, read once more into its kind
             assert (upgraded["fault_kind"], upgraded["fidelity"]) == ("switched-off", "hardware")
-            assert await again.job_counts() == {}
+            assert await JobQueries(again).job_counts() == {}
         finally:
             await again.disconnect()
 

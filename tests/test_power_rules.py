@@ -100,14 +100,14 @@ async def test_a_step_s_fault_outlives_an_off_and_on_and_a_cycle_that_failed_par
         api = client()
         exporter = FakeExporter(api, "host-a")
         await exporter.beat([with_health("b0", "ok")])
-        await rules.store.update_device("b0", fault="step 1/1 reflash failed: bad image", fault_kind="step-failed")
+        await rules.power.devices_sql.update_device("b0", fault="step 1/1 reflash failed: bad image", fault_kind="step-failed")
         lease = None
         for action in ("off", "on"):
             asked = await api.post("/admin/devices/b0/power", json={"action": action})
             [op] = [o for o in await desired_power(api) if o["op"] == asked.json()["id"]]
             await exporter.beat([with_health("b0", "ok")], operations=[reported(op, "done", "", {"verdict": "x"})])
         assert (await api.get("/devices/b0")).json()["fault"] == "step 1/1 reflash failed: bad image"
-        await rules.store.update_device("b0", fault=None, fault_kind=None)
+        await rules.power.devices_sql.update_device("b0", fault=None, fault_kind=None)
         await exporter.beat([with_health("b0", "degraded")])
         await exporter.beat([with_health("b0", "ok")])
         lease = (await api.post("/leases", json={"device": "b0"})).json()
@@ -129,14 +129,14 @@ async def test_the_rules_read_a_fault_s_kind_never_its_words(tmp_path):
         api = client()
         exporter = FakeExporter(api, "host-a")
         await exporter.beat([with_health("b0", "ok")])
-        await rules.store.update_device("b0", fault="switched off by the relay plugin: it said so",
+        await rules.power.devices_sql.update_device("b0", fault="switched off by the relay plugin: it said so",
                                         fault_kind="step-failed")
         await exporter.beat([with_health("b0", "degraded")])
         shown = (await api.get("/devices/b0")).json()
         assert (shown["state"], shown["switched_off"]) == ("faulty", None)
         cleared = await api.post("/admin/devices/b0/clear-fault")
         assert cleared.status_code == 200 and cleared.json()["state"] == "idle", cleared.text
-        await rules.store.update_device("b0", fault="held: ask ann", fault_kind="switched-off")
+        await rules.power.devices_sql.update_device("b0", fault="held: ask ann", fault_kind="switched-off")
         await exporter.beat([with_health("b0", "degraded")])
         await exporter.beat([with_health("b0", "ok")])
         shown = (await api.get("/devices/b0")).json()

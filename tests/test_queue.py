@@ -56,7 +56,7 @@ async def test_a_device_that_is_not_free_is_never_picked(tmp_path):
         exporter = FakeExporter(api, "host-a")
         boards = [board("sick", health="failed"), board("broken"), board("gone")]
         await free(exporter, boards)
-        await rules.store.update_device("broken", needs_recovery="a flash failed")
+        await rules.power.devices_sql.update_device("broken", needs_recovery="a flash failed")
         await free(exporter, boards[:2])  # "gone" unplugged: offline
         states = {d["name"]: d["state"] for d in (await api.get("/devices")).json()}
         assert states == {"sick": "faulty", "broken": "idle", "gone": "offline"}
@@ -149,7 +149,7 @@ async def test_a_cancelled_ticket_never_gets_a_lease_and_an_unclaimed_grant_pass
         await free(exporter, [board("d0")])
         device_now = (await alice.get("/devices/d0")).json()
         assert device_now["holder"] == "carol" and device_now["state"] == "allocating"
-        await exporter.serve({"id": (await rules.store.device("d0"))["lease_id"], "device": "d0"})  # up, unseen
+        await exporter.serve({"id": (await rules.devices.devices_sql.device("d0"))["lease_id"], "device": "d0"})  # up, unseen
         clock.advance(121)
         await rules.reap()  # carol never claimed it: her lease ends, the device goes on
         expired = (await carol.get(f"/tickets/{carol_ticket['ticket']}")).json()

@@ -98,8 +98,8 @@ async def add_waiting_ticket(rules, ticket_id: str, requester: str, name: str | 
     """A waiting ticket written as ``Scheduler`` writes one, without the reserve that comes
     first (a queue by class reads the lab's devices to say why none is free: slow at 200)."""
     async with rules.store.tx():
-        assert await rules.store.count_ticket(requester, None)
-        await rules.store.insert_ticket({
+        assert await rules.scheduler.tickets_sql.count_ticket(requester, None)
+        await rules.scheduler.tickets_sql.insert_ticket({
             "id": ticket_id, "requester": requester, "kind": "interactive",
             "device": name, "device_class": device_class, "tags": tags, "ttl_s": 600.0,
             "state": "waiting", "created_at": rules.clock(), "granted_at": None, "ended_at": None,
@@ -131,7 +131,7 @@ async def test_a_grant_from_a_ticket_costs_the_same_with_1_or_200_waiting_and_20
                 return answer.json()["ticket"]
 
             async def granted(ticket_id: str) -> dict:
-                ticket = await rules.store.ticket(ticket_id)
+                ticket = await rules.scheduler.tickets_sql.ticket(ticket_id)
                 assert (ticket["state"], ticket["granted_device"]) == ("granted", "b0"), ticket
                 return ticket
 
@@ -148,7 +148,7 @@ async def test_a_grant_from_a_ticket_costs_the_same_with_1_or_200_waiting_and_20
                 want = [(f"b{1 + n % (size - 1)}", None, []), (None, GRANT_CLASS, ["odd"]), (None, None, ["odd"]),
                         (None, GRANT_CLASS, [])][n % 4]
                 await add_waiting_ticket(rules, f"tk-filler-{n}", f"user{n % 4}", *want)
-            assert len(await rules.store.waiting_tickets(1000)) == 200
+            assert len(await rules.scheduler.tickets_sql.waiting_tickets(1000)) == 200
             costs[size, 200] = await freed(first["lease_id"], "user0")
             await granted(served)
     with_grant = {costs[key] for key in costs if key[1]}

@@ -76,7 +76,7 @@ async def test_steps_run_in_order_as_operations_while_the_device_is_reclaimed(tm
         assert any(c.startswith("step 2/2 reboot done: prompt seen") for c in causes)
         kinds = [o["kind"] for o in (await api.get("/devices/d0/operations")).json()]
         assert kinds == ["reboot", "cooldown"], "listed with the device's operations"
-        audit = [a for a in await rules.store.audit() if a["action"] == "step"]
+        audit = [a for a in await rules.devices.audit_sql.audit() if a["action"] == "step"]
         assert [a["detail"]["step"] for a in audit] == [1, 0] and "ended" in audit[-1]["detail"]["cause"]
 
 
@@ -179,7 +179,7 @@ async def test_reflash_writes_the_latest_known_good_image_through_the_flash_path
         (op,) = await desired_ops(api)
         assert (op["kind"], op["plugin"], op["image"]["name"], op["requester"]) == ("flash", "flash", "fw-1",
                                                                                    "coordinator")
-        audit = await rules.store.audit()
+        audit = await rules.devices.audit_sql.audit()
         assert audit[0]["action"] == "reflash" and audit[0]["detail"]["cause"].startswith("lease ")
         await exporter.beat([report], operations=[op_report(op, "done", "written and verified", phase="writing")])
         assert (await api.get("/devices/d0")).json()["state"] == "idle"

@@ -163,7 +163,7 @@ async def test_the_board_shows_the_queue_to_anyone_and_their_tickets_to_each(tmp
         await exporter.beat([tagged, {**device("x0"), "class": "other"}])  # reclaimed: granted to bob, a person
         offered = section((await who["bob"].get(f"{SITE}/")).text, '<div id="tickets"')
         assert f'data-ticket="{bob["ticket"]}" data-state="granted"' in offered and 'data-act="claim-ticket"' in offered
-        assert (await rules.store.ticket(bob["ticket"]))["state"] == "granted", "the board claims nothing"
+        assert (await rules.scheduler.tickets_sql.ticket(bob["ticket"]))["state"] == "granted", "the board claims nothing"
         assert (await who["bob"].get(f"/tickets/{bob['ticket']}")).json()["state"] == "claimed"  # "Take it"
         board_page = (await who["bob"].get(f"{SITE}/")).text
         assert 'data-device="b0"' in section(board_page, '<div id="mine"')
@@ -182,9 +182,9 @@ async def test_the_page_offers_a_granted_ticket_and_only_taking_it_claims_it(tmp
         ticket = (await who["bob"].post("/leases", json={"class": "sim-board", "queue": True})).json()
         await who["alice"].post(f"/leases/{lease['id']}/release")
         await exporter.beat([device("b0"), {**device("b1"), "class": "other"}])
-        assert (await rules.store.ticket(ticket["ticket"]))["state"] == "granted"
+        assert (await rules.scheduler.tickets_sql.ticket(ticket["ticket"]))["state"] == "granted"
         elsewhere = (await who["bob"].get(f"{SITE}/devices/b1")).text  # not b0's page: said where it is
-        assert (await rules.store.ticket(ticket["ticket"]))["state"] == "granted", "a board left open holds nothing"
+        assert (await rules.scheduler.tickets_sql.ticket(ticket["ticket"]))["state"] == "granted", "a board left open holds nothing"
         panel = section(elsewhere, '<div id="tickets"')
         assert '<a href="/devices/b0">b0</a> is held for you until' in panel
         assert 'data-act="claim-ticket"' in panel and 'data-act="cancel-ticket"' in panel
@@ -317,8 +317,8 @@ async def test_a_token_signs_in_to_an_httponly_cookie_that_needs_the_csrf_header
 
         stale = client(user="")
         stale.cookies.set("device_loop_token", made["alice"])
-        token_id = next(t["id"] for t in await rules.store.tokens() if t["username"] == "alice")
-        await rules.store.revoke_token(token_id, clock())
+        token_id = next(t["id"] for t in await rules.admin.tokens() if t["username"] == "alice")
+        await rules.admin.tokens_sql.revoke_token(token_id, clock())
         assert 'action="/login"' in (await stale.get(f"{SITE}/")).text, "a revoked token's cookie signs nobody in"
         assert (await stale.post("/leases", json={"device": "b0"}, headers=headers)).status_code == 401
 
@@ -413,7 +413,7 @@ async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_view
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api = client()
         await FakeExporter(api, "host-a").beat([device("b0"), device("b1")])
-        reads, rendered, read_devices = [], [], rules.store.devices
+        reads, rendered, read_devices = [], [], rules.devices.devices_sql.devices
 
         async def counted_read():
             reads.append(1)
@@ -423,7 +423,7 @@ async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_view
             rendered.append(d["name"])
             return device_row(d)
 
-        monkeypatch.setattr(rules.store, "devices", counted_read)
+        monkeypatch.setattr(rules.devices.devices_sql, "devices", counted_read)
         broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier, counted_row)
         viewers = [broadcaster.stream(html=n % 2 == 0) for n in range(40)]
         asleep = broadcaster.stream()  # a viewer that reads nothing more

@@ -170,7 +170,7 @@ async def device_page(request: Request) -> Response:
     operations = await rules.operations.of_device(name, LAST_OPERATIONS, **seen_as)
     listed = [op for op in operations if op["kind"] not in (FLASH_KIND, POWER_KIND)]  # (each has its section)
     # which steps settle runs too: the exporter's config says, and the device's facts keep it
-    facts = await rules.store.device(name)
+    facts = await rules.devices.facts(name)
     steps = [{"step": s["step"], "settle": bool(s.get("settle"))} for s in (facts["steps"] if facts else [])]
     settle_lease = None  # the live lease the viewer may settle: theirs, or one it may act on (an admin's token)
     if any(s["settle"] for s in steps):

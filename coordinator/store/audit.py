@@ -1,0 +1,29 @@
+"""The statements on the audit log. Who may use them: ``OWNERS`` and ``LENT_TO``
+(docs/architecture.md, "A service reaches only its tables")."""
+from __future__ import annotations
+
+from ..rows import AuditRow
+from .core import Store
+
+OWNERS = ("lifecycle",)  # the coordinator modules whose tables these are
+LENT_TO = ("devices",)  # the ones handed them besides (rules.py)
+
+
+class AuditQueries:
+    """The statements on the audit log."""
+
+    def __init__(self, db: Store):
+        self.db = db
+
+    async def add_audit(self, row: dict) -> int:
+        """Append to the audit log; the entry's id."""
+        if not self.db.in_transaction():
+            async with self.db.tx():
+                return await self.add_audit(row)
+        columns = ", ".join(row)
+        entry = await self.db.row(f"INSERT INTO audit ({columns}) VALUES ({', '.join(':' + c for c in row)}) "
+                                  "RETURNING id", **row)
+        return entry["id"]
+
+    async def audit(self, limit: int = 100) -> list[AuditRow]:
+        return await self.db.rows("SELECT * FROM audit ORDER BY id DESC LIMIT :n", n=limit)

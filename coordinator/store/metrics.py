@@ -1,0 +1,39 @@
+"""What the Prometheus exposition counts of the whole lab: a few reads across tables, and no
+write. Who may use them: ``OWNERS`` and ``LENT_TO``
+(docs/architecture.md, "A service reaches only its tables")."""
+from __future__ import annotations
+
+from device_loop.core.vocabulary import TicketState
+
+from .core import Store
+from .facts import LIVE_SQL
+
+OWNERS = ("metrics",)  # the coordinator modules whose tables these are
+LENT_TO = ()  # the ones handed them besides (rules.py)
+
+
+class MetricQueries:
+    """The counts the Prometheus exposition reads."""
+
+    def __init__(self, db: Store):
+        self.db = db
+
+    async def device_counts(self) -> list[dict]:
+        """How many devices there are of each state and class."""
+        return await self.db.rows("SELECT state, class, COUNT(*) AS n FROM devices GROUP BY state, class")
+
+    async def live_lease_counts(self) -> dict[str, int]:
+        """Live leases in the whole lab, by state."""
+        rows = await self.db.rows(f"SELECT state, COUNT(*) AS n FROM leases WHERE state IN {LIVE_SQL} GROUP BY state")
+        return {r["state"]: r["n"] for r in rows}
+
+    async def host_heartbeats(self) -> list[dict]:
+        """Each host's name, whether it is online, and when it last reported."""
+        return await self.db.rows("SELECT name, online, last_seen FROM hosts ORDER BY name")
+
+    async def waiting_ticket_counts(self) -> list[dict]:
+        """Waiting tickets by what they wait for (a class, or a device's) and kind."""
+        return await self.db.rows("SELECT COALESCE(t.device_class, d.class, '') AS class, t.kind AS kind, "
+                                  "COUNT(*) AS n FROM tickets t LEFT JOIN devices d ON d.name = t.device "
+                                  "WHERE t.state = :w GROUP BY COALESCE(t.device_class, d.class, ''), t.kind",
+                                  w=TicketState.WAITING)

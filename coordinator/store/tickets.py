@@ -1,0 +1,122 @@
+"""The statements on the queue's tickets and the open tickets each person holds
+(docs/architecture.md, "Who gets the next lease"). Who may use them: ``OWNERS`` and
+``LENT_TO`` (docs/architecture.md, "A service reaches only its tables")."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, sql_list
+
+from ..rows import DeviceFacts, TicketRow
+from .core import Store
+from .counts import count_down, count_up
+from .facts import DEVICE_FACTS, FREE
+
+OWNERS = ("scheduler",)  # the coordinator modules whose tables these are
+LENT_TO = ("jobs",)  # the ones handed them besides (rules.py)
+
+
+_OPEN_TICKETS_SQL = sql_list(OPEN_TICKET_STATES)
+_FIRST = ("CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END, t.created_at, t.id")
+
+
+class TicketQueries:
+    """The statements on tickets."""
+
+    def __init__(self, db: Store):
+        self.db = db
+
+    async def insert_ticket(self, row: TicketRow) -> None:
+        await self.db.insert("tickets", row)
+
+    async def ticket(self, ticket_id: str, for_update: bool = False) -> TicketRow | None:
+        return await self.db.row("SELECT * FROM tickets WHERE id = :id" + (self.db.for_update if for_update else ""),
+                                 id=ticket_id)
+
+    async def any_waiting_ticket(self) -> bool:
+        return await self.db.row("SELECT id FROM tickets WHERE state = :w LIMIT 1", w=TicketState.WAITING) is not None
+
+    def _matching(self, name: str, device_class: str, tags: str) -> str:
+        """SQL: waiting ticket ``t`` would take the device whose name, class and tags (JSON)
+        these SQL expressions are."""
+        return (f"t.state = :waiting AND (t.device IS NULL OR t.device = {name}) AND (t.device_class IS NULL OR "
+                f"t.device_class = {device_class}) AND {self.db.tags_within('t.tags', tags)}")
+
+    async def first_ticket_for(self, device: DeviceFacts, aged_before: float) -> TicketRow | None:
+        """The waiting ticket that ``device`` goes to: interactive ones and batch ones older than
+        ``aged_before`` first, then the others; first come, first served within each. On
+        PostgreSQL it is locked, and one another grant holds is skipped."""
+        lock = " FOR UPDATE OF t SKIP LOCKED" if self.db.dialect == "postgresql" else ""
+        return await self.db.row(
+            f"SELECT t.* FROM tickets t WHERE {self._matching(':name', ':class', ':tags')} ORDER BY {_FIRST} "
+            f"LIMIT 1{lock}", name=device["name"], tags=json.dumps(device["tags"]), waiting=TicketState.WAITING,
+            interactive=TicketKind.INTERACTIVE, aged=aged_before, **{"class": device["class"]})
+
+    async def free_devices_wanted(self, limit: int) -> list[DeviceFacts]:
+        """Devices free to lease that a waiting ticket would take (what a grant on becoming
+        idle missed: a ticket made in another process at that moment)."""
+        return await self.db.rows(
+            f"{DEVICE_FACTS} WHERE {FREE} AND EXISTS (SELECT 1 FROM tickets t WHERE "
+            f"{self._matching('d.name', 'd.class', 'd.tags')}) ORDER BY d.host, COALESCE(d.state_since, 0), d.name "
+            "LIMIT :n",
+            n=limit, waiting=TicketState.WAITING)
+
+    async def grant_ticket(self, ticket_id: str, lease_id: str, device: str, now: float) -> bool:
+        """A waiting ticket is granted ``lease_id``; False if it no longer waits (cancelled,
+        or granted by another process meanwhile)."""
+        row = await self.db.row("UPDATE tickets SET state = :g, granted_at = :now, lease_id = :l, granted_device = :d "
+                                "WHERE id = :id AND state = :w RETURNING id", g=TicketState.GRANTED, now=now,
+                                l=lease_id, d=device, id=ticket_id, w=TicketState.WAITING)
+        return row is not None
+
+    async def end_ticket(self, ticket_id: str, state: TicketState, reason: str, now: float,
+                         from_states: tuple[TicketState, ...]) -> TicketRow | None:
+        """Move a ticket in one of ``from_states`` to ``state``: the ticket as it is now, or
+        None if it was in none of them (here or in another process)."""
+        marks = ", ".join(f"'{s}'" for s in from_states)
+        return await self.db.row(f"UPDATE tickets SET state = :s, reason = :r, ended_at = :now WHERE id = :id AND "
+                                 f"state IN ({marks}) RETURNING *", s=state, r=reason, now=now, id=ticket_id)
+
+    async def claim_ticket(self, ticket_id: str, now: float) -> bool:
+        """A granted ticket's requester has seen its lease."""
+        row = await self.db.row("UPDATE tickets SET state = :c, ended_at = :now WHERE id = :id AND state = :g "
+                                "RETURNING id", c=TicketState.CLAIMED, now=now, id=ticket_id, g=TicketState.GRANTED)
+        return row is not None
+
+    async def tickets_granted_before(self, before: float) -> list[TicketRow]:
+        return await self.db.rows("SELECT * FROM tickets WHERE state = :g AND granted_at < :b ORDER BY granted_at",
+                                  g=TicketState.GRANTED, b=before)
+
+    async def tickets_of(self, requester: str | None, limit: int) -> list[TicketRow]:
+        """``requester``'s tickets (everyone's: None), the open ones first, newest first."""
+        where = "" if requester is None else "WHERE requester = :r"
+        values: dict[str, Any] = {} if requester is None else {"r": requester}
+        return await self.db.rows(f"SELECT * FROM tickets {where} ORDER BY CASE WHEN state IN {_OPEN_TICKETS_SQL} "
+                                  "THEN 0 ELSE 1 END, created_at DESC LIMIT :n", n=limit, **values)
+
+    async def waiting_tickets(self, limit: int) -> list[TicketRow]:
+        """The waiting tickets in the order they are served (``aged`` aside: the caller sorts)."""
+        return await self.db.rows("SELECT * FROM tickets WHERE state = :w ORDER BY created_at, id LIMIT :n",
+                                  w=TicketState.WAITING, n=limit)
+
+    async def tickets_ahead(self, ticket: TicketRow, aged_before: float) -> int:
+        """How many waiting tickets for the same thing are served before ``ticket``."""
+        first = 0 if ticket["kind"] == TicketKind.INTERACTIVE or ticket["created_at"] <= aged_before else 1
+        row = await self.db.row(
+            "SELECT COUNT(*) AS n FROM tickets t WHERE t.state = :w AND COALESCE(t.device, '') = :d AND "
+            "COALESCE(t.device_class, '') = :c AND t.tags = :tags AND t.id <> :id AND "
+            "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END < :first OR "
+            "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END = :first AND "
+            "(t.created_at < :at OR t.created_at = :at AND t.id < :id)))",
+            w=TicketState.WAITING, d=ticket["device"] or "", c=ticket["device_class"] or "",
+            tags=json.dumps(ticket["tags"]), id=ticket["id"], interactive=TicketKind.INTERACTIVE, aged=aged_before,
+            first=first, at=ticket["created_at"])
+        return row["n"]
+
+    async def count_ticket(self, requester: str, limit: int | None) -> bool:
+        """Count an open ticket of ``requester``: False, and nothing counted, at ``limit``."""
+        return await count_up(self.db, "open_tickets", requester, 1, limit)
+
+    async def uncount_ticket(self, requester: str) -> None:
+        await count_down(self.db, "open_tickets", requester)

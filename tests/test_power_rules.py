@@ -130,7 +130,7 @@ async def test_the_rules_read_a_fault_s_kind_never_its_words(tmp_path):
         exporter = FakeExporter(api, "host-a")
         await exporter.beat([with_health("b0", "ok")])
         await rules.power.devices_sql.update_device("b0", fault="switched off by the relay plugin: it said so",
-                                        fault_kind="step-failed")
+                                                    fault_kind="step-failed")
         await exporter.beat([with_health("b0", "degraded")])
         shown = (await api.get("/devices/b0")).json()
         assert (shown["state"], shown["switched_off"]) == ("faulty", None)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from ..rows import AuditRow
 from .core import Store
 
-OWNERS = ("lifecycle",)  # the coordinator modules whose tables these are
-LENT_TO = ("devices",)  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("lifecycle.py",)
+LENT_TO = ("devices.py",)
 
 
 class AuditQueries:

@@ -11,9 +11,9 @@ from ..rows import DeviceFacts, RingRow
 from .core import RING_SLOTS, Store
 from .facts import DEVICE_FACTS, FREE
 
-OWNERS = ("lifecycle", "hosts")  # the coordinator modules whose tables these are
-# the ones handed them besides (rules.py)
-LENT_TO = ("devices", "leases", "images", "operations", "scheduler", "steps", "power", "admin")
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("lifecycle.py", "hosts.py")
+LENT_TO = ("devices.py", "leases.py", "images.py", "operations.py", "scheduler.py", "steps.py", "power.py", "admin.py")
 
 
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",

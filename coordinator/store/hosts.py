@@ -6,8 +6,9 @@ from __future__ import annotations
 from ..rows import AdoptionRow, CandidateRow, HostRow
 from .core import Store
 
-OWNERS = ("hosts",)  # the coordinator modules whose tables these are
-LENT_TO = ("admin", "devices")  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("hosts.py",)
+LENT_TO = ("admin.py", "devices.py")
 
 
 class HostQueries:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from ..rows import IdempotencyRow
 from .core import Store
 
-OWNERS = ("idempotency",)  # the coordinator modules whose tables these are
-LENT_TO = ()  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("idempotency.py",)
+LENT_TO = ()
 
 
 class IdempotencyQueries:

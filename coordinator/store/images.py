@@ -8,8 +8,9 @@ from .core import Store
 from .counts import count_down, count_up
 from .facts import LIVE_OP_SQL
 
-OWNERS = ("images",)  # the coordinator modules whose tables these are
-LENT_TO = ("operations",)  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("images.py",)
+LENT_TO = ("operations.py",)
 
 
 class ImageQueries:

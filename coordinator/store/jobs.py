@@ -11,8 +11,9 @@ from ..rows import JobCellRow, JobLeaseRow, JobRow, JobRunRow
 from .core import Store
 from .counts import count_down, count_up
 
-OWNERS = ("jobs",)  # the coordinator modules whose tables these are
-LENT_TO = ()  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("jobs.py",)
+LENT_TO = ()
 
 
 _OPEN_JOBS_SQL = sql_list(OPEN_JOB_STATES)

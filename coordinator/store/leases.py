@@ -9,8 +9,9 @@ from .core import Store
 from .counts import count_down, count_up
 from .facts import LIVE_EXCLUSIVE, LIVE_SQL
 
-OWNERS = ("leases",)  # the coordinator modules whose tables these are
-LENT_TO = ("scheduler", "jobs", "admin", "hosts", "operations")  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("leases.py",)
+LENT_TO = ("scheduler.py", "jobs.py", "admin.py", "hosts.py", "operations.py")
 
 
 _LEASE_VIEW = ("SELECT l.*, d.state AS device_state, d.host AS device_host, d.resources, d.needs_recovery, "

@@ -8,8 +8,9 @@ from device_loop.core.vocabulary import TicketState
 from .core import Store
 from .facts import LIVE_SQL
 
-OWNERS = ("metrics",)  # the coordinator modules whose tables these are
-LENT_TO = ()  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("metrics.py",)
+LENT_TO = ()
 
 
 class MetricQueries:

@@ -11,8 +11,9 @@ from ..rows import FlashedImage, OperationRow, OperationView
 from .core import Store
 from .facts import LIVE_OP_SQL
 
-OWNERS = ("operations",)  # the coordinator modules whose tables these are
-LENT_TO = ("hosts", "steps", "admin", "images", "devices")  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("operations.py",)
+LENT_TO = ("hosts.py", "steps.py", "admin.py", "images.py", "devices.py")
 
 
 _OPERATION_VIEW = "SELECT o.*, h.online AS host_online FROM operations o LEFT JOIN hosts h ON h.name = o.host"

@@ -13,8 +13,9 @@ from .core import Store
 from .counts import count_down, count_up
 from .facts import DEVICE_FACTS, FREE
 
-OWNERS = ("scheduler",)  # the coordinator modules whose tables these are
-LENT_TO = ("jobs",)  # the ones handed them besides (rules.py)
+# the coordinator modules whose tables these are, and those handed them besides (in rules.py)
+OWNERS = ("scheduler.py",)
+LENT_TO = ("jobs.py",)
 
 
 _OPEN_TICKETS_SQL = sql_list(OPEN_TICKET_STATES)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from device_loop.core import FLASH_KIND
 from device_loop.core.durations import iso
 from device_loop.core.vocabulary import LeaseState, OperationState
 
 from device_loop.core.answers import DeviceAnswer, HostAnswer
+from . import kinds
 from .devices import Devices
 from .errors import APIError, conflict, not_found
 from .leases import Leases
@@ -175,9 +175,9 @@ class Admin:
             raise conflict("leased", f"{name} is leased by {device['holder']} until {iso(device['expires_at'])}: "
                                      f"take that lease back first (device-loop admin release {name} --force)")
         if device["op_id"] and device["host_online"]:
-            code = "flash_running" if device["op_kind"] == FLASH_KIND else "operation_running"
-            raise conflict(code, f"{name} has an operation running on host {device['host']} ({device['op_id']}, "
-                                 f"{device['op_kind']}): forget it once that has ended")
+            raise conflict(kinds.of(device["op_kind"]).busy_code,
+                           f"{name} has an operation running on host {device['host']} ({device['op_id']}, "
+                           f"{device['op_kind']}): forget it once that has ended")
 
     async def _forget_operation(self, device: DeviceFacts, admin: str) -> None:
         """An operation left on a device of an offline host would wait for that host for ever:

@@ -16,6 +16,7 @@ from device_loop.core.usage import commands
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
 
 from device_loop.core.answers import LeaseAnswer
+from . import kinds
 from .devices import Devices, running_operation
 from .errors import APIError, conflict, not_found
 from .lifecycle import Lifecycle, held_off, switched_off
@@ -245,8 +246,8 @@ class Leases:
         if device["lease_id"] is not None:
             message = f"{name} is held by {device['holder']} until {iso(device['expires_at'])}"
         elif device["op_id"]:
-            doing = "flashed" if device["op_kind"] == FLASH_KIND else f"operated on ({device['op_kind']})"
-            message = f"{name} is being {doing} ({device['op_id']}); it is free again when that ends"
+            message = (f"{name} is being {kinds.of(device['op_kind']).doing} ({device['op_id']}); it is free again "
+                       "when that ends")
         elif device["needs_recovery"]:
             message = (f"{name} needs recovery ({device['needs_recovery']}): no lease is granted until a "
                        f"known-good image is written back; an admin runs: device-loop recover {name}")

@@ -26,6 +26,7 @@ from device_loop.core.protocol import Args, Heartbeat, OperationReport, Progress
 from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationState, Purpose
 
 from device_loop.core.answers import OperationAnswer
+from . import kinds
 from .errors import APIError, conflict, not_found
 from .hidden_paths import hide_paths_in
 from .images import Images
@@ -84,21 +85,28 @@ class Operations:
         self.devices_sql = devices_sql
         self.leases_sql = leases_sql
         self.images_sql = images_sql
+        # kind -> how a lease's holder's request of it starts, where it is not the plain way (a flash names an
+        # image of the registry, resolved here): one entry a kind (docs/architecture.md, "Operations")
+        self.starters: dict[str, Callable[[str, dict[str, Any], Who], Awaitable[OperationAnswer]]] = {
+            FLASH_KIND: self._flash_asked}
 
     # ---- starting one -----------------------------------------------------------------------
 
     async def start(self, lease_id: str, kind: str, args: dict[str, Any], who: Who) -> OperationAnswer:
         """Start an operation of ``kind`` with ``args`` on the device of ``lease_id`` (a
         ``flash`` names its image in ``args["image"]``)."""
-        if kind == FLASH_KIND:
-            image = args.get("image")
-            if not isinstance(image, str) or set(args) - {"image"}:
-                raise APIError(422, "invalid", "a flash takes one argument, image: the image's ref or name "
-                                               "(device-loop images ls)")
-            return await self.flash(lease_id, image, who)
+        if kind in self.starters:
+            return await self.starters[kind](lease_id, args, who)
         async with self.store.tx():
             device = await self._leased_device(lease_id, who, f"run {kind} on it")
             return await self._start(device, kind, args, lease_id, who.name)
+
+    async def _flash_asked(self, lease_id: str, args: dict[str, Any], who: Who) -> OperationAnswer:
+        image = args.get("image")
+        if not isinstance(image, str) or set(args) - {"image"}:
+            raise APIError(422, "invalid", "a flash takes one argument, image: the image's ref or name "
+                                           "(device-loop images ls)")
+        return await self.flash(lease_id, image, who)
 
     async def flash(self, lease_id: str, image_ref: str, who: Who) -> OperationAnswer:
         """Flash ``image_ref`` (``images.parse_ref``) onto the device of ``lease_id``."""
@@ -180,10 +188,9 @@ class Operations:
         name = device["name"]
         offered = kinds_of(device)
         if kind not in offered:
-            if kind == FLASH_KIND:
-                raise conflict("no_flash_target", f"{name} has no flash target (a resource of kind {FLASH_KIND!r}, "
-                                                  "e.g. a [[devices.resources]] entry with plugin = \"flash\" in its "
-                                                  "exporter's config)")
+            words = kinds.of(kind)
+            if words.missing is not None:
+                raise conflict(words.missing_code, words.missing.format(device=name))
             raise conflict("no_such_operation", f"{name} runs no operation {kind!r}; it runs: "
                                                 f"{', '.join(sorted(offered)) or 'none'}")
         spec, resource = offered[kind]
@@ -246,10 +253,9 @@ class Operations:
 
     @staticmethod
     def _busy(name: str, op_id: str, kind: str | None) -> APIError:
-        what = "flashed" if kind == FLASH_KIND else f"operated on ({kind})" if kind else "operated on"
-        return conflict("flash_running" if kind == FLASH_KIND else "operation_running",
-                        f"{name} is being {what} already ({op_id}): one at a time (follow it with "
-                        f"'device-loop op {op_id} --wait', or the operation_status tool)")
+        words = kinds.of(kind)
+        return conflict(words.busy_code, f"{name} is being {words.doing} already ({op_id}): one at a time (follow it "
+                                         f"with 'device-loop op {op_id} --wait', or the operation_status tool)")
 
     # ---- following them ---------------------------------------------------------------------
 

@@ -57,6 +57,16 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
             await store.run(f"ALTER TABLE operations DROP COLUMN {column}")
         await store.run("ALTER TABLE user_counts DROP COLUMN open_jobs")
         await store.run("UPDATE devices SET fault = 'switched off by ann at noon (op-1)' WHERE name = 'b0'")
+        for op, kind, plugin, lease, requester, args in (
+                ("op-step", "cooldown", "exporter", None, "coordinator", '{"step": 1}'),
+                ("op-settle", "settle", "exporter", "lease-1", "ann", "{}"),
+                ("op-cycle", "power", "power", None, "coordinator", '{"action": "cycle"}'),
+                ("op-mine", "count", "bench", "lease-1", "ann", '{"step": 3}')):
+            await store.run("INSERT INTO operations (id, kind, device, host, lease_id, requester, identifier, plugin, "
+                            "exclusive, destructive, args, state, phase, progress_done, progress_unit, "
+                            "progress_detail, message, seconds, created_at) VALUES (:id, :kind, 'b0', 'host-a', "
+                            ":lease, :requester, 'x', :plugin, TRUE, FALSE, :args, 'done', 'done', 0, '', '', '', "
+                            "'{}', 0)", id=op, kind=kind, lease=lease, requester=requester, plugin=plugin, args=args)
         await store.run("DELETE FROM schema_migrations WHERE version >= 17")
         assert len(MIGRATIONS) == 20, "a newer migration: take it off here too"
         again = Store(url)  # a coordinator of this version starts on it
@@ -67,6 +77,11 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
             # the words a fault was read by before migration 19, read once more into its kind
             assert (upgraded["fault_kind"], upgraded["fidelity"]) == ("switched-off", "hardware")
             assert await JobQueries(again).job_counts() == {}
+            # the step's place that was an argument, read once into the operation's purpose and step (migration 20)
+            rows = {r["id"]: (r["purpose"], r["step"])
+                    for r in await again.rows("SELECT id, purpose, step FROM operations WHERE id LIKE 'op-%'")}
+            assert rows == {"op-step": ("step", 1), "op-settle": ("settle", None), "op-cycle": ("recovery", None),
+                            "op-mine": ("lease", None)}
         finally:
             await again.disconnect()
 

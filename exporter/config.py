@@ -495,8 +495,9 @@ def _step_lists(config: ExporterConfig) -> list[tuple[tuple[str, str], str, list
 def parse_steps(config: ExporterConfig) -> dict[tuple[str, str], list[StepConfig]]:
     """Each step list of ``config`` (``("device", NAME)`` or ``("class", NAME)`` -> its steps),
     every entry parsed by the model of its step; a ``ConfigError`` names each that does not
-    fit: the file, the device or class, which step (counted from 1), the key. A device that
-    runs a ``reflash`` needs a flash resource."""
+    fit: the file, the device or class, which step (counted from 1), the key. Which resource a
+    step needs (a reflash a flash target, a power-cycle a switch) is found by its kind where the
+    step runs, whichever plugin serves it: no plugin's name is asked for here."""
     parsed: dict[tuple[str, str], list[StepConfig]] = {}
     problems: list[str] = []
     for key, owner, entries in _step_lists(config):
@@ -508,18 +509,6 @@ def parse_steps(config: ExporterConfig) -> dict[tuple[str, str], list[StepConfig
             if step is not None:
                 steps.append(step)
         parsed[key] = steps
-    for device in config.devices:
-        own = bool(device.steps)
-        home = config.classes.get(device.device_class or "generic")
-        written = device.steps if own else home.steps if home is not None else []
-        if device.auto_recover and "power" not in {entry.plugin for entry in device.entries()}:
-            problems.append(f"  device {device.name!r}: auto_recover = \"{device.auto_recover}\" power-cycles it, and "
-                            "it has no power switch: add a [[devices.resources]] entry with plugin = \"power\"")
-        cycles = [n for n, data in enumerate(written, 1) if data.get("step") == "power-cycle"]
-        if cycles and "power" not in {entry.plugin for entry in device.entries()}:
-            whose = "" if own else f" (of its class {device.device_class or 'generic'!r})"
-            problems.append(f"  device {device.name!r}: step {cycles[0]}{whose} power-cycles it, and it has no power "
-                            "switch: add a [[devices.resources]] entry with plugin = \"power\"")
     if problems:
         raise ConfigError(f"{config.source} is not a valid exporter config:\n" + "\n".join(problems))
     return parsed

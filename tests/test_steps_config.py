@@ -154,6 +154,17 @@ def test_a_reflash_runs_on_the_device_s_resource_of_kind_flash_whichever_plugin_
     assert step.plugin == EXPORTER_STEPS and "b1 has no flash resource here to reflash" in step.problem
 
 
+def test_a_third_party_power_plugin_s_device_may_power_cycle_and_auto_recover():
+    """A power switch is a resource of kind power, whichever plugin serves it: the config asks
+    for no plugin called power (a device with none is told where the step runs, or the
+    coordinator notes it has no switch to cycle)."""
+    config = parse_config({"devices": [{"name": "b1", "auto_recover": "power-cycle",
+                                        "resources": [{"plugin": "sim"}, {"plugin": "acme-pdu"}],
+                                        "steps": [{"step": "power-cycle"}]}]})
+    assert [s.kind() for s in config.steps_of("b1", "generic")] == ["power-cycle"]
+    assert config.auto_recovery() == {"b1": "power-cycle"}
+
+
 def test_the_exporter_refuses_at_start_a_step_no_plugin_offers(tmp_path):
     config = parse_config({
         "exporter": {"name": "host-a", "state_dir": str(tmp_path), "coordinator": f"http://127.0.0.1:{free_port()}"},

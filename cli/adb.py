@@ -15,6 +15,7 @@ from device_loop.core.vocabulary import EndpointRole
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab
+from device_loop.core.errors import ErrorCode
 from .output import emit, fail
 
 
@@ -23,13 +24,14 @@ def adb_environment(lease, forward: bool = False) -> dict[str, str]:
     endpoint is reached through a local port of this process if ``forward``."""
     endpoint = next(iter(by_role(lease.data, EndpointRole.ADB)), None)
     if endpoint is None and not lease.data["ready"]:
-        raise CoordinatorError("not_ready", f"{lease.data['device']} is not ready: {lease.data['reason']}")
+        raise CoordinatorError(ErrorCode.NOT_READY, f"{lease.data['device']} is not ready: {lease.data['reason']}")
     if endpoint is None:
-        raise CoordinatorError("no_adb", f"{lease.data['device']} has no ADB")
+        raise CoordinatorError(ErrorCode.NO_ADB, f"{lease.data['device']} has no ADB")
     if lease.data.get("secret"):
         if not forward:
-            raise CoordinatorError("gated", f"this lab's endpoints ask for the lease's secret: run "
-                                            f"'device-loop forward {lease.id}' and point adb at the port it prints")
+            raise CoordinatorError(ErrorCode.GATED, f"this lab's endpoints ask for the lease's secret: run "
+                                                    f"'device-loop forward {lease.id}' and point adb at the port it "
+                                                    f"prints")
         endpoint = LocalForward(endpoint, lease.data["secret"]).endpoint  # for as long as this process runs
     return environment(lease.data, [endpoint])
 
@@ -41,7 +43,7 @@ def adb_environment(lease, forward: bool = False) -> dict[str, str]:
 def adb_command(lab: Lab, target: str, adb_args: tuple[str, ...], as_json: bool):
     """Run the local adb against your lease's phone: device-loop adb DEVICE -- shell ls"""
     if not shutil.which("adb"):
-        fail(as_json, "no_adb", "adb is not installed here (Debian: apt-get install adb)")
+        fail(as_json, ErrorCode.NO_ADB, "adb is not installed here (Debian: apt-get install adb)")
     env = adb_environment(_my_lease(lab, target), forward=True)
     if adb_args[:1] == ("--",):  # the separator is ours, not adb's
         adb_args = adb_args[1:]
@@ -60,9 +62,10 @@ def env_command(lab: Lab, target: str, as_json: bool):
     """Shell exports that point tools at your lease's endpoints: eval "$(device-loop env LEASE)" """
     lease = _my_lease(lab, target)
     if not lease.data["ready"]:
-        raise CoordinatorError("not_ready", f"{lease.data['device']} is not ready: {lease.data['reason']}")
+        raise CoordinatorError(ErrorCode.NOT_READY, f"{lease.data['device']} is not ready: {lease.data['reason']}")
     if lease.data.get("secret"):
-        raise CoordinatorError("gated", f"this lab's endpoints ask for the lease's secret: run "
-                                        f"'device-loop forward {lease.id}' and point your tools at the ports it prints")
+        raise CoordinatorError(ErrorCode.GATED, f"this lab's endpoints ask for the lease's secret: run "
+                                                f"'device-loop forward {lease.id}' and point your tools at the ports "
+                                                f"it prints")
     emit(as_json, environment(lease.data), lambda env: "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
          or f"# {lease.data['device']}'s endpoints name no environment")

@@ -15,6 +15,7 @@ from device_loop.client.http import CoordinatorError
 from device_loop.cli.output import emit, lease_text, table
 from device_loop.core import LEASE_PREFIX
 from device_loop.core.durations import parse_duration
+from device_loop.core.errors import ErrorCode
 
 direct_options = [
     click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL", help="work on this database directly"),
@@ -180,9 +181,9 @@ def _live_lease_of(lab, target: str) -> str:
         return target
     device = lab.api.get(f"/devices/{target}")  # an unknown device says so
     if "lease" not in device:
-        raise CoordinatorError("forbidden", "taking a lease back needs an admin token")
+        raise CoordinatorError(ErrorCode.FORBIDDEN, "taking a lease back needs an admin token")
     if device["lease"] is None:
-        raise CoordinatorError("no_lease", f"{target} has no live lease (it is {device['state']})")
+        raise CoordinatorError(ErrorCode.NO_LEASE, f"{target} has no live lease (it is {device['state']})")
     return device["lease"]
 
 

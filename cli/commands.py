@@ -15,6 +15,7 @@ from device_loop.core.vocabulary import TicketState
 from device_loop.client.http import Coordinator, CoordinatorError
 from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
 from device_loop.client.lab import Lab, Lease, LeaseFailed, Ticket, follow_op
+from device_loop.core.errors import ErrorCode
 from .output import emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON only (errors too)")
@@ -98,12 +99,13 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
         return leases[0]
     device = lab.api.get(f"/devices/{target}")  # an unknown device says so
     if device["holder"]:  # not this caller's, or it would have been found
-        raise CoordinatorError("not_yours", f"{target} is held by {device['holder']} until {device['expires_at']}")
+        raise CoordinatorError(ErrorCode.NOT_YOURS, f"{target} is held by {device['holder']} until "
+                                                    f"{device['expires_at']}")
     if leases:
         ended = leases[0].data
-        raise CoordinatorError("lease_ended", f"your last lease on {target}, {ended['id']}, is {ended['state']} "
-                                              f"({ended['reason']}, at {ended['ended_at']})")
-    raise CoordinatorError("no_lease", f"you hold no lease on {target!r}")
+        raise CoordinatorError(ErrorCode.LEASE_ENDED, f"your last lease on {target}, {ended['id']}, is "
+                                                      f"{ended['state']} ({ended['reason']}, at {ended['ended_at']})")
+    raise CoordinatorError(ErrorCode.NO_LEASE, f"you hold no lease on {target!r}")
 
 
 def _state(device: dict) -> str:
@@ -219,7 +221,7 @@ def _reserved(lab: Lab, as_json: bool, *args, **kwargs) -> Lease | Ticket:
                     said = _give_up(got.api, *held)
             if not as_json and stopped.at_terminal:
                 click.echo(file=sys.stderr)  # (off the line ^C was echoed on)
-            fail(as_json, "interrupted", f"interrupted: {said}", stopped.exit_code)
+            fail(as_json, ErrorCode.INTERRUPTED, f"interrupted: {said}", stopped.exit_code)
 
 
 def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json: bool, give_up: bool) -> Lease:
@@ -241,14 +243,14 @@ def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json:
             try:
                 lease.wait_ready(60 if left is None else left)
             except LeaseFailed as exc:
-                kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == "timeout" else ""
+                kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == ErrorCode.TIMEOUT else ""
                 fail(as_json, exc.code, exc.message + kept, lease=lease.id)
         except KeyboardInterrupt:
             with not_interrupted():
                 said = _give_up(got.api, ticket, lease) if give_up else _still_yours(ticket, lease)
             if not as_json and stopped.at_terminal:
                 click.echo(file=sys.stderr)  # (off the line ^C was echoed on)
-            fail(as_json, "interrupted", f"interrupted: {said}", stopped.exit_code)
+            fail(as_json, ErrorCode.INTERRUPTED, f"interrupted: {said}", stopped.exit_code)
     return lease
 
 
@@ -261,7 +263,7 @@ def _give_up(api: Coordinator, ticket: Ticket | None, lease: Lease | None) -> st
             try:
                 ended = ticket.cancel().data
             except CoordinatorError as exc:
-                if exc.code != "ticket_ended":
+                if exc.code != ErrorCode.TICKET_ENDED:
                     raise
                 ended = ticket.refresh().data  # claimed meanwhile: its lease is released below
                 if ended["state"] != TicketState.CLAIMED or not ended["lease"]:
@@ -350,7 +352,7 @@ def settle_command(lab: Lab, target: str, timeout: float | None, as_json: bool):
     lease = _my_lease(lab, target)
     op = follow_op(lab.api, lab.api.post(f"/leases/{lease.id}/settle"), on_progress=said, timeout=timeout)
     if op["state"] == "failed":
-        fail(as_json, "settle_failed", f"{op['id']}: {op['message']}")
+        fail(as_json, ErrorCode.SETTLE_FAILED, f"{op['id']}: {op['message']}")
     emit(as_json, op, lambda o: f"{lease.data['device']}: settle {o['state']}: {o['message']}")
 
 

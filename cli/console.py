@@ -28,6 +28,7 @@ from device_loop.core.vocabulary import EndpointRole
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab
+from device_loop.core.errors import ErrorCode
 from .output import fail
 
 ESCAPE = b"\x1d"  # Ctrl-], as in telnet
@@ -44,13 +45,13 @@ def how_it_ended(lease: dict) -> str:
 def uart_endpoint(lease) -> EndpointJSON:
     """The lease's serial console (its ``console`` endpoint), RFC 2217 first."""
     if lease.state not in LIVE_LEASE_STATES:
-        raise CoordinatorError("lease_ended", how_it_ended(lease.data))
+        raise CoordinatorError(ErrorCode.LEASE_ENDED, how_it_ended(lease.data))
     endpoints = by_role(lease.data, EndpointRole.CONSOLE)
     if endpoints:
         return min(endpoints, key=lambda e: e.get("protocol") != "rfc2217")
     if not lease.data["ready"]:
-        raise CoordinatorError("not_ready", f"{lease.data['device']} is not ready: {lease.data['reason']}")
-    raise CoordinatorError("no_uart", f"{lease.data['device']} has no UART")
+        raise CoordinatorError(ErrorCode.NOT_READY, f"{lease.data['device']} is not ready: {lease.data['reason']}")
+    raise CoordinatorError(ErrorCode.NO_UART, f"{lease.data['device']} has no UART")
 
 
 def _pump_to(out, port, log, stop: threading.Event, lost: threading.Event) -> None:

@@ -19,6 +19,7 @@ from device_loop.core.usage import LEASE_ANSWER_ENV
 
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.lab import Lab, Lease
+from device_loop.core.errors import ErrorCode
 from .output import fail
 
 #: The exit status of a command that outlived its --timeout (as GNU timeout's).
@@ -74,7 +75,7 @@ def exec_command(lab: Lab, target: str, command: tuple[str, ...], timeout_s: flo
     try:
         result = lease.exec(" ".join(words), timeout_s, identity_file=identity)
     except ExecError as exc:
-        if exc.code == "timeout":
+        if exc.code == ErrorCode.TIMEOUT:
             if as_json:
                 click.echo(json.dumps({"error": exc.code, "message": exc.message, "stdout": exc.output}))
             else:

@@ -16,6 +16,7 @@ from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.lab import Lab
+from device_loop.core.errors import ErrorCode
 from .output import fail
 
 WATCH_S = 30  # each long-poll of the lease; Ctrl-C interrupts it at once (it runs in the main thread)
@@ -88,4 +89,5 @@ def forward_command(lab: Lab, target: str, as_json: bool):
     finally:
         for forward in forwards:
             forward.close()
-    fail(as_json, "lease_ended", f"lease {lease.id} is {ended['state']} ({ended['reason']}): forwarding stopped")
+    fail(as_json, ErrorCode.LEASE_ENDED, f"lease {lease.id} is {ended['state']} ({ended['reason']}): forwarding "
+                                         f"stopped")

@@ -18,6 +18,7 @@ from device_loop.core.vocabulary import FIRST_PHASES
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab, follow_op
+from device_loop.core.errors import ErrorCode
 from .output import emit, fail, on_terminal, progress_bar, table
 
 if TYPE_CHECKING:
@@ -126,8 +127,8 @@ def _follow_and_show(lab: Lab, op: OperationAnswer, detach: bool, as_json: bool)
     except KeyboardInterrupt:
         if drawing:
             click.echo("", err=True)  # off the progress bar's line
-        fail(as_json, "interrupted", f"no longer following {op['id']}; the {kind} goes on: "
-                                     f"device-loop op {op['id']} --wait", exit_code=130, op=op["id"])
+        fail(as_json, ErrorCode.INTERRUPTED, f"no longer following {op['id']}; the {kind} goes on: "
+                                             f"device-loop op {op['id']} --wait", exit_code=130, op=op["id"])
     if drawing:
         show(final)
         click.echo("", err=True)
@@ -336,7 +337,8 @@ def recover_command(lab: Lab, target: str, detach: bool, as_json: bool):
         lease = _my_lease(lab, target)
         device, path = lease.data["device"], f"/leases/{lease.id}/recover"
     except CoordinatorError as exc:
-        if exc.code not in ("no_lease", "lease_ended") or not lab.api.get("/devices/" + target).get("needs_recovery"):
+        if (exc.code not in (ErrorCode.NO_LEASE, ErrorCode.LEASE_ENDED)
+                or not lab.api.get("/devices/" + target).get("needs_recovery")):
             raise
         device, path = target, f"/admin/devices/{target}/recover"  # admins only: says so otherwise
     if not as_json and not lab.api.get(f"/devices/{device}")["needs_recovery"]:

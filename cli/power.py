@@ -12,6 +12,7 @@ from .commands import _my_lease, json_option, lab_command
 from .exec import _seconds
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab, follow_op
+from device_loop.core.errors import ErrorCode
 from .operations import detach_option
 from .output import emit, fail
 
@@ -79,7 +80,7 @@ def power_command(lab: Lab, action: str, target: str, off_time: float | None, de
     try:
         path = f"/leases/{_my_lease(lab, target).id}/power"
     except CoordinatorError as exc:
-        if exc.code not in ("no_lease", "lease_ended") or target.startswith("lease-"):
+        if exc.code not in (ErrorCode.NO_LEASE, ErrorCode.LEASE_ENDED) or target.startswith("lease-"):
             raise
         path = f"/admin/devices/{target}/power"  # a device nobody holds (yours no longer): an admin's
     try:
@@ -95,11 +96,11 @@ def power_command(lab: Lab, action: str, target: str, off_time: float | None, de
     try:
         final = follow_op(lab.api, op)
     except KeyboardInterrupt:
-        fail(as_json, "interrupted", f"no longer following {op['id']}; the power {action} goes on: "
-                                     f"device-loop op {op['id']} --wait", exit_code=130, op=op["id"])
+        fail(as_json, ErrorCode.INTERRUPTED, f"no longer following {op['id']}; the power {action} goes on: "
+                                             f"device-loop op {op['id']} --wait", exit_code=130, op=op["id"])
     if final["state"] != "done":
-        fail(as_json, "power_failed", f"power {action} of {final['device']} failed ({final['id']}): "
-                                      f"{final['message']}", op=final["id"])
+        fail(as_json, ErrorCode.POWER_FAILED, f"power {action} of {final['device']} failed ({final['id']}): "
+                                              f"{final['message']}", op=final["id"])
     emit(as_json, final, power_text)
     if verdict_of(final) != PowerVerdict.VERIFIED:
         raise SystemExit(UNVERIFIED)

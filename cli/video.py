@@ -14,6 +14,7 @@ from device_loop.core.usage import camera_urls
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab, require_ready
+from device_loop.core.errors import ErrorCode
 from .output import emit
 
 
@@ -23,8 +24,8 @@ def _camera(lease: Mapping[str, Any]) -> dict:
     require_ready(lease)
     urls = camera_urls(lease)
     if urls is None:
-        raise CoordinatorError("no_camera", f"{lease['device']} has no camera (kinds: "
-                                            f"{', '.join(sorted({e['kind'] for e in lease['endpoints']})) or 'none'})")
+        kinds = ", ".join(sorted({e["kind"] for e in lease["endpoints"]})) or "none"
+        raise CoordinatorError(ErrorCode.NO_CAMERA, f"{lease['device']} has no camera (kinds: {kinds})")
     return urls
 
 
@@ -43,15 +44,16 @@ def video_command(lab: Lab, target: str, snapshot: Path | None, as_json: bool):
     try:
         answer = httpx2.get(urls["snapshot"], timeout=15, verify=False)
     except httpx2.HTTPError as exc:
-        raise CoordinatorError("camera_unreachable", f"cannot reach the camera: {exc}") from None
+        raise CoordinatorError(ErrorCode.CAMERA_UNREACHABLE, f"cannot reach the camera: {exc}") from None
     if answer.status_code != 200:
-        raise CoordinatorError("camera_failed", f"the camera answered {answer.status_code}: {answer.text.strip()}")
+        raise CoordinatorError(ErrorCode.CAMERA_FAILED, f"the camera answered {answer.status_code}: "
+                                                        f"{answer.text.strip()}")
     if str(snapshot) == "-":
         sys.stdout.buffer.write(answer.content)
         return
     try:
         snapshot.write_bytes(answer.content)
     except OSError as exc:
-        raise CoordinatorError("cannot_write", f"cannot write {snapshot}: {exc.strerror}") from None
+        raise CoordinatorError(ErrorCode.CANNOT_WRITE, f"cannot write {snapshot}: {exc.strerror}") from None
     emit(as_json, {"snapshot": str(snapshot), "bytes": len(answer.content)},
          lambda s: f"{s['snapshot']}: {s['bytes']} bytes of JPEG")

@@ -11,6 +11,7 @@ from device_loop.core.vocabulary import EndpointRole
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab, require_ready
+from device_loop.core.errors import ErrorCode
 from .output import emit
 
 
@@ -19,8 +20,8 @@ def screen(lease: Mapping[str, Any]) -> dict:
     require_ready(lease)
     screens = by_role(lease, EndpointRole.RFB)
     if not screens:
-        raise CoordinatorError("no_screen", f"{lease['device']} has no VNC screen (its endpoints: "
-                                            f"{', '.join(sorted({e['kind'] for e in lease['endpoints']})) or 'none'})")
+        kinds = ", ".join(sorted({e["kind"] for e in lease["endpoints"]})) or "none"
+        raise CoordinatorError(ErrorCode.NO_SCREEN, f"{lease['device']} has no VNC screen (its endpoints: {kinds})")
     rfb = screens[0]
     viewer = (f"device-loop forward {lease['id']}   # then: vncviewer 127.0.0.1::PORT (the vnc port it prints)"
               if lease.get("secret") else f"vncviewer {rfb['host']}::{rfb['port']}")

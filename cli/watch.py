@@ -13,6 +13,7 @@ from device_loop.core import API_PREFIX, EVENTS_KEEPALIVE_S
 from .commands import lab_command
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab
+from device_loop.core.errors import ErrorCode
 
 RECONNECT_S = 1.0
 KEEPALIVE_GRACE_S = 3 * EVENTS_KEEPALIVE_S  # silent that long: the stream is gone
@@ -49,7 +50,8 @@ def changes(lab: Lab, connected=lambda devices: None):
                             yield (before or {}).get("state"), device
         except httpx2.TransportError as exc:
             if not known:
-                raise CoordinatorError("unreachable", f"cannot reach the coordinator at {lab.api.url}: {exc}") from None
+                raise CoordinatorError(ErrorCode.UNREACHABLE, f"cannot reach the coordinator at {lab.api.url}: "
+                                                              f"{exc}") from None
         if not broken:
             click.echo("device-loop: the coordinator's event stream broke; reconnecting", err=True)
             broken = True

@@ -19,6 +19,7 @@ from typing import Any
 
 from device_loop.core import API_PREFIX
 from device_loop.core.tokens import TokenFileError, load_token
+from device_loop.core.errors import ErrorCode
 
 DEFAULT_URL = "http://127.0.0.1:7420"
 USER_HEADER = "X-Device-Loop-User"
@@ -51,7 +52,7 @@ class Coordinator:
         try:
             token = token or load_token()
         except TokenFileError as exc:
-            raise CoordinatorError("token_file_unsafe", str(exc)) from None
+            raise CoordinatorError(ErrorCode.TOKEN_FILE_UNSAFE, str(exc)) from None
         self.headers = {USER_HEADER: self.user} | ({"Authorization": f"Bearer {token}"} if token else {})
         self.timeout = timeout
         parts = urllib.parse.urlsplit(self.url)
@@ -102,7 +103,8 @@ class Coordinator:
             response = self.http.request("POST", f"{API_PREFIX}{path}", params=params, content=chunks,
                                          timeout=httpx2.Timeout(self.timeout, write=None, read=600.0))
         except httpx2.TransportError as exc:
-            raise CoordinatorError("unreachable", f"cannot reach the coordinator at {self.url}: {exc}") from None
+            raise CoordinatorError(ErrorCode.UNREACHABLE, f"cannot reach the coordinator at {self.url}: "
+                                                          f"{exc}") from None
         return self._answer(response.status_code, response.content)
 
     def _request(self, method: str, path: str, params: dict | None = None, body: bytes | None = None,
@@ -118,7 +120,7 @@ class Coordinator:
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()  # a kept-alive connection the server closed, or no server: a new one
                 if attempt == self.retries - 1:
-                    raise CoordinatorError("unreachable",
+                    raise CoordinatorError(ErrorCode.UNREACHABLE,
                                            f"cannot reach the coordinator at {self.url}: {exc}") from None
                 if not isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)):
                     time.sleep(0.2 * 2 ** attempt)
@@ -155,11 +157,11 @@ class Coordinator:
         try:
             data = json.loads(content)
         except ValueError:
-            raise CoordinatorError("bad_answer", f"{self.url} answered {status} without JSON; "
+            raise CoordinatorError(ErrorCode.BAD_ANSWER, f"{self.url} answered {status} without JSON; "
                                    "is that a device-loop coordinator?", status) from None
         if status >= 400:
             if not isinstance(data, dict):
-                raise CoordinatorError("error", content.decode(errors="replace")[:2000], status)
+                raise CoordinatorError(ErrorCode.ERROR, content.decode(errors="replace")[:2000], status)
             raise CoordinatorError(data.get("error", "error"), data.get("message", ""), status)
         return data
 

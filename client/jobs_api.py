@@ -22,6 +22,7 @@ from typing import Any
 from device_loop.core import API_PREFIX
 from device_loop.core.jobs import CellReport, JobSpec, JobSummary, JobView, RunRecord, Target
 from device_loop.core.vocabulary import OPEN_JOB_STATES, JobState
+from device_loop.core.errors import ErrorCode
 
 from .http import Coordinator, CoordinatorError
 from .lab import Lease, Ticket
@@ -81,8 +82,8 @@ class Jobs:
         while job.state in OPEN_JOB_STATES:
             left = 25.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
-                raise CoordinatorError("timeout", f"{job_id} is still {job.state} after {timeout:g}s; "
-                                                  f"follow it with: device-loop job show {job_id}")
+                raise CoordinatorError(ErrorCode.TIMEOUT, f"{job_id} is still {job.state} after {timeout:g}s; "
+                                                          f"follow it with: device-loop job show {job_id}")
             job = self.get(job_id, wait_s=min(left, 25.0), unless=job.state)
         return job
 
@@ -137,7 +138,7 @@ def _text(api: Coordinator, path: str) -> str:
     try:
         response = api.http.get(f"{API_PREFIX}{path}")
     except httpx2.TransportError as exc:
-        raise CoordinatorError("unreachable", f"cannot reach the coordinator at {api.url}: {exc}") from None
+        raise CoordinatorError(ErrorCode.UNREACHABLE, f"cannot reach the coordinator at {api.url}: {exc}") from None
     if response.status_code >= 400:
         try:
             data = response.json()

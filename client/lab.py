@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
 from device_loop.core.durations import parse_duration
+from device_loop.core.errors import ErrorCode
 
 from .http import Coordinator, CoordinatorError
 
@@ -44,9 +45,9 @@ class LeaseFailed(CoordinatorError):
 def require_ready(lease: Mapping[str, Any]) -> None:
     """Refuse (``CoordinatorError``) a lease, as JSON, whose endpoints cannot be used now."""
     if lease["state"] not in LIVE_LEASE_STATES:
-        raise CoordinatorError("lease_ended", f"{lease['id']} has ended ({lease['reason']})")
+        raise CoordinatorError(ErrorCode.LEASE_ENDED, f"{lease['id']} has ended ({lease['reason']})")
     if not lease["ready"]:
-        raise CoordinatorError("not_ready", f"{lease['id']} is not ready yet: {lease['reason']}")
+        raise CoordinatorError(ErrorCode.NOT_READY, f"{lease['id']} is not ready yet: {lease['reason']}")
 
 
 def follow_op(api: Coordinator, op: OperationAnswer, on_progress: Callable[[OperationAnswer], object] | None = None,
@@ -61,8 +62,8 @@ def follow_op(api: Coordinator, op: OperationAnswer, on_progress: Callable[[Oper
         if on_progress:
             on_progress(op)
         if deadline is not None and time.monotonic() > deadline:
-            raise CoordinatorError("timeout", f"{op['id']} is still {op['state']} after {timeout:g}s; "
-                                              f"follow it with: device-loop op {op['id']}")
+            raise CoordinatorError(ErrorCode.TIMEOUT, f"{op['id']} is still {op['state']} after {timeout:g}s; "
+                                                      f"follow it with: device-loop op {op['id']}")
         op = api.get(f"/ops/{op['id']}", wait=1, unless=op["state"])
     return op
 
@@ -258,7 +259,8 @@ class Lease:
                 raise LeaseFailed(self.state, f"lease {self.id} is {self.state}: {self.data['reason']}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise LeaseFailed("timeout", f"lease {self.id} not ready after {timeout:g}s ({self.data['reason']})")
+                raise LeaseFailed(ErrorCode.TIMEOUT, f"lease {self.id} not ready after {timeout:g}s "
+                                                     f"({self.data['reason']})")
             # Long-poll while pending; poll gently while active but not ready (device offline).
             if self.state == "pending":
                 self.refresh(wait_s=min(remaining, 30.0))
@@ -399,9 +401,10 @@ class Ticket:
                 on_change(self)
             remaining = 25.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
-                raise CoordinatorError("timeout", f"{self.id} is still waiting after {timeout:g}s (position "
-                                                  f"{self.position}); follow it with: device-loop ticket {self.id} "
-                                                  f"--wait, or cancel it: device-loop cancel {self.id}")
+                raise CoordinatorError(ErrorCode.TIMEOUT, f"{self.id} is still waiting after {timeout:g}s (position "
+                                                          f"{self.position}); follow it with: device-loop ticket "
+                                                          f"{self.id} --wait, or cancel it: device-loop cancel "
+                                                          f"{self.id}")
             self.refresh(wait_s=min(remaining, 5.0))  # (the position may change meanwhile: say it)
         if self.state == "granted":
             self.refresh()  # seeing it claims it

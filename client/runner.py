@@ -36,6 +36,7 @@ from device_loop.core.fingerprint import gather, readings, unfit
 from device_loop.core.jobs import MAX_TEXT_CHARS, CellReport, Fingerprint, JobSpec, JobView, Readings, RunRecord
 from device_loop.core.vocabulary import Arm, JobState
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
+from device_loop.core.errors import ErrorCode
 
 from .accounts import Account
 from .http import CoordinatorError
@@ -55,7 +56,9 @@ READY_TIMEOUT_S = 120.0  # a granted lease's services up
 EXEC_TIMEOUT_S = 20.0    # a reading at a run's start
 NO_DEVICE = "no device"
 #: The reserve refusals that mean a matrix group has no device (anything else fails the job).
-NO_SUCH_DEVICE = ("no_such_devices", "unknown_device", "none_free")
+NO_SUCH_DEVICE = (ErrorCode.NO_SUCH_DEVICES, ErrorCode.UNKNOWN_DEVICE, ErrorCode.NONE_FREE)
+#: Of those, the ones whose message says "no device ..." itself.
+SAYS_NO_DEVICE = (ErrorCode.NO_SUCH_DEVICES, ErrorCode.NONE_FREE)
 OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
 
 
@@ -329,7 +332,7 @@ class CellRun:
             got = self.jobs.reserve(self.job.id, self.cell.index, self.cell.target)
         except CoordinatorError as exc:
             if matrix is not None and exc.code in NO_SUCH_DEVICE:
-                self.not_run = exc.message if exc.message.startswith(NO_DEVICE) else f"{NO_DEVICE} ({exc.message})"
+                self.not_run = exc.message if exc.code in SAYS_NO_DEVICE else f"{NO_DEVICE} ({exc.message})"
                 return None
             raise
         if isinstance(got, Ticket):
@@ -347,7 +350,7 @@ class CellRun:
             try:
                 return got.wait_ready(timeout=min(TICKET_POLL_S, max(0.1, deadline - time.monotonic())))
             except CoordinatorError as exc:
-                if exc.code != "timeout" or time.monotonic() > deadline:
+                if exc.code != ErrorCode.TIMEOUT or time.monotonic() > deadline:
                     raise CellFailed(f"{got.id} on {got.data['device']} did not get ready: {exc.message}") from None
 
     def _wait_ticket(self, ticket: Ticket, wait_s: float | None) -> Lease | None:
@@ -363,7 +366,7 @@ class CellRun:
             except TicketEnded as exc:
                 raise CellFailed(f"the job's ticket ended: {exc.message}") from None
             except CoordinatorError as exc:
-                if exc.code != "timeout":
+                if exc.code != ErrorCode.TIMEOUT:
                     raise
 
     def _check_lease(self) -> None:

@@ -8,6 +8,7 @@ from device_loop.core.durations import iso
 from device_loop.core.vocabulary import LeaseState, OperationState
 
 from device_loop.core.answers import DeviceAnswer, HostAnswer
+from device_loop.core.errors import ErrorCode
 from . import kinds
 from .devices import Devices
 from .errors import APIError, conflict, not_found
@@ -47,8 +48,8 @@ class Admin:
                 raise not_found("device", name)
             lease_id = device["lease_id"]
             if retired and lease_id and not force:
-                raise conflict("leased", f"{name} is leased by {device['holder']}; retiring it with --force "
-                                         "revokes that lease")
+                raise conflict(ErrorCode.LEASED, f"{name} is leased by {device['holder']}; retiring it with --force "
+                                                 "revokes that lease")
             if retired and lease_id:
                 lease = await self.leases_sql.lease(lease_id)
                 assert lease is not None  # the device's live lease, read in this same transaction
@@ -72,11 +73,11 @@ class Admin:
             if device is None:
                 raise not_found("device", name)
             if not device["fault"]:
-                raise conflict("no_fault", f"{name} has no fault to clear (it is {device['state']}"
-                                           + (f": {device['health_reason']}" if device["health_reason"] else "") + ")")
+                why = f": {device['health_reason']}" if device["health_reason"] else ""
+                raise conflict(ErrorCode.NO_FAULT, f"{name} has no fault to clear (it is {device['state']}{why})")
             if switched_off(device["fault"], device["fault_kind"]):
-                raise conflict("switched_off", f"{name} was switched off ({device['fault']}); only a power on that "
-                                               f"is verified clears that: device-loop power on {name}")
+                raise conflict(ErrorCode.SWITCHED_OFF, f"{name} was switched off ({device['fault']}); only a power on "
+                                                       f"that is verified clears that: device-loop power on {name}")
             await self.life.change(device, f"fault cleared by admin {admin} (was: {device['fault']})", admin,
                                    NO_FAULT)
             await self.life.audit(admin, "clear_fault", name, None, {"fault": device["fault"]})
@@ -101,13 +102,13 @@ class Admin:
             if candidate is None:
                 raise not_found("candidate", identifier)
             if await self.devices_sql.device(name) is not None:
-                raise conflict("name_taken", f"a device named {name!r} exists already")
+                raise conflict(ErrorCode.NAME_TAKEN, f"a device named {name!r} exists already")
             try:
                 await self.hosts_sql.insert_adoption({"identifier": identifier, "name": name, "class": device_class,
                                                       "tags": tags, "host": candidate["host"], "adopted_by": admin,
                                                       "at": self.life.clock()})
             except UniqueViolation:
-                raise conflict("adopted", f"{identifier} is adopted already, or {name!r} is taken") from None
+                raise conflict(ErrorCode.ADOPTED, f"{identifier} is adopted already, or {name!r} is taken") from None
             await self.life.audit(admin, "adopt", name, None, {"identifier": identifier, "host": candidate["host"]})
             self.life.notify(host_key(candidate["host"]))
         return {"identifier": identifier, "name": name, "host": candidate["host"],
@@ -141,8 +142,8 @@ class Admin:
         if host is None:
             raise not_found("host", name)
         if host["online"]:
-            raise conflict("online", f"host {name} is online (it reported at {iso(host['last_seen'])}): "
-                                     "stop its exporter, then forget it")
+            raise conflict(ErrorCode.ONLINE, f"host {name} is online (it reported at {iso(host['last_seen'])}): "
+                                             "stop its exporter, then forget it")
         owned = [d for d in await self.devices_sql.devices_of_host(name) if d["host"] == name]  # (not its claims)
         return sorted(owned, key=lambda d: d["name"])
 
@@ -158,22 +159,23 @@ class Admin:
     async def _device_or_host(self, name: str) -> str:
         device, host = await self.devices_sql.device(name), await self.hosts_sql.host(name)
         if device is not None and host is not None:
-            raise conflict("ambiguous", f"a device and a host are both named {name!r}: say which one "
-                                        "(--device or --host)")
+            raise conflict(ErrorCode.AMBIGUOUS, f"a device and a host are both named {name!r}: say which one "
+                                                "(--device or --host)")
         if device is None and host is None:
-            raise APIError(404, "unknown_name", f"no device or host is named {name!r}")
+            raise APIError(404, ErrorCode.UNKNOWN_NAME, f"no device or host is named {name!r}")
         return "device" if device is not None else "host"
 
     @staticmethod
     def _refuse_to_forget(device: DeviceFacts) -> None:
         name = device["name"]
         if device["host_online"] and device["present"]:
-            raise conflict("online", f"{name} is not offline: host {device['host']} still reports it. Take it out "
-                                     "of that exporter's config (or unplug it) first; 'admin retire' keeps it out "
-                                     "of use meanwhile")
+            raise conflict(ErrorCode.ONLINE, f"{name} is not offline: host {device['host']} still reports it. Take it "
+                                             f"out of that exporter's config (or unplug it) first; 'admin retire' "
+                                             "keeps it out of use meanwhile")
         if device["lease_id"]:
-            raise conflict("leased", f"{name} is leased by {device['holder']} until {iso(device['expires_at'])}: "
-                                     f"take that lease back first (device-loop admin release {name} --force)")
+            raise conflict(ErrorCode.LEASED, f"{name} is leased by {device['holder']} until "
+                                             f"{iso(device['expires_at'])}: take that lease back first (device-loop "
+                                             f"admin release {name} --force)")
         if device["op_id"] and device["host_online"]:
             raise conflict(kinds.of(device["op_kind"]).busy_code,
                            f"{name} has an operation running on host {device['host']} ({device['op_id']}, "
@@ -198,7 +200,7 @@ class Admin:
             if token is None:
                 raise not_found("token", token_id)
             if token["revoked_at"] is not None:
-                raise conflict("already_revoked",
+                raise conflict(ErrorCode.ALREADY_REVOKED,
                                f"token {token_id} was revoked already, at {iso(token['revoked_at'])}")
             await self.tokens_sql.revoke_token(token_id, self.life.clock())
             await self.life.audit(admin, "token_revoke", None, None, {"id": token_id})

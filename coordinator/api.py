@@ -14,6 +14,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from device_loop.core import API_PREFIX
+from device_loop.core.errors import ErrorCode
 
 from . import openapi
 from .calls import CALLS, Call, Ctx
@@ -37,12 +38,12 @@ def _rules(request: Request) -> Rules:
 
 def _refuse_nul(body: bytes) -> None:
     if b"\\u0000" in body and ESCAPED_NUL.search(body):  # the search alone: 14 ms for a 1000-device heartbeat
-        raise APIError(422, "invalid", "text may not contain the NUL character (\\u0000)")
+        raise APIError(422, ErrorCode.INVALID, "text may not contain the NUL character (\\u0000)")
 
 
 def _problems(errors: list) -> APIError:
-    return APIError(422, "invalid", "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: "
-                                              f"{e['msg'].removeprefix('Value error, ')}" for e in errors))
+    return APIError(422, ErrorCode.INVALID, "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: "
+                                                      f"{e['msg'].removeprefix('Value error, ')}" for e in errors))
 
 
 async def _model_body(request: Request, model: type[BaseModel]) -> BaseModel:
@@ -75,7 +76,7 @@ async def _json_object(request: Request) -> dict[str, Any]:
     except (ValueError, RecursionError):  # (a body nested a thousand deep is no request either)
         raise bad_request("request body is not valid JSON") from None
     if not isinstance(data, dict):
-        raise APIError(422, "invalid", "body: the request body is a JSON object")
+        raise APIError(422, ErrorCode.INVALID, "body: the request body is a JSON object")
     return data
 
 
@@ -100,7 +101,7 @@ async def _args(call: Call, request: Request) -> BaseModel:
         body = await _json_object(request)
         inside = sorted(set(body) & path_names(call))
         if inside:
-            raise APIError(422, "invalid", f"{', '.join(inside)}: given in the path, not in the body")
+            raise APIError(422, ErrorCode.INVALID, f"{', '.join(inside)}: given in the path, not in the body")
         values |= body
         strict = True
     known = {field.alias or name for name, field in call.args.model_fields.items()} | set(call.args.model_fields)
@@ -171,8 +172,8 @@ async def events(request: Request) -> Response:
     """Server-sent events: a ``snapshot`` of every device, then each ``device`` that changed
     (``?html=1``: with its board row)."""
     if "text/event-stream" not in request.headers.get("accept", ""):  # a plain GET would never end
-        raise APIError(406, "not_acceptable", "this is a stream of server-sent events: send "
-                                              "'Accept: text/event-stream'")
+        raise APIError(406, ErrorCode.NOT_ACCEPTABLE, "this is a stream of server-sent events: send "
+                                                      "'Accept: text/event-stream'")
     stream = request.app.state.events.stream(html=request.query_params.get("html") == "1")
     return StreamingResponse(stream, media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

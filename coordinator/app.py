@@ -16,6 +16,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.middleware import Middleware
 from starlette.routing import Match, Route
 
+from device_loop.core.errors import ErrorCode
+
 from .api import routes
 from .errors import APIError
 from .agents import LazyAgents
@@ -40,7 +42,7 @@ async def _api_error(request: Request, exc: APIError) -> JSONResponse:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(exc.status_code, ErrorCode.HTTP_ERROR)
     headers = exc.headers
     if exc.status_code == 405:  # Starlette's Allow names the first route of the path; a path has a route a method
         matching = [route for route in request.app.router.routes if isinstance(route, Route)
@@ -58,8 +60,8 @@ async def _hung_up(request: Request, exc: CallerGone) -> Response:
 
 async def _crash(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return JSONResponse({"error": "internal", "message": "the coordinator hit an unexpected error; see its log"},
-                        status_code=500)
+    return JSONResponse({"error": ErrorCode.INTERNAL,
+                         "message": "the coordinator hit an unexpected error; see its log"}, status_code=500)
 
 
 async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:

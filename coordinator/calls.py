@@ -25,6 +25,7 @@ from . import device_commands, relays
 from device_loop.core.answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer,
                                       HealthAnswer, HostAnswer, ImageAnswer, JobAnswer, LeaseAnswer, LogEntry,
                                       OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer)
+from device_loop.core.errors import ErrorCode
 from .errors import APIError
 from .evidence import evidence_markdown
 from .identity import ADMIN, ANYONE, EXPORTER, USER, issue_token, token_view
@@ -248,7 +249,7 @@ async def start_operation(ctx: Ctx, args: OperationIn) -> OperationAnswer:
             field = PowerSwitch.model_fields.get(str(first["loc"][0])) if first["loc"] else None
             said = (f"missing: {field.description}" if first["type"] == "missing" and field is not None
                     else first["msg"].removeprefix("Value error, "))
-            raise APIError(422, "invalid", f"args.{where}: {said}") from None
+            raise APIError(422, ErrorCode.INVALID, f"args.{where}: {said}") from None
         given = power_args(switch.action, switch.off_time_s)
     return await ctx.rules.operations.start(args.lease_id, args.kind, given, ctx.caller)
 
@@ -446,7 +447,7 @@ async def upload_image(ctx: Ctx, args: UploadQuery) -> ImageAnswer:
     """The body is the image, streamed; what it is comes in the query string (name, for,
     description; sha256 and size if the uploader knows them)."""
     if ctx.stream is None:
-        raise APIError(400, "bad_request", "an upload's body is the image's bytes")
+        raise APIError(400, ErrorCode.BAD_REQUEST, "an upload's body is the image's bytes")
     image, new = await ctx.rules.images.upload(ctx.stream, args.name, args.target, args.description, args.sha256,
                                                args.size, ctx.caller.name)
     if not new:

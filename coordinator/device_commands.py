@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from device_loop.core.device_exec import ExecError, exec_on_lease
 
 from device_loop.core.answers import ExecAnswer, LeaseAnswer
+from device_loop.core.errors import ErrorCode
 from .errors import APIError
 from .ssh_logins import OPTION, SshLogins
 
@@ -25,13 +26,13 @@ FINGERPRINT_TIMEOUT_S = 20.0  # each of its few exec round trips
 EXEC_AT_ONCE = 8  # execs a coordinator process runs at once, each on a thread for up to 120 s
 #: How each refusal of ``exec_on_lease`` is answered: the device or its channel is not there
 #: to run it (409), the command did not end in time (504), the command itself is refused (422).
-_STATUS = {"no_channel": 409, "no_login": 409, "no_prompt": 409, "unreachable": 409, "switched_off": 409,
-           "timeout": 504, "too_large": 422, "bad_command": 422}
+_STATUS = {ErrorCode.NO_CHANNEL: 409, ErrorCode.NO_LOGIN: 409, ErrorCode.NO_PROMPT: 409, ErrorCode.UNREACHABLE: 409,
+           ErrorCode.SWITCHED_OFF: 409, ErrorCode.TIMEOUT: 504, ErrorCode.TOO_LARGE: 422, ErrorCode.BAD_COMMAND: 422}
 
 
 def _refusal(exc: ExecError) -> APIError:
     message = exc.message
-    if exc.code == "no_login":
+    if exc.code == ErrorCode.NO_LOGIN:
         message += (f" (the coordinator logs in to a board's sshd only as its own {OPTION} file says: a [devices.NAME] "
                     "or [hosts.NAME] table with user, identity and host_key; see docs/architecture.md, \"Running a "
                     "command on a device\")")
@@ -47,8 +48,8 @@ async def _one_at_a_time(lease: LeaseAnswer):
     """One exec per lease at a time (two on one console would type into the same shell),
     and at most ``EXEC_AT_ONCE`` in all: past them a clear 503, not threads held for minutes."""
     if _running.locked():
-        raise APIError(503, "busy", f"this coordinator runs {EXEC_AT_ONCE} commands on devices already: try again "
-                                    "in a moment")
+        raise APIError(503, ErrorCode.BUSY, f"this coordinator runs {EXEC_AT_ONCE} commands on devices already: try "
+                                            f"again in a moment")
     lock = _per_lease.setdefault(lease["id"], asyncio.Lock())
     try:
         async with lock, _running:

@@ -8,6 +8,7 @@ from device_loop.core.vocabulary import DeviceState
 
 from device_loop.core.answers import (AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry,
                                       RunningOperation, RunningStep)
+from device_loop.core.errors import ErrorCode
 from .errors import APIError, not_found
 from .hidden_paths import hide_paths, hide_paths_in
 from .holders import holder_json
@@ -130,8 +131,8 @@ class Devices:
         """The refusal for a device name nobody knows, with some that exist."""
         names = await self.devices_sql.device_names(10)
         hint = f"; known devices: {', '.join(names)}" if names else "; no device is registered yet"
-        return APIError(404, "unknown_device", f"unknown device {name!r}{hint} (a configured device that no "
-                                               "plugin serves is listed by 'device-loop hosts')")
+        return APIError(404, ErrorCode.UNKNOWN_DEVICE, f"unknown device {name!r}{hint} (a configured device that no "
+                                                       "plugin serves is listed by 'device-loop hosts')")
 
     async def hosts(self, only: str | None = None) -> list[HostAnswer]:
         now = self.life.clock()

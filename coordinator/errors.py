@@ -1,8 +1,10 @@
-"""Errors a client can act on: a status, a short code and a sentence."""
+"""Errors a client can act on: a status, a short code (an ``ErrorCode``, core/errors.py) and
+a sentence."""
+from device_loop.core.errors import ErrorCode
 
 
 class APIError(Exception):
-    def __init__(self, status: int, code: str, message: str):
+    def __init__(self, status: int, code: ErrorCode, message: str):
         super().__init__(message)
         self.status = status
         self.code = code
@@ -13,12 +15,13 @@ class APIError(Exception):
 
 
 def not_found(what: str, name: str) -> APIError:
-    return APIError(404, f"unknown_{what}", f"unknown {what} {name!r}")
+    """404 ``unknown_WHAT`` (an ``ErrorCode``: ``ValueError`` for a ``what`` it lacks)."""
+    return APIError(404, ErrorCode(f"unknown_{what}"), f"unknown {what} {name!r}")
 
 
-def conflict(code: str, message: str) -> APIError:
+def conflict(code: ErrorCode, message: str) -> APIError:
     return APIError(409, code, message)
 
 
-def bad_request(message: str, code: str = "bad_request") -> APIError:
+def bad_request(message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> APIError:
     return APIError(400, code, message)

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 
+from device_loop.core.errors import ErrorCode
+
 from .errors import APIError
 from .jobs import Jobs
 from .who import Who
 
 
 def _missing(what: str) -> APIError:
-    return APIError(503, "not_installed", f"this coordinator has no {what} (device-loop's core/{what}.py): "
-                                          "upgrade it")
+    return APIError(503, ErrorCode.NOT_INSTALLED, f"this coordinator has no {what} (device-loop's core/{what}.py): "
+                                                  "upgrade it")
 
 
 async def evidence_markdown(jobs: Jobs, job_id: str, who: Who) -> str:

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import MAX_TAGS, DesiredState, DeviceReport, Heartbeat, Tag
 from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
+from device_loop.core.errors import ErrorCode
 
 from .errors import APIError, conflict
 from .leases import Leases
@@ -151,7 +152,7 @@ class Hosts:
     async def heartbeat(self, host_name: str, report: Heartbeat, actor: str) -> dict:
         """Replace this host's snapshot and answer with its desired state."""
         if report.protocol != PROTOCOL_VERSION:
-            raise APIError(400, "protocol_mismatch",
+            raise APIError(400, ErrorCode.PROTOCOL_MISMATCH,
                            f"exporter {host_name} speaks protocol {report.protocol}, this coordinator "
                            f"speaks {PROTOCOL_VERSION}: run the same device-loop version on both")
         digests = {d.name: _digest(d.model_dump_json()) for d in report.devices}
@@ -168,8 +169,8 @@ class Hosts:
                                                                                        report.generation):
                     await self._apply(host_name, previous, report, digests, columns, snapshot, actor)
         except UniqueViolation:  # another coordinator process wrote the same row first
-            raise conflict("concurrent_update", "another report changed these devices at the same time; "
-                                                "the next heartbeat will go through") from None
+            raise conflict(ErrorCode.CONCURRENT_UPDATE, "another report changed these devices at the same time; "
+                                                        "the next heartbeat will go through") from None
         return await self.desired(host_name)
 
     async def _prepare(self, host_name: str, report: Heartbeat, digests: dict[str, str],
@@ -189,12 +190,12 @@ class Hosts:
             return
         # a replaced boot may take over again once its successor said goodbye or went silent
         if report.boot_id in previous["superseded_boots"] and previous["online"]:
-            raise conflict("superseded_boot",
+            raise conflict(ErrorCode.SUPERSEDED_BOOT,
                            f"boot {report.boot_id} of exporter {host_name} was replaced by a newer start; "
                            f"if two exporters run with the name {host_name!r}, give each its own [exporter] name")
         if previous["boot_id"] == report.boot_id and report.generation < previous["generation"]:
-            raise conflict("stale_heartbeat", f"generation {report.generation} is older than "
-                                              f"{previous['generation']} for boot {report.boot_id}")
+            raise conflict(ErrorCode.STALE_HEARTBEAT, f"generation {report.generation} is older than "
+                                                      f"{previous['generation']} for boot {report.boot_id}")
 
     async def _apply(self, host_name: str, previous: HostRow | None, report: Heartbeat, digests: dict[str, str],
                      columns: dict[str, dict], snapshot: str, actor: str) -> None:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from device_loop.core import LEASE_PREFIX
+from device_loop.core.errors import ErrorCode
 
 from .errors import APIError, bad_request
 from .rows import IdempotencyRow
@@ -75,7 +76,7 @@ async def idempotently(request: Request, caller: str, act: Callable[[], Awaitabl
     if seen is None:
         return response
     if seen["request"] != fingerprint:
-        raise APIError(422, "idempotency_key_reused", "this Idempotency-Key was used for a different request")
+        raise APIError(422, ErrorCode.IDEMPOTENCY_KEY_REUSED, "this Idempotency-Key was used for a different request")
     return Response(await _replayed(rules, seen["body"]), status_code=seen["status"],
                     media_type="application/json")
 

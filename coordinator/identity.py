@@ -32,9 +32,10 @@ from device_loop.core.durations import iso
 from device_loop.core.vocabulary import TokenKind
 
 from device_loop.core.answers import TokenAnswer
+from device_loop.core.errors import ErrorCode
 from .errors import APIError
 from .rows import TokenRow
-from .who import ANONYMOUS, CallerKind, Who
+from .who import ANONYMOUS, COORDINATOR, CallerKind, Who
 from .store import Store
 from .store.tokens import TokenQueries
 
@@ -47,7 +48,7 @@ LAB_OWNER = getpass.getuser()  # the login the coordinator runs as
 USERNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # the names the coordinator itself acts under in the audit log and the ring logs (and
 # "exporter:HOST", "database:LOGIN", which the pattern above cannot match): nobody is called so
-RESERVED_NAMES = {"coordinator", "anonymous"}
+RESERVED_NAMES = {COORDINATOR, ANONYMOUS.name}
 
 # Who may call a route: a route names one of these in the route table (api.ROUTES).
 ANYONE = "anyone"        # no token needed: health, the public board
@@ -90,17 +91,18 @@ async def _identify(request: Request) -> Who:
         # does not say (an agent) is that person, as the CLI in their shell is
         said = request.headers.get(USER_HEADER, "").strip()
         if said and not usable_name(said):
-            raise APIError(400, "bad_user", f"{USER_HEADER}: {said[:64]!r} is not a usable name (letters, digits, "
-                                            f". _ -; 64 at most; not {', '.join(sorted(RESERVED_NAMES))})")
+            raise APIError(400, ErrorCode.BAD_USER, f"{USER_HEADER}: {said[:64]!r} is not a usable name (letters, "
+                                                    f"digits, . _ -; 64 at most; not "
+                                                    f"{', '.join(sorted(RESERVED_NAMES))})")
         return Who(said or LAB_OWNER, CallerKind.TRUSTED_LOCAL)
     header = request.headers.get("authorization", "")
     if header:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise APIError(401, "unauthenticated", "send the token as 'Authorization: Bearer TOKEN'")
+            raise APIError(401, ErrorCode.UNAUTHENTICATED, "send the token as 'Authorization: Bearer TOKEN'")
         identity = await token_identity(app.rules, token.strip())
         if identity is None:
-            raise APIError(401, "bad_token", "this token is unknown, revoked or expired")
+            raise APIError(401, ErrorCode.BAD_TOKEN, "this token is unknown, revoked or expired")
         return identity
     cookie = request.cookies.get(COOKIE)
     # a cookie whose token died is no sign-in: the page shows its sign-in form again
@@ -160,19 +162,19 @@ def refusal(access: str, identity: Who, host: str | None = None) -> APIError | N
     if access == ANYONE:  # signing in and out included: a cookie there is no credential
         return None
     if identity.csrf_missing:
-        return APIError(403, "csrf", f"a request signed in by the web page's cookie needs the page's {CSRF_HEADER} "
-                                     "header")
+        return APIError(403, ErrorCode.CSRF, f"a request signed in by the web page's cookie needs the page's "
+                                             f"{CSRF_HEADER} header")
     if identity.admin or identity.trusted:
         return None
     if not identity.known:
-        return APIError(401, "unauthenticated", "this needs a token: set DEVICE_LOOP_TOKEN or write it to "
-                                                "~/.config/device-loop/token (ask a lab admin for one)")
+        return APIError(401, ErrorCode.UNAUTHENTICATED, "this needs a token: set DEVICE_LOOP_TOKEN or write it to "
+                                                        "~/.config/device-loop/token (ask a lab admin for one)")
     if access == USER and identity.host is None:
         return None
     if access == EXPORTER and identity.host is not None and identity.host == host:
         return None
     what = {USER: "a person's token", EXPORTER: f"the exporter token of host {host}", ADMIN: "an admin token"}
-    return APIError(403, "forbidden", f"this needs {what[access]}; you are {identity.name}")
+    return APIError(403, ErrorCode.FORBIDDEN, f"this needs {what[access]}; you are {identity.name}")
 
 
 async def issue_token(store: Store, clock: Callable[[], float], username: str | None = None, admin: bool = False,
@@ -186,10 +188,10 @@ async def issue_token(store: Store, clock: Callable[[], float], username: str | 
     elif host is not None and username is None:
         name = host
     else:
-        raise APIError(422, "invalid", "a token is for a person or for an exporter's host, not both")
+        raise APIError(422, ErrorCode.INVALID, "a token is for a person or for an exporter's host, not both")
     if not usable_name(name):
-        raise APIError(422, "invalid", f"{name!r} is not a usable name (letters, digits, . _ -; not "
-                                       f"{', '.join(sorted(RESERVED_NAMES))}, which the lab's own actions use)")
+        raise APIError(422, ErrorCode.INVALID, f"{name!r} is not a usable name (letters, digits, . _ -; not "
+                                               f"{', '.join(sorted(RESERVED_NAMES))}, which the lab's own actions use)")
     token_id, token = new_token()
     now = clock()
     row: TokenRow = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",

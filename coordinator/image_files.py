@@ -31,6 +31,8 @@ from typing import AsyncIterator
 
 from starlette.requests import ClientDisconnect
 
+from device_loop.core.errors import ErrorCode
+
 from .errors import APIError
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,8 @@ class ImageFiles:
 
     def _need_folder(self) -> Path:
         if self.folder is None:
-            raise APIError(503, "no_image_folder", "this coordinator keeps no images: start it with --image-dir")
+            raise APIError(503, ErrorCode.NO_IMAGE_FOLDER, "this coordinator keeps no images: start it with "
+                                                           "--image-dir")
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         return self.folder
 
@@ -101,20 +104,22 @@ class ImageFiles:
                 await asyncio.to_thread(store, view[:filled], True)
             sha256 = digest.hexdigest()
             if declared_size is not None and declared_size != size:
-                raise APIError(422, "size_mismatch", f"declared {declared_size} bytes, received {size}: nothing kept")
+                raise APIError(422, ErrorCode.SIZE_MISMATCH, f"declared {declared_size} bytes, received {size}: "
+                                                             f"nothing kept")
             if declared_sha256 is not None and declared_sha256.lower() != sha256:
-                raise APIError(422, "checksum_mismatch",
+                raise APIError(422, ErrorCode.CHECKSUM_MISMATCH,
                                f"declared sha256 {declared_sha256}, received {sha256}: nothing kept")
             keep = True
             return Received(sha256, size, partial, fd)
         except ClientDisconnect:
             log.warning("an upload was cut off by its client after %d bytes: nothing kept", size)
-            raise APIError(400, "upload_cut", f"the upload was cut off after {size} bytes: nothing kept") from None
+            raise APIError(400, ErrorCode.UPLOAD_CUT, f"the upload was cut off after {size} bytes: nothing "
+                                                      f"kept") from None
         except OSError as exc:
             if exc.errno in FULL:
-                raise APIError(507, "registry_full", f"the image registry's disk is full ({exc.strerror}) after "
-                                                     f"{size} bytes: nothing kept; an admin frees space "
-                                                     "(device-loop images gc)") from None
+                raise APIError(507, ErrorCode.REGISTRY_FULL, f"the image registry's disk is full ({exc.strerror}) "
+                                                             f"after {size} bytes: nothing kept; an admin frees space "
+                                                             "(device-loop images gc)") from None
             raise
         finally:
             if not keep:

@@ -16,6 +16,7 @@ from device_loop.core import NAME_PATTERN
 from device_loop.core.durations import iso
 
 from device_loop.core.answers import ImageAnswer
+from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
 from .image_files import ImageFiles
 from .lifecycle import Lifecycle
@@ -46,11 +47,11 @@ def image_ref(sha256: str) -> str:
 def check_image_name(name: str) -> None:
     """An image's name: the lab's name pattern, and never what a reference to a digest looks like."""
     if not re.match(NAME_PATTERN, name or ""):
-        raise APIError(422, "invalid", f"image name {name!r}: letters, digits, '.', '_', '-'; 64 at most")
+        raise APIError(422, ErrorCode.INVALID, f"image name {name!r}: letters, digits, '.', '_', '-'; 64 at most")
     if len(name) >= MIN_PREFIX_DIGITS and HEX.match(name):
-        raise APIError(422, "invalid", f"image name {name!r} looks like a sha256 or its start ({MIN_PREFIX_DIGITS} "
-                                       "or more hexadecimal digits), which name images by their bytes: choose a "
-                                       "name with another character in it")
+        raise APIError(422, ErrorCode.INVALID, f"image name {name!r} looks like a sha256 or its start "
+                                               f"({MIN_PREFIX_DIGITS} or more hexadecimal digits), which name images "
+                                               "by their bytes: choose a name with another character in it")
 
 
 def parse_ref(ref: str) -> tuple[str, str]:
@@ -60,8 +61,8 @@ def parse_ref(ref: str) -> tuple[str, str]:
     not look like a digest's start."""
     digits = ref.removeprefix(DIGEST_PREFIX)
     if ref.startswith(DIGEST_PREFIX) and not (MIN_PREFIX_DIGITS <= len(digits) <= 64 and HEX.match(digits)):
-        raise APIError(422, "invalid", f"{ref!r}: after {DIGEST_PREFIX!r} come {MIN_PREFIX_DIGITS} to 64 "
-                                       "hexadecimal digits of the image's sha256")
+        raise APIError(422, ErrorCode.INVALID, f"{ref!r}: after {DIGEST_PREFIX!r} come {MIN_PREFIX_DIGITS} to 64 "
+                                               "hexadecimal digits of the image's sha256")
     if len(digits) >= MIN_PREFIX_DIGITS and HEX.match(digits):
         return ("digest" if len(digits) == 64 else "prefix"), digits.lower()
     return "name", ref
@@ -95,13 +96,13 @@ class Images:
         """``device:NAME`` or ``class:NAME`` for what an image is for (given as a name, or
         in that form, as listings print it)."""
         if not name:  # (as the document says of `for`: a name, not nothing)
-            raise APIError(422, "invalid", "for: say which device or device class the image is for")
+            raise APIError(422, ErrorCode.INVALID, "for: say which device or device class the image is for")
         kind, _, bare = name.rpartition(":")
         if kind in ("", "device") and await self.devices_sql.device(bare) is not None:
             return f"device:{bare}"
         if kind in ("", "class") and bare in await self.devices_sql.device_classes():
             return f"class:{bare}"
-        raise APIError(404, "unknown_target", f"no device or device class is called {name!r}")
+        raise APIError(404, ErrorCode.UNKNOWN_TARGET, f"no device or device class is called {name!r}")
 
     async def image(self, ref: str, targets: set[str] | None = None) -> ImageRow:
         """An image by its reference (``parse_ref``): a digest, its start, or a name. A name is
@@ -120,10 +121,10 @@ class Images:
         if not found:
             what = ("has a sha256 starting" if kind == "prefix" else "has the sha256" if kind == "digest"
                     else "is called")
-            raise APIError(404, "unknown_image", f"no image {what} {value!r}")
+            raise APIError(404, ErrorCode.UNKNOWN_IMAGE, f"no image {what} {value!r}")
         if len(found) > 1:
-            raise conflict("ambiguous_image", f"{ref!r} names several images: {_listed(found)}; name one by its "
-                                              "sha256 (as shown) instead")
+            raise conflict(ErrorCode.AMBIGUOUS_IMAGE, f"{ref!r} names several images: {_listed(found)}; name one by "
+                                                      f"its sha256 (as shown) instead")
         return found[0]
 
     async def known_good_image(self, device: DeviceFacts) -> KnownGoodImage | None:
@@ -144,9 +145,9 @@ class Images:
         process or another. Files no row uses go in ``sweep_files``."""
         check_image_name(name)
         if len(description) > 1000:
-            raise APIError(422, "invalid", "the description is longer than 1000 characters")
+            raise APIError(422, ErrorCode.INVALID, "the description is longer than 1000 characters")
         if declared_sha256 is not None and not SHA256.match(declared_sha256):
-            raise APIError(422, "invalid", "sha256 must be 64 hexadecimal digits")
+            raise APIError(422, ErrorCode.INVALID, "sha256 must be 64 hexadecimal digits")
         target = await self._target(target_name)
         limit, too_large = await self._upload_limit(caller)
         received = await self.image_files.receive(chunks, limit, too_large, declared_sha256, declared_size)
@@ -171,12 +172,12 @@ class Images:
                 # pinned again, and there: a sweep that found the pin stale took the file, or waits
                 await self.images_sql.pin_image_file(received.sha256, now)
                 if not self.image_files.path(received.sha256).exists():
-                    raise APIError(503, "try_again", "the registry was cleaning up these bytes just now: upload "
-                                                     "them again")
+                    raise APIError(503, ErrorCode.TRY_AGAIN, "the registry was cleaning up these bytes just now: "
+                                                             "upload them again")
                 await self.images_sql.insert_image(row)
                 quota = self.life.settings.image_quota_bytes
                 if not await self.images_sql.count_image_bytes(caller, received.size, quota):
-                    raise APIError(413, "over_quota", await self._over_quota(caller, received.size))
+                    raise APIError(413, ErrorCode.OVER_QUOTA, await self._over_quota(caller, received.size))
                 await self.life.audit(caller, "image_upload", None, None,
                                   {"image": name, "for": target, "sha256": received.sha256, "size": received.size})
         except UniqueViolation:  # these bytes, or this name for this target, were just registered
@@ -191,8 +192,8 @@ class Images:
     def _refuse_taken_name(named: list[ImageRow], name: str, target: str) -> None:
         for image in named:
             if image["target"] == target:
-                raise conflict("name_taken", f"another image for {target} is called {name!r} "
-                                             f"({image_ref(image['sha256'])}); choose another name")
+                raise conflict(ErrorCode.NAME_TAKEN, f"another image for {target} is called {name!r} "
+                                                     f"({image_ref(image['sha256'])}); choose another name")
 
     async def _upload_limit(self, caller: str) -> tuple[int, APIError]:
         """How many bytes ``caller``'s upload may bring, and the refusal past them (the quota
@@ -202,8 +203,8 @@ class Images:
         if quota:
             room = max(0, quota - (await self.images_sql.user_counts(caller))["image_bytes"])
             if room < limit:
-                return room, APIError(413, "over_quota", await self._over_quota(caller, room + 1))
-        return limit, APIError(413, "too_large", f"the image is over this lab's limit of {limit} bytes")
+                return room, APIError(413, ErrorCode.OVER_QUOTA, await self._over_quota(caller, room + 1))
+        return limit, APIError(413, ErrorCode.TOO_LARGE, f"the image is over this lab's limit of {limit} bytes")
 
     async def _over_quota(self, caller: str, size: int) -> str:
         used = (await self.images_sql.user_counts(caller))["image_bytes"]
@@ -215,9 +216,9 @@ class Images:
     def _uploaded_before(existing: ImageRow, name: str, target: str, target_name: str) -> tuple[ImageAnswer, bool]:
         if (existing["name"], existing["target"]) == (name, target):
             return image_json(existing), False
-        raise conflict("image_exists", f"these bytes are image {existing['name']!r} already (for "
-                                       f"{existing['target']}, {image_ref(existing['sha256'])}); to flash them onto "
-                                       f"{target_name} too, an admin marks that image known-good for it")
+        raise conflict(ErrorCode.IMAGE_EXISTS, f"these bytes are image {existing['name']!r} already (for "
+                                               f"{existing['target']}, {image_ref(existing['sha256'])}); to flash them "
+                                               f"onto {target_name} too, an admin marks that image known-good for it")
 
     async def sweep_files(self) -> list[str]:
         """Remove the registry's files that no image uses (and no upload pinned lately), and
@@ -278,16 +279,17 @@ class Images:
         async with self.store.tx():
             image = await self.image(ref)
             if not who.may_act_on(image["uploader"]):
-                raise APIError(403, "forbidden", f"image {image['name']!r} is {image['uploader']}'s: "
-                                                 "only they or an admin remove it")
+                raise APIError(403, ErrorCode.FORBIDDEN, f"image {image['name']!r} is {image['uploader']}'s: "
+                                                         "only they or an admin remove it")
             sole = await self.images_sql.sole_known_good_targets(image["sha256"])
             if sole:
-                raise conflict("only_known_good", f"image {image['name']!r} is the only known-good image for "
-                                                  f"{', '.join(sole)}: mark another one first")
+                raise conflict(ErrorCode.ONLY_KNOWN_GOOD, f"image {image['name']!r} is the only known-good image for "
+                                                          f"{', '.join(sole)}: mark another one first")
             using = await self.operations_sql.live_image_uses(image["sha256"])
             if using:
-                raise conflict("image_in_use", f"image {image['name']!r} is being flashed onto {using[0]['device']} "
-                                               f"({using[0]['id']}): remove it once that ends")
+                raise conflict(ErrorCode.IMAGE_IN_USE, f"image {image['name']!r} is being flashed onto "
+                                                       f"{using[0]['device']} ({using[0]['id']}): remove it once that "
+                                                       f"ends")
             await self._delete(image)
             await self.life.audit(caller, "image_remove", None, None, {"image": image["name"], "for": image["target"],
                                                                    "sha256": image["sha256"]})
@@ -296,7 +298,7 @@ class Images:
     async def collect_images(self, unused_days: float, admin: str) -> dict[str, Any]:
         """Remove the images that are not known-good and that nothing used for ``unused_days``."""
         if not unused_days >= 0:
-            raise APIError(422, "invalid", "days must be 0 or more")
+            raise APIError(422, ErrorCode.INVALID, "days must be 0 or more")
         async with self.store.tx():
             gone = await self.images_sql.images_unused_since(self.life.clock() - unused_days * 86400)
             for image in gone:

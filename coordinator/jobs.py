@@ -30,6 +30,7 @@ from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPE
                                          TicketKind, TicketState)
 
 from device_loop.core.answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
+from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
 from .leases import Leases
 from .lifecycle import Lifecycle
@@ -153,8 +154,8 @@ class Jobs:
                        "beat_at": now if claim else None}
         async with self.store.tx():
             if not await self.jobs_sql.count_job(who.name, MAX_OPEN_JOBS if who.limited else None):
-                raise conflict("too_many_jobs", f"you have {MAX_OPEN_JOBS} queued or running jobs, this lab's limit "
-                                                "per person; cancel one or wait for one to end")
+                raise conflict(ErrorCode.TOO_MANY_JOBS, f"you have {MAX_OPEN_JOBS} queued or running jobs, this lab's "
+                                                        f"limit per person; cancel one or wait for one to end")
             await self.jobs_sql.insert_job(row)
             await self.life.audit(who.name, "job_submit", None, None, {"job": row["id"], "kind": kind,
                                                                     "title": spec.title})
@@ -176,10 +177,12 @@ class Jobs:
         row = await self._readable(job_id, who, for_update=True)
         if not who.may_act_on(row["worker_user"]):
             worked = f"run by {row['worker_user']}'s worker" if row["worker_user"] else "not claimed by a worker yet"
-            raise APIError(403, "not_the_worker", f"{job_id} is {worked}: only its worker (or an admin) {doing}")
+            raise APIError(403, ErrorCode.NOT_THE_WORKER, f"{job_id} is {worked}: only its worker (or an admin) "
+                                                          f"{doing}")
         if row["state"] != JobState.RUNNING:
             why = f" ({row['reason']})" if row["reason"] else ""
-            raise conflict("job_not_running", f"{job_id} is {row['state']}{why}: only a running job's worker {doing}")
+            raise conflict(ErrorCode.JOB_NOT_RUNNING, f"{job_id} is {row['state']}{why}: only a running job's worker "
+                                                      f"{doing}")
         return row
 
     async def status(self, job_id: str, who: Who, wait_s: float = 0, unless: str | None = None,
@@ -253,8 +256,8 @@ class Jobs:
         served = sorted(set(users)) or [who.name]
         if not all(who.may_act_on(user) for user in served):
             name = who.name
-            raise APIError(403, "forbidden", f"a worker of {name}'s token serves only {name}'s jobs; an admin's "
-                                             "token serves other people's (users)")
+            raise APIError(403, ErrorCode.FORBIDDEN, f"a worker of {name}'s token serves only {name}'s jobs; an "
+                                                     f"admin's token serves other people's (users)")
         return served
 
     async def wait_queued(self, users: list[str], wait_s: float, who: Who,
@@ -304,8 +307,8 @@ class Jobs:
             self._check_cell(spec, cell)
             most = RESERVATIONS_PER_CELL * cell_count(spec)
             if await self.jobs_sql.job_lease_count(job_id) >= most:
-                raise conflict("too_many_reservations", f"{job_id} has made {most} tickets and leases, the most a "
-                                                        f"job of {cell_count(spec)} cell(s) makes")
+                raise conflict(ErrorCode.TOO_MANY_RESERVATIONS, f"{job_id} has made {most} tickets and leases, the "
+                                                                f"most a job of {cell_count(spec)} cell(s) makes")
             owner = Who(row["owner"])  # the job's leases are its owner's, counted and limited as theirs
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
                                                   owner, TicketKind(row["kind"]))
@@ -319,8 +322,8 @@ class Jobs:
     def _check_cell(spec: JobSpec, cell: int) -> None:
         cells = cell_count(spec)
         if cell >= cells:
-            raise APIError(422, "no_such_cell", f"cell {cell} is not one of this job's: it has {cells} "
-                                                f"(0 to {cells - 1})")
+            raise APIError(422, ErrorCode.NO_SUCH_CELL, f"cell {cell} is not one of this job's: it has {cells} "
+                                                        f"(0 to {cells - 1})")
 
     async def report_cell(self, job_id: str, report: CellReport, who: Who) -> dict[str, Any]:
         """A cell as its worker saw it (its device, lease, fingerprint, or why it never ran):
@@ -344,12 +347,12 @@ class Jobs:
             self._check_cell(spec, run.cell)
             most = runs_per_cell(spec)
             if run.seq >= most:
-                raise APIError(409, "too_many_runs", f"a cell of {job_id} has at most {most} runs (its spec's "
-                                                     f"rounds): seq {run.seq} is past them")
+                raise APIError(409, ErrorCode.TOO_MANY_RUNS, f"a cell of {job_id} has at most {most} runs (its spec's "
+                                                             f"rounds): seq {run.seq} is past them")
             dumped = run.model_dump(mode="json", by_alias=True)
             if not await self.jobs_sql.insert_job_run({"job": job_id, **dumped}):  # type: ignore[typeddict-item]
-                raise conflict("duplicate_run", f"{job_id} has run {run.seq} of cell {run.cell} already: runs are "
-                                                "never changed")
+                raise conflict(ErrorCode.DUPLICATE_RUN, f"{job_id} has run {run.seq} of cell {run.cell} already: runs "
+                                                        f"are never changed")
             self.life.notify(job_key(job_id))
         return dumped
 
@@ -366,9 +369,10 @@ class Jobs:
         async with self.store.tx():
             row = await self._readable(job_id, who, for_update=True)
             if not who.may_act_on(row["owner"]):
-                raise APIError(403, "not_the_owner", f"{job_id} is {row['owner']}'s: only they (or an admin) cancel it")
+                raise APIError(403, ErrorCode.NOT_THE_OWNER, f"{job_id} is {row['owner']}'s: only they (or an admin) "
+                                                             f"cancel it")
             if row["state"] not in OPEN_JOB_STATES:
-                raise conflict("job_ended", f"{job_id} is {row['state']} already")
+                raise conflict(ErrorCode.JOB_ENDED, f"{job_id} is {row['state']} already")
             ended = await self._end(row, JobState.CANCELLED, f"cancelled by {who.name}", who.name, "job_cancel")
         return await self.view(ended)
 
@@ -381,7 +385,7 @@ class Jobs:
             h["lease_state"] in LIVE_LEASE_STATES or h["ticket_state"] in OPEN_TICKET_STATES)])
         ended = await self.jobs_sql.end_job(job_id, state, reason, self.life.clock(), OPEN_JOB_STATES)
         if ended is None:
-            raise conflict("job_changed", f"{job_id} changed just now; look at it again")
+            raise conflict(ErrorCode.JOB_CHANGED, f"{job_id} changed just now; look at it again")
         await self.jobs_sql.uncount_job(ended["owner"])
         for ticket in {h["ticket_id"] for h in held if h["ticket_id"] and h["ticket_state"] in OPEN_TICKET_STATES}:
             await self.scheduler.cancel(ticket, lab_actor(actor))  # a granted one gives its lease back

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from device_loop.core import FLASH_KIND
+from device_loop.core.errors import ErrorCode
 
 
 @dataclass(frozen=True)
@@ -15,15 +16,15 @@ class KindWords:
     ``missing``, the refusal (``missing_code``) when no resource of the device runs it
     (``{device}`` filled in)."""
 
-    busy_code: str = "operation_running"
+    busy_code: ErrorCode = ErrorCode.OPERATION_RUNNING
     doing: str = ""
     missing: str | None = None
-    missing_code: str = "no_such_operation"
+    missing_code: ErrorCode = ErrorCode.NO_SUCH_OPERATION
 
 
 #: The kinds the coordinator mediates further, one entry each.
 KINDS: dict[str, KindWords] = {
-    FLASH_KIND: KindWords(busy_code="flash_running", doing="flashed", missing_code="no_flash_target",
+    FLASH_KIND: KindWords(busy_code=ErrorCode.FLASH_RUNNING, doing="flashed", missing_code=ErrorCode.NO_FLASH_TARGET,
                           missing=f"{{device}} has no flash target (a resource of kind {FLASH_KIND!r}, e.g. a "
                                   "[[devices.resources]] entry of a flash plugin in its exporter's config)"),
 }

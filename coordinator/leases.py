@@ -16,6 +16,7 @@ from device_loop.core.usage import commands
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
 
 from device_loop.core.answers import LeaseAnswer
+from device_loop.core.errors import ErrorCode
 from . import kinds
 from .devices import Devices, running_operation
 from .errors import APIError, conflict, not_found
@@ -132,7 +133,8 @@ class Leases:
         """``own_view`` of a lease that still lives (``doing`` what needs it, for the refusal)."""
         view = await self.own_view(lease_id, who)
         if view["state"] not in LIVE_LEASE_STATES:
-            raise conflict("lease_ended", f"{lease_id} is {view['state']}: reserve {view['device']} again to {doing}")
+            raise conflict(ErrorCode.LEASE_ENDED, f"{lease_id} is {view['state']}: reserve {view['device']} again to "
+                                                  f"{doing}")
         return view
 
     async def status(self, lease_id: str, who: Who) -> LeaseAnswer:
@@ -164,7 +166,7 @@ class Leases:
             await self._refuse_unless_free(device, who.name)
             answer = await self.grant(device, ttl, who.name, who.limited, f"reserved ({format_duration(ttl)})")
             if answer is None:
-                raise conflict("busy", f"{device_name} was just reserved by someone else")
+                raise conflict(ErrorCode.BUSY, f"{device_name} was just reserved by someone else")
             return answer
 
     async def reserve_matching(self, device_class: str | None, tags: list[str], ttl_s: float | None,
@@ -192,10 +194,10 @@ class Leases:
         states.pop(DeviceState.RETIRED, None)
         if not states:
             classes = ", ".join(await self.devices_sql.device_classes()) or "none yet"
-            return APIError(404, "no_such_devices", f"no device in the lab is {wanted} (classes: {classes})")
+            return APIError(404, ErrorCode.NO_SUCH_DEVICES, f"no device in the lab is {wanted} (classes: {classes})")
         standing = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
-        return conflict("none_free", f"no device {wanted} is free now ({standing}); add --queue (REST: "
-                                     "\"queue\": true) for a ticket that is granted the first one that is")
+        return conflict(ErrorCode.NONE_FREE, f"no device {wanted} is free now ({standing}); add --queue (REST: "
+                                             "\"queue\": true) for a ticket that is granted the first one that is")
 
     async def grant(self, device: DeviceFacts, ttl: float, holder: str, limited: bool, cause: str,
                     ticket_id: str | None = None) -> LeaseAnswer | None:
@@ -226,23 +228,23 @@ class Leases:
     def check_ttl(self, ttl_s: float) -> float:
         max_ttl_s = self.life.settings.max_ttl_s
         if not ttl_s >= 1 or ttl_s == float("inf"):  # REST's schema says so too; MCP comes here directly
-            raise APIError(422, "invalid", f"ttl_s must be at least 1 second, not {ttl_s!r}")
+            raise APIError(422, ErrorCode.INVALID, f"ttl_s must be at least 1 second, not {ttl_s!r}")
         if ttl_s > max_ttl_s:
             asked = f"of {format_duration(ttl_s)}" if ttl_s < 100 * 365 * 86400 else "of over a century"
-            raise APIError(422, "ttl_too_long", f"a ttl {asked} is over this lab's maximum of "
-                                                f"{format_duration(max_ttl_s)}")
+            raise APIError(422, ErrorCode.TTL_TOO_LONG, f"a ttl {asked} is over this lab's maximum of "
+                                                        f"{format_duration(max_ttl_s)}")
         return ttl_s
 
     async def _refuse_unless_free(self, device: DeviceFacts, caller: str) -> None:
         state, name = device["state"], device["name"]
         if state == DeviceState.IDLE and device["host_draining"]:
-            raise conflict("draining", f"{name}'s host {device['host']} is being drained by an admin: "
-                                       "no new leases there")
+            raise conflict(ErrorCode.DRAINING, f"{name}'s host {device['host']} is being drained by an admin: "
+                                               "no new leases there")
         if state == DeviceState.IDLE and not (device["needs_recovery"] or device["op_id"]):
             return
         if device["lease_id"] is not None and device["holder"] == caller:
-            raise conflict("already_yours", f"you hold {name} already: {device['lease_id']}, "
-                                            f"until {iso(device['expires_at'])}")
+            raise conflict(ErrorCode.ALREADY_YOURS, f"you hold {name} already: {device['lease_id']}, "
+                                                    f"until {iso(device['expires_at'])}")
         if device["lease_id"] is not None:
             message = f"{name} is held by {device['holder']} until {iso(device['expires_at'])}"
         elif device["op_id"]:
@@ -264,25 +266,25 @@ class Leases:
         alternative = await self.devices_sql.idle_device_of_class(device["class"], other_than=name)
         if alternative:
             message += f"; try {alternative}"
-        code = ("busy" if device["lease_id"] or state == DeviceState.RECLAIMING or device["op_id"] else
-                "needs_recovery" if device["needs_recovery"] else str(state))
+        code = (ErrorCode.BUSY if device["lease_id"] or state == DeviceState.RECLAIMING or device["op_id"] else
+                ErrorCode.NEEDS_RECOVERY if device["needs_recovery"] else ErrorCode(str(state)))
         raise conflict(code, message)
 
     async def _refuse_hoarding(self, caller: str) -> None:
         held = await self.leases_sql.live_leases_of_holder(caller)
         devices = ", ".join(lease["device"] for lease in held)
-        raise conflict("too_many_leases", f"you hold {len(held)} leases ({devices}), this lab's limit per "
-                                          f"person; release one first")
+        raise conflict(ErrorCode.TOO_MANY_LEASES, f"you hold {len(held)} leases ({devices}), this lab's limit per "
+                                                  f"person; release one first")
 
     async def renew(self, lease_id: str, ttl_s: float, who: Who) -> LeaseAnswer:
         ttl = self.check_ttl(ttl_s)
         async with self.store.tx():
             view = await self.own_view(lease_id, who)
             if view["state"] not in LIVE_LEASE_STATES:
-                raise conflict("lease_ended", f"{lease_id} is {view['state']}; reserve the device again")
+                raise conflict(ErrorCode.LEASE_ENDED, f"{lease_id} is {view['state']}; reserve the device again")
             view["expires_at"] = self.life.clock() + ttl
             if not await self.leases_sql.set_lease_expiry(lease_id, view["expires_at"]):
-                raise conflict("lease_ended", f"{lease_id} ended just now; reserve the device again")
+                raise conflict(ErrorCode.LEASE_ENDED, f"{lease_id} ended just now; reserve the device again")
             await self.life.audit(who.name, "renew", view["device"], lease_id, {"ttl_s": ttl})
             self.life.notify(lease_key(lease_id), BOARD_KEY)
         return lease_json(view)
@@ -311,8 +313,8 @@ class Leases:
         if device is None:  # it had ended already
             view = await self.leases_sql.lease_view(lease["id"])
             if view is None:  # and an admin has forgotten its device since
-                raise conflict("lease_ended", f"{lease['id']} is {lease['state']} ({lease['end_reason']}), and its "
-                                              f"device {lease['device']} is no longer in the lab")
+                raise conflict(ErrorCode.LEASE_ENDED, f"{lease['id']} is {lease['state']} ({lease['end_reason']}), and "
+                                                      f"its device {lease['device']} is no longer in the lab")
             return lease_json(view)
         await self.life.audit(actor, action, lease["device"], lease["id"], detail)
         now_ended: LeaseRow = {**lease, "state": state, "end_reason": reason, "ended_at": self.life.clock()}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from device_loop.core.errors import ErrorCode
+
 from .errors import APIError
 from .identity import SAFE_METHODS
 
@@ -53,8 +55,8 @@ def _readable_size(n: int) -> str:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, "too_large", f"a request body may have at most {_readable_size(limit)} here: send a "
-                                      "smaller one")
+    return APIError(413, ErrorCode.TOO_LARGE, f"a request body may have at most {_readable_size(limit)} here: send a "
+                                              "smaller one")
 
 
 def check_media_type(body: Body, method: str, headers) -> None:
@@ -67,7 +69,7 @@ def check_media_type(body: Body, method: str, headers) -> None:
         return
     if sent is None or sent.split(";")[0].strip().lower() != body.media_type:
         what = "JSON" if body.media_type == JSON else "a form"
-        raise APIError(415, "unsupported_media_type",
+        raise APIError(415, ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                        f"send the body as {what}, with the header 'Content-Type: {body.media_type}'")
 
 
@@ -101,8 +103,8 @@ class _Reader:
                 message = await self.inner()
         except TimeoutError:
             self.cut = True
-            raise APIError(408, "body_timeout", f"the request body stopped arriving for {self.gap_s:g} s: send "
-                                                "it again, without a pause") from None
+            raise APIError(408, ErrorCode.BODY_TIMEOUT, f"the request body stopped arriving for {self.gap_s:g} s: send "
+                                                        "it again, without a pause") from None
         if message["type"] != "http.request":  # the caller left
             self.whole = True
             return message

@@ -20,6 +20,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, Field, ValidationError
 
 from device_loop.core import __version__
+from device_loop.core.errors import ErrorCode
 
 from .calls import TOOLS, Call, Ctx
 from .errors import APIError
@@ -43,7 +44,7 @@ async def _who(ctx: Context, access: str) -> Who:
         identity = await caller_identity(request)
         check_access(access, identity)
     except APIError as exc:
-        if exc.code == "unauthenticated":  # an agent has no token file: say what it sends
+        if exc.code == ErrorCode.UNAUTHENTICATED:  # an agent has no token file: say what it sends
             raise ToolError("this needs a token: send it as the HTTP header 'Authorization: Bearer TOKEN' "
                             "(ask a lab admin for one)") from None
         raise ToolError(exc.message) from None

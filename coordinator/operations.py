@@ -26,6 +26,7 @@ from device_loop.core.protocol import Args, Heartbeat, OperationReport, Progress
 from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationState, Purpose
 
 from device_loop.core.answers import OperationAnswer
+from device_loop.core.errors import ErrorCode
 from . import kinds
 from .errors import APIError, conflict, not_found
 from .hidden_paths import hide_paths_in
@@ -104,8 +105,8 @@ class Operations:
     async def _flash_asked(self, lease_id: str, args: dict[str, Any], who: Who) -> OperationAnswer:
         image = args.get("image")
         if not isinstance(image, str) or set(args) - {"image"}:
-            raise APIError(422, "invalid", "a flash takes one argument, image: the image's ref or name "
-                                           "(device-loop images ls)")
+            raise APIError(422, ErrorCode.INVALID, "a flash takes one argument, image: the image's ref or name "
+                                                   "(device-loop images ls)")
         return await self.flash(lease_id, image, who)
 
     async def flash(self, lease_id: str, image_ref: str, who: Who) -> OperationAnswer:
@@ -128,8 +129,9 @@ class Operations:
             if device is None:
                 raise not_found("device", name)
             if device["lease_id"] and device["holder"] != admin:
-                raise conflict("leased", f"{name} is held by {device['holder']}: they recover it, or revoke "
-                                         f"their lease first (device-loop admin release --force {device['lease_id']})")
+                raise conflict(ErrorCode.LEASED, f"{name} is held by {device['holder']}: they recover it, or revoke "
+                                                 f"their lease first (device-loop admin release --force "
+                                                 f"{device['lease_id']})")
             return await self._start_flash(device, await self._known_good(device), device["lease_id"], admin,
                                            "recover")
 
@@ -141,9 +143,9 @@ class Operations:
             if device is None:
                 raise not_found("device", name)
             if device["lease_id"] and device["holder"] != admin:
-                raise conflict("leased", f"{name} is held by {device['holder']}: they run {kind} on it, or an admin "
-                                         f"revokes their lease first (device-loop admin release --force "
-                                         f"{device['lease_id']})")
+                raise conflict(ErrorCode.LEASED, f"{name} is held by {device['holder']}: they run {kind} on it, or an "
+                                                 f"admin revokes their lease first (device-loop admin release --force "
+                                                 f"{device['lease_id']})")
             return await self._start(device, kind, args, device["lease_id"], admin)
 
     async def _leased_device(self, lease_id: str, who: Who, doing: str) -> DeviceFacts:
@@ -157,8 +159,8 @@ class Operations:
         image = await self.images.known_good_image(device)
         if image is not None:
             return image
-        raise conflict("no_known_good", f"no image is known-good for {device['name']} or its class "
-                                        f"{device['class']}: an admin marks one (device-loop images mark-good)")
+        raise conflict(ErrorCode.NO_KNOWN_GOOD, f"no image is known-good for {device['name']} or its class "
+                                                f"{device['class']}: an admin marks one (device-loop images mark-good)")
 
     async def reflash(self, device: DeviceFacts, requester: str, step: int, audit: dict[str, Any]) -> OperationAnswer:
         """Write the device's latest known-good image back (the ``reflash`` step between
@@ -172,7 +174,7 @@ class Operations:
         name = device["name"]
         fits = {f"device:{name}", f"class:{device['class']}"}
         if image["target"] not in fits and not fits & set(await self.images_sql.known_good_targets(image["sha256"])):
-            raise conflict("image_not_for_device",
+            raise conflict(ErrorCode.IMAGE_NOT_FOR_DEVICE,
                            f"image {image['name']!r} is for {image['target']}, not for {name} (class "
                            f"{device['class']}); an admin can mark it known-good for {name}")
         await self.images_sql.set_image_used(image["sha256"], self.life.clock())
@@ -191,13 +193,13 @@ class Operations:
             words = kinds.of(kind)
             if words.missing is not None:
                 raise conflict(words.missing_code, words.missing.format(device=name))
-            raise conflict("no_such_operation", f"{name} runs no operation {kind!r}; it runs: "
-                                                f"{', '.join(sorted(offered)) or 'none'}")
+            raise conflict(ErrorCode.NO_SUCH_OPERATION, f"{name} runs no operation {kind!r}; it runs: "
+                                                        f"{', '.join(sorted(offered)) or 'none'}")
         spec, resource = offered[kind]
         if image is None:
             args = self._checked_args(kind, spec, args)
         if not (device["host_online"] and device["present"]):
-            raise conflict("offline", f"{name} is offline (host {device['host']}): nothing runs on it now")
+            raise conflict(ErrorCode.OFFLINE, f"{name} is offline (host {device['host']}): nothing runs on it now")
         if spec.get("exclusive", True) and device["op_id"]:
             raise self._busy(name, device["op_id"], device["op_kind"])
         purpose = Purpose.STEP if step is not None else Purpose.LEASE if lease_id else Purpose.RECOVERY
@@ -243,13 +245,13 @@ class Operations:
         unknown = sorted(set(args) - set(known))
         if unknown:
             takes = ", ".join(f"{name} ({what})" for name, what in sorted(known.items())) or "no arguments"
-            raise APIError(422, "invalid", f"{kind} takes {takes}; not {', '.join(unknown)}")
+            raise APIError(422, ErrorCode.INVALID, f"{kind} takes {takes}; not {', '.join(unknown)}")
         try:
             return _ARGS.validate_python(args)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(map(str, first["loc"])) or "args"
-            raise APIError(422, "invalid", f"args.{where}: {first['msg']}") from None
+            raise APIError(422, ErrorCode.INVALID, f"args.{where}: {first['msg']}") from None
 
     @staticmethod
     def _busy(name: str, op_id: str, kind: str | None) -> APIError:
@@ -295,10 +297,10 @@ class Operations:
     async def image_for_host(self, host: str, sha256: str) -> str:
         """The file of an image that a live operation on ``host`` writes (exporters fetch only those)."""
         if not await self.operations_sql.live_image_uses(sha256, host):
-            raise APIError(404, "unknown_image", f"no operation on host {host} writes image {sha256}")
+            raise APIError(404, ErrorCode.UNKNOWN_IMAGE, f"no operation on host {host} writes image {sha256}")
         path = self.images.image_files.path(sha256)
         if not path.exists():
-            raise APIError(410, "image_file_gone", f"the registry lost the file of image {sha256}")
+            raise APIError(410, ErrorCode.IMAGE_FILE_GONE, f"the registry lost the file of image {sha256}")
         return str(path)
 
     # ---- what exporters report ----------------------------------------------------------------

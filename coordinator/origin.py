@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse
 
+from device_loop.core.errors import ErrorCode
+
 LOOPBACK = ["127.0.0.1", "localhost", "[::1]"]
 
 
@@ -90,11 +92,12 @@ class KnownOrigins:
         headers = {k.decode().lower(): v.decode(errors="replace") for k, v in scope["headers"]}
         problem = None
         if _name(headers.get("host", "")) not in self.names:
-            problem = (421, "unknown_host", f"this coordinator does not answer to Host {headers.get('host', '')!r}; "
-                                            "an admin adds it with --allowed-host")
+            host = headers.get("host", "")
+            problem = (421, ErrorCode.UNKNOWN_HOST, f"this coordinator does not answer to Host {host!r}; an admin "
+                                                    "adds it with --allowed-host")
         elif _from_elsewhere(scope, headers):
-            problem = (403, "cross_site", "requests from a page of another web site, or of another port of this "
-                                          "host, are refused")
+            problem = (403, ErrorCode.CROSS_SITE, "requests from a page of another web site, or of another port of "
+                                                  "this host, are refused")
         if problem:
             status, code, message = problem
             return await JSONResponse({"error": code, "message": message}, status_code=status)(scope, receive, send)

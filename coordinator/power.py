@@ -23,8 +23,8 @@ from .lifecycle import NO_FAULT, Lifecycle, fault, held_off
 from .operations import Operations, kinds_of
 from .rows import DeviceFacts, OperationRow
 from .store.devices import DeviceQueries
+from .who import COORDINATOR
 
-REQUESTER = "coordinator"     # who an automatic power cycle is asked by, in the logs
 REARM_S = 3600.0              # a device is power-cycled on its own at most once in this long
 # how the faults a power operation leaves begin, for people (the rules read their FaultKind)
 POWERED_OFF = "switched off"
@@ -75,7 +75,7 @@ class Power:
             if device is None:
                 continue
             line = log_line(op)
-            if op["requester"] == REQUESTER:  # (only the automatic recovery asks as the coordinator)
+            if op["requester"] == COORDINATOR:  # (only the automatic recovery asks as the coordinator)
                 line = f"auto-recover: {line}"
                 if device["health"] != HealthStatus.OK:
                     line += ("; not power-cycled again for this failure: if its health stays failed it is left "
@@ -90,7 +90,7 @@ class Power:
         step's stays). An on that nothing showed leaves a fault an admin clears once they saw
         the board run."""
         action, mine = op["args"].get("action"), held_off(device["fault_kind"])
-        if op["requester"] == REQUESTER or action == PowerAction.STATUS:
+        if op["requester"] == COORDINATOR or action == PowerAction.STATUS:
             return
         if op["state"] == OperationState.DONE and action in (PowerAction.ON, PowerAction.CYCLE):
             if not mine:
@@ -149,25 +149,25 @@ class Power:
         why = f"health failed: {device['health_reason'] or 'no reason given'}"
         if held_off(device["fault_kind"]):
             await self.life.note(device, f"auto-recover: not power-cycling it ({why}): {device['fault']}"[:500],
-                                 REQUESTER, auto_recovery="off")
+                                 COORDINATOR, auto_recovery="off")
             return
         since = device.get("auto_recovered_at")
         if since is not None and now - since < REARM_S:
             await self.life.note(device, f"auto-recover: not power-cycling it again ({why}): it was power-cycled "
                                          f"{(now - since) / 60:.0f} min ago; left faulty for a person"[:500],
-                                 REQUESTER, auto_recovery="too-soon")
+                                 COORDINATOR, auto_recovery="too-soon")
             return
         offered = kinds_of(device)
         if POWER_KIND not in offered:
-            await self.life.note(device, f"auto-recover: {why}, and it has no power switch to cycle", REQUESTER,
+            await self.life.note(device, f"auto-recover: {why}, and it has no power switch to cycle", COORDINATOR,
                                  auto_recovery="no-switch")
             return
         _, switch = offered[POWER_KIND]
         # (another process beginning an operation on it this moment fails this report with 409, as any
         # concurrent write does: the exporter reports again, and then the device is busy)
         op = await self.operations.queue(device, POWER_KIND, switch["identifier"], switch["plugin"],
-                                         power_args(PowerAction.CYCLE, None), None, REQUESTER, exclusive=True,
+                                         power_args(PowerAction.CYCLE, None), None, COORDINATOR, exclusive=True,
                                          destructive=False, purpose=Purpose.RECOVERY, action="auto_recover",
                                          audit={"cause": why})
         said = f"auto-recover: power-cycling it ({op['id']}), once for this failure ({why})"
-        await self.life.note(device, said[:500], REQUESTER, auto_recovery=op["id"], auto_recovered_at=now)
+        await self.life.note(device, said[:500], COORDINATOR, auto_recovery=op["id"], auto_recovered_at=now)

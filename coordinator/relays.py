@@ -37,6 +37,7 @@ from device_loop.core.usage import EndpointJSON, camera_endpoint
 from device_loop.core.vocabulary import EndpointRole
 
 from device_loop.core.answers import LeaseAnswer
+from device_loop.core.errors import ErrorCode
 from .errors import APIError
 
 EXCHANGE_MAX_WAIT_S = 10.0
@@ -55,17 +56,17 @@ async def camera_snapshot(lease: LeaseAnswer, host_address: str | None,
     ``private``: the addresses (host, port) the coordinator owns (``Settings.private_addresses``)."""
     device = lease["device"]
     if not lease["ready"]:
-        raise APIError(409, "not_ready", f"{device}'s camera cannot be looked through now: {lease['reason']}")
+        raise APIError(409, ErrorCode.NOT_READY, f"{device}'s camera cannot be looked through now: {lease['reason']}")
     endpoint = camera_endpoint(lease)
     if endpoint is None:
-        raise APIError(409, "no_camera", f"{device} has no camera (its endpoints: "
-                                         f"{', '.join(e['kind'] for e in lease['endpoints']) or 'none'})")
+        raise APIError(409, ErrorCode.NO_CAMERA, f"{device} has no camera (its endpoints: "
+                                                 f"{', '.join(e['kind'] for e in lease['endpoints']) or 'none'})")
     try:
         address, port, path = _snapshot_place(host_address, lease["host"] or "", endpoint)
         ip = await _not_private(address, port, private)
         return await _fetch_snapshot(f"http://{f'[{ip}]' if ':' in ip else ip}:{port}{path}")
     except _Refused as why:
-        raise APIError(409, "camera_refused", f"{device}'s camera {why}") from None
+        raise APIError(409, ErrorCode.CAMERA_REFUSED, f"{device}'s camera {why}") from None
 
 
 async def uart_exchange(lease: LeaseAnswer, send: str, wait_s: float, until: str | None = None) -> dict:
@@ -73,19 +74,20 @@ async def uart_exchange(lease: LeaseAnswer, send: str, wait_s: float, until: str
     until that matched the regular expression ``until``: {output, truncated, matched, waited_s}."""
     data = send.encode()
     if len(data) > EXCHANGE_MAX_BYTES:
-        raise APIError(413, "too_large", f"send is {len(data)} bytes; at most {EXCHANGE_MAX_BYTES // 1024} KiB go "
-                                         "at once")
+        raise APIError(413, ErrorCode.TOO_LARGE, f"send is {len(data)} bytes; at most {EXCHANGE_MAX_BYTES // 1024} KiB "
+                                                 f"go at once")
     consoles = sorted((e for e in lease["endpoints"] if e.get("role") == EndpointRole.CONSOLE),
                       key=lambda e: e.get("protocol") != "rfc2217")  # RFC 2217 sets the line; raw cannot
     if not lease["ready"] or not consoles:
-        raise APIError(409, "no_console", f"{lease['device']} has no UART to talk to now: {lease['reason']}")
+        raise APIError(409, ErrorCode.NO_CONSOLE, f"{lease['device']} has no UART to talk to now: {lease['reason']}")
     wait = min(max(wait_s, 0.0), EXCHANGE_MAX_WAIT_S)
     try:
         return await asyncio.to_thread(_exchange, consoles[0], data, wait, lease["secret"], until)
     except _NoSearcher as exc:
-        raise APIError(503, "no_searcher", f"cannot search {lease['device']}'s output for until now: {exc}") from None
+        raise APIError(503, ErrorCode.NO_SEARCHER, f"cannot search {lease['device']}'s output for until now: "
+                                                   f"{exc}") from None
     except Exception as exc:  # the serial link: refused, lost, busy
-        raise APIError(409, "console_unreachable", f"cannot talk to {lease['device']}'s UART: {exc}") from None
+        raise APIError(409, ErrorCode.CONSOLE_UNREACHABLE, f"cannot talk to {lease['device']}'s UART: {exc}") from None
 
 
 def _exchange(endpoint: EndpointJSON, send: bytes, wait_s: float, secret: str | None, until: str | None) -> dict:

@@ -50,10 +50,10 @@ from .store.metrics import MetricQueries
 from .store.operations import OperationQueries
 from .store.tickets import TicketQueries
 from .store.tokens import TokenQueries
+from .who import COORDINATOR
 
 __all__ = ["Rules", "Settings"]
 
-REAPER = "coordinator"  # who the reaper's changes are by, in the logs
 IDEMPOTENCY_KEPT_S = 86400.0
 
 
@@ -120,10 +120,10 @@ class Rules:
         registry's files when that is due."""
         async with self.life.store.tx():
             now = self.life.clock()
-            await self.leases.end_overdue(now, REAPER)
-            await self.hosts.mark_silent(now, REAPER)
-            await self.scheduler.expire_unclaimed(now, REAPER)
+            await self.leases.end_overdue(now, COORDINATOR)
+            await self.hosts.mark_silent(now, COORDINATOR)
+            await self.scheduler.expire_unclaimed(now, COORDINATOR)
             await self.idempotency_sql.drop_idempotency_keys_before(now - IDEMPOTENCY_KEPT_S)
         await self.scheduler.grant_wanted()
-        await self.jobs.end_silent(self.life.clock(), REAPER)
+        await self.jobs.end_silent(self.life.clock(), COORDINATOR)
         await self.images.sweep_files_if_due()

@@ -19,6 +19,7 @@ from device_loop.core.durations import format_duration, iso
 from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, LeaseState
 
 from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer
+from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
 from .leases import Leases, describe_want, lease_json
 from .lifecycle import Lifecycle
@@ -34,8 +35,9 @@ TICKET_PREFIX = "tk-"
 #: The refusals of a reserve by name that a ticket waits out (a held, reclaimed, faulty,
 #: offline, drained or unrecovered device); any other (unknown, retired, yours already, too
 #: many leases, a bad ttl) is answered as it is.
-QUEUEABLE = frozenset({"busy", "faulty", "offline", "draining", "needs_recovery", "allocating", "in_use",
-                       "reclaiming", "none_free", "unregistered"})
+QUEUEABLE = frozenset({ErrorCode.BUSY, ErrorCode.FAULTY, ErrorCode.OFFLINE, ErrorCode.DRAINING,
+                       ErrorCode.NEEDS_RECOVERY, ErrorCode.ALLOCATING, ErrorCode.IN_USE, ErrorCode.RECLAIMING,
+                       ErrorCode.NONE_FREE, ErrorCode.UNREGISTERED})
 MAX_LISTED = 200  # tickets a listing shows
 
 
@@ -71,9 +73,9 @@ class Scheduler:
         never the request's). Never waits."""
         tags = sorted(set(tags))
         if device is not None and (device_class is not None or tags):
-            raise APIError(422, "invalid", "name a device, or give a class and/or tags, not both")
+            raise APIError(422, ErrorCode.INVALID, "name a device, or give a class and/or tags, not both")
         if device is None and device_class is None and not tags:
-            raise APIError(422, "invalid", "name a device (device), or give a class (device_class) and/or tags")
+            raise APIError(422, ErrorCode.INVALID, "name a device (device), or give a class (device_class) and/or tags")
         ttl = self.leases.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
             try:
@@ -90,8 +92,9 @@ class Scheduler:
         life, caller = self.life, who.name
         limit = (life.settings.max_tickets_per_user or None) if who.limited else None
         if not await self.tickets_sql.count_ticket(caller, limit):
-            raise conflict("too_many_tickets", f"you have {limit} open tickets, this lab's limit per person; cancel "
-                                               "one first (device-loop tickets, device-loop cancel TICKET)")
+            raise conflict(ErrorCode.TOO_MANY_TICKETS, f"you have {limit} open tickets, this lab's limit per person; "
+                                                       f"cancel one first (device-loop tickets, device-loop cancel "
+                                                       "TICKET)")
         now = life.clock()
         row: TicketRow = {"id": TICKET_PREFIX + secrets.token_hex(8), "requester": caller, "kind": kind,
                           "device": device, "device_class": device_class, "tags": tags, "ttl_s": ttl,
@@ -215,14 +218,14 @@ class Scheduler:
         async with self.store.tx():
             row = await self._own(ticket_id, who, for_update=True)
             if row["state"] not in OPEN_TICKET_STATES:
-                raise conflict("ticket_ended", f"{ticket_id} is {row['state']} already" + (
+                raise conflict(ErrorCode.TICKET_ENDED, f"{ticket_id} is {row['state']} already" + (
                     f": its lease {row['lease_id']} is yours; release it instead" if row["state"] ==
                     TicketState.CLAIMED else ""))
             reason = f"cancelled by {caller}"
             ended = await self.tickets_sql.end_ticket(ticket_id, TicketState.CANCELLED, reason, self.life.clock(),
                                                       OPEN_TICKET_STATES)
             if ended is None:
-                raise conflict("ticket_changed", f"{ticket_id} changed just now; look at it again")
+                raise conflict(ErrorCode.TICKET_CHANGED, f"{ticket_id} changed just now; look at it again")
             if row["state"] == TicketState.WAITING:  # (a granted one was uncounted at its grant)
                 await self.tickets_sql.uncount_ticket(ended["requester"])
             else:

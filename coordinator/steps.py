@@ -19,6 +19,7 @@ from device_loop.core import REFLASH_STEP, SETTLE_KIND
 from device_loop.core.answers import OperationAnswer
 from device_loop.core.protocol import EXPORTER_STEPS
 from device_loop.core.vocabulary import FaultKind, OperationState, Purpose
+from device_loop.core.errors import ErrorCode
 
 from .errors import APIError, conflict, not_found
 from .leases import Leases
@@ -26,11 +27,10 @@ from .lifecycle import Lifecycle, fault
 from .operations import Operations, op_json
 from .rows import DeviceFacts, OperationRow
 from .store import Store
-from .who import Who
+from .who import COORDINATOR, Who
 from .store.devices import DeviceQueries
 from .store.operations import OperationQueries
 
-ACTOR = "coordinator"  # who runs the steps, in the logs
 
 
 class Steps:
@@ -55,10 +55,10 @@ class Steps:
         audit: dict[str, Any] = {"step": index, "of": len(steps), "cause": cause}
         try:
             if step["step"] == REFLASH_STEP:
-                op = await self.operations.reflash(device, ACTOR, index, audit)
+                op = await self.operations.reflash(device, COORDINATOR, index, audit)
             else:
                 op = await self.operations.queue(device, step["step"], step["identifier"], step["plugin"], {}, None,
-                                                 ACTOR, exclusive=True, destructive=False, purpose=Purpose.STEP,
+                                                 COORDINATOR, exclusive=True, destructive=False, purpose=Purpose.STEP,
                                                  step=index, action="step", audit=audit)
         except APIError as refusal:  # (no known-good image to reflash, say)
             await self._fail(device, index, refusal.message)
@@ -77,14 +77,14 @@ class Steps:
             index, steps = device["reclaim_step"], device["steps"]
             what = f"step {index + 1}/{len(steps)} {steps[index]['step'] if index < len(steps) else op['kind']}"
             if op["state"] == OperationState.DONE and index + 1 < len(steps):
-                await self.life.note(device, f"{what} done: {op['message']}", ACTOR)
+                await self.life.note(device, f"{what} done: {op['message']}", COORDINATOR)
                 await self._queue(device, index + 1, f"{what} done")
             elif op["state"] == OperationState.DONE:
-                await self.life.change(device, f"{what} done: {op['message']}; steps between leases done", ACTOR,
+                await self.life.change(device, f"{what} done: {op['message']}; steps between leases done", COORDINATOR,
                                        {"reclaim_lease": None, "reclaim_step": None, "reclaim_op": None})
                 idle.append(device["name"])
             elif op["interrupted"]:  # (its exporter's restart or stop, never a plugin's words)
-                await self.life.note(device, f"{what} {op['message']}; the steps run again from the first", ACTOR)
+                await self.life.note(device, f"{what} {op['message']}; the steps run again from the first", COORDINATOR)
                 await self._queue(device, 0, f"{what} was interrupted")
             else:
                 await self._fail(device, index, op["message"])
@@ -93,7 +93,7 @@ class Steps:
     async def _fail(self, device: DeviceFacts, index: int, why: str) -> None:
         steps = device["steps"]
         words = f"step {index + 1}/{len(steps)} {steps[index]['step']} failed: {why}"
-        await self.life.change(device, words, ACTOR, {"reclaim_lease": None, "reclaim_step": None,
+        await self.life.change(device, words, COORDINATOR, {"reclaim_lease": None, "reclaim_step": None,
                                                       "reclaim_op": None, **fault(FaultKind.STEP_FAILED, words)})
 
     async def settle(self, lease_id: str, who: Who) -> OperationAnswer:
@@ -105,11 +105,11 @@ class Steps:
             if device is None:
                 raise not_found("device", view["device"])
             if not (device["host_online"] and device["present"]):
-                raise conflict("offline", f"{device['name']} is offline (host {device['host']}): nothing runs on it "
-                                          "now")
+                raise conflict(ErrorCode.OFFLINE, f"{device['name']} is offline (host {device['host']}): nothing runs "
+                                                  f"on it now")
             first = device["resources"][0] if device["resources"] else None
             if first is None:
-                raise conflict("no_resources", f"{device['name']} reports no resource to run on")
+                raise conflict(ErrorCode.NO_RESOURCES, f"{device['name']} reports no resource to run on")
             settling = [s["step"] for s in device["steps"] if s.get("settle")]
             answer = await self.operations.queue(device, SETTLE_KIND, first["identifier"], EXPORTER_STEPS, {},
                                                  lease_id, who.name, exclusive=False, destructive=False,

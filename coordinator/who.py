@@ -70,6 +70,11 @@ class Who:
 
 ANONYMOUS = Who("anonymous", CallerKind.ANONYMOUS)
 
+#: The name the coordinator's own actions go under in the audit log and the ring logs (the
+#: reaper, the steps between leases, an automatic power cycle): nobody may be called so
+#: (``identity.RESERVED_NAMES``), or they could pass for the lab itself.
+COORDINATOR = "coordinator"
+
 
 def lab_actor(name: str) -> Who:
     """The lab's own action under ``name`` (a job that ends cancels its tickets; ``name`` as

@@ -44,15 +44,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Literal, Mapping
 
+from .errors import ErrorCode
 from .process import last_lines
 from .ssh_keys import LOGIN_NAME_PATTERN
 from .vocabulary import EndpointRole
 
 Channel = Literal["adb", "ssh", "console"]
-ErrorCode = Literal["no_channel", "no_login", "no_prompt", "timeout", "unreachable", "too_large", "bad_command",
-                   "switched_off"]
 #: What a device that is switched off fails with: said as that (the lease knows who switched it off)
-_UNANSWERED: tuple[ErrorCode, ...] = ("no_channel", "no_prompt", "unreachable")
+_UNANSWERED = (ErrorCode.NO_CHANNEL, ErrorCode.NO_PROMPT, ErrorCode.UNREACHABLE)
 
 #: What one command may be, in bytes (a console's line must also fit the kernel's tty line
 #: buffer, 4095 bytes in canonical mode, once wrapped in its markers).
@@ -133,7 +132,7 @@ def exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float = 60.
     except ExecError as exc:
         off = lease.get("switched_off")
         if off and exc.code in _UNANSWERED:  # (not a missing file or a silent console: the board is off)
-            raise ExecError("switched_off", f"{lease.get('device', 'the device')} is {off}") from None
+            raise ExecError(ErrorCode.SWITCHED_OFF, f"{lease.get('device', 'the device')} is {off}") from None
         raise
 
 
@@ -143,11 +142,11 @@ def _exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float, ide
     _check_command(command)
     timeout_s = float(timeout_s)
     if not 0 < timeout_s <= MAX_TIMEOUT_S:
-        raise ExecError("bad_command", f"the timeout must be a positive number of seconds up to {MAX_TIMEOUT_S:g}, "
-                                       f"not {timeout_s!r}")
+        raise ExecError(ErrorCode.BAD_COMMAND, f"the timeout must be a positive number of seconds up to "
+                                               f"{MAX_TIMEOUT_S:g}, not {timeout_s!r}")
     device = str(lease.get("device", "the device"))
     if not lease.get("ready"):
-        raise ExecError("no_channel", f"{device} is not ready: {lease.get('reason') or lease.get('state')}")
+        raise ExecError(ErrorCode.NO_CHANNEL, f"{device} is not ready: {lease.get('reason') or lease.get('state')}")
     endpoints = list(lease.get("endpoints") or [])
     secret = lease.get("secret") or None
     run: Callable[[], tuple[str, str, int, bool]]
@@ -162,23 +161,24 @@ def _exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float, ide
         console = sorted(consoles, key=lambda e: e.get("protocol") != "raw")[0]  # a plain socket first
         run = lambda: _console(console, secret, device, command, timeout_s, max_output)  # noqa: E731
     elif endpoint:
-        raise ExecError("no_login", f"{device} is reached through ssh, and no ssh login to it is configured here")
+        raise ExecError(ErrorCode.NO_LOGIN, f"{device} is reached through ssh, and no ssh login to it is configured "
+                                            f"here")
     else:
-        raise ExecError("no_channel", f"{device} has no adb, ssh or console endpoint to run a command through "
-                                      f"(its endpoints: {', '.join(_roles(endpoints)) or 'none'})")
+        raise ExecError(ErrorCode.NO_CHANNEL, f"{device} has no adb, ssh or console endpoint to run a command through "
+                                              f"(its endpoints: {', '.join(_roles(endpoints)) or 'none'})")
     stdout, stderr, status, truncated = run()
     return ExecResult(stdout, stderr, status, channel, round(time.monotonic() - began, 4), truncated)
 
 
 def _check_command(command: str) -> None:
     if not isinstance(command, str) or not command.strip():
-        raise ExecError("bad_command", "give a command to run")
+        raise ExecError(ErrorCode.BAD_COMMAND, "give a command to run")
     if "\0" in command:
-        raise ExecError("bad_command", "a command cannot hold a NUL character")
+        raise ExecError(ErrorCode.BAD_COMMAND, "a command cannot hold a NUL character")
     size = len(command.encode())
     if size > MAX_COMMAND_BYTES:
-        raise ExecError("too_large", f"the command is {size} bytes; at most {MAX_COMMAND_BYTES} go at once "
-                                     "(push a script to the device and run that)")
+        raise ExecError(ErrorCode.TOO_LARGE, f"the command is {size} bytes; at most {MAX_COMMAND_BYTES} go at once "
+                                             "(push a script to the device and run that)")
 
 
 def _first(endpoints: list[Mapping[str, Any]], role: str) -> Mapping[str, Any] | None:
@@ -204,8 +204,8 @@ def _reachable(endpoint: Mapping[str, Any], secret: str | None, device: str, wha
     try:
         socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
-        raise ExecError("unreachable", f"cannot reach {device}'s {what} at {host}:{port}: "
-                                       f"{exc.strerror or exc}") from None
+        raise ExecError(ErrorCode.UNREACHABLE, f"cannot reach {device}'s {what} at {host}:{port}: "
+                                               f"{exc.strerror or exc}") from None
     if not secret:
         yield host, port
         return
@@ -218,22 +218,22 @@ def _reachable(endpoint: Mapping[str, Any], secret: str | None, device: str, wha
 def _adb(endpoint: Mapping[str, Any], secret: str | None, device: str, command: str, timeout_s: float,
          max_output: int) -> tuple[str, str, int, bool]:
     if shutil.which("adb") is None:
-        raise ExecError("no_channel", f"{device} is reached through adb, which is not installed here "
-                                      "(Debian: apt-get install adb)")
+        raise ExecError(ErrorCode.NO_CHANNEL, f"{device} is reached through adb, which is not installed here "
+                                              "(Debian: apt-get install adb)")
     serial = str((endpoint.get("params") or {}).get("serial", ""))
     with _reachable(endpoint, secret, device, "adb server") as (host, port):
         argv = ["adb", "-H", host, "-P", str(port), *(["-s", serial] if serial else []), "shell", "--", command]
         stdout, stderr, status, truncated = _run_client(argv, timeout_s, max_output, device, "adb")
     if status != 0 and not stdout and _ADB_FAILED.search(stderr):
-        raise ExecError("unreachable", f"adb could not run the command on {device}: {last_lines(stderr)}")
+        raise ExecError(ErrorCode.UNREACHABLE, f"adb could not run the command on {device}: {last_lines(stderr)}")
     return stdout, stderr, status, truncated
 
 
 def _ssh(endpoint: Mapping[str, Any], secret: str | None, device: str, command: str, timeout_s: float,
          max_output: int, identity_file: str | None, ssh: SshLogin | str) -> tuple[str, str, int, bool]:
     if shutil.which("ssh") is None:
-        raise ExecError("no_channel", f"{device} is reached through ssh, which is not installed here "
-                                      "(Debian: apt-get install openssh-client)")
+        raise ExecError(ErrorCode.NO_CHANNEL, f"{device} is reached through ssh, which is not installed here "
+                                              "(Debian: apt-get install openssh-client)")
     with contextlib.ExitStack() as stack:
         options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(CONNECT_TIMEOUT_S)}", "-o", "LogLevel=ERROR",
                    "-o", "GlobalKnownHostsFile=/dev/null"]
@@ -248,7 +248,7 @@ def _ssh(endpoint: Mapping[str, Any], secret: str | None, device: str, command: 
         argv = ["ssh", "-p", str(port), *options, "-T", "--", where, command]
         stdout, stderr, status, truncated = _run_client(argv, timeout_s, max_output, device, "ssh")
     if status == 255 and _SSH_FAILED.search(stderr):
-        raise ExecError("unreachable", f"ssh to {device} failed: {last_lines(stderr)}")
+        raise ExecError(ErrorCode.UNREACHABLE, f"ssh to {device} failed: {last_lines(stderr)}")
     return stdout, stderr, status, truncated
 
 
@@ -276,7 +276,7 @@ def _as_reported(stack: contextlib.ExitStack, endpoint: Mapping[str, Any], devic
     params = endpoint.get("params") or {}
     user, host_key = str(params.get("user") or ""), str(params.get("host_key") or "")
     if user and not _SSH_USER.match(user):  # an exporter's text: never an option of ssh (-oProxyCommand=...)
-        raise ExecError("unreachable", f"{device}'s ssh endpoint names a user that is not a login name")
+        raise ExecError(ErrorCode.UNREACHABLE, f"{device}'s ssh endpoint names a user that is not a login name")
     own_pins = os.environ.get(KNOWN_HOSTS_ENV)
     if own_pins:  # the caller's: by the device's name, strictly (a device it does not name is refused)
         options = [*options, "-o", f"HostKeyAlias={device}", "-o", "StrictHostKeyChecking=yes",
@@ -309,8 +309,8 @@ def _run_client(argv: list[str], timeout_s: float, max_output: int, device: str,
                 left = deadline - time.monotonic()
                 if left <= 0:
                     output = kept["stdout"].decode(errors="replace")
-                    raise ExecError("timeout", f"the command did not end within {timeout_s:g}s on {device}; {what} "
-                                               "was stopped (the command may still run there)", output)
+                    raise ExecError(ErrorCode.TIMEOUT, f"the command did not end within {timeout_s:g}s on {device}; "
+                                                       f"{what} was stopped (the command may still run there)", output)
                 for key, _ in selector.select(left):
                     chunk = os.read(key.fileobj.fileno(), 65536)  # type: ignore[union-attr]
                     if not chunk:
@@ -323,8 +323,8 @@ def _run_client(argv: list[str], timeout_s: float, max_output: int, device: str,
                         cut.add(key.data)
             status = proc.wait(max(deadline - time.monotonic(), 0.1))
         except subprocess.TimeoutExpired:
-            raise ExecError("timeout", f"the command did not end within {timeout_s:g}s on {device}; {what} was "
-                                       "stopped", kept["stdout"].decode(errors="replace")) from None
+            raise ExecError(ErrorCode.TIMEOUT, f"the command did not end within {timeout_s:g}s on {device}; {what} was "
+                                               "stopped", kept["stdout"].decode(errors="replace")) from None
         finally:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -406,27 +406,28 @@ def _shell_quote(text: str) -> str:
 def _console(endpoint: Mapping[str, Any], secret: str | None, device: str, command: str, timeout_s: float,
              max_output: int) -> tuple[str, str, int, bool]:
     if "\n" in command or "\r" in command:
-        raise ExecError("bad_command", "a console takes a command of one line: join its parts with ';'")
+        raise ExecError(ErrorCode.BAD_COMMAND, "a console takes a command of one line: join its parts with ';'")
     if control := _LINE_CONTROL.search(command):  # ^C, ^U, ^D... act on the line even inside quotes
-        raise ExecError("bad_command", f"a console command cannot hold the control character "
-                                       f"{control.group()!r}: the serial line acts on it (it could end the shell)")
+        raise ExecError(ErrorCode.BAD_COMMAND, f"a console command cannot hold the control character "
+                                               f"{control.group()!r}: the serial line acts on it (it could end the "
+                                               f"shell)")
     marker = "DLX" + os.urandom(8).hex()
     half = len(marker) // 2  # the typed line shows 'DLXab''cd..': only the shell's output joins them
     typed = lambda suffix: f"'{marker[:half]}'{marker[half:]}{suffix}"  # noqa: E731
     line = f"echo {typed('_S')}; sh -c {_shell_quote(command)}; echo {typed('_E')} $?"
     if len(line.encode()) > MAX_CONSOLE_LINE_BYTES:
-        raise ExecError("too_large", f"the command is too long for a console line once wrapped "
-                                     f"({len(line.encode())} of {MAX_CONSOLE_LINE_BYTES} bytes)")
+        raise ExecError(ErrorCode.TOO_LARGE, f"the command is too long for a console line once wrapped "
+                                             f"({len(line.encode())} of {MAX_CONSOLE_LINE_BYTES} bytes)")
     try:
         conn = _Line(endpoint, secret)
     except OSError as exc:
-        raise ExecError("unreachable", f"cannot reach {device}'s console: {exc}") from None
+        raise ExecError(ErrorCode.UNREACHABLE, f"cannot reach {device}'s console: {exc}") from None
     try:
         _wait_prompt(conn, device, wake=True)
         conn.send(line.encode() + ENTER)
         return _read_marked(conn, marker, device, timeout_s, max_output)
     except OSError as exc:
-        raise ExecError("unreachable", f"lost {device}'s console: {exc}") from None
+        raise ExecError(ErrorCode.UNREACHABLE, f"lost {device}'s console: {exc}") from None
     finally:
         conn.close()
 
@@ -449,13 +450,14 @@ def _wait_prompt(conn: _Line, device: str, wake: bool) -> None:
         prompt = bool(seen) and _PROMPT_END.search(_tail(seen)) is not None
         if left <= 0 and not prompt:
             said = _tail(seen).strip() or _tail(seen.rstrip()).strip()
-            raise ExecError("no_prompt", f"{device}'s console showed no shell prompt within {wait_s:g}s of Ctrl-C "
-                                         + (f"(it last said {said[-80:]!r})" if said else "(it said nothing)")
-                                         + ": is it booted, at a login, or held by another program? "
-                                         "look with: device-loop console")
+            raise ExecError(ErrorCode.NO_PROMPT, f"{device}'s console showed no shell prompt within {wait_s:g}s of "
+                                                 f"Ctrl-C "
+                                                 + (f"(it last said {said[-80:]!r})" if said else "(it said nothing)")
+                                                 + ": is it booted, at a login, or held by another program? "
+                                                 "look with: device-loop console")
         chunk = conn.receive(QUIET_S if prompt else min(left, 0.1))
         if chunk is None:
-            raise ExecError("unreachable", f"{device}'s console closed the connection")
+            raise ExecError(ErrorCode.UNREACHABLE, f"{device}'s console closed the connection")
         if not chunk and prompt:
             return  # a prompt, and quiet since
         seen = (seen + chunk)[-4096:]
@@ -487,10 +489,11 @@ def _read_marked(conn: _Line, marker: str, device: str, timeout_s: float,
                 after = "it was interrupted (Ctrl-C) and the console is back at its prompt"
             except ExecError as exc:
                 after = f"Ctrl-C did not bring the prompt back ({exc.message})"
-            raise ExecError("timeout", f"the command did not end within {timeout_s:g}s on {device}; {after}", said)
+            raise ExecError(ErrorCode.TIMEOUT, f"the command did not end within {timeout_s:g}s on {device}; "
+                                               f"{after}", said)
         chunk = conn.receive(min(left, 0.5))
         if chunk is None:
-            raise ExecError("unreachable", f"{device}'s console closed the connection while the command ran")
+            raise ExecError(ErrorCode.UNREACHABLE, f"{device}'s console closed the connection while the command ran")
         if before is not None:
             before = (before + chunk)[-(64 * 1024):]  # the echo of the line, and what came before it
             found = start.search(before)

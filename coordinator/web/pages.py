@@ -24,8 +24,7 @@ from ..errors import APIError, not_found
 from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_identity
 from ..limits import FORM, takes_body
 from ..openapi import answers
-from ..steps import ACTOR as STEPS_ACTOR
-from ..who import Who
+from ..who import COORDINATOR, Who
 from .power_panel import power_panel
 
 HERE = Path(__file__).parent
@@ -192,7 +191,7 @@ async def device_page(request: Request) -> Response:
 
 def _routine(op: Mapping[str, Any]) -> bool:
     """A settle or a step between leases: what the page folds away, there are so many."""
-    return op["kind"] == SETTLE_KIND or op["requester"] == STEPS_ACTOR
+    return op["kind"] == SETTLE_KIND or op["requester"] == COORDINATOR
 
 
 def _local(path: str) -> str:

@@ -36,8 +36,8 @@ from pathlib import Path
 from device_loop.client import Lab
 from device_loop.client.runner import Runner
 from device_loop.core.device_exec import exec_on_lease
-from device_loop.core.fingerprint import readings
-from device_loop.core.jobs import JobSpec
+from device_loop.core.ab.fingerprint import readings
+from device_loop.core.ab.jobs import JobSpec
 from device_loop.core.ports import free_port, port_is_free
 from local_lab import lease_ready, local_lab, wait
 

@@ -23,7 +23,7 @@ import click
 from pydantic import ValidationError
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import JobSpec, JobSummary, JobView, Order, group_target
+from device_loop.core.ab.jobs import JobSpec, JobSummary, JobView, Order, group_target
 from device_loop.core.vocabulary import JobState
 
 from .commands import _tags, _ttl, json_option, lab_command
@@ -205,7 +205,7 @@ def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, sh
 
 def analysis_of(job: JobView):
     """The analysis of a job's runs, as the coordinator makes it (the same runs, the same answer)."""
-    from device_loop.core import abstats
+    from device_loop.core.ab import abstats
 
     return abstats.analyse(job.spec, job.runs, job.cells)
 
@@ -214,14 +214,14 @@ def show_ended(job: JobView, as_json: bool, plot: str | None = None) -> None:
     """A job's table (or its JSON, with the analysis), and the chart when asked."""
     analysis = analysis_of(job)
     if plot:
-        from device_loop.core import charts
+        from device_loop.core.ab import charts
 
         charts.png(job, analysis, plot)
     if as_json:
         click.echo(json.dumps({**job.model_dump(mode="json", by_alias=True), "analysis": _jsonable(analysis)},
                               indent=2))
         return
-    from device_loop.core import evidence
+    from device_loop.core.ab import evidence
 
     click.echo(evidence.terminal_table(analysis, job))
     click.echo(f"{job.id}: {job.state}" + (f" ({job.reason})" if job.reason else ""))
@@ -407,7 +407,7 @@ def _job_text(job: JobView) -> str:
     failed = sum(1 for r in job.runs if r.status != 0)
     lines.append(f"  runs: {len(job.runs)} ({warmup} warmup, {failed} failed)")
     if job.runs:
-        from device_loop.core import evidence
+        from device_loop.core.ab import evidence
 
         lines.append(evidence.terminal_table(analysis_of(job), job))
     lines.append(f"evidence: device-loop job evidence {job.id} > evidence.md")
@@ -435,7 +435,7 @@ def job_evidence_command(lab: Lab, job_id: str, plot: str | None, as_json: bool)
     evidence ID > evidence.md"""
     markdown = lab.jobs.evidence(job_id)
     if plot:
-        from device_loop.core import charts
+        from device_loop.core.ab import charts
 
         job = lab.jobs.get(job_id)
         charts.png(job, analysis_of(job), plot)

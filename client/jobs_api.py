@@ -1,5 +1,5 @@
 """Jobs from Python (docs/architecture.md, "Jobs and evidence"), through the REST routes
-``core/jobs.py`` lists:
+``core/ab/jobs.py`` lists:
 
     lab = Lab(url)
     job = lab.jobs.submit(JobSpec.model_validate(tomllib.load(f)))   # queued for a worker
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from device_loop.core import API_PREFIX
-from device_loop.core.jobs import CellReport, JobSpec, JobSummary, JobView, RunRecord, Target
+from device_loop.core.ab.jobs import CellReport, JobSpec, JobSummary, JobView, RunRecord, Target
 from device_loop.core.vocabulary import OPEN_JOB_STATES, JobState
 from device_loop.core.errors import ErrorCode
 

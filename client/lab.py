@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # (exec, fingerprints, the answers' types: loaded when used, 
     from device_loop.core.answers import (DeviceAnswer, EndpointAnswer, HostAnswer, LeaseAnswer, LogEntry,
                                           OperationAnswer, TicketAnswer)
     from device_loop.core.device_exec import ExecResult
-    from device_loop.core.jobs import Fingerprint
+    from device_loop.core.ab.jobs import Fingerprint
 
     from .jobs_api import Jobs
 
@@ -333,9 +333,9 @@ class Lease:
 
     def fingerprint(self, *, identity_file: str | None = None) -> "Fingerprint":
         """What a reviewer needs to judge a number measured on the leased device
-        (``core/fingerprint.py``): read through ``exec`` from this machine, with what the lab
+        (``core/ab/fingerprint.py``): read through ``exec`` from this machine, with what the lab
         says of the device (its class, host, the image last flashed, its plugins' facts)."""
-        from device_loop.core.fingerprint import gather
+        from device_loop.core.ab.fingerprint import gather
 
         device = self.api.get(f"/devices/{self.data['device']}")  # with the image its last flash wrote
         coordinator_version = str(self.api.get("/health").get("version", ""))

@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from device_loop.core.jobs import MAX_METRICS, MAX_TEXT_CHARS, MetricSpec, Sample, metric_pattern
+from device_loop.core.ab.jobs import MAX_METRICS, MAX_TEXT_CHARS, MetricSpec, Sample, metric_pattern
 from device_loop.core.process import term_when_parent_dies
 
 from .accounts import Account

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from device_loop.core import LIVE_LEASE_STATES
-from device_loop.core import abstats
+from device_loop.core.ab import abstats
 from device_loop.core.device_exec import exec_on_lease
 from device_loop.core.durations import format_duration, parse_iso
-from device_loop.core.fingerprint import gather, readings, unfit
-from device_loop.core.jobs import MAX_TEXT_CHARS, CellReport, Fingerprint, JobSpec, JobView, Readings, RunRecord
+from device_loop.core.ab.fingerprint import gather, readings, unfit
+from device_loop.core.ab.jobs import MAX_TEXT_CHARS, CellReport, Fingerprint, JobSpec, JobView, Readings, RunRecord
 from device_loop.core.vocabulary import Arm, JobState
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
 from device_loop.core.errors import ErrorCode

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from device_loop.core.jobs import ABSpec, JobSpec, Order, Target, group_target
+from device_loop.core.ab.jobs import ABSpec, JobSpec, Order, Target, group_target
 from device_loop.core.vocabulary import Arm
 
 @dataclass(frozen=True)

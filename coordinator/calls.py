@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 from pydantic import BaseModel, ValidationError
 
 from device_loop.core import API_PREFIX, FLASH_KIND, POWER_KIND, PROTOCOL_VERSION, __version__
-from device_loop.core.jobs import CellReport, JobSummary, RunRecord
+from device_loop.core.ab.jobs import CellReport, JobSummary, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, TicketKind
 

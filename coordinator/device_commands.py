@@ -74,9 +74,9 @@ async def exec_on(lease: LeaseAnswer, command: str, timeout_s: float, logins: Ss
 
 async def fingerprint(lease: LeaseAnswer, device: Mapping[str, Any], coordinator_version: str,
                       logins: SshLogins) -> dict[str, Any]:
-    """The fingerprint of the device of ``lease`` (``core.fingerprint.gather``), as JSON;
+    """The fingerprint of the device of ``lease`` (``core.ab.fingerprint.gather``), as JSON;
     ``device`` is its answer, with the image last flashed onto it; over ssh as ``logins`` say."""
-    from device_loop.core import fingerprint as fingerprints
+    from device_loop.core.ab import fingerprint as fingerprints
 
     login = logins.login_for(lease["device"], lease["host"])
 

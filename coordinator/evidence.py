@@ -1,5 +1,5 @@
 """A job's evidence (docs/architecture.md, "Jobs and evidence"): the markdown a reviewer
-reads, made from the stored runs by ``core/evidence.py`` with ``core/abstats.py``'s analysis,
+reads, made from the stored runs by ``core/ab/evidence.py`` with ``core/ab/abstats.py``'s analysis,
 so whoever asks gets the same text from the same runs (the call ``job_evidence`` answers it
 as ``text/markdown`` over REST, as text to an MCP tool).
 
@@ -25,7 +25,7 @@ def _missing(what: str) -> APIError:
 async def evidence_markdown(jobs: Jobs, job_id: str, who: Who) -> str:
     """The job's evidence markdown, if ``who`` may read the job (404 otherwise)."""
     try:
-        from device_loop.core import evidence
+        from device_loop.core.ab import evidence
     except ImportError:
         raise _missing("evidence") from None
     job, analysis = await jobs.analysed(job_id, who)

@@ -1,7 +1,7 @@
 """What the job calls take (``calls.py``), one model a call, as ``schemas.py`` has them for
 the rest: the REST route reads the fields from the path, the query (a GET) or the JSON body
 (a POST), the MCP tool takes them as arguments with these descriptions. A job's spec, its
-runs and its cells are ``core/jobs.py``'s models, bounded there; unknown fields are refused.
+runs and its cells are ``core/ab/jobs.py``'s models, bounded there; unknown fields are refused.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, model_validator
 
 from device_loop.core.device_exec import MAX_COMMAND_BYTES
-from device_loop.core.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec, metric_pattern
+from device_loop.core.ab.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec, metric_pattern
 from device_loop.core.protocol import MAX_TAGS, Strict, Tag
 
 from .identity import USERNAME
@@ -63,7 +63,7 @@ class SubmitJobIn(Strict):
 
     @model_validator(mode="after")
     def _regexes_a_worker_reads(self) -> SubmitJobIn:
-        """A metric's regex is read by RE2 (``core.jobs.metric_pattern``): refused now, not
+        """A metric's regex is read by RE2 (``core.ab.jobs.metric_pattern``): refused now, not
         when a worker runs the job. (Checked here, not in the spec: a spec stored before
         is read as it is.)"""
         for metric in self.spec.metrics:

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from typing import Any, Awaitable, Callable
 
 from device_loop.core.durations import format_duration
-from device_loop.core.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEASURE, CellReport, JobSpec, JobView,
+from device_loop.core.ab.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEASURE, CellReport, JobSpec, JobView,
                                    RunRecord, runs_per_cell)
 from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, JobState, LeaseState,
                                          TicketKind, TicketState)
@@ -69,7 +69,7 @@ def _version() -> str:
 
 
 def _summary(row: JobRow) -> dict[str, Any]:
-    """A ``core.jobs.JobSummary``, as JSON."""
+    """A ``core.ab.jobs.JobSummary``, as JSON."""
     return {"id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
             "reason": row["reason"], "title": row["spec"].get("title", ""), "created_at": row["created_at"],
             "started_at": row["started_at"], "ended_at": row["ended_at"], "worker": row["worker"]}
@@ -221,10 +221,10 @@ class Jobs:
         return JobView.model_validate({k: answer[k] for k in JobView.model_fields})  # type: ignore[literal-required]
 
     async def _analysis(self, answer: JobAnswer) -> Any:
-        """``core.abstats.analyse`` of the job's runs, off the event loop; None where it is not
+        """``core.ab.abstats.analyse`` of the job's runs, off the event loop; None where it is not
         installed. Imported at the first job read: scipy is slow to import."""
         try:
-            from device_loop.core import abstats
+            from device_loop.core.ab import abstats
         except ImportError:
             return None
         key = (answer["id"], answer["state"], len(answer["runs"]), len(answer["cells"]))

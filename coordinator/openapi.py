@@ -54,7 +54,7 @@ CHECKED: dict[tuple[str, str | None], dict[str, Any]] = {
                                                 "tags": {"maxItems": 0}}},
         {"required": ["class"], "properties": {"class": {"type": "string"}, "device": {"type": "null"}}},
         {"required": ["tags"], "properties": {"tags": {"minItems": 1}, "device": {"type": "null"}}}]},
-    # a job runs its commands or an A/B pair, and a matrix expands a pair (core/jobs.py)
+    # a job runs its commands or an A/B pair, and a matrix expands a pair (core/ab/jobs.py)
     ("JobSpec", None): {"oneOf": [
         {"required": ["run"], "properties": {"run": {"minItems": 1}, "ab": {"type": "null"},
                                              "matrix": {"type": "null"}}},

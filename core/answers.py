@@ -9,7 +9,7 @@ from typing import Any
 
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
-from .jobs import CellReport, JobSpec, RunRecord
+from .ab.jobs import CellReport, JobSpec, RunRecord
 from .vocabulary import (DeviceState, Fidelity, HealthStatus, JobState, LeaseState, OperationState, TicketKind,
                          TicketState, TokenKind)
 
@@ -269,7 +269,7 @@ class JobReservation(TypedDict):
 
 class JobAnswer(TypedDict):
     """A job as its owner, its worker and admins see it (docs/architecture.md, "Jobs and
-    evidence"): ``core.jobs.JobView``'s fields (times in seconds since the epoch, as there),
+    evidence"): ``core.ab.jobs.JobView``'s fields (times in seconds since the epoch, as there),
     then what the coordinator adds: the tickets and leases it made, and the analysis of its
     runs (null until it has some, or where the analysis is not installed)."""
     id: str

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import Exporter
 from device_loop.client.schedule import cells, measured_arms, warmup_arms
-from device_loop.core.jobs import ABSpec, JobSpec, Target, group_target
+from device_loop.core.ab.jobs import ABSpec, JobSpec, Target, group_target
 from helpers import wait_state
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]

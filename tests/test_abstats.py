@@ -1,4 +1,4 @@
-"""The A/B analysis (core/abstats.py) on samples whose answer is known: p-values against
+"""The A/B analysis (core/ab/abstats.py) on samples whose answer is known: p-values against
 scipy, a true 5 % shift, identical arms, too few runs, Holm, the looks, the words."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from device_loop.core import abstats
-from device_loop.core.jobs import (ABSpec, Better, CellReport, Fingerprint, JobSpec, MatrixSpec, MetricSpec, Readings,
+from device_loop.core.ab import abstats
+from device_loop.core.ab.jobs import (ABSpec, Better, CellReport, Fingerprint, JobSpec, MatrixSpec, MetricSpec, Readings,
                                    RunRecord, Sample, Verdict)
 from device_loop.core.vocabulary import Arm
 

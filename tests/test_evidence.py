@@ -1,4 +1,4 @@
-"""The evidence markdown, the terminal table and the charts (core/evidence.py, core/charts.py):
+"""The evidence markdown, the terminal table and the charts (core/ab/evidence.py, core/ab/charts.py):
 every section there, hostile text escaped wherever it lands, a matrix's not-run cell kept."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
-from device_loop.core import abstats, charts, evidence
-from device_loop.core.jobs import (ABSpec, CellReport, Fingerprint, JobSpec, JobView, MatrixSpec, MetricSpec, Readings,
+from device_loop.core.ab import abstats, charts, evidence
+from device_loop.core.ab.jobs import (ABSpec, CellReport, Fingerprint, JobSpec, JobView, MatrixSpec, MetricSpec, Readings,
                                    RunRecord, Sample)
 from device_loop.core.vocabulary import Arm, JobState
 

@@ -1,4 +1,4 @@
-"""core/fingerprint.py: the commands it sends (plain ;-separated reads a minimal shell runs)
+"""core/ab/fingerprint.py: the commands it sends (plain ;-separated reads a minimal shell runs)
 and its parsers on realistic /proc/cpuinfo of x86, arm64 and riscv, and on garbage."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from device_loop.core import fingerprint as fp
-from device_loop.core.jobs import MAX_COMMAND_CHARS, Fingerprint, Readings
+from device_loop.core.ab import fingerprint as fp
+from device_loop.core.ab.jobs import MAX_COMMAND_CHARS, Fingerprint, Readings
 
 X86_CPU = """processor\t: {n}
 vendor_id\t: GenuineIntel

@@ -3,7 +3,7 @@ whose token can be stolen): every refusal a clear 4xx, and nothing stored."""
 import pytest
 
 from device_loop.coordinator.identity import issue_token
-from device_loop.core.jobs import COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_COMMANDS, MAX_MEASURE, RunRecord
+from device_loop.core.ab.jobs import COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_COMMANDS, MAX_MEASURE, RunRecord
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]

@@ -67,7 +67,7 @@ async def test_a_job_from_submit_to_finish(tmp_path):
         assert shown["cells"][0]["fingerprint"]["isa"] == ["rvv"] and shown["cells"][0]["group"] == ""
         assert [(r["lease"] is not None, r["ticket"] is not None) for r in shown["reservations"]] == \
             [(True, False), (True, False), (False, True)]
-        assert shown["analysis"] is not None, "core/abstats.py is there: the runs are analysed"
+        assert shown["analysis"] is not None, "core/ab/abstats.py is there: the runs are analysed"
 
         evidence = await api.get(f"/jobs/{job['id']}/evidence")
         assert evidence.status_code == 200 and evidence.headers["content-type"].startswith("text/markdown")

@@ -19,7 +19,7 @@ from helpers import pid_alive, wait_state
 from device_loop.cli import main as cli_main
 from device_loop.client import Lab
 from device_loop.client.runner import Runner, Stopper
-from device_loop.core.jobs import JobSpec
+from device_loop.core.ab.jobs import JobSpec
 from device_loop.core.vocabulary import JobState
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]

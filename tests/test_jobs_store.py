@@ -11,7 +11,7 @@ from device_loop.coordinator.migrations import MIGRATIONS
 from device_loop.coordinator.store import Store
 from device_loop.coordinator.store.devices import DeviceQueries
 from device_loop.coordinator.store.jobs import JobQueries
-from device_loop.core.jobs import JobSpec
+from device_loop.core.ab.jobs import JobSpec
 from device_loop.coordinator.who import Who
 from device_loop.core.vocabulary import TicketKind
 from lab_in_process import FakeExporter, device, in_process_lab

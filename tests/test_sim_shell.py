@@ -11,7 +11,7 @@ import time
 import pytest
 import serial
 
-from device_loop.core import fingerprint
+from device_loop.core.ab import fingerprint
 from device_loop.plugins.sim import SimConfig
 from device_loop.plugins.sim.board import SimBoard
 from device_loop.plugins.sim.facts import BoardFacts

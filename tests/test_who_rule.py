@@ -13,7 +13,7 @@ from device_loop.coordinator.calls import CALLS, Call, Ctx
 from device_loop.coordinator.errors import APIError
 from device_loop.coordinator.identity import USER
 from device_loop.coordinator.who import CallerKind, Who
-from device_loop.core.jobs import JobSpec
+from device_loop.core.ab.jobs import JobSpec
 from device_loop.core.vocabulary import TicketKind
 from lab_in_process import FakeExporter, device, in_process_lab
 from test_images import upload

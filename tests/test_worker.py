@@ -21,7 +21,7 @@ import pytest
 
 from conftest import Coordinator, Exporter, Proc, lab_tokens, wait_for
 from device_loop.client.local_run import LocalCommand, samples
-from device_loop.core.jobs import MetricSpec
+from device_loop.core.ab.jobs import MetricSpec
 from helpers import device_loop_for_anyone, open_folder, pid_alive, unused_uids, wait_state
 from test_mcp import agent as mcp_client, call
 

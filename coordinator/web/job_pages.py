@@ -2,7 +2,7 @@
 jobs, and a job's page (its state, cells, runs, the analysis, and a chart of each metric per
 run). A job is shown to whoever may read it (its owner, its worker, admins); to anyone else
 it does not exist, as through the REST routes. Everything shown is escaped by the templates
-(the chart is ``core/charts.py``'s SVG, which escapes what it writes itself).
+(the chart is ``core/ab/charts.py``'s SVG, which escapes what it writes itself).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from device_loop.core.jobs import JobView
+from device_loop.core.ab.jobs import JobView
 from device_loop.core.vocabulary import OPEN_JOB_STATES
 
 from ..errors import APIError
@@ -35,8 +35,8 @@ def _number(value: float | None) -> str:
 
 
 def analysis_rows(analysis: Any) -> list[dict[str, Any]]:
-    """A row per cell and metric of ``core.abstats.Analysis``, as the page's table shows it."""
-    from device_loop.core.evidence import delta_text  # (it loads scipy: only once a job page is asked for)
+    """A row per cell and metric of ``core.ab.abstats.Analysis``, as the page's table shows it."""
+    from device_loop.core.ab.evidence import delta_text  # (it loads scipy: only once a job page is asked for)
 
     rows = []
     for cell in getattr(analysis, "cells", ()):
@@ -74,11 +74,11 @@ def run_rows(job: JobView) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def _chart(job: JobView, analysis: Any) -> Markup | None:
-    """Each metric per run, A and B in two colours, the temperature beside (``core/charts.py``)."""
+    """Each metric per run, A and B in two colours, the temperature beside (``core/ab/charts.py``)."""
     if not job.runs:
         return None
     try:
-        from device_loop.core import charts
+        from device_loop.core.ab import charts
     except ImportError:
         return None
     return Markup(charts.svg(job, analysis))  # (its SVG escapes every text it writes)

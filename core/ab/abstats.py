@@ -37,7 +37,7 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from device_loop.core.jobs import MAX_ROUNDS, ABSpec, Better, CellReport, JobSpec, RunRecord, Verdict, looks
+from device_loop.core.ab.jobs import MAX_ROUNDS, ABSpec, Better, CellReport, JobSpec, RunRecord, Verdict, looks
 from device_loop.core.vocabulary import Arm
 
 SPREAD_CONFIDENCE = 0.95

@@ -18,10 +18,10 @@ from collections.abc import Iterable
 
 import tomli_w
 
-from device_loop.core.abstats import (Analysis, CellAnalysis, Comparison, MetricResult, Summary, run_value,
+from device_loop.core.ab.abstats import (Analysis, CellAnalysis, Comparison, MetricResult, Summary, run_value,
                                       start_temperature)
-from device_loop.core.fingerprint import notable_isa
-from device_loop.core.jobs import CellReport, Fingerprint, JobSpec, JobView, RunRecord, Verdict
+from device_loop.core.ab.fingerprint import notable_isa
+from device_loop.core.ab.jobs import CellReport, Fingerprint, JobSpec, JobView, RunRecord, Verdict
 
 # C0/C1 controls (a terminal's escapes), line separators, lone surrogates, XML's non-characters,
 # and the invisible and bidirectional marks that make text read otherwise than it runs

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Literal
 from xml.sax.saxutils import escape
 
-from device_loop.core.abstats import Analysis, run_value, start_temperature
-from device_loop.core.evidence import number, plain
-from device_loop.core.jobs import JobView, RunRecord
+from device_loop.core.ab.abstats import Analysis, run_value, start_temperature
+from device_loop.core.ab.evidence import number, plain
+from device_loop.core.ab.jobs import JobView, RunRecord
 from device_loop.core.vocabulary import Arm
 
 WIDTH = 720

@@ -6,7 +6,7 @@ The reads are batched: each command sent is plain ``;``-separated ``echo @@KEY``
 works on a POSIX sh, busybox, toybox and the simulated board's console alike; the markers cut
 the output into sections. A file that is missing or unreadable yields a section holding an
 error message or nothing, which the parsers read as absent. Everything read from a device is
-untrusted: parsers never raise on garbage, and every value is clipped to ``core/jobs.py``'s
+untrusted: parsers never raise on garbage, and every value is clipped to ``core/ab/jobs.py``'s
 bounds before a model is built.
 """
 from __future__ import annotations
@@ -18,13 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, get_args
 
-from device_loop.core.jobs import MAX_TEXT_CHARS, FactKey, Fingerprint, Readings
+from device_loop.core.ab.jobs import MAX_TEXT_CHARS, FactKey, Fingerprint, Readings
 from device_loop.core.protocol import MAX_FACTS
 from device_loop.core.vocabulary import NOT_FOR_TIMING
 
 MAX_ZONES = 8              # thermal_zone0..7: what a board has; a phone's first few are its CPU's
 MAX_POLICIES = 16          # cpufreq policies are named by their first CPU: policy0..policy(cores-1)
-MAX_COMMAND = 1900         # under core/jobs.py's MAX_COMMAND_CHARS, and a console's line
+MAX_COMMAND = 1900         # under core/ab/jobs.py's MAX_COMMAND_CHARS, and a console's line
 MAX_OUTPUT = 2_000_000     # characters of one answer parsed (a 256-CPU cpuinfo is ~400 kB)
 MAX_ISA = 512
 TIMEOUT_S = 20.0

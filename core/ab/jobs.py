@@ -32,8 +32,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from .protocol import MAX_FACTS, FactKey, Tag
-from .vocabulary import Arm, JobState, Needs, TicketKind
+from ..protocol import MAX_FACTS, FactKey, Tag
+from ..vocabulary import Arm, JobState, Needs, TicketKind
 
 MAX_COMMANDS = 16        # in one list (setup, run, baseline, patch)
 MAX_COMMAND_CHARS = 2000

@@ -3,6 +3,8 @@ leases"): the sequence of operations a device's reported steps become after each
 device reclaiming meanwhile, faulty when one fails, again from the first after an
 interrupted one, and settle inside a lease. The exporter is played by hand here;
 tests/test_steps_end_to_end.py runs the real one."""
+import contextlib
+
 import pytest
 
 from lab_in_process import FakeExporter, device, flash_target, in_process_lab
@@ -43,6 +45,20 @@ async def used_and_released(api, exporter, report) -> dict:
     return lease
 
 
+@contextlib.asynccontextmanager
+async def reclaiming_under_its_first_step(tmp_path):
+    """A lab whose device d0 (steps: cooldown, reboot) was used and released by alice: it is
+    reclaiming, and its first step is the host's desired operation."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client("alice")
+        exporter = FakeExporter(api, "host-a")
+        report = stepped(COOLDOWN, REBOOT)
+        await exporter.beat([report])
+        await used_and_released(api, exporter, report)
+        (first,) = await desired_ops(api)
+        yield api, rules, clock, exporter, report, first
+
+
 async def test_steps_run_in_order_as_operations_while_the_device_is_reclaimed(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api, bob = client("alice"), client("bob")
@@ -81,13 +97,7 @@ async def test_steps_run_in_order_as_operations_while_the_device_is_reclaimed(tm
 
 
 async def test_a_failing_step_leaves_the_device_faulty_until_an_admin_clears_it(tmp_path):
-    async with in_process_lab(tmp_path) as (client, rules, clock):
-        api = client("alice")
-        exporter = FakeExporter(api, "host-a")
-        report = stepped(COOLDOWN, REBOOT)
-        await exporter.beat([report])
-        await used_and_released(api, exporter, report)
-        (first,) = await desired_ops(api)
+    async with reclaiming_under_its_first_step(tmp_path) as (api, rules, clock, exporter, report, first):
         await exporter.beat([report], operations=[op_report(first, "failed", "still 52.0 °C after 10m (threshold "
                                                                              "45 °C)")])
         shown = (await api.get("/devices/d0")).json()
@@ -121,13 +131,7 @@ async def test_health_recovering_clears_a_step_fault(tmp_path):
 
 
 async def test_an_interrupted_step_makes_the_steps_run_again_from_the_first(tmp_path):
-    async with in_process_lab(tmp_path) as (client, rules, clock):
-        api = client("alice")
-        exporter = FakeExporter(api, "host-a")
-        report = stepped(COOLDOWN, REBOOT)
-        await exporter.beat([report])
-        await used_and_released(api, exporter, report)
-        (first,) = await desired_ops(api)
+    async with reclaiming_under_its_first_step(tmp_path) as (api, rules, clock, exporter, report, first):
         await exporter.beat([report], operations=[op_report(first, "done", "cool")])
         (second,) = await desired_ops(api)
         await exporter.beat([report], operations=[op_report(second, "running")])
@@ -144,13 +148,7 @@ async def test_a_step_is_interrupted_by_its_report_s_flag_never_by_its_words(tmp
     """(docs/architecture.md, "Operations"): a plugin whose error begins "interrupted" failed its
     step (the device is faulty); an exporter that stopped under a step says so in its report,
     and the steps run again from the first."""
-    async with in_process_lab(tmp_path) as (client, rules, clock):
-        api = client("alice")
-        exporter = FakeExporter(api, "host-a")
-        report = stepped(COOLDOWN, REBOOT)
-        await exporter.beat([report])
-        await used_and_released(api, exporter, report)
-        (first,) = await desired_ops(api)
+    async with reclaiming_under_its_first_step(tmp_path) as (api, rules, clock, exporter, report, first):
         await exporter.beat([report], operations=[op_report(first, "failed", "interrupted while cooling down: the "
                                                                              "exporter stopped", interrupted=True)])
         (again,) = await desired_ops(api)

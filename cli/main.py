@@ -29,6 +29,7 @@ LAZY_COMMANDS = {
     "watch": "device_loop.cli.watch:watch_command",
     "forward": "device_loop.cli.forward:forward_command",
     "up": "device_loop.cli.up:up_command",
+    "qemu-guest": "device_loop.cli.qemu_guest:qemu_guest_command",
     "coordinator": "device_loop.coordinator.serve:coordinator_command",
     "exporter": "device_loop.exporter.run:exporter_command",
     "exec": "device_loop.cli.exec:exec_command",

@@ -1,0 +1,116 @@
+"""Guests for the tests that boot QEMU: where their files are cached, and a guest booted by
+hand (QEMU under TCG, its serial console on a loopback TCP port) to compare with or to
+drive over its console as ``exec`` does."""
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from device_loop.core.ports import free_port
+from device_loop.plugins.qemu.guest import ARCHES, PROMPT_PATTERN, Guest, build_guest
+
+#: A folder to keep the guests' packages in across test runs (else each session fetches them
+#: again into its own temporary folder).
+GUEST_CACHE_ENV = "DEVICE_LOOP_TEST_GUEST_CACHE"
+BOOT_WAIT_S = 120.0  # a TCG boot takes seconds; two cores shared with other tests make it slower
+MEMORY_MIB = {"x86_64": 256, "aarch64": 512}
+MACHINE = {"x86_64": ["-M", "pc"], "aarch64": ["-M", "virt", "-cpu", "max,pauth-impdef=on"]}
+
+
+def guest_cache(tmp_path_factory) -> Path:
+    """The folder the session's guests are built in: ``$DEVICE_LOOP_TEST_GUEST_CACHE``, else
+    one under the session's temporary base (shared by xdist's workers: the builder locks it)."""
+    if os.environ.get(GUEST_CACHE_ENV):
+        return Path(os.environ[GUEST_CACHE_ENV])
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "guest-cache"
+
+
+def need_qemu(arch: str) -> None:
+    """Fail (not skip: ./lab test installs QEMU) when QEMU for ``arch`` is missing."""
+    program = ARCHES[arch].qemu
+    assert shutil.which(program), f"{program} is not installed (./lab test installs it; Debian: qemu-system-*)"
+
+
+def session_guest(tmp_path_factory, arch: str) -> Guest:
+    need_qemu(arch)
+    return build_guest(arch, guest_cache(tmp_path_factory))
+
+
+def boot_argv(guest: Guest, console_port: int, disk: Path | None = None, ssh_port: int | None = None) -> list[str]:
+    """QEMU started by hand for ``guest``: TCG, no display, its serial port on 127.0.0.1:PORT."""
+    argv = [ARCHES[guest.arch].qemu, *MACHINE[guest.arch], "-accel", "tcg", "-m", str(MEMORY_MIB[guest.arch]),
+            "-nographic", "-nodefaults", "-no-reboot", "-monitor", "none",
+            "-kernel", str(guest.kernel), "-initrd", str(guest.initrd), "-append", guest.append,
+            "-chardev", f"socket,id=console,host=127.0.0.1,port={console_port},server=on,wait=off",
+            "-serial", "chardev:console"]
+    if disk is not None:
+        argv += ["-drive", f"file={disk},if=virtio,format=qcow2,snapshot=on"]
+    if ssh_port is not None:
+        argv += ["-nic", f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{ssh_port}-:22"]
+    return argv
+
+
+@contextlib.contextmanager
+def booted(guest: Guest, disk: Path | None = None, ssh_port: int | None = None) -> Iterator[dict]:
+    """``guest`` booted by hand to its prompt: a lease-like dict whose console endpoint
+    ``exec_on_lease`` drives, plus ``boot_s`` (start to prompt) and the process."""
+    port = free_port()
+    began = time.monotonic()
+    process = subprocess.Popen(boot_argv(guest, port, disk, ssh_port), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_prompt(process, port)
+        yield {"device": f"hand-{guest.arch}", "ready": True, "process": process,
+               "boot_s": time.monotonic() - began,
+               "endpoints": [{"kind": "uart", "role": "console", "protocol": "raw", "host": "127.0.0.1",
+                              "port": port}]}
+    finally:
+        process.kill()
+        process.wait(10)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def wait_prompt(process: subprocess.Popen, port: int, timeout: float = BOOT_WAIT_S) -> None:
+    """Wait until the guest's console shows its prompt (Enter sent each second it is quiet:
+    QEMU drops what the guest wrote before anyone connected)."""
+    deadline = time.monotonic() + timeout
+    while True:  # QEMU listens once it has parsed its arguments
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+            break
+        except OSError:
+            assert process.poll() is None, f"QEMU ended: {process.stderr.read().decode(errors='replace')[-2000:]}"
+            assert time.monotonic() < deadline, "QEMU never listened on its console port"
+            select.select([], [], [], 0.05)
+    with sock:
+        seen = b""
+        while not PROMPT_PATTERN.search(seen.decode(errors="replace")):
+            assert time.monotonic() < deadline, f"no prompt within {timeout:g}s: {seen[-500:]!r}"
+            assert process.poll() is None, f"QEMU ended: {process.stderr.read().decode(errors='replace')[-2000:]}"
+            if select.select([sock], [], [], 1.0)[0]:
+                data = sock.recv(4096)
+                assert data, "QEMU hung up the console"
+                seen = (seen + data)[-4096:]
+            else:
+                sock.sendall(b"\r")
+
+
+@pytest.fixture(scope="session")
+def x86_64_guest(tmp_path_factory) -> Guest:
+    return session_guest(tmp_path_factory, "x86_64")
+
+
+@pytest.fixture(scope="session")
+def aarch64_guest(tmp_path_factory) -> Guest:
+    return session_guest(tmp_path_factory, "aarch64")

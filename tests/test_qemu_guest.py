@@ -18,7 +18,9 @@ from device_loop.core.errors import ErrorCode
 from device_loop.plugins.qemu import guest
 from device_loop.plugins.qemu.guest import (ARCHES, PROMPT, PROMPT_PATTERN, Entry, GuestError, build_disk, build_guest,
                                             cpio_newc, gzip_cpio, init_script, is_static, load_order, modinfo)
-from qemu_guests import aarch64_guest, booted, x86_64_guest  # noqa: F401 (fixtures)
+from conftest import wait_for
+from device_loop.core.ports import free_port
+from qemu_guests import aarch64_guest, booted, guest_cache, need_qemu, x86_64_guest  # noqa: F401 (fixtures)
 
 
 # ---- bytes ---------------------------------------------------------------------------------
@@ -201,3 +203,31 @@ def test_the_lab_scripts_foreign_architecture_step_is_quiet_once_done():
     done = subprocess.run(["bash", "-c", f". {lab} && need_foreign_architecture {native} && echo ok"],
                           capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
+
+
+@pytest.mark.service
+@pytest.mark.timeout(900)
+def test_an_ssh_guest_lets_the_authorized_key_in_with_the_host_key_it_was_built_with(tmp_path_factory):
+    need_qemu("x86_64")
+    keys = tmp_path_factory.mktemp("guest-key")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id")], check=True, timeout=30)
+    vm = build_guest("x86_64", guest_cache(tmp_path_factory), authorized_key=(keys / "id.pub").read_text())
+    assert vm.host_key and vm.host_key.startswith("ssh-ed25519 ")
+    port = free_port()
+    with booted(vm, ssh_port=port):
+        # QEMU accepts the connection before the guest listens: wait for dropbear's banner
+        wait_for(lambda: ssh_banner(port).startswith(b"SSH-"), 120, what="dropbear's banner")
+        lease = {"device": "hand-ssh", "ready": True, "endpoints": [
+            {"kind": "ssh", "role": "ssh", "protocol": "raw", "host": "127.0.0.1", "port": port,
+             "params": {"user": "root", "host_key": vm.host_key}}]}
+        said = exec_on_lease(lease, "uname -m; id -u", 60, identity_file=str(keys / "id"))
+        assert (said.channel, said.stdout.split()) == ("ssh", ["x86_64", "0"])
+
+
+def ssh_banner(port: int) -> bytes:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+            sock.settimeout(2)
+            return sock.recv(64)
+    except OSError:
+        return b""

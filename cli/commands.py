@@ -163,7 +163,10 @@ def hosts_command(lab: Lab, as_json: bool):
                      f"{plugin}: {', '.join(s['step'] for s in h['plugins']['steps'] if s['plugin'] == plugin)}"
                      for plugin in dict.fromkeys(s["plugin"] for s in h["plugins"]["steps"]))
                  for h in hosts if h["plugins"].get("steps")]
-        for title, lines in (("skipped or failing plugins", skipped), ("configured devices not served", unserved),
+        dropped = [f"  {h['name']}: {m['plugin']}: {m['dropped']}" for h in hosts
+                   for m in h["plugins"].get("metrics", []) if m.get("dropped")]
+        for title, lines in (("skipped or failing plugins", skipped), ("plugin metrics left out", dropped),
+                             ("configured devices not served", unserved),
                              ("devices also reported by a host that does not own them", claims),
                              ("steps between leases each host can run", steps)):
             if lines:

@@ -1,7 +1,8 @@
 """Prometheus metrics (``GET /metrics``).
 
-What the lab is (devices by state and class, live leases, each host's heartbeat age) is
-read from the database at scrape time: every coordinator process answers the same. What
+What the lab is (devices by state and class, live leases, each host's heartbeat age, what
+each online host's plugins measure of themselves: ``device_loop_plugin_NAME{host, plugin}``)
+is read from the database at scrape time: every coordinator process answers the same. What
 happened (leases granted and ended, reserve -> ready latency, operations' outcomes) is counted
 by each process since it started, after its transaction committed: scrape every process.
 """
@@ -10,8 +11,10 @@ from __future__ import annotations
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, disable_created_metrics,
                                generate_latest)
 from prometheus_client.core import GaugeMetricFamily
+from pydantic import ValidationError
 
 from device_loop.core import LIVE_LEASE_STATES
+from device_loop.core.protocol import PluginMetrics
 
 from .store.metrics import MetricQueries
 
@@ -78,5 +81,25 @@ class LabMetrics:
                                     "for (a named device's) and kind", labels=["class", "kind"])
         for row in await self.metrics_sql.waiting_ticket_counts():
             waiting.add_metric([row["class"], row["kind"]], row["n"])
-        return (generate_latest(_Families([devices, leases, age, online, waiting]))
+        plugins = await self.plugin_gauges()
+        return (generate_latest(_Families([devices, leases, age, online, waiting, *plugins]))
                 + generate_latest(self.registry))
+
+    async def plugin_gauges(self) -> list[GaugeMetricFamily]:
+        """``device_loop_plugin_NAME{host, plugin}``: each online host's plugins' metrics as
+        its last heartbeat carried them (checked there: names and bounds are the protocol's)."""
+        families: dict[str, GaugeMetricFamily] = {}
+        for host in await self.metrics_sql.online_host_plugins():
+            for said in (host["plugins"] or {}).get("metrics", []):
+                try:
+                    entry = PluginMetrics.model_validate(said)
+                except ValidationError:  # (a row written before the protocol had them, or by hand)
+                    continue
+                for name, value in sorted(entry.values.items()):
+                    family = families.get(name)
+                    if family is None:
+                        family = families[name] = GaugeMetricFamily(
+                            f"device_loop_plugin_{name}", f"What plugins measure of themselves: {name} "
+                            "(devloop_metrics), by host and plugin", labels=["host", "plugin"])
+                    family.add_metric([host["name"], entry.plugin], value)
+        return [families[name] for name in sorted(families)]

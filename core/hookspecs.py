@@ -40,7 +40,7 @@ PROJECT = "device_loop"
 #: ``devloop_fingerprint``, ``EndpointRole.SSH``, ``devloop_power`` with ``PowerReading``
 #: and ``POWER_KIND``, ``find_program``, ``last_lines``, ``public_host_key``,
 #: ``LOGIN_NAME_PATTERN``, ``Fidelity`` (``Resource.fidelity``), a plugin's
-#: ``DEVLOOP_API_VERSION``.
+#: ``DEVLOOP_API_VERSION``, ``devloop_metrics``.
 API_VERSION = 2
 #: What a plugin names (on its module or class) to say which ``API_VERSION`` it needs.
 NEEDS_API = "DEVLOOP_API_VERSION"
@@ -225,6 +225,24 @@ def devloop_fingerprint(host: HostContext, resource: Resource) -> Mapping[str, s
     reported with the device (``DeviceReport.facts``) and show in its fingerprint's ``extra``
     (``device-loop fingerprint``). Asked at each scan, within the hook deadline: read-only and
     cheap, like discovery (read the config, a file; spawn nothing, open no device node).
+    """
+
+
+@hookspec(firstresult=True)
+def devloop_metrics(host: HostContext) -> Mapping[str, float] | None:
+    """What the plugin measures of itself on this host, for the lab's dashboards (a VM pool's
+    size, the boots it made, how long a lease waited for one): a dict of name -> number, or
+    ``None`` for none.
+
+    The rule (tests/test_plugin_metrics.py): a name is ``[a-z][a-z0-9_]*``, at most 64
+    characters; a plugin has at most 64 names; a value is a finite number (an ``int`` or a
+    ``float``, not a ``bool``, NaN or infinity). A name or value that breaks it is dropped,
+    and an answer of more than 64 names, or of something else than a dict, is dropped whole:
+    never the report. What was dropped, and why, is logged and reported with the host
+    (``device-loop hosts``). The coordinator shows each as the gauge
+    ``device_loop_plugin_NAME{host="...", plugin="..."}`` on ``GET /metrics``, the host's
+    latest answer while it is online. Asked once a scan (the heartbeat period), within the
+    hook deadline: read what the plugin keeps; spawn nothing, open no device node.
     """
 
 

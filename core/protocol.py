@@ -59,6 +59,10 @@ ArgValue = (Annotated[str, StringConstraints(max_length=MAX_ARG_CHARS)] | bool
             | Annotated[int, Field(ge=-2**63, le=2**63 - 1)] | float | None)
 FactKey = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_.-]{0,63}$")]
 FactValue = Annotated[str, StringConstraints(max_length=1000)]
+#: A plugin's metric (``devloop_metrics``), shown on /metrics as ``device_loop_plugin_NAME``.
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+#: How many metrics one plugin reports of a host.
+MAX_PLUGIN_METRICS = 64
 Sha256 = Annotated[str, StringConstraints(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
 # An operation's result: an object of scalars, lists of scalars, or objects of scalars (a boot
 # log, a list of readings, a table of them), bounded here and in all (MAX_RESULT_BYTES)
@@ -253,6 +257,14 @@ class PluginStep(Strict):
     description: str = Field(default="", max_length=500)
 
 
+class PluginMetrics(Strict):
+    """What a plugin measures of itself on this host (``devloop_metrics``: a VM pool's size,
+    its boots): name -> a finite number, and why what it answered besides was left out."""
+    plugin: Name
+    values: dict[MetricName, float] = Field(default_factory=dict, max_length=MAX_PLUGIN_METRICS)
+    dropped: Reason = Field(default="", description="what of its answer was left out, and why")
+
+
 class PluginsReport(Strict):
     loaded: list[Name] = Field(default_factory=list, max_length=MAX_PLUGINS)
     skipped: list[SkippedPlugin] = Field(default_factory=list, max_length=MAX_PLUGINS)
@@ -262,6 +274,8 @@ class PluginsReport(Strict):
                                            description="configured, but no plugin serves it")
     steps: list[PluginStep] = Field(default_factory=list, max_length=MAX_PLUGINS,
                                     description="the steps between leases this exporter can run")
+    metrics: list[PluginMetrics] = Field(default_factory=list, max_length=MAX_PLUGINS,
+                                         description="what each plugin measures of itself here (devloop_metrics)")
 
 
 class Heartbeat(Strict):

@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import re
+from collections.abc import Mapping
 from typing import AbstractSet, Callable, Sequence, get_args
 
 from pydantic import ValidationError
@@ -21,9 +23,9 @@ from device_loop.core.host import HostContext
 from device_loop.core.model import Health, OperationKind, Resource, StepKind
 from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_FACTS, MAX_HOLDERS, MAX_NAME_CHARS,
-                                       MAX_OPERATION_KINDS, MAX_PLUGINS, MAX_REASON_CHARS, Adoption, CandidateReport,
-                                       DeviceReport, FactKey, FactValue, Heartbeat, OperationKindReport,
-                                       OperationReport, PluginsReport, ServiceReport)
+                                       MAX_OPERATION_KINDS, MAX_PLUGIN_METRICS, MAX_PLUGINS, MAX_REASON_CHARS,
+                                       Adoption, CandidateReport, DeviceReport, FactKey, FactValue, Heartbeat,
+                                       MetricName, OperationKindReport, OperationReport, PluginsReport, ServiceReport)
 from device_loop.core.vocabulary import Fidelity
 
 from .config import StepConfig
@@ -35,6 +37,7 @@ from .steps import plan, plugin_steps, step_kinds
 log = logging.getLogger("device_loop.exporter")
 FACT_KEY = re.compile(get_args(FactKey)[1].pattern)  # (the protocol's rules, not a copy of them)
 MAX_FACT_CHARS: int = get_args(FactValue)[1].max_length
+METRIC_NAME = re.compile(get_args(MetricName)[1].pattern)
 
 
 class Reporter:
@@ -55,6 +58,7 @@ class Reporter:
         self.auto_recovery = auto_recovery or {}  # device -> what may be done when its health fails
         self.step_kinds: dict[str, list[StepKind]] = {}  # identifier -> the steps its plugin offers on it
         self.facts: dict[str, dict[str, str]] = {}  # identifier -> what its plugin adds to the fingerprint
+        self.metrics: list[dict] = []  # what each plugin measures of itself (devloop_metrics), as last scanned
         self.offered: dict[str, list[StepKind]] = {}  # plugin -> every step it may offer (asked at the start)
         self.candidates: list[Resource] = []
         self._last_found: dict[str, list[Resource]] = {}
@@ -176,6 +180,27 @@ class Reporter:
                                                   "it said before")
         return facts
 
+    def plugin_metrics(self) -> list[dict]:
+        """What each loaded plugin measures of itself (``devloop_metrics``, each call within
+        the hook deadline), cut to the rule its docstring states: what a plugin answered
+        besides, or a call that failed, is said in its entry's ``dropped`` (and logged when it
+        changes), never raised."""
+        asked = [plugin for plugin in self.loaded if self.plugins.implements(plugin, "devloop_metrics")]
+        outcomes = self.deadlines.run({("devloop_metrics", plugin): functools.partial(
+            self.plugins.call, plugin, "devloop_metrics", host=self.host) for plugin in asked})
+        before = {entry["plugin"]: entry["dropped"] for entry in self.metrics}
+        metrics = []
+        for plugin in asked:
+            try:
+                values, dropped = plugin_metric_values(outcomes[("devloop_metrics", plugin)].result())
+            except Exception as exc:  # raised or timed out: nothing of it this time
+                values, dropped = {}, f"devloop_metrics failed: {exc!r:.300}"
+            if dropped and dropped != before.get(plugin):
+                log.warning("metrics of plugin %s left out: %s", plugin, dropped)
+            if values or dropped:
+                metrics.append({"plugin": plugin, "values": values, "dropped": dropped[:MAX_REASON_CHARS]})
+        return metrics
+
     def scan(self, ours: set[int]) -> list[Resource]:
         """Discover, check health and look for orphans: the devices of the next reports."""
         self.resources = self.discover()
@@ -183,6 +208,7 @@ class Reporter:
         self.kinds = self.operation_kinds(self.resources)
         self.step_kinds = self.offered_steps(self.resources)
         self.facts = self.fingerprint_facts(self.resources)
+        self.metrics = self.plugin_metrics()
         self._busy = self.orphans.orphans(self.resources, ours)
         self._devices = None
         return self.resources
@@ -208,7 +234,7 @@ class Reporter:
                 "loaded": self.loaded, "skipped": [_clipped(s) for s in self.skipped],
                 "unserved": [_clipped(u) for u in unserved],
                 "failing": [{"name": n, "reason": r[:MAX_REASON_CHARS]} for n, r in sorted(self.failing.items())],
-                "steps": self._plugin_steps()}),
+                "steps": self._plugin_steps(), "metrics": self.metrics}),
             devices=self._devices, services=services,
             applied=sorted(applied), operations=list(operations),
             candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)
@@ -285,6 +311,39 @@ def _facts(said) -> dict[str, str]:
         if len(facts) == MAX_FACTS:
             break
     return facts
+
+
+def plugin_metric_values(said) -> tuple[dict[str, float], str]:
+    """What ``devloop_metrics`` answered, as a report carries it (the rule in its docstring):
+    (name -> number, what was left out and why). A name or value that breaks the rule is left
+    out alone; an answer of more than ``MAX_PLUGIN_METRICS`` names, or not a dict, whole."""
+    if said is None:
+        return {}, ""
+    if not isinstance(said, Mapping):
+        return {}, f"it answered {type(said).__name__}, not a dict of name -> number"
+    if len(said) > MAX_PLUGIN_METRICS:
+        return {}, f"it answered {len(said)} metrics; a plugin reports {MAX_PLUGIN_METRICS} at most"
+    values: dict[str, float] = {}
+    refused = []
+    for name, value in said.items():
+        number = _finite(value)
+        if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
+            refused.append(f"{name!r:.70}: a name is [a-z][a-z0-9_]*, at most 64 characters")
+        elif number is None:
+            refused.append(f"{name}: {value!r:.40} is not a finite number")
+        else:
+            values[name] = number
+    return values, "; ".join(refused)[:MAX_REASON_CHARS]
+
+
+def _finite(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _clipped(entry: dict) -> dict:

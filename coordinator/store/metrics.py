@@ -32,6 +32,11 @@ class MetricQueries:
         """Each host's name, whether it is online, and when it last reported."""
         return await self.db.rows("SELECT name, online, last_seen FROM hosts ORDER BY name")
 
+    async def online_host_plugins(self) -> list[dict]:
+        """Each online host's name and its plugins as its last heartbeat reported them (what
+        they measure of themselves among it)."""
+        return await self.db.rows("SELECT name, plugins FROM hosts WHERE online ORDER BY name")
+
     async def waiting_ticket_counts(self) -> list[dict]:
         """Waiting tickets by what they wait for (a class, or a device's) and kind."""
         return await self.db.rows("SELECT COALESCE(t.device_class, d.class, '') AS class, t.kind AS kind, "

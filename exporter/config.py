@@ -461,8 +461,10 @@ def parse_entries(config: ExporterConfig, models: dict[str, type[PluginConfig]])
             continue
         where = f"  {entry.where} (plugin {entry.plugin!r})"
         try:
+            # a model may check paths against the state folder (a VM slot's images must lie inside it)
             parsed.append(ConfiguredResource(entry.device, entry.device_class, entry.tags, entry.plugin,
-                                             model.model_validate(entry.settings)))
+                                             model.model_validate(entry.settings,
+                                                                  context={"state_dir": config.state_dir})))
         except ValidationError as exc:
             problems += [f"{where}: {_entry_problem(e, model, entry)}" for e in exc.errors()]
         except Exception as exc:  # a validator of the plugin's raised what pydantic does not catch

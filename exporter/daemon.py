@@ -169,6 +169,8 @@ class Exporter:
         loaded, or it did not find them (unplugged, or a typo in the entry)."""
         skipped = {s["name"]: s["reason"] for s in self.skipped}
         seen = {(r.device, r.plugin) for r in found or ()}
+        # an entry that is several devices (a VM slot's instances) is found by its parsed config
+        made = {id(r.config) for r in found or ()}
         out = []
         for entry, parsed in self.entries:
             plugin = entry.plugin
@@ -176,7 +178,8 @@ class Exporter:
                 reason = f"plugin {plugin!r} is skipped: {skipped[plugin]}"
             elif plugin not in self.loaded:
                 reason = f"plugin {plugin!r} is not installed (or disabled in [plugins])"
-            elif found is not None and (entry.device, plugin) not in seen:
+            elif found is not None and (entry.device, plugin) not in seen and \
+                    (parsed is None or id(parsed.config) not in made):
                 problem = self._try(plugin, "config check", "devloop_check_config", host=self.host, entry=parsed)
                 reason = (f"plugin {plugin!r}: {problem}" if problem else
                           f"plugin {plugin!r} does not find it (not plugged in, or a typo in its settings)")

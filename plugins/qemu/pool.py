@@ -1,0 +1,235 @@
+"""A slot's VMs (docs/architecture.md, "Virtual devices"): those booted ahead (``warm``),
+handed out at a lease's start, and the thread that boots the next one.
+
+A lease takes a warm VM whose console still answers (tens of milliseconds), else boots one
+cold in its own start. A VM comes back only to be ended: the pool then boots a fresh one in
+the background. Limits: never more VMs than ``instances + warm`` for the slot, and never a
+boot while the host has less than the VM's memory and ``HEADROOM_MIB`` available, so a pool
+cannot starve the exporter. An idle VM whose console stops answering is ended and replaced.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .config import QemuConfig
+from .vm import VM, VmError
+
+log = logging.getLogger("device_loop.plugins.qemu")
+HEADROOM_MIB = 512  # what the host keeps beside a new VM's memory
+PROBE_S = 10.0  # how often an idle VM's console is asked whether it still answers
+RETRY_S = (2.0, 60.0)  # a failed background boot is tried again after this, doubling up to the second
+
+
+def available_memory_mib() -> int:
+    """The host's MemAvailable, in MiB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return 0
+
+
+class PoolRefused(Exception):
+    """No VM can be had now; the message says why (the host's memory, the slot's limit)."""
+
+
+@dataclass(frozen=True)
+class PoolCounts:
+    """What a slot's pool did and holds, for metrics: VMs ready, booting and in leases; boots
+    (and their seconds) in all, failed boots, leases that waited for a cold boot, idle VMs
+    replaced because their console stopped answering."""
+
+    ready: int
+    booting: int
+    in_use: int
+    boots: int
+    boot_seconds: float
+    boot_failures: int
+    waits: int
+    replaced: int
+
+
+class Pool:
+    """The VMs of one slot: ``make()`` a new VM (not started), ``warm`` of them kept booted."""
+
+    def __init__(self, name: str, config: QemuConfig, make: Callable[[], VM], memory: Callable[[], int] | None = None):
+        self.name, self.config, self.make = name, config, make
+        self.memory = memory or available_memory_mib
+        self.ready: list[VM] = []
+        self.booting = 0
+        self.in_use = 0
+        self.boots = self.boot_failures = self.waits = self.replaced = 0
+        self.boot_seconds = 0.0
+        self.last_error = ""  # why the last background boot failed ("" once one succeeded)
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def limit(self) -> int:
+        return self.config.instances + self.config.warm
+
+    def counts(self) -> PoolCounts:
+        with self._changed:
+            return PoolCounts(len(self.ready), self.booting, self.in_use, self.boots, round(self.boot_seconds, 3),
+                              self.boot_failures, self.waits, self.replaced)
+
+    # ---- the thread that keeps it warm -------------------------------------------------------
+
+    def start(self) -> None:
+        if self.config.warm and self._thread is None:
+            self._thread = threading.Thread(target=self._keep_warm, name=f"qemu-pool-{self.name}", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread (a boot under way is cut) and every idle VM."""
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=self.config.boot_timeout + 15)
+        with self._changed:
+            idle, self.ready = self.ready, []
+        for vm in idle:
+            vm.end()
+
+    def flush(self) -> None:
+        """End the idle VMs (booted from a base that just changed): the thread boots new ones."""
+        with self._changed:
+            idle, self.ready = self.ready, []
+            self._changed.notify_all()
+        for vm in idle:
+            vm.end()
+
+    def _room(self) -> str:
+        """Why one more VM may not boot now ("" when it may). Called with the lock held."""
+        if self.booting + len(self.ready) + self.in_use >= self.limit:
+            return f"slot {self.name} has its {self.limit} VMs (instances + warm) already"
+        available = self.memory()
+        if available < self.config.memory + HEADROOM_MIB:
+            return (f"the host has {available} MiB of memory available; a VM of slot {self.name} needs "
+                    f"{self.config.memory} MiB and {HEADROOM_MIB} MiB are kept for the host")
+        return ""
+
+    def _keep_warm(self) -> None:
+        retry = RETRY_S[0]
+        probed = time.monotonic()
+        while not self._stop.is_set():
+            with self._changed:
+                want = len(self.ready) + self.booting < self.config.warm
+                room = self._room() if want else ""
+                if not want or room:
+                    if room:
+                        self.last_error = room
+                    self._changed.wait(min(PROBE_S, retry) if room else PROBE_S)
+                    if self._stop.is_set():
+                        return
+                else:
+                    self.booting += 1
+            if want and not room:
+                if self._boot_one():
+                    retry = RETRY_S[0]
+                else:
+                    self._stop.wait(retry)
+                    retry = min(retry * 2, RETRY_S[1])
+            if time.monotonic() - probed >= PROBE_S:
+                self._probe_idle()
+                probed = time.monotonic()
+
+    def _boot_one(self) -> bool:
+        """Boot a VM into ``ready`` (``booting`` was counted for it)."""
+        vm = self.make()
+        try:
+            seconds = vm.boot(self._stop)
+        except (VmError, OSError) as exc:
+            with self._changed:
+                self.booting -= 1
+                self.boot_failures += 1
+                self.last_error = f"a VM of slot {self.name} did not boot: {exc}"
+                self._changed.notify_all()
+            if not self._stop.is_set():
+                log.warning("%s", self.last_error)
+            return False
+        with self._changed:
+            self.booting -= 1
+            self.boots += 1
+            self.boot_seconds += seconds
+            self.last_error = ""
+            stopped = self._stop.is_set()
+            if not stopped:
+                self.ready.append(vm)
+            self._changed.notify_all()
+        if stopped:
+            vm.end()
+        return True
+
+    def _probe_idle(self) -> None:
+        """End the idle VMs whose console no longer answers (the thread boots others)."""
+        with self._changed:
+            idle = list(self.ready)
+        for vm in idle:
+            with self._changed:
+                if vm not in self.ready:  # handed out meanwhile
+                    continue
+                self.ready.remove(vm)
+            if vm.probe():
+                with self._changed:
+                    self.ready.append(vm)
+                    self._changed.notify_all()
+                continue
+            log.warning("a VM of slot %s stopped answering its console; replacing it", self.name)
+            vm.end()
+            with self._changed:
+                self.replaced += 1
+                self._changed.notify_all()
+
+    # ---- leases ------------------------------------------------------------------------------
+
+    def take(self) -> VM:
+        """A VM at its prompt for a lease: a warm one whose console answers, else one booted now.
+        ``PoolRefused`` when none may boot (memory, the slot's limit); ``VmError`` when it did not boot."""
+        while True:
+            with self._changed:
+                vm = self.ready.pop(0) if self.ready else None
+                if vm is None:
+                    room = self._room()
+                    if room:
+                        raise PoolRefused(room)
+                    self.in_use += 1
+                    self.waits += 1
+                    break
+                self.in_use += 1
+                self._changed.notify_all()  # the thread boots the next
+            if vm.probe():
+                return vm
+            log.warning("a warm VM of slot %s did not answer its console; ending it", self.name)
+            vm.end()
+            with self._changed:
+                self.in_use -= 1
+                self.replaced += 1
+        vm = self.make()
+        try:
+            seconds = vm.boot()
+        except BaseException:
+            with self._changed:
+                self.in_use -= 1
+                self.boot_failures += 1
+                self._changed.notify_all()
+            raise
+        with self._changed:
+            self.boots += 1
+            self.boot_seconds += seconds
+        return vm
+
+    def give_back(self, vm: VM) -> None:
+        """End a VM a lease used (its overlay goes with it); the thread boots the next."""
+        try:
+            vm.end()
+        finally:
+            with self._changed:
+                self.in_use -= 1
+                self._changed.notify_all()

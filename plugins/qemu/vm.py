@@ -1,0 +1,291 @@
+"""One VM of a slot (docs/architecture.md, "Virtual devices"): its command line, its boot to
+the console's prompt, and its end.
+
+The command line is built from the slot's config alone (``argv``: no lease, no operation
+reaches it) and run without a shell, in a process group of its own, recorded by the
+exporter's process registry: a ``kill -9`` of the exporter leaves a QEMU that its next start
+stops. Everything a VM owns is in its folder ``STATE_DIR/qemu/run/VM-ID/``: the QMP socket
+and the qcow2 overlay over the slot's base disk, deleted with the VM.
+
+The console is a pty (``-chardev pty``). QEMU drops what the guest prints while nobody
+holds the pty's other end, so the VM holds it itself from the start to its end (a file
+descriptor it reads only while booting and probing): the serial bridge and the power watch
+open it beside, and nothing is lost between one reader and the next.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import select
+import shutil
+import signal
+import termios
+import threading
+import time
+import tty
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qemu.qmp import QMPClient
+
+from device_loop.plugin import HostContext, find_program, last_lines
+
+from .config import QemuConfig
+
+QCOW2_MAGIC = b"QFI\xfb"
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, its NUL included
+QMP_TIMEOUT_S = 5.0
+QUIT_WAIT_S = 3.0  # after QMP quit, before the process group is killed
+NUDGE_S = 1.0  # a boot's console is sent a newline this often until its prompt shows
+_ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
+
+
+class VmError(Exception):
+    """A VM did not start, boot or answer; the message says why, for the lease holder."""
+
+
+def program_of(arch: str) -> str:
+    return f"qemu-system-{arch}"
+
+
+def disk_format(path: str) -> str:
+    """``qcow2`` if the file says so (its magic), else ``raw``: the format is never left to QEMU
+    to guess, which would let a raw image that looks like qcow2 name a backing file anywhere."""
+    with open(path, "rb") as image:
+        return "qcow2" if image.read(4) == QCOW2_MAGIC else "raw"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What one VM is started with, besides the slot's config: where it lives, how it is
+    accelerated, and the host port its sshd is forwarded to (None: no ssh)."""
+
+    folder: Path
+    accel: str  # tcg or kvm
+    ssh_port: int | None = None
+
+    @property
+    def qmp_socket(self) -> Path:
+        return self.folder / "qmp.sock"
+
+    @property
+    def overlay(self) -> Path:
+        return self.folder / "disk.qcow2"
+
+
+def argv(config: QemuConfig, launch: Launch, program: str) -> list[str]:
+    """The VM's command line: the slot's config and ``launch``, nothing else (a lease's
+    arguments cannot reach it: this function never sees one)."""
+    cpu = "host" if launch.accel == "kvm" and config.cpu is None else config.cpu_model
+    line = [program, "-accel", launch.accel, "-machine", config.machine_name, "-cpu", cpu,
+            "-m", str(config.memory), "-smp", str(config.cores),
+            "-nodefaults", "-no-user-config", "-display", "none",
+            "-chardev", "pty,id=console", "-serial", "chardev:console",
+            "-qmp", f"unix:{launch.qmp_socket},server=on,wait=off",
+            "-kernel", config.kernel, "-append", config.command_line()]
+    if config.initrd:
+        line += ["-initrd", config.initrd]
+    if config.disk:
+        line += ["-drive", f"file={launch.overlay},format=qcow2,if=virtio"]
+    if launch.ssh_port is not None:
+        line += ["-nic", f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{launch.ssh_port}-:22"]
+    return line
+
+
+def qmp(socket_path: Path, command: str, timeout: float = QMP_TIMEOUT_S, **args: Any) -> Any:
+    """One QMP command on the VM's monitor (a connection of its own, from any thread)."""
+    async def call() -> Any:
+        client = QMPClient("devloop")
+        await asyncio.wait_for(client.connect(str(socket_path)), timeout)
+        try:
+            return await asyncio.wait_for(client.execute(command, args or None), timeout)
+        finally:
+            try:
+                await client.disconnect()
+            except (EOFError, OSError):  # (quit: QEMU is gone before the goodbye)
+                pass
+    return asyncio.run(call())
+
+
+def screen_text(data: bytes) -> str:
+    """What a console shows of ``data``: escape sequences and carriage returns taken out."""
+    return _ESCAPES.sub(b"", data).decode(errors="replace")
+
+
+def shows_prompt(data: bytes, prompt: re.Pattern[str]) -> bool:
+    """Whether the console's last line is its prompt."""
+    return bool(prompt.search(screen_text(data).rstrip("\n").rsplit("\n", 1)[-1]))
+
+
+class VM:
+    """One QEMU process of a slot, from its start to its end."""
+
+    def __init__(self, host: HostContext, config: QemuConfig, slot: str, accel: str, base_format: str | None):
+        self.host, self.config, self.slot, self.accel = host, config, slot, accel
+        self.id = f"{slot[:24]}-{secrets.token_hex(4)}"
+        self.base_format = base_format
+        self.launch = Launch(host.state_dir / "qemu" / "run" / self.id, accel,
+                             host.free_port() if config.ssh else None)
+        self.prompt = re.compile(config.prompt)
+        self.proc = None
+        self.pty: str | None = None
+        self._console: int | None = None
+        self._lock = threading.Lock()  # one reader of the console at a time (boot, probe)
+        self.booted_s: float | None = None  # how long its last boot took, to the prompt
+
+    # ---- start -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Make its folder (and overlay) and start QEMU; return once its monitor answers and
+        its console is held. ``VmError`` otherwise (what QEMU said)."""
+        program = find_program(program_of(self.config.arch))
+        if program is None:
+            raise VmError(f"{program_of(self.config.arch)} is not installed")
+        if len(str(self.launch.qmp_socket)) > MAX_SOCKET_PATH:
+            raise VmError(f"the state folder's path is too long for a unix socket ({self.launch.qmp_socket})")
+        self.launch.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.config.disk and not self.launch.overlay.exists():
+            self._overlay()
+        self.launch.qmp_socket.unlink(missing_ok=True)
+        self.proc = self.host.processes.spawn(argv(self.config, self.launch, program), name=f"qemu-{self.id}")
+        self.pty = self._wait_monitor(time.monotonic() + QMP_TIMEOUT_S * 2)
+        fd = os.open(self.pty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+        tty.setraw(fd)
+        attributes = termios.tcgetattr(fd)
+        attributes[3] &= ~termios.ECHO
+        termios.tcsetattr(fd, termios.TCSANOW, attributes)
+        self._console = fd
+
+    def _overlay(self) -> None:
+        assert self.config.disk is not None and self.base_format is not None
+        program = find_program("qemu-img")
+        if program is None:
+            raise VmError("qemu-img is not installed")
+        code, output = self.host.run_to_end(
+            [program, "create", "-q", "-f", "qcow2", "-b", self.config.disk, "-F", self.base_format,
+             str(self.launch.overlay)], name=f"qemu-img-{self.id}", timeout=30)
+        if code != 0:
+            raise VmError(f"qemu-img could not make the VM's overlay: {last_lines(output)}")
+
+    def _wait_monitor(self, deadline: float) -> str:
+        """The console's pty, once QEMU's monitor answers."""
+        while True:
+            if not self.alive():
+                raise VmError(f"QEMU exited: {last_lines(self.proc.output()) if self.proc else ''}")
+            if self.launch.qmp_socket.exists():
+                try:
+                    chardevs = qmp(self.launch.qmp_socket, "query-chardev")
+                    return next(c["filename"] for c in chardevs if c["label"] == "console").removeprefix("pty:")
+                except (OSError, EOFError, asyncio.TimeoutError, StopIteration) as exc:
+                    if time.monotonic() > deadline:
+                        raise VmError(f"QEMU's monitor did not answer: {exc!r}") from None
+            if time.monotonic() > deadline:
+                raise VmError("QEMU's monitor did not come up")
+            time.sleep(0.01)
+
+    def boot(self, stop: threading.Event | None = None) -> float:
+        """Start it and read its console until the prompt, within the slot's ``boot_timeout``:
+        the seconds it took. ``VmError`` (the VM ended) if it did not, or ``stop`` was set."""
+        began = time.monotonic()
+        try:
+            self.start()
+            self.wait_prompt(began + self.config.boot_timeout, stop)
+        except BaseException:
+            self.end()
+            raise
+        self.booted_s = time.monotonic() - began
+        return self.booted_s
+
+    # ---- the console -------------------------------------------------------------------------
+
+    def wait_prompt(self, deadline: float, stop: threading.Event | None = None) -> None:
+        """Nudge the console with a newline until it shows its prompt; ``VmError`` past ``deadline``."""
+        with self._lock:
+            fd = self._console
+            if fd is None:
+                raise VmError("the VM's console is closed")
+            seen, nudged = b"", 0.0
+            while True:
+                now = time.monotonic()
+                if stop is not None and stop.is_set():
+                    raise VmError("stopped while it booted")
+                if now > deadline:
+                    tail = screen_text(seen[-200:]).strip().splitlines()
+                    raise VmError(f"no prompt on the console within {self.config.boot_timeout:g}s"
+                                  + (f" (it last showed {tail[-1][-80:]!r})" if tail else " (it showed nothing)"))
+                if not self.alive():
+                    raise VmError(f"QEMU exited while the VM booted: {last_lines(self.proc.output())}")
+                if now - nudged >= NUDGE_S:
+                    try:
+                        os.write(fd, b"\n")
+                    except BlockingIOError:
+                        pass
+                    nudged = now
+                readable, _, _ = select.select([fd], [], [], min(0.1, max(0.0, deadline - now)))
+                if readable:
+                    try:
+                        seen = (seen + os.read(fd, 65536))[-4096:]
+                    except (BlockingIOError, OSError):
+                        continue
+                    if shows_prompt(seen, self.prompt) and self._quiet(fd):
+                        return
+
+    def _quiet(self, fd: int, for_s: float = 0.05) -> bool:
+        """Nothing more comes for ``for_s``: a prompt, not a line that happens to end like one."""
+        readable, _, _ = select.select([fd], [], [], for_s)
+        return not readable
+
+    def probe(self, timeout: float = 3.0) -> bool:
+        """Whether its console answers a newline with its prompt within ``timeout`` (what was
+        printed before is dropped: nobody watches a VM in the pool)."""
+        fd = self._console
+        if fd is None or not self.alive():
+            return False
+        try:
+            termios.tcflush(fd, termios.TCIFLUSH)
+            self.wait_prompt(time.monotonic() + timeout)
+        except (VmError, OSError):
+            return False
+        return True
+
+    # ---- state and end -----------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
+    def running(self) -> bool:
+        """Its guest runs (QMP ``query-status``), as a power switch reads back."""
+        if not self.alive():
+            return False
+        try:
+            return qmp(self.launch.qmp_socket, "query-status", timeout=2.0).get("status") == "running"
+        except (OSError, EOFError, asyncio.TimeoutError):
+            return False
+
+    def power_off(self) -> None:
+        """End its QEMU (QMP ``quit``, then its process group killed if it lingers) but keep its
+        folder: its disk, like a board's, survives a power cycle."""
+        proc, self.proc = self.proc, None
+        if self._console is not None:
+            os.close(self._console)
+            self._console = None
+        self.pty = None
+        if proc is None:
+            return
+        if proc.alive():
+            try:
+                qmp(self.launch.qmp_socket, "quit", timeout=2.0)
+            except (OSError, EOFError, asyncio.TimeoutError):
+                pass
+        if not proc.wait(QUIT_WAIT_S):
+            proc.signal(signal.SIGKILL)
+            proc.wait(10.0)
+        proc.registry.forget(proc)
+
+    def end(self) -> None:
+        """Power it off and delete its folder (the overlay with it): nothing it did survives."""
+        self.power_off()
+        shutil.rmtree(self.launch.folder, ignore_errors=True)

@@ -59,7 +59,7 @@ def try_kvm(host: HostContext, accel: str = "kvm", timeout_s: float = TRY_TIMEOU
             "-m", "16", "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
             "-drive", f"file={disk},format=raw,if=ide", "-chardev", f"file,id=ser0,path={out}",
             "-serial", "chardev:ser0"]
-    proc = host.processes.spawn(argv, name=f"qemu-{accel}-try")
+    proc = host.processes.spawn(argv, name=f"qemu-{accel}-try", job=True)
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline and proc.alive():

@@ -165,6 +165,8 @@ class Pool:
             self._changed.notify_all()
         if stopped:
             vm.end()
+        else:
+            log.info("VM %s of slot %s ready at its prompt, booted in %.1f s", vm.id, self.name, seconds)
         return True
 
     def _probe_idle(self) -> None:

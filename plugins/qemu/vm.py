@@ -150,7 +150,9 @@ class VM:
         if self.config.disk and not self.launch.overlay.exists():
             self._overlay()
         self.launch.qmp_socket.unlink(missing_ok=True)
-        self.proc = self.host.processes.spawn(argv(self.config, self.launch, program), name=f"qemu-{self.id}")
+        # a job: the plugin ends it, not the sweep of strays (it serves no lease while in the pool)
+        self.proc = self.host.processes.spawn(argv(self.config, self.launch, program), name=f"qemu-{self.id}",
+                                              job=True)
         self.pty = self._wait_monitor(time.monotonic() + QMP_TIMEOUT_S * 2)
         fd = os.open(self.pty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
         tty.setraw(fd)

@@ -1,0 +1,162 @@
+"""VM slots through a real coordinator and exporter (docs/architecture.md, "Virtual devices"):
+a lease gets a fresh VM (warm from the pool), exec runs on its console, nothing survives into
+the next lease, power cycles it through QMP, and a killed exporter leaves no QEMU behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import Coordinator, Exporter, wait_for
+from helpers import reserve, run_cli, wait_active, wait_state
+from qemu_guests import x86_64_guest  # noqa: F401 (a fixture)
+from qemu_lab import slot_files, with_qemu
+from device_loop.core.process import start_ticks
+from device_loop.exporter.config import load_config, parse_entries
+from device_loop.plugins.qemu.config import QemuConfig
+from device_loop.plugins.qemu.vm import Launch, argv
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(240)]
+
+
+def qemu_processes(state_dir: Path) -> dict[int, list[str]]:
+    """The live QEMUs whose command line names a folder of ``state_dir``: pid -> argv."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            line = (proc / "cmdline").read_bytes().split(b"\0")[:-1]
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in line]
+        if words and "qemu-system" in words[0] and any(str(state_dir) in w for w in words) and \
+                start_ticks(int(proc.name)) is not None:
+            found[int(proc.name)] = words
+    return found
+
+
+def vm_folders(state_dir: Path) -> set[str]:
+    run = state_dir / "qemu" / "run"
+    return {p.name for p in run.iterdir()} if run.exists() else set()
+
+
+class Lab:
+    def __init__(self, folder: Path, env: dict, guest):
+        self.folder, self.env = folder, with_qemu(env, folder / "entry-point")
+        self.coordinator = Coordinator(folder, self.env)
+        self.state_dir = folder / "state-host-a"
+        self.slot = {"name": "vm", "plugin": "qemu", "instances": 2, "warm": 1,
+                     **slot_files(self.state_dir, guest)}
+        self.exporter = self.start_exporter()
+
+    def start_exporter(self) -> Exporter:
+        return Exporter(self.folder, self.env, self.coordinator.url, [self.slot])
+
+    def cli(self, *args, check=True):
+        return run_cli(self.env, self.coordinator.url, *args, check=check)
+
+    def warm_ready(self, count: int = 1, timeout: float = 120) -> None:
+        wait_for(lambda: self.exporter.output().count("ready at its prompt") >= count, timeout=timeout,
+                 what=f"{count} VMs booted ahead")
+
+    def stop(self):
+        self.exporter.stop()
+        self.coordinator.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, x86_64_guest):  # noqa: F811 (the fixture)
+    folder = tmp_path_factory.mktemp("qlab", numbered=True)
+    home = folder / "home"
+    home.mkdir()
+    from conftest import DEFAULT_COORDINATOR_GUARD, HEARTBEAT_S  # noqa: F401
+    from device_loop.core.plugins import LOAD_ENV
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
+    env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
+               DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
+               PYTHONUNBUFFERED="1", **{LOAD_ENV: ""})
+    lab = Lab(folder, env, x86_64_guest)
+    yield lab
+    lab.stop()
+    assert qemu_processes(lab.state_dir) == {}, "the exporter's stop ends every VM"
+
+
+def test_a_lease_gets_a_warm_vm_and_the_next_lease_sees_nothing_of_it(lab):
+    wait_state(lab.coordinator, "vm-0", "idle", timeout=60)
+    lab.warm_ready()
+    (warm,) = vm_folders(lab.state_dir)
+
+    began = time.monotonic()
+    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-0")["id"])
+    granted_s = time.monotonic() - began
+    assert warm in vm_folders(lab.state_dir), "the lease took the VM booted ahead"
+    wait_for(lambda: len(vm_folders(lab.state_dir)) == 2, what="the next VM booting")
+    said = lab.cli("exec", lease["id"], "uname -m; echo kept > /data/mark; sync; cat /data/mark")
+    assert said.stdout.split() == ["x86_64", "kept"], said.stdout
+
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "vm-0", "idle", timeout=30)
+    assert warm not in vm_folders(lab.state_dir), "the used VM's folder (its overlay) is gone"
+
+    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-0")["id"], )
+    said = lab.cli("exec", lease["id"], "test -e /data/mark && echo there || echo absent")
+    assert said.stdout.split() == ["absent"], said.stdout
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "vm-0", "idle", timeout=30)
+    print(f"warm lease active in {granted_s:.2f}s")
+
+
+def test_the_vm_s_command_line_is_the_slot_s_alone(lab):
+    """A lease, and an operation's arguments, never reach QEMU's command line."""
+    wait_state(lab.coordinator, "vm-1", "idle", timeout=60)
+    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-1")["id"])
+    refused = lab.coordinator.api(f"/leases/{lease['id']}/operations", "POST",
+                                  json={"kind": "power", "args": {"action": "cycle", "qemu": "-device foo"}})
+    assert refused.status_code == 422, refused.text
+    config = load_config(lab.exporter.config_path)
+    (entry,) = parse_entries(config, {"qemu": QemuConfig})
+    mine = {pid: words for pid, words in qemu_processes(lab.state_dir).items()}
+    expected = []
+    for folder in vm_folders(lab.state_dir):
+        launch = Launch(lab.state_dir / "qemu" / "run" / folder, "tcg")
+        expected.append(argv(entry.config, launch, "qemu-system-x86_64")[1:])
+    assert sorted(words[1:] for words in mine.values()) == sorted(expected)
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
+
+
+def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
+    wait_state(lab.coordinator, "vm-1", "idle", timeout=60)
+    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-1")["id"])
+    before = set(qemu_processes(lab.state_dir))
+    said = lab.cli("power", "cycle", lease["id"], "--json", check=False)
+    result = json.loads(said.stdout)
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert result["result"]["verdict"] == "verified", result
+    assert set(qemu_processes(lab.state_dir)) - before, "a new QEMU runs the device"
+    wait_for(lambda: lab.cli("exec", lease["id"], "uname -m", check=False).stdout.strip() == "x86_64",
+             timeout=90, interval=1, what="the console after the cycle")
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
+
+
+def test_an_exporter_killed_with_vms_running_leaves_none_after_its_next_start(lab):
+    wait_state(lab.coordinator, "vm-0", "idle", timeout=60)
+    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-0")["id"])
+    running = qemu_processes(lab.state_dir)
+    assert running, "a VM for the lease (and one booted ahead)"
+    folders = vm_folders(lab.state_dir)
+    lab.exporter.stop(signal.SIGKILL)
+    assert set(qemu_processes(lab.state_dir)) >= set(running), "QEMU outlives a kill -9 of its exporter"
+
+    lab.exporter = lab.start_exporter()
+    wait_for(lambda: not set(qemu_processes(lab.state_dir)) & set(running), timeout=60,
+             what="the earlier run's QEMUs stopped")
+    wait_for(lambda: not vm_folders(lab.state_dir) & folders, timeout=30, what="their folders removed")
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST")
+    wait_state(lab.coordinator, "vm-0", "idle", timeout=60)

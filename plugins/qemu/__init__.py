@@ -18,6 +18,7 @@ say ``virtual``, the architecture and the ISA features of the CPU model (``isa.p
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import threading
@@ -108,8 +109,7 @@ class QemuPlugin:
         for entry in host.entries:
             config: QemuConfig = entry.config
             slot = Slot(entry.device, config, entry.device_class, entry.tags, config.devices(entry.device),
-                        Pool(entry.device, config, lambda config=config, name=entry.device: self._vm(host, config,
-                                                                                                      name)))
+                        Pool(entry.device, config, functools.partial(self._vm, host, config, entry.device)))
             self.slots[slot.name] = slot
             for device in slot.devices:
                 self.slot_of[device] = slot

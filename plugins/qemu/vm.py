@@ -130,7 +130,7 @@ class VM:
         self.launch = Launch(host.state_dir / "qemu" / "run" / self.id, accel,
                              host.free_port() if config.ssh else None)
         self.prompt = re.compile(config.prompt)
-        self.proc = None
+        self.proc: Any = None  # the process registry's record of its QEMU, while it runs
         self.pty: str | None = None
         self._console: int | None = None
         self._lock = threading.Lock()  # one reader of the console at a time (boot, probe)
@@ -219,7 +219,8 @@ class VM:
                     raise VmError(f"no prompt on the console within {self.config.boot_timeout:g}s"
                                   + (f" (it last showed {tail[-1][-80:]!r})" if tail else " (it showed nothing)"))
                 if not self.alive():
-                    raise VmError(f"QEMU exited while the VM booted: {last_lines(self.proc.output())}")
+                    said = last_lines(self.proc.output()) if self.proc is not None else ""
+                    raise VmError(f"QEMU exited while the VM booted: {said}")
                 if now - nudged >= NUDGE_S:
                     try:
                         os.write(fd, b"\n")

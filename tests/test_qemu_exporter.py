@@ -1,0 +1,105 @@
+"""A VM slot in an exporter of this process (docs/architecture.md, "Virtual devices"): the
+devices it is, their resources, tags, fidelity and health, KVM tried, the base files'
+digests, a flash of the base, and the pool's limits. No VM boots here (test_qemu_lab.py
+boots them)."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from device_loop.core.model import FlashImage, Operation
+from device_loop.core.plugins import LOAD_ENV
+from device_loop.exporter.config import parse_config
+from device_loop.exporter.daemon import Exporter as InProcessExporter
+from device_loop.plugins.qemu.config import QemuConfig
+from device_loop.plugins.qemu.kvm import try_kvm
+from device_loop.plugins.qemu.pool import Pool, PoolRefused
+from qemu_lab import ENTRY_POINT, with_qemu
+
+pytestmark = pytest.mark.service  # the exporter's start tries KVM: a QEMU run
+
+
+@pytest.fixture
+def exporter(tmp_path, monkeypatch):
+    folder = tmp_path / "entry-point"
+    monkeypatch.setenv(LOAD_ENV, with_qemu(dict(os.environ), folder)[LOAD_ENV])
+    monkeypatch.syspath_prepend(str(folder))  # (entry points are read from sys.path)
+    state = tmp_path / "state"
+    images = state / "qemu" / "images"
+    images.mkdir(parents=True)
+    (images / "vmlinuz").write_bytes(b"kernel")
+    (images / "initrd.gz").write_bytes(b"initrd one")
+    config = parse_config({"exporter": {"name": "host-a", "state_dir": str(state),
+                                        "coordinator": "http://127.0.0.1:9"},
+                           "plugins": {"enable": ["qemu"]},
+                           "devices": [{"name": "vm", "plugin": "qemu", "class": "vm-x86", "tags": ["lab"],
+                                        "kernel": "vmlinuz", "initrd": "initrd.gz", "instances": 2}]})
+    exporter = InProcessExporter(config)
+    exporter.setup()
+    yield exporter
+    exporter.shutdown()
+
+
+def test_a_slot_is_its_instances_each_with_console_power_and_flash(exporter):
+    assert ENTRY_POINT.startswith("qemu =") and exporter.loaded == ["qemu"]
+    resources = exporter.discover()
+    assert sorted((r.device, r.kind) for r in resources) == [
+        (device, kind) for device in ("vm-0", "vm-1") for kind in ("flash", "power", "uart")]
+    uart = next(r for r in resources if r.kind == "uart" and r.device == "vm-0")
+    assert uart.identifier == "qemu:host-a:vm-0" and uart.device_class == "vm-x86"
+    assert uart.tags[:3] == ("lab", "virtual", "x86_64") and "avx2" in uart.tags
+    assert uart.fidelity == "emulated" and uart.node.endswith("qemu/consoles/vm-0")
+    assert exporter.unserved(resources) == [], "the entry is found though no device is called 'vm'"
+    assert exporter.health(uart).status == "ok"
+    facts = exporter.plugins.call("qemu", "devloop_fingerprint", host=exporter.host, resource=uart)
+    assert facts["fidelity.detail"] == "TCG" and facts["qemu.cpu"] == "max" and facts["qemu.machine"] == "pc"
+    assert facts["qemu.version"].startswith("QEMU emulator version")
+
+
+def test_a_base_file_that_changed_behind_the_exporter_fails_until_a_flash_records_it(exporter, tmp_path):
+    uart = next(r for r in exporter.discover() if r.kind == "uart")
+    initrd = tmp_path / "state" / "qemu" / "images" / "initrd.gz"
+    initrd.write_bytes(b"initrd two, written by someone")
+    health = exporter.health(uart)
+    assert health.status == "failed" and "changed since it was hashed" in health.reason, health
+
+    image = tmp_path / "new-initrd"
+    image.write_bytes(b"initrd three")
+    digest = hashlib.sha256(image.read_bytes()).hexdigest()
+    flash = next(r for r in exporter.discover() if r.kind == "flash" and r.device == uart.device)
+    (kind,) = exporter.plugins.call("qemu", "devloop_operations", host=exporter.host, resource=flash)
+    assert kind.destructive and kind.exclusive
+    said = exporter.plugins.call("qemu", "devloop_operate", host=exporter.host, resource=flash,
+                                 op=Operation("op-1", kind.kind, uart.device, "alice", {},
+                                              image=FlashImage(image, digest, image.stat().st_size, "initrd")))
+    assert "checked by read-back" in said and initrd.read_bytes() == b"initrd three"
+    assert exporter.health(uart).status == "ok"
+
+
+def test_a_missing_base_fails_the_slot(exporter, tmp_path):
+    uart = next(r for r in exporter.discover() if r.kind == "uart")
+    (tmp_path / "state" / "qemu" / "images" / "vmlinuz").unlink()
+    assert exporter.health(uart).reason.startswith("its kernel ") and exporter.health(uart).status == "failed"
+
+
+def test_the_kvm_try_reaches_its_marker_when_the_accelerator_works(tmp_path):
+    from device_loop.core.host import HostContext
+
+    host = HostContext(name="t", state_dir=tmp_path)
+    assert try_kvm(host, "tcg").works, "TCG runs the try's guest: the try itself is sound"
+    verdict = try_kvm(host, "kvm")
+    assert verdict.works or "did not run" in verdict.reason or verdict.reason == "no /dev/kvm", verdict
+
+
+def test_the_pool_boots_nothing_without_the_memory_or_past_its_limit():
+    config = QemuConfig.model_validate({"kernel": "/s/k", "instances": 1, "warm": 1, "memory": 256},
+                                       context={"state_dir": "/s"})
+    pool = Pool("vm", config, make=lambda: pytest.fail("nothing may boot"), memory=lambda: 700)
+    with pytest.raises(PoolRefused, match="700 MiB of memory available.*needs 256 MiB and 512 MiB"):
+        pool.take()
+    pool = Pool("vm", config, make=lambda: pytest.fail("nothing may boot"), memory=lambda: 1 << 20)
+    pool.in_use, pool.booting = 1, 1
+    with pytest.raises(PoolRefused, match="has its 2 VMs"):
+        pool.take()

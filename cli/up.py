@@ -33,6 +33,8 @@ from device_loop.exporter.config import ConfigError, load_config, parse_config, 
 from device_loop.exporter.run import ConfigRefused
 from device_loop.plugins.vnc import NOVNC
 
+from .up_vms import vm_slots
+
 SIM_CLASS = "sim-board"
 SIM_FIRMWARE = "sim-firmware-1.0"  # the simulated boards' known-good image
 SIM_COOL_BELOW = "45C"  # a few degrees above the simulated boards' ambient (40 °C): a leased board cools below it
@@ -100,8 +102,9 @@ def _register_sim_firmware(url: str, exporter, stop: threading.Event) -> str | N
         api.close()
 
 
-def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
-    """The exporter config of the local lab: simulated boards plus the user's devices."""
+def lab_config(data_dir: Path, url: str, config_path: str | None, vms: list[dict] | None = None) -> dict:
+    """The exporter config of the local lab: simulated boards plus the user's devices (and
+    the VM slots ``vms``, cli/up_vms.py)."""
     user: dict = {}
     if config_path:  # refused as `device-loop exporter --config` refuses it, then merged as written
         try:
@@ -124,13 +127,14 @@ def lab_config(data_dir: Path, url: str, config_path: str | None) -> dict:
              "auto_recover": "power-cycle"}
             for name in SIM_NAMES]
     # the user's devices first, so that config errors name the same positions as in their file
-    config = {"exporter": exporter, "plugins": user.get("plugins", {}), "devices": user.get("devices", []) + sims,
+    config = {"exporter": exporter, "plugins": user.get("plugins", {}),
+              "devices": user.get("devices", []) + sims + (vms or []),
               "classes": user.get("classes", {})}
     try:
         parsed = parse_config(config, config_path or "the lab config")
     except ConfigError as exc:
-        names = ", ".join(SIM_NAMES)
-        raise ConfigRefused(f"{exc}\n(the lab adds simulated boards named {names})") from None
+        names = ", ".join(SIM_NAMES + tuple(vm["name"] for vm in vms or []))
+        raise ConfigRefused(f"{exc}\n(the lab adds devices named {names})") from None
     try:  # each entry against its plugin's model, as the exporter checks it before it serves anything
         parse_entries(parsed, PluginSet(parsed.plugins.enable, parsed.plugins.disable).config_models())
     except ConfigError as exc:
@@ -209,8 +213,14 @@ def _claim_data_dir(data_dir: Path) -> None:
 @click.option("--ssh-logins", "ssh_logins", type=click.Path(dir_okay=False, exists=True),
               help="how the coordinator's MCP exec logs in to the ssh boards of --config (device-loop coordinator "
                    "--help)")
-def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: str | None):
-    """Start a local lab: coordinator + exporter + simulated boards. Ctrl-C stops it."""
+@click.option("--no-vms", is_flag=True, help="start no VM slot, even where QEMU is installed")
+@click.option("--guest-cache", type=click.Path(file_okay=False, path_type=Path), envvar="DEVICE_LOOP_GUEST_CACHE",
+              help="where the VM guests' Debian packages are kept (or DEVICE_LOOP_GUEST_CACHE; default "
+                   "DATA_DIR/guests)")
+def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: str | None, no_vms: bool,
+               guest_cache: Path | None):
+    """Start a local lab: coordinator + exporter + simulated boards, and VM slots where QEMU
+    is installed. Ctrl-C stops it."""
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     if not port_is_free("127.0.0.1", port):  # before anything starts: its exporter would join that lab
@@ -221,6 +231,13 @@ def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: s
 
     registry = ProcessRegistry(data_dir / "up")
     _claim_data_dir(data_dir)
+    if no_vms:
+        vms: list[dict] = []
+        vm_line = "none (--no-vms)"
+    else:
+        vms, vm_line = vm_slots(data_dir, config["plugins"], guest_cache and guest_cache.expanduser().resolve(),
+                                say=lambda line: click.echo(line, err=True))
+        config = lab_config(data_dir, url, config_path, vms)
     registry.stop_leftovers()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
@@ -256,6 +273,7 @@ def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: s
                    f"  web page     {url}/  (live board; /metrics for Prometheus)\n"
                    f"  exporter     {config['exporter']['name']}  devices: {devices}\n"
                    f"  screens      {screens}\n"
+                   f"  VMs          {vm_line}\n"
                    f"  logs         {registry.logs}\n"
                    f"Try: {point}device-loop ls; device-loop reserve sim-board-0 --wait\n"
                    f"     device-loop video sim-board-0  (its camera, for a browser)\n"

@@ -36,7 +36,7 @@ def lab(tmp_path, env):
         (here / f"{module}.py").write_text(f"raise SystemExit('the {module}.py of the folder up was started in')\n")
     assert DEVICE_LOOP, f"no device-loop command beside {sys.executable}: install the project (pip install -e .)"
     proc = subprocess.Popen([DEVICE_LOOP, "up", "--data-dir", str(data_dir),
-                             "--port", str(port), "--config", str(extra)],
+                             "--port", str(port), "--config", str(extra), "--no-vms"],  # (VMs: test_up_vms.py)
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=here)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: "Ctrl-C stops the lab" in (tmp_path / "up.log").read_text() or proc.poll() is not None,

@@ -2,9 +2,12 @@
 1, where QEMU is installed; without QEMU the lab starts as before and says why none is served."""
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,8 @@ from conftest import wait_for
 from device_loop.cli import up_vms
 from device_loop.core.ports import free_port
 from helpers import pid_alive, recorded_pids, run_cli
+from qemu_guests import guest_cache, need_qemu
+from qemu_lab import with_qemu
 
 
 def test_without_qemu_no_slot_is_made_and_the_line_says_what_to_install(tmp_path, monkeypatch):
@@ -32,7 +37,7 @@ def test_a_config_that_leaves_the_qemu_plugin_out_gets_no_slot(tmp_path):
 
 
 def start_up(tmp_path: Path, env: dict, *args: str) -> tuple[subprocess.Popen, str, Path]:
-    """``device-loop up`` in a folder of its own: (process, coordinator URL, log), once it says it is up."""
+    """``device-loop up`` with its data in ``tmp_path/lab``: (process, coordinator URL, log), once it says it is up."""
     port, log = free_port(), tmp_path / "up.log"
     proc = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(tmp_path / "lab"),
                              "--port", str(port), *args], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
@@ -66,3 +71,42 @@ def test_up_without_qemu_on_path_starts_the_lab_as_before_and_says_why_no_vm(tmp
         assert not names & set(up_vms.VM_SLOTS), names
     finally:
         stop_up(proc, tmp_path / "lab")
+
+
+@pytest.fixture
+def short_tmp():
+    """A folder with a short path: a VM's QMP socket lies deep in the lab's data folder, and a
+    unix socket's path has 107 bytes at most (pytest's own folders are longer)."""
+    folder = Path(tempfile.mkdtemp(prefix="dl-up-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.service
+@pytest.mark.timeout(600)
+def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(short_tmp, tmp_path_factory, env):
+    for arch in ("x86_64", "aarch64"):
+        need_qemu(arch)
+    tmp_path = short_tmp
+    lab_env = with_qemu(env, tmp_path / "entry-point")
+    proc, url, log = start_up(tmp_path, lab_env, "--guest-cache", str(guest_cache(tmp_path_factory)))
+    try:
+        said = log.read_text()
+        assert "VMs          vm-x86_64 (x86_64, 1 booted ahead), vm-aarch64 (aarch64, 1 booted ahead)" in said, said
+        for name in up_vms.VM_SLOTS:  # the guests' files are where a slot's must be: the exporter's state folder
+            assert (tmp_path / "lab" / "exporter" / "qemu" / "images" / name.removeprefix("vm-") / "vmlinuz").exists()
+
+        def devices() -> dict:
+            return {d["name"]: d for d in json.loads(run_cli(env, url, "ls", "--json").stdout)}
+        wait_for(lambda: all(devices().get(name, {}).get("state") == "idle" for name in up_vms.VM_SLOTS), 300,
+                 what="both VM slots idle")
+        vms = devices()
+        assert {vms[name]["fidelity"] for name in up_vms.VM_SLOTS} == {"emulated"}
+        assert "sve2" in vms["vm-aarch64"]["tags"] and "x86_64" in vms["vm-x86_64"]["tags"]
+        run_cli(env, url, "reserve", "vm-aarch64", "--wait")
+        ran = run_cli(env, url, "exec", "vm-aarch64", "--", "uname -m; grep -o -w -m1 sve2 /proc/cpuinfo").stdout
+        assert ran.split() == ["aarch64", "sve2"]
+        run_cli(env, url, "release", "vm-aarch64")
+    finally:
+        stop_up(proc, tmp_path / "lab")
+    assert recorded_pids(tmp_path / "lab" / "exporter") == {}, "a VM outlived the lab"

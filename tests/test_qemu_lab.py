@@ -13,11 +13,12 @@ import pytest
 
 from conftest import Coordinator, Exporter, wait_for
 from helpers import reserve, run_cli, wait_active, wait_state
-from qemu_guests import x86_64_guest  # noqa: F401 (a fixture)
+from qemu_guests import aarch64_guest, x86_64_guest  # noqa: F401 (fixtures)
 from qemu_lab import slot_files, with_qemu
 from device_loop.core.process import start_ticks
 from device_loop.exporter.config import load_config, parse_entries
 from device_loop.plugins.qemu.config import QemuConfig
+from device_loop.plugins.qemu.isa import isa_tags
 from device_loop.plugins.qemu.vm import Launch, argv
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(240)]
@@ -46,16 +47,17 @@ def vm_folders(state_dir: Path) -> set[str]:
 
 
 class Lab:
-    def __init__(self, folder: Path, env: dict, guest):
+    def __init__(self, folder: Path, env: dict, guest, arm_guest):
         self.folder, self.env = folder, with_qemu(env, folder / "entry-point")
         self.coordinator = Coordinator(folder, self.env)
         self.state_dir = folder / "state-host-a"
-        self.slot = {"name": "vm", "plugin": "qemu", "instances": 2, "warm": 1,
-                     **slot_files(self.state_dir, guest)}
+        self.slots = [{"name": "vm", "plugin": "qemu", "instances": 2, "warm": 1, **slot_files(self.state_dir, guest)},
+                      {"name": "arm", "plugin": "qemu", "memory": 512,
+                       **slot_files(self.state_dir, arm_guest, disk=False)}]
         self.exporter = self.start_exporter()
 
     def start_exporter(self) -> Exporter:
-        return Exporter(self.folder, self.env, self.coordinator.url, [self.slot])
+        return Exporter(self.folder, self.env, self.coordinator.url, self.slots)
 
     def cli(self, *args, check=True):
         return run_cli(self.env, self.coordinator.url, *args, check=check)
@@ -64,13 +66,21 @@ class Lab:
         wait_for(lambda: self.exporter.output().count("ready at its prompt") >= count, timeout=timeout,
                  what=f"{count} VMs booted ahead")
 
+    def active(self, lease_id: str, timeout: float = 90) -> dict:
+        """Wait for a lease whose VM may boot cold (longer than a board's start)."""
+        def ready():
+            lease = self.coordinator.api(f"/leases/{lease_id}", params={"wait": 5, "unless": "pending"}).json()
+            assert lease["state"] in ("pending", "active"), lease
+            return lease if lease["ready"] else None
+        return wait_for(ready, timeout, what=f"{lease_id} ready")
+
     def stop(self):
         self.exporter.stop()
         self.coordinator.stop()
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, x86_64_guest):  # noqa: F811 (the fixture)
+def lab(tmp_path_factory, x86_64_guest, aarch64_guest):  # noqa: F811 (the fixtures)
     folder = tmp_path_factory.mktemp("qlab", numbered=True)
     home = folder / "home"
     home.mkdir()
@@ -80,7 +90,7 @@ def lab(tmp_path_factory, x86_64_guest):  # noqa: F811 (the fixture)
     env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
                DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
                PYTHONUNBUFFERED="1", **{LOAD_ENV: ""})
-    lab = Lab(folder, env, x86_64_guest)
+    lab = Lab(folder, env, x86_64_guest, aarch64_guest)
     yield lab
     lab.stop()
     assert qemu_processes(lab.state_dir) == {}, "the exporter's stop ends every VM"
@@ -103,7 +113,7 @@ def test_a_lease_gets_a_warm_vm_and_the_next_lease_sees_nothing_of_it(lab):
     wait_state(lab.coordinator, "vm-0", "idle", timeout=30)
     assert warm not in vm_folders(lab.state_dir), "the used VM's folder (its overlay) is gone"
 
-    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-0")["id"], )
+    lease = lab.active(reserve(lab.coordinator, "vm-0")["id"])
     said = lab.cli("exec", lease["id"], "test -e /data/mark && echo there || echo absent")
     assert said.stdout.split() == ["absent"], said.stdout
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
@@ -114,15 +124,15 @@ def test_a_lease_gets_a_warm_vm_and_the_next_lease_sees_nothing_of_it(lab):
 def test_the_vm_s_command_line_is_the_slot_s_alone(lab):
     """A lease, and an operation's arguments, never reach QEMU's command line."""
     wait_state(lab.coordinator, "vm-1", "idle", timeout=60)
-    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-1")["id"])
+    lease = lab.active(reserve(lab.coordinator, "vm-1")["id"])
     refused = lab.coordinator.api(f"/leases/{lease['id']}/operations", "POST",
                                   json={"kind": "power", "args": {"action": "cycle", "qemu": "-device foo"}})
     assert refused.status_code == 422, refused.text
     config = load_config(lab.exporter.config_path)
-    (entry,) = parse_entries(config, {"qemu": QemuConfig})
+    entry = parse_entries(config, {"qemu": QemuConfig})[0]
     mine = {pid: words for pid, words in qemu_processes(lab.state_dir).items()}
     expected = []
-    for folder in vm_folders(lab.state_dir):
+    for folder in vm_folders(lab.state_dir):  # (the x86 slot's: the arm one has no VM between leases)
         launch = Launch(lab.state_dir / "qemu" / "run" / folder, "tcg")
         expected.append(argv(entry.config, launch, "qemu-system-x86_64")[1:])
     assert sorted(words[1:] for words in mine.values()) == sorted(expected)
@@ -132,7 +142,7 @@ def test_the_vm_s_command_line_is_the_slot_s_alone(lab):
 
 def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
     wait_state(lab.coordinator, "vm-1", "idle", timeout=60)
-    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-1")["id"])
+    lease = lab.active(reserve(lab.coordinator, "vm-1")["id"])
     before = set(qemu_processes(lab.state_dir))
     said = lab.cli("power", "cycle", lease["id"], "--json", check=False)
     result = json.loads(said.stdout)
@@ -145,9 +155,26 @@ def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
     wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
 
 
+@pytest.mark.parametrize("device", ["vm-1", "arm"])
+def test_the_isa_tags_are_what_the_guest_s_cpuinfo_says(lab, device):
+    """The table of a CPU model's features (isa.py) against the guest's own /proc/cpuinfo."""
+    wait_state(lab.coordinator, device, "idle", timeout=60)
+    tags = lab.coordinator.api(f"/devices/{device}").json()["tags"]
+    arch = "aarch64" if device == "arm" else "x86_64"
+    cpu = "max,pauth-impdef=on" if arch == "aarch64" else "max"
+    assert {"virtual", arch, *isa_tags(arch, cpu)} <= set(tags), tags
+    assert ("sve2" in tags) == (arch == "aarch64")
+    lease = lab.active(reserve(lab.coordinator, device)["id"])  # a cold boot (no VM kept ahead for arm)
+    said = lab.cli("exec", lease["id"], "grep -m1 -E '^(flags|Features)' /proc/cpuinfo")
+    features = set(said.stdout.split(":", 1)[1].split())
+    assert {"asimd" if tag == "neon" else tag for tag in isa_tags(arch, cpu)} <= features, said.stdout
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, device, "idle", timeout=30)
+
+
 def test_an_exporter_killed_with_vms_running_leaves_none_after_its_next_start(lab):
     wait_state(lab.coordinator, "vm-0", "idle", timeout=60)
-    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-0")["id"])
+    lease = lab.active(reserve(lab.coordinator, "vm-0")["id"])
     running = qemu_processes(lab.state_dir)
     assert running, "a VM for the lease (and one booted ahead)"
     folders = vm_folders(lab.state_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 
 import pytest
 
@@ -56,6 +57,9 @@ def test_a_slot_is_its_instances_each_with_console_power_and_flash(exporter):
     facts = exporter.plugins.call("qemu", "devloop_fingerprint", host=exporter.host, resource=uart)
     assert facts["fidelity.detail"] == "TCG" and facts["qemu.cpu"] == "max" and facts["qemu.machine"] == "pc"
     assert facts["qemu.version"].startswith("QEMU emulator version")
+    metrics = exporter.plugins.call("qemu", "devloop_metrics", host=exporter.host)
+    assert metrics["vm_ready"] == 0 and metrics["slot_vm_boots"] == 0 and metrics["vm_waits"] == 0
+    assert all(re.fullmatch(r"[a-z][a-z0-9_]{0,63}", name) for name in metrics) and len(metrics) <= 64
 
 
 def test_a_base_file_that_changed_behind_the_exporter_fails_until_a_flash_records_it(exporter, tmp_path):

@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx2
 import pytest
 
 from conftest import Coordinator, Exporter, wait_for
@@ -119,6 +120,13 @@ def test_a_lease_gets_a_warm_vm_and_the_next_lease_sees_nothing_of_it(lab):
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
     wait_state(lab.coordinator, "vm-0", "idle", timeout=30)
     print(f"warm lease active in {granted_s:.2f}s")
+
+    def boots() -> float:
+        text = httpx2.get(f"{lab.coordinator.url}/metrics", timeout=10).text
+        line = next((line for line in text.splitlines() if line.startswith("device_loop_plugin_vm_boots{")), "")
+        assert 'plugin="qemu"' in line or not line, line
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+    wait_for(lambda: boots() >= 2, what="the pool's boots on /metrics")
 
 
 def test_the_vm_s_command_line_is_the_slot_s_alone(lab):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import threading
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,7 @@ FLASH = OperationKind("flash", "replace the slot's base disk (its initramfs when
                       destructive=True)
 SSH_COMMAND = "ssh -p {port} {user}@{host}"
 BAUD = 115200  # what the console endpoint says (a pty has no speed)
+MAX_METRICS = 64  # names a plugin may report (core/hookspecs.py, devloop_metrics)
 
 
 @dataclass
@@ -194,13 +196,19 @@ class QemuPlugin:
                 "qemu.machine": config.machine_name, "qemu.memory_mib": str(config.memory),
                 "qemu.cores": str(config.cores)}
 
-    def metrics(self) -> dict[str, float]:
-        """Each slot's pool, as numbers (``pool.PoolCounts``): ``qemu_SLOT_ready`` and the like."""
+    @hookimpl
+    def devloop_metrics(self, host: HostContext) -> Mapping[str, float] | None:
+        """The pools (``pool.PoolCounts``): ``vm_NAME`` summed over the slots, and ``slot_SLOT_NAME``
+        for each slot while the names fit the hook's 64."""
+        counts = {slot.name: vars(slot.pool.counts()) for slot in self.slots.values()}
         out: dict[str, float] = {}
-        for slot in self.slots.values():
-            counts: PoolCounts = slot.pool.counts()
-            for name, value in vars(counts).items():
-                out[f"{slot.name}.{name}"] = float(value)
+        for name in vars(PoolCounts(0, 0, 0, 0, 0.0, 0, 0, 0)):
+            out[f"vm_{name}"] = float(sum(slot[name] for slot in counts.values()))
+        for slot, values in counts.items():
+            if len(out) + len(values) > MAX_METRICS:
+                break
+            word = re.sub(r"[^a-z0-9]+", "_", slot.lower()).strip("_")[:32] or "slot"
+            out.update({f"slot_{word}_{name}": float(value) for name, value in values.items()})
         return out
 
     # ---- leases ------------------------------------------------------------------------------

@@ -26,16 +26,17 @@ def with_qemu(env: dict, folder: Path) -> dict:
     return {**env, "PYTHONPATH": os.pathsep.join(path), LOAD_ENV: plugins}
 
 
-def slot_files(state_dir: Path, guest: Guest, disk: bool = True) -> dict:
-    """The guest's kernel and initramfs (and an empty ext4 disk) in ``STATE_DIR/qemu/images/ARCH``:
-    a slot's keys naming them."""
-    images = state_dir / "qemu" / "images" / guest.arch
+def slot_files(state_dir: Path, guest: Guest, disk: bool = True, folder: str | None = None) -> dict:
+    """The guest's kernel and initramfs (and an empty ext4 disk) in ``STATE_DIR/qemu/images/FOLDER``
+    (default: its architecture): a slot's keys naming them."""
+    folder = folder or guest.arch
+    images = state_dir / "qemu" / "images" / folder
     images.mkdir(parents=True, exist_ok=True)
     shutil.copy(guest.kernel, images / "vmlinuz")
     shutil.copy(guest.initrd, images / "initrd.cpio.gz")
-    keys = {"arch": guest.arch, "kernel": f"{guest.arch}/vmlinuz", "initrd": f"{guest.arch}/initrd.cpio.gz",
+    keys = {"arch": guest.arch, "kernel": f"{folder}/vmlinuz", "initrd": f"{folder}/initrd.cpio.gz",
             "append": guest.append.split(" ", 1)[1] if guest.append.startswith("console=") else guest.append}
     if disk:
         build_disk(None, images / "disk.qcow2", size_mib=16)
-        keys["disk"] = f"{guest.arch}/disk.qcow2"
+        keys["disk"] = f"{folder}/disk.qcow2"
     return keys

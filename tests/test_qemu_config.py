@@ -77,6 +77,8 @@ def test_nothing_in_a_key_becomes_a_qemu_option(tmp_path):
     assert "append: " in refusal(tmp_path, kernel="k", append="quiet\n-device foo")
     assert "append: " in refusal(tmp_path, kernel="k", append="x" * 1025)
     assert "prompt: not a regex" in refusal(tmp_path, kernel="k", prompt="[")
+    assert "ssh_host_key: " in refusal(tmp_path, kernel="k", ssh=True, ssh_host_key="-oProxyCommand=x")
+    assert "ssh_user: " in refusal(tmp_path, kernel="k", ssh=True, ssh_user="-oProxyCommand=x")
 
 
 def test_qemu_s_command_line_is_made_of_the_config_alone(tmp_path):

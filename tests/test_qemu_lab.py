@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -14,11 +15,12 @@ import pytest
 
 from conftest import Coordinator, Exporter, wait_for
 from helpers import reserve, run_cli, wait_active, wait_state
-from qemu_guests import aarch64_guest, x86_64_guest  # noqa: F401 (fixtures)
+from qemu_guests import aarch64_guest, guest_cache, x86_64_guest  # noqa: F401 (fixtures)
 from qemu_lab import slot_files, with_qemu
 from device_loop.core.process import start_ticks
 from device_loop.exporter.config import load_config, parse_entries
 from device_loop.plugins.qemu.config import QemuConfig
+from device_loop.plugins.qemu.guest import build_guest
 from device_loop.plugins.qemu.isa import isa_tags
 from device_loop.plugins.qemu.vm import Launch, argv
 
@@ -48,13 +50,15 @@ def vm_folders(state_dir: Path) -> set[str]:
 
 
 class Lab:
-    def __init__(self, folder: Path, env: dict, guest, arm_guest):
+    def __init__(self, folder: Path, env: dict, guest, arm_guest, ssh_guest):
         self.folder, self.env = folder, with_qemu(env, folder / "entry-point")
         self.coordinator = Coordinator(folder, self.env)
         self.state_dir = folder / "state-host-a"
         self.slots = [{"name": "vm", "plugin": "qemu", "instances": 2, "warm": 1, **slot_files(self.state_dir, guest)},
                       {"name": "arm", "plugin": "qemu", "memory": 512,
-                       **slot_files(self.state_dir, arm_guest, disk=False)}]
+                       **slot_files(self.state_dir, arm_guest, disk=False)},
+                      {"name": "sshvm", "plugin": "qemu", "ssh": True, "ssh_host_key": ssh_guest.host_key,
+                       **slot_files(self.state_dir, ssh_guest, disk=False, folder="ssh")}]
         self.exporter = self.start_exporter()
 
     def start_exporter(self) -> Exporter:
@@ -91,7 +95,12 @@ def lab(tmp_path_factory, x86_64_guest, aarch64_guest):  # noqa: F811 (the fixtu
     env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
                DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
                PYTHONUNBUFFERED="1", **{LOAD_ENV: ""})
-    lab = Lab(folder, env, x86_64_guest, aarch64_guest)
+    keys = folder / "keys"
+    keys.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id")], check=True, timeout=30)
+    ssh_guest = build_guest("x86_64", guest_cache(tmp_path_factory), authorized_key=(keys / "id.pub").read_text())
+    lab = Lab(folder, env, x86_64_guest, aarch64_guest, ssh_guest)
+    lab.identity = keys / "id"
     yield lab
     lab.stop()
     assert qemu_processes(lab.state_dir) == {}, "the exporter's stop ends every VM"
@@ -161,6 +170,20 @@ def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
              timeout=90, interval=1, what="the console after the cycle")
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
     wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
+
+
+def test_a_slot_whose_guest_runs_sshd_serves_it_and_exec_takes_it(lab):
+    """The guest's port 22 forwarded by QEMU to a loopback port, relayed like a board's sshd, its
+    host key pinned; exec prefers ssh to the console."""
+    wait_state(lab.coordinator, "sshvm", "idle", timeout=60)
+    lease = lab.active(reserve(lab.coordinator, "sshvm")["id"])
+    ssh = next(e for e in lease["endpoints"] if e["kind"] == "ssh")
+    assert ssh["params"] == {"user": "root", "host_key": lab.slots[2]["ssh_host_key"]}
+    said = lab.cli("exec", "--identity", str(lab.identity), "--json", lease["id"], "uname -m; id -u")
+    answer = json.loads(said.stdout)
+    assert (answer["channel"], answer["stdout"].split()) == ("ssh", ["x86_64", "0"]), answer
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "sshvm", "idle", timeout=30)
 
 
 @pytest.mark.parametrize("device", ["vm-1", "arm"])

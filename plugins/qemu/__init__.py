@@ -22,7 +22,9 @@ import functools
 import os
 import re
 import shutil
+import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -64,6 +66,21 @@ class Attached:
     lease: str
     vm: VM
     services: set[str] = field(default_factory=set)
+
+
+def sshd_answers(port: int, deadline: float) -> bool:
+    """Whether the guest's sshd greets (``SSH-``) on the forwarded ``port`` before ``deadline``:
+    QEMU accepts a connection before the guest listens, so a connect proves nothing."""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
+                sock.settimeout(2)
+                if sock.recv(4).startswith(b"SSH-"):
+                    return True
+        except OSError:
+            pass
+        threading.Event().wait(0.2)  # (a guest that is still starting its sshd)
+    return False
 
 
 class QemuPlugin:
@@ -222,10 +239,15 @@ class QemuPlugin:
             if resource.kind == "uart":
                 service = start_bridge(host, resource, lease, str(link), BAUD, in_thread=True)
             elif resource.kind == "ssh":
-                assert attached.vm.launch.ssh_port is not None
-                service = start_relay(host, resource, lease, f"127.0.0.1:{attached.vm.launch.ssh_port}",
-                                      command=SSH_COMMAND, protocol="ssh", role=EndpointRole.SSH)
-                service.endpoints = [replace(e, params={"user": slot.config.ssh_user}) for e in service.endpoints]
+                port = attached.vm.launch.ssh_port
+                assert port is not None
+                if not sshd_answers(port, time.monotonic() + slot.config.boot_timeout):
+                    raise ServiceError(f"the VM's sshd did not answer within {slot.config.boot_timeout:g}s")
+                service = start_relay(host, resource, lease, f"127.0.0.1:{port}", command=SSH_COMMAND,
+                                      protocol="ssh", role=EndpointRole.SSH)
+                params: dict[str, Any] = {"user": slot.config.ssh_user,
+                          **({"host_key": slot.config.ssh_host_key} if slot.config.ssh_host_key else {})}
+                service.endpoints = [replace(e, params=params) for e in service.endpoints]
             else:
                 raise ServiceError(f"a VM slot serves no {resource.kind!r} to a lease")
         except BaseException:

@@ -17,13 +17,14 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from device_loop.plugin import Duration, PluginConfig
+from device_loop.plugin import LOGIN_NAME_PATTERN, Duration, PluginConfig, public_host_key
 
 MIN_MEMORY_MIB = 64
 MAX_MEMORY_MIB = 16384
 MAX_INSTANCES = 16
 MAX_APPEND_CHARS = 1024
 MAX_PROMPT_CHARS = 200
+MAX_HOST_KEY_CHARS = 255  # what an endpoint's param holds (core/protocol.py)
 #: What a busybox (or any) root shell's prompt ends with, escape sequences taken out.
 DEFAULT_PROMPT = r"[#$] ?$"
 #: The CPU model and machine when the slot names none: what boots fast under TCG here (the
@@ -85,7 +86,9 @@ class QemuConfig(PluginConfig):
     boot_timeout: Duration = Field(default=25.0, gt=0, le=600,
                                    description="how long a boot may take to the prompt")
     ssh: bool = Field(default=False, description="the guest runs sshd on port 22: served as an ssh resource")
-    ssh_user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$", description="whom to log in as")
+    ssh_user: str = Field(default="root", pattern=LOGIN_NAME_PATTERN, description="whom to log in as")
+    ssh_host_key: str | None = Field(default=None, description="the guest's public host key (ssh-ed25519 AAAA...), "
+                                                               "which clients pin")
 
     @field_validator("cpu")
     @classmethod
@@ -132,6 +135,17 @@ class QemuConfig(PluginConfig):
         except re.error as exc:
             raise ValueError(f"not a regex: {exc}") from None
         return value
+
+    @field_validator("ssh_host_key")
+    @classmethod
+    def _host_key(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        bare = public_host_key(value)
+        if len(bare) > MAX_HOST_KEY_CHARS:
+            raise ValueError(f"a host key of at most {MAX_HOST_KEY_CHARS} characters (an endpoint carries no more): "
+                             f"give the guest's ed25519 key")
+        return bare
 
     @field_validator("kernel", "initrd", "disk")
     @classmethod

@@ -10,7 +10,8 @@ import click
 
 from device_loop.core import LEASE_PREFIX, LIVE_LEASE_STATES
 from device_loop.core.durations import parse_duration
-from device_loop.core.vocabulary import TicketState
+from device_loop.core.needs import FIDELITY_DETAIL, fidelity_text
+from device_loop.core.vocabulary import Needs, TicketState
 
 from device_loop.client.http import Coordinator, CoordinatorError
 from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
@@ -121,20 +122,26 @@ def _state(device: dict) -> str:
     return device["state"] + (f" ({', '.join(marks)})" if marks else "")
 
 
+def _fidelity(device: dict) -> str:
+    """``emulated (TCG)``: what the device is, and how where its plugin says (``fidelity.detail``)."""
+    return fidelity_text(device.get("fidelity") or "-", (device.get("facts") or {}).get(FIDELITY_DETAIL))
+
+
 @click.command("ls")
 @click.option("--class", "device_class", help="only devices of this class")
 @click.option("--tags", callback=_tags, help="only devices with all these tags, separated by commas")
 @json_option
 @lab_command
 def ls_command(lab: Lab, device_class: str | None, tags: list[str], as_json: bool):
-    """List devices: class, state, host, holder and time left."""
+    """List devices: class, what each is (hardware, simulated, virtual, emulated), state, host,
+    holder and time left."""
     def text(devices):
-        rows = [[d["name"], d["class"], _state(d), d["host"] or "-", d["holder"] or "-",
+        rows = [[d["name"], d["class"], _fidelity(d), _state(d), d["host"] or "-", d["holder"] or "-",
                  time_left(d["expires_at"]), ",".join(sorted({r["kind"] for r in d["resources"]}))]
                 for d in devices]
         if not rows:
             return "no devices yet"
-        return table(["NAME", "CLASS", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows)
+        return table(["NAME", "CLASS", "FIDELITY", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows)
     emit(as_json, lab.devices(device_class=device_class, tags=tags), text)
 
 
@@ -179,6 +186,13 @@ def hosts_command(lab: Lab, as_json: bool):
 @click.argument("device", required=False)
 @click.option("--class", "device_class", help="any free device of this class (the one idle the longest)")
 @click.option("--tags", callback=_tags, help="any free device with all these tags, separated by commas")
+@click.option("--needs", type=click.Choice([n.value for n in Needs]),
+              help="what it may run on: real-hw (a board, or a simulated one), any (a virtual machine or an "
+                   "emulator first)  [default: whatever it is]")
+@click.option("--fallback", type=click.Choice([Needs.REAL_HW.value]),
+              help="with --needs any --queue: a real device once the ticket waited --fallback-after")
+@click.option("--fallback-after", callback=_ttl, help="with --fallback: how long to wait for a virtual device first  "
+                                                      "[default: 60s]")
 @click.option("--queue", is_flag=True, help="nothing that matches is free: take a queue ticket instead of a refusal")
 @click.option("--ttl", callback=_ttl, help="90s, 30m, 2h, 1d (from the grant)  [default: the lab's, 30m unless its "
                                             "coordinator's --default-ttl says]")
@@ -186,18 +200,24 @@ def hosts_command(lab: Lab, as_json: bool):
 @click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: 60s; with --queue: no limit]")
 @json_option
 @lab_command
-def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags: list[str], queue: bool,
-                    ttl: float | None, wait: bool, timeout: float | None, as_json: bool):
-    """Reserve DEVICE, or any free device of --class and/or with --tags. Answers at once
-    (pending, or with --queue a ticket) unless --wait."""
+def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags: list[str], needs: str | None,
+                    fallback: str | None, fallback_after: float | None, queue: bool, ttl: float | None, wait: bool,
+                    timeout: float | None, as_json: bool):
+    """Reserve DEVICE, or any free device of --class and/or with --tags (or, with --needs,
+    any device it takes). Answers at once (pending, or with --queue a ticket) unless --wait."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is how long --wait waits: give --wait too")
-    if device is None and device_class is None and not tags:
-        raise click.UsageError("name a DEVICE, or give --class and/or --tags")
+    if device is None and device_class is None and not tags and needs is None:
+        raise click.UsageError("name a DEVICE, or give --class and/or --tags (or --needs)")
     if device is not None and (device_class is not None or tags):
         raise click.UsageError("name a DEVICE, or give --class and/or --tags, not both")
+    if fallback is not None and needs != Needs.ANY:
+        raise click.UsageError("--fallback goes with --needs any (a virtual device first, then a real one)")
+    if fallback_after is not None and fallback is None:
+        raise click.UsageError("--fallback-after goes with --fallback real-hw")
     started = time.monotonic()
-    got = _reserved(lab, as_json, device, ttl, class_=device_class, tags=tags, queue=queue)
+    got = _reserved(lab, as_json, device, ttl, class_=device_class, tags=tags, queue=queue, needs=needs,
+                    fallback=fallback, fallback_after=fallback_after)
     if not wait:
         emit(as_json, got.data, ticket_text if isinstance(got, Ticket) else lease_text)
         return

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from device_loop.core.durations import format_duration
 from device_loop.core.ab.jobs import JobSpec, JobSummary, JobView, Order, group_target
-from device_loop.core.vocabulary import JobState
+from device_loop.core.vocabulary import JobState, Needs
 
 from .commands import _tags, _ttl, json_option, lab_command
 from device_loop.client.lab import Lab
@@ -109,7 +109,8 @@ def ab_spec(options: dict[str, Any], matrix: dict[str, Any] | None = None) -> Jo
         raise click.UsageError("--max-rounds is where --until-decided stops: give --until-decided too")
     data: dict[str, Any] = {"target": target, "ab": ab, "setup": list(options["setup"]),
                             "metrics": metrics_of(options["metric"], options["metric_regex"])}
-    for key, name in (("title", "title"), ("needs", "needs"), ("command_timeout_s", "command_timeout"),
+    for key, name in (("title", "title"), ("needs", "needs"), ("fallback", "fallback"),
+                      ("fallback_after_s", "fallback_after"), ("command_timeout_s", "command_timeout"),
                       ("lease_ttl_s", "ttl")):
         if options[name] is not None:
             data[key] = options[name]
@@ -149,7 +150,12 @@ def ab_options(command: Callable) -> Callable:
         click.option("--governor", help="mark runs whose device's cpufreq governor is another"),
         click.option("--seed", type=click.IntRange(0, 2**32 - 1), help="the random order's seed  [default: 0]"),
         click.option("--title", help="what the evidence is titled"),
-        click.option("--needs", type=click.Choice(["real-hw", "any"]), help="what it may run on  [default: real-hw]"),
+        click.option("--needs", type=click.Choice([n.value for n in Needs]),
+                     help="what it may run on: real-hw (a board, or a simulated one), any (a virtual machine or an "
+                          "emulator)  [default: real-hw]"),
+        click.option("--fallback", type=click.Choice([Needs.REAL_HW.value]),
+                     help="with --needs any: a real device once a cell waited --fallback-after for a virtual one"),
+        click.option("--fallback-after", callback=_ttl, help="with --fallback: how long to wait first  [default: 60s]"),
         click.option("--command-timeout", callback=_ttl, help="the longest one command may run  [default: 10m]"),
         click.option("--ttl", callback=_ttl, help="the lease's time to live, renewed as the job runs  [default: 1h]"),
         click.option("--plot", type=click.Path(dir_okay=False), help="also draw the runs as a chart (PNG)"),
@@ -245,9 +251,10 @@ def _what(spec: JobSpec) -> str:
     where = target.device or " ".join(parts)
     if spec.matrix is not None:
         where = f"{len(spec.matrix.over)} groups: {', '.join(spec.matrix.over)}"
+    where = (where or "any device") + f" ({spec.need.words()})"
     if spec.ab is not None:
-        return f"A/B, {spec.ab.rounds} rounds, {spec.ab.order}, on {where or 'any device'}"
-    return f"{spec.rounds} round{'s' if spec.rounds != 1 else ''} on {where or 'any device'}"
+        return f"A/B, {spec.ab.rounds} rounds, {spec.ab.order}, on {where}"
+    return f"{spec.rounds} round{'s' if spec.rounds != 1 else ''} on {where}"
 
 
 def _go(lab: Lab, spec: JobSpec, as_json: bool, submit: bool, plot: str | None) -> None:
@@ -371,8 +378,10 @@ def _when(seconds: float | None) -> str:
 def _jobs_text(jobs: list[JobSummary]) -> str:
     if not jobs:
         return "no jobs"
-    return table(["JOB", "STATE", "OWNER", "KIND", "TITLE", "CREATED", "TOOK", "WORKER", "REASON"],
-                 [[j.id, j.state, j.owner, j.kind, j.title or "-", _when(j.created_at),
+    return table(["JOB", "STATE", "OWNER", "KIND", "NEEDS", "TITLE", "CREATED", "TOOK", "WORKER", "REASON"],
+                 [[j.id, j.state, j.owner, j.kind,
+                   (j.needs or "-") + (f" ({j.fallback} after a wait)" if j.fallback else ""), j.title or "-",
+                   _when(j.created_at),
                    format_duration((j.ended_at or time.time()) - j.started_at) if j.started_at else "-",
                    j.worker or "-", (j.reason[:60] + "…") if len(j.reason) > 60 else (j.reason or "-")]
                   for j in jobs])

@@ -137,17 +137,27 @@ class Lab:
         return Jobs(self.api)
 
     def reserve(self, device: str | None = None, ttl: str | float | None = None, *, class_: str | None = None,
-                tags: list[str] | tuple[str, ...] = (), queue: bool = False,
+                tags: list[str] | tuple[str, ...] = (), queue: bool = False, needs: str | None = None,
+                fallback: str | None = None, fallback_after: str | float | None = None,
                 idempotency_key: str | None = None) -> "Lease | Ticket":
         """Reserve ``device``, or any free device of ``class_`` with all of ``tags`` (the one
         idle the longest), now: never blocks; the lease may still be pending. With ``queue``,
         when nothing that matches is free, a ``Ticket`` (``ticket.wait()`` is the lease once
         granted) instead of a refusal. ``ttl`` (``"2h"``, or seconds) counts from the grant;
-        without it the lab's default (its coordinator's ``--default-ttl``). The same
-        ``idempotency_key`` again answers what the first call made, and makes nothing more."""
+        without it the lab's default (its coordinator's ``--default-ttl``). ``needs``:
+        ``"real-hw"`` (a board, or a simulated one) or ``"any"`` (a virtual machine or an
+        emulator first; neither class nor tags needed), and with ``"any"``, ``fallback="real-hw"``:
+        a queued ticket takes a real device too once it waited ``fallback_after`` (``"2m"``, or
+        seconds; default 60 s). The same ``idempotency_key`` again answers what the first call
+        made, and makes nothing more."""
         body: dict = {"tags": list(tags), "queue": queue}
         if ttl is not None:  # (else the lab's own default applies: docs/architecture.md, "Leases")
             body["ttl_s"] = parse_duration(ttl)
+        for key, value in (("needs", needs), ("fallback", fallback)):
+            if value is not None:
+                body[key] = str(value)
+        if fallback_after is not None:
+            body["fallback_after_s"] = parse_duration(fallback_after)
         if device is not None:
             body["device"] = device
         if class_ is not None:

@@ -173,7 +173,7 @@ async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer | TicketAnswer:
     follow it with lease_status), or, with queue, a ticket when nothing that matches is free
     (follow it with ticket_status until it holds a lease), or says why not and what is free."""
     return await ctx.rules.scheduler.reserve(args.device, args.device_class, args.tags, args.ttl_s, args.queue,
-                                             ctx.caller, ticket_kind(ctx))
+                                             ctx.caller, ticket_kind(ctx), args.need)
 
 
 async def ticket_status(ctx: Ctx, args: TicketWait) -> TicketAnswer:

@@ -71,7 +71,8 @@ def _version() -> str:
 def _summary(row: JobRow) -> dict[str, Any]:
     """A ``core.ab.jobs.JobSummary``, as JSON."""
     return {"id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
-            "reason": row["reason"], "title": row["spec"].get("title", ""), "created_at": row["created_at"],
+            "reason": row["reason"], "title": row["spec"].get("title", ""), "needs": row["spec"].get("needs"),
+            "fallback": row["spec"].get("fallback"), "created_at": row["created_at"],
             "started_at": row["started_at"], "ended_at": row["ended_at"], "worker": row["worker"]}
 
 
@@ -311,7 +312,7 @@ class Jobs:
                                                                 f"most a job of {cell_count(spec)} cell(s) makes")
             owner = Who(row["owner"])  # the job's leases are its owner's, counted and limited as theirs
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
-                                                  owner, TicketKind(row["kind"]))
+                                                  owner, TicketKind(row["kind"]), spec.need)
             made: dict[str, Any] = dict(answer)  # a lease, or a ticket (which has a key of that name)
             ticket = made.get("ticket")
             await self.jobs_sql.add_job_lease(job_id, cell, ticket, None if ticket else made["id"], self.life.clock())

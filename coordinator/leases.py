@@ -12,6 +12,7 @@ from typing import Any, Awaitable, Callable
 
 from device_loop.core import FLASH_KIND, LEASE_PREFIX
 from device_loop.core.durations import format_duration, iso
+from device_loop.core.needs import Need
 from device_loop.core.usage import commands
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
 
@@ -29,14 +30,16 @@ from .store.devices import DeviceQueries
 from .store.leases import LeaseQueries
 
 
-def describe_want(device: str | None, device_class: str | None, tags: list[str]) -> str:
-    """What a reserve or a ticket asks for, in words: ``of class riscv-sbc with tags rvv, 8gb``."""
+def describe_want(device: str | None, device_class: str | None, tags: list[str], need: Need = Need()) -> str:
+    """What a reserve or a ticket asks for, in words: ``of class riscv-sbc with tags rvv, 8gb``,
+    and what it may run on (``(needs any, real-hw after 60s)``)."""
+    needs = f" ({need.words()})" if need.needs is not None else ""
     if device is not None:
-        return device
+        return device + needs
     words = [f"of class {device_class}"] if device_class else []
     if tags:
         words.append(f"with tag{'s' if len(tags) > 1 else ''} {', '.join(tags)}")
-    return " ".join(words) or "of any class"
+    return (" ".join(words) or "of any class") + needs
 
 
 def lease_json(view: LeaseView) -> LeaseAnswer:
@@ -155,14 +158,16 @@ class Leases:
 
     # ---- reserve, renew, release ------------------------------------------------------------
 
-    async def reserve(self, device_name: str, ttl_s: float | None, who: Who) -> LeaseAnswer:
-        """Reserve the device called ``device_name`` (or say why not, and what else is free)."""
+    async def reserve(self, device_name: str, ttl_s: float | None, who: Who, need: Need = Need()) -> LeaseAnswer:
+        """Reserve the device called ``device_name`` (or say why not, and what else is free),
+        if it is what ``need`` takes (docs/architecture.md, "Who gets the next lease")."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
             await self.leases_sql.lock_host_of_device(device_name)  # (docs/architecture.md, "Leases": the lock order)
             device = await self.devices_sql.device(device_name)
             if device is None:
                 raise await self.devices.unknown(device_name)
+            self._refuse_unless_needed(device, need)
             await self._refuse_unless_free(device, who.name)
             answer = await self.grant(device, ttl, who.name, who.limited, f"reserved ({format_duration(ttl)})")
             if answer is None:
@@ -170,27 +175,32 @@ class Leases:
             return answer
 
     async def reserve_matching(self, device_class: str | None, tags: list[str], ttl_s: float | None,
-                               who: Who) -> LeaseAnswer:
-        """Reserve a free device of ``device_class`` with all of ``tags``: the one idle the
-        longest (docs/architecture.md, "Who gets the next lease"), or say why none is."""
+                               who: Who, need: Need = Need()) -> LeaseAnswer:
+        """Reserve a free device of ``device_class`` with all of ``tags`` that ``need`` takes: the
+        one idle the longest, virtual ones first for ``needs = "any"`` (docs/architecture.md,
+        "Who gets the next lease"), or say why none is. A fallback to real hardware applies
+        here only when it waits nothing: a wait is a ticket's (``queue``)."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
-            picked = await self.devices_sql.free_devices(device_class, tags, self.PICKS)
+            picked = await self.devices_sql.free_devices(device_class, tags, self.PICKS,
+                                                         need.fidelities(need.falls_back_at_once),
+                                                         virtual_first=need.fallback is not None)
             await self.leases_sql.lock_hosts([d["host"] for d in picked if d["host"]])  # all at once, in one order
             for device in picked:
                 answer = await self.grant(device, ttl, who.name, who.limited,
                                           f"reserved by class ({format_duration(ttl)})")
                 if answer is not None:
                     return answer
-            raise await self.none_free(device_class, tags)
+            raise await self.none_free(device_class, tags, need)
 
     PICKS = 4  # free devices a reserve by class tries, in case others take some at the same moment
 
-    async def none_free(self, device_class: str | None, tags: list[str]) -> APIError:
+    async def none_free(self, device_class: str | None, tags: list[str], need: Need = Need()) -> APIError:
         """The refusal of a reserve by class and tags that found no free device: 404 if none
-        in the lab matches at all, else 409 with how the matching ones stand."""
-        wanted = describe_want(None, device_class, tags)
-        states = await self.devices_sql.matching_device_states(device_class, tags)
+        in the lab matches at all (its fallback's real devices counted: a ticket may wait for
+        them), else 409 with how the matching ones stand."""
+        wanted = describe_want(None, device_class, tags, need)
+        states = await self.devices_sql.matching_device_states(device_class, tags, need.fidelities(fallen_back=True))
         states.pop(DeviceState.RETIRED, None)
         if not states:
             classes = ", ".join(await self.devices_sql.device_classes()) or "none yet"
@@ -234,6 +244,20 @@ class Leases:
             raise APIError(422, ErrorCode.TTL_TOO_LONG, f"a ttl {asked} is over this lab's maximum of "
                                                         f"{format_duration(max_ttl_s)}")
         return ttl_s
+
+    @staticmethod
+    def _refuse_unless_needed(device: DeviceFacts, need: Need) -> None:
+        """409 ``wrong_fidelity`` for a device by name that ``need`` does not take (its
+        fallback counts only when it waits nothing: a device by name is not waited for
+        to fall back to)."""
+        takes = need.fidelities(need.falls_back_at_once)
+        if takes is None or device["fidelity"] in takes:
+            return
+        wanted = " or ".join(takes)
+        fallback = (f"; its fallback to real hardware applies after {format_duration(need.wait_s)} of waiting, "
+                    "to a reserve by class or tags with --queue") if need.wait_s else ""
+        raise conflict(ErrorCode.WRONG_FIDELITY, f"{device['name']} is {device['fidelity']}: {need.words()} takes "
+                                                 f"{wanted} devices{fallback}")
 
     async def _refuse_unless_free(self, device: DeviceFacts, caller: str) -> None:
         state, name = device["state"], device["name"]

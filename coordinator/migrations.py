@@ -31,6 +31,7 @@ RUN_ARMS = ("A", "B", "run")
 FAULT_KINDS = ("step-failed", "switched-off", "unverified-on")
 FIDELITIES = ("hardware", "simulated", "virtual", "emulated")
 PURPOSES = ("lease", "step", "settle", "recovery")
+NEEDS = ("real-hw", "any")
 
 MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 1: devices, resources, hosts, leases, logs, idempotency keys
@@ -522,5 +523,12 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
                        "WHERE (CAST(args AS JSONB) ->> 'step') IS NOT NULL AND requester = 'coordinator'"},
         "UPDATE operations SET purpose = 'settle' WHERE kind = 'settle' AND plugin = 'exporter'",
         "UPDATE operations SET purpose = 'recovery' WHERE lease_id IS NULL AND purpose = 'lease'",
+    ],
+    # 21: what a ticket may run on (docs/architecture.md, "Who gets the next lease"): its needs
+    # (NULL: any device, as before), its fallback to real hardware and when that applies
+    [
+        f"ALTER TABLE tickets ADD COLUMN needs TEXT {_one_of('needs', NEEDS)}",
+        f"ALTER TABLE tickets ADD COLUMN fallback TEXT {_one_of('fallback', NEEDS)}",
+        "ALTER TABLE tickets ADD COLUMN fallback_at DOUBLE PRECISION",
     ],
 ]

@@ -12,7 +12,7 @@ from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only
 
 from device_loop.core.answers import FlashedImage as FlashedImage  # (read as it is answered: one type)
 from device_loop.core.vocabulary import (Arm, DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState,
-                                         OperationState, Purpose, TicketKind, TicketState, TokenKind)
+                                         Needs, OperationState, Purpose, TicketKind, TicketState, TokenKind)
 
 # "class" is a keyword: the functional form
 DeviceRow = TypedDict("DeviceRow", {
@@ -243,6 +243,9 @@ class TicketRow(TypedDict):
     lease_id: str | None
     granted_device: str | None
     reason: str
+    needs: Needs | None            # what it may run on (None: any device; core/needs.py)
+    fallback: Needs | None         # needs "any" that takes a real device too ...
+    fallback_at: float | None      # ... from this time on (its creation and its fallback_after)
 
 
 class JobRow(TypedDict):

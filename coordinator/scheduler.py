@@ -16,6 +16,7 @@ import secrets
 from typing import Awaitable, Callable
 
 from device_loop.core.durations import format_duration, iso
+from device_loop.core.needs import Need
 from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, LeaseState
 
 from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer
@@ -41,11 +42,19 @@ QUEUEABLE = frozenset({ErrorCode.BUSY, ErrorCode.FAULTY, ErrorCode.OFFLINE, Erro
 MAX_LISTED = 200  # tickets a listing shows
 
 
+def need_of(row: TicketRow) -> Need:
+    """What a ticket may run on, as it was asked (its wait: from its creation to ``fallback_at``)."""
+    after = None if row["fallback_at"] is None else row["fallback_at"] - row["created_at"]
+    return Need(row["needs"], row["fallback"], after)
+
+
 def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None, claim_window_s: float) -> TicketAnswer:
+    need = need_of(row)
     return {
         "ticket": row["id"], "state": row["state"], "kind": row["kind"], "requester": row["requester"],
-        "wants": describe_want(row["device"], row["device_class"], row["tags"]), "device": row["device"],
-        "device_class": row["device_class"], "tags": row["tags"], "ttl_s": row["ttl_s"], "position": position,
+        "wants": describe_want(row["device"], row["device_class"], row["tags"], need), "device": row["device"],
+        "device_class": row["device_class"], "tags": row["tags"], "needs": row["needs"], "fallback": row["fallback"],
+        "fallback_at": iso(row["fallback_at"]), "ttl_s": row["ttl_s"], "position": position,
         "created_at": iso(row["created_at"]), "granted_at": iso(row["granted_at"]),
         "claim_by": iso(row["granted_at"] + claim_window_s) if row["state"] == TicketState.GRANTED
         and row["granted_at"] is not None else None,
@@ -67,28 +76,30 @@ class Scheduler:
     # ---- reserve --------------------------------------------------------------------------
 
     async def reserve(self, device: str | None, device_class: str | None, tags: list[str], ttl_s: float | None,
-                      queue: bool, who: Who, kind: TicketKind) -> LeaseAnswer | TicketAnswer:
+                      queue: bool, who: Who, kind: TicketKind, need: Need = Need()) -> LeaseAnswer | TicketAnswer:
         """A lease of the named device, or of a free one of ``device_class`` with all of
-        ``tags``; when there is none and ``queue``, a ticket (its ``kind`` is the caller's,
+        ``tags`` (or, with ``need``'s needs, neither: any device it takes), that ``need``
+        takes; when there is none and ``queue``, a ticket (its ``kind`` is the caller's,
         never the request's). Never waits."""
         tags = sorted(set(tags))
         if device is not None and (device_class is not None or tags):
             raise APIError(422, ErrorCode.INVALID, "name a device, or give a class and/or tags, not both")
-        if device is None and device_class is None and not tags:
-            raise APIError(422, ErrorCode.INVALID, "name a device (device), or give a class (device_class) and/or tags")
+        if device is None and device_class is None and not tags and need.needs is None:
+            raise APIError(422, ErrorCode.INVALID, "name a device (device), or give a class (device_class) and/or "
+                                                   "tags, or needs")
         ttl = self.leases.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
         async with self.store.tx():
             try:
                 if device is not None:
-                    return await self.leases.reserve(device, ttl, who)
-                return await self.leases.reserve_matching(device_class, tags, ttl, who)
+                    return await self.leases.reserve(device, ttl, who, need)
+                return await self.leases.reserve_matching(device_class, tags, ttl, who, need)
             except APIError as refusal:
                 if not queue or refusal.code not in QUEUEABLE:
                     raise
-            return await self._enqueue(device, device_class, tags, ttl, who, kind)
+            return await self._enqueue(device, device_class, tags, ttl, who, kind, need)
 
     async def _enqueue(self, device: str | None, device_class: str | None, tags: list[str], ttl: float, who: Who,
-                       kind: TicketKind) -> TicketAnswer:
+                       kind: TicketKind, need: Need) -> TicketAnswer:
         life, caller = self.life, who.name
         limit = (life.settings.max_tickets_per_user or None) if who.limited else None
         if not await self.tickets_sql.count_ticket(caller, limit):
@@ -99,10 +110,11 @@ class Scheduler:
         row: TicketRow = {"id": TICKET_PREFIX + secrets.token_hex(8), "requester": caller, "kind": kind,
                           "device": device, "device_class": device_class, "tags": tags, "ttl_s": ttl,
                           "state": TicketState.WAITING, "created_at": now, "granted_at": None, "ended_at": None,
-                          "lease_id": None, "granted_device": None, "reason": ""}
+                          "lease_id": None, "granted_device": None, "reason": "", "needs": need.needs,
+                          "fallback": need.fallback, "fallback_at": need.fallback_at(now)}
         await self.tickets_sql.insert_ticket(row)
         await life.audit(caller, "queue", device, None, {"ticket": row["id"], "kind": kind, "wants": describe_want(
-            device, device_class, tags), "ttl_s": ttl})
+            device, device_class, tags, need), "ttl_s": ttl})
         life.notify(BOARD_KEY)
         position = await self.tickets_sql.tickets_ahead(row, self._aged(now)) + 1
         return ticket_json(row, position, None, life.settings.claim_window_s)
@@ -128,7 +140,7 @@ class Scheduler:
         async with self.store.tx():
             if not await self.tickets_sql.any_waiting_ticket():
                 return
-            wanted = await self.tickets_sql.free_devices_wanted(limit)
+            wanted = await self.tickets_sql.free_devices_wanted(limit, self.life.clock())
             await self.leases_sql.lock_hosts([d["host"] for d in wanted if d["host"]])
             for device in wanted:
                 await self._grant(device)
@@ -136,7 +148,8 @@ class Scheduler:
     async def _grant(self, device: DeviceFacts) -> bool:
         """Grant ``device`` to its first waiting ticket, if any: True if one was."""
         life = self.life
-        ticket = await self.tickets_sql.first_ticket_for(device, self._aged(life.clock()))
+        now = life.clock()
+        ticket = await self.tickets_sql.first_ticket_for(device, self._aged(now), now)
         if ticket is None:
             return False
         waited = format_duration(life.clock() - ticket["created_at"])
@@ -254,12 +267,13 @@ class Scheduler:
         seen: dict[tuple, int] = {}
         entries: list[QueueEntry] = []
         for row in rows:
-            want = (row["device"], row["device_class"], tuple(row["tags"]))
+            want = (row["device"], row["device_class"], tuple(row["tags"]), row["needs"])
             seen[want] = seen.get(want, 0) + 1
             shown = who is not None and (who.may_see_all or who.may_act_on(row["requester"]))
             entries.append({"ticket": row["id"] if shown else None,
                             "requester": row["requester"], "kind": row["kind"],
-                            "wants": describe_want(row["device"], row["device_class"], row["tags"]),
+                            "wants": describe_want(row["device"], row["device_class"], row["tags"], need_of(row)),
                             "device": row["device"], "device_class": row["device_class"], "tags": row["tags"],
+                            "needs": row["needs"], "fallback": row["fallback"],
                             "waiting_s": round(now - row["created_at"], 1), "position": seen[want]})
         return entries

@@ -12,8 +12,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from device_loop.core import NAME_PATTERN
+from device_loop.core.needs import DEFAULT_FALLBACK_AFTER_S, MAX_FALLBACK_AFTER_S, Need, check
 from device_loop.core.protocol import MAX_TAG_CHARS, MAX_TAGS, Args, Strict, Tag, Word, check_device_name
-from device_loop.core.vocabulary import DeviceState, PowerAction, TokenKind
+from device_loop.core.vocabulary import DeviceState, Needs, PowerAction, TokenKind
 
 MAX_WAIT_S = 60.0  # a long-poll's wait, at most (an MCP tool waits less: mcp_tools.py)
 UNTIL_MAX_CHARS = 500  # uart_exchange's regular expression
@@ -82,8 +83,32 @@ class DesiredWait(HostName):
 
 # ---- leases ----------------------------------------------------------------------------------
 
+class NeedsIn(Strict):
+    """What a request may run on (docs/architecture.md, "Who gets the next lease"), declared
+    once for every call that takes it (``core/needs.py`` reads it)."""
+    needs: Needs | None = Field(default=None, description="what it may run on: 'real-hw' (a board, or a simulated "
+                                                          "one) or 'any' (a virtual machine or an emulator first); "
+                                                          "default: any device, whatever it is")
+    fallback: Needs | None = Field(default=None, description="with needs 'any': 'real-hw', a real device once it "
+                                                             "waited fallback_after_s for a virtual one (a queued "
+                                                             "ticket's wait); default: none")
+    fallback_after_s: float | None = Field(default=None, description="with fallback: seconds to wait for a virtual "
+                                                                     f"device first (0 to {MAX_FALLBACK_AFTER_S:g}, "
+                                                                     "default "
+                                                                     f"{DEFAULT_FALLBACK_AFTER_S:g}, e.g. 120)")
+
+    @model_validator(mode="after")
+    def _fallback_with_needs_any(self):
+        check(self.needs, self.fallback, self.fallback_after_s)
+        return self
+
+    @property
+    def need(self) -> Need:
+        return Need(self.needs, self.fallback, self.fallback_after_s)
+
+
 # A ttl's range is the rules' to check, with the lab's own --max-ttl in the message.
-class ReserveIn(Strict):
+class ReserveIn(NeedsIn):
     device: str | None = Field(default=None, min_length=1, max_length=64,
                                description="the device's name, e.g. sim-board-0 (or give device_class and/or tags "
                                            "instead: any free device that matches)")

@@ -10,7 +10,7 @@ from typing import Any
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
 from .ab.jobs import CellReport, JobSpec, RunRecord
-from .vocabulary import (DeviceState, Fidelity, HealthStatus, JobState, LeaseState, OperationState, TicketKind,
+from .vocabulary import (DeviceState, Fidelity, HealthStatus, JobState, LeaseState, Needs, OperationState, TicketKind,
                          TicketState, TokenKind)
 
 
@@ -149,6 +149,9 @@ class TicketAnswer(TypedDict):
     device: str | None          # ... by name
     device_class: str | None    # ... or by class
     tags: list[str]             # ... and tags (all must match)
+    needs: Needs | None         # what it may run on: real-hw, any (None: any device)
+    fallback: Needs | None      # with needs any: real-hw, a real device after its wait ...
+    fallback_at: str | None     # ... from this time on
     ttl_s: float                # the lease's length, from its grant
     position: int | None        # while waiting: 1 is served next among tickets for the same thing
     created_at: str | None
@@ -169,6 +172,8 @@ class QueueEntry(TypedDict):
     device: str | None
     device_class: str | None
     tags: list[str]
+    needs: Needs | None
+    fallback: Needs | None
     waiting_s: float
     position: int
 

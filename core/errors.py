@@ -117,6 +117,7 @@ class ErrorCode(StrEnum):
     UNREGISTERED = "unregistered"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     UPLOAD_CUT = "upload_cut"
+    WRONG_FIDELITY = "wrong_fidelity"  # a reserve by name whose needs the device does not meet
 
     # what the client says of its own (the coordinator was not reached, a wait ran out, ...)
     BAD_ANSWER = "bad_answer"

@@ -167,7 +167,9 @@ OPEN_JOB_STATES = (JobState.QUEUED, JobState.RUNNING)
 
 
 class Needs(StrEnum):
-    """What a job needs to run on: ``any`` may later go to ephemeral virtual devices."""
+    """What a reserve, a ticket or a job may run on (docs/architecture.md, "Who gets the next
+    lease"; ``core/needs.py`` reads it against a device's ``Fidelity``): ``real-hw`` a board or a
+    simulated one, ``any`` a virtual or emulated device first."""
     REAL_HW = "real-hw"
     ANY = "any"
 

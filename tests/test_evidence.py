@@ -172,7 +172,7 @@ def test_terminal_table_lines_up_and_strips_escapes():
     text = evidence.terminal_table(matrix, matrix_job())
     assert "cell 2 tags=avx2: not run: no device" in text
     summary = text.splitlines()[text.splitlines().index("matrix") + 1:]
-    assert summary[0].split()[:4] == ["cell", "group", "device", "ISA"]
+    assert summary[0].split()[:5] == ["cell", "group", "device", "fidelity", "ISA"]
     assert [row.split()[0] for row in summary[1:4]] == ["0", "1", "2"], "a row per cell, the one not run too"
 
 

@@ -11,6 +11,7 @@ from device_loop.coordinator.migrations import MIGRATIONS
 from device_loop.coordinator.store import Store
 from device_loop.coordinator.store.devices import DeviceQueries
 from device_loop.coordinator.store.jobs import JobQueries
+from device_loop.coordinator.store.tickets import TicketQueries
 from device_loop.core.ab.jobs import JobSpec
 from device_loop.coordinator.who import Who
 from device_loop.core.vocabulary import TicketKind
@@ -48,7 +49,7 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         await FakeExporter(client(), "host-a").beat([device("b0")])
         url = rules.store.url
-        store = rules.store  # back to version 16: migration 17's tables and columns gone, and 18's to 20's
+        store = rules.store  # back to version 16: migration 17's tables and columns gone, and 18's to 21's
         for table in ("jobs", "job_cells", "job_runs", "job_leases"):
             await store.run(f"DROP TABLE {table}")
         for column in ("facts", "auto_recovery", "auto_recovered_at", "fault_kind", "fidelity"):
@@ -56,6 +57,10 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
         for column in ("interrupted", "purpose", "step"):
             await store.run(f"ALTER TABLE operations DROP COLUMN {column}")
         await store.run("ALTER TABLE user_counts DROP COLUMN open_jobs")
+        for column in ("needs", "fallback", "fallback_at"):
+            await store.run(f"ALTER TABLE tickets DROP COLUMN {column}")
+        await store.run("INSERT INTO tickets (id, requester, kind, device, device_class, tags, ttl_s, state, created_at) "
+                        "VALUES ('tk-old', 'ann', 'interactive', NULL, 'sim-board', '[]', 60, 'waiting', 0)")
         await store.run("UPDATE devices SET fault = 'switched off by ann at noon (op-1)' WHERE name = 'b0'")
         for op, kind, plugin, lease, requester, args in (
                 ("op-step", "cooldown", "exporter", None, "coordinator", '{"step": 1}'),
@@ -68,7 +73,7 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
                             ":lease, :requester, 'x', :plugin, TRUE, FALSE, :args, 'done', 'done', 0, '', '', '', "
                             "'{}', 0)", id=op, kind=kind, lease=lease, requester=requester, plugin=plugin, args=args)
         await store.run("DELETE FROM schema_migrations WHERE version >= 17")
-        assert len(MIGRATIONS) == 20, "a newer migration: take it off here too"
+        assert len(MIGRATIONS) == 21, "a newer migration: take it off here too"
         again = Store(url)  # a coordinator of this version starts on it
         await again.connect()
         try:
@@ -82,6 +87,9 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
                     for r in await again.rows("SELECT id, purpose, step FROM operations WHERE id LIKE 'op-%'")}
             assert rows == {"op-step": ("step", 1), "op-settle": ("settle", None), "op-cycle": ("recovery", None),
                             "op-mine": ("lease", None)}
+            # a ticket made before needs existed takes any device, as it did (migration 21)
+            ticket = await TicketQueries(again).ticket("tk-old")
+            assert ticket is not None and (ticket["needs"], ticket["fallback"], ticket["fallback_at"]) == (None,) * 3
         finally:
             await again.disconnect()
 

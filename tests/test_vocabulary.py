@@ -1,6 +1,6 @@
 """The vocabulary is written once: the database's CHECK constraints allow exactly the
-values of core/vocabulary.py's enums, and refuse any other (migrations 15, 16 and 17 wrote
-them); every vocabulary the migrations restate (their tuples, the literals of their partial
+values of core/vocabulary.py's enums, and refuse any other (migrations 15, 16, 17, 19, 20 and
+21 wrote them); every vocabulary the migrations restate (their tuples, the literals of their partial
 indexes and updates) is the enum's."""
 import asyncio
 import re
@@ -11,8 +11,8 @@ import pytest
 from device_loop.coordinator import migrations
 from device_loop.coordinator.store import Store
 from device_loop.core.vocabulary import (LIVE_LEASE_STATES, LIVE_OP_STATES, VOCABULARY, Arm, DeviceState, FaultKind,
-                                         Fidelity, HealthStatus, JobState, LeaseState, OperationState, Purpose,
-                                         TicketKind, TicketState, TokenKind)
+                                         Fidelity, HealthStatus, JobState, LeaseState, Needs, OperationState,
+                                         Purpose, TicketKind, TicketState, TokenKind)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -20,7 +20,8 @@ CHECKED = {("devices", "state"): DeviceState, ("devices", "health"): HealthStatu
            ("leases", "state"): LeaseState, ("operations", "state"): OperationState,
            ("tickets", "state"): TicketState, ("tickets", "kind"): TicketKind, ("tokens", "kind"): TokenKind,
            ("jobs", "state"): JobState, ("jobs", "kind"): TicketKind, ("job_runs", "arm"): Arm,
-           ("devices", "fault_kind"): FaultKind, ("devices", "fidelity"): Fidelity, ("operations", "purpose"): Purpose}
+           ("devices", "fault_kind"): FaultKind, ("devices", "fidelity"): Fidelity, ("operations", "purpose"): Purpose,
+           ("tickets", "needs"): Needs, ("tickets", "fallback"): Needs}
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_a_value_outside_the_vocabulary_is_refused_and_each_inside_it_taken(sche
 RESTATED = {"DEVICE_STATES": DeviceState, "HEALTH_STATES": HealthStatus, "LEASE_STATES": LeaseState,
             "OPERATION_STATES": OperationState, "TICKET_STATES": TicketState, "TICKET_KINDS": TicketKind,
             "TOKEN_KINDS": TokenKind, "JOB_STATES": JobState, "RUN_ARMS": Arm, "FAULT_KINDS": FaultKind,
-            "FIDELITIES": Fidelity, "PURPOSES": Purpose}
+            "FIDELITIES": Fidelity, "PURPOSES": Purpose, "NEEDS": Needs}
 
 
 def test_the_migrations_tuples_are_the_enums():

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, overload
 
+from device_loop.core.vocabulary import sql_list
+
 from ..rows import DeviceFacts, RingRow
 from .core import RING_SLOTS, Store
-from .facts import DEVICE_FACTS, FREE
+from .facts import DEVICE_FACTS, FREE, VIRTUAL_FIRST
 
 # the coordinator modules whose tables these are, and those handed them besides (in rules.py)
 OWNERS = ("lifecycle.py", "hosts.py")
@@ -138,9 +140,11 @@ class DeviceQueries:
         await self.db.run(f"DELETE FROM adoptions WHERE {by_name}", **params)
         await self.db.run(f"DELETE FROM devices WHERE {by_name}", **params)
 
-    def _of_class_with_tags(self, device_class: str | None, tags: list[str]) -> tuple[str, dict[str, Any]]:
-        """SQL (and its values): device ``d`` is of ``device_class`` (any: None) with all of ``tags``."""
-        where = "TRUE"
+    def _of_class_with_tags(self, device_class: str | None, tags: list[str],
+                            fidelities: tuple[str, ...] | None = None) -> tuple[str, dict[str, Any]]:
+        """SQL (and its values): device ``d`` is of ``device_class`` (any: None) with all of
+        ``tags``, and of one of ``fidelities`` (any: None)."""
+        where = "TRUE" if fidelities is None else f"d.fidelity IN {sql_list(fidelities)}"
         values: dict[str, Any] = {}
         if device_class is not None:
             where += " AND d.class = :c"
@@ -155,17 +159,22 @@ class DeviceQueries:
         where, params = self.db.in_list("d.name", "names", sorted(set(names)))
         return await self.db.rows(f"{DEVICE_FACTS} WHERE {FREE} AND {where} ORDER BY d.name", **params)
 
-    async def free_devices(self, device_class: str | None, tags: list[str], limit: int) -> list[DeviceFacts]:
-        """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``,
-        idle the longest first (wear spreads over the class). Not locked: a lease is taken
-        under its host's lock (``lock_hosts``), and the partial UNIQUE index decides."""
-        where, values = self._of_class_with_tags(device_class, tags)
+    async def free_devices(self, device_class: str | None, tags: list[str], limit: int,
+                           fidelities: tuple[str, ...] | None = None, virtual_first: bool = False) -> list[DeviceFacts]:
+        """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``
+        and of one of ``fidelities`` (any, if None), idle the longest first (wear spreads over
+        the class), the virtual ones before any other with ``virtual_first``. Not locked: a
+        lease is taken under its host's lock (``lock_hosts``), and the partial UNIQUE index decides."""
+        where, values = self._of_class_with_tags(device_class, tags, fidelities)
+        first = f"{VIRTUAL_FIRST}, " if virtual_first else ""
         return await self.db.rows(f"{DEVICE_FACTS} WHERE {FREE} AND {where} "
-                                  "ORDER BY COALESCE(d.state_since, 0), d.name LIMIT :n", n=limit, **values)
+                                  f"ORDER BY {first}COALESCE(d.state_since, 0), d.name LIMIT :n", n=limit, **values)
 
-    async def matching_device_states(self, device_class: str | None, tags: list[str]) -> dict[str, int]:
-        """How many devices of ``device_class`` (any) with all of ``tags`` are in each state."""
-        where, values = self._of_class_with_tags(device_class, tags)
+    async def matching_device_states(self, device_class: str | None, tags: list[str],
+                                     fidelities: tuple[str, ...] | None = None) -> dict[str, int]:
+        """How many devices of ``device_class`` (any) with all of ``tags`` and of one of
+        ``fidelities`` (any) are in each state."""
+        where, values = self._of_class_with_tags(device_class, tags, fidelities)
         rows = await self.db.rows(f"SELECT d.state AS state, COUNT(*) AS n FROM devices d WHERE {where} "
                                   "GROUP BY d.state", **values)
         return {r["state"]: r["n"] for r in rows}

@@ -3,7 +3,8 @@ and what makes one free to lease."""
 from __future__ import annotations
 
 from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
-from device_loop.core.vocabulary import sql_list
+from device_loop.core.needs import REAL_HW, VIRTUAL
+from device_loop.core.vocabulary import Needs, sql_list
 
 LIVE_SQL = sql_list(LIVE_LEASE_STATES)
 LIVE_OP_SQL = sql_list(LIVE_OP_STATES)
@@ -23,3 +24,19 @@ DEVICE_FACTS = (
 # healthy), not needing recovery, no exclusive operation running, its host not drained.
 FREE = ("d.state = 'idle' AND d.needs_recovery IS NULL AND d.fault IS NULL AND o.id IS NULL "
         "AND (h.draining IS NULL OR NOT h.draining)")
+
+REAL_HW_SQL = sql_list(REAL_HW)
+VIRTUAL_SQL = sql_list(VIRTUAL)
+
+
+def needs_met(needs: str, fallback_at: str, fidelity: str) -> str:
+    """SQL: a device whose fidelity is the expression ``fidelity`` is what a request whose
+    ``needs`` and ``fallback_at`` are these expressions takes at ``:now`` (``core/needs.py``):
+    any device without needs; a real one for ``real-hw``; a virtual one for ``any``, and a real
+    one too once its fallback's time came (``fallback_at`` is NULL without a fallback)."""
+    return (f"({needs} IS NULL OR ({needs} = '{Needs.REAL_HW}' AND {fidelity} IN {REAL_HW_SQL}) OR "
+            f"({needs} = '{Needs.ANY}' AND ({fidelity} IN {VIRTUAL_SQL} OR {fallback_at} <= :now)))")
+
+
+#: ORDER BY's first key where virtual devices go first (``needs = "any"``, "Who gets the next lease")
+VIRTUAL_FIRST = f"CASE WHEN d.fidelity IN {VIRTUAL_SQL} THEN 0 ELSE 1 END"

@@ -11,7 +11,7 @@ from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketSt
 from ..rows import DeviceFacts, TicketRow
 from .core import Store
 from .counts import count_down, count_up
-from .facts import DEVICE_FACTS, FREE
+from .facts import DEVICE_FACTS, FREE, VIRTUAL_FIRST, needs_met
 
 # the coordinator modules whose tables these are, and those handed them besides (in rules.py)
 OWNERS = ("scheduler.py",)
@@ -38,30 +38,35 @@ class TicketQueries:
     async def any_waiting_ticket(self) -> bool:
         return await self.db.row("SELECT id FROM tickets WHERE state = :w LIMIT 1", w=TicketState.WAITING) is not None
 
-    def _matching(self, name: str, device_class: str, tags: str) -> str:
-        """SQL: waiting ticket ``t`` would take the device whose name, class and tags (JSON)
-        these SQL expressions are."""
+    def _matching(self, name: str, device_class: str, tags: str, fidelity: str) -> str:
+        """SQL: waiting ticket ``t`` would take, at ``:now``, the device whose name, class,
+        tags (JSON) and fidelity these SQL expressions are (its needs: ``facts.needs_met``)."""
         return (f"t.state = :waiting AND (t.device IS NULL OR t.device = {name}) AND (t.device_class IS NULL OR "
-                f"t.device_class = {device_class}) AND {self.db.tags_within('t.tags', tags)}")
+                f"t.device_class = {device_class}) AND {self.db.tags_within('t.tags', tags)} AND "
+                f"{needs_met('t.needs', 't.fallback_at', fidelity)}")
 
-    async def first_ticket_for(self, device: DeviceFacts, aged_before: float) -> TicketRow | None:
-        """The waiting ticket that ``device`` goes to: interactive ones and batch ones older than
-        ``aged_before`` first, then the others; first come, first served within each. On
-        PostgreSQL it is locked, and one another grant holds is skipped."""
+    async def first_ticket_for(self, device: DeviceFacts, aged_before: float, now: float) -> TicketRow | None:
+        """The waiting ticket that ``device`` goes to at ``now``: interactive ones and batch
+        ones older than ``aged_before`` first, then the others; first come, first served within
+        each. On PostgreSQL it is locked, and one another grant holds is skipped."""
         lock = " FOR UPDATE OF t SKIP LOCKED" if self.db.dialect == "postgresql" else ""
         return await self.db.row(
-            f"SELECT t.* FROM tickets t WHERE {self._matching(':name', ':class', ':tags')} ORDER BY {_FIRST} "
-            f"LIMIT 1{lock}", name=device["name"], tags=json.dumps(device["tags"]), waiting=TicketState.WAITING,
-            interactive=TicketKind.INTERACTIVE, aged=aged_before, **{"class": device["class"]})
+            f"SELECT t.* FROM tickets t WHERE {self._matching(':name', ':class', ':tags', ':fidelity')} "
+            f"ORDER BY {_FIRST} LIMIT 1{lock}", name=device["name"], tags=json.dumps(device["tags"]),
+            fidelity=device["fidelity"], now=now, waiting=TicketState.WAITING, interactive=TicketKind.INTERACTIVE,
+            aged=aged_before, **{"class": device["class"]})
 
-    async def free_devices_wanted(self, limit: int) -> list[DeviceFacts]:
-        """Devices free to lease that a waiting ticket would take (what a grant on becoming
-        idle missed: a ticket made in another process at that moment)."""
+    async def free_devices_wanted(self, limit: int, now: float) -> list[DeviceFacts]:
+        """Devices free to lease that a waiting ticket would take at ``now``: what a grant on
+        becoming idle missed (a ticket made in another process at that moment), and what a
+        ticket's fallback to real hardware takes once its time came (one query, whatever the
+        number of devices or tickets). Virtual devices first: a ticket that may fall back
+        takes one of those where it can."""
         return await self.db.rows(
             f"{DEVICE_FACTS} WHERE {FREE} AND EXISTS (SELECT 1 FROM tickets t WHERE "
-            f"{self._matching('d.name', 'd.class', 'd.tags')}) ORDER BY d.host, COALESCE(d.state_since, 0), d.name "
-            "LIMIT :n",
-            n=limit, waiting=TicketState.WAITING)
+            f"{self._matching('d.name', 'd.class', 'd.tags', 'd.fidelity')}) ORDER BY {VIRTUAL_FIRST}, d.host, "
+            "COALESCE(d.state_since, 0), d.name LIMIT :n",
+            n=limit, waiting=TicketState.WAITING, now=now)
 
     async def grant_ticket(self, ticket_id: str, lease_id: str, device: str, now: float) -> bool:
         """A waiting ticket is granted ``lease_id``; False if it no longer waits (cancelled,
@@ -106,12 +111,13 @@ class TicketQueries:
         first = 0 if ticket["kind"] == TicketKind.INTERACTIVE or ticket["created_at"] <= aged_before else 1
         row = await self.db.row(
             "SELECT COUNT(*) AS n FROM tickets t WHERE t.state = :w AND COALESCE(t.device, '') = :d AND "
-            "COALESCE(t.device_class, '') = :c AND t.tags = :tags AND t.id <> :id AND "
+            "COALESCE(t.device_class, '') = :c AND t.tags = :tags AND COALESCE(t.needs, '') = :needs AND "
+            "t.id <> :id AND "
             "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END < :first OR "
             "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END = :first AND "
             "(t.created_at < :at OR t.created_at = :at AND t.id < :id)))",
             w=TicketState.WAITING, d=ticket["device"] or "", c=ticket["device_class"] or "",
-            tags=json.dumps(ticket["tags"]), id=ticket["id"], interactive=TicketKind.INTERACTIVE, aged=aged_before,
+            tags=json.dumps(ticket["tags"]), needs=ticket["needs"] or "", id=ticket["id"], interactive=TicketKind.INTERACTIVE, aged=aged_before,
             first=first, at=ticket["created_at"])
         return row["n"]
 

@@ -17,8 +17,9 @@ from starlette.templating import Jinja2Templates
 
 from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES, NAME_PATTERN, POWER_KIND, SETTLE_KIND
 from device_loop.core.durations import format_duration, iso
+from device_loop.core.needs import FIDELITY_DETAIL, meets
 from device_loop.core.usage import camera_urls, screen_url
-from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketState
+from device_loop.core.vocabulary import NOT_FOR_TIMING, OPEN_TICKET_STATES, TicketState
 
 from ..errors import APIError, not_found
 from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_identity
@@ -31,6 +32,8 @@ HERE = Path(__file__).parent
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")  # HTML is autoescaped
 TEMPLATES.env.filters["iso"] = iso
 TEMPLATES.env.filters["duration"] = format_duration
+TEMPLATES.env.globals["fidelity_detail"] = FIDELITY_DETAIL  # the fact that says how it is emulated: "TCG"
+TEMPLATES.env.globals["not_for_timing"] = [f.value for f in NOT_FOR_TIMING]
 # as an HTML pattern (anchored by itself; browsers read it with the v flag, where a "-" is escaped)
 TEMPLATES.env.globals["name_pattern"] = NAME_PATTERN.strip("^$").replace("-]", "\\-]")
 LEASE_LENGTHS_S = (1800, 3600, 7200, 14400, 86400)  # what the page offers, up to this lab's maximum
@@ -57,7 +60,10 @@ def queue_row(entry: Mapping[str, Any]) -> str:
 
 def serves(device: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     """Whether ``device`` is what a ticket (or queue entry) ``want`` waits for: the device it
-    names, or one of its class with all its tags (lab.js decides it the same way)."""
+    names, or one of its class with all its tags, of a fidelity its needs take, a fallback's
+    counted (lab.js decides it the same way)."""
+    if not meets(device.get("fidelity", ""), want.get("needs"), fallen_back=bool(want.get("fallback"))):
+        return False
     if want["device"] is not None:
         return want["device"] == device["name"]
     return want["device_class"] in (None, device["class"]) and set(want["tags"]) <= set(device["tags"])

@@ -474,8 +474,8 @@ def _cell(work: _CellWork, spec: JobSpec, alpha: float, adjusted: dict[tuple[int
                         f"(first: {unfit[0].readings.unfit})")
     if work.failed:
         warnings.append(f"{work.failed} run{'s' if work.failed != 1 else ''} failed (exit status not 0), left out")
-    if report.fingerprint is not None and report.fingerprint.emulated:
-        warnings.append(f"{report.device or report.fingerprint.device} is emulated: not for timing")
+    if report.fingerprint is not None and report.fingerprint.timing_note:
+        warnings.append(f"{report.device or report.fingerprint.device} is {report.fingerprint.timing_note}")
     return CellAnalysis(report.cell, report.group, report.device, report.not_run, len(work.runs), work.warmup,
                         work.failed, len(unfit), tuple(results), tuple(warnings))
 

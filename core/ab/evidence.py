@@ -144,28 +144,48 @@ def _where(cell: CellAnalysis, matrix: bool) -> str:
     return " ".join(filter(None, [md(cell.device or ""), group]))
 
 
+def _timing(report: CellReport | None) -> str:
+    """``emulated (TCG): not for timing`` for a cell whose device's numbers are not for timing."""
+    return report.fingerprint.timing_note if report is not None and report.fingerprint is not None else ""
+
+
 def claims(job: JobView, analysis: Analysis) -> list[str]:
-    """The claim in numbers, a line per comparison (or per metric of a plain job)."""
+    """The claim in numbers, a line per comparison (or per metric of a plain job), each saying
+    where its device's numbers are not for timing."""
     matrix = job.spec.matrix is not None
+    reports = {c.cell: c for c in job.cells}
     lines = []
     for cell in analysis.cells:
         where = _where(cell, matrix)
         on = f" on {where}" if where else ""
+        note = _timing(reports.get(cell.cell))
+        timing = f"; {md(note)}" if note else ""
         if cell.not_run:
             lines.append(f"Not run{f' {where}' if where else ''}: {md(cell.not_run)}.")
         for metric in cell.metrics:
             c = metric.comparison
             if c is None and metric.b is None:
                 lines.append(f"{md(metric.name)}{on}: median {number(metric.a.median, md(metric.unit))}, "
-                             f"{metric.a.n} runs.")
+                             f"{metric.a.n} runs{timing}.")
             elif c is not None:
                 said = {Verdict.DIFFERENT: f"**{md(c.words.replace('B is', 'B (patch) is', 1))} than A "
                                            "(baseline)**",
                         Verdict.SAME: f"**B (patch) is the same as A (baseline) {md(c.words.removeprefix('same '))}**",
                         Verdict.UNKNOWN: f"**undecided** ({md(c.words)})"}[c.verdict]
                 lines.append(f"{md(metric.name)}{on}: {said}: {ratio_text(c, analysis.confidence)}, "
-                             f"p = {p_text(c.p_holm)} (Holm), {n_text(metric)} runs.")
+                             f"p = {p_text(c.p_holm)} (Holm), {n_text(metric)} runs{timing}.")
     return lines
+
+
+def functional_only(job: JobView) -> str:
+    """The job's label when every device it ran on is not for timing (an ISA matrix on
+    emulators): its evidence is functional (the code runs, and agrees across the cells), its
+    numbers are not for timing. Empty when a device it ran on is for timing, or none ran."""
+    ran = [c for c in job.cells if c.fingerprint is not None]
+    if not ran or not all(_timing(c) for c in ran):
+        return ""
+    kinds = ", ".join(dict.fromkeys(c.fingerprint.what or "emulated" for c in ran if c.fingerprint))
+    return f"Functional evidence only: every device it ran on is {kinds}: not for timing."
 
 
 def metric_table(cell: CellAnalysis, ab: bool) -> str:
@@ -179,7 +199,7 @@ def metric_table(cell: CellAnalysis, ab: bool) -> str:
     return table(["metric", "A ±", "B ±", "delta [CI]", "p (Holm)", "n", "verdict"], rows)
 
 
-MATRIX_COLUMNS = ["cell", "group", "device", "ISA features", "metric", "delta [CI]", "verdict"]
+MATRIX_COLUMNS = ["cell", "group", "device", "fidelity", "ISA features", "metric", "delta [CI]", "verdict"]
 
 
 def matrix_rows(job: JobView, analysis: Analysis, escape: Callable[[str], str]) -> list[list[str]]:
@@ -190,7 +210,8 @@ def matrix_rows(job: JobView, analysis: Analysis, escape: Callable[[str], str]) 
     for cell in analysis.cells:
         report = reports.get(cell.cell)
         isa = " ".join(notable_isa(report.fingerprint.isa)) if report and report.fingerprint else ""
-        head = [str(cell.cell), escape(cell.group), escape(cell.device or "-"), escape(isa or "-")]
+        what = (_timing(report) or report.fingerprint.what) if report and report.fingerprint else ""
+        head = [str(cell.cell), escape(cell.group), escape(cell.device or "-"), escape(what or "-"), escape(isa or "-")]
         if cell.not_run or not cell.metrics:
             rows.append(head + ["-", escape(f"not run: {cell.not_run}" if cell.not_run else "no runs"), "-"])
         for m in cell.metrics:
@@ -248,7 +269,7 @@ def fingerprint_lines(f: Fingerprint) -> list[str]:
              ("cpufreq", policies), ("thermal at fingerprint", thermal),
              ("memory", "" if f.memory_kb is None else f"{f.memory_kb} kB"), ("OS build", f.os_build),
              ("image", f.image), ("image sha256", f.image_sha256), ("device-loop", f.device_loop_version),
-             ("emulated", "yes: not for timing" if f.emulated else "no")]
+             ("fidelity", f.timing_note or f.what)]
     items += [(f"fact {key}", value) for key, value in f.extra.items()]
     return [f"- {md(name)}: {md(value) if value else '-'}" for name, value in items]
 
@@ -294,9 +315,12 @@ def spec_toml(spec: JobSpec) -> str:
 
 
 def _cell_title(cell: CellAnalysis, report: CellReport | None, matrix: bool) -> str:
+    """``cell 0: vm-0 (tags=sve2), emulated (TCG): not for timing``."""
     name = f"cell {cell.cell}" if matrix else "device"
     device = md(cell.device or (report.fingerprint.device if report and report.fingerprint else "") or "-")
-    return f"{name}: {device}" + (f" ({md(cell.group)})" if matrix and cell.group else "")
+    note = _timing(report)
+    return (f"{name}: {device}" + (f" ({md(cell.group)})" if matrix and cell.group else "")
+            + (f", {md(note)}" if note else ""))
 
 
 # --- the whole ----------------------------------------------------------------------------------
@@ -309,6 +333,8 @@ def markdown(job: JobView, analysis: Analysis) -> str:
     kind = "matrix" if matrix else "A/B" if spec.ab else "job"
     out = [f"# {md(spec.title) if spec.title else f'device-loop {kind} {md(job.id)}'}", ""]
     out += [f"- {line}" for line in claims(job, analysis)] + [""]
+    if label := functional_only(job):
+        out += [f"**{md(label)}**", ""]
     out += [f"Job {md(job.id)}: {md(job.state.value)}" + (f" ({md(job.reason)})" if job.reason else "")
             + f"; owner {md(job.owner)} ({md(job.kind)}), worker {md(job.worker or '-')}; created "
             f"{when(job.created_at)}, started {when(job.started_at)}, ended {when(job.ended_at)}.", ""]
@@ -374,9 +400,12 @@ def terminal_table(analysis: Analysis, job: JobView | None = None) -> str:
     (given its ``job``, whose fingerprints name the ISA), one table of every cell, then the
     warnings."""
     lines = []
+    reports = {c.cell: c for c in job.cells} if job is not None else {}
     for cell in analysis.cells:
         if len(analysis.cells) > 1 or cell.device:
-            where = " ".join(filter(None, [f"cell {cell.cell}", cell.group, cell.device and f"on {cell.device}"]))
+            note = _timing(reports.get(cell.cell))
+            where = " ".join(filter(None, [f"cell {cell.cell}", cell.group, cell.device and f"on {cell.device}",
+                                           note and f"({note})"]))
             lines.append(plain(where + (f": not run: {cell.not_run}" if cell.not_run else "")))
         if not cell.metrics:
             continue

@@ -20,7 +20,8 @@ from typing import Any, Literal, Protocol, get_args
 
 from device_loop.core.ab.jobs import MAX_TEXT_CHARS, FactKey, Fingerprint, Readings
 from device_loop.core.protocol import MAX_FACTS
-from device_loop.core.vocabulary import NOT_FOR_TIMING
+from device_loop.core.needs import FIDELITY_DETAIL
+from device_loop.core.vocabulary import NOT_FOR_TIMING, Fidelity
 
 MAX_ZONES = 8              # thermal_zone0..7: what a board has; a phone's first few are its CPU's
 MAX_POLICIES = 16          # cpufreq policies are named by their first CPU: policy0..policy(cores-1)
@@ -349,6 +350,24 @@ def is_emulated(device: Mapping[str, Any]) -> bool:
     return device.get("fidelity") in NOT_FOR_TIMING
 
 
+def _fidelity(device: Mapping[str, Any]) -> Fidelity | None:
+    """The device's fidelity as the coordinator says it (None: it says none it knows)."""
+    said = device.get("fidelity")
+    return Fidelity(said) if said in Fidelity.__members__.values() else None
+
+
+def _fidelity_detail(device: Mapping[str, Any]) -> str:
+    """How its plugin says it is emulated or virtualised (its fact ``fidelity.detail``: ``TCG``)."""
+    facts = device.get("facts") or {}
+    said = facts.get(FIDELITY_DETAIL) if isinstance(facts, Mapping) else None
+    return clip(plain_word(said), 64) if isinstance(said, str) else ""
+
+
+def plain_word(text: str) -> str:
+    """``text`` without control characters, on one line (a plugin's words, shown as they are)."""
+    return " ".join("".join(c for c in text if c.isprintable()).split())
+
+
 _FACT_KEY = re.compile(get_args(FactKey)[1].pattern)  # (the protocol's rule, not a copy of it)
 
 
@@ -410,6 +429,8 @@ def gather(exec: Exec, lease: Mapping[str, Any], device: Mapping[str, Any], coor
         image_sha256=image_sha256,
         device_loop_version=version(coordinator_version),
         emulated=is_emulated(device),
+        fidelity=_fidelity(device),
+        fidelity_detail=_fidelity_detail(device),
         extra=_extra(device),
     )
     # the field's alias is "class", which a keyword cannot be: clipped above like the rest

@@ -32,8 +32,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from ..needs import MAX_FALLBACK_AFTER_S, Need, check, fidelity_text, timing_note
 from ..protocol import MAX_FACTS, FactKey, Tag
-from ..vocabulary import Arm, JobState, Needs, TicketKind
+from ..vocabulary import Arm, Fidelity, JobState, Needs, TicketKind
 
 MAX_COMMANDS = 16        # in one list (setup, run, baseline, patch)
 MAX_COMMAND_CHARS = 2000
@@ -218,7 +219,9 @@ class JobSpec(Strict):
     """A job file (TOML) or the flags of ``run``/``ab``/``matrix``: the whole of what was asked."""
     title: Annotated[str, StringConstraints(max_length=200)] = ""
     target: Target = Field(default_factory=Target)
-    needs: Needs = Needs.REAL_HW
+    needs: Needs = Needs.REAL_HW                              # what its cells' leases may be (core/needs.py)
+    fallback: Needs | None = None                            # with needs "any": real-hw after the wait
+    fallback_after_s: float | None = Field(default=None, ge=0, le=MAX_FALLBACK_AFTER_S)
     setup: Commands = Field(default_factory=list)            # once per device, after the lease, before the runs
     run: Commands = Field(default_factory=list)              # a plain job's commands, each round
     rounds: int = Field(default=1, ge=1, le=MAX_ROUNDS)      # of a plain job
@@ -238,7 +241,13 @@ class JobSpec(Strict):
             raise ValueError("a matrix expands an A/B pair: it needs an [ab] table")
         for group in self.matrix.over if self.matrix else ():
             group_target(group, self.target)  # refused here, not when a worker runs it
+        check(self.needs, self.fallback, self.fallback_after_s)
         return self
+
+    @property
+    def need(self) -> Need:
+        """What its cells' leases may be."""
+        return Need(self.needs, self.fallback, self.fallback_after_s)
 
 
 class Sample(Strict):
@@ -292,8 +301,23 @@ class Fingerprint(Strict):
     image: Annotated[str, StringConstraints(max_length=255)] = ""     # the image last flashed
     image_sha256: Annotated[str, StringConstraints(max_length=64)] = ""
     device_loop_version: Annotated[str, StringConstraints(max_length=64)] = ""
-    emulated: bool = False                            # "not for timing"
+    emulated: bool = False                            # "not for timing" (its fidelity is in NOT_FOR_TIMING)
+    fidelity: Fidelity | None = None                  # what it is (None: a fingerprint from before it was recorded)
+    fidelity_detail: Annotated[str, StringConstraints(max_length=64)] = ""  # how: TCG, KVM (its plugin's fact)
     extra: Annotated[dict[FactKey, Text], Field(max_length=MAX_FACTS)] = Field(default_factory=dict)  # plugins'
+
+    @property
+    def what(self) -> str:
+        """``emulated (TCG)``: its fidelity, and how where its plugin said ("" when not recorded)."""
+        return fidelity_text(self.fidelity, self.fidelity_detail)
+
+    @property
+    def timing_note(self) -> str:
+        """``emulated (TCG): not for timing`` where its numbers are not for timing, else empty (a
+        fingerprint from before fidelity was recorded: by its ``emulated``)."""
+        if self.fidelity is None:
+            return "emulated: not for timing" if self.emulated else ""
+        return timing_note(self.fidelity, self.fidelity_detail)
 
 
 class CellReport(Strict):
@@ -314,6 +338,8 @@ class JobSummary(Strict):
     state: JobState
     reason: Text = ""
     title: Annotated[str, StringConstraints(max_length=200)] = ""
+    needs: Needs | None = None                       # what its cells' leases may be (its spec's)
+    fallback: Needs | None = None
     created_at: float
     started_at: float | None = None
     ended_at: float | None = None

@@ -74,7 +74,15 @@
   const known = new Map();  // device name -> the device, as the stream last sent it
   let queue = [];           // the waiting tickets, as the stream last sent them (no ids)
 
+  const REAL_HW = ["hardware", "simulated"], VIRTUAL = ["virtual", "emulated"];  // (core/needs.py)
+  function meets(device, want) {  // a fidelity its needs take (a fallback counted)
+    if (!want.needs) return true;
+    if (want.needs === "real-hw") return REAL_HW.includes(device.fidelity);
+    return VIRTUAL.includes(device.fidelity) || (Boolean(want.fallback) && REAL_HW.includes(device.fidelity));
+  }
+
   function serves(device, want) {  // is it what the ticket waits for? (as pages.py: serves)
+    if (!meets(device, want)) return false;
     if (want.device) return want.device === device.name;
     return (!want.device_class || want.device_class === device.class) &&
       want.tags.every((tag) => device.tags.includes(tag));

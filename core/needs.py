@@ -59,6 +59,10 @@ class Need:
     fallback_after_s: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("needs", "fallback"):  # (as the database reads them: plain text)
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Needs):
+                object.__setattr__(self, name, Needs(value))
         check(self.needs, self.fallback, self.fallback_after_s)
 
     @property

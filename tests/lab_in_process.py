@@ -12,7 +12,7 @@ from device_loop.coordinator.rules import Settings
 from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import (DeviceReport, EndpointReport, Heartbeat, Holder, OperationKindReport,
                                        PluginsReport, ResourceReport, ServiceReport)
-from device_loop.core.vocabulary import HealthStatus
+from device_loop.core.vocabulary import Fidelity, HealthStatus
 
 
 class FakeClock:
@@ -89,13 +89,18 @@ async def _lab(url: str, single_user, tailnet_socket, tailnet_admins, settings):
                 await c.aclose()
 
 
-def device(name: str, identifier: str | None = None, health: str = "ok", busy_by=(), kind="uart") -> dict:
-    """A device as an exporter reports it (unchecked: tests send bad ones too)."""
+def device(name: str, identifier: str | None = None, health: str = "ok", busy_by=(), kind="uart",
+           fidelity: str = "hardware", device_class: str = "sim-board", tags=("sim",), facts=None) -> dict:
+    """A device as an exporter reports it (unchecked: tests send bad ones too): ``fidelity`` is
+    what its plugin says it is (hardware, simulated, virtual, emulated), ``facts`` what its
+    plugins add to its fingerprint (``fidelity.detail``: ``TCG``)."""
     resource = ResourceReport.model_construct(kind=kind, plugin="sim", identifier=identifier or f"sim:{name}",
                                               health=HealthStatus(health), reason="" if health == "ok" else "broken",
                                               service=True, operations=[])
-    return DeviceReport.model_construct(name=name, device_class="sim-board", tags=["sim"], resources=[resource],
-                                        busy_by=[Holder.model_construct(**h) for h in busy_by]).model_dump(by_alias=True)
+    return DeviceReport.model_construct(name=name, device_class=device_class, tags=list(tags), resources=[resource],
+                                        busy_by=[Holder.model_construct(**h) for h in busy_by],
+                                        fidelity=Fidelity(fidelity) if fidelity in set(Fidelity) else fidelity,
+                                        facts=dict(facts or {})).model_dump(by_alias=True)
 
 
 def flash_target(name: str) -> dict:

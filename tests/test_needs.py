@@ -1,0 +1,217 @@
+"""What a request may run on (docs/architecture.md, "Who gets the next lease"): ``needs =
+"any"`` lands on virtual and emulated devices and never on a board or a simulated one,
+``real-hw`` the reverse; a ticket's fallback to real hardware applies after its wait (the
+lab's clock moved by hand, the reaper's one query or the grant where a device becomes free);
+a reserve by name whose needs the device does not meet is refused, naming its fidelity;
+hostile needs are refused with a clear message. In-process, devices of each fidelity as an
+exporter reports them: no virtual machine needed."""
+import pytest
+
+from device_loop.core.needs import FIDELITY_DETAIL
+from device_loop.core.protocol import EndpointReport, ServiceReport
+from lab_in_process import FakeExporter, device, in_process_lab
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+SITE = "http://127.0.0.1"
+
+
+def lab_devices() -> list[dict]:
+    """A simulated board, a board on the bench and two emulated VM slots, as their exporter reports them."""
+    return [device("sim0", fidelity="simulated", tags=("sim", "avx2")),
+            device("hw0", fidelity="hardware", device_class="x86-board", tags=("avx2",)),
+            device("vm0", fidelity="emulated", device_class="qemu-x86", tags=("virtual", "x86_64", "avx2"),
+                   facts={FIDELITY_DETAIL: "TCG"}),
+            device("vm1", fidelity="virtual", device_class="qemu-x86", tags=("virtual", "x86_64"),
+                   facts={FIDELITY_DETAIL: "KVM"})]
+
+
+async def beat(exporter: FakeExporter, leases=()) -> None:
+    """A heartbeat of the lab's devices with the services of ``leases`` up (they stay held)."""
+    services = [ServiceReport(lease=lease["id"], device=lease["device"], identifier=f"sim:{lease['device']}",
+                              kind="uart", endpoints=[EndpointReport(kind="uart", host="127.0.0.1", port=4000 + n)]
+                              ).model_dump(exclude_none=True) for n, lease in enumerate(leases)]
+    assert (await exporter.beat(lab_devices(), services, [lease["id"] for lease in leases])).status_code == 200
+
+
+async def started(client, user: str = "alice"):
+    api = client(user)
+    exporter = FakeExporter(api, "host-a")
+    assert (await exporter.beat(lab_devices())).status_code == 200
+    return api, exporter
+
+
+async def reserve(api, **body):
+    return await api.post("/leases", json=body)
+
+
+async def test_needs_any_lands_on_virtual_devices_and_real_hw_on_boards(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, _ = await started(client)
+        first = (await reserve(api, needs="any")).json()
+        second = (await reserve(api, needs="any")).json()
+        assert {first["device"], second["device"]} == {"vm0", "vm1"}, "neither class nor tags: any virtual device"
+        refused = await reserve(api, needs="any")
+        assert refused.status_code == 409 and refused.json()["error"] == "none_free", refused.text
+        assert "needs any" in refused.json()["message"] and "2 allocating" in refused.json()["message"]
+        boards = [(await reserve(api, needs="real-hw")).json()["device"] for _ in range(2)]
+        assert sorted(boards) == ["hw0", "sim0"], "a simulated board stands in for hardware, and says so"
+        assert (await reserve(api, needs="real-hw")).json()["error"] == "none_free"
+
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, _ = await started(client)
+        tagged = (await reserve(api, needs="any", tags=["avx2"])).json()
+        assert tagged["device"] == "vm0", "tags narrow it: the emulated slot with avx2, never sim0 or hw0"
+        assert (await reserve(api, needs="any", tags=["avx2"])).json()["error"] == "none_free"
+        missing = await reserve(api, needs="any", tags=["sve2"])
+        assert missing.status_code == 404 and missing.json()["error"] == "no_such_devices"
+        assert "needs any" in missing.json()["message"]
+        real = (await reserve(api, needs="real-hw", tags=["avx2"])).json()["device"]
+        assert real in ("sim0", "hw0")
+        plain = (await reserve(api, tags=["avx2"])).json()["device"]
+        assert plain in ("sim0", "hw0") and plain != real, "without needs: any fidelity, as before"
+
+
+async def test_a_reserve_by_name_the_device_does_not_meet_is_refused_naming_its_fidelity(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, _ = await started(client)
+        for name, needs, fidelity in (("sim0", "any", "simulated"), ("hw0", "any", "hardware"),
+                                      ("vm0", "real-hw", "emulated"), ("vm1", "real-hw", "virtual")):
+            for queue in (False, True):  # a wait cures nothing: never a ticket
+                refused = await reserve(api, device=name, needs=needs, queue=queue)
+                assert refused.status_code == 409, refused.text
+                said = refused.json()
+                assert said["error"] == "wrong_fidelity" and f"{name} is {fidelity}" in said["message"], said
+        waited = await reserve(api, device="sim0", needs="any", fallback="real-hw", fallback_after_s=30)
+        assert waited.status_code == 409 and "after 30s of waiting" in waited.json()["message"]
+        at_once = await reserve(api, device="sim0", needs="any", fallback="real-hw", fallback_after_s=0)
+        assert at_once.status_code == 201 and at_once.json()["device"] == "sim0", "a fallback that waits nothing"
+        assert (await reserve(api, device="vm0", needs="any")).json()["device"] == "vm0"
+        assert (await reserve(api, device="hw0", needs="real-hw")).json()["device"] == "hw0"
+        assert (await reserve(api, device="vm1")).json()["device"] == "vm1", "no needs: any device by name"
+
+
+async def test_a_ticket_falls_back_to_real_hardware_only_after_its_wait(tmp_path):
+    """The reaper's pass (one query) grants a ticket whose fallback came while a board stood
+    idle; nothing does before."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter = await started(client)
+        bob = client("bob")
+        vms = [(await reserve(bob, needs="any")).json() for _ in range(2)]  # both VMs held all along
+        ticket = (await reserve(api, needs="any", fallback="real-hw", fallback_after_s=60, queue=True)).json()
+        patient = (await reserve(api, needs="any", queue=True)).json()
+        assert ticket["state"] == "waiting" and ticket["needs"] == "any" and ticket["fallback"] == "real-hw"
+        assert "needs any, real-hw after 1m" in ticket["wants"] and ticket["fallback_at"]
+        clock.advance(59)
+        await beat(exporter, vms)  # (the host stays online, bob's leases up)
+        await rules.reap()
+        assert (await api.get(f"/tickets/{ticket['ticket']}")).json()["state"] == "waiting", "not before its wait"
+        clock.advance(2)
+        await beat(exporter, vms)
+        await rules.reap()
+        granted = (await api.get(f"/tickets/{ticket['ticket']}")).json()
+        assert granted["state"] == "claimed" and granted["lease"]["device"] in ("hw0", "sim0"), granted
+        clock.advance(1800)
+        await beat(exporter, vms + [granted["lease"]])
+        await rules.reap()
+        still = (await api.get(f"/tickets/{patient['ticket']}")).json()
+        assert still["state"] == "waiting", "needs any without a fallback never takes a board, however long"
+        queue = (await api.get("/queue")).json()
+        assert [(e["needs"], e["fallback"]) for e in queue] == [("any", None)]
+
+
+async def test_an_aged_ticket_is_granted_where_a_board_becomes_free(tmp_path):
+    """In the transaction that frees a device, as every grant: the board goes to the ticket
+    whose fallback came, never to one that waits for a virtual device only."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter = await started(client)
+        bob = client("bob")
+        held = {}
+        for needs in ("any", "any", "real-hw", "real-hw"):  # everything held
+            lease = (await reserve(bob, needs=needs)).json()
+            held[lease["device"]] = lease
+        only_vm = (await reserve(api, needs="any", queue=True)).json()
+        falls_back = (await reserve(api, needs="any", fallback="real-hw", queue=True)).json()
+        assert falls_back["fallback_at"] and "real-hw after 1m" in falls_back["wants"]
+        await bob.post(f"/leases/{held['hw0']['id']}/release")
+        await exporter.beat(lab_devices())  # hw0 reclaimed and idle: nobody's ticket takes it yet
+        assert (await api.get(f"/tickets/{falls_back['ticket']}")).json()["state"] == "waiting"
+        assert {d["name"]: d["state"] for d in (await api.get("/devices")).json()}["hw0"] == "idle"
+        lease = (await reserve(bob, device="hw0")).json()  # bob takes it back meanwhile
+        clock.advance(61)
+        await bob.post(f"/leases/{lease['id']}/release")
+        await exporter.beat(lab_devices())  # freed after the wait: granted in that transaction
+        granted = (await api.get(f"/tickets/{falls_back['ticket']}")).json()
+        assert granted["state"] == "claimed" and granted["lease"]["device"] == "hw0", granted
+        assert (await api.get(f"/tickets/{only_vm['ticket']}")).json()["state"] == "waiting"
+        await bob.post(f"/leases/{held['vm0']['id']}/release")
+        await exporter.beat(lab_devices())
+        assert (await api.get(f"/tickets/{only_vm['ticket']}")).json()["lease"]["device"] == "vm0"
+
+
+async def test_a_real_hw_ticket_never_takes_a_virtual_device(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter = await started(client)
+        bob = client("bob")
+        vm = (await reserve(bob, device="vm0")).json()
+        for needs in ("real-hw", "real-hw"):
+            assert (await reserve(bob, needs=needs)).status_code == 201
+        ticket = (await reserve(api, needs="real-hw", queue=True)).json()
+        assert ticket["state"] == "waiting" and ticket["needs"] == "real-hw" and ticket["fallback"] is None
+        await bob.post(f"/leases/{vm['id']}/release")
+        await exporter.beat(lab_devices())
+        clock.advance(3600)
+        await exporter.beat(lab_devices())
+        await rules.reap()
+        assert (await api.get(f"/tickets/{ticket['ticket']}")).json()["state"] == "waiting", \
+            "vm0 and vm1 are free, and not what it needs"
+        listed = (await api.get("/tickets")).json()
+        assert [(t["needs"], t["fallback"]) for t in listed] == [("real-hw", None)]
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"needs": "gpu"}, "needs"),
+    ({"needs": "real-hw", "fallback": "real-hw"}, "fallback goes with needs 'any'"),
+    ({"fallback": "real-hw", "tags": ["x"]}, "fallback goes with needs 'any'"),
+    ({"needs": "any", "fallback": "any"}, "the only fallback is 'real-hw'"),
+    ({"needs": "any", "fallback_after_s": 30}, "fallback_after goes with fallback"),
+    ({"needs": "any", "fallback": "real-hw", "fallback_after_s": 1e12}, "fallback_after is 0 to 86400"),
+    ({"needs": "any", "fallback": "real-hw", "fallback_after_s": -1}, "fallback_after is 0 to 86400"),
+    ({"needs": "any", "fallback": "real-hw", "fallback_after_s": "soon"}, "fallback_after_s"),
+    ({"needs": ["any"]}, "needs"),
+])
+async def test_hostile_needs_are_refused_with_a_clear_message(tmp_path, body, says):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, _ = await started(client)
+        refused = await reserve(api, **body)
+        assert refused.status_code == 422, refused.text
+        assert says in refused.json()["message"], refused.json()
+        assert (await api.get("/tickets")).json() == [] and (await api.get("/leases")).json() == []
+
+
+async def test_a_jobs_cells_reserve_with_its_needs(tmp_path):
+    """JobSpec.needs (and its fallback) decide what a cell's lease may be, never the worker."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, _ = await started(client)
+        any_job = (await api.post("/jobs", json={"spec": {"run": ["true"], "needs": "any", "target": {
+            "tags": ["avx2"]}}, "claim": True})).json()
+        lease = (await api.post(f"/jobs/{any_job['id']}/reserve", json={"cell": 0, "tags": ["avx2"]})).json()
+        assert lease["device"] == "vm0", lease
+        real_job = (await api.post("/jobs", json={"spec": {"run": ["true"], "target": {"tags": ["avx2"]}},
+                                                  "claim": True})).json()
+        assert real_job["spec"]["needs"] == "real-hw", "a job's default"
+        lease = (await api.post(f"/jobs/{real_job['id']}/reserve", json={"cell": 0, "tags": ["avx2"]})).json()
+        assert lease["device"] in ("sim0", "hw0"), lease
+        waiting = (await api.post("/jobs", json={"spec": {"run": ["true"], "needs": "any", "fallback": "real-hw",
+                                                          "fallback_after_s": 5}, "claim": True})).json()
+        both = [(await api.post(f"/jobs/{waiting['id']}/reserve", json={"cell": 0})).json() for _ in range(2)]
+        assert [b.get("device") for b in both] == ["vm1", None] and both[1]["needs"] == "any", both
+        assert "real-hw after 5s" in both[1]["wants"]
+        listed = {j["id"]: j for j in (await api.get("/jobs")).json()}
+        assert (listed[any_job["id"]]["needs"], listed[waiting["id"]]["fallback"]) == ("any", "real-hw")
+        for spec, says in (({"run": ["true"], "fallback": "real-hw"}, "fallback goes with needs 'any'"),
+                           ({"run": ["true"], "needs": "any", "fallback": "real-hw", "fallback_after_s": 1e9},
+                            "fallback_after_s"),
+                           ({"run": ["true"], "needs": "some"}, "needs")):
+            refused = await api.post("/jobs", json={"spec": spec})
+            assert refused.status_code == 422 and says in refused.json()["message"], refused.text

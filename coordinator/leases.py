@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable
 
 from device_loop.core import FLASH_KIND, LEASE_PREFIX
 from device_loop.core.durations import format_duration, iso
-from device_loop.core.needs import Need
+from device_loop.core.needs import ANY_DEVICE, Need
 from device_loop.core.usage import commands
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
 
@@ -30,7 +30,7 @@ from .store.devices import DeviceQueries
 from .store.leases import LeaseQueries
 
 
-def describe_want(device: str | None, device_class: str | None, tags: list[str], need: Need = Need()) -> str:
+def describe_want(device: str | None, device_class: str | None, tags: list[str], need: Need = ANY_DEVICE) -> str:
     """What a reserve or a ticket asks for, in words: ``of class riscv-sbc with tags rvv, 8gb``,
     and what it may run on (``(needs any, real-hw after 60s)``)."""
     needs = f" ({need.words()})" if need.needs is not None else ""
@@ -158,7 +158,7 @@ class Leases:
 
     # ---- reserve, renew, release ------------------------------------------------------------
 
-    async def reserve(self, device_name: str, ttl_s: float | None, who: Who, need: Need = Need()) -> LeaseAnswer:
+    async def reserve(self, device_name: str, ttl_s: float | None, who: Who, need: Need = ANY_DEVICE) -> LeaseAnswer:
         """Reserve the device called ``device_name`` (or say why not, and what else is free),
         if it is what ``need`` takes (docs/architecture.md, "Who gets the next lease")."""
         ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
@@ -175,7 +175,7 @@ class Leases:
             return answer
 
     async def reserve_matching(self, device_class: str | None, tags: list[str], ttl_s: float | None,
-                               who: Who, need: Need = Need()) -> LeaseAnswer:
+                               who: Who, need: Need = ANY_DEVICE) -> LeaseAnswer:
         """Reserve a free device of ``device_class`` with all of ``tags`` that ``need`` takes: the
         one idle the longest, virtual ones first for ``needs = "any"`` (docs/architecture.md,
         "Who gets the next lease"), or say why none is. A fallback to real hardware applies
@@ -195,7 +195,7 @@ class Leases:
 
     PICKS = 4  # free devices a reserve by class tries, in case others take some at the same moment
 
-    async def none_free(self, device_class: str | None, tags: list[str], need: Need = Need()) -> APIError:
+    async def none_free(self, device_class: str | None, tags: list[str], need: Need = ANY_DEVICE) -> APIError:
         """The refusal of a reserve by class and tags that found no free device: 404 if none
         in the lab matches at all (its fallback's real devices counted: a ticket may wait for
         them), else 409 with how the matching ones stand."""

@@ -16,7 +16,7 @@ import secrets
 from typing import Awaitable, Callable
 
 from device_loop.core.durations import format_duration, iso
-from device_loop.core.needs import Need
+from device_loop.core.needs import ANY_DEVICE, Need
 from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, LeaseState
 
 from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer
@@ -76,7 +76,7 @@ class Scheduler:
     # ---- reserve --------------------------------------------------------------------------
 
     async def reserve(self, device: str | None, device_class: str | None, tags: list[str], ttl_s: float | None,
-                      queue: bool, who: Who, kind: TicketKind, need: Need = Need()) -> LeaseAnswer | TicketAnswer:
+                      queue: bool, who: Who, kind: TicketKind, need: Need = ANY_DEVICE) -> LeaseAnswer | TicketAnswer:
         """A lease of the named device, or of a free one of ``device_class`` with all of
         ``tags`` (or, with ``need``'s needs, neither: any device it takes), that ``need``
         takes; when there is none and ``queue``, a ticket (its ``kind`` is the caller's,

@@ -92,6 +92,10 @@ class Need:
         return describe(self.needs, self.fallback, self.wait_s)
 
 
+#: A request without needs: any device, as before needs existed.
+ANY_DEVICE = Need()
+
+
 def meets(fidelity: str, needs: Needs | None, fallen_back: bool = False) -> bool:
     """Whether a device of ``fidelity`` is what ``needs`` takes (``fallen_back``: its
     fallback to real hardware applies now)."""

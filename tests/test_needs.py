@@ -215,3 +215,163 @@ async def test_a_jobs_cells_reserve_with_its_needs(tmp_path):
                            ({"run": ["true"], "needs": "some"}, "needs")):
             refused = await api.post("/jobs", json={"spec": spec})
             assert refused.status_code == 422 and says in refused.json()["message"], refused.text
+
+
+# ---- the ISA matrix on emulated devices (docs/architecture.md, "Jobs and evidence") ---------------
+
+def isa_slots() -> list[dict]:
+    """Three emulated VM slots of one host, an ISA each, and a simulated board with SVE2 that a
+    matrix with needs any must never take."""
+    emulated = {"fidelity": "emulated", "device_class": "qemu", "facts": {FIDELITY_DETAIL: "TCG"}}
+    return [device("vm-arm", tags=("virtual", "aarch64", "sve2"), **emulated),
+            device("vm-rv", tags=("rvv",), **emulated),
+            device("vm-x86", tags=("virtual", "x86_64", "avx2"), **emulated),
+            device("sve-board", fidelity="simulated", tags=("sve2",))]
+
+
+async def test_an_isa_matrix_with_needs_any_runs_its_cells_side_by_side_on_emulators(tmp_path):
+    """Each cell on the emulated slot of its ISA, all leased at once; a group no device has is
+    "not run: no device" (the runner's refusal codes); the evidence says functional, not for
+    timing, beside every device and in every verdict line."""
+    from device_loop.client.runner import NO_SUCH_DEVICE, SAYS_NO_DEVICE
+    from device_loop.core.ab import fingerprint
+
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        exporter = FakeExporter(api, "host-a")
+        assert (await exporter.beat(isa_slots())).status_code == 200
+        groups = ["tags=sve2", "tags=rvv", "tags=avx2", "tags=avx512f"]
+        job = (await api.post("/jobs", json={"claim": True, "spec": {
+            "title": "SIMD kernels agree", "needs": "any", "matrix": {"over": groups},
+            "metrics": [{"name": "checksum_ms", "unit": "ms"}],
+            "ab": {"baseline": ["./kernel --scalar"], "patch": ["./kernel --simd"], "rounds": 6, "warmup": 0}}})).json()
+        leases = {}
+        for cell, group in enumerate(groups):  # as the runner's cells do, each in its own thread
+            tags = group.split("=")[1].split(",")
+            answer = await api.post(f"/jobs/{job['id']}/reserve", json={"cell": cell, "tags": tags})
+            if cell == 3:
+                refusal = answer.json()
+                assert answer.status_code == 404 and refusal["error"] in NO_SUCH_DEVICE, refusal
+                assert refusal["error"] in SAYS_NO_DEVICE and refusal["message"].startswith("no device")
+                continue
+            assert answer.status_code == 201, answer.text
+            leases[cell] = answer.json()
+        assert [leases[c]["device"] for c in range(3)] == ["vm-arm", "vm-rv", "vm-x86"], "never the SVE2 board"
+        live = [lease for lease in (await api.get("/leases")).json()]
+        assert len(live) == 3, "the three cells hold their slots at the same time"
+
+        for cell, lease in leases.items():
+            shown = (await api.get(f"/devices/{lease['device']}")).json()
+            made = fingerprint.gather(lambda command, timeout_s: _NoOutput(), lease, shown, "test")
+            assert (made.fidelity, made.fidelity_detail, made.emulated) == ("emulated", "TCG", True)
+            report = {"cell": cell, "group": groups[cell], "device": lease["device"], "lease_id": lease["id"],
+                      "fingerprint": made.model_dump(mode="json", by_alias=True)}
+            assert (await api.post(f"/jobs/{job['id']}/cells", json=report)).status_code == 200
+            for seq in range(12):
+                value = 10 + seq % 2 * 0.01 + seq / 1000
+                await api.post(f"/jobs/{job['id']}/runs", json={
+                    "cell": cell, "seq": seq, "arm": "AB"[seq % 2], "started_at": 1.0 + seq, "ended_at": 1.5 + seq,
+                    "status": 0, "samples": [{"metric": "checksum_ms", "value": value}]})
+        not_run = {"cell": 3, "group": "tags=avx512f", "not_run": "no device in the lab is with tag avx512f"}
+        assert (await api.post(f"/jobs/{job['id']}/cells", json=not_run)).status_code == 200
+        assert (await api.post(f"/jobs/{job['id']}/finish", json={"state": "done"})).status_code == 200
+
+        evidence = (await api.get(f"/jobs/{job['id']}/evidence")).text
+        assert "**Functional evidence only: every device it ran on is emulated (TCG): not for timing.**" in evidence
+        verdicts = [line for line in evidence.splitlines() if line.startswith("- checksum")]
+        assert len(verdicts) == 3 and all(line.endswith("; emulated (TCG): not for timing.") for line in verdicts), \
+            verdicts
+        for name in ("vm-arm", "vm-rv", "vm-x86"):
+            assert f"### cell {[d['device'] for d in leases.values()].index(name)}: {name} " in evidence
+        headings = [line for line in evidence.splitlines() if line.startswith("### cell")]
+        assert all(h.endswith(", emulated (TCG): not for timing") for h in headings if "avx512f" not in h), headings
+        assert "- fidelity: emulated (TCG): not for timing" in evidence
+        assert "Not run (tags=avx512f): no device" in evidence
+        summary = evidence.split("## Summary", 1)[1].split("## Results", 1)[0]
+        assert summary.count("emulated (TCG): not for timing") == 3, summary
+
+
+class _NoOutput:
+    """What an exec on a slot that printed nothing answers (the fingerprint's reads come back empty)."""
+    stdout, status, channel = "", 0, "console"
+
+
+async def test_a_plain_board_job_is_not_labelled_functional(tmp_path):
+    from device_loop.core.ab.evidence import functional_only
+    from device_loop.core.ab.jobs import CellReport, Fingerprint, JobSpec, JobView
+
+    spec = JobSpec.model_validate({"run": ["true"]})
+    cells = [CellReport(cell=0, device="hw0", fingerprint=Fingerprint(device="hw0", fidelity="hardware")),
+             CellReport(cell=1, device="vm0", fingerprint=Fingerprint(device="vm0", fidelity="emulated",
+                                                                      fidelity_detail="TCG", emulated=True))]
+    job = JobView(id="job-1", owner="ann", kind="interactive", state="done", spec=spec, created_at=1.0, cells=cells)
+    assert functional_only(job) == "", "one device it ran on is for timing"
+    assert functional_only(job.model_copy(update={"cells": cells[1:]})).endswith("emulated (TCG): not for timing.")
+    simulated = Fingerprint(device="sim0", fidelity="simulated", emulated=True)
+    assert simulated.timing_note == "simulated: not for timing" and simulated.what == "simulated"
+    assert Fingerprint(device="old", emulated=True).timing_note == "emulated: not for timing", "a stored one"
+    assert Fingerprint(device="vm1", fidelity="virtual", fidelity_detail="KVM").timing_note == ""
+
+
+# ---- what people and agents see ------------------------------------------------------------------
+
+async def test_the_board_device_page_api_and_mcp_show_fidelity_and_tickets_their_needs(tmp_path):
+    import httpx2
+    from mcp.client.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, exporter = await started(client)
+        devices = {d["name"]: d for d in (await api.get("/devices")).json()}
+        assert {n: d["fidelity"] for n, d in devices.items()} == {"sim0": "simulated", "hw0": "hardware",
+                                                                  "vm0": "emulated", "vm1": "virtual"}
+        assert devices["vm0"]["facts"] == {FIDELITY_DETAIL: "TCG"}
+        await reserve(client("bob"), device="vm1")
+        await reserve(client("bob"), device="vm0")
+        ticket = (await reserve(api, needs="any", fallback="real-hw", fallback_after_s=120, queue=True)).json()
+
+        board = (await api.get(f"{SITE}/")).text
+        assert '<span class="fidelity f-emulated">emulated (TCG)</span> <span class="mark"' in board
+        assert '<span class="fidelity f-virtual">virtual (KVM)</span></td>' in board, "a VM is for timing"
+        assert '<span class="fidelity f-simulated">simulated</span> <span class="mark"' in board
+        assert board.count("not for timing") == 2 and "<th>Fidelity</th>" in board
+        assert "(needs any, real-hw after 2m)" in board, "the queue says what a ticket may run on"
+        page = (await api.get(f"{SITE}/devices/vm0")).text
+        assert "emulated (TCG)" in page and "not for timing" in page
+
+        app = client.app
+        http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), headers={"X-Device-Loop-User": "carl"},
+                                  timeout=30)
+        async with Client(streamable_http_client("http://127.0.0.1/mcp", http_client=http)) as agent:
+            listed = (await agent.call_tool("list_devices", {})).structured_content["devices"]
+            assert {d["name"]: d["fidelity"] for d in listed}["vm0"] == "emulated"
+            info = (await agent.call_tool("device_info", {"device": "vm0"})).structured_content
+            assert info["fidelity"] == "emulated" and info["facts"][FIDELITY_DETAIL] == "TCG"
+            refused = await agent.call_tool("reserve", {"device": "sim0", "needs": "any"})
+            assert refused.is_error and "[wrong_fidelity]" in refused.content[0].text
+            assert "sim0 is simulated" in refused.content[0].text
+            queued = (await agent.call_tool("reserve", {"needs": "any", "queue": True})).structured_content
+            assert queued["needs"] == "any" and queued["kind"] == "batch"
+            bad = await agent.call_tool("reserve", {"needs": "any", "fallback_after_s": 5})
+            assert bad.is_error and "fallback_after goes with fallback" in bad.content[0].text
+        mine = (await api.get(f"/tickets/{ticket['ticket']}")).json()
+        assert (mine["needs"], mine["fallback"]) == ("any", "real-hw") and mine["fallback_at"]
+
+
+def test_ls_shows_each_device_s_fidelity(monkeypatch):
+    from click.testing import CliRunner
+
+    from device_loop.cli.commands import ls_command
+    from device_loop.client.lab import Lab
+
+    shown = [{**answer, "state": "idle", "host": "host-a", "holder": None, "expires_at": None, "resources": [],
+              "fidelity": fidelity, "facts": facts}
+             for answer, fidelity, facts in (({"name": "vm0", "class": "qemu"}, "emulated", {FIDELITY_DETAIL: "TCG"}),
+                                             ({"name": "sim0", "class": "sim-board"}, "simulated", {}))]
+    monkeypatch.setattr(Lab, "devices", lambda self, **kwargs: shown)
+    done = CliRunner().invoke(ls_command, ["--coordinator", "http://127.0.0.1:9", "--user", "ann"],
+                              obj={"coordinator": None, "user": None})
+    assert done.exit_code == 0, done.output
+    header, *rows = done.output.splitlines()
+    assert header.split()[:4] == ["NAME", "CLASS", "FIDELITY", "STATE"]
+    assert rows[0].split()[:5] == ["vm0", "qemu", "emulated", "(TCG)", "idle"] and rows[1].split()[2] == "simulated"

@@ -117,8 +117,8 @@ class TicketQueries:
             "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END = :first AND "
             "(t.created_at < :at OR t.created_at = :at AND t.id < :id)))",
             w=TicketState.WAITING, d=ticket["device"] or "", c=ticket["device_class"] or "",
-            tags=json.dumps(ticket["tags"]), needs=ticket["needs"] or "", id=ticket["id"], interactive=TicketKind.INTERACTIVE, aged=aged_before,
-            first=first, at=ticket["created_at"])
+            tags=json.dumps(ticket["tags"]), needs=ticket["needs"] or "", id=ticket["id"],
+            interactive=TicketKind.INTERACTIVE, aged=aged_before, first=first, at=ticket["created_at"])
         return row["n"]
 
     async def count_ticket(self, requester: str, limit: int | None) -> bool:

@@ -353,7 +353,7 @@ def is_emulated(device: Mapping[str, Any]) -> bool:
 def _fidelity(device: Mapping[str, Any]) -> Fidelity | None:
     """The device's fidelity as the coordinator says it (None: it says none it knows)."""
     said = device.get("fidelity")
-    return Fidelity(said) if said in Fidelity.__members__.values() else None
+    return Fidelity(str(said)) if said in Fidelity.__members__.values() else None
 
 
 def _fidelity_detail(device: Mapping[str, Any]) -> str:

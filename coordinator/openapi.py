@@ -13,6 +13,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import models_json_schema
 
 from device_loop.core import LEASE_PREFIX, NAME_PATTERN, PROTOCOL_VERSION, __version__
+from device_loop.core.vocabulary import Needs
 
 from .identity import ANYONE, RESERVED_NAMES, SAFE_METHODS, USER_HEADER, USERNAME
 from .images import MIN_PREFIX_DIGITS
@@ -48,12 +49,20 @@ CHECKED: dict[tuple[str, str | None], dict[str, Any]] = {
          "properties": {"exporter_host": {"type": "string"}, "user": {"type": "null"}}}]},
     ("Heartbeat", "protocol"): {"type": "integer", "const": PROTOCOL_VERSION,
                                 "description": "the exporter protocol this coordinator speaks"},
-    # reserve: a device by name, or a class and/or tags (scheduler.py)
-    ("ReserveIn", None): {"anyOf": [
-        {"required": ["device"], "properties": {"device": {"type": "string"}, "class": {"type": "null"},
-                                                "tags": {"maxItems": 0}}},
-        {"required": ["class"], "properties": {"class": {"type": "string"}, "device": {"type": "null"}}},
-        {"required": ["tags"], "properties": {"tags": {"minItems": 1}, "device": {"type": "null"}}}]},
+    # reserve: a device by name, or a class and/or tags, or needs (scheduler.py); a fallback goes
+    # with needs any, and its wait with a fallback (core/needs.py)
+    ("ReserveIn", None): {"allOf": [
+        {"anyOf": [
+            {"required": ["device"], "properties": {"device": {"type": "string"}, "class": {"type": "null"},
+                                                    "tags": {"maxItems": 0}}},
+            {"required": ["class"], "properties": {"class": {"type": "string"}, "device": {"type": "null"}}},
+            {"required": ["tags"], "properties": {"tags": {"minItems": 1}, "device": {"type": "null"}}},
+            {"required": ["needs"], "properties": {"needs": {"type": "string"}, "device": {"type": "null"}}}]},
+        {"anyOf": [{"properties": {"fallback": {"type": "null"}}},
+                   {"required": ["needs", "fallback"], "properties": {"needs": {"const": Needs.ANY.value},
+                                                                      "fallback": {"const": Needs.REAL_HW.value}}}]},
+        {"anyOf": [{"properties": {"fallback_after_s": {"type": "null"}}},
+                   {"required": ["fallback"], "properties": {"fallback": {"const": Needs.REAL_HW.value}}}]}]},
     # a job runs its commands or an A/B pair, and a matrix expands a pair (core/ab/jobs.py)
     ("JobSpec", None): {"oneOf": [
         {"required": ["run"], "properties": {"run": {"minItems": 1}, "ab": {"type": "null"},

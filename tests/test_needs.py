@@ -175,8 +175,10 @@ async def test_a_real_hw_ticket_never_takes_a_virtual_device(tmp_path):
     ({"fallback": "real-hw", "tags": ["x"]}, "fallback goes with needs 'any'"),
     ({"needs": "any", "fallback": "any"}, "the only fallback is 'real-hw'"),
     ({"needs": "any", "fallback_after_s": 30}, "fallback_after goes with fallback"),
-    ({"needs": "any", "fallback": "real-hw", "fallback_after_s": 1e12}, "fallback_after is 0 to 86400"),
-    ({"needs": "any", "fallback": "real-hw", "fallback_after_s": -1}, "fallback_after is 0 to 86400"),
+    ({"needs": "any", "fallback": "real-hw", "fallback_after_s": 1e12}, "fallback_after_s: Input should be less "
+                                                                         "than or equal to 86400"),
+    ({"needs": "any", "fallback": "real-hw", "fallback_after_s": -1}, "fallback_after_s: Input should be greater "
+                                                                       "than or equal to 0"),
     ({"needs": "any", "fallback": "real-hw", "fallback_after_s": "soon"}, "fallback_after_s"),
     ({"needs": ["any"]}, "needs"),
 ])

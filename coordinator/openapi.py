@@ -40,6 +40,20 @@ IMAGE_NAME = {"type": "string", "pattern": f"^(?![0-9a-fA-F]{{{MIN_PREFIX_DIGITS
               "description": "a name that does not look like a sha256's start"}
 SHA256 = {"type": "string", "pattern": "^[0-9a-fA-F]{64}$"}
 LEASE_LENGTH = {"type": "number", "minimum": 1}  # and the lab's --max-ttl at most
+def _each_with_each(first: list[dict[str, Any]], second: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The branches of ``anyOf: first`` and ``anyOf: second`` both holding, as one ``anyOf``
+    (one of each, their requirements and properties merged): a flat list, as the document's
+    other checks are, rather than an ``allOf`` of them."""
+    merged = []
+    for one in first:
+        for other in second:
+            properties = {name: {**one.get("properties", {}).get(name, {}), **schema}
+                          for name, schema in other.get("properties", {}).items()}
+            merged.append({"required": sorted(set(one.get("required", [])) | set(other.get("required", []))),
+                           "properties": {**one.get("properties", {}), **properties}})
+    return merged
+
+
 # What the rules check beyond the request models, as (model, field): schema (a field that may
 # be null keeps its null; field None: the model's own schema).
 CHECKED: dict[tuple[str, str | None], dict[str, Any]] = {
@@ -50,19 +64,16 @@ CHECKED: dict[tuple[str, str | None], dict[str, Any]] = {
     ("Heartbeat", "protocol"): {"type": "integer", "const": PROTOCOL_VERSION,
                                 "description": "the exporter protocol this coordinator speaks"},
     # reserve: a device by name, or a class and/or tags, or needs (scheduler.py); a fallback goes
-    # with needs any, and its wait with a fallback (core/needs.py)
-    ("ReserveIn", None): {"allOf": [
-        {"anyOf": [
-            {"required": ["device"], "properties": {"device": {"type": "string"}, "class": {"type": "null"},
-                                                    "tags": {"maxItems": 0}}},
-            {"required": ["class"], "properties": {"class": {"type": "string"}, "device": {"type": "null"}}},
-            {"required": ["tags"], "properties": {"tags": {"minItems": 1}, "device": {"type": "null"}}},
-            {"required": ["needs"], "properties": {"needs": {"type": "string"}, "device": {"type": "null"}}}]},
-        {"anyOf": [{"properties": {"fallback": {"type": "null"}}},
-                   {"required": ["needs", "fallback"], "properties": {"needs": {"const": Needs.ANY.value},
-                                                                      "fallback": {"const": Needs.REAL_HW.value}}}]},
-        {"anyOf": [{"properties": {"fallback_after_s": {"type": "null"}}},
-                   {"required": ["fallback"], "properties": {"fallback": {"const": Needs.REAL_HW.value}}}]}]},
+    # with needs any, and its wait with a fallback (core/needs.py): one flat anyOf of both
+    ("ReserveIn", None): {"anyOf": _each_with_each(
+        [{"required": ["device"], "properties": {"device": {"type": "string"}, "class": {"type": "null"},
+                                                "tags": {"maxItems": 0}}},
+         {"required": ["class"], "properties": {"class": {"type": "string"}, "device": {"type": "null"}}},
+         {"required": ["tags"], "properties": {"tags": {"minItems": 1}, "device": {"type": "null"}}},
+         {"required": ["needs"], "properties": {"needs": {"type": "string"}, "device": {"type": "null"}}}],
+        [{"properties": {"fallback": {"type": "null"}, "fallback_after_s": {"type": "null"}}},
+         {"required": ["needs", "fallback"], "properties": {"needs": {"const": Needs.ANY.value},
+                                                            "fallback": {"const": Needs.REAL_HW.value}}}])},
     # a job runs its commands or an A/B pair, and a matrix expands a pair (core/ab/jobs.py)
     ("JobSpec", None): {"oneOf": [
         {"required": ["run"], "properties": {"run": {"minItems": 1}, "ab": {"type": "null"},

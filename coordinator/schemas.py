@@ -92,10 +92,10 @@ class NeedsIn(Strict):
     fallback: Needs | None = Field(default=None, description="with needs 'any': 'real-hw', a real device once it "
                                                              "waited fallback_after_s for a virtual one (a queued "
                                                              "ticket's wait); default: none")
-    fallback_after_s: float | None = Field(default=None, ge=0, le=MAX_FALLBACK_AFTER_S, description="with fallback: seconds to wait for a virtual "
-                                                                     f"device first (0 to {MAX_FALLBACK_AFTER_S:g}, "
-                                                                     "default "
-                                                                     f"{DEFAULT_FALLBACK_AFTER_S:g}, e.g. 120)")
+    fallback_after_s: float | None = Field(
+        default=None, ge=0, le=MAX_FALLBACK_AFTER_S,
+        description=f"with fallback: seconds to wait for a virtual device first (0 to {MAX_FALLBACK_AFTER_S:g}, "
+                    f"default {DEFAULT_FALLBACK_AFTER_S:g}, e.g. 120)")
 
     @model_validator(mode="after")
     def _fallback_with_needs_any(self):

@@ -131,8 +131,10 @@ def fingerprint_text(data: dict) -> str:
               for policy in data.get("cpufreq") or []]
     facts += [(f"thermal {zone}", f"{celsius:.1f} °C") for zone, celsius in (data.get("thermal") or {}).items()]
     facts += [(key, value) for key, value in (data.get("extra") or {}).items()]
-    if data.get("emulated"):
-        facts.append(("emulated", "yes: its numbers are not for timing"))
+    from device_loop.core.ab.jobs import Fingerprint  # (as the fingerprint command has it loaded already)
+
+    shown = Fingerprint.model_validate(data)
+    facts.append(("fidelity", shown.timing_note or shown.what))
     width = max(len(name) for name, _ in facts)
     lines += [f"  {name:<{width}}  {value}" for name, value in facts if value not in (None, "")]
     return "\n".join(lines)

@@ -169,9 +169,12 @@ def ticket_kind(ctx: Ctx) -> TicketKind:
 
 async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer | TicketAnswer:
     """Reserve a device by name, or any free device of a class and/or with tags (the one idle
-    the longest). Answers at once with a lease (state 'pending' until its endpoints are up:
-    follow it with lease_status), or, with queue, a ticket when nothing that matches is free
-    (follow it with ticket_status until it holds a lease), or says why not and what is free."""
+    the longest), of what needs takes ('any': a virtual machine or an emulator; 'real-hw': a
+    board or a simulated one). Answers at once with a lease (state 'pending' until its
+    endpoints are up: follow it with lease_status), or, with queue, a ticket when nothing that
+    matches is free (follow it with ticket_status until it holds a lease; with needs 'any' and
+    fallback 'real-hw' it takes a board too after fallback_after_s), or says why not and what
+    is free."""
     return await ctx.rules.scheduler.reserve(args.device, args.device_class, args.tags, args.ttl_s, args.queue,
                                              ctx.caller, ticket_kind(ctx), args.need)
 

@@ -377,3 +377,13 @@ def test_ls_shows_each_device_s_fidelity(monkeypatch):
     header, *rows = done.output.splitlines()
     assert header.split()[:4] == ["NAME", "CLASS", "FIDELITY", "STATE"]
     assert rows[0].split()[:5] == ["vm0", "qemu", "emulated", "(TCG)", "idle"] and rows[1].split()[2] == "simulated"
+
+
+def test_a_fingerprint_says_what_the_device_is_and_how():
+    from device_loop.cli.exec import fingerprint_text
+
+    said = fingerprint_text({"device": "vm0", "class": "qemu", "fidelity": "emulated", "fidelity_detail": "TCG",
+                             "emulated": True})
+    assert "fidelity     emulated (TCG): not for timing" in said, said
+    assert "fidelity     virtual (KVM)" in fingerprint_text({"device": "vm1", "fidelity": "virtual",
+                                                              "fidelity_detail": "KVM"})

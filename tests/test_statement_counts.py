@@ -178,6 +178,10 @@ async def test_a_reserve_by_class_costs_the_same_at_20_and_200_devices(tmp_path,
             assert (await api.post(f"/leases/{lease['id']}/release")).status_code == 200
             costs[size, "name"] = await count(rules, lambda: reserve({"device": "b7"}))
             assert lease["device"] == "b7", lease
+            # what it needs is read in the same query (docs/architecture.md, "Who gets the next lease")
+            costs[size, "needs"] = await count(rules, lambda: reserve({"class": GRANT_CLASS, "tags": tags,
+                                                                       "needs": "real-hw"}))
+            assert costs[size, "needs"] == costs[size, "class"] and lease["device"] != "b7", (costs, lease)
     assert costs[20, "class"] == costs[200, "class"], f"a reserve by class costs more in a bigger lab: {costs}"
     assert costs[20, "name"] == costs[200, "name"], costs
     # (a reserve by name reads its device; one by class reads the free ones of the class instead)

@@ -105,10 +105,13 @@ class LocalLab:
 
 
 @contextlib.contextmanager
-def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
-    """Yield a :class:`LocalLab` serving ``devices``, all idle."""
+def local_lab(devices: list[dict], heartbeat_s: float = 5.0, prepare=None, idle_s: float = 60.0):
+    """Yield a :class:`LocalLab` serving ``devices``, all idle (within ``idle_s``). ``prepare(folder,
+    env)``, before anything starts, may put files in the lab's folder and change its environment."""
     tmp = Path(tempfile.mkdtemp(prefix="devloop-bench-"))
     env = bench_env(tmp)
+    if prepare is not None:
+        prepare(tmp, env)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     config = {"exporter": {"name": "bench", "coordinator": url, "heartbeat_s": heartbeat_s,
@@ -119,7 +122,7 @@ def local_lab(devices: list[dict], heartbeat_s: float = 5.0):
     try:
         procs.insert(0, spawn(["exporter", "--config", str(tmp / "exporter.toml")], env, tmp / "exporter.log"))
         names = {d["name"] for d in devices}
-        wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, 60,
+        wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, idle_s,
              "idle devices")
         yield LocalLab(api, url, procs[-1], procs[0], env | {"DEVICE_LOOP_COORDINATOR": url, "DEVICE_LOOP_USER": "bench"},
                        tmp)

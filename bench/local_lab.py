@@ -105,9 +105,11 @@ class LocalLab:
 
 
 @contextlib.contextmanager
-def local_lab(devices: list[dict], heartbeat_s: float = 5.0, prepare=None, idle_s: float = 60.0):
-    """Yield a :class:`LocalLab` serving ``devices``, all idle (within ``idle_s``). ``prepare(folder,
-    env)``, before anything starts, may put files in the lab's folder and change its environment."""
+def local_lab(devices: list[dict], heartbeat_s: float = 5.0, prepare=None, idle_s: float = 60.0,
+              names: set[str] | None = None):
+    """Yield a :class:`LocalLab` serving ``devices``, all idle (within ``idle_s``; ``names``: the
+    devices they are, where an entry is several). ``prepare(folder, env)``, before anything
+    starts, may put files in the lab's folder and change its environment."""
     tmp = Path(tempfile.mkdtemp(prefix="devloop-bench-"))
     env = bench_env(tmp)
     if prepare is not None:
@@ -121,7 +123,7 @@ def local_lab(devices: list[dict], heartbeat_s: float = 5.0, prepare=None, idle_
     api = httpx2.Client(base_url=f"{url}/api/v1", headers={"X-Device-Loop-User": "bench"}, timeout=30)
     try:
         procs.insert(0, spawn(["exporter", "--config", str(tmp / "exporter.toml")], env, tmp / "exporter.log"))
-        names = {d["name"] for d in devices}
+        names = names or {d["name"] for d in devices}
         wait(lambda: {d["name"] for d in api.get("/devices").json() if d["state"] == "idle"} >= names, idle_s,
              "idle devices")
         yield LocalLab(api, url, procs[-1], procs[0], env | {"DEVICE_LOOP_COORDINATOR": url, "DEVICE_LOOP_USER": "bench"},

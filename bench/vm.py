@@ -87,7 +87,8 @@ def await_prompt(sock: socket.socket, deadline: float) -> None:
 
 
 def lease_to_prompt(api: httpx2.Client, body: dict) -> tuple[float, dict]:
-    """(seconds from the reserve to the console's prompt, the lease)."""
+    """(seconds from the reserve to the console's prompt, the lease with ``ready_s``: from the
+    reserve to the lease ready)."""
     started = time.perf_counter()
     lease = api.post("/leases", json={"ttl_s": 600, **body}).json()
     if "id" not in lease:
@@ -96,30 +97,39 @@ def lease_to_prompt(api: httpx2.Client, body: dict) -> tuple[float, dict]:
         lease = api.get(f"/leases/{lease['id']}", params={"wait": 10, "unless": "pending"}).json()
         if lease["state"] not in ("pending", "active"):
             raise SystemExit(f"lease ended: {lease['reason']}")
+    lease["ready_s"] = time.perf_counter() - started
     console = next(e for e in lease["endpoints"] if e.get("role") == "console" and e.get("protocol") == "raw")
     with socket.create_connection((console["host"], console["port"]), timeout=10) as sock:
         await_prompt(sock, time.monotonic() + BOOT_WAIT_S)
     return time.perf_counter() - started, lease
 
 
-def pool_ready(api: httpx2.Client, url: str, slot: str) -> bool:
-    """Whether ``slot``'s pool has a VM at its prompt, as the exporter last reported it
-    (``devloop_metrics``: ``slot_NAME_ready``)."""
-    name = f"device_loop_plugin_slot_{re.sub(r'[^a-z0-9]+', '_', slot)}_ready"
-    text = httpx2.get(f"{url}/metrics", timeout=10).text
-    return any(line.startswith(name + "{") and float(line.rsplit(" ", 1)[1]) >= 1 for line in text.splitlines())
+def pool(url: str, slot: str) -> dict[str, float]:
+    """``slot``'s pool as the exporter last reported it (the qemu plugin's ``devloop_metrics``,
+    ``slot_NAME_*``): ``ready``, ``boots``..."""
+    prefix = f"device_loop_plugin_slot_{re.sub(r'[^a-z0-9]+', '_', slot)}_"
+    said = {}
+    for line in httpx2.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith(prefix) and "{" in line:
+            said[line[len(prefix):line.index("{")]] = float(line.rsplit(" ", 1)[1])
+    return said
 
 
-def leases(lab, device: str, rounds: int, warm: bool) -> list[float]:
-    times = []
+def leases(lab, device: str, rounds: int, warm: bool) -> tuple[list[float], list[float]]:
+    """(reserve -> prompt, reserve -> lease ready) of ``rounds`` leases of ``device``, one after another."""
+    times, ready = [], []
+    boots = 0.0
     for _ in range(rounds):
-        if warm:
-            wait(lambda: pool_ready(lab.api, lab.url, device), BOOT_WAIT_S, f"{device}'s pool warm")
+        if warm:  # a VM booted after the last lease took one (a report from before that take says ready too)
+            counts = wait(lambda after=boots: (c := pool(lab.url, device)) and c.get("ready", 0) >= 1
+                          and c.get("boots", 0) > after and c, BOOT_WAIT_S, f"{device}'s pool warm")
+            boots = counts["boots"]
         seconds, lease = lease_to_prompt(lab.api, {"device": device})
         times.append(seconds)
+        ready.append(lease["ready_s"])
         lab.api.post(f"/leases/{lease['id']}/release")
         wait(lambda: lab.api.get(f"/devices/{device}").json()["state"] == "idle", BOOT_WAIT_S, f"{device} idle")
-    return times
+    return times, ready
 
 
 def by_hand(guest, rounds: int) -> list[float]:
@@ -198,10 +208,10 @@ def main() -> None:
                              "~/.cache/device-loop/guests)")
     args = parser.parse_args()
     guest = build_guest(ARCH, args.cache)
-    with local_lab(slots(), heartbeat_s=1.0, prepare=prepared(guest), idle_s=BOOT_WAIT_S) as lab:
-        wait(lambda: pool_ready(lab.api, lab.url, WARM), BOOT_WAIT_S, "the warm slot's first VM")
-        warm = leases(lab, WARM, args.n, warm=True)
-        cold = leases(lab, COLD, args.n, warm=False)
+    devices = {WARM, COLD, *(f"{MANY}-{n}" for n in range(AT_ONCE))}
+    with local_lab(slots(), heartbeat_s=1.0, prepare=prepared(guest), idle_s=BOOT_WAIT_S, names=devices) as lab:
+        warm, warm_ready = leases(lab, WARM, args.n, warm=True)
+        cold, _ = leases(lab, COLD, args.n, warm=False)
         hand = by_hand(guest, args.n)
         many, everything, how = at_once(lab)
     floor = pct(hand, 50)
@@ -209,6 +219,7 @@ def main() -> None:
     print(row("QEMU by hand, spawn -> prompt (floor)", hand))
     print(row("reserve -> prompt, cold slot", cold, floor))
     print(row("reserve -> prompt, warm slot", warm))
+    print(row("  of which reserve -> lease ready", warm_ready))
     print(f"  {AT_ONCE} leases at once ({how}): all served; the last prompt after {ms(everything)}; "
           f"each: {', '.join(ms(t).strip() for t in sorted(many))}")
 

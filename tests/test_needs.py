@@ -291,6 +291,11 @@ async def test_an_isa_matrix_with_needs_any_runs_its_cells_side_by_side_on_emula
         assert "Not run (tags=avx512f): no device" in evidence
         summary = evidence.split("## Summary", 1)[1].split("## Results", 1)[0]
         assert summary.count("emulated (TCG): not for timing") == 3, summary
+        page = (await api.get(f"{SITE}/jobs/{job['id']}")).text
+        assert page.count('<span class="mark">emulated (TCG): not for timing</span>') == 3
+        assert '<span class="needs">needs any</span>' in page
+        listed = (await api.get(f"{SITE}/jobs")).text
+        assert '<td data-label="Needs">any</td>' in listed
 
 
 class _NoOutput:
@@ -387,3 +392,31 @@ def test_a_fingerprint_says_what_the_device_is_and_how():
     assert "fidelity     emulated (TCG): not for timing" in said, said
     assert "fidelity     virtual (KVM)" in fingerprint_text({"device": "vm1", "fidelity": "virtual",
                                                               "fidelity_detail": "KVM"})
+
+
+async def test_a_fallback_that_waits_nothing_takes_a_virtual_device_first(tmp_path):
+    """Virtual devices go first wherever a fallback could take a board: by name the boards
+    (hw0, sim0) come before vm0, and idle as long."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api, _ = await started(client)
+        body = {"needs": "any", "fallback": "real-hw", "fallback_after_s": 0}
+        picks = [(await reserve(api, **body)).json()["device"] for _ in range(4)]
+        assert sorted(picks[:2]) == ["vm0", "vm1"] and sorted(picks[2:]) == ["hw0", "sim0"], picks
+        waits = (await reserve(api, **body, tags=["avx2"], queue=True)).json()
+        clock.advance(1)
+        plain = (await reserve(api, tags=["avx2"], queue=True)).json()
+        assert (waits["position"], plain["position"]) == (1, 1), "a place in the line of what each needs"
+
+
+def test_reserve_s_flags_say_what_goes_with_what():
+    from click.testing import CliRunner
+
+    from device_loop.cli.commands import reserve_command
+
+    for args, says in ((["--fallback", "real-hw", "--tags", "x"], "--fallback goes with --needs any"),
+                       (["--needs", "real-hw", "--fallback", "real-hw"], "--fallback goes with --needs any"),
+                       (["--needs", "any", "--fallback-after", "30s"], "--fallback-after goes with --fallback"),
+                       (["--needs", "gpu"], "'gpu' is not one of 'real-hw', 'any'")):
+        done = CliRunner().invoke(reserve_command, ["--coordinator", "http://127.0.0.1:9", "--user", "ann", *args],
+                                  obj={"coordinator": None, "user": None})
+        assert done.exit_code == 2 and says in done.output, done.output

@@ -147,12 +147,14 @@ def test_the_vm_s_command_line_is_the_slot_s_alone(lab):
     assert refused.status_code == 422, refused.text
     config = load_config(lab.exporter.config_path)
     entry = parse_entries(config, {"qemu": QemuConfig})[0]
-    mine = {pid: words for pid, words in qemu_processes(lab.state_dir).items()}
-    expected = []
-    for folder in vm_folders(lab.state_dir):  # (the x86 slot's: the arm one has no VM between leases)
-        launch = Launch(lab.state_dir / "qemu" / "run" / folder, "tcg")
-        expected.append(argv(entry.config, launch, "qemu-system-x86_64")[1:])
-    assert sorted(words[1:] for words in mine.values()) == sorted(expected)
+
+    def same() -> bool:  # (between a VM's folder and its QEMU, a boot or an end may be under way)
+        expected = [argv(entry.config, Launch(lab.state_dir / "qemu" / "run" / folder, "tcg"),
+                         "qemu-system-x86_64")[1:] for folder in vm_folders(lab.state_dir) if folder.startswith("vm-")]
+        running = [words[1:] for words in qemu_processes(lab.state_dir).values()
+                   if any("/qemu/run/vm-" in word for word in words)]
+        return sorted(running) == sorted(expected)
+    wait_for(same, timeout=30, what="each QEMU's command line to be its slot's")
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
     wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
 
@@ -201,6 +203,22 @@ def test_the_isa_tags_are_what_the_guest_s_cpuinfo_says(lab, device):
     assert {"asimd" if tag == "neon" else tag for tag in isa_tags(arch, cpu)} <= features, said.stdout
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
     wait_state(lab.coordinator, device, "idle", timeout=30)
+
+
+def test_a_leased_vm_that_dies_fails_its_device_and_the_next_lease_gets_a_fresh_one(lab):
+    wait_state(lab.coordinator, "arm", "idle", timeout=60)
+    lease = lab.active(reserve(lab.coordinator, "arm")["id"])
+    (pid,) = [pid for pid, words in qemu_processes(lab.state_dir).items() if "qemu-system-aarch64" in words[0]]
+    os.kill(pid, signal.SIGKILL)
+    dead = wait_for(lambda: (d := lab.coordinator.api("/devices/arm").json())["health"] == "failed" and d,
+                    timeout=30, what="the device failed")
+    assert "its VM exited" in dead["health_reason"], dead
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "arm", "idle", timeout=30)
+    lease = lab.active(reserve(lab.coordinator, "arm")["id"])
+    assert lab.cli("exec", lease["id"], "uname -m").stdout.strip() == "aarch64"
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "arm", "idle", timeout=30)
 
 
 def test_an_exporter_killed_with_vms_running_leaves_none_after_its_next_start(lab):

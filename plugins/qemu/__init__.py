@@ -46,6 +46,7 @@ FLASH = OperationKind("flash", "replace the slot's base disk (its initramfs when
                       destructive=True)
 SSH_COMMAND = "ssh -p {port} {user}@{host}"
 BAUD = 115200  # what the console endpoint says (a pty has no speed)
+MAX_NAME_CHARS = 64  # a device's name (core NAME_PATTERN)
 MAX_METRICS = 64  # names a plugin may report (core/hookspecs.py, devloop_metrics)
 
 
@@ -127,6 +128,10 @@ class QemuPlugin:
             self.versions[program] = output.strip().splitlines()[0] if code == 0 and output.strip() else "unknown"
         for entry in host.entries:
             config: QemuConfig = entry.config
+            long = [device for device in config.devices(entry.device) if len(device) > MAX_NAME_CHARS]
+            if long:
+                raise ValueError(f"slot {entry.device}: its device {long[0]} has a name longer than "
+                                 f"{MAX_NAME_CHARS} characters (a shorter slot name)")
             slot = Slot(entry.device, config, entry.device_class, entry.tags, config.devices(entry.device),
                         Pool(entry.device, config, functools.partial(self._vm, host, config, entry.device)))
             self.slots[slot.name] = slot
@@ -195,11 +200,16 @@ class QemuPlugin:
         if problem:
             return Health("failed", problem)
         attached = self.attached.get(resource.device)
-        if attached is not None and attached.vm.proc is not None and not attached.vm.alive():
-            return Health("failed", f"its VM exited: {last_lines(attached.vm.proc.output(), 2, 200)}")
+        if attached is not None and attached.vm.proc is not None:  # (proc None: powered off on purpose)
+            vm = attached.vm
+            if not vm.alive():
+                return Health("failed", f"its VM exited: {last_lines(vm.proc.output(), 2, 200)}")
+            status = vm.status()
+            if status != "running":  # a guest QEMU stopped (an internal error, a panic) or a hung monitor
+                return Health("failed", f"its VM is {status} (QMP): it ends with the lease, the next one is fresh")
         if slot.pool.last_error:
             return Health("degraded", slot.pool.last_error)
-        return Health("ok", f"KVM: {self.kvm.reason}" if not self.kvm.works else "")
+        return Health("ok")
 
     @hookimpl
     def devloop_fingerprint(self, host: HostContext, resource: Resource) -> Mapping[str, str] | None:
@@ -210,7 +220,8 @@ class QemuPlugin:
         return {"fidelity.detail": "KVM" if self._accel(config) == "kvm" else "TCG",
                 "qemu.version": self.versions.get(program_of(config.arch), "unknown"),
                 "qemu.cpu": "host" if self._accel(config) == "kvm" and config.cpu is None else config.cpu_model,
-                "qemu.machine": config.machine_name, "qemu.memory_mib": str(config.memory),
+                "qemu.machine": config.machine_name, "qemu.kvm": self.kvm.reason[:200],
+                "qemu.memory_mib": str(config.memory),
                 "qemu.cores": str(config.cores)}
 
     @hookimpl

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qemu.qmp import QMPClient
+from qemu.qmp import QMPClient, QMPError
 
 from device_loop.plugin import HostContext, find_program, last_lines
 
@@ -83,6 +83,8 @@ def argv(config: QemuConfig, launch: Launch, program: str) -> list[str]:
     line = [program, "-accel", launch.accel, "-machine", config.machine_name, "-cpu", cpu,
             "-m", str(config.memory), "-smp", str(config.cores),
             "-nodefaults", "-no-user-config", "-display", "none",
+            # a guest that breaks out of QEMU finds a process that may not exec, gain privileges or renice
+            "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
             "-chardev", "pty,id=console", "-serial", "chardev:console",
             "-qmp", f"unix:{launch.qmp_socket},server=on,wait=off",
             "-kernel", config.kernel, "-append", config.command_line()]
@@ -259,14 +261,19 @@ class VM:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.alive()
 
-    def running(self) -> bool:
-        """Its guest runs (QMP ``query-status``), as a power switch reads back."""
+    def status(self) -> str:
+        """QMP's ``query-status`` (``running``, ``paused``, ``internal-error``, ``guest-panicked``...),
+        ``off`` when its QEMU is gone, ``no answer`` when its monitor does not answer."""
         if not self.alive():
-            return False
+            return "off"
         try:
-            return qmp(self.launch.qmp_socket, "query-status", timeout=2.0).get("status") == "running"
-        except (OSError, EOFError, asyncio.TimeoutError):
-            return False
+            return str(qmp(self.launch.qmp_socket, "query-status", timeout=2.0).get("status"))
+        except (OSError, EOFError, asyncio.TimeoutError, QMPError):
+            return "no answer"
+
+    def running(self) -> bool:
+        """Its guest runs (QMP), as a power switch reads back."""
+        return self.status() == "running"
 
     def power_off(self) -> None:
         """End its QEMU (QMP ``quit``, then its process group killed if it lingers) but keep its

@@ -343,6 +343,7 @@ async def test_the_board_device_page_api_and_mcp_show_fidelity_and_tickets_their
         assert '<span class="fidelity f-simulated">simulated</span> <span class="mark"' in board
         assert board.count("not for timing") == 2 and "<th>Fidelity</th>" in board
         assert "(needs any, real-hw after 2m)" in board, "the queue says what a ticket may run on"
+        assert '<option value="any">needs any</option>' in board, "the board's reserve form asks what it needs"
         page = (await api.get(f"{SITE}/devices/vm0")).text
         assert "emulated (TCG)" in page and "not for timing" in page
 

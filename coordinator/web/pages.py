@@ -19,7 +19,7 @@ from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES, NAME
 from device_loop.core.durations import format_duration, iso
 from device_loop.core.needs import FIDELITY_DETAIL, meets
 from device_loop.core.usage import camera_urls, screen_url
-from device_loop.core.vocabulary import NOT_FOR_TIMING, OPEN_TICKET_STATES, TicketState
+from device_loop.core.vocabulary import NOT_FOR_TIMING, OPEN_TICKET_STATES, Needs, TicketState
 
 from ..errors import APIError, not_found
 from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_identity
@@ -34,6 +34,7 @@ TEMPLATES.env.filters["iso"] = iso
 TEMPLATES.env.filters["duration"] = format_duration
 TEMPLATES.env.globals["fidelity_detail"] = FIDELITY_DETAIL  # the fact that says how it is emulated: "TCG"
 TEMPLATES.env.globals["not_for_timing"] = [f.value for f in NOT_FOR_TIMING]
+TEMPLATES.env.globals["needs_choices"] = [n.value for n in Needs]  # the board's reserve form
 # as an HTML pattern (anchored by itself; browsers read it with the v flag, where a "-" is escaped)
 TEMPLATES.env.globals["name_pattern"] = NAME_PATTERN.strip("^$").replace("-]", "\\-]")
 LEASE_LENGTHS_S = (1800, 3600, 7200, 14400, 86400)  # what the page offers, up to this lab's maximum

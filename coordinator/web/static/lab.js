@@ -349,9 +349,13 @@
       const field = (name) => form.querySelector(`[name="${name}"]`);
       const wanted = field("class").value.trim();
       const tags = field("tags").value.split(",").map((tag) => tag.trim()).filter(Boolean);  // (as the CLI's)
-      if (!wanted && !tags.length) throw new Error("Give a class, tags or both: any free device that fits is yours");
+      const needs = field("needs").value;  // "": any device; real-hw; any (a virtual machine or an emulator)
+      if (!wanted && !tags.length && !needs) {
+        throw new Error("Give a class, tags, what it needs, or more: any free device that fits is yours");
+      }
       const body = {tags, queue: field("queue").checked, ttl_s: ttl()};
       if (wanted) body.class = wanted;
+      if (needs) body.needs = needs;
       reserved(await call("POST", "/api/v1/leases", body));
     },
     async "claim-ticket"(button) {  // reading one granted ticket claims it: its lease is the viewer's

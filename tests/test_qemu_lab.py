@@ -14,7 +14,7 @@ import httpx2
 import pytest
 
 from conftest import Coordinator, Exporter, wait_for
-from helpers import reserve, run_cli, wait_active, wait_state
+from helpers import reserve, run_cli, wait_state
 from qemu_guests import aarch64_guest, guest_cache, x86_64_guest  # noqa: F401 (fixtures)
 from qemu_lab import slot_files, with_qemu
 from device_loop.core.process import start_ticks
@@ -112,7 +112,7 @@ def test_a_lease_gets_a_warm_vm_and_the_next_lease_sees_nothing_of_it(lab):
     (warm,) = vm_folders(lab.state_dir)
 
     began = time.monotonic()
-    lease = wait_active(lab.coordinator, reserve(lab.coordinator, "vm-0")["id"])
+    lease = lab.active(reserve(lab.coordinator, "vm-0")["id"])
     granted_s = time.monotonic() - began
     assert warm in vm_folders(lab.state_dir), "the lease took the VM booted ahead"
     wait_for(lambda: len(vm_folders(lab.state_dir)) == 2, what="the next VM booting")

@@ -22,6 +22,10 @@ from .vm import VM, VmError
 log = logging.getLogger("device_loop.plugins.qemu")
 HEADROOM_MIB = 512  # what the host keeps beside a new VM's memory
 PROBE_S = 10.0  # how often an idle VM's console is asked whether it still answers
+# how long a console may take to answer before its VM counts as dead: an answer takes tens of
+# milliseconds, but a TCG guest on a host whose cores are all busy can take seconds
+TAKE_PROBE_S = 10.0
+IDLE_PROBE_S = 5.0
 RETRY_S = (2.0, 60.0)  # a failed background boot is tried again after this, doubling up to the second
 
 
@@ -178,7 +182,7 @@ class Pool:
                 if vm not in self.ready:  # handed out meanwhile
                     continue
                 self.ready.remove(vm)
-            if vm.probe():
+            if vm.probe(IDLE_PROBE_S):
                 with self._changed:
                     self.ready.append(vm)
                     self._changed.notify_all()
@@ -206,7 +210,7 @@ class Pool:
                     break
                 self.in_use += 1
                 self._changed.notify_all()  # the thread boots the next
-            if vm.probe():
+            if vm.probe(TAKE_PROBE_S):
                 return vm
             log.warning("a warm VM of slot %s did not answer its console; ending it", self.name)
             vm.end()

@@ -44,7 +44,7 @@ MAX_LISTED = 200  # tickets a listing shows
 
 def need_of(row: TicketRow) -> Need:
     """What a ticket may run on, as it was asked (its wait: from its creation to ``fallback_at``)."""
-    after = None if row["fallback_at"] is None else row["fallback_at"] - row["created_at"]
+    after = None if row["fallback_at"] is None else round(row["fallback_at"] - row["created_at"], 3)  # (float sums)
     return Need(row["needs"], row["fallback"], after)
 
 

@@ -7,7 +7,8 @@ busybox initramfs), under TCG where KVM does not work:
 - reserve -> the console's prompt over N leases, p50 / p99: from a warm slot (one VM booted
   ahead; each lease begins once the pool booted the next) and from a cold slot (warm 0: the
   boot is the lease's); floor: ``qemu-system-x86_64`` started by hand with the same kernel,
-  initramfs, machine, CPU and memory, spawn -> prompt on its serial port.
+  initramfs, machine, CPU and memory, spawn -> prompt on its serial port, in turns with the
+  cold leases (the machine's load is then the same for both).
 - four leases at once (``needs = "any"`` where the coordinator takes it, else by class) on a
   slot of four: all served, and the time until all four consoles showed their prompt.
 """
@@ -132,6 +133,20 @@ def leases(lab, device: str, rounds: int, warm: bool) -> tuple[list[float], list
     return times, ready
 
 
+def cold_beside_hand(lab, guest, rounds: int) -> tuple[list[float], list[float]]:
+    """(reserve -> prompt of the cold slot, QEMU by hand: spawn -> prompt), taken in turns (ABBA)
+    so that both see the same load of the machine."""
+    cold: list[float] = []
+    hand: list[float] = []
+    for n in range(rounds):
+        for which in (("cold", "hand") if n % 2 == 0 else ("hand", "cold")):
+            if which == "cold":
+                cold += leases(lab, COLD, 1, warm=False)[0]
+            else:
+                hand += by_hand(guest, 1)
+    return cold, hand
+
+
 def by_hand(guest, rounds: int) -> list[float]:
     """qemu-system-x86_64 started by hand: spawn -> prompt on its serial port (a TCP socket)."""
     times = []
@@ -211,8 +226,7 @@ def main() -> None:
     devices = {WARM, COLD, *(f"{MANY}-{n}" for n in range(AT_ONCE))}
     with local_lab(slots(), heartbeat_s=1.0, prepare=prepared(guest), idle_s=BOOT_WAIT_S, names=devices) as lab:
         warm, warm_ready = leases(lab, WARM, args.n, warm=True)
-        cold, _ = leases(lab, COLD, args.n, warm=False)
-        hand = by_hand(guest, args.n)
+        cold, hand = cold_beside_hand(lab, guest, args.n)
         many, everything, how = at_once(lab)
     floor = pct(hand, 50)
     print(f"VM leases, {ARCH} under TCG ({os.cpu_count()} cores), {args.n} of each:")

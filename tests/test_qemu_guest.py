@@ -126,6 +126,14 @@ def test_init_keeps_a_shell_on_the_serial_console_with_the_fixed_prompt(arch):
     assert "dropbear" not in script and "dropbear" in init_script(ARCHES[arch], ssh=True)
 
 
+def test_the_console_shell_reads_whole_lines_and_asks_for_the_rest_of_one():
+    script = guest.CONSOLE_SHELL_SCRIPT
+    assert "read -r line" in script and "sh -n -c" in script and "PS2" in script and "trap" in script
+    assert guest.CONSOLE_SHELL in init_script(ARCHES["x86_64"])
+    names = {entry.path for entry in guest._base_entries(ARCHES["x86_64"], b"busybox")}
+    assert guest.CONSOLE_SHELL.lstrip("/") in names
+
+
 def test_the_prompt_pattern_takes_the_prompt_and_busyboxs_cursor_question():
     assert PROMPT_PATTERN.search(f"\r\n{PROMPT}")
     assert PROMPT_PATTERN.search(f"\r\n{PROMPT}\x1b[6n")
@@ -174,6 +182,18 @@ def test_each_guest_boots_to_its_prompt_and_exec_runs_over_its_console(arch, req
             exec_on_lease(lease, "sleep 600", 2)
         assert cut.value.code == ErrorCode.TIMEOUT
         assert exec_on_lease(lease, "tty", 60).stdout.strip() == f"/dev/{ARCHES[arch].console}"
+        # a console line as long as exec sends (busybox's line editor would cut it at 1024 bytes)
+        long = exec_on_lease(lease, f"echo {'x' * 3800} | wc -c", 60)
+        assert long.status == 0 and long.stdout.strip() == "3801"
+        exec_on_lease(lease, "cd /data", 60)  # (a command's own shell: the console's stays where it was)
+        with socket.create_connection((lease["endpoints"][0]["host"], lease["endpoints"][0]["port"])) as console:
+            console.settimeout(60)  # a person's loop over two lines: the second is asked for, then it runs
+            console.sendall(b"for n in 1 2; do\r")
+            console.sendall(b"echo n=$n; done; cd /proc; pwd\r")
+            seen = b""
+            while b"/proc\r\n" not in seen:
+                seen += console.recv(4096)
+            assert b"n=1\r\nn=2\r\n" in seen
         if arch == "aarch64":
             assert "sve2" in exec_on_lease(lease, "cat /proc/cpuinfo", 60).stdout.split()
 

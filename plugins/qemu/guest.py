@@ -193,10 +193,38 @@ def init_script(spec: Arch, ssh: bool = False) -> str:
             "if [ -b /dev/vda ]; then mount -t ext4 /dev/vda /data 2>/dev/null || mount -t ext2 /dev/vda /data; fi\n"
             f"hostname {HOSTNAME}\n"
             + network + sshd +
-            f"export PS1='{PROMPT}' TERM=vt100\n"
+            f"export PS1='{PROMPT}' PS2='> ' TERM=vt100\n"
             # the console as the shell's controlling terminal (Ctrl-C interrupts a command), and a
             # new shell when one ends: `exit` on the console never leaves it without a prompt
-            f"while true; do setsid sh -c 'exec sh </dev/{spec.console} >/dev/{spec.console} 2>&1'; done\n")
+            f"while true; do setsid sh -c 'exec {CONSOLE_SHELL} </dev/{spec.console} >/dev/{spec.console} 2>&1'; "
+            "done\n")
+
+
+#: The console's shell. busybox's own line editor takes 1024 bytes of a line at most (a longer
+#: one is cut, and the shell then waits for the rest of a quote that never comes), and a
+#: console's exec sends up to 4090: the line is read by the terminal instead (the kernel's line
+#: discipline: 4095 bytes, echoed as typed, erased with Backspace), checked, then run in this
+#: shell (``cd`` and variables stay). A line that is not whole yet (an open quote, a ``do``
+#: without its ``done``) takes the next with ``PS2``; Ctrl-C ends the command, never the shell.
+CONSOLE_SHELL = "/bin/console-shell"
+CONSOLE_SHELL_SCRIPT = r"""#!/bin/sh
+trap 'printf "\n"' INT
+while :; do
+  printf '%s' "$PS1"
+  IFS= read -r line || { printf '\n'; continue; }
+  until said=$(sh -n -c "$line" 2>&1); do
+    case $said in
+      *"end of file"*|*nterminated*|*"unexpected EOF"*) ;;
+      *) printf '%s\n' "$said"; line=; break ;;
+    esac
+    printf '%s' "$PS2"
+    IFS= read -r more || { line=; printf '\n'; break; }
+    line="$line
+$more"
+  done
+  [ -n "$line" ] && eval "$line"
+done
+"""
 
 
 def _base_entries(spec: Arch, busybox: bytes) -> list[Entry]:
@@ -206,6 +234,7 @@ def _base_entries(spec: Arch, busybox: bytes) -> list[Entry]:
             Entry("dev/null", kind="char", mode=0o666, device=(1, 3)),
             Entry("bin/busybox", busybox, 0o755),
             Entry("bin/sh", b"busybox", 0o777, kind="symlink"),
+            Entry(CONSOLE_SHELL.lstrip("/"), CONSOLE_SHELL_SCRIPT.encode(), 0o755),
             Entry("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"),
             Entry("etc/group", b"root:x:0:\n"),
             Entry("etc/shells", b"/bin/sh\n"),

@@ -189,6 +189,29 @@ def test_a_job_queued_for_a_worker_and_cancelled(lab, capsys):
     assert code == 1 and json.loads(twice)["error"] == "job_ended"
 
 
+def test_needs_from_the_command_line_on_a_lab_of_sim_boards(lab, capsys):
+    """A sim board is real-hw (it stands in for one, and says so); needs any finds no device
+    here, and a job that needs one fails saying so (docs/architecture.md, "Who gets the next lease")."""
+    coordinator, env = lab
+    code, listed, _ = here(capsys, coordinator, "ls")
+    assert code == 0 and "FIDELITY" in listed and "simulated" in listed
+    code, out, _ = here(capsys, coordinator, "reserve", "--needs", "any", "--json")
+    refused = json.loads(out)
+    assert code == 1 and refused["error"] == "no_such_devices" and "needs any" in refused["message"], refused
+    code, out, _ = here(capsys, coordinator, "reserve", "sim-board-0", "--needs", "any", "--json")
+    assert code == 1 and json.loads(out)["error"] == "wrong_fidelity" and "is simulated" in json.loads(out)["message"]
+    code, out, _ = here(capsys, coordinator, "reserve", "--needs", "real-hw", "--json")
+    lease = json.loads(out)
+    assert code == 0 and lease["device"] == "sim-board-0", out
+    assert here(capsys, coordinator, "release", lease["id"])[0] == 0
+    wait_state(coordinator, "sim-board-0", "idle")
+    code, out, _ = here(capsys, coordinator, "ab", "--class", "sim-board", "--needs", "any", "--baseline", "true",
+                        "--patch", "true", "--rounds", "1", "--warmup", "0", "--no-settle", "--json")
+    job = json.loads(out)
+    assert code == 1 and job["state"] == "failed" and "needs any" in job["reason"], job
+    assert job["spec"]["needs"] == "any" and job["runs"] == []
+
+
 def test_hostile_input_is_refused_clearly(lab, tmp_path, capsys):
     coordinator, env = lab
     cases = {

@@ -20,7 +20,7 @@ from qemu_lab import slot_files, with_qemu
 from device_loop.core.process import start_ticks
 from device_loop.exporter.config import load_config, parse_entries
 from device_loop.plugins.qemu.config import QemuConfig
-from device_loop.plugins.qemu.guest import build_guest
+from device_loop.plugins.qemu.guest import build_disk, build_guest
 from device_loop.plugins.qemu.isa import isa_tags
 from device_loop.plugins.qemu.vm import Launch, argv
 
@@ -219,6 +219,28 @@ def test_a_leased_vm_that_dies_fails_its_device_and_the_next_lease_gets_a_fresh_
     assert lab.cli("exec", lease["id"], "uname -m").stdout.strip() == "aarch64"
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
     wait_state(lab.coordinator, "arm", "idle", timeout=30)
+
+
+def test_a_flash_replaces_the_slot_s_base_disk_for_the_vms_booted_after(lab):
+    """Through the registry and the image cache, as a board's flash; a power cycle in the same
+    lease boots from the new base (its overlay made again: the old one was over the old base)."""
+    wait_state(lab.coordinator, "vm-1", "idle", timeout=60)
+    content = lab.folder / "new-base"
+    content.mkdir()
+    (content / "hello").write_text("from the registry\n")
+    image = build_disk(content, lab.folder / "base-2.qcow2", size_mib=16)
+    lab.cli("images", "upload", str(image), "--name", "base-2", "--for", "vm-1")
+    lease = lab.active(reserve(lab.coordinator, "vm-1")["id"])
+    said = lab.cli("flash", lease["id"], "base-2", "--json", check=False)
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert lab.slots[0]["disk"].endswith("disk.qcow2")
+    base = lab.state_dir / "qemu" / "images" / lab.slots[0]["disk"]
+    assert base.read_bytes() == image.read_bytes()
+    lab.cli("power", "cycle", lease["id"], check=False)
+    wait_for(lambda: lab.cli("exec", lease["id"], "cat /data/hello", check=False).stdout.strip()
+             == "from the registry", timeout=90, interval=1, what="the new base after a power cycle")
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
 
 
 def test_an_exporter_killed_with_vms_running_leaves_none_after_its_next_start(lab):

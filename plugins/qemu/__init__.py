@@ -152,9 +152,7 @@ class QemuPlugin:
         return "kvm" if self.kvm.works and config.arch == "x86_64" else "tcg"
 
     def _vm(self, host: HostContext, config: QemuConfig, slot: str) -> VM:
-        assert self.images is not None
-        return VM(host, config, slot, self._accel(config),
-                  self.images.format_of(config.disk) if config.disk else None)
+        return VM(host, config, slot, self._accel(config))
 
     def fidelity(self, config: QemuConfig) -> Fidelity:
         return Fidelity.VIRTUAL if self._accel(config) == "kvm" else Fidelity.EMULATED

@@ -51,7 +51,6 @@ class BaseImages:
         except (OSError, ValueError):
             self.known = {}
         self.changed: dict[str, str] = {}  # path -> why it is not what was first seen
-        self.formats: dict[str, str] = {}
 
     def _save(self) -> None:
         self.record.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +79,7 @@ class BaseImages:
 
     def check_disk(self, host: HostContext, path: str) -> None:
         """A base disk is raw, or a qcow2 with no backing file (which could name any file of the
-        host): ``ValueError`` otherwise. Its format is kept for the overlays."""
+        host): ``ValueError`` otherwise."""
         if not Path(path).is_file():
             return
         fmt = disk_format(path)
@@ -92,10 +91,6 @@ class BaseImages:
             if "backing-filename" in json.loads(output):
                 raise ValueError(f"the disk {path} is a qcow2 over a backing file: give a whole image "
                                  f"(qemu-img convert -O qcow2 {path} whole.qcow2)")
-        self.formats[path] = fmt
-
-    def format_of(self, path: str) -> str:
-        return self.formats.get(path) or disk_format(path)
 
     def problem(self, files: dict[str, str]) -> str:
         """Why the slot's files cannot be booted ("" when they can): one is missing, or is not
@@ -134,7 +129,6 @@ class BaseImages:
                     self.check_disk(host, str(temporary))
                 except ValueError as exc:
                     raise OSError(str(exc)) from None
-                self.formats[str(target)] = self.formats.pop(str(temporary))
             os.replace(temporary, target)
         finally:
             temporary.unlink(missing_ok=True)

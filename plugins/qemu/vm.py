@@ -125,10 +125,9 @@ def shows_prompt(data: bytes, prompt: re.Pattern[str]) -> bool:
 class VM:
     """One QEMU process of a slot, from its start to its end."""
 
-    def __init__(self, host: HostContext, config: QemuConfig, slot: str, accel: str, base_format: str | None):
+    def __init__(self, host: HostContext, config: QemuConfig, slot: str, accel: str):
         self.host, self.config, self.slot, self.accel = host, config, slot, accel
         self.id = f"{slot[:24]}-{secrets.token_hex(4)}"
-        self.base_format = base_format
         self.launch = Launch(host.state_dir / "qemu" / "run" / self.id, accel,
                              host.free_port() if config.ssh else None)
         self.prompt = re.compile(config.prompt)
@@ -137,6 +136,7 @@ class VM:
         self._console: int | None = None
         self._lock = threading.Lock()  # one reader of the console at a time (boot, probe)
         self.booted_s: float | None = None  # how long its last boot took, to the prompt
+        self._overlay_base: tuple[int, int] | None = None  # the base file its overlay was made over
 
     # ---- start -------------------------------------------------------------------------------
 
@@ -149,6 +149,10 @@ class VM:
         if len(str(self.launch.qmp_socket)) > MAX_SOCKET_PATH:
             raise VmError(f"the state folder's path is too long for a unix socket ({self.launch.qmp_socket})")
         self.launch.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if self.config.disk and self.launch.overlay.exists() and self._base_id() != self._overlay_base:
+            # the base was flashed since (a power cycle in the lease): an overlay over the old one
+            # would read the new one's blocks as its own
+            self.launch.overlay.unlink()
         if self.config.disk and not self.launch.overlay.exists():
             self._overlay()
         self.launch.qmp_socket.unlink(missing_ok=True)
@@ -163,13 +167,21 @@ class VM:
         termios.tcsetattr(fd, termios.TCSANOW, attributes)
         self._console = fd
 
+    def _base_id(self) -> tuple[int, int]:
+        """Which file the base is now (a flash renames another over it)."""
+        assert self.config.disk is not None
+        info = os.stat(self.config.disk)
+        return info.st_dev, info.st_ino
+
     def _overlay(self) -> None:
-        assert self.config.disk is not None and self.base_format is not None
+        assert self.config.disk is not None
+        self._overlay_base = self._base_id()
+        base_format = disk_format(self.config.disk)  # (read again: a flash may have changed it)
         program = find_program("qemu-img")
         if program is None:
             raise VmError("qemu-img is not installed")
         code, output = self.host.run_to_end(
-            [program, "create", "-q", "-f", "qcow2", "-b", self.config.disk, "-F", self.base_format,
+            [program, "create", "-q", "-f", "qcow2", "-b", self.config.disk, "-F", base_format,
              str(self.launch.overlay)], name=f"qemu-img-{self.id}", timeout=30)
         if code != 0:
             raise VmError(f"qemu-img could not make the VM's overlay: {last_lines(output)}")

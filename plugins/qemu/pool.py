@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import QemuConfig
-from .vm import VM, VmError
+from .vm import VM
 
 log = logging.getLogger("device_loop.plugins.qemu")
 HEADROOM_MIB = 512  # what the host keeps beside a new VM's memory
@@ -120,6 +120,14 @@ class Pool:
         return ""
 
     def _keep_warm(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._warm_loop()
+            except Exception:  # a bug must not leave the slot cold for good: logged, tried again
+                log.exception("the pool of slot %s broke; going on in %g s", self.name, RETRY_S[1])
+                self._stop.wait(RETRY_S[1])
+
+    def _warm_loop(self) -> None:
         retry = RETRY_S[0]
         probed = time.monotonic()
         while not self._stop.is_set():
@@ -149,7 +157,7 @@ class Pool:
         vm = self.make()
         try:
             seconds = vm.boot(self._stop)
-        except (VmError, OSError) as exc:
+        except Exception as exc:  # (VmError, OSError; anything else counted the same, never a count left high)
             with self._changed:
                 self.booting -= 1
                 self.boot_failures += 1

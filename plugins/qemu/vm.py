@@ -195,7 +195,7 @@ class VM:
                 try:
                     chardevs = qmp(self.launch.qmp_socket, "query-chardev")
                     return next(c["filename"] for c in chardevs if c["label"] == "console").removeprefix("pty:")
-                except (OSError, EOFError, asyncio.TimeoutError, StopIteration) as exc:
+                except (OSError, EOFError, asyncio.TimeoutError, StopIteration, QMPError) as exc:
                     if time.monotonic() > deadline:
                         raise VmError(f"QEMU's monitor did not answer: {exc!r}") from None
             if time.monotonic() > deadline:
@@ -300,8 +300,8 @@ class VM:
         if proc.alive():
             try:
                 qmp(self.launch.qmp_socket, "quit", timeout=2.0)
-            except (OSError, EOFError, asyncio.TimeoutError):
-                pass
+            except (OSError, EOFError, asyncio.TimeoutError, QMPError):
+                pass  # (killed below)
         if not proc.wait(QUIT_WAIT_S):
             proc.signal(signal.SIGKILL)
             proc.wait(10.0)

@@ -17,6 +17,7 @@ from device_loop.exporter.daemon import Exporter as InProcessExporter
 from device_loop.plugins.qemu.config import QemuConfig
 from device_loop.plugins.qemu.kvm import try_kvm
 from device_loop.plugins.qemu.pool import Pool, PoolRefused
+from conftest import wait_for
 from qemu_lab import ENTRY_POINT, with_qemu
 
 pytestmark = pytest.mark.service  # the exporter's start tries KVM: a QEMU run
@@ -107,3 +108,23 @@ def test_the_pool_boots_nothing_without_the_memory_or_past_its_limit():
     pool.in_use, pool.booting = 1, 1
     with pytest.raises(PoolRefused, match="has its 2 VMs"):
         pool.take()
+
+
+def test_a_boot_that_breaks_is_counted_and_the_pool_keeps_trying():
+    config = QemuConfig.model_validate({"kernel": "/s/k", "instances": 1, "warm": 1}, context={"state_dir": "/s"})
+
+    class Broken:
+        id = "broken"
+
+        def boot(self, stop=None):
+            raise RuntimeError("a bug, not a VmError")
+
+    pool = Pool("vm", config, make=Broken, memory=lambda: 1 << 20)
+    pool.start()
+    try:
+        wait_for(lambda: pool.counts().boot_failures >= 1, what="the failed boot counted")
+        counts = pool.counts()
+        assert (counts.booting, counts.ready) == (0, 0) and "a bug, not a VmError" in pool.last_error
+        assert pool._thread is not None and pool._thread.is_alive()
+    finally:
+        pool.stop()

@@ -278,6 +278,8 @@ def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: s
                    f"Try: {point}device-loop ls; device-loop reserve sim-board-0 --wait\n"
                    f"     device-loop video sim-board-0  (its camera, for a browser)\n"
                    + ("     device-loop vnc sim-board-0  (its screen, for a browser)\n" if displays else "") +
+                   ("     device-loop reserve --needs any --wait  (a fresh VM, booted ahead: "
+                    f"{' or '.join(vm['name'] for vm in vms)})\n" if vms else "") +
                    f"     device-loop flash sim-board-0 {SIM_FIRMWARE}  (its flash is the file "
                    f"{sim_flash_target(data_dir, SIM_NAMES[0])})\nCtrl-C stops the lab.")
         while not stop.wait(0.5):

@@ -64,6 +64,7 @@ def test_up_without_qemu_on_path_starts_the_lab_as_before_and_says_why_no_vm(tmp
         said = log.read_text()
         assert "VMs          none; vm-x86_64: QEMU is not installed (apt-get install" in said, said
         assert "building the VM guests" not in said
+        assert "--needs any" not in said
         wait_for(lambda: {"sim-board-0", "sim-board-1"} <= {
             line.split()[0] for line in run_cli(env, url, "ls").stdout.splitlines()[1:] if "idle" in line},
             30, what="the simulated boards idle")
@@ -93,6 +94,7 @@ def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(sho
     try:
         said = log.read_text()
         assert "VMs          vm-x86_64 (x86_64, 1 booted ahead), vm-aarch64 (aarch64, 1 booted ahead)" in said, said
+        assert "device-loop reserve --needs any --wait  (a fresh VM, booted ahead: vm-x86_64 or vm-aarch64)" in said
         for name in up_vms.VM_SLOTS:  # the guests' files are where a slot's must be: the exporter's state folder
             assert (tmp_path / "lab" / "exporter" / "qemu" / "images" / name.removeprefix("vm-") / "vmlinuz").exists()
 

@@ -105,10 +105,14 @@ def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(sho
         vms = devices()
         assert {vms[name]["fidelity"] for name in up_vms.VM_SLOTS} == {"emulated"}
         assert "sve2" in vms["vm-aarch64"]["tags"] and "x86_64" in vms["vm-x86_64"]["tags"]
-        run_cli(env, url, "reserve", "vm-aarch64", "--wait")
+        # what needs SVE2 and any fidelity lands on the VM; what needs real hardware, on the board with SVE2
+        virtual, real = (json.loads(run_cli(env, url, "reserve", "--needs", needs, "--tags", "sve2", "--wait",
+                                            "--json").stdout) for needs in ("any", "real-hw"))
+        assert (virtual["device"], real["device"]) == ("vm-aarch64", "sim-board-1")
         ran = run_cli(env, url, "exec", "vm-aarch64", "--", "uname -m; grep -o -w -m1 sve2 /proc/cpuinfo").stdout
         assert ran.split() == ["aarch64", "sve2"]
         run_cli(env, url, "release", "vm-aarch64")
+        run_cli(env, url, "release", "sim-board-1")
     finally:
         stop_up(proc, tmp_path / "lab")
     assert recorded_pids(tmp_path / "lab" / "exporter") == {}, "a VM outlived the lab"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -58,7 +59,7 @@ class Lab:
                       {"name": "arm", "plugin": "qemu", "memory": 512,
                        **slot_files(self.state_dir, arm_guest, disk=False)},
                       {"name": "sshvm", "plugin": "qemu", "ssh": True, "ssh_host_key": ssh_guest.host_key,
-                       **slot_files(self.state_dir, ssh_guest, disk=False, folder="ssh")}]
+                       "display": True, **slot_files(self.state_dir, ssh_guest, disk=False, folder="ssh")}]
         self.exporter = self.start_exporter()
 
     def start_exporter(self) -> Exporter:
@@ -176,11 +177,17 @@ def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
 
 def test_a_slot_whose_guest_runs_sshd_serves_it_and_exec_takes_it(lab):
     """The guest's port 22 forwarded by QEMU to a loopback port, relayed like a board's sshd, its
-    host key pinned; exec prefers ssh to the console."""
+    host key pinned; exec prefers ssh to the console. Its screen (display = true) is QEMU's VNC
+    server, relayed as a vnc endpoint."""
     wait_state(lab.coordinator, "sshvm", "idle", timeout=60)
     lease = lab.active(reserve(lab.coordinator, "sshvm")["id"])
     ssh = next(e for e in lease["endpoints"] if e["kind"] == "ssh")
     assert ssh["params"] == {"user": "root", "host_key": lab.slots[2]["ssh_host_key"]}
+    screen = next(e for e in lease["endpoints"] if e["kind"] == "vnc")
+    assert screen["role"] == "rfb"
+    with socket.create_connection((screen["host"], screen["port"]), timeout=10) as sock:
+        sock.settimeout(10)
+        assert sock.recv(12).startswith(b"RFB 003."), "QEMU's VNC server, relayed"
     said = lab.cli("exec", "--identity", str(lab.identity), "--json", lease["id"], "uname -m; id -u")
     answer = json.loads(said.stdout)
     assert (answer["channel"], answer["stdout"].split()) == ("ssh", ["x86_64", "0"]), answer

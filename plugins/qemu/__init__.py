@@ -45,6 +45,7 @@ FLASH = OperationKind("flash", "replace the slot's base disk (its initramfs when
                                "the registry; VMs booted from then on start from it", exclusive=True,
                       destructive=True)
 SSH_COMMAND = "ssh -p {port} {user}@{host}"
+VNC_COMMAND = "device-loop vnc {lease}"
 BAUD = 115200  # what the console endpoint says (a pty has no speed)
 MAX_NAME_CHARS = 64  # a device's name (core NAME_PATTERN)
 MAX_METRICS = 64  # names a plugin may report (core/hookspecs.py, devloop_metrics)
@@ -181,6 +182,8 @@ class QemuPlugin:
                                      serves_lease=False))
                 if config.ssh:
                     found.append(replace(base, kind="ssh", identifier=f"{base.identifier}:ssh", node=None))
+                if config.display:
+                    found.append(replace(base, kind="vnc", identifier=f"{base.identifier}:vnc", node=None))
         return found
 
     @hookimpl
@@ -257,6 +260,10 @@ class QemuPlugin:
                 params: dict[str, Any] = {"user": slot.config.ssh_user,
                           **({"host_key": slot.config.ssh_host_key} if slot.config.ssh_host_key else {})}
                 service.endpoints = [replace(e, params=params) for e in service.endpoints]
+            elif resource.kind == "vnc":
+                assert attached.vm.launch.vnc_port is not None
+                service = start_relay(host, resource, lease, f"127.0.0.1:{attached.vm.launch.vnc_port}",
+                                      command=VNC_COMMAND, protocol="rfb", role=EndpointRole.RFB)
             else:
                 raise ServiceError(f"a VM slot serves no {resource.kind!r} to a lease")
         except BaseException:

@@ -33,6 +33,8 @@ DEFAULT_CPU = {"x86_64": "max", "aarch64": "max,pauth-impdef=on"}
 DEFAULT_MACHINE = {"x86_64": "pc", "aarch64": "virt"}
 #: The serial console each machine's kernel names.
 CONSOLE_TTY = {"x86_64": "ttyS0", "aarch64": "ttyAMA0"}
+#: The screen a VM with a display gets (-nodefaults gives it none).
+DISPLAY_DEVICE = {"x86_64": "VGA", "aarch64": "virtio-gpu-pci"}
 IMAGES = "qemu/images"  # under the state folder: where relative image paths are
 
 # a -cpu or -machine value: a model and its properties (max,pauth-impdef=on), never a space or an option
@@ -86,6 +88,8 @@ class QemuConfig(PluginConfig):
     boot_timeout: Duration = Field(default=25.0, gt=0, le=600,
                                    description="how long a boot may take to the prompt")
     ssh: bool = Field(default=False, description="the guest runs sshd on port 22: served as an ssh resource")
+    display: bool = Field(default=False, description="the VM has a screen: QEMU's VNC server on loopback, "
+                                                     "relayed for the lease as a vnc endpoint")
     ssh_user: str = Field(default="root", pattern=LOGIN_NAME_PATTERN, description="whom to log in as")
     ssh_host_key: str | None = Field(default=None, description="the guest's public host key (ssh-ed25519 AAAA...), "
                                                                "which clients pin")

@@ -33,13 +33,14 @@ from qemu.qmp import QMPClient, QMPError
 
 from device_loop.plugin import HostContext, find_program, last_lines
 
-from .config import QemuConfig
+from .config import DISPLAY_DEVICE, QemuConfig
 
 QCOW2_MAGIC = b"QFI\xfb"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, its NUL included
 QMP_TIMEOUT_S = 5.0
 QUIT_WAIT_S = 3.0  # after QMP quit, before the process group is killed
 NUDGE_S = 1.0  # a boot's console is sent a newline this often until its prompt shows
+VNC_BASE_PORT = 5900  # QEMU's -vnc takes a display number: the port less this
 _ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
 
 
@@ -66,6 +67,7 @@ class Launch:
     folder: Path
     accel: str  # tcg or kvm
     ssh_port: int | None = None
+    vnc_port: int | None = None  # its VNC server's (a display's): 5900 and above
 
     @property
     def qmp_socket(self) -> Path:
@@ -94,7 +96,17 @@ def argv(config: QemuConfig, launch: Launch, program: str) -> list[str]:
         line += ["-drive", f"file={launch.overlay},format=qcow2,if=virtio"]
     if launch.ssh_port is not None:
         line += ["-nic", f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{launch.ssh_port}-:22"]
+    if launch.vnc_port is not None:
+        line += ["-device", DISPLAY_DEVICE[config.arch], "-vnc", f"127.0.0.1:{launch.vnc_port - VNC_BASE_PORT}"]
     return line
+
+
+def vnc_port(host: HostContext) -> int:
+    """A free port that QEMU's ``-vnc 127.0.0.1:N`` can name (5900 + N)."""
+    for _ in range(100):  # (free ports are the kernel's ephemeral ones: 32768 and above, as it is set up)
+        if (port := host.free_port()) >= VNC_BASE_PORT:
+            return port
+    raise VmError(f"no free port above {VNC_BASE_PORT} for the VM's VNC server")
 
 
 def qmp(socket_path: Path, command: str, timeout: float = QMP_TIMEOUT_S, **args: Any) -> Any:
@@ -129,7 +141,8 @@ class VM:
         self.host, self.config, self.slot, self.accel = host, config, slot, accel
         self.id = f"{slot[:24]}-{secrets.token_hex(4)}"
         self.launch = Launch(host.state_dir / "qemu" / "run" / self.id, accel,
-                             host.free_port() if config.ssh else None)
+                             host.free_port() if config.ssh else None,
+                             vnc_port(host) if config.display else None)
         self.prompt = re.compile(config.prompt)
         self.proc: Any = None  # the process registry's record of its QEMU, while it runs
         self.pty: str | None = None

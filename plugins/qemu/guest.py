@@ -7,7 +7,7 @@ the virtio modules the kernel does not have built in (found by their ``.modinfo`
 dependencies, in load order), mounts ``/dev/vda`` on ``/data`` when there is one, and keeps
 a root shell with the prompt ``PROMPT`` on the serial console (a new one when it ends), with
 the console as its controlling terminal so that Ctrl-C reaches the command (``exec`` sends
-it). ``build_guest(..., authorized_key=...)`` adds dropbear listening on port 22 (x86_64).
+it). ``build_guest(..., authorized_key=...)`` adds dropbear listening on port 22.
 ``build_disk(folder, out)``: a base disk (ext4 of a folder, as qcow2) for ``/data``.
 
 Everything lands in the caller's cache folder, reused by later builds (a file lock keeps two
@@ -96,8 +96,6 @@ def build_guest(arch: str, cache: Path, *, authorized_key: str | None = None) ->
     spec = ARCHES.get(arch)
     if spec is None:
         raise GuestError(f"no guest for {arch!r}: {', '.join(ARCHES)}")
-    if authorized_key is not None and arch != "x86_64":
-        raise GuestError("an ssh guest is built for x86_64 only (dropbear's libraries come from the host)")
     cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     with _locked(cache / ".lock"):
@@ -425,43 +423,123 @@ def _busybox(spec: Arch, cache: Path) -> bytes:
     return data
 
 
+#: The packages dropbear and the libraries it loads come from, for the guest's architecture.
+DROPBEAR_PACKAGES = ("dropbear-bin", "libtomcrypt1", "libtommath1", "libgmp10", "zlib1g", "libcrypt1", "libc6")
+
+
 def _dropbear(spec: Arch, cache: Path, authorized_key: str) -> tuple[list[Entry], str]:
-    """dropbear (Debian's dropbear-bin, dynamic) with the libraries it loads, a host key made
-    here, and root's authorized key: the initramfs entries and the host key's public half."""
+    """dropbear (Debian's dropbear-bin, dynamic) with the libraries it loads (the guest
+    architecture's packages, found by the names its ELF files ask for), a host key made here,
+    and root's authorized key: the initramfs entries and the host key's public half."""
     key = authorized_key.strip()
     if not re.fullmatch(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]{16,8192}( [^\n]{0,200})?", key):
         raise GuestError("authorized_key must be one OpenSSH public key line (ssh-ed25519 AAAA...)")
-    roots = [_unpacked(cache, spec, name) for name in ("dropbear-bin", "libtomcrypt1", "libtommath1")]
-    library_path = ":".join(str(root / folder) for root in roots[1:] for folder in ("usr/lib/x86_64-linux-gnu",))
-    dropbear, dropbearkey = roots[0] / "usr/sbin/dropbear", roots[0] / "usr/bin/dropbearkey"
-    env = {"PATH": os.environ.get("PATH", os.defpath), "LD_LIBRARY_PATH": library_path}
-    host_key_file = cache / spec.name / "dropbear_ed25519_host_key"
-    if not host_key_file.exists():
-        status, output = run([str(dropbearkey), "-t", "ed25519", "-f", str(host_key_file)], TOOL_TIMEOUT_S, env)
-        if status != 0:
-            raise GuestError(f"dropbearkey failed: {last_lines(output)}")
-    status, output = run([str(dropbearkey), "-y", "-f", str(host_key_file)], TOOL_TIMEOUT_S, env)
-    public = next((line for line in output.splitlines() if line.startswith("ssh-")), None)
-    if status != 0 or public is None:
-        raise GuestError(f"dropbearkey -y failed: {last_lines(output)}")
+    roots = [_unpacked(cache, spec, name) for name in DROPBEAR_PACKAGES]
+    dropbear = roots[0] / "usr/sbin/dropbear"
+    host_key_file = cache / "dropbear_ed25519_host_key"
+    public = _host_key(cache, host_key_file)
     entries = [Entry("usr/sbin/dropbear", dropbear.read_bytes(), 0o755),
                Entry("etc/dropbear/host_key", host_key_file.read_bytes(), 0o600),
                Entry("root/.ssh", kind="dir", mode=0o700),
                Entry("root/.ssh/authorized_keys", (key + "\n").encode(), 0o600)]
-    status, output = run(["ldd", str(dropbear)], TOOL_TIMEOUT_S, env)
-    if status != 0:
-        raise GuestError(f"ldd {dropbear} failed: {last_lines(output)}")
-    for line in output.splitlines():
-        found = re.search(r"(\S+) => (\S+) \(|^\s*(/\S+) \(", line)
-        if found and "not found" not in line:
-            path = Path(found.group(2) or found.group(3))
-            # the loader is asked for by its own path (/lib64/ld-linux-x86-64.so.2); libraries by name
-            inside = str(path).lstrip("/") if found.group(3) else f"lib/{path.name}"
-            entries.append(Entry(inside, path.resolve().read_bytes(), 0o755))
-        elif "not found" in line:
-            raise GuestError(f"dropbear needs a library nothing here has: {line.strip()}")
-    entries.append(Entry("etc/ld.so.conf", b"/lib\n"))
-    return entries, " ".join(public.split()[:2])
+    interpreter, libraries = library_closure(dropbear.read_bytes(), roots)
+    # the loader where the program asks for it (/lib/ld-linux-aarch64.so.1); libraries in /lib, where it looks
+    entries.append(Entry(interpreter.lstrip("/"), _in_roots(roots, interpreter).read_bytes(), 0o755))
+    entries += [Entry(f"lib/{name}", path.read_bytes(), 0o755) for name, path in libraries.items()]
+    return entries, public
+
+
+def _host_key(cache: Path, host_key_file: Path) -> str:
+    """The guests' dropbear host key (made once with dropbearkey of this host's own
+    architecture: a key is the same bytes on every one), and its public half."""
+    native = _apt(["dpkg", "--print-architecture"]).strip()
+    spec = next((arch for arch in ARCHES.values() if arch.deb_arch == native), None)
+    if spec is None:
+        raise GuestError(f"an ssh guest's host key is made with dropbearkey, and this host ({native}) runs none here")
+    roots = [_unpacked(cache, spec, name) for name in ("dropbear-bin", "libtomcrypt1", "libtommath1", "libgmp10")]
+    env = {"PATH": os.environ.get("PATH", os.defpath), "LD_LIBRARY_PATH": ":".join(map(str, _library_folders(roots)))}
+    dropbearkey = str(roots[0] / "usr/bin/dropbearkey")
+    if not host_key_file.exists():
+        status, output = run([dropbearkey, "-t", "ed25519", "-f", str(host_key_file)], TOOL_TIMEOUT_S, env)
+        if status != 0:
+            raise GuestError(f"dropbearkey failed: {last_lines(output)}")
+    status, output = run([dropbearkey, "-y", "-f", str(host_key_file)], TOOL_TIMEOUT_S, env)
+    public = next((line for line in output.splitlines() if line.startswith("ssh-")), None)
+    if status != 0 or public is None:
+        raise GuestError(f"dropbearkey -y failed: {last_lines(output)}")
+    return " ".join(public.split()[:2])
+
+
+def _library_folders(roots: list[Path]) -> list[Path]:
+    return [folder for root in roots for folder in sorted(root.glob("lib/*-linux-gnu")) +
+            sorted(root.glob("usr/lib/*-linux-gnu"))]
+
+
+def _in_roots(roots: list[Path], path: str) -> Path:
+    """``path`` (as the guest names it) in the first unpacked package that has it, links followed
+    inside that package (Debian's ``/lib/ld-linux-aarch64.so.1`` is a link to its real file)."""
+    for root in roots:
+        found = root / path.lstrip("/")
+        for _ in range(8):
+            if not found.is_symlink():
+                break
+            target = os.readlink(found)
+            found = (root / target.lstrip("/")) if target.startswith("/") else found.parent / target
+        if found.is_file():
+            return found
+    raise GuestError(f"no package of the guest's has {path}")
+
+
+def dynamic_needs(data: bytes) -> tuple[str | None, list[str]]:
+    """An ELF64 little-endian program's interpreter (``PT_INTERP``) and the libraries its
+    ``.dynamic`` section names (``DT_NEEDED``)."""
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise GuestError("not a 64-bit little-endian ELF file")
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    interpreter = None
+    for index in range(phnum):
+        kind, _flags, offset, _vaddr, _paddr, size = struct.unpack_from("<IIQQQQ", data, phoff + index * phentsize)
+        if kind == 3:  # PT_INTERP
+            interpreter = data[offset:offset + size].rstrip(b"\0").decode()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQII", data, shoff + index * shentsize) for index in range(shnum)]
+    needed = []
+    for _name, kind, _flags, _addr, offset, size, link, _info in sections:
+        if kind != 6:  # SHT_DYNAMIC; its link is the string table it names things in
+            continue
+        strings = sections[link][4]
+        for at in range(offset, offset + size, 16):
+            tag, value = struct.unpack_from("<qQ", data, at)
+            if tag == 0:
+                break
+            if tag == 1:  # DT_NEEDED
+                needed.append(data[strings + value:data.index(b"\0", strings + value)].decode())
+    return interpreter, needed
+
+
+def library_closure(program: bytes, roots: list[Path]) -> tuple[str, dict[str, Path]]:
+    """The interpreter ``program`` asks for, and every library it loads, directly or through
+    another (name -> its file in the library folders of the unpacked packages ``roots``, links
+    followed inside them); ``GuestError`` for one none of them has."""
+    folders = _library_folders(roots)
+    interpreter, wanted = dynamic_needs(program)
+    if interpreter is None:
+        raise GuestError("the program names no interpreter (it is static: it needs no libraries)")
+    found: dict[str, Path] = {}
+    while wanted:
+        name = wanted.pop()
+        if name in found:
+            continue
+        path = next((folder / name for folder in folders if (folder / name).exists()), None)
+        if path is None:
+            raise GuestError(f"no package of the guest's has the library {name}")
+        found[name] = path.resolve()
+        if not any(found[name].is_relative_to(root.resolve()) for root in roots):  # (a link to the host's own)
+            raise GuestError(f"{path} leads out of its package, to {found[name]}")
+        wanted += dynamic_needs(found[name].read_bytes())[1]
+    return interpreter, found
 
 
 # ---- files in the cache --------------------------------------------------------------------

@@ -17,7 +17,7 @@ from device_loop.plugins.qemu.guest import ARCHES, GuestError, build_disk, build
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="the folder to build in (packages are fetched once and kept there)")
 @click.option("--authorized-key", "key_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="an OpenSSH public key file: the guest runs dropbear and lets this key in as root (x86_64)")
+              help="an OpenSSH public key file: the guest runs dropbear and lets this key in as root")
 @click.option("--disk-from", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="also make OUT/ARCH/data.qcow2, an ext4 disk holding this folder's files (mounted on /data)")
 @click.option("--json", "as_json", is_flag=True, help="print the paths as JSON")

@@ -250,6 +250,21 @@ def test_a_flash_replaces_the_slot_s_base_disk_for_the_vms_booted_after(lab):
     wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
 
 
+def test_a_vm_switched_off_by_its_holder_is_switched_on_by_an_admin_after_the_lease(lab):
+    """The lab's rule for a device a person switched off holds for a VM slot too (faulty once
+    the lease ends); between leases there is no VM, and an admin's on clears it."""
+    wait_state(lab.coordinator, "arm", "idle", timeout=60)
+    lease = lab.active(reserve(lab.coordinator, "arm")["id"])
+    said = json.loads(lab.cli("power", "off", lease["id"], "--json", check=False).stdout)
+    assert said["result"]["state_after_off"] == "off", said
+    assert not [pid for pid, words in qemu_processes(lab.state_dir).items() if "qemu-system-aarch64" in words[0]]
+    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+    wait_state(lab.coordinator, "arm", "faulty", timeout=30)
+    said = lab.cli("power", "on", "arm", "--json", check=False)
+    assert said.returncode == 0, said.stdout + said.stderr
+    wait_state(lab.coordinator, "arm", "idle", timeout=30)
+
+
 def test_an_exporter_killed_with_vms_running_leaves_none_after_its_next_start(lab):
     wait_state(lab.coordinator, "vm-0", "idle", timeout=60)
     lease = lab.active(reserve(lab.coordinator, "vm-0")["id"])

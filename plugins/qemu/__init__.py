@@ -329,9 +329,9 @@ class QemuPlugin:
     @hookimpl
     def devloop_power(self, host: HostContext, resource: Resource, action: str) -> PowerReading | None:
         attached = self.attached.get(resource.device)
-        if attached is None:
-            raise OperationError(f"{resource.device} has no VM: a slot's VM exists only while a lease holds it",
-                                 changed=False)
+        if attached is None:  # between leases: nothing runs, and the next lease boots (or takes) a fresh VM
+            return PowerReading("off" if action == "off" else "on",
+                                "no VM between leases: the next lease gets a fresh one, powered on")
         vm = attached.vm
         with self.locks[resource.device]:
             if action == "off" and vm.alive():

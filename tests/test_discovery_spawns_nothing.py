@@ -1,7 +1,7 @@
 """Watching must not change what is watched: discovery and health spawn no process and
 open no device node,
 for every built-in plugin that has something to discover (sim boards, a USB serial
-adapter, a static UART, a phone)."""
+adapter, a static UART, a phone, a VM slot between leases)."""
 import contextlib
 import subprocess
 import sys
@@ -52,12 +52,16 @@ def make_exporter(tmp_path, extra_plugin=None):
     usb_device(sysfs, "2-1", vendor="18d1", product="4ee7", serial="8AAY0GCXH", interfaces=(ADB,))
     pty = tmp_path / "ttyA"
     pty.touch()
+    images = tmp_path / "state" / "qemu" / "images"
+    images.mkdir(parents=True)
+    (images / "vmlinuz").write_bytes(b"a kernel")
     config = parse_config({
         "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "sysfs_root": str(sysfs),
                      "coordinator": f"http://127.0.0.1:{free_port()}"},  # nobody listens: its goodbye goes nowhere
         "devices": [{"name": "sim-board-0", "plugin": "sim"}, {"name": "sim-board-1", "plugin": "sim"},
                     {"name": "jupiter", "plugin": "uart", "path": str(pty)},
-                    {"name": "pixel", "plugin": "adb", "serial": "8AAY0GCXH"}],
+                    {"name": "pixel", "plugin": "adb", "serial": "8AAY0GCXH"},
+                    {"name": "vm", "plugin": "qemu", "kernel": "vmlinuz"}],
     })
     exporter = Exporter(config)
     if extra_plugin is not None:
@@ -75,10 +79,10 @@ def test_discovery_and_health_spawn_no_process(tmp_path):
             report = exporter.report(scan=True)
         assert {(r.device, r.plugin) for r in resources} == {
             ("sim-board-0", "sim"), ("sim-board-1", "sim"), ("jupiter", "uart"), ("uart-A10K3XYZ", "uart"),
-            ("pixel", "adb")}
+            ("pixel", "adb"), ("vm", "qemu")}
         health = {d.name: d.resources[0].health for d in report.devices}
         assert {k: v for k, v in health.items() if k != "uart-A10K3XYZ"} == dict.fromkeys(
-            ["sim-board-0", "sim-board-1", "jupiter", "pixel"], "ok")  # (no /dev/ttyUSB0 need exist here)
+            ["sim-board-0", "sim-board-1", "jupiter", "pixel", "vm"], "ok")  # (no /dev/ttyUSB0 need exist here)
         assert spawned == []
     finally:
         exporter.shutdown()

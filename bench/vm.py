@@ -18,6 +18,7 @@ import argparse
 import os
 import re
 import select
+import shutil
 import socket
 import subprocess
 import threading
@@ -28,7 +29,7 @@ from pathlib import Path
 import httpx2
 
 from device_loop.core.ports import free_port
-from device_loop.plugins.qemu.guest import ARCHES, PROMPT_PATTERN, build_guest
+from device_loop.plugins.qemu.guest import ARCHES, PROMPT_PATTERN, GuestError, build_guest
 from local_lab import local_lab, ms, pct, wait
 
 ARCH = "x86_64"
@@ -222,7 +223,14 @@ def main() -> None:
                         help="where the guest's Debian packages are kept (default $DEVICE_LOOP_GUEST_CACHE, else "
                              "~/.cache/device-loop/guests)")
     args = parser.parse_args()
-    guest = build_guest(ARCH, args.cache)
+    missing = [program for program in (ARCHES[ARCH].qemu, "qemu-img") if shutil.which(program) is None]
+    if missing:
+        print(f"skipped: {', '.join(missing)} not installed (Debian: apt-get install qemu-system-x86 qemu-utils)")
+        return
+    try:
+        guest = build_guest(ARCH, args.cache)
+    except GuestError as exc:
+        raise SystemExit(f"no guest to boot: {exc}") from None
     devices = {WARM, COLD, *(f"{MANY}-{n}" for n in range(AT_ONCE))}
     with local_lab(slots(), heartbeat_s=1.0, prepare=prepared(guest), idle_s=BOOT_WAIT_S, names=devices) as lab:
         warm, warm_ready = leases(lab, WARM, args.n, warm=True)

@@ -258,3 +258,19 @@ def test_a_programs_interpreter_and_libraries_are_read_from_its_elf_file():
     assert "libc.so.6" in needed
     with pytest.raises(GuestError):
         guest.dynamic_needs(b"#!/bin/sh\n" + b"\0" * 64)
+
+
+def test_the_kernel_cached_stands_in_when_apt_names_none(tmp_path, monkeypatch):
+    said = []
+
+    def apt(argv, cwd=None):
+        said.append(argv[0])
+        return "" if argv[0] == "apt-cache" else "amd64\n"  # no package lists: no Depends line
+    monkeypatch.setattr(guest, "_apt", apt)
+    monkeypatch.setattr(guest, "_ensure_architecture", lambda spec: None)
+    with pytest.raises(GuestError, match="apt-get update"):
+        guest._current_kernel(ARCHES["x86_64"], tmp_path)
+    (tmp_path / "debs").mkdir()
+    (tmp_path / "debs" / "linux-image-6.1.0-57-cloud-amd64_6.1.192-3_amd64.deb").write_bytes(b"")
+    assert guest._current_kernel(ARCHES["x86_64"], tmp_path) == "linux-image-6.1.0-57-cloud-amd64"
+    assert said == ["apt-cache", "apt-cache"]

@@ -339,15 +339,16 @@ def _current_kernel(spec: Arch, cache: Path) -> str:
     try:
         _ensure_architecture(spec)
         output = _apt(["apt-cache", "depends", "--no-recommends", spec.package(spec.kernel_meta)])
+        for line in output.splitlines():
+            if line.strip().startswith("Depends:"):
+                return line.split(":", 1)[1].strip().split(":", 1)[0]
+        raise GuestError(f"apt-cache names no kernel package that {spec.package(spec.kernel_meta)} depends on "
+                         "(apt's package lists may be missing: apt-get update)")
     except GuestError:
         cached = sorted((cache / "debs").glob(f"linux-image-*_{spec.deb_arch}.deb"))
         if not cached:
             raise
         return cached[-1].name.split("_", 1)[0]
-    for line in output.splitlines():
-        if line.strip().startswith("Depends:"):
-            return line.split(":", 1)[1].strip().split(":", 1)[0]
-    raise GuestError(f"apt-cache names no kernel package that {spec.kernel_meta} depends on")
 
 
 def _deb(cache: Path, spec: Arch, package: str) -> Path:

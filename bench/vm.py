@@ -208,6 +208,8 @@ def at_once(lab) -> tuple[list[float], float, str]:
         raise SystemExit(f"not all {AT_ONCE} were served on devices of their own: {[g['device'] for g in got]}")
     for lease in got:
         lab.api.post(f"/leases/{lease['id']}/release")
+    wait(lambda: all(lab.api.get(f"/devices/{lease['device']}").json()["state"] == "idle" for lease in got),
+         BOOT_WAIT_S, "the four idle again (their VMs ended)")
     return times, everything, how
 
 

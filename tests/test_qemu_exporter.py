@@ -128,3 +128,36 @@ def test_a_boot_that_breaks_is_counted_and_the_pool_keeps_trying():
         assert pool._thread is not None and pool._thread.is_alive()
     finally:
         pool.stop()
+
+
+def test_a_state_folder_too_deep_for_a_qmp_socket_fails_the_slot_before_any_lease(exporter):
+    """A VM's QMP socket lives in the state folder: where its path would pass the 107 bytes a
+    unix socket holds, every boot would fail, so the slot's devices say so and are not offered."""
+    resources = exporter.discover()
+    uart = next(r for r in resources if r.kind == "uart" and r.device == "vm-0")
+    assert exporter.health(uart).status == "ok"
+    exporter.host.state_dir = exporter.host.state_dir / ("d" * 60) / ("e" * 60)
+    health = exporter.health(uart)
+    assert health.status == "failed" and "too long for a VM's QMP socket" in health.reason
+
+
+def test_the_pool_s_stop_ends_a_vm_a_lease_holds_and_one_being_given_back():
+    """The exporter's shutdown may come while a lease holds a VM or while its stop ends one in
+    another thread: the pool ends every VM it made and has not ended, and a second end waits
+    for the first (vm.py's power lock), so no QEMU outlives the exporter."""
+    config = QemuConfig.model_validate({"kernel": "/s/k", "instances": 2, "warm": 0}, context={"state_dir": "/s"})
+    ended = []
+
+    class Recorded:
+        def boot(self, stop=None):
+            return 0.1
+
+        def end(self):
+            ended.append(self)
+
+    pool = Pool("vm", config, make=Recorded, memory=lambda: 1 << 20)
+    held, given_back = pool.take(), pool.take()
+    pool.give_back(given_back)
+    assert ended == [given_back]
+    pool.stop()
+    assert ended == [given_back, held], "the VM a lease held is ended with the pool"

@@ -39,7 +39,7 @@ from .images import BaseImages
 from .isa import isa_tags
 from .kvm import KvmVerdict, try_kvm
 from .pool import Pool, PoolCounts, PoolRefused
-from .vm import VM, VmError, program_of
+from .vm import VM, VmError, program_of, socket_path_problem
 
 FLASH = OperationKind("flash", "replace the slot's base disk (its initramfs when it has no disk) with an image of "
                                "the registry; VMs booted from then on start from it", exclusive=True,
@@ -196,6 +196,9 @@ class QemuPlugin:
         program = program_of(slot.config.arch)
         if find_program(program) is None:
             return Health("failed", f"{program} is not installed")
+        problem = socket_path_problem(host.state_dir, slot.name)
+        if problem:
+            return Health("failed", problem)
         assert self.images is not None
         problem = self.images.problem(slot.config.files())
         if problem:

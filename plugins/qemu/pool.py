@@ -72,6 +72,10 @@ class Pool:
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # every VM made and not yet ended, wherever it is (booting for a lease, leased, being
+        # ended): stop() ends them all, so a shutdown in the middle of a hand-out or a give-back
+        # leaves no QEMU behind
+        self._live: set[VM] = set()
 
     @property
     def limit(self) -> int:
@@ -99,7 +103,11 @@ class Pool:
         with self._changed:
             idle, self.ready = self.ready, []
         for vm in idle:
-            vm.end()
+            self._ended(vm)
+        with self._changed:
+            left = list(self._live)
+        for vm in left:  # (a boot for a lease, a leased VM, one being given back)
+            self._ended(vm)
 
     def flush(self) -> None:
         """End the idle VMs (booted from a base that just changed): the thread boots new ones."""
@@ -107,7 +115,18 @@ class Pool:
             idle, self.ready = self.ready, []
             self._changed.notify_all()
         for vm in idle:
-            vm.end()
+            self._ended(vm)
+
+    def _new(self) -> VM:
+        vm = self.make()
+        with self._changed:
+            self._live.add(vm)
+        return vm
+
+    def _ended(self, vm: VM) -> None:
+        vm.end()
+        with self._changed:
+            self._live.discard(vm)
 
     def _room(self) -> str:
         """Why one more VM may not boot now ("" when it may). Called with the lock held."""
@@ -154,11 +173,12 @@ class Pool:
 
     def _boot_one(self) -> bool:
         """Boot a VM into ``ready`` (``booting`` was counted for it)."""
-        vm = self.make()
+        vm = self._new()
         try:
             seconds = vm.boot(self._stop)
         except Exception as exc:  # (VmError, OSError; anything else counted the same, never a count left high)
-            with self._changed:
+            with self._changed:  # (boot ended it)
+                self._live.discard(vm)
                 self.booting -= 1
                 self.boot_failures += 1
                 self.last_error = f"a VM of slot {self.name} did not boot: {exc}"
@@ -176,7 +196,7 @@ class Pool:
                 self.ready.append(vm)
             self._changed.notify_all()
         if stopped:
-            vm.end()
+            self._ended(vm)
         else:
             log.info("VM %s of slot %s ready at its prompt, booted in %.1f s", vm.id, self.name, seconds)
         return True
@@ -196,7 +216,7 @@ class Pool:
                     self._changed.notify_all()
                 continue
             log.warning("a VM of slot %s stopped answering its console; replacing it", self.name)
-            vm.end()
+            self._ended(vm)
             with self._changed:
                 self.replaced += 1
                 self._changed.notify_all()
@@ -221,15 +241,16 @@ class Pool:
             if vm.probe(TAKE_PROBE_S):
                 return vm
             log.warning("a warm VM of slot %s did not answer its console; ending it", self.name)
-            vm.end()
+            self._ended(vm)
             with self._changed:
                 self.in_use -= 1
                 self.replaced += 1
-        vm = self.make()
+        vm = self._new()
         try:
             seconds = vm.boot()
         except BaseException:
-            with self._changed:
+            with self._changed:  # (boot ended it)
+                self._live.discard(vm)
                 self.in_use -= 1
                 self.boot_failures += 1
                 self._changed.notify_all()
@@ -242,7 +263,7 @@ class Pool:
     def give_back(self, vm: VM) -> None:
         """End a VM a lease used (its overlay goes with it); the thread boots the next."""
         try:
-            vm.end()
+            self._ended(vm)
         finally:
             with self._changed:
                 self.in_use -= 1

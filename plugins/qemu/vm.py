@@ -59,6 +59,17 @@ def disk_format(path: str) -> str:
         return "qcow2" if image.read(4) == QCOW2_MAGIC else "raw"
 
 
+def socket_path_problem(state_dir: Path, slot: str) -> str | None:
+    """Why a VM of ``slot`` cannot have its QMP socket under ``state_dir`` (a unix socket's
+    path holds 107 bytes), or None: said by the slot's health, so that its devices are not
+    offered to a lease that could only fail at its start."""
+    longest = len(str(Launch(state_dir / "qemu" / "run" / f"{slot[:24]}-{'0' * 8}", "tcg").qmp_socket))
+    if longest <= MAX_SOCKET_PATH:
+        return None
+    return (f"the state folder's path is too long for a VM's QMP socket ({longest} bytes of the "
+            f"{MAX_SOCKET_PATH} a unix socket holds): give the exporter a shorter state_dir")
+
+
 @dataclass(frozen=True)
 class Launch:
     """What one VM is started with, besides the slot's config: where it lives, how it is
@@ -148,6 +159,9 @@ class VM:
         self.pty: str | None = None
         self._console: int | None = None
         self._lock = threading.Lock()  # one reader of the console at a time (boot, probe)
+        # one power-off at a time: a second (the exporter's shutdown, while a lease's stop ends
+        # the VM) waits for the first to be done, so neither returns with QEMU still running
+        self._power_lock = threading.Lock()
         self.booted_s: float | None = None  # how long its last boot took, to the prompt
         self._overlay_base: tuple[int, int] | None = None  # the base file its overlay was made over
 
@@ -230,8 +244,9 @@ class VM:
 
     # ---- the console -------------------------------------------------------------------------
 
-    def wait_prompt(self, deadline: float, stop: threading.Event | None = None) -> None:
-        """Nudge the console with a newline until it shows its prompt; ``VmError`` past ``deadline``."""
+    def wait_prompt(self, deadline: float, stop: threading.Event | None = None, settle_s: float = 0.05) -> None:
+        """Nudge the console with a newline until it shows its prompt, then nothing more for
+        ``settle_s``; ``VmError`` past ``deadline``."""
         with self._lock:
             fd = self._console
             if fd is None:
@@ -260,7 +275,7 @@ class VM:
                         seen = (seen + os.read(fd, 65536))[-4096:]
                     except (BlockingIOError, OSError):
                         continue
-                    if shows_prompt(seen, self.prompt) and self._quiet(fd):
+                    if shows_prompt(seen, self.prompt) and self._quiet(fd, settle_s):
                         return
 
     def _quiet(self, fd: int, for_s: float = 0.05) -> bool:
@@ -276,7 +291,9 @@ class VM:
             return False
         try:
             termios.tcflush(fd, termios.TCIFLUSH)
-            self.wait_prompt(time.monotonic() + timeout)
+            # what came before is flushed, so the prompt the newline brings is the last thing
+            # printed: no quiet wait (it was 50 ms of every warm lease's hand-out)
+            self.wait_prompt(time.monotonic() + timeout, settle_s=0.0)
         except (VmError, OSError):
             return False
         return True
@@ -303,6 +320,10 @@ class VM:
     def power_off(self) -> None:
         """End its QEMU (QMP ``quit``, then its process group killed if it lingers) but keep its
         folder: its disk, like a board's, survives a power cycle."""
+        with self._power_lock:
+            self._power_off()
+
+    def _power_off(self) -> None:
         proc, self.proc = self.proc, None
         if self._console is not None:
             os.close(self._console)

@@ -44,7 +44,7 @@ def no_process_may_start(nodes=()):
         _watching.pop()
 
 
-def make_exporter(tmp_path, extra_plugin=None):
+def make_exporter(tmp_path, extra_plugin=None, state=None):
     sysfs = tmp_path / "sys"
     serial_adapter = usb_device(sysfs, "1-1.2", vendor="0403", product="6001", serial="A10K3XYZ",
                                 interfaces=(VENDOR_SPECIFIC,))
@@ -52,11 +52,12 @@ def make_exporter(tmp_path, extra_plugin=None):
     usb_device(sysfs, "2-1", vendor="18d1", product="4ee7", serial="8AAY0GCXH", interfaces=(ADB,))
     pty = tmp_path / "ttyA"
     pty.touch()
-    images = tmp_path / "state" / "qemu" / "images"
+    state = state or tmp_path / "state"
+    images = state / "qemu" / "images"
     images.mkdir(parents=True)
     (images / "vmlinuz").write_bytes(b"a kernel")
     config = parse_config({
-        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "sysfs_root": str(sysfs),
+        "exporter": {"name": "host-a", "state_dir": str(state), "sysfs_root": str(sysfs),
                      "coordinator": f"http://127.0.0.1:{free_port()}"},  # nobody listens: its goodbye goes nowhere
         "devices": [{"name": "sim-board-0", "plugin": "sim"}, {"name": "sim-board-1", "plugin": "sim"},
                     {"name": "jupiter", "plugin": "uart", "path": str(pty)},
@@ -70,8 +71,8 @@ def make_exporter(tmp_path, extra_plugin=None):
     return exporter
 
 
-def test_discovery_and_health_spawn_no_process(tmp_path):
-    exporter = make_exporter(tmp_path)
+def test_discovery_and_health_spawn_no_process(tmp_path, short_tmp):
+    exporter = make_exporter(tmp_path, state=short_tmp / "state")
     try:
         nodes = {r.node for r in exporter.discover() if r.node}
         with no_process_may_start(nodes) as spawned:

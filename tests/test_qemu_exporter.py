@@ -24,11 +24,11 @@ pytestmark = pytest.mark.service  # the exporter's start tries KVM: a QEMU run
 
 
 @pytest.fixture
-def exporter(tmp_path, monkeypatch):
+def exporter(tmp_path, short_tmp, monkeypatch):
     folder = tmp_path / "entry-point"
     monkeypatch.setenv(LOAD_ENV, with_qemu(dict(os.environ), folder)[LOAD_ENV])
     monkeypatch.syspath_prepend(str(folder))  # (entry points are read from sys.path)
-    state = tmp_path / "state"
+    state = short_tmp / "state"
     images = state / "qemu" / "images"
     images.mkdir(parents=True)
     (images / "vmlinuz").write_bytes(b"kernel")
@@ -65,7 +65,7 @@ def test_a_slot_is_its_instances_each_with_console_power_and_flash(exporter):
 
 def test_a_base_file_that_changed_behind_the_exporter_fails_until_a_flash_records_it(exporter, tmp_path):
     uart = next(r for r in exporter.discover() if r.kind == "uart")
-    initrd = tmp_path / "state" / "qemu" / "images" / "initrd.gz"
+    initrd = exporter.host.state_dir / "qemu" / "images" / "initrd.gz"
     initrd.write_bytes(b"initrd two, written by someone")
     health = exporter.health(uart)
     assert health.status == "failed" and "changed since it was hashed" in health.reason, health
@@ -85,7 +85,7 @@ def test_a_base_file_that_changed_behind_the_exporter_fails_until_a_flash_record
 
 def test_a_missing_base_fails_the_slot(exporter, tmp_path):
     uart = next(r for r in exporter.discover() if r.kind == "uart")
-    (tmp_path / "state" / "qemu" / "images" / "vmlinuz").unlink()
+    (exporter.host.state_dir / "qemu" / "images" / "vmlinuz").unlink()
     assert exporter.health(uart).reason.startswith("its kernel ") and exporter.health(uart).status == "failed"
 
 

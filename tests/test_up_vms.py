@@ -74,15 +74,6 @@ def test_up_without_qemu_on_path_starts_the_lab_as_before_and_says_why_no_vm(tmp
         stop_up(proc, tmp_path / "lab")
 
 
-@pytest.fixture
-def short_tmp():
-    """A folder with a short path: a VM's QMP socket lies deep in the lab's data folder, and a
-    unix socket's path has 107 bytes at most (pytest's own folders are longer)."""
-    folder = Path(tempfile.mkdtemp(prefix="dl-up-", dir="/tmp"))
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
-
-
 @pytest.mark.service
 @pytest.mark.timeout(600)
 def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(short_tmp, tmp_path_factory, env):

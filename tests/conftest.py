@@ -113,7 +113,10 @@ def nothing_reaches_the_default_coordinator():
 # suite's wall time is its CPU work over two cores only if none of them is left for the end.
 LONGEST_FIRST = ("test_openapi.py::test_schemathesis", "test_lease_properties.py::", "test_ab_sim.py::test_abab",
                  "test_live_properties.py::test_the_lease_rules", "test_static_checks.py::test_mypy",
-                 "test_faults.py::test_acknowledged", "test_ticket_properties.py::test_tickets_are")
+                 "test_faults.py::test_acknowledged", "test_ticket_properties.py::test_tickets_are",
+                 # the VMs' (boots under TCG, CPU-bound: the lab module alone takes 1-2 minutes)
+                 "test_qemu_lab.py::", "test_up_vms.py::", "test_qemu_guest.py::test_each_guest_boots",
+                 "test_qemu_guest.py::test_an_ssh_guest")
 
 
 # The fast tier (`./lab test --fast`: `-m "not service"`) runs the tests that start no

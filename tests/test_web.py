@@ -666,7 +666,8 @@ def test_watch_prints_each_change_until_ctrl_c(tmp_path, env, coordinator, expor
         assert first.split()[1:] == ["sim-board-0", "idle", "->", seen[0]["to"], "alice"]
         for watcher in watchers:
             watcher.send_signal(signal.SIGINT)
-            assert watcher.wait(10) == 0, "Ctrl-C ends it quietly"
+            # (a bound, not a goal: under load the CLI may be slow to end)
+            assert watcher.wait(30) == 0, "Ctrl-C ends it quietly"
     finally:
         for watcher in watchers:
             if watcher.poll() is None:

@@ -12,6 +12,8 @@ LOGIN_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$"
 HOST_KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521",
                   "sk-ssh-ed25519@openssh.com", "sk-ecdsa-sha2-nistp256@openssh.com", "ssh-rsa")
 _KEY = re.compile(r"^(\S+) ([A-Za-z0-9+/]+={0,2})(?: .*)?$")
+#: The longest key an endpoint's param carries for a client to pin (core/protocol.py's ParamValue)
+MAX_PINNED_KEY_CHARS = 255
 
 
 def public_host_key(text: str) -> str:
@@ -22,3 +24,13 @@ def public_host_key(text: str) -> str:
         raise ValueError(f"host_key must be a public key as a .pub file has it ({HOST_KEY_TYPES[0]} AAAA...), "
                          f"not {text[:60]!r}")
     return f"{match.group(1)} {match.group(2)}"
+
+
+def pinned_host_key(text: str) -> str:
+    """``public_host_key(text)``, which an endpoint carries for its clients to pin: refused
+    (``ValueError``) past the ``MAX_PINNED_KEY_CHARS`` an endpoint's param holds."""
+    bare = public_host_key(text)
+    if len(bare) > MAX_PINNED_KEY_CHARS:
+        raise ValueError(f"a host key of {len(bare)} characters is more than an endpoint carries "
+                         f"({MAX_PINNED_KEY_CHARS}): give the ed25519 or ecdsa key")
+    return bare

@@ -18,7 +18,7 @@ from device_loop.core.holders import command_of, holders
 from device_loop.core.ports import inherited_listener, port_is_free, wait_port_free, wait_port_open
 from device_loop.core.process import find_program, last_lines, python_module, run
 from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start_bridge
-from device_loop.core.ssh_keys import LOGIN_NAME_PATTERN, public_host_key
+from device_loop.core.ssh_keys import LOGIN_NAME_PATTERN, pinned_host_key, public_host_key
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
 from device_loop.core.vocabulary import EndpointRole, Fidelity
@@ -52,5 +52,5 @@ __all__ = [
     # who has a device node open, from /proc (spawns nothing, opens nothing)
     "command_of", "holders",
     # a board's ssh host key, as its .pub file has it (checked, its comment left out), and a login name
-    "public_host_key", "LOGIN_NAME_PATTERN",
+    "public_host_key", "pinned_host_key", "LOGIN_NAME_PATTERN",
 ]

@@ -102,3 +102,13 @@ def test_the_cpu_model_and_machine_default_per_architecture_with_their_isa_tags(
 def test_the_kvm_try_boots_a_sector_that_prints_its_marker():
     sector = boot_sector()
     assert len(sector) == 512 and sector.endswith(b"\x55\xaa") and MARKER in sector
+
+
+def test_a_pinned_host_key_longer_than_an_endpoint_carries_is_refused_for_a_slot_and_a_board(tmp_path):
+    """One bound for a key an endpoint carries (core/ssh_keys.py pinned_host_key), in both
+    plugins that pin one."""
+    from device_loop.plugins.ssh import SshConfig
+    long_key = "ssh-rsa " + "A" * 600
+    assert "more than an endpoint carries" in refusal(tmp_path, kernel="k", ssh=True, ssh_host_key=long_key)
+    with pytest.raises(ValueError, match="more than an endpoint carries"):
+        SshConfig.model_validate({"host_key": long_key})

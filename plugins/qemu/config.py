@@ -17,14 +17,13 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from device_loop.plugin import LOGIN_NAME_PATTERN, Duration, PluginConfig, public_host_key
+from device_loop.plugin import LOGIN_NAME_PATTERN, Duration, PluginConfig, pinned_host_key
 
 MIN_MEMORY_MIB = 64
 MAX_MEMORY_MIB = 16384
 MAX_INSTANCES = 16
 MAX_APPEND_CHARS = 1024
 MAX_PROMPT_CHARS = 200
-MAX_HOST_KEY_CHARS = 255  # what an endpoint's param holds (core/protocol.py)
 #: What a busybox (or any) root shell's prompt ends with, escape sequences taken out.
 DEFAULT_PROMPT = r"[#$] ?$"
 #: The CPU model and machine when the slot names none: what boots fast under TCG here (the
@@ -145,11 +144,7 @@ class QemuConfig(PluginConfig):
     def _host_key(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        bare = public_host_key(value)
-        if len(bare) > MAX_HOST_KEY_CHARS:
-            raise ValueError(f"a host key of at most {MAX_HOST_KEY_CHARS} characters (an endpoint carries no more): "
-                             f"give the guest's ed25519 key")
-        return bare
+        return pinned_host_key(value)
 
     @field_validator("kernel", "initrd", "disk")
     @classmethod

@@ -24,11 +24,9 @@ import re
 from pydantic import Field, field_validator
 
 from device_loop.plugin import (LOGIN_NAME_PATTERN, EndpointRole, HostContext, LeaseRef, PluginConfig, Resource,
-                                Service, hookimpl, public_host_key, start_relay)
+                                Service, hookimpl, pinned_host_key, start_relay)
 
 COMMAND = "ssh -p {port} {user}@{host}"
-#: what an endpoint's param may hold (core/protocol.py bounds each to 255 characters)
-MAX_HOST_KEY_CHARS = 255
 _HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:.]{2,45})$")
 
 
@@ -53,11 +51,7 @@ class SshConfig(PluginConfig):
     def _a_public_key(cls, key: str | None) -> str | None:
         if key is None:
             return None
-        bare = public_host_key(key)
-        if len(bare) > MAX_HOST_KEY_CHARS:
-            raise ValueError(f"host_key is {len(bare)} characters, more than an endpoint carries "
-                             f"({MAX_HOST_KEY_CHARS}): give the board's ed25519 or ecdsa key")
-        return bare
+        return pinned_host_key(key)
 
 
 @hookimpl

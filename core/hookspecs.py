@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:  # (hookspecs are loaded by every exporter and its service processes: nothing heavy at run time)
+    from .container_env import ContainerEnvironment
     from .host import HostContext
     from .model import (ConfiguredResource, Health, LeaseRef, Operation, OperationKind, PowerReading, Resource,
                         Service, StepKind)
@@ -40,7 +41,8 @@ PROJECT = "device_loop"
 #: ``devloop_fingerprint``, ``EndpointRole.SSH``, ``devloop_power`` with ``PowerReading``
 #: and ``POWER_KIND``, ``find_program``, ``last_lines``, ``public_host_key``,
 #: ``LOGIN_NAME_PATTERN``, ``Fidelity`` (``Resource.fidelity``), a plugin's
-#: ``DEVLOOP_API_VERSION``, ``devloop_metrics``.
+#: ``DEVLOOP_API_VERSION``, ``devloop_metrics``, ``Health.kind`` (``HealthKind``),
+#: ``devloop_environment`` (``ContainerEnvironment``, ``DeviceNode``, ``Mount``, ``device_node``).
 API_VERSION = 2
 #: What a plugin names (on its module or class) to say which ``API_VERSION`` it needs.
 NEEDS_API = "DEVLOOP_API_VERSION"
@@ -225,6 +227,24 @@ def devloop_fingerprint(host: HostContext, resource: Resource) -> Mapping[str, s
     reported with the device (``DeviceReport.facts``) and show in its fingerprint's ``extra``
     (``device-loop fingerprint``). Asked at each scan, within the hook deadline: read-only and
     cheap, like discovery (read the config, a file; spawn nothing, open no device node).
+    """
+
+
+@hookspec(firstresult=True)
+def devloop_environment(host: HostContext, resource: Resource, service: Service | None) -> ContainerEnvironment | None:
+    """What a container needs to use ``resource`` while it is leased: a
+    :class:`ContainerEnvironment` of device nodes, mounts and environment variables, or
+    ``None`` when a container cannot use it.
+
+    ``service`` is what ``devloop_start`` returned for the lease (``None`` if the plugin
+    serves none): its endpoints give the addresses a variable may carry. Built only from
+    what the plugin discovered and started, never from anything a request carries: a
+    device node's type, major and minor are read from the node itself (``device_node``),
+    its mode is never world-writable, and paths are the resource's own. An answer that
+    breaks the bounds of ``ContainerEnvironment`` (32 nodes, 32 mounts, 64 variables) is
+    refused whole and logged. The exporter writes it as the lease's CDI spec
+    (docs/architecture.md, "Containers and CDI"). Asked when the lease's services start;
+    opens no device node, spawns nothing.
     """
 
 

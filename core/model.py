@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .vocabulary import Fidelity, HealthStatus
+from .vocabulary import Fidelity, HealthKind, HealthStatus
 
 HEALTH_STATES = tuple(status.value for status in HealthStatus)
 
@@ -62,12 +62,20 @@ class Resource:
 
 @dataclass(frozen=True)
 class Health:
+    """One health check's answer: ``status`` (``ok``, ``degraded``, ``failed``), ``reason`` in
+    words a person reads ("link at 2.5 GT/s of 16 GT/s"), and ``kind`` (a ``HealthKind``):
+    whether a fault may pass by itself (``transient``, re-probed and re-admitted) or needs a
+    person (``permanent``). ``kind`` means nothing when the status is ``ok``."""
+
     status: str = "ok"
     reason: str = ""
+    kind: HealthKind = HealthKind.TRANSIENT
 
     def __post_init__(self) -> None:
         if self.status not in HEALTH_STATES:
             raise ValueError(f"health status must be one of {HEALTH_STATES}, not {self.status!r}")
+        if self.kind not in tuple(HealthKind):
+            raise ValueError(f"health kind must be one of {tuple(k.value for k in HealthKind)}, not {self.kind!r}")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,15 @@ class HealthStatus(StrEnum):
     FAILED = "failed"
 
 
+class HealthKind(StrEnum):
+    """What a health check's ``degraded`` or ``failed`` says of the fault (docs/architecture.md,
+    "Health that heals"): ``transient`` may pass by itself (a link that retrains, a card put
+    back), so the exporter re-probes it and re-admits the device; ``permanent`` will not (AER
+    fatal errors, a burnt-out part), so the device stays faulty until a person clears it."""
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+
+
 class OperationState(StrEnum):
     QUEUED = "queued"      # in its host's desired state, not begun
     RUNNING = "running"

@@ -8,6 +8,7 @@ new ``API_VERSION``). ``docs/plugins.md`` describes each.
 """
 from device_loop.core import POWER_KIND
 from device_loop.core.hookspecs import API_VERSION, hookimpl
+from device_loop.core.container_env import ContainerEnvironment, DeviceNode, Mount, device_node
 from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
 from device_loop.core.plugin_config import Duration, PluginConfig
@@ -21,7 +22,7 @@ from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start
 from device_loop.core.ssh_keys import LOGIN_NAME_PATTERN, pinned_host_key, public_host_key
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
-from device_loop.core.vocabulary import EndpointRole, Fidelity
+from device_loop.core.vocabulary import EndpointRole, Fidelity, HealthKind
 
 
 __all__ = [
@@ -35,6 +36,10 @@ __all__ = [
     "Operation", "OperationError", "OperationKind", "FlashError", "FlashImage",
     # steps between leases: what devloop_steps declares (run through devloop_operate)
     "StepKind",
+    # a fault that may pass by itself or needs a person (Health.kind)
+    "HealthKind",
+    # what a container needs of a resource (devloop_environment): nodes read from the node itself
+    "ContainerEnvironment", "DeviceNode", "Mount", "device_node",
     # power backends: what devloop_power returns, and the kind of their resources
     "PowerReading", "POWER_KIND",
     # what an endpoint is for; what a resource is a part of (a board, a simulation, a VM, an emulator)

@@ -94,3 +94,27 @@ def device_node(host_path: str, path: str | None = None, permissions: str = "rw"
     return DeviceNode(path=path or host_path, host_path=host_path, type="c" if stat.S_ISCHR(st.st_mode) else "b",
                       major=os.major(st.st_rdev), minor=os.minor(st.st_rdev),
                       file_mode=stat.S_IMODE(st.st_mode) & ~stat.S_IWOTH, permissions=permissions)
+
+
+#: Where a tty (a board's console) appears in a container, and the variable that names it.
+CONSOLE_PATH = "/dev/device-loop/console"
+CONSOLE_ENV = "DEVICE_LOOP_CONSOLE"
+# Unix98 pty slaves (Documentation/admin-guide/devices.txt): 136 to 143
+_PTY_MAJORS = range(136, 144)
+
+
+def tty_environment(host_path: str, path: str = CONSOLE_PATH, env_name: str = CONSOLE_ENV) -> ContainerEnvironment:
+    """What a container needs of the tty ``host_path`` (followed if a link), seen at ``path``
+    and named by the variable ``env_name``: a real tty as a device node, a pty as a bind mount
+    (a pty node opens only inside devpts: a node made elsewhere fails with EIO). A pty's
+    mount names ``host_path`` itself, so a stable link that follows a new pty keeps working
+    for the next container. Raises ``ValueError`` when it is not a character device."""
+    real = os.path.realpath(host_path)
+    st = os.stat(real)
+    if not stat.S_ISCHR(st.st_mode):
+        raise ValueError(f"{host_path} is not a character device")
+    env = {env_name: path}
+    if os.major(st.st_rdev) in _PTY_MAJORS:
+        return ContainerEnvironment(mounts=(Mount(host_path=host_path, container_path=path, options=("bind", "rw")),),
+                                    env=env)
+    return ContainerEnvironment(nodes=(device_node(real, path=path),), env=env)

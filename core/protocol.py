@@ -182,14 +182,66 @@ class DeviceReport(Strict):
         return check_device_name(name)
 
 
+#: A path a container environment names (core/container_env.py holds plugins to the same).
+ContainerPath = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^/[^\x00]*$")]
+MAX_ENVIRONMENT_BYTES = 16 << 10  # a resource's whole environment, as JSON
+
+
+class DeviceNodeReport(Strict):
+    """A device node a container gets (``core.container_env.DeviceNode``)."""
+    path: ContainerPath
+    host_path: ContainerPath
+    node_type: Literal["c", "b"]  # (named so: "type" is a key of the schemas tests walk)
+    major: int = Field(ge=0, le=2**32 - 1)
+    minor: int = Field(ge=0, le=2**32 - 1)
+    file_mode: int = Field(ge=0, le=0o7777)
+    permissions: str = Field(min_length=1, max_length=3, pattern=r"^r?w?m?$")
+
+    @field_validator("file_mode")
+    @classmethod
+    def _not_world_writable(cls, mode: int) -> int:
+        if mode & 0o002:
+            raise ValueError(f"a device node's mode is never world-writable: {oct(mode)}")
+        return mode
+
+
+class MountReport(Strict):
+    """A bind mount a container gets (``core.container_env.Mount``)."""
+    host_path: ContainerPath
+    container_path: ContainerPath
+    options: list[Annotated[str, StringConstraints(max_length=32, pattern=r"^[a-z0-9_=.-]{1,32}$")]] = Field(
+        default_factory=list, max_length=16)
+
+
+class EnvironmentReport(Strict):
+    """What a container needs of a leased resource (its plugin's ``devloop_environment``),
+    bounded as ``ContainerEnvironment`` is, and in all (``MAX_ENVIRONMENT_BYTES``)."""
+    nodes: list[DeviceNodeReport] = Field(default_factory=list, max_length=32)
+    mounts: list[MountReport] = Field(default_factory=list, max_length=32)
+    env: dict[EnvName, Annotated[str, StringConstraints(max_length=1024, pattern=r"^[^\x00]*$")]] = Field(
+        default_factory=dict, max_length=64)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> "EnvironmentReport":
+        paths = [p for n in self.nodes for p in (n.path, n.host_path)]
+        paths += [p for m in self.mounts for p in (m.host_path, m.container_path)]
+        if any(".." in p.split("/") for p in paths):
+            raise ValueError("a container environment's paths have no '..'")
+        if len(self.model_dump_json()) > MAX_ENVIRONMENT_BYTES:
+            raise ValueError(f"a container environment takes at most {MAX_ENVIRONMENT_BYTES} bytes as JSON")
+        return self
+
+
 class ServiceReport(Strict):
-    """A service the exporter runs for a lease (or failed to start: ``error``)."""
+    """A service the exporter runs for a lease (or failed to start: ``error``), with what a
+    container needs of its resource (``environment``: docs/architecture.md, "Containers and CDI")."""
     lease: str = Field(min_length=1, max_length=64)
     device: str = Field(min_length=1, max_length=64)
     identifier: str = Field(min_length=1, max_length=255)
     kind: str = Field(min_length=1, max_length=32)
     endpoints: list[EndpointReport] = Field(default_factory=list, max_length=MAX_ENDPOINTS_PER_SERVICE)
     error: str | None = Field(default=None, max_length=2000)
+    environment: EnvironmentReport | None = None
 
 
 class Progress(Strict):

@@ -8,7 +8,7 @@ new ``API_VERSION``). ``docs/plugins.md`` describes each.
 """
 from device_loop.core import POWER_KIND
 from device_loop.core.hookspecs import API_VERSION, hookimpl
-from device_loop.core.container_env import ContainerEnvironment, DeviceNode, Mount, device_node
+from device_loop.core.container_env import ContainerEnvironment, DeviceNode, Mount, device_node, tty_environment
 from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
 from device_loop.core.plugin_config import Duration, PluginConfig
@@ -39,7 +39,7 @@ __all__ = [
     # a fault that may pass by itself or needs a person (Health.kind)
     "HealthKind",
     # what a container needs of a resource (devloop_environment): nodes read from the node itself
-    "ContainerEnvironment", "DeviceNode", "Mount", "device_node",
+    "ContainerEnvironment", "DeviceNode", "Mount", "device_node", "tty_environment",
     # power backends: what devloop_power returns, and the kind of their resources
     "PowerReading", "POWER_KIND",
     # what an endpoint is for; what a resource is a part of (a board, a simulation, a VM, an emulator)

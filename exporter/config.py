@@ -23,6 +23,7 @@ from device_loop.core.vocabulary import AutoRecover
 from device_loop.core.protocol import (HOST_PATTERN, MAX_STEPS, MAX_TAGS, Tag, Word, check_device_name,
                                        check_host)
 
+from .cdi import DEFAULT_CDI_DIR
 from .hook_deadlines import DEFAULT_TIMEOUT_S as DEFAULT_HOOK_TIMEOUT_S
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:7420"
@@ -51,6 +52,7 @@ class ExporterSection(BaseModel):
     token_file: Path | None = None
     image_cache_gib: float = Field(default=20.0, gt=0)
     hook_timeout_s: float = Field(default=DEFAULT_HOOK_TIMEOUT_S, gt=0, le=600)  # discovery and health checks
+    cdi_dir: Path = DEFAULT_CDI_DIR  # where the leases' CDI specs go (docs/architecture.md, "Containers and CDI")
 
     _addresses = field_validator("bind_address", "advertise_address")(check_host)
 

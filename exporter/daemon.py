@@ -26,6 +26,7 @@ from device_loop.core.model import ConfiguredResource, Health, Resource
 from device_loop.core.plugins import PluginSet
 from device_loop.core.protocol import EXPORTER_STEPS, DesiredState, Heartbeat
 
+from .cdi import CdiFolder
 from .config import Entry, ExporterConfig, check_steps, parse_entries
 from .image_cache import ImageCache
 from .link import SUPERSEDED, CoordinatorLink
@@ -64,7 +65,8 @@ class Exporter:
                                  section.hook_timeout_s, steps_of=config.steps_of,
                                  auto_recovery=config.auto_recovery())
         self.reconciler = Reconciler(self.host, self.plugins, orphans, gated_only=self.link.authenticated,
-                                     on_change=self._changed)
+                                     on_change=self._changed, cdi=CdiFolder(section.cdi_dir, self.name),
+                                     hook_timeout_s=section.hook_timeout_s)
         cache = ImageCache(config.state_dir / "images", int(section.image_cache_gib * (1 << 30)))
         self.power = PowerRunner(self.host, self.plugins)
         self.step_runner = StepRunner(self.host, self.plugins, config.steps_of, section.hook_timeout_s,
@@ -126,6 +128,7 @@ class Exporter:
         """Check the config entries against the plugins' models (``check_config``), stop
         what an earlier run left behind, pick the plugins this host can use."""
         self.check_config()
+        self.reconciler.sync_cdi()  # nothing runs yet: an earlier run's specs go (their leases' come back)
         for record in self.host.processes.stop_leftovers():
             log.warning("stopped leftover %s of lease %s from an earlier run", record["name"], record["lease"])
         for skipped in self.plugins.skipped:
@@ -251,6 +254,7 @@ class Exporter:
             resources = self.reporter.scan(self.reconciler.pids())
             self.reconciler.converge(resources=resources, retry=True)
             self.reconciler.stop_strays()
+            self.reconciler.sync_cdi()
         return self._apply(self.heartbeat(), from_heartbeat=True)
 
     def cycle(self) -> None:

@@ -18,13 +18,16 @@ from typing import Callable
 
 from pydantic import ValidationError
 
+from device_loop.core.cdi_spec import CdiRefused, CdiSpec, cdi_spec
 from device_loop.core.gate import gate_service
 from device_loop.core.host import HostContext
 from device_loop.core.model import LeaseRef, Resource, Service
 from device_loop.core.plugins import PluginSet
 from device_loop.core.ports import wait_port_free
-from device_loop.core.protocol import DesiredService, EndpointReport, ServiceReport
+from device_loop.core.protocol import DesiredService, EndpointReport, EnvironmentReport, ServiceReport
 
+from .cdi import CdiFolder, ask_environment
+from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines
 from .orphans import OrphanWatch
 from .service_records import ServiceRecords
 
@@ -38,12 +41,17 @@ class Running:
     resource: Resource
     lease: LeaseRef
     service: Service
+    environment: EnvironmentReport | None = None  # what a container needs of it (its CDI spec's part)
 
 
 class Reconciler:
     def __init__(self, host: HostContext, plugins: PluginSet, orphans: OrphanWatch, gated_only: bool,
-                 on_change: Callable[[], None]):
+                 on_change: Callable[[], None], cdi: CdiFolder | None = None,
+                 hook_timeout_s: float = DEFAULT_TIMEOUT_S):
         self.host, self.plugins, self.orphans = host, plugins, orphans
+        self.cdi = cdi
+        self._environments = HookDeadlines(hook_timeout_s)
+        self._refused: dict[str, str] = {}  # lease -> why it has no CDI spec (logged once)
         self.gated_only = gated_only  # an exporter with a token serves only gated leases
         self.on_change = on_change
         self.records = ServiceRecords(host.state_dir)
@@ -124,6 +132,7 @@ class Reconciler:
                 self._busy.pop(key, None)
                 self.converge()  # a start may have waited for this stop
                 self._idle.notify_all()
+            self.sync_cdi()
             self.on_change()
 
     def _start(self, key: Key, resource: Resource, lease: LeaseRef) -> None:
@@ -162,6 +171,13 @@ class Reconciler:
         # who held the node as the lease began (our own service excepted, so taking this
         # after the start is the same as before it, and keeps it off the way to ready)
         self.orphans.lease_begins(resource, self.pids())
+        # (docs/architecture.md, "Containers and CDI"): asked once the service runs, off the way to ready
+        environment = ask_environment(self.plugins, self._environments, host, resource, service)
+        if environment is not None:
+            with self._lock:
+                run = self.running.get(key)
+                if run is not None and run.service is service:
+                    run.environment = environment
 
     def _endpoint_problem(self, service: Service) -> str | None:
         """Why the endpoints a plugin returned cannot be reported (a template with a format
@@ -229,11 +245,41 @@ class Reconciler:
             runs = [*self.running.items(), *self.stopping.items()]
             out = [ServiceReport.model_validate({"lease": lease_id, "device": run.resource.device,
                                                  "identifier": identifier, "kind": run.resource.kind,
-                                                 "endpoints": [e.to_json() for e in run.service.endpoints]})
+                                                 "endpoints": [e.to_json() for e in run.service.endpoints],
+                                                 "environment": run.environment})
                    for (lease_id, identifier), run in runs]
             out += [ServiceReport(lease=lease_id, identifier=identifier, **failure)
                     for (lease_id, identifier), failure in self.start_errors.items()]
             return out
+
+    def cdi_specs(self) -> dict[str, CdiSpec]:
+        """The CDI spec of each lease whose services run (lease -> spec), from the
+        environments its resources' plugins stated; a lease whose device CDI cannot name has
+        none (said in the log once)."""
+        with self._lock:
+            leases: dict[str, list[Running]] = {}
+            for (lease_id, _), run in sorted(self.running.items()):
+                leases.setdefault(lease_id, []).append(run)
+        specs = {}
+        for lease_id, runs in leases.items():
+            first = runs[0].resource
+            try:
+                spec = cdi_spec(first.device_class, first.device, [r.environment for r in runs if r.environment])
+            except CdiRefused as exc:
+                if self._refused.get(lease_id) != str(exc):
+                    log.warning("no CDI spec for %s: %s", lease_id, exc)
+                    self._refused[lease_id] = str(exc)
+                continue
+            if spec is not None:
+                specs[lease_id] = spec
+        for lease_id in set(self._refused) - set(leases):
+            self._refused.pop(lease_id, None)
+        return specs
+
+    def sync_cdi(self) -> None:
+        """Make the CDI folder hold the specs of the leases served now, and no other of this host's."""
+        if self.cdi is not None:
+            self.cdi.sync(self.cdi_specs())
 
     def take_rechecks(self) -> set[str]:
         with self._lock:

@@ -289,7 +289,8 @@ class Exporter(Proc):
     def __init__(self, tmp_path: Path, env: dict, coordinator_url: str, devices: list[dict],
                  name="host-a", heartbeat_s=HEARTBEAT_S, plugins=None, **settings):
         config = {"exporter": {"name": name, "coordinator": coordinator_url, "heartbeat_s": heartbeat_s,
-                               "state_dir": str(tmp_path / f"state-{name}"), **settings},
+                               "state_dir": str(tmp_path / f"state-{name}"),
+                               "cdi_dir": str(tmp_path / "cdi"), **settings},  # (a test's exporters share it, as a host's do)
                   "devices": devices}
         if plugins:
             config["plugins"] = plugins

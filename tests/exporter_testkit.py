@@ -57,7 +57,7 @@ def in_process_exporter(tmp_path: Path, devices: list[dict], coordinator: str | 
     """An exporter in this process, set up (its plugins loaded and checked); by default its
     coordinator is a free port nobody listens on."""
     config = parse_config({
-        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+        "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "cdi_dir": str(tmp_path / "cdi"),
                      "coordinator": coordinator or f"http://127.0.0.1:{free_port()}"},
         "devices": devices})
     exporter = Exporter(config)

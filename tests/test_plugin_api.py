@@ -19,7 +19,7 @@ from conftest import SRC
 PUBLIC = [
     "API_VERSION", "CONSOLE_COMMAND", "ConfiguredResource", "Duration", "Endpoint", "EndpointRole", "FlashError",
     "FlashImage",
-    "Health", "HealthKind", "ContainerEnvironment", "DeviceNode", "Mount", "device_node", "HostContext", "LeaseRef", "Operation", "OperationError", "OperationKind", "PluginConfig", "Resource",
+    "Health", "HealthKind", "ContainerEnvironment", "DeviceNode", "Mount", "device_node", "tty_environment", "HostContext", "LeaseRef", "Operation", "OperationError", "OperationKind", "PluginConfig", "Resource",
     "Service", "ServiceError", "StepKind", "UsbDevice", "UsbTty", "hookimpl", "inherited_listener", "parse_duration",
     "parse_framing", "port_is_free", "python_module", "run", "start_bridge", "start_relay", "usb_devices", "usb_ttys",
     "wait_port_free", "wait_port_open", "command_of", "holders", "PowerReading", "POWER_KIND",

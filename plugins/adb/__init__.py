@@ -9,6 +9,9 @@ becomes a device of its own, ``android-SERIAL``.
 Config (``[[devices]]`` with ``plugin = "adb"``, or a ``[[devices.resources]]`` entry):
 ``serial``, the phone's USB serial number.
 
+A container reaches the phone through the lease's server (``devloop_environment``):
+``ADB_SERVER_SOCKET=tcp:HOST:PORT`` and ``ANDROID_SERIAL``, which adb reads.
+
 An adb that knows ``--one-device`` (platform-tools 35+) serves exactly one phone per
 server. Debian's adb 29 does not: its private server would claim every phone on the
 host, so the plugin then serves a phone only while it is the only one here, refuses
@@ -37,9 +40,9 @@ from typing import Any, Iterator
 
 from pydantic import Field
 
-from device_loop.plugin import (Endpoint, EndpointRole, Health, HostContext, LeaseRef, Operation, OperationError,
-                                PluginConfig, Resource, Service, ServiceError, StepKind, UsbDevice, hookimpl,
-                                port_is_free, run, usb_devices, wait_port_free)
+from device_loop.plugin import (ContainerEnvironment, Endpoint, EndpointRole, Health, HostContext, LeaseRef, Operation,
+                                OperationError, PluginConfig, Resource, Service, ServiceError, StepKind, UsbDevice,
+                                hookimpl, port_is_free, run, usb_devices, wait_port_free)
 
 log = logging.getLogger(__name__)
 ADB_INTERFACE = ("ff", "42", "01")
@@ -163,6 +166,18 @@ class AdbPlugin:
                             env={"ANDROID_ADB_SERVER_ADDRESS": "{host}", "ANDROID_ADB_SERVER_PORT": "{port}",
                                  "ANDROID_SERIAL": "{serial}"})
         return Service(endpoints=[endpoint], processes=[proc], data={"serial": serial})
+
+    @hookimpl
+    def devloop_environment(self, host: HostContext, resource: Resource,
+                            service: Service | None) -> ContainerEnvironment | None:
+        """The lease's adb server for a container's adb: ``ADB_SERVER_SOCKET`` (``tcp:HOST:PORT``,
+        its endpoint as served) and ``ANDROID_SERIAL``; no device node (the server holds the phone)."""
+        adb = next((e for e in service.endpoints if e.role == EndpointRole.ADB), None) if service else None
+        if adb is None:
+            return None
+        where = f"[{adb.host}]" if ":" in adb.host else adb.host
+        return ContainerEnvironment(env={"ADB_SERVER_SOCKET": f"tcp:{where}:{adb.port}",
+                                         "ANDROID_SERIAL": _serial(resource)})
 
     @hookimpl
     def devloop_stop(self, host: HostContext, service: Service) -> object:

@@ -27,6 +27,8 @@ console does, most with ``stress`` and ``run-workload`` (``board.py``, ``thermal
 a cooldown step waits out.
 Its resources say the board is simulated (``Fidelity.SIMULATED``); ``devloop_fingerprint``
 says what no file of the board says: its workload's seed.
+A container gets the console (``devloop_environment``) as a bind mount of that link at
+``/dev/device-loop/console`` (``DEVICE_LOOP_CONSOLE`` names it): a pty opens only inside devpts.
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ from pydantic import Field, StringConstraints, field_validator
 
 from pathlib import Path
 
-from device_loop.plugin import (Duration, Fidelity, Health, HostContext, LeaseRef, PluginConfig, Resource, Service,
-                                hookimpl, start_bridge)
+from device_loop.plugin import (ContainerEnvironment, Duration, Fidelity, Health, HostContext, LeaseRef, PluginConfig,
+                                Resource, Service, hookimpl, start_bridge, tty_environment)
 
 from .board import SimBoard
 from .facts import DEFAULT_CPU_MODEL, BoardFacts
@@ -193,3 +195,12 @@ class SimPlugin:
         # (the node is the link: after a power cycle the bridge opens the new pty)
         assert resource.node is not None  # (discovery gives each board its link)
         return start_bridge(host, resource, lease, resource.node, resource.config.baud, in_thread=True)
+
+    @hookimpl
+    def devloop_environment(self, host: HostContext, resource: Resource,
+                            service: Service | None) -> ContainerEnvironment | None:
+        """The board's console for a container: its pty, bind-mounted through the stable
+        link (the pty of the moment when the container starts); None while it is off."""
+        if resource.node is None or not os.path.exists(resource.node):
+            return None
+        return tty_environment(resource.node)

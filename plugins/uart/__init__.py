@@ -14,6 +14,9 @@ Config (``[[devices]]`` with ``plugin = "uart"``, or a ``[[devices.resources]]``
 
 Where ser2net is not installed, the built-in bridge (``start_bridge``)
 serves the same RFC 2217 endpoint (but no raw one); the exporter log says which is used.
+
+A container gets the tty (``devloop_environment``) at ``/dev/device-loop/console``
+(``DEVICE_LOOP_CONSOLE`` names it): a real tty as a device node, a pty as a bind mount.
 """
 from __future__ import annotations
 
@@ -25,8 +28,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from device_loop.plugin import (ConfiguredResource, Health, HostContext, LeaseRef, PluginConfig, Resource, Service,
-                                ServiceError, UsbTty, find_program, hookimpl, parse_framing, start_bridge, usb_ttys)
+from device_loop.plugin import (ConfiguredResource, ContainerEnvironment, Health, HostContext, LeaseRef, PluginConfig,
+                                Resource, Service, ServiceError, UsbTty, find_program, hookimpl, parse_framing,
+                                start_bridge, tty_environment, usb_ttys)
 
 from .ser2net import start_ser2net
 
@@ -198,3 +202,11 @@ def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Ser
         log.warning("uart: %s asks for a raw endpoint too; the built-in bridge serves RFC 2217 only",
                     resource.device)
     return start_bridge(host, resource, lease, node, baud, framing, rfc2217=True)
+
+
+@hookimpl
+def devloop_environment(host: HostContext, resource: Resource, service: Service | None) -> ContainerEnvironment | None:
+    """The tty the lease serves, as discovery found it (never a path from the request)."""
+    if resource.node is None or not os.path.exists(resource.node):
+        return None
+    return tty_environment(resource.node)

@@ -1,0 +1,131 @@
+"""The exporter's CDI folder (docs/architecture.md, "Containers and CDI"): one spec a lease,
+``device-loop_<host>_<lease>.json``, written atomically while the lease's services run and
+removed when they stop; each pass removes this host's specs of leases no longer served
+(reconcile, not push), so a crash leaves none behind past the next start. The host's name in
+the file's name keeps two exporters of one machine off each other's specs.
+
+Also what a plugin says a container needs (``devloop_environment``), asked within the hook
+deadline and held to the protocol's bounds: an answer that breaks them is dropped and
+logged, never the lease."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Mapping
+
+from device_loop.core import LEASE_PREFIX
+from device_loop.core.cdi_spec import CdiSpec
+from device_loop.core.container_env import ContainerEnvironment
+from device_loop.core.files import write_atomically
+from device_loop.core.host import HostContext
+from device_loop.core.model import Resource, Service
+from device_loop.core.plugins import PluginSet
+from device_loop.core.protocol import EnvironmentReport
+
+from .hook_deadlines import HookDeadlines
+
+log = logging.getLogger("device_loop.exporter")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+PREFIX = "device-loop_"
+SUFFIX = ".json"
+
+
+def environment_report(answer: object) -> EnvironmentReport:
+    """A plugin's ``devloop_environment`` answer as the protocol carries it; ``ValueError``
+    (a ``ValidationError`` too) when it is not a ``ContainerEnvironment`` or breaks its bounds
+    (checked again here: a frozen dataclass can still be altered after it was made)."""
+    if not isinstance(answer, ContainerEnvironment):
+        raise ValueError(f"a ContainerEnvironment, not {type(answer).__name__}")
+    if not isinstance(answer.env, Mapping):
+        raise ValueError("env is a mapping of name -> value")
+    return EnvironmentReport.model_validate({
+        "nodes": [{"path": n.path, "host_path": n.host_path, "node_type": n.type, "major": n.major, "minor": n.minor,
+                   "file_mode": n.file_mode, "permissions": n.permissions} for n in answer.nodes],
+        "mounts": [{"host_path": m.host_path, "container_path": m.container_path, "options": list(m.options)}
+                   for m in answer.mounts],
+        "env": dict(answer.env)})
+
+
+def ask_environment(plugins: PluginSet, deadlines: HookDeadlines, host: HostContext, resource: Resource,
+                    service: Service) -> EnvironmentReport | None:
+    """What ``resource``'s plugin says a container needs of it while ``service`` serves it,
+    or None: none, or an answer that raised, took past the hook deadline or broke the
+    bounds (logged, with why)."""
+    key = ("devloop_environment", resource.plugin, resource.identifier)
+    outcome = deadlines.run({key: lambda: plugins.call(resource.plugin, "devloop_environment", host=host,
+                                                       resource=resource, service=service)})[key]
+    try:
+        answer = outcome.result()
+        return None if answer is None else environment_report(answer)
+    except (ValueError, TypeError) as exc:
+        log.error("plugin %s's container environment for %s dropped: %s", resource.plugin, resource.identifier,
+                  str(exc).replace("\n", " "))
+    except Exception as exc:
+        log.error("plugin %s's devloop_environment for %s failed: %s", resource.plugin, resource.identifier, exc)
+    return None
+
+
+class CdiFolder:
+    """The specs this exporter (``host``) keeps in ``folder``."""
+
+    def __init__(self, folder: Path, host: str):
+        self.folder, self.host = folder, host
+        self._lock = threading.Lock()
+        self._written: dict[str, str] = {}  # lease -> the text last written
+        self._warned: str | None = None  # the last write error logged (not again each pass)
+
+    def path(self, lease: str) -> Path:
+        """The spec file of ``lease``."""
+        return self.folder / f"{PREFIX}{self.host}_{lease}{SUFFIX}"
+
+    def leases(self) -> set[str]:
+        """The leases whose spec files of this host are in the folder (another host's never)."""
+        try:
+            names = os.listdir(self.folder)
+        except FileNotFoundError:
+            return set()
+        except OSError as exc:
+            self._warn(f"cannot read the CDI folder {self.folder}: {exc}")
+            return set()
+        ours = set()
+        for name in names:
+            if not (name.startswith(PREFIX) and name.endswith(SUFFIX)):
+                continue
+            # a lease id has no '_': the host's name is what is left, whatever it holds
+            host, _, lease = name[len(PREFIX):-len(SUFFIX)].rpartition("_")
+            if host == self.host and lease.startswith(LEASE_PREFIX):
+                ours.add(lease)
+        return ours
+
+    def sync(self, specs: Mapping[str, CdiSpec]) -> None:
+        """Make the folder hold exactly ``specs`` (lease -> spec) of this host: write what is
+        new or changed, remove the rest. A folder that cannot be written is logged, once."""
+        with self._lock:
+            for lease in self.leases() - set(specs):
+                try:
+                    self.path(lease).unlink()
+                    log.info("CDI spec of %s removed", lease)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    self._warn(f"cannot remove the CDI spec of {lease}: {exc}")
+                self._written.pop(lease, None)
+            for lease, spec in specs.items():
+                text = spec.text()
+                if self._written.get(lease) == text and self.path(lease).exists():
+                    continue
+                try:
+                    self.folder.mkdir(parents=True, exist_ok=True)
+                    write_atomically(self.path(lease), text)
+                except OSError as exc:
+                    self._warn(f"cannot write the CDI spec of {lease} in {self.folder}: {exc}")
+                    continue
+                self._written[lease] = text
+                log.info("CDI spec of %s written: %s (cdiVersion %s)", lease, spec.qualified, spec.version)
+
+    def _warn(self, message: str) -> None:
+        if message != self._warned:
+            log.error("%s", message)
+            self._warned = message

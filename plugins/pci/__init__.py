@@ -82,7 +82,8 @@ class PciPlugin:
             if card is None:
                 continue
             claimed.add(card.address)
-            resource = entry.resource(KIND, card.identifier(host.name), node=nodes.primary_node(host.sysfs_root, card))
+            node = nodes.primary_node(host.sysfs_root, card)
+            resource = entry.resource(KIND, card.identifier(host.name), node=node)
             found.append((dataclasses.replace(
                 resource, serves_lease=False, tags=tuple(dict.fromkeys(entry.tags + card.tags)),
                 device_class=card.device_class if entry.device_class == "generic" else entry.device_class), card))
@@ -123,7 +124,8 @@ class PciPlugin:
         matching = [c.address for c in scan(host.sysfs_root, wanted_ids={config.pci_id}) if _ids(c) == config.pci_id]
         if not matching:
             return f"no PCI card has the ids {config.pci_id}"
-        return f"{len(matching)} PCI cards have the ids {config.pci_id} ({', '.join(matching[:8])}): name one by address"
+        return (f"{len(matching)} PCI cards have the ids {config.pci_id} ({', '.join(matching[:8])}): "
+                "name one by address")
 
     @hookimpl
     def devloop_health(self, host: HostContext, resource: Resource) -> Health | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,12 +148,13 @@ def addresses(sysfs_root: Path) -> list[str]:
     return names_in(devices_folder(sysfs_root), ADDRESS, limit=MAX_CARDS)
 
 
-def scan(sysfs_root: Path, wanted: set[str] = frozenset(), wanted_ids: set[str] = frozenset()) -> list[PciCard]:
+def scan(sysfs_root: Path, wanted: AbstractSet[str] = frozenset(),
+         wanted_ids: AbstractSet[str] = frozenset()) -> list[PciCard]:
     """Every accelerator of the bus, and every card at a ``wanted`` address or with
     ``wanted_ids`` (``vendor:device``), by address."""
     cards = []
     for address in addresses(sysfs_root):
-        ids = None
+        ids = ""
         if wanted_ids:
             vendor, device = (read_hex(devices_folder(sysfs_root) / address / n) for n in ("vendor", "device"))
             ids = f"{vendor}:{device}"

@@ -61,7 +61,8 @@ def check(sysfs_root: Path, card: PciCard, check_link_speed: bool = True,
         failures.append("no driver is bound to it")
     elif driver not in ENABLED_WHEN_OPEN and read_text(path / "enable") == "0":
         problems.append(f"not enabled by its driver {driver}")
-    speed, width = link_speed(read_text(path / "current_link_speed")), link_width(read_text(path / "current_link_width"))
+    speed = link_speed(read_text(path / "current_link_speed"))
+    width = link_width(read_text(path / "current_link_width"))
     if check_link_speed and speed is not None and card.max_speed is not None and speed < card.max_speed:
         problems.append(f"link at {_speed(speed)} of {_speed(card.max_speed)}")
     if width is not None and card.max_width is not None and width < card.max_width:

@@ -1,7 +1,7 @@
 """Watching must not change what is watched: discovery and health spawn no process and
 open no device node,
 for every built-in plugin that has something to discover (sim boards, a USB serial
-adapter, a static UART, a phone, a VM slot between leases)."""
+adapter, a static UART, a phone, a VM slot between leases, PCI accelerators)."""
 import contextlib
 import subprocess
 import sys
@@ -12,6 +12,7 @@ from device_loop.core.hookspecs import hookimpl
 from device_loop.core.ports import free_port
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
+from fake_pci import DRM_MAJOR, ETHERNET, dev_node, pci_card
 from fake_sysfs import ADB, VENDOR_SPECIFIC, usb_device, usb_tty
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
@@ -50,6 +51,9 @@ def make_exporter(tmp_path, extra_plugin=None, state=None):
                                 interfaces=(VENDOR_SPECIFIC,))
     usb_tty(sysfs, "ttyUSB0", serial_adapter)
     usb_device(sysfs, "2-1", vendor="18d1", product="4ee7", serial="8AAY0GCXH", interfaces=(ADB,))
+    pci_card(sysfs, "0000:01:00.0", driver="amdgpu", drm=("card0", "renderD128"))  # a GPU nobody named
+    dev_node(sysfs, "/dev/dri/renderD128", DRM_MAJOR, 128)
+    pci_card(sysfs, "0000:03:00.0", class_code=ETHERNET, vendor="15b3", device="a2dc", driver="mlx5_core")
     pty = tmp_path / "ttyA"
     pty.touch()
     state = state or tmp_path / "state"
@@ -62,7 +66,8 @@ def make_exporter(tmp_path, extra_plugin=None, state=None):
         "devices": [{"name": "sim-board-0", "plugin": "sim"}, {"name": "sim-board-1", "plugin": "sim"},
                     {"name": "jupiter", "plugin": "uart", "path": str(pty)},
                     {"name": "pixel", "plugin": "adb", "serial": "8AAY0GCXH"},
-                    {"name": "vm", "plugin": "qemu", "kernel": "vmlinuz"}],
+                    {"name": "vm", "plugin": "qemu", "kernel": "vmlinuz"},
+                    {"name": "dpu", "plugin": "pci", "address": "0000:03:00.0"}],
     })
     exporter = Exporter(config)
     if extra_plugin is not None:
@@ -80,10 +85,12 @@ def test_discovery_and_health_spawn_no_process(tmp_path, short_tmp):
             report = exporter.report(scan=True)
         assert {(r.device, r.plugin) for r in resources} == {
             ("sim-board-0", "sim"), ("sim-board-1", "sim"), ("jupiter", "uart"), ("uart-A10K3XYZ", "uart"),
-            ("pixel", "adb"), ("vm", "qemu")}
+            ("pixel", "adb"), ("vm", "qemu"), ("host-a-pci-01-00.0", "pci"), ("dpu", "pci")}
+        assert str(tmp_path / "dev" / "dri" / "renderD128") in nodes  # (watched: never opened either)
         health = {d.name: d.resources[0].health for d in report.devices}
         assert {k: v for k, v in health.items() if k != "uart-A10K3XYZ"} == dict.fromkeys(
-            ["sim-board-0", "sim-board-1", "jupiter", "pixel", "vm"], "ok")  # (no /dev/ttyUSB0 need exist here)
+            ["sim-board-0", "sim-board-1", "jupiter", "pixel", "vm", "host-a-pci-01-00.0", "dpu"], "ok")
+        # (no /dev/ttyUSB0 need exist here)
         assert spawned == []
     finally:
         exporter.shutdown()

@@ -108,8 +108,12 @@ class PciCard:
         return (vendor, f"driver-{self.driver}") if self.driver else (vendor,)
 
 
+#: Where the bus's devices are, in the sysfs root.
+BUS = "bus/pci/devices"
+
+
 def devices_folder(sysfs_root: Path) -> Path:
-    return Path(sysfs_root) / "bus" / "pci" / "devices"
+    return Path(sysfs_root) / BUS
 
 
 def _serial_of(path: Path, proc_root: Path, address: str, driver: str | None) -> str | None:

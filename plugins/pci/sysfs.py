@@ -21,13 +21,11 @@ TABLE_LIMIT = 4096
 _FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def read_text(path: Path | str, limit: int = ATTR_LIMIT) -> str:
-    """The first ``limit`` bytes of the regular file ``path`` as text, stripped; ``""`` when
-    it is missing, not a regular file, or cannot be read."""
+def _read_at(name: str, dir_fd: int | None, limit: int) -> str:
     try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
+        if not stat.S_ISREG(os.lstat(name, dir_fd=dir_fd).st_mode):
             return ""
-        fd = os.open(path, _FLAGS)
+        fd = os.open(name, _FLAGS, dir_fd=dir_fd)
     except (OSError, ValueError):
         return ""
     try:
@@ -39,22 +37,63 @@ def read_text(path: Path | str, limit: int = ATTR_LIMIT) -> str:
     return data.decode("ascii", "replace").strip()
 
 
-def read_hex(path: Path | str, digits: int = 4) -> str | None:
-    """An id sysfs writes as ``0x10de``: its ``digits`` hex digits, lowercase; None otherwise."""
-    text = read_text(path).lower()
-    match = re.fullmatch(rf"0x([0-9a-f]{{{digits}}})", text)
+def read_text(path: Path | str, limit: int = ATTR_LIMIT) -> str:
+    """The first ``limit`` bytes of the regular file ``path`` as text, stripped; ``""`` when
+    it is missing, not a regular file, or cannot be read."""
+    return _read_at(os.fspath(path), None, limit)
+
+
+def parse_hex(text: str, digits: int = 4) -> str | None:
+    """An id as sysfs writes it (``0x10de``): its ``digits`` hex digits, lowercase; None otherwise."""
+    match = re.fullmatch(rf"0x([0-9a-f]{{{digits}}})", text.lower())
     return match.group(1) if match else None
+
+
+def read_hex(path: Path | str, digits: int = 4) -> str | None:
+    """The id in the file ``path`` (``parse_hex``)."""
+    return parse_hex(read_text(path), digits)
+
+
+class Folder:
+    """A sysfs folder (a card's), opened once and its files read relative to it: a check of
+    several files walks the path once. ``OSError`` when it is gone (or not a folder)."""
+
+    def __init__(self, path: Path | str):
+        self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+
+    def text(self, name: str, limit: int = ATTR_LIMIT) -> str:
+        """The file ``name`` of the folder, as ``read_text`` reads a file."""
+        return _read_at(name, self.fd, limit)
+
+    def link(self, name: str) -> str | None:
+        """Where the link ``name`` of the folder points, as ``link_name`` says it."""
+        try:
+            return _link_word(os.readlink(name, dir_fd=self.fd))
+        except (OSError, ValueError):
+            return None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> Folder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _link_word(target: str) -> str | None:
+    name = os.path.basename(target.rstrip("/"))
+    return name if re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", name) else None
 
 
 def link_name(path: Path | str) -> str | None:
     """The last part of where the symbolic link ``path`` points (a ``driver`` link's driver,
     an ``iommu_group``'s number), if it is a word; None when there is no such link."""
     try:
-        target = os.readlink(path)
+        return _link_word(os.readlink(path))
     except (OSError, ValueError):
         return None
-    name = os.path.basename(target.rstrip("/"))
-    return name if re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", name) else None
 
 
 def names_in(folder: Path, pattern: re.Pattern[str], limit: int = 64) -> list[str]:

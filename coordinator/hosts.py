@@ -344,7 +344,8 @@ class Hosts:
         """Reclaims the report completes and pending leases it makes ready; the leases to activate."""
         reported = {d.name: d for d in report.devices}
         serving = {s.device for s in report.services}
-        up = {(s.lease, s.identifier) for s in report.services if s.endpoints and not s.error}
+        # up: its endpoints published, or (a card a container uses) its CDI environment stated
+        up = {(s.lease, s.identifier) for s in report.services if (s.endpoints or s.environment) and not s.error}
         activated = []
         for name, row in own.items():
             device = reported.get(name)

@@ -48,7 +48,7 @@ def lease_json(view: LeaseView) -> LeaseAnswer:
     live = view["state"] in LIVE_LEASE_STATES
     reachable = view["host_online"] and not view["host_link_lost"]
     services = [s for s in (view["host_services"] or []) if s["lease"] == view["id"]] if reachable else []
-    up = {s["identifier"] for s in services if s["endpoints"] and not s.get("error")}
+    up = {s["identifier"] for s in services if (s["endpoints"] or s.get("environment")) and not s.get("error")}
     resources = {r["identifier"] for r in view["resources"] if r.get("service", True)}
     ready = (view["state"] == LeaseState.ACTIVE and view["device_state"] == DeviceState.IN_USE and bool(resources)
              and resources <= up)

@@ -48,7 +48,7 @@ def test_a_gpu_with_its_render_node_is_a_device_and_a_container_gets_its_nodes(t
     (name, gpu), = discover(plugin, host).items()
     assert name == "host-a-pci-01-00.0" and gpu.device_class == "gpu" and gpu.kind == "pci"
     assert gpu.identifier == "pci:host-a:0000:01:00.0:1002:744c:1002:0e3b"
-    assert gpu.tags == ("vendor-amd", "driver-amdgpu") and gpu.node == str(render) and not gpu.serves_lease
+    assert gpu.tags == ("vendor-amd", "driver-amdgpu") and gpu.node == str(render)
     assert plugin.devloop_health(host=host, resource=gpu).status == "ok"
     env = plugin.devloop_environment(host=host, resource=gpu, service=None)
     assert [(n.path, n.host_path, n.type, n.major, n.minor) for n in env.nodes] == [

@@ -13,7 +13,8 @@ Health (``health.py``) is what sysfs says now: on the bus, a driver bound and en
 link's speed and width against what card and port can do, the AER counters; where the
 driver is ``nvidia`` and ``nvidia-smi`` is installed, one query for all cards a period
 (``nvidia.py``). A lease's container gets the nodes of the card's driver and its address
-(``nodes.py``). The resource serves no endpoint: a container uses the card through CDI.
+(``nodes.py``). A lease of a card starts nothing and has no endpoint: a container uses the
+card through the lease's CDI spec.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 
-from device_loop.plugin import (ConfiguredResource, ContainerEnvironment, Health, HostContext, PluginConfig, Resource,
-                                Service, hookimpl)
+from device_loop.plugin import (ConfiguredResource, ContainerEnvironment, Health, HostContext, LeaseRef, PluginConfig,
+                                Resource, Service, ServiceError, hookimpl)
 
 from . import nodes
 from .cards import PciCard, addresses, is_accelerator, scan
@@ -85,14 +86,14 @@ class PciPlugin:
             node = nodes.primary_node(host.sysfs_root, card)
             resource = entry.resource(KIND, card.identifier(host.name), node=node)
             found.append((dataclasses.replace(
-                resource, serves_lease=False, tags=tuple(dict.fromkeys(entry.tags + card.tags)),
+                resource, tags=tuple(dict.fromkeys(entry.tags + card.tags)),
                 device_class=card.device_class if entry.device_class == "generic" else entry.device_class), card))
         for card in cards:
             if card.address not in claimed and is_accelerator(card.class_code):
                 found.append((Resource(device=card.automatic_name(host.name), kind=KIND,
                                        identifier=card.identifier(host.name), device_class=card.device_class,
                                        tags=card.tags, node=nodes.primary_node(host.sysfs_root, card),
-                                       config=UNNAMED, serves_lease=False), card))
+                                       config=UNNAMED), card))
         return self._with_the_gone(found)
 
     def _with_the_gone(self, found: list[tuple[Resource, PciCard]]) -> list[Resource]:
@@ -168,6 +169,18 @@ class PciPlugin:
             if degrees is not None:
                 zones["gpu"] = float(degrees)
         return zones or None
+
+    @hookimpl
+    def devloop_start(self, host: HostContext, resource: Resource, lease: LeaseRef) -> Service | None:
+        """A lease of a card runs nothing and has no endpoint: its container gets the card
+        through the lease's CDI spec (``devloop_environment``). The card must be there."""
+        card = self.cards.get(resource.identifier)
+        if card is None:
+            raise ServiceError("the card was not discovered on this host")
+        health = check(host.sysfs_root, card, resource.config.check_link_speed).health
+        if health.status == "failed":
+            raise ServiceError(health.reason)
+        return Service(endpoints=[])
 
     @hookimpl
     def devloop_environment(self, host: HostContext, resource: Resource,

@@ -218,6 +218,20 @@ def admin_clear_fault(lab, device, as_json):
     emit(as_json, lab.api.post(f"/admin/devices/{device}/clear-fault"), lambda d: f"{d['name']} is {d['state']}")
 
 
+@admin_group.command("kill-orphans")
+@click.argument("device")
+@click.option("--detach", is_flag=True,
+              help="print the operation's id and return; follow it with 'device-loop op OP --wait'")
+@json_option
+@lab_command
+def admin_kill_orphans(lab, device, detach, as_json):
+    """Have DEVICE's exporter kill the processes that still hold its node after its lease ended
+    (a container's too): those it sees itself, each checked again; the device is then reclaimed."""
+    from .operations import follow_and_show  # (the operations' printing, loaded only here)
+
+    follow_and_show(lab, lab.api.post(f"/admin/devices/{device}/orphans/kill"), detach, as_json)
+
+
 @admin_group.command("drain")
 @click.argument("host")
 @click.option("--undo", is_flag=True, help="take leases on this host again")

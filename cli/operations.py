@@ -108,7 +108,7 @@ def _draw(op: Mapping[str, Any]) -> None:
     sys.stderr.flush()
 
 
-def _follow_and_show(lab: Lab, op: OperationAnswer, detach: bool, as_json: bool) -> None:
+def follow_and_show(lab: Lab, op: OperationAnswer, detach: bool, as_json: bool) -> None:
     """Follow ``op`` to its end drawing its progress (on a terminal), print it, exit 1 if it failed."""
     if detach:
         emit(as_json, op, lambda o: o["id"])
@@ -227,7 +227,7 @@ def op_run_command(lab: Lab, kind: str, target: str, args: dict, detach: bool, a
     device-loop op run capture-boot-log jupiter --arg seconds=10 --arg until=login:
     """
     op = lab.api.post(f"/leases/{_my_lease(lab, target).id}/operations", {"kind": kind, "args": args})
-    _follow_and_show(lab, op, detach, as_json)
+    follow_and_show(lab, op, detach, as_json)
 
 
 @click.command("show")
@@ -240,7 +240,7 @@ def op_show_command(lab: Lab, op_id: str, wait: bool, as_json: bool):
     ('device-loop op OP' is this)."""
     op = lab.op(op_id).data
     if wait:
-        _follow_and_show(lab, op, False, as_json)
+        follow_and_show(lab, op, False, as_json)
     else:
         emit(as_json, op, op_text)
 
@@ -322,7 +322,7 @@ def ops_command(lab: Lab, device: str, kind: str | None, as_json: bool):
 def flash_command(lab: Lab, target: str, image: str, detach: bool, as_json: bool):
     """Flash IMAGE (its REF, sha256:..., or its name, from 'device-loop images ls') onto a device you hold,
     and follow it to its end (exit 1 if it failed)."""
-    _follow_and_show(lab, _my_lease(lab, target).operate(FLASH_KIND, wait=False, image=image).data, detach, as_json)
+    follow_and_show(lab, _my_lease(lab, target).operate(FLASH_KIND, wait=False, image=image).data, detach, as_json)
 
 
 @click.command("recover")
@@ -343,7 +343,7 @@ def recover_command(lab: Lab, target: str, detach: bool, as_json: bool):
         device, path = target, f"/admin/devices/{target}/recover"  # admins only: says so otherwise
     if not as_json and not lab.api.get(f"/devices/{device}")["needs_recovery"]:
         click.echo(f"note: {device} does not need recovery; writing its known-good image anyway", err=True)
-    _follow_and_show(lab, lab.api.post(path), detach, as_json)
+    follow_and_show(lab, lab.api.post(path), detach, as_json)
 
 
 @click.command("flashes")

@@ -306,6 +306,13 @@ async def recover_unleased(ctx: Ctx, args: AdminDevice) -> OperationAnswer:
     return await ctx.rules.operations.recover_unleased(args.device, ctx.caller.name)
 
 
+
+async def kill_orphans(ctx: Ctx, args: AdminDevice) -> OperationAnswer:
+    """Have a device's exporter kill (SIGKILL) the processes that still hold its node after its
+    lease ended (its orphans: a container's too), as that exporter sees them when it acts.
+    Answers at once with the operation: its result names each process killed."""
+    return await ctx.rules.operations.kill_orphans(args.device, ctx.caller.name)
+
 # ---- what agents ask the coordinator to relay ------------------------------------------------------
 
 async def camera_snapshot(ctx: Ctx, args: LeaseId) -> bytes:
@@ -628,6 +635,8 @@ CALLS: list[Call] = [
          "POST", "/admin/devices/{device}/power", status=201, idempotent=True),
     Call("clear_fault", ADMIN, clear_fault, AdminDevice, DeviceAnswer,
          "POST", "/admin/devices/{device}/clear-fault", idempotent=True),
+    Call("kill_orphans", ADMIN, kill_orphans, AdminDevice, OperationAnswer,
+         "POST", "/admin/devices/{device}/orphans/kill", status=201, idempotent=True),
     Call("drain_host", ADMIN, drain_host, DrainIn, HostAnswer, "POST", "/admin/hosts/{host}/drain",
          idempotent=True),
     Call("forget", ADMIN, forget, ForgetIn, dict, "POST", "/admin/forget", idempotent=True),

@@ -1,5 +1,5 @@
 """Who else holds a device node (``busy_by``), as the board shows it: anyone sees the
-program and its pid; admins also see the command line, with what looks like a secret in
+program and its pid; admins also see its cgroup and the command line, with what looks like a secret in
 it replaced by ``[redacted]``. The command line is what an exporter read from /proc, or
 what a stolen exporter token says: data, and as public as a ``--password=`` argument.
 
@@ -36,13 +36,14 @@ _RUN = re.compile(r"[A-Za-z0-9+=_-]{20,}")
 
 def holder_json(holder: Mapping[str, Any], in_full: bool = False) -> HolderAnswer:
     """A process holding a device node: ``pid`` and ``program``, and ``in_full`` (for a caller
-    that may see all) ``command``."""
+    that may see all) ``command`` and ``cgroup`` (a container's names its container)."""
     command = redact(str(holder.get("command", "")))
     program = posixpath.basename(command.split(" ", 1)[0])[:MAX_PROGRAM_CHARS] or "?"
     # (a report's holders all have a pid: core.protocol.Holder)
     answer: HolderAnswer = {"pid": cast(int, holder.get("pid")), "program": program}
     if in_full:
         answer["command"] = command
+        answer["cgroup"] = str(holder.get("cgroup", ""))
     return answer
 
 

@@ -20,9 +20,9 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import TypeAdapter, ValidationError
 
-from device_loop.core import FLASH_KIND, OP_PREFIX, REFLASH_STEP
+from device_loop.core import FLASH_KIND, OP_PREFIX, ORPHANS_KIND, REFLASH_STEP
 from device_loop.core.durations import iso
-from device_loop.core.protocol import Args, Heartbeat, OperationReport, Progress
+from device_loop.core.protocol import EXPORTER_STEPS, Args, Heartbeat, OperationReport, Progress
 from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationState, Purpose
 
 from device_loop.core.answers import OperationAnswer
@@ -147,6 +147,30 @@ class Operations:
                                                  f"admin revokes their lease first (device-loop admin release --force "
                                                  f"{device['lease_id']})")
             return await self._start(device, kind, args, device["lease_id"], admin)
+
+    async def kill_orphans(self, name: str, admin: str) -> OperationAnswer:
+        """An admin has the device's exporter kill the processes its last report says hold the
+        device's node after its lease ended (docs/architecture.md, "Containers and CDI"): an
+        operation of the exporter's own, which kills only the orphans it sees itself then, each
+        checked again; never a pid from here."""
+        async with self.store.tx():
+            device = await self.devices_sql.device(name)
+            if device is None:
+                raise not_found("device", name)
+            if device["lease_id"]:
+                raise conflict(ErrorCode.LEASED, f"{name} is leased to {device['holder']}: what holds its node now "
+                                                 f"is theirs, not an orphan (orphans are what still holds it after "
+                                                 f"the lease ended)")
+            if not device["busy_by"]:
+                raise conflict(ErrorCode.NO_ORPHANS, f"{name}'s exporter reports no process holding its node")
+            if not (device["host_online"] and device["present"]) or not device["resources"]:
+                raise conflict(ErrorCode.OFFLINE, f"{name} is offline (host {device['host']}): its exporter kills "
+                                                  f"nothing now")
+            first = device["resources"][0]
+            reported = [{"pid": h.get("pid"), "cgroup": h.get("cgroup", "")} for h in device["busy_by"]]
+            return await self.queue(device, ORPHANS_KIND, first["identifier"], EXPORTER_STEPS, {}, None, admin,
+                                    exclusive=False, destructive=False, purpose=Purpose.RECOVERY,
+                                    action="kill_orphans", audit={"reported": reported})
 
     async def _leased_device(self, lease_id: str, who: Who, doing: str) -> DeviceFacts:
         view = await self.leases.live_view(lease_id, who, doing)

@@ -22,6 +22,9 @@ SETTLE_KIND = "settle"
 #: The step between leases that writes the latest known-good image back: the coordinator asks for it as a flash
 #: (its exporter's model of it: ``exporter/config.ReflashStep``).
 REFLASH_STEP = "reflash"
+#: The operation an admin asks for to have a device's exporter kill the processes that still hold its node after
+#: its lease ended (docs/architecture.md, "Containers and CDI"): the exporter's own, never a plugin's.
+ORPHANS_KIND = "kill-orphans"
 #: Operation ids start with this.
 OP_PREFIX = "op-"
 #: Where the coordinator's REST API lives: every route of its call table is under it (``coordinator/api.py``),

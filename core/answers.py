@@ -22,10 +22,11 @@ class FlashedImage(TypedDict):
 
 class HolderAnswer(TypedDict, total=False):
     """A process that holds a device node: its program and pid for anyone, its command line
-    (secrets redacted) for admins."""
+    (secrets redacted) and cgroup for admins."""
     pid: int
     program: str
     command: str
+    cgroup: str
 
 
 class RunningOperation(TypedDict):

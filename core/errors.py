@@ -63,6 +63,7 @@ class ErrorCode(StrEnum):
     NO_IMAGE_FOLDER = "no_image_folder"
     NO_KNOWN_GOOD = "no_known_good"
     NO_LOGIN = "no_login"
+    NO_ORPHANS = "no_orphans"
     NO_PROMPT = "no_prompt"
     NO_RESOURCES = "no_resources"
     NO_SEARCHER = "no_searcher"

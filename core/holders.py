@@ -1,37 +1,122 @@
 """Who holds a device node open, read from /proc (spawns nothing, opens nothing)."""
 import os
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import AbstractSet
 
 
-def holders(nodes: set[str], skip: AbstractSet[int] = frozenset()) -> dict[str, set[int]]:
+#: Unix98 pty slaves (majors 136-143): each devpts mount numbers its own from 0, so a device
+#: number names a pty only together with the mount it is on (its inode is matched instead).
+PTY_SLAVE_MAJORS = range(136, 144)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """A node asked about, as what an fd may show of it: its path, and its inode and device
+    number (a process in a container sees the node by another name: a bind mount, its own /dev)."""
+    node: str
+    inode: tuple[int, int]               # (st_dev, st_ino): the same file, under any name
+    device: tuple[int, int] | None       # (file type, st_rdev) of a character or block node; None for a pty
+
+
+def _target(node: str) -> _Target | None:
+    try:
+        info = os.stat(node)
+    except OSError:
+        return None
+    device = None
+    if (stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)) and os.major(info.st_rdev) not in PTY_SLAVE_MAJORS:
+        device = (stat.S_IFMT(info.st_mode), info.st_rdev)
+    return _Target(node, (info.st_dev, info.st_ino), device)
+
+
+def holders(nodes: set[str], skip: AbstractSet[int] = frozenset(),
+            among: AbstractSet[int] | None = None) -> dict[str, set[int]]:
     """For each of ``nodes``, the pids of processes that have it open (those whose fds we
-    may read, but for ``skip``), in one pass over /proc however many nodes are asked about."""
-    targets: dict[str, str] = {}
+    may read, but for ``skip``; only ``among`` when given), in one pass over /proc however
+    many nodes are asked about.
+
+    An fd holds a node when its link is the node's real path; or, for an fd whose link is a
+    path under /dev (a container's view: a bind mount, or a node of its own /dev), when it is
+    the node's inode or a character/block node of the same device number (docs/architecture.md,
+    "Containers and CDI"). Only such fds are stat()ed."""
+    targets: dict[str, _Target] = {}
     for node in nodes:
         try:
-            targets[os.path.realpath(node)] = node
+            real = os.path.realpath(node)
         except OSError:
             continue
+        target = _target(real)
+        if target is not None:
+            targets[real] = _Target(node, target.inode, target.device)
     found: dict[str, set[int]] = {node: set() for node in nodes}
     if not targets:
         return found
-    for proc in os.scandir("/proc"):
-        if not proc.name.isdigit() or int(proc.name) in skip:
+    by_inode = {t.inode: t.node for t in targets.values()}
+    by_device = {t.device: t.node for t in targets.values() if t.device is not None}
+    pids = [int(p.name) for p in os.scandir("/proc") if p.name.isdigit()] if among is None else among
+    for pid in pids:
+        if pid in skip:
             continue
         try:
-            fds = os.scandir(f"/proc/{proc.name}/fd")
+            fds = os.scandir(f"/proc/{pid}/fd")
         except OSError:
             continue
         with fds:
             for fd in fds:
                 try:
-                    held = targets.get(os.readlink(fd.path))
+                    link = os.readlink(fd.path)
                 except OSError:
                     continue
+                held = targets.get(link)
                 if held is not None:
-                    found[held].add(int(proc.name))
+                    found[held.node].add(pid)
+                elif link.startswith("/dev/"):
+                    other = _held_under_another_name(fd.path, by_inode, by_device)
+                    if other is not None:
+                        found[other].add(pid)
     return found
+
+
+def _held_under_another_name(fd: str, by_inode: dict[tuple[int, int], str],
+                             by_device: dict[tuple[int, int], str]) -> str | None:
+    try:
+        info = os.stat(fd)
+    except OSError:
+        return None
+    node = by_inode.get((info.st_dev, info.st_ino))
+    if node is None and (stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)):
+        node = by_device.get((stat.S_IFMT(info.st_mode), info.st_rdev))
+    return node
+
+
+def cgroup_of(pid: int) -> str:
+    """The cgroup ``pid`` runs in (the unified hierarchy's line of /proc/PID/cgroup, else the
+    first named one): a container's names its container; "" when it cannot be read."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return ""
+    paths: dict[str, str] = {}
+    for line in lines:
+        _, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        paths.setdefault(controllers, path)
+    unified = paths.get("")
+    if unified and unified != "/":
+        return unified
+    return next((path for path in paths.values() if path and path != "/"), unified or "")
+
+
+def start_time_of(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot, /proc/PID/stat): with the pid, names one
+    process even after the pid is used again. None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # the 22nd field; the first two (pid, comm) are before ")"
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def command_of(pid: int) -> str:

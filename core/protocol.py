@@ -29,6 +29,7 @@ MAX_HOLDERS = 64  # processes reported holding one device's nodes
 MAX_PLUGINS = 256
 MAX_NAME_CHARS = 64
 MAX_COMMAND_CHARS = 1000  # of a holder's command line
+MAX_CGROUP_CHARS = 512  # of a holder's cgroup path
 MAX_REASON_CHARS = 2000
 MAX_OPERATION_KINDS = 16  # a resource serves
 MAX_ARGS = 32             # of an operation
@@ -143,6 +144,8 @@ class Holder(Strict):
     """A process holding a device node that did not hold it when the lease began."""
     pid: int = Field(ge=0, le=2**31)
     command: str = Field(max_length=MAX_COMMAND_CHARS)
+    cgroup: str = Field(default="", max_length=MAX_CGROUP_CHARS,
+                        description="the cgroup it runs in (/proc/PID/cgroup): a container's names its container")
 
 
 class StepReport(Strict):

@@ -20,6 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
+from device_loop.core import ORPHANS_KIND
 from device_loop.core.host import HostContext
 from device_loop.core.hotplug import watch_hotplug
 from device_loop.core.model import ConfiguredResource, Health, Resource
@@ -31,7 +32,7 @@ from .config import Entry, ExporterConfig, check_steps, parse_entries
 from .image_cache import ImageCache
 from .link import SUPERSEDED, CoordinatorLink
 from .operations import Operations
-from .orphans import OrphanWatch
+from .orphans import OrphanKill, OrphanWatch
 from .power import PowerRunner
 from .reconcile import Reconciler
 from .report import Reporter
@@ -73,6 +74,7 @@ class Exporter:
                                       power=self.power)
         self.operations = Operations(self.host, self.plugins, cache, self.link.fetch_image, on_change=self._changed,
                                      steps=self.step_runner, power=self.power)
+        self.operations.handlers[ORPHANS_KIND] = OrphanKill(orphans, self.reconciler.pids, self._rescan)
         self.wake = threading.Event()       # report now
         self.scan_due = threading.Event()   # ... after scanning the host again
         self.stopping = threading.Event()
@@ -222,6 +224,10 @@ class Exporter:
     # ---- the loops ----------------------------------------------------------------------
 
     def _changed(self) -> None:
+        self.wake.set()
+
+    def _rescan(self) -> None:
+        self.scan_due.set()
         self.wake.set()
 
     def _apply(self, desired: DesiredState | None, from_heartbeat: bool = False) -> bool:

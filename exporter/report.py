@@ -22,9 +22,9 @@ from device_loop.core import POWER_KIND, PROTOCOL_VERSION, __version__
 from device_loop.core.host import HostContext
 from device_loop.core.model import Health, OperationKind, Resource, StepKind
 from device_loop.core.plugins import PluginSet
-from device_loop.core.protocol import (MAX_COMMAND_CHARS, MAX_FACTS, MAX_HOLDERS, MAX_NAME_CHARS,
+from device_loop.core.protocol import (MAX_FACTS, MAX_HOLDERS, MAX_NAME_CHARS,
                                        MAX_OPERATION_KINDS, MAX_PLUGIN_METRICS, MAX_PLUGINS, MAX_REASON_CHARS,
-                                       Adoption, CandidateReport, DeviceReport, FactKey, FactValue, Heartbeat,
+                                       Adoption, CandidateReport, DeviceReport, FactKey, FactValue, Heartbeat, Holder,
                                        MetricName, OperationKindReport, OperationReport, PluginsReport, ServiceReport)
 from device_loop.core.vocabulary import Fidelity
 
@@ -64,7 +64,7 @@ class Reporter:
         self._last_found: dict[str, list[Resource]] = {}
         self.failing: dict[str, str] = {}  # plugin -> why its last discovery failed
         self._health: dict[str, Health] = {}
-        self._busy: dict[str, list[dict]] = {}
+        self._busy: dict[str, list[Holder]] = {}
         self._devices: list[DeviceReport] | None = None  # as last scanned, until the next scan
 
     def discover(self) -> list[Resource]:
@@ -271,9 +271,8 @@ class Reporter:
             if name in self.auto_recovery:
                 entry["auto_recover"] = self.auto_recovery[name]
             entry["steps"] = [step.report() for step in plan(configured, mine[name], self.step_kinds)]
-        for entry in devices.values():  # the report's bounds: a java command line is long
-            entry["busy_by"] = [{**h, "command": h["command"][:MAX_COMMAND_CHARS]}
-                                for h in entry["busy_by"][:MAX_HOLDERS]]
+        for entry in devices.values():  # the report's bounds (each holder's fields: orphans.py cuts them)
+            entry["busy_by"] = entry["busy_by"][:MAX_HOLDERS]
         return [DeviceReport.model_validate(d) for d in devices.values()]
 
 

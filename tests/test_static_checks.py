@@ -215,12 +215,12 @@ KIND_SCANNED = ("core", "coordinator", "exporter", "device_loop")
 
 
 def _kind_names() -> set[str]:
-    from device_loop.core import FLASH_KIND, POWER_KIND, REFLASH_STEP, SETTLE_KIND
+    from device_loop.core import FLASH_KIND, ORPHANS_KIND, POWER_KIND, REFLASH_STEP, SETTLE_KIND
     from device_loop.exporter.config import BUILT_IN_STEPS
 
     # "command" is a step's name and a word of everything else (a holder's command line, an endpoint's
     # command template): its step is held by its model's Literal alone
-    return {FLASH_KIND, POWER_KIND, SETTLE_KIND, REFLASH_STEP, *BUILT_IN_STEPS} - {"command"}
+    return {FLASH_KIND, POWER_KIND, SETTLE_KIND, REFLASH_STEP, ORPHANS_KIND, *BUILT_IN_STEPS} - {"command"}
 
 
 def _spelled_kinds(path: Path, kinds: set[str]) -> list[tuple[int, str]]:

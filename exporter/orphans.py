@@ -143,11 +143,12 @@ class OrphanKill:
                  declared: set[str]) -> dict:
         outcome = self.watch.kill([r for r in resources if r.device == want.device], self.ours())
         self.rescan()  # the next report says who holds the device now
-        killed = [holder.model_copy(update={"command": holder.command[:KILL_RESULT_COMMAND_CHARS]})
-                  for holder in outcome.killed]
+        killed = outcome.killed[:MAX_HOLDERS]
         words = ", ".join(f"pid {h.pid}" for h in killed) or "none"
-        message = f"killed {len(killed)} orphan(s) of {want.device}: {words}"
+        message = f"killed {len(outcome.killed)} orphan(s) of {want.device}: {words}"
         if outcome.left:
             message += f"; not killed: {'; '.join(outcome.left)}"
-        return {"message": message, "killed": [h.model_dump() for h in killed][:MAX_HOLDERS],
+        return {"message": message, "killed": [h.pid for h in killed],
+                "processes": [f"pid {h.pid} (cgroup {h.cgroup or '?'}): {h.command[:KILL_RESULT_COMMAND_CHARS]}"
+                              for h in killed],
                 "left": outcome.left[:MAX_HOLDERS]}

@@ -122,7 +122,7 @@ async def test_reclaim_waits_for_orphans(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api, exporter, lease = await leased_board(client)
         await api.post(f"/leases/{lease['id']}/release")
-        orphan = {"pid": 4242, "command": "picocom /dev/ttyUSB0"}
+        orphan = {"pid": 4242, "command": "picocom /dev/ttyUSB0", "cgroup": "/user.slice/session-3.scope"}
         await exporter.beat([device("b0", busy_by=[orphan])], [], [])
         info = (await api.get("/devices/b0")).json()
         assert info["state"] == "reclaiming" and info["busy_by"] == [{**orphan, "program": "picocom"}]

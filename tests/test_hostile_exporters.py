@@ -340,9 +340,9 @@ async def test_anyone_sees_who_holds_a_device_node_by_program_and_pid_only(tmp_p
         await stream.aclose()
 
         admin = (await who["root"].get("/devices/b0")).json()["busy_by"]
-        assert admin == [{**public[0], "command": "mysql --password=[redacted] -u root /dev/ttyUSB0"},
+        assert admin == [{**public[0], "command": "mysql --password=[redacted] -u root /dev/ttyUSB0", "cgroup": ""},
                          {**public[1], "command": "/usr/bin/curl -H Authorization: Bearer [redacted] "
-                                                  "https://bob:[redacted]@db.example/x"}]
+                                                  "https://bob:[redacted]@db.example/x", "cgroup": ""}]
 
 
 @pytest.mark.parametrize("command, shown", [

@@ -1,0 +1,123 @@
+"""Orphans (docs/architecture.md, "Lifecycle" and "Containers and CDI"): a process still
+holding a board's node after its lease ended keeps the board reclaiming and is reported
+with its pid and cgroup; an admin has the exporter kill it, and the board is idle again.
+How a node is matched by another name (a container's view) is held here too."""
+import json
+import os
+import pty
+import subprocess
+import sys
+
+import pytest
+
+from conftest import Coordinator, Exporter, lab_tokens, sim_devices, wait_for
+from device_loop.core.holders import cgroup_of, holders, start_time_of
+from device_loop.exporter.orphans import Orphan, _kill
+from helpers import run_cli
+
+HOLD = "import sys, time; f = open(sys.argv[1], 'rb+', buffering=0); print('held', flush=True); time.sleep(600)"
+
+
+def test_a_node_is_held_under_another_name_by_its_device_number(tmp_path):
+    """A character node of the same device number, by another name (a container's own /dev
+    node), is the node; a pty's number is not enough (each devpts numbers its own)."""
+    same = tmp_path / "null-by-another-name"
+    os.mknod(same, 0o600 | 0o020000, os.makedev(1, 3))
+    with open("/dev/null", "rb"):
+        assert os.getpid() in holders({str(same)})[str(same)]
+    master, slave = pty.openpty()
+    try:
+        lookalike = tmp_path / "pty-lookalike"
+        os.mknod(lookalike, 0o600 | 0o020000, os.stat(slave).st_rdev)
+        assert os.getpid() in holders({os.ttyname(slave)})[os.ttyname(slave)]
+        assert os.getpid() not in holders({str(lookalike)})[str(lookalike)]
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+@pytest.mark.service
+def test_a_kill_checks_the_process_again(tmp_path):
+    """The exporter kills a pid only while it is the process it found (start time) and still
+    holds the node."""
+    master, slave = pty.openpty()
+    node = os.ttyname(slave)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, node], stdout=subprocess.PIPE)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        started = start_time_of(holder.pid)
+        assert _kill(Orphan(holder.pid, started + 1, node)) == "another process has that pid now"
+        assert _kill(Orphan(other.pid, start_time_of(other.pid), node)) == "no longer holds the node"
+        assert holder.poll() is None and other.poll() is None
+        assert _kill(Orphan(holder.pid, started, node)) == ""
+        assert holder.wait(5) == -9
+        assert _kill(Orphan(holder.pid, started, node)) == "gone before the kill"
+    finally:
+        for proc in (holder, other):
+            proc.kill()
+            proc.wait()
+        os.close(master)
+        os.close(slave)
+
+
+@pytest.mark.service
+@pytest.mark.timeout(120)
+def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_path, env):
+    coordinator = Coordinator(tmp_path, env, extra=())
+    tokens, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
+    root = json.loads(run_cli(env, coordinator.url, "admin", "token", "create", "root", "--admin", "--data-dir",
+                              str(tmp_path / "coord"), "--json").stdout)["token"]
+    admin = {"headers": {"Authorization": f"Bearer {root}"}}
+    alice = {"headers": {"Authorization": f"Bearer {tokens['alice']}"}}
+    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0"), token_file=str(token_file))
+    holder = None
+
+    def board() -> dict:
+        return coordinator.api("/devices/sim-board-0", **admin).json()
+
+    try:
+        wait_for(lambda: board().get("state") == "idle", 20, what="sim-board-0 idle")
+        lease = coordinator.api("/leases", "POST", json={"device": "sim-board-0", "ttl_s": 600}, **alice).json()
+        wait_for(lambda: coordinator.api(f"/leases/{lease['id']}", **alice).json()["ready"], 20, what="lease ready")
+        # someone's program opens the board's console node during the lease, and outlives it
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(exporter.state_dir / "sim" / "sim-board-0")],
+                                  stdout=subprocess.PIPE, start_new_session=True)
+        assert holder.stdout.readline() == b"held\n"
+        assert coordinator.api(f"/leases/{lease['id']}/release", "POST", **alice).status_code == 200
+
+        reported = wait_for(lambda: (lambda d: d if d["state"] == "reclaiming" and d["busy_by"] else None)(board()),
+                            20, what="the orphan reported")
+        assert reported["busy_by"] == [{"pid": holder.pid, "program": os.path.basename(sys.executable),
+                                        "command": f"{sys.executable} -c {HOLD} {exporter.state_dir}/sim/sim-board-0",
+                                        "cgroup": cgroup_of(holder.pid)}]
+        assert reported["busy_by"][0]["cgroup"], "this machine's processes run in a cgroup"
+        public = coordinator.api("/devices/sim-board-0", **alice).json()["busy_by"]
+        assert public == [{"pid": holder.pid, "program": os.path.basename(sys.executable)}]
+
+        refused = coordinator.api("/admin/devices/sim-board-0/orphans/kill", "POST", **alice)
+        assert refused.status_code == 403, refused.text
+        assert holder.poll() is None and board()["state"] == "reclaiming"
+
+        admin_env = {**env, "DEVICE_LOOP_TOKEN": root}
+        said = run_cli(admin_env, coordinator.url, "admin", "kill-orphans", "sim-board-0", "--json")
+        op = json.loads(said.stdout)
+        assert op["state"] == "done" and op["kind"] == "kill-orphans", op
+        assert op["result"]["killed"] == [holder.pid] and op["result"]["left"] == []
+        (killed,) = op["result"]["processes"]
+        assert killed.startswith(f"pid {holder.pid} (cgroup {reported['busy_by'][0]['cgroup']}): {sys.executable} -c ")
+        assert holder.wait(10) == -9
+        wait_for(lambda: board()["state"] == "idle", 20, what="sim-board-0 idle again")
+        assert board()["busy_by"] == []
+        audit = coordinator.api("/admin/audit", **admin).json()
+        (entry,) = [e for e in audit if e["action"] == "kill_orphans"]
+        assert entry["actor"] == "root" and entry["device"] == "sim-board-0"
+
+        again = coordinator.api("/admin/devices/sim-board-0/orphans/kill", "POST", **admin)
+        assert again.status_code == 409 and again.json()["error"] == "no_orphans", again.text
+    finally:
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        exporter.stop()
+        coordinator.stop()

@@ -25,6 +25,7 @@ LAZY_COMMANDS = {
     "ops": "device_loop.cli.operations:ops_command",
     "flashes": "device_loop.cli.operations:flashes_command",
     "video": "device_loop.cli.video:video_command",
+    "cdi": "device_loop.cli.cdi:cdi_command",
     "vnc": "device_loop.cli.vnc:vnc_command",
     "watch": "device_loop.cli.watch:watch_command",
     "forward": "device_loop.cli.forward:forward_command",

@@ -22,7 +22,7 @@ from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, TicketKind
 
 from . import device_commands, relays
-from device_loop.core.answers import (AuditEntry, CandidateAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer,
+from device_loop.core.answers import (AuditEntry, CandidateAnswer, CdiAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer,
                                       HealthAnswer, HostAnswer, ImageAnswer, JobAnswer, LeaseAnswer, LogEntry,
                                       OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer)
 from device_loop.core.errors import ErrorCode
@@ -224,6 +224,14 @@ async def lease_status(ctx: Ctx, args: LeaseWait) -> LeaseAnswer:
     if wait and unless is None:
         unless = (await leases.status(args.lease_id, caller))["state"]
     return await leases.wait(args.lease_id, caller, unless, wait, ctx.gone)
+
+
+async def lease_cdi(ctx: Ctx, args: LeaseId) -> CdiAnswer:
+    """The lease's CDI spec, as its exporter wrote it into its CDI folder (/var/run/cdi unless
+    configured), and device_name, what `podman run --device` takes on the exporter's host
+    (device-loop.dev/<class>=<device>): the container gets the leased device's nodes, mounts
+    and variables. Refused (409) while no service runs, or when nothing of it is for a container."""
+    return await ctx.rules.leases.cdi(args.lease_id, ctx.caller)
 
 
 async def renew(ctx: Ctx, args: RenewIn) -> LeaseAnswer:
@@ -575,6 +583,8 @@ CALLS: list[Call] = [
     Call("queue_board", ANYONE, queue_board, answer=list[QueueEntry], method="GET", path="/queue"),
     Call("my_leases", USER, my_leases, MyLeases, list[LeaseAnswer], "GET", "/leases"),
     Call("lease_status", USER, lease_status, LeaseWait, LeaseAnswer, "GET", "/leases/{lease_id}", tool=True),
+    Call("lease_cdi", USER, lease_cdi, LeaseId, CdiAnswer, "GET", "/leases/{lease_id}/cdi", tool=True,
+         refusals=frozenset({409})),
     Call("renew", USER, renew, RenewIn, LeaseAnswer, "POST", "/leases/{lease_id}/renew", tool=True,
          idempotent=True),
     Call("release", USER, release, LeaseId, LeaseAnswer, "POST", "/leases/{lease_id}/release", tool=True,

@@ -16,7 +16,9 @@ from device_loop.core.needs import ANY_DEVICE, Need
 from device_loop.core.usage import commands
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
 
-from device_loop.core.answers import LeaseAnswer
+from device_loop.core.answers import CdiAnswer, LeaseAnswer
+from device_loop.core.cdi_spec import CdiRefused, cdi_spec, spec_file_name
+from device_loop.core.protocol import EnvironmentReport
 from device_loop.core.errors import ErrorCode
 from . import kinds
 from .devices import Devices, running_operation
@@ -142,6 +144,31 @@ class Leases:
 
     async def status(self, lease_id: str, who: Who) -> LeaseAnswer:
         return lease_json(await self.own_view(lease_id, who))
+
+    async def cdi(self, lease_id: str, who: Who) -> CdiAnswer:
+        """The lease's CDI spec, made from the environments its exporter reported with its
+        services as the exporter made the file (docs/architecture.md, "Containers and CDI")."""
+        view = await self.live_view(lease_id, who, "use it in a container")
+        reachable = view["host_online"] and not view["host_link_lost"]
+        services = sorted((s for s in (view["host_services"] or []) if s["lease"] == lease_id and not s.get("error")),
+                          key=lambda s: s["identifier"]) if reachable else []
+        if not services:
+            raise conflict(ErrorCode.NOT_READY, f"{lease_id} has no service up yet: {lease_json(view)['reason']}")
+        device = await self.devices_sql.device(view["device"])
+        assert device is not None  # (a lease's device is never deleted while the lease lives)
+        environments = [EnvironmentReport.model_validate(s["environment"]) for s in services if s.get("environment")]
+        try:
+            spec = cdi_spec(device["class"], view["device"], environments)
+        except CdiRefused as exc:
+            raise conflict(ErrorCode.NO_CDI_SPEC, f"{exc}; no CDI spec is written for it") from None
+        if spec is None:
+            kinds = ", ".join(sorted({s["kind"] for s in services}))
+            raise conflict(ErrorCode.NO_CDI_SPEC, f"{view['device']} has nothing a container can use: its "
+                                                  f"resources' plugins ({kinds}) state no container environment")
+        host = view["device_host"]
+        return {"lease": lease_id, "device": view["device"], "host": host, "device_name": spec.qualified,
+                "cdi_version": spec.version, "file": spec_file_name(host or "", lease_id), "spec": spec.spec,
+                "note": spec.note()}
 
     async def mine(self, caller: str, device: str | None = None) -> list[LeaseAnswer]:
         """The caller's live leases; on one ``device``, their lease there, live or the last that ended."""

@@ -115,6 +115,18 @@ class LeaseAnswer(TypedDict):
     commands: list[str]            # how to use its endpoints, as their plugins said
 
 
+class CdiAnswer(TypedDict):
+    """A lease's CDI spec (docs/architecture.md, "Containers and CDI"), as its exporter writes it."""
+    lease: str
+    device: str
+    host: str | None
+    device_name: str               # what `podman run --device` takes: device-loop.dev/<class>=<device>
+    cdi_version: str
+    file: str                      # its file's name in the exporter's CDI folder (/var/run/cdi unless configured)
+    spec: dict[str, Any]
+    note: str | None               # a runtime that will not read it, said
+
+
 class HostAnswer(TypedDict):
     name: str
     online: bool

@@ -15,10 +15,17 @@ from .cdi_version import PODMAN_4_3_NEWEST, required_version, version_key
 from .protocol import EnvironmentReport
 
 VENDOR = "device-loop.dev"
+FILE_PREFIX, FILE_SUFFIX = "device-loop_", ".json"
 # the reference library's name rules (its pkg/parser): a class begins with a letter, a device
 # name with a letter or digit, both end with one, and take '_', '-', '.' (a device ':' too) between
 _CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _DEVICE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+
+def spec_file_name(host: str, lease: str) -> str:
+    """The name of ``lease``'s spec file in the CDI folder of exporter ``host``: a lease id
+    has no '_', so the host's name is what lies between the prefix and the last '_'."""
+    return f"{FILE_PREFIX}{host}_{lease}{FILE_SUFFIX}"
 
 
 class CdiRefused(ValueError):
@@ -62,6 +69,13 @@ class CdiSpec:
     def old_runtimes_read_it(self) -> bool:
         """Whether podman 4.3 (Debian 12), which reads up to cdiVersion 0.5.0, reads it."""
         return version_key(self.version) <= version_key(PODMAN_4_3_NEWEST)
+
+    def note(self) -> str | None:
+        """What to know before using it, in words, or None."""
+        if self.old_runtimes_read_it:
+            return None
+        return (f"cdiVersion {self.version}: podman 4.3 (Debian 12) reads up to {PODMAN_4_3_NEWEST} and ignores this "
+                "spec without a word (a '.' in the class needs 0.6.0)")
 
 
 def _edits(environments: Sequence[EnvironmentReport]) -> dict[str, Any]:

@@ -56,6 +56,7 @@ class ErrorCode(StrEnum):
     NAME_TAKEN = "name_taken"
     NEEDS_RECOVERY = "needs_recovery"
     NO_CAMERA = "no_camera"
+    NO_CDI_SPEC = "no_cdi_spec"
     NO_CHANNEL = "no_channel"
     NO_CONSOLE = "no_console"
     NO_FAULT = "no_fault"

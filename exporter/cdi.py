@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from device_loop.core import LEASE_PREFIX
-from device_loop.core.cdi_spec import CdiSpec
+from device_loop.core.cdi_spec import FILE_PREFIX, FILE_SUFFIX, CdiSpec, spec_file_name
 from device_loop.core.container_env import ContainerEnvironment
 from device_loop.core.files import write_atomically
 from device_loop.core.host import HostContext
@@ -28,8 +28,6 @@ from .hook_deadlines import HookDeadlines
 
 log = logging.getLogger("device_loop.exporter")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
-PREFIX = "device-loop_"
-SUFFIX = ".json"
 
 
 def environment_report(answer: object) -> EnvironmentReport:
@@ -78,7 +76,7 @@ class CdiFolder:
 
     def path(self, lease: str) -> Path:
         """The spec file of ``lease``."""
-        return self.folder / f"{PREFIX}{self.host}_{lease}{SUFFIX}"
+        return self.folder / spec_file_name(self.host, lease)
 
     def leases(self) -> set[str]:
         """The leases whose spec files of this host are in the folder (another host's never)."""
@@ -91,10 +89,10 @@ class CdiFolder:
             return set()
         ours = set()
         for name in names:
-            if not (name.startswith(PREFIX) and name.endswith(SUFFIX)):
+            if not (name.startswith(FILE_PREFIX) and name.endswith(FILE_SUFFIX)):
                 continue
             # a lease id has no '_': the host's name is what is left, whatever it holds
-            host, _, lease = name[len(PREFIX):-len(SUFFIX)].rpartition("_")
+            host, _, lease = name[len(FILE_PREFIX):-len(FILE_SUFFIX)].rpartition("_")
             if host == self.host and lease.startswith(LEASE_PREFIX):
                 ours.add(lease)
         return ours

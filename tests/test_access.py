@@ -28,7 +28,7 @@ EXPECTED = {
     ("GET", "/api/v1/hosts"): "anyone",
     ("POST", "/api/v1/hosts/{name}/heartbeat"): "exporter", ("GET", "/api/v1/hosts/{name}/desired"): "exporter",
     ("POST", "/api/v1/leases"): "user", ("GET", "/api/v1/leases"): "user",
-    ("GET", "/api/v1/leases/{lease_id}"): "user", ("POST", "/api/v1/leases/{lease_id}/renew"): "user",
+    ("GET", "/api/v1/leases/{lease_id}"): "user", ("GET", "/api/v1/leases/{lease_id}/cdi"): "user", ("POST", "/api/v1/leases/{lease_id}/renew"): "user",
     ("POST", "/api/v1/leases/{lease_id}/release"): "user",
     ("POST", "/api/v1/admin/tokens"): "admin", ("GET", "/api/v1/admin/tokens"): "admin",
     ("POST", "/api/v1/admin/tokens/{token_id}/revoke"): "admin",

@@ -48,7 +48,7 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
     async with agent(coordinator.url, tokens["alice"]) as alice:
         assert (alice.server_info.name, alice.server_info.version) == ("device-loop", __version__)
         names = {tool.name for tool in (await alice.list_tools()).tools}
-        assert names == {"list_devices", "device_info", "reserve", "lease_status", "renew", "release",
+        assert names == {"list_devices", "device_info", "reserve", "lease_status", "lease_cdi", "renew", "release",
                          "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
                          "camera_snapshot", "start_operation", "operation_status", "device_operations",
                          "ticket_status", "cancel_ticket", "my_tickets", "settle", "power", "exec", "fingerprint",

@@ -36,6 +36,7 @@ CALLERS: list[tuple[str, Who, bool]] = [
 # What each call names (the thing it acts on) and what else it takes.
 OWNED: dict[str, tuple[str, dict[str, Any]]] = {
     "lease_status": ("lease", {}),
+    "lease_cdi": ("lease", {}),
     "renew": ("lease", {"ttl_s": 60}),
     "release": ("lease", {}),
     "start_operation": ("lease", {"kind": "count", "args": {}}),

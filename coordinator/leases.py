@@ -155,7 +155,8 @@ class Leases:
         if not services:
             raise conflict(ErrorCode.NOT_READY, f"{lease_id} has no service up yet: {lease_json(view)['reason']}")
         device = await self.devices_sql.device(view["device"])
-        assert device is not None  # (a lease's device is never deleted while the lease lives)
+        if device is None:  # (forgotten meanwhile: an admin's forget refuses a leased device, but says it)
+            raise not_found("device", view["device"])
         environments = [EnvironmentReport.model_validate(s["environment"]) for s in services if s.get("environment")]
         try:
             spec = cdi_spec(device["class"], view["device"], environments)

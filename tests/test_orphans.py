@@ -8,6 +8,7 @@ import pty
 import subprocess
 import sys
 
+import httpx2
 import pytest
 
 from conftest import Coordinator, Exporter, lab_tokens, sim_devices, wait_for
@@ -94,6 +95,13 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
         assert reported["busy_by"][0]["cgroup"], "this machine's processes run in a cgroup"
         public = coordinator.api("/devices/sim-board-0", **alice).json()["busy_by"]
         assert public == [{"pid": holder.pid, "program": os.path.basename(sys.executable)}]
+
+        page = httpx2.get(f"{coordinator.url}/devices/sim-board-0", timeout=10, **admin).text
+        assert f"pid {holder.pid}" in page and reported["busy_by"][0]["cgroup"] in page
+        assert 'data-act="kill-orphans"' in page and '<span class="word">kill-orphans</span>' in page, page[page.find("holders"):][:2000]
+        page = httpx2.get(f"{coordinator.url}/devices/sim-board-0", timeout=10, **alice).text
+        assert f"pid {holder.pid}" in page and reported["busy_by"][0]["cgroup"] not in page
+        assert "kill-orphans" not in page
 
         refused = coordinator.api("/admin/devices/sim-board-0/orphans/kill", "POST", **alice)
         assert refused.status_code == 403, refused.text

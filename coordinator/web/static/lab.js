@@ -400,6 +400,11 @@
       await call("POST", `/api/v1/admin/devices/${encodeURIComponent(name)}/clear-fault`);
       say(`${name}: its fault is cleared`);
     },
+    async "kill-orphans"(button) {
+      const name = button.dataset.device;
+      const op = await call("POST", `/api/v1/admin/devices/${encodeURIComponent(name)}/orphans/kill`);
+      say(`${name}: its exporter kills what still holds it (${op.id})`);
+    },
     async renew(button) {
       const lease = await call("POST", `/api/v1/leases/${leaseOf(button)}/renew`, {ttl_s: ttl()});
       say(`${lease.device}: renewed until ${lease.expires_at}`);

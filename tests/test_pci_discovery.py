@@ -217,3 +217,22 @@ def test_a_node_that_is_not_one_is_left_out(tmp_path, tree):
     env = plugin.devloop_environment(host=host, resource=gpu, service=None)
     assert [n.path for n in env.nodes] == ["/dev/dri/card0"]
     assert stat.S_ISREG(os.stat(tree.parent / "dev" / "dri" / "renderD128").st_mode)
+
+
+def test_automatic_names_fit_a_device_name_whatever_the_host(tmp_path, tree):
+    pci_card(tree, "0001:81:00.0", class_code=PROCESSING_ACCELERATOR)
+    long_host = "rack-12-shelf-3-" + "x" * 48  # 64 characters, as long as a host name may be
+    plugin = PciPlugin()
+    (card,) = plugin.devloop_discover(host=HostContext(name=long_host, state_dir=tmp_path / "state", sysfs_root=tree))
+    assert len(card.device) == 64 and card.device.endswith("-pci-0001-81-00.0") and card.device.startswith("rack-12")
+    (other,) = PciPlugin().devloop_discover(host=HostContext(name=long_host[:-1] + "y", state_dir=tmp_path / "state",
+                                                               sysfs_root=tree))
+    assert other.device != card.device  # (the host's digest keeps two long names apart)
+
+
+def test_an_entry_whose_ids_no_card_has(tmp_path, tree):
+    pci_card(tree, GPU)
+    missing = entry("gone", pci_id="1e52:b140")
+    plugin, host = PciPlugin(), host_of(tmp_path, tree, [missing])
+    assert {r.device for r in plugin.devloop_discover(host=host)} == {"host-a-pci-01-00.0"}
+    assert plugin.devloop_check_config(host=host, entry=missing) == "no PCI card has the ids 1e52:b140"

@@ -107,6 +107,9 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
         assert refused.status_code == 403, refused.text
         assert holder.poll() is None and board()["state"] == "reclaiming"
 
+        told = coordinator.api("/admin/devices/sim-board-0/orphans/kill", "POST", json={"pid": os.getpid()}, **admin)
+        assert told.status_code == 422, "which processes are killed is the exporter's to see, never the caller's"
+
         admin_env = {**env, "DEVICE_LOOP_TOKEN": root}
         said = run_cli(admin_env, coordinator.url, "admin", "kill-orphans", "sim-board-0", "--json")
         op = json.loads(said.stdout)

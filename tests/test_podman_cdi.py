@@ -4,7 +4,7 @@ from Debian as a person runs it: rootful, runc, a local image imported from busy
 --device device-loop.dev/<class>=<device>` sees exactly the board's console (a pty, so a
 bind mount) and talks to the board through it; after the release the spec is gone and the
 same command fails as podman says it; a container still holding the console after the
-release is an orphan, reported with its pid and cgroup, until an admin has it killed.
+release is an orphan, reported with its pid and cgroup, until an admin has it killed or it ends.
 
 Isolation: podman's storage, run state, temporary files, network config and events live in
 the session's folder (containers.conf and storage.conf of its own, ``CONTAINERS_CONF``,
@@ -55,8 +55,8 @@ class Podman:
         return subprocess.run(["podman", *args], env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def popen(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen(["podman", *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        return subprocess.Popen(["podman", *args], env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def container(self, device: str | None, script: str, timeout: float = 60) -> subprocess.CompletedProcess:
         """``podman run --rm --network none [--device DEVICE] IMAGE sh -c SCRIPT``."""
@@ -211,6 +211,18 @@ def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator
         assert holder.wait(30) == 137, "the container ends with its process killed"
         wait_state(coordinator, device, "idle", timeout=20)
         assert podman.container(qualified, "true").returncode == 126
+
+        # ... or until it ends by itself (here: when its standard input closes)
+        lease = wait_active(coordinator, reserve(coordinator, device)["id"])
+        holder = podman.popen("run", "--rm", "-i", "--network", "none", "--device", qualified, podman.image,
+                              "sh", "-c", f"exec 3<>{CONSOLE}; echo held; exec cat")
+        assert holder.stdout.readline() == "held\n", holder.stderr.read() if holder.poll() is not None else ""
+        assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
+        (orphan,) = wait_for(orphan_reported, 20, what="the second container reported as an orphan")["busy_by"]
+        assert orphan["program"] == "cat" and "libpod" in orphan["cgroup"], orphan
+        holder.stdin.close()
+        assert holder.wait(30) == 0
+        wait_state(coordinator, device, "idle", timeout=20)
     finally:
         if holder is not None and holder.poll() is None:
             holder.kill()

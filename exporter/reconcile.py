@@ -128,11 +128,11 @@ class Reconciler:
         except Exception:
             log.exception("service job for %s of %s failed", key[1], key[0])
         finally:
+            self.sync_cdi()  # before the job counts as done: whoever waits for idle finds the folder as it runs
             with self._lock:
                 self._busy.pop(key, None)
                 self.converge()  # a start may have waited for this stop
                 self._idle.notify_all()
-            self.sync_cdi()
             self.on_change()
 
     def _start(self, key: Key, resource: Resource, lease: LeaseRef) -> None:
@@ -278,8 +278,12 @@ class Reconciler:
 
     def sync_cdi(self) -> None:
         """Make the CDI folder hold the specs of the leases served now, and no other of this host's."""
-        if self.cdi is not None:
+        if self.cdi is None:
+            return
+        try:
             self.cdi.sync(self.cdi_specs())
+        except Exception:  # (never the services' bookkeeping: a start or stop must still count as done)
+            log.exception("keeping the CDI folder %s failed", self.cdi.folder)
 
     def take_rechecks(self) -> set[str]:
         with self._lock:

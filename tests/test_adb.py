@@ -38,7 +38,7 @@ def phones(tmp_path, *serials):
 
 
 def exporter_for(tmp_path, sysfs):
-    config = parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+    config = parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "cdi_dir": str(tmp_path / "cdi"),
                                         "sysfs_root": str(sysfs), "coordinator": f"http://127.0.0.1:{free_port()}"},
                            "plugins": {"enable": ["adb"]}})
     exporter = InProcessExporter(config)

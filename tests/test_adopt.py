@@ -36,7 +36,7 @@ class NetScanner:
 
 def test_a_candidate_is_adopted_then_served(tmp_path, coordinator, echo_server):
     config = parse_config({"exporter": {"name": "host-a", "coordinator": coordinator.url,
-                                        "state_dir": str(tmp_path / "state")}})
+                                        "state_dir": str(tmp_path / "state"), "cdi_dir": str(tmp_path / "cdi")}})
     exporter = Exporter(config)
     scanner = NetScanner(f"127.0.0.1:{echo_server}")
     exporter.plugins.pm.register(scanner, name="netscan")

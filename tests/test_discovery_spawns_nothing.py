@@ -61,7 +61,7 @@ def make_exporter(tmp_path, extra_plugin=None, state=None):
     images.mkdir(parents=True)
     (images / "vmlinuz").write_bytes(b"a kernel")
     config = parse_config({
-        "exporter": {"name": "host-a", "state_dir": str(state), "sysfs_root": str(sysfs),
+        "exporter": {"name": "host-a", "state_dir": str(state), "cdi_dir": str(state / "cdi"), "sysfs_root": str(sysfs),
                      "coordinator": f"http://127.0.0.1:{free_port()}"},  # nobody listens: its goodbye goes nowhere
         "devices": [{"name": "sim-board-0", "plugin": "sim"}, {"name": "sim-board-1", "plugin": "sim"},
                     {"name": "jupiter", "plugin": "uart", "path": str(pty)},

@@ -54,7 +54,7 @@ class Relay:
 
 @pytest.fixture
 def exporter(tmp_path):
-    config = parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+    config = parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "cdi_dir": str(tmp_path / "cdi"),
                                         "coordinator": f"http://127.0.0.1:{free_port()}"},
                            "devices": [{"name": "b0", "resources": [{"plugin": "relay"}]}]})
     made = Exporter(config)

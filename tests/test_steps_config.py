@@ -167,7 +167,7 @@ def test_a_third_party_power_plugin_s_device_may_power_cycle_and_auto_recover():
 
 def test_the_exporter_refuses_at_start_a_step_no_plugin_offers(tmp_path):
     config = parse_config({
-        "exporter": {"name": "host-a", "state_dir": str(tmp_path), "coordinator": f"http://127.0.0.1:{free_port()}"},
+        "exporter": {"name": "host-a", "state_dir": str(tmp_path), "cdi_dir": str(tmp_path / "cdi"), "coordinator": f"http://127.0.0.1:{free_port()}"},
         "devices": [{"name": "b0", "plugin": "sim", "steps": [{"step": "cooldwn", "below": 40}]}]})
     assert isinstance(config.steps_of("b0", "generic")[0], PluginStepConfig), "a plugin's, as far as the file says"
     with pytest.raises(ConfigError) as refused:

@@ -83,7 +83,7 @@ def lab(tmp_path):
     made = []
 
     def make(devices):
-        config = parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+        config = parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "cdi_dir": str(tmp_path / "cdi"),
                                             "coordinator": f"http://127.0.0.1:{free_port()}"},
                                "devices": devices})
         exporter = Exporter(config)

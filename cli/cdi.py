@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,8 +15,11 @@ from device_loop.core.errors import ErrorCode
 from .commands import _my_lease, json_option, lab_command
 from .output import emit
 
+if TYPE_CHECKING:
+    from device_loop.core.answers import CdiAnswer
 
-def _how(answer: dict) -> str:
+
+def _how(answer: CdiAnswer) -> str:
     """How to use it, in words."""
     where = f" on {answer['host']}" if answer["host"] else ""
     lines = [f"the exporter{where} keeps it as {answer['file']} in its CDI folder (/var/run/cdi unless configured);",
@@ -36,7 +40,7 @@ def cdi_command(lab: Lab, target: str, output: Path | None, as_json: bool):
     `podman run --device device-loop.dev/CLASS=DEVICE` gets the device's nodes, mounts and
     variables. The spec goes to standard output (or FILE), how to use it to standard error."""
     lease = _my_lease(lab, target)
-    answer = lab.api.get(f"/leases/{lease.id}/cdi")
+    answer = lease.cdi()
     if as_json:
         emit(True, answer, str)
         return

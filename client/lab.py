@@ -31,7 +31,7 @@ from device_loop.core.errors import ErrorCode
 from .http import Coordinator, CoordinatorError
 
 if TYPE_CHECKING:  # (exec, fingerprints, the answers' types: loaded when used, pydantic is heavy for a short command)
-    from device_loop.core.answers import (DeviceAnswer, EndpointAnswer, HostAnswer, LeaseAnswer, LogEntry,
+    from device_loop.core.answers import (CdiAnswer, DeviceAnswer, EndpointAnswer, HostAnswer, LeaseAnswer, LogEntry,
                                           OperationAnswer, TicketAnswer)
     from device_loop.core.device_exec import ExecResult
     from device_loop.core.ab.jobs import Fingerprint
@@ -278,6 +278,11 @@ class Lease:
                 time.sleep(min(remaining, 0.5))
                 self.refresh()
         return self
+
+    def cdi(self) -> "CdiAnswer":
+        """Its CDI spec, as its exporter wrote it, and ``device_name``, what ``podman run
+        --device`` takes on the exporter's host (docs/architecture.md, "Containers and CDI")."""
+        return self.api.get(f"/leases/{self.id}/cdi")
 
     def renew(self, ttl: str | float) -> "Lease":
         """Extend it: it then expires ``ttl`` (``"2h"``, or seconds) from now."""

@@ -38,6 +38,10 @@ def test_cdi_prints_or_writes_the_spec_the_exporter_wrote_for_the_holder_only(tm
     by_name = run_cli(env, coordinator.url, "--user", "bob", "cdi", "sim-board-0", check=False)
     assert by_name.returncode == 1 and "held by alice" in by_name.stderr
 
+    from device_loop.client.lab import Lab
+    mine = Lab(coordinator.url, user="alice").lease(lease["id"]).cdi()  # the Python library's way
+    assert mine["spec"] == json.loads(written.read_text()) and mine["file"] == written.name
+
     coordinator.api(f"/leases/{lease['id']}/release", "POST")
     ended = coordinator.api(f"/leases/{lease['id']}/cdi")
     assert ended.status_code == 409 and ended.json()["error"] == "lease_ended"

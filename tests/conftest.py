@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import select
 import shutil
@@ -28,6 +27,7 @@ from device_loop.client import http as client_http
 from device_loop.core.plugins import ENTRY_POINT_GROUP, LOAD_ENV
 from device_loop.core.ports import free_port, wait_port_open
 from device_loop.exporter import config as exporter_config
+from podman_lab import podman, podman_names  # noqa: F401  (fixtures: podman, one busybox image a session)
 
 SRC = Path(__file__).resolve().parent.parent
 # A plugin someone installed into this venv (the example's README suggests it) must not

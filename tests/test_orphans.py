@@ -98,7 +98,7 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
 
         page = httpx2.get(f"{coordinator.url}/devices/sim-board-0", timeout=10, **admin).text
         assert f"pid {holder.pid}" in page and reported["busy_by"][0]["cgroup"] in page
-        assert 'data-act="kill-orphans"' in page and '<span class="word">kill-orphans</span>' in page, page[page.find("holders"):][:2000]
+        assert 'data-act="kill-orphans"' in page and '<span class="word">kill-orphans</span>' in page
         page = httpx2.get(f"{coordinator.url}/devices/sim-board-0", timeout=10, **alice).text
         assert f"pid {holder.pid}" in page and reported["busy_by"][0]["cgroup"] not in page
         assert "kill-orphans" not in page

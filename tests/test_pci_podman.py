@@ -1,5 +1,5 @@
 """A leased PCI card in a container: podman from Debian (rootful, runc, the busybox image of
-tests/test_podman_cdi.py) given `--device device-loop.dev/<class>=<device>` sees the card's
+tests/podman_lab.py) given `--device device-loop.dev/<class>=<device>` sees the card's
 render node with the numbers the node on the host has, and its address; after the release
 podman cannot resolve the name any more. The card is a fake tree's (this machine has none)
 and its node a real character node made for it."""
@@ -12,24 +12,24 @@ import pytest
 from conftest import Exporter, wait_for
 from fake_pci import DRM_MAJOR, dev_node, pci_card
 from helpers import reserve, wait_active, wait_state
-from test_podman_cdi import CDI_DIR, UNRESOLVABLE, podman, unique  # noqa: F401  (the fixtures)
+from podman_lab import CDI_DIR, UNRESOLVABLE
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(180)]
 GPU = "0000:01:00.0"
 
 
-def test_a_leased_gpu_in_a_container(tmp_path, env, coordinator, podman, unique):  # noqa: F811
+def test_a_leased_gpu_in_a_container(tmp_path, env, coordinator, podman, podman_names):
     sysfs = tmp_path / "sys"
     pci_card(sysfs, GPU, driver="amdgpu", drm=("renderD128",))
     node = dev_node(sysfs, "/dev/dri/renderD128", DRM_MAJOR, 128)
-    device, qualified = unique["device"], f"device-loop.dev/{unique['class']}={unique['device']}"
+    device, qualified = podman_names["device"], f"device-loop.dev/{podman_names['class']}={podman_names['device']}"
     exporter = Exporter(tmp_path, env, coordinator.url,
-                        [{"name": device, "plugin": "pci", "address": GPU, "class": unique["class"]}],
-                        name=unique["host"], cdi_dir=str(CDI_DIR), sysfs_root=str(sysfs))
+                        [{"name": device, "plugin": "pci", "address": GPU, "class": podman_names["class"]}],
+                        name=podman_names["host"], cdi_dir=str(CDI_DIR), sysfs_root=str(sysfs))
     try:
         wait_state(coordinator, device, "idle", timeout=30)
         lease = wait_active(coordinator, reserve(coordinator, device)["id"])
-        (spec,) = CDI_DIR.glob(f"device-loop_{unique['host']}_{lease['id']}.json")
+        (spec,) = CDI_DIR.glob(f"device-loop_{podman_names['host']}_{lease['id']}.json")
         said = podman.container(qualified, "stat -c %t:%T /dev/dri/renderD128; echo $DEVICE_LOOP_PCI_ADDRESS")
         assert said.returncode == 0, said.stderr
         rdev = os.stat(node).st_rdev

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from . import LEASE_PREFIX, NAME_PATTERN
 from .usage import template_problem
-from .vocabulary import AutoRecover, EndpointRole, Fidelity, HealthStatus, OperationState, Purpose
+from .vocabulary import AutoRecover, EndpointRole, Fidelity, HealthKind, HealthStatus, OperationState, Purpose
 
 MAX_DEVICES_PER_REPORT = 1000
 MAX_RESOURCES_PER_DEVICE = 32
@@ -135,6 +135,9 @@ class ResourceReport(Strict):
     identifier: str = Field(min_length=1, max_length=255)
     health: HealthStatus = HealthStatus.OK
     reason: str = Field(default="", max_length=1000)
+    health_kind: HealthKind = Field(default=HealthKind.TRANSIENT,
+                                    description="a fault's kind: transient (re-probed) or permanent (a person clears "
+                                                "it)")
     service: bool = Field(default=True, description="a lease gets a service of it (a flash target: no, it is "
                                                     "written only through operations)")
     operations: list[OperationKindReport] = Field(default_factory=list, max_length=MAX_OPERATION_KINDS)
@@ -162,6 +165,19 @@ class StepReport(Strict):
     settle: bool = Field(default=False, description="run by settle inside a lease too (the cooldown steps)")
 
 
+class Quarantine(Strict):
+    """A device whose transient faults keep coming back (docs/architecture.md, "Health that
+    heals"): faulty, probed again at growing intervals, re-admitted after ``needed`` good
+    probes in a row. Each probe changes it (``probes``), so each is a line of its ring log."""
+    failures: int = Field(ge=1, le=10_000, description="how often its health turned failed within window_s")
+    window_s: float = Field(gt=0, le=7 * 86400)
+    probe_s: float = Field(gt=0, le=7 * 86400, description="the time to its next probe")
+    probes: int = Field(default=0, ge=0, le=2**31, description="probes so far")
+    good: int = Field(default=0, ge=0, le=10_000, description="good probes in a row")
+    needed: int = Field(ge=1, le=10_000, description="good probes in a row that re-admit it")
+    reason: Reason = Field(default="", description="why its last check failed")
+
+
 class DeviceReport(Strict):
     name: str = Field(max_length=64, pattern=NAME_PATTERN)
     device_class: str = Field(alias="class", min_length=1, max_length=64)
@@ -178,6 +194,7 @@ class DeviceReport(Strict):
     fidelity: Fidelity = Field(default=Fidelity.HARDWARE,
                                description="what it is: a board, a simulation, a virtual machine or an emulator "
                                            "(what its resources' plugins say)")
+    quarantine: Quarantine | None = Field(default=None, description="its quarantine (its first resource in one)")
 
     @field_validator("name")
     @classmethod

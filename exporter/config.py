@@ -18,12 +18,13 @@ from pydantic_core import ErrorDetails
 from device_loop.core import NAME_PATTERN
 from device_loop.core.durations import parse_duration
 from device_loop.core.model import ConfiguredResource, StepKind
-from device_loop.core.plugin_config import PluginConfig
+from device_loop.core.plugin_config import Duration, PluginConfig
 from device_loop.core.vocabulary import AutoRecover
 from device_loop.core.protocol import (HOST_PATTERN, MAX_STEPS, MAX_TAGS, Tag, Word, check_device_name,
                                        check_host)
 
 from .cdi import DEFAULT_CDI_DIR
+from .health_schedule import HealthRules
 from .hook_deadlines import DEFAULT_TIMEOUT_S as DEFAULT_HOOK_TIMEOUT_S
 
 DEFAULT_COORDINATOR = "http://127.0.0.1:7420"
@@ -53,8 +54,31 @@ class ExporterSection(BaseModel):
     image_cache_gib: float = Field(default=20.0, gt=0)
     hook_timeout_s: float = Field(default=DEFAULT_HOOK_TIMEOUT_S, gt=0, le=600)  # discovery and health checks
     cdi_dir: Path = DEFAULT_CDI_DIR  # where the leases' CDI specs go (docs/architecture.md, "Containers and CDI")
+    # each resource's health schedule and quarantine (docs/architecture.md, "Health that heals")
+    health_period: Duration = Field(default=HealthRules.period_s, ge=0.1, le=3600)
+    health_recheck: Duration = Field(default=HealthRules.recheck_s, ge=0.05, le=60)
+    quarantine_failures: int = Field(default=HealthRules.quarantine_failures, ge=2, le=100)
+    quarantine_window: Duration = Field(default=HealthRules.quarantine_window_s, ge=1, le=7 * 86400)
+    quarantine_ceiling: Duration = Field(default=HealthRules.quarantine_ceiling_s, ge=0.1, le=86400)
+    quarantine_good_probes: int = Field(default=HealthRules.good_probes, ge=1, le=100)
 
     _addresses = field_validator("bind_address", "advertise_address")(check_host)
+
+    @model_validator(mode="after")
+    def _health_times_in_order(self) -> "ExporterSection":
+        if self.health_recheck > self.health_period:
+            raise ValueError(f"health_recheck ({self.health_recheck:g} s) must not be longer than health_period "
+                             f"({self.health_period:g} s): a re-check comes sooner than the next check")
+        if self.quarantine_ceiling < self.health_period:
+            raise ValueError(f"quarantine_ceiling ({self.quarantine_ceiling:g} s) must not be shorter than "
+                             f"health_period ({self.health_period:g} s): probes only grow apart from it")
+        return self
+
+    def health_rules(self) -> HealthRules:
+        """The health schedule's settings these keys make."""
+        return HealthRules(period_s=self.health_period, recheck_s=self.health_recheck,
+                           quarantine_failures=self.quarantine_failures, quarantine_window_s=self.quarantine_window,
+                           quarantine_ceiling_s=self.quarantine_ceiling, good_probes=self.quarantine_good_probes)
 
 
 class PluginsSection(BaseModel):

@@ -2,7 +2,8 @@
 on three threads.
 
 - The report loop scans the host once a heartbeat period (or at a hot-plug wake-up) and
-  sends a report then, and at once whenever a service came up or went away.
+  sends a report then, and at once whenever a service came up or went away, or a health
+  check due between scans (``health_schedule.py``) changed what is reported.
 - The long-poll thread waits for the coordinator's desired state to change and hands it
   to the reconciler the moment it does: a new lease's services start within milliseconds.
 - The reconciler starts and stops services in worker threads, concurrently.
@@ -64,7 +65,7 @@ class Exporter:
         orphans = OrphanWatch(config.state_dir)
         self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex,
                                  section.hook_timeout_s, steps_of=config.steps_of,
-                                 auto_recovery=config.auto_recovery())
+                                 auto_recovery=config.auto_recovery(), health_rules=section.health_rules())
         self.reconciler = Reconciler(self.host, self.plugins, orphans, gated_only=self.link.authenticated,
                                      on_change=self._changed, cdi=CdiFolder(section.cdi_dir, self.name),
                                      hook_timeout_s=section.hook_timeout_s)
@@ -298,6 +299,7 @@ class Exporter:
         next_scan = 0.0
         long_poll = threading.Thread(target=self._long_poll, name="long-poll", daemon=True)
         try:
+            woken = True
             while not self.stopping.is_set():
                 self.reconciler.wait_idle(REPORT_GAP_S)
                 self.wake.clear()
@@ -306,16 +308,24 @@ class Exporter:
                     self.scan_due.clear()
                     next_scan = time.monotonic() + self.heartbeat_s
                 try:
-                    self.step(scan)
+                    # woken by nothing but a health check's time: a report only if what it reports changed
+                    if scan or woken or self.reporter.check_health():
+                        self.step(scan)
                 except Exception:
                     log.exception("exporter pass failed; trying again next period")
                 if long_poll.ident is None:
                     # only after this boot's first report: until then the coordinator shows
                     # the last boot's services, and nothing may start beside them
                     long_poll.start()
-                self.wake.wait(max(0.0, next_scan - time.monotonic()))
+                woken = self.wake.wait(max(0.0, self._next_wake(next_scan) - time.monotonic()))
         finally:
             self.shutdown()
+
+    def _next_wake(self, next_scan: float) -> float:
+        """The next scan, or a resource's health check due before it (docs/architecture.md,
+        "Health that heals": a re-check comes every second or two, whatever the heartbeat)."""
+        check = self.reporter.schedule.next_due()
+        return next_scan if check is None else min(next_scan, check)
 
     def stop(self) -> None:
         self.stopping.set()

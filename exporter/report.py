@@ -1,10 +1,12 @@
 """The host's snapshot (docs/architecture.md, "Reconcile, not push"): what its plugins
 discover, how healthy it is, who else holds the device nodes, and the services that run.
 
-Scanning (discovery, health, a pass over /proc for node holders) happens once a heartbeat
-period or on a hot-plug wake-up. A report sent between scans, because a service came up
-or went away, is still a full snapshot: the devices as last scanned (those whose services
-just stopped looked at again for orphans) and the services as they are now.
+Scanning (discovery, a pass over /proc for node holders) happens once a heartbeat period or
+on a hot-plug wake-up; each resource's health is checked on its own schedule
+(``health_schedule.py``), at a scan or between scans, only when it is due. A report sent
+between scans, because a service came up or went away, is still a full snapshot: the
+devices as last scanned (those whose services just stopped looked at again for orphans)
+and the services as they are now.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from device_loop.core.protocol import (MAX_FACTS, MAX_HOLDERS, MAX_NAME_CHARS,
 from device_loop.core.vocabulary import Fidelity
 
 from .config import StepConfig
+from .health_schedule import HealthRules, HealthSchedule
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
 from .orphans import OrphanWatch
 from .power import POWER
@@ -44,7 +47,7 @@ class Reporter:
     def __init__(self, host: HostContext, plugins: PluginSet, orphans: OrphanWatch, heartbeat_s: float,
                  boot_id: str, hook_timeout_s: float = DEFAULT_TIMEOUT_S,
                  steps_of: Callable[[str, str], list[StepConfig]] = lambda device, device_class: [],
-                 auto_recovery: dict[str, str] | None = None):
+                 auto_recovery: dict[str, str] | None = None, health_rules: HealthRules | None = None):
         self.host, self.plugins, self.orphans = host, plugins, orphans
         self.deadlines = HookDeadlines(hook_timeout_s)  # discovery and health: a hung hook stops no report
         self.heartbeat_s, self.boot_id = heartbeat_s, boot_id
@@ -63,7 +66,7 @@ class Reporter:
         self.candidates: list[Resource] = []
         self._last_found: dict[str, list[Resource]] = {}
         self.failing: dict[str, str] = {}  # plugin -> why its last discovery failed
-        self._health: dict[str, Health] = {}
+        self.schedule = HealthSchedule(health_rules)  # each resource's checks and reported health
         self._busy: dict[str, list[Holder]] = {}
         self._devices: list[DeviceReport] | None = None  # as last scanned, until the next scan
 
@@ -111,12 +114,27 @@ class Reporter:
         healths = {}
         for r in resources:
             try:
-                healths[r.identifier] = outcomes[key(r)].result() or Health()
+                answer = outcomes[key(r)].result() or Health()
+                healths[r.identifier] = answer if isinstance(answer, Health) else Health(
+                    "failed", f"health check answered {answer!r:.100}, not a Health")
             except HookTimedOut as exc:
                 healths[r.identifier] = Health("degraded", f"health check {exc}")
             except Exception as exc:
                 healths[r.identifier] = Health("failed", f"health check crashed: {exc!r}")
         return healths
+
+    def check_health(self) -> bool:
+        """Check the resources (as last scanned) whose check is due on their schedule; True
+        if what is reported of any of them changed (docs/architecture.md, "Health that heals")."""
+        self.schedule.sync(r.identifier for r in self.resources)
+        due = set(self.schedule.due())
+        results = self.healths([r for r in self.resources if r.identifier in due])
+        changed = False
+        for identifier, health in results.items():
+            changed |= self.schedule.record(identifier, health)
+        if changed:
+            self._devices = None
+        return changed
 
     def operation_kinds(self, resources: list[Resource]) -> dict[str, list[OperationKindReport]]:
         """The operations each resource's plugin runs on it (``devloop_operations``, each call
@@ -204,7 +222,7 @@ class Reporter:
     def scan(self, ours: set[int]) -> list[Resource]:
         """Discover, check health and look for orphans: the devices of the next reports."""
         self.resources = self.discover()
-        self._health = self.healths(self.resources)
+        self.check_health()
         self.kinds = self.operation_kinds(self.resources)
         self.step_kinds = self.offered_steps(self.resources)
         self.facts = self.fingerprint_facts(self.resources)
@@ -253,16 +271,20 @@ class Reporter:
         devices: dict[str, dict] = {}
         mine: dict[str, list[Resource]] = {}
         for r in self.resources:
-            health = self._health.get(r.identifier) or Health()
+            health = self.schedule.reported(r.identifier)
             entry = devices.setdefault(r.device, {"name": r.device, "class": r.device_class, "tags": list(r.tags),
                                                   "resources": [], "busy_by": [], "facts": {}})
             for fact, value in self.facts.get(r.identifier, {}).items():  # the first resource's word stands
                 if len(entry["facts"]) < MAX_FACTS:
                     entry["facts"].setdefault(fact, value)
             entry["resources"].append({"kind": r.kind, "plugin": r.plugin, "identifier": r.identifier,
-                                       "health": health.status, "reason": health.reason, "service": r.serves_lease,
+                                       "health": health.status, "reason": health.reason,
+                                       "health_kind": health.kind, "service": r.serves_lease,
                                        "operations": self.kinds.get(r.identifier, [])})
             entry["busy_by"] += self._busy.get(r.identifier, [])
+            quarantine = self.schedule.quarantine(r.identifier)
+            if quarantine is not None and "quarantine" not in entry:  # (the first resource in one)
+                entry["quarantine"] = quarantine
             if r.fidelity != Fidelity.HARDWARE:  # (the first resource that is not a board says what the device is)
                 entry.setdefault("fidelity", r.fidelity)
             mine.setdefault(r.device, []).append(r)

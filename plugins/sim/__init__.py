@@ -18,7 +18,10 @@ power supply: the ``sim`` power backend, or a pdudaemon whose ``localcmdline`` d
 the file. Its resource's ``node`` is a stable link to the pty of the moment
 (``STATE_DIR/sim/NAME``, as ``/dev/serial/by-id`` names a USB adapter), present while the board
 is on. A board switched off is ``degraded`` (off on purpose is not a fault); one whose
-console hung (``hang`` on its shell: a kernel panic) ``failed``, until a power cycle. Its UART
+console hung (``hang`` on its shell: a kernel panic) ``failed``, until a power cycle. Its
+health file (``STATE_DIR/sim/NAME.health``) makes its health fail and recover at run time, as
+a test wants it: ``failed [transient|permanent] REASON`` or ``degraded REASON`` in it is its
+health, ``ok`` or no file its own. Its UART
 is served as a raw TCP endpoint by the serial bridge (``start_bridge``), as a thread of the
 exporter (the boards live there too), which opens the link while a client is connected
 and keeps it across power cycles: a person at the console sees the board go silent and boot
@@ -41,8 +44,8 @@ from pydantic import Field, StringConstraints, field_validator
 
 from pathlib import Path
 
-from device_loop.plugin import (ContainerEnvironment, Duration, Fidelity, Health, HostContext, LeaseRef, PluginConfig,
-                                Resource, Service, hookimpl, start_bridge, tty_environment)
+from device_loop.plugin import (ContainerEnvironment, Duration, Fidelity, Health, HealthKind, HostContext, LeaseRef,
+                                PluginConfig, Resource, Service, hookimpl, start_bridge, tty_environment)
 
 from .board import SimBoard
 from .facts import DEFAULT_CPU_MODEL, BoardFacts
@@ -50,6 +53,7 @@ from .thermal import (DEFAULT_AMBIENT_C, DEFAULT_TAU_S, DEFAULT_THROTTLE_ABOVE_C
                       DEFAULT_WORK_HEAT_C_PER_S, Thermal)
 from .workload import DEFAULT_NOISE, DEFAULT_WORKLOAD_S, WorkloadModel
 
+MAX_HEALTH_FILE_BYTES = 1000
 _DEGREES = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:°\s*)?[Cc]?\s*$")
 Feature = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_.+-]{0,31}$")]
 
@@ -128,6 +132,27 @@ def switch_path(state_dir: Path, name: str) -> Path:
     return Path(state_dir) / "sim" / f"{name}.power"
 
 
+def health_path(state_dir: Path, name: str) -> Path:
+    """The file that makes the board ``name``'s health fail and recover at run time."""
+    return Path(state_dir) / "sim" / f"{name}.health"
+
+
+def injected_health(path: Path) -> Health | None:
+    """The health its file says (``failed [transient|permanent] REASON``, ``degraded ...``),
+    None when there is no file or it says ``ok``: the board's own health then."""
+    try:
+        with open(path, "rb") as file:
+            words = file.read(MAX_HEALTH_FILE_BYTES).decode(errors="replace").split()
+    except OSError:
+        return None
+    if not words or words[0] not in ("degraded", "failed"):
+        return None
+    kind = HealthKind.TRANSIENT
+    if len(words) > 1 and words[1] in tuple(HealthKind):
+        kind = HealthKind(words.pop(1))
+    return Health(words[0], " ".join(words[1:]) or "made to fail (its health file)", kind)
+
+
 class SimPlugin:
     """The boards of one exporter (a plugin object: each exporter that loads it has its own)."""
 
@@ -166,7 +191,10 @@ class SimPlugin:
                 for entry in host.entries if entry.device in self.boards]
 
     @hookimpl
-    def devloop_health(self, resource: Resource) -> Health | None:
+    def devloop_health(self, host: HostContext, resource: Resource) -> Health | None:
+        injected = injected_health(health_path(host.state_dir, resource.device))
+        if injected is not None:
+            return injected
         board = self.boards.get(resource.device)
         if board is not None and not board.powered:
             return Health("degraded", "powered off (its switch says off)")

@@ -1,0 +1,230 @@
+"""Each resource's health schedule, on a fake clock (docs/architecture.md, "Health that heals"):
+a check every period, re-checks after a change until two results agree, quarantine with
+growing probe intervals and re-admission, and the exporter config keys that set it."""
+import pytest
+
+from device_loop.core.model import Health
+from device_loop.core.vocabulary import HealthKind
+from device_loop.exporter.config import ConfigError, load_config
+from device_loop.exporter.health_schedule import HealthRules, HealthSchedule
+
+pytestmark = pytest.mark.timeout(30)
+
+OK = Health()
+FAILED = Health("failed", "link down")
+PERMANENT = Health("failed", "AER fatal errors: 3", HealthKind.PERMANENT)
+RULES = HealthRules(period_s=10, recheck_s=1.5, quarantine_failures=3, quarantine_window_s=1800,
+                    quarantine_ceiling_s=60, good_probes=3)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def schedule(clock):
+    made = HealthSchedule(RULES, clock)
+    made.sync(["card"])
+    return made
+
+
+def check(schedule: HealthSchedule, clock: Clock, result: Health) -> bool:
+    """Go to the resource's next due time, and check it with ``result``."""
+    clock.now = max(clock.now, schedule.next_due())
+    assert schedule.due() == ["card"]
+    return schedule.record("card", result)
+
+
+def test_a_new_resource_is_due_at_once_and_then_every_period(schedule, clock):
+    assert schedule.due() == ["card"]
+    assert check(schedule, clock, OK) is False  # (reported ok before its first check too)
+    assert schedule.reported("card") == OK
+    assert schedule.due() == [] and schedule.next_due() == clock.now + 10
+    clock.now += 9.9
+    assert schedule.due() == []
+    assert check(schedule, clock, OK) is False and clock.now == 1010.0
+
+
+def test_a_first_check_that_fails_is_reported_at_once(schedule, clock):
+    assert check(schedule, clock, FAILED) is True
+    assert schedule.reported("card") == FAILED
+
+
+def test_one_failure_is_not_reported_the_second_in_a_row_is(schedule, clock):
+    check(schedule, clock, OK)
+    assert check(schedule, clock, FAILED) is False
+    assert schedule.reported("card") == OK
+    assert schedule.next_due() == clock.now + 1.5, "a re-check within 1-2 s, not a period later"
+    assert check(schedule, clock, FAILED) is True
+    assert schedule.reported("card") == FAILED and schedule.next_due() == clock.now + 10
+
+
+def test_a_flapping_card_is_faulty_only_on_its_second_failure_in_a_row(schedule, clock):
+    check(schedule, clock, OK)
+    for result in (FAILED, OK, FAILED, OK):  # flapping: no two failures in a row
+        assert check(schedule, clock, result) is False
+        assert schedule.reported("card") == OK
+    assert check(schedule, clock, FAILED) is False
+    assert check(schedule, clock, FAILED) is True
+    assert schedule.reported("card").status == "failed"
+
+
+def test_ok_again_only_on_the_second_success(schedule, clock):
+    check(schedule, clock, FAILED)
+    assert check(schedule, clock, OK) is False and schedule.reported("card") == FAILED
+    assert check(schedule, clock, OK) is True and schedule.reported("card") == OK
+
+
+def test_a_new_reason_for_the_same_status_is_reported_at_once(schedule, clock):
+    check(schedule, clock, FAILED)
+    worse = Health("failed", "link down for 3 s")
+    assert check(schedule, clock, worse) is True and schedule.reported("card") == worse
+
+
+def test_a_fault_that_turns_permanent_is_confirmed_like_any_change(schedule, clock):
+    check(schedule, clock, FAILED)
+    assert check(schedule, clock, PERMANENT) is False and schedule.reported("card") == FAILED
+    assert check(schedule, clock, PERMANENT) is True and schedule.reported("card") == PERMANENT
+
+
+def test_only_due_resources_are_checked(clock):
+    schedule = HealthSchedule(RULES, clock)
+    schedule.sync(["a", "b"])
+    schedule.record("a", OK)
+    clock.now += 5
+    schedule.sync(["a", "b", "c"])
+    assert sorted(schedule.due()) == ["b", "c"]
+    schedule.sync(["a"])  # b and c unplugged: forgotten
+    assert schedule.due() == [] and schedule.next_due() == 1010.0
+
+
+def fail_confirmed(schedule, clock):
+    """One more time the reported health turns failed (from ok): two failures in a row."""
+    check(schedule, clock, OK)
+    if schedule.reported("card").status == "failed":
+        check(schedule, clock, OK)
+    check(schedule, clock, FAILED)
+    check(schedule, clock, FAILED)
+    assert schedule.reported("card").status == "failed"
+
+
+def test_failing_three_times_in_the_window_is_quarantine(schedule, clock):
+    fail_confirmed(schedule, clock)
+    fail_confirmed(schedule, clock)
+    assert schedule.quarantine("card") is None
+    fail_confirmed(schedule, clock)
+    quarantine = schedule.quarantine("card")
+    assert quarantine is not None
+    assert (quarantine.failures, quarantine.window_s, quarantine.probe_s, quarantine.good, quarantine.needed) == \
+        (3, 1800, 10, 0, 3)
+    assert quarantine.reason == "link down" and schedule.reported("card").status == "failed"
+
+
+def test_failures_older_than_the_window_do_not_count(schedule, clock):
+    fail_confirmed(schedule, clock)
+    fail_confirmed(schedule, clock)
+    clock.now += 1801
+    fail_confirmed(schedule, clock)
+    assert schedule.quarantine("card") is None
+
+
+def quarantined(schedule, clock):
+    for _ in range(3):
+        fail_confirmed(schedule, clock)
+    assert schedule.quarantine("card") is not None
+
+
+def test_a_quarantined_resource_is_probed_at_growing_intervals_up_to_the_ceiling(schedule, clock):
+    quarantined(schedule, clock)
+    gaps = []
+    for _ in range(5):
+        before = clock.now
+        assert check(schedule, clock, FAILED) is True, "each probe changes what is reported"
+        gaps.append(clock.now - before)
+    assert gaps == [10, 20, 40, 60, 60], "the period, doubled after each failed probe, up to the ceiling"
+    quarantine = schedule.quarantine("card")
+    assert quarantine.probes == 5 and quarantine.probe_s == 60 and quarantine.good == 0
+
+
+def test_three_good_probes_in_a_row_re_admit_it(schedule, clock):
+    quarantined(schedule, clock)
+    check(schedule, clock, FAILED)  # next probe in 20 s
+    assert check(schedule, clock, OK) is True
+    assert schedule.quarantine("card").good == 1 and schedule.reported("card").status == "failed"
+    assert check(schedule, clock, FAILED) is True and schedule.quarantine("card").good == 0, "in a row"
+    for good in (1, 2):
+        check(schedule, clock, OK)
+        assert schedule.quarantine("card").good == good
+    assert check(schedule, clock, OK) is True
+    assert schedule.quarantine("card") is None and schedule.reported("card") == OK
+    assert schedule.next_due() == clock.now + 10
+    fail_confirmed(schedule, clock)  # the count starts afresh once re-admitted
+    assert schedule.quarantine("card") is None
+
+
+def test_a_probe_that_fails_for_good_ends_the_quarantine_for_a_person(schedule, clock):
+    quarantined(schedule, clock)
+    assert check(schedule, clock, PERMANENT) is True
+    assert schedule.quarantine("card") is None and schedule.reported("card") == PERMANENT
+
+
+def test_permanent_failures_are_never_quarantined(schedule, clock):
+    for _ in range(4):
+        check(schedule, clock, OK)
+        check(schedule, clock, OK)
+        check(schedule, clock, PERMANENT)
+        check(schedule, clock, PERMANENT)
+        assert schedule.reported("card") == PERMANENT
+    assert schedule.quarantine("card") is None
+
+
+# ---- the exporter config's keys ---------------------------------------------------------------
+
+def load(tmp_path, section: str):
+    path = tmp_path / "exporter.toml"
+    path.write_text(f'[exporter]\nname = "h"\n{section}\n')
+    return load_config(path)
+
+
+def test_the_keys_make_the_rules(tmp_path):
+    assert load(tmp_path, "").exporter.health_rules() == HealthRules()
+    rules = load(tmp_path, 'health_period = "1m"\nhealth_recheck = 2\nquarantine_failures = 5\n'
+                           'quarantine_window = "1h"\nquarantine_ceiling = "10m"\nquarantine_good_probes = 4'
+                 ).exporter.health_rules()
+    assert rules == HealthRules(period_s=60, recheck_s=2, quarantine_failures=5, quarantine_window_s=3600,
+                                quarantine_ceiling_s=600, good_probes=4)
+
+
+@pytest.mark.parametrize("section, key", [
+    ("health_period = 0", "health_period"),
+    ("health_period = -1", "health_period"),
+    ("health_period = inf", "health_period"),
+    ("health_period = nan", "health_period"),
+    ('health_period = "forever"', "health_period"),
+    ("health_period = 1e9", "health_period"),
+    ("health_period = true", "health_period"),
+    ("health_recheck = 0.001", "health_recheck"),
+    ("health_period = 5\nhealth_recheck = 6", "health_recheck"),
+    ("quarantine_failures = 1", "quarantine_failures"),
+    ("quarantine_failures = 1000000", "quarantine_failures"),
+    ("quarantine_failures = 2.5", "quarantine_failures"),
+    ("quarantine_window = 0", "quarantine_window"),
+    ('quarantine_window = "30d"', "quarantine_window"),
+    ("quarantine_ceiling = 5", "quarantine_ceiling"),
+    ("quarantine_ceiling = 1e12", "quarantine_ceiling"),
+    ("quarantine_good_probes = 0", "quarantine_good_probes"),
+    ("quarantine_good_probes = 101", "quarantine_good_probes"),
+    ("health_perod = 5", "health_perod"),
+])
+def test_hostile_values_are_refused_at_load(tmp_path, section, key):
+    with pytest.raises(ConfigError, match=key):
+        load(tmp_path, section)

@@ -214,7 +214,7 @@ def admin_retire(lab, device, undo, force, as_json):
 @json_option
 @lab_command
 def admin_clear_fault(lab, device, as_json):
-    """Clear the fault a failed step between leases left: DEVICE is idle again."""
+    """Clear DEVICE's fault (a failed step's, a permanent health failure's, an admin's): it is idle again."""
     emit(as_json, lab.api.post(f"/admin/devices/{device}/clear-fault"), lambda d: f"{d['name']} is {d['state']}")
 
 
@@ -230,6 +230,17 @@ def admin_kill_orphans(lab, device, detach, as_json):
     from .operations import follow_and_show  # (the operations' printing, loaded only here)
 
     follow_and_show(lab, lab.api.post(f"/admin/devices/{device}/orphans/kill"), detach, as_json)
+
+
+@admin_group.command("fault")
+@click.argument("device")
+@click.option("--reason", required=True, help="why it is faulty, for the people who read its page")
+@json_option
+@lab_command
+def admin_fault(lab, device, reason, as_json):
+    """Mark DEVICE faulty by hand: it stays faulty, whatever its health, until clear-fault."""
+    emit(as_json, lab.api.post(f"/admin/devices/{device}/fault", {"reason": reason}),
+         lambda d: f"{d['name']} is {d['state']}")
 
 
 @admin_group.command("drain")

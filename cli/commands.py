@@ -116,6 +116,8 @@ def _state(device: dict) -> str:
         why_faulty = [device["reason"]]
     if device["state"] != "faulty" and device.get("switched_off"):  # (its holder did it, and may hold it still)
         why_faulty.append("switched off")
+    if device["state"] != "faulty" and device.get("quarantine"):  # (in use: faulty once its lease ends)
+        why_faulty.append("quarantined")
     marks = (why_faulty + ["flashing"] * bool(device.get("flashing"))
              + ["needs recovery"] * bool(device.get("needs_recovery"))
              + [f"also claimed by {host}" for host in device.get("conflict_hosts", [])[1:]])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from device_loop.core.durations import iso
-from device_loop.core.vocabulary import LeaseState, OperationState
+from device_loop.core.vocabulary import FaultKind, LeaseState, OperationState
 
 from device_loop.core.answers import DeviceAnswer, HostAnswer
 from device_loop.core.errors import ErrorCode
@@ -13,7 +13,7 @@ from . import kinds
 from .devices import Devices
 from .errors import APIError, conflict, not_found
 from .leases import Leases
-from .lifecycle import NO_FAULT, Lifecycle, switched_off
+from .lifecycle import NO_FAULT, Lifecycle, fault, switched_off
 from .notify import BOARD_KEY, host_key, op_key
 from .rows import DeviceFacts, TokenRow
 from .scheduler import Scheduler
@@ -64,9 +64,10 @@ class Admin:
 
     async def clear_fault(self, name: str, admin: str) -> DeviceAnswer:
         """Clear the fault a failed step between leases left (docs/architecture.md, "Steps
-        between leases"), or the one an unverified power on left once an admin saw the board
-        run: the device is idle again, and goes to the first ticket waiting for it. A board
-        switched off stays faulty until a power on is verified (docs/architecture.md, "Power")."""
+        between leases"), a permanent health failure or an admin left ("Health that heals"),
+        or the one an unverified power on left once an admin saw the board run: the device is
+        idle again, and goes to the first ticket waiting for it. A board switched off stays
+        faulty until a power on is verified (docs/architecture.md, "Power")."""
         async with self.store.tx():
             await self.leases_sql.lock_host_of_device(name)
             device = await self.devices_sql.device(name)
@@ -82,6 +83,23 @@ class Admin:
                                    NO_FAULT)
             await self.life.audit(admin, "clear_fault", name, None, {"fault": device["fault"]})
             await self.scheduler.grant_free([name])
+        return await self.devices.device_info(name)
+
+    async def mark_faulty(self, name: str, reason: str, admin: str) -> DeviceAnswer:
+        """Mark a device faulty by hand, with why (docs/architecture.md, "Health that heals"):
+        the fault stays until an admin clears it, whatever its health says meanwhile. A device
+        that has a fault keeps it (409: clear it first), so no fault's kind is lost."""
+        async with self.store.tx():
+            await self.leases_sql.lock_host_of_device(name)
+            device = await self.devices_sql.device(name)
+            if device is None:
+                raise not_found("device", name)
+            if device["fault"]:
+                raise conflict(ErrorCode.HAS_FAULT, f"{name} already has a fault ({device['fault']}); an admin "
+                                                     f"clears it first: device-loop admin clear-fault {name}")
+            words = f"marked faulty by admin {admin}: {reason}"
+            await self.life.change(device, words, admin, fault(FaultKind.MARKED_FAULTY, words))
+            await self.life.audit(admin, "mark_faulty", name, None, {"reason": reason})
         return await self.devices.device_info(name)
 
     async def drain(self, host_name: str, admin: str, draining: bool = True) -> HostAnswer:

@@ -34,8 +34,8 @@ from .power import power_args
 from .rules import Rules
 from .schemas import (AdminDevice, AdminPowerIn, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName,
                       DeviceOperations, DrainIn, FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn,
-                      KnownGoodIn, LeaseId, LeaseWait, MyLeases, NoArgs, OperationIn, OpWait, PowerIn, PowerSwitch,
-                      RenewIn, ReserveIn, RetireIn, TicketFilter, TicketId, TicketWait, TokenId, TokenIn,
+                      KnownGoodIn, LeaseId, LeaseWait, MarkFaultyIn, MyLeases, NoArgs, OperationIn, OpWait, PowerIn,
+                      PowerSwitch, RenewIn, ReserveIn, RetireIn, TicketFilter, TicketId, TicketWait, TokenId, TokenIn,
                       UartExchangeIn, UploadQuery, split_tags)
 from .who import Who
 
@@ -521,8 +521,13 @@ async def retire_device(ctx: Ctx, args: RetireIn) -> DeviceAnswer:
 
 
 async def clear_fault(ctx: Ctx, args: AdminDevice) -> DeviceAnswer:
-    """Clear the fault a failed step between leases left on a device: it is idle again."""
+    """Clear a device's fault (a failed step's, a permanent health failure's, an admin's): it is idle again."""
     return await ctx.rules.admin.clear_fault(args.device, ctx.caller.name)
+
+
+async def mark_faulty(ctx: Ctx, args: MarkFaultyIn) -> DeviceAnswer:
+    """Mark a device faulty by hand, with why: it stays faulty until an admin clears the fault."""
+    return await ctx.rules.admin.mark_faulty(args.device, args.reason, ctx.caller.name)
 
 
 async def drain_host(ctx: Ctx, args: DrainIn) -> HostAnswer:
@@ -647,6 +652,8 @@ CALLS: list[Call] = [
          "POST", "/admin/devices/{device}/clear-fault", idempotent=True),
     Call("kill_orphans", ADMIN, kill_orphans, AdminDevice, OperationAnswer,
          "POST", "/admin/devices/{device}/orphans/kill", status=201, idempotent=True),
+    Call("mark_faulty", ADMIN, mark_faulty, MarkFaultyIn, DeviceAnswer, "POST", "/admin/devices/{device}/fault",
+         idempotent=True),
     Call("drain_host", ADMIN, drain_host, DrainIn, HostAnswer, "POST", "/admin/hosts/{host}/drain",
          idempotent=True),
     Call("forget", ADMIN, forget, ForgetIn, dict, "POST", "/admin/forget", idempotent=True),

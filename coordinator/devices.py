@@ -13,6 +13,7 @@ from .errors import APIError, not_found
 from .hidden_paths import hide_paths, hide_paths_in
 from .holders import holder_json
 from .lifecycle import Lifecycle, switched_off
+from .quarantine import decoded, summary
 from .rows import DeviceFacts
 from .store import Store
 from .who import Who
@@ -28,6 +29,7 @@ def device_json(row: DeviceFacts, in_full: bool = False) -> DeviceAnswer:
     exporter's file paths in its reasons)."""
     step = running_step(row)
     shown = (lambda text: text) if in_full else hide_paths_in
+    quarantine = decoded(row["quarantine"])
     answer: DeviceAnswer = {
         "name": row["name"],
         "class": row["class"],
@@ -52,6 +54,8 @@ def device_json(row: DeviceFacts, in_full: bool = False) -> DeviceAnswer:
         "step": step,
         "fault": shown(row["fault"]),
         "switched_off": switched_off(row["fault"], row["fault_kind"]),
+        "fault_kind": row["fault_kind"],
+        "quarantine": {**quarantine.model_dump(), "reason": shown(quarantine.reason)} if quarantine else None,
         "fidelity": row["fidelity"],  # a board, a simulation, a virtual machine or an emulator
         "reason": shown(state_reason(row, step)),
         "facts": row.get("facts") or {},  # what its plugins add to its fingerprint
@@ -80,7 +84,9 @@ def state_reason(row: DeviceFacts, step: RunningStep | None) -> str:
             return f"step {step['index'] + 1}/{step['of']} {step['step']}: {where}"
         return "waiting for its exporter to stop the last lease's services"
     if row["state"] == DeviceState.FAULTY:
-        return row["fault"] or row["health_reason"] or "health check failed"
+        quarantine = decoded(row["quarantine"])
+        return row["fault"] or (summary(quarantine) if quarantine else None) or row["health_reason"] or \
+            "health check failed"
     return switched_off(row["fault"], row["fault_kind"]) or ""  # (its holder switched it off, and holds it still)
 
 

@@ -22,15 +22,17 @@ from pydantic import TypeAdapter, ValidationError
 
 from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import MAX_TAGS, DesiredState, DeviceReport, Heartbeat, Tag
-from device_loop.core.vocabulary import DeviceState, HealthStatus, LeaseState
+from device_loop.core.vocabulary import DeviceState, FaultKind, HealthKind, HealthStatus, LeaseState
 from device_loop.core.errors import ErrorCode
 
 from .errors import APIError, conflict
 from .leases import Leases
-from .lifecycle import NO_FAULT, Lifecycle, device_state, held_off, logged_cause, ring_entry
+from .lifecycle import Lifecycle, device_state, fault, logged_cause, ring_entry
 from .notify import BOARD_KEY, CallerGone, host_key, lease_key
 from .operations import Operations
 from .power import Power
+from .quarantine import decoded
+from .quarantine import step as quarantine_step
 from .rows import HostRow
 from .scheduler import Scheduler
 from .steps import Steps
@@ -87,7 +89,8 @@ def _columns(device: DeviceReport, digest: str) -> dict:
     return {"class": device.device_class, "tags": json.dumps(dumped["tags"]), "present": True,
             "health": worst.health, "health_reason": reasons, "busy_by": json.dumps(dumped["busy_by"]),
             "resources": json.dumps(dumped["resources"]), "report_digest": digest, "steps": json.dumps(dumped["steps"]),
-            "facts": json.dumps(dumped["facts"]), "fidelity": device.fidelity}
+            "facts": json.dumps(dumped["facts"]), "fidelity": device.fidelity,
+            "quarantine": device.quarantine.model_dump_json() if device.quarantine else None}
 
 
 class _Changes:
@@ -103,7 +106,8 @@ class _Changes:
         self.wake_host = False              # the host's desired state may have changed
         self.became_idle: list[str] = []    # devices a waiting ticket may take now
         self.begin_steps: list[str] = []    # devices whose steps between leases begin now
-        self.faults_cleared: list[str] = []  # devices whose health recovered after a failed step
+        self.faults_set: dict[str, dict] = {}  # device -> the fault its report gave it (its health failed for good)
+        self.quarantine_steps: dict[str, str] = {}  # device -> its quarantine's step, in words (its ring log's line)
 
     def touch(self, row: Mapping[str, Any], cause: str | None = None, **fields: Any) -> dict[str, Any]:
         """Take ``row`` into account (its state is recomputed), with ``fields`` changed."""
@@ -124,11 +128,14 @@ class _Changes:
         """Recompute each touched device's state; the rows to write."""
         for name, row in self.rows.items():
             new = device_state(row)
+            step = self.quarantine_steps.get(name)
             if new != row["state"]:
-                self.log(row, new, _cause(row, new, self.causes.get(name, self.default_cause)))
+                self.log(row, new, step or _cause(row, new, self.causes.get(name, self.default_cause)))
                 row["state"], row["state_since"] = new, self.now
                 if new == DeviceState.IDLE:
                     self.became_idle.append(name)
+            elif step:  # (docs/architecture.md, "Health that heals": every step of a quarantine is a line)
+                self.log(row, new, step)
             if name in self.dirty:
                 row["updated_at"] = self.now
         return [row for name, row in self.rows.items() if name in self.dirty]
@@ -219,8 +226,8 @@ class Hosts:
         activated = self._progress(report, own, changes)
         rows_to_write = changes.settle()
         await self.devices_sql.write_devices(rows_to_write)
-        for name in changes.faults_cleared:
-            await self.devices_sql.update_device(name, **NO_FAULT)
+        for name, fields in changes.faults_set.items():  # (the heartbeat's upsert does not write that column)
+            await self.devices_sql.update_device(name, **fields)
         if changes.identities:
             await self.devices_sql.replace_identities(list(changes.identities),
                                                       [r for rs in changes.identities.values() for r in rs])
@@ -282,6 +289,7 @@ class Hosts:
                     and device.name in own:
                 continue  # as reported before
             fields = {**(columns.get(device.name) or _columns(device, digests[device.name])), "host": host_name}
+            self._health_faults(device, row or {}, fields, changes)
             if row is None:
                 row = {"name": device.name, "state": "unregistered", "reclaim_lease": None, "retired": False,
                        "conflict_host": None, "created_at": changes.now, "state_since": changes.now, "log_seq": 0,
@@ -291,13 +299,6 @@ class Hosts:
                 changes.causes[device.name] = f"registered: first reported by host {host_name}"
             elif not row["present"]:
                 changes.causes[device.name] = f"host {host_name} reports it again"
-            if (row.get("fault") and fields["health"] == HealthStatus.OK and row["health"] != HealthStatus.OK
-                    and not held_off(row.get("fault_kind"))):  # (a board switched off waits for an on)
-                # a failed step's fault, cleared by the device's health recovering (docs/architecture.md,
-                # "Steps between leases"); its own statement: the heartbeat does not write that column
-                changes.faults_cleared.append(device.name)
-                fields.update(NO_FAULT)
-                changes.causes[device.name] = "health is ok again: the failed step's fault is cleared"
             changes.wake_host |= not row["present"]
             own[device.name] = changes.touch(row, **fields)
             if device.name in new_names:
@@ -310,6 +311,27 @@ class Hosts:
                 changes.touch(row, f"host {host_name} no longer reports it (unplugged?)", present=False)
                 changes.wake_host = True
         await self._record_claims(host_name, claimed, set(claimed_before))
+
+    @staticmethod
+    def _health_faults(device: DeviceReport, row: dict, fields: dict, changes: _Changes) -> None:
+        """What a device's reported health leaves (docs/architecture.md, "Health that heals"):
+        a health that turned failed for good is a fault of its own, which only an admin clears
+        (no fault is ever cleared here: a step's or a person's stays when health recovers);
+        each step of its quarantine is a line of its ring log."""
+        permanent = [r for r in device.resources
+                     if r.health == HealthStatus.FAILED and r.health_kind == HealthKind.PERMANENT]
+        before = row.get("resources") or "[]"
+        before = before if isinstance(before, list) else json.loads(before)
+        was_permanent = any(r.get("health") == HealthStatus.FAILED and r.get("health_kind") == HealthKind.PERMANENT
+                            for r in before)
+        if permanent and not was_permanent and not row.get("fault"):
+            words = "health failed for good: " + "; ".join(f"{r.kind}: {r.reason or 'no reason given'}"
+                                                            for r in permanent)
+            changes.faults_set[device.name] = fault(FaultKind.HEALTH_PERMANENT, words)
+            fields.update(changes.faults_set[device.name])
+        step = quarantine_step(decoded(row.get("quarantine")), device.quarantine)
+        if step:
+            changes.quarantine_steps[device.name] = step
 
     async def _record_claims(self, host_name: str, claimed: set[str], before: set[str]) -> None:
         """Note the devices ``host_name`` reports that another host owns: shown to admins,

@@ -12,6 +12,7 @@ from device_loop.core.vocabulary import HELD_OFF, DeviceState, FaultKind, Health
 
 from .metrics import LabMetrics
 from .notify import BOARD_KEY, Notifier
+from .quarantine import decoded, summary
 from .rows import DeviceFacts
 from .ssh_logins import SshLogins
 from .store import Store
@@ -66,8 +67,9 @@ def held_off(kind: str | None) -> bool:
 
 def device_state(facts: Mapping[str, Any]) -> DeviceState:
     """The lifecycle state that follows from a device's facts: its row, ``host_online``
-    and ``lease_state`` (of its live lease, if any); a ``fault`` a step between leases left
-    makes it faulty as failed health does. Another host claiming the device
+    and ``lease_state`` (of its live lease, if any); a ``fault`` (a failed step's, a
+    person's, a permanent health failure's) and a ``quarantine`` its exporter reports make it
+    faulty as failed health does (docs/architecture.md, "Health that heals"). Another host claiming the device
     (``conflict_host``) is not among them: its owner keeps serving it, so no exporter can
     lock another host's devices out by reporting their names."""
     if facts["retired"]:
@@ -80,7 +82,7 @@ def device_state(facts: Mapping[str, Any]) -> DeviceState:
         return DeviceState.IN_USE
     if facts["reclaim_lease"]:
         return DeviceState.RECLAIMING
-    if facts["health"] == HealthStatus.FAILED or facts.get("fault"):
+    if facts["health"] == HealthStatus.FAILED or facts.get("fault") or facts.get("quarantine"):
         return DeviceState.FAULTY
     return DeviceState.IDLE
 
@@ -91,7 +93,9 @@ def logged_cause(facts: Mapping[str, Any], new_state: str, cause: str | None) ->
     whose console hung meanwhile)."""
     if new_state != DeviceState.FAULTY:
         return cause or ""
-    why = facts.get("fault") or f"health failed: {facts.get('health_reason') or 'no reason given'}"
+    quarantine = decoded(facts.get("quarantine"))
+    why = facts.get("fault") or (summary(quarantine) if quarantine else None) or \
+        f"health failed: {facts.get('health_reason') or 'no reason given'}"
     return why if not cause else cause if why in cause else f"{why} ({cause})"
 
 

@@ -28,7 +28,7 @@ TICKET_KINDS = ("interactive", "batch")
 TOKEN_KINDS = ("person", "agent")
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 RUN_ARMS = ("A", "B", "run")
-FAULT_KINDS = ("step-failed", "switched-off", "unverified-on")
+FAULT_KINDS = ("step-failed", "health-permanent", "marked-faulty", "switched-off", "unverified-on")
 FIDELITIES = ("hardware", "simulated", "virtual", "emulated")
 PURPOSES = ("lease", "step", "settle", "recovery")
 NEEDS = ("real-hw", "any")
@@ -505,7 +505,9 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     # device faulty (its fault's words were read for it), what the device is (a tag was read),
     # and an operation its exporter's restart or stop cut short (its message was read)
     [
-        f"ALTER TABLE devices ADD COLUMN fault_kind TEXT {_one_of('fault_kind', FAULT_KINDS)}",
+        # (the kinds of then: migration 22 took the others)
+        f"ALTER TABLE devices ADD COLUMN fault_kind TEXT "
+        f"{_one_of('fault_kind', ('step-failed', 'switched-off', 'unverified-on'))}",
         "UPDATE devices SET fault_kind = 'switched-off' WHERE substr(fault, 1, 12) = 'switched off'",
         "UPDATE devices SET fault_kind = 'unverified-on' WHERE substr(fault, 1, 23) = 'switched on, unverified'",
         "UPDATE devices SET fault_kind = 'step-failed' WHERE fault IS NOT NULL AND fault_kind IS NULL",
@@ -530,5 +532,16 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         f"ALTER TABLE tickets ADD COLUMN needs TEXT {_one_of('needs', NEEDS)}",
         f"ALTER TABLE tickets ADD COLUMN fallback TEXT {_one_of('fallback', NEEDS)}",
         "ALTER TABLE tickets ADD COLUMN fallback_at DOUBLE PRECISION",
+    ],
+    # 22: health that heals (docs/architecture.md, "Health that heals"): a device's quarantine as
+    # its exporter reports it (JSON; NULL: none), and the kinds of fault a permanent health
+    # failure and an admin leave. A column's CHECK changes only with the column on SQLite: the
+    # column is made anew, filled, and takes the old one's name (both databases alike)
+    [
+        "ALTER TABLE devices ADD COLUMN quarantine TEXT",
+        f"ALTER TABLE devices ADD COLUMN fault_kind_new TEXT {_one_of('fault_kind_new', FAULT_KINDS)}",
+        "UPDATE devices SET fault_kind_new = fault_kind",
+        "ALTER TABLE devices DROP COLUMN fault_kind",
+        "ALTER TABLE devices RENAME COLUMN fault_kind_new TO fault_kind",
     ],
 ]

@@ -44,6 +44,7 @@ DeviceRow = TypedDict("DeviceRow", {
     "facts": dict[str, str],       # what plugins add to its fingerprint (DeviceReport.facts)
     "auto_recovery": str | None,   # the automatic power cycle of its current failure (its op id), once each
     "auto_recovered_at": float | None,  # when the last automatic power cycle was asked for
+    "quarantine": str | None,      # its quarantine as its exporter reports it (protocol.Quarantine's JSON), or None
 })
 
 

@@ -278,6 +278,10 @@ class AdminDevice(Strict):
     device: str = Field(min_length=1, max_length=64, description="the device's name")
 
 
+class MarkFaultyIn(AdminDevice):
+    reason: str = Field(min_length=1, max_length=300, description="why, for the people who read its page")
+
+
 class AdminPowerIn(PowerSwitch, AdminDevice):
     pass
 

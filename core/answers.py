@@ -65,6 +65,8 @@ DeviceAnswer = TypedDict("DeviceAnswer", {
     "steps": list[str],            # what runs on it between two leases, in order
     "step": RunningStep | None,    # the one running now, while it is reclaimed
     "fault": str | None,           # why a step between leases failed, or who switched it off: faulty once unleased
+    "fault_kind": str | None,      # what left that fault (a FaultKind: step-failed, health-permanent ...)
+    "quarantine": dict[str, Any] | None,  # its quarantine as its exporter reports it (protocol.Quarantine)
     "switched_off": str | None,    # that fault, when it is a person's power off (its holder may still hold it)
     "fidelity": Fidelity,          # what it is: a board, a simulation, a virtual machine or an emulator
     "reason": str,                 # why it is in its state, in words ("" when idle, or in use and on)

@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     FAULTY = "faulty"
     FLASH_RUNNING = "flash_running"
     FORBIDDEN = "forbidden"
+    HAS_FAULT = "has_fault"
     HTTP_ERROR = "http_error"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     IMAGE_EXISTS = "image_exists"

@@ -115,7 +115,9 @@ class AutoRecover(StrEnum):
 class FaultKind(StrEnum):
     """What left a device faulty (docs/architecture.md, "Lifecycle"): the coordinator decides
     by this, never by the fault's words, which are for people."""
-    STEP_FAILED = "step-failed"      # a step between leases failed: an admin or its health recovering clears it
+    STEP_FAILED = "step-failed"      # a step between leases failed: an admin clears it (never its health recovering)
+    HEALTH_PERMANENT = "health-permanent"  # its health failed for good (HealthKind.PERMANENT): an admin clears it
+    MARKED_FAULTY = "marked-faulty"  # an admin marked it faulty by hand: an admin clears it
     SWITCHED_OFF = "switched-off"    # a person's power off (or an off that failed part-way): a verified on clears it
     UNVERIFIED_ON = "unverified-on"  # an on nothing showed: a verified on, or an admin who saw it run, clears it
 

@@ -123,7 +123,7 @@ async def test_a_step_s_fault_outlives_an_off_and_on_and_a_cycle_that_failed_par
 
 async def test_the_rules_read_a_fault_s_kind_never_its_words(tmp_path):
     """(docs/architecture.md, "Lifecycle"): a step's failure whose words begin like a power off's
-    is a step's fault (an admin clears it, health recovering clears it); a power off's fault in
+    is a step's fault (an admin clears it); a power off's fault in
     other words still holds the board off."""
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api = client()

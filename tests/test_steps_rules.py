@@ -113,7 +113,9 @@ async def test_a_failing_step_leaves_the_device_faulty_until_an_admin_clears_it(
         assert again.status_code == 409
 
 
-async def test_health_recovering_clears_a_step_fault(tmp_path):
+async def test_health_recovering_clears_no_step_fault(tmp_path):
+    """(docs/architecture.md, "Health that heals"): a fault a step set stays when the device's
+    health fails and recovers; an admin clears it."""
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api = client("alice")
         exporter = FakeExporter(api, "host-a")
@@ -127,7 +129,10 @@ async def test_health_recovering_clears_a_step_fault(tmp_path):
         assert (await api.get("/devices/d0")).json()["state"] == "faulty"
         await exporter.beat([report])
         shown = (await api.get("/devices/d0")).json()
-        assert (shown["state"], shown["fault"]) == ("idle", None)
+        assert (shown["state"], shown["fault"], shown["fault_kind"]) == ("faulty", "step 1/1 reboot failed: no prompt "
+                                                                                   "within 5m", "step-failed")
+        cleared = (await api.post("/admin/devices/d0/clear-fault")).json()
+        assert (cleared["state"], cleared["fault"]) == ("idle", None)
 
 
 async def test_an_interrupted_step_makes_the_steps_run_again_from_the_first(tmp_path):

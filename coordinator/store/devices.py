@@ -20,7 +20,7 @@ LENT_TO = ("devices.py", "leases.py", "images.py", "operations.py", "scheduler.p
 
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
-                  "log_seq", "state_since", "steps", "facts", "fidelity")
+                  "log_seq", "state_since", "steps", "facts", "fidelity", "quarantine")
 
 
 class DeviceQueries:

@@ -4,7 +4,7 @@ fail and recover through its health file (plugins/sim)."""
 import pytest
 
 from conftest import Coordinator, Exporter, sim_devices, wait_for
-from helpers import device, wait_state
+from helpers import device, run_cli, wait_state
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
@@ -46,3 +46,64 @@ def test_a_failure_is_reported_between_heartbeats(lab):
     assert row["health"] == "failed" and "link down" in row["health_reason"], row
     set_health(exporter, "ok")
     wait_state(coordinator, BOARD, "idle", timeout=10)
+
+
+def log_causes(coordinator) -> list[str]:
+    return [e["cause"] for e in coordinator.api(f"/devices/{BOARD}/log").json()]
+
+
+def wait_line(coordinator, line: str, timeout: float = 15) -> None:
+    wait_for(lambda: line in log_causes(coordinator), timeout, what=f"ring log line {line!r}")
+
+
+def test_a_board_that_keeps_failing_is_quarantined_probed_later_and_later_and_re_admitted(lab):
+    coordinator, exporter = lab
+    for _ in range(2):
+        set_health(exporter, "failed transient link down")
+        wait_state(coordinator, BOARD, "faulty", timeout=10)
+        set_health(exporter, "ok")
+        wait_state(coordinator, BOARD, "idle", timeout=10)
+    assert device(coordinator, BOARD)["quarantine"] is None
+    set_health(exporter, "failed transient link down")
+    wait_line(coordinator, "quarantine: failed 3 times in 10 min; next probe in 0.4 s")
+    shown = device(coordinator, BOARD)
+    assert shown["state"] == "faulty" and shown["quarantine"]["needed"] == 3, shown
+    assert shown["reason"].startswith("quarantined: "), shown
+    for interval in ("0.8 s", "1.6 s"):  # doubled after each failed probe, up to the ceiling
+        wait_line(coordinator, f"quarantine: probe failed (link down); next probe in {interval}")
+    set_health(exporter, "ok")
+    for good in (1, 2):
+        wait_line(coordinator, f"quarantine: probe {good} of 3 good")
+        assert device(coordinator, BOARD)["state"] == "faulty", "faulty until re-admitted"
+    wait_line(coordinator, "re-admitted after 3 good probes")
+    shown = device(coordinator, BOARD)
+    assert (shown["state"], shown["quarantine"], shown["fault"]) == ("idle", None, None), "no admin needed"
+    ls = run_cli(exporter.env, coordinator.url, "ls").stdout
+    assert BOARD in ls and "quarantined" not in ls
+
+
+def test_a_permanent_failure_and_a_person_s_fault_stay_until_an_admin_clears_them(lab):
+    coordinator, exporter = lab
+    set_health(exporter, "failed permanent AER fatal errors: 3")
+    wait_state(coordinator, BOARD, "faulty", timeout=10)
+    shown = device(coordinator, BOARD)
+    assert (shown["fault_kind"], shown["fault"]) == ("health-permanent",
+                                                     "health failed for good: uart: AER fatal errors: 3"), shown
+    set_health(exporter, "ok")
+    wait_for(lambda: device(coordinator, BOARD)["health"] == "ok", 10, what="health ok again")
+    assert device(coordinator, BOARD)["state"] == "faulty", "a permanent fault waits for a person"
+    run_cli(exporter.env, coordinator.url, "admin", "clear-fault", BOARD)
+    wait_state(coordinator, BOARD, "idle")
+
+    marked = run_cli(exporter.env, coordinator.url, "admin", "fault", BOARD, "--reason", "fan rattles")
+    assert f"{BOARD} is faulty" in marked.stdout
+    set_health(exporter, "failed transient link down")
+    wait_for(lambda: device(coordinator, BOARD)["health"] == "failed", 10, what="health failed")
+    set_health(exporter, "ok")
+    wait_for(lambda: device(coordinator, BOARD)["health"] == "ok", 10, what="health ok again")
+    shown = device(coordinator, BOARD)
+    assert (shown["state"], shown["fault_kind"]) == ("faulty", "marked-faulty"), "a person's fault stays"
+    ls = run_cli(exporter.env, coordinator.url, "ls").stdout
+    assert "marked faulty by admin" in ls, ls
+    run_cli(exporter.env, coordinator.url, "admin", "clear-fault", BOARD)
+    wait_state(coordinator, BOARD, "idle")

@@ -313,7 +313,7 @@ class Hosts:
         await self._record_claims(host_name, claimed, set(claimed_before))
 
     @staticmethod
-    def _health_faults(device: DeviceReport, row: dict, fields: dict, changes: _Changes) -> None:
+    def _health_faults(device: DeviceReport, row: Mapping[str, Any], fields: dict, changes: _Changes) -> None:
         """What a device's reported health leaves (docs/architecture.md, "Health that heals"):
         a health that turned failed for good is a fault of its own, which only an admin clears
         (no fault is ever cleared here: a step's or a person's stays when health recovers);

@@ -4,11 +4,13 @@ fail and recover through its health file (plugins/sim)."""
 import pytest
 
 from conftest import Coordinator, Exporter, sim_devices, wait_for
-from helpers import device, run_cli, wait_state
+from helpers import device, reserve, run_cli, wait_active, wait_state
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 BOARD = "sim-board-0"
+STEPPED = {"name": "stepped", "plugin": "sim", "class": "sim-board",  # a board whose step between leases fails
+           "steps": [{"step": "command", "command": ["sh", "-c", "echo no luck >&2; exit 3"], "timeout": "10s"}]}
 # short periods, and a heartbeat far longer: a change is seen by the health schedule's own wake-ups
 SCHEDULE = {"health_period": 0.4, "health_recheck": 0.2, "quarantine_window": "10m", "quarantine_ceiling": 1.6}
 
@@ -20,18 +22,20 @@ def lab(request, tmp_path, env):
     if request.param == "postgresql":
         extra += ("--database-url", request.getfixturevalue("postgres_database"))
     coordinator = Coordinator(tmp_path, env, extra=extra)
-    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices(BOARD), heartbeat_s=30, **SCHEDULE)
+    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices(BOARD) + [STEPPED], heartbeat_s=30,
+                        **SCHEDULE)
     try:
         wait_state(coordinator, BOARD, "idle", timeout=30)
+        wait_state(coordinator, "stepped", "idle", timeout=30)
         yield coordinator, exporter
     finally:
         exporter.stop()
         coordinator.stop()
 
 
-def set_health(exporter: Exporter, words: str) -> None:
+def set_health(exporter: Exporter, words: str, board: str = BOARD) -> None:
     """What the board's health file says (``ok`` is its own health)."""
-    path = exporter.state_dir / "sim" / f"{BOARD}.health"
+    path = exporter.state_dir / "sim" / f"{board}.health"
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
     partial.write_text(words)
@@ -107,3 +111,18 @@ def test_a_permanent_failure_and_a_person_s_fault_stay_until_an_admin_clears_the
     assert "marked faulty by admin" in ls, ls
     run_cli(exporter.env, coordinator.url, "admin", "clear-fault", BOARD)
     wait_state(coordinator, BOARD, "idle")
+
+
+def test_a_failed_step_s_fault_stays_when_health_fails_and_recovers(lab):
+    coordinator, exporter = lab
+    lease = wait_active(coordinator, reserve(coordinator, "stepped")["id"])
+    assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
+    wait_state(coordinator, "stepped", "faulty", timeout=30)
+    assert device(coordinator, "stepped")["fault_kind"] == "step-failed"
+    set_health(exporter, "failed transient link down", board="stepped")
+    wait_for(lambda: device(coordinator, "stepped")["health"] == "failed", 10, what="health failed")
+    set_health(exporter, "ok", board="stepped")
+    wait_for(lambda: device(coordinator, "stepped")["health"] == "ok", 10, what="health ok again")
+    shown = device(coordinator, "stepped")
+    assert (shown["state"], shown["fault_kind"]) == ("faulty", "step-failed"), "a step's fault stays"
+    assert coordinator.api("/admin/devices/stepped/clear-fault", "POST").json()["state"] == "idle"

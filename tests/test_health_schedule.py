@@ -228,3 +228,52 @@ def test_the_keys_make_the_rules(tmp_path):
 def test_hostile_values_are_refused_at_load(tmp_path, section, key):
     with pytest.raises(ConfigError, match=key):
         load(tmp_path, section)
+
+
+# ---- the reporter checks only what is due -----------------------------------------------------
+
+class Plugins:
+    """A plugin set whose one plugin answers each resource's health from ``answers``, and
+    records which resources it was asked about."""
+
+    def __init__(self, answers: dict):
+        self.answers, self.asked = answers, []
+
+    def call(self, plugin, hook, host, resource):
+        assert hook == "devloop_health"
+        self.asked.append(resource.identifier)
+        return self.answers[resource.identifier]
+
+
+def test_the_reporter_checks_only_the_resources_due_and_says_when_a_report_changed(clock):
+    from device_loop.core.model import Resource
+    from device_loop.exporter.report import Reporter
+
+    plugins = Plugins({"a": OK, "b": OK})
+    reporter = Reporter(host=None, plugins=plugins, orphans=None, heartbeat_s=30, boot_id="boot")
+    reporter.schedule = HealthSchedule(RULES, clock)
+    reporter.resources = [Resource("d-a", "uart", "a", plugin="p"), Resource("d-b", "uart", "b", plugin="p")]
+    assert reporter.check_health() is False and sorted(plugins.asked) == ["a", "b"]
+    plugins.asked.clear()
+    clock.now += 5
+    assert reporter.check_health() is False and plugins.asked == [], "nothing due: no plugin asked"
+    plugins.answers["a"] = FAILED
+    clock.now += 5
+    assert reporter.check_health() is False and sorted(plugins.asked) == ["a", "b"], "a's first failure: no report"
+    plugins.asked.clear()
+    clock.now += 1.5
+    assert reporter.check_health() is True and plugins.asked == ["a"], "only the re-check is due"
+    assert reporter.schedule.reported("a") == FAILED and reporter.schedule.reported("b") == OK
+
+
+def test_a_health_answer_that_is_no_health_is_a_failure(clock):
+    from device_loop.core.model import Resource
+    from device_loop.exporter.report import Reporter
+
+    reporter = Reporter(host=None, plugins=Plugins({"a": {"status": "ok"}}), orphans=None, heartbeat_s=30,
+                        boot_id="boot")
+    reporter.schedule = HealthSchedule(RULES, clock)
+    reporter.resources = [Resource("d-a", "uart", "a", plugin="p")]
+    reporter.check_health()
+    reported = reporter.schedule.reported("a")
+    assert reported.status == "failed" and "not a Health" in reported.reason

@@ -1,18 +1,20 @@
 """A PCI card leased through real coordinator and exporter processes (docs/architecture.md,
-"Containers and CDI"): the lease's CDI spec carries the card's render node, read from the
-node itself, and its address; a card gone from the bus is reported faulty with the reason,
-and the same device again once it is back."""
+"Containers and CDI", "Health that heals"): the lease's CDI spec carries the card's render
+node, read from the node itself, and its address; a card gone from the bus is reported faulty
+with the reason, and the same device again once it is back; AER fatal errors are a fault
+that waits for a person."""
 import json
 
 import pytest
 
 from conftest import wait_for
-from fake_pci import DRM_MAJOR, dev_node, pci_card, put_back, remove_card
-from helpers import device, reserve, wait_active, wait_state
+from fake_pci import DRM_MAJOR, aer_text, dev_node, pci_card, put_back, remove_card, set_attr
+from helpers import device, reserve, run_cli, wait_active, wait_state
 from test_cdi_spec import validate
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 GPU = "0000:01:00.0"
+SCHEDULE = {"health_period": 0.5, "health_recheck": 0.25}  # (a change is seen in a second, not ten)
 
 
 def test_a_leased_gpu_s_spec_has_its_nodes_and_address(tmp_path, coordinator, exporter_factory):
@@ -43,7 +45,8 @@ def test_a_leased_gpu_s_spec_has_its_nodes_and_address(tmp_path, coordinator, ex
 def test_a_card_pulled_out_is_faulty_with_the_reason_and_back_when_it_is(tmp_path, coordinator, exporter_factory):
     sysfs = tmp_path / "sys"
     real = pci_card(sysfs, GPU, driver="amdgpu", drm=("renderD128",))
-    exporter_factory(devices=[{"name": "gpu-a", "plugin": "pci", "address": GPU}], sysfs_root=str(sysfs))
+    exporter_factory(devices=[{"name": "gpu-a", "plugin": "pci", "address": GPU}], sysfs_root=str(sysfs),
+                     **SCHEDULE)
     wait_state(coordinator, "gpu-a", "idle")
     kept = remove_card(sysfs, GPU)
     wait_for(lambda: device(coordinator, "gpu-a").get("health") == "failed", 30, what="gpu-a failed")
@@ -51,3 +54,21 @@ def test_a_card_pulled_out_is_faulty_with_the_reason_and_back_when_it_is(tmp_pat
     assert said["state"] == "faulty" and f"{GPU} is gone from the PCI bus" in json.dumps(said)
     put_back(sysfs, GPU, kept, real)
     wait_state(coordinator, "gpu-a", "idle", timeout=30)
+
+
+def test_aer_fatal_errors_are_a_fault_that_waits_for_a_person(tmp_path, coordinator, exporter_factory):
+    sysfs = tmp_path / "sys"
+    pci_card(sysfs, GPU, driver="amdgpu")
+    exporter = exporter_factory(devices=[{"name": "gpu-b", "plugin": "pci", "address": GPU}], sysfs_root=str(sysfs),
+                                **SCHEDULE)
+    wait_state(coordinator, "gpu-b", "idle")
+    set_attr(sysfs, GPU, aer_dev_fatal=aer_text("TOTAL_ERR_FATAL", 3).strip())
+    wait_state(coordinator, "gpu-b", "faulty", timeout=15)
+    shown = device(coordinator, "gpu-b")
+    assert (shown["fault_kind"], shown["fault"]) == ("health-permanent",
+                                                     "health failed for good: pci: AER fatal errors: 3"), shown
+    set_attr(sysfs, GPU, aer_dev_fatal=aer_text("TOTAL_ERR_FATAL", 0).strip())  # (a reset card: counters at 0)
+    wait_for(lambda: device(coordinator, "gpu-b")["health"] == "ok", 15, what="health ok again")
+    assert device(coordinator, "gpu-b")["state"] == "faulty", "a permanent fault waits for a person"
+    run_cli(exporter.env, coordinator.url, "admin", "clear-fault", "gpu-b")
+    wait_state(coordinator, "gpu-b", "idle")

@@ -50,6 +50,7 @@ EXPECTED = {
     ("POST", "/api/v1/leases/{lease_id}/power"): "user", ("POST", "/api/v1/admin/devices/{device}/power"): "admin",
     ("POST", "/api/v1/admin/devices/{device}/clear-fault"): "admin",
     ("POST", "/api/v1/admin/devices/{device}/fault"): "admin",
+    ("POST", "/api/v1/admin/devices/{device}/orphans/kill"): "admin",
     ("POST", "/api/v1/jobs"): "user", ("GET", "/api/v1/jobs"): "user", ("POST", "/api/v1/jobs/claim"): "user",
     ("GET", "/api/v1/jobs/{job_id}"): "user", ("POST", "/api/v1/jobs/{job_id}/beat"): "user",
     ("POST", "/api/v1/jobs/{job_id}/reserve"): "user", ("POST", "/api/v1/jobs/{job_id}/cells"): "user",

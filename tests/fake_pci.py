@@ -87,6 +87,8 @@ def remove_card(root: Path, address: str) -> Path:
     link = root / "bus" / "pci" / "devices" / address
     real = link.resolve()
     keep = root.parent / "unplugged" / address
+    if keep.exists():  # (a card pulled out before: this one is kept now)
+        shutil.rmtree(keep)
     shutil.copytree(real, keep, symlinks=True)
     shutil.rmtree(real)
     link.unlink()

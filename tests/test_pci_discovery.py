@@ -236,3 +236,14 @@ def test_an_entry_whose_ids_no_card_has(tmp_path, tree):
     plugin, host = PciPlugin(), host_of(tmp_path, tree, [missing])
     assert {r.device for r in plugin.devloop_discover(host=host)} == {"host-a-pci-01-00.0"}
     assert plugin.devloop_check_config(host=host, entry=missing) == "no PCI card has the ids 1e52:b140"
+
+
+def test_two_cards_gone_from_one_slot_leave_one_device(tmp_path, tree):
+    plugin, host = PciPlugin(), host_of(tmp_path, tree)
+    for vendor in ("10de", "1002"):  # one card, then another in its slot, then none
+        pci_card(tree, GPU, vendor=vendor, port_link=None)
+        plugin.devloop_discover(host=host)
+        remove_card(tree, GPU)
+    (gone,) = plugin.devloop_discover(host=host)
+    assert gone.identifier == f"pci:host-a:{GPU}:1002:2330:10de:16c1"  # the one seen last
+    assert plugin.devloop_health(host=host, resource=gone).reason == f"{GPU} is gone from the PCI bus"

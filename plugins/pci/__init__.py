@@ -103,8 +103,10 @@ class PciPlugin:
             resources = [resource for resource, _ in found]
             present = {r.identifier for r in resources}
             names = {r.device for r in resources}
-            resources += [r for identifier, r in self.remembered.items()
-                          if identifier not in present and r.device not in names]
+            for identifier, r in reversed(self.remembered.items()):  # (the latest seen first: its name stands)
+                if identifier not in present and r.device not in names:
+                    resources.append(r)
+                    names.add(r.device)
             for resource, card in found:
                 self.cards[resource.identifier] = card
                 self.remembered.pop(resource.identifier, None)

@@ -242,9 +242,10 @@ def devloop_environment(host: HostContext, resource: Resource, service: Service 
     what the plugin discovered and started, never from anything a request carries: a
     device node's type, major and minor are read from the node itself (``device_node``),
     its mode is never world-writable, and paths are the resource's own. An answer that
-    breaks the bounds of ``ContainerEnvironment`` (32 nodes, 32 mounts, 64 variables) is
-    refused whole and logged. The exporter writes it as the lease's CDI spec
-    (docs/architecture.md, "Containers and CDI"). Asked when the lease's services start;
+    breaks the bounds of ``ContainerEnvironment`` (32 nodes, 32 mounts, 64 variables; 16 KiB
+    as JSON) is refused whole and logged, as is one that raises or passes the hook deadline:
+    the lease goes on without it. The exporter writes it as the lease's CDI spec
+    (docs/architecture.md, "Containers and CDI"). Asked once the lease's service runs;
     opens no device node, spawns nothing.
     """
 

@@ -10,7 +10,9 @@ Config (``[[devices]]`` with ``plugin = "adb"``, or a ``[[devices.resources]]`` 
 ``serial``, the phone's USB serial number.
 
 A container reaches the phone through the lease's server (``devloop_environment``):
-``ADB_SERVER_SOCKET=tcp:HOST:PORT`` and ``ANDROID_SERIAL``, which adb reads.
+``ADB_SERVER_SOCKET=tcp:HOST:PORT`` (the lease's endpoint) and ``ANDROID_SERIAL``, which adb
+reads. In a lab with tokens that endpoint is the lease's gate, which a plain adb client does
+not pass: there the container needs the gate opened for it (``device-loop forward``).
 
 An adb that knows ``--one-device`` (platform-tools 35+) serves exactly one phone per
 server. Debian's adb 29 does not: its private server would claim every phone on the

@@ -106,6 +106,21 @@ def wait_prompt(process: subprocess.Popen, port: int, timeout: float = BOOT_WAIT
                 sock.sendall(b"\r")
 
 
+def ssh_guest(tmp_path_factory, arch: str, identity: Path) -> Guest:
+    """``arch``'s guest whose dropbear lets the key ``identity`` (its ``.pub`` beside it) in."""
+    need_qemu(arch)
+    return build_guest(arch, guest_cache(tmp_path_factory),
+                       authorized_key=identity.with_name(identity.name + ".pub").read_text())
+
+
+@pytest.fixture(scope="session")
+def guest_identity(tmp_path_factory) -> Path:
+    """An ssh key pair made once for the session's ssh guests: the private key's path."""
+    keys = tmp_path_factory.mktemp("guest-key")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id")], check=True, timeout=30)
+    return keys / "id"
+
+
 @pytest.fixture(scope="session")
 def x86_64_guest(tmp_path_factory) -> Guest:
     return session_guest(tmp_path_factory, "x86_64")

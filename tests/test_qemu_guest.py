@@ -10,17 +10,19 @@ import socket
 import stat
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from device_loop.core.device_exec import ExecError, exec_on_lease
 from device_loop.core.errors import ErrorCode
 from device_loop.plugins.qemu import guest
-from device_loop.plugins.qemu.guest import (ARCHES, PROMPT, PROMPT_PATTERN, Entry, GuestError, build_disk, build_guest,
-                                            cpio_newc, gzip_cpio, init_script, is_static, load_order, modinfo)
+from device_loop.plugins.qemu.guest import (ARCHES, PROMPT, PROMPT_PATTERN, Entry, Guest, GuestError, build_disk,
+                                            build_guest, cpio_newc, gzip_cpio, init_script, is_static, load_order,
+                                            modinfo)
 from conftest import wait_for
 from device_loop.core.ports import free_port
-from qemu_guests import aarch64_guest, booted, guest_cache, need_qemu, x86_64_guest  # noqa: F401 (fixtures)
+from qemu_guests import booted, guest_identity, ssh_guest  # noqa: F401 (fixtures)
 
 
 # ---- bytes ---------------------------------------------------------------------------------
@@ -162,38 +164,55 @@ def data_disk(tmp_path_factory) -> Path:
     return build_disk(folder, tmp_path_factory.mktemp("data-disk") / "data.qcow2", 16)
 
 
+class HandBooted(NamedTuple):
+    arch: str
+    guest: Guest
+    lease: dict  # lease-like: its console endpoint, as exec_on_lease takes it
+    ssh_port: int
+    identity: Path  # the private key the guest's dropbear lets in
+
+
+@pytest.fixture(scope="module", params=list(ARCHES))
+def hand_booted(request, tmp_path_factory, data_disk, guest_identity):  # noqa: F811 (the fixture)
+    """Each architecture's guest with sshd, booted by hand once for the tests of this module
+    (a TCG boot is CPU-bound: the console's tests and the ssh login share it, each on a
+    shell of its own)."""
+    vm = ssh_guest(tmp_path_factory, request.param, guest_identity)
+    port = free_port()
+    with booted(vm, disk=data_disk, ssh_port=port) as lease:
+        yield HandBooted(request.param, vm, lease, port, guest_identity)
+
+
 @pytest.mark.service
 @pytest.mark.timeout(900)  # the first build fetches some 90 MB of Debian packages
-@pytest.mark.parametrize("arch", list(ARCHES))
-def test_each_guest_boots_to_its_prompt_and_exec_runs_over_its_console(arch, request, data_disk):
-    vm = request.getfixturevalue(f"{arch}_guest")
-    with booted(vm, disk=data_disk) as lease:
-        assert exec_on_lease(lease, "uname -m", 120).stdout.strip() == arch
-        said = exec_on_lease(lease, "cat /data/hello.txt; mount | grep ' /data '", 120)
-        assert said.status == 0 and "hello from the base disk" in said.stdout and "ext4" in said.stdout
-        assert exec_on_lease(lease, "false", 60).status == 1
-        # the console's shell outlives an `exit` (a new one takes its place) and a command cut by its deadline
-        with socket.create_connection((lease["endpoints"][0]["host"], lease["endpoints"][0]["port"])) as console:
-            console.sendall(b"exit\r")
-        assert exec_on_lease(lease, "echo again", 60).stdout.strip() == "again"
-        with pytest.raises(ExecError) as cut:
-            exec_on_lease(lease, "sleep 600", 2)
-        assert cut.value.code == ErrorCode.TIMEOUT
-        assert exec_on_lease(lease, "tty", 60).stdout.strip() == f"/dev/{ARCHES[arch].console}"
-        # a console line as long as exec sends (busybox's line editor would cut it at 1024 bytes)
-        long = exec_on_lease(lease, f"echo {'x' * 3800} | wc -c", 60)
-        assert long.status == 0 and long.stdout.strip() == "3801"
-        exec_on_lease(lease, "cd /data", 60)  # (a command's own shell: the console's stays where it was)
-        with socket.create_connection((lease["endpoints"][0]["host"], lease["endpoints"][0]["port"])) as console:
-            console.settimeout(60)  # a person's loop over two lines: the second is asked for, then it runs
-            console.sendall(b"for n in 1 2; do\r")
-            console.sendall(b"echo n=$n; done; cd /proc; pwd\r")
-            seen = b""
-            while b"/proc\r\n" not in seen:
-                seen += console.recv(4096)
-            assert b"n=1\r\nn=2\r\n" in seen
-        if arch == "aarch64":
-            assert "sve2" in exec_on_lease(lease, "cat /proc/cpuinfo", 60).stdout.split()
+def test_each_guest_boots_to_its_prompt_and_exec_runs_over_its_console(hand_booted):
+    arch, lease = hand_booted.arch, hand_booted.lease
+    assert exec_on_lease(lease, "uname -m", 120).stdout.strip() == arch
+    said = exec_on_lease(lease, "cat /data/hello.txt; mount | grep ' /data '", 120)
+    assert said.status == 0 and "hello from the base disk" in said.stdout and "ext4" in said.stdout
+    assert exec_on_lease(lease, "false", 60).status == 1
+    # the console's shell outlives an `exit` (a new one takes its place) and a command cut by its deadline
+    with socket.create_connection((lease["endpoints"][0]["host"], lease["endpoints"][0]["port"])) as console:
+        console.sendall(b"exit\r")
+    assert exec_on_lease(lease, "echo again", 60).stdout.strip() == "again"
+    with pytest.raises(ExecError) as cut:
+        exec_on_lease(lease, "sleep 600", 2)
+    assert cut.value.code == ErrorCode.TIMEOUT
+    assert exec_on_lease(lease, "tty", 60).stdout.strip() == f"/dev/{ARCHES[arch].console}"
+    # a console line as long as exec sends (busybox's line editor would cut it at 1024 bytes)
+    long = exec_on_lease(lease, f"echo {'x' * 3800} | wc -c", 60)
+    assert long.status == 0 and long.stdout.strip() == "3801"
+    exec_on_lease(lease, "cd /data", 60)  # (a command's own shell: the console's stays where it was)
+    with socket.create_connection((lease["endpoints"][0]["host"], lease["endpoints"][0]["port"])) as console:
+        console.settimeout(60)  # a person's loop over two lines: the second is asked for, then it runs
+        console.sendall(b"for n in 1 2; do\r")
+        console.sendall(b"echo n=$n; done; cd /proc; pwd\r")
+        seen = b""
+        while b"/proc\r\n" not in seen:
+            seen += console.recv(4096)
+        assert b"n=1\r\nn=2\r\n" in seen
+    if arch == "aarch64":
+        assert "sve2" in exec_on_lease(lease, "cat /proc/cpuinfo", 60).stdout.split()
 
 
 def test_the_cli_prints_the_guests_paths_or_why_it_could_not_build(tmp_path, monkeypatch):
@@ -225,22 +244,16 @@ def test_the_lab_scripts_foreign_architecture_step_is_quiet_once_done():
 
 @pytest.mark.service
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("arch", list(ARCHES))
-def test_an_ssh_guest_lets_the_authorized_key_in_with_the_host_key_it_was_built_with(arch, tmp_path_factory):
-    need_qemu(arch)
-    keys = tmp_path_factory.mktemp("guest-key")
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id")], check=True, timeout=30)
-    vm = build_guest(arch, guest_cache(tmp_path_factory), authorized_key=(keys / "id.pub").read_text())
+def test_an_ssh_guest_lets_the_authorized_key_in_with_the_host_key_it_was_built_with(hand_booted):
+    arch, vm, port = hand_booted.arch, hand_booted.guest, hand_booted.ssh_port
     assert vm.host_key and vm.host_key.startswith("ssh-ed25519 ")
-    port = free_port()
-    with booted(vm, ssh_port=port):
-        # QEMU accepts the connection before the guest listens: wait for dropbear's banner
-        wait_for(lambda: ssh_banner(port).startswith(b"SSH-"), 120, what="dropbear's banner")
-        lease = {"device": "hand-ssh", "ready": True, "endpoints": [
-            {"kind": "ssh", "role": "ssh", "protocol": "raw", "host": "127.0.0.1", "port": port,
-             "params": {"user": "root", "host_key": vm.host_key}}]}
-        said = exec_on_lease(lease, "uname -m; id -u", 60, identity_file=str(keys / "id"))
-        assert (said.channel, said.stdout.split()) == ("ssh", [arch, "0"])
+    # QEMU accepts the connection before the guest listens: wait for dropbear's banner
+    wait_for(lambda: ssh_banner(port).startswith(b"SSH-"), 120, what="dropbear's banner")
+    lease = {"device": "hand-ssh", "ready": True, "endpoints": [
+        {"kind": "ssh", "role": "ssh", "protocol": "raw", "host": "127.0.0.1", "port": port,
+         "params": {"user": "root", "host_key": vm.host_key}}]}
+    said = exec_on_lease(lease, "uname -m; id -u", 60, identity_file=str(hand_booted.identity))
+    assert (said.channel, said.stdout.split()) == ("ssh", [arch, "0"])
 
 
 def ssh_banner(port: int) -> bytes:

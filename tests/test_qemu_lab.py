@@ -1,13 +1,17 @@
 """VM slots through a real coordinator and exporter (docs/architecture.md, "Virtual devices"):
 a lease gets a fresh VM (warm from the pool), exec runs on its console, nothing survives into
-the next lease, power cycles it through QMP, and a killed exporter leaves no QEMU behind."""
+the next lease, power cycles it through QMP, and a killed exporter leaves no QEMU behind.
+
+A VM boots under TCG here (no KVM: CPU-bound, seconds each), so the module's tests that only
+read from a leased VM, or power-cycle it, share one lease per device (``Lab.held``); a test
+about a lease's own start or end (the warm hand-out, a VM that dies, a holder's power-off, a
+killed exporter) makes and ends its own."""
 from __future__ import annotations
 
 import json
 import os
 import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,12 +20,12 @@ import pytest
 
 from conftest import Coordinator, Exporter, wait_for
 from helpers import reserve, run_cli, wait_state
-from qemu_guests import aarch64_guest, guest_cache, x86_64_guest  # noqa: F401 (fixtures)
+from qemu_guests import aarch64_guest, guest_identity, ssh_guest, x86_64_guest  # noqa: F401 (fixtures)
 from qemu_lab import slot_files, with_qemu
 from device_loop.core.process import start_ticks
 from device_loop.exporter.config import load_config, parse_entries
 from device_loop.plugins.qemu.config import QemuConfig
-from device_loop.plugins.qemu.guest import build_disk, build_guest
+from device_loop.plugins.qemu.guest import build_disk
 from device_loop.plugins.qemu.isa import isa_tags
 from device_loop.plugins.qemu.vm import Launch, argv
 
@@ -53,6 +57,7 @@ def vm_folders(state_dir: Path) -> set[str]:
 class Lab:
     def __init__(self, folder: Path, env: dict, guest, arm_guest, ssh_guest):
         self.folder, self.env = folder, with_qemu(env, folder / "entry-point")
+        self.leases: dict[str, dict] = {}  # device -> the lease the tests share (held)
         self.coordinator = Coordinator(folder, self.env)
         self.state_dir = folder / "state-host-a"
         self.slots = [{"name": "vm", "plugin": "qemu", "instances": 2, "warm": 1, **slot_files(self.state_dir, guest)},
@@ -80,13 +85,34 @@ class Lab:
             return lease if lease["ready"] else None
         return wait_for(ready, timeout, what=f"{lease_id} ready")
 
+    def held(self, device: str) -> dict:
+        """The active lease on ``device`` that the tests share, reserved (its VM booted, or
+        taken warm) only when none is held or the one held has ended."""
+        lease = self.leases.get(device)
+        if lease is not None:
+            now = self.coordinator.api(f"/leases/{lease['id']}").json()
+            if now.get("state") == "active" and now.get("ready"):
+                return now
+            self.leases.pop(device)
+        wait_state(self.coordinator, device, "idle", timeout=60)
+        self.leases[device] = self.active(reserve(self.coordinator, device)["id"])
+        return self.leases[device]
+
+    def give_back(self, device: str, then: str = "idle") -> None:
+        """Release the lease held on ``device``; wait for the device's state ``then``."""
+        lease = self.leases.pop(device)
+        self.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
+        wait_state(self.coordinator, device, then, timeout=30)
+
     def stop(self):
+        for lease in self.leases.values():  # (best effort: the exporter's stop ends their VMs anyway)
+            self.coordinator.api(f"/leases/{lease['id']}/release", "POST")
         self.exporter.stop()
         self.coordinator.stop()
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory, x86_64_guest, aarch64_guest):  # noqa: F811 (the fixtures)
+def lab(tmp_path_factory, x86_64_guest, aarch64_guest, guest_identity):  # noqa: F811 (the fixtures)
     folder = tmp_path_factory.mktemp("qlab", numbered=True)
     home = folder / "home"
     home.mkdir()
@@ -96,12 +122,8 @@ def lab(tmp_path_factory, x86_64_guest, aarch64_guest):  # noqa: F811 (the fixtu
     env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
                DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
                PYTHONUNBUFFERED="1", **{LOAD_ENV: ""})
-    keys = folder / "keys"
-    keys.mkdir()
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "id")], check=True, timeout=30)
-    ssh_guest = build_guest("x86_64", guest_cache(tmp_path_factory), authorized_key=(keys / "id.pub").read_text())
-    lab = Lab(folder, env, x86_64_guest, aarch64_guest, ssh_guest)
-    lab.identity = keys / "id"
+    lab = Lab(folder, env, x86_64_guest, aarch64_guest, ssh_guest(tmp_path_factory, "x86_64", guest_identity))
+    lab.identity = guest_identity
     yield lab
     lab.stop()
     assert qemu_processes(lab.state_dir) == {}, "the exporter's stop ends every VM"
@@ -141,8 +163,7 @@ def test_a_lease_gets_a_warm_vm_and_the_next_lease_sees_nothing_of_it(lab):
 
 def test_the_vm_s_command_line_is_the_slot_s_alone(lab):
     """A lease, and an operation's arguments, never reach QEMU's command line."""
-    wait_state(lab.coordinator, "vm-1", "idle", timeout=60)
-    lease = lab.active(reserve(lab.coordinator, "vm-1")["id"])
+    lease = lab.held("vm-1")
     refused = lab.coordinator.api(f"/leases/{lease['id']}/operations", "POST",
                                   json={"kind": "power", "args": {"action": "cycle", "qemu": "-device foo"}})
     assert refused.status_code == 422, refused.text
@@ -156,13 +177,10 @@ def test_the_vm_s_command_line_is_the_slot_s_alone(lab):
                    if any("/qemu/run/vm-" in word for word in words)]
         return sorted(running) == sorted(expected)
     wait_for(same, timeout=30, what="each QEMU's command line to be its slot's")
-    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
 
 
 def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
-    wait_state(lab.coordinator, "vm-1", "idle", timeout=60)
-    lease = lab.active(reserve(lab.coordinator, "vm-1")["id"])
+    lease = lab.held("vm-1")
     before = set(qemu_processes(lab.state_dir))
     said = lab.cli("power", "cycle", lease["id"], "--json", check=False)
     result = json.loads(said.stdout)
@@ -171,8 +189,6 @@ def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
     assert set(qemu_processes(lab.state_dir)) - before, "a new QEMU runs the device"
     wait_for(lambda: lab.cli("exec", lease["id"], "uname -m", check=False).stdout.strip() == "x86_64",
              timeout=90, interval=1, what="the console after the cycle")
-    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
 
 
 def test_a_slot_whose_guest_runs_sshd_serves_it_and_exec_takes_it(lab):
@@ -198,46 +214,38 @@ def test_a_slot_whose_guest_runs_sshd_serves_it_and_exec_takes_it(lab):
 @pytest.mark.parametrize("device", ["vm-1", "arm"])
 def test_the_isa_tags_are_what_the_guest_s_cpuinfo_says(lab, device):
     """The table of a CPU model's features (isa.py) against the guest's own /proc/cpuinfo."""
-    wait_state(lab.coordinator, device, "idle", timeout=60)
     tags = lab.coordinator.api(f"/devices/{device}").json()["tags"]
     arch = "aarch64" if device == "arm" else "x86_64"
     cpu = "max,pauth-impdef=on" if arch == "aarch64" else "max"
     assert {"virtual", arch, *isa_tags(arch, cpu)} <= set(tags), tags
     assert ("sve2" in tags) == (arch == "aarch64")
-    lease = lab.active(reserve(lab.coordinator, device)["id"])  # a cold boot (no VM kept ahead for arm)
+    lease = lab.held(device)  # (for arm a cold boot: no VM kept ahead)
     said = lab.cli("exec", lease["id"], "grep -m1 -E '^(flags|Features)' /proc/cpuinfo")
     features = set(said.stdout.split(":", 1)[1].split())
     assert {"asimd" if tag == "neon" else tag for tag in isa_tags(arch, cpu)} <= features, said.stdout
-    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, device, "idle", timeout=30)
 
 
 def test_a_leased_vm_that_dies_fails_its_device_and_the_next_lease_gets_a_fresh_one(lab):
-    wait_state(lab.coordinator, "arm", "idle", timeout=60)
-    lease = lab.active(reserve(lab.coordinator, "arm")["id"])
+    lab.held("arm")
     (pid,) = [pid for pid, words in qemu_processes(lab.state_dir).items() if "qemu-system-aarch64" in words[0]]
     os.kill(pid, signal.SIGKILL)
     dead = wait_for(lambda: (d := lab.coordinator.api("/devices/arm").json())["health"] == "failed" and d,
                     timeout=30, what="the device failed")
     assert "its VM exited" in dead["health_reason"], dead
-    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "arm", "idle", timeout=30)
-    lease = lab.active(reserve(lab.coordinator, "arm")["id"])
+    lab.give_back("arm")
+    lease = lab.held("arm")  # (kept for the next test that needs an aarch64 VM)
     assert lab.cli("exec", lease["id"], "uname -m").stdout.strip() == "aarch64"
-    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "arm", "idle", timeout=30)
 
 
 def test_a_flash_replaces_the_slot_s_base_disk_for_the_vms_booted_after(lab):
     """Through the registry and the image cache, as a board's flash; a power cycle in the same
     lease boots from the new base (its overlay made again: the old one was over the old base)."""
-    wait_state(lab.coordinator, "vm-1", "idle", timeout=60)
     content = lab.folder / "new-base"
     content.mkdir()
     (content / "hello").write_text("from the registry\n")
     image = build_disk(content, lab.folder / "base-2.qcow2", size_mib=16)
     lab.cli("images", "upload", str(image), "--name", "base-2", "--for", "vm-1")
-    lease = lab.active(reserve(lab.coordinator, "vm-1")["id"])
+    lease = lab.held("vm-1")
     said = lab.cli("flash", lease["id"], "base-2", "--json", check=False)
     assert said.returncode == 0, said.stdout + said.stderr
     assert lab.slots[0]["disk"].endswith("disk.qcow2")
@@ -246,26 +254,24 @@ def test_a_flash_replaces_the_slot_s_base_disk_for_the_vms_booted_after(lab):
     lab.cli("power", "cycle", lease["id"], check=False)
     wait_for(lambda: lab.cli("exec", lease["id"], "cat /data/hello", check=False).stdout.strip()
              == "from the registry", timeout=90, interval=1, what="the new base after a power cycle")
-    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "vm-1", "idle", timeout=30)
 
 
 def test_a_vm_switched_off_by_its_holder_is_switched_on_by_an_admin_after_the_lease(lab):
     """The lab's rule for a device a person switched off holds for a VM slot too (faulty once
     the lease ends); between leases there is no VM, and an admin's on clears it."""
-    wait_state(lab.coordinator, "arm", "idle", timeout=60)
-    lease = lab.active(reserve(lab.coordinator, "arm")["id"])
+    lease = lab.held("arm")
     said = json.loads(lab.cli("power", "off", lease["id"], "--json", check=False).stdout)
     assert said["result"]["state_after_off"] == "off", said
     assert not [pid for pid, words in qemu_processes(lab.state_dir).items() if "qemu-system-aarch64" in words[0]]
-    lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "arm", "faulty", timeout=30)
+    lab.give_back("arm", then="faulty")
     said = lab.cli("power", "on", "arm", "--json", check=False)
     assert said.returncode == 0, said.stdout + said.stderr
     wait_state(lab.coordinator, "arm", "idle", timeout=30)
 
 
 def test_an_exporter_killed_with_vms_running_leaves_none_after_its_next_start(lab):
+    for device in list(lab.leases):  # (the exporter started again would boot a VM for each live lease)
+        lab.give_back(device)
     wait_state(lab.coordinator, "vm-0", "idle", timeout=60)
     lease = lab.active(reserve(lab.coordinator, "vm-0")["id"])
     running = qemu_processes(lab.state_dir)

@@ -86,12 +86,34 @@ def test_ctrl_c_on_a_queued_wait_cancels_its_ticket_and_the_device_is_taken_for_
     assert coordinator.api("/devices/sim-board-0").json()["holder"] is None
 
 
+def whole_request(client: socket.socket) -> bytes:
+    """An HTTP request read from ``client`` up to the end of its body (its Content-Length),
+    or what came before the client hung up."""
+    data = b""
+    while b"\r\n\r\n" not in data or len(data) < _request_length(data):
+        chunk = client.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _request_length(data: bytes) -> int:
+    head, _, _ = data.partition(b"\r\n\r\n")
+    length = re.search(rb"^content-length:\s*(\d+)\s*$", head, re.I | re.M)
+    return len(head) + 4 + (int(length.group(1)) if length else 0)
+
+
 class HeldProxy:
     """A TCP proxy to a local port that holds one direction of its first connection until
     ``release()``: its request (``hold="request"``: the coordinator has not seen it) or its
     answer (``"answer"``: the coordinator did it, the client has not heard). Later
     connections pass at once. ``held``: the first request came; ``answered``: the
-    coordinator answered it."""
+    coordinator answered it. The first request is held whole (head and body: a request cut
+    after its head could never be answered), and a connection to the coordinator is opened
+    when its request goes on, as a client's would be: the coordinator closes a connection
+    whose request head has not come within its head deadline (``--header-timeout``) of the
+    connection's opening, and a request held longer than that is still answered when let through."""
 
     def __init__(self, port: int, hold: str):
         self.target, self.hold = port, hold
@@ -105,20 +127,37 @@ class HeldProxy:
         with contextlib.suppress(OSError):
             while True:
                 client = self.server.accept()[0]
-                upstream = socket.create_connection(("127.0.0.1", self.target))
-                for source, sink, way in ((client, upstream, "request"), (upstream, client, "answer")):
-                    threading.Thread(target=self._pump, args=(source, sink, first and way), daemon=True).start()
+                threading.Thread(target=self._carry, args=(client, first), daemon=True).start()
                 first = False
 
-    def _pump(self, source: socket.socket, sink: socket.socket, first: str | bool) -> None:
+    def _carry(self, client: socket.socket, first: bool) -> None:
+        """One connection's request, to an upstream connection opened once it may go on; its
+        answer pumped back on a thread of its own."""
         with contextlib.suppress(OSError):
-            while data := source.recv(65536):
-                (self.held if first == "request" else self.answered if first == "answer" else threading.Event()).set()
-                if first == self.hold:
+            data = whole_request(client) if first else client.recv(65536)
+            if not data:
+                return
+            if first:
+                self.held.set()
+                if self.hold == "request":
                     self.released.wait(30)
-                sink.sendall(data)
-            if first != "request":  # (the first request's client may be gone by then: it is still answered)
-                sink.shutdown(socket.SHUT_WR)
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._answer, args=(upstream, client, first), daemon=True).start()
+            while data:
+                upstream.sendall(data)
+                data = client.recv(65536)
+            if not first:  # (the first request's client may be gone by then: it is still answered)
+                upstream.shutdown(socket.SHUT_WR)
+
+    def _answer(self, upstream: socket.socket, client: socket.socket, first: bool) -> None:
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(65536):
+                if first:
+                    self.answered.set()
+                    if self.hold == "answer":
+                        self.released.wait(30)
+                client.sendall(data)
+            client.shutdown(socket.SHUT_WR)
 
     def release(self) -> None:
         self.released.set()

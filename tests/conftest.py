@@ -109,14 +109,25 @@ def nothing_reaches_the_default_coordinator():
                     "URL\n  " + "\n  ".join(reached), pytrace=False)
 
 
-# The longest tests (a minute or more each on two cores), begun first: three at a time, the
-# suite's wall time is its CPU work over two cores only if none of them is left for the end.
-LONGEST_FIRST = ("test_openapi.py::test_schemathesis", "test_lease_properties.py::", "test_ab_sim.py::test_abab",
-                 "test_live_properties.py::test_the_lease_rules", "test_static_checks.py::test_mypy",
-                 "test_faults.py::test_acknowledged", "test_ticket_properties.py::test_tickets_are",
-                 # the VMs' (boots under TCG, CPU-bound: the lab module alone takes 1-2 minutes)
-                 "test_qemu_lab.py::", "test_up_vms.py::", "test_qemu_guest.py::test_each_guest_boots",
-                 "test_qemu_guest.py::test_an_ssh_guest")
+# The longest tests (a minute or more each on two cores), longest first: dealt out in turn,
+# one share at the head of each worker's first batch (tests/scheduling.py), so that none is
+# left for the run's end. A name part of a test's id; a kept-together module's is its file's.
+LONGEST_FIRST = ("test_qemu_lab.py::", "test_openapi.py::test_schemathesis", "test_lease_properties.py::",
+                 "test_qemu_guest.py::", "test_ab_sim.py::test_abab", "test_live_properties.py::test_the_lease_rules",
+                 "test_up_vms.py::test_up_with_qemu", "test_static_checks.py::test_mypy",
+                 "test_faults.py::test_acknowledged", "test_ticket_properties.py::test_tickets_are")
+# Modules whose tests share a costly module fixture (VMs booted under TCG, CPU-bound): never
+# split between workers, which would each boot them again.
+KEPT_TOGETHER = ("test_qemu_lab.py", "test_qemu_guest.py")  # file names
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist worksteal`` (what ./lab test runs) with the suite's two rules (tests/scheduling.py)."""
+    if config.getvalue("dist") != "worksteal":
+        return None
+    from scheduling import SuiteStealing
+    return SuiteStealing(config, log, longest=LONGEST_FIRST, kept=KEPT_TOGETHER)
 
 
 # The fast tier (`./lab test --fast`: `-m "not service"`) runs the tests that start no
@@ -133,10 +144,6 @@ def pytest_collection_modifyitems(session, config, items):
         on_postgresql = getattr(item, "callspec", None) and item.callspec.params.get("database") == "postgresql"
         if on_postgresql or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.service)
-
-    def rank(item) -> int:
-        return next((n for n, name in enumerate(LONGEST_FIRST) if name in item.nodeid), len(LONGEST_FIRST))
-    items.sort(key=rank)  # stable: the rest keep their order
 
 
 def pytest_sessionfinish(session, exitstatus):

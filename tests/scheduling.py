@@ -71,11 +71,15 @@ class SuiteStealing(WorkStealingScheduling):
         module = module_of(self.collection[index])
         return module if module in self.kept else None
 
-    def _whole(self, indices: list[int], cut: int) -> int:
-        """``cut`` moved forward past the kept-together module that it would split."""
-        while 0 < cut < len(indices) and (module := self._kept_module(indices[cut])) is not None \
-                and module == self._kept_module(indices[cut - 1]):
-            cut += 1
+    def _splits(self, indices: list[int], cut: int) -> bool:
+        """Cutting ``indices`` before ``cut`` would split a kept-together module."""
+        return 0 < cut < len(indices) and (module := self._kept_module(indices[cut])) is not None \
+            and module == self._kept_module(indices[cut - 1])
+
+    def _whole(self, indices: list[int], cut: int, step: int = 1) -> int:
+        """``cut`` moved past (``step`` 1) or before (-1) the kept-together module it would split."""
+        while self._splits(indices, cut):
+            cut += step
         return cut
 
     def check_schedule(self) -> None:
@@ -104,7 +108,9 @@ class SuiteStealing(WorkStealingScheduling):
         # least its running test and the next stay; never part of a kept-together module
         for node, pending in sorted(nodes_up, key=lambda up: len(up[1]), reverse=True):
             count = min(len(pending) // 2, max(0, len(pending) - MIN_PENDING))
-            start = self._whole(pending, len(pending) - count) if count else len(pending)
+            start = self._whole(pending, len(pending) - count, -1) if count else len(pending)
+            if start < MIN_PENDING:  # (the module's first test runs, or is next: it stays)
+                start = self._whole(pending, len(pending) - count)
             if start < len(pending):
                 node.send_steal(pending[start:])
                 self.steal_requested_from_node = node

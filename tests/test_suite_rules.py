@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 TESTS = Path(__file__).resolve().parent
 # what holds a measured time: `time.monotonic() - began`, `took`, `elapsed_s`, `max(ages)`...
@@ -51,3 +52,74 @@ def test_no_test_imports_helpers_from_another_tests_end_to_end_module():
     importing = [path.name for path in sorted(TESTS.glob("*.py"))
                  if re.search(r"^\s*(from|import) test_end_to_end\b", path.read_text(), re.M)]
     assert not importing, f"shared helpers live in tests/helpers.py: {importing}"
+
+
+# ---- how ./lab test spreads the suite over its workers (tests/scheduling.py) ------------------
+
+class FakeConfig:
+    def getvalue(self, name):
+        return {"tx": ["3*popen"]}[name]
+
+
+class FakeWorker:
+    """What the scheduler asks of an xdist worker: the tests it was sent, what it was asked to give back."""
+
+    def __init__(self, name):
+        self.name, self.shutting_down, self.sent, self.asked = name, False, [], []
+        self.gateway = SimpleNamespace(id=name)
+
+    def send_runtest_some(self, indices):
+        self.sent += indices
+
+    def send_steal(self, indices):
+        self.asked.append(list(indices))
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def scheduled(collection, workers=3):
+    from scheduling import SuiteStealing
+
+    scheduler = SuiteStealing(FakeConfig(), longest=("test_lab.py::", "test_big.py::test_long"),
+                              kept=("test_lab.py",))
+    nodes = [FakeWorker(f"gw{n}") for n in range(workers)]
+    for node in nodes:
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    return scheduler, nodes
+
+
+COLLECTION = ([f"tests/test_big.py::test_long[{n}]" for n in range(3)] + [f"tests/test_a.py::t{n}" for n in range(30)]
+              + [f"tests/test_lab.py::q{n}" for n in range(6)] + [f"tests/test_c.py::c{n}" for n in range(30)])
+
+
+def test_the_longest_tests_begin_each_worker_s_first_batch_and_a_kept_module_goes_whole():
+    _, nodes = scheduled(COLLECTION)
+    firsts = [[COLLECTION[i].split("::")[1] for i in node.sent] for node in nodes]
+    assert [batch[0] for batch in firsts] == ["q0", "test_long[0]", "test_long[1]"], firsts
+    assert firsts[0][:6] == [f"q{n}" for n in range(6)], "the module whole, first"
+    assert "test_long[2]" == firsts[0][6], "dealt in turn: the fourth to the first worker again"
+    assert sorted(i for node in nodes for i in node.sent) == list(range(len(COLLECTION))), "each test once"
+
+
+def test_a_steal_never_takes_part_of_a_kept_module():
+    from scheduling import SuiteStealing
+
+    collection = [f"tests/test_a.py::t{n}" for n in range(4)] + [f"tests/test_lab.py::q{n}" for n in range(6)]
+    scheduler = SuiteStealing(FakeConfig(), kept=("test_lab.py",))
+    busy, idle = FakeWorker("gw0"), FakeWorker("gw1")
+    for node in (busy, idle):
+        scheduler.add_node(node)
+        scheduler.add_node_collection(node, collection)
+    scheduler.collection = collection
+    scheduler.node2pending[busy] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]  # t0 runs; q0-q5 at the tail
+    scheduler.check_schedule()
+    (asked,) = busy.asked
+    assert asked == [4, 5, 6, 7, 8, 9], "half the queue would cut the module at q1: all of it is asked for"
+    scheduler.steal_requested_from_node = None
+    busy.asked.clear()
+    scheduler.node2pending[busy] = [4, 5, 6, 7, 8, 9]  # q0 runs: nothing of the module may go
+    scheduler.check_schedule()
+    assert busy.asked == [] and idle.shutting_down

@@ -191,6 +191,25 @@ def test_ctrl_c_before_the_reserve_answered_gives_back_what_it_made(coordinator,
         proxy.close()
 
 
+def test_a_request_the_proxy_holds_past_the_coordinator_s_head_deadline_is_answered_when_let_through(tmp_path, env):
+    """The held proxy above opens its connection to the coordinator when the request goes on:
+    one opened at its accept was closed by the coordinator's head deadline while it was held."""
+    coordinator = Coordinator(tmp_path, env, extra=("--single-user", "--header-timeout", "1s"))
+    proxy = HeldProxy(coordinator.port, "request")
+    try:
+        with socket.create_connection(("127.0.0.1", int(proxy.url.rsplit(":", 1)[1])), timeout=30) as client:
+            client.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert proxy.held.wait(20), "the request never reached the proxy"
+            with socket.create_connection(("127.0.0.1", coordinator.port), timeout=30) as silent:
+                assert silent.recv(1) == b"", "the coordinator closes a connection that sends no head in time"
+            proxy.release()  # (held past the deadline of any connection opened when it came)
+            assert proxy.answered.wait(20), "the request, let through, was not answered"
+            assert client.recv(64).startswith(b"HTTP/1.1 200 "), "its answer reaches the client"
+    finally:
+        proxy.close()
+        coordinator.stop()
+
+
 def test_ctrl_c_once_its_ticket_is_granted_releases_the_lease_the_wait_claimed(coordinator, env):
     exporter = FakeExporter(None, "host-a")  # its reports, sent by hand: a granted lease stays pending
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from . import LEASE_PREFIX
 from .cdi_version import PODMAN_4_3_NEWEST, required_version, version_key
 from .protocol import EnvironmentReport
 
@@ -20,11 +21,17 @@ FILE_PREFIX, FILE_SUFFIX = "device-loop_", ".json"
 # name with a letter or digit, both end with one, and take '_', '-', '.' (a device ':' too) between
 _CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _DEVICE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+#: A lease id as it may be part of a file's name: the coordinator's are LEASE_PREFIX and hex
+#: digits; anything else (a '/', a '_', a '..') names no spec file, whoever sent it.
+LEASE_ID = re.compile(re.escape(LEASE_PREFIX) + r"[A-Za-z0-9-]{1,58}")
 
 
 def spec_file_name(host: str, lease: str) -> str:
     """The name of ``lease``'s spec file in the CDI folder of exporter ``host``: a lease id
-    has no '_', so the host's name is what lies between the prefix and the last '_'."""
+    has no '_', so the host's name is what lies between the prefix and the last '_'.
+    ``ValueError`` for a lease id or host name that would not stay one name in the folder."""
+    if not LEASE_ID.fullmatch(lease) or "/" in host or "\0" in host:
+        raise ValueError(f"no CDI spec file is named for lease {lease[:80]!r} of host {host[:80]!r}")
     return f"{FILE_PREFIX}{host}_{lease}{FILE_SUFFIX}"
 
 

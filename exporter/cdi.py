@@ -2,7 +2,9 @@
 ``device-loop_<host>_<lease>.json``, written atomically while the lease's services run and
 removed when they stop; each pass removes this host's specs of leases no longer served
 (reconcile, not push), so a crash leaves none behind past the next start. The host's name in
-the file's name keeps two exporters of one machine off each other's specs.
+the file's name keeps two exporters of one machine off each other's specs; the list of the
+leases whose specs it wrote, kept in its state folder, keeps two exporters of one *name* off
+them too (two labs on one machine both take its host name).
 
 Also what a plugin says a container needs (``devloop_environment``), asked within the hook
 deadline and held to the protocol's bounds: an answer that breaks them is dropped and
@@ -15,8 +17,7 @@ import threading
 from pathlib import Path
 from typing import Mapping
 
-from device_loop.core import LEASE_PREFIX
-from device_loop.core.cdi_spec import FILE_PREFIX, FILE_SUFFIX, CdiSpec, spec_file_name
+from device_loop.core.cdi_spec import FILE_PREFIX, FILE_SUFFIX, LEASE_ID, CdiSpec, spec_file_name
 from device_loop.core.container_env import ContainerEnvironment
 from device_loop.core.files import write_atomically
 from device_loop.core.host import HostContext
@@ -28,6 +29,7 @@ from .hook_deadlines import HookDeadlines
 
 log = logging.getLogger("device_loop.exporter")
 DEFAULT_CDI_DIR = Path("/var/run/cdi")
+LEDGER_LIMIT = 1 << 20  # bytes of the written-specs list read at the start (some 40 000 leases)
 
 
 def environment_report(answer: object) -> EnvironmentReport:
@@ -66,13 +68,16 @@ def ask_environment(plugins: PluginSet, deadlines: HookDeadlines, host: HostCont
 
 
 class CdiFolder:
-    """The specs this exporter (``host``) keeps in ``folder``."""
+    """The specs this exporter (``host``) keeps in ``folder``. With a ``ledger`` (a file of
+    its state folder) it removes only the specs it wrote, as that file lists them (written
+    before each spec, so a crash forgets none); without one, every spec of ``host``'s name."""
 
-    def __init__(self, folder: Path, host: str):
-        self.folder, self.host = folder, host
+    def __init__(self, folder: Path, host: str, ledger: Path | None = None):
+        self.folder, self.host, self.ledger = folder, host, ledger
         self._lock = threading.Lock()
         self._written: dict[str, str] = {}  # lease -> the text last written
         self._warned: str | None = None  # the last write error logged (not again each pass)
+        self._mine = self._read_ledger()  # the leases whose specs it wrote and did not remove yet
 
     def path(self, lease: str) -> Path:
         """The spec file of ``lease``."""
@@ -93,15 +98,44 @@ class CdiFolder:
                 continue
             # a lease id has no '_': the host's name is what is left, whatever it holds
             host, _, lease = name[len(FILE_PREFIX):-len(FILE_SUFFIX)].rpartition("_")
-            if host == self.host and lease.startswith(LEASE_PREFIX):
+            if host == self.host and LEASE_ID.fullmatch(lease) and (self._mine is None or lease in self._mine):
                 ours.add(lease)
         return ours
+
+    def _read_ledger(self) -> set[str] | None:
+        if self.ledger is None:
+            return None
+        try:
+            with open(self.ledger, "rb") as ledger:
+                text = ledger.read(LEDGER_LIMIT).decode("ascii", "replace")
+        except FileNotFoundError:
+            return set()
+        except OSError as exc:
+            self._warn(f"cannot read {self.ledger}, the list of the CDI specs written: {exc}")
+            return set()
+        return {line for line in text.splitlines() if LEASE_ID.fullmatch(line)}
+
+    def _remember(self, leases: set[str]) -> None:
+        """Make the ledger list exactly ``leases`` (before their specs are written)."""
+        if self._mine is None or self.ledger is None or leases == self._mine:
+            return
+        try:
+            self.ledger.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.ledger, "".join(f"{lease}\n" for lease in sorted(leases)))
+            self._mine = set(leases)
+        except OSError as exc:
+            self._warn(f"cannot write {self.ledger}, the list of the CDI specs written: {exc}")
+            self._mine |= leases  # (this run still knows them: its next pass removes them)
 
     def sync(self, specs: Mapping[str, CdiSpec]) -> None:
         """Make the folder hold exactly ``specs`` (lease -> spec) of this host: write what is
         new or changed, remove the rest. A folder that cannot be written is logged, once."""
         with self._lock:
-            for lease in self.leases() - set(specs):
+            named = {lease: spec for lease, spec in specs.items() if LEASE_ID.fullmatch(lease)}
+            for lease in set(specs) - set(named):
+                self._warn(f"no CDI spec for lease {lease[:80]!r}: not a lease id a file may be named by")
+            kept = set(named)
+            for lease in self.leases() - kept:
                 try:
                     self.path(lease).unlink()
                     log.info("CDI spec of %s removed", lease)
@@ -109,8 +143,10 @@ class CdiFolder:
                     pass
                 except OSError as exc:
                     self._warn(f"cannot remove the CDI spec of {lease}: {exc}")
+                    kept.add(lease)  # (still there: still ours to remove)
                 self._written.pop(lease, None)
-            for lease, spec in specs.items():
+            self._remember(kept)
+            for lease, spec in named.items():
                 text = spec.text()
                 if self._written.get(lease) == text and self.path(lease).exists():
                     continue

@@ -66,9 +66,9 @@ class Exporter:
         self.reporter = Reporter(self.host, self.plugins, orphans, section.heartbeat_s, uuid.uuid4().hex,
                                  section.hook_timeout_s, steps_of=config.steps_of,
                                  auto_recovery=config.auto_recovery(), health_rules=section.health_rules())
+        cdi = CdiFolder(section.cdi_dir, self.name, ledger=config.state_dir / "cdi-specs")
         self.reconciler = Reconciler(self.host, self.plugins, orphans, gated_only=self.link.authenticated,
-                                     on_change=self._changed, cdi=CdiFolder(section.cdi_dir, self.name),
-                                     hook_timeout_s=section.hook_timeout_s)
+                                     on_change=self._changed, cdi=cdi, hook_timeout_s=section.hook_timeout_s)
         cache = ImageCache(config.state_dir / "images", int(section.image_cache_gib * (1 << 30)))
         self.power = PowerRunner(self.host, self.plugins)
         self.step_runner = StepRunner(self.host, self.plugins, config.steps_of, section.hook_timeout_s,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from device_loop.core.cdi_spec import CdiRefused, cdi_spec
+from device_loop.core.cdi_spec import CdiRefused, cdi_spec, spec_file_name
 from device_loop.core.cdi_version import required_version, version_key
 from device_loop.core.container_env import ContainerEnvironment, DeviceNode, Mount, tty_environment
 from device_loop.core.host import HostContext
@@ -241,3 +241,35 @@ def test_a_folder_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog):
     with caplog.at_level(logging.ERROR, logger="device_loop.exporter"):
         CdiFolder(blocker / "cdi", "host-a").sync({"lease-00000000000000aa": cdi_spec("sim-board", "b0", [SIM])})
     assert "cannot write the CDI spec" in caplog.text
+
+
+def test_two_exporters_of_one_name_remove_only_the_specs_each_wrote(tmp_path):
+    """Two labs on one machine: both exporters take its host name; each keeps a list of the
+    specs it wrote in its state folder, and a restarted one still removes what it left."""
+    spec = cdi_spec("sim-board", "sim-board-0", [SIM])
+    folder = tmp_path / "cdi"
+    first = CdiFolder(folder, "vm", ledger=tmp_path / "one" / "cdi-specs")
+    second = CdiFolder(folder, "vm", ledger=tmp_path / "two" / "cdi-specs")
+    first.sync({"lease-00000000000000aa": spec})
+    second.sync({"lease-00000000000000bb": spec})
+    second.sync({})  # the second lab's pass: the first's spec is not its own
+    assert sorted(p.name for p in folder.iterdir()) == ["device-loop_vm_lease-00000000000000aa.json"]
+    restarted = CdiFolder(folder, "vm", ledger=tmp_path / "one" / "cdi-specs")  # after a crash
+    assert restarted.leases() == {"lease-00000000000000aa"}
+    restarted.sync({})
+    assert list(folder.iterdir()) == []
+    assert (tmp_path / "one" / "cdi-specs").read_text() == ""
+
+
+@pytest.mark.parametrize("lease", ["lease-../../../tmp/x", "lease-a/b", "lease-a_b", "../lease-aa", "lease-"])
+def test_a_lease_id_that_is_no_file_name_gets_no_spec(tmp_path, caplog, lease):
+    folder = tmp_path / "cdi"
+    with caplog.at_level(logging.ERROR, logger="device_loop.exporter"):
+        CdiFolder(folder, "host-a", ledger=tmp_path / "cdi-specs").sync(
+            {lease: cdi_spec("sim-board", "b0", [SIM]), "lease-00000000000000aa": cdi_spec("sim-board", "b0", [SIM])})
+    assert [p.name for p in folder.iterdir()] == ["device-loop_host-a_lease-00000000000000aa.json"]
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
+        "cdi-specs", "device-loop_host-a_lease-00000000000000aa.json"]
+    assert "not a lease id" in caplog.text
+    with pytest.raises(ValueError):
+        spec_file_name("host-a", lease)

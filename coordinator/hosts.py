@@ -329,7 +329,7 @@ class Hosts:
                                                             for r in permanent)
             changes.faults_set[device.name] = fault(FaultKind.HEALTH_PERMANENT, words)
             fields.update(changes.faults_set[device.name])
-        step = quarantine_step(decoded(row.get("quarantine")), device.quarantine)
+        step = quarantine_step(decoded(row.get("quarantine")), device.quarantine, bool(permanent))
         if step:
             changes.quarantine_steps[device.name] = step
 

@@ -21,8 +21,9 @@ def decoded(column: str | None) -> Quarantine | None:
         return None
 
 
-def _span(seconds: float) -> str:
-    """``20 s``, ``1.5 s``, ``30 min``, ``2h``: a probe's interval or a window, as people say it."""
+def span(seconds: float) -> str:
+    """``20 s``, ``1.5 s``, ``30 min``, ``2h``: a probe's interval or a window, as people say it
+    (the ring log, ``device-loop ls`` and the device's page alike)."""
     if seconds < 60:
         return f"{seconds:.3g} s"
     if seconds < 3600 and seconds % 60 == 0:
@@ -30,16 +31,19 @@ def _span(seconds: float) -> str:
     return format_duration(seconds)
 
 
-def step(before: Quarantine | None, after: Quarantine | None) -> str | None:
+def step(before: Quarantine | None, after: Quarantine | None, failed_for_good: bool = False) -> str | None:
     """The ring log's line for what changed between two reports of a device's quarantine,
-    None when nothing did (a new reason, the same probe)."""
+    None when nothing did (a new reason, the same probe); ``failed_for_good``: the report
+    that ends it says its health failed permanently (no re-admission, then)."""
     if before is None and after is None:
         return None
     if before is None:
         assert after is not None
-        return (f"quarantine: failed {after.failures} times in {_span(after.window_s)}; next probe in "
-                f"{_span(after.probe_s)}")
+        return (f"quarantine: failed {after.failures} times in {span(after.window_s)}; next probe in "
+                f"{span(after.probe_s)}")
     if after is None:
+        if failed_for_good:
+            return "quarantine ended: its health failed for good (a person clears the fault)"
         if before.good + 1 >= before.needed:
             return f"re-admitted after {before.needed} good probes"
         return "quarantine ended by its exporter (restarted, or its health failed for good)"
@@ -47,13 +51,13 @@ def step(before: Quarantine | None, after: Quarantine | None) -> str | None:
         return None
     if after.good:
         return f"quarantine: probe {after.good} of {after.needed} good"
-    return f"quarantine: probe failed ({after.reason or 'no reason given'}); next probe in {_span(after.probe_s)}"
+    return f"quarantine: probe failed ({after.reason or 'no reason given'}); next probe in {span(after.probe_s)}"
 
 
 def summary(quarantine: Quarantine) -> str:
     """Where a quarantine stands, for the device's page and ``device-loop ls``."""
-    said = f"quarantined: failed {quarantine.failures} times in {_span(quarantine.window_s)}"
+    said = f"quarantined: failed {quarantine.failures} times in {span(quarantine.window_s)}"
     if quarantine.probes:
         said = f"quarantined: {quarantine.good} of {quarantine.needed} good probes"
-    return f"{said}; next probe in {_span(quarantine.probe_s)}" + (f" ({quarantine.reason})" if quarantine.reason
+    return f"{said}; next probe in {span(quarantine.probe_s)}" + (f" ({quarantine.reason})" if quarantine.reason
                                                                    else "")

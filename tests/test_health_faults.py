@@ -119,6 +119,19 @@ async def test_every_step_of_a_quarantine_is_a_line_of_the_ring_log(tmp_path):
                                                                       "re-admitted after 3 good probes")
 
 
+async def test_a_quarantine_that_ends_in_a_permanent_failure_is_not_called_a_readmission(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client("alice")
+        exporter = FakeExporter(api, "host-a")
+        await exporter.beat([reported("failed", "link down", quarantine=quarantine(2, 2))])  # its last good probe due
+        await exporter.beat([reported("failed", "AER fatal errors: 3", "permanent")])
+        shown = (await api.get("/devices/d0")).json()
+        assert (shown["state"], shown["fault_kind"], shown["quarantine"]) == ("faulty", "health-permanent", None)
+        said = await causes(api)
+        assert said[-1] == "quarantine ended: its health failed for good (a person clears the fault)"
+        assert not any("re-admitted" in cause for cause in said)
+
+
 async def test_a_quarantine_while_leased_is_noted_and_faulty_once_the_lease_ends(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         api = client("alice")
@@ -149,8 +162,8 @@ async def test_the_device_page_shows_a_quarantine(tmp_path):
         exporter = FakeExporter(api, "host-a")
         await exporter.beat([reported("failed", "link down", quarantine=quarantine(2, 1))])
         page = (await api.get("http://127.0.0.1/devices/d0")).text
-        assert "Quarantined: its health turned failed 3 times within 1800.0 s (last: link down)." in page
-        assert "1 of 3 good probes in a row; next probe in 10.0 s. It is re-admitted by itself" in page
+        assert "Quarantined: its health turned failed 3 times within 30 min (last: link down)." in page
+        assert "1 of 3 good probes in a row; next probe in 10 s. It is re-admitted by itself" in page
 
 
 async def test_migration_22_keeps_the_faults_and_takes_the_new_kinds(tmp_path):

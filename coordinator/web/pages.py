@@ -25,6 +25,7 @@ from ..errors import APIError, not_found
 from ..identity import ADMIN, COOKIE, USER, caller_identity, refusal, token_identity
 from ..limits import FORM, takes_body
 from ..openapi import answers
+from ..quarantine import span
 from ..who import COORDINATOR, Who
 from .power_panel import power_panel
 
@@ -32,6 +33,7 @@ HERE = Path(__file__).parent
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")  # HTML is autoescaped
 TEMPLATES.env.filters["iso"] = iso
 TEMPLATES.env.filters["duration"] = format_duration
+TEMPLATES.env.filters["span"] = span  # a quarantine's window and probe interval, as its ring log says them
 TEMPLATES.env.globals["fidelity_detail"] = FIDELITY_DETAIL  # the fact that says how it is emulated: "TCG"
 TEMPLATES.env.globals["not_for_timing"] = [f.value for f in NOT_FOR_TIMING]
 TEMPLATES.env.globals["needs_choices"] = [n.value for n in Needs]  # the board's reserve form

@@ -53,23 +53,27 @@ def run_cli(env, url, *args, check=True):
     return result
 
 
+def read_until(sock: socket.socket, expect: bytes, timeout: float = 5.0) -> bytes:
+    """Read ``sock`` until ``expect`` shows up (asserted), for ``timeout`` seconds at most."""
+    received, deadline = b"", time.monotonic() + timeout
+    while expect not in received:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = sock.recv(4096)
+        except socket.timeout:
+            break
+        if not chunk:
+            break
+        received += chunk
+    assert expect in received, f"expected {expect!r}, the board said {received!r}"
+    return received
+
+
 def uart_exchange(host: str, port: int, send: bytes, expect: bytes, timeout: float = 5.0) -> bytes:
     """Send ``send`` over a raw TCP endpoint and read until ``expect`` shows up."""
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(send)
-        received = b""
-        deadline = time.monotonic() + timeout
-        while expect not in received:
-            sock.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                chunk = sock.recv(4096)
-            except socket.timeout:
-                break
-            if not chunk:
-                break
-            received += chunk
-        assert expect in received, f"expected {expect!r}, board said {received!r}"
-        return received
+        return read_until(sock, expect, timeout)
 
 
 def port_open(host: str, port: int) -> bool:

@@ -7,6 +7,7 @@ from device_loop.core.model import Health
 from device_loop.core.vocabulary import HealthKind
 from device_loop.exporter.config import ConfigError, load_config
 from device_loop.exporter.health_schedule import HealthRules, HealthSchedule
+from lab_in_process import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -17,17 +18,9 @@ RULES = HealthRules(period_s=10, recheck_s=1.5, quarantine_failures=3, quarantin
                     quarantine_ceiling_s=60, good_probes=3)
 
 
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def clock():
-    return Clock()
+    return FakeClock(1000.0)
 
 
 @pytest.fixture
@@ -37,7 +30,7 @@ def schedule(clock):
     return made
 
 
-def check(schedule: HealthSchedule, clock: Clock, result: Health) -> bool:
+def check(schedule: HealthSchedule, clock: FakeClock, result: Health) -> bool:
     """Go to the resource's next due time, and check it with ``result``."""
     clock.now = max(clock.now, schedule.next_due())
     assert schedule.due() == ["card"]

@@ -12,19 +12,12 @@ from device_loop.core.vocabulary import HealthKind
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
 from fake_pci import pci_card, put_back, remove_card
+from lab_in_process import FakeClock
 
 pytestmark = pytest.mark.timeout(60)
 
 GPU = "0000:01:00.0"
 PERIOD_S, RECHECK_S = 10.0, 1.5
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -39,7 +32,7 @@ def lab(tmp_path):
         "plugins": {"enable": ["pci"]},  # (the others' start-up runs tools: this test starts no process)
         "devices": [{"name": "gpu-a", "plugin": "pci", "address": GPU}]}))
     exporter.setup()
-    clock = Clock()
+    clock = FakeClock(1000.0)
     exporter.reporter.schedule.clock = clock
     try:
         yield exporter, clock, sysfs, real

@@ -10,6 +10,7 @@ import pytest
 from device_loop.core.host import HostContext
 from device_loop.plugins.pci import PciPlugin, nvidia
 from fake_pci import nvidia_information, pci_card
+from lab_in_process import FakeClock
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]  # (it runs the fake nvidia-smi)
 
@@ -20,14 +21,6 @@ CARDS = {"0000:01:00.0": "GPU-11111111-1111-1111-1111-111111111111",
 ROWS = ("00000000:01:00.0, GPU-11111111-1111-1111-1111-111111111111, 41, 0\n"
         "00000000:41:00.0, GPU-22222222-2222-2222-2222-222222222222, [GPU requires reset], [GPU requires reset]\n"
         "00000000:C1:00.0, GPU-44444444-4444-4444-4444-444444444444, 77, 2\n")  # (81:00.0: fallen off the bus)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 @pytest.fixture
@@ -51,7 +44,7 @@ def lab(tmp_path, monkeypatch):
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     plugin = PciPlugin()
-    plugin.smi.clock = Clock()
+    plugin.smi.clock = FakeClock(1000.0)
     host = HostContext(name="h", state_dir=tmp_path / "state", sysfs_root=root)
     resources = {plugin.cards[r.identifier].address: r for r in plugin.devloop_discover(host=host)}
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 
 import pytest
 
 from conftest import Exporter, wait_for
 from device_loop.core.holders import cgroup_of
-from helpers import reserve, wait_active, wait_state
+from helpers import read_until, reserve, wait_active, wait_state
 from podman_lab import CDI_DIR, UNRESOLVABLE
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(180)]
@@ -30,21 +29,6 @@ def _console_rdev_hex(node: str) -> str:
     """``MAJOR:MINOR`` of ``node`` in hex, as busybox's ``stat -c %t:%T`` prints it."""
     rdev = os.stat(node).st_rdev
     return f"{os.major(rdev):x}:{os.minor(rdev):x}"
-
-
-def _read_until(sock: socket.socket, expect: bytes, timeout: float = 20) -> bytes:
-    received, deadline = b"", time.monotonic() + timeout
-    while expect not in received:
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            chunk = sock.recv(4096)
-        except socket.timeout:
-            break
-        if not chunk:
-            break
-        received += chunk
-    assert expect in received, f"expected {expect!r}, the board said {received!r}"
-    return received
 
 
 def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator, podman, podman_names):
@@ -65,12 +49,12 @@ def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator
         (endpoint,) = [e for e in lease["endpoints"] if e["protocol"] == "raw"]
         with socket.create_connection((endpoint["host"], endpoint["port"]), timeout=10) as uart:
             uart.sendall(b"\r")
-            _read_until(uart, f"{device}:~# ".encode())  # the bridge has the console open
+            read_until(uart, f"{device}:~# ".encode(), 20)  # the bridge has the console open
             # the container writes a command into the board's console; the board answers on the lease's UART
             said = podman.container(qualified, f"ls -1 /dev/device-loop; stat -c %t:%T {CONSOLE}; "
                                                f"echo $DEVICE_LOOP_CONSOLE; ls /dev; printf 'uname\\r' > {CONSOLE}")
             assert said.returncode == 0, said.stderr
-            answer = _read_until(uart, f"Linux {device}".encode())
+            answer = read_until(uart, f"Linux {device}".encode(), 20)
         lines = said.stdout.split("\n")
         assert lines[:3] == ["console", _console_rdev_hex(str(link)), CONSOLE], said.stdout
         # exactly that node: the container's /dev is podman's own, and the board's console beside it

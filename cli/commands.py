@@ -16,6 +16,7 @@ from device_loop.core.vocabulary import Needs, TicketState
 from device_loop.client.http import Coordinator, CoordinatorError
 from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
 from device_loop.client.lab import Lab, Lease, LeaseFailed, Ticket, follow_op
+from device_loop.core.answers import LogEntry
 from device_loop.core.errors import ErrorCode
 from .output import emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left
 
@@ -413,6 +414,11 @@ def status_command(lab: Lab, target: str | None, as_json: bool):
         emit(as_json, leases, lambda ls: "\n".join(map(lease_text, ls)) or "you hold no lease")
 
 
+def change_words(entry: LogEntry) -> str:
+    """``idle -> faulty``; a line that changed no state (a quarantine's probe) only its state."""
+    return entry["to"] if entry["from"] == entry["to"] else f"{entry['from']} -> {entry['to']}"
+
+
 @click.command("log")
 @click.argument("device")
 @json_option
@@ -422,8 +428,7 @@ def log_command(lab: Lab, device: str, as_json: bool):
     says why). On a terminal a long cause wraps to its width; --json has each one whole."""
     def text(entries):
         return table(["TIME", "CHANGE", "BY", "CAUSE"],
-                     [[e["at"], f"{e['from']} -> {e['to']}", e["actor"], e["cause"]] for e in entries],
-                     terminal_width())
+                     [[e["at"], change_words(e), e["actor"], e["cause"]] for e in entries], terminal_width())
     emit(as_json, lab.log(device), text)
 
 

@@ -190,3 +190,10 @@ async def test_migration_22_keeps_the_faults_and_takes_the_new_kinds(tmp_path):
                 await new.run("UPDATE devices SET fault_kind = 'bogus'")
         finally:
             await new.disconnect()
+
+
+def test_device_loop_log_says_a_line_that_changed_no_state_by_its_state_alone():
+    from device_loop.cli.commands import change_words
+    probe = {"at": None, "from": "faulty", "to": "faulty", "cause": "quarantine: probe 1 of 3 good", "actor": "x"}
+    assert change_words(probe) == "faulty"
+    assert change_words({**probe, "to": "idle"}) == "faulty -> idle"

@@ -9,6 +9,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .holders import PTY_SLAVE_MAJORS
+
 #: Bounds a plugin's answer is held to; an answer beyond them is refused whole.
 MAX_NODES = 32
 MAX_MOUNTS = 32
@@ -99,8 +101,6 @@ def device_node(host_path: str, path: str | None = None, permissions: str = "rw"
 #: Where a tty (a board's console) appears in a container, and the variable that names it.
 CONSOLE_PATH = "/dev/device-loop/console"
 CONSOLE_ENV = "DEVICE_LOOP_CONSOLE"
-# Unix98 pty slaves (Documentation/admin-guide/devices.txt): 136 to 143
-_PTY_MAJORS = range(136, 144)
 
 
 def tty_environment(host_path: str, path: str = CONSOLE_PATH, env_name: str = CONSOLE_ENV) -> ContainerEnvironment:
@@ -114,7 +114,7 @@ def tty_environment(host_path: str, path: str = CONSOLE_PATH, env_name: str = CO
     if not stat.S_ISCHR(st.st_mode):
         raise ValueError(f"{host_path} is not a character device")
     env = {env_name: path}
-    if os.major(st.st_rdev) in _PTY_MAJORS:
+    if os.major(st.st_rdev) in PTY_SLAVE_MAJORS:
         return ContainerEnvironment(mounts=(Mount(host_path=host_path, container_path=path, options=("bind", "rw")),),
                                     env=env)
     return ContainerEnvironment(nodes=(device_node(real, path=path),), env=env)

@@ -12,7 +12,9 @@ Config (``[[devices]]`` with ``plugin = "adb"``, or a ``[[devices.resources]]`` 
 A container reaches the phone through the lease's server (``devloop_environment``):
 ``ADB_SERVER_SOCKET=tcp:HOST:PORT`` (the lease's endpoint) and ``ANDROID_SERIAL``, which adb
 reads. In a lab with tokens that endpoint is the lease's gate, which a plain adb client does
-not pass: there the container needs the gate opened for it (``device-loop forward``).
+not pass: there the container needs the gate opened for it (``device-loop forward``). An
+exporter bound to loopback serves it there, which a container reaches only on the host's
+network (``podman run --network host``).
 
 An adb that knows ``--one-device`` (platform-tools 35+) serves exactly one phone per
 server. Debian's adb 29 does not: its private server would claim every phone on the

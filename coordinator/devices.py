@@ -13,7 +13,7 @@ from .errors import APIError, not_found
 from .hidden_paths import hide_paths, hide_paths_in
 from .holders import holder_json
 from .lifecycle import Lifecycle, switched_off
-from .quarantine import decoded, summary
+from .quarantine import decoded, quarantine_answer, summary
 from .rows import DeviceFacts
 from .store import Store
 from .who import Who
@@ -55,7 +55,7 @@ def device_json(row: DeviceFacts, in_full: bool = False) -> DeviceAnswer:
         "fault": shown(row["fault"]),
         "switched_off": switched_off(row["fault"], row["fault_kind"]),
         "fault_kind": row["fault_kind"],
-        "quarantine": {**quarantine.model_dump(), "reason": shown(quarantine.reason)} if quarantine else None,
+        "quarantine": quarantine_answer(quarantine, shown) if quarantine else None,
         "fidelity": row["fidelity"],  # a board, a simulation, a virtual machine or an emulator
         "reason": shown(state_reason(row, step)),
         "facts": row.get("facts") or {},  # what its plugins add to its fingerprint

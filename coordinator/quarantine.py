@@ -4,8 +4,11 @@ what its page, the board and ``device-loop ls`` say of it. The exporter decides 
 the coordinator only reads its reports."""
 from __future__ import annotations
 
+from typing import Callable
+
 from pydantic import ValidationError
 
+from device_loop.core.answers import QuarantineAnswer
 from device_loop.core.durations import format_duration
 from device_loop.core.protocol import Quarantine
 
@@ -52,6 +55,13 @@ def step(before: Quarantine | None, after: Quarantine | None, failed_for_good: b
     if after.good:
         return f"quarantine: probe {after.good} of {after.needed} good"
     return f"quarantine: probe failed ({after.reason or 'no reason given'}); next probe in {span(after.probe_s)}"
+
+
+def quarantine_answer(quarantine: Quarantine, shown: Callable[[str], str]) -> QuarantineAnswer:
+    """The quarantine as a device's answer carries it, its reason as ``shown`` lets the caller see it."""
+    return {"failures": quarantine.failures, "window_s": quarantine.window_s, "probe_s": quarantine.probe_s,
+            "probes": quarantine.probes, "good": quarantine.good, "needed": quarantine.needed,
+            "reason": shown(quarantine.reason)}
 
 
 def summary(quarantine: Quarantine) -> str:

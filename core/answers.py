@@ -10,8 +10,8 @@ from typing import Any
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
 from .ab.jobs import CellReport, JobSpec, RunRecord
-from .vocabulary import (DeviceState, Fidelity, HealthStatus, JobState, LeaseState, Needs, OperationState, TicketKind,
-                         TicketState, TokenKind)
+from .vocabulary import (DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState, Needs, OperationState,
+                         TicketKind, TicketState, TokenKind)
 
 
 class FlashedImage(TypedDict):
@@ -32,6 +32,18 @@ class HolderAnswer(TypedDict, total=False):
 class RunningOperation(TypedDict):
     id: str
     kind: str
+
+
+class QuarantineAnswer(TypedDict):
+    """A device's quarantine as its exporter reports it (``protocol.Quarantine``; docs/architecture.md,
+    "Health that heals")."""
+    failures: int                  # how often its health turned failed within window_s
+    window_s: float
+    probe_s: float                 # the time to its next probe
+    probes: int                    # probes so far
+    good: int                      # good probes in a row
+    needed: int                    # good probes in a row that re-admit it
+    reason: str                    # why its last check failed (exporter paths hidden from the public)
 
 
 class RunningStep(TypedDict):
@@ -65,8 +77,8 @@ DeviceAnswer = TypedDict("DeviceAnswer", {
     "steps": list[str],            # what runs on it between two leases, in order
     "step": RunningStep | None,    # the one running now, while it is reclaimed
     "fault": str | None,           # why a step between leases failed, or who switched it off: faulty once unleased
-    "fault_kind": str | None,      # what left that fault (a FaultKind: step-failed, health-permanent ...)
-    "quarantine": dict[str, Any] | None,  # its quarantine as its exporter reports it (protocol.Quarantine)
+    "fault_kind": FaultKind | None,  # what left that fault (step-failed, health-permanent ...)
+    "quarantine": QuarantineAnswer | None,  # its quarantine as its exporter reports it
     "switched_off": str | None,    # that fault, when it is a person's power off (its holder may still hold it)
     "fidelity": Fidelity,          # what it is: a board, a simulation, a virtual machine or an emulator
     "reason": str,                 # why it is in its state, in words ("" when idle, or in use and on)

@@ -82,6 +82,10 @@ def state_reason(row: DeviceFacts, step: RunningStep | None) -> str:
         if step is not None:
             where = step["detail"] or ("queued" if row["op_id"] == step["op"] else "starting")
             return f"step {step['index'] + 1}/{step['of']} {step['step']}: {where}"
+        if row["busy_by"]:  # (docs/architecture.md, "Lifecycle": an orphan keeps it reclaiming)
+            held = ", ".join(f"pid {h['pid']} ({h['program']})" for h in map(holder_json, row["busy_by"][:3]))
+            more = f" and {len(row['busy_by']) - 3} more" if len(row["busy_by"]) > 3 else ""
+            return f"still held after its lease by {held}{more}: reclaimed once they end (or an admin has them killed)"
         return "waiting for its exporter to stop the last lease's services"
     if row["state"] == DeviceState.FAULTY:
         quarantine = decoded(row["quarantine"])

@@ -95,6 +95,9 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
         assert reported["busy_by"][0]["cgroup"], "this machine's processes run in a cgroup"
         public = coordinator.api("/devices/sim-board-0", **alice).json()["busy_by"]
         assert public == [{"pid": holder.pid, "program": os.path.basename(sys.executable)}]
+        assert reported["reason"] == (f"still held after its lease by pid {holder.pid} "
+                                      f"({os.path.basename(sys.executable)}): reclaimed once they end (or an admin "
+                                      "has them killed)"), "ls says why"
 
         page = httpx2.get(f"{coordinator.url}/devices/sim-board-0", timeout=10, **admin).text
         assert f"pid {holder.pid}" in page and reported["busy_by"][0]["cgroup"] in page

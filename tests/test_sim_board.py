@@ -121,3 +121,15 @@ def test_a_board_s_fingerprint_facts_are_reported_and_bounded(tmp_path, monkeypa
             assert any(f.name == "sim" and "devloop_fingerprint" in f.reason for f in report.plugins.failing)
     finally:
         exporter.shutdown()
+
+
+def test_the_health_file_says_the_health_and_a_fifo_there_is_never_read(tmp_path):
+    from device_loop.plugins.sim import injected_health
+    path = tmp_path / "b0.health"
+    assert injected_health(path) is None, "no file: the board's own health"
+    path.write_text("failed permanent AER fatal errors: 3\n")
+    health = injected_health(path)
+    assert (health.status, health.kind, health.reason) == ("failed", "permanent", "AER fatal errors: 3")
+    path.unlink()
+    os.mkfifo(path)  # nobody writes it: a read would block the health check
+    assert injected_health(path) is None

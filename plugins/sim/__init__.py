@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 import os
 import re
+import stat
 from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, field_validator
@@ -140,11 +141,18 @@ def health_path(state_dir: Path, name: str) -> Path:
 def injected_health(path: Path) -> Health | None:
     """The health its file says (``failed [transient|permanent] REASON``, ``degraded ...``),
     None when there is no file or it says ``ok``: the board's own health then."""
-    try:
-        with open(path, "rb") as file:
-            words = file.read(MAX_HEALTH_FILE_BYTES).decode(errors="replace").split()
+    try:  # (a FIFO or a node put there is never read: a health check must not block on it)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        words = os.read(fd, MAX_HEALTH_FILE_BYTES).decode(errors="replace").split()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if not words or words[0] not in ("degraded", "failed"):
         return None
     kind = HealthKind.TRANSIENT

@@ -279,6 +279,7 @@ class AdminDevice(Strict):
 
 
 class MarkFaultyIn(AdminDevice):
+    """An admin's mark of a device as faulty, and why."""
     reason: str = Field(min_length=1, max_length=300, description="why, for the people who read its page")
 
 

@@ -37,6 +37,7 @@ class Orphan:
     node: str
 
     def holder(self) -> Holder:
+        """The orphan as a report carries it: pid, command line and cgroup, each cut to its bound."""
         return Holder(pid=self.pid, command=command_of(self.pid)[:MAX_COMMAND_CHARS],
                       cgroup=cgroup_of(self.pid)[:MAX_CGROUP_CHARS])
 

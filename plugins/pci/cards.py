@@ -100,10 +100,12 @@ class PciCard:
 
     @property
     def device_class(self) -> str:
+        """``gpu`` for a display card, else ``accelerator``."""
         return GPU_CLASS if self.class_code >> 16 == DISPLAY else ACCELERATOR_CLASS
 
     @property
     def tags(self) -> tuple[str, ...]:
+        """``vendor-NAME`` (or its id) and, when one is bound, ``driver-NAME``."""
         vendor = f"vendor-{VENDORS.get(self.vendor, self.vendor)}"
         return (vendor, f"driver-{self.driver}") if self.driver else (vendor,)
 
@@ -113,6 +115,7 @@ BUS = "bus/pci/devices"
 
 
 def devices_folder(sysfs_root: Path) -> Path:
+    """The folder of the PCI bus's devices under ``sysfs_root``."""
     return Path(sysfs_root) / BUS
 
 

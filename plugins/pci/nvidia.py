@@ -69,6 +69,7 @@ class SmiRow:
         return None
 
     def number(self, name: str) -> int | None:
+        """The field ``name`` as a whole number, None when it is not one (``[N/A]``)."""
         value = self.fields.get(name, "")
         return int(value) if value.isdigit() and len(value) < 12 else None
 
@@ -117,6 +118,7 @@ class NvidiaSmi:
 
     @staticmethod
     def program() -> str | None:
+        """nvidia-smi's path, None where it is not installed."""
         return find_program("nvidia-smi")
 
     def answer(self) -> SmiAnswer | None:

@@ -11,10 +11,11 @@ from pydantic import ValidationError
 from device_loop.core.host import HostContext
 from device_loop.core.model import ConfiguredResource
 from device_loop.core.vocabulary import HealthKind
-from device_loop.plugins.pci import PciPlugin
+from device_loop.plugins.pci import CORRECTABLE_HOLD_S, PciPlugin
 from device_loop.plugins.pci.config import PciConfig
 from fake_pci import (DRM_MAJOR, ETHERNET, GEN, PROCESSING_ACCELERATOR, VGA, bind, dev_node, nvidia_information,
                       pci_card, put_back, remove_card, set_attr)
+from lab_in_process import FakeClock
 
 GPU = "0000:01:00.0"
 NPU = "0000:02:00.0"
@@ -102,6 +103,7 @@ def test_aer_fatal_errors_fail_the_card_for_good_and_others_degrade_it(tmp_path,
     pci_card(tree, GPU, aer=(3, 0, 0))
     pci_card(tree, "0000:05:00.0", aer=(0, 2, 7))
     plugin, host = PciPlugin(), host_of(tmp_path, tree)
+    plugin.clock = clock = FakeClock(1000.0)
     found = discover(plugin, host)
     fatal = plugin.devloop_health(host=host, resource=found["host-a-pci-01-00.0"])
     assert (fatal.status, fatal.reason, fatal.kind) == ("failed", "AER fatal errors: 3", HealthKind.PERMANENT)
@@ -112,6 +114,10 @@ def test_aer_fatal_errors_fail_the_card_for_good_and_others_degrade_it(tmp_path,
     set_attr(tree, "0000:05:00.0", aer_dev_nonfatal="TOTAL_ERR_NONFATAL 0", aer_dev_correctable="TOTAL_ERR_COR 9")
     assert plugin.devloop_health(host=host, resource=other).reason == \
         "AER correctable errors: 9 (2 more since the last check)"  # (a count that grows, not one that is)
+    clock.now += 1.5  # the re-check after a change: still degraded, so the two results agree
+    again = plugin.devloop_health(host=host, resource=other)
+    assert (again.status, again.reason) == ("degraded", "AER correctable errors: 9, grown 2 s ago")
+    clock.now += CORRECTABLE_HOLD_S
     assert plugin.devloop_health(host=host, resource=other).status == "ok"
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 from device_loop.plugin import (ConfiguredResource, ContainerEnvironment, Health, HostContext, LeaseRef, PluginConfig,
@@ -35,6 +36,9 @@ from .thermal import hwmon_temperatures
 KIND = "pci"
 #: Cards gone from the bus that are still reported (each until it is back, or the exporter restarts).
 MAX_REMEMBERED = 256
+#: How long correctable AER errors that grew keep a card degraded: longer than a re-check, so that
+#: two results in a row agree on it and it is reported (docs/architecture.md, "Health that heals").
+CORRECTABLE_HOLD_S = 60.0
 
 
 def _ids(card: PciCard) -> str:
@@ -60,6 +64,8 @@ class PciPlugin:
         self.cards: dict[str, PciCard] = {}
         self.remembered: dict[str, Resource] = {}
         self.correctable: dict[str, int] = {}
+        self.grew: dict[str, float] = {}  # identifier -> when its correctable AER count last grew
+        self.clock = time.monotonic
         self.smi = NvidiaSmi()
         self._lock = threading.Lock()
 
@@ -135,14 +141,28 @@ class PciPlugin:
         card = self.cards.get(resource.identifier)
         if card is None:
             return Health("failed", "not discovered on this host")
-        findings = check(host.sysfs_root, card, resource.config.check_link_speed,
-                         self.correctable.get(resource.identifier))
+        before = self.correctable.get(resource.identifier)
+        findings = check(host.sysfs_root, card, resource.config.check_link_speed, before)
+        health = findings.health
         if findings.correctable is not None:
             self.correctable[resource.identifier] = findings.correctable
-        health = findings.health
+            health = self._correctable_held(resource.identifier, health, before, findings.correctable)
         if card.driver != NVIDIA or health.status == "failed":
             return health
         return _worst(health, self._smi_health(card))
+
+    def _correctable_held(self, identifier: str, health: Health, before: int | None, count: int) -> Health:
+        """``health``, still ``degraded`` for ``CORRECTABLE_HOLD_S`` after the correctable AER
+        count grew: a re-check 1-2 s later finds it grown no more, and would never agree."""
+        now = self.clock()
+        if before is not None and count > before:
+            self.grew[identifier] = now
+            return health
+        grew = self.grew.get(identifier)
+        if grew is None or now - grew >= CORRECTABLE_HOLD_S:
+            self.grew.pop(identifier, None)
+            return health
+        return _worst(health, Health("degraded", f"AER correctable errors: {count}, grown {now - grew:.0f} s ago"))
 
     def _smi_health(self, card: PciCard) -> Health:
         answer = self.smi.answer()

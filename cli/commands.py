@@ -1,6 +1,8 @@
 """The client commands of ``device-loop``: ls, hosts, reserve, release, renew, status, log."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import functools
 import sys
 import time
@@ -16,9 +18,11 @@ from device_loop.core.vocabulary import Needs, TicketState
 from device_loop.client.http import Coordinator, CoordinatorError
 from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
 from device_loop.client.lab import Lab, Lease, LeaseFailed, Ticket, follow_op
-from device_loop.core.answers import LogEntry
 from device_loop.core.errors import ErrorCode
 from .output import emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left
+
+if TYPE_CHECKING:  # (a type only: --help loads no pydantic)
+    from device_loop.core.answers import LogEntry
 
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON only (errors too)")
 

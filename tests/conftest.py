@@ -296,6 +296,10 @@ HEARTBEAT_S = 1.0  # a test exporter's heartbeat period, unless the test sets on
 class Exporter(Proc):
     def __init__(self, tmp_path: Path, env: dict, coordinator_url: str, devices: list[dict],
                  name="host-a", heartbeat_s=HEARTBEAT_S, plugins=None, **settings):
+        # a test's lab sees a health change within a heartbeat, as it did before health had its own
+        # schedule (docs/architecture.md, "Health that heals"); the schedule's own tests set theirs
+        settings.setdefault("health_period", heartbeat_s)
+        settings.setdefault("health_recheck", heartbeat_s / 2)
         config = {"exporter": {"name": name, "coordinator": coordinator_url, "heartbeat_s": heartbeat_s,
                                "state_dir": str(tmp_path / f"state-{name}"),
                                "cdi_dir": str(tmp_path / "cdi"), **settings},  # (a test's exporters share it, as a host's do)

@@ -17,8 +17,14 @@ MAX_MOUNTS = 32
 MAX_ENV = 64
 MAX_PATH = 255
 MAX_VALUE = 1024
-ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,63}")
-CGROUP_ACCESS = re.compile(r"r?w?m?")
+MAX_OPTIONS = 16
+#: The patterns, as text too: the exporter protocol's EnvironmentReport holds a report to them
+ENV_NAME_PATTERN = r"[A-Z_][A-Z0-9_]{0,63}"
+CGROUP_ACCESS_PATTERN = r"r?w?m?"
+MOUNT_OPTION_PATTERN = r"[a-z0-9_=.-]{1,32}"
+ENV_NAME = re.compile(ENV_NAME_PATTERN)
+CGROUP_ACCESS = re.compile(CGROUP_ACCESS_PATTERN)
+MOUNT_OPTION = re.compile(MOUNT_OPTION_PATTERN)
 
 
 def _container_path(path: str) -> str:
@@ -63,7 +69,7 @@ class Mount:
     def __post_init__(self) -> None:
         _container_path(self.host_path)
         _container_path(self.container_path)
-        if len(self.options) > 16 or any(not re.fullmatch(r"[a-z0-9_=.-]{1,32}", o) for o in self.options):
+        if len(self.options) > MAX_OPTIONS or any(not MOUNT_OPTION.fullmatch(o) for o in self.options):
             raise ValueError(f"mount options are short words: {self.options!r}")
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from . import LEASE_PREFIX, NAME_PATTERN
+from . import LEASE_PREFIX, NAME_PATTERN, container_env
 from .usage import template_problem
 from .vocabulary import AutoRecover, EndpointRole, Fidelity, HealthKind, HealthStatus, OperationState, Purpose
 
@@ -203,7 +203,9 @@ class DeviceReport(Strict):
 
 
 #: A path a container environment names (core/container_env.py holds plugins to the same).
-ContainerPath = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^/[^\x00]*$")]
+ContainerPath = Annotated[str, StringConstraints(min_length=1, max_length=container_env.MAX_PATH,
+                                                 pattern=r"^/[^\x00]*$")]
+ContainerEnvName = Annotated[str, StringConstraints(max_length=64, pattern=f"^{container_env.ENV_NAME_PATTERN}$")]
 MAX_ENVIRONMENT_BYTES = 16 << 10  # a resource's whole environment, as JSON
 
 
@@ -215,7 +217,7 @@ class DeviceNodeReport(Strict):
     major: int = Field(ge=0, le=2**32 - 1)
     minor: int = Field(ge=0, le=2**32 - 1)
     file_mode: int = Field(ge=0, le=0o7777)
-    permissions: str = Field(min_length=1, max_length=3, pattern=r"^r?w?m?$")
+    permissions: str = Field(min_length=1, max_length=3, pattern=f"^{container_env.CGROUP_ACCESS_PATTERN}$")
 
     @field_validator("file_mode")
     @classmethod
@@ -229,17 +231,18 @@ class MountReport(Strict):
     """A bind mount a container gets (``core.container_env.Mount``)."""
     host_path: ContainerPath
     container_path: ContainerPath
-    options: list[Annotated[str, StringConstraints(max_length=32, pattern=r"^[a-z0-9_=.-]{1,32}$")]] = Field(
-        default_factory=list, max_length=16)
+    options: list[Annotated[str, StringConstraints(max_length=32, pattern=f"^{container_env.MOUNT_OPTION_PATTERN}$")]] \
+        = Field(default_factory=list, max_length=container_env.MAX_OPTIONS)
 
 
 class EnvironmentReport(Strict):
     """What a container needs of a leased resource (its plugin's ``devloop_environment``),
     bounded as ``ContainerEnvironment`` is, and in all (``MAX_ENVIRONMENT_BYTES``)."""
-    nodes: list[DeviceNodeReport] = Field(default_factory=list, max_length=32)
-    mounts: list[MountReport] = Field(default_factory=list, max_length=32)
-    env: dict[EnvName, Annotated[str, StringConstraints(max_length=1024, pattern=r"^[^\x00]*$")]] = Field(
-        default_factory=dict, max_length=64)
+    nodes: list[DeviceNodeReport] = Field(default_factory=list, max_length=container_env.MAX_NODES)
+    mounts: list[MountReport] = Field(default_factory=list, max_length=container_env.MAX_MOUNTS)
+    env: dict[ContainerEnvName, Annotated[str, StringConstraints(max_length=container_env.MAX_VALUE,
+                                                                 pattern=r"^[^\x00]*$")]] = Field(
+        default_factory=dict, max_length=container_env.MAX_ENV)
 
     @model_validator(mode="after")
     def _bounded(self) -> "EnvironmentReport":

@@ -273,3 +273,19 @@ def test_a_lease_id_that_is_no_file_name_gets_no_spec(tmp_path, caplog, lease):
     assert "not a lease id" in caplog.text
     with pytest.raises(ValueError):
         spec_file_name("host-a", lease)
+
+
+def test_the_report_holds_an_environment_to_the_plugins_own_bounds():
+    """An exporter's report is held to what ContainerEnvironment allows a plugin: one set of bounds."""
+    from pydantic import ValidationError
+
+    from device_loop.core import container_env
+    from device_loop.core.protocol import EnvironmentReport
+    for hostile in ({"env": {"lower_case": "x"}}, {"env": {f"V{i}": "x" for i in range(container_env.MAX_ENV + 1)}},
+                    {"mounts": [{"host_path": "/a", "container_path": "/b",
+                                 "options": ["bind"] * (container_env.MAX_OPTIONS + 1)}]},
+                    {"nodes": [{"path": "/dev/x", "host_path": "/dev/x", "node_type": "c", "major": 1, "minor": 3,
+                                "file_mode": 0o660, "permissions": "wr"}]}):
+        with pytest.raises(ValidationError):
+            EnvironmentReport.model_validate(hostile)
+    assert EnvironmentReport.model_validate({"env": {"DEVICE_LOOP_CONSOLE": "/dev/device-loop/console"}}).env

@@ -192,10 +192,25 @@ class Arm(StrEnum):
     RUN = "run"
 
 
+class FailureKind(StrEnum):
+    """Whose fault a failed run, cell or ``device-loop with`` was (docs/architecture.md, "Lab
+    failures"): the test's (the command said so), the lab's (no device, the lease lost, the
+    exporter gone, the device faulty or switched off, a flash that failed), or the command's
+    deadline."""
+    TEST = "test"
+    LAB = "lab"
+    TIMEOUT = "timeout"
+
+
+#: The exit status of a command the lab failed (EX_TEMPFAIL of sysexits.h: "try again"): what
+#: ``device-loop with`` exits with, and what a job's command may exit with to say the lab
+#: failed it (docs/architecture.md, "Lab failures").
+LAB_FAILURE_STATUS = 75
+
 #: Every enum of the vocabulary.
 VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, PowerAction, PowerState,
               PowerVerdict, AutoRecover, Purpose, FaultKind, Fidelity, TicketState, TicketKind, TokenKind,
-              JobState, Needs, Arm)
+              JobState, Needs, Arm, FailureKind)
 
 
 def sql_list(values: Iterable[str]) -> str:

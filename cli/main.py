@@ -42,6 +42,7 @@ LAZY_COMMANDS = {
     "job": "device_loop.cli.jobs:job_group",
     "worker": "device_loop.cli.worker:worker_command",
     "power": "device_loop.cli.power:power_command",
+    "with": "device_loop.cli.with_command:with_command",
 }
 
 

@@ -1,0 +1,621 @@
+"""A lease that lives exactly as long as a command: ``device-loop with`` (docs/architecture.md,
+"A lease bound to a command").
+
+Reserve (a keepalive lease, queueing when asked), wait until ready (``timeout`` bounds it),
+flash ``image`` first unless the device already runs it (verified by read-back), run the
+command in a process group of its own (``client/command_group.py``) with the lease's
+environment, keep the lease alive meanwhile, and give it back however the command ends.
+What happened is a ``CommandOutcome`` (``core/command_outcome.py``), the exit status in it.
+
+A signal (SIGINT, SIGTERM, SIGHUP) while waiting for a device gives back what the wait held
+(the ticket, the lease); while the command runs it is passed to the command's group, the
+lease is released once the group has ended or a second later, and a second signal kills the
+group. The lab failing the command (the lease lost, the device offline or faulty) ends it:
+SIGTERM, then SIGKILL a second later, exit 75 with the reason.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from device_loop.core import LIVE_LEASE_STATES
+from device_loop.core.command_outcome import (TIMEOUT_STATUS, CommandOutcome, Timings, cancelled_status,
+                                              command_status_outcome, signal_name)
+from device_loop.core.durations import format_duration
+from device_loop.core.errors import ErrorCode
+from device_loop.core.usage import LEASE_ANSWER_ENV, environment
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, DeviceState, FailureKind
+
+from .command_group import CommandGroup
+from .http import CoordinatorError
+from .lab import Lab, Lease, LeaseFailed, Ticket
+
+#: A command line's bounds (docs/architecture.md, "A lease bound to a command").
+MAX_ARGUMENTS = 10_000
+MAX_COMMAND_BYTES = 1 << 20
+#: A keepalive's range, as the coordinator takes it (docs/architecture.md, "Leases that live as long as their client").
+MIN_KEEPALIVE_S, MAX_KEEPALIVE_S = 5.0, 3600.0
+DEFAULT_KEEPALIVE_S = 30.0
+DEFAULT_TIMEOUT_S = 15 * 60.0
+MAX_WAIT_S = 7 * 24 * 3600.0     # --timeout and --max-time: a week at most
+GRACE_S = 1.0                    # after the first signal: the lease given back; after a SIGTERM of ours: SIGKILL
+WATCH_S = 1.0                    # how often the lease is looked at while the command runs
+CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
+
+#: Refusals no retry cures: the request is wrong (exit 2), not the lab (exit 75).
+WRONG_REQUEST = frozenset({ErrorCode.UNKNOWN_DEVICE, ErrorCode.UNKNOWN_IMAGE, ErrorCode.AMBIGUOUS_IMAGE,
+                           ErrorCode.INVALID, ErrorCode.BAD_REQUEST, ErrorCode.BAD_TOKEN, ErrorCode.BAD_USER,
+                           ErrorCode.FORBIDDEN, ErrorCode.NO_SUCH_DEVICES})
+#: Device states in which a command's result says nothing of it: the lab failed it.
+LOST_DEVICE_STATES = frozenset({DeviceState.OFFLINE, DeviceState.FAULTY})
+
+Say = Callable[[str], None]
+
+
+class WrongRequest(ValueError):
+    """A request ``with`` refuses before anything is reserved (exit 2)."""
+
+
+@dataclass(frozen=True)
+class CommandRequest:
+    """What to run, and on what: a ``device``, or any device of ``class_`` with ``tags`` (and what it ``needs``)."""
+    command: tuple[str, ...]
+    device: str | None = None
+    class_: str | None = None
+    tags: tuple[str, ...] = ()
+    needs: str | None = None
+    queue: bool = False
+    image: str | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    keepalive_s: float = DEFAULT_KEEPALIVE_S
+    max_time_s: float | None = None
+
+
+def check_request(request: CommandRequest, path: str | None = None) -> None:
+    """Refuse (``WrongRequest``) what cannot be right whatever the lab holds: no command, a
+    command line over ``MAX_ARGUMENTS`` or ``MAX_COMMAND_BYTES``, a program not found on
+    ``path``, no target or two, a keepalive or a time out of range."""
+    command = request.command
+    if not command:
+        raise WrongRequest("give the command to run after --")
+    if len(command) > MAX_ARGUMENTS:
+        raise WrongRequest(f"the command has {len(command):,} arguments; at most {MAX_ARGUMENTS:,}")
+    size = sum(len(arg.encode(errors="surrogateescape")) + 1 for arg in command)
+    if size > MAX_COMMAND_BYTES:
+        raise WrongRequest(f"the command line is {size:,} bytes; at most {MAX_COMMAND_BYTES:,} (1 MiB)")
+    if any("\0" in arg for arg in command):
+        raise WrongRequest("an argument of the command holds a NUL character")
+    if request.device is None and request.class_ is None and not request.tags and request.needs is None:
+        raise WrongRequest("name a DEVICE, or give --class and/or --tags (or --needs)")
+    if request.device is not None and (request.class_ is not None or request.tags):
+        raise WrongRequest("name a DEVICE, or give --class and/or --tags, not both")
+    if not MIN_KEEPALIVE_S <= request.keepalive_s <= MAX_KEEPALIVE_S:
+        raise WrongRequest(f"--keepalive {format_duration(request.keepalive_s)} is out of range: from "
+                           f"{MIN_KEEPALIVE_S:g}s to {format_duration(MAX_KEEPALIVE_S)}")
+    for name, value in (("--timeout", request.timeout_s), ("--max-time", request.max_time_s)):
+        if value is not None and not 0 < value <= MAX_WAIT_S:
+            raise WrongRequest(f"{name} {format_duration(value)} is out of range: at most "
+                               f"{format_duration(MAX_WAIT_S)}")
+    program = command[0]
+    if shutil.which(program, path=path) is None:
+        raise WrongRequest(f"{program!r}: no such program" + ("" if "/" in program else " on PATH"))
+
+
+class _Cancelled(BaseException):
+    """A signal came while waiting for a device (not an Exception: nothing on the way swallows it)."""
+
+    def __init__(self, number: int):
+        super().__init__(number)
+        self.number = number
+
+
+class _LabFailed(Exception):
+    """The lab failed the request before the command ran."""
+
+
+@dataclass
+class _Held:
+    """What the wait for a device holds, to give back."""
+    ticket: Ticket | None = None
+    lease: Lease | None = None
+    flashed: bool = False
+    said: list[str] = field(default_factory=list)
+
+
+def run_command(lab: Lab, request: CommandRequest, say: Say, base_env: Mapping[str, str] | None = None,
+                clock: Callable[[], float] = time.monotonic) -> CommandOutcome:
+    """Run ``request`` on a leased device, from the reservation to the lease given back; how it
+    ended. ``WrongRequest`` when the request is wrong (nothing was reserved then). Handles
+    SIGINT, SIGTERM and SIGHUP while it runs: call it on the main thread."""
+    env = dict(os.environ if base_env is None else base_env)
+    check_request(request, _path_of(env))
+    started, wall = clock(), time.time()
+    base = CommandOutcome(command=request.command, status=LAB_FAILURE_STATUS, image=request.image, started_at=wall)
+    held = _Held()
+    with _Signals() as signals:
+        try:
+            digest = _image_digest(lab, request.image)
+            lease = _acquire(lab, request, held, signals, say, started, clock)
+            waited = clock() - started
+            flash_s = _flash_if_needed(lab, lease, request, digest, held, say, started, clock)
+        except _Cancelled as stop:
+            with signals.quiet():
+                gave_back = _give_back(lab, held)
+            outcome = replace(base, status=cancelled_status(stop.number), cancelled=signal_name(stop.number),
+                              reason=f"cancelled by {signal_name(stop.number)} while waiting for a device: "
+                                     f"{gave_back}", **_where(held))
+            return _timed(outcome, clock() - started)
+        except _LabFailed as failed:
+            with signals.quiet():
+                gave_back = _give_back(lab, held)
+            reason = str(failed) + (f" ({gave_back})" if held.lease or held.ticket else "")
+            return _timed(replace(base, failure=FailureKind.LAB, reason=reason, **_where(held)), clock() - started)
+        except BaseException:
+            with signals.quiet():
+                _give_back(lab, held)
+            raise
+        signals.raising = False
+        outcome = _Run(lab, lease, request, env, signals, say, clock).run()
+    return replace(outcome, image=request.image, flashed=held.flashed, started_at=wall,
+                   timings=Timings(wait_s=waited, flash_s=flash_s, run_s=outcome.timings.run_s,
+                                   total_s=clock() - started))
+
+
+def _path_of(env: Mapping[str, str]) -> str:
+    return _with_own_bin(env.get("PATH", os.defpath))
+
+
+def _with_own_bin(path: str) -> str:
+    """``PATH`` with this Python's ``device-loop`` first, so the command's own calls reach the same lab code."""
+    if not (OWN_BIN / "device-loop").exists():
+        return path
+    return os.pathsep.join([str(OWN_BIN), *[p for p in path.split(os.pathsep) if p and p != str(OWN_BIN)]])
+
+
+def _where(held: _Held) -> dict[str, Any]:
+    lease = held.lease
+    return {"device": lease.device, "lease": lease.id} if lease is not None else {}
+
+
+def _timed(outcome: CommandOutcome, total_s: float) -> CommandOutcome:
+    return replace(outcome, timings=replace(outcome.timings, total_s=total_s))
+
+
+# --- signals ----------------------------------------------------------------------------------
+
+class _Signals:
+    """SIGINT, SIGTERM and SIGHUP for the whole of a ``with``: while it waits for a device the
+    first raises ``_Cancelled`` (the wait ends, what it held is given back); while the command
+    runs each is recorded and wakes the command's loop (``_Run``); while a wait's holdings
+    are given back, they are ignored (a request or two, each bounded; a runner's SIGKILL ends
+    it anyway, and the keepalive frees the board)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.raising = True
+        self.wake: Callable[[], None] | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Signals":
+        self._previous = {number: signal.signal(number, self._handle) for number in CANCEL_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame: object) -> None:
+        self.received.append(number)
+        if self.raising:
+            self.raising = False  # (once: giving back must not be cut short by the next one)
+            raise _Cancelled(number)
+        if self.wake is not None:
+            self.wake()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """While inside, signals are only recorded."""
+        raising, self.raising = self.raising, False
+        try:
+            yield
+        finally:
+            self.raising = raising and not self.received
+
+
+# --- before the command -----------------------------------------------------------------------
+
+def _refused(exc: CoordinatorError, what: str) -> Exception:
+    """A refusal as ``WrongRequest`` (no retry cures it) or ``_LabFailed``."""
+    if exc.code in WRONG_REQUEST or exc.status in (400, 401, 403, 404, 422):
+        return WrongRequest(exc.message)
+    return _LabFailed(f"{what}: {exc.message}")
+
+
+def _image_digest(lab: Lab, image: str | None) -> str | None:
+    """The registry's digest of ``image`` (refused when it has none such), looked up before anything is reserved."""
+    if image is None:
+        return None
+    try:
+        return lab.api.get(f"/images/{image}")["sha256"]
+    except CoordinatorError as exc:
+        raise _refused(exc, f"could not look {image!r} up") from None
+
+
+def _acquire(lab: Lab, request: CommandRequest, held: _Held, signals: _Signals, say: Say, started: float,
+             clock: Callable[[], float]) -> Lease:
+    """Reserve (queueing when asked) and wait until the lease is ready, within ``timeout_s`` from ``started``."""
+    key = uuid.uuid4().hex
+    arguments: dict[str, Any] = dict(class_=request.class_, tags=list(request.tags), queue=request.queue,
+                                     needs=request.needs, keepalive=request.keepalive_s, idempotency_key=key)
+    if request.image is not None and request.device is None:
+        arguments["image"] = request.image  # (a device already running it is preferred)
+    import inspect  # TODO(keepalive): gone once Lab.reserve takes keepalive= and image=
+    if "keepalive" not in inspect.signature(lab.reserve).parameters:
+        arguments.pop("keepalive")
+        arguments.pop("image", None)
+    try:
+        try:
+            got = lab.reserve(request.device, **arguments)
+        except _Cancelled:  # its answer never came: the same request again says what it made, to give back
+            with signals.quiet():
+                lab.api.close()
+                with contextlib.suppress(CoordinatorError):
+                    _hold(held, lab.reserve(request.device, **arguments))
+            raise
+    except CoordinatorError as exc:
+        raise _refused(exc, "no device") from None
+    _hold(held, got)
+    if isinstance(got, Ticket):
+        last: list[Any] = [None]
+
+        def where(ticket: Ticket) -> None:
+            said = (ticket.state, ticket.position)
+            if said != last[0] and ticket.state == "waiting":
+                say(f"{ticket.id}: waiting for a device {ticket.data.get('wants', '')}, position {ticket.position}")
+            last[0] = said
+
+        try:
+            got = got.wait(timeout=_left(request, started, clock), on_change=where)
+        except CoordinatorError as exc:
+            if exc.code == ErrorCode.TIMEOUT:
+                raise _LabFailed(f"no device within {format_duration(request.timeout_s)} (still queued at position "
+                                 f"{held.ticket.position if held.ticket else '?'})") from None
+            raise _LabFailed(f"the queue ticket ended: {exc.message}") from None
+        _hold(held, got)
+    lease = held.lease
+    assert lease is not None
+    _keep_alive(held)
+    say(f"{lease.device}: {lease.id}, yours while the command runs")
+    _ready(lease, request, started, clock)
+    return lease
+
+
+def _hold(held: _Held, got: Lease | Ticket) -> None:
+    if isinstance(got, Ticket):
+        held.ticket = got
+    else:
+        held.lease = got
+
+
+def _left(request: CommandRequest, started: float, clock: Callable[[], float]) -> float:
+    return max(0.1, request.timeout_s - (clock() - started))
+
+
+def _ready(lease: Lease, request: CommandRequest, started: float, clock: Callable[[], float]) -> None:
+    try:
+        lease.wait_ready(timeout=_left(request, started, clock))
+    except LeaseFailed as exc:
+        if exc.code == ErrorCode.TIMEOUT:
+            raise _LabFailed(f"{lease.device} not ready within {format_duration(request.timeout_s)}: "
+                             f"{lease.data.get('reason')}") from None
+        raise _LabFailed(exc.message) from None
+    except CoordinatorError as exc:
+        raise _LabFailed(f"{lease.id}: {exc.message}") from None
+
+
+def _keep_alive(held: _Held) -> None:
+    """Start keeping the held lease alive (``client/keepalive.py``)."""
+    # TODO(keepalive): KeepAlive(lease, on_lost) once the keepalive helper's client API landed
+
+
+def _flash_if_needed(lab: Lab, lease: Lease, request: CommandRequest, digest: str | None, held: _Held, say: Say,
+                     started: float, clock: Callable[[], float]) -> float:
+    """Flash ``image`` unless the device's last completed flash wrote it and read it back; the seconds it took."""
+    if request.image is None:
+        return 0.0
+    try:
+        device = lab.api.get(f"/devices/{lease.device}")
+    except CoordinatorError as exc:
+        raise _LabFailed(f"could not read {lease.device}: {exc.message}") from None
+    flashed = device.get("image") or {}
+    if flashed.get("sha256") == digest and flashed.get("verified"):
+        say(f"{lease.device} runs {request.image} already (verified by read-back): not flashed")
+        return 0.0
+    begun = clock()
+    say(f"{lease.device}: flashing {request.image}")
+    try:
+        op = lease.flash(request.image)
+    except CoordinatorError as exc:
+        raise _LabFailed(f"the flash of {request.image} onto {lease.device} was refused: {exc.message}") from None
+    if op.state != "done":
+        raise _LabFailed(f"the flash of {request.image} onto {lease.device} failed: {op.message or op.state}")
+    held.flashed = True
+    _ready(lease.refresh(), request, started, clock)
+    return clock() - begun
+
+
+def _give_back(lab: Lab, held: _Held) -> str:
+    """Give back what the wait held (a ticket, and the lease it may have been granted; a
+    lease); what was done, in words."""
+    lab.api.close()  # (an interrupted request's answer may be half read: a new connection)
+    said = []
+    try:
+        if held.ticket is not None and held.lease is None:
+            try:
+                ended = held.ticket.cancel().data
+            except CoordinatorError:
+                ended = held.ticket.refresh().data  # claimed meanwhile: its lease is released below
+            granted = ended["lease"]
+            if granted is not None and ended["state"] == "claimed":
+                held.lease = Lease(lab.api, granted)
+            said.append(f"{held.ticket.id} cancelled")
+        if held.lease is not None:
+            gone = held.lease.release().data
+            said.append(f"{gone['id']} on {gone['device']} released")
+    except CoordinatorError as exc:
+        said.append(f"could not give it back: {exc.message}")
+    return "; ".join(said) or "nothing was reserved"
+
+
+# --- while the command runs -------------------------------------------------------------------
+
+class _Wake:
+    """A pipe that wakes the command's loop: a signal came, or the lease was lost."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self.write_fd, False)
+
+    def wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # (full: it is awake already)
+            os.write(self.write_fd, b".")
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.read_fd, 512):
+                pass
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+class _Watch:
+    """Looks at the lease every ``WATCH_S`` (a long-poll that answers at once when it ends),
+    on a thread of its own, and says when the lab has failed it: the lease ended, the device
+    offline (its exporter gone) or faulty."""
+
+    def __init__(self, lease: Lease, lost: Callable[[str], None]):
+        self.lease, self.lost = lease, lost
+        self.last: dict[str, Any] = dict(lease.data)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{lease.id}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        api, lease_id = self.lease.api, self.lease.id
+        while not self._done.is_set():
+            try:
+                data = api.get(f"/leases/{lease_id}", wait=WATCH_S, unless="active")
+            except CoordinatorError as exc:
+                if exc.status in (403, 404):
+                    self.lost(f"{lease_id} is no longer yours: {exc.message}")
+                    return
+                self._done.wait(WATCH_S)  # (the coordinator unreachable: the keepalive tells when it matters)
+                continue
+            self.last = data
+            trouble = lost_reason(data)
+            if trouble is not None:
+                self.lost(trouble)
+                return
+            if data["state"] != "active":
+                self._done.wait(WATCH_S)  # (pending: the long-poll answers at once)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(WATCH_S + self.lease.api.timeout)
+
+
+def lost_reason(lease: Mapping[str, Any]) -> str | None:
+    """Why the lab has failed a command running on ``lease`` (a ``LeaseAnswer``), or None:
+    the lease ended, or its device went offline or faulty."""
+    if lease["state"] not in LIVE_LEASE_STATES:
+        return f"the lease {lease['id']} on {lease['device']} was lost: {lease['state']} ({lease.get('reason')})"
+    if lease.get("device_state") in LOST_DEVICE_STATES:
+        return f"{lease['device']} went {lease['device_state']} while the command ran: {lease.get('reason')}"
+    return None
+
+
+def trouble_after_failure(lease: Mapping[str, Any]) -> str | None:
+    """Why a command that failed on ``lease`` may have failed for the lab's sake (the lease
+    not ready, the device switched off, besides ``lost_reason``), or None."""
+    reason = lost_reason(lease)
+    if reason is not None:
+        return reason
+    if lease.get("switched_off"):
+        return f"{lease['device']} was switched off: {lease['switched_off']}"
+    if not lease.get("ready"):
+        return f"{lease['device']} was not ready when the command failed: {lease.get('reason')}"
+    return None
+
+
+class _Run:
+    """The command on its lease, from its start to the lease given back."""
+
+    def __init__(self, lab: Lab, lease: Lease, request: CommandRequest, base_env: Mapping[str, str],
+                 signals: _Signals, say: Say, clock: Callable[[], float]):
+        self.lab, self.lease, self.request, self.say, self.clock = lab, lease, request, say, clock
+        self.base_env = base_env
+        self.wake = _Wake()
+        self._signals = signals
+        signals.wake = self.wake.wake
+        self.lost: str | None = None
+        self._lost_lock = threading.Lock()
+        self._forwards: list[Any] = []
+        self.released = False
+
+    def on_lost(self, reason: str) -> None:
+        """The lease was lost, or the device failed (from any thread; the first reason counts)."""
+        with self._lost_lock:
+            if self.lost is None:
+                self.lost = reason
+        self.wake.wake()
+
+    @property
+    def signals(self) -> list[int]:
+        return self._signals.received
+
+    def run(self) -> CommandOutcome:
+        outcome = CommandOutcome(command=self.request.command, status=LAB_FAILURE_STATUS, device=self.lease.device,
+                                 lease=self.lease.id)
+        watch = None
+        try:
+            env = self._environment()
+            watch = _Watch(self.lease, self.on_lost)
+            begun = self.clock()
+            try:
+                group = CommandGroup(self.request.command, env)
+            except OSError as exc:  # found by check_request, gone or not runnable since
+                status = 126 if isinstance(exc, PermissionError) else 127
+                return replace(outcome, status=status, failure=FailureKind.TEST, command_status=status,
+                               reason=f"{self.request.command[0]}: {exc.strerror or exc}")
+            try:
+                ended = self._loop(group)
+            finally:
+                command_status = group.close()
+            run_s = self.clock() - begun
+            watch.stop()
+            outcome = replace(outcome, command_status=command_status, timings=Timings(run_s=run_s))
+            return self._verdict(outcome, ended, command_status, watch)
+        finally:
+            if watch is not None:
+                watch.stop()
+            self._release()
+            for forward in self._forwards:
+                with contextlib.suppress(Exception):
+                    forward.close()
+            self._signals.wake = None
+            self.wake.close()
+
+    def _loop(self, group: CommandGroup) -> str | None:
+        """Wait until the command's first process ends, acting on signals, a lost lease and
+        ``--max-time`` meanwhile; what cut it short (``cancelled``, ``lost``, ``timeout``), or None."""
+        max_time = self.request.max_time_s
+        deadline = None if max_time is None else self.clock() + max_time
+        kill_at: float | None = None
+        release_at: float | None = None
+        cut: str | None = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(group, selectors.EVENT_READ)
+            selector.register(self.wake.read_fd, selectors.EVENT_READ)
+            while group.poll() is None:
+                now = self.clock()
+                if self.signals:
+                    first, later = self.signals[0], len(self.signals) > 1
+                    if cut != "cancelled":
+                        cut = "cancelled"
+                        group.signal(first)
+                        release_at = now + GRACE_S
+                    if later:
+                        group.signal(signal.SIGKILL)
+                elif self.lost is not None and cut is None:
+                    cut, kill_at = "lost", now + GRACE_S
+                    self.say(f"lab failure: {self.lost}; ending the command")
+                    group.signal(signal.SIGTERM)
+                elif deadline is not None and now >= deadline and cut is None:
+                    cut, kill_at = "timeout", now + GRACE_S
+                    group.signal(signal.SIGTERM)
+                if kill_at is not None and now >= kill_at:
+                    group.signal(signal.SIGKILL)
+                    kill_at = None
+                if release_at is not None and now >= release_at:
+                    self._release()  # a cancelled job's board is free at once, whatever its command does
+                    release_at = None
+                moments = [m for m in (kill_at, release_at, deadline if cut is None else None) if m is not None]
+                wait = None if not moments else max(0.0, min(moments) - now)
+                for key, _ in selector.select(wait):
+                    if key.fileobj == self.wake.read_fd:
+                        self.wake.drain()
+        return cut
+
+    def _verdict(self, outcome: CommandOutcome, cut: str | None, command_status: int, watch: _Watch) -> CommandOutcome:
+        if cut == "cancelled":
+            number = self.signals[0]
+            return replace(outcome, status=cancelled_status(number), cancelled=signal_name(number),
+                           reason=f"cancelled by {signal_name(number)}")
+        if cut == "lost":
+            return replace(outcome, status=LAB_FAILURE_STATUS, failure=FailureKind.LAB, reason=self.lost)
+        if cut == "timeout":
+            assert self.request.max_time_s is not None
+            return replace(outcome, status=TIMEOUT_STATUS, failure=FailureKind.TIMEOUT,
+                           reason=f"--max-time {format_duration(self.request.max_time_s)} cut the command")
+        status, failure = command_status_outcome(command_status)
+        if failure == FailureKind.LAB:
+            return replace(outcome, status=status, failure=failure,
+                           reason=f"the command exited {LAB_FAILURE_STATUS}: it says the lab failed it")
+        if failure is None:
+            return replace(outcome, status=status)
+        trouble = self.lost or self._trouble(watch)
+        if trouble is not None:  # (docs/architecture.md, "Lab failures"): its failure is not the test's
+            return replace(outcome, status=LAB_FAILURE_STATUS, failure=FailureKind.LAB, reason=trouble)
+        return replace(outcome, status=status, failure=failure, reason=f"the command exited {status}")
+
+    def _trouble(self, watch: _Watch) -> str | None:
+        data: Mapping[str, Any]
+        try:
+            data = self.lease.refresh().data
+        except CoordinatorError as exc:
+            if exc.status in (403, 404):
+                return f"{self.lease.id} is no longer yours: {exc.message}"
+            data = watch.last  # (unreachable now: what was last seen)
+        return trouble_after_failure(data)
+
+    def _release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        with contextlib.suppress(CoordinatorError):
+            self.lease.release()
+
+    def _environment(self) -> dict[str, str]:
+        """What the command sees: the caller's environment, what ``device-loop env`` exports
+        (through local forwards in a lab with gates), the lease, and who to be to the lab."""
+        lease = self.lease
+        endpoints = [e for e in lease.endpoints if e.get("env")]
+        if (secret := lease.data.get("secret")) and endpoints:
+            from device_loop.core.gate import LocalForward
+
+            self._forwards = [LocalForward(e, secret) for e in endpoints]
+            endpoints = [f.endpoint for f in self._forwards]
+        env = {**self.base_env, **environment(lease.data, endpoints),
+               "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_DEVICE": lease.device,
+               "DEVICE_LOOP_COORDINATOR": self.lab.api.url,
+               LEASE_ANSWER_ENV: json.dumps(lease.data)}
+        env["PATH"] = _with_own_bin(env.get("PATH", os.defpath))
+        if "Authorization" not in self.lab.api.headers:  # a lab without tokens: be the lease's holder
+            env["DEVICE_LOOP_USER"] = self.lab.api.user
+        return env

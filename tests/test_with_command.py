@@ -1,0 +1,108 @@
+"""``device-loop with`` on a real lab (docs/architecture.md, "A lease bound to a command"): the
+command gets the lease, its status is the exit status, and the lease ends with it, however it
+ends: run to its end, cancelled as CI runners cancel, cut by --max-time, or failed by the lab."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import wait_for
+from helpers import device, pid_alive, wait_state
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
+
+
+def start_with(env, coordinator, *args, **popen) -> subprocess.Popen:
+    """``device-loop with ARGS`` in a session of its own (signals reach only it), stdout and stderr piped."""
+    return subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", coordinator.url, "with",
+                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **popen)
+
+
+def outcome_of(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, dict, str]:
+    """(exit status, the --json outcome: stdout's last line, stderr)."""
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, json.loads(out.strip().splitlines()[-1]), err
+
+
+@pytest.fixture
+def lab(coordinator, exporter_factory):
+    exporter_factory()
+    wait_state(coordinator, "sim-board-0", "idle")
+    return coordinator
+
+
+def test_the_command_gets_the_lease_and_its_status_is_the_exit_status(lab, env, tmp_path):
+    seen = tmp_path / "seen"
+    script = f'echo "$DEVICE_LOOP_LEASE $DEVICE_LOOP_DEVICE" > {seen}; echo out; exit 3'
+    status, outcome, err = outcome_of(start_with(env, lab, "sim-board-0", "--json", "--", "sh", "-c", script))
+    assert status == 3, err
+    lease_id, name = seen.read_text().split()
+    assert (outcome["status"], outcome["failure"], outcome["device"], outcome["lease"]) == (3, "test", name, lease_id)
+    assert name == "sim-board-0" and outcome["command"] == ["sh", "-c", script]
+    assert lab.api(f"/leases/{lease_id}").json()["state"] == "released"
+
+    status, outcome, err = outcome_of(start_with(env, lab, "--class", "sim-board", "--json", "--", "true"))
+    assert (status, outcome["failure"], outcome["reason"]) == (0, None, None), err
+    assert outcome["timings"]["total_s"] >= outcome["timings"]["run_s"] > 0
+
+
+def test_max_time_cuts_the_command_with_124_and_its_children_go_too(lab, env, tmp_path):
+    pids = tmp_path / "pids"
+    script = f"sleep 1000 & echo $! > {pids}; wait"
+    status, outcome, err = outcome_of(start_with(env, lab, "sim-board-0", "--max-time", "1s", "--json", "--",
+                                                 "sh", "-c", script))
+    assert (status, outcome["failure"]) == (124, "timeout"), err
+    assert "--max-time 1s" in err
+    assert not pid_alive(int(pids.read_text()))
+
+
+def test_a_lease_revoked_while_the_command_runs_is_a_lab_failure(lab, env, tmp_path):
+    started = tmp_path / "started"
+    proc = start_with(env, lab, "sim-board-0", "--json", "--", "sh", "-c", f"touch {started}; sleep 1000")
+    wait_for(started.exists, 20, what="the command started")
+    lease_id = device(lab, "sim-board-0")["lease"] or lab.api("/leases").json()[0]["id"]
+    assert lab.api(f"/admin/leases/{lease_id}/revoke", "POST").status_code == 200
+    status, outcome, err = outcome_of(proc)
+    assert (status, outcome["failure"]) == (75, "lab"), err
+    assert "device-loop: lab failure: the lease" in err and "revoked" in outcome["reason"]
+
+
+@pytest.mark.parametrize("runner", ["github", "ignores-signals"])
+def test_cancel_as_runners_send_it_frees_the_board_within_a_second(lab, env, tmp_path, runner):
+    """SIGINT, then SIGTERM, then SIGKILL: the lease ends within a second of the first (even
+    when the command ignores it), and none of the command's processes outlives `with`."""
+    pids = tmp_path / "pids"
+    ignore = 'trap "" INT TERM HUP; ' if runner == "ignores-signals" else ""
+    script = f"{ignore}sleep 1000 & sleep 1000 & echo $$ $(jobs -p) > {pids}.tmp; mv {pids}.tmp {pids}; wait; wait"
+    proc = start_with(env, lab, "sim-board-0", "--json", "--", "sh", "-c", script)
+    wait_for(pids.exists, 20, what="the command started")
+    lease_id = lab.api("/leases").json()[0]["id"]
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    wait_for(lambda: lab.api(f"/leases/{lease_id}").json()["state"] == "released", 1.5, interval=0.02,
+             what="the lease released")
+    assert time.monotonic() - sent < 1.5
+    if runner == "ignores-signals":
+        assert proc.poll() is None and all(pid_alive(int(p)) for p in pids.read_text().split())
+        proc.send_signal(signal.SIGTERM)  # the second: the group is killed
+    status, outcome, err = outcome_of(proc, timeout=10)
+    assert (status, outcome["cancelled"], outcome["failure"]) == (130, "SIGINT", None), err
+    assert not any(pid_alive(int(p)) for p in pids.read_text().split())
+
+
+def test_kill_9_of_with_leaves_no_process_of_the_command(lab, env, tmp_path):
+    pids = tmp_path / "pids"
+    script = f"sleep 1000 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}; wait"
+    proc = start_with(env, lab, "sim-board-0", "--keepalive", "5s", "--", "sh", "-c", script)
+    wait_for(pids.exists, 20, what="the command started")
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: not any(pid_alive(int(p)) for p in pids.read_text().split()), 5,
+             what="the command's processes gone")

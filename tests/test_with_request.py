@@ -1,0 +1,93 @@
+"""``device-loop with``'s request and outcome without a lab (docs/architecture.md, "A lease
+bound to a command"): a wrong request is a usage error before anything is reserved, and the
+exit status follows from how the command ended."""
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+
+from device_loop.cli.main import cli
+from device_loop.client.command_lease import (MAX_ARGUMENTS, CommandRequest, WrongRequest, check_request,
+                                              lost_reason, trouble_after_failure)
+from device_loop.core.command_outcome import CommandOutcome, command_status_outcome
+from device_loop.core.vocabulary import FailureKind
+
+
+def request(*command: str, **given) -> CommandRequest:
+    given.setdefault("device", "sim-board-0")
+    return CommandRequest(command=command, **given)
+
+
+@pytest.mark.parametrize("given, said", [
+    (request(), "give the command"),
+    (request(*["true"] * 100_000), "100,000 arguments"),
+    (request("true", "x" * (1 << 20)), "bytes; at most"),
+    (request("true", "a\0b"), "NUL"),
+    (request("true", device=None), "name a DEVICE"),
+    (request("true", class_="sim-board"), "not both"),
+    (request("true", keepalive_s=1), "out of range"),
+    (request("true", keepalive_s=10 * 365 * 86400), "out of range"),
+    (request("true", timeout_s=10 * 365 * 86400), "--timeout"),
+    (request("true", max_time_s=10 * 365 * 86400), "--max-time"),
+    (request("no-such-program-here"), "no such program"),
+])
+def test_a_wrong_request_is_refused_before_anything_is_reserved(given, said):
+    with pytest.raises(WrongRequest, match=said):
+        check_request(given)
+
+
+def test_a_request_at_the_bounds_is_taken():
+    check_request(request(*["true"] * MAX_ARGUMENTS, keepalive_s=5))
+    check_request(request("true", device=None, class_="sim-board", tags=("rvv",), keepalive_s=3600))
+
+
+@pytest.mark.parametrize("args, said", [
+    (["with", "sim-board-0", "--keepalive", "0", "--", "true"], "give a unit"),
+    (["with", "sim-board-0", "--keepalive", "10y", "--", "true"], "not a duration"),
+    (["with", "sim-board-0", "--timeout", "0s", "--", "true"], "positive"),
+])
+def test_the_command_line_refuses_a_wrong_duration_as_a_usage_error(args, said):
+    with pytest.raises(click.UsageError, match=said):
+        cli.main(["--coordinator", "http://127.0.0.1:9", *args], standalone_mode=False)
+
+
+def test_everything_after_the_dashes_is_the_command_untouched():
+    context = cli.make_context("device-loop", ["with", "d", "--", "x"], resilient_parsing=True)
+    command = cli.get_command(context, "with")
+    sub = command.make_context("with", ["d", "--json", "--", "sh", "--json", "-c", "--"], parent=context)
+    assert sub.params["device"] == "d" and sub.params["as_json"]
+    assert sub.meta["with.command"] == ("sh", "--json", "-c", "--")
+
+
+@pytest.mark.parametrize("command_status, status, failure", [
+    (0, 0, None), (3, 3, FailureKind.TEST), (75, 75, FailureKind.LAB), (-9, 137, FailureKind.TEST),
+])
+def test_a_command_that_ran_to_its_end_gives_its_own_status(command_status, status, failure):
+    assert command_status_outcome(command_status) == (status, failure)
+
+
+def test_the_outcome_is_one_json_object():
+    outcome = CommandOutcome(command=("true",), status=75, failure=FailureKind.LAB, reason="the lease was lost")
+    said = json.loads(json.dumps(outcome.to_json()))
+    assert (said["status"], said["failure"], said["command"], said["timings"]["total_s"]) == (75, "lab", ["true"], 0)
+    assert outcome.lab_failed
+
+
+LEASE = {"id": "lease-1", "device": "d", "state": "active", "device_state": "in_use", "ready": True,
+         "reason": "ready", "switched_off": None}
+
+
+@pytest.mark.parametrize("change, lost, after_failure", [
+    ({}, False, False),
+    ({"state": "revoked", "reason": "revoked by bob"}, True, True),
+    ({"device_state": "offline"}, True, True),
+    ({"device_state": "faulty"}, True, True),
+    ({"switched_off": "switched off by alice"}, False, True),   # (its holder may switch it off on purpose)
+    ({"ready": False, "reason": "the exporter lost its connection"}, False, True),
+])
+def test_what_the_lab_failed(change, lost, after_failure):
+    lease = {**LEASE, **change}
+    assert (lost_reason(lease) is not None) == lost
+    assert (trouble_after_failure(lease) is not None) == after_failure

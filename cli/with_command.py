@@ -36,7 +36,7 @@ def _say(text: str) -> None:
     click.echo(f"device-loop: {text}", err=True)
 
 
-@click.command("with", cls=_CommandAfterDashes, short_help="run a command with a device leased for exactly as long "
+@click.command("with", cls=_CommandAfterDashes, short_help="Run COMMAND with a device leased for exactly as long "
                                                           "as it runs")
 @click.argument("device", required=False)
 @click.option("--class", "device_class", help="any free device of this class (the one idle the longest)")

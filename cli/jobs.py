@@ -26,12 +26,15 @@ from device_loop.core.durations import format_duration
 from device_loop.core.ab.jobs import JobSpec, JobSummary, JobView, Order, group_target
 from device_loop.core.vocabulary import JobState, Needs
 
+from .ci_results import check_distinct, ci_options, write_job_results
 from .commands import _tags, _ttl, json_option, lab_command
 from device_loop.client.lab import Lab
 from .output import emit, table
 
 MAX_JOB_FILE_BYTES = 1 << 20
 BETTER_WORDS = ("lower", "higher")
+#: The files ``--junit`` and ``--markdown`` name (cli/ci_results.py), or None for neither.
+Reports = tuple[Path | None, Path | None] | None
 
 
 # --- building a spec ---------------------------------------------------------------------------
@@ -173,12 +176,14 @@ def _say(text: str) -> None:
     click.echo(f"  {text}", err=True)
 
 
-def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, share_token: bool = True) -> None:
+def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, share_token: bool = True,
+             reports: Reports = None) -> None:
     """Submit ``spec`` with this process as its worker, run it, print its table (or JSON),
     and exit 0 once done, 1 if it failed. Ctrl-C or SIGTERM stops it: failed, leases released.
     Its commands run in a cgroup of the job's where this machine lets it make one
     (``client/job_cgroups.py``), else each in a process group; ``share_token``: they get
-    this process's token."""
+    this process's token. ``reports``: the JUnit and markdown files to write once it ended,
+    however it ended (and the step summary, in GitHub Actions)."""
     from device_loop.core.process import keep_private
 
     from device_loop.client.job_cgroups import CgroupsUnavailable, JobCgroups
@@ -205,6 +210,7 @@ def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, sh
         if cgroups is not None:
             cgroups.close()
     show_ended(ended, as_json, plot)
+    write_job_results(lab.api.url, ended, *(reports or (None, None)))
     if ended.state is not JobState.DONE:
         sys.exit(130 if stopper.reason == "interrupted (Ctrl-C)" else 1)
 
@@ -257,13 +263,16 @@ def _what(spec: JobSpec) -> str:
     return f"{spec.rounds} round{'s' if spec.rounds != 1 else ''} on {where}"
 
 
-def _go(lab: Lab, spec: JobSpec, as_json: bool, submit: bool, plot: str | None) -> None:
+def _go(lab: Lab, spec: JobSpec, as_json: bool, submit: bool, plot: str | None, reports: Reports = None) -> None:
     if not submit:
-        run_here(lab, spec, as_json, plot)
+        run_here(lab, spec, as_json, plot, reports=reports)
         return
     if plot:
         raise click.UsageError("--plot draws the runs of a job run here: with --submit, draw them later with "
                                "device-loop job evidence ID --plot FILE.png")
+    if reports is not None and any(reports):
+        raise click.UsageError("--junit and --markdown write the results of a job run here: with --submit, write "
+                               "them once it ended with device-loop job evidence ID --junit FILE --markdown FILE")
     job = lab.jobs.submit(spec)
     emit(as_json, job.model_dump(mode="json", by_alias=True),
          lambda _: f"{job.id}: queued for a device-loop worker of {job.owner}'s; follow it with: "
@@ -278,22 +287,26 @@ def _go(lab: Lab, spec: JobSpec, as_json: bool, submit: bool, plot: str | None) 
                                                "are shown and you are asked first)")
 @click.option("--yes", is_flag=True, help="with --from-job: run another person's commands without asking")
 @click.option("--share-token", is_flag=True, help="with --from-job: give another person's commands your token too")
+@ci_options
 @json_option
 @lab_command
-def run_command(lab: Lab, job_file: str | None, from_job: str | None, yes: bool, share_token: bool, as_json: bool):
+def run_command(lab: Lab, job_file: str | None, from_job: str | None, yes: bool, share_token: bool, as_json: bool,
+                junit_file: Path | None, markdown_file: Path | None):
     """Run a job file here (this process is its worker) and print its table; exit 0 once
     done, 1 if it failed."""
     if (job_file is None) == (from_job is None):
         raise click.UsageError("give a JOBFILE.toml or --from-job ID (one of them)")
+    check_distinct(junit_file, markdown_file)
+    reports = (junit_file, markdown_file)
     if job_file is not None:
-        run_here(lab, load_job_file(job_file), as_json)
+        run_here(lab, load_job_file(job_file), as_json, reports=reports)
         return
     job = lab.jobs.get(from_job or "")
     if _yours(lab, job):
-        run_here(lab, job.spec, as_json)
+        run_here(lab, job.spec, as_json, reports=reports)
         return
     _ask_before_running(job, yes)
-    run_here(lab, job.spec, as_json, share_token=share_token)
+    run_here(lab, job.spec, as_json, share_token=share_token, reports=reports)
 
 
 def _yours(lab: Lab, job: JobView) -> bool:
@@ -334,11 +347,14 @@ def _shown(command: str) -> str:
 
 @click.command("ab")
 @ab_options
+@ci_options
 @lab_command
-def ab_command(lab: Lab, as_json: bool, submit: bool, plot: str | None, **options):
+def ab_command(lab: Lab, as_json: bool, submit: bool, plot: str | None, junit_file: Path | None,
+               markdown_file: Path | None, **options):
     """An A/B pair on one device: --baseline and --patch interleaved, settle before each run,
     then the table (benchstat's shape) and the job's id for its evidence."""
-    _go(lab, ab_spec(options), as_json, submit, plot)
+    check_distinct(junit_file, markdown_file)
+    _go(lab, ab_spec(options), as_json, submit, plot, (junit_file, markdown_file))
 
 
 @click.command("matrix")
@@ -347,15 +363,18 @@ def ab_command(lab: Lab, as_json: bool, submit: bool, plot: str | None, **option
 @click.option("--cell-wait", callback=_ttl, help="how long a group waits for a device before it is 'not run'  "
                                                  "[default: 5m]")
 @ab_options
+@ci_options
 @lab_command
 def matrix_command(lab: Lab, groups: tuple[str, ...], over: tuple[str, ...], cell_wait: float | None,
-                   as_json: bool, submit: bool, plot: str | None, **options):
+                   as_json: bool, submit: bool, plot: str | None, junit_file: Path | None,
+                   markdown_file: Path | None, **options):
     """The same A/B pair over device groups, each on its own device, side by side where the
     lab allows: one table, a row per group."""
     words = list(groups)
     if words and words[-1] == "ab":
         words.pop()
     everything = [*over, *words]
+    check_distinct(junit_file, markdown_file)
     if not everything:
         raise click.UsageError("give the device groups: --over tags=sve2 --over tags=rvv (or after --over, "
                                "as arguments)")
@@ -368,7 +387,7 @@ def matrix_command(lab: Lab, groups: tuple[str, ...], over: tuple[str, ...], cel
     matrix: dict[str, Any] = {"over": everything}
     if cell_wait is not None:
         matrix["wait_s"] = cell_wait
-    _go(lab, ab_spec(options, matrix), as_json, submit, plot)
+    _go(lab, ab_spec(options, matrix), as_json, submit, plot, (junit_file, markdown_file))
 
 
 def _when(seconds: float | None) -> str:
@@ -438,11 +457,16 @@ def job_show_command(lab: Lab, job_id: str, as_json: bool):
 @job_group.command("evidence")
 @click.argument("job_id", metavar="ID")
 @click.option("--plot", type=click.Path(dir_okay=False), help="also draw the runs as a chart (PNG), linked from it")
+@ci_options
 @lab_command
-def job_evidence_command(lab: Lab, job_id: str, plot: str | None, as_json: bool):
+def job_evidence_command(lab: Lab, job_id: str, plot: str | None, as_json: bool, junit_file: Path | None,
+                         markdown_file: Path | None):
     """The job's evidence as one markdown, for a pull request or a review: device-loop job
     evidence ID > evidence.md"""
+    check_distinct(junit_file, markdown_file)
     markdown = lab.jobs.evidence(job_id)
+    if junit_file is not None or markdown_file is not None:
+        write_job_results(lab.api.url, lab.jobs.get(job_id), junit_file, markdown_file, markdown)
     if plot:
         from device_loop.core.ab import charts
 

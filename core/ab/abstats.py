@@ -88,6 +88,7 @@ class Comparison:
     verdict: Verdict
     words: str                      # "B is 5.1% faster", "same within ±2%", "collect more: ..."
     more_rounds: int | None = None  # for unknown
+    regressed: bool = False         # different, and the worse way: B slower or worse than A
 
 
 @dataclass(frozen=True)
@@ -260,23 +261,29 @@ def is_time(unit: str) -> bool:
     return unit.strip().lower() in TIME_UNITS
 
 
+def improved(estimate: float, scale: Literal["ratio", "shift"], better: Better) -> bool:
+    """Whether B moved the good way: a ratio B/A below 1 (a shift below 0) where lower is
+    better, above where higher is."""
+    neutral = 1.0 if scale == "ratio" else 0.0
+    return estimate < neutral if better is Better.LOWER else estimate > neutral
+
+
 def change_words(ratio: float, better: Better, unit: str) -> str:
     """``B is 5.1% faster`` for a time that dropped; ``better``/``worse`` for anything else,
     as ``better`` says which way is good."""
-    improved = ratio < 1 if better is Better.LOWER else ratio > 1
+    is_better = improved(ratio, "ratio", better)
     if is_time(unit) and better is Better.LOWER:
-        word = "faster" if improved else "slower"
+        word = "faster" if is_better else "slower"
     else:
-        word = "better" if improved else "worse"
+        word = "better" if is_better else "worse"
     return f"B is {abs(ratio - 1) * 100:.1f}% {word}"
 
 
 def shift_words(shift: float, better: Better, unit: str) -> str:
     """``B is 3.2 ms lower (better)``, for a metric compared by its shift."""
-    improved = shift < 0 if better is Better.LOWER else shift > 0
     unit_text = f" {unit}" if unit else ""
     direction = "lower" if shift < 0 else "higher"
-    return f"B is {abs(shift):.4g}{unit_text} {direction} ({'better' if improved else 'worse'})"
+    return f"B is {abs(shift):.4g}{unit_text} {direction} ({'better' if improved(shift, 'shift', better) else 'worse'})"
 
 
 # --- one comparison ----------------------------------------------------------------------------
@@ -336,10 +343,11 @@ def _compare(raw: _Raw, p_holm: float, alpha: float, better: Better, unit: str, 
     inside = (low is not None and high is not None and raw.margin is not None
               and raw.margin[0] <= low and high <= raw.margin[1])
     estimate = back(raw.estimate)
-    more = None
+    more, regressed = None, False
     if excludes and p_holm < alpha:
         verdict = Verdict.DIFFERENT
         words = change_words(estimate, better, unit) if raw.scale == "ratio" else shift_words(estimate, better, unit)
+        regressed = not improved(estimate, raw.scale, better)
     elif inside:
         verdict, words = Verdict.SAME, f"same within ±{same_within * 100:g}%"
     else:
@@ -347,7 +355,7 @@ def _compare(raw: _Raw, p_holm: float, alpha: float, better: Better, unit: str, 
         verdict, words = Verdict.UNKNOWN, f"collect more: about {more} more round{'s' if more != 1 else ''}"
     return Comparison(raw.scale, HL_RATIO if raw.scale == "ratio" else HL_SHIFT, estimate,
                       None if low is None else back(low), None if high is None else back(high),
-                      raw.p, p_holm, verdict, words, more)
+                      raw.p, p_holm, verdict, words, more, regressed)
 
 
 # --- a job -------------------------------------------------------------------------------------

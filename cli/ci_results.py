@@ -1,0 +1,105 @@
+"""Results where CI shows them (docs/architecture.md, "Results where CI shows them"): the
+``--junit FILE`` and ``--markdown FILE`` options of ``run``, ``ab``, ``matrix``, ``job
+evidence`` and ``with``, and the evidence appended to ``$GITHUB_STEP_SUMMARY`` when a step
+of GitHub Actions sets it.
+
+The paths are checked before anything runs (a CI job should not learn at its end, after a
+board's half hour, that its report cannot be written); the files are written however the
+command ended, a cancel included, since a cancelled job's partial results are what CI shows.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+#: Below this much room left in a step's summary, only a line with the link is written.
+LEAST_SUMMARY_BYTES = 4096
+
+
+def _writable(ctx, param, value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value} is a folder: give a file's path")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise click.BadParameter(f"there is no folder {folder} to write {path.name} into")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise click.BadParameter(f"{value} cannot be written (permissions)")
+    return path
+
+
+def ci_options(command: Callable) -> Callable:
+    """``--junit FILE`` and ``--markdown FILE``."""
+    command = click.option("--markdown", "markdown_file", metavar="FILE", callback=_writable,
+                           help="also write the evidence fit for a pull-request comment (under 65,536 characters: "
+                                "long tables cut, with a link to the job's page)")(command)
+    return click.option("--junit", "junit_file", metavar="FILE", callback=_writable,
+                        help="also write the results as JUnit XML, for CI (GitLab, Jenkins, GitHub test "
+                             "reporters)")(command)
+
+
+def check_distinct(junit_file: Path | None, markdown_file: Path | None) -> None:
+    """Refuse one file for both reports."""
+    if junit_file is not None and markdown_file is not None and junit_file.resolve() == markdown_file.resolve():
+        raise click.UsageError("--junit and --markdown name the same file: give each its own")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def append_step_summary(markdown: str, job_url: str, job_id: str) -> None:
+    """Append ``markdown`` to the file ``$GITHUB_STEP_SUMMARY`` names (when set), cut to what
+    the summary has room for; a summary that cannot be written is said on stderr, not fatal
+    (the results are in the job and its other files)."""
+    from device_loop.core.ab.comment import STEP_SUMMARY_BYTES, fit, page_link
+
+    where = os.environ.get(STEP_SUMMARY, "")
+    if not where:
+        return
+    path = Path(where)
+    try:
+        used = path.stat().st_size if path.exists() else 0
+        room = STEP_SUMMARY_BYTES - used
+        text = fit(markdown, room, job_url, job_id) if room >= LEAST_SUMMARY_BYTES else \
+            f"The evidence is on {page_link(job_url, job_id)}.\n"
+        with path.open("a", encoding="utf-8") as summary:
+            summary.write(("\n" if used else "") + text.rstrip("\n") + "\n")
+    except OSError as exc:
+        click.echo(f"device-loop: cannot append to ${STEP_SUMMARY} ({where}): {exc.strerror or exc}", err=True)
+
+
+def job_page(lab_url: str, job_id: str) -> str:
+    """The address of a job's page on the coordinator: the whole of its evidence."""
+    import urllib.parse
+
+    return f"{lab_url.rstrip('/')}/jobs/{urllib.parse.quote(job_id, safe='')}"
+
+
+def write_job_results(lab_url: str, job, junit_file: Path | None, markdown_file: Path | None,
+                      markdown: str | None = None) -> None:
+    """A job's JUnit XML and comment-sized markdown to the files asked for, and its evidence
+    to the step summary when there is one. ``markdown``: the evidence as the coordinator
+    made it (else made here from the same runs: the same text)."""
+    if junit_file is None and markdown_file is None and not os.environ.get(STEP_SUMMARY):
+        return
+    from device_loop.core.ab import abstats, evidence, junit
+    from device_loop.core.ab.comment import PR_COMMENT_BYTES, fit
+
+    analysis = abstats.analyse(job.spec, job.runs, job.cells)
+    url = job_page(lab_url, job.id)
+    if junit_file is not None:
+        _write(junit_file, junit.job_junit(job, analysis, url))
+    whole = markdown if markdown is not None else evidence.markdown(job, analysis)
+    if markdown_file is not None:
+        _write(markdown_file, fit(whole, PR_COMMENT_BYTES, url, job.id))
+    append_step_summary(whole, url, job.id)

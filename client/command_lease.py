@@ -436,8 +436,9 @@ class _Watch:
                 self._done.wait(WATCH_S)  # (pending: the long-poll answers at once)
 
     def stop(self) -> None:
+        """Stop looking (at once: a long-poll under way is left to end on its own thread, or
+        with the client's connections)."""
         self._done.set()
-        self._thread.join(WATCH_S + self.lease.api.timeout)
 
 
 def lost_reason(lease: Mapping[str, Any]) -> str | None:
@@ -573,6 +574,9 @@ class _Run:
             assert self.request.max_time_s is not None
             return replace(outcome, status=TIMEOUT_STATUS, failure=FailureKind.TIMEOUT,
                            reason=f"--max-time {format_duration(self.request.max_time_s)} cut the command")
+        if -command_status in CANCEL_SIGNALS:  # (Ctrl-C at the terminal it was given reaches it, not `with`)
+            return replace(outcome, status=cancelled_status(-command_status), cancelled=signal_name(-command_status),
+                           reason=f"cancelled by {signal_name(-command_status)}")
         status, failure = command_status_outcome(command_status)
         if failure == FailureKind.LAB:
             return replace(outcome, status=status, failure=failure,

@@ -106,3 +106,79 @@ def test_kill_9_of_with_leaves_no_process_of_the_command(lab, env, tmp_path):
     proc.wait()
     wait_for(lambda: not any(pid_alive(int(p)) for p in pids.read_text().split()), 5,
              what="the command's processes gone")
+
+
+# The command: reads the board's console until it closes, then (waiting for the lab to see
+# why, as a person would look) fails.
+CONSOLE_READER = """
+import json, os, socket, sys, time, urllib.request
+lease = json.loads(os.environ["DEVICE_LOOP_LEASE_ANSWER"])
+endpoint = lease["endpoints"][0]
+console = socket.create_connection((endpoint["host"], endpoint["port"]))
+open(sys.argv[1], "w").close()
+while console.recv(4096):
+    pass
+url = f"{os.environ['DEVICE_LOOP_COORDINATOR']}/api/v1/leases/{lease['id']}"
+request = urllib.request.Request(url, headers={"X-Device-Loop-User": os.environ["DEVICE_LOOP_USER"]})
+while json.load(urllib.request.urlopen(request))["ready"]:
+    time.sleep(0.05)
+sys.exit(1)
+"""
+
+
+def test_the_exporter_killed_while_the_command_runs_is_a_lab_failure(coordinator, exporter_factory, env, tmp_path):
+    exporter = exporter_factory()
+    wait_state(coordinator, "sim-board-0", "idle")
+    started = tmp_path / "started"
+    script = tmp_path / "reader.py"
+    script.write_text(CONSOLE_READER)
+    proc = start_with(env, coordinator, "sim-board-0", "--json", "--", sys.executable, str(script), str(started))
+    wait_for(started.exists, 20, what="the command reading the console")
+    exporter.stop(signal.SIGKILL)
+    status, outcome, err = outcome_of(proc)
+    assert (status, outcome["failure"], outcome["command_status"]) == (75, "lab", 1), err
+    assert "exporter on host-a lost its connection" in outcome["reason"]
+    assert f"device-loop: lab failure: {outcome['reason']}" in err
+
+
+def test_queued_it_says_its_place_and_runs_once_granted_and_gives_up_at_its_timeout(lab, env, tmp_path):
+    holder = lab.api("/leases", "POST", json={"device": "sim-board-0", "ttl_s": 600},
+                     headers={"X-Device-Loop-User": "bob"}).json()
+    status, outcome, err = outcome_of(start_with(env, lab, "sim-board-0", "--queue", "--timeout", "1s", "--json",
+                                                 "--", "true"))
+    assert (status, outcome["failure"]) == (75, "lab"), err
+    assert "position 1" in err and "no device within 1s" in outcome["reason"] and "cancelled" in outcome["reason"]
+    assert [t["state"] for t in lab.api("/tickets").json()] == ["cancelled"]
+
+    proc = start_with(env, lab, "sim-board-0", "--queue", "--json", "--", "true")
+    wait_for(lambda: any(t["state"] == "waiting" for t in lab.api("/tickets").json()), 20, what="queued")
+    lab.api(f"/leases/{holder['id']}/release", "POST", headers={"X-Device-Loop-User": "bob"})
+    status, outcome, err = outcome_of(proc)
+    assert (status, outcome["device"]) == (0, "sim-board-0"), err
+
+
+def test_at_a_terminal_the_command_is_its_foreground_and_ctrl_c_reaches_it(lab, env, tmp_path):
+    import fcntl
+    import termios
+
+    primary, secondary = os.openpty()
+    said = tmp_path / "said"
+    script = (f'python3 -c "import os; print(os.tcgetpgrp(0) == os.getpgrp())" > {said}; '
+              f"sleep 1000")
+
+    def controlling_terminal():
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", lab.url, "with",
+                             "sim-board-0", "--json", "--", "sh", "-c", script], env=env, stdin=secondary,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=controlling_terminal)
+    os.close(secondary)
+    try:
+        wait_for(lambda: said.exists() and said.read_text().strip(), 20, what="the command started")
+        assert said.read_text().strip() == "True", "the command's group is the terminal's foreground"
+        os.write(primary, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground group
+        status, outcome, err = outcome_of(proc)
+        assert (status, outcome["cancelled"], outcome["failure"]) == (130, "SIGINT", None), err
+    finally:
+        os.close(primary)

@@ -111,9 +111,12 @@ class Jobs:
         answer = self.api.post(f"/jobs/{job_id}/beat")
         return JobState(answer.get("state", JobState.RUNNING))
 
-    def reserve(self, job_id: str, cell: int, target: Target) -> Lease | Ticket:
-        """A lease for one cell, or a ticket for it when nothing that matches is free."""
+    def reserve(self, job_id: str, cell: int, target: Target, exclude: Sequence[str] = ()) -> Lease | Ticket:
+        """A lease for one cell, or a ticket for it when nothing that matches is free; a retry
+        leaves out the devices of ``exclude``."""
         body = {"cell": cell, **target.model_dump(by_alias=True, exclude_none=True)}
+        if exclude:
+            body["exclude"] = list(exclude)
         answer = self.api.post(f"/jobs/{job_id}/reserve", body)
         return Ticket(self.api, answer) if "ticket" in answer else Lease(self.api, answer)
 

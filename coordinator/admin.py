@@ -65,7 +65,8 @@ class Admin:
     async def clear_fault(self, name: str, admin: str) -> DeviceAnswer:
         """Clear the fault a failed step between leases left (docs/architecture.md, "Steps
         between leases"), a permanent health failure or an admin left ("Health that heals"),
-        or the one an unverified power on left once an admin saw the board run: the device is
+        or the one an unverified power on left once an admin saw the board run, or two lab failures
+        in a row left ("Lab failures"): the device is
         idle again, and goes to the first ticket waiting for it. A board switched off stays
         faulty until a power on is verified (docs/architecture.md, "Power")."""
         async with self.store.tx():
@@ -79,8 +80,9 @@ class Admin:
             if switched_off(device["fault"], device["fault_kind"]):
                 raise conflict(ErrorCode.SWITCHED_OFF, f"{name} was switched off ({device['fault']}); only a power on "
                                                        f"that is verified clears that: device-loop power on {name}")
+            # its lab failures in a row start again from none (docs/architecture.md, "Lab failures")
             await self.life.change(device, f"fault cleared by admin {admin} (was: {device['fault']})", admin,
-                                   NO_FAULT)
+                                   {**NO_FAULT, "lab_failures": 0})
             await self.life.audit(admin, "clear_fault", name, None, {"fault": device["fault"]})
             await self.scheduler.grant_free([name])
         return await self.devices.device_info(name)

@@ -415,9 +415,10 @@ async def beat_job(ctx: Ctx, args: JobId) -> dict[str, Any]:
 
 async def reserve_for_job(ctx: Ctx, args: JobReserveIn) -> LeaseAnswer | TicketAnswer:
     """A lease for one cell of a running job (held by its owner), or a queue ticket of the
-    job's kind when nothing that matches is free: follow it with ticket_status."""
+    job's kind when nothing that matches is free: follow it with ticket_status. A retry
+    names the devices it leaves out (exclude)."""
     return await ctx.rules.jobs.reserve(args.job_id, args.cell, args.device, args.device_class, args.tags,
-                                        ctx.caller)
+                                        ctx.caller, args.exclude)
 
 
 async def report_cell(ctx: Ctx, args: JobId) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, model_validator
 
 from device_loop.core.device_exec import MAX_COMMAND_BYTES
-from device_loop.core.ab.jobs import MAX_CELLS, MAX_TEXT_CHARS, JobSpec, metric_pattern
+from device_loop.core.ab.jobs import MAX_CELLS, MAX_RETRY, MAX_TEXT_CHARS, JobSpec, metric_pattern
 from device_loop.core.protocol import MAX_TAGS, Strict, Tag
 
 from .identity import USERNAME
@@ -23,6 +23,7 @@ EXEC_MAX_COMMAND_CHARS = MAX_COMMAND_BYTES  # what exec takes (in bytes: a comma
 #: A worker's label, as it says (its host and process): shown, never trusted.
 WorkerLabel = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
 UserName = Annotated[str, StringConstraints(pattern=USERNAME.pattern)]
+DeviceName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 JOB_ID = Field(min_length=1, max_length=64,
                description="the job's id, as submit_job answered it ('job-' and 16 hexadecimal digits, e.g. "
@@ -101,6 +102,10 @@ class JobReserveIn(JobId):
                                      description="any free device of this class")
     tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS,
                             description=f"any free device with every one of these tags (at most {MAX_TAGS})")
+    exclude: list[DeviceName] = Field(default_factory=list, max_length=MAX_RETRY,
+                                      description=f"a retry's: devices not to take (those its cell's lab failures "
+                                                  f"were on; at most {MAX_RETRY}), e.g. ['sim-board-0']; the device "
+                                                  "is then picked by name, a free one first")
 
 
 class FinishJobIn(JobId):

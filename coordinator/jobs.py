@@ -26,19 +26,20 @@ from typing import Any, Awaitable, Callable
 from device_loop.core.durations import format_duration
 from device_loop.core.ab.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEASURE, CellReport, JobSpec, JobView,
                                    RunRecord, runs_per_cell)
-from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, JobState, LeaseState,
-                                         TicketKind, TicketState)
+from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, FailureKind,
+                                         FaultKind, JobState, LeaseState, TicketKind, TicketState)
 
 from device_loop.core.answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
 from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
 from .leases import Leases
-from .lifecycle import Lifecycle
+from .lifecycle import Lifecycle, fault
 from .notify import ticket_key
 from .rows import JobCellRow, JobLeaseRow, JobRow, JobRunRow
 from .scheduler import Scheduler
 from .store import Store
-from .who import Who, lab_actor
+from .who import COORDINATOR, Who, lab_actor
+from .store.devices import DeviceQueries
 from .store.jobs import JobQueries
 from .store.leases import LeaseQueries
 from .store.tickets import TicketQueries
@@ -50,7 +51,8 @@ SILENT_PER_PASS = 20       # jobs whose worker was lost, ended by one reaper pas
 QUEUED_KEY = "jobs:queued"  # a job was queued: claims long-polling wake up
 ANALYSES_KEPT = 32
 MAX_OPEN_JOBS = 50            # queued or running jobs one person may have (admins are counted, not limited)
-RESERVATIONS_PER_CELL = 4     # tickets and leases a job may make for one cell (a lease that ended, again)
+RESERVATIONS_PER_CELL = 4     # tickets and leases a job may make for one attempt of a cell (a lease that ended, again)
+LAB_FAILURES_FAULTY = 2       # lab failures in a row that take a device out of service ("Lab failures")
 
 
 def job_key(job_id: str) -> str:
@@ -77,10 +79,11 @@ def _summary(row: JobRow) -> dict[str, Any]:
 
 
 def _cell(row: JobCellRow) -> dict[str, Any]:
-    return {"cell": row["cell"], "group": row["cell_group"], "device": row["device"], "lease_id": row["lease_id"],
+    return {"cell": row["cell"], "attempt": row["attempt"], "group": row["cell_group"], "device": row["device"],
+            "lease_id": row["lease_id"],
             "fingerprint": row["fingerprint"] and {**row["fingerprint"],  # (as _run: stored before bounds)
                                                    "thermal": _temperatures(row["fingerprint"].get("thermal", {}))},
-            "not_run": row["not_run"]}
+            "not_run": row["not_run"], "failure": row["failure"], "reason": row["reason"]}
 
 
 def _run(row: JobRunRow) -> dict[str, Any]:
@@ -130,11 +133,12 @@ def _jsonable(value: Any) -> Any:
 class Jobs:
     """Jobs, their cells and runs, and the leases they hold."""
 
-    def __init__(self, life: Lifecycle, scheduler: Scheduler, leases: Leases, *,
-                 jobs_sql: JobQueries, leases_sql: LeaseQueries, tickets_sql: TicketQueries):
+    def __init__(self, life: Lifecycle, scheduler: Scheduler, leases: Leases, *, jobs_sql: JobQueries,
+                 leases_sql: LeaseQueries, tickets_sql: TicketQueries, devices_sql: DeviceQueries):
         self.life, self.scheduler, self.leases = life, scheduler, leases
         self.store: Store = life.store
         self.jobs_sql = jobs_sql
+        self.devices_sql = devices_sql
         self.leases_sql = leases_sql
         self.tickets_sql = tickets_sql
         self._analyses: OrderedDict[tuple, Any] = OrderedDict()  # what the last few jobs' runs came to
@@ -298,18 +302,22 @@ class Jobs:
         return _summary(row)
 
     async def reserve(self, job_id: str, cell: int, device: str | None, device_class: str | None, tags: list[str],
-                      who: Who) -> LeaseAnswer | TicketAnswer:
+                      who: Who, exclude: list[str] | None = None) -> LeaseAnswer | TicketAnswer:
         """A lease for one cell of a running job, held by the job's owner, or a queue ticket
         of the job's kind when nothing that matches is free (``Scheduler.reserve``); recorded
-        on the job, which ends it when it ends."""
+        on the job, which ends it when it ends. ``exclude``: devices a retry leaves out (the
+        ones its cell's lab failures were on; docs/architecture.md, "Lab failures")."""
         async with self.store.tx():
             row = await self._worked(job_id, who, "reserves for it")
             spec = JobSpec.model_validate(row["spec"])
             self._check_cell(spec, cell)
-            most = RESERVATIONS_PER_CELL * cell_count(spec)
+            most = RESERVATIONS_PER_CELL * cell_count(spec) * (spec.retry + 1)
             if await self.jobs_sql.job_lease_count(job_id) >= most:
                 raise conflict(ErrorCode.TOO_MANY_RESERVATIONS, f"{job_id} has made {most} tickets and leases, the "
                                                                 f"most a job of {cell_count(spec)} cell(s) makes")
+            if exclude:
+                device = await self._other_device(device, device_class, tags, spec, exclude)
+                device_class, tags = None, []
             owner = Who(row["owner"])  # the job's leases are its owner's, counted and limited as theirs
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
                                                   owner, TicketKind(row["kind"]), spec.need)
@@ -319,6 +327,25 @@ class Jobs:
             self.life.notify(job_key(job_id))
             return answer
 
+    async def _other_device(self, device: str | None, device_class: str | None, tags: list[str], spec: JobSpec,
+                            exclude: list[str]) -> str:
+        """The device a retry takes, by name: a free one that matches, else the first that may
+        serve soon (its ticket waits for that one: a ticket has no devices to leave out), never
+        one of ``exclude``; 409 ``no_other_device`` when only those match."""
+        left_out = set(exclude)
+        if device is not None:
+            names = [device]
+        else:
+            takes = spec.need.fidelities(spec.need.falls_back_at_once)
+            free = await self.devices_sql.free_devices(device_class, tags, len(left_out) + 4, takes)
+            names = [d["name"] for d in free]
+            names += await self.devices_sql.matching_devices(device_class, tags, takes)
+        others = [name for name in names if name not in left_out]
+        if not others:
+            raise conflict(ErrorCode.NO_OTHER_DEVICE, f"no device but {', '.join(sorted(left_out))} matches this cell: "
+                                                      "a retry runs on another")
+        return others[0]
+
     @staticmethod
     def _check_cell(spec: JobSpec, cell: int) -> None:
         cells = cell_count(spec)
@@ -326,16 +353,32 @@ class Jobs:
             raise APIError(422, ErrorCode.NO_SUCH_CELL, f"cell {cell} is not one of this job's: it has {cells} "
                                                         f"(0 to {cells - 1})")
 
+    @staticmethod
+    def _check_attempt(spec: JobSpec, attempt: int) -> None:
+        if attempt > spec.retry:
+            raise APIError(422, ErrorCode.NO_SUCH_CELL, f"attempt {attempt} is past this job's retry = {spec.retry}: "
+                                                        f"a cell has attempts 0 to {spec.retry}")
+
     async def report_cell(self, job_id: str, report: CellReport, who: Who) -> dict[str, Any]:
-        """A cell as its worker saw it (its device, lease, fingerprint, or why it never ran):
-        the last report of a cell is what it is."""
+        """An attempt of a cell as its worker saw it (its device, lease, fingerprint, or why
+        it never ran, and whose failure ended it): the last report of an attempt is what it
+        is. An attempt the lab failed before any run counts against its device (``_count``)."""
         async with self.store.tx():
             row = await self._worked(job_id, who, "reports its cells")
-            self._check_cell(JobSpec.model_validate(row["spec"]), report.cell)
+            spec = JobSpec.model_validate(row["spec"])
+            self._check_cell(spec, report.cell)
+            self._check_attempt(spec, report.attempt)
             dumped = report.model_dump(mode="json", by_alias=True)
-            await self.jobs_sql.save_job_cell({"job": job_id, "cell": report.cell, "cell_group": report.group,
-                                               "device": report.device, "lease_id": report.lease_id,
-                                               "fingerprint": dumped["fingerprint"], "not_run": report.not_run})
+            before = await self.jobs_sql.job_cell(job_id, report.cell, report.attempt)
+            await self.jobs_sql.save_job_cell({"job": job_id, "cell": report.cell, "attempt": report.attempt,
+                                               "cell_group": report.group, "device": report.device,
+                                               "lease_id": report.lease_id, "fingerprint": dumped["fingerprint"],
+                                               "not_run": report.not_run, "failure": report.failure,
+                                               "reason": report.reason})
+            if report.failure == FailureKind.LAB and report.device and (before is None or before["failure"] is None):
+                last = await self.jobs_sql.last_run(job_id, report.cell, report.attempt)
+                if last is None or last["failure"] != FailureKind.LAB:  # (a run's lab failure counted already)
+                    await self._count(job_id, report.device, True, report.reason or "no reason given")
             self.life.notify(job_key(job_id))
         return dumped
 
@@ -346,16 +389,42 @@ class Jobs:
             row = await self._worked(job_id, who, "reports its runs")
             spec = JobSpec.model_validate(row["spec"])
             self._check_cell(spec, run.cell)
+            self._check_attempt(spec, run.attempt)
             most = runs_per_cell(spec)
             if run.seq >= most:
                 raise APIError(409, ErrorCode.TOO_MANY_RUNS, f"a cell of {job_id} has at most {most} runs (its spec's "
                                                              f"rounds): seq {run.seq} is past them")
             dumped = run.model_dump(mode="json", by_alias=True)
             if not await self.jobs_sql.insert_job_run({"job": job_id, **dumped}):  # type: ignore[typeddict-item]
-                raise conflict(ErrorCode.DUPLICATE_RUN, f"{job_id} has run {run.seq} of cell {run.cell} already: runs "
-                                                        f"are never changed")
+                raise conflict(ErrorCode.DUPLICATE_RUN, f"{job_id} has run {run.seq} of cell {run.cell} (attempt "
+                                                        f"{run.attempt}) already: runs are never changed")
+            where = await self.jobs_sql.job_cell(job_id, run.cell, run.attempt)
+            if where is not None and where["device"]:
+                lab = run.failure == FailureKind.LAB
+                why = f"run {run.seq} of cell {run.cell} (attempt {run.attempt}) failed, exit status {run.status}"
+                await self._count(job_id, where["device"], lab, why if lab else "")
             self.life.notify(job_key(job_id))
         return dumped
+
+    async def _count(self, job_id: str, name: str, lab: bool, why: str) -> None:
+        """Count a lab failure on device ``name`` (``lab``), or set its count back to 0 (in the
+        caller's transaction, the job's row locked): at ``LAB_FAILURES_FAULTY`` in a row it
+        becomes faulty, with a line of its ring log, until an admin clears it
+        (docs/architecture.md, "Lab failures"). A fault it has already stays, kind and all."""
+        if lab:
+            await self.leases_sql.lock_host_of_device(name)  # (the lock order: the job, then its devices' hosts)
+        count = await self.devices_sql.count_lab_failure(name, lab)
+        if not lab or count is None or count < LAB_FAILURES_FAULTY:
+            return
+        device = await self.devices_sql.device(name)
+        if device is None or device["fault"]:
+            return
+        words = f"{count} lab failures in a row, the last in {job_id}: {why}"[:500]
+        state = await self.life.change(device, words, COORDINATOR, fault(FaultKind.LAB_FAILURES, words))
+        if state == device["state"]:  # still leased: the ring log says so now, not when the lease ends
+            await self.life.note(device, words, COORDINATOR)
+        await self.life.audit(COORDINATOR, "lab_failures", name, None, {"job": job_id, "count": count,
+                                                                        "reason": why[:500]})
 
     async def finish(self, job_id: str, state: JobState, reason: str, who: Who) -> JobAnswer:
         """The worker says the job ended (done or failed): its leases are released."""

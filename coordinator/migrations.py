@@ -28,10 +28,11 @@ TICKET_KINDS = ("interactive", "batch")
 TOKEN_KINDS = ("person", "agent")
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 RUN_ARMS = ("A", "B", "run")
-FAULT_KINDS = ("step-failed", "health-permanent", "marked-faulty", "switched-off", "unverified-on")
+FAULT_KINDS = ("step-failed", "health-permanent", "marked-faulty", "switched-off", "unverified-on", "lab-failures")
 FIDELITIES = ("hardware", "simulated", "virtual", "emulated")
 PURPOSES = ("lease", "step", "settle", "recovery")
 NEEDS = ("real-hw", "any")
+FAILURE_KINDS = ("test", "lab", "timeout")
 
 MIGRATIONS: list[list[str | dict[str, str]]] = [
     # 1: devices, resources, hosts, leases, logs, idempotency keys
@@ -539,6 +540,57 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     # column is made anew, filled, and takes the old one's name (both databases alike)
     [
         "ALTER TABLE devices ADD COLUMN quarantine TEXT",
+        # (the kinds of then: migration 23 took lab-failures)
+        f"ALTER TABLE devices ADD COLUMN fault_kind_new TEXT {_one_of('fault_kind_new', FAULT_KINDS[:5])}",
+        "UPDATE devices SET fault_kind_new = fault_kind",
+        "ALTER TABLE devices DROP COLUMN fault_kind",
+        "ALTER TABLE devices RENAME COLUMN fault_kind_new TO fault_kind",
+    ],
+    # 23: lab failures (docs/architecture.md, "Lab failures"): whose failure a run and a cell's
+    # attempt was, a cell's attempts (a retry starts the cell again on another device: its runs
+    # and its report are the attempt's own, so both keys take it), each device's lab failures
+    # in a row, and the fault two of them leave. Tables whose key changes are made anew, filled
+    # and take the old one's name (both databases alike)
+    [
+        f"""CREATE TABLE job_runs_new (
+            job TEXT NOT NULL,
+            cell INTEGER NOT NULL,
+            attempt INTEGER NOT NULL DEFAULT 0,
+            seq INTEGER NOT NULL,
+            arm TEXT NOT NULL {_one_of("arm", RUN_ARMS)},
+            warmup BOOLEAN NOT NULL,
+            started_at DOUBLE PRECISION NOT NULL,
+            ended_at DOUBLE PRECISION NOT NULL,
+            status INTEGER NOT NULL,
+            readings TEXT NOT NULL,
+            samples TEXT NOT NULL,
+            output_tail TEXT NOT NULL,
+            failure TEXT {_one_of("failure", FAILURE_KINDS)},
+            PRIMARY KEY (job, cell, attempt, seq)
+        )""",
+        "INSERT INTO job_runs_new (job, cell, attempt, seq, arm, warmup, started_at, ended_at, status, readings, "
+        "samples, output_tail) SELECT job, cell, 0, seq, arm, warmup, started_at, ended_at, status, readings, samples, "
+        "output_tail FROM job_runs",
+        "DROP TABLE job_runs",
+        "ALTER TABLE job_runs_new RENAME TO job_runs",
+        f"""CREATE TABLE job_cells_new (
+            job TEXT NOT NULL,
+            cell INTEGER NOT NULL,
+            attempt INTEGER NOT NULL DEFAULT 0,
+            cell_group TEXT NOT NULL,
+            device TEXT,
+            lease_id TEXT,
+            fingerprint TEXT,
+            not_run TEXT,
+            failure TEXT {_one_of("failure", FAILURE_KINDS)},
+            reason TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (job, cell, attempt)
+        )""",
+        "INSERT INTO job_cells_new (job, cell, attempt, cell_group, device, lease_id, fingerprint, not_run) "
+        "SELECT job, cell, 0, cell_group, device, lease_id, fingerprint, not_run FROM job_cells",
+        "DROP TABLE job_cells",
+        "ALTER TABLE job_cells_new RENAME TO job_cells",
+        "ALTER TABLE devices ADD COLUMN lab_failures INTEGER NOT NULL DEFAULT 0",
         f"ALTER TABLE devices ADD COLUMN fault_kind_new TEXT {_one_of('fault_kind_new', FAULT_KINDS)}",
         "UPDATE devices SET fault_kind_new = fault_kind",
         "ALTER TABLE devices DROP COLUMN fault_kind",

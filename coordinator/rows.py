@@ -11,8 +11,8 @@ from typing import Any
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
 from device_loop.core.answers import FlashedImage as FlashedImage  # (read as it is answered: one type)
-from device_loop.core.vocabulary import (Arm, DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState,
-                                         Needs, OperationState, Purpose, TicketKind, TicketState, TokenKind)
+from device_loop.core.vocabulary import (Arm, DeviceState, FailureKind, FaultKind, Fidelity, HealthStatus, JobState,
+                                         LeaseState, Needs, OperationState, Purpose, TicketKind, TicketState, TokenKind)
 
 # "class" is a keyword: the functional form
 DeviceRow = TypedDict("DeviceRow", {
@@ -45,6 +45,7 @@ DeviceRow = TypedDict("DeviceRow", {
     "auto_recovery": str | None,   # the automatic power cycle of its current failure (its op id), once each
     "auto_recovered_at": float | None,  # when the last automatic power cycle was asked for
     "quarantine": str | None,      # its quarantine as its exporter reports it (protocol.Quarantine's JSON), or None
+    "lab_failures": int,           # jobs' lab failures on it in a row (two make it faulty: "Lab failures")
 })
 
 
@@ -267,20 +268,24 @@ class JobRow(TypedDict):
 
 
 class JobCellRow(TypedDict):
-    """A cell of a job (a CellReport) as its worker last reported it."""
+    """An attempt of a cell of a job (a CellReport) as its worker last reported it."""
     job: str
     cell: int
+    attempt: int
     cell_group: str
     device: str | None
     lease_id: str | None
     fingerprint: dict[str, Any] | None
     not_run: str | None
+    failure: FailureKind | None
+    reason: str
 
 
 class JobRunRow(TypedDict):
     """One run of a job (a RunRecord), append-only."""
     job: str
     cell: int
+    attempt: int
     seq: int
     arm: Arm
     warmup: bool
@@ -290,6 +295,7 @@ class JobRunRow(TypedDict):
     readings: dict[str, Any]
     samples: list[dict[str, Any]]
     output_tail: str
+    failure: FailureKind | None
 
 
 class JobLeaseRow(TypedDict):

@@ -85,7 +85,7 @@ class Rules:
                            devices_sql=devices_sql, leases_sql=leases_sql, operations_sql=operations_sql,
                            tokens_sql=TokenQueries(store))
         self.jobs = Jobs(self.life, self.scheduler, self.leases, jobs_sql=JobQueries(store), leases_sql=leases_sql,
-                         tickets_sql=tickets_sql)
+                         tickets_sql=tickets_sql, devices_sql=devices_sql)
         self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first
 
     # what tests and tools reach for: the lifecycle's own

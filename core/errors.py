@@ -66,6 +66,7 @@ class ErrorCode(StrEnum):
     NO_KNOWN_GOOD = "no_known_good"
     NO_LOGIN = "no_login"
     NO_ORPHANS = "no_orphans"
+    NO_OTHER_DEVICE = "no_other_device"
     NO_PROMPT = "no_prompt"
     NO_RESOURCES = "no_resources"
     NO_SEARCHER = "no_searcher"

@@ -120,6 +120,7 @@ class FaultKind(StrEnum):
     MARKED_FAULTY = "marked-faulty"  # an admin marked it faulty by hand: an admin clears it
     SWITCHED_OFF = "switched-off"    # a person's power off (or an off that failed part-way): a verified on clears it
     UNVERIFIED_ON = "unverified-on"  # an on nothing showed: a verified on, or an admin who saw it run, clears it
+    LAB_FAILURES = "lab-failures"    # two lab failures of jobs' runs in a row on it: an admin clears it
 
 
 #: The faults that say the board may be off: only a verified power on clears them

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, overload
 
-from device_loop.core.vocabulary import sql_list
+from device_loop.core.vocabulary import DeviceState, sql_list
 
 from ..rows import DeviceFacts, RingRow
 from .core import RING_SLOTS, Store
@@ -15,8 +15,10 @@ from .facts import DEVICE_FACTS, FREE, VIRTUAL_FIRST
 
 # the coordinator modules whose tables these are, and those handed them besides (in rules.py)
 OWNERS = ("lifecycle.py", "hosts.py")
-LENT_TO = ("devices.py", "leases.py", "images.py", "operations.py", "scheduler.py", "steps.py", "power.py", "admin.py")
+LENT_TO = ("devices.py", "leases.py", "images.py", "operations.py", "scheduler.py", "steps.py", "power.py", "admin.py",
+           "jobs.py")
 
+_NOT_SERVING = sql_list((DeviceState.FAULTY, DeviceState.OFFLINE))
 
 DEVICE_COLUMNS = ("name", "class", "tags", "host", "state", "present", "health", "health_reason", "conflict_host",
                   "reclaim_lease", "busy_by", "retired", "created_at", "updated_at", "resources", "report_digest",
@@ -100,6 +102,14 @@ class DeviceQueries:
     async def update_device(self, name: str, **fields: Any) -> None:
         await self.db.update("devices", "name", name, fields)
 
+    async def count_lab_failure(self, name: str, lab: bool) -> int | None:
+        """Count a lab failure of ``name`` (``lab``) or set its count back to 0: the lab failures
+        in a row it has now (None: no such device, or none to set back: nothing written)."""
+        row = await self.db.row("UPDATE devices SET lab_failures = CASE WHEN :lab = 1 THEN lab_failures + 1 ELSE 0 END "
+                                "WHERE name = :n AND (:lab = 1 OR lab_failures <> 0) RETURNING lab_failures",
+                                lab=int(lab), n=name)
+        return None if row is None else row["lab_failures"]
+
     async def update_device_logged(self, name: str, **fields: Any) -> int:
         """Update a device whose state changed; returns the sequence number of that change."""
         sets = ", ".join(f"{c} = :{c}" for c in fields)
@@ -169,6 +179,16 @@ class DeviceQueries:
         first = f"{VIRTUAL_FIRST}, " if virtual_first else ""
         return await self.db.rows(f"{DEVICE_FACTS} WHERE {FREE} AND {where} "
                                   f"ORDER BY {first}COALESCE(d.state_since, 0), d.name LIMIT :n", n=limit, **values)
+
+    async def matching_devices(self, device_class: str | None, tags: list[str],
+                               fidelities: tuple[str, ...] | None = None) -> list[str]:
+        """The names of the devices of ``device_class`` (any) with all of ``tags`` and of one of
+        ``fidelities`` (any), but retired ones: those that may serve soon (neither faulty nor
+        offline) first."""
+        where, values = self._of_class_with_tags(device_class, tags, fidelities)
+        rows = await self.db.rows(f"SELECT d.name AS name FROM devices d WHERE {where} AND NOT d.retired ORDER BY "
+                                  f"CASE WHEN d.state IN {_NOT_SERVING} THEN 1 ELSE 0 END, d.name", **values)
+        return [r["name"] for r in rows]
 
     async def matching_device_states(self, device_class: str | None, tags: list[str],
                                      fidelities: tuple[str, ...] | None = None) -> dict[str, int]:

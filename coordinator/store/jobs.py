@@ -94,13 +94,22 @@ class JobQueries:
         return row["n"]
 
     async def save_job_cell(self, row: JobCellRow) -> None:
-        await self.db.insert_many("job_cells", [row], upsert_key="job, cell")
+        await self.db.insert_many("job_cells", [row], upsert_key="job, cell, attempt")
+
+    async def job_cell(self, job_id: str, cell: int, attempt: int) -> JobCellRow | None:
+        return await self.db.row("SELECT * FROM job_cells WHERE job = :j AND cell = :c AND attempt = :a", j=job_id,
+                                 c=cell, a=attempt)
 
     async def job_cells(self, job_id: str) -> list[JobCellRow]:
-        return await self.db.rows("SELECT * FROM job_cells WHERE job = :j ORDER BY cell", j=job_id)
+        return await self.db.rows("SELECT * FROM job_cells WHERE job = :j ORDER BY cell, attempt", j=job_id)
+
+    async def last_run(self, job_id: str, cell: int, attempt: int) -> JobRunRow | None:
+        """The last run of an attempt of a cell, if it has one."""
+        return await self.db.row("SELECT * FROM job_runs WHERE job = :j AND cell = :c AND attempt = :a "
+                                 "ORDER BY seq DESC LIMIT 1", j=job_id, c=cell, a=attempt)
 
     async def insert_job_run(self, row: JobRunRow) -> bool:
-        """Append a run; False, and nothing written, if the job has one of that cell and seq."""
+        """Append a run; False, and nothing written, if the job has one of that cell, attempt and seq."""
         columns = list(row)
         inserted = await self.db.row(f"INSERT INTO job_runs ({', '.join(columns)}) VALUES "
                                      f"({', '.join(':' + c for c in columns)}) ON CONFLICT DO NOTHING RETURNING seq",
@@ -108,7 +117,7 @@ class JobQueries:
         return inserted is not None
 
     async def job_runs(self, job_id: str) -> list[JobRunRow]:
-        return await self.db.rows("SELECT * FROM job_runs WHERE job = :j ORDER BY cell, seq", j=job_id)
+        return await self.db.rows("SELECT * FROM job_runs WHERE job = :j ORDER BY cell, attempt, seq", j=job_id)
 
     async def add_job_lease(self, job_id: str, cell: int, ticket_id: str | None, lease_id: str | None,
                             now: float) -> None:

@@ -37,7 +37,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
-from device_loop.core.ab.jobs import MAX_ROUNDS, ABSpec, Better, CellReport, JobSpec, RunRecord, Verdict, looks
+from device_loop.core.ab.jobs import (MAX_ROUNDS, ABSpec, Better, CellReport, JobSpec, RunRecord, Verdict,
+                                      last_attempts, looks)
 from device_loop.core.vocabulary import Arm
 
 SPREAD_CONFIDENCE = 0.95
@@ -411,7 +412,9 @@ def _pct(count: int, of: int) -> str:
 
 def analyse(spec: JobSpec, runs: list[RunRecord], cells: list[CellReport], alpha: float | None = None) -> Analysis:
     """The analysis of a job's runs (docs/architecture.md, "The A/B analysis"); ``alpha``
-    defaults to the spec's, split over its looks when it runs until decided."""
+    defaults to the spec's, split over its looks when it runs until decided. It reads each
+    cell's last attempt (docs/architecture.md, "Lab failures")."""
+    cells, runs = last_attempts(cells, runs)
     ab = spec.ab
     alpha = alpha if alpha is not None else (alpha_per_look(ab) if ab else 0.05)
     arms = (Arm.A, Arm.B) if ab else (Arm.RUN,)

@@ -16,7 +16,7 @@ REST (coordinator/calls.py declares each once, for REST, MCP and OpenAPI):
   the users it serves (its own by default; others only for an admin's token).
 - ``POST /api/v1/jobs/{id}/beat``: the worker is alive (past ``job_worker_timeout`` the
   reaper fails the job, "worker lost", and releases its leases).
-- ``POST /api/v1/jobs/{id}/reserve`` ``{cell, device | class, tags}``: a ticket (or a
+- ``POST /api/v1/jobs/{id}/reserve`` ``{cell, device | class, tags, exclude}``: a ticket (or a
   lease) for one cell, held by the job's owner, of the kind of whoever submitted it.
 - ``POST /api/v1/jobs/{id}/cells`` ``CellReport``; ``POST /api/v1/jobs/{id}/runs`` ``RunRecord``
 - ``POST /api/v1/jobs/{id}/finish`` ``{state, reason}``; ``POST /api/v1/jobs/{id}/cancel``
@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_vali
 
 from ..needs import MAX_FALLBACK_AFTER_S, Need, check, fidelity_text, timing_note
 from ..protocol import MAX_FACTS, FactKey, Tag
-from ..vocabulary import Arm, Fidelity, JobState, Needs, TicketKind
+from ..vocabulary import Arm, FailureKind, Fidelity, JobState, Needs, TicketKind
 
 MAX_COMMANDS = 16        # in one list (setup, run, baseline, patch)
 MAX_COMMAND_CHARS = 2000
@@ -44,6 +44,8 @@ MAX_CELLS = 16           # of a matrix
 MAX_WARMUP = 20          # AB blocks of an A/B pair run first and discarded
 MAX_RUNS = MAX_CELLS * 2 * (MAX_WARMUP + MAX_ROUNDS)  # of a job: every cell's runs_per_cell at their most
 MAX_TEXT_CHARS = 4000    # of a fingerprint field, an output tail, a reason
+MAX_RETRY = 5            # a job's retry: the times a cell's lab failure starts again on another device
+MAX_ATTEMPTS = MAX_RETRY + 1  # of one cell
 #: The latest time a run may say it started or ended (2100-01-01, in seconds since 1970):
 #: every time a person may read is between 0 and this.
 LATEST_TIME_S = 4102444800.0
@@ -230,6 +232,9 @@ class JobSpec(Strict):
     matrix: MatrixSpec | None = None
     command_timeout_s: float = Field(default=600, gt=0, le=86400)
     lease_ttl_s: float = Field(default=3600, ge=60, le=86400)
+    # a cell whose attempt ended in a lab failure starts again on another matching device,
+    # at most this many times (docs/architecture.md, "Lab failures")
+    retry: int = Field(default=0, ge=0, le=MAX_RETRY)
 
     @model_validator(mode="after")
     def _something_to_run(self) -> JobSpec:
@@ -266,9 +271,13 @@ class Readings(Strict):
     unfit: Text | None = None     # why the device was not fit to measure (a zone too hot, another governor)
 
 
+Attempt = Annotated[int, Field(ge=0, le=MAX_RETRY)]
+
+
 class RunRecord(Strict):
     cell: int = Field(default=0, ge=0, lt=MAX_CELLS)
-    seq: int = Field(ge=0, lt=MAX_RUNS)            # its place in the cell's order, warmup included
+    attempt: Attempt = 0                           # of its cell, from 0: a retry starts the cell again
+    seq: int = Field(ge=0, lt=MAX_RUNS)            # its place in its attempt's order, warmup included
     arm: Arm
     warmup: bool = False
     started_at: Time
@@ -277,6 +286,7 @@ class RunRecord(Strict):
     readings: Readings = Field(default_factory=Readings)
     samples: Annotated[list[Sample], Field(max_length=MAX_METRICS)] = Field(default_factory=list)
     output_tail: Text = ""                         # the end of stdout+stderr, for a failed run's reason
+    failure: FailureKind | None = None             # whose failure a failed run was (None: it did not fail)
 
 
 class Fingerprint(Strict):
@@ -321,13 +331,18 @@ class Fingerprint(Strict):
 
 
 class CellReport(Strict):
-    """One cell (a plain job or A/B pair has one: 0) as its worker saw it."""
+    """One attempt of one cell (a plain job or A/B pair has one cell: 0; a cell has one
+    attempt, 0, unless a lab failure made the worker start it again on another device) as
+    its worker saw it."""
     cell: int = Field(ge=0, lt=MAX_CELLS)
+    attempt: Attempt = 0
     group: Annotated[str, StringConstraints(max_length=200)] = ""     # the matrix's "tags=sve2"
     device: Annotated[str, StringConstraints(max_length=64)] | None = None
     lease_id: Annotated[str, StringConstraints(max_length=64)] | None = None
     fingerprint: Fingerprint | None = None
     not_run: Text | None = None                      # "no device" after the wait, or why it never began
+    failure: FailureKind | None = None               # whose failure ended this attempt (None: it did not fail)
+    reason: Text = ""                                # why it failed, in words
 
 
 class JobSummary(Strict):
@@ -364,6 +379,19 @@ class JobView(Strict):
     started_at: float | None = None
     ended_at: float | None = None
     worker: Annotated[str, StringConstraints(max_length=200)] | None = None
-    cells: Annotated[list[CellReport], Field(max_length=MAX_CELLS)] = Field(default_factory=list)
-    runs: Annotated[list[RunRecord], Field(max_length=MAX_RUNS)] = Field(default_factory=list)
+    cells: Annotated[list[CellReport], Field(max_length=MAX_CELLS * MAX_ATTEMPTS)] = Field(default_factory=list)
+    runs: Annotated[list[RunRecord], Field(max_length=MAX_RUNS * MAX_ATTEMPTS)] = Field(default_factory=list)
     coordinator_version: Annotated[str, StringConstraints(max_length=64)] = ""
+
+    def last_attempts(self) -> tuple[list[CellReport], list[RunRecord]]:
+        """Each cell's last attempt: its report and its runs (what the analysis reads)."""
+        return last_attempts(self.cells, self.runs)
+
+
+def last_attempts(cells: list[CellReport], runs: list[RunRecord]) -> tuple[list[CellReport], list[RunRecord]]:
+    """Of a job's cell reports and runs, those of each cell's last attempt (docs/architecture.md,
+    "Lab failures": the analysis reads each cell's last attempt; the evidence lists them all)."""
+    last: dict[int, int] = {}
+    for cell, attempt in [(c.cell, c.attempt) for c in cells] + [(r.cell, r.attempt) for r in runs]:
+        last[cell] = max(last.get(cell, 0), attempt)
+    return ([c for c in cells if c.attempt == last[c.cell]], [r for r in runs if r.attempt == last[r.cell]])

@@ -182,3 +182,17 @@ def test_at_a_terminal_the_command_is_its_foreground_and_ctrl_c_reaches_it(lab, 
         assert (status, outcome["cancelled"], outcome["failure"]) == (130, "SIGINT", None), err
     finally:
         os.close(primary)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["sim-board-0", "--", "true", *["x"] * 100_000], "100,001 arguments"),
+    (["sim-board-0", "--keepalive", "3650d", "--", "true"], "--keepalive 3650d is out of range"),
+    (["sim-board-0", "--keepalive", "0", "--", "true"], "give a unit"),
+    (["sim-board-0", "--", "no-such-program-here"], "no such program"),
+])
+def test_a_hostile_command_line_is_a_usage_error_before_the_lab_is_asked(env, args, said):
+    done = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", "http://127.0.0.1:9", "with",
+                           "--json", *args], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["error"] == "usage" and said in answer["message"], answer

@@ -51,7 +51,7 @@ DEFAULT_KEEPALIVE_S = 30.0
 DEFAULT_TIMEOUT_S = 15 * 60.0
 MAX_WAIT_S = 7 * 24 * 3600.0     # --timeout and --max-time: a week at most
 GRACE_S = 1.0                    # after the first signal: the lease given back; after a SIGTERM of ours: SIGKILL
-WATCH_S = 5.0                    # the longest the lease goes unlooked at while the command runs (its end answers at once)
+WATCH_S = 5.0                    # the longest the lease goes unseen while the command runs (its end: at once)
 CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
 

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -145,6 +146,34 @@ def pytest_collection_modifyitems(session, config, items):
         on_postgresql = getattr(item, "callspec", None) and item.callspec.params.get("database") == "postgresql"
         if on_postgresql or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.service)
+
+
+def stale_install(environ: dict | None = None) -> str | None:
+    """Why the venv's install of device-loop is not this checkout's, or None. The processes a
+    lab starts import the package as installed (``python -P -m device_loop...``: not from the
+    current folder), and the plugins are its entry points: an editable install left pointing
+    at another (or a deleted) checkout runs other code there, or none, and a test times out."""
+    declared = tomllib.loads((SRC / "pyproject.toml").read_text())["project"]["entry-points"][ENTRY_POINT_GROUP]
+    installed = {e.name: e.value for e in entry_points(group=ENTRY_POINT_GROUP) if e.value.startswith("device_loop.")}
+    if installed != declared:
+        return (f"the installed entry points of {ENTRY_POINT_GROUP!r} are not pyproject.toml's: "
+                f"{sorted(installed.items())} against {sorted(declared.items())}")
+    probe = subprocess.run([sys.executable, "-P", "-c", "import device_loop, os; print(os.path.realpath("
+                            "device_loop.__path__[0]))"], cwd="/", env=environ, capture_output=True, text=True, timeout=60)
+    here = str((SRC / "device_loop").resolve())
+    if probe.returncode != 0 or probe.stdout.strip() != here:
+        return (f"a process started outside this folder imports device_loop from "
+                f"{probe.stdout.strip() or probe.stderr.strip()[-300:]}, not {here}")
+    return None
+
+
+def pytest_sessionstart(session):
+    if hasattr(session.config, "workerinput"):
+        return  # (the controller checked)
+    stale = stale_install()
+    if stale:
+        pytest.exit(f"{stale}: set PYTHONPATH={SRC}, or reinstall the venv from this checkout (./lab test does: "
+                    f"{sys.executable} -m pip install -e '{SRC}[test]')", returncode=4)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -3,9 +3,12 @@ time only by a duration it set or measured: a wait, a timeout, a period, a basel
 the tests share their helpers through tests/helpers.py, not through another test module."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 # what holds a measured time: `time.monotonic() - began`, `took`, `elapsed_s`, `max(ages)`...
@@ -123,3 +126,17 @@ def test_a_steal_never_takes_part_of_a_kept_module():
     scheduler.node2pending[busy] = [4, 5, 6, 7, 8, 9]  # q0 runs: nothing of the module may go
     scheduler.check_schedule()
     assert busy.asked == [] and idle.shutting_down
+
+
+# ---- the venv's install is this checkout's (tests/conftest.py, stale_install) ------------------
+
+@pytest.mark.service  # (it starts a Python)
+def test_a_lab_process_that_would_import_another_checkout_stops_the_session(tmp_path):
+    from conftest import stale_install
+
+    elsewhere = tmp_path / "device_loop"
+    elsewhere.mkdir()
+    (elsewhere / "__init__.py").write_text("")
+    stale = stale_install({**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert stale and str(elsewhere) in stale and str(TESTS.parent / "device_loop") in stale, stale
+    assert stale_install() is None

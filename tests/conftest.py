@@ -158,8 +158,9 @@ def stale_install(environ: dict | None = None) -> str | None:
     if installed != declared:
         return (f"the installed entry points of {ENTRY_POINT_GROUP!r} are not pyproject.toml's: "
                 f"{sorted(installed.items())} against {sorted(declared.items())}")
-    probe = subprocess.run([sys.executable, "-P", "-c", "import device_loop, os; print(os.path.realpath("
-                            "device_loop.__path__[0]))"], cwd="/", env=environ, capture_output=True, text=True, timeout=60)
+    where = "import device_loop, os; print(os.path.realpath(device_loop.__path__[0]))"
+    probe = subprocess.run([sys.executable, "-P", "-c", where], cwd="/", env=environ, capture_output=True, text=True,
+                           timeout=60)
     here = str((SRC / "device_loop").resolve())
     if probe.returncode != 0 or probe.stdout.strip() != here:
         return (f"a process started outside this folder imports device_loop from "

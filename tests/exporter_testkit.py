@@ -6,6 +6,7 @@ test (for an exporter in a process of its own, killed with SIGKILL or SIGTERM).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,8 @@ def load_testkit(monkeypatch, site: Path) -> None:
 
 def with_testkit(env: dict, site: Path) -> dict:
     """The environment of an exporter process that loads the test plugins too."""
-    return {**env, "PYTHONPATH": str(site), LOAD_ENV: f"{BUILT_IN_PLUGINS},{TESTKIT_PLUGINS}"}
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])),
+            LOAD_ENV: f"{BUILT_IN_PLUGINS},{TESTKIT_PLUGINS}"}
 
 
 def in_process_exporter(tmp_path: Path, devices: list[dict], coordinator: str | None = None) -> Exporter:

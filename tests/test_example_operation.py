@@ -48,7 +48,8 @@ def board(tmp_path, env, coordinator, site):
               "resources": [{"plugin": "sim"},
                             {"plugin": "bootlog", "path": str(console), "reset_command": "reboot\r",
                              "max_seconds": 10}]}
-    exporter = Exporter(tmp_path, {**env, "PYTHONPATH": str(site), LOAD_ENV: f"{BUILT_IN_PLUGINS},bootlog"},
+    path = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    exporter = Exporter(tmp_path, {**env, "PYTHONPATH": path, LOAD_ENV: f"{BUILT_IN_PLUGINS},bootlog"},
                         coordinator.url, [device])
     try:
         wait_state(coordinator, "sim-board-0", "idle")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -296,8 +297,10 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(datab
              # on SQLite: the routes and their models are the same on PostgreSQL
              *([] if trust else ["--phases", "examples,fuzzing,stateful"]),
              "--generation-deterministic", "--workers", "1", "--no-color", "--output-sanitize", "false"],
-            # it loads this file as its hooks, whose imports need the tests' folder
-            cwd=tmp_path, env={**env, "SCHEMATHESIS_HOOKS": __file__, "PYTHONPATH": str(TESTS)},
+            # it loads this file as its hooks, whose imports need the tests' folder (and the package
+            # from where the tests import it)
+            cwd=tmp_path, env={**env, "SCHEMATHESIS_HOOKS": __file__,
+                               "PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])},
             capture_output=True, text=True, timeout=210)
     finally:
         coordinator.stop()

@@ -1,4 +1,5 @@
 """A broken plugin cannot take the exporter down: real packages, installed with pip."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -57,7 +58,8 @@ def site(tmp_path_factory):
 
 
 def plugin_env(env, site, marker):
-    return {**env, "PYTHONPATH": str(site), LOAD_ENV: f"{BUILT_IN_PLUGINS},broken,typo",
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])),
+            LOAD_ENV: f"{BUILT_IN_PLUGINS},broken,typo",
             "DEVLOOP_TEST_MARKER": str(marker)}
 
 

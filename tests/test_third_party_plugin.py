@@ -1,4 +1,5 @@
 """A plugin installed with pip is found through the entry point and serves its device."""
+import os
 import socket
 import subprocess
 import sys
@@ -17,7 +18,8 @@ def test_pip_installed_plugin_serves_its_device(tmp_path, env, coordinator, echo
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(SRC / "examples" / "devloop-netconsole")],
                    check=True, capture_output=True, timeout=120)
-    plugin_env = {**env, "PYTHONPATH": str(target), LOAD_ENV: f"{BUILT_IN_PLUGINS},netconsole"}
+    plugin_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")])),
+                  LOAD_ENV: f"{BUILT_IN_PLUGINS},netconsole"}
     devices = [{"name": "bmc-7", "class": "bmc", "plugin": "netconsole",
                 "address": f"127.0.0.1:{echo_server}", "serial": "CS3-PORT7"}]
     exporter = Exporter(tmp_path, plugin_env, coordinator.url, devices)

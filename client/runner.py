@@ -8,7 +8,9 @@ owner), the device's fingerprint, the setup commands once, then the runs in the 
 this machine with the lease's environment (``client/local_run.py``). A thread beats the job
 meanwhile. A failing command, a lease that ended, a faulty device or a stop (the worker's
 SIGTERM, a cancel) fails or ends the job with its runs kept; the leases are released
-however it ends. The job's commands run in a cgroup of the job's, killed whole when it ends
+however it ends. Each failure says whose it was (docs/architecture.md, "Lab failures"): a
+cell's attempt the lab failed starts again on another device, up to the spec's ``retry``.
+The job's commands run in a cgroup of the job's, killed whole when it ends
 (``client/job_cgroups.py``), and, on a worker that serves others, under the account of the
 job's owner (``client/accounts.py``).
 
@@ -34,7 +36,7 @@ from device_loop.core.device_exec import exec_on_lease
 from device_loop.core.durations import format_duration, parse_iso
 from device_loop.core.ab.fingerprint import gather, readings, unfit
 from device_loop.core.ab.jobs import MAX_TEXT_CHARS, CellReport, Fingerprint, JobSpec, JobView, Readings, RunRecord
-from device_loop.core.vocabulary import Arm, JobState
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Arm, DeviceState, FailureKind, JobState
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
 from device_loop.core.errors import ErrorCode
 
@@ -59,6 +61,8 @@ NO_DEVICE = "no device"
 NO_SUCH_DEVICE = (ErrorCode.NO_SUCH_DEVICES, ErrorCode.UNKNOWN_DEVICE, ErrorCode.NONE_FREE)
 #: Of those, the ones whose message says "no device ..." itself.
 SAYS_NO_DEVICE = (ErrorCode.NO_SUCH_DEVICES, ErrorCode.NONE_FREE)
+#: Device states in which a failed command's result says nothing of it: the lab failed it.
+LOST_DEVICE_STATES = (DeviceState.OFFLINE, DeviceState.FAULTY)
 OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
 
 
@@ -67,7 +71,12 @@ class JobStopped(Exception):
 
 
 class CellFailed(Exception):
-    """A cell cannot go on: a command failed, the lease ended, the device went faulty."""
+    """A cell's attempt cannot go on: a command failed, the lease ended, the device went
+    faulty; ``failure`` says whose failure it was (docs/architecture.md, "Lab failures")."""
+
+    def __init__(self, reason: str, failure: FailureKind = FailureKind.TEST):
+        super().__init__(reason)
+        self.failure = failure
 
 
 class Stopper:
@@ -132,6 +141,7 @@ class CellOutcome:
     cell: int
     failed: str | None = None     # why the cell, and so the job, failed
     not_run: str | None = None    # why it never began (a matrix cell without a device)
+    failure: FailureKind | None = None  # whose failure ended its last attempt
 
 
 class Runner:
@@ -235,31 +245,57 @@ class Runner:
 
     def _cell(self, jobs: Jobs, job: JobView, cell: Cell, stopper: Stopper, coordinator_version: str,
               placement: Placement) -> CellOutcome:
-        run = CellRun(self, jobs, job, cell, stopper, coordinator_version, placement)
-        try:
-            run.run()
-        except (CellFailed, CoordinatorError) as exc:
-            reason = exc.message if isinstance(exc, CoordinatorError) else str(exc)
-            reason = f"{cell.group}: {reason}" if cell.group else reason
-            stopper.stop(reason)   # the other cells stop too: the job has failed
-            return CellOutcome(cell.index, failed=reason)
-        except JobStopped as exc:
-            return CellOutcome(cell.index, failed=str(exc))
-        except Exception as exc:  # noqa: BLE001 (the worker goes on to its next job; the reason says what)
-            reason = f"the worker failed: {type(exc).__name__}: {exc}"
-            stopper.stop(reason)
-            return CellOutcome(cell.index, failed=reason)
-        finally:
-            run.close()
-        return CellOutcome(cell.index, not_run=run.not_run)
+        """A cell, attempt after attempt: one that ends in a lab failure starts again on
+        another matching device, the failing ones left out, up to the spec's ``retry``
+        (docs/architecture.md, "Lab failures")."""
+        excluded: list[str] = []
+        attempt, previous = 0, ""
+        while True:
+            run = CellRun(self, jobs, job, cell, stopper, coordinator_version, placement, attempt, excluded)
+            try:
+                run.run()
+            except CellFailed as exc:
+                failure, reason = exc.failure, str(exc)
+            except CoordinatorError as exc:
+                if exc.code == ErrorCode.NO_OTHER_DEVICE and excluded:  # (no attempt began: the last failure stands)
+                    failure, reason = FailureKind.LAB, f"{previous}; no retry: {exc.message}"
+                    return self._failed(cell, stopper, failure, reason)
+                failure, reason = FailureKind.LAB, exc.message  # (the coordinator refused what the cell needed)
+            except JobStopped as exc:
+                return CellOutcome(cell.index, failed=str(exc))
+            except Exception as exc:  # noqa: BLE001 (the worker goes on to its next job; the reason says what)
+                reason = f"the worker failed: {type(exc).__name__}: {exc}"
+                stopper.stop(reason)
+                return CellOutcome(cell.index, failed=reason)
+            else:
+                return CellOutcome(cell.index, not_run=run.not_run)
+            finally:
+                run.close()
+            run.report_end(failure, reason)
+            if failure is FailureKind.LAB and attempt < job.spec.retry and run.device and not stopper.stopped:
+                excluded.append(run.device)
+                attempt += 1
+                run.say(f"a lab failure on {run.device} ({reason.splitlines()[0]}): attempt {attempt} of "
+                        f"{job.spec.retry + 1} on another device")
+                previous = reason
+                continue
+            return self._failed(cell, stopper, failure, reason)
+
+    @staticmethod
+    def _failed(cell: Cell, stopper: Stopper, failure: FailureKind, reason: str) -> CellOutcome:
+        reason = f"{cell.group}: {reason}" if cell.group else reason
+        stopper.stop(reason)   # the other cells stop too: the job has failed
+        return CellOutcome(cell.index, failed=reason, failure=failure)
 
 
 class CellRun:
     """One cell of a job, on its own lease."""
 
     def __init__(self, runner: Runner, jobs: Jobs, job: JobView, cell: Cell, stopper: Stopper,
-                 coordinator_version: str, placement: Placement):
+                 coordinator_version: str, placement: Placement, attempt: int = 0, exclude: Sequence[str] = ()):
+        """``attempt`` of the cell (from 0), leaving out the devices of ``exclude``."""
         self.runner, self.jobs, self.job, self.cell, self.stopper = runner, jobs, job, cell, stopper
+        self.attempt, self.exclude = attempt, list(exclude)
         self.placement = placement
         self.spec: JobSpec = job.spec
         self.coordinator_version = coordinator_version
@@ -271,29 +307,39 @@ class CellRun:
         self.env: dict[str, str] = {}
         self._forwards: list = []
         self._seq = 0
-        self._where = f"{job.id} cell {cell.index}" + (f" ({cell.group})" if cell.group else "")
+        self._where = f"{job.id} cell {cell.index}" + (f" ({cell.group})" if cell.group else "") \
+            + (f" attempt {attempt}" if attempt else "")
 
     def say(self, text: str) -> None:
         self.runner.say(f"{self._where}: {text}")
 
     # --- the cell's life ----------------------------------------------------------------------
 
+    @property
+    def device(self) -> str | None:
+        """The device the attempt was given, if it was given one."""
+        return self.lease.data["device"] if self.lease is not None else None
+
     def run(self) -> None:
         self.lease = self._take_lease()
         if self.lease is None:
-            self.jobs.report_cell(self.job.id, CellReport(cell=self.cell.index, group=self.cell.group,
-                                                          not_run=self.not_run))
+            self.jobs.report_cell(self.job.id, CellReport(cell=self.cell.index, attempt=self.attempt,
+                                                          group=self.cell.group, not_run=self.not_run))
             self.say(f"not run: {self.not_run}")
             return
         self.env = self._environment(self.lease)
-        self.report = CellReport(cell=self.cell.index, group=self.cell.group, device=self.lease.data["device"],
-                                 lease_id=self.lease.id, fingerprint=self._fingerprint(self.lease))
+        self.report = CellReport(cell=self.cell.index, attempt=self.attempt, group=self.cell.group,
+                                 device=self.lease.data["device"], lease_id=self.lease.id,
+                                 fingerprint=self._fingerprint(self.lease))
         self.jobs.report_cell(self.job.id, self.report)
         for command in self.spec.setup:
             self.stopper.check()
             result = self._local(command)
             if result.status != 0:
-                raise CellFailed(self._failure(f"setup command {command!r}", result))
+                failure, trouble = self._whose(result)
+                what = f"setup command {command!r}"
+                raise CellFailed(f"{trouble} ({what} exited {result.status}){_tail_text(result)}" if trouble
+                                 else self._failure(what, result), failure)
         if self.spec.ab is None:
             for _ in range(self.spec.rounds):
                 self._run(Arm.RUN, warmup=False)
@@ -310,6 +356,15 @@ class CellRun:
             if n < len(looks) - 1 and self._decided():
                 self.say(f"decided at {look} rounds (look {n + 1} of {len(looks)})")
                 return
+
+    def report_end(self, failure: FailureKind, reason: str) -> None:
+        """Say how the attempt ended: whose failure, and why (the coordinator counts a lab
+        failure before the attempt's first run against its device)."""
+        report = self.report or CellReport(cell=self.cell.index, attempt=self.attempt, group=self.cell.group,
+                                           device=self.device, lease_id=self.lease.id if self.lease else None)
+        with contextlib.suppress(CoordinatorError):
+            self.jobs.report_cell(self.job.id, report.model_copy(update={"failure": failure,
+                                                                         "reason": reason[:MAX_TEXT_CHARS]}))
 
     def close(self) -> None:
         """Give back what the cell holds (a ticket, a lease, local forwards), whatever happened."""
@@ -329,7 +384,7 @@ class CellRun:
     def _take_lease(self) -> Lease | None:
         matrix = self.spec.matrix
         try:
-            got = self.jobs.reserve(self.job.id, self.cell.index, self.cell.target)
+            got = self.jobs.reserve(self.job.id, self.cell.index, self.cell.target, self.exclude)
         except CoordinatorError as exc:
             if matrix is not None and exc.code in NO_SUCH_DEVICE:
                 self.not_run = exc.message if exc.code in SAYS_NO_DEVICE else f"{NO_DEVICE} ({exc.message})"
@@ -351,7 +406,8 @@ class CellRun:
                 return got.wait_ready(timeout=min(TICKET_POLL_S, max(0.1, deadline - time.monotonic())))
             except CoordinatorError as exc:
                 if exc.code != ErrorCode.TIMEOUT or time.monotonic() > deadline:
-                    raise CellFailed(f"{got.id} on {got.data['device']} did not get ready: {exc.message}") from None
+                    raise CellFailed(f"{got.id} on {got.data['device']} did not get ready: {exc.message}",
+                                     FailureKind.LAB) from None
 
     def _wait_ticket(self, ticket: Ticket, wait_s: float | None) -> Lease | None:
         deadline = None if wait_s is None else time.monotonic() + wait_s
@@ -364,7 +420,7 @@ class CellRun:
             try:
                 return ticket.wait(timeout=left)
             except TicketEnded as exc:
-                raise CellFailed(f"the job's ticket ended: {exc.message}") from None
+                raise CellFailed(f"the job's ticket ended: {exc.message}", FailureKind.LAB) from None
             except CoordinatorError as exc:
                 if exc.code != ErrorCode.TIMEOUT:
                     raise
@@ -373,17 +429,53 @@ class CellRun:
         """The lease still serves the cell (refreshed; renewed when half its time is gone)."""
         assert self.lease is not None
         lease = self.lease.refresh()
-        if lease.state not in LIVE_LEASE_STATES:
-            raise CellFailed(f"the lease {lease.id} on {lease.data['device']} is {lease.state}: "
-                             f"{lease.data.get('reason') or 'ended'}")
-        if lease.data.get("device_state") == "faulty":
-            device = self.jobs.api.get(f"/devices/{lease.data['device']}")
-            raise CellFailed(f"{lease.data['device']} is faulty: "
-                             f"{device.get('reason') or device.get('health_reason') or 'no reason given'}")
+        if (lost := self._lost(lease)) is not None:
+            raise CellFailed(lost, FailureKind.LAB)
         expires = lease.data.get("expires_at")
         if expires and parse_iso(expires) - self.runner.clock() < self.spec.lease_ttl_s / 2:
             with contextlib.suppress(CoordinatorError):  # (refused past the lab's --max-ttl: it runs out)
                 lease.renew(self.spec.lease_ttl_s)
+
+    def _lost(self, lease: Lease) -> str | None:
+        """Why ``lease`` no longer serves the cell (it ended, or its device is faulty or
+        offline), or None."""
+        if lease.state not in LIVE_LEASE_STATES:
+            return f"the lease {lease.id} on {lease.data['device']} is {lease.state}: " \
+                   f"{lease.data.get('reason') or 'ended'}"
+        state = lease.data.get("device_state")
+        if state in LOST_DEVICE_STATES:
+            device = self.jobs.api.get(f"/devices/{lease.data['device']}")
+            return (f"{lease.data['device']} is {state}: "
+                    f"{device.get('reason') or device.get('health_reason') or 'no reason given'}")
+        return None
+
+    def _trouble(self) -> str | None:
+        """After a command failed: why the lab may have failed it (the lease not live and
+        ready, its device faulty, switched off or offline), or None (docs/architecture.md,
+        "Lab failures")."""
+        assert self.lease is not None
+        try:
+            lease = self.lease.refresh()
+        except CoordinatorError as exc:
+            return f"the lease {self.lease.id} could not be read: {exc.message}"
+        if (lost := self._lost(lease)) is not None:
+            return lost
+        if lease.data.get("switched_off"):
+            return f"{lease.data['device']} was switched off: {lease.data['switched_off']}"
+        if not lease.data.get("ready"):
+            return f"{lease.data['device']} was not ready when the command failed: {lease.data.get('reason')}"
+        return None
+
+    def _whose(self, result: LocalResult) -> tuple[FailureKind, str | None]:
+        """Whose failure a failed command was, and why when it was the lab's for a reason
+        the command did not say: it exited 75 (it says the lab failed it), or the lab is in
+        trouble (``_trouble``), before its deadline and the test."""
+        if result.status == LAB_FAILURE_STATUS:
+            return FailureKind.LAB, None
+        trouble = self._trouble()
+        if trouble is not None:
+            return FailureKind.LAB, trouble
+        return (FailureKind.TIMEOUT if result.timed_out else FailureKind.TEST), None
 
     def _environment(self, lease: Lease) -> dict[str, str]:
         """What a command sees: the worker's environment (under another account, only its
@@ -465,19 +557,22 @@ class CellRun:
                              stderr="".join(r.stderr for r in results), started_at=started, ended_at=ended,
                              timed_out=last.timed_out)
         found = samples(merged, self.spec.metrics)
-        record = RunRecord(cell=self.cell.index, seq=self._seq, arm=arm, warmup=warmup, started_at=started,
-                           ended_at=ended, status=last.status, readings=read, samples=found,
-                           output_tail=merged.tail())
+        failure, trouble = self._whose(last) if last.status != 0 else (None, None)
+        record = RunRecord(cell=self.cell.index, attempt=self.attempt, seq=self._seq, arm=arm, warmup=warmup,
+                           started_at=started, ended_at=ended, status=last.status, readings=read, samples=found,
+                           output_tail=merged.tail(), failure=failure)
         self.jobs.report_run(self.job.id, record)
         self.runs.append(record)
         self._seq += 1
         label = "warmup " if warmup else ""
         values = ", ".join(f"{s.metric}={s.value:g}{s.unit}" for s in found)
         self.say(f"run {record.seq} {label}{arm}: status {last.status} in {ended - started:.2f}s"
-                 + (f" ({values})" if values else "") + (f" [unfit: {read.unfit}]" if read.unfit else ""))
-        if last.status != 0:
-            self._check_lease()  # a lease that ended is the cause to name
-            raise CellFailed(self._failure(f"run {record.seq} ({arm}) {commands[len(results) - 1]!r}", last))
+                 + (f" ({values})" if values else "") + (f" [unfit: {read.unfit}]" if read.unfit else "")
+                 + (f" [{failure} failure]" if failure else ""))
+        if failure is not None:  # (a lease that ended is the cause to name)
+            what = f"run {record.seq} ({arm}) {commands[len(results) - 1]!r}"
+            raise CellFailed(f"{trouble} ({what} exited {last.status}){_tail_text(last)}" if trouble
+                             else self._failure(what, last), failure)
         missing = [m.name for m in self.spec.metrics if m.name not in {s.metric for s in found}]
         if missing:
             raise CellFailed(f"run {record.seq} ({arm}) printed no value for {', '.join(missing)}"
@@ -501,6 +596,8 @@ class CellRun:
         if result.timed_out:
             said = (f"{what} did not finish within {format_duration(self.spec.command_timeout_s)}: "
                     "killed it and all it started")
+        elif result.status == LAB_FAILURE_STATUS:
+            said = f"{what} exited {LAB_FAILURE_STATUS}: it says the lab failed it"
         else:
             said = f"{what} failed (exit status {result.status})"
         return said + _tail_text(result)

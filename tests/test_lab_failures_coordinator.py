@@ -83,6 +83,9 @@ async def test_failures_and_attempts_are_stored_and_a_retry_leaves_the_failing_d
         hostile = await api.post(f"/jobs/{job['id']}/reserve", json={"cell": 0, "class": "sim-board",
                                                                       "exclude": ["x"] * 6})
         assert hostile.status_code == 422
+        for retry in (6, -1, 1.5, 10**30):
+            refused = await api.post("/jobs", json={"spec": {**SPEC, "retry": retry}, "claim": True})
+            assert refused.status_code == 422 and "retry" in refused.text, refused.text
 
 
 async def test_two_lab_failures_in_a_row_make_a_device_faulty_until_an_admin_clears_it(tmp_path):

@@ -65,7 +65,8 @@ def run_rows(job: JobView) -> tuple[list[str], list[dict[str, Any]]]:
     for run in job.runs:
         values = {s.metric: s.value for s in run.samples}
         temperatures = run.readings.temperatures
-        rows.append({"cell": run.cell, "seq": run.seq, "arm": str(run.arm), "warmup": run.warmup,
+        rows.append({"cell": run.cell, "attempt": run.attempt, "seq": run.seq, "arm": str(run.arm),
+                     "warmup": run.warmup, "failure": run.failure.value if run.failure else "",
                      "started_at": run.started_at, "seconds": run.ended_at - run.started_at, "status": run.status,
                      "temperature": max(temperatures.values()) if temperatures else None,
                      "governor": run.readings.governor, "unfit": run.readings.unfit,

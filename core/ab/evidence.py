@@ -275,18 +275,45 @@ def fingerprint_lines(f: Fingerprint) -> list[str]:
 
 
 def runs_table(runs: list[RunRecord], metrics: list[str], ab: bool) -> str:
-    """A row per run, in order: what it ran, when, the device's readings, its values, its mark."""
-    header = ["seq", "arm", "warmup", "started (UTC)", "temp °C", "governor", "MHz", "load",
-              *map(md, metrics), "status", "marked"]
+    """A row per run, in order (attempt by attempt, where a cell had more than one): what it
+    ran, when, the device's readings, its values, its status and whose failure it was, its mark."""
+    attempts = len({r.attempt for r in runs}) > 1
+    header = [*(["attempt"] if attempts else []), "seq", "arm", "warmup", "started (UTC)", "temp °C", "governor",
+              "MHz", "load", *map(md, metrics), "status", "failure", "marked"]
     rows = []
-    for r in sorted(runs, key=lambda r: r.seq):
+    for r in sorted(runs, key=lambda r: (r.attempt, r.seq)):
         temp = start_temperature(r)
-        rows.append([str(r.seq), r.arm.value if ab else "", "yes" if r.warmup else "", when(r.started_at),
+        rows.append([*([str(r.attempt)] if attempts else []), str(r.seq), r.arm.value if ab else "",
+                     "yes" if r.warmup else "", when(r.started_at),
                      "-" if temp is None else f"{temp:.1f}", md(r.readings.governor or "-"),
                      "-" if r.readings.freq_khz is None else f"{r.readings.freq_khz / 1000:.0f}",
                      "-" if r.readings.load is None else f"{r.readings.load:.2f}",
-                     *(number(run_value(r, m)) for m in metrics), str(r.status), md(r.readings.unfit or "")])
+                     *(number(run_value(r, m)) for m in metrics), str(r.status),
+                     r.failure.value if r.failure else "", md(r.readings.unfit or "")])
     return table(header, rows)
+
+
+ATTEMPT_COLUMNS = ["cell", "attempt", "device", "runs", "ended", "cause"]
+
+
+def attempt_rows(job: JobView, escape: Callable[[str], str]) -> list[list[str]]:
+    """A row per attempt of every cell (``ATTEMPT_COLUMNS``): its device, its runs, how it
+    ended (whose failure) and why, text put through ``escape``."""
+    last = {c.cell: c.attempt for c in job.last_attempts()[0]}
+    rows = []
+    for report in sorted(job.cells, key=lambda c: (c.cell, c.attempt)):
+        runs = sum(1 for r in job.runs if r.cell == report.cell and r.attempt == report.attempt)
+        ended = (f"{report.failure.value} failure" if report.failure else "not run" if report.not_run
+                 else "ran" if report.attempt == last.get(report.cell) else "-")
+        cause = report.reason or report.not_run or ""
+        rows.append([str(report.cell) + (f" ({escape(report.group)})" if report.group else ""), str(report.attempt),
+                     escape(report.device or "-"), str(runs), ended, escape(cause.splitlines()[0] if cause else "-")])
+    return rows
+
+
+def retried(job: JobView) -> bool:
+    """Whether a cell of ``job`` had more than one attempt, or an attempt ended in a failure."""
+    return any(c.attempt > 0 or c.failure is not None for c in job.cells)
 
 
 def commands(spec: JobSpec) -> list[str]:
@@ -350,6 +377,10 @@ def markdown(job: JobView, analysis: Analysis) -> str:
         out += [metric_table(cell, analysis.ab), "",
                 f"{cell.counted} runs counted, {cell.warmup} warmup, {cell.failed} failed, "
                 f"{cell.unfit} marked unfit.", ""]
+    if retried(job):  # (docs/architecture.md, "Lab failures": every attempt, its device and cause)
+        out += ["## Attempts", "", "A cell whose attempt ended in a lab failure started again on another device "
+                f"(retry = {spec.retry}); the results are its last attempt's.", "",
+                table(ATTEMPT_COLUMNS, attempt_rows(job, md)), ""]
     out += ["## Warnings", "", *([f"- {md(w)}" for w in warnings(analysis)] or ["None."]), ""]
     out += ["## Drift", "", *[f"- {line}" for line in drift_lines(analysis, matrix)], ""]
     out += ["## Devices", ""]
@@ -420,5 +451,7 @@ def terminal_table(analysis: Analysis, job: JobView | None = None) -> str:
         lines += _columns(rows)
     if job is not None and job.spec.matrix is not None:
         lines += ["matrix"] + _columns([MATRIX_COLUMNS] + matrix_rows(job, analysis, plain))
+    if job is not None and retried(job):
+        lines += ["attempts"] + _columns([ATTEMPT_COLUMNS] + attempt_rows(job, plain))
     lines += [f"warning: {plain(w)}" for w in warnings(analysis)]
     return "\n".join(lines)

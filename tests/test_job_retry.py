@@ -1,0 +1,133 @@
+"""Lab failures in jobs, end to end on a lab of the two demo boards (docs/architecture.md, "Lab
+failures"): a run the lab failed (its command exited 75) starts its cell again on the other
+demo board, the job ends done and its evidence names both attempts, each with its device
+and cause; a command that failed is the test's, one that outran its deadline a timeout, one
+whose lease an admin revoked meanwhile the lab's; two lab failures in a row take a board out
+of service until an admin clears it. One lab for the module; this process is the worker."""
+from __future__ import annotations
+
+import os
+import threading
+
+import httpx2
+import pytest
+
+from conftest import BUILT_IN_PLUGINS, DEFAULT_COORDINATOR_GUARD, LOAD_ENV, Coordinator, Exporter, wait_for
+from helpers import wait_state
+from device_loop.client import Lab
+from device_loop.client.runner import Runner
+from device_loop.core.ab.jobs import JobSpec, JobView
+from device_loop.core.vocabulary import FailureKind, JobState
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
+
+BOARDS = [{"name": f"sim-board-{n}", "plugin": "sim", "class": "sim-board"} for n in (0, 1)]
+METRIC = """echo '{"metric": "t_ms", "value": 2}'"""
+
+
+@pytest.fixture(scope="module")
+def one_lab(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("retry-lab")
+    (folder / "home").mkdir()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
+    environ.update(HOME=str(folder / "home"), DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=
+                   DEFAULT_COORDINATOR_GUARD.url, PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
+    coordinator = Coordinator(folder, environ)
+    exporter = Exporter(folder, environ, coordinator.url, BOARDS)
+    try:
+        yield coordinator
+    finally:
+        exporter.stop()
+        coordinator.stop()
+
+
+@pytest.fixture
+def lab(one_lab):
+    """The module's coordinator, both boards idle, and a client of it as alice."""
+    for board in BOARDS:
+        wait_state(one_lab, board["name"], "idle", timeout=30)
+    client = Lab(one_lab.url, user="alice")
+    yield one_lab, client
+    client.api.close()
+
+
+def run_job(client: Lab, spec: dict, said: list[str] | None = None) -> JobView:
+    """``spec`` run to its end by this process as its worker."""
+    job = client.jobs.submit(JobSpec.model_validate(spec), claim=True)
+    return Runner(client.jobs, say=(said if said is not None else []).append).run(job)
+
+
+def test_a_lab_failure_is_retried_on_the_other_demo_board_and_the_evidence_names_both(lab, tmp_path):
+    coordinator, client = lab
+    mark = tmp_path / "failed-once"
+    said: list[str] = []
+    ended = run_job(client, {"target": {"class": "sim-board"}, "rounds": 2, "retry": 1,
+                             "metrics": [{"name": "t_ms", "unit": "ms"}],
+                             "run": [f"if [ ! -e {mark} ]; then touch {mark}; echo 'board hung' >&2; exit 75; fi; "
+                                     f"{METRIC}"]}, said)
+    assert ended.state is JobState.DONE, (ended.reason, said)
+    first, second = sorted(ended.cells, key=lambda c: c.attempt)
+    assert {first.device, second.device} == {"sim-board-0", "sim-board-1"}, "the retry took the other board"
+    assert (first.attempt, first.failure, second.attempt, second.failure) == (0, FailureKind.LAB, 1, None)
+    assert "exited 75" in first.reason and "board hung" in first.reason
+    assert [(r.attempt, r.seq, r.status, r.failure) for r in ended.runs] == \
+        [(0, 0, 75, FailureKind.LAB), (1, 0, 0, None), (1, 1, 0, None)]
+    assert any(f"a lab failure on {first.device}" in line and "attempt 1 of 2" in line for line in said), said
+
+    evidence = client.jobs.evidence(ended.id)
+    attempts = evidence.split("## Attempts")[1].split("##")[0]
+    row0 = next(line for line in attempts.splitlines() if line.startswith("| 0    | 0 "))
+    row1 = next(line for line in attempts.splitlines() if line.startswith("| 0    | 1 "))
+    assert first.device in row0 and "lab failure" in row0 and "exited 75" in row0
+    assert second.device in row1 and "ran" in row1
+    assert "retry = 1" in evidence and "failure" in evidence.split("## Runs")[1]
+    cell = client.api.get(f"/jobs/{ended.id}")["analysis"]["cells"][0]
+    assert (cell["device"], cell["counted"], cell["failed"]) == (second.device, 2, 0), "the last attempt's"
+    page = httpx2.get(f"{coordinator.url}/jobs/{ended.id}", headers={"X-Device-Loop-User": "alice"}, timeout=10)
+    assert page.status_code == 200 and 'data-label="Failure"><span class="bad">lab</span>' in page.text
+    assert coordinator.api(f"/devices/{first.device}").json()["fault"] is None, "one lab failure is no fault"
+
+
+def test_whose_failure_a_failed_run_was(lab, tmp_path):
+    coordinator, client = lab
+    failed = run_job(client, {"target": {"device": "sim-board-0"}, "retry": 1, "run": ["echo broke >&2; exit 3"]})
+    assert failed.state is JobState.FAILED and "exit status 3" in failed.reason
+    assert [(r.status, r.failure) for r in failed.runs] == [(3, FailureKind.TEST)], "the test's: no retry"
+    assert [(c.attempt, c.failure) for c in failed.cells] == [(0, FailureKind.TEST)]
+
+    slow = run_job(client, {"target": {"device": "sim-board-0"}, "command_timeout_s": 0.5, "run": ["sleep 30"]})
+    assert [r.failure for r in slow.runs] == [FailureKind.TIMEOUT] and "did not finish within" in slow.reason
+
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    wait_state(coordinator, "sim-board-0", "idle")
+    holder: dict[str, JobView] = {}
+    worker = threading.Thread(target=lambda: holder.update(job=run_job(client, {
+        "target": {"device": "sim-board-0"},
+        "run": [f"touch {ready}; while [ ! -e {go} ]; do sleep 0.02; done; exit 1"]})))
+    worker.start()
+    try:
+        wait_for(ready.exists, 30, what="the run under way")
+        (lease,) = coordinator.api("/leases").json()
+        assert coordinator.api(f"/admin/leases/{lease['id']}/revoke", "POST").status_code == 200
+    finally:
+        go.touch()
+        worker.join(60)
+    revoked = holder["job"]
+    assert [(r.status, r.failure) for r in revoked.runs] == [(1, FailureKind.LAB)], "its lease was revoked: the lab's"
+    assert f"the lease {lease['id']} on sim-board-0 is revoked" in revoked.reason
+    assert revoked.cells[-1].failure is FailureKind.LAB
+
+
+def test_two_lab_failures_in_a_row_take_a_board_out_of_service(lab):
+    coordinator, client = lab
+    for _ in range(2):
+        wait_state(coordinator, "sim-board-1", "idle")
+        ended = run_job(client, {"target": {"device": "sim-board-1"}, "run": ["exit 75"]})
+        assert ended.state is JobState.FAILED and ended.runs[-1].failure is FailureKind.LAB
+    wait_state(coordinator, "sim-board-1", "faulty")
+    board = coordinator.api("/devices/sim-board-1").json()
+    assert board["fault_kind"] == "lab-failures" and ended.id in board["fault"], board
+    log = coordinator.api("/devices/sim-board-1/log").json()
+    assert any("2 lab failures in a row" in entry["cause"] for entry in log)
+    assert coordinator.api("/admin/devices/sim-board-1/clear-fault", "POST").status_code == 200
+    wait_state(coordinator, "sim-board-1", "idle")

@@ -252,26 +252,10 @@ class Runner:
         attempt, previous = 0, ""
         while True:
             run = CellRun(self, jobs, job, cell, stopper, coordinator_version, placement, attempt, excluded)
-            try:
-                run.run()
-            except CellFailed as exc:
-                failure, reason = exc.failure, str(exc)
-            except CoordinatorError as exc:
-                if exc.code == ErrorCode.NO_OTHER_DEVICE and excluded:  # (no attempt began: the last failure stands)
-                    failure, reason = FailureKind.LAB, f"{previous}; no retry: {exc.message}"
-                    return self._failed(cell, stopper, failure, reason)
-                failure, reason = FailureKind.LAB, exc.message  # (the coordinator refused what the cell needed)
-            except JobStopped as exc:
-                return CellOutcome(cell.index, failed=str(exc))
-            except Exception as exc:  # noqa: BLE001 (the worker goes on to its next job; the reason says what)
-                reason = f"the worker failed: {type(exc).__name__}: {exc}"
-                stopper.stop(reason)
-                return CellOutcome(cell.index, failed=reason)
-            else:
-                return CellOutcome(cell.index, not_run=run.not_run)
-            finally:
-                run.close()
-            run.report_end(failure, reason)
+            ended = self._attempt(run, cell, stopper, previous)
+            if isinstance(ended, CellOutcome):
+                return ended
+            failure, reason = ended
             if failure is FailureKind.LAB and attempt < job.spec.retry and run.device and not stopper.stopped:
                 excluded.append(run.device)
                 attempt += 1
@@ -280,6 +264,33 @@ class Runner:
                 previous = reason
                 continue
             return self._failed(cell, stopper, failure, reason)
+
+    def _attempt(self, run: CellRun, cell: Cell, stopper: Stopper,
+                 previous: str) -> CellOutcome | tuple[FailureKind, str]:
+        """One attempt of a cell: how the cell ended (``CellOutcome``), or whose failure ended
+        the attempt and why (reported before its lease is given back: the coordinator reads
+        how that lease stands)."""
+        try:
+            try:
+                run.run()
+            except CellFailed as exc:
+                ended = exc.failure, str(exc)
+            except CoordinatorError as exc:
+                if exc.code == ErrorCode.NO_OTHER_DEVICE and previous:  # (no attempt began: the last failure stands)
+                    return self._failed(cell, stopper, FailureKind.LAB, f"{previous}; no retry: {exc.message}")
+                ended = FailureKind.LAB, exc.message  # (the coordinator refused what the cell needed)
+            except JobStopped as exc:
+                return CellOutcome(cell.index, failed=str(exc))
+            except Exception as exc:  # noqa: BLE001 (the worker goes on to its next job; the reason says what)
+                reason = f"the worker failed: {type(exc).__name__}: {exc}"
+                stopper.stop(reason)
+                return CellOutcome(cell.index, failed=reason)
+            else:
+                return CellOutcome(cell.index, not_run=run.not_run)
+            run.report_end(*ended)
+            return ended
+        finally:
+            run.close()
 
     @staticmethod
     def _failed(cell: Cell, stopper: Stopper, failure: FailureKind, reason: str) -> CellOutcome:

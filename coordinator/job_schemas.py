@@ -51,7 +51,8 @@ class JobWait(JobId):
 class SubmitJobIn(Strict):
     spec: JobSpec = Field(description="the job: what to run on (target: device, or class and tags), setup, run "
                                       "(a plain job's commands) or ab (an A/B pair: baseline, patch, rounds), "
-                                      "metrics, and matrix (the pair over device groups), as in a job file; e.g. "
+                                      "metrics, matrix (the pair over device groups) and retry (0 to 5: a cell the "
+                                      "lab failed runs again on another device), as in a job file; e.g. "
                                       "{\"target\": {\"class\": \"sim-board\"}, \"ab\": {\"baseline\": "
                                       "[\"run-workload --cost 1.0\"], \"patch\": [\"run-workload --cost 0.95\"], "
                                       "\"rounds\": 10}}")

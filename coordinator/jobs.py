@@ -53,6 +53,9 @@ ANALYSES_KEPT = 32
 MAX_OPEN_JOBS = 50            # queued or running jobs one person may have (admins are counted, not limited)
 RESERVATIONS_PER_CELL = 4     # tickets and leases a job may make for one attempt of a cell (a lease that ended, again)
 LAB_FAILURES_FAULTY = 2       # lab failures in a row that take a device out of service ("Lab failures")
+#: How a lease ended that says a lab failure on it was not its device's: a person (an admin's
+#: revoke, a release) or its time ended it ("Lab failures").
+NOT_THE_DEVICES = (LeaseState.REVOKED, LeaseState.RELEASED, LeaseState.EXPIRED)
 
 
 def job_key(job_id: str) -> str:
@@ -378,7 +381,7 @@ class Jobs:
             if report.failure == FailureKind.LAB and report.device and (before is None or before["failure"] is None):
                 last = await self.jobs_sql.last_run(job_id, report.cell, report.attempt)
                 if last is None or last["failure"] != FailureKind.LAB:  # (a run's lab failure counted already)
-                    await self._count(job_id, report.device, True, report.reason or "no reason given")
+                    await self._count(job_id, report.device, report.lease_id, True, report.reason or "no reason given")
             self.life.notify(job_key(job_id))
         return dumped
 
@@ -402,15 +405,20 @@ class Jobs:
             if where is not None and where["device"]:
                 lab = run.failure == FailureKind.LAB
                 why = f"run {run.seq} of cell {run.cell} (attempt {run.attempt}) failed, exit status {run.status}"
-                await self._count(job_id, where["device"], lab, why if lab else "")
+                await self._count(job_id, where["device"], where["lease_id"], lab, why if lab else "")
             self.life.notify(job_key(job_id))
         return dumped
 
-    async def _count(self, job_id: str, name: str, lab: bool, why: str) -> None:
+    async def _count(self, job_id: str, name: str, lease_id: str | None, lab: bool, why: str) -> None:
         """Count a lab failure on device ``name`` (``lab``), or set its count back to 0 (in the
         caller's transaction, the job's row locked): at ``LAB_FAILURES_FAULTY`` in a row it
         becomes faulty, with a line of its ring log, until an admin clears it
-        (docs/architecture.md, "Lab failures"). A fault it has already stays, kind and all."""
+        (docs/architecture.md, "Lab failures"). A fault it has already stays, kind and all; a
+        lab failure whose lease a person or its time ended (``NOT_THE_DEVICES``) is not counted."""
+        if lab and lease_id is not None:
+            lease = await self.leases_sql.lease(lease_id)
+            if lease is not None and lease["state"] in NOT_THE_DEVICES:
+                return
         if lab:
             await self.leases_sql.lock_host_of_device(name)  # (the lock order: the job, then its devices' hosts)
         count = await self.devices_sql.count_lab_failure(name, lab)

@@ -120,10 +120,12 @@ def test_whose_failure_a_failed_run_was(lab, tmp_path):
 
 def test_two_lab_failures_in_a_row_take_a_board_out_of_service(lab):
     coordinator, client = lab
-    for _ in range(2):
+    assert run_job(client, {"target": {"device": "sim-board-1"}, "run": ["true"]}).state is JobState.DONE  # count: 0
+    for n in range(2):
         wait_state(coordinator, "sim-board-1", "idle")
         ended = run_job(client, {"target": {"device": "sim-board-1"}, "run": ["exit 75"]})
         assert ended.state is JobState.FAILED and ended.runs[-1].failure is FailureKind.LAB
+        assert n == 1 or coordinator.api("/devices/sim-board-1").json()["fault"] is None
     wait_state(coordinator, "sim-board-1", "faulty")
     board = coordinator.api("/devices/sim-board-1").json()
     assert board["fault_kind"] == "lab-failures" and ended.id in board["fault"], board

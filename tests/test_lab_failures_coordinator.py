@@ -3,7 +3,8 @@ failure each run and each cell's attempt was, stored and answered; attempts past
 retry refused; a retry's reserve leaves out the devices it names and says so when only
 they match; two lab failures in a row on a device make it faulty (``lab-failures``) with a
 line of its ring log, a run that is no lab failure sets the count back, an attempt the lab
-failed before its first run counts too, and an admin clears it. In-process, on SQLite and
+failed before its first run counts too, one on a lease an admin revoked does not, and an
+admin clears it. In-process, on SQLite and
 on PostgreSQL where the suite has one."""
 import pytest
 
@@ -129,6 +130,19 @@ async def test_an_attempt_the_lab_failed_before_its_first_run_counts_against_its
             fault = (await api.get("/devices/b1")).json()["fault"]
             assert (fault is None) == (attempt == 0), fault
         assert "b1 did not get ready" in fault
+
+
+async def test_a_lab_failure_on_a_lease_a_person_ended_is_not_its_devices(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        job = await started(api, {**SPEC, "target": {"device": "b0"}})
+        lease = await cell_on(api, job, 0)
+        await api.post(f"/jobs/{job['id']}/runs", json=run(0, status=75, failure="lab"))
+        assert (await rules.life.devices_sql.device("b0"))["lab_failures"] == 1
+        assert (await api.post(f"/admin/leases/{lease['id']}/revoke")).status_code == 200
+        await api.post(f"/jobs/{job['id']}/runs", json=run(1, status=1, failure="lab"))
+        assert (await rules.life.devices_sql.device("b0"))["lab_failures"] == 1, "revoked: not the board's failure"
+        assert (await api.get("/devices/b0")).json()["fault"] is None
 
 
 async def test_runs_and_cells_of_before_attempts_are_kept_as_attempt_0(tmp_path, monkeypatch):

@@ -448,45 +448,22 @@ class CellRun:
                 lease.renew(self.spec.lease_ttl_s)
 
     def _lost(self, lease: Lease) -> str | None:
-        """Why ``lease`` no longer serves the cell (it ended, or its device is faulty or
-        offline), or None."""
-        if lease.state not in LIVE_LEASE_STATES:
-            return f"the lease {lease.id} on {lease.data['device']} is {lease.state}: " \
-                   f"{lease.data.get('reason') or 'ended'}"
-        state = lease.data.get("device_state")
-        if state in LOST_DEVICE_STATES:
-            device = self.jobs.api.get(f"/devices/{lease.data['device']}")
-            return (f"{lease.data['device']} is {state}: "
-                    f"{device.get('reason') or device.get('health_reason') or 'no reason given'}")
-        return None
+        return lost_reason(lease.data, self._device)
 
-    def _trouble(self) -> str | None:
-        """After a command failed: why the lab may have failed it (the lease not live and
-        ready, its device faulty, switched off or offline), or None (docs/architecture.md,
-        "Lab failures")."""
-        assert self.lease is not None
-        try:
-            lease = self.lease.refresh()
-        except CoordinatorError as exc:
-            return f"the lease {self.lease.id} could not be read: {exc.message}"
-        if (lost := self._lost(lease)) is not None:
-            return lost
-        if lease.data.get("switched_off"):
-            return f"{lease.data['device']} was switched off: {lease.data['switched_off']}"
-        if not lease.data.get("ready"):
-            return f"{lease.data['device']} was not ready when the command failed: {lease.data.get('reason')}"
-        return None
+    def _device(self, name: str) -> Mapping[str, Any]:
+        return self.jobs.api.get(f"/devices/{name}")
 
     def _whose(self, result: LocalResult) -> tuple[FailureKind, str | None]:
-        """Whose failure a failed command was, and why when it was the lab's for a reason
-        the command did not say: it exited 75 (it says the lab failed it), or the lab is in
-        trouble (``_trouble``), before its deadline and the test."""
-        if result.status == LAB_FAILURE_STATUS:
-            return FailureKind.LAB, None
-        trouble = self._trouble()
-        if trouble is not None:
-            return FailureKind.LAB, trouble
-        return (FailureKind.TIMEOUT if result.timed_out else FailureKind.TEST), None
+        """Whose failure a failed command was (``whose_failure``), the lease read again."""
+        assert self.lease is not None
+        lease = self.lease
+
+        def trouble() -> str | None:
+            try:
+                return lab_trouble(lease.refresh().data, self._device)
+            except CoordinatorError as exc:
+                return f"the lease {lease.id} could not be read: {exc.message}"
+        return whose_failure(result, trouble)
 
     def _environment(self, lease: Lease) -> dict[str, str]:
         """What a command sees: the worker's environment (under another account, only its
@@ -621,6 +598,45 @@ class CellRun:
         cells = len(self.spec.matrix.over) if self.spec.matrix else 1
         alpha = abstats.alpha_per_look(self.spec.ab) / cells
         return abstats.decided(abstats.analyse(self.spec, self.runs, [self.report], alpha=alpha))
+
+
+DeviceReader = Callable[[str], Mapping[str, Any]]
+
+
+def lost_reason(lease: Mapping[str, Any], device: DeviceReader) -> str | None:
+    """Why ``lease`` (a ``LeaseAnswer``) no longer serves a cell: it ended, or its device is
+    faulty or offline (``device(name)`` says why); else None."""
+    if lease["state"] not in LIVE_LEASE_STATES:
+        return f"the lease {lease['id']} on {lease['device']} is {lease['state']}: {lease.get('reason') or 'ended'}"
+    state = lease.get("device_state")
+    if state in LOST_DEVICE_STATES:
+        row = device(lease["device"])
+        return f"{lease['device']} is {state}: {row.get('reason') or row.get('health_reason') or 'no reason given'}"
+    return None
+
+
+def lab_trouble(lease: Mapping[str, Any], device: DeviceReader) -> str | None:
+    """After a command failed on ``lease``: why the lab may have failed it (the lease not
+    live and ready, its device faulty, switched off or offline), or None
+    (docs/architecture.md, "Lab failures")."""
+    if (lost := lost_reason(lease, device)) is not None:
+        return lost
+    if lease.get("switched_off"):
+        return f"{lease['device']} was switched off: {lease['switched_off']}"
+    if not lease.get("ready"):
+        return f"{lease['device']} was not ready when the command failed: {lease.get('reason')}"
+    return None
+
+
+def whose_failure(result: LocalResult, trouble: Callable[[], str | None]) -> tuple[FailureKind, str | None]:
+    """Whose failure a failed command was, and why when it was the lab's for a reason the
+    command did not say: it exited 75 (it says the lab failed it), or the lab was in
+    ``trouble()``; then its deadline; else the test's (docs/architecture.md, "Lab failures")."""
+    if result.status == LAB_FAILURE_STATUS:
+        return FailureKind.LAB, None
+    if (why := trouble()) is not None:
+        return FailureKind.LAB, why
+    return (FailureKind.TIMEOUT if result.timed_out else FailureKind.TEST), None
 
 
 def _tail_text(result: LocalResult) -> str:

@@ -1,19 +1,21 @@
 """The client commands of ``device-loop``: ls, hosts, reserve, release, renew, status, log."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import functools
+import os
 import sys
+import threading
 import time
 import uuid
 
 import click
 
 from device_loop.core import LEASE_PREFIX, LIVE_LEASE_STATES
-from device_loop.core.durations import parse_duration
+from device_loop.core.durations import keepalive_problem, parse_duration
 from device_loop.core.needs import FIDELITY_DETAIL, fidelity_text
-from device_loop.core.vocabulary import Needs, TicketState
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Needs, TicketState
 
 from device_loop.client.http import Coordinator, CoordinatorError
 from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
@@ -203,17 +205,28 @@ def hosts_command(lab: Lab, as_json: bool):
 @click.option("--queue", is_flag=True, help="nothing that matches is free: take a queue ticket instead of a refusal")
 @click.option("--ttl", callback=_ttl, help="90s, 30m, 2h, 1d (from the grant)  [default: the lab's, 30m unless its "
                                             "coordinator's --default-ttl says]")
+@click.option("--keepalive", callback=_ttl,
+              help="hold the lease only while this command runs (5s to 1h, e.g. 30s): it waits until the lease is "
+                   "ready, prints it, keeps it alive, and releases it on Ctrl-C, SIGTERM, SIGHUP or the end of its "
+                   "input (exit 0; 75 if the lab ended it meanwhile). Killed outright, the device is free within "
+                   "the keepalive. A --queue ticket lapses likewise. Without --ttl it lasts up to the lab's maximum")
+@click.option("--image", metavar="IMAGE", help="with --class, --tags or --needs: a free device already running this "
+                                               "registry image (its last flash wrote it and read it back) first")
 @click.option("--wait", is_flag=True, help="return once the endpoints are up (with --queue: once granted, too)")
-@click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: 60s; with --queue: no limit]")
+@click.option("--timeout", callback=_ttl, help="how long --wait (or --keepalive) waits  [default: 60s; with --queue: "
+                                               "no limit]")
 @json_option
 @lab_command
 def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags: list[str], needs: str | None,
-                    fallback: str | None, fallback_after: float | None, queue: bool, ttl: float | None, wait: bool,
-                    timeout: float | None, as_json: bool):
+                    fallback: str | None, fallback_after: float | None, queue: bool, ttl: float | None,
+                    keepalive: float | None, image: str | None, wait: bool, timeout: float | None, as_json: bool):
     """Reserve DEVICE, or any free device of --class and/or with --tags (or, with --needs,
-    any device it takes). Answers at once (pending, or with --queue a ticket) unless --wait."""
-    if timeout is not None and not wait:
+    any device it takes). Answers at once (pending, or with --queue a ticket) unless --wait
+    or --keepalive."""
+    if timeout is not None and not (wait or keepalive):
         raise click.UsageError("--timeout is how long --wait waits: give --wait too")
+    if keepalive is not None and (problem := keepalive_problem(keepalive)):
+        raise click.UsageError(f"--keepalive: {problem}")
     if device is None and device_class is None and not tags and needs is None:
         raise click.UsageError("name a DEVICE, or give --class and/or --tags (or --needs)")
     if device is not None and (device_class is not None or tags):
@@ -224,11 +237,53 @@ def reserve_command(lab: Lab, device: str | None, device_class: str | None, tags
         raise click.UsageError("--fallback-after goes with --fallback real-hw")
     started = time.monotonic()
     got = _reserved(lab, as_json, device, ttl, class_=device_class, tags=tags, queue=queue, needs=needs,
-                    fallback=fallback, fallback_after=fallback_after)
+                    fallback=fallback, fallback_after=fallback_after, keepalive=keepalive, image=image)
+    if keepalive is not None:
+        _hold(got, timeout, started, as_json)
+        return
     if not wait:
         emit(as_json, got.data, ticket_text if isinstance(got, Ticket) else lease_text)
         return
     emit(as_json, _follow(got, timeout, started, as_json, give_up=True).data, lease_text)
+
+
+def _hold(got: Lease | Ticket, timeout: float | None, started: float, as_json: bool) -> None:
+    """``reserve --keepalive``: the lease once ready (a ticket followed to it), printed, kept
+    alive until Ctrl-C, SIGTERM, SIGHUP or the end of standard input, then released (exit
+    0); the lab ending it meanwhile is a lab failure (exit 75, with the reason). A client that
+    holds a lease only while it runs: killed outright, its device is free within the keepalive
+    (docs/architecture.md, "Leases that live as long as their client")."""
+    ended = threading.Event()
+    with sigterm_as_ctrl_c():  # (from here on: a signal before the wait below is as good as one during it)
+        lease = _follow(got, timeout, started, as_json, give_up=True, on_lost=lambda reason: ended.set())
+        try:
+            emit(as_json, lease.data, lease_text)
+            sys.stdout.flush()
+            threading.Thread(target=_until_end_of_input, args=(ended,), name="stdin", daemon=True).start()
+            ended.wait()
+        except KeyboardInterrupt:
+            pass
+    with not_interrupted():
+        lost = lease.lost
+        try:
+            lease.release()
+        except CoordinatorError as exc:
+            if not lost:
+                fail(as_json, exc.code, f"could not release {lease.id}: {exc.message}")
+    if lost:
+        fail(as_json, ErrorCode.LEASE_ENDED, f"lab failure: {lost}", LAB_FAILURE_STATUS, lease=lease.id)
+    click.echo(f"{lease.id} on {lease.device} released", err=True)
+
+
+def _until_end_of_input(ended: threading.Event) -> None:
+    """Read standard input (and drop it) until its end, then set ``ended``: the caller that
+    started this command through a pipe has gone, or closed it to say it is done."""
+    try:
+        while os.read(0, 65536):
+            pass
+    except OSError:  # (no standard input at all: as good as its end)
+        pass
+    ended.set()
 
 
 def _reserved(lab: Lab, as_json: bool, *args, **kwargs) -> Lease | Ticket:
@@ -254,12 +309,14 @@ def _reserved(lab: Lab, as_json: bool, *args, **kwargs) -> Lease | Ticket:
             fail(as_json, ErrorCode.INTERRUPTED, f"interrupted: {said}", stopped.exit_code)
 
 
-def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json: bool, give_up: bool) -> Lease:
+def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json: bool, give_up: bool,
+            on_lost: Callable[[str], object] | None = None) -> Lease:
     """``--wait``: a ticket to its lease, then the lease until its endpoints are up (``timeout``
-    from ``started`` for both; a lease alone waits 60 s without one). Ctrl-C or SIGTERM
-    meanwhile ends the command (exit 130, or 143); with ``give_up`` it first gives back what
+    from ``started`` for both; a lease alone waits 60 s without one). Ctrl-C, SIGTERM or SIGHUP
+    meanwhile ends the command (exit 130, 143 or 129); with ``give_up`` it first gives back what
     it waited for: the ticket is cancelled (a grant not yet claimed gives its lease back), a
-    lease it made or claimed is released. Nothing waits on for nobody."""
+    lease it made or claimed is released. Nothing waits on for nobody. A keepalive lease is kept
+    alive from the moment it is had (``on_lost`` told if the lab ends it)."""
     ticket, lease = (got, None) if isinstance(got, Ticket) else (None, got)
     with sigterm_as_ctrl_c() as stopped:
         try:
@@ -269,11 +326,16 @@ def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json:
                 except CoordinatorError as exc:  # (TicketEnded among them; a timeout keeps it waiting)
                     fail(as_json, exc.code, exc.message, ticket=ticket.id)
             assert lease is not None
+            if lease.data.get("keepalive_s"):
+                lease.kept_alive(on_lost)
             left = None if timeout is None else max(1.0, timeout - (time.monotonic() - started))
             try:
                 lease.wait_ready(60 if left is None else left)
             except LeaseFailed as exc:
                 kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == ErrorCode.TIMEOUT else ""
+                if lease.keeper is not None:  # (kept alive by nobody once this command ends: given back now)
+                    with not_interrupted():
+                        kept = "; " + _give_up(lease.api, None, lease)
                 fail(as_json, exc.code, exc.message + kept, lease=lease.id)
         except KeyboardInterrupt:
             with not_interrupted():

@@ -66,7 +66,10 @@ def fail(as_json: bool, code: str, message: str, exit_code: int = 1, **fields) -
 
 def lease_text(lease: dict) -> str:
     head = f"{lease['id']} on {lease['device']}: {lease['state']}"
-    if lease["state"] in LIVE_LEASE_STATES:
+    if lease["state"] in LIVE_LEASE_STATES and lease.get("keepalive_s"):
+        head += (f", kept alive (keepalive {format_duration(lease['keepalive_s'])}), ends {lease['ends_at']} at the "
+                 f"latest (in {time_left(lease['ends_at'])})")
+    elif lease["state"] in LIVE_LEASE_STATES:
         head += f", expires {lease['expires_at']} (in {time_left(lease['expires_at'])})"
     lines = [head]
     if not lease["ready"]:

@@ -89,10 +89,13 @@ class Coordinator:
         """A read; a long-poll (``wait=S``) gets S seconds more than the usual timeout."""
         return self._request("GET", path, params=params, timeout=self.timeout + float(params.get("wait", 0)))
 
-    def post(self, path: str, body: dict | None = None, key: str | None = None):
-        """A mutating call: one Idempotency-Key (``key``, else a new one), reused on every retry."""
-        return self._request("POST", path, body=json.dumps(body or {}).encode(),
-                             headers={"Idempotency-Key": key or uuid.uuid4().hex, "Content-Type": "application/json"})
+    def post(self, path: str, body: dict | None = None, key: str | None = None, *, keyed: bool = True,
+             timeout: float | None = None):
+        """A mutating call: one Idempotency-Key (``key``, else a new one), reused on every retry;
+        none when not ``keyed`` (a call that is harmless to repeat, and too frequent to have a
+        key stored for each: a keep-alive). ``timeout``: each try's, else the client's."""
+        headers = {"Content-Type": "application/json"} | ({"Idempotency-Key": key or uuid.uuid4().hex} if keyed else {})
+        return self._request("POST", path, body=json.dumps(body or {}).encode(), headers=headers, timeout=timeout)
 
     def upload(self, path: str, params: dict, chunks):
         """POST a body streamed from ``chunks`` (an iterator of bytes); tried once: a body

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM while a command waits: both end the wait the same way (a
+"""Ctrl-C, SIGTERM and SIGHUP while a command waits: each ends the wait the same way (a
 ``KeyboardInterrupt``), so the command gives up what it was waiting for before it exits, and
 a second one meanwhile does not cut that short."""
 from __future__ import annotations
@@ -25,28 +25,33 @@ class Signal:
         return 128 + int(self.number)
 
 
+#: What a CI runner's cancel or a closed terminal sends (SIGINT is Ctrl-C's own)
+STOPS = (signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def sigterm_as_ctrl_c() -> Iterator[Signal]:
-    """While inside: SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does (its default would
-    end the process with nothing given back)."""
+    """While inside: SIGTERM and SIGHUP raise ``KeyboardInterrupt`` as Ctrl-C does (their
+    default would end the process with nothing given back)."""
     got = Signal()
 
     def stopped(number, frame):
         got.number = signal.Signals(number)
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, stopped)
+    previous = {number: signal.signal(number, stopped) for number in STOPS}
     try:
         yield got
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 @contextmanager
 def not_interrupted() -> Iterator[None]:
-    """While inside: Ctrl-C and SIGTERM are ignored (giving back what a wait held takes a
-    request or two, each bounded by the client's timeout)."""
-    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
+    """While inside: Ctrl-C, SIGTERM and SIGHUP are ignored (giving back what a wait held
+    takes a request or two, each bounded by the client's timeout)."""
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, *STOPS)}
     try:
         yield
     finally:

@@ -5,8 +5,15 @@
             console.sendall(b"uname\r")
 
 ``reserve`` answers at once with a pending lease; entering the ``with`` block waits
-until its endpoints are up, and leaving it releases the lease, also on exceptions. By
-class and tags, and queueing when nothing that matches is free:
+until its endpoints are up, and leaving it releases the lease, also on exceptions. A lease
+that must not outlive this process (a CI job's) is a keepalive lease: the ``with`` block
+keeps it alive from a thread (``client/keepalive.py``), and if the process dies the device is
+free within the keepalive:
+
+    with lab.reserve(class_="riscv-sbc", keepalive="30s", image="rootfs-v2") as lease:
+        ...                                      # lease.lost: why, if the lab ended it meanwhile
+
+By class and tags, and queueing when nothing that matches is free:
 
     ticket = lab.reserve(class_="riscv-sbc", tags=["rvv"], queue=True)   # a Lease, or a Ticket
     with ticket.wait() as lease:                 # a Ticket waits for its grant (a Lease waits for nothing)
@@ -29,6 +36,7 @@ from device_loop.core.durations import parse_duration
 from device_loop.core.errors import ErrorCode
 
 from .http import Coordinator, CoordinatorError
+from .keepalive import KeepAlive
 
 if TYPE_CHECKING:  # (exec, fingerprints, the answers' types: loaded when used, pydantic is heavy for a short command)
     from device_loop.core.answers import (CdiAnswer, DeviceAnswer, EndpointAnswer, HostAnswer, LeaseAnswer, LogEntry,
@@ -139,6 +147,7 @@ class Lab:
     def reserve(self, device: str | None = None, ttl: str | float | None = None, *, class_: str | None = None,
                 tags: list[str] | tuple[str, ...] = (), queue: bool = False, needs: str | None = None,
                 fallback: str | None = None, fallback_after: str | float | None = None,
+                keepalive: str | float | None = None, image: str | None = None,
                 idempotency_key: str | None = None) -> "Lease | Ticket":
         """Reserve ``device``, or any free device of ``class_`` with all of ``tags`` (the one
         idle the longest), now: never blocks; the lease may still be pending. With ``queue``,
@@ -148,8 +157,13 @@ class Lab:
         ``"real-hw"`` (a board, or a simulated one) or ``"any"`` (a virtual machine or an
         emulator first; neither class nor tags needed), and with ``"any"``, ``fallback="real-hw"``:
         a queued ticket takes a real device too once it waited ``fallback_after`` (``"2m"``, or
-        seconds; default 60 s). The same ``idempotency_key`` again answers what the first call
-        made, and makes nothing more."""
+        seconds; default 60 s). ``keepalive`` (``"30s"``, or seconds; 5 s to 1 h): a lease that
+        lapses unless kept alive that often (its ``with`` block does, ``KeepAlive`` does, or
+        ``lease.keep_alive()``), and a ticket that lapses unless followed (``ticket.wait()``);
+        without a ``ttl`` it lasts up to the lab's maximum. ``image`` (a registry image's ref or
+        name): by class, tags or needs, a free device already running it (its last flash wrote
+        it and read it back) is taken first. The same ``idempotency_key`` again answers what
+        the first call made, and makes nothing more."""
         body: dict = {"tags": list(tags), "queue": queue}
         if ttl is not None:  # (else the lab's own default applies: docs/architecture.md, "Leases")
             body["ttl_s"] = parse_duration(ttl)
@@ -158,6 +172,10 @@ class Lab:
                 body[key] = str(value)
         if fallback_after is not None:
             body["fallback_after_s"] = parse_duration(fallback_after)
+        if keepalive is not None:  # (a number as it is: the lab says the range of one out of it)
+            body["keepalive_s"] = keepalive if isinstance(keepalive, (int, float)) else parse_duration(keepalive)
+        if image is not None:
+            body["image"] = image
         if device is not None:
             body["device"] = device
         if class_ is not None:
@@ -203,6 +221,7 @@ class Lease:
     def __init__(self, api: Coordinator, data: LeaseAnswer):
         self.api = api
         self.data = data
+        self.keeper: KeepAlive | None = None  # a keepalive lease's, while its ``with`` block runs
 
     def __repr__(self) -> str:
         ready = ", ready" if self.data.get("ready") else ""
@@ -285,9 +304,29 @@ class Lease:
         return self.api.get(f"/leases/{self.id}/cdi")
 
     def renew(self, ttl: str | float) -> "Lease":
-        """Extend it: it then expires ``ttl`` (``"2h"``, or seconds) from now."""
+        """Extend it: it then ends ``ttl`` (``"2h"``, or seconds) from now."""
         self.data = self.api.post(f"/leases/{self.id}/renew", {"ttl_s": parse_duration(ttl)})
         return self
+
+    def keep_alive(self, timeout: float | None = None) -> "Lease":
+        """Keep a keepalive lease alive: it then expires its keepalive from now, never past its
+        end (``ends_at``). ``CoordinatorError`` (``lease_ended``) once it has ended. A keep-alive
+        is harmless to repeat: it is sent without an Idempotency-Key. ``timeout``: each try's."""
+        self.data = self.api.post(f"/leases/{self.id}/renew", {}, keyed=False, timeout=timeout)
+        return self
+
+    def kept_alive(self, on_lost: Callable[[str], object] | None = None) -> KeepAlive:
+        """Keep it alive from a thread (``client/keepalive.py``) until ``stop()`` or its release;
+        ``on_lost(reason)`` once if the lab ends it meanwhile. Started once: later calls answer
+        the same ``KeepAlive``."""
+        if self.keeper is None:
+            self.keeper = KeepAlive(self, on_lost).start()
+        return self.keeper
+
+    @property
+    def lost(self) -> str | None:
+        """Why the lab ended it while it was kept alive (revoked, expired, ...), or None."""
+        return self.keeper.lost if self.keeper is not None else None
 
     def start_operation(self, kind: str, args: dict[str, Any] | None = None) -> Operation:
         """Start an operation of ``kind`` (one the device's resources run: ``Lab.devices()``,
@@ -358,12 +397,18 @@ class Lease:
                       self.data, device, coordinator_version)
 
     def release(self) -> "Lease":
-        """Give it back (its services stop; the device goes on to its steps between leases)."""
+        """Give it back (its services stop; the device goes on to its steps between leases);
+        keeping it alive stops first."""
+        if self.keeper is not None:
+            self.keeper.stop()
         self.data = self.api.post(f"/leases/{self.id}/release")
         return self
 
     def __enter__(self) -> "Lease":
+        """Wait until it is ready (a keepalive lease kept alive meanwhile, and until it is released)."""
         try:
+            if self.data.get("keepalive_s"):
+                self.kept_alive()
             return self.wait_ready()
         except BaseException:
             self.release()
@@ -409,8 +454,12 @@ class Ticket:
     def wait(self, timeout: float | None = None, on_change: Callable[["Ticket"], object] | None = None) -> Lease:
         """Block until the ticket is granted (``on_change(ticket)`` at each news, the position
         while it waits); the lease, claimed. Raises ``TicketEnded`` if it is cancelled or its
-        grant expired, ``CoordinatorError("timeout")`` after ``timeout`` seconds (it waits on)."""
+        grant expired, ``CoordinatorError("timeout")`` after ``timeout`` seconds (it waits on).
+        A keepalive ticket is read at least every third of its keepalive meanwhile (each read
+        keeps it), and its lease must be kept alive from then on: ``with ticket.wait() as lease``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        keepalive = self.data.get("keepalive_s")
+        most = 5.0 if not keepalive else min(5.0, keepalive / 3)
         while self.state == "waiting":
             if on_change:
                 on_change(self)
@@ -420,7 +469,7 @@ class Ticket:
                                                           f"{self.position}); follow it with: device-loop ticket "
                                                           f"{self.id} --wait, or cancel it: device-loop cancel "
                                                           f"{self.id}")
-            self.refresh(wait_s=min(remaining, 5.0))  # (the position may change meanwhile: say it)
+            self.refresh(wait_s=min(remaining, most))  # (the position may change meanwhile: say it)
         if self.state == "granted":
             self.refresh()  # seeing it claims it
         if self.data["lease"] is None or self.state not in ("granted", "claimed"):

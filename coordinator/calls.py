@@ -174,9 +174,11 @@ async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer | TicketAnswer:
     endpoints are up: follow it with lease_status), or, with queue, a ticket when nothing that
     matches is free (follow it with ticket_status until it holds a lease; with needs 'any' and
     fallback 'real-hw' it takes a board too after fallback_after_s), or says why not and what
-    is free."""
+    is free. With keepalive_s the lease lives only while renewed (renew without ttl_s every
+    third of it) and a queued ticket while read; with image, a device already running that
+    image is preferred."""
     return await ctx.rules.scheduler.reserve(args.device, args.device_class, args.tags, args.ttl_s, args.queue,
-                                             ctx.caller, ticket_kind(ctx), args.need)
+                                             ctx.caller, ticket_kind(ctx), args.need, args.keepalive_s, args.image)
 
 
 async def ticket_status(ctx: Ctx, args: TicketWait) -> TicketAnswer:
@@ -235,7 +237,8 @@ async def lease_cdi(ctx: Ctx, args: LeaseId) -> CdiAnswer:
 
 
 async def renew(ctx: Ctx, args: RenewIn) -> LeaseAnswer:
-    """Extend a lease: it then expires ttl_s seconds from now."""
+    """Extend a lease: it then ends ttl_s seconds from now; without ttl_s, keep a keepalive
+    lease alive (it expires keepalive_s from now, never past its end)."""
     return await ctx.rules.leases.renew(args.lease_id, args.ttl_s, ctx.caller)
 
 

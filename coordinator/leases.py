@@ -44,6 +44,22 @@ def describe_want(device: str | None, device_class: str | None, tags: list[str],
     return (" ".join(words) or "of any class") + needs
 
 
+def lapse(now: float, ttl: float, keepalive_s: float | None) -> float:
+    """When a lease granted or renewed at ``now`` for ``ttl`` expires: its end, or for a
+    keepalive lease ``keepalive_s`` from now if that comes first (docs/architecture.md,
+    "Leases that live as long as their client")."""
+    return now + ttl if keepalive_s is None else min(now + keepalive_s, now + ttl)
+
+
+def expiry_reason(lease: LeaseRow) -> str:
+    """Why ``lease``, past its ``expires_at``, ended: its ttl ran out, or (a keepalive lease that
+    lapsed before its end) its client stopped renewing."""
+    keepalive, ends_at = lease["keepalive_s"], lease["ends_at"]
+    if keepalive is not None and (ends_at is None or lease["expires_at"] < ends_at):
+        return f"its client stopped renewing (keepalive {format_duration(keepalive)})"
+    return "its ttl ran out"
+
+
 def lease_json(view: LeaseView) -> LeaseAnswer:
     """A lease as its holder sees it, from ``Store.lease_view``'s row: with its endpoints
     once its services are up, and why not while they are not."""
@@ -61,6 +77,8 @@ def lease_json(view: LeaseView) -> LeaseAnswer:
         "state": view["state"],
         "created_at": iso(view["created_at"]),
         "expires_at": iso(view["expires_at"]),
+        "keepalive_s": view["keepalive_s"],
+        "ends_at": iso(view["ends_at"] if view["ends_at"] is not None else view["expires_at"]),
         "ended_at": iso(view["ended_at"]),
         "end_reason": view["end_reason"],
         "device_state": view["device_state"],
@@ -186,10 +204,12 @@ class Leases:
 
     # ---- reserve, renew, release ------------------------------------------------------------
 
-    async def reserve(self, device_name: str, ttl_s: float | None, who: Who, need: Need = ANY_DEVICE) -> LeaseAnswer:
+    async def reserve(self, device_name: str, ttl_s: float | None, who: Who, need: Need = ANY_DEVICE,
+                      keepalive_s: float | None = None) -> LeaseAnswer:
         """Reserve the device called ``device_name`` (or say why not, and what else is free),
-        if it is what ``need`` takes (docs/architecture.md, "Who gets the next lease")."""
-        ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
+        if it is what ``need`` takes (docs/architecture.md, "Who gets the next lease"); with
+        ``keepalive_s``, a keepalive lease ("Leases that live as long as their client")."""
+        ttl = self.lease_ttl(ttl_s, keepalive_s)
         async with self.store.tx():
             await self.leases_sql.lock_host_of_device(device_name)  # (docs/architecture.md, "Leases": the lock order)
             device = await self.devices_sql.device(device_name)
@@ -197,26 +217,32 @@ class Leases:
                 raise await self.devices.unknown(device_name)
             self._refuse_unless_needed(device, need)
             await self._refuse_unless_free(device, who.name)
-            answer = await self.grant(device, ttl, who.name, who.limited, f"reserved ({format_duration(ttl)})")
+            answer = await self.grant(device, ttl, who.name, who.limited,
+                                      f"reserved ({self._length(ttl, keepalive_s)})", keepalive_s=keepalive_s)
             if answer is None:
                 raise conflict(ErrorCode.BUSY, f"{device_name} was just reserved by someone else")
             return answer
 
     async def reserve_matching(self, device_class: str | None, tags: list[str], ttl_s: float | None,
-                               who: Who, need: Need = ANY_DEVICE) -> LeaseAnswer:
+                               who: Who, need: Need = ANY_DEVICE, keepalive_s: float | None = None,
+                               image_sha256: str | None = None) -> LeaseAnswer:
         """Reserve a free device of ``device_class`` with all of ``tags`` that ``need`` takes: the
         one idle the longest, virtual ones first for ``needs = "any"`` (docs/architecture.md,
-        "Who gets the next lease"), or say why none is. A fallback to real hardware applies
-        here only when it waits nothing: a wait is a ticket's (``queue``)."""
-        ttl = self.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
+        "Who gets the next lease"), and before all those whose last flash wrote and read back
+        image ``image_sha256`` ("Leases that live as long as their client"), or say why none
+        is. A fallback to real hardware applies here only when it waits nothing: a wait is a
+        ticket's (``queue``)."""
+        ttl = self.lease_ttl(ttl_s, keepalive_s)
         async with self.store.tx():
             picked = await self.devices_sql.free_devices(device_class, tags, self.PICKS,
                                                          need.fidelities(need.falls_back_at_once),
-                                                         virtual_first=need.fallback is not None)
+                                                         virtual_first=need.fallback is not None,
+                                                         running=image_sha256)
             await self.leases_sql.lock_hosts([d["host"] for d in picked if d["host"]])  # all at once, in one order
             for device in picked:
                 answer = await self.grant(device, ttl, who.name, who.limited,
-                                          f"reserved by class ({format_duration(ttl)})")
+                                          f"reserved by class ({self._length(ttl, keepalive_s)})",
+                                          keepalive_s=keepalive_s)
                 if answer is not None:
                     return answer
             raise await self.none_free(device_class, tags, need)
@@ -238,16 +264,18 @@ class Leases:
                                              "\"queue\": true) for a ticket that is granted the first one that is")
 
     async def grant(self, device: DeviceFacts, ttl: float, holder: str, limited: bool, cause: str,
-                    ticket_id: str | None = None) -> LeaseAnswer | None:
+                    ticket_id: str | None = None, keepalive_s: float | None = None) -> LeaseAnswer | None:
         """A new lease of ``device`` for ``holder`` (in the caller's transaction), or None if
         the device has a live lease already (another process took it a moment ago). A lease
         granted from a ticket is counted against its holder's limit but never refused by it:
-        the ticket was admitted under it (``Scheduler``)."""
+        the ticket was admitted under it (``Scheduler``). With ``keepalive_s`` it lapses
+        that long after its grant unless kept alive, and ends ``ttl`` after it at the latest."""
         life = self.life
         now = life.clock()
         lease: LeaseRow = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device["name"], "holder": holder,
-                           "state": LeaseState.PENDING, "created_at": now, "expires_at": now + ttl,
-                           "ended_at": None, "end_reason": None,
+                           "state": LeaseState.PENDING, "created_at": now,
+                           "expires_at": lapse(now, ttl, keepalive_s), "ends_at": now + ttl,
+                           "keepalive_s": keepalive_s, "ended_at": None, "end_reason": None,
                            "secret": secrets.token_urlsafe(24) if life.settings.gated else None}
         if not await self.leases_sql.insert_lease_if_free(lease):
             return None
@@ -257,11 +285,29 @@ class Leases:
         if not await self.leases_sql.count_lease(holder, limit):
             await self._refuse_hoarding(holder)
         state = await life.change({**device, "lease_state": LeaseState.PENDING}, cause, holder)
-        detail: dict[str, Any] = {"ttl_s": ttl} if ticket_id is None else {"ttl_s": ttl, "ticket": ticket_id}
+        detail: dict[str, Any] = {"ttl_s": ttl} | ({} if ticket_id is None else {"ticket": ticket_id}) | (
+            {} if keepalive_s is None else {"keepalive_s": keepalive_s})
         await life.audit(holder, "reserve", device["name"], lease["id"], detail)
         life.notify(host_key(device["host"] or ""))
         self.store.after_commit(life.metrics.leases_granted.inc)
         return lease_json(_view(lease, device, state))
+
+    def lease_ttl(self, ttl_s: float | None, keepalive_s: float | None) -> float:
+        """The ttl a reserve asks for, checked: without one the lab's default, or for a
+        keepalive lease the lab's maximum (the keepalive bounds it in practice: a CI job
+        must not lose its board at the default; docs/architecture.md, "Leases that live as
+        long as their client")."""
+        settings = self.life.settings
+        if ttl_s is None:
+            ttl_s = settings.default_ttl_s if keepalive_s is None else settings.max_ttl_s
+        return self.check_ttl(ttl_s)
+
+    @staticmethod
+    def _length(ttl: float, keepalive_s: float | None) -> str:
+        """A new lease's length in words, for the ring log: ``30m``, ``keepalive 30s, 7d at most``."""
+        if keepalive_s is None:
+            return format_duration(ttl)
+        return f"keepalive {format_duration(keepalive_s)}, {format_duration(ttl)} at most"
 
     def check_ttl(self, ttl_s: float) -> float:
         max_ttl_s = self.life.settings.max_ttl_s
@@ -328,16 +374,29 @@ class Leases:
         raise conflict(ErrorCode.TOO_MANY_LEASES, f"you hold {len(held)} leases ({devices}), this lab's limit per "
                                                   f"person; release one first")
 
-    async def renew(self, lease_id: str, ttl_s: float, who: Who) -> LeaseAnswer:
-        ttl = self.check_ttl(ttl_s)
+    async def renew(self, lease_id: str, ttl_s: float | None, who: Who) -> LeaseAnswer:
+        """Renew a live lease: with ``ttl_s`` it ends that long from now (a keepalive lease
+        lapses no later); without, a keep-alive of a keepalive lease (docs/architecture.md,
+        "Leases that live as long as their client"): it lapses ``keepalive_s`` from now, never
+        past its end. A keep-alive is not audited: it changes nothing the reserve did not say,
+        and a client sends one every few seconds."""
+        ttl = None if ttl_s is None else self.check_ttl(ttl_s)
         async with self.store.tx():
             view = await self.own_view(lease_id, who)
             if view["state"] not in LIVE_LEASE_STATES:
-                raise conflict(ErrorCode.LEASE_ENDED, f"{lease_id} is {view['state']}; reserve the device again")
-            view["expires_at"] = self.life.clock() + ttl
-            if not await self.leases_sql.set_lease_expiry(lease_id, view["expires_at"]):
+                raise conflict(ErrorCode.LEASE_ENDED, f"{lease_id} is {view['state']} ({view['end_reason']}); reserve "
+                                                      f"{view['device']} again")
+            keepalive = view["keepalive_s"]
+            if ttl is None and keepalive is None:
+                raise APIError(422, ErrorCode.INVALID, f"{lease_id} has no keepalive: renew it with a ttl_s (e.g. "
+                                                       "3600)")
+            now = self.life.clock()
+            ends_at = now + ttl if ttl is not None else (view["ends_at"] or view["expires_at"])
+            view["expires_at"], view["ends_at"] = lapse(now, ends_at - now, keepalive), ends_at
+            if not await self.leases_sql.set_lease_expiry(lease_id, view["expires_at"], ends_at):
                 raise conflict(ErrorCode.LEASE_ENDED, f"{lease_id} ended just now; reserve the device again")
-            await self.life.audit(who.name, "renew", view["device"], lease_id, {"ttl_s": ttl})
+            if ttl is not None:
+                await self.life.audit(who.name, "renew", view["device"], lease_id, {"ttl_s": ttl})
             self.life.notify(lease_key(lease_id), BOARD_KEY)
         return lease_json(view)
 
@@ -392,7 +451,7 @@ class Leases:
     async def end_overdue(self, now: float, actor: str) -> None:
         """Expire leases past their ttl; fail those whose services never came up."""
         for lease in await self.leases_sql.leases_past("expires_at", LIVE_LEASE_STATES, now):
-            if await self.end(lease, LeaseState.EXPIRED, "its ttl ran out", actor, overdue=True):
+            if await self.end(lease, LeaseState.EXPIRED, expiry_reason(lease), actor, overdue=True):
                 await self.life.audit(actor, "expire", lease["device"], lease["id"], {})
         timeout = self.life.settings.allocating_timeout_s
         for lease in await self.leases_sql.leases_past("created_at", (LeaseState.PENDING,), now - timeout):

@@ -596,4 +596,17 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         "ALTER TABLE devices DROP COLUMN fault_kind",
         "ALTER TABLE devices RENAME COLUMN fault_kind_new TO fault_kind",
     ],
+    # 24: leases that live as long as their client (docs/architecture.md, "Leases that live as
+    # long as their client"): a lease's keepalive (NULL: none) and its own end, which a
+    # keep-alive never passes (a lease of before ends when it expires); a ticket's keepalive
+    # and when it lapses unless its requester reads it; whether a flash read back what it wrote
+    [
+        "ALTER TABLE leases ADD COLUMN keepalive_s DOUBLE PRECISION",
+        "ALTER TABLE leases ADD COLUMN ends_at DOUBLE PRECISION",
+        "UPDATE leases SET ends_at = expires_at",
+        "ALTER TABLE tickets ADD COLUMN keepalive_s DOUBLE PRECISION",
+        "ALTER TABLE tickets ADD COLUMN lapses_at DOUBLE PRECISION",
+        "CREATE INDEX tickets_lapse ON tickets(state, lapses_at)",
+        "ALTER TABLE operations ADD COLUMN verified BOOLEAN NOT NULL DEFAULT FALSE",
+    ],
 ]

@@ -91,6 +91,9 @@ class LeaseRow(TypedDict):
     ended_at: float | None
     end_reason: str | None
     secret: str | None
+    # (docs/architecture.md, "Leases that live as long as their client")
+    keepalive_s: float | None  # a keep-alive moves expires_at to at most this far ahead; None: no keepalive
+    ends_at: float | None      # its own end (grant or last renewal + its ttl): no keep-alive passes it
 
 
 class LeaseView(LeaseRow):
@@ -248,6 +251,8 @@ class TicketRow(TypedDict):
     needs: Needs | None            # what it may run on (None: any device; core/needs.py)
     fallback: Needs | None         # needs "any" that takes a real device too ...
     fallback_at: float | None      # ... from this time on (its creation and its fallback_after)
+    keepalive_s: float | None      # it lapses unless its requester reads it this often (its lease's keepalive)
+    lapses_at: float | None        # ... at this time (docs/architecture.md, "Leases that live as long as their client")
 
 
 class JobRow(TypedDict):

@@ -73,7 +73,7 @@ class Rules:
                              devices_sql=devices_sql, operations_sql=operations_sql)
         self.operations = Operations(self.life, self.leases, self.images, operations_sql=operations_sql,
                                      devices_sql=devices_sql, leases_sql=leases_sql, images_sql=images_sql)
-        self.scheduler = Scheduler(self.life, self.leases, tickets_sql=tickets_sql, leases_sql=leases_sql,
+        self.scheduler = Scheduler(self.life, self.leases, self.images, tickets_sql=tickets_sql, leases_sql=leases_sql,
                                    devices_sql=devices_sql)
         self.steps = Steps(self.life, self.leases, self.operations, devices_sql=devices_sql,
                            operations_sql=operations_sql)
@@ -114,15 +114,17 @@ class Rules:
         self.life.serving_since = at
 
     async def reap(self) -> None:
-        """Expire leases, fail allocations that took too long, mark silent hosts offline,
-        take back grants nobody claimed, grant free devices to tickets a grant did not see,
-        forget old idempotency keys, fail the jobs whose worker was lost; sweep the
+        """Expire leases (a keepalive lease's client that stopped renewing among them), fail
+        allocations that took too long, mark silent hosts offline, take back grants nobody
+        claimed, expire the keepalive tickets nobody asks about any more, grant free devices
+        to tickets a grant did not see, forget old idempotency keys, fail the jobs whose worker was lost; sweep the
         registry's files when that is due."""
         async with self.life.store.tx():
             now = self.life.clock()
             await self.leases.end_overdue(now, COORDINATOR)
             await self.hosts.mark_silent(now, COORDINATOR)
             await self.scheduler.expire_unclaimed(now, COORDINATOR)
+            await self.scheduler.expire_lapsed(now, COORDINATOR)
             await self.idempotency_sql.drop_idempotency_keys_before(now - IDEMPOTENCY_KEPT_S)
         await self.scheduler.grant_wanted()
         await self.jobs.end_silent(self.life.clock(), COORDINATOR)

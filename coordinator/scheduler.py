@@ -15,13 +15,14 @@ from __future__ import annotations
 import secrets
 from typing import Awaitable, Callable
 
-from device_loop.core.durations import format_duration, iso
+from device_loop.core.durations import format_duration, iso, keepalive_problem
 from device_loop.core.needs import ANY_DEVICE, Need
 from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, LeaseState
 
 from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer
 from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
+from .images import Images
 from .leases import Leases, describe_want, lease_json
 from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, ticket_key
@@ -54,7 +55,8 @@ def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None,
         "ticket": row["id"], "state": row["state"], "kind": row["kind"], "requester": row["requester"],
         "wants": describe_want(row["device"], row["device_class"], row["tags"], need), "device": row["device"],
         "device_class": row["device_class"], "tags": row["tags"], "needs": row["needs"], "fallback": row["fallback"],
-        "fallback_at": iso(row["fallback_at"]), "ttl_s": row["ttl_s"], "position": position,
+        "fallback_at": iso(row["fallback_at"]), "ttl_s": row["ttl_s"], "keepalive_s": row["keepalive_s"],
+        "position": position,
         "created_at": iso(row["created_at"]), "granted_at": iso(row["granted_at"]),
         "claim_by": iso(row["granted_at"] + claim_window_s) if row["state"] == TicketState.GRANTED
         and row["granted_at"] is not None else None,
@@ -65,9 +67,9 @@ def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None,
 class Scheduler:
     """Reserve by name or by class and tags; queue tickets and their grants."""
 
-    def __init__(self, life: Lifecycle, leases: Leases, *,
+    def __init__(self, life: Lifecycle, leases: Leases, images: Images, *,
                  tickets_sql: TicketQueries, leases_sql: LeaseQueries, devices_sql: DeviceQueries):
-        self.life, self.leases = life, leases
+        self.life, self.leases, self.images = life, leases, images
         self.store: Store = life.store
         self.tickets_sql = tickets_sql
         self.leases_sql = leases_sql
@@ -76,30 +78,39 @@ class Scheduler:
     # ---- reserve --------------------------------------------------------------------------
 
     async def reserve(self, device: str | None, device_class: str | None, tags: list[str], ttl_s: float | None,
-                      queue: bool, who: Who, kind: TicketKind, need: Need = ANY_DEVICE) -> LeaseAnswer | TicketAnswer:
+                      queue: bool, who: Who, kind: TicketKind, need: Need = ANY_DEVICE,
+                      keepalive_s: float | None = None, image: str | None = None) -> LeaseAnswer | TicketAnswer:
         """A lease of the named device, or of a free one of ``device_class`` with all of
         ``tags`` (or, with ``need``'s needs, neither: any device it takes), that ``need``
-        takes; when there is none and ``queue``, a ticket (its ``kind`` is the caller's,
-        never the request's). Never waits."""
+        takes, one already running ``image`` first; when there is none and ``queue``, a
+        ticket (its ``kind`` is the caller's, never the request's). With ``keepalive_s`` the
+        lease, or the ticket and then its lease, lives only as long as its client asks
+        (docs/architecture.md, "Leases that live as long as their client"). Never waits."""
         tags = sorted(set(tags))
         if device is not None and (device_class is not None or tags):
             raise APIError(422, ErrorCode.INVALID, "name a device, or give a class and/or tags, not both")
         if device is None and device_class is None and not tags and need.needs is None:
             raise APIError(422, ErrorCode.INVALID, "name a device (device), or give a class (device_class) and/or "
                                                    "tags, or needs")
-        ttl = self.leases.check_ttl(ttl_s if ttl_s is not None else self.life.settings.default_ttl_s)
+        if keepalive_s is not None and (problem := keepalive_problem(keepalive_s)):  # (MCP's checked by its model too)
+            raise APIError(422, ErrorCode.INVALID, problem)
+        ttl = self.leases.lease_ttl(ttl_s, keepalive_s)
         async with self.store.tx():
+            running = None
+            if image is not None:  # refused before anything is reserved; the one for the device or class named
+                targets = {f"device:{device}"} if device else {f"class:{device_class}"} if device_class else None
+                running = (await self.images.image(image, targets))["sha256"]
             try:
                 if device is not None:
-                    return await self.leases.reserve(device, ttl, who, need)
-                return await self.leases.reserve_matching(device_class, tags, ttl, who, need)
+                    return await self.leases.reserve(device, ttl, who, need, keepalive_s)
+                return await self.leases.reserve_matching(device_class, tags, ttl, who, need, keepalive_s, running)
             except APIError as refusal:
                 if not queue or refusal.code not in QUEUEABLE:
                     raise
-            return await self._enqueue(device, device_class, tags, ttl, who, kind, need)
+            return await self._enqueue(device, device_class, tags, ttl, who, kind, need, keepalive_s)
 
     async def _enqueue(self, device: str | None, device_class: str | None, tags: list[str], ttl: float, who: Who,
-                       kind: TicketKind, need: Need) -> TicketAnswer:
+                       kind: TicketKind, need: Need, keepalive_s: float | None) -> TicketAnswer:
         life, caller = self.life, who.name
         limit = (life.settings.max_tickets_per_user or None) if who.limited else None
         if not await self.tickets_sql.count_ticket(caller, limit):
@@ -111,10 +122,12 @@ class Scheduler:
                           "device": device, "device_class": device_class, "tags": tags, "ttl_s": ttl,
                           "state": TicketState.WAITING, "created_at": now, "granted_at": None, "ended_at": None,
                           "lease_id": None, "granted_device": None, "reason": "", "needs": need.needs,
-                          "fallback": need.fallback, "fallback_at": need.fallback_at(now)}
+                          "fallback": need.fallback, "fallback_at": need.fallback_at(now),
+                          "keepalive_s": keepalive_s, "lapses_at": None if keepalive_s is None else now + keepalive_s}
         await self.tickets_sql.insert_ticket(row)
         await life.audit(caller, "queue", device, None, {"ticket": row["id"], "kind": kind, "wants": describe_want(
-            device, device_class, tags, need), "ttl_s": ttl})
+            device, device_class, tags, need), "ttl_s": ttl} | ({} if keepalive_s is None else
+                                                                 {"keepalive_s": keepalive_s}))
         life.notify(BOARD_KEY)
         position = await self.tickets_sql.tickets_ahead(row, self._aged(now)) + 1
         return ticket_json(row, position, None, life.settings.claim_window_s)
@@ -155,11 +168,13 @@ class Scheduler:
         waited = format_duration(life.clock() - ticket["created_at"])
         answer = await self.leases.grant(device, ticket["ttl_s"], ticket["requester"], False,
                                          f"granted to {ticket['requester']} from the queue ({ticket['kind']}, "
-                                         f"waited {waited})", ticket_id=ticket["id"])
+                                         f"waited {waited})", ticket_id=ticket["id"], keepalive_s=ticket["keepalive_s"])
         if answer is None:  # leased a moment ago in another process: not free after all
             return False
         now = life.clock()
-        if not await self.tickets_sql.grant_ticket(ticket["id"], answer["id"], device["name"], now):
+        # a keepalive ticket's grant lapses with its lease, unless its requester reads it (claims it) first
+        lapses_at = None if ticket["keepalive_s"] is None else now + ticket["keepalive_s"]
+        if not await self.tickets_sql.grant_ticket(ticket["id"], answer["id"], device["name"], now, lapses_at):
             raise RuntimeError(f"ticket {ticket['id']} changed while locked")  # (locked by first_ticket_for)
         await self.tickets_sql.uncount_ticket(ticket["requester"])
         life.notify(ticket_key(ticket["id"]), BOARD_KEY)
@@ -180,6 +195,24 @@ class Scheduler:
                                       {"ticket": ticket["id"]})
                 self.life.notify(ticket_key(ticket["id"]), BOARD_KEY)
 
+    async def expire_lapsed(self, now: float, actor: str) -> None:
+        """Keepalive tickets their requesters stopped reading (docs/architecture.md, "Leases that
+        live as long as their client"): ``expired``, a waiting one uncounted, a granted one's
+        lease ended (its device goes on to the next ticket)."""
+        for ticket in await self.tickets_sql.tickets_lapsed_before(now):
+            reason = f"its client stopped asking (keepalive {format_duration(ticket['keepalive_s'] or 0)})"
+            ended = await self.tickets_sql.end_ticket(ticket["id"], TicketState.EXPIRED, reason, now,
+                                                      (ticket["state"],), lapsed=True)
+            if ended is None:  # read, claimed or cancelled meanwhile (here or in another process)
+                continue
+            if ticket["state"] == TicketState.WAITING:
+                await self.tickets_sql.uncount_ticket(ticket["requester"])
+            else:
+                await self._end_lease_of(ticket, LeaseState.EXPIRED, f"its ticket lapsed: {reason}", actor)
+            await self.life.audit(actor, "ticket_expire", ticket["granted_device"] or ticket["device"],
+                                  ticket["lease_id"], {"ticket": ticket["id"], "reason": reason})
+            self.life.notify(ticket_key(ticket["id"]), BOARD_KEY)
+
     async def _end_lease_of(self, ticket: TicketRow, state: LeaseState, reason: str, actor: str) -> None:
         lease = await self.leases_sql.lease(ticket["lease_id"] or "")
         if lease is not None:
@@ -195,11 +228,22 @@ class Scheduler:
         return row
 
     async def status(self, ticket_id: str, who: Who) -> TicketAnswer:
-        """A ticket as its requester sees it; a granted one is claimed by its requester seeing it."""
+        """A ticket as its requester sees it; a granted one is claimed by its requester seeing it,
+        and a waiting keepalive one lapses ``keepalive_s`` from now (docs/architecture.md,
+        "Leases that live as long as their client": its requester still asks). Claiming a
+        keepalive ticket's grant keeps its lease alive too (a read of it)."""
         row, caller = await self._own(ticket_id, who), who.name
-        if row["state"] == TicketState.GRANTED and row["requester"] == caller:
+        if row["requester"] != caller:  # (an admin looking is not its client asking)
+            return await self._json(row)
+        if row["state"] == TicketState.WAITING and row["keepalive_s"] is not None:
+            async with self.store.tx():  # (no wake: the long-poll that reads it would wake itself)
+                await self.tickets_sql.keep_waiting(ticket_id, self.life.clock())
+        elif row["state"] == TicketState.GRANTED:
             async with self.store.tx():
-                if await self.tickets_sql.claim_ticket(ticket_id, self.life.clock()):
+                now = self.life.clock()
+                if await self.tickets_sql.claim_ticket(ticket_id, now):
+                    if row["keepalive_s"] is not None and row["lease_id"]:
+                        await self.leases_sql.keep_alive(row["lease_id"], now)
                     await self.life.audit(caller, "ticket_claim", row["granted_device"], row["lease_id"],
                                           {"ticket": ticket_id})
                     self.life.notify(ticket_key(ticket_id))

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from device_loop.core import NAME_PATTERN
+from device_loop.core.durations import KEEPALIVE_RANGE_S, keepalive_problem
 from device_loop.core.needs import DEFAULT_FALLBACK_AFTER_S, MAX_FALLBACK_AFTER_S, Need, check
 from device_loop.core.protocol import MAX_TAG_CHARS, MAX_TAGS, Args, Strict, Tag, Word, check_device_name
 from device_loop.core.vocabulary import DeviceState, Needs, PowerAction, TokenKind
@@ -122,7 +123,25 @@ class ReserveIn(NeedsIn):
                                                    "(never waits: follow it with ticket_status) instead of a refusal")
     ttl_s: float | None = Field(default=None, description="the lease's length in seconds, from when it is granted "
                                                           "(at least 1, at most the lab's maximum; default the lab's "
-                                                          "default, e.g. 1800)")
+                                                          "default, e.g. 1800; with keepalive_s, the lab's maximum)")
+    keepalive_s: float | None = Field(
+        default=None, json_schema_extra={"minimum": KEEPALIVE_RANGE_S[0], "maximum": KEEPALIVE_RANGE_S[1]},
+        description=f"a keepalive lease: it ends (expired) unless renewed without ttl_s at least every this many "
+                    f"seconds ({KEEPALIVE_RANGE_S[0]:g} to {KEEPALIVE_RANGE_S[1]:g}, e.g. 30; renew every third of "
+                    "it), so a client that dies frees the device within it; with queue, the ticket likewise lapses "
+                    "unless read (ticket_status) this often. Default: none, the lease lasts its ttl")
+    image: str | None = Field(default=None, min_length=1, max_length=128,
+                              description="by class, tags or needs: prefer a free device whose last flash wrote this "
+                                          "registry image and read it back (its ref 'sha256:...' or its name, 1 to "
+                                          "128 characters, e.g. 'rootfs-v2'); never waits for one. Refused (404) if "
+                                          "no such image. Default: no preference")
+
+    @field_validator("keepalive_s")
+    @classmethod
+    def _keepalive_in_range(cls, keepalive_s: float | None) -> float | None:
+        if keepalive_s is not None and (problem := keepalive_problem(keepalive_s)):
+            raise ValueError(problem)
+        return keepalive_s
 
 
 class MyLeases(Strict):
@@ -142,8 +161,10 @@ class LeaseWait(LeaseId):
 
 
 class RenewIn(LeaseId):
-    ttl_s: float = Field(description="the lease then expires this many seconds from now (1 s to the lab's maximum "
-                                     "lease length, e.g. 3600)")
+    ttl_s: float | None = Field(default=None,
+                                description="the lease then ends this many seconds from now (1 s to the lab's maximum "
+                                            "lease length, e.g. 3600); without it, a keep-alive of a keepalive lease: "
+                                            "it expires keepalive_s from now, never past its end (ends_at)")
 
 
 class OperationIn(LeaseId):

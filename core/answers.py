@@ -113,7 +113,9 @@ class LeaseAnswer(TypedDict):
     holder: str
     state: LeaseState
     created_at: str | None
-    expires_at: str | None
+    expires_at: str | None         # when it ends unless renewed (a keepalive lease: kept alive)
+    keepalive_s: float | None      # a keepalive lease: renew it without a ttl this often at least
+    ends_at: str | None            # its own end, which no keep-alive passes
     ended_at: str | None
     end_reason: str | None
     device_state: DeviceState
@@ -180,6 +182,7 @@ class TicketAnswer(TypedDict):
     fallback: Needs | None      # with needs any: real-hw, a real device after its wait ...
     fallback_at: str | None     # ... from this time on
     ttl_s: float                # the lease's length, from its grant
+    keepalive_s: float | None   # it lapses unless read this often; its lease is a keepalive lease
     position: int | None        # while waiting: 1 is served next among tickets for the same thing
     created_at: str | None
     granted_at: str | None

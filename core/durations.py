@@ -48,3 +48,19 @@ def iso(ts: float | None) -> str | None:
 
 def parse_iso(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+#: A keepalive's bounds, in seconds (docs/architecture.md, "Leases that live as long as their
+#: client"): under 5 s a renewal every third of it is a request every second or more often; over an
+#: hour a killed client holds its board as long as a lease's default ttl would.
+KEEPALIVE_RANGE_S = (5.0, 3600.0)
+
+
+def keepalive_problem(seconds: object) -> str | None:
+    """Why ``seconds`` is no keepalive (out of ``KEEPALIVE_RANGE_S``, not a finite number), in
+    words, or None: what the coordinator's 422 and the command line's usage error say."""
+    low, high = KEEPALIVE_RANGE_S
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and low <= seconds <= high:
+        return None
+    shown = f"{seconds!r}"[:40] if isinstance(seconds, (int, float, str)) else type(seconds).__name__
+    return f"a keepalive is {low:g} to {high:g} seconds (5s to 1h, e.g. 30s), not {shown}"

@@ -11,6 +11,7 @@ from device_loop.coordinator.migrations import MIGRATIONS
 from device_loop.coordinator.store import Store
 from device_loop.coordinator.store.devices import DeviceQueries
 from device_loop.coordinator.store.jobs import JobQueries
+from device_loop.coordinator.store.leases import LeaseQueries
 from device_loop.coordinator.store.tickets import TicketQueries
 from device_loop.core.ab.jobs import JobSpec
 from device_loop.coordinator.who import Who
@@ -48,13 +49,18 @@ async def test_the_reaper_ends_a_bounded_number_of_silent_jobs_a_pass(tmp_path):
 async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         await FakeExporter(client(), "host-a").beat([device("b0")])
+        before = (await client().post("/leases", json={"device": "b0", "ttl_s": 600})).json()
         url = rules.store.url
-        store = rules.store  # back to version 16: migration 17's tables and columns gone, and 18's to 23's
+        store = rules.store  # back to version 16: migration 17's tables and columns gone, and 18's to 24's
         for table in ("jobs", "job_cells", "job_runs", "job_leases"):
             await store.run(f"DROP TABLE {table}")
         for column in ("facts", "auto_recovery", "auto_recovered_at", "fault_kind", "fidelity", "quarantine",
                        "lab_failures"):
             await store.run(f"ALTER TABLE devices DROP COLUMN {column}")
+        await store.run("DROP INDEX tickets_lapse")
+        for table, column in (("leases", "keepalive_s"), ("leases", "ends_at"), ("tickets", "keepalive_s"),
+                              ("tickets", "lapses_at"), ("operations", "verified")):
+            await store.run(f"ALTER TABLE {table} DROP COLUMN {column}")
         for column in ("interrupted", "purpose", "step"):
             await store.run(f"ALTER TABLE operations DROP COLUMN {column}")
         await store.run("ALTER TABLE user_counts DROP COLUMN open_jobs")
@@ -74,7 +80,7 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
                             ":lease, :requester, 'x', :plugin, TRUE, FALSE, :args, 'done', 'done', 0, '', '', '', "
                             "'{}', 0)", id=op, kind=kind, lease=lease, requester=requester, plugin=plugin, args=args)
         await store.run("DELETE FROM schema_migrations WHERE version >= 17")
-        assert len(MIGRATIONS) == 23, "a newer migration: take it off here too"
+        assert len(MIGRATIONS) == 24, "a newer migration: take it off here too"
         again = Store(url)  # a coordinator of this version starts on it
         await again.connect()
         try:
@@ -91,6 +97,9 @@ async def test_a_database_of_the_previous_version_is_upgraded(tmp_path):
             # a ticket made before needs existed takes any device, as it did (migration 21)
             ticket = await TicketQueries(again).ticket("tk-old")
             assert ticket is not None and (ticket["needs"], ticket["fallback"], ticket["fallback_at"]) == (None,) * 3
+            # a lease of before has no keepalive, and ends when it expires (migration 24)
+            old = await LeaseQueries(again).lease(before["id"])
+            assert old is not None and (old["keepalive_s"], old["ends_at"]) == (None, old["expires_at"])
         finally:
             await again.disconnect()
 

@@ -74,6 +74,26 @@ async def test_reserve_renew_release_cost_the_same_in_any_lab(tmp_path, size):
         assert (await api.get(f"/leases/{lease['id']}")).json()["state"] == "released"
 
 
+@pytest.mark.parametrize("size", [20, 200])
+async def test_a_keepalive_lease_costs_what_a_lease_costs_and_a_keep_alive_less_than_a_renewal(tmp_path, size):
+    """(docs/architecture.md, "Leases that live as long as their client"): its keepalive and end
+    are columns of the same row; a keep-alive is the same update, without an audit entry."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        await FakeExporter(api, "host-a").beat([board(f"b{i}") for i in range(size)])
+        lease = {}
+
+        async def reserve():
+            response = await api.post("/leases", json={"device": "b7", "keepalive_s": 30},
+                                      headers={"Idempotency-Key": "r1"})
+            lease.update(response.json())
+            return response
+
+        assert await count(rules, reserve) <= 8 + wake(rules) + host_lock(rules)
+        assert await count(rules, lambda: api.post(f"/leases/{lease['id']}/renew", json={})) <= 3 + wake(rules)
+        assert await count(rules, lambda: api.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 60})) <= 4 + wake(rules)
+
+
 # ---- who gets the next lease: a grant from a ticket, a reserve by class -------------------------
 
 GRANT_CLASS = "grant-class"

@@ -11,7 +11,7 @@ from device_loop.core.vocabulary import DeviceState, sql_list
 
 from ..rows import DeviceFacts, RingRow
 from .core import RING_SLOTS, Store
-from .facts import DEVICE_FACTS, FREE, VIRTUAL_FIRST
+from .facts import DEVICE_FACTS, FREE, RUNNING_FIRST, VIRTUAL_FIRST
 
 # the coordinator modules whose tables these are, and those handed them besides (in rules.py)
 OWNERS = ("lifecycle.py", "hosts.py")
@@ -170,13 +170,18 @@ class DeviceQueries:
         return await self.db.rows(f"{DEVICE_FACTS} WHERE {FREE} AND {where} ORDER BY d.name", **params)
 
     async def free_devices(self, device_class: str | None, tags: list[str], limit: int,
-                           fidelities: tuple[str, ...] | None = None, virtual_first: bool = False) -> list[DeviceFacts]:
+                           fidelities: tuple[str, ...] | None = None, virtual_first: bool = False,
+                           running: str | None = None) -> list[DeviceFacts]:
         """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``
         and of one of ``fidelities`` (any, if None), idle the longest first (wear spreads over
-        the class), the virtual ones before any other with ``virtual_first``. Not locked: a
+        the class), the virtual ones before any other with ``virtual_first``, and before all
+        those already running image ``running`` (a digest: ``RUNNING_FIRST``). Not locked: a
         lease is taken under its host's lock (``lock_hosts``), and the partial UNIQUE index decides."""
         where, values = self._of_class_with_tags(device_class, tags, fidelities)
         first = f"{VIRTUAL_FIRST}, " if virtual_first else ""
+        if running is not None:
+            first = f"{RUNNING_FIRST}, {first}"
+            values["running"] = running
         return await self.db.rows(f"{DEVICE_FACTS} WHERE {FREE} AND {where} "
                                   f"ORDER BY {first}COALESCE(d.state_since, 0), d.name LIMIT :n", n=limit, **values)
 

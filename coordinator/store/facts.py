@@ -2,12 +2,13 @@
 and what makes one free to lease."""
 from __future__ import annotations
 
-from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
+from device_loop.core import FLASH_KIND, LIVE_LEASE_STATES, LIVE_OP_STATES
 from device_loop.core.needs import REAL_HW, VIRTUAL
-from device_loop.core.vocabulary import Needs, sql_list
+from device_loop.core.vocabulary import Needs, OperationState, sql_list
 
 LIVE_SQL = sql_list(LIVE_LEASE_STATES)
 LIVE_OP_SQL = sql_list(LIVE_OP_STATES)
+ENDED_OP_SQL = sql_list(s for s in OperationState if s not in LIVE_OP_STATES)
 
 # A device with the facts its state follows from (rows.DeviceFacts): its live lease and its
 # host, and the exclusive operation running on it (each at most one, by partial UNIQUE indexes).
@@ -40,3 +41,13 @@ def needs_met(needs: str, fallback_at: str, fidelity: str) -> str:
 
 #: ORDER BY's first key where virtual devices go first (``needs = "any"``, "Who gets the next lease")
 VIRTUAL_FIRST = f"CASE WHEN d.fidelity IN {VIRTUAL_SQL} THEN 0 ELSE 1 END"
+
+
+#: ORDER BY's first key where devices already running image ``:running`` (a digest) go first
+#: (docs/architecture.md, "Leases that live as long as their client"): the device's latest flash
+#: that ended wrote that digest, completed, and read it back (``operations.verified``). A label, a
+#: fingerprint, or a flash that cannot read back never counts.
+RUNNING_FIRST = (
+    "CASE WHEN EXISTS (SELECT 1 FROM operations f WHERE f.id = (SELECT g.id FROM operations g WHERE g.device = d.name "
+    f"AND g.kind = '{FLASH_KIND}' AND g.state IN {ENDED_OP_SQL} ORDER BY g.created_at DESC, g.id DESC LIMIT 1) "
+    f"AND f.state = '{OperationState.DONE}' AND f.verified AND f.image_sha256 = :running) THEN 0 ELSE 1 END")

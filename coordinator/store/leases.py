@@ -123,8 +123,16 @@ class LeaseQueries:
         return await self.db.rows(f"UPDATE leases SET state = 'active' WHERE state = 'pending' AND {where} "
                                   "RETURNING id, created_at", **params)
 
-    async def set_lease_expiry(self, lease_id: str, expires_at: float) -> bool:
+    async def set_lease_expiry(self, lease_id: str, expires_at: float, ends_at: float) -> bool:
         """False if the lease is no longer live (ended by another process meanwhile)."""
-        renewed = await self.db.row(f"UPDATE leases SET expires_at = :e WHERE id = :id AND state IN {LIVE_SQL} "
-                                    "RETURNING id", e=expires_at, id=lease_id)
+        renewed = await self.db.row(f"UPDATE leases SET expires_at = :e, ends_at = :end WHERE id = :id AND state IN "
+                                    f"{LIVE_SQL} RETURNING id", e=expires_at, end=ends_at, id=lease_id)
         return renewed is not None
+
+    async def keep_alive(self, lease_id: str, now: float) -> None:
+        """A keepalive lease that still lives lapses ``keepalive_s`` from ``now``, never past
+        its end (docs/architecture.md, "Leases that live as long as their client"); any other
+        is left as it is."""
+        least = "MIN" if self.db.dialect == "sqlite" else "LEAST"
+        await self.db.run(f"UPDATE leases SET expires_at = {least}(:now + keepalive_s, ends_at) WHERE id = :id AND "
+                          f"keepalive_s IS NOT NULL AND state IN {LIVE_SQL}", now=now, id=lease_id)

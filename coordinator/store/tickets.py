@@ -68,21 +68,34 @@ class TicketQueries:
             "COALESCE(d.state_since, 0), d.name LIMIT :n",
             n=limit, waiting=TicketState.WAITING, now=now)
 
-    async def grant_ticket(self, ticket_id: str, lease_id: str, device: str, now: float) -> bool:
-        """A waiting ticket is granted ``lease_id``; False if it no longer waits (cancelled,
-        or granted by another process meanwhile)."""
-        row = await self.db.row("UPDATE tickets SET state = :g, granted_at = :now, lease_id = :l, granted_device = :d "
-                                "WHERE id = :id AND state = :w RETURNING id", g=TicketState.GRANTED, now=now,
-                                l=lease_id, d=device, id=ticket_id, w=TicketState.WAITING)
+    async def grant_ticket(self, ticket_id: str, lease_id: str, device: str, now: float,
+                           lapses_at: float | None = None) -> bool:
+        """A waiting ticket is granted ``lease_id`` (and lapses at ``lapses_at`` unless claimed);
+        False if it no longer waits (cancelled, or granted by another process meanwhile)."""
+        row = await self.db.row("UPDATE tickets SET state = :g, granted_at = :now, lease_id = :l, granted_device = :d, "
+                                "lapses_at = :lapse WHERE id = :id AND state = :w RETURNING id", g=TicketState.GRANTED,
+                                now=now, l=lease_id, d=device, lapse=lapses_at, id=ticket_id, w=TicketState.WAITING)
         return row is not None
 
     async def end_ticket(self, ticket_id: str, state: TicketState, reason: str, now: float,
-                         from_states: tuple[TicketState, ...]) -> TicketRow | None:
-        """Move a ticket in one of ``from_states`` to ``state``: the ticket as it is now, or
-        None if it was in none of them (here or in another process)."""
+                         from_states: tuple[TicketState, ...], lapsed: bool = False) -> TicketRow | None:
+        """Move a ticket in one of ``from_states`` (and, when ``lapsed``, still past its lapse:
+        not read meanwhile) to ``state``: the ticket as it is now, or None if it was in none of
+        them (here or in another process). The conditions are in the statement."""
         marks = ", ".join(f"'{s}'" for s in from_states)
+        past = " AND lapses_at <= :now" if lapsed else ""
         return await self.db.row(f"UPDATE tickets SET state = :s, reason = :r, ended_at = :now WHERE id = :id AND "
-                                 f"state IN ({marks}) RETURNING *", s=state, r=reason, now=now, id=ticket_id)
+                                 f"state IN ({marks}){past} RETURNING *", s=state, r=reason, now=now, id=ticket_id)
+
+    async def keep_waiting(self, ticket_id: str, now: float) -> None:
+        """A waiting keepalive ticket's requester asked: it lapses ``keepalive_s`` from ``now``."""
+        await self.db.run("UPDATE tickets SET lapses_at = :now + keepalive_s WHERE id = :id AND state = :w AND "
+                          "keepalive_s IS NOT NULL", now=now, id=ticket_id, w=TicketState.WAITING)
+
+    async def tickets_lapsed_before(self, now: float) -> list[TicketRow]:
+        """Open keepalive tickets nobody read since their lapse (waiting, or granted and not claimed)."""
+        return await self.db.rows(f"SELECT * FROM tickets WHERE state IN {_OPEN_TICKETS_SQL} AND lapses_at < :now "
+                                  "ORDER BY lapses_at, id", now=now)
 
     async def claim_ticket(self, ticket_id: str, now: float) -> bool:
         """A granted ticket's requester has seen its lease."""

@@ -68,6 +68,15 @@ def op_json(op: OperationRow, theirs: bool = False, host_online: bool | None = T
     return answer
 
 
+def read_back(op: OperationRow, seen: OperationReport) -> bool:
+    """Whether ``op`` wrote its image and read it back: a flash that ended done whose result
+    says ``verified`` with the digest it read, the image's (docs/architecture.md, "Leases that
+    live as long as their client": what a reserve's ``--image`` prefers, never a label)."""
+    result = seen.result or {}
+    return (op["kind"] == FLASH_KIND and seen.state == OperationState.DONE and op["image_sha256"] is not None
+            and result.get("verified") is True and result.get("sha256") == op["image_sha256"])
+
+
 def kinds_of(device: DeviceFacts) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """The operation kinds a device's resources run: kind -> (that kind's report, the resource)."""
     return {kind["kind"]: (kind, resource) for resource in device["resources"]
@@ -248,7 +257,7 @@ class Operations:
             "image_size": image["size"] if image else None, "state": OperationState.QUEUED, "phase": "queued",
             "progress_done": 0, "progress_total": image["size"] if image else None,
             "progress_unit": "bytes" if image else "", "progress_detail": "", "message": "", "seconds": {},
-            "result": None, "boot_id": None, "interrupted": False, "purpose": purpose, "step": step,
+            "result": None, "verified": False, "boot_id": None, "interrupted": False, "purpose": purpose, "step": step,
             "audit_id": None, "created_at": now,
             "started_at": None, "ended_at": None}
         detail: dict[str, Any] = {"op": op["id"], "kind": kind, "args": args, **(audit or {})}
@@ -350,7 +359,7 @@ class Operations:
                 "progress_unit": seen.progress.unit or op["progress_unit"], "progress_detail": seen.progress.detail,
                 "message": seen.message,
                 "seconds": {k: round(v, 3) for k, v in seen.seconds.items()}, "result": seen.result,
-                "boot_id": report.boot_id, "interrupted": seen.interrupted}
+                "verified": read_back(op, seen), "boot_id": report.boot_id, "interrupted": seen.interrupted}
             if all(op[k] == v for k, v in fields.items()):  # type: ignore[literal-required]
                 continue
             fields["started_at"] = op["started_at"] or now

@@ -135,6 +135,7 @@ class OperationRow(TypedDict):
     message: str
     seconds: dict[str, float]
     result: dict[str, Any] | None
+    verified: bool            # a flash that ended done and read back the image's digest (its result said so)
     boot_id: str | None       # the exporter start that ran it
     interrupted: bool         # its exporter's restart or stop cut it short (not a failure of its own)
     purpose: Purpose          # why it runs: in a lease, a step between leases, a settle, a recovery

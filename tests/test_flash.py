@@ -67,6 +67,7 @@ def test_a_flash_writes_the_image_verifies_it_and_is_audited(tmp_path, env, coor
     done = cli_json(env, coordinator, "flash", "sim-board-0", "build-1")
     assert (done["state"], done["phase"], done["done_bytes"]) == ("done", "verifying", build.stat().st_size)
     assert "verified by read-back" in done["message"]
+    assert done["result"] == {"verified": True, "sha256": sha}, "what a reserve's --image reads"
     assert target.read_bytes() == build.read_bytes()
     audit = coordinator.api("/admin/audit").json()
     asked = next(a for a in audit if a["action"] == "flash")

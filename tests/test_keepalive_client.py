@@ -14,6 +14,7 @@ import time
 import pytest
 
 from conftest import Coordinator, Exporter, sim_devices, wait_for
+from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab
 from device_loop.core.durations import parse_iso
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS
@@ -91,6 +92,17 @@ def test_a_lease_the_lab_ends_is_lost_and_told_once(lab):
     wait_for(lambda: not keeper._thread.is_alive(), timeout=KEEPALIVE_S, what="the keep-alive thread to end")
     assert len(told) == 1 and "revoked" in told[0] and lease.lost == told[0], told
     lease.release()  # (of a lease already ended: said as it is, no error)
+
+
+def test_what_the_lab_refuses_it_says_before_anything_is_reserved(lab):
+    url, coordinator, _ = lab
+    client = Lab(url, user="dave")
+    for kwargs, code in (({"keepalive": 0}, "invalid"), ({"keepalive": 10 * 365 * 86400}, "invalid"),
+                         ({"keepalive": float("nan")}, "invalid"), ({"image": "no-such-build"}, "unknown_image")):
+        with pytest.raises(CoordinatorError) as refused:
+            client.reserve(class_="sim-board", **kwargs)
+        assert (refused.value.code, refused.value.status) == (code, 404 if code == "unknown_image" else 422), kwargs
+    assert client.my_leases() == []
 
 
 def _hold(url: str, env: dict, device: str) -> subprocess.Popen:

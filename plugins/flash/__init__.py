@@ -5,6 +5,7 @@ Config: a ``[[devices.resources]]`` entry with ``plugin = "flash"`` and one of:
 
 - ``target``: a block device (``/dev/disk/by-id/...``, an SD card behind a mux) or a
   file (a VM's disk image); the image is streamed onto it, synced, and read back to check.
+  Its result says so: ``verified``, with the ``sha256`` read back (the others': not verified).
 - ``fastboot``: a phone's serial number, with ``partition`` (default ``boot``): runs
   ``fastboot -s SERIAL flash PARTITION IMAGE`` (no read-back: fastboot cannot read).
 - ``command``: a command template for anything else (a BMC's flash tool), run without a

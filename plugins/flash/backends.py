@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -62,7 +63,10 @@ class FlashConfig(PluginConfig):
         return self.timeout or DEFAULT_TIMEOUT_S[self.backend]
 
 
-def flash_with(host, resource, image, progress) -> str:
+def flash_with(host, resource, image, progress) -> dict[str, Any]:
+    """Write ``image`` with the backend the resource's config chose: the result, its
+    ``message`` and whether what was written was read back (``verified``: only a target can
+    be; fastboot and a command cannot)."""
     config = resource.config
     backend = config.backend
     if backend == "target":
@@ -88,4 +92,4 @@ def flash_with(host, resource, image, progress) -> str:
     if code != 0:
         raise OperationError(f"{what} failed (exit code {code})" + (f": {last}" if last else ""))
     progress("writing", image.size)
-    return f"written by {what}; not read back (it cannot be)"
+    return {"message": f"written by {what}; not read back (it cannot be)", "verified": False}

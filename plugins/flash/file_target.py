@@ -5,14 +5,17 @@ import hashlib
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from device_loop.plugin import OperationError
 
 CHUNK = 4 << 20  # bytes per read and write: one buffer, reused (memory stays flat whatever the image's size)
 
 
-def write_and_verify(target: Path, image, progress) -> str:
-    """Stream ``image`` onto ``target``, sync it, then hash what the target holds.
+def write_and_verify(target: Path, image, progress) -> dict[str, Any]:
+    """Stream ``image`` onto ``target``, sync it, then hash what the target holds: the result
+    says it was ``verified``, with the digest read back (``sha256``), which a reserve's
+    ``--image`` reads (docs/architecture.md, "Leases that live as long as their client").
 
     A regular file becomes the image (truncated to its size); a block device is written
     from its start. The read-back asks the kernel to drop the target's cached pages first,
@@ -46,7 +49,8 @@ def write_and_verify(target: Path, image, progress) -> str:
     if got != image.sha256:
         raise OperationError(f"read-back of {target} hashes to {got}, not to the image's {image.sha256}: the target "
                          "did not keep what was written")
-    return f"written to {target} and verified by read-back (sha256 {image.sha256[:12]}...)"
+    return {"message": f"written to {target} and verified by read-back (sha256 {image.sha256[:12]}...)",
+            "verified": True, "sha256": got}
 
 
 def _read_back(target: Path, size: int, buffer: bytearray, progress) -> str:

@@ -103,6 +103,10 @@ def test_what_the_lab_refuses_it_says_before_anything_is_reserved(lab):
             client.reserve(class_="sim-board", **kwargs)
         assert (refused.value.code, refused.value.status) == (code, 404 if code == "unknown_image" else 422), kwargs
     assert client.my_leases() == []
+    cli = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", url, "--user", "dave", "reserve",
+                          "--class", "sim-board", "--image", "no-such-build", "--json"], env=lab[2],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and json.loads(cli.stdout)["error"] == "unknown_image", cli.stdout + cli.stderr
 
 
 def _hold(url: str, env: dict, device: str) -> subprocess.Popen:

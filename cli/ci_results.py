@@ -103,3 +103,52 @@ def write_job_results(lab_url: str, job, junit_file: Path | None, markdown_file:
     if markdown_file is not None:
         _write(markdown_file, fit(whole, PR_COMMENT_BYTES, url, job.id))
     append_step_summary(whole, url, job.id)
+
+
+def _device_record(lab, name: str):
+    """The coordinator's record of a device, or None when it does not answer within a few
+    seconds (a lab failure may be the coordinator gone: the report must not wait for it)."""
+    import urllib.parse
+
+    from device_loop.client.http import Coordinator, CoordinatorError
+
+    api = None
+    try:
+        api = Coordinator(lab.api.url, lab.api.user, timeout=3.0, retries=1)
+        return api.get(f"/devices/{urllib.parse.quote(name, safe='')}")
+    except CoordinatorError:
+        return None
+    finally:
+        if api is not None:
+            api.close()
+
+
+def prepare_command_results(junit_file: Path | None, markdown_file: Path | None) -> None:
+    """Load what writes a ``with``'s reports before its command runs, when it will write any: a
+    cancel then costs no import (a runner's SIGKILL follows its SIGTERM by 2.5 s on GitHub)."""
+    if junit_file is not None or markdown_file is not None or os.environ.get(STEP_SUMMARY):
+        from device_loop.core.ab import comment, junit  # noqa: F401
+
+
+def write_command_results(lab, outcome, junit_file: Path | None, markdown_file: Path | None) -> None:
+    """A ``with``'s JUnit XML and markdown to the files asked for, and its markdown to the step
+    summary when there is one. The device's record (its class, host, facts) is asked of the
+    coordinator for the XML's properties: a coordinator that does not answer leaves only its name."""
+    if junit_file is None and markdown_file is None and not os.environ.get(STEP_SUMMARY):
+        return
+    from device_loop.core.ab import junit
+    from device_loop.core.ab.comment import command_markdown
+
+    if junit_file is not None:
+        device = _device_record(lab, outcome.device) if outcome.device else None
+        _write(junit_file, junit.command_junit(outcome, device))
+    markdown = command_markdown(outcome)
+    if markdown_file is not None:
+        _write(markdown_file, markdown)
+    where = os.environ.get(STEP_SUMMARY, "")
+    if where:
+        try:
+            with Path(where).open("a", encoding="utf-8") as summary:
+                summary.write(markdown)
+        except OSError as exc:
+            click.echo(f"device-loop: cannot append to ${STEP_SUMMARY} ({where}): {exc.strerror or exc}", err=True)

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from device_loop.cli.ci_results import check_distinct, ci_options, prepare_command_results, write_command_results
 from device_loop.cli.commands import _given, _tags, _ttl, coordinator_url
 from device_loop.client.command_lease import (DEFAULT_KEEPALIVE_S, DEFAULT_TIMEOUT_S, CommandRequest, WrongRequest,
                                               run_command)
@@ -52,11 +53,12 @@ def _say(text: str) -> None:
                                                   f"(5s to 1h)  [default: {format_duration(DEFAULT_KEEPALIVE_S)}]")
 @click.option("--max-time", callback=_ttl, help="cut the command after this long (exit 124)")
 @click.option("--json", "as_json", is_flag=True, help="print the outcome as one JSON object, the last line on stdout")
+@ci_options
 @click.option("--coordinator", envvar="DEVICE_LOOP_COORDINATOR", callback=coordinator_url, help="coordinator URL")
 @click.option("--user", envvar="DEVICE_LOOP_USER", help="who you are to the lab (without tokens only)")
 @click.pass_context
 def with_command(ctx, device, device_class, tags, needs, queue, image, timeout, keepalive, max_time, as_json,
-                 coordinator, user):
+                 junit_file, markdown_file, coordinator, user):
     """Run COMMAND with DEVICE (or any device of --class / --tags) leased for exactly as long
     as it runs:  device-loop with sim-board-0 -- ./test.sh
 
@@ -67,6 +69,8 @@ def with_command(ctx, device, device_class, tags, needs, queue, image, timeout, 
     when --max-time cut it; 75 when the lab failed it (no device in time, the lease lost, the
     device gone, a flash failed), the reason on stderr; 2 for a wrong request."""
     command = ctx.meta.get("with.command", ())
+    check_distinct(junit_file, markdown_file)
+    prepare_command_results(junit_file, markdown_file)
     request = CommandRequest(command=command, device=device, class_=device_class, tags=tuple(tags),
                              needs=needs, queue=queue, image=image,
                              timeout_s=DEFAULT_TIMEOUT_S if timeout is None else timeout,
@@ -78,11 +82,12 @@ def with_command(ctx, device, device_class, tags, needs, queue, image, timeout, 
         raise click.UsageError(exc.message) from None
     try:
         outcome = run_command(lab, request, _say)
+        _report(outcome, as_json)
+        write_command_results(lab, outcome, junit_file, markdown_file)
     except WrongRequest as exc:
         raise click.UsageError(str(exc)) from None
     finally:
         lab.api.close()
-    _report(outcome, as_json)
     sys.exit(outcome.status)
 
 

@@ -3,14 +3,17 @@ them"): what becomes a failure, an error and a pass, the fingerprint as properti
 cannot refuse, and every document held to the schema Jenkins and GitLab read."""
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from device_loop.core.ab import abstats, junit
+from device_loop.core.ab.comment import command_markdown
 from device_loop.core.ab.jobs import CellReport, JobSpec, JobView, RunRecord
-from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Arm, JobState
-from test_evidence import HOSTILE, ab_job, matrix_job
+from device_loop.core.command_outcome import CommandOutcome, Timings
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Arm, FailureKind, JobState
+from test_evidence import HOSTILE, _outside_fences, ab_job, matrix_job
 
 URL = "http://lab.example:7420/jobs/job-1"
 
@@ -95,6 +98,35 @@ def test_hostile_text_still_makes_xml():
     assert junit.xml_text("x" * 5000).endswith("…") and len(junit.xml_text("x" * 5000)) == junit.MAX_ATTRIBUTE_CHARS
 
 
+def outcome(status: int, failure: FailureKind | None = None, cancelled: str | None = None,
+            reason: str | None = None) -> CommandOutcome:
+    return CommandOutcome(command=("./test.sh", "--board", HOSTILE), status=status, failure=failure,
+                          cancelled=cancelled, reason=reason, device="sim-board-0", lease="lease-1", started_at=1.7e9,
+                          timings=Timings(wait_s=1, run_s=2.5, total_s=4))
+
+
+WITH_OUTCOMES = {"passed": outcome(0), "failure:test": outcome(3, FailureKind.TEST, reason="the command exited 3"),
+                 "error:lab": outcome(LAB_FAILURE_STATUS, FailureKind.LAB, reason="the lease was lost: revoked"),
+                 "failure:timeout": outcome(124, FailureKind.TIMEOUT, reason="--max-time 1s cut the command"),
+                 "error:cancelled": outcome(130, cancelled="SIGINT", reason="cancelled by SIGINT")}
+
+
+@pytest.mark.parametrize("said", WITH_OUTCOMES)
+def test_a_with_is_one_testcase_named_by_its_command(said):
+    done = WITH_OUTCOMES[said]
+    device = {"name": "sim-board-0", "class": "sim-board", "host": "lab-1", "tags": ["rvv"], "fidelity": "simulated",
+              "facts": {"board.rev": "B"}}
+    root = ET.fromstring(junit.command_junit(done, device))
+    (case,) = root.iter("testcase")
+    assert results(root) == {f"device-loop with/{case.get('name')}": said}
+    assert case.get("name").startswith("./test.sh --board") and case.get("time") == "2.500"
+    properties = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert properties["device.fact.board.rev"] == "B" and properties["lease"] == "lease-1"
+    text = command_markdown(done)
+    assert re.search(rf"\| exit status +\| {done.status} ", text)
+    assert "\x1b" not in text and "<script>" not in _outside_fences(text)    # the command line, fenced
+
+
 @pytest.mark.service   # (it fetches the schema with pip, once per venv)
 def test_every_document_keeps_to_the_jenkins_junit_schema():
     import xmlschema
@@ -106,7 +138,22 @@ def test_every_document_keeps_to_the_jenkins_junit_schema():
             plain_job(0, 1, LAB_FAILURE_STATUS), plain_job(not_run="no device"), plain_job(0, state=JobState.FAILED)]
     for job in jobs:
         schema.validate(junit.job_junit(job, abstats.analyse(job.spec, job.runs, job.cells), URL))
+    for done in WITH_OUTCOMES.values():
+        schema.validate(junit.command_junit(done))
     # the schema has teeth: what its parsers would not read, it refuses
     with pytest.raises(xmlschema.XMLSchemaValidationError):
         schema.validate('<testsuites><testsuite name="x" tests="1" failures="0" errors="0">'
                         '<error message="misplaced"/></testsuite></testsuites>')
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--junit", "."], "is a folder"), (["--markdown", "/no/such/folder/x.md"], "there is no folder"),
+    (["--junit", "same", "--markdown", "same"], "name the same file")])
+def test_report_files_are_checked_before_anything_runs(args, said, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from device_loop.cli.jobs import ab_command
+
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner().invoke(ab_command, ["--baseline", "a", "--patch", "b", *args], obj={"coordinator": "http://127.0.0.1:9", "user": "ann"})
+    assert done.exit_code == 2 and said in done.output, done.output

@@ -1,5 +1,6 @@
 """The evidence markdown cut to fit where CI shows it (docs/architecture.md, "Results where CI
-shows them"): a pull-request comment (under 65,536 characters) or a step summary (1 MiB).
+shows them"): a pull-request comment (under 65,536 characters) or a step summary (1 MiB); and
+what a ``device-loop with`` says there (``command_markdown``).
 
 What is cut, in turn, until it fits: the tables' rows (every table keeps as many as the
 fit allows, the longest losing most), then the fenced blocks' lines, then, should that not
@@ -12,8 +13,12 @@ forge counts them (code points, UTF-16 units).
 from __future__ import annotations
 
 import re
+import shlex
 import urllib.parse
 from dataclasses import dataclass
+
+from device_loop.core.ab.evidence import fence, md, table, when
+from device_loop.core.command_outcome import CommandOutcome
 
 #: A comment on a GitHub pull request is at most 65,536 characters: the cut stays below.
 PR_COMMENT_BYTES = 65_536
@@ -147,3 +152,31 @@ def fit(markdown: str, budget_bytes: int, job_url: str, job_id: str) -> str:
             kept.append(line)
             used += len(line.encode()) + 1
     return "\n".join(kept) + notice
+
+
+#: Of a ``with``'s command line, what its markdown shows (a command line may be 1 MiB).
+MAX_COMMAND_SHOWN = 2000
+
+
+def command_markdown(outcome: CommandOutcome) -> str:
+    """A ``device-loop with``'s outcome for a step summary or a comment: what ran, where, how
+    it ended and whose failure it was, and how long each part took."""
+    line = shlex.join(outcome.command)
+    if len(line) > MAX_COMMAND_SHOWN:
+        line = line[:MAX_COMMAND_SHOWN] + f" … ({len(line) - MAX_COMMAND_SHOWN} more characters)"
+    if outcome.status == 0:
+        verdict = "passed"
+    elif outcome.cancelled:
+        verdict = f"cancelled ({outcome.cancelled})"
+    else:
+        verdict = f"{outcome.failure.value if outcome.failure else 'test'} failure"
+    t = outcome.timings
+    rows = [["exit status", str(outcome.status)], ["result", md(verdict)],
+            ["reason", md(outcome.reason or "-")], ["device", md(outcome.device or "-")],
+            ["lease", md(outcome.lease or "-")],
+            ["image", md(outcome.image or "-") + (" (flashed first)" if outcome.flashed else "")],
+            ["started (UTC)", when(outcome.started_at or None)],
+            ["waited / flashed / ran / in all", f"{t.wait_s:.1f} s / {t.flash_s:.1f} s / {t.run_s:.1f} s / "
+                                                f"{t.total_s:.1f} s"]]
+    return "\n".join([f"### device-loop with: {md(verdict)}", "", fence(line, "sh"), "",
+                      table(["what", "said"], rows), ""])

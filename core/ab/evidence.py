@@ -13,15 +13,16 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 from collections.abc import Iterable
 
 import tomli_w
 
-from device_loop.core.ab.abstats import (Analysis, CellAnalysis, Comparison, MetricResult, Summary, run_value,
-                                      start_temperature)
 from device_loop.core.ab.fingerprint import notable_isa
 from device_loop.core.ab.jobs import CellReport, Fingerprint, JobSpec, JobView, RunRecord, Verdict
+
+if TYPE_CHECKING:  # (the analysis loads scipy: seconds that a `with`'s report, escaped here, need not wait)
+    from device_loop.core.ab.abstats import Analysis, CellAnalysis, Comparison, MetricResult, Summary
 
 # C0/C1 controls (a terminal's escapes), line separators, lone surrogates, XML's non-characters,
 # and the invisible and bidirectional marks that make text read otherwise than it runs
@@ -277,6 +278,8 @@ def fingerprint_lines(f: Fingerprint) -> list[str]:
 def runs_table(runs: list[RunRecord], metrics: list[str], ab: bool) -> str:
     """A row per run, in order (attempt by attempt, where a cell had more than one): what it
     ran, when, the device's readings, its values, its status and whose failure it was, its mark."""
+    from device_loop.core.ab.abstats import run_value, start_temperature
+
     attempts = len({r.attempt for r in runs}) > 1
     header = [*(["attempt"] if attempts else []), "seq", "arm", "warmup", "started (UTC)", "temp °C", "governor",
               "MHz", "load", *map(md, metrics), "status", "failure", "marked"]

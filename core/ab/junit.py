@@ -20,10 +20,15 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
-from device_loop.core.ab.abstats import Analysis, CellAnalysis, MetricResult
 from device_loop.core.ab.jobs import CellReport, Fingerprint, JobView, RunRecord, Verdict
+from device_loop.core.answers import DeviceAnswer
+from device_loop.core.command_outcome import CommandOutcome
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind, JobState
+
+if TYPE_CHECKING:  # (the analysis loads scipy: seconds a `with`'s report need not wait)
+    from device_loop.core.ab.abstats import Analysis, CellAnalysis, MetricResult
 
 #: What XML 1.0 cannot hold at all (its Char production): a document with one is refused whole.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -283,3 +288,70 @@ def job_suites(job: JobView, analysis: Analysis, job_url: str = "") -> list[Suit
 def job_junit(job: JobView, analysis: Analysis, job_url: str = "") -> str:
     """A job's JUnit XML (``--junit FILE`` of ``run``, ``ab`` and ``matrix``)."""
     return document(job_suites(job, analysis, job_url), name=_label(job))
+
+
+# --- a command run with a lease (``device-loop with``) ------------------------------------------------
+
+MAX_NAME_CHARS = 200            # of a testcase named by its command line
+
+
+def command_line(command: tuple[str, ...] | list[str], limit: int = MAX_NAME_CHARS) -> str:
+    """A command as a shell would take it, cut to ``limit`` characters."""
+    import shlex
+
+    line = shlex.join(command)
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def device_properties(device: DeviceAnswer) -> list[tuple[str, str]]:
+    """What the coordinator knows of a device, as JUnit properties: its class, host, tags,
+    fidelity, its plugins' facts and the image its last flash wrote."""
+    image = device.get("image")
+    items = [("device", device.get("name", "")), ("device.class", device.get("class", "")),
+             ("device.host", device.get("host") or ""), ("device.tags", ",".join(device.get("tags", []))),
+             ("device.fidelity", str(device.get("fidelity", ""))),
+             ("device.image", image["name"] if image else ""), ("device.image_sha256", image["sha256"] if image else "")]
+    items += [(f"device.fact.{key}", value) for key, value in (device.get("facts") or {}).items()]
+    return [(name, str(value)) for name, value in items if value]
+
+
+def _command_case(outcome: CommandOutcome) -> Case:
+    name = command_line(outcome.command) or "(no command)"
+    classname = "device-loop with"
+    time_s = outcome.timings.run_s
+    reason = outcome.reason or ""
+    if outcome.failure is FailureKind.LAB:
+        return Case(name, classname, time_s, Outcome.ERROR, FailureKind.LAB.value,
+                    reason or f"the lab failed it (exit {outcome.status})")
+    if outcome.failure is FailureKind.TIMEOUT:
+        return Case(name, classname, time_s, Outcome.FAILURE, FailureKind.TIMEOUT.value,
+                    reason or f"cut by --max-time (exit {outcome.status})")
+    if outcome.cancelled:
+        # neither a pass nor the test's verdict: CI shows a cancel as the error it is
+        return Case(name, classname, time_s, Outcome.ERROR, "cancelled",
+                    reason or f"cancelled by {outcome.cancelled} (exit {outcome.status})")
+    if outcome.status != 0:
+        return Case(name, classname, time_s, Outcome.FAILURE, (outcome.failure or FailureKind.TEST).value,
+                    reason or f"exited {outcome.status}")
+    return Case(name, classname, time_s)
+
+
+def command_suites(outcome: CommandOutcome, device: DeviceAnswer | None = None) -> list[Suite]:
+    """A ``with``'s outcome as one suite of one testcase (the command), the device's record
+    and the lease as properties, the timings in ``<system-out>``."""
+    t = outcome.timings
+    properties = [("lease", outcome.lease or ""), ("image", outcome.image or ""),
+                  ("image.flashed", "yes" if outcome.flashed else ""), ("exit_status", str(outcome.status))]
+    properties += device_properties(device) if device else [("device", outcome.device or "")]
+    case = _command_case(outcome)
+    timings = (f"waited {t.wait_s:.3f} s for a ready device, flashed {t.flash_s:.3f} s, ran {t.run_s:.3f} s, "
+               f"{t.total_s:.3f} s in all")
+    case = Case(case.name, case.classname, case.time_s, case.outcome, case.kind, case.message, case.details, timings)
+    return [Suite(name="device-loop with" + (f" on {outcome.device}" if outcome.device else ""), cases=(case,),
+                  properties=tuple((k, v) for k, v in properties if v),
+                  timestamp=outcome.started_at or None, hostname=(device.get("host") or "") if device else "")]
+
+
+def command_junit(outcome: CommandOutcome, device: DeviceAnswer | None = None) -> str:
+    """A ``with``'s JUnit XML (``device-loop with --junit FILE``)."""
+    return document(command_suites(outcome, device), name="device-loop with")

@@ -76,6 +76,25 @@ def test_a_test_failure_a_lab_failure_and_a_cell_not_run():
     assert "1 of 2 runs failed" in failure.get("message") and "tail 1" in failure.text
 
 
+def test_a_retried_cell_reads_its_last_attempt_and_names_the_ones_before():
+    job = plain_job(0, 0)
+    first = RunRecord(seq=0, arm=Arm.RUN, attempt=0, started_at=1.7e9, ended_at=1.7e9 + 1, status=1,
+                      failure=FailureKind.LAB, output_tail="console gone")
+    retried = [r.model_copy(update={"attempt": 1}) for r in job.runs]
+    cells = [CellReport(cell=0, attempt=0, device="sim-board-0", failure=FailureKind.LAB, reason="sim-board-0 went "
+                        "offline"), CellReport(cell=0, attempt=1, device="sim-board-1")]
+    root = xml_of(job.model_copy(update={"cells": cells, "runs": [first, *retried]}))
+    assert results(root) == {"boots/boots": "passed"}
+    assert "attempt 0 on sim-board-0: lab failure: sim-board-0 went offline" in root.find("testsuite/system-out").text
+    assert {p.get("name"): p.get("value") for p in root.iter("property")}["device"] == "sim-board-1"
+    # the last attempt the lab ended with no failed run to show it, and a run past its deadline
+    lost = [CellReport(cell=0, device="sim-board-0", failure=FailureKind.LAB, reason="its lease was revoked")]
+    assert results(xml_of(job.model_copy(update={"cells": lost}))) == {"boots/boots": "error:lab"}
+    late = job.runs[0].model_copy(update={"status": -9, "failure": FailureKind.TIMEOUT})
+    root = xml_of(job.model_copy(update={"runs": [late]}))
+    assert results(root) == {"boots/boots": "failure:timeout"} and "deadline" in root.find(".//failure").get("message")
+
+
 def test_a_job_that_did_not_complete_is_an_error_of_its_own():
     root = xml_of(plain_job(0, state=JobState.CANCELLED))
     assert results(root)["boots/job"] == "error:job-cancelled"

@@ -156,10 +156,12 @@ def _case(case: Case) -> ET.Element:
 # --- a job's cells --------------------------------------------------------------------------------
 
 def run_failure(run: RunRecord) -> FailureKind | None:
-    """Whose failure a run was: none when it exited 0; the lab's when it exited 75
-    (``LAB_FAILURE_STATUS``: the command said the lab failed it); else the test's."""
-    if run.status == 0:
-        return None
+    """Whose failure a run was: what its worker recorded (docs/architecture.md, "Lab
+    failures"); for a run stored before that was recorded, none when it exited 0, the lab's
+    when it exited 75 (``LAB_FAILURE_STATUS``: the command said the lab failed it), else the
+    test's."""
+    if run.failure is not None or run.status == 0:
+        return run.failure
     return FailureKind.LAB if run.status == LAB_FAILURE_STATUS else FailureKind.TEST
 
 
@@ -201,8 +203,8 @@ def _failed_runs(runs: list[RunRecord]) -> Case | None:
     run, kind = worst
     outcome = Outcome.ERROR if kind is FailureKind.LAB else Outcome.FAILURE
     what = f"run {run.seq} ({run.arm.value})" + (" warmup" if run.warmup else "")
-    message = (f"{len(failed)} of {len(runs)} runs failed; {what} " +
-               ("failed in the lab" if kind is FailureKind.LAB else f"exited {run.status}"))
+    said = {FailureKind.LAB: "failed in the lab", FailureKind.TIMEOUT: "outran its deadline"}
+    message = f"{len(failed)} of {len(runs)} runs failed; {what} " + said.get(kind, f"exited {run.status}")
     details = "\n\n".join(f"run {r.seq} ({r.arm.value}) exited {r.status} [{k.value}]:\n{r.output_tail}"
                           for r, k in failed)
     return Case("", "", outcome=outcome, kind=kind.value, message=message, details=details)
@@ -212,6 +214,22 @@ def _not_run(cell: CellAnalysis, name: str, classname: str) -> Case:
     """A cell that never ran: the lab could not give it a device (or what it said)."""
     return Case(name, classname, outcome=Outcome.ERROR, kind=FailureKind.LAB.value,
                 message=f"not run: {cell.not_run}")
+
+
+def _attempt_failed(report: CellReport | None) -> Case | None:
+    """The error of a cell's last attempt that the lab ended without a failed run to show it
+    (its lease lost between runs, its settle failed)."""
+    if report is None or report.failure is not FailureKind.LAB:
+        return None
+    return Case("", "", outcome=Outcome.ERROR, kind=FailureKind.LAB.value,
+                message=f"attempt {report.attempt} on {report.device or '-'}: {report.reason or 'a lab failure'}")
+
+
+def _attempts_text(reports: list[CellReport]) -> str:
+    """Every attempt of a cell but its last, with its device and cause."""
+    return "\n".join(f"attempt {r.attempt} on {r.device or '-'}: "
+                     f"{r.failure.value if r.failure else 'ended'} failure: {r.reason or r.not_run or '-'}"
+                     for r in reports)
 
 
 def _with_failure(case: Case, failed: Case | None) -> Case:
@@ -245,12 +263,15 @@ def job_suites(job: JobView, analysis: Analysis, job_url: str = "") -> list[Suit
     metric and one for the runs (an A/B pair, a matrix). A job that ended otherwise than
     done (failed, cancelled) says so as an error of its own, with its reason."""
     label = _label(job)
-    reports: dict[int, CellReport] = {c.cell: c for c in job.cells}
+    last_cells, last_runs = job.last_attempts()        # what the analysis read; earlier attempts are words
+    reports: dict[int, CellReport] = {c.cell: c for c in last_cells}
     suites = []
     for cell in analysis.cells:
         key = _cell_key(cell, job)
-        runs = sorted((r for r in job.runs if r.cell == cell.cell), key=lambda r: r.seq)
+        runs = sorted((r for r in last_runs if r.cell == cell.cell), key=lambda r: r.seq)
         report = reports.get(cell.cell)
+        earlier = sorted((c for c in job.cells if c.cell == cell.cell and report is not None
+                          and c.attempt < report.attempt), key=lambda c: c.attempt)
         properties = [("job", job.id)] + ([("job.url", job_url)] if job_url else [])
         if cell.group:
             properties.append(("cell.group", cell.group))
@@ -261,7 +282,7 @@ def job_suites(job: JobView, analysis: Analysis, job_url: str = "") -> list[Suit
         elif cell.device:
             properties.append(("device", cell.device))
         classname = label if len(analysis.cells) == 1 else f"{label}.{key}"
-        failed = _failed_runs(runs)
+        failed = _failed_runs(runs) or _attempt_failed(report)
         cases: list[Case]
         if cell.not_run:
             cases = [_not_run(cell, label if len(analysis.cells) == 1 else key, classname)]
@@ -276,7 +297,8 @@ def job_suites(job: JobView, analysis: Analysis, job_url: str = "") -> list[Suit
         suites.append(Suite(name=f"{label} [{key}]" if len(analysis.cells) > 1 else label, cases=tuple(cases),
                             properties=tuple(properties), timestamp=runs[0].started_at if runs else job.started_at,
                             hostname=report.fingerprint.host if report and report.fingerprint else "",
-                            output="\n".join(f"warning: {w}" for w in cell.warnings)))
+                            output="\n".join([_attempts_text(earlier)] * bool(earlier) +
+                                              [f"warning: {w}" for w in cell.warnings])))
     if job.state is not JobState.DONE:
         suites.append(Suite(name=f"{label} [job]", cases=(Case(
             "job", label, outcome=Outcome.ERROR, kind=f"job-{job.state.value}",
@@ -310,7 +332,8 @@ def device_properties(device: DeviceAnswer) -> list[tuple[str, str]]:
     items = [("device", device.get("name", "")), ("device.class", device.get("class", "")),
              ("device.host", device.get("host") or ""), ("device.tags", ",".join(device.get("tags", []))),
              ("device.fidelity", str(device.get("fidelity", ""))),
-             ("device.image", image["name"] if image else ""), ("device.image_sha256", image["sha256"] if image else "")]
+             ("device.image", image["name"] if image else ""),
+             ("device.image_sha256", image["sha256"] if image else "")]
     items += [(f"device.fact.{key}", value) for key, value in (device.get("facts") or {}).items()]
     return [(name, str(value)) for name, value in items if value]
 

@@ -30,17 +30,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.command_outcome import (TIMEOUT_STATUS, CommandOutcome, Timings, cancelled_status,
                                               command_status_outcome, signal_name)
 from device_loop.core.durations import format_duration
 from device_loop.core.errors import ErrorCode
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
-from device_loop.core.vocabulary import LAB_FAILURE_STATUS, DeviceState, FailureKind
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind
 
 from .command_group import CommandGroup
 from .http import CoordinatorError
 from .lab import Lab, Lease, LeaseFailed, Ticket
+from .lab_trouble import lab_trouble, lost_reason
 
 #: A command line's bounds (docs/architecture.md, "A lease bound to a command").
 MAX_ARGUMENTS = 10_000
@@ -59,8 +59,6 @@ OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script 
 WRONG_REQUEST = frozenset({ErrorCode.UNKNOWN_DEVICE, ErrorCode.UNKNOWN_IMAGE, ErrorCode.AMBIGUOUS_IMAGE,
                            ErrorCode.INVALID, ErrorCode.BAD_REQUEST, ErrorCode.BAD_TOKEN, ErrorCode.BAD_USER,
                            ErrorCode.FORBIDDEN, ErrorCode.NO_SUCH_DEVICES})
-#: Device states in which a command's result says nothing of it: the lab failed it.
-LOST_DEVICE_STATES = frozenset({DeviceState.OFFLINE, DeviceState.FAULTY})
 
 Say = Callable[[str], None]
 
@@ -411,6 +409,7 @@ class _Watch:
 
     def __init__(self, lease: Lease, lost: Callable[[str], None]):
         self.lease, self.lost = lease, lost
+        self.device = _device_reader(lease)
         self.last: dict[str, Any] = dict(lease.data)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{lease.id}")
@@ -428,7 +427,7 @@ class _Watch:
                 self._done.wait(WATCH_S)  # (the coordinator unreachable: the keepalive tells when it matters)
                 continue
             self.last = data
-            trouble = lost_reason(data)
+            trouble = lost_reason(data, self.device)
             if trouble is not None:
                 self.lost(trouble)
                 return
@@ -441,27 +440,14 @@ class _Watch:
         self._done.set()
 
 
-def lost_reason(lease: Mapping[str, Any]) -> str | None:
-    """Why the lab has failed a command running on ``lease`` (a ``LeaseAnswer``), or None:
-    the lease ended, or its device went offline or faulty."""
-    if lease["state"] not in LIVE_LEASE_STATES:
-        return f"the lease {lease['id']} on {lease['device']} was lost: {lease['state']} ({lease.get('reason')})"
-    if lease.get("device_state") in LOST_DEVICE_STATES:
-        return f"{lease['device']} went {lease['device_state']} while the command ran: {lease.get('reason')}"
-    return None
-
-
-def trouble_after_failure(lease: Mapping[str, Any]) -> str | None:
-    """Why a command that failed on ``lease`` may have failed for the lab's sake (the lease
-    not ready, the device switched off, besides ``lost_reason``), or None."""
-    reason = lost_reason(lease)
-    if reason is not None:
-        return reason
-    if lease.get("switched_off"):
-        return f"{lease['device']} was switched off: {lease['switched_off']}"
-    if not lease.get("ready"):
-        return f"{lease['device']} was not ready when the command failed: {lease.get('reason')}"
-    return None
+def _device_reader(lease: Lease) -> Callable[[str], Mapping[str, Any]]:
+    """A device's row, to say why it is offline or faulty (unreachable: nothing more is said)."""
+    def device(name: str) -> Mapping[str, Any]:
+        try:
+            return lease.api.get(f"/devices/{name}")
+        except CoordinatorError:
+            return {}
+    return device
 
 
 class _Run:
@@ -596,7 +582,7 @@ class _Run:
             if exc.status in (403, 404):
                 return f"{self.lease.id} is no longer yours: {exc.message}"
             data = watch.last  # (unreachable now: what was last seen)
-        return trouble_after_failure(data)
+        return lab_trouble(data, _device_reader(self.lease))
 
     def _release(self) -> None:
         if self.released:

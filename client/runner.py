@@ -30,19 +30,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.ab import abstats
 from device_loop.core.device_exec import exec_on_lease
 from device_loop.core.durations import format_duration, parse_iso
 from device_loop.core.ab.fingerprint import gather, readings, unfit
 from device_loop.core.ab.jobs import MAX_TEXT_CHARS, CellReport, Fingerprint, JobSpec, JobView, Readings, RunRecord
-from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Arm, DeviceState, FailureKind, JobState
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Arm, FailureKind, JobState
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
 from device_loop.core.errors import ErrorCode
 
 from .accounts import Account
 from .http import CoordinatorError
 from .job_cgroups import JobCgroup, JobCgroups
+from .lab_trouble import lab_trouble, lost_reason
 from .jobs_api import Jobs
 from .lab import Lease, Ticket, TicketEnded
 from .local_run import LocalCommand, LocalResult, samples
@@ -61,8 +61,6 @@ NO_DEVICE = "no device"
 NO_SUCH_DEVICE = (ErrorCode.NO_SUCH_DEVICES, ErrorCode.UNKNOWN_DEVICE, ErrorCode.NONE_FREE)
 #: Of those, the ones whose message says "no device ..." itself.
 SAYS_NO_DEVICE = (ErrorCode.NO_SUCH_DEVICES, ErrorCode.NONE_FREE)
-#: Device states in which a failed command's result says nothing of it: the lab failed it.
-LOST_DEVICE_STATES = (DeviceState.OFFLINE, DeviceState.FAULTY)
 OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
 
 
@@ -598,34 +596,6 @@ class CellRun:
         cells = len(self.spec.matrix.over) if self.spec.matrix else 1
         alpha = abstats.alpha_per_look(self.spec.ab) / cells
         return abstats.decided(abstats.analyse(self.spec, self.runs, [self.report], alpha=alpha))
-
-
-DeviceReader = Callable[[str], Mapping[str, Any]]
-
-
-def lost_reason(lease: Mapping[str, Any], device: DeviceReader) -> str | None:
-    """Why ``lease`` (a ``LeaseAnswer``) no longer serves a cell: it ended, or its device is
-    faulty or offline (``device(name)`` says why); else None."""
-    if lease["state"] not in LIVE_LEASE_STATES:
-        return f"the lease {lease['id']} on {lease['device']} is {lease['state']}: {lease.get('reason') or 'ended'}"
-    state = lease.get("device_state")
-    if state in LOST_DEVICE_STATES:
-        row = device(lease["device"])
-        return f"{lease['device']} is {state}: {row.get('reason') or row.get('health_reason') or 'no reason given'}"
-    return None
-
-
-def lab_trouble(lease: Mapping[str, Any], device: DeviceReader) -> str | None:
-    """After a command failed on ``lease``: why the lab may have failed it (the lease not
-    live and ready, its device faulty, switched off or offline), or None
-    (docs/architecture.md, "Lab failures")."""
-    if (lost := lost_reason(lease, device)) is not None:
-        return lost
-    if lease.get("switched_off"):
-        return f"{lease['device']} was switched off: {lease['switched_off']}"
-    if not lease.get("ready"):
-        return f"{lease['device']} was not ready when the command failed: {lease.get('reason')}"
-    return None
 
 
 def whose_failure(result: LocalResult, trouble: Callable[[], str | None]) -> tuple[FailureKind, str | None]:

@@ -9,8 +9,8 @@ import click
 import pytest
 
 from device_loop.cli.main import cli
-from device_loop.client.command_lease import (MAX_ARGUMENTS, CommandRequest, WrongRequest, check_request,
-                                              lost_reason, trouble_after_failure)
+from device_loop.client.command_lease import MAX_ARGUMENTS, CommandRequest, WrongRequest, check_request
+from device_loop.client.lab_trouble import lab_trouble, lost_reason
 from device_loop.core.command_outcome import CommandOutcome, command_status_outcome
 from device_loop.core.vocabulary import FailureKind
 
@@ -89,5 +89,5 @@ LEASE = {"id": "lease-1", "device": "d", "state": "active", "device_state": "in_
 ])
 def test_what_the_lab_failed(change, lost, after_failure):
     lease = {**LEASE, **change}
-    assert (lost_reason(lease) is not None) == lost
-    assert (trouble_after_failure(lease) is not None) == after_failure
+    assert (lost_reason(lease, lambda name: {"reason": "its host is silent"}) is not None) == lost
+    assert (lab_trouble(lease, lambda name: {}) is not None) == after_failure

@@ -404,10 +404,14 @@ async def _admin_execute(admin_url: str, sql: str) -> None:
 
 @pytest.fixture
 def postgres_database():
-    """A database of its own on the throwaway PostgreSQL server: its URL."""
+    """A database of its own on the throwaway PostgreSQL server, at the latest migration (a
+    copy of lab_in_process's template: a coordinator opening it has nothing to migrate): its URL."""
+    import lab_in_process
+
     admin = postgres_admin_url()
     name = f"lab_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin_execute(admin, f"CREATE DATABASE {name}"))
+    template = asyncio.run(lab_in_process.migrated_template(admin))
+    asyncio.run(_admin_execute(admin, f"CREATE DATABASE {name} TEMPLATE {template}"))
     yield f"{admin.rsplit('/', 1)[0]}/{name}"
     asyncio.run(_admin_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 

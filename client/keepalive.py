@@ -38,7 +38,7 @@ class KeepAlive:
 
     def stop(self) -> None:
         """Keep it alive no longer; returns once the thread has ended (a keep-alive under way
-        ends first: at most a third of the keepalive, its timeout)."""
+        ends first: within a third of the keepalive or the client's timeout, whichever is less)."""
         self._stopping.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
@@ -52,7 +52,8 @@ class KeepAlive:
     def _run(self) -> None:
         while not self._stopping.wait(self.period):
             try:
-                lease = self.lease.keep_alive(timeout=self.period)
+                # (each try bounded by the period and the client's own timeout: stop() waits for it)
+                lease = self.lease.keep_alive(timeout=min(self.period, self.lease.api.timeout))
             except CoordinatorError as exc:
                 if exc.status == 0 or exc.status >= 500:  # the network or the coordinator: the next may pass
                     continue

@@ -2,6 +2,8 @@
 (docs/architecture.md, "Leases that live as long as their client"): on the command line a usage
 error (exit 2) saying the range; in Python a ``ValueError`` for what is no duration, and a
 ``KeepAlive`` only for a keepalive lease."""
+import threading
+
 import pytest
 
 from device_loop.client.http import Coordinator
@@ -43,3 +45,52 @@ def test_only_a_keepalive_lease_is_kept_alive():
     plain = Lease(Coordinator(NOWHERE, "ann"), {"id": "lease-1", "keepalive_s": None})  # type: ignore[typeddict-item]
     with pytest.raises(ValueError, match="no keepalive lease"):
         KeepAlive(plain)
+
+
+class ScriptedLease:
+    """A keepalive lease whose keep-alives answer as ``answers`` say, in turn (an exception is
+    raised): what ``KeepAlive`` does with each is the rule under test, not the network."""
+
+    def __init__(self, *answers):
+        self.id, self.data, self.answers, self.calls = "lease-1", {"keepalive_s": 30.0}, list(answers), 0
+        self.api = Coordinator(NOWHERE, "ann")
+        self.state = "active"
+        self.done = threading.Event()
+
+    def keep_alive(self, timeout=None):
+        self.calls += 1
+        answer = self.answers.pop(0) if self.answers else "active"
+        if not self.answers:
+            self.done.set()
+        if isinstance(answer, Exception):
+            raise answer
+        self.state = answer
+        return self
+
+
+def test_a_keep_alive_every_third_of_the_keepalive_the_network_retried_a_refusal_lost_once():
+    from device_loop.client.http import CoordinatorError
+
+    told: list[str] = []
+    lease = ScriptedLease(CoordinatorError("unreachable", "no route", 0), CoordinatorError("error", "oops", 502),
+                          "active", CoordinatorError("lease_ended", "lease-1 is revoked (by admin root)", 409))
+    keeper = KeepAlive(lease, told.append)  # type: ignore[arg-type]
+    assert keeper.period == 10.0, "a third of the keepalive: two may be lost before it lapses"
+    keeper.period = 0.01  # (the rule under test is what each answer does, not the wait between them)
+    keeper.start()
+    keeper._thread.join(10)
+    assert not keeper._thread.is_alive(), "a refusal ends it: never retried"
+    assert lease.calls == 4 and told == ["lease-1 could not be kept alive: lease-1 is revoked (by admin root)"]
+    assert keeper.lost == told[0]
+    keeper.stop()  # (after the end: nothing to wait for, nothing told again)
+    assert len(told) == 1
+
+
+def test_stop_ends_the_thread_and_a_refusal_after_it_is_not_a_loss():
+    lease = ScriptedLease(*["active"] * 3)
+    keeper = KeepAlive(lease)  # type: ignore[arg-type]
+    keeper.period = 0.01
+    keeper.start()
+    assert lease.done.wait(10)
+    keeper.stop()
+    assert not keeper._thread.is_alive() and keeper.lost is None

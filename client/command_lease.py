@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind
 
 from .command_group import CommandGroup
 from .http import CoordinatorError
+from .keepalive import KeepAlive
 from .lab import Lab, Lease, LeaseFailed, Ticket
 from .lab_trouble import lab_trouble, lost_reason
 
@@ -126,11 +127,24 @@ class _LabFailed(Exception):
 
 @dataclass
 class _Held:
-    """What the wait for a device holds, to give back."""
+    """What the wait for a device holds, to give back, and what keeps its lease alive."""
     ticket: Ticket | None = None
     lease: Lease | None = None
     flashed: bool = False
-    said: list[str] = field(default_factory=list)
+    keeper: KeepAlive | None = None
+    lost: str | None = None                               # why the keepalive lost the lease
+    listener: Callable[[str], None] | None = None         # told at once (the command's loop)
+
+    def on_lost(self, reason: str) -> None:
+        """The keepalive was refused (from its thread)."""
+        self.lost = reason
+        if self.listener is not None:
+            self.listener(reason)
+
+    def stop_keeping(self) -> None:
+        if self.keeper is not None:
+            self.keeper.stop()
+            self.keeper = None
 
 
 def run_command(lab: Lab, request: CommandRequest, say: Say, base_env: Mapping[str, str] | None = None,
@@ -166,7 +180,7 @@ def run_command(lab: Lab, request: CommandRequest, say: Say, base_env: Mapping[s
                 _give_back(lab, held)
             raise
         signals.raising = False
-        outcome = _Run(lab, lease, request, env, signals, say, clock).run()
+        outcome = _Run(lab, held, request, env, signals, say, clock).run()
     return replace(outcome, image=request.image, flashed=held.flashed, started_at=wall,
                    timings=Timings(wait_s=waited, flash_s=flash_s, run_s=outcome.timings.run_s,
                                    total_s=clock() - started))
@@ -260,10 +274,6 @@ def _acquire(lab: Lab, request: CommandRequest, held: _Held, signals: _Signals, 
                                      needs=request.needs, keepalive=request.keepalive_s, idempotency_key=key)
     if request.image is not None and request.device is None:
         arguments["image"] = request.image  # (a device already running it is preferred)
-    import inspect  # TODO(keepalive): gone once Lab.reserve takes keepalive= and image=
-    if "keepalive" not in inspect.signature(lab.reserve).parameters:
-        arguments.pop("keepalive")
-        arguments.pop("image", None)
     try:
         try:
             got = lab.reserve(request.device, **arguments)
@@ -295,7 +305,7 @@ def _acquire(lab: Lab, request: CommandRequest, held: _Held, signals: _Signals, 
         _hold(held, got)
     lease = held.lease
     assert lease is not None
-    _keep_alive(held)
+    held.keeper = KeepAlive(lease, held.on_lost).start()
     say(f"{lease.device}: {lease.id}, yours while the command runs")
     _ready(lease, request, started, clock)
     return lease
@@ -322,11 +332,6 @@ def _ready(lease: Lease, request: CommandRequest, started: float, clock: Callabl
         raise _LabFailed(exc.message) from None
     except CoordinatorError as exc:
         raise _LabFailed(f"{lease.id}: {exc.message}") from None
-
-
-def _keep_alive(held: _Held) -> None:
-    """Start keeping the held lease alive (``client/keepalive.py``)."""
-    # TODO(keepalive): KeepAlive(lease, on_lost) once the keepalive helper's client API landed
 
 
 def _flash_if_needed(lab: Lab, lease: Lease, request: CommandRequest, digest: str | None, held: _Held, say: Say,
@@ -358,6 +363,7 @@ def _flash_if_needed(lab: Lab, lease: Lease, request: CommandRequest, digest: st
 def _give_back(lab: Lab, held: _Held) -> str:
     """Give back what the wait held (a ticket, and the lease it may have been granted; a
     lease); what was done, in words."""
+    held.stop_keeping()
     lab.api.close()  # (an interrupted request's answer may be half read: a new connection)
     said = []
     try:
@@ -453,9 +459,10 @@ def _device_reader(lease: Lease) -> Callable[[str], Mapping[str, Any]]:
 class _Run:
     """The command on its lease, from its start to the lease given back."""
 
-    def __init__(self, lab: Lab, lease: Lease, request: CommandRequest, base_env: Mapping[str, str],
+    def __init__(self, lab: Lab, held: _Held, request: CommandRequest, base_env: Mapping[str, str],
                  signals: _Signals, say: Say, clock: Callable[[], float]):
-        self.lab, self.lease, self.request, self.say, self.clock = lab, lease, request, say, clock
+        assert held.lease is not None
+        self.lab, self.held, self.lease, self.request, self.say, self.clock = lab, held, held.lease, request, say, clock
         self.base_env = base_env
         self.wake = _Wake()
         self._signals = signals
@@ -464,6 +471,9 @@ class _Run:
         self._lost_lock = threading.Lock()
         self._forwards: list[Any] = []
         self.released = False
+        held.listener = self.on_lost
+        if held.lost is not None:  # (lost while the lease got ready or was flashed)
+            self.on_lost(held.lost)
 
     def on_lost(self, reason: str) -> None:
         """The lease was lost, or the device failed (from any thread; the first reason counts)."""
@@ -588,6 +598,7 @@ class _Run:
         if self.released:
             return
         self.released = True
+        self.held.stop_keeping()
         with contextlib.suppress(CoordinatorError):
             self.lease.release()
 

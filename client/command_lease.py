@@ -340,11 +340,10 @@ def _flash_if_needed(lab: Lab, lease: Lease, request: CommandRequest, digest: st
     if request.image is None:
         return 0.0
     try:
-        device = lab.api.get(f"/devices/{lease.device}")
+        flashes = lab.api.get(f"/devices/{lease.device}/operations", kind="flash")
     except CoordinatorError as exc:
-        raise _LabFailed(f"could not read {lease.device}: {exc.message}") from None
-    flashed = device.get("image") or {}
-    if flashed.get("sha256") == digest and flashed.get("verified"):
+        raise _LabFailed(f"could not read {lease.device}'s flashes: {exc.message}") from None
+    if runs_image(flashes, digest):
         say(f"{lease.device} runs {request.image} already (verified by read-back): not flashed")
         return 0.0
     begun = clock()
@@ -358,6 +357,16 @@ def _flash_if_needed(lab: Lab, lease: Lease, request: CommandRequest, digest: st
     held.flashed = True
     _ready(lease.refresh(), request, started, clock)
     return clock() - begun
+
+
+def runs_image(flashes: list[Mapping[str, Any]], digest: str | None) -> bool:
+    """Whether the device whose flashes (newest first) these are runs the image of ``digest``:
+    its latest flash that ended completed, wrote that digest and read it back (a flash
+    result's ``verified``; docs/architecture.md, "Leases that live as long as their client").
+    A label or a fingerprint's word never counts."""
+    ended = next((op for op in flashes if op.get("state") in ("done", "failed")), None)
+    return (ended is not None and ended["state"] == "done" and (ended.get("image") or {}).get("sha256") == digest
+            and (ended.get("result") or {}).get("verified") is True)
 
 
 def _give_back(lab: Lab, held: _Held) -> str:

@@ -9,7 +9,7 @@ import click
 import pytest
 
 from device_loop.cli.main import cli
-from device_loop.client.command_lease import MAX_ARGUMENTS, CommandRequest, WrongRequest, check_request
+from device_loop.client.command_lease import MAX_ARGUMENTS, CommandRequest, WrongRequest, check_request, runs_image
 from device_loop.client.lab_trouble import lab_trouble, lost_reason
 from device_loop.core.command_outcome import CommandOutcome, command_status_outcome
 from device_loop.core.vocabulary import FailureKind
@@ -91,3 +91,21 @@ def test_what_the_lab_failed(change, lost, after_failure):
     lease = {**LEASE, **change}
     assert (lost_reason(lease, lambda name: {"reason": "its host is silent"}) is not None) == lost
     assert (lab_trouble(lease, lambda name: {}) is not None) == after_failure
+
+
+def flash(state: str, sha256: str = "a" * 64, verified: bool | None = True) -> dict:
+    return {"kind": "flash", "state": state, "image": {"name": "build-1", "sha256": sha256},
+            "result": None if verified is None else {"verified": verified}}
+
+
+@pytest.mark.parametrize("flashes, runs", [
+    ([flash("done")], True),
+    ([flash("running", "b" * 64), flash("done")], True),    # (one under way changes nothing yet)
+    ([flash("failed"), flash("done")], False),               # the last one to end failed: who knows what is there
+    ([flash("done", "b" * 64), flash("done")], False),       # another image since
+    ([flash("done", verified=False)], False),                 # written, never read back (fastboot)
+    ([flash("done", verified=None)], False),
+    ([], False),
+])
+def test_a_device_runs_an_image_only_by_its_last_flash_read_back(flashes, runs):
+    assert runs_image(flashes, "a" * 64) is runs

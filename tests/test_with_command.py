@@ -97,15 +97,23 @@ def test_cancel_as_runners_send_it_frees_the_board_within_a_second(lab, env, tmp
     assert not any(pid_alive(int(p)) for p in pids.read_text().split())
 
 
-def test_kill_9_of_with_leaves_no_process_of_the_command(lab, env, tmp_path):
+def test_kill_9_of_with_leaves_no_process_and_the_board_free_within_the_keepalive(lab, env, tmp_path):
     pids = tmp_path / "pids"
     script = f"sleep 1000 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}; wait"
     proc = start_with(env, lab, "sim-board-0", "--keepalive", "5s", "--", "sh", "-c", script)
     wait_for(pids.exists, 20, what="the command started")
+    lease_id = lab.api("/leases").json()[0]["id"]
+    assert lab.api(f"/leases/{lease_id}").json()["keepalive_s"] == 5
     proc.kill()
+    killed = time.monotonic()
     proc.wait()
     wait_for(lambda: not any(pid_alive(int(p)) for p in pids.read_text().split()), 5,
              what="the command's processes gone")
+    # its last keep-alive came up to a third of the keepalive before; the reaper passes every second
+    wait_for(lambda: lab.api(f"/leases/{lease_id}").json()["state"] == "expired", 8, interval=0.1,
+             what="the lease lapsed")
+    assert time.monotonic() - killed < 5 + 1.5
+    assert "stopped renewing" in lab.api(f"/leases/{lease_id}").json()["reason"]
 
 
 # The command: reads the board's console until it closes, then (waiting for the lab to see

@@ -1,0 +1,51 @@
+"""``device-loop with --image`` (docs/architecture.md, "A lease bound to a command" and
+"Leases that live as long as their client"): a device that does not run the image is flashed
+first, through the mediated path; one whose last flash wrote it and read it back is taken as
+it is; an unknown image is a usage error before anything is reserved."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from helpers import run_cli, wait_state
+from test_flash import flashable
+from test_with_command import outcome_of, start_with
+
+pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
+
+
+def test_with_image_flashes_first_only_where_the_device_does_not_run_it(tmp_path, env, coordinator, exporter_factory):
+    targets = {name: tmp_path / f"{name}.img" for name in ("sim-board-0", "sim-board-1")}
+    for target in targets.values():
+        target.write_bytes(b"factory")
+    exporter_factory([flashable(name, target=str(target)) for name, target in targets.items()])
+    for name in targets:
+        wait_state(coordinator, name, "idle")
+    build = tmp_path / "build.img"
+    build.write_bytes(os.urandom(1 << 20))
+    run_cli(env, coordinator.url, "images", "upload", str(build), "--name", "build-1", "--for", "sim-board")
+
+    refused = run_cli(env, coordinator.url, "with", "--class", "sim-board", "--image", "no-such", "--", "true",
+                      check=False)
+    assert refused.returncode == 2 and "no-such" in refused.stderr, refused.stderr
+    assert coordinator.api("/leases").json() == [], "nothing is reserved for a wrong request"
+
+    status, first, err = outcome_of(start_with(env, coordinator, "--class", "sim-board", "--image", "build-1",
+                                               "--json", "--", "true"), timeout=60)
+    assert (status, first["flashed"]) == (0, True), err
+    assert targets[first["device"]].read_bytes() == build.read_bytes()
+    audit = coordinator.api("/admin/audit").json()
+    assert any(a["action"] == "flash" and a["lease"] == first["lease"] for a in audit), "the mediated path, audited"
+
+    wait_state(coordinator, first["device"], "idle")
+    status, again, err = outcome_of(start_with(env, coordinator, "--class", "sim-board", "--image", "build-1",
+                                               "--json", "--", "true"), timeout=60)
+    assert (status, again["device"], again["flashed"]) == (0, first["device"], False), err
+    assert "runs build-1 already" in err
+
+    other = next(name for name in targets if name != first["device"])
+    status, flashed, err = outcome_of(start_with(env, coordinator, other, "--image", "build-1", "--json", "--",
+                                                 "true"), timeout=60)
+    assert (status, flashed["device"], flashed["flashed"]) == (0, other, True), err
+    assert targets[other].read_bytes() == build.read_bytes()

@@ -4,6 +4,7 @@ ticket lapses unless read, and its grant is a keepalive lease. Driven in-process
 hand-moved clock (on SQLite, and on PostgreSQL where the suite has one)."""
 import pytest
 
+from device_loop.coordinator.identity import issue_token
 from device_loop.core.durations import parse_iso
 from lab_in_process import FakeExporter, device, in_process_lab
 
@@ -148,3 +149,21 @@ async def test_a_keepalive_grant_nobody_claims_lapses_with_its_lease(tmp_path):
         assert (seen["state"], seen["lease"]["state"]) == ("expired", "expired"), seen
         assert seen["reason"] == "its client stopped asking (keepalive 10s)"
         assert "keepalive 10s" in seen["lease"]["end_reason"], seen["lease"]  # (its lease lapsed in the same pass)
+
+
+async def test_only_its_requester_reading_a_ticket_keeps_it(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        tokens = {name: (await issue_token(rules.store, clock, name, admin=name == "root"))["token"]
+                  for name in ("ann", "root")}
+        ann, root = client(token=tokens["ann"]), client(token=tokens["root"])
+        exporter = FakeExporter(client(token=(await issue_token(rules.store, clock, host="host-a"))["token"]),
+                                "host-a")
+        await exporter.beat([device("b0")])
+        await root.post("/leases", json={"device": "b0"})
+        asked = (await ann.post("/leases", json={"device": "b0", "queue": True, "keepalive_s": 30})).json()
+        clock.advance(20)
+        looked = await root.get(f"/tickets/{asked['ticket']}")  # an admin's look: not its client asking
+        assert looked.status_code == 200 and looked.json()["state"] == "waiting"
+        clock.advance(11)
+        await rules.reap()
+        assert (await ann.get(f"/tickets/{asked['ticket']}")).json()["state"] == "expired"

@@ -94,3 +94,37 @@ def test_stop_ends_the_thread_and_a_refusal_after_it_is_not_a_loss():
     assert lease.done.wait(10)
     keeper.stop()
     assert not keeper._thread.is_alive() and keeper.lost is None
+
+
+class RecordingApi:
+    """A coordinator that records what it is asked and answers each with ``answers``, in turn."""
+
+    def __init__(self, *answers):
+        self.asked: list[tuple] = []
+        self.answers = list(answers)
+        self.timeout = 15.0
+
+    def post(self, path, body=None, key=None, **options):
+        self.asked.append(("POST", path, body, options))
+        return self.answers.pop(0)
+
+    def get(self, path, **params):
+        self.asked.append(("GET", path, params))
+        return self.answers.pop(0)
+
+
+def test_a_keep_alive_is_a_renewal_without_ttl_or_idempotency_key():
+    api = RecordingApi({"id": "lease-1", "state": "active", "keepalive_s": 30.0})
+    Lease(api, {"id": "lease-1", "keepalive_s": 30.0}).keep_alive(timeout=2)  # type: ignore[arg-type, typeddict-item]
+    assert api.asked == [("POST", "/leases/lease-1/renew", {}, {"keyed": False, "timeout": 2})]
+
+
+def test_a_keepalive_ticket_is_long_polled_for_a_third_of_its_keepalive_at_most():
+    from device_loop.client.lab import Ticket
+
+    waiting = {"ticket": "tk-1", "state": "waiting", "position": 1, "keepalive_s": 6.0, "lease": None}
+    claimed = {**waiting, "state": "claimed", "position": None, "lease": {"id": "lease-1", "keepalive_s": 6.0}}
+    api = RecordingApi(waiting, claimed)
+    lease = Ticket(api, waiting).wait(timeout=60)  # type: ignore[arg-type]
+    assert lease.id == "lease-1"
+    assert [params["wait"] for _, _, params in api.asked] == [2.0, 2.0], api.asked

@@ -9,6 +9,10 @@ it sets; and a cancel sent as each runner sends it.
 - GitLab Runner, shell executor: the script in a process group of its own, SIGTERM to the whole
   group, SIGKILL to it 10 minutes later.
 
+The GitHub cancel test also holds the workflow's ``exec``: without it the SIGINT and SIGTERM
+reach only bash (which notes the first and dies of the second), `with` never hears of the
+cancel, and the board stays leased until the job's orphans are killed and the keepalive runs out.
+
 ``DEVICE_LOOP_TEST_CANCEL_SCALE`` (default 1: the runners' own intervals) multiplies those
 intervals; nothing else shortens them. ``ci/build.sh``, ``ci/test-on-board.sh`` and
 ``ci/bench.sh`` are the project's in the examples: here, stand-ins in a git repository with a
@@ -361,6 +365,17 @@ def test_the_gitlab_job_builds_tests_on_a_board_and_posts_the_note(lab, project)
     _check_reports(project)
     args, body = _recorded(project, "curl")
     assert "https://gitlab.invalid/api/v4/projects/1/merge_requests/7/notes" in args and "slower" in body
+    # the same reports later, from the job's id (a job a worker ran: `ab --submit`)
+    import xml.etree.ElementTree as ET
+
+    ab = ET.parse(project.checkout / "ab.xml").getroot()
+    job_id = next(p.get("value") for p in ab.iter("property") if p.get("name") == "job")
+    again = subprocess.run([str(project.bin / "device-loop"), "job", "evidence", job_id, "--junit", "again.xml",
+                            "--markdown", "again.md"], cwd=project.checkout, capture_output=True, text=True,
+                           env={**project.env, "DEVICE_LOOP_COORDINATOR": coordinator.url}, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert (project.checkout / "again.xml").read_text() == (project.checkout / "ab.xml").read_text()
+    assert (project.checkout / "again.md").read_text() == (project.checkout / "ab.md").read_text()
     wait_for(lambda: _holders(coordinator) == {name: None for name in BOARDS}, 15, what="the boards given back")
 
 

@@ -110,14 +110,19 @@ def nothing_reaches_the_default_coordinator():
                     "URL\n  " + "\n  ".join(reached), pytrace=False)
 
 
-# The longest tests, longest first (measured at -n 2 on two cores: the VM lab module some 105 s,
-# schemathesis 48 s and 18 s, abab 44 s, the hand-booted guests 30 s, ...): dealt out in turn,
-# one share at the head of each worker's first batch (tests/scheduling.py), so that none is
-# left for the run's end. A name part of a test's id; a kept-together module's is its file's.
-LONGEST_FIRST = ("test_qemu_lab.py::", "test_openapi.py::test_schemathesis", "test_ab_sim.py::test_abab",
-                 "test_qemu_guest.py::", "test_up_vms.py::test_up_with_qemu", "test_static_checks.py::test_mypy",
-                 "test_live_properties.py::test_the_lease_rules", "test_faults.py::test_acknowledged",
-                 "test_ticket_properties.py::test_tickets_are", "test_lease_properties.py::")
+# The longest tests, longest first (measured in a full ./lab test run from a fresh clone while
+# other runs shared the two cores: the VM lab module some 160 s, the podman test 94 s,
+# schemathesis 89 s and 42 s, mypy 70 s, the hand-booted guests 60 s, a lab with tokens 60 s,
+# ...): dealt out in turn, one share at the head of each worker's first batch
+# (tests/scheduling.py), so that none is left for the run's end. A name part of a test's id; a
+# kept-together module's is its file's.
+LONGEST_FIRST = ("test_qemu_lab.py::", "test_podman_cdi.py::test_a_leased_board", "test_openapi.py::test_schemathesis",
+                 "test_static_checks.py::test_mypy", "test_qemu_guest.py::", "test_tokens_end_to_end.py::test_a_lab",
+                 "test_up_vms.py::test_up_with_qemu", "test_ab_sim.py::test_abab",
+                 "test_new_user_c.py::test_a_board_its_holder_switched_off",
+                 "test_live_properties.py::test_the_lease_rules", "test_shared_worker.py::test_running_another",
+                 "test_faults.py::test_acknowledged", "test_ticket_properties.py::test_tickets_are",
+                 "test_lease_properties.py::")
 # Modules whose tests share a costly module fixture (VMs booted under TCG, CPU-bound): never
 # split between workers, which would each boot them again.
 KEPT_TOGETHER = ("test_qemu_lab.py", "test_qemu_guest.py")  # file names

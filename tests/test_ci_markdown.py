@@ -75,3 +75,20 @@ def test_fences_then_the_end_are_cut_when_tables_are_not_enough():
 def test_the_link_cannot_be_broken_out_of():
     assert page_link("http://lab/jobs/a b)(c[d]", "x") == "[the job's page](http://lab/jobs/a%20b%29%28c%5Bd%5D)"
     assert page_link("", "job`1") == "`device-loop job evidence job1`"
+
+
+def test_the_step_summary_gets_what_it_has_room_for(tmp_path, monkeypatch):
+    from device_loop.cli.ci_results import STEP_SUMMARY, append_step_summary
+    from device_loop.core.ab.comment import STEP_SUMMARY_BYTES
+
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv(STEP_SUMMARY, str(summary))
+    summary.write_text("an earlier step's words\n")
+    append_step_summary(whole(ab_job()), URL, "job-1")
+    assert summary.read_text().startswith("an earlier step's words\n\n# SIMD decode")
+    summary.write_text("x" * (STEP_SUMMARY_BYTES - 1000))      # nearly full: only the link fits
+    append_step_summary(whole(ab_job()), URL, "job-1")
+    assert summary.read_text().endswith(f"\nThe evidence is on [the job's page]({URL}).\n")
+    assert summary.stat().st_size < STEP_SUMMARY_BYTES
+    monkeypatch.setenv(STEP_SUMMARY, str(tmp_path / "no" / "such" / "folder"))
+    append_step_summary("# x", URL, "job-1")                   # said on stderr, not fatal

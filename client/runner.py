@@ -34,7 +34,8 @@ from device_loop.core.ab import abstats
 from device_loop.core.device_exec import exec_on_lease
 from device_loop.core.durations import format_duration, parse_iso
 from device_loop.core.ab.fingerprint import gather, readings, unfit
-from device_loop.core.ab.jobs import MAX_TEXT_CHARS, CellReport, Fingerprint, JobSpec, JobView, Readings, RunRecord
+from device_loop.core.ab.jobs import (MAX_TEXT_CHARS, CellReport, Fingerprint, JobSpec, JobView, MatrixSpec, Readings,
+                                     RunRecord)
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Arm, FailureKind, JobState
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
 from device_loop.core.errors import ErrorCode
@@ -55,6 +56,9 @@ Say = Callable[[str], None]
 BEAT_S = 5.0             # how often the worker says it is alive
 TICKET_POLL_S = 5.0      # a ticket's wait is cut this often to see a stop
 READY_TIMEOUT_S = 120.0  # a granted lease's services up
+RETRY_POLL_S = 1.0       # how often a retry asks again for a device the job's other cells hold
+#: A retry's reserve refused so: no other device serves the cell (now), the last failure stands.
+NO_RETRY = (ErrorCode.NO_OTHER_DEVICE, ErrorCode.BUSY)
 EXEC_TIMEOUT_S = 20.0    # a reading at a run's start
 NO_DEVICE = "no device"
 #: The reserve refusals that mean a matrix group has no device (anything else fails the job).
@@ -274,7 +278,7 @@ class Runner:
             except CellFailed as exc:
                 ended = exc.failure, str(exc)
             except CoordinatorError as exc:
-                if exc.code == ErrorCode.NO_OTHER_DEVICE and previous:  # (no attempt began: the last failure stands)
+                if exc.code in NO_RETRY and previous:  # (no attempt began: the last one's failure stands)
                     return self._failed(cell, stopper, FailureKind.LAB, f"{previous}; no retry: {exc.message}")
                 ended = FailureKind.LAB, exc.message  # (the coordinator refused what the cell needed)
             except JobStopped as exc:
@@ -393,7 +397,7 @@ class CellRun:
     def _take_lease(self) -> Lease | None:
         matrix = self.spec.matrix
         try:
-            got = self.jobs.reserve(self.job.id, self.cell.index, self.cell.target, self.exclude)
+            got = self._reserve(matrix.wait_s if matrix is not None else MatrixSpec.model_fields["wait_s"].default)
         except CoordinatorError as exc:
             if matrix is not None and exc.code in NO_SUCH_DEVICE:
                 self.not_run = exc.message if exc.code in SAYS_NO_DEVICE else f"{NO_DEVICE} ({exc.message})"
@@ -417,6 +421,20 @@ class CellRun:
                 if exc.code != ErrorCode.TIMEOUT or time.monotonic() > deadline:
                     raise CellFailed(f"{got.id} on {got.data['device']} did not get ready: {exc.message}",
                                      FailureKind.LAB) from None
+
+    def _reserve(self, wait_s: float) -> Lease | Ticket:
+        """The cell's reserve; a retry's, while the other devices are the job's own (its other
+        cells hold them: no ticket can wait for those), asked again until one is given back or
+        ``wait_s`` ran out."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self.jobs.reserve(self.job.id, self.cell.index, self.cell.target, self.exclude)
+            except CoordinatorError as exc:
+                if not (self.exclude and exc.code == ErrorCode.BUSY) or time.monotonic() > deadline:
+                    raise
+            if self.stopper.wait(RETRY_POLL_S):
+                self.stopper.check()
 
     def _wait_ticket(self, ticket: Ticket, wait_s: float | None) -> Lease | None:
         deadline = None if wait_s is None else time.monotonic() + wait_s

@@ -319,7 +319,7 @@ class Jobs:
                 raise conflict(ErrorCode.TOO_MANY_RESERVATIONS, f"{job_id} has made {most} tickets and leases, the "
                                                                 f"most a job of {cell_count(spec)} cell(s) makes")
             if exclude:
-                device = await self._other_device(device, device_class, tags, spec, exclude)
+                device = await self._other_device(device, device_class, tags, spec, exclude, row["owner"])
                 device_class, tags = None, []
             owner = Who(row["owner"])  # the job's leases are its owner's, counted and limited as theirs
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
@@ -331,10 +331,12 @@ class Jobs:
             return answer
 
     async def _other_device(self, device: str | None, device_class: str | None, tags: list[str], spec: JobSpec,
-                            exclude: list[str]) -> str:
+                            exclude: list[str], owner: str) -> str:
         """The device a retry takes, by name: a free one that matches, else the first that may
-        serve soon (its ticket waits for that one: a ticket has no devices to leave out), never
-        one of ``exclude``; 409 ``no_other_device`` when only those match."""
+        serve soon and ``owner`` does not hold (its ticket waits for that one: a ticket has no
+        devices to leave out), never one of ``exclude``; 409 ``no_other_device`` when only
+        those match, 409 ``busy`` while the others are the owner's (the job's other cells:
+        no ticket waits for what its own holder holds)."""
         left_out = set(exclude)
         if device is not None:
             names = [device]
@@ -343,11 +345,16 @@ class Jobs:
             free = await self.devices_sql.free_devices(device_class, tags, len(left_out) + 4, takes)
             names = [d["name"] for d in free]
             names += await self.devices_sql.matching_devices(device_class, tags, takes)
-        others = [name for name in names if name not in left_out]
+        others = [name for name in dict.fromkeys(names) if name not in left_out]
         if not others:
             raise conflict(ErrorCode.NO_OTHER_DEVICE, f"no device but {', '.join(sorted(left_out))} matches this cell: "
                                                       "a retry runs on another")
-        return others[0]
+        for name in others:
+            found = await self.devices_sql.device(name)
+            if found is not None and found["holder"] != owner:
+                return name
+        raise conflict(ErrorCode.BUSY, f"{', '.join(others)}, the other devices that match this cell, are held by "
+                                       f"{owner} (this job's other cells): a retry waits for one to be given back")
 
     @staticmethod
     def _check_cell(spec: JobSpec, cell: int) -> None:

@@ -43,8 +43,11 @@ def one_lab(tmp_path_factory):
 
 @pytest.fixture
 def lab(one_lab):
-    """The module's coordinator, both boards idle, and a client of it as alice."""
+    """The module's coordinator, both boards idle (out of service no more: a test before may
+    have failed one twice), and a client of it as alice."""
     for board in BOARDS:
+        if one_lab.api(f"/devices/{board['name']}").json().get("fault_kind") == "lab-failures":
+            one_lab.api(f"/admin/devices/{board['name']}/clear-fault", "POST")
         wait_state(one_lab, board["name"], "idle", timeout=30)
     client = Lab(one_lab.url, user="alice")
     yield one_lab, client
@@ -86,6 +89,24 @@ def test_a_lab_failure_is_retried_on_the_other_demo_board_and_the_evidence_names
     page = httpx2.get(f"{coordinator.url}/jobs/{ended.id}", headers={"X-Device-Loop-User": "alice"}, timeout=10)
     assert page.status_code == 200 and 'data-label="Failure"><span class="bad">lab</span>' in page.text
     assert coordinator.api(f"/devices/{first.device}").json()["fault"] is None, "one lab failure is no fault"
+
+
+def test_a_matrix_cell_retries_on_the_board_its_neighbour_gives_back(lab, tmp_path):
+    """The other cell goes on while one retries; the retry waits for the one other board."""
+    coordinator, client = lab
+    once = tmp_path / "failed-once"
+    command = f"if mkdir {once} 2>/dev/null; then exit 75; fi; {METRIC}"
+    ended = run_job(client, {"target": {"class": "sim-board"}, "retry": 1, "metrics": [{"name": "t_ms"}],
+                             "matrix": {"over": ["class=sim-board", "class=sim-board"]},
+                             "ab": {"baseline": [command], "patch": [command], "rounds": 1, "warmup": 0,
+                                    "settle": False}})
+    assert ended.state is JobState.DONE, ended.reason
+    attempts = sorted((c.cell, c.attempt, c.device, c.failure) for c in ended.cells)
+    retried = [a for a in attempts if a[1] == 1]
+    assert len(attempts) == 3 and len(retried) == 1, attempts
+    failed = next(a for a in attempts if a[0] == retried[0][0] and a[1] == 0)
+    assert failed[3] is FailureKind.LAB and retried[0][2] != failed[2], "the retry ran on the other board"
+    assert "## Attempts" in client.jobs.evidence(ended.id)
 
 
 def test_whose_failure_a_failed_run_was(lab, tmp_path):

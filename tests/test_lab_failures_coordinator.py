@@ -59,6 +59,9 @@ async def test_failures_and_attempts_are_stored_and_a_retry_leaves_the_failing_d
 
         second = await cell_on(api, job, 1, exclude=[first["device"]])
         assert second["device"] != first["device"], "the retry's device is another"
+        held = await api.post(f"/jobs/{job['id']}/reserve", json={"cell": 0, "class": "sim-board",
+                                                                   "exclude": [first["device"]]})
+        assert held.status_code == 409 and held.json()["error"] == "busy", "no ticket waits for the job's own"
         for seq in range(3):  # the attempt starts again from its first run
             assert (await api.post(f"/jobs/{job['id']}/runs", json=run(seq, attempt=1))).status_code == 201
         again = await api.post(f"/jobs/{job['id']}/runs", json=run(0, attempt=1))

@@ -119,8 +119,9 @@ def layout(job: JobView, analysis: Analysis) -> Figure:
     """Where everything goes: a panel per cell and metric that has values, at most MAX_PANELS."""
     matrix = len(analysis.cells) > 1
     wanted = []
+    _, last = job.last_attempts()  # (each cell's last attempt, as the analysis on the chart: "Lab failures")
     for cell in analysis.cells:
-        runs = sorted((r for r in job.runs if r.cell == cell.cell), key=lambda r: r.seq)
+        runs = sorted((r for r in last if r.cell == cell.cell), key=lambda r: r.seq)
         where = " ".join(filter(None, [cell.device or "", f"({cell.group})" if matrix and cell.group else ""]))
         for metric in cell.metrics:
             title = f"{metric.name}" + (f" ({metric.unit})" if metric.unit else "") + (f" on {where}" if where else "")

@@ -62,7 +62,8 @@ def op_json(op: OperationRow, theirs: bool = False, host_online: bool | None = T
     if op["image_sha256"]:  # as flashes always showed it
         answer |= {"purpose": op["args"].get("purpose", op["kind"]),
                    "image": {"name": op["image_name"], "sha256": op["image_sha256"], "size": op["image_size"]},
-                   "done_bytes": op["progress_done"], "total_bytes": op["progress_total"]}
+                   "done_bytes": op["progress_done"], "total_bytes": op["progress_total"],
+                   "verified": bool(op["verified"])}
     if op["state"] in LIVE_OP_STATES and host_online is False:
         answer["message"] = f"host {op['host']} is offline: the operation goes on when its exporter is back"
     return answer

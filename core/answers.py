@@ -238,6 +238,7 @@ class OperationAnswer(TypedDict, total=False):
     image: ImageSummary
     done_bytes: int
     total_bytes: int | None
+    verified: bool                 # it ended done and read back the image's digest: what --image prefers
 
 
 ImageAnswer = TypedDict("ImageAnswer", {

@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixture
 ROOTFS = b"rootfs v2 " * 1000
 OTHER = b"another build " * 1000
 SHA = hashlib.sha256(ROOTFS).hexdigest()
+DIGESTS = {"rootfs": SHA, "other": hashlib.sha256(OTHER).hexdigest()}
 NAMES = ["b0", "b1", "b2", "b3"]
 
 
@@ -39,7 +40,9 @@ async def flashed(api, exporter: FakeExporter, clock, name: str, image: str, res
               "progress": {"done": 1, "total": None, "unit": "bytes"}, "message": "written", "changed": True,
               "result": result}
     await exporter.beat(boards, [service], [lease["id"]], operations=[report])
-    assert (await api.get(f"/ops/{op['id']}")).json()["state"] == "done"
+    shown = (await api.get(f"/ops/{op['id']}")).json()
+    read_back = result == {"verified": True, "sha256": DIGESTS[image]}  # (the coordinator's reading of it)
+    assert shown["state"] == "done" and shown["verified"] is read_back, shown
     await api.post(f"/leases/{lease['id']}/release")
     clock.advance(1)
     await exporter.beat(boards)

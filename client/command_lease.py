@@ -478,6 +478,7 @@ class _Run:
         signals.wake = self.wake.wake
         self.lost: str | None = None
         self._lost_lock = threading.Lock()
+        self._closed = False
         self._forwards: list[Any] = []
         self.released = False
         held.listener = self.on_lost
@@ -486,10 +487,11 @@ class _Run:
 
     def on_lost(self, reason: str) -> None:
         """The lease was lost, or the device failed (from any thread; the first reason counts)."""
-        with self._lost_lock:
+        with self._lost_lock:  # (the pipe is closed under it: a late watch must not write to a reused fd)
             if self.lost is None:
                 self.lost = reason
-        self.wake.wake()
+            if not self._closed:
+                self.wake.wake()
 
     @property
     def signals(self) -> list[int]:
@@ -525,7 +527,10 @@ class _Run:
                 with contextlib.suppress(Exception):
                     forward.close()
             self._signals.wake = None
-            self.wake.close()
+            self.held.listener = None
+            with self._lost_lock:
+                self._closed = True
+                self.wake.close()
 
     def _loop(self, group: CommandGroup) -> str | None:
         """Wait until the command's first process ends, acting on signals, a lost lease and

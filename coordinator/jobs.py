@@ -421,12 +421,15 @@ class Jobs:
         caller's transaction, the job's row locked): at ``LAB_FAILURES_FAULTY`` in a row it
         becomes faulty, with a line of its ring log, until an admin clears it
         (docs/architecture.md, "Lab failures"). A fault it has already stays, kind and all; a
-        lab failure whose lease a person or its time ended (``NOT_THE_DEVICES``) is not counted."""
-        if lab and lease_id is not None:
-            lease = await self.leases_sql.lease(lease_id)
-            if lease is not None and lease["state"] in NOT_THE_DEVICES:
-                return
+        lab failure whose lease a person or its time ended (``NOT_THE_DEVICES``), or on a lease
+        that is not this job's on that device, is not counted."""
         if lab:
+            # a worker's word is checked: only a lease this job made, on that device, counts
+            # (a stolen worker token must not put another board out of service)
+            lease = await self.leases_sql.lease(lease_id) if lease_id is not None else None
+            made = {h["lease_id"] for h in await self.jobs_sql.job_leases(job_id)}
+            if lease is None or lease["device"] != name or lease_id not in made or lease["state"] in NOT_THE_DEVICES:
+                return
             await self.leases_sql.lock_host_of_device(name)  # (the lock order: the job, then its devices' hosts)
         count = await self.devices_sql.count_lab_failure(name, lab)
         if not lab or count is None or count < LAB_FAILURES_FAULTY:

@@ -33,9 +33,10 @@ async def started(api, spec=None) -> dict:
     return {**answer.json(), "exporter": exporter}
 
 
-async def cell_on(api, job: dict, attempt: int, exclude=()) -> dict:
-    """A lease for cell 0's ``attempt`` (leaving out ``exclude``), reported as that attempt's."""
-    lease = await api.post(f"/jobs/{job['id']}/reserve", json={"cell": 0, "class": "sim-board",
+async def cell_on(api, job: dict, attempt: int, exclude=(), target=None) -> dict:
+    """A lease for cell 0's ``attempt`` (of ``target``, default its class; leaving out
+    ``exclude``), reported as that attempt's."""
+    lease = await api.post(f"/jobs/{job['id']}/reserve", json={"cell": 0, **(target or {"class": "sim-board"}),
                                                                "exclude": list(exclude)})
     assert lease.status_code == 201 and "ticket" not in lease.json(), lease.text
     lease = lease.json()
@@ -125,7 +126,7 @@ async def test_an_attempt_the_lab_failed_before_its_first_run_counts_against_its
         api = client()
         job = await started(api, {**SPEC, "target": {"device": "b1"}})
         for attempt in (0, 1):
-            lease = await cell_on(api, job, attempt) if attempt == 0 else lease
+            lease = await cell_on(api, job, attempt, target={"device": "b1"}) if attempt == 0 else lease
             failed = {"cell": 0, "attempt": attempt, "device": "b1", "lease_id": lease["id"], "failure": "lab",
                       "reason": "b1 did not get ready"}
             for _ in range(2):  # the same report again counts once
@@ -133,6 +134,14 @@ async def test_an_attempt_the_lab_failed_before_its_first_run_counts_against_its
             fault = (await api.get("/devices/b1")).json()["fault"]
             assert (fault is None) == (attempt == 0), fault
         assert "b1 did not get ready" in fault
+
+        # a worker that names another board than its lease's puts nothing out of service
+        for attempt in (0, 1):
+            lied = {"cell": 0, "attempt": attempt, "device": "b0", "lease_id": lease["id"], "failure": "lab",
+                    "reason": "b0 is broken, believe me"}
+            await api.post(f"/jobs/{job['id']}/cells", json={**lied, "failure": None})
+            assert (await api.post(f"/jobs/{job['id']}/cells", json=lied)).status_code == 200
+        assert (await rules.life.devices_sql.device("b0"))["lab_failures"] == 0
 
 
 async def test_a_lab_failure_on_a_lease_a_person_ended_is_not_its_devices(tmp_path):

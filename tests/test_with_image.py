@@ -1,7 +1,8 @@
 """``device-loop with --image`` (docs/architecture.md, "A lease bound to a command" and
 "Leases that live as long as their client"): a device that does not run the image is flashed
 first, through the mediated path; one whose last flash wrote it and read it back is taken as
-it is; an unknown image is a usage error before anything is reserved."""
+it is; a flash that fails is the lab's failure (75) and the command never runs; an unknown
+image is a usage error before anything is reserved."""
 from __future__ import annotations
 
 import os
@@ -19,8 +20,11 @@ def test_with_image_flashes_first_only_where_the_device_does_not_run_it(tmp_path
     targets = {name: tmp_path / f"{name}.img" for name in ("sim-board-0", "sim-board-1")}
     for target in targets.values():
         target.write_bytes(b"factory")
-    exporter_factory([flashable(name, target=str(target)) for name, target in targets.items()])
-    for name in targets:
+    broken = tmp_path / "not-a-file"
+    broken.mkdir()  # (it exists and may be written in: healthy, until a flash tries)
+    exporter_factory([flashable(name, target=str(target)) for name, target in targets.items()]
+                     + [{**flashable("sim-board-2", target=str(broken)), "class": "sim-broken"}])
+    for name in (*targets, "sim-board-2"):
         wait_state(coordinator, name, "idle")
     build = tmp_path / "build.img"
     build.write_bytes(os.urandom(1 << 20))
@@ -49,3 +53,12 @@ def test_with_image_flashes_first_only_where_the_device_does_not_run_it(tmp_path
                                                  "true"), timeout=60)
     assert (status, flashed["device"], flashed["flashed"]) == (0, other, True), err
     assert targets[other].read_bytes() == build.read_bytes()
+
+    other_build = tmp_path / "build-2.img"
+    other_build.write_bytes(os.urandom(1 << 16))
+    run_cli(env, coordinator.url, "images", "upload", str(other_build), "--name", "build-2", "--for", "sim-board-2")
+    status, failed, err = outcome_of(start_with(env, coordinator, "sim-board-2", "--image", "build-2", "--json", "--",
+                                                "true"), timeout=60)
+    assert (status, failed["failure"], failed["flashed"], failed["command_status"]) == (75, "lab", False, None), err
+    assert failed["reason"].startswith("the flash of build-2 onto sim-board-2 failed")
+    assert coordinator.api(f"/leases/{failed['lease']}").json()["state"] == "released"

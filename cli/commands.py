@@ -393,7 +393,8 @@ def _say_where(ticket: Ticket) -> None:
 @click.command("ticket")
 @click.argument("ticket_id", metavar="TICKET")
 @click.option("--wait", is_flag=True, help="follow it to its lease, and that lease until its endpoints are up "
-                                           "(Ctrl-C then cancels a ticket that still waits)")
+                                           "(Ctrl-C then cancels a ticket that still waits); a keepalive ticket's "
+                                           "lease is then held as reserve --keepalive holds one")
 @click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: no limit]")
 @json_option
 @lab_command
@@ -406,6 +407,9 @@ def ticket_command(lab: Lab, ticket_id: str, wait: bool, timeout: float | None, 
     ticket = lab.ticket(ticket_id)
     if not wait:
         emit(as_json, ticket.data, ticket_text)
+        return
+    if ticket.data.get("keepalive_s"):  # its lease lives while a client keeps it alive: this one, as reserve's
+        _hold(ticket, timeout, started, as_json)
         return
     # a ticket that still waits is this command's to give up; a lease already claimed is not
     emit(as_json, _follow(ticket, timeout, started, as_json, give_up=ticket.state == TicketState.WAITING).data,

@@ -109,12 +109,35 @@ def test_what_the_lab_refuses_it_says_before_anything_is_reserved(lab):
     assert cli.returncode == 1 and json.loads(cli.stdout)["error"] == "unknown_image", cli.stdout + cli.stderr
 
 
-def _hold(url: str, env: dict, device: str) -> subprocess.Popen:
-    """``device-loop reserve DEVICE --keepalive 5s --json``, its lease printed once ready."""
-    process = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", url, "reserve", device,
-                                "--keepalive", f"{KEEPALIVE_S}s", "--json"], env=env, stdin=subprocess.PIPE,
+def _hold(url: str, env: dict, device: str, *args: str, command: tuple[str, ...] = ("reserve",),
+          user: str = "alice") -> subprocess.Popen:
+    """``device-loop reserve DEVICE --keepalive 5s --json ARGS``, its lease printed once ready."""
+    process = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "--coordinator", url, "--user", user,
+                                *command, device, *args, "--json"], env=env, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     return process
+
+
+def test_a_queued_keepalive_reserve_and_ticket_wait_hold_their_grant(lab):
+    """``reserve --queue --keepalive`` and ``ticket --wait`` of a keepalive ticket follow it past
+    its lapse (each read keeps it) and hold its lease as ``reserve --keepalive`` does."""
+    url, coordinator, env = lab
+    idle(coordinator, "sim-board-0", "sim-board-1")
+    alice, carol = Lab(url, user="alice"), Lab(url, user="carol")
+    with alice.reserve("sim-board-0", keepalive=KEEPALIVE_S) as first, \
+            alice.reserve("sim-board-1", keepalive=KEEPALIVE_S) as second:
+        queued = _hold(url, env, "sim-board-0", "--queue", "--keepalive", f"{KEEPALIVE_S}s", user="bob")
+        ticket = carol.reserve("sim-board-1", queue=True, keepalive=KEEPALIVE_S)
+        follower = _hold(url, env, ticket.id, command=("ticket",), user="carol", *("--wait",))
+        lapsed = time.time() + KEEPALIVE_S + 1.5  # (and a reaper pass)
+        wait_for(lambda: time.time() > lapsed, timeout=KEEPALIVE_S + 5, what="the tickets' first lapse passed")
+    leases = [_printed_lease(process) for process in (queued, follower)]
+    assert [lease["device"] for lease in leases] == ["sim-board-0", "sim-board-1"], "granted, not lapsed"
+    for process in (queued, follower):
+        process.stdin.close()
+        assert process.wait(20) == 0, process.stderr.read()
+    assert [lease_of(coordinator, lease["id"], user)["state"] for lease, user in zip(leases, ("bob", "carol"))] \
+        == ["released", "released"]
 
 
 def _printed_lease(process: subprocess.Popen) -> dict:
@@ -132,7 +155,8 @@ def _printed_lease(process: subprocess.Popen) -> dict:
 def test_reserve_keepalive_holds_its_lease_until_its_input_ends_or_it_is_told_to_stop(lab):
     url, coordinator, env = lab
     idle(coordinator, "sim-board-0", "sim-board-1")
-    by_input, by_signal = _hold(url, env, "sim-board-0"), _hold(url, env, "sim-board-1")
+    by_input, by_signal = (_hold(url, env, name, "--keepalive", f"{KEEPALIVE_S}s") for name in ("sim-board-0",
+                                                                                             "sim-board-1"))
     first, second = _printed_lease(by_input), _printed_lease(by_signal)
     wait_for(lambda: past(first["expires_at"], 1.5), timeout=KEEPALIVE_S + 5, what="the first lapse passed")
     assert lease_of(coordinator, first["id"])["state"] == "active", "it keeps its lease alive while it runs"
@@ -147,7 +171,8 @@ def test_reserve_keepalive_holds_its_lease_until_its_input_ends_or_it_is_told_to
 def test_reserve_keepalive_killed_frees_its_device_within_the_keepalive_and_a_lost_one_exits_75(lab):
     url, coordinator, env = lab
     idle(coordinator, "sim-board-0", "sim-board-1")
-    killed, revoked = _hold(url, env, "sim-board-0"), _hold(url, env, "sim-board-1")
+    killed, revoked = (_hold(url, env, name, "--keepalive", f"{KEEPALIVE_S}s") for name in ("sim-board-0",
+                                                                                         "sim-board-1"))
     lease, other = _printed_lease(killed), _printed_lease(revoked)
     killed.kill()
     killed.wait(10)

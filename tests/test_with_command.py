@@ -219,3 +219,22 @@ def test_a_hostile_command_line_is_a_usage_error_before_the_lab_is_asked(env, ar
     assert done.returncode == 2, done.stderr
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert answer["error"] == "usage" and said in answer["message"], answer
+
+
+def test_a_with_frozen_past_its_keepalive_finds_its_lease_lapsed_a_lab_failure(lab, env, tmp_path):
+    """A runner stopped (a suspended VM, SIGSTOP) longer than the keepalive: the lease lapses,
+    and once it runs again its command is ended, exit 75 with the reason."""
+    started = tmp_path / "started"
+    proc = start_with(env, lab, "sim-board-0", "--keepalive", "5s", "--json", "--", "sh", "-c",
+                      f"touch {started}; sleep 1000")
+    wait_for(started.exists, 20, what="the command started")
+    lease_id = lab.api("/leases").json()[0]["id"]
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: lab.api(f"/leases/{lease_id}").json()["state"] == "expired", 10, interval=0.1,
+                 what="the lease lapsed")
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    status, outcome, err = outcome_of(proc)
+    assert (status, outcome["failure"]) == (75, "lab"), err
+    assert lease_id in outcome["reason"] and "expired" in outcome["reason"]

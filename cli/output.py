@@ -100,6 +100,8 @@ def ticket_text(ticket: dict) -> str:
                  "next ticket")
     elif ticket["reason"]:
         head += f" ({ticket['reason']})"
+    if ticket["state"] in ("waiting", "granted") and ticket.get("keepalive_s"):
+        head += f"\n  it lapses unless followed at least every {format_duration(ticket['keepalive_s'])} (keepalive)"
     lease = ticket.get("lease")
     return head + ("\n" + lease_text(lease) if lease else "")
 

@@ -128,3 +128,16 @@ def test_a_keepalive_ticket_is_long_polled_for_a_third_of_its_keepalive_at_most(
     lease = Ticket(api, waiting).wait(timeout=60)  # type: ignore[arg-type]
     assert lease.id == "lease-1"
     assert [params["wait"] for _, _, params in api.asked] == [2.0, 2.0], api.asked
+
+
+def test_people_are_told_a_ticket_or_a_lease_lives_only_while_followed():
+    from device_loop.cli.output import lease_text, ticket_text
+
+    ticket = {"ticket": "tk-1", "kind": "interactive", "wants": "b0", "state": "waiting", "position": 1, "reason": "",
+              "keepalive_s": 30.0, "lease": None}
+    assert "it lapses unless followed at least every 30s (keepalive)" in ticket_text(ticket)
+    assert "lapses" not in ticket_text({**ticket, "keepalive_s": None})
+    lease = {"id": "lease-1", "device": "b0", "state": "active", "expires_at": "2030-01-01T00:00:30Z",
+             "keepalive_s": 30.0, "ends_at": "2030-01-03T00:00:00Z", "ready": True, "reason": "ready",
+             "endpoints": []}
+    assert "kept alive (keepalive 30s), ends 2030-01-03T00:00:00Z at the latest" in lease_text(lease)

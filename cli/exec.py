@@ -13,13 +13,14 @@ import sys
 
 import click
 
-from device_loop.core.device_exec import ExecError
+from device_loop.core.device_exec import LAB_EXEC_ERRORS, ExecError
 from device_loop.core.durations import parse_duration
 from device_loop.core.usage import LEASE_ANSWER_ENV
 
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.lab import Lab, Lease
 from device_loop.core.errors import ErrorCode
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS
 from .output import fail
 
 #: The exit status of a command that outlived its --timeout (as GNU timeout's).
@@ -68,7 +69,8 @@ def exec_command(lab: Lab, target: str, command: tuple[str, ...], timeout_s: flo
 
     It goes through the device's own channel (adb shell, ssh, else its UART console: there
     stderr comes with stdout); its words are joined by spaces into one shell command line, as
-    ssh does. Prints what it printed and exits with its status.
+    ssh does. Prints what it printed and exits with its status; 124 when it outlived
+    --timeout, 75 when the lab failed it (no channel, no prompt, unreachable, switched off).
     """
     lease = _lease_of_this_job(lab, target) or _my_lease(lab, target)
     words = command[1:] if command[:1] == ("--",) else command
@@ -82,8 +84,7 @@ def exec_command(lab: Lab, target: str, command: tuple[str, ...], timeout_s: flo
                 sys.stdout.write(exc.output)
                 click.echo(f"device-loop: {exc.message}", err=True)
             sys.exit(TIMED_OUT)
-        fail(as_json, exc.code, exc.message)
-        return
+        fail(as_json, exc.code, exc.message, LAB_FAILURE_STATUS if exc.code in LAB_EXEC_ERRORS else 1)
     if as_json:
         click.echo(json.dumps({"stdout": result.stdout, "stderr": result.stderr, "status": result.status,
                                "channel": result.channel, "elapsed_s": result.elapsed_s,
@@ -108,8 +109,7 @@ def fingerprint_command(lab: Lab, target: str, identity: str | None, as_json: bo
     try:
         found = lease.fingerprint(identity_file=identity)
     except ExecError as exc:
-        fail(as_json, exc.code, exc.message)
-        return
+        fail(as_json, exc.code, exc.message, LAB_FAILURE_STATUS if exc.code in LAB_EXEC_ERRORS else 1)
     data = found.model_dump(mode="json", by_alias=True)
     if as_json:
         click.echo(json.dumps(data, indent=2))

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from device_loop.core.durations import format_duration
 from device_loop.core.ab.jobs import JobSpec, JobSummary, JobView, Order, group_target
-from device_loop.core.vocabulary import JobState, Needs
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind, JobState, Needs
 
 from .ci_results import check_distinct, ci_options, write_job_results
 from .commands import _tags, _ttl, json_option, lab_command
@@ -179,7 +179,7 @@ def _say(text: str) -> None:
 def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, share_token: bool = True,
              reports: Reports = None) -> None:
     """Submit ``spec`` with this process as its worker, run it, print its table (or JSON),
-    and exit 0 once done, 1 if it failed. Ctrl-C or SIGTERM stops it: failed, leases released.
+    and exit 0 once done, 75 if the lab failed it, 1 if it failed otherwise. Ctrl-C or SIGTERM stops it: failed, leases released.
     Its commands run in a cgroup of the job's where this machine lets it make one
     (``client/job_cgroups.py``), else each in a process group; ``share_token``: they get
     this process's token. ``reports``: the JUnit and markdown files to write once it ended,
@@ -212,7 +212,8 @@ def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, sh
     show_ended(ended, as_json, plot)
     write_job_results(lab.api.url, ended, *(reports or (None, None)))
     if ended.state is not JobState.DONE:
-        sys.exit(130 if stopper.reason == "interrupted (Ctrl-C)" else 1)
+        sys.exit(130 if stopper.reason == "interrupted (Ctrl-C)" else
+                 LAB_FAILURE_STATUS if ended.failure() is FailureKind.LAB else 1)
 
 
 def analysis_of(job: JobView):
@@ -293,7 +294,7 @@ def _go(lab: Lab, spec: JobSpec, as_json: bool, submit: bool, plot: str | None, 
 def run_command(lab: Lab, job_file: str | None, from_job: str | None, yes: bool, share_token: bool, as_json: bool,
                 junit_file: Path | None, markdown_file: Path | None):
     """Run a job file here (this process is its worker) and print its table; exit 0 once
-    done, 1 if it failed."""
+    done, 75 if the lab failed it (docs/architecture.md, "Lab failures"), 1 if it failed otherwise."""
     if (job_file is None) == (from_job is None):
         raise click.UsageError("give a JOBFILE.toml or --from-job ID (one of them)")
     check_distinct(junit_file, markdown_file)

@@ -52,6 +52,9 @@ from .vocabulary import EndpointRole
 Channel = Literal["adb", "ssh", "console"]
 #: What a device that is switched off fails with: said as that (the lease knows who switched it off)
 _UNANSWERED = (ErrorCode.NO_CHANNEL, ErrorCode.NO_PROMPT, ErrorCode.UNREACHABLE)
+#: The errors that are the lab's, not the command's (docs/architecture.md, "Lab failures"): the
+#: device did not answer, or a person switched it off. ``device-loop exec`` exits 75 on them.
+LAB_EXEC_ERRORS = frozenset({*_UNANSWERED, ErrorCode.SWITCHED_OFF})
 
 #: What one command may be, in bytes (a console's line must also fit the kernel's tty line
 #: buffer, 4095 bytes in canonical mode, once wrapped in its markers).

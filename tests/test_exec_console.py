@@ -147,6 +147,8 @@ def test_the_cli_exits_with_the_command_s_status(console_lab):
     assert endless.returncode == 124 and "did not end within 1s" in endless.stderr
     refused = run_cli(alice, url, "exec", "nowhere", "--", "true", check=False)
     assert refused.returncode == 1 and "nowhere" in refused.stderr
+    mute = run_cli(alice, url, "exec", "mute", "--", "true", check=False)
+    assert mute.returncode == 75 and "no shell prompt" in mute.stderr, "the lab failed it (docs: Lab failures)"
 
 
 def test_a_lease_without_a_channel_is_refused():

@@ -7,6 +7,7 @@ of service until an admin clears it. One lab for the module; this process is the
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import httpx2
@@ -154,3 +155,38 @@ def test_two_lab_failures_in_a_row_take_a_board_out_of_service(lab):
     assert any("2 lab failures in a row" in entry["cause"] for entry in log)
     assert coordinator.api("/admin/devices/sim-board-1/clear-fault", "POST").status_code == 200
     wait_state(coordinator, "sim-board-1", "idle")
+
+
+def test_device_loop_run_exits_75_when_the_lab_failed_the_job_and_1_when_the_test_did(lab, tmp_path, capsys):
+    """The exit status tells a CI job whose failure it was (docs/architecture.md, "Lab failures")."""
+    from device_loop.cli import main as cli_main
+
+    coordinator, _ = lab
+    for command, status in (("exit 75", 75), ("exit 3", 1)):
+        wait_state(coordinator, "sim-board-1", "idle")
+        job_file = tmp_path / f"job-{status}.toml"
+        job_file.write_text(f'target = {{ device = "sim-board-1" }}\nrun = ["{command}"]\n')
+        argv = sys.argv
+        sys.argv = ["device-loop", "--coordinator", coordinator.url, "--user", "alice", "run", str(job_file)]
+        try:
+            code = cli_main._run()
+        finally:
+            sys.argv = argv
+        err = capsys.readouterr().err
+        assert code == status and "Traceback" not in err, (command, code, err)
+    assert coordinator.api("/admin/devices/sim-board-1/clear-fault", "POST").status_code in (200, 409)
+
+
+def test_a_job_s_failure_is_the_test_s_before_the_lab_s():
+    """A job with a test failure in one cell and a lab failure in another failed the test: a
+    retry of the lab would not make it pass."""
+    base = {"id": "job-x", "owner": "alice", "kind": "interactive", "state": "failed", "created_at": 0,
+            "spec": {"target": {"class": "sim-board"}, "run": ["true"]}}
+    run = {"seq": 0, "arm": "run", "started_at": 1, "ended_at": 2, "status": 1}
+    lab_only = JobView.model_validate({**base, "runs": [{**run, "failure": "lab"}]})
+    assert lab_only.failure() is FailureKind.LAB
+    both = JobView.model_validate({**base, "runs": [{**run, "failure": "lab"}, {**run, "cell": 1, "failure": "test"}]})
+    assert both.failure() is FailureKind.TEST
+    retried = JobView.model_validate({**base, "runs": [{**run, "failure": "lab"}, {**run, "attempt": 1, "failure": "test"}]})
+    assert retried.failure() is FailureKind.TEST, "the last attempt counts"
+    assert JobView.model_validate(base).failure() is None

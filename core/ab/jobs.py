@@ -387,6 +387,18 @@ class JobView(Strict):
         """Each cell's last attempt: its report and its runs (what the analysis reads)."""
         return last_attempts(self.cells, self.runs)
 
+    def failure(self) -> FailureKind | None:
+        """Whose failure a job that did not end ``done`` was, from each cell's last attempt: the
+        test's (or a timeout) when any of its cells or runs failed so, else the lab's when one
+        failed for the lab, else None (cancelled, or nothing says). ``device-loop run`` exits
+        75 for the lab's (docs/architecture.md, "Lab failures")."""
+        cells, runs = self.last_attempts()
+        said = {c.failure for c in cells} | {r.failure for r in runs}
+        for kind in (FailureKind.TEST, FailureKind.TIMEOUT, FailureKind.LAB):
+            if kind in said:
+                return kind
+        return None
+
 
 def last_attempts(cells: list[CellReport], runs: list[RunRecord]) -> tuple[list[CellReport], list[RunRecord]]:
     """Of a job's cell reports and runs, those of each cell's last attempt (docs/architecture.md,

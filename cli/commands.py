@@ -13,7 +13,7 @@ import uuid
 import click
 
 from device_loop.core import LEASE_PREFIX, LIVE_LEASE_STATES
-from device_loop.core.durations import keepalive_problem, parse_duration
+from device_loop.core.durations import KEEPALIVE_RANGE, keepalive_problem, parse_duration
 from device_loop.core.needs import FIDELITY_DETAIL, fidelity_text
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Needs, TicketState
 
@@ -206,7 +206,7 @@ def hosts_command(lab: Lab, as_json: bool):
 @click.option("--ttl", callback=_ttl, help="90s, 30m, 2h, 1d (from the grant)  [default: the lab's, 30m unless its "
                                             "coordinator's --default-ttl says]")
 @click.option("--keepalive", callback=_ttl,
-              help="hold the lease only while this command runs (5s to 1h, e.g. 30s): it waits until the lease is "
+              help=f"hold the lease only while this command runs ({KEEPALIVE_RANGE}, e.g. 30s): it waits until the lease is "
                    "ready, prints it, keeps it alive, and releases it on Ctrl-C, SIGTERM, SIGHUP or the end of its "
                    "input (exit 0; 75 if the lab ended it meanwhile). Killed outright, the device is free within "
                    "the keepalive. A --queue ticket lapses likewise. Without --ttl it lasts up to the lab's maximum")

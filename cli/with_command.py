@@ -14,7 +14,7 @@ from device_loop.client.command_lease import (DEFAULT_KEEPALIVE_S, DEFAULT_TIMEO
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab
 from device_loop.core.command_outcome import CommandOutcome
-from device_loop.core.durations import format_duration
+from device_loop.core.durations import KEEPALIVE_RANGE, format_duration
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind, Needs
 
 
@@ -50,7 +50,7 @@ def _say(text: str) -> None:
 @click.option("--timeout", callback=_ttl, help="how long to wait for a ready device, queue included  "
                                                 f"[default: {format_duration(DEFAULT_TIMEOUT_S)}]")
 @click.option("--keepalive", callback=_ttl, help="the lease ends this long after `with` stops renewing it "
-                                                  f"(5s to 1h)  [default: {format_duration(DEFAULT_KEEPALIVE_S)}]")
+                                                  f"({KEEPALIVE_RANGE})  [default: {format_duration(DEFAULT_KEEPALIVE_S)}]")
 @click.option("--max-time", callback=_ttl, help="cut the command after this long (exit 124)")
 @click.option("--json", "as_json", is_flag=True, help="print the outcome as one JSON object, the last line on stdout")
 @ci_options

@@ -90,16 +90,6 @@ class CommandGroup:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, number)
 
-    def alive(self) -> bool:
-        """Whether anything is left in the group (its first process included, until reaped)."""
-        try:
-            os.killpg(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
     def close(self) -> int:
         """End it: SIGKILL to what is left of the group, the terminal back to ``with``, the
         keeper sent away; the first process's status."""

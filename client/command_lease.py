@@ -32,10 +32,11 @@ from typing import Any
 
 from device_loop.core.command_outcome import (TIMEOUT_STATUS, CommandOutcome, Timings, cancelled_status,
                                               command_status_outcome, signal_name)
-from device_loop.core.durations import format_duration
+from device_loop.core.durations import format_duration, keepalive_problem
 from device_loop.core.errors import ErrorCode
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
-from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind
+from device_loop.core.answers import OperationAnswer
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, LIVE_OP_STATES, FailureKind
 
 from .command_group import CommandGroup
 from .http import CoordinatorError
@@ -46,8 +47,6 @@ from .lab_trouble import lab_trouble, lost_reason
 #: A command line's bounds (docs/architecture.md, "A lease bound to a command").
 MAX_ARGUMENTS = 10_000
 MAX_COMMAND_BYTES = 1 << 20
-#: A keepalive's range, as the coordinator takes it (docs/architecture.md, "Leases that live as long as their client").
-MIN_KEEPALIVE_S, MAX_KEEPALIVE_S = 5.0, 3600.0
 DEFAULT_KEEPALIVE_S = 30.0
 DEFAULT_TIMEOUT_S = 15 * 60.0
 MAX_WAIT_S = 7 * 24 * 3600.0     # --timeout and --max-time: a week at most
@@ -101,9 +100,8 @@ def check_request(request: CommandRequest, path: str | None = None) -> None:
         raise WrongRequest("name a DEVICE, or give --class and/or --tags (or --needs)")
     if request.device is not None and (request.class_ is not None or request.tags):
         raise WrongRequest("name a DEVICE, or give --class and/or --tags, not both")
-    if not MIN_KEEPALIVE_S <= request.keepalive_s <= MAX_KEEPALIVE_S:
-        raise WrongRequest(f"--keepalive {format_duration(request.keepalive_s)} is out of range: from "
-                           f"{MIN_KEEPALIVE_S:g}s to {format_duration(MAX_KEEPALIVE_S)}")
+    if problem := keepalive_problem(request.keepalive_s):
+        raise WrongRequest(f"--keepalive: {problem}")
     for name, value in (("--timeout", request.timeout_s), ("--max-time", request.max_time_s)):
         if value is not None and not 0 < value <= MAX_WAIT_S:
             raise WrongRequest(f"{name} {format_duration(value)} is out of range: at most "
@@ -359,14 +357,13 @@ def _flash_if_needed(lab: Lab, lease: Lease, request: CommandRequest, digest: st
     return clock() - begun
 
 
-def runs_image(flashes: list[Mapping[str, Any]], digest: str | None) -> bool:
+def runs_image(flashes: list[OperationAnswer], digest: str | None) -> bool:
     """Whether the device whose flashes (newest first) these are runs the image of ``digest``:
-    its latest flash that ended completed, wrote that digest and read it back (a flash
-    result's ``verified``; docs/architecture.md, "Leases that live as long as their client").
-    A label or a fingerprint's word never counts."""
-    ended = next((op for op in flashes if op.get("state") in ("done", "failed")), None)
-    return (ended is not None and ended["state"] == "done" and (ended.get("image") or {}).get("sha256") == digest
-            and (ended.get("result") or {}).get("verified") is True)
+    its latest flash that ended is one the coordinator says ``verified`` (it completed and read
+    back the digest it wrote; docs/architecture.md, "Leases that live as long as their client")
+    of that digest. A label or a fingerprint's word never counts."""
+    ended = next((op for op in flashes if op["state"] not in LIVE_OP_STATES), None)
+    return ended is not None and ended.get("verified") is True and ended["image"]["sha256"] == digest
 
 
 def _give_back(lab: Lab, held: _Held) -> str:

@@ -54,6 +54,8 @@ def parse_iso(text: str) -> float:
 #: client"): under 5 s a renewal every third of it is a request every second or more often; over an
 #: hour a killed client holds its board as long as a lease's default ttl would.
 KEEPALIVE_RANGE_S = (5.0, 3600.0)
+#: The same in words, for help texts and errors.
+KEEPALIVE_RANGE = f"{format_duration(KEEPALIVE_RANGE_S[0])} to {format_duration(KEEPALIVE_RANGE_S[1])}"
 
 
 def keepalive_problem(seconds: object) -> str | None:
@@ -63,4 +65,4 @@ def keepalive_problem(seconds: object) -> str | None:
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and low <= seconds <= high:
         return None
     shown = f"{seconds!r}"[:40] if isinstance(seconds, (int, float, str)) else type(seconds).__name__
-    return f"a keepalive is {low:g} to {high:g} seconds (5s to 1h, e.g. 30s), not {shown}"
+    return f"a keepalive is {low:g} to {high:g} seconds ({KEEPALIVE_RANGE}, e.g. 30s), not {shown}"

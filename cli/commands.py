@@ -206,10 +206,11 @@ def hosts_command(lab: Lab, as_json: bool):
 @click.option("--ttl", callback=_ttl, help="90s, 30m, 2h, 1d (from the grant)  [default: the lab's, 30m unless its "
                                             "coordinator's --default-ttl says]")
 @click.option("--keepalive", callback=_ttl,
-              help=f"hold the lease only while this command runs ({KEEPALIVE_RANGE}, e.g. 30s): it waits until the lease is "
-                   "ready, prints it, keeps it alive, and releases it on Ctrl-C, SIGTERM, SIGHUP or the end of its "
-                   "input (exit 0; 75 if the lab ended it meanwhile). Killed outright, the device is free within "
-                   "the keepalive. A --queue ticket lapses likewise. Without --ttl it lasts up to the lab's maximum")
+              help=f"hold the lease only while this command runs ({KEEPALIVE_RANGE}, e.g. 30s): it waits until the "
+                   "lease is ready, prints it, keeps it alive, and releases it on Ctrl-C, SIGTERM, SIGHUP or the end "
+                   "of its input (exit 0; 75 if the lab ended it meanwhile). Killed outright, the device is free "
+                   "within the keepalive. A --queue ticket lapses likewise. Without --ttl it lasts up to the lab's "
+                   "maximum")
 @click.option("--image", metavar="IMAGE", help="with --class, --tags or --needs: a free device already running this "
                                                "registry image (its last flash wrote it and read it back) first")
 @click.option("--wait", is_flag=True, help="return once the endpoints are up (with --queue: once granted, too)")
@@ -258,6 +259,9 @@ def _hold(got: Lease | Ticket, timeout: float | None, started: float, as_json: b
         lease = _follow(got, timeout, started, as_json, give_up=True, on_lost=lambda reason: ended.set())
         try:
             emit(as_json, lease.data, lease_text)
+            if not as_json:
+                click.echo(f"held while this runs: Ctrl-C, SIGTERM, SIGHUP or the end of its input releases "
+                           f"{lease.id}", err=True)
             sys.stdout.flush()
             threading.Thread(target=_until_end_of_input, args=(ended,), name="stdin", daemon=True).start()
             ended.wait()

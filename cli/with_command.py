@@ -49,8 +49,9 @@ def _say(text: str) -> None:
 @click.option("--image", help="the registry image the device must run: flashed first unless it runs it already")
 @click.option("--timeout", callback=_ttl, help="how long to wait for a ready device, queue included  "
                                                 f"[default: {format_duration(DEFAULT_TIMEOUT_S)}]")
-@click.option("--keepalive", callback=_ttl, help="the lease ends this long after `with` stops renewing it "
-                                                  f"({KEEPALIVE_RANGE})  [default: {format_duration(DEFAULT_KEEPALIVE_S)}]")
+@click.option("--keepalive", callback=_ttl, help=f"the lease ends this long after `with` stops renewing it "
+                                                  f"({KEEPALIVE_RANGE})  "
+                                                  f"[default: {format_duration(DEFAULT_KEEPALIVE_S)}]")
 @click.option("--max-time", callback=_ttl, help="cut the command after this long (exit 124)")
 @click.option("--json", "as_json", is_flag=True, help="print the outcome as one JSON object, the last line on stdout")
 @ci_options

@@ -64,5 +64,8 @@ def keepalive_problem(seconds: object) -> str | None:
     low, high = KEEPALIVE_RANGE_S
     if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and low <= seconds <= high:
         return None
-    shown = f"{seconds!r}"[:40] if isinstance(seconds, (int, float, str)) else type(seconds).__name__
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 1 <= seconds < float("inf"):
+        shown = format_duration(seconds)  # (as it was typed: 3650d, not 315360000.0)
+    else:
+        shown = f"{seconds!r}"[:40] if isinstance(seconds, (int, float, str)) else type(seconds).__name__
     return f"a keepalive is {low:g} to {high:g} seconds ({KEEPALIVE_RANGE}, e.g. 30s), not {shown}"

@@ -17,8 +17,8 @@ NOWHERE = "http://127.0.0.1:9"  # (nothing listens: a usage error must come befo
 
 
 @pytest.mark.parametrize("value, says", [
-    ("0s", "duration must be positive"), ("4s", "a keepalive is 5 to 3600 seconds"),
-    ("3650d", "a keepalive is 5 to 3600 seconds"), ("10y", "not a duration"), ("soon", "not a duration"),
+    ("0s", "duration must be positive"), ("4s", "a keepalive is 5 to 3600 seconds (5s to 1h, e.g. 30s), not 4s"),
+    ("3650d", "a keepalive is 5 to 3600 seconds (5s to 1h, e.g. 30s), not 3650d"), ("10y", "not a duration"), ("soon", "not a duration"),
     ("30", "give a unit"), ("nan", "not a duration")])
 def test_reserve_keepalive_out_of_range_is_a_usage_error(value, says):
     from click.testing import CliRunner

@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from device_loop.core.command_outcome import TIMEOUT_STATUS
 from device_loop.core.device_exec import LAB_EXEC_ERRORS, ExecError
 from device_loop.core.durations import parse_duration
 from device_loop.core.usage import LEASE_ANSWER_ENV
@@ -23,8 +24,6 @@ from device_loop.core.errors import ErrorCode
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS
 from .output import fail
 
-#: The exit status of a command that outlived its --timeout (as GNU timeout's).
-TIMED_OUT = 124
 
 
 def _seconds(ctx, param, value):
@@ -83,7 +82,7 @@ def exec_command(lab: Lab, target: str, command: tuple[str, ...], timeout_s: flo
             else:
                 sys.stdout.write(exc.output)
                 click.echo(f"device-loop: {exc.message}", err=True)
-            sys.exit(TIMED_OUT)
+            sys.exit(TIMEOUT_STATUS)
         fail(as_json, exc.code, exc.message, LAB_FAILURE_STATUS if exc.code in LAB_EXEC_ERRORS else 1)
     if as_json:
         click.echo(json.dumps({"stdout": result.stdout, "stderr": result.stderr, "status": result.status,

@@ -25,7 +25,6 @@ from device_loop.core.vocabulary import LAB_FAILURE_STATUS
 from .output import fail
 
 
-
 def _seconds(ctx, param, value):
     try:
         return parse_duration(value)

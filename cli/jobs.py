@@ -179,7 +179,8 @@ def _say(text: str) -> None:
 def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, share_token: bool = True,
              reports: Reports = None) -> None:
     """Submit ``spec`` with this process as its worker, run it, print its table (or JSON),
-    and exit 0 once done, 75 if the lab failed it, 1 if it failed otherwise. Ctrl-C or SIGTERM stops it: failed, leases released.
+    and exit 0 once done, 75 if the lab failed it, 1 if it failed otherwise. Ctrl-C or
+    SIGTERM stops it: failed, leases released.
     Its commands run in a cgroup of the job's where this machine lets it make one
     (``client/job_cgroups.py``), else each in a process group; ``share_token``: they get
     this process's token. ``reports``: the JUnit and markdown files to write once it ended,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import NoReturn
 
 import click
 
@@ -23,6 +24,14 @@ from device_loop.client.lab import Lab, Lease
 from device_loop.core.errors import ErrorCode
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS
 from .output import fail
+
+
+def _refused(as_json: bool, exc: ExecError) -> NoReturn:
+    """The command could not run: the lab's failure (exit 75, said as ``with`` and ``reserve
+    --keepalive`` say one) or the caller's (1)."""
+    if exc.code in LAB_EXEC_ERRORS:
+        fail(as_json, exc.code, f"lab failure: {exc.message}", LAB_FAILURE_STATUS)
+    fail(as_json, exc.code, exc.message)
 
 
 def _seconds(ctx, param, value):
@@ -82,7 +91,7 @@ def exec_command(lab: Lab, target: str, command: tuple[str, ...], timeout_s: flo
                 sys.stdout.write(exc.output)
                 click.echo(f"device-loop: {exc.message}", err=True)
             sys.exit(TIMEOUT_STATUS)
-        fail(as_json, exc.code, exc.message, LAB_FAILURE_STATUS if exc.code in LAB_EXEC_ERRORS else 1)
+        _refused(as_json, exc)
     if as_json:
         click.echo(json.dumps({"stdout": result.stdout, "stderr": result.stderr, "status": result.status,
                                "channel": result.channel, "elapsed_s": result.elapsed_s,
@@ -107,7 +116,7 @@ def fingerprint_command(lab: Lab, target: str, identity: str | None, as_json: bo
     try:
         found = lease.fingerprint(identity_file=identity)
     except ExecError as exc:
-        fail(as_json, exc.code, exc.message, LAB_FAILURE_STATUS if exc.code in LAB_EXEC_ERRORS else 1)
+        _refused(as_json, exc)
     data = found.model_dump(mode="json", by_alias=True)
     if as_json:
         click.echo(json.dumps(data, indent=2))

@@ -191,13 +191,22 @@ def hosts_command(lab: Lab, as_json: bool):
     emit(as_json, lab.hosts(), text)
 
 
+def target_options(command):
+    """DEVICE, ``--class``, ``--tags`` and ``--needs``: which device to lease, as ``reserve``
+    and ``with`` both take it (docs/architecture.md, "A lease bound to a command")."""
+    for option in reversed((
+            click.argument("device", required=False),
+            click.option("--class", "device_class", help="any free device of this class (the one idle the longest)"),
+            click.option("--tags", callback=_tags, help="any free device with all these tags, separated by commas"),
+            click.option("--needs", type=click.Choice([n.value for n in Needs]),
+                         help="what it may run on: real-hw (a board, or a simulated one), any (a virtual machine or "
+                              "an emulator first)  [default: whatever it is]"))):
+        command = option(command)
+    return command
+
+
 @click.command("reserve")
-@click.argument("device", required=False)
-@click.option("--class", "device_class", help="any free device of this class (the one idle the longest)")
-@click.option("--tags", callback=_tags, help="any free device with all these tags, separated by commas")
-@click.option("--needs", type=click.Choice([n.value for n in Needs]),
-              help="what it may run on: real-hw (a board, or a simulated one), any (a virtual machine or an "
-                   "emulator first)  [default: whatever it is]")
+@target_options
 @click.option("--fallback", type=click.Choice([Needs.REAL_HW.value]),
               help="with --needs any --queue: a real device once the ticket waited --fallback-after")
 @click.option("--fallback-after", callback=_ttl, help="with --fallback: how long to wait for a virtual device first  "

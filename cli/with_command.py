@@ -8,14 +8,14 @@ import sys
 import click
 
 from device_loop.cli.ci_results import check_distinct, ci_options, prepare_command_results, write_command_results
-from device_loop.cli.commands import _given, _tags, _ttl, coordinator_url
+from device_loop.cli.commands import _given, _ttl, coordinator_url, target_options
 from device_loop.client.command_lease import (DEFAULT_KEEPALIVE_S, DEFAULT_TIMEOUT_S, CommandRequest, WrongRequest,
                                               run_command)
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab import Lab
 from device_loop.core.command_outcome import CommandOutcome
 from device_loop.core.durations import KEEPALIVE_RANGE, format_duration
-from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind, Needs
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind
 
 
 class _CommandAfterDashes(click.Command):
@@ -39,12 +39,7 @@ def _say(text: str) -> None:
 
 @click.command("with", cls=_CommandAfterDashes, short_help="Run COMMAND with a device leased for exactly as long "
                                                           "as it runs")
-@click.argument("device", required=False)
-@click.option("--class", "device_class", help="any free device of this class (the one idle the longest)")
-@click.option("--tags", callback=_tags, help="any free device with all these tags, separated by commas")
-@click.option("--needs", type=click.Choice([n.value for n in Needs]),
-              help="what it may run on: real-hw (a board, or a simulated one), any (a virtual machine or an "
-                   "emulator first)")
+@target_options
 @click.option("--queue", is_flag=True, help="nothing that matches is free: wait in the queue (its place on stderr)")
 @click.option("--image", help="the registry image the device must run: flashed first unless it runs it already")
 @click.option("--timeout", callback=_ttl, help="how long to wait for a ready device, queue included  "

@@ -7,11 +7,12 @@ command in a process group of its own (``client/command_group.py``) with the lea
 environment, keep the lease alive meanwhile, and give it back however the command ends.
 What happened is a ``CommandOutcome`` (``core/command_outcome.py``), the exit status in it.
 
-A signal (SIGINT, SIGTERM, SIGHUP) while waiting for a device gives back what the wait held
-(the ticket, the lease); while the command runs it is passed to the command's group, the
-lease is released once the group has ended or a second later, and a second signal kills the
-group. The lab failing the command (the lease lost, the device offline or faulty) ends it:
-SIGTERM, then SIGKILL a second later, exit 75 with the reason.
+A signal (SIGINT, SIGTERM, SIGHUP: ``client/command_signals.py``) while waiting for a device
+gives back what the wait held (the ticket, the lease); while the command runs it is passed to
+the command's group, the lease is released once the command has ended or a second later, and
+a second signal kills the group. The lab failing the command (the lease lost, the device
+offline or faulty, as ``client/lease_watch.py`` sees it) ends it: SIGTERM, then SIGKILL a
+second later, exit 75 with the reason.
 """
 from __future__ import annotations
 
@@ -25,24 +26,26 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from device_loop.core.answers import OperationAnswer
 from device_loop.core.command_outcome import (TIMEOUT_STATUS, CommandOutcome, Timings, cancelled_status,
                                               command_status_outcome, signal_name)
 from device_loop.core.durations import format_duration, keepalive_problem
 from device_loop.core.errors import ErrorCode
 from device_loop.core.usage import LEASE_ANSWER_ENV, environment
-from device_loop.core.answers import OperationAnswer
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS, LIVE_OP_STATES, FailureKind
 
 from .command_group import CommandGroup
+from .command_signals import CANCEL_SIGNALS, CancelSignals, Cancelled, Wake
 from .http import CoordinatorError
 from .keepalive import KeepAlive
 from .lab import Lab, Lease, LeaseFailed, Ticket
-from .lab_trouble import lab_trouble, lost_reason
+from .lab_trouble import lab_trouble
+from .lease_watch import LeaseWatch, device_reader
 
 #: A command line's bounds (docs/architecture.md, "A lease bound to a command").
 MAX_ARGUMENTS = 10_000
@@ -51,8 +54,6 @@ DEFAULT_KEEPALIVE_S = 30.0
 DEFAULT_TIMEOUT_S = 15 * 60.0
 MAX_WAIT_S = 7 * 24 * 3600.0     # --timeout and --max-time: a week at most
 GRACE_S = 1.0                    # after the first signal: the lease given back; after a SIGTERM of ours: SIGKILL
-WATCH_S = 5.0                    # the longest the lease goes unseen while the command runs (its end: at once)
-CANCEL_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
 
 #: Refusals no retry cures: the request is wrong (exit 2), not the lab (exit 75).
@@ -111,14 +112,6 @@ def check_request(request: CommandRequest, path: str | None = None) -> None:
         raise WrongRequest(f"{program!r}: no such program" + ("" if "/" in program else " on PATH"))
 
 
-class _Cancelled(BaseException):
-    """A signal came while waiting for a device (not an Exception: nothing on the way swallows it)."""
-
-    def __init__(self, number: int):
-        super().__init__(number)
-        self.number = number
-
-
 class _LabFailed(Exception):
     """The lab failed the request before the command ran."""
 
@@ -155,13 +148,13 @@ def run_command(lab: Lab, request: CommandRequest, say: Say, base_env: Mapping[s
     started, wall = clock(), time.time()
     base = CommandOutcome(command=request.command, status=LAB_FAILURE_STATUS, image=request.image, started_at=wall)
     held = _Held()
-    with _Signals() as signals:
+    with CancelSignals() as signals:
         try:
             digest = _image_digest(lab, request.image)
             lease = _acquire(lab, request, held, signals, say, started, clock)
             waited = clock() - started
             flash_s = _flash_if_needed(lab, lease, request, digest, held, say, started, clock)
-        except _Cancelled as stop:
+        except Cancelled as stop:
             with signals.quiet():
                 gave_back = _give_back(lab, held)
             outcome = replace(base, status=cancelled_status(stop.number), cancelled=signal_name(stop.number),
@@ -204,47 +197,6 @@ def _timed(outcome: CommandOutcome, total_s: float) -> CommandOutcome:
     return replace(outcome, timings=replace(outcome.timings, total_s=total_s))
 
 
-# --- signals ----------------------------------------------------------------------------------
-
-class _Signals:
-    """SIGINT, SIGTERM and SIGHUP for the whole of a ``with``: while it waits for a device the
-    first raises ``_Cancelled`` (the wait ends, what it held is given back); while the command
-    runs each is recorded and wakes the command's loop (``_Run``); while a wait's holdings
-    are given back, they are ignored (a request or two, each bounded; a runner's SIGKILL ends
-    it anyway, and the keepalive frees the board)."""
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-        self.raising = True
-        self.wake: Callable[[], None] | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "_Signals":
-        self._previous = {number: signal.signal(number, self._handle) for number in CANCEL_SIGNALS}
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
-
-    def _handle(self, number: int, frame: object) -> None:
-        self.received.append(number)
-        if self.raising:
-            self.raising = False  # (once: giving back must not be cut short by the next one)
-            raise _Cancelled(number)
-        if self.wake is not None:
-            self.wake()
-
-    @contextlib.contextmanager
-    def quiet(self) -> Iterator[None]:
-        """While inside, signals are only recorded."""
-        raising, self.raising = self.raising, False
-        try:
-            yield
-        finally:
-            self.raising = raising and not self.received
-
-
 # --- before the command -----------------------------------------------------------------------
 
 def _refused(exc: CoordinatorError, what: str) -> Exception:
@@ -264,7 +216,7 @@ def _image_digest(lab: Lab, image: str | None) -> str | None:
         raise _refused(exc, f"could not look {image!r} up") from None
 
 
-def _acquire(lab: Lab, request: CommandRequest, held: _Held, signals: _Signals, say: Say, started: float,
+def _acquire(lab: Lab, request: CommandRequest, held: _Held, signals: CancelSignals, say: Say, started: float,
              clock: Callable[[], float]) -> Lease:
     """Reserve (queueing when asked) and wait until the lease is ready, within ``timeout_s`` from ``started``."""
     key = uuid.uuid4().hex
@@ -275,7 +227,7 @@ def _acquire(lab: Lab, request: CommandRequest, held: _Held, signals: _Signals, 
     try:
         try:
             got = lab.reserve(request.device, **arguments)
-        except _Cancelled:  # its answer never came: the same request again says what it made, to give back
+        except Cancelled:  # its answer never came: the same request again says what it made, to give back
             with signals.quiet():
                 lab.api.close()
                 with contextlib.suppress(CoordinatorError):
@@ -392,85 +344,15 @@ def _give_back(lab: Lab, held: _Held) -> str:
 
 # --- while the command runs -------------------------------------------------------------------
 
-class _Wake:
-    """A pipe that wakes the command's loop: a signal came, or the lease was lost."""
-
-    def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-        os.set_blocking(self.read_fd, False)
-        os.set_blocking(self.write_fd, False)
-
-    def wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # (full: it is awake already)
-            os.write(self.write_fd, b".")
-
-    def drain(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self.read_fd, 512):
-                pass
-
-    def close(self) -> None:
-        os.close(self.read_fd)
-        os.close(self.write_fd)
-
-
-class _Watch:
-    """Looks at the lease every ``WATCH_S`` (a long-poll that answers at once when it ends),
-    on a thread of its own, and says when the lab has failed it: the lease ended, the device
-    offline (its exporter gone) or faulty."""
-
-    def __init__(self, lease: Lease, lost: Callable[[str], None]):
-        self.lease, self.lost = lease, lost
-        self.device = _device_reader(lease)
-        self.last: dict[str, Any] = dict(lease.data)
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{lease.id}")
-        self._thread.start()
-
-    def _run(self) -> None:
-        api, lease_id = self.lease.api, self.lease.id
-        while not self._done.is_set():
-            try:
-                data = api.get(f"/leases/{lease_id}", wait=WATCH_S, unless="active")
-            except CoordinatorError as exc:
-                if exc.status in (403, 404):
-                    self.lost(f"{lease_id} is no longer yours: {exc.message}")
-                    return
-                self._done.wait(WATCH_S)  # (the coordinator unreachable: the keepalive tells when it matters)
-                continue
-            self.last = data
-            trouble = lost_reason(data, self.device)
-            if trouble is not None:
-                self.lost(trouble)
-                return
-            if data["state"] != "active":
-                self._done.wait(WATCH_S)  # (pending: the long-poll answers at once)
-
-    def stop(self) -> None:
-        """Stop looking (at once: a long-poll under way is left to end on its own thread, or
-        with the client's connections)."""
-        self._done.set()
-
-
-def _device_reader(lease: Lease) -> Callable[[str], Mapping[str, Any]]:
-    """A device's row, to say why it is offline or faulty (unreachable: nothing more is said)."""
-    def device(name: str) -> Mapping[str, Any]:
-        try:
-            return lease.api.get(f"/devices/{name}")
-        except CoordinatorError:
-            return {}
-    return device
-
-
 class _Run:
     """The command on its lease, from its start to the lease given back."""
 
     def __init__(self, lab: Lab, held: _Held, request: CommandRequest, base_env: Mapping[str, str],
-                 signals: _Signals, say: Say, clock: Callable[[], float]):
+                 signals: CancelSignals, say: Say, clock: Callable[[], float]):
         assert held.lease is not None
         self.lab, self.held, self.lease, self.request, self.say, self.clock = lab, held, held.lease, request, say, clock
         self.base_env = base_env
-        self.wake = _Wake()
+        self.wake = Wake()
         self._signals = signals
         signals.wake = self.wake.wake
         self.lost: str | None = None
@@ -500,7 +382,7 @@ class _Run:
         watch = None
         try:
             env = self._environment()
-            watch = _Watch(self.lease, self.on_lost)
+            watch = LeaseWatch(self.lease, self.on_lost)
             begun = self.clock()
             try:
                 group = CommandGroup(self.request.command, env)
@@ -570,7 +452,8 @@ class _Run:
                         self.wake.drain()
         return cut
 
-    def _verdict(self, outcome: CommandOutcome, cut: str | None, command_status: int, watch: _Watch) -> CommandOutcome:
+    def _verdict(self, outcome: CommandOutcome, cut: str | None, command_status: int,
+                 watch: LeaseWatch) -> CommandOutcome:
         if cut == "cancelled":
             number = self.signals[0]
             return replace(outcome, status=cancelled_status(number), cancelled=signal_name(number),
@@ -595,7 +478,7 @@ class _Run:
             return replace(outcome, status=LAB_FAILURE_STATUS, failure=FailureKind.LAB, reason=trouble)
         return replace(outcome, status=status, failure=failure, reason=f"the command exited {status}")
 
-    def _trouble(self, watch: _Watch) -> str | None:
+    def _trouble(self, watch: LeaseWatch) -> str | None:
         data: Mapping[str, Any]
         try:
             data = self.lease.refresh().data
@@ -603,7 +486,7 @@ class _Run:
             if exc.status in (403, 404):
                 return f"{self.lease.id} is no longer yours: {exc.message}"
             data = watch.last  # (unreachable now: what was last seen)
-        return lab_trouble(data, _device_reader(self.lease))
+        return lab_trouble(data, device_reader(self.lease))
 
     def _release(self) -> None:
         if self.released:

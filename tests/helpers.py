@@ -38,6 +38,15 @@ def wait_active(coordinator, lease_id):
     return wait_for(active, 20, what=f"{lease_id} ready")
 
 
+def written_cdi_spec(folder: Path, host: str, lease_id: str) -> Path:
+    """The CDI spec of lease ``lease_id`` in ``folder``, once its exporter wrote it: a service's
+    environment is asked off the way to ready (docs/architecture.md, "Containers and CDI"), so
+    the spec of a lease just ready may come a moment later."""
+    path = folder / f"device-loop_{host}_{lease_id}.json"
+    wait_for(path.exists, 20, what=f"the CDI spec of {lease_id} written")
+    return path
+
+
 def raw_endpoint(lease):
     """The lease's raw TCP endpoint."""
     return next(e for e in lease["endpoints"] if e["protocol"] == "raw")

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import Exporter, wait_for
 from fake_pci import DRM_MAJOR, dev_node, pci_card
-from helpers import reserve, wait_active, wait_state
+from helpers import reserve, wait_active, wait_state, written_cdi_spec
 from podman_lab import CDI_DIR, UNRESOLVABLE
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(180)]
@@ -29,7 +29,7 @@ def test_a_leased_gpu_in_a_container(tmp_path, env, coordinator, podman, podman_
     try:
         wait_state(coordinator, device, "idle", timeout=30)
         lease = wait_active(coordinator, reserve(coordinator, device)["id"])
-        (spec,) = CDI_DIR.glob(f"device-loop_{podman_names['host']}_{lease['id']}.json")
+        spec = written_cdi_spec(CDI_DIR, podman_names["host"], lease["id"])
         said = podman.container(qualified, "stat -c %t:%T /dev/dri/renderD128; echo $DEVICE_LOOP_PCI_ADDRESS")
         assert said.returncode == 0, said.stderr
         rdev = os.stat(node).st_rdev

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import Exporter, wait_for
 from device_loop.core.holders import cgroup_of
-from helpers import read_until, reserve, wait_active, wait_state
+from helpers import read_until, reserve, wait_active, wait_state, written_cdi_spec
 from podman_lab import CDI_DIR, UNRESOLVABLE
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(180)]
@@ -44,7 +44,7 @@ def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator
         assert podman.container(qualified, "true").returncode == 126, "no lease, no spec: podman cannot resolve it"
 
         lease = wait_active(coordinator, reserve(coordinator, device)["id"])
-        (spec,) = CDI_DIR.glob(f"device-loop_{podman_names['host']}_{lease['id']}.json")
+        spec = written_cdi_spec(CDI_DIR, podman_names["host"], lease["id"])
         link = exporter.state_dir / "sim" / device
         (endpoint,) = [e for e in lease["endpoints"] if e["protocol"] == "raw"]
         with socket.create_connection((endpoint["host"], endpoint["port"]), timeout=10) as uart:
@@ -91,6 +91,7 @@ def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator
 
         # ... or until it ends by itself (here: when its standard input closes)
         lease = wait_active(coordinator, reserve(coordinator, device)["id"])
+        written_cdi_spec(CDI_DIR, podman_names["host"], lease["id"])
         holder = podman.popen("run", "--rm", "-i", "--name", f"{device}-ends", "--network", "none", "--device",
                               qualified, podman.image,
                               "sh", "-c", f"exec 3<>{CONSOLE}; echo held; exec cat")

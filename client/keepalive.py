@@ -16,6 +16,16 @@ if TYPE_CHECKING:
     from .lab import Lease
 
 
+#: Keep-alives a keepalive holds: two may be lost to the network before the lease lapses.
+KEEPALIVES_A_LAPSE = 3
+
+
+def keepalive_period(keepalive_s: float) -> float:
+    """How often a client reads what has a keepalive of ``keepalive_s`` (a lease's keep-alive,
+    a ticket's long-poll): a third of it."""
+    return keepalive_s / KEEPALIVES_A_LAPSE
+
+
 class KeepAlive:
     """Keeps ``lease`` (a keepalive lease) alive until ``stop()``; ``on_lost(reason)`` is
     called once, from its thread, when a keep-alive is refused, and ``lost`` says why."""
@@ -26,7 +36,7 @@ class KeepAlive:
             raise ValueError(f"{lease.id} is no keepalive lease (reserve it with a keepalive)")
         self.lease = lease
         self.on_lost = on_lost
-        self.period = keepalive / 3
+        self.period = keepalive_period(keepalive)
         self.lost: str | None = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"keepalive-{lease.id}", daemon=True)

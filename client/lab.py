@@ -36,7 +36,7 @@ from device_loop.core.durations import parse_duration
 from device_loop.core.errors import ErrorCode
 
 from .http import Coordinator, CoordinatorError
-from .keepalive import KeepAlive
+from .keepalive import KeepAlive, keepalive_period
 
 if TYPE_CHECKING:  # (exec, fingerprints, the answers' types: loaded when used, pydantic is heavy for a short command)
     from device_loop.core.answers import (CdiAnswer, DeviceAnswer, EndpointAnswer, HostAnswer, LeaseAnswer, LogEntry,
@@ -459,7 +459,7 @@ class Ticket:
         keeps it), and its lease must be kept alive from then on: ``with ticket.wait() as lease``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         keepalive = self.data.get("keepalive_s")
-        most = 5.0 if not keepalive else min(5.0, keepalive / 3)
+        most = 5.0 if not keepalive else min(5.0, keepalive_period(keepalive))
         while self.state == "waiting":
             if on_change:
                 on_change(self)

@@ -57,11 +57,11 @@ def _write(path: Path, text: str) -> None:
         raise click.ClickException(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def append_step_summary(markdown: str, job_url: str, job_id: str) -> None:
-    """Append ``markdown`` to the file ``$GITHUB_STEP_SUMMARY`` names (when set), cut to what
-    the summary has room for; a summary that cannot be written is said on stderr, not fatal
-    (the results are in the job and its other files)."""
-    from device_loop.core.ab.comment import STEP_SUMMARY_BYTES, fit, page_link
+def _append_to_summary(text_for_room: Callable[[int], str]) -> None:
+    """Append ``text_for_room(room)`` (``room``: the bytes a step summary has left) to the file
+    ``$GITHUB_STEP_SUMMARY`` names, when set, after a blank line; a summary that cannot be
+    written is said on stderr, not fatal (the results are in the job and its other files)."""
+    from device_loop.core.ab.comment import STEP_SUMMARY_BYTES
 
     where = os.environ.get(STEP_SUMMARY, "")
     if not where:
@@ -69,13 +69,23 @@ def append_step_summary(markdown: str, job_url: str, job_id: str) -> None:
     path = Path(where)
     try:
         used = path.stat().st_size if path.exists() else 0
-        room = STEP_SUMMARY_BYTES - used
-        text = fit(markdown, room, job_url, job_id) if room >= LEAST_SUMMARY_BYTES else \
-            f"The evidence is on {page_link(job_url, job_id)}.\n"
-        with path.open("a", encoding="utf-8") as summary:
-            summary.write(("\n" if used else "") + text.rstrip("\n") + "\n")
+        text = text_for_room(STEP_SUMMARY_BYTES - used - 2)
+        with path.open("a+b") as summary:
+            summary.seek(max(0, used - 2))
+            tail = summary.read(2)  # (a blank line before the text: a heading glued to a line is none)
+            gap = "" if not used or tail.endswith(b"\n\n") else "\n" if tail.endswith(b"\n") else "\n\n"
+            summary.write((gap + text.rstrip("\n") + "\n").encode())
     except OSError as exc:
         click.echo(f"device-loop: cannot append to ${STEP_SUMMARY} ({where}): {exc.strerror or exc}", err=True)
+
+
+def append_step_summary(markdown: str, job_url: str, job_id: str) -> None:
+    """Append a job's evidence ``markdown`` to the step summary (when there is one), cut to
+    what it has room for: below ``LEAST_SUMMARY_BYTES``, only the link to the job's page."""
+    from device_loop.core.ab.comment import fit, page_link
+
+    _append_to_summary(lambda room: fit(markdown, room, job_url, job_id) if room >= LEAST_SUMMARY_BYTES else
+                       f"The evidence is on {page_link(job_url, job_id)}.\n")
 
 
 def job_page(lab_url: str, job_id: str) -> str:
@@ -145,10 +155,5 @@ def write_command_results(lab, outcome, junit_file: Path | None, markdown_file: 
     markdown = command_markdown(outcome)
     if markdown_file is not None:
         _write(markdown_file, markdown)
-    where = os.environ.get(STEP_SUMMARY, "")
-    if where:
-        try:
-            with Path(where).open("a", encoding="utf-8") as summary:
-                summary.write(markdown)
-        except OSError as exc:
-            click.echo(f"device-loop: cannot append to ${STEP_SUMMARY} ({where}): {exc.strerror or exc}", err=True)
+    # (a with's markdown is short; a summary with no room for it gets its first line, the verdict)
+    _append_to_summary(lambda room: markdown if len(markdown.encode()) + 1 <= room else markdown.splitlines()[0])

@@ -92,3 +92,25 @@ def test_the_step_summary_gets_what_it_has_room_for(tmp_path, monkeypatch):
     assert summary.stat().st_size < STEP_SUMMARY_BYTES
     monkeypatch.setenv(STEP_SUMMARY, str(tmp_path / "no" / "such" / "folder"))
     append_step_summary("# x", URL, "job-1")                   # said on stderr, not fatal
+
+
+def test_with_outcomes_in_a_step_summary_stand_apart_and_fit(tmp_path, monkeypatch):
+    """A `with`'s outcome is appended to $GITHUB_STEP_SUMMARY as a job's evidence is: after a
+    blank line (a heading glued to an earlier step's last line is not one), and only its
+    verdict line when the summary has no room left for the rest."""
+    from device_loop.cli.ci_results import write_command_results
+    from device_loop.core.ab.comment import STEP_SUMMARY_BYTES
+    from device_loop.core.command_outcome import CommandOutcome
+
+    summary = tmp_path / "summary.md"
+    summary.write_text("an earlier step's words")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    passed = CommandOutcome(command=("./ci/test-on-board.sh",), status=0)
+    write_command_results(None, passed, None, None)
+    write_command_results(None, passed, None, None)
+    text = summary.read_text()
+    assert text.startswith("an earlier step's words\n\n### device-loop with: passed\n"), text
+    assert text.count("\n\n### device-loop with: passed\n") == 2 and "test-on-board.sh" in text
+    summary.write_text("x" * (STEP_SUMMARY_BYTES - 100))
+    write_command_results(None, passed, None, None)
+    assert summary.read_text()[STEP_SUMMARY_BYTES - 100:] == "\n\n### device-loop with: passed\n"

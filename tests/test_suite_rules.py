@@ -140,3 +140,27 @@ def test_a_lab_process_that_would_import_another_checkout_stops_the_session(tmp_
     stale = stale_install({**os.environ, "PYTHONPATH": str(tmp_path)})
     assert stale and str(elsewhere) in stale and str(TESTS.parent / "device_loop") in stale, stale
     assert stale_install() is None
+
+
+@pytest.mark.service  # (it runs ./lab)
+def test_lab_installs_nothing_into_a_venv_linked_from_another_checkout(tmp_path):
+    """A worktree whose .venv links another checkout's: ./lab up there once pip-installed the
+    worktree into that venv, which then imported a deleted folder's code."""
+    import shutil
+    import subprocess
+
+    checkout, other = tmp_path / "worktree", tmp_path / "other-venv"
+    (other / "bin").mkdir(parents=True)
+    checkout.mkdir()
+    shutil.copy(TESTS.parent / "lab", checkout / "lab")
+    shutil.copy(TESTS.parent / "throwaway-postgres.sh", checkout / "throwaway-postgres.sh")
+    (checkout / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    calls = tmp_path / "calls"
+    for name in ("python", "device-loop"):  # each says how it was called, and with which PYTHONPATH
+        (other / "bin" / name).write_text(f'#!/bin/sh\necho "{name} $* PYTHONPATH=$PYTHONPATH" >> {calls}\n')
+        (other / "bin" / name).chmod(0o755)
+    (checkout / ".venv").symlink_to(other)
+    done = subprocess.run(["bash", str(checkout / "lab"), "up", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "installing nothing" in done.stderr, done.stderr
+    said = calls.read_text()
+    assert "pip" not in said and f"device-loop up --help PYTHONPATH={checkout}" in said, said

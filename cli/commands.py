@@ -17,7 +17,8 @@ from device_loop.core.durations import KEEPALIVE_RANGE, keepalive_problem, parse
 from device_loop.core.needs import FIDELITY_DETAIL, fidelity_text
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Needs, TicketState
 
-from device_loop.client.http import Coordinator, CoordinatorError
+from device_loop.client.give_back import give_back
+from device_loop.client.http import CoordinatorError
 from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
 from device_loop.client.lab import Lab, Lease, LeaseFailed, Ticket, follow_op
 from device_loop.core.errors import ErrorCode
@@ -316,7 +317,7 @@ def _reserved(lab: Lab, as_json: bool, *args, **kwargs) -> Lease | Ticket:
                     said = f"nothing was reserved: {exc.message}"
                 else:
                     held = (got, None) if isinstance(got, Ticket) else (None, got)
-                    said = _give_up(got.api, *held)
+                    said = give_back(got.api, *held).said
             if not as_json and stopped.at_terminal:
                 click.echo(file=sys.stderr)  # (off the line ^C was echoed on)
             fail(as_json, ErrorCode.INTERRUPTED, f"interrupted: {said}", stopped.exit_code)
@@ -348,42 +349,15 @@ def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json:
                 kept = f"; the lease is kept: device-loop release {lease.id}" if exc.code == ErrorCode.TIMEOUT else ""
                 if lease.keeper is not None:  # (kept alive by nobody once this command ends: given back now)
                     with not_interrupted():
-                        kept = "; " + _give_up(lease.api, None, lease)
+                        kept = "; " + give_back(lease.api, None, lease).said
                 fail(as_json, exc.code, exc.message + kept, lease=lease.id)
         except KeyboardInterrupt:
             with not_interrupted():
-                said = _give_up(got.api, ticket, lease) if give_up else _still_yours(ticket, lease)
+                said = give_back(got.api, ticket, lease).said if give_up else _still_yours(ticket, lease)
             if not as_json and stopped.at_terminal:
                 click.echo(file=sys.stderr)  # (off the line ^C was echoed on)
             fail(as_json, ErrorCode.INTERRUPTED, f"interrupted: {said}", stopped.exit_code)
     return lease
-
-
-def _give_up(api: Coordinator, ticket: Ticket | None, lease: Lease | None) -> str:
-    """Give back what an interrupted wait was for: the ticket (with a grant not yet
-    claimed), else the lease it made or claimed. What was done, in words."""
-    api.close()  # (the interrupted request's answer may be half read: a new connection)
-    try:
-        if ticket is not None and lease is None:
-            try:
-                ended = ticket.cancel().data
-            except CoordinatorError as exc:
-                if exc.code != ErrorCode.TICKET_ENDED:
-                    raise
-                ended = ticket.refresh().data  # claimed meanwhile: its lease is released below
-                if ended["state"] != TicketState.CLAIMED or not ended["lease"]:
-                    return f"{ticket.id} is {ended['state']}"
-                lease = Lease(api, ended["lease"])
-            else:
-                granted = ended["lease"]
-                return f"{ticket.id} cancelled: " + (f"its grant, {granted['id']} on {granted['device']}, is given "
-                                                     "back" if granted else "nothing waits for you")
-        assert lease is not None
-        gone = lease.release().data
-        return f"{gone['id']} on {gone['device']} released" + (f" (its ticket {ticket.id})" if ticket else "")
-    except CoordinatorError as exc:
-        what = lease.id if lease is not None else ticket.id if ticket is not None else "it"
-        return f"could not give {what} back: {exc.message}"
 
 
 def _still_yours(ticket: Ticket | None, lease: Lease | None) -> str:

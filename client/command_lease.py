@@ -41,6 +41,7 @@ from device_loop.core.vocabulary import LAB_FAILURE_STATUS, LIVE_OP_STATES, Fail
 
 from .command_group import CommandGroup
 from .command_signals import CANCEL_SIGNALS, CancelSignals, Cancelled, Wake
+from .give_back import give_back
 from .http import CoordinatorError
 from .keepalive import KeepAlive
 from .lab import Lab, Lease, LeaseFailed, Ticket
@@ -319,27 +320,11 @@ def runs_image(flashes: list[OperationAnswer], digest: str | None) -> bool:
 
 
 def _give_back(lab: Lab, held: _Held) -> str:
-    """Give back what the wait held (a ticket, and the lease it may have been granted; a
-    lease); what was done, in words."""
+    """Give back what the wait held (``client/give_back.py``); what was done, in words."""
     held.stop_keeping()
-    lab.api.close()  # (an interrupted request's answer may be half read: a new connection)
-    said = []
-    try:
-        if held.ticket is not None and held.lease is None:
-            try:
-                ended = held.ticket.cancel().data
-            except CoordinatorError:
-                ended = held.ticket.refresh().data  # claimed meanwhile: its lease is released below
-            granted = ended["lease"]
-            if granted is not None and ended["state"] == "claimed":
-                held.lease = Lease(lab.api, granted)
-            said.append(f"{held.ticket.id} cancelled")
-        if held.lease is not None:
-            gone = held.lease.release().data
-            said.append(f"{gone['id']} on {gone['device']} released")
-    except CoordinatorError as exc:
-        said.append(f"could not give it back: {exc.message}")
-    return "; ".join(said) or "nothing was reserved"
+    given = give_back(lab.api, held.ticket, held.lease)
+    held.lease = held.lease or given.lease
+    return given.said
 
 
 # --- while the command runs -------------------------------------------------------------------

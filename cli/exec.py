@@ -27,11 +27,9 @@ from .output import fail
 
 
 def _refused(as_json: bool, exc: ExecError) -> NoReturn:
-    """The command could not run: the lab's failure (exit 75, said as ``with`` and ``reserve
-    --keepalive`` say one) or the caller's (1)."""
-    if exc.code in LAB_EXEC_ERRORS:
-        fail(as_json, exc.code, f"lab failure: {exc.message}", LAB_FAILURE_STATUS)
-    fail(as_json, exc.code, exc.message)
+    """The command could not run: the lab's failure (exit 75) or the caller's (1). The words
+    stay the refusal's own (a device its holder switched off says how to switch it on)."""
+    fail(as_json, exc.code, exc.message, LAB_FAILURE_STATUS if exc.code in LAB_EXEC_ERRORS else 1)
 
 
 def _seconds(ctx, param, value):

@@ -32,7 +32,7 @@ def lease_answer(**change) -> str:
 
 
 @pytest.mark.parametrize("command, status, said", [
-    (["uname"], LAB_FAILURE_STATUS, "lab failure: cannot reach sim-board-0's console"),
+    (["uname"], LAB_FAILURE_STATUS, "cannot reach sim-board-0's console"),
     (["echo", "a\x07b"], 1, "control character"),       # the command's own fault, found before connecting
 ])
 def test_exec_says_whose_failure_it_was(command, status, said):

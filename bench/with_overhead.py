@@ -33,6 +33,7 @@ DEVICE = "sim-board-0"
 
 
 def cli(env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``device-loop ARGS`` in a process of its own, as a person or a CI step runs it."""
     done = subprocess.run([sys.executable, "-m", "device_loop.cli", *args], env=env, capture_output=True, text=True,
                           timeout=120)
     if check and done.returncode != 0:
@@ -41,16 +42,19 @@ def cli(env: dict, *args: str, check: bool = True) -> subprocess.CompletedProces
 
 
 def idle(lab) -> None:
+    """Wait until the board is idle again (its steps between leases done)."""
     wait(lambda: lab.api.get(f"/devices/{DEVICE}").json()["state"] == "idle", 30, f"{DEVICE} idle")
 
 
 def with_true(lab) -> float:
+    """Seconds of ``device-loop with DEVICE -- true``."""
     begun = time.perf_counter()
     cli(lab.env, "with", DEVICE, "--", "true")
     return time.perf_counter() - begun
 
 
 def by_hand(lab) -> float:
+    """Seconds of the same by hand: ``reserve --wait``, ``true``, ``release``."""
     begun = time.perf_counter()
     cli(lab.env, "reserve", DEVICE, "--wait")
     subprocess.run(["true"], check=True)

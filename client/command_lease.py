@@ -134,6 +134,7 @@ class _Held:
             self.listener(reason)
 
     def stop_keeping(self) -> None:
+        """Stop the keep-alives (before the lease is given back: none may follow its release)."""
         if self.keeper is not None:
             self.keeper.stop()
             self.keeper = None

@@ -68,14 +68,17 @@ class Wake:
         os.set_blocking(self.write_fd, False)
 
     def wake(self) -> None:
+        """Wake the loop (from a signal handler or another thread)."""
         with contextlib.suppress(BlockingIOError):  # (full: it is awake already)
             os.write(self.write_fd, b".")
 
     def drain(self) -> None:
+        """Read what woke the loop, so that the next select waits again."""
         with contextlib.suppress(BlockingIOError):
             while os.read(self.read_fd, 512):
                 pass
 
     def close(self) -> None:
+        """Close both ends (under the caller's lock: a late ``wake`` must not write to a reused fd)."""
         os.close(self.read_fd)
         os.close(self.write_fd)

@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -213,8 +214,10 @@ def _image_digest(lab: Lab, image: str | None) -> str | None:
     if image is None:
         return None
     try:
-        return lab.api.get(f"/images/{image}")["sha256"]
+        return lab.api.get(f"/images/{urllib.parse.quote(image, safe='')}")["sha256"]  # (a name is no path)
     except CoordinatorError as exc:
+        if exc.status == 404:  # (also a name the router took for a path: no such image either way)
+            raise WrongRequest(f"no image is called {image!r} (device-loop images ls: the registry's)") from None
         raise _refused(exc, f"could not look {image!r} up") from None
 
 

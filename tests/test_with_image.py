@@ -30,9 +30,11 @@ def test_with_image_flashes_first_only_where_the_device_does_not_run_it(tmp_path
     build.write_bytes(os.urandom(1 << 20))
     run_cli(env, coordinator.url, "images", "upload", str(build), "--name", "build-1", "--for", "sim-board")
 
-    refused = run_cli(env, coordinator.url, "with", "--class", "sim-board", "--image", "no-such", "--", "true",
-                      check=False)
-    assert refused.returncode == 2 and "no-such" in refused.stderr, refused.stderr
+    for hostile in ("no-such", "no-such?x=1#y", "../leases", "%2e%2e", "x" * 5000):  # (a name is looked up as a name)
+        refused = run_cli(env, coordinator.url, "with", "--class", "sim-board", "--image", hostile, "--", "true",
+                          check=False)
+        assert refused.returncode == 2 and (hostile if len(hostile) < 100 else "128 characters") in refused.stderr, \
+            refused.stderr
     assert coordinator.api("/leases").json() == [], "nothing is reserved for a wrong request"
 
     status, first, err = outcome_of(start_with(env, coordinator, "--class", "sim-board", "--image", "build-1",

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from device_loop.core.answers import OperationAnswer
+from device_loop.core.answers import LeaseAnswer, OperationAnswer
 from device_loop.core.command_outcome import (TIMEOUT_STATUS, CommandOutcome, Timings, cancelled_status,
                                               command_status_outcome, signal_name)
 from device_loop.core.durations import format_duration, keepalive_problem
@@ -468,7 +468,7 @@ class _Run:
         return replace(outcome, status=status, failure=failure, reason=f"the command exited {status}")
 
     def _trouble(self, watch: LeaseWatch) -> str | None:
-        data: Mapping[str, Any]
+        data: LeaseAnswer
         try:
             data = self.lease.refresh().data
         except CoordinatorError as exc:

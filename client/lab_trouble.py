@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from device_loop.core import LIVE_LEASE_STATES
+from device_loop.core.answers import LeaseAnswer
 from device_loop.core.vocabulary import DeviceState
 
 #: ``device(name)``: a device's row as the coordinator answers it (its ``reason`` says why it is in its state).
@@ -14,7 +15,7 @@ DeviceReader = Callable[[str], Mapping[str, Any]]
 LOST_DEVICE_STATES = (DeviceState.OFFLINE, DeviceState.FAULTY)
 
 
-def lost_reason(lease: Mapping[str, Any], device: DeviceReader) -> str | None:
+def lost_reason(lease: LeaseAnswer, device: DeviceReader) -> str | None:
     """Why ``lease`` (a ``LeaseAnswer``) no longer serves a command: it ended, or its device is
     faulty or offline (``device(name)`` says why); else None."""
     if lease["state"] not in LIVE_LEASE_STATES:
@@ -26,7 +27,7 @@ def lost_reason(lease: Mapping[str, Any], device: DeviceReader) -> str | None:
     return None
 
 
-def lab_trouble(lease: Mapping[str, Any], device: DeviceReader) -> str | None:
+def lab_trouble(lease: LeaseAnswer, device: DeviceReader) -> str | None:
     """After a command failed on ``lease``: why the lab may have failed it (the lease not
     live and ready, its device faulty, switched off or offline), or None."""
     if (lost := lost_reason(lease, device)) is not None:

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from device_loop.core.answers import LeaseAnswer
+
 from .http import CoordinatorError
 from .lab import Lease
 from .lab_trouble import lost_reason
@@ -22,7 +24,7 @@ class LeaseWatch:
     def __init__(self, lease: Lease, lost: Callable[[str], None]):
         self.lease, self.lost = lease, lost
         self.device = device_reader(lease)
-        self.last: dict[str, Any] = dict(lease.data)
+        self.last: LeaseAnswer = lease.data  # (what was last seen of it)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{lease.id}")
         self._thread.start()

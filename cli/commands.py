@@ -20,7 +20,7 @@ from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Needs, TicketState
 from device_loop.client.give_back import give_back
 from device_loop.client.http import CoordinatorError
 from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
-from device_loop.client.lab import Lab, Lease, LeaseFailed, Ticket, follow_op
+from device_loop.client.lab import Lab, Lease, LeaseFailed, Ticket, follow_op, telling_place
 from device_loop.core.errors import ErrorCode
 from .output import emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left
 
@@ -336,7 +336,7 @@ def _follow(got: Lease | Ticket, timeout: float | None, started: float, as_json:
         try:
             if ticket is not None:
                 try:
-                    lease = ticket.wait(timeout, on_change=None if as_json else _say_where)
+                    lease = ticket.wait(timeout, on_change=None if as_json else telling_place(_to_stderr))
                 except CoordinatorError as exc:  # (TicketEnded among them; a timeout keeps it waiting)
                     fail(as_json, exc.code, exc.message, ticket=ticket.id)
             assert lease is not None
@@ -368,13 +368,8 @@ def _still_yours(ticket: Ticket | None, lease: Lease | None) -> str:
     return f"no longer following {ticket.id}"
 
 
-def _say_where(ticket: Ticket) -> None:
-    """While ``reserve --queue --wait`` waits: the ticket's place, each time it changes."""
-    said = (ticket.state, ticket.position)
-    if said != getattr(_say_where, "last", None):
-        _say_where.last = said  # type: ignore[attr-defined]
-        where = f"position {ticket.position}" if ticket.state == "waiting" else ticket.state
-        click.echo(f"{ticket.id}: {where} ({ticket.data['kind']}, for a device {ticket.data['wants']})", err=True)
+def _to_stderr(text: str) -> None:
+    click.echo(text, err=True)
 
 
 @click.command("ticket")

@@ -45,7 +45,7 @@ from .command_signals import CANCEL_SIGNALS, CancelSignals, Cancelled, Wake
 from .give_back import give_back
 from .http import CoordinatorError
 from .keepalive import KeepAlive
-from .lab import Lab, Lease, LeaseFailed, Ticket
+from .lab import Lab, Lease, LeaseFailed, Ticket, telling_place
 from .lab_trouble import lab_trouble
 from .lease_watch import LeaseWatch, device_reader
 
@@ -242,16 +242,8 @@ def _acquire(lab: Lab, request: CommandRequest, held: _Held, signals: CancelSign
         raise _refused(exc, "no device") from None
     _hold(held, got)
     if isinstance(got, Ticket):
-        last: list[Any] = [None]
-
-        def where(ticket: Ticket) -> None:
-            said = (ticket.state, ticket.position)
-            if said != last[0] and ticket.state == "waiting":
-                say(f"{ticket.id}: waiting for a device {ticket.data.get('wants', '')}, position {ticket.position}")
-            last[0] = said
-
         try:
-            got = got.wait(timeout=_left(request, started, clock), on_change=where)
+            got = got.wait(timeout=_left(request, started, clock), on_change=telling_place(say))
         except CoordinatorError as exc:
             if exc.code == ErrorCode.TIMEOUT:
                 raise _LabFailed(f"no device within {format_duration(request.timeout_s)} (still queued at position "

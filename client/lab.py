@@ -482,3 +482,18 @@ class Ticket:
         """Leave the queue (a granted ticket gives its lease back)."""
         self.data = self.api.post(f"/tickets/{self.id}/cancel")
         return self
+
+
+def telling_place(say: Callable[[str], object]) -> Callable[[Ticket], None]:
+    """An ``on_change`` for ``Ticket.wait`` that says (``say(text)``) the ticket's place each
+    time it changes: what ``reserve --queue --wait`` and ``with --queue`` both print."""
+    last: list[tuple[str, int | None]] = []
+
+    def tell(ticket: Ticket) -> None:
+        said = (ticket.state, ticket.position)
+        if last == [said]:
+            return
+        last[:] = [said]
+        where = f"position {ticket.position}" if ticket.state == "waiting" else ticket.state
+        say(f"{ticket.id}: {where} ({ticket.data['kind']}, for a device {ticket.data['wants']})")
+    return tell

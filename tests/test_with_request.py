@@ -110,3 +110,18 @@ def flash(state: str, sha256: str = "a" * 64, verified: bool = True) -> dict:
 ])
 def test_a_device_runs_an_image_only_by_its_last_flash_read_back(flashes, runs):
     assert runs_image(flashes, "a" * 64) is runs
+
+
+def test_a_queued_wait_says_the_ticket_s_place_each_time_it_changes_and_only_then():
+    """`reserve --queue --wait` and `with --queue` say where their ticket stands the same way
+    (client/lab.py telling_place), once a change."""
+    from device_loop.client.lab import Ticket, telling_place
+
+    said: list[str] = []
+    tell = telling_place(said.append)
+    for state, position in (("waiting", 2), ("waiting", 2), ("waiting", 1), ("granted", None), ("granted", None)):
+        tell(Ticket(None, {"ticket": "tk-1", "state": state, "position": position, "kind": "interactive",  # type: ignore[arg-type]
+                           "wants": "of class sim-board"}))
+    assert said == ["tk-1: position 2 (interactive, for a device of class sim-board)",
+                    "tk-1: position 1 (interactive, for a device of class sim-board)",
+                    "tk-1: granted (interactive, for a device of class sim-board)"]

@@ -46,7 +46,7 @@ from .give_back import give_back
 from .http import CoordinatorError
 from .keepalive import KeepAlive
 from .lab import Lab, Lease, LeaseFailed, Ticket, telling_place
-from .lab_trouble import lab_trouble
+from .lab_trouble import lab_trouble, wrong_request
 from .lease_watch import LeaseWatch, device_reader
 
 #: A command line's bounds (docs/architecture.md, "A lease bound to a command").
@@ -57,11 +57,6 @@ DEFAULT_TIMEOUT_S = 15 * 60.0
 MAX_WAIT_S = 7 * 24 * 3600.0     # --timeout and --max-time: a week at most
 GRACE_S = 1.0                    # after the first signal: the lease given back; after a SIGTERM of ours: SIGKILL
 OWN_BIN = Path(sys.executable).parent  # where this Python's device-loop script is
-
-#: Refusals no retry cures: the request is wrong (exit 2), not the lab (exit 75).
-WRONG_REQUEST = frozenset({ErrorCode.UNKNOWN_DEVICE, ErrorCode.UNKNOWN_IMAGE, ErrorCode.AMBIGUOUS_IMAGE,
-                           ErrorCode.INVALID, ErrorCode.BAD_REQUEST, ErrorCode.BAD_TOKEN, ErrorCode.BAD_USER,
-                           ErrorCode.FORBIDDEN, ErrorCode.NO_SUCH_DEVICES})
 
 Say = Callable[[str], None]
 
@@ -204,7 +199,7 @@ def _timed(outcome: CommandOutcome, total_s: float) -> CommandOutcome:
 
 def _refused(exc: CoordinatorError, what: str) -> Exception:
     """A refusal as ``WrongRequest`` (no retry cures it) or ``_LabFailed``."""
-    if exc.code in WRONG_REQUEST or exc.status in (400, 401, 403, 404, 422):
+    if wrong_request(exc):
         return WrongRequest(exc.message)
     return _LabFailed(f"{what}: {exc.message}")
 

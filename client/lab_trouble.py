@@ -7,7 +7,23 @@ from typing import Any
 
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.answers import LeaseAnswer
+from device_loop.core.errors import ErrorCode
 from device_loop.core.vocabulary import DeviceState
+
+from .http import CoordinatorError
+
+#: Refusals no retry cures: the request is wrong (``with`` exits 2, a job's cell failed for no
+#: one's fault but its spec's), not the lab (docs/architecture.md, "Lab failures").
+WRONG_REQUEST = frozenset({ErrorCode.UNKNOWN_DEVICE, ErrorCode.UNKNOWN_IMAGE, ErrorCode.AMBIGUOUS_IMAGE,
+                           ErrorCode.INVALID, ErrorCode.BAD_REQUEST, ErrorCode.BAD_TOKEN, ErrorCode.BAD_USER,
+                           ErrorCode.FORBIDDEN, ErrorCode.NO_SUCH_DEVICES, ErrorCode.WRONG_FIDELITY})
+
+
+def wrong_request(exc: CoordinatorError) -> bool:
+    """Whether the coordinator refused a request as wrong (no wait or retry cures it), rather
+    than for what the lab could not give then."""
+    return exc.code in WRONG_REQUEST or exc.status in (400, 401, 403, 404, 422)
+
 
 #: ``device(name)``: a device's row as the coordinator answers it (its ``reason`` says why it is in its state).
 DeviceReader = Callable[[str], Mapping[str, Any]]

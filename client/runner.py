@@ -43,7 +43,7 @@ from device_loop.core.errors import ErrorCode
 from .accounts import Account
 from .http import CoordinatorError
 from .job_cgroups import JobCgroup, JobCgroups
-from .lab_trouble import lab_trouble, lost_reason
+from .lab_trouble import lab_trouble, lost_reason, wrong_request
 from .jobs_api import Jobs
 from .lab import Lease, Ticket, TicketEnded
 from .local_run import LocalCommand, LocalResult, samples
@@ -268,10 +268,11 @@ class Runner:
             return self._failed(cell, stopper, failure, reason)
 
     def _attempt(self, run: CellRun, cell: Cell, stopper: Stopper,
-                 previous: str) -> CellOutcome | tuple[FailureKind, str]:
+                 previous: str) -> CellOutcome | tuple[FailureKind | None, str]:
         """One attempt of a cell: how the cell ended (``CellOutcome``), or whose failure ended
         the attempt and why (reported before its lease is given back: the coordinator reads
         how that lease stands)."""
+        ended: tuple[FailureKind | None, str]
         try:
             try:
                 run.run()
@@ -280,7 +281,9 @@ class Runner:
             except CoordinatorError as exc:
                 if exc.code in NO_RETRY and previous:  # (no attempt began: the last one's failure stands)
                     return self._failed(cell, stopper, FailureKind.LAB, f"{previous}; no retry: {exc.message}")
-                ended = FailureKind.LAB, exc.message  # (the coordinator refused what the cell needed)
+                # the coordinator refused what the cell needed: the lab's, unless the spec asked for what
+                # no wait gives (no such devices, a fidelity none has): then no one's but the spec's
+                ended = (None if wrong_request(exc) else FailureKind.LAB), exc.message
             except JobStopped as exc:
                 return CellOutcome(cell.index, failed=str(exc))
             except Exception as exc:  # noqa: BLE001 (the worker goes on to its next job; the reason says what)
@@ -295,7 +298,7 @@ class Runner:
             run.close()
 
     @staticmethod
-    def _failed(cell: Cell, stopper: Stopper, failure: FailureKind, reason: str) -> CellOutcome:
+    def _failed(cell: Cell, stopper: Stopper, failure: FailureKind | None, reason: str) -> CellOutcome:
         reason = f"{cell.group}: {reason}" if cell.group else reason
         stopper.stop(reason)   # the other cells stop too: the job has failed
         return CellOutcome(cell.index, failed=reason, failure=failure)
@@ -370,7 +373,7 @@ class CellRun:
                 self.say(f"decided at {look} rounds (look {n + 1} of {len(looks)})")
                 return
 
-    def report_end(self, failure: FailureKind, reason: str) -> None:
+    def report_end(self, failure: FailureKind | None, reason: str) -> None:
         """Say how the attempt ended: whose failure, and why (the coordinator counts a lab
         failure before the attempt's first run against its device)."""
         report = self.report or CellReport(cell=self.cell.index, attempt=self.attempt, group=self.cell.group,
@@ -617,13 +620,14 @@ class CellRun:
 
 
 def whose_failure(result: LocalResult, trouble: Callable[[], str | None]) -> tuple[FailureKind, str | None]:
-    """Whose failure a failed command was, and why when it was the lab's for a reason the
-    command did not say: it exited 75 (it says the lab failed it), or the lab was in
-    ``trouble()``; then its deadline; else the test's (docs/architecture.md, "Lab failures")."""
+    """Whose failure a failed command was, and why when it was the lab's: the lab was in
+    ``trouble()`` (that reason), or it exited 75 (it says the lab failed it); then its
+    deadline; else the test's (docs/architecture.md, "Lab failures")."""
+    why = trouble()  # (asked first: what the lab knows says more than a command's "75")
+    if why is not None:
+        return FailureKind.LAB, why
     if result.status == LAB_FAILURE_STATUS:
         return FailureKind.LAB, None
-    if (why := trouble()) is not None:
-        return FailureKind.LAB, why
     return (FailureKind.TIMEOUT if result.timed_out else FailureKind.TEST), None
 
 

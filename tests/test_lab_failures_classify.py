@@ -24,10 +24,13 @@ def devices(name: str) -> dict:
     return {"name": name, "reason": "health failed: console silent"}
 
 
-def test_exit_75_is_the_labs_before_anything_is_asked():
-    def never() -> str | None:
-        raise AssertionError("no need to look at the lease")
-    assert whose_failure(result(LAB_FAILURE_STATUS), never) == (FailureKind.LAB, None)
+def test_exit_75_is_the_labs_and_what_the_lab_knows_says_why():
+    """A command's 75 (``device-loop exec`` on a board gone) is the lab's; the lease, read, says
+    the cause better than the command's output ("connection refused" of a revoked lease's relay)."""
+    assert whose_failure(result(LAB_FAILURE_STATUS), lambda: None) == (FailureKind.LAB, None)
+    revoked = {**SERVING, "state": "revoked", "reason": "revoked by admin root"}
+    kind, why = whose_failure(result(LAB_FAILURE_STATUS), lambda: lab_trouble(revoked, devices))
+    assert kind is FailureKind.LAB and "the lease lease-1 on b0 is revoked" in why
 
 
 @pytest.mark.parametrize(("lease", "said"), [

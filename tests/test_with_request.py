@@ -10,8 +10,10 @@ import pytest
 
 from device_loop.cli.main import cli
 from device_loop.client.command_lease import MAX_ARGUMENTS, CommandRequest, WrongRequest, check_request, runs_image
-from device_loop.client.lab_trouble import lab_trouble, lost_reason
+from device_loop.client.http import CoordinatorError
+from device_loop.client.lab_trouble import lab_trouble, lost_reason, wrong_request
 from device_loop.core.command_outcome import CommandOutcome, command_status_outcome
+from device_loop.core.errors import ErrorCode
 from device_loop.core.vocabulary import FailureKind
 
 
@@ -125,3 +127,17 @@ def test_a_queued_wait_says_the_ticket_s_place_each_time_it_changes_and_only_the
     assert said == ["tk-1: position 2 (interactive, for a device of class sim-board)",
                     "tk-1: position 1 (interactive, for a device of class sim-board)",
                     "tk-1: granted (interactive, for a device of class sim-board)"]
+
+
+@pytest.mark.parametrize("code, status, wrong", [
+    (ErrorCode.WRONG_FIDELITY, 409, True),      # a device by name that its --needs does not take
+    (ErrorCode.NO_SUCH_DEVICES, 409, True),     # a class none has
+    (ErrorCode.UNKNOWN_IMAGE, 404, True),
+    (ErrorCode.BUSY, 409, False),               # the lab could not give it now: 75, a rerun may pass
+    (ErrorCode.ALREADY_YOURS, 409, False),      # a board the same token holds (two CI jobs): it ends
+    (ErrorCode.NONE_FREE, 409, False),
+])
+def test_a_refusal_is_the_request_s_or_the_lab_s(code, status, wrong):
+    """``with`` exits 2 on a refusal no wait cures, 75 on one the lab may cure; a job's cell
+    refused so fails as its spec's, not the lab's (docs/architecture.md, "Lab failures")."""
+    assert wrong_request(CoordinatorError(code, "said", status=status)) is wrong

@@ -30,9 +30,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from device_loop.core.answers import LeaseAnswer, OperationAnswer
 from device_loop.core.command_outcome import (TIMEOUT_STATUS, CommandOutcome, Timings, cancelled_status,
                                               command_status_outcome, signal_name)
 from device_loop.core.durations import format_duration, keepalive_problem
@@ -48,6 +47,9 @@ from .keepalive import KeepAlive
 from .lab import Lab, Lease, LeaseFailed, Ticket, telling_place
 from .lab_trouble import lab_trouble, wrong_request
 from .lease_watch import LeaseWatch, device_reader
+
+if TYPE_CHECKING:  # (pydantic is heavy: a with starts its command without loading it)
+    from device_loop.core.answers import LeaseAnswer, OperationAnswer
 
 #: A command line's bounds (docs/architecture.md, "A lease bound to a command").
 MAX_ARGUMENTS = 10_000

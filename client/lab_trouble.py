@@ -3,14 +3,16 @@ failures"): what a job's runner and ``device-loop with`` both read of a lease, w
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from device_loop.core import LIVE_LEASE_STATES
-from device_loop.core.answers import LeaseAnswer
 from device_loop.core.errors import ErrorCode
 from device_loop.core.vocabulary import DeviceState
 
 from .http import CoordinatorError
+
+if TYPE_CHECKING:  # (pydantic is heavy: a with starts its command without loading it)
+    from device_loop.core.answers import LeaseAnswer
 
 #: Refusals no retry cures: the request is wrong (``with`` exits 2, a job's cell failed for no
 #: one's fault but its spec's), not the lab (docs/architecture.md, "Lab failures").

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from device_loop.core.answers import LeaseAnswer
 
 from .http import CoordinatorError
 from .lab import Lease
 from .lab_trouble import lost_reason
+
+if TYPE_CHECKING:  # (pydantic is heavy: a with starts its command without loading it)
+    from device_loop.core.answers import LeaseAnswer
 
 WATCH_S = 5.0  # the longest the lease goes unseen while the command runs (its end: at once)
 

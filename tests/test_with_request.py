@@ -141,3 +141,19 @@ def test_a_refusal_is_the_request_s_or_the_lab_s(code, status, wrong):
     """``with`` exits 2 on a refusal no wait cures, 75 on one the lab may cure; a job's cell
     refused so fails as its spec's, not the lab's (docs/architecture.md, "Lab failures")."""
     assert wrong_request(CoordinatorError(code, "said", status=status)) is wrong
+
+
+@pytest.mark.service
+def test_with_starts_its_command_without_loading_pydantic_or_the_analysis():
+    """``with`` is a CI step's wrapper: its own start is most of its cost (bench/with_overhead.py),
+    so what it loads before the command runs stays light (the answers' types only for the type checker)."""
+    import subprocess
+    import sys
+
+    probe = ("import json, sys; import device_loop.cli.main, device_loop.cli.with_command, "
+             "device_loop.client.command_lease; print(json.dumps(sorted(sys.modules)))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                                       check=True).stdout)
+    heavy = [name for name in loaded if name.startswith(("pydantic", "scipy", "numpy", "device_loop.core.answers",
+                                                         "device_loop.core.ab"))]
+    assert heavy == [], heavy[:8]

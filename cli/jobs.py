@@ -179,8 +179,8 @@ def _say(text: str) -> None:
 def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, share_token: bool = True,
              reports: Reports = None) -> None:
     """Submit ``spec`` with this process as its worker, run it, print its table (or JSON),
-    and exit 0 once done, 75 if the lab failed it, 1 if it failed otherwise. Ctrl-C or
-    SIGTERM stops it: failed, leases released.
+    and exit 0 once done, 75 if the lab failed it, 1 if it failed otherwise. Ctrl-C,
+    SIGTERM or SIGHUP stops it (exit 130, 143, 129): failed, leases released.
     Its commands run in a cgroup of the job's where this machine lets it make one
     (``client/job_cgroups.py``), else each in a process group; ``share_token``: they get
     this process's token. ``reports``: the JUnit and markdown files to write once it ended,
@@ -199,9 +199,13 @@ def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, sh
     if not as_json:
         click.echo(f"{job.id}: running ({_what(spec)})", err=True)
     stopper = Stopper()
-    previous = {sig: signal.signal(sig, lambda signum, frame: stopper.stop(
-        "interrupted (Ctrl-C)" if signum == signal.SIGINT else "its worker was stopped (SIGTERM)"))
-        for sig in (signal.SIGINT, signal.SIGTERM)}
+    stopped_by: list[int] = []  # the signal that stopped it: the exit status says it, as a shell's does
+
+    def stop(signum: int, frame: object) -> None:
+        stopped_by.append(signum)
+        stopper.stop("interrupted (Ctrl-C)" if signum == signal.SIGINT else
+                     f"its worker was stopped ({signal.Signals(signum).name})")
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         ended = Runner(lab.jobs, say=None if as_json else _say, share_token=share_token, cgroups=cgroups).run(job,
                                                                                                           stopper)
@@ -213,7 +217,7 @@ def run_here(lab: Lab, spec: JobSpec, as_json: bool, plot: str | None = None, sh
     show_ended(ended, as_json, plot)
     write_job_results(lab.api.url, ended, *(reports or (None, None)))
     if ended.state is not JobState.DONE:
-        sys.exit(130 if stopper.reason == "interrupted (Ctrl-C)" else
+        sys.exit(128 + stopped_by[0] if stopped_by else
                  LAB_FAILURE_STATUS if ended.failure() is FailureKind.LAB else 1)
 
 

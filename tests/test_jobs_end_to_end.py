@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -256,7 +257,7 @@ def test_a_worker_stopped_by_sigterm_fails_its_job_and_releases(lab, tmp_path):
     finally:
         if running.poll() is None:
             running.kill()
-    assert running.returncode == 1, err
+    assert running.returncode == 128 + signal.SIGTERM, err  # as a shell says it (CI runners cancel so)
     job = json.loads(out)
     assert job["state"] == "failed" and "SIGTERM" in job["reason"] and job["runs"] == []
     wait_state(coordinator, "sim-board-0", "idle")

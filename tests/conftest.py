@@ -249,17 +249,22 @@ def anyio_backend():
     return "asyncio"
 
 
-@pytest.fixture
-def env(tmp_path):
-    """An environment of our own: HOME, XDG dirs, no coordinator from the caller (the default
-    one is the guard's)."""
-    home = tmp_path / "home"
-    home.mkdir()
+def own_environment(folder: Path) -> dict[str, str]:
+    """An environment of our own, as alice, in ``folder``: HOME and XDG dirs under ``folder/home``,
+    nothing of the caller's device-loop settings (the default coordinator is the guard's)."""
+    home = folder / "home"
+    home.mkdir(exist_ok=True)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
     environ.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
                    DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
                    PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
     return environ
+
+
+@pytest.fixture
+def env(tmp_path):
+    """An environment of our own (``own_environment``) in the test's folder."""
+    return own_environment(tmp_path)
 
 
 class Proc:

@@ -6,29 +6,23 @@ command stays the caller's (exit 1). No lab: the lease a job's command is given
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 from click.testing import CliRunner
 
 from device_loop.cli.main import cli
+from device_loop.core.ports import free_port  # (nothing listens there: the board unreachable)
 from device_loop.core.usage import LEASE_ANSWER_ENV
 from device_loop.core.vocabulary import LAB_FAILURE_STATUS
 
 NOWHERE = "http://127.0.0.1:9"  # (the lease is given: no request is made)
 
 
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def lease_answer(**change) -> str:
     return json.dumps({"id": "lease-0123456789abcdef", "device": "sim-board-0", "state": "active", "ready": True,
                        "reason": None, "secret": None,
                        "endpoints": [{"kind": "uart", "role": "console", "protocol": "raw", "host": "127.0.0.1",
-                                      "port": closed_port()}], **change})
+                                      "port": free_port()}], **change})
 
 
 @pytest.mark.parametrize("command, status, said", [

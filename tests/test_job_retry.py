@@ -6,14 +6,13 @@ whose lease an admin revoked meanwhile the lab's; two lab failures in a row take
 of service until an admin clears it. One lab for the module; this process is the worker."""
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
 import httpx2
 import pytest
 
-from conftest import BUILT_IN_PLUGINS, DEFAULT_COORDINATOR_GUARD, LOAD_ENV, Coordinator, Exporter, wait_for
+from conftest import Coordinator, Exporter, own_environment, wait_for
 from helpers import wait_state
 from device_loop.client import Lab
 from device_loop.client.runner import Runner
@@ -29,10 +28,7 @@ METRIC = """echo '{"metric": "t_ms", "value": 2}'"""
 @pytest.fixture(scope="module")
 def one_lab(tmp_path_factory):
     folder = tmp_path_factory.mktemp("retry-lab")
-    (folder / "home").mkdir()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
-    environ.update(HOME=str(folder / "home"), DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=
-                   DEFAULT_COORDINATOR_GUARD.url, PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
+    environ = own_environment(folder)
     coordinator = Coordinator(folder, environ)
     exporter = Exporter(folder, environ, coordinator.url, BOARDS)
     try:

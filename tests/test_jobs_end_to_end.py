@@ -7,7 +7,6 @@ a clear message, never a traceback. One lab for the module: every test gives its
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import threading
 
 import pytest
 
-from conftest import BUILT_IN_PLUGINS, DEFAULT_COORDINATOR_GUARD, LOAD_ENV, Coordinator, Exporter, wait_for
+from conftest import Coordinator, Exporter, own_environment, wait_for
 from helpers import pid_alive, wait_state
 from device_loop.cli import main as cli_main
 from device_loop.client import Lab
@@ -32,10 +31,7 @@ BOARD = {"name": "sim-board-0", "plugin": "sim", "class": "sim-board", "tags": [
 @pytest.fixture(scope="module")
 def one_lab(tmp_path_factory):
     folder = tmp_path_factory.mktemp("jobs-lab")
-    (folder / "home").mkdir()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
-    environ.update(HOME=str(folder / "home"), DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=
-                   DEFAULT_COORDINATOR_GUARD.url, PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
+    environ = own_environment(folder)
     coordinator = Coordinator(folder, environ)
     exporter = Exporter(folder, environ, coordinator.url, [BOARD])
     try:

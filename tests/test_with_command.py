@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BUILT_IN_PLUGINS, DEFAULT_COORDINATOR_GUARD, LOAD_ENV, Coordinator, Exporter, sim_devices, wait_for
+from conftest import Coordinator, Exporter, own_environment, sim_devices, wait_for
 from helpers import device, pid_alive, wait_state
 from device_loop.client.command_lease import GRACE_S
 from device_loop.coordinator.lifecycle import Settings
@@ -40,9 +40,7 @@ def outcome_of(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, dict, 
 def shared_lab(tmp_path_factory):
     """One lab for the module's tests (each leaves sim-board-0 to become idle again)."""
     folder = tmp_path_factory.mktemp("with-lab")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
-    environ.update(HOME=str(folder), DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
-                   PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
+    environ = own_environment(folder)
     coordinator = Coordinator(folder, environ)
     exporter = Exporter(folder, environ, coordinator.url, sim_devices("sim-board-0"))
     yield coordinator

@@ -18,6 +18,7 @@ a value made from the token that only the coordinator's own pages hold.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
 import hashlib
 import hmac
@@ -29,7 +30,8 @@ import httpx2
 from starlette.requests import Request
 
 from device_loop.core.durations import iso
-from device_loop.core.vocabulary import TokenKind
+from device_loop.core.scopes import TokenScope
+from device_loop.core.vocabulary import Band, TokenKind
 
 from device_loop.core.answers import TokenAnswer
 from device_loop.core.errors import ErrorCode
@@ -123,7 +125,16 @@ async def token_identity(rules, token: str) -> Who | None:
     if row["host"]:
         return Who(f"exporter:{row['host']}", CallerKind.EXPORTER, host=row["host"])
     kind = CallerKind.AGENT if row["kind"] == TokenKind.AGENT else CallerKind.PERSON
-    return Who(row["username"], kind, admin=row["admin"])
+    return Who(row["username"], kind, admin=row["admin"], token_id=row["id"], scope=scope_of(row["scope"]),
+               band=Band(row["band"]))
+
+
+@functools.lru_cache(maxsize=1024)
+def scope_of(text: str | None) -> TokenScope | None:
+    """A token's scope as its row keeps it (JSON), parsed once per distinct scope: the check
+    of every call costs the token's one lookup, which it made anyway (docs/architecture.md,
+    "Shares of one lab")."""
+    return None if text is None else TokenScope.model_validate_json(text)
 
 
 async def _tailnet_identity(request: Request) -> Who:
@@ -195,7 +206,7 @@ async def issue_token(store: Store, clock: Callable[[], float], username: str | 
     token_id, token = new_token()
     now = clock()
     row: TokenRow = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",
-           "admin": bool(admin and host is None), "host": host, "kind": TokenKind(kind), "created_at": now,
+           "admin": bool(admin and host is None), "host": host, "kind": TokenKind(kind), "scope": None, "band": Band.NORMAL, "created_at": now,
            "expires_at": now + expires_s if expires_s else None, "revoked_at": None}
     await TokenQueries(store).insert_token(row)
     return {**token_view(row), "token": token}
@@ -204,6 +215,7 @@ async def issue_token(store: Store, clock: Callable[[], float], username: str | 
 def token_view(row: TokenRow) -> TokenAnswer:
     """A token as lists show it: everything but the secret and its hash."""
     return {"id": row["id"], "user": row["username"], "admin": bool(row["admin"]), "host": row["host"],
-            "kind": row["kind"],
+            "kind": row["kind"], "scope": None if row["scope"] is None else scope_of(row["scope"]).model_dump(mode="json"),
+            "band": row["band"],
             "created_at": iso(row["created_at"]), "expires_at": iso(row["expires_at"]),
             "revoked_at": iso(row["revoked_at"])}

@@ -26,6 +26,7 @@ OPERATION_STATES = ("queued", "running", "done", "failed")
 TICKET_STATES = ("waiting", "granted", "claimed", "cancelled", "expired")
 TICKET_KINDS = ("interactive", "batch")
 TOKEN_KINDS = ("person", "agent")
+BANDS = ("urgent", "normal", "background")
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 RUN_ARMS = ("A", "B", "run")
 FAULT_KINDS = ("step-failed", "health-permanent", "marked-faulty", "switched-off", "unverified-on", "lab-failures")
@@ -608,5 +609,14 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         "ALTER TABLE tickets ADD COLUMN lapses_at DOUBLE PRECISION",
         "CREATE INDEX tickets_lapse ON tickets(state, lapses_at)",
         "ALTER TABLE operations ADD COLUMN verified BOOLEAN NOT NULL DEFAULT FALSE",
+    ],
+    # 25: shares of one lab (docs/architecture.md, "Shares of one lab"): a token's scope
+    # (JSON; NULL: unscoped) and priority band, set by an admin; a ticket's band (its
+    # requester's token's, when it was made) and its turn among its requester's (fair share)
+    [
+        "ALTER TABLE tokens ADD COLUMN scope TEXT",
+        f"ALTER TABLE tokens ADD COLUMN band TEXT NOT NULL DEFAULT 'normal' {_one_of('band', BANDS)}",
+        f"ALTER TABLE tickets ADD COLUMN band TEXT NOT NULL DEFAULT 'normal' {_one_of('band', BANDS)}",
+        "ALTER TABLE tickets ADD COLUMN turn INTEGER NOT NULL DEFAULT 0",
     ],
 ]

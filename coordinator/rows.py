@@ -11,7 +11,7 @@ from typing import Any
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
 from device_loop.core.answers import FlashedImage as FlashedImage  # (read as it is answered: one type)
-from device_loop.core.vocabulary import (Arm, DeviceState, FailureKind, FaultKind, Fidelity, HealthStatus, JobState,
+from device_loop.core.vocabulary import (Arm, Band, DeviceState, FailureKind, FaultKind, Fidelity, HealthStatus, JobState,
                                          LeaseState, Needs, OperationState, Purpose, TicketKind, TicketState, TokenKind)
 
 # "class" is a keyword: the functional form
@@ -176,6 +176,8 @@ class TokenRow(TypedDict):
     admin: bool
     host: str | None  # an exporter's token: the host it reports for
     kind: TokenKind   # a person's or an agent's (an agent's tickets are batch)
+    scope: str | None  # a TokenScope as JSON (None: unscoped), read through identity.scope_of
+    band: Band         # its tickets' priority band, set by an admin
     created_at: float
     expires_at: float | None
     revoked_at: float | None

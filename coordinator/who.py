@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from device_loop.core.scopes import TokenScope
+from device_loop.core.vocabulary import Band
+
 
 class CallerKind(StrEnum):
     """What kind of caller a ``Who`` is."""
@@ -30,6 +33,10 @@ class Who:
     host: str | None = None           # exporter tokens only: the host they report for
     csrf: str | None = None           # signed in by the page's cookie: what its unsafe requests carry
     csrf_missing: bool = False        # ... and this unsafe request does not: only public routes answer it
+    token_id: str | None = None       # the token it called with (its budget's and its usage's key)
+    scope: TokenScope | None = None   # what a scoped token may do (None: unscoped; docs/architecture.md,
+    #                                   "Shares of one lab")
+    band: Band = Band.NORMAL          # its tickets' priority band, as an admin set it on its token
 
     @property
     def known(self) -> bool:

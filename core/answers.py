@@ -10,7 +10,7 @@ from typing import Any
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
 from .ab.jobs import CellReport, JobSpec, RunRecord
-from .vocabulary import (DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState, Needs, OperationState,
+from .vocabulary import (Band, DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState, Needs, OperationState,
                          TicketKind, TicketState, TokenKind)
 
 
@@ -261,6 +261,8 @@ class TokenAnswer(TypedDict, total=False):
     admin: bool
     host: str | None
     kind: TokenKind     # person or agent (an agent's queue tickets are batch)
+    scope: dict[str, Any] | None  # a TokenScope (core/scopes.py) as JSON; None: unscoped
+    band: Band          # its tickets' priority band
     created_at: str | None
     expires_at: str | None
     revoked_at: str | None

@@ -26,6 +26,7 @@ class ErrorCode(StrEnum):
     BAD_TOKEN = "bad_token"
     BAD_USER = "bad_user"
     BODY_TIMEOUT = "body_timeout"
+    BUDGET_SPENT = "budget_spent"  # a scoped token's budget of device-minutes has no room left
     BUSY = "busy"
     CAMERA_REFUSED = "camera_refused"
     CHECKSUM_MISMATCH = "checksum_mismatch"
@@ -73,6 +74,7 @@ class ErrorCode(StrEnum):
     NO_SUCH_CELL = "no_such_cell"
     NO_SUCH_DEVICES = "no_such_devices"
     NO_SUCH_OPERATION = "no_such_operation"
+    NONE_CAN_SERVE = "none_can_serve"  # no device, busy or not, could ever serve the request
     NONE_FREE = "none_free"
     NOT_ACCEPTABLE = "not_acceptable"
     NOT_FOUND = "not_found"
@@ -84,6 +86,7 @@ class ErrorCode(StrEnum):
     ONLINE = "online"
     ONLY_KNOWN_GOOD = "only_known_good"
     OPERATION_RUNNING = "operation_running"
+    OUT_OF_SCOPE = "out_of_scope"  # a scoped token may not do this: the refusal names the scope
     OVER_QUOTA = "over_quota"
     PROTOCOL_MISMATCH = "protocol_mismatch"
     RECLAIMING = "reclaiming"
@@ -98,6 +101,7 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"
     TOO_LARGE = "too_large"
     TOO_MANY_JOBS = "too_many_jobs"
+    TOO_MANY_OPERATIONS = "too_many_operations"  # a lease starts operations faster than its share
     TOO_MANY_LEASES = "too_many_leases"
     TOO_MANY_RESERVATIONS = "too_many_reservations"
     TOO_MANY_RUNS = "too_many_runs"

@@ -160,6 +160,24 @@ class TicketKind(StrEnum):
     BATCH = "batch"
 
 
+class Band(StrEnum):
+    """A token's priority band (docs/architecture.md, "Shares of one lab"): its tickets are
+    served band by band, urgent first; set by an admin, never by the request."""
+    URGENT = "urgent"
+    NORMAL = "normal"
+    BACKGROUND = "background"
+
+
+#: The order bands are served in (lower first), as the queue's SQL orders them.
+BAND_RANK = {Band.URGENT: 0, Band.NORMAL: 1, Band.BACKGROUND: 2}
+
+
+class BudgetPeriod(StrEnum):
+    """What a token's budget of device-minutes is for: each UTC day, or the token's whole life."""
+    DAY = "day"
+    TOKEN = "token"
+
+
 class TokenKind(StrEnum):
     """What a person's token is for (set by the admin who makes it): an agent's tickets are batch."""
     PERSON = "person"
@@ -211,7 +229,7 @@ LAB_FAILURE_STATUS = 75
 #: Every enum of the vocabulary.
 VOCABULARY = (LeaseState, DeviceState, HealthStatus, OperationState, EndpointRole, PowerAction, PowerState,
               PowerVerdict, AutoRecover, Purpose, FaultKind, Fidelity, TicketState, TicketKind, TokenKind,
-              JobState, Needs, Arm, FailureKind)
+              JobState, Needs, Arm, FailureKind, Band, BudgetPeriod)
 
 
 def sql_list(values: Iterable[str]) -> str:

@@ -10,7 +10,8 @@ import pytest
 
 from device_loop.coordinator import migrations
 from device_loop.coordinator.store import Store
-from device_loop.core.vocabulary import (LIVE_LEASE_STATES, LIVE_OP_STATES, VOCABULARY, Arm, DeviceState, FailureKind,
+from device_loop.core.vocabulary import (LIVE_LEASE_STATES, LIVE_OP_STATES, VOCABULARY, Arm, Band, DeviceState,
+                                         FailureKind,
                                          FaultKind,
                                          Fidelity, HealthStatus, JobState, LeaseState, Needs, OperationState,
                                          Purpose, TicketKind, TicketState, TokenKind)
@@ -23,7 +24,7 @@ CHECKED = {("devices", "state"): DeviceState, ("devices", "health"): HealthStatu
            ("jobs", "state"): JobState, ("jobs", "kind"): TicketKind, ("job_runs", "arm"): Arm,
            ("devices", "fault_kind"): FaultKind, ("devices", "fidelity"): Fidelity, ("operations", "purpose"): Purpose,
            ("tickets", "needs"): Needs, ("tickets", "fallback"): Needs, ("job_runs", "failure"): FailureKind,
-           ("job_cells", "failure"): FailureKind}
+           ("job_cells", "failure"): FailureKind, ("tokens", "band"): Band, ("tickets", "band"): Band}
 
 
 @pytest.fixture
@@ -71,7 +72,8 @@ def test_a_value_outside_the_vocabulary_is_refused_and_each_inside_it_taken(sche
 RESTATED = {"DEVICE_STATES": DeviceState, "HEALTH_STATES": HealthStatus, "LEASE_STATES": LeaseState,
             "OPERATION_STATES": OperationState, "TICKET_STATES": TicketState, "TICKET_KINDS": TicketKind,
             "TOKEN_KINDS": TokenKind, "JOB_STATES": JobState, "RUN_ARMS": Arm, "FAULT_KINDS": FaultKind,
-            "FIDELITIES": Fidelity, "PURPOSES": Purpose, "NEEDS": Needs, "FAILURE_KINDS": FailureKind}
+            "FIDELITIES": Fidelity, "PURPOSES": Purpose, "NEEDS": Needs, "FAILURE_KINDS": FailureKind,
+            "BANDS": Band}
 
 
 def test_the_migrations_tuples_are_the_enums():

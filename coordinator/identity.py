@@ -206,16 +206,17 @@ async def issue_token(store: Store, clock: Callable[[], float], username: str | 
     token_id, token = new_token()
     now = clock()
     row: TokenRow = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",
-           "admin": bool(admin and host is None), "host": host, "kind": TokenKind(kind), "scope": None, "band": Band.NORMAL, "created_at": now,
-           "expires_at": now + expires_s if expires_s else None, "revoked_at": None}
+           "admin": bool(admin and host is None), "host": host, "kind": TokenKind(kind), "scope": None,
+           "band": Band.NORMAL, "created_at": now, "expires_at": now + expires_s if expires_s else None,
+           "revoked_at": None}
     await TokenQueries(store).insert_token(row)
     return {**token_view(row), "token": token}
 
 
 def token_view(row: TokenRow) -> TokenAnswer:
     """A token as lists show it: everything but the secret and its hash."""
+    scope = scope_of(row["scope"])
     return {"id": row["id"], "user": row["username"], "admin": bool(row["admin"]), "host": row["host"],
-            "kind": row["kind"], "scope": None if row["scope"] is None else scope_of(row["scope"]).model_dump(mode="json"),
-            "band": row["band"],
+            "kind": row["kind"], "scope": None if scope is None else scope.model_dump(mode="json"), "band": row["band"],
             "created_at": iso(row["created_at"]), "expires_at": iso(row["expires_at"]),
             "revoked_at": iso(row["revoked_at"])}

@@ -11,7 +11,8 @@ from typing import Any
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
 from device_loop.core.answers import FlashedImage as FlashedImage  # (read as it is answered: one type)
-from device_loop.core.vocabulary import (Arm, Band, DeviceState, FailureKind, FaultKind, Fidelity, HealthStatus, JobState,
+from device_loop.core.vocabulary import (Arm, Band, DeviceState, FailureKind, FaultKind, Fidelity, HealthStatus,
+                                         JobState,
                                          LeaseState, Needs, OperationState, Purpose, TicketKind, TicketState, TokenKind)
 
 # "class" is a keyword: the functional form

@@ -10,7 +10,8 @@ from typing import Any
 from typing_extensions import TypedDict  # (pydantic reads typing.TypedDict only from Python 3.12)
 
 from .ab.jobs import CellReport, JobSpec, RunRecord
-from .vocabulary import (Band, DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState, Needs, OperationState,
+from .vocabulary import (Band, DeviceState, FaultKind, Fidelity, HealthStatus, JobState, LeaseState, Needs,
+                         OperationState,
                          TicketKind, TicketState, TokenKind)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import FLASH_KIND, POWER_KIND, SETTLE_KIND
 from .vocabulary import BudgetPeriod
 
 MAX_SCOPE_NAMES = 64              # classes, tags or operations a scope lists
@@ -19,8 +20,8 @@ MAX_BUDGET_S = 366 * 86400 * 100  # a hundred devices all year: more is no budge
 #: The operations a scope names that are calls rather than kinds of operation a plugin runs
 #: (those are named by their kind, as ``device_info`` lists them): each call of the calls
 #: table that acts on a device names one of these, or a power action as ``power.ACTION``.
-CALL_OPERATIONS = ("exec", "uart", "camera", "fingerprint", "flash", "recover", "settle", "job", "image")
-POWER_OPERATION = "power.{action}"
+CALL_OPERATIONS = ("exec", "uart", "camera", "fingerprint", FLASH_KIND, "recover", SETTLE_KIND, "job", "image")
+POWER_OPERATION = POWER_KIND + ".{action}"
 
 _Name = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:=-]*$")
 

@@ -24,6 +24,7 @@ from .idempotency import MAX_KEY_CHARS, idempotently
 from .limits import body_of, check_media_type, takes_body
 from .rules import Rules
 from .schemas import MAX_WAIT_S
+from .scope_check import check_scope
 from .web import pages
 
 # PostgreSQL's text holds no NUL character (SQLite's does): it is refused on both, before
@@ -137,6 +138,7 @@ def route_handler(call: Call):
         args = await _args(call, request)
         ctx = Ctx(_rules(request), await caller_identity(request), _hung_up(request), MAX_WAIT_S, body,
                   stream=request.stream() if call.streamed else None)
+        check_scope(ctx.caller, call.operation(args))
 
         async def act() -> Response:
             return _response(call, ctx, await call.run(ctx, args))

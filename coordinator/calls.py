@@ -19,7 +19,8 @@ from pydantic import BaseModel, ValidationError
 from device_loop.core import API_PREFIX, FLASH_KIND, POWER_KIND, PROTOCOL_VERSION, __version__
 from device_loop.core.ab.jobs import CellReport, JobSummary, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
-from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, TicketKind
+from device_loop.core.scopes import POWER_OPERATION
+from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, PowerAction, TicketKind
 
 from . import device_commands, relays
 from device_loop.core.answers import (AuditEntry, CandidateAnswer, CdiAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer,
@@ -77,6 +78,14 @@ class Call:
     # idempotent call's transaction begins after it (docs/architecture.md, "Nothing that waits
     # holds the lab")
     ready: Callable[[Ctx, Any], Awaitable[None]] | None = None
+    # the scope operation it needs (docs/architecture.md, "Shares of one lab"): a name, or
+    # what its arguments name (a power action, an operation's kind); None: a reading call,
+    # or one only admins and exporters make (their tokens have no scope)
+    needs: str | Callable[[Any], str] | None = None
+
+    def operation(self, args: Any) -> str | None:
+        """The scope operation this call with ``args`` needs, or None if it needs none."""
+        return self.needs(args) if callable(self.needs) else self.needs
 
     async def carry_out(self, ctx: Ctx, args: Any) -> Any:
         """Wait for what the call waits for (``ready``), then run it."""
@@ -560,6 +569,21 @@ async def adopt_candidate(ctx: Ctx, args: AdoptIn) -> dict:
     return await ctx.rules.admin.adopt(args.identifier, args.name, args.device_class, args.tags, ctx.caller.name)
 
 
+def _power_action(args: PowerIn) -> str:
+    return POWER_OPERATION.format(action=PowerAction(args.action).value)
+
+
+def _kind_started(args: OperationIn) -> str:
+    """What ``start_operation`` needs: its kind, and for power the action (``power.cycle``); a
+    power request without a valid action needs ``power``, which no scope lists (refused, never
+    let through unchecked: its own check would answer it later)."""
+    if args.kind != POWER_KIND:
+        return args.kind
+    action = args.args.get("action")
+    return (POWER_OPERATION.format(action=action) if isinstance(action, str) and action in set(PowerAction)
+            else POWER_KIND)
+
+
 # The table: every call, who may make it, and where. Only the ANYONE rows take callers
 # without a token (tests/test_access.py calls every route and tool to hold this table to it).
 # A heartbeat of 1000 devices (the most a report has) with 4 resources each, their services
@@ -599,46 +623,48 @@ CALLS: list[Call] = [
     Call("release", USER, release, LeaseId, LeaseAnswer, "POST", "/leases/{lease_id}/release", tool=True,
          idempotent=True),
     Call("start_operation", USER, start_operation, OperationIn, OperationAnswer,
-         "POST", "/leases/{lease_id}/operations", tool=True, status=201, idempotent=True),
+         "POST", "/leases/{lease_id}/operations", tool=True, status=201, idempotent=True, needs=_kind_started),
     Call("flash", USER, flash, FlashIn, OperationAnswer, "POST", "/leases/{lease_id}/flash", tool=True,
-         status=201, idempotent=True),
+         status=201, idempotent=True, needs="flash"),
     Call("recover", USER, recover, LeaseId, OperationAnswer, "POST", "/leases/{lease_id}/recover", tool=True,
-         status=201, idempotent=True),
+         status=201, idempotent=True, needs="recover"),
     Call("operation_status", USER, operation_status, OpWait, OperationAnswer, "GET", "/ops/{op_id}", tool=True,
          aliases=("flash_status",)),
     Call("settle", USER, settle, LeaseId, OperationAnswer, "POST", "/leases/{lease_id}/settle", tool=True,
-         status=201, idempotent=True),
+         status=201, idempotent=True, needs="settle"),
     Call("power", USER, power, PowerIn, OperationAnswer, "POST", "/leases/{lease_id}/power", tool=True,
-         status=201, idempotent=True),
-    Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True),
-    Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True),
-    Call("exec", USER, exec_command, ExecIn, ExecAnswer, tool=True),
-    Call("fingerprint", USER, fingerprint, LeaseId, dict, tool=True),
+         status=201, idempotent=True, needs=_power_action),
+    Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True, needs="camera"),
+    Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True, needs="uart"),
+    Call("exec", USER, exec_command, ExecIn, ExecAnswer, tool=True, needs="exec"),
+    Call("fingerprint", USER, fingerprint, LeaseId, dict, tool=True, needs="fingerprint"),
     Call("submit_job", USER, submit_job, SubmitJobIn, JobAnswer, "POST", "/jobs", tool=True, status=201,
-         idempotent=True),
+         idempotent=True, needs="job"),
     Call("my_jobs", USER, my_jobs, JobFilter, list[JobSummary], "GET", "/jobs", tool_key="jobs"),
     Call("claim_job", USER, claim_job, ClaimJobIn, ClaimAnswer, "POST", "/jobs/claim", idempotent=True,
-         ready=a_job_is_queued),
+         ready=a_job_is_queued, needs="job"),
     Call("job_status", USER, job_status, JobWait, JobAnswer, "GET", "/jobs/{job_id}", tool=True),
     Call("job_evidence", USER, job_evidence, JobId, str, "GET", "/jobs/{job_id}/evidence", tool=True,
          media_type="text/markdown; charset=utf-8"),
-    Call("beat_job", USER, beat_job, JobId, JobSummary, "POST", "/jobs/{job_id}/beat"),
+    Call("beat_job", USER, beat_job, JobId, JobSummary, "POST", "/jobs/{job_id}/beat", needs="job"),
     Call("reserve_for_job", USER, reserve_for_job, JobReserveIn, LeaseAnswer | TicketAnswer,
-         "POST", "/jobs/{job_id}/reserve", status=201, idempotent=True),
+         "POST", "/jobs/{job_id}/reserve", status=201, idempotent=True, needs="job"),
     Call("report_cell", USER, report_cell, JobId, CellReport, "POST", "/jobs/{job_id}/cells", idempotent=True,
-         body=CellReport, max_body=1 << 20),  # a fingerprint: 64 plugin fields of 4000 characters, 512 ISA flags
+         needs="job", body=CellReport, max_body=1 << 20),  # a fingerprint: 64 plugin fields of 4000 characters,
+    #                                                         512 ISA flags
     Call("report_run", USER, report_run, JobId, RunRecord, "POST", "/jobs/{job_id}/runs", status=201,
-         idempotent=True, body=RunRecord, max_body=128 << 10),  # its output's tail, readings, 16 samples
+         idempotent=True, body=RunRecord, max_body=128 << 10, needs="job"),  # its output's tail, readings, 16 samples
     Call("finish_job", USER, finish_job, FinishJobIn, JobAnswer, "POST", "/jobs/{job_id}/finish",
-         idempotent=True),
+         idempotent=True, needs="job"),
     Call("cancel_job", USER, cancel_job, JobId, JobAnswer, "POST", "/jobs/{job_id}/cancel", idempotent=True),
     Call("upload_image", USER, upload_image, UploadQuery, ImageAnswer, "POST", "/images", status=201, streamed=True,
-         refusals=frozenset({507})),
+         refusals=frozenset({507}), needs="image"),
     Call("list_images", USER, list_images, ImageFilter, list[ImageAnswer], "GET", "/images", tool=True,
          tool_key="images", refusals=frozenset({404})),  # what it names in the query may not exist
     Call("image_info", USER, image_info, ImageRefIn, ImageAnswer, "GET", "/images/{ref}",
          refusals=frozenset({422})),  # a reference may be malformed, or name several images
-    Call("remove_image", USER, remove_image, ImageRefIn, dict, "POST", "/images/{ref}/remove", idempotent=True),
+    Call("remove_image", USER, remove_image, ImageRefIn, dict, "POST", "/images/{ref}/remove", idempotent=True,
+         needs="image"),
     Call("create_token", ADMIN, create_token, TokenIn, TokenAnswer, "POST", "/admin/tokens", status=201,
          idempotent=True),
     Call("list_tokens", ADMIN, list_tokens, answer=list[TokenAnswer], method="GET", path="/admin/tokens"),

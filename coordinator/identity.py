@@ -190,10 +190,12 @@ def refusal(access: str, identity: Who, host: str | None = None) -> APIError | N
 
 async def issue_token(store: Store, clock: Callable[[], float], username: str | None = None, admin: bool = False,
                       host: str | None = None, expires_s: float | None = None,
-                      kind: TokenKind = TokenKind.PERSON) -> TokenAnswer:
+                      kind: TokenKind = TokenKind.PERSON, scope: TokenScope | None = None,
+                      band: Band = Band.NORMAL) -> TokenAnswer:
     """A new token for a person (``username``; ``kind``: a person's or an agent's, whose
-    queue tickets are batch) or an exporter (``host``); the answer holds the token itself,
-    which is never shown again."""
+    queue tickets are batch) or an exporter (``host``); a person's may be scoped and banded
+    (docs/architecture.md, "Shares of one lab": what needs the lab to judge, the caller judged
+    first: ``Admin.judge_scope``). The answer holds the token itself, which is never shown again."""
     if username is not None and host is None:
         name = username
     elif host is not None and username is None:
@@ -203,14 +205,30 @@ async def issue_token(store: Store, clock: Callable[[], float], username: str | 
     if not usable_name(name):
         raise APIError(422, ErrorCode.INVALID, f"{name!r} is not a usable name (letters, digits, . _ -; not "
                                                f"{', '.join(sorted(RESERVED_NAMES))}, which the lab's own actions use)")
+    check_token_scope(admin, host, scope, band)
     token_id, token = new_token()
     now = clock()
     row: TokenRow = {"id": token_id, "hash": hash_token(token), "username": username or f"exporter:{host}",
-           "admin": bool(admin and host is None), "host": host, "kind": TokenKind(kind), "scope": None,
-           "band": Band.NORMAL, "created_at": now, "expires_at": now + expires_s if expires_s else None,
-           "revoked_at": None}
+                     "admin": bool(admin and host is None), "host": host, "kind": TokenKind(kind),
+                     "scope": scope_text(scope), "band": Band(band), "created_at": now,
+                     "expires_at": now + expires_s if expires_s else None, "revoked_at": None}
     await TokenQueries(store).insert_token(row)
     return {**token_view(row), "token": token}
+
+
+def check_token_scope(admin: bool, host: str | None, scope: TokenScope | None, band: Band) -> None:
+    """Refuse (422, the field named) a scope or a band on a token that takes none: a scope never
+    makes an admin (an admin token is unscoped), and an exporter's token reports, it queues nothing."""
+    if scope is not None and admin:
+        raise APIError(422, ErrorCode.INVALID, "scope: an admin token is unscoped (a scope never makes an admin)")
+    if host is not None and (scope is not None or band != Band.NORMAL):
+        raise APIError(422, ErrorCode.INVALID, f"{'scope' if scope is not None else 'band'}: an exporter's token "
+                                               "takes no scope or band")
+
+
+def scope_text(scope: TokenScope | None) -> str | None:
+    """A scope as the tokens table keeps it (JSON; None: unscoped)."""
+    return None if scope is None else scope.model_dump_json()
 
 
 def token_view(row: TokenRow) -> TokenAnswer:

@@ -26,6 +26,7 @@ from .calls import TOOLS, Call, Ctx
 from .errors import APIError
 from .identity import caller_identity, check_access
 from .origin import allowed_hosts
+from .scope_check import check_scope
 from .who import Who
 
 TOOL_MAX_WAIT_S = 30.0  # a tool's long-poll: an agent's call never hangs for long
@@ -103,6 +104,7 @@ def _tool(rules, call: Call):
             first = exc.errors()[0]
             raise ToolError(f"{'.'.join(map(str, first['loc']))}: {first['msg']} [invalid]") from None
         try:
+            check_scope(caller, call.operation(args))
             answer = await call.carry_out(Ctx(rules, caller, _never_hangs_up, TOOL_MAX_WAIT_S, via_tool=True), args)
         except APIError as exc:  # the same code REST answers with, for agents that branch on it
             raise ToolError(f"{exc.message} [{exc.code}]") from None

@@ -91,7 +91,8 @@ def lease_text(lease: dict) -> str:
 
 def ticket_text(ticket: dict) -> str:
     """A queue ticket for people: what it waits for and where it stands, its lease once granted."""
-    head = f"{ticket['ticket']} ({ticket['kind']}) for a device {ticket['wants']}: {ticket['state']}"
+    band = "" if ticket.get("band", "normal") == "normal" else f", {ticket['band']}"
+    head = f"{ticket['ticket']} ({ticket['kind']}{band}) for a device {ticket['wants']}: {ticket['state']}"
     if ticket["state"] == "waiting":
         head += (f", position {ticket['position']}; follow it with 'device-loop ticket {ticket['ticket']} --wait', "
                  f"or cancel it: device-loop cancel {ticket['ticket']}")

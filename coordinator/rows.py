@@ -257,6 +257,8 @@ class TicketRow(TypedDict):
     fallback_at: float | None      # ... from this time on (its creation and its fallback_after)
     keepalive_s: float | None      # it lapses unless its requester reads it this often (its lease's keepalive)
     lapses_at: float | None        # ... at this time (docs/architecture.md, "Leases that live as long as their client")
+    band: Band                     # its requester's token's band when it was made (docs/architecture.md,
+    turn: int                      # ... "Shares of one lab"), and its turn among its requester's tickets
 
 
 class JobRow(TypedDict):

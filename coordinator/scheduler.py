@@ -3,9 +3,11 @@ name or by class and tags, and queue tickets for when nothing that matches is fr
 
 The lease stays the only mutex: a ticket only decides who gets a device's next lease. A
 ticket is granted in the transaction that makes a device free (``grant_free``, called by
-every service that does), to the first waiting ticket that matches it: interactive ones
-(a person) before batch ones (an agent), first come first served within each, and a batch
-ticket that waited longer than the lab's ``batch_max_wait_s`` among the interactive ones.
+every service that does), to the first waiting ticket that matches it: by band (its
+requester's token's), then interactive ones (a person) before batch ones (an agent), a batch
+ticket that waited longer than the lab's ``batch_max_wait_s`` among the interactive ones,
+then by turn (fair across requesters: docs/architecture.md, "Shares of one lab"), then
+first come first served.
 A grant is a fixed number of statements whatever the queue's length. The reaper grants
 what a grant on becoming free could not see (a ticket made in another process at that
 moment) and takes back grants nobody claimed within the claim window.
@@ -52,7 +54,8 @@ def need_of(row: TicketRow) -> Need:
 def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None, claim_window_s: float) -> TicketAnswer:
     need = need_of(row)
     return {
-        "ticket": row["id"], "state": row["state"], "kind": row["kind"], "requester": row["requester"],
+        "ticket": row["id"], "state": row["state"], "kind": row["kind"], "band": row["band"],
+        "requester": row["requester"],
         "wants": describe_want(row["device"], row["device_class"], row["tags"], need), "device": row["device"],
         "device_class": row["device_class"], "tags": row["tags"], "needs": row["needs"], "fallback": row["fallback"],
         "fallback_at": iso(row["fallback_at"]), "ttl_s": row["ttl_s"], "keepalive_s": row["keepalive_s"],
@@ -123,9 +126,12 @@ class Scheduler:
                           "state": TicketState.WAITING, "created_at": now, "granted_at": None, "ended_at": None,
                           "lease_id": None, "granted_device": None, "reason": "", "needs": need.needs,
                           "fallback": need.fallback, "fallback_at": need.fallback_at(now),
-                          "keepalive_s": keepalive_s, "lapses_at": None if keepalive_s is None else now + keepalive_s}
+                          "keepalive_s": keepalive_s, "lapses_at": None if keepalive_s is None else now + keepalive_s,
+                          "band": who.band, "turn": 0}  # (the band is the token's: a request cannot name one)
+        row["turn"] = await self.tickets_sql.next_turn(row)
         await self.tickets_sql.insert_ticket(row)
-        await life.audit(caller, "queue", device, None, {"ticket": row["id"], "kind": kind, "wants": describe_want(
+        await life.audit(caller, "queue", device, None, {"ticket": row["id"], "kind": kind, "band": who.band,
+                                                         "turn": row["turn"], "wants": describe_want(
             device, device_class, tags, need), "ttl_s": ttl} | ({} if keepalive_s is None else
                                                                  {"keepalive_s": keepalive_s}))
         life.notify(BOARD_KEY)
@@ -304,10 +310,7 @@ class Scheduler:
         board shows them (to ``who``; None: to anyone): ids only to their requesters and to
         whoever may see all."""
         now = self.life.clock()
-        aged = self._aged(now)
-        rows = await self.tickets_sql.waiting_tickets(MAX_LISTED)
-        rows.sort(key=lambda t: (0 if t["kind"] == TicketKind.INTERACTIVE or t["created_at"] <= aged else 1,
-                                 t["created_at"], t["id"]))
+        rows = await self.tickets_sql.waiting_tickets(MAX_LISTED, self._aged(now))
         seen: dict[tuple, int] = {}
         entries: list[QueueEntry] = []
         for row in rows:
@@ -315,7 +318,7 @@ class Scheduler:
             seen[want] = seen.get(want, 0) + 1
             shown = who is not None and (who.may_see_all or who.may_act_on(row["requester"]))
             entries.append({"ticket": row["id"] if shown else None,
-                            "requester": row["requester"], "kind": row["kind"],
+                            "requester": row["requester"], "kind": row["kind"], "band": row["band"],
                             "wants": describe_want(row["device"], row["device_class"], row["tags"], need_of(row)),
                             "device": row["device"], "device_class": row["device_class"], "tags": row["tags"],
                             "needs": row["needs"], "fallback": row["fallback"],

@@ -174,6 +174,7 @@ class TicketAnswer(TypedDict):
     ticket: str                 # its id (tk-...)
     state: TicketState          # waiting, granted, claimed, cancelled, expired
     kind: TicketKind            # interactive (a person) or batch (an agent): who is served first
+    band: Band                  # its priority band (its requester's token's, set by an admin): served first
     requester: str
     wants: str                  # what it waits for, in words
     device: str | None          # ... by name
@@ -199,6 +200,7 @@ class QueueEntry(TypedDict):
     ticket: str | None
     requester: str
     kind: TicketKind
+    band: Band
     wants: str
     device: str | None
     device_class: str | None

@@ -168,7 +168,7 @@ async def test_a_grant_from_a_ticket_costs_the_same_with_1_or_200_waiting_and_20
                 want = [(f"b{1 + n % (size - 1)}", None, []), (None, GRANT_CLASS, ["odd"]), (None, None, ["odd"]),
                         (None, GRANT_CLASS, [])][n % 4]
                 await add_waiting_ticket(rules, f"tk-filler-{n}", f"user{n % 4}", *want)
-            assert len(await rules.scheduler.tickets_sql.waiting_tickets(1000)) == 200
+            assert len(await rules.scheduler.tickets_sql.waiting_tickets(1000, 0)) == 200
             costs[size, 200] = await freed(first["lease_id"], "user0")
             await granted(served)
     with_grant = {costs[key] for key in costs if key[1]}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, sql_list
+from device_loop.core.vocabulary import BAND_RANK, OPEN_TICKET_STATES, Band, TicketKind, TicketState, sql_list
 
 from ..rows import DeviceFacts, TicketRow
 from .core import Store
@@ -19,7 +19,30 @@ LENT_TO = ("jobs.py",)
 
 
 _OPEN_TICKETS_SQL = sql_list(OPEN_TICKET_STATES)
-_FIRST = ("CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END, t.created_at, t.id")
+# The order of service (docs/architecture.md, "Shares of one lab": the queue is fair, by band):
+# band, then interactive before batch (an aged batch ticket counts as interactive), then turn,
+# then first come, then id. One key, so a grant, a place and the board read the same order.
+_BAND = "CASE t.band " + " ".join(f"WHEN '{band}' THEN {rank}" for band, rank in BAND_RANK.items()) + " ELSE " \
+        f"{len(BAND_RANK)} END"
+_TIER = "CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END"
+_ORDER = (_BAND, _TIER, "t.turn", "t.created_at", "t.id")
+_FIRST = ", ".join(_ORDER)
+# the same thing waited for: what tickets_ahead counts and a turn is reckoned among
+_SAME_WANT = ("COALESCE(t.device, '') = :d AND COALESCE(t.device_class, '') = :c AND t.tags = :tags AND "
+              "COALESCE(t.needs, '') = :needs")
+
+
+def _want(ticket: TicketRow) -> dict[str, Any]:
+    return {"d": ticket["device"] or "", "c": ticket["device_class"] or "", "tags": json.dumps(ticket["tags"]),
+            "needs": ticket["needs"] or ""}
+
+
+def service_key(ticket: TicketRow, aged_before: float) -> tuple:
+    """``ticket``'s key in the order of service, as ``_FIRST`` orders in SQL (for a list sorted
+    in Python: the board's)."""
+    tier = 0 if ticket["kind"] == TicketKind.INTERACTIVE or ticket["created_at"] <= aged_before else 1
+    return (BAND_RANK.get(Band(ticket["band"]), len(BAND_RANK)), tier, ticket["turn"], ticket["created_at"],
+            ticket["id"])
 
 
 class TicketQueries:
@@ -30,6 +53,17 @@ class TicketQueries:
 
     async def insert_ticket(self, row: TicketRow) -> None:
         await self.db.insert("tickets", row)
+
+    async def next_turn(self, ticket: TicketRow) -> int:
+        """The turn of ``ticket`` about to wait (docs/architecture.md, "Shares of one lab"):
+        one more than its requester's latest waiting ticket's in its band, and never below the
+        lowest turn waiting in its band for the same thing (start-time fair queueing: who
+        comes late starts where the queue stands, not at its start). One statement."""
+        row = await self.db.row(
+            f"SELECT MAX(CASE WHEN t.requester = :r THEN t.turn + 1 END) AS mine, "
+            f"MIN(CASE WHEN {_SAME_WANT} THEN t.turn END) AS low FROM tickets t WHERE t.state = :w AND t.band = :b",
+            r=ticket["requester"], w=TicketState.WAITING, b=ticket["band"], **_want(ticket))
+        return max(row["mine"] or 0, row["low"] or 0)
 
     async def ticket(self, ticket_id: str, for_update: bool = False) -> TicketRow | None:
         return await self.db.row("SELECT * FROM tickets WHERE id = :id" + (self.db.for_update if for_update else ""),
@@ -46,9 +80,10 @@ class TicketQueries:
                 f"{needs_met('t.needs', 't.fallback_at', fidelity)}")
 
     async def first_ticket_for(self, device: DeviceFacts, aged_before: float, now: float) -> TicketRow | None:
-        """The waiting ticket that ``device`` goes to at ``now``: interactive ones and batch
-        ones older than ``aged_before`` first, then the others; first come, first served within
-        each. On PostgreSQL it is locked, and one another grant holds is skipped."""
+        """The waiting ticket that ``device`` goes to at ``now``, in the order of service: band,
+        then interactive ones and batch ones older than ``aged_before``, then the others; by
+        turn, then first come, within each. On PostgreSQL it is locked, and one another grant
+        holds is skipped."""
         lock = " FOR UPDATE OF t SKIP LOCKED" if self.db.dialect == "postgresql" else ""
         return await self.db.row(
             f"SELECT t.* FROM tickets t WHERE {self._matching(':name', ':class', ':tags', ':fidelity')} "
@@ -114,24 +149,19 @@ class TicketQueries:
         return await self.db.rows(f"SELECT * FROM tickets {where} ORDER BY CASE WHEN state IN {_OPEN_TICKETS_SQL} "
                                   "THEN 0 ELSE 1 END, created_at DESC LIMIT :n", n=limit, **values)
 
-    async def waiting_tickets(self, limit: int) -> list[TicketRow]:
-        """The waiting tickets in the order they are served (``aged`` aside: the caller sorts)."""
-        return await self.db.rows("SELECT * FROM tickets WHERE state = :w ORDER BY created_at, id LIMIT :n",
-                                  w=TicketState.WAITING, n=limit)
+    async def waiting_tickets(self, limit: int, aged_before: float) -> list[TicketRow]:
+        """The first ``limit`` waiting tickets in the order they are served."""
+        return await self.db.rows(f"SELECT t.* FROM tickets t WHERE t.state = :w ORDER BY {_FIRST} LIMIT :n",
+                                  w=TicketState.WAITING, n=limit, interactive=TicketKind.INTERACTIVE, aged=aged_before)
 
     async def tickets_ahead(self, ticket: TicketRow, aged_before: float) -> int:
         """How many waiting tickets for the same thing are served before ``ticket``."""
-        first = 0 if ticket["kind"] == TicketKind.INTERACTIVE or ticket["created_at"] <= aged_before else 1
+        band, tier, turn, at, id_ = service_key(ticket, aged_before)
         row = await self.db.row(
-            "SELECT COUNT(*) AS n FROM tickets t WHERE t.state = :w AND COALESCE(t.device, '') = :d AND "
-            "COALESCE(t.device_class, '') = :c AND t.tags = :tags AND COALESCE(t.needs, '') = :needs AND "
-            "t.id <> :id AND "
-            "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END < :first OR "
-            "(CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END = :first AND "
-            "(t.created_at < :at OR t.created_at = :at AND t.id < :id)))",
-            w=TicketState.WAITING, d=ticket["device"] or "", c=ticket["device_class"] or "",
-            tags=json.dumps(ticket["tags"]), needs=ticket["needs"] or "", id=ticket["id"],
-            interactive=TicketKind.INTERACTIVE, aged=aged_before, first=first, at=ticket["created_at"])
+            f"SELECT COUNT(*) AS n FROM tickets t WHERE t.state = :w AND {_SAME_WANT} AND t.id <> :id AND "
+            f"({_FIRST}) < (:band, :tier, :turn, :at, :id)",
+            w=TicketState.WAITING, interactive=TicketKind.INTERACTIVE, aged=aged_before, band=band, tier=tier,
+            turn=turn, at=at, id=id_, **_want(ticket))
         return row["n"]
 
     async def count_ticket(self, requester: str, limit: int | None) -> bool:

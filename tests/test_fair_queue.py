@@ -1,0 +1,95 @@
+"""The queue is fair, by band (docs/architecture.md, "Shares of one lab"): one requester's
+many tickets are served alternately with another's one, an urgent ticket (its token's band,
+set by an admin) before normal ones, and a request cannot name its band. In-process, with a
+hand-moved clock, on SQLite and on PostgreSQL."""
+import pytest
+
+from device_loop.coordinator.identity import issue_token
+from device_loop.core.vocabulary import Band, TokenKind
+from lab_in_process import FakeExporter, device, in_process_lab
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+
+def board(name: str) -> dict:
+    return {**device(name), "class": "riscv-sbc", "tags": ["rvv"]}
+
+
+async def set_band(rules, token_id: str, band: Band) -> None:
+    """What an admin's ``admin token set TOKEN_ID --band`` writes: the token's row."""
+    await rules.store.run("UPDATE tokens SET band = :b WHERE id = :id", b=band, id=token_id)
+
+
+async def serve_next(rules, exporter: FakeExporter, api, lease: dict) -> dict:
+    """Release ``lease`` and let the device be reclaimed: it goes to the first waiting ticket.
+    The ticket row it was granted to."""
+    assert (await api.post(f"/leases/{lease['id']}/release")).status_code == 200
+    assert (await exporter.beat([board("d0")])).status_code == 200
+    granted = [t for t in await rules.scheduler.tickets_sql.tickets_of(None, 100) if t["state"] == "granted"]
+    assert len(granted) == 1, granted
+    return granted[0]
+
+
+async def test_one_requesters_twenty_tickets_do_not_starve_anothers_one(tmp_path):
+    async with in_process_lab(tmp_path, max_tickets_per_user=0) as (client, rules, clock):
+        ann, bea, root = client("ann"), client("bea"), client("root")
+        exporter = FakeExporter(root, "host-a")
+        await exporter.beat([board("d0")])
+        lease = (await root.post("/leases", json={"device": "d0"})).json()
+        anns = []
+        for _ in range(20):
+            clock.advance(1)
+            anns.append((await ann.post("/leases", json={"class": "riscv-sbc", "queue": True})).json())
+        clock.advance(1)
+        beas = (await bea.post("/leases", json={"class": "riscv-sbc", "queue": True})).json()
+        assert [t["position"] for t in anns[:3]] == [1, 2, 3] and beas["position"] == 2, \
+            "bea's one ticket is served after ann's first, not after her twenty"
+        board_order = [e["requester"] for e in (await root.get("/queue")).json()]
+        assert board_order[:4] == ["ann", "bea", "ann", "ann"] and len(board_order) == 21
+        assert (await ann.get(f"/tickets/{anns[1]['ticket']}")).json()["position"] == 3
+
+        served = []
+        for _ in range(3):
+            ticket = await serve_next(rules, exporter, root, lease)
+            served.append(ticket["requester"])
+            holder = client(ticket["requester"])
+            lease = (await holder.get(f"/tickets/{ticket['id']}")).json()["lease"]
+            root = holder
+        assert served == ["ann", "bea", "ann"], "B is served second"
+        clock.advance(1)
+        late = (await client("cid").post("/leases", json={"class": "riscv-sbc", "queue": True})).json()
+        assert late["position"] == 2, \
+            "who comes late starts where the queue stands: after ann's next, before her others"
+
+
+async def test_an_urgent_ticket_is_served_before_normal_ones_and_a_request_cannot_name_its_band(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        made = {name: await issue_token(rules.store, clock, name, admin=name == "root", kind=kind)
+                for name, kind in (("ann", TokenKind.PERSON), ("bea", TokenKind.PERSON), ("bot", TokenKind.AGENT),
+                                   ("root", TokenKind.PERSON))}
+        apis = {name: client(token=token["token"]) for name, token in made.items()}
+        exporter = FakeExporter(client(token=(await issue_token(rules.store, clock, host="host-a"))["token"]),
+                                "host-a")
+        await exporter.beat([board("d0")])
+        lease = (await apis["root"].post("/leases", json={"device": "d0"})).json()
+        want = {"class": "riscv-sbc", "queue": True}
+        raised = await apis["ann"].post("/leases", json={**want, "band": "urgent"})
+        assert raised.status_code == 422 and "band" in raised.text, "a request cannot name its band"
+        for name in ("ann", "bea"):
+            clock.advance(1)
+            assert (await apis[name].post("/leases", json=want)).json()["band"] == "normal"
+        await set_band(rules, made["bot"]["id"], Band.URGENT)  # an admin's: the next call of that token has it
+        clock.advance(1)
+        urgent = (await apis["bot"].post("/leases", json=want)).json()
+        assert (urgent["band"], urgent["kind"], urgent["position"]) == ("urgent", "batch", 1), \
+            "the band before the kind: an agent's urgent ticket is ahead of people's normal ones"
+        queue = (await apis["root"].get("/queue")).json()
+        assert [(e["requester"], e["band"]) for e in queue] == [("bot", "urgent"), ("ann", "normal"),
+                                                                ("bea", "normal")]
+        first = await serve_next(rules, exporter, apis["root"], lease)
+        assert first["requester"] == "bot" and first["band"] == Band.URGENT
+        await set_band(rules, made["bea"]["id"], Band.BACKGROUND)
+        assert (await apis["bea"].get("/tickets")).json()[0]["band"] == "normal", \
+            "a ticket keeps the band it was made with"
+        audit = (await apis["root"].get("/admin/audit")).json()
+        assert any(a["action"] == "queue" and a["detail"].get("band") == "urgent" for a in audit)

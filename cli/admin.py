@@ -65,17 +65,84 @@ def _token_text(made: dict) -> str:
     where = ("the exporter's token_file (chmod 600)" if made["host"] else
              "~/.config/device-loop/token, e.g.: mkdir -p ~/.config/device-loop && "
              "(umask 077; cat > ~/.config/device-loop/token)")
-    return f"token {made['id']} for {who}; it is shown this once:\n{made['token']}\nkeep it in {where}"
+    limits = "" if made.get("scope") is None and made.get("band", "normal") == "normal" else (
+        f"\n{_token_line(made)}")
+    return f"token {made['id']} for {who}; it is shown this once:\n{made['token']}\nkeep it in {where}{limits}"
 
 
 def _tokens_text(rows: list[dict]) -> str:
     if not rows:
         return "no tokens"
-    return table(["ID", "FOR", "KIND", "ADMIN", "CREATED", "EXPIRES", "REVOKED"],
+    from device_loop.core.scopes import TokenScope, describe_budget, describe_scope
+
+    def scope(row: dict) -> TokenScope | None:
+        return None if row.get("scope") is None else TokenScope.model_validate(row["scope"])
+
+    return table(["ID", "FOR", "KIND", "ADMIN", "BAND", "SCOPE", "BUDGET", "CREATED", "EXPIRES", "REVOKED"],
                  [[r["id"], r["host"] and f"exporter {r['host']}" or r["user"],
-                   "-" if r["host"] else r.get("kind", "-"), "yes" if r["admin"] else "-", r["created_at"],
-                   r["expires_at"] or "-", r["revoked_at"] or "-"]
+                   "-" if r["host"] else r.get("kind", "-"), "yes" if r["admin"] else "-",
+                   "-" if r["host"] else r.get("band", "normal"), describe_scope(scope(r)), describe_budget(scope(r)),
+                   r["created_at"], r["expires_at"] or "-", r["revoked_at"] or "-"]
                   for r in rows])
+
+
+def _token_line(row: dict) -> str:
+    """A token's band, scope and budget, in the words the options take."""
+    from device_loop.core.scopes import TokenScope, describe_budget, describe_scope
+
+    scope = None if row.get("scope") is None else TokenScope.model_validate(row["scope"])
+    return f"{row['id']}: band {row.get('band', 'normal')}; scope {describe_scope(scope)}; " \
+           f"budget {describe_budget(scope)}"
+
+
+def _scope_given(scope: tuple[str, ...], budget: str | None, lifted: tuple[str, ...] = ()) -> dict | None:
+    """The scope fields the options name (None: none named), for the coordinator to judge."""
+    from device_loop.core.scopes import LIMIT_FIELDS, parse_budget, parse_scope
+
+    try:
+        fields = parse_scope(scope)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--scope") from None
+    if budget is not None:
+        try:
+            fields |= parse_budget(budget)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--budget") from None
+    for key in lifted:
+        fields[LIMIT_FIELDS[key]] = None
+    return fields or None
+
+
+def _scope_model(fields: dict | None):
+    """``fields`` as a ``TokenScope`` (what the database's own path hands the coordinator's rules)."""
+    if fields is None:
+        return None
+    from pydantic import ValidationError
+
+    from device_loop.core.scopes import TokenScope
+    try:
+        return TokenScope.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise click.BadParameter(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", param_hint="--scope") from None
+
+
+scope_options = [
+    click.option("--scope", "scope", multiple=True, metavar="KEY=VALUE",
+                 help="what it may do (repeatable): class=A,B (the classes it may reserve), tag=T (only devices with "
+                      "one of these tags), op=exec,power.cycle (the operations it may run; op= none), leases=N (the "
+                      "most at once), lease=2h (the longest lease)"),
+    click.option("--budget", help="device-time it may hold leases for: 120m/day (each UTC day) or 10h/token "
+                                  "(its whole life)"),
+    click.option("--band", type=click.Choice(["urgent", "normal", "background"]),
+                 help="its queue tickets' priority band (default: normal)"),
+]
+
+
+def _scoped(func):
+    for option in reversed(scope_options):
+        func = option(func)
+    return func
 
 
 @click.group("admin")
@@ -95,37 +162,88 @@ def token_group():
 @click.option("--expires", help="e.g. 30d (default: never)")
 @click.option("--kind", type=click.Choice(["person", "agent"]), default="person", show_default=True,
               help="an agent's queue tickets are batch: served after the people's (never starved)")
+@_scoped
 @_direct
 @json_option
 @click.pass_context
-def token_create(ctx, user, admin, host, expires, kind, database_url, data_dir, as_json):
-    """Make a token for USER, or for an exporter (--exporter HOST)."""
+def token_create(ctx, user, admin, host, expires, kind, scope, budget, band, database_url, data_dir, as_json):
+    """Make a token for USER, or for an exporter (--exporter HOST); --scope, --budget and --band
+    bound what it may do (e.g. --kind agent --scope class=rpi4 --scope op=exec,power.cycle --budget 120m/day)."""
     if (user is None) == (host is None):
         raise click.UsageError("name a USER or give --exporter HOST")
     try:
         expires_s = parse_duration(expires) if expires else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--expires") from None
+    fields = _scope_given(scope, budget)
     url = _database_url(database_url, data_dir)
     if url:
         from device_loop.coordinator.identity import issue_token
+        from device_loop.coordinator.rules import Rules
+        from device_loop.core.vocabulary import Band
+
+        given = _scope_model(fields)
 
         async def create(store):
-            made = await issue_token(store, time.time, user, admin, host, expires_s, kind)
-            await _audit_direct(store, "token_create", {k: made[k] for k in ("id", "user", "admin", "host", "kind")})
+            await Rules(store).admin.judge_scope(given)
+            made = await issue_token(store, time.time, user, admin, host, expires_s, kind, given,
+                                     Band(band or "normal"))
+            await _audit_direct(store, "token_create", {k: made[k] for k in ("id", "user", "admin", "host", "kind",
+                                                                             "scope", "band")})
             return made
         emit(as_json, asyncio.run(_on_database(url, create)), _token_text)
     else:
         ctx.invoke(_token_create_api, username=user, admin=admin, host=host, expires_s=expires_s, kind=kind,
-                   as_json=as_json)
+                   scope=fields, band=band, as_json=as_json)
 
 
 @click.command()
 @lab_command
-def _token_create_api(lab, username, admin, host, expires_s, kind, as_json):
+def _token_create_api(lab, username, admin, host, expires_s, kind, scope, band, as_json):
     made = lab.api.post("/admin/tokens", {"user": username, "admin": admin, "exporter_host": host,
-                                          "expires_s": expires_s, "kind": kind})
+                                          "expires_s": expires_s, "kind": kind, "scope": scope,
+                                          "band": band or "normal"})
     emit(as_json, made, _token_text)
+
+
+@token_group.command("set")
+@click.argument("token_id")
+@_scoped
+@click.option("--no-limit", "lifted", multiple=True, type=click.Choice(["class", "tag", "op", "leases", "lease",
+                                                                        "budget"]),
+              help="lift that limit of its scope (repeatable)")
+@click.option("--unscoped", is_flag=True, help="take its scope away")
+@_direct
+@json_option
+@click.pass_context
+def token_set(ctx, token_id, scope, budget, band, lifted, unscoped, database_url, data_dir, as_json):
+    """Change a token's scope or band in place (by its id, tok-...): what --scope, --budget and
+    --no-limit name is changed, the rest of its scope stays; its next call is held to it."""
+    fields = _scope_given(scope, budget, lifted)
+    if fields is None and band is None and not unscoped:
+        raise click.UsageError("say what to change: --scope, --budget, --no-limit, --band or --unscoped")
+    url = _database_url(database_url, data_dir)
+    if url:
+        from device_loop.coordinator.identity import token_view
+        from device_loop.coordinator.rules import Rules
+        from device_loop.core.scopes import TokenScope
+        from device_loop.core.vocabulary import Band
+
+        given = None if fields is None else TokenScope.model_construct(**fields)  # (judged whole, once merged)
+
+        async def change(store):
+            return token_view(await Rules(store).admin.set_token(token_id, given, band and Band(band), unscoped,
+                                                                 f"database:{getpass.getuser()}"))
+        emit(as_json, asyncio.run(_on_database(url, change)), _token_line)
+    else:
+        ctx.invoke(_token_set_api, token_id=token_id, scope=fields, band=band, unscoped=unscoped, as_json=as_json)
+
+
+@click.command()
+@lab_command
+def _token_set_api(lab, token_id, scope, band, unscoped, as_json):
+    emit(as_json, lab.api.post(f"/admin/tokens/{token_id}", {"scope": scope, "band": band, "unscoped": unscoped}),
+         _token_line)
 
 
 @token_group.command("ls")

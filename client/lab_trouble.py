@@ -18,12 +18,18 @@ if TYPE_CHECKING:  # (pydantic is heavy: a with starts its command without loadi
 #: one's fault but its spec's), not the lab (docs/architecture.md, "Lab failures").
 WRONG_REQUEST = frozenset({ErrorCode.UNKNOWN_DEVICE, ErrorCode.UNKNOWN_IMAGE, ErrorCode.AMBIGUOUS_IMAGE,
                            ErrorCode.INVALID, ErrorCode.BAD_REQUEST, ErrorCode.BAD_TOKEN, ErrorCode.BAD_USER,
-                           ErrorCode.FORBIDDEN, ErrorCode.NO_SUCH_DEVICES, ErrorCode.WRONG_FIDELITY})
+                           ErrorCode.FORBIDDEN, ErrorCode.NO_SUCH_DEVICES, ErrorCode.WRONG_FIDELITY,
+                           ErrorCode.OUT_OF_SCOPE})
+#: Refusals of what the lab could not give then, whatever their status: a token's budget is
+#: spent until its period renews (403, yet the lab's: exit 75; docs/architecture.md, "Shares of one lab").
+LAB_REFUSALS = frozenset({ErrorCode.BUDGET_SPENT})
 
 
 def wrong_request(exc: CoordinatorError) -> bool:
     """Whether the coordinator refused a request as wrong (no wait or retry cures it), rather
     than for what the lab could not give then."""
+    if exc.code in LAB_REFUSALS:
+        return False
     return exc.code in WRONG_REQUEST or exc.status in (400, 401, 403, 404, 422)
 
 

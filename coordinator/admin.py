@@ -4,17 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from device_loop.core.durations import iso
-from device_loop.core.vocabulary import FaultKind, LeaseState, OperationState
+from device_loop.core import POWER_KIND
+from device_loop.core.durations import format_duration, iso
+from device_loop.core.scopes import CALL_OPERATIONS, POWER_OPERATIONS, TokenScope
+from device_loop.core.vocabulary import Band, FaultKind, LeaseState, OperationState
+from pydantic import ValidationError
 
 from device_loop.core.answers import DeviceAnswer, HostAnswer
 from device_loop.core.errors import ErrorCode
 from . import kinds
 from .devices import Devices
 from .errors import APIError, conflict, not_found
+from .identity import check_token_scope, scope_of, scope_text
 from .leases import Leases
 from .lifecycle import NO_FAULT, Lifecycle, fault, switched_off
 from .notify import BOARD_KEY, host_key, op_key
+from .operations import kinds_of
 from .rows import DeviceFacts, TokenRow
 from .scheduler import Scheduler
 from .store import Store, UniqueViolation
@@ -226,7 +231,73 @@ class Admin:
             await self.life.audit(admin, "token_revoke", None, None, {"id": token_id})
         return {"id": token_id, "revoked": True}
 
+    async def judge_scope(self, scope: TokenScope | None) -> None:
+        """Refuse (422, the field named) what in ``scope`` only the lab can judge
+        (docs/architecture.md, "Shares of one lab"): a class no device has, an operation
+        nothing runs (not a call's, not a power action, not a kind some device's resources
+        run), a longest lease beyond the lab's longest lease."""
+        if scope is None:
+            return
+        max_ttl_s = self.life.settings.max_ttl_s
+        if scope.max_lease_s is not None and scope.max_lease_s > max_ttl_s:
+            raise APIError(422, ErrorCode.INVALID, f"scope.max_lease_s: {format_duration(scope.max_lease_s)} is "
+                                                   f"longer than this lab's longest lease, "
+                                                   f"{format_duration(max_ttl_s)}")
+        if scope.classes:
+            known = await self.devices_sql.device_classes()
+            unknown = [name for name in scope.classes if name not in known]
+            if unknown:
+                raise APIError(422, ErrorCode.INVALID, f"scope.classes: no device has class {_named(unknown)} "
+                                                       f"(classes: {_named(known) or 'none yet'})")
+        if scope.operations:
+            runnable = {*CALL_OPERATIONS, *POWER_OPERATIONS}
+            if not set(scope.operations) <= runnable:
+                runnable |= {kind for device in await self.devices_sql.devices() for kind in kinds_of(device)}
+                runnable.discard(POWER_KIND)  # (a power action is named: power.cycle)
+            unknown = [name for name in scope.operations if name not in runnable]
+            if unknown:
+                raise APIError(422, ErrorCode.INVALID, f"scope.operations: nothing here runs {_named(unknown)} "
+                                                       f"(name {', '.join(CALL_OPERATIONS)}, "
+                                                       f"{', '.join(POWER_OPERATIONS)}, or a kind device_info lists)")
+
+    async def set_token(self, token_id: str, scope: TokenScope | None, band: Band | None, unscoped: bool,
+                        admin: str) -> TokenRow:
+        """Change a token's scope (the fields ``scope`` was given replace the token's; ``unscoped``
+        takes it away) or band in place: its next call is held to them, no new token."""
+        if unscoped and scope is not None:
+            raise APIError(422, ErrorCode.INVALID, "unscoped: a token is unscoped or given a scope, not both")
+        token = await self.tokens_sql.token(token_id)
+        if token is None:
+            raise not_found("token", token_id)
+        if token["revoked_at"] is not None:
+            raise conflict(ErrorCode.ALREADY_REVOKED, f"token {token_id} was revoked at {iso(token['revoked_at'])}")
+        now = scope_of(token["scope"])
+        if scope is not None:
+            given = scope.model_dump(include=scope.model_fields_set)
+            try:
+                scope = TokenScope.model_validate({**(now.model_dump() if now else {}), **given})
+            except ValidationError as exc:  # (each field was valid; only together can they not be)
+                raise APIError(422, ErrorCode.INVALID, f"scope: {exc.errors()[0]['msg']}") from None
+        new_scope = None if unscoped else scope if scope is not None else now
+        new_band = Band(band or token["band"])
+        check_token_scope(bool(token["admin"]), token["host"], new_scope, new_band)
+        await self.judge_scope(new_scope if scope is not None else None)
+        async with self.store.tx():
+            await self.tokens_sql.set_scope(token_id, scope_text(new_scope), new_band)
+            await self.life.audit(admin, "token_set", None, None, {
+                "id": token_id, "band": new_band, "scope": None if new_scope is None else new_scope.model_dump(
+                    mode="json", exclude_none=True)})
+        updated = await self.tokens_sql.token(token_id)
+        assert updated is not None  # (tokens are revoked, never deleted)
+        return updated
+
     async def record(self, actor: str, action: str, detail: dict[str, Any]) -> None:
         """An admin action that is not about a device or lease (tokens), for the audit log."""
         async with self.store.tx():
             await self.life.audit(actor, action, None, None, detail)
+
+
+def _named(names: list[str]) -> str:
+    """Names in a refusal, bounded (a scope may list 64, a lab have hundreds of classes)."""
+    shown = ", ".join(repr(name) for name in names[:8])
+    return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")

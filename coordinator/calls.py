@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from device_loop.core import API_PREFIX, FLASH_KIND, POWER_KIND, PROTOCOL_VERSION, __version__
+from device_loop.core import API_PREFIX, FLASH_KIND, POWER_KIND, PROTOCOL_VERSION, SETTLE_KIND, __version__
 from device_loop.core.ab.jobs import CellReport, JobSummary, RunRecord
 from device_loop.core.protocol import DesiredState, Heartbeat
 from device_loop.core.scopes import POWER_OPERATION
@@ -37,7 +37,7 @@ from .schemas import (AdminDevice, AdminPowerIn, AdoptIn, CollectIn, DesiredWait
                       DeviceOperations, DrainIn, FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn,
                       KnownGoodIn, LeaseId, LeaseWait, MarkFaultyIn, MyLeases, NoArgs, OperationIn, OpWait, PowerIn,
                       PowerSwitch, RenewIn, ReserveIn, RetireIn, TicketFilter, TicketId, TicketWait, TokenId, TokenIn,
-                      UartExchangeIn, UploadQuery, split_tags)
+                      TokenSetIn, UartExchangeIn, UploadQuery, split_tags)
 from .who import Who
 
 
@@ -506,11 +506,19 @@ async def collect_images(ctx: Ctx, args: CollectIn) -> dict:
 async def create_token(ctx: Ctx, args: TokenIn) -> TokenAnswer:
     """A token for a person or an exporter's host; the answer holds the token, shown this once."""
     rules = ctx.rules
+    await rules.admin.judge_scope(args.scope)
     made = await issue_token(rules.store, rules.clock, args.user, args.admin, args.exporter_host, args.expires_s,
-                             args.kind)
+                             args.kind, args.scope, args.band)
     await rules.admin.record(ctx.caller.name, "token_create", {k: made[k] for k in ("id", "user", "admin", "host",
-                                                                                   "kind")})
+                                                                                   "kind", "scope", "band")})
     return made
+
+
+async def set_token(ctx: Ctx, args: TokenSetIn) -> TokenAnswer:
+    """Change a token's scope or band in place (the scope's fields given replace its own; unscoped takes the
+    scope away): its next call is held to them, without a new token."""
+    return token_view(await ctx.rules.admin.set_token(args.token_id, args.scope, args.band, args.unscoped,
+                                                      ctx.caller.name))
 
 
 async def list_tokens(ctx: Ctx, args: NoArgs) -> list[TokenAnswer]:
@@ -625,13 +633,13 @@ CALLS: list[Call] = [
     Call("start_operation", USER, start_operation, OperationIn, OperationAnswer,
          "POST", "/leases/{lease_id}/operations", tool=True, status=201, idempotent=True, needs=_kind_started),
     Call("flash", USER, flash, FlashIn, OperationAnswer, "POST", "/leases/{lease_id}/flash", tool=True,
-         status=201, idempotent=True, needs="flash"),
+         status=201, idempotent=True, needs=FLASH_KIND),
     Call("recover", USER, recover, LeaseId, OperationAnswer, "POST", "/leases/{lease_id}/recover", tool=True,
          status=201, idempotent=True, needs="recover"),
     Call("operation_status", USER, operation_status, OpWait, OperationAnswer, "GET", "/ops/{op_id}", tool=True,
          aliases=("flash_status",)),
     Call("settle", USER, settle, LeaseId, OperationAnswer, "POST", "/leases/{lease_id}/settle", tool=True,
-         status=201, idempotent=True, needs="settle"),
+         status=201, idempotent=True, needs=SETTLE_KIND),
     Call("power", USER, power, PowerIn, OperationAnswer, "POST", "/leases/{lease_id}/power", tool=True,
          status=201, idempotent=True, needs=_power_action),
     Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True, needs="camera"),
@@ -668,6 +676,8 @@ CALLS: list[Call] = [
     Call("create_token", ADMIN, create_token, TokenIn, TokenAnswer, "POST", "/admin/tokens", status=201,
          idempotent=True),
     Call("list_tokens", ADMIN, list_tokens, answer=list[TokenAnswer], method="GET", path="/admin/tokens"),
+    Call("set_token", ADMIN, set_token, TokenSetIn, TokenAnswer, "POST", "/admin/tokens/{token_id}",
+         idempotent=True),
     Call("revoke_token", ADMIN, revoke_token, TokenId, dict, "POST", "/admin/tokens/{token_id}/revoke",
          idempotent=True),
     Call("revoke_lease", ADMIN, revoke_lease, LeaseId, LeaseAnswer, "POST", "/admin/leases/{lease_id}/revoke",

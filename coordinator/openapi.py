@@ -57,10 +57,15 @@ def _each_with_each(first: list[dict[str, Any]], second: list[dict[str, Any]]) -
 # What the rules check beyond the request models, as (model, field): schema (a field that may
 # be null keeps its null; field None: the model's own schema).
 CHECKED: dict[tuple[str, str | None], dict[str, Any]] = {
-    ("TokenIn", None): {"oneOf": [  # a token is for a person or for an exporter's host
+    ("TokenIn", None): {"oneOf": [  # a token is for a person or for an exporter's host (which takes no scope or band)
         {"required": ["user"], "properties": {"user": {"type": "string"}, "exporter_host": {"type": "null"}}},
         {"required": ["exporter_host"],
-         "properties": {"exporter_host": {"type": "string"}, "user": {"type": "null"}}}]},
+         "properties": {"exporter_host": {"type": "string"}, "user": {"type": "null"}, "scope": {"type": "null"},
+                        "band": {"const": "normal"}}}],
+        # a scope never makes an admin (identity.check_token_scope)
+        "anyOf": [{"properties": {"admin": {"const": False}}}, {"properties": {"scope": {"type": "null"}}}]},
+    ("TokenSetIn", None): {"anyOf": [{"properties": {"unscoped": {"const": False}}},  # unscoped, or a scope
+                                     {"properties": {"scope": {"type": "null"}}}]},
     ("Heartbeat", "protocol"): {"type": "integer", "const": PROTOCOL_VERSION,
                                 "description": "the exporter protocol this coordinator speaks"},
     # reserve: a device by name, or a class and/or tags, or needs (scheduler.py); a fallback goes

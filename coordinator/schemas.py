@@ -15,7 +15,8 @@ from device_loop.core import NAME_PATTERN
 from device_loop.core.durations import KEEPALIVE_RANGE_S, keepalive_problem
 from device_loop.core.needs import DEFAULT_FALLBACK_AFTER_S, MAX_FALLBACK_AFTER_S, Need, check
 from device_loop.core.protocol import MAX_TAG_CHARS, MAX_TAGS, Args, Strict, Tag, Word, check_device_name
-from device_loop.core.vocabulary import DeviceState, Needs, PowerAction, TokenKind
+from device_loop.core.scopes import TokenScope
+from device_loop.core.vocabulary import Band, DeviceState, Needs, PowerAction, TokenKind
 
 MAX_WAIT_S = 60.0  # a long-poll's wait, at most (an MCP tool waits less: mcp_tools.py)
 UNTIL_MAX_CHARS = 500  # uart_exchange's regular expression
@@ -283,16 +284,32 @@ class ImageOfHost(HostName):
 
 # ---- admin ---------------------------------------------------------------------------------------
 
+_SCOPE = ("what the token may do (docs/architecture.md, 'Shares of one lab'): classes, tags, operations, "
+          "max_leases, max_lease_s, budget_s and budget_period; a field left out or null does not limit")
+_BAND = "its queue tickets' priority band: urgent, normal or background"
+
+
 class TokenIn(Strict):
     user: str | None = Field(default=None, max_length=64)
     admin: bool = False
     kind: TokenKind = Field(default=TokenKind.PERSON, description="person, or agent (its queue tickets are batch)")
     exporter_host: str | None = Field(default=None, max_length=64)
     expires_s: float | None = Field(default=None, ge=60, le=10 * 365 * 86400)
+    scope: TokenScope | None = Field(default=None, description=f"{_SCOPE} (default: unscoped)")
+    band: Band = Field(default=Band.NORMAL, description=f"{_BAND} (default: normal)")
 
 
 class TokenId(Strict):
     token_id: str = Field(min_length=1, max_length=64)
+
+
+class TokenSetIn(TokenId):
+    """An admin's change of a token's scope or band, in place: the token's next call is held to it."""
+    scope: TokenScope | None = Field(default=None, description=f"{_SCOPE}: the fields given replace the "
+                                                               "token's (a null one lifts that limit); the "
+                                                               "others stay")
+    band: Band | None = Field(default=None, description=f"{_BAND} (default: as it is)")
+    unscoped: bool = Field(default=False, description="take its scope away (not with scope)")
 
 
 class AdminDevice(Strict):

@@ -31,7 +31,7 @@ EXPECTED = {
     ("GET", "/api/v1/leases/{lease_id}"): "user", ("GET", "/api/v1/leases/{lease_id}/cdi"): "user", ("POST", "/api/v1/leases/{lease_id}/renew"): "user",
     ("POST", "/api/v1/leases/{lease_id}/release"): "user",
     ("POST", "/api/v1/admin/tokens"): "admin", ("GET", "/api/v1/admin/tokens"): "admin",
-    ("POST", "/api/v1/admin/tokens/{token_id}/revoke"): "admin",
+    ("POST", "/api/v1/admin/tokens/{token_id}/revoke"): "admin", ("POST", "/api/v1/admin/tokens/{token_id}"): "admin",
     ("POST", "/api/v1/admin/leases/{lease_id}/revoke"): "admin",
     ("POST", "/api/v1/admin/devices/{device}/retire"): "admin", ("POST", "/api/v1/admin/hosts/{host}/drain"): "admin",
     ("POST", "/api/v1/admin/forget"): "admin",

@@ -53,8 +53,10 @@ NOT_IN_THE_TRUST_MODE = ["ignored_auth"]  # no route needs credentials there
 # (reserve: the document says a device excludes a class, tags and needs, but the stateful
 # phase's inferred links write a device named by an earlier answer into a body generated with
 # a class, and still count the request as one the document allows)
+# (create_token, set_token: a scope's classes are ones some device has, its operations ones
+# something here runs; set_token's fields merge with the token's scope, and no admin's token is scoped)
 REFUSED_WHEN_STATE_SAYS = {"reserve", "upload_image", "heartbeat", "start_operation", "submit_job", "reserve_for_job",
-                           "report_cell", "report_run"}
+                           "report_cell", "report_run", "create_token", "set_token"}
 # negative_data_rejection's own list, and 413: data too large to be valid is refused for its size first
 REJECTED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # positive_data_acceptance's own list

@@ -53,6 +53,7 @@ WALK: dict[str, tuple[dict[str, Any], str | None]] = {
     "upload_image": ({"name": "rootfs-v2", "for": "b0"}, "image"), "list_images": ({}, None),
     "image_info": ({"ref": "rootfs-v2"}, None), "remove_image": ({"ref": "rootfs-v2"}, "image"),
     "create_token": ({"user": "zed"}, None), "list_tokens": ({}, None), "revoke_token": ({"token_id": "tok-x"}, None),
+    "set_token": ({"token_id": "tok-x", "band": "urgent"}, None),
     "revoke_lease": ({"lease_id": L}, None), "retire_device": ({"device": "b0"}, None),
     "recover_unleased": ({"device": "b0"}, None), "power_unleased": ({"device": "b0", "action": "off"}, None),
     "clear_fault": ({"device": "b0"}, None), "kill_orphans": ({"device": "b0"}, None),

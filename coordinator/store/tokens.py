@@ -32,3 +32,7 @@ class TokenQueries:
     async def revoke_token(self, token_id: str, now: float) -> None:
         await self.db.run("UPDATE tokens SET revoked_at = :now WHERE id = :id AND revoked_at IS NULL",
                           now=now, id=token_id)
+
+    async def set_scope(self, token_id: str, scope: str | None, band: str) -> None:
+        await self.db.run("UPDATE tokens SET scope = :scope, band = :band WHERE id = :id", scope=scope, band=band,
+                          id=token_id)

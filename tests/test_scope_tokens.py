@@ -5,8 +5,11 @@ hostile scopes never reach the table, and a scope or band changed in place holds
 next call without a new token. The command line's words for them (``--scope``, ``--budget``)."""
 from __future__ import annotations
 
+import httpx2
 import pytest
 from click.testing import CliRunner
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from device_loop.client.http import CoordinatorError
 from device_loop.client.lab_trouble import wrong_request
@@ -170,3 +173,36 @@ def test_admin_token_create_set_and_ls_on_the_database(tmp_path):
     refused = CliRunner().invoke(admin_group, ["token", "create", "a2", "--scope", "class=nope", "--data-dir",
                                                str(tmp_path)], obj={})
     assert refused.exit_code == 1 and "scope.classes: no device has class 'nope'" in refused.output
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("database")
+async def test_a_scoped_agent_over_mcp_and_its_scope_widened_at_once(tmp_path):
+    """An agent's token allowed settle: through MCP its lease and settle work, another
+    operation and a power action are refused naming its scope; an admin widens the scope
+    (the call ``admin token set`` makes) and the same token, in the same session, runs it."""
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        root = await _lab_with_root(client, rules)
+        made = (await root.post("/admin/tokens", json={"user": "agent-1", "kind": "agent",
+                                                        "scope": {"operations": ["settle"]}})).json()
+        http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=client.app),
+                                  headers={"Authorization": f"Bearer {made['token']}"}, timeout=30)
+        async with Client(streamable_http_client("http://127.0.0.1/mcp", http_client=http)) as agent:
+            async def call(tool: str, **args):
+                result = await agent.call_tool(tool, args)
+                return result.content[0].text if result.is_error else result.structured_content
+
+            lease = await call("reserve", device="b0")
+            assert lease["holder"] == "agent-1", lease
+            assert (await call("settle", lease_id=lease["id"]))["kind"] == "settle"
+            assert (await call("start_operation", lease_id=lease["id"], kind="count")).endswith(
+                "scope: this token may run settle; not count [out_of_scope]")
+            assert (await call("power", lease_id=lease["id"], action="off")).endswith(
+                "scope: this token may run settle; not power.off [out_of_scope]")
+
+            widened = await root.post(f"/admin/tokens/{made['id']}", json={"scope": {"operations": ["settle",
+                                                                                                    "count"]}})
+            assert widened.status_code == 200, widened.text
+            started = await call("start_operation", lease_id=lease["id"], kind="count")
+            assert started["kind"] == "count" and started["state"] == "queued", started
+            assert "not power.off [out_of_scope]" in await call("power", lease_id=lease["id"], action="off")

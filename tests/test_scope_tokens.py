@@ -206,3 +206,33 @@ async def test_a_scoped_agent_over_mcp_and_its_scope_widened_at_once(tmp_path):
             started = await call("start_operation", lease_id=lease["id"], kind="count")
             assert started["kind"] == "count" and started["state"] == "queued", started
             assert "not power.off [out_of_scope]" in await call("power", lease_id=lease["id"], action="off")
+
+
+@pytest.mark.anyio
+async def test_what_admin_token_create_and_set_send_the_coordinator_takes(tmp_path, monkeypatch):
+    """The command line's bodies (through the coordinator, not the database) are what its
+    calls take: each is sent to an in-process lab as the admin's, and does what the options said."""
+    from device_loop.cli.admin import admin_group
+    from device_loop.client.http import Coordinator
+
+    sent: list[tuple[str, dict]] = []
+    monkeypatch.setattr(Coordinator, "post", lambda self, path, body=None, **kw: sent.append((path, body)) or {
+        "id": "tok-1", "user": "agent-1", "admin": False, "host": None, "token": "dl_x"})
+    for args in (["create", "agent-1", "--kind", "agent", "--scope", "class=sim-board", "--scope", "op=exec,count",
+                  "--scope", "lease=2h", "--budget", "10h/token", "--band", "background"],
+                 ["set", "TOKEN", "--scope", "op=exec", "--no-limit", "lease", "--band", "urgent"]):
+        done = CliRunner().invoke(admin_group, ["token", *args], obj={"coordinator": "http://127.0.0.1:9",
+                                                                      "user": None})
+        assert done.exit_code == 0, done.output
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        root = await _lab_with_root(client, rules)
+        (create_path, create_body), (set_path, set_body) = sent
+        made = await root.post(create_path.removeprefix("/"), json=create_body)
+        assert made.status_code == 201, made.text
+        assert made.json()["scope"] | {} == {"classes": ["sim-board"], "tags": None, "operations": ["exec", "count"],
+                                            "max_leases": None, "max_lease_s": 7200.0, "budget_s": 36000.0,
+                                            "budget_period": "token"}
+        changed = await root.post(set_path.replace("TOKEN", made.json()["id"]).removeprefix("/"), json=set_body)
+        assert changed.status_code == 200, changed.text
+        assert (changed.json()["band"], changed.json()["scope"]["operations"], changed.json()["scope"]["max_lease_s"],
+                changed.json()["scope"]["budget_s"]) == ("urgent", ["exec"], None, 36000.0)

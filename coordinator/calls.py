@@ -25,7 +25,7 @@ from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, PowerAction, T
 from . import device_commands, relays
 from device_loop.core.answers import (AuditEntry, CandidateAnswer, CdiAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer,
                                       HealthAnswer, HostAnswer, ImageAnswer, JobAnswer, LeaseAnswer, LogEntry,
-                                      OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer)
+                                      OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer, WhoamiAnswer)
 from device_loop.core.errors import ErrorCode
 from .errors import APIError
 from .evidence import evidence_markdown
@@ -219,6 +219,13 @@ async def settle(ctx: Ctx, args: LeaseId) -> OperationAnswer:
     at once with the operation (follow it with operation_status, wait_s, until it is 'done':
     the device is cool); 'done' at once for a device that has no cool-down step."""
     return await ctx.rules.steps.settle(args.lease_id, ctx.caller)
+
+
+async def whoami(ctx: Ctx, args: NoArgs) -> WhoamiAnswer:
+    """Who the lab takes you for: your name, kind, priority band and scope, and (a token with a
+    budget) the device-minutes left this period and when they renew. Reserve within it: a lease
+    longer than what is left is granted only to the budget's end."""
+    return await ctx.rules.budgets.whoami(ctx.caller)
 
 
 async def my_leases(ctx: Ctx, args: MyLeases) -> list[LeaseAnswer]:
@@ -622,6 +629,8 @@ CALLS: list[Call] = [
     Call("my_tickets", USER, my_tickets, TicketFilter, list[TicketAnswer], "GET", "/tickets", tool=True,
          tool_key="tickets"),
     Call("queue_board", ANYONE, queue_board, answer=list[QueueEntry], method="GET", path="/queue"),
+    Call("whoami", USER, whoami, answer=WhoamiAnswer, method="GET", path="/whoami", tool=True,
+         aliases=("my_budget",)),
     Call("my_leases", USER, my_leases, MyLeases, list[LeaseAnswer], "GET", "/leases"),
     Call("lease_status", USER, lease_status, LeaseWait, LeaseAnswer, "GET", "/leases/{lease_id}", tool=True),
     Call("lease_cdi", USER, lease_cdi, LeaseId, CdiAnswer, "GET", "/leases/{lease_id}/cdi", tool=True,

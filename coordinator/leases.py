@@ -20,7 +20,8 @@ from device_loop.core.answers import CdiAnswer, LeaseAnswer
 from device_loop.core.cdi_spec import CdiRefused, cdi_spec, spec_file_name
 from device_loop.core.protocol import EnvironmentReport
 from device_loop.core.errors import ErrorCode
-from . import kinds
+from . import kinds, lease_scope
+from .budgets import NO_HOLD, Budgets, Hold, Spender, used_of
 from .devices import Devices, running_operation
 from .errors import APIError, conflict, not_found
 from .lifecycle import Lifecycle, held_off, switched_off
@@ -57,6 +58,8 @@ def expiry_reason(lease: LeaseRow) -> str:
     keepalive, ends_at = lease["keepalive_s"], lease["ends_at"]
     if keepalive is not None and (ends_at is None or lease["expires_at"] < ends_at):
         return f"its client stopped renewing (keepalive {format_duration(keepalive)})"
+    if lease.get("budget_capped"):  # (docs/architecture.md, "Shares of one lab": granted only to the budget's end)
+        return "its token's budget ran out (it was granted only to the budget's end)"
     return "its ttl ran out"
 
 
@@ -130,9 +133,9 @@ def _view(lease: LeaseRow, device: DeviceFacts, device_state: DeviceState) -> Le
 class Leases:
     """Who holds which device, until when."""
 
-    def __init__(self, life: Lifecycle, devices: Devices, *,
+    def __init__(self, life: Lifecycle, devices: Devices, budgets: Budgets, *,
                  leases_sql: LeaseQueries, devices_sql: DeviceQueries):
-        self.life, self.devices = life, devices
+        self.life, self.devices, self.budgets = life, devices, budgets
         self.store: Store = life.store
         self.leases_sql = leases_sql
         self.devices_sql = devices_sql
@@ -209,16 +212,18 @@ class Leases:
         """Reserve the device called ``device_name`` (or say why not, and what else is free),
         if it is what ``need`` takes (docs/architecture.md, "Who gets the next lease"); with
         ``keepalive_s``, a keepalive lease ("Leases that live as long as their client")."""
-        ttl = self.lease_ttl(ttl_s, keepalive_s)
+        ttl = self.lease_ttl(ttl_s, keepalive_s, who)
         async with self.store.tx():
             await self.leases_sql.lock_host_of_device(device_name)  # (docs/architecture.md, "Leases": the lock order)
             device = await self.devices_sql.device(device_name)
             if device is None:
                 raise await self.devices.unknown(device_name)
             self._refuse_unless_needed(device, need)
+            lease_scope.check_device(who.scope, device)
             await self._refuse_unless_free(device, who.name)
             answer = await self.grant(device, ttl, who.name, who.limited,
-                                      f"reserved ({self._length(ttl, keepalive_s)})", keepalive_s=keepalive_s)
+                                      f"reserved ({self._length(ttl, keepalive_s)})", keepalive_s=keepalive_s,
+                                      spender=Spender.of(who))
             if answer is None:
                 raise conflict(ErrorCode.BUSY, f"{device_name} was just reserved by someone else")
             return answer
@@ -232,17 +237,20 @@ class Leases:
         image ``image_sha256`` ("Leases that live as long as their client"), or say why none
         is. A fallback to real hardware applies here only when it waits nothing: a wait is a
         ticket's (``queue``)."""
-        ttl = self.lease_ttl(ttl_s, keepalive_s)
+        ttl = self.lease_ttl(ttl_s, keepalive_s, who)
+        device_class, tags = lease_scope.narrowed(who.scope, device_class, tags)
+        classes, any_tags = lease_scope.pick_within(who.scope, device_class, tags)
         async with self.store.tx():
             picked = await self.devices_sql.free_devices(device_class, tags, self.PICKS,
                                                          need.fidelities(need.falls_back_at_once),
                                                          virtual_first=need.fallback is not None,
-                                                         running=image_sha256)
+                                                         running=image_sha256, classes=classes, any_tags=any_tags)
             await self.leases_sql.lock_hosts([d["host"] for d in picked if d["host"]])  # all at once, in one order
+            spender = Spender.of(who)
             for device in picked:
                 answer = await self.grant(device, ttl, who.name, who.limited,
                                           f"reserved by class ({self._length(ttl, keepalive_s)})",
-                                          keepalive_s=keepalive_s)
+                                          keepalive_s=keepalive_s, spender=spender)
                 if answer is not None:
                     return answer
             raise await self.none_free(device_class, tags, need)
@@ -264,20 +272,31 @@ class Leases:
                                              "\"queue\": true) for a ticket that is granted the first one that is")
 
     async def grant(self, device: DeviceFacts, ttl: float, holder: str, limited: bool, cause: str,
-                    ticket_id: str | None = None, keepalive_s: float | None = None) -> LeaseAnswer | None:
+                    ticket_id: str | None = None, keepalive_s: float | None = None,
+                    spender: Spender | None = None) -> LeaseAnswer | None:
         """A new lease of ``device`` for ``holder`` (in the caller's transaction), or None if
         the device has a live lease already (another process took it a moment ago). A lease
         granted from a ticket is counted against its holder's limit but never refused by it:
         the ticket was admitted under it (``Scheduler``). With ``keepalive_s`` it lapses
-        that long after its grant unless kept alive, and ends ``ttl`` after it at the latest."""
+        that long after its grant unless kept alive, and ends ``ttl`` after it at the latest.
+        A scoped token's (``spender``) holds its budget ahead, and is granted only to the
+        budget's end if less is left (docs/architecture.md, "Shares of one lab")."""
         life = self.life
         now = life.clock()
+        hold = await self.budgets.hold(spender, ttl, now)  # (403 budget_spent: nothing written yet)
+        if hold is not None:
+            ttl = hold.seconds
+        # (a refusal rolls the hold back with the transaction)
+        counted = await self.budgets.count(spender, admitted=ticket_id is not None)
         lease: LeaseRow = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device["name"], "holder": holder,
                            "state": LeaseState.PENDING, "created_at": now,
                            "expires_at": lapse(now, ttl, keepalive_s), "ends_at": now + ttl,
                            "keepalive_s": keepalive_s, "ended_at": None, "end_reason": None,
-                           "secret": secrets.token_urlsafe(24) if life.settings.gated else None}
+                           "secret": secrets.token_urlsafe(24) if life.settings.gated else None,
+                           "token_id": None if spender is None else spender.token_id,
+                           "token_counted": counted, **(NO_HOLD if hold is None else hold.columns(now))}  # type: ignore[typeddict-item]
         if not await self.leases_sql.insert_lease_if_free(lease):
+            await self.budgets.give_back(spender, hold, counted)  # (the device was taken meanwhile)
             return None
         # counted by the database in one statement: concurrent reserves in several
         # processes cannot all see room for one more (admins are counted, not limited)
@@ -286,21 +305,23 @@ class Leases:
             await self._refuse_hoarding(holder)
         state = await life.change({**device, "lease_state": LeaseState.PENDING}, cause, holder)
         detail: dict[str, Any] = {"ttl_s": ttl} | ({} if ticket_id is None else {"ticket": ticket_id}) | (
-            {} if keepalive_s is None else {"keepalive_s": keepalive_s})
+            {} if keepalive_s is None else {"keepalive_s": keepalive_s}) | (
+            {} if hold is None else {"held_s": hold.seconds, "budget_capped": hold.capped})
         await life.audit(holder, "reserve", device["name"], lease["id"], detail)
         life.notify(host_key(device["host"] or ""))
         self.store.after_commit(life.metrics.leases_granted.inc)
         return lease_json(_view(lease, device, state))
 
-    def lease_ttl(self, ttl_s: float | None, keepalive_s: float | None) -> float:
+    def lease_ttl(self, ttl_s: float | None, keepalive_s: float | None, who: Who | None = None) -> float:
         """The ttl a reserve asks for, checked: without one the lab's default, or for a
         keepalive lease the lab's maximum (the keepalive bounds it in practice: a CI job
         must not lose its board at the default; docs/architecture.md, "Leases that live as
-        long as their client")."""
+        long as their client"); within ``who``'s scope's longest lease ("Shares of one lab")."""
         settings = self.life.settings
+        asked = ttl_s
         if ttl_s is None:
             ttl_s = settings.default_ttl_s if keepalive_s is None else settings.max_ttl_s
-        return self.check_ttl(ttl_s)
+        return lease_scope.bounded_ttl(None if who is None else who.scope, asked, self.check_ttl(ttl_s))
 
     @staticmethod
     def _length(ttl: float, keepalive_s: float | None) -> str:
@@ -392,13 +413,34 @@ class Leases:
                                                        "3600)")
             now = self.life.clock()
             ends_at = now + ttl if ttl is not None else (view["ends_at"] or view["expires_at"])
+            hold: dict[str, Any] | None = None
+            if ttl is not None:  # (a keep-alive moves nothing the grant did not hold)
+                ends_at, hold = await self._hold_renewal(view, who, ends_at, now)
             view["expires_at"], view["ends_at"] = lapse(now, ends_at - now, keepalive), ends_at
-            if not await self.leases_sql.set_lease_expiry(lease_id, view["expires_at"], ends_at):
+            if not await self.leases_sql.set_lease_expiry(lease_id, view["expires_at"], ends_at, hold):
                 raise conflict(ErrorCode.LEASE_ENDED, f"{lease_id} ended just now; reserve the device again")
             if ttl is not None:
-                await self.life.audit(who.name, "renew", view["device"], lease_id, {"ttl_s": ttl})
+                await self.life.audit(who.name, "renew", view["device"], lease_id, {"ttl_s": ttl} | (
+                    {} if hold is None or hold["held_s"] is None else {"held_s": hold["held_s"]}))
             self.life.notify(lease_key(lease_id), BOARD_KEY)
         return lease_json(view)
+
+    async def _hold_renewal(self, lease: LeaseView, who: Who, ends_at: float,
+                            now: float) -> tuple[float, dict[str, Any] | None]:
+        """A renewal to ``ends_at`` within the lease's token's scope: its longest lease, and
+        its budget held afresh from now (docs/architecture.md, "Shares of one lab"). The end
+        the budget allows, and the lease's hold columns (None: it has none, nor needs one)."""
+        token_id = lease["token_id"]
+        if token_id is None:
+            return ends_at, None
+        spender = Spender.of(who) if who.token_id == token_id else await self.budgets.spender_of_ticket(token_id)
+        lease_scope.check_renewal(None if spender is None else spender.scope, lease["created_at"], ends_at)
+        if lease["held_s"] is None and (spender is None or spender.scope.budget_s is None):
+            return ends_at, None
+        hold: Hold | None = await self.budgets.renewal(lease, spender, ends_at - now, now)
+        if hold is None:
+            return ends_at, dict(NO_HOLD)
+        return now + hold.seconds, hold.columns(now)
 
     async def release(self, lease_id: str, who: Who) -> LeaseAnswer:
         async with self.store.tx():
@@ -427,7 +469,7 @@ class Leases:
                 raise conflict(ErrorCode.LEASE_ENDED, f"{lease['id']} is {lease['state']} ({lease['end_reason']}), and "
                                                       f"its device {lease['device']} is no longer in the lab")
             return lease_json(view)
-        await self.life.audit(actor, action, lease["device"], lease["id"], detail)
+        await self.life.audit(actor, action, lease["device"], lease["id"], detail | self._used(lease))
         now_ended: LeaseRow = {**lease, "state": state, "end_reason": reason, "ended_at": self.life.clock()}
         return lease_json(_view(now_ended, device, device["state"]))
 
@@ -438,8 +480,11 @@ class Leases:
         is no longer what ``still`` says (``Store.end_lease``)."""
         life = self.life
         await self.leases_sql.lock_host_of_device(lease["device"])  # before the lease: a heartbeat's order
-        if not await self.leases_sql.end_lease(lease["id"], state, reason, life.clock(), **still):
+        now = life.clock()
+        ended = await self.leases_sql.end_lease(lease["id"], state, reason, now, **still)
+        if ended is None:
             return None
+        await self.budgets.settle(ended, now)  # (docs/architecture.md, "Shares of one lab": then settled)
         device = await self.devices_sql.device(lease["device"])
         if device is None:  # forgotten by an admin meanwhile: nothing to reclaim
             return None
@@ -448,11 +493,15 @@ class Leases:
         self.store.after_commit(life.metrics.leases_ended.labels(reason=state).inc)
         return device
 
+    def _used(self, lease: LeaseRow) -> dict[str, Any]:
+        """What an ended lease used of its token's budget, for its audit entry (nothing: no budget)."""
+        return {} if lease.get("held_s") is None else {"used_s": round(used_of(lease, self.life.clock()), 3)}
+
     async def end_overdue(self, now: float, actor: str) -> None:
         """Expire leases past their ttl; fail those whose services never came up."""
         for lease in await self.leases_sql.leases_past("expires_at", LIVE_LEASE_STATES, now):
             if await self.end(lease, LeaseState.EXPIRED, expiry_reason(lease), actor, overdue=True):
-                await self.life.audit(actor, "expire", lease["device"], lease["id"], {})
+                await self.life.audit(actor, "expire", lease["device"], lease["id"], self._used(lease))
         timeout = self.life.settings.allocating_timeout_s
         for lease in await self.leases_sql.leases_past("created_at", (LeaseState.PENDING,), now - timeout):
             view = await self.leases_sql.lease_view(lease["id"])

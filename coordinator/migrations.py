@@ -619,4 +619,30 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         f"ALTER TABLE tickets ADD COLUMN band TEXT NOT NULL DEFAULT 'normal' {_one_of('band', BANDS)}",
         "ALTER TABLE tickets ADD COLUMN turn INTEGER NOT NULL DEFAULT 0",
     ],
+    # 26: a scope's leases and budget (docs/architecture.md, "Shares of one lab"): the token a
+    # lease or ticket was made with (a ticket's grant holds its token's budget), what a lease
+    # holds of its token's budget (seconds, from when, in which period, whether the budget cut
+    # it short) and whether it counts against its token's most leases at once; each token's
+    # held and used device-seconds per period (a UTC day, or "token"), and its live leases
+    [
+        "ALTER TABLE leases ADD COLUMN token_id TEXT",
+        "ALTER TABLE leases ADD COLUMN held_s DOUBLE PRECISION",
+        "ALTER TABLE leases ADD COLUMN held_from DOUBLE PRECISION",
+        "ALTER TABLE leases ADD COLUMN held_period TEXT",
+        "ALTER TABLE leases ADD COLUMN budget_capped BOOLEAN NOT NULL DEFAULT FALSE",
+        "ALTER TABLE leases ADD COLUMN token_counted BOOLEAN NOT NULL DEFAULT FALSE",
+        "ALTER TABLE tickets ADD COLUMN token_id TEXT",
+        """CREATE TABLE token_usage (
+            token_id TEXT NOT NULL,
+            period TEXT NOT NULL,
+            held_s DOUBLE PRECISION NOT NULL,
+            used_s DOUBLE PRECISION NOT NULL,
+            last_hold_s DOUBLE PRECISION NOT NULL,
+            PRIMARY KEY (token_id, period)
+        )""",
+        """CREATE TABLE token_counts (
+            token_id TEXT PRIMARY KEY,
+            live_leases BIGINT NOT NULL
+        )""",
+    ],
 ]

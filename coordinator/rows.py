@@ -95,6 +95,13 @@ class LeaseRow(TypedDict):
     # (docs/architecture.md, "Leases that live as long as their client")
     keepalive_s: float | None  # a keep-alive moves expires_at to at most this far ahead; None: no keepalive
     ends_at: float | None      # its own end (grant or last renewal + its ttl): no keep-alive passes it
+    # (docs/architecture.md, "Shares of one lab": a budget is held ahead, then settled)
+    token_id: str | None       # the token it was reserved with (a ticket's grant: the ticket's)
+    held_s: float | None       # what it holds of its token's budget (None: no budget) ...
+    held_from: float | None    # ... from this time (its grant, or its last renewal with a ttl) ...
+    held_period: str | None    # ... charged to this period of the budget (a UTC day, or "token")
+    budget_capped: bool        # its end is its token's budget's: it expires there, and says so
+    token_counted: bool        # counted against its token's most leases at once (token_counts)
 
 
 class LeaseView(LeaseRow):
@@ -259,6 +266,7 @@ class TicketRow(TypedDict):
     lapses_at: float | None        # ... at this time (docs/architecture.md, "Leases that live as long as their client")
     band: Band                     # its requester's token's band when it was made (docs/architecture.md,
     turn: int                      # ... "Shares of one lab"), and its turn among its requester's tickets
+    token_id: str | None           # a scoped token's (its grant holds that token's budget), else None
 
 
 class JobRow(TypedDict):
@@ -318,3 +326,13 @@ class JobLeaseRow(TypedDict):
     lease_state: LeaseState | None
     device: str | None
     host: str | None
+
+
+class TokenUsageRow(TypedDict):
+    """A token's budget in one period (docs/architecture.md, "Shares of one lab"): the
+    device-seconds its live leases hold, and those its ended leases used."""
+    token_id: str
+    period: str
+    held_s: float
+    used_s: float
+

@@ -8,6 +8,7 @@ runs in one transaction and wakes the long-polls once it committed.
 - ``lifecycle`` (``Lifecycle``): what every service writes with — a device's state from its
   facts and its ring log, the audit log, the clock, the long-polls' notifier;
 - ``devices`` (``Devices``): what the lab looks like (devices, logs, hosts, audit);
+- ``budgets`` (``Budgets``): scoped tokens' budgets held and settled, and their leases at once;
 - ``leases`` (``Leases``): reserve, renew, release, expiry; what a holder sees;
 - ``images`` (``Images``): the registry and its files;
 - ``operations`` (``Operations``): operations on devices, flash and recovery among them;
@@ -26,6 +27,7 @@ from typing import Callable
 from device_loop.core.vocabulary import DeviceState
 
 from .admin import Admin
+from .budgets import Budgets
 from .devices import Devices
 from .hosts import Hosts
 from .image_files import ImageFiles
@@ -40,6 +42,7 @@ from .scheduler import Scheduler
 from .steps import Steps
 from .store import Store
 from .store.audit import AuditQueries
+from .store.budgets import BudgetQueries
 from .store.devices import DeviceQueries
 from .store.hosts import HostQueries
 from .store.idempotency import IdempotencyQueries
@@ -68,7 +71,8 @@ class Rules:
                               devices_sql=devices_sql, audit_sql=audit_sql)
         self.devices = Devices(self.life, devices_sql=devices_sql, hosts_sql=hosts_sql, operations_sql=operations_sql,
                                audit_sql=audit_sql)
-        self.leases = Leases(self.life, self.devices, leases_sql=leases_sql, devices_sql=devices_sql)
+        self.budgets = Budgets(self.life, budgets_sql=BudgetQueries(store))
+        self.leases = Leases(self.life, self.devices, self.budgets, leases_sql=leases_sql, devices_sql=devices_sql)
         self.images = Images(self.life, ImageFiles(self.life.settings.image_dir), images_sql=images_sql,
                              devices_sql=devices_sql, operations_sql=operations_sql)
         self.operations = Operations(self.life, self.leases, self.images, operations_sql=operations_sql,

@@ -25,12 +25,13 @@ from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer
 from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
 from .images import Images
+from . import lease_scope
 from .leases import Leases, describe_want, lease_json
 from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, ticket_key
 from .rows import DeviceFacts, TicketRow
 from .store import Store
-from .who import Who
+from .who import COORDINATOR, Who
 from .store.devices import DeviceQueries
 from .store.leases import LeaseQueries
 from .store.tickets import TicketQueries
@@ -97,7 +98,9 @@ class Scheduler:
                                                    "tags, or needs")
         if keepalive_s is not None and (problem := keepalive_problem(keepalive_s)):  # (MCP's checked by its model too)
             raise APIError(422, ErrorCode.INVALID, problem)
-        ttl = self.leases.lease_ttl(ttl_s, keepalive_s)
+        ttl = self.leases.lease_ttl(ttl_s, keepalive_s, who)
+        if device is None:  # (docs/architecture.md, "Shares of one lab": a ticket waits only for what its token may take)
+            device_class, tags = lease_scope.narrowed(who.scope, device_class, tags)
         async with self.store.tx():
             running = None
             if image is not None:  # refused before anything is reserved; the one for the device or class named
@@ -110,6 +113,8 @@ class Scheduler:
             except APIError as refusal:
                 if not queue or refusal.code not in QUEUEABLE:
                     raise
+            if device is None:
+                lease_scope.check_queueable(who.scope, device_class, tags)
             return await self._enqueue(device, device_class, tags, ttl, who, kind, need, keepalive_s)
 
     async def _enqueue(self, device: str | None, device_class: str | None, tags: list[str], ttl: float, who: Who,
@@ -127,7 +132,8 @@ class Scheduler:
                           "lease_id": None, "granted_device": None, "reason": "", "needs": need.needs,
                           "fallback": need.fallback, "fallback_at": need.fallback_at(now),
                           "keepalive_s": keepalive_s, "lapses_at": None if keepalive_s is None else now + keepalive_s,
-                          "band": who.band, "turn": 0}  # (the band is the token's: a request cannot name one)
+                          "band": who.band, "turn": 0,  # (the band is the token's: a request cannot name one)
+                          "token_id": who.token_id if who.scope is not None else None}
         row["turn"] = await self.tickets_sql.next_turn(row)
         await self.tickets_sql.insert_ticket(row)
         await life.audit(caller, "queue", device, None, {"ticket": row["id"], "kind": kind, "band": who.band,
@@ -172,9 +178,16 @@ class Scheduler:
         if ticket is None:
             return False
         waited = format_duration(life.clock() - ticket["created_at"])
-        answer = await self.leases.grant(device, ticket["ttl_s"], ticket["requester"], False,
-                                         f"granted to {ticket['requester']} from the queue ({ticket['kind']}, "
-                                         f"waited {waited})", ticket_id=ticket["id"], keepalive_s=ticket["keepalive_s"])
+        try:
+            answer = await self.leases.grant(device, ticket["ttl_s"], ticket["requester"], False,
+                                             f"granted to {ticket['requester']} from the queue ({ticket['kind']}, "
+                                             f"waited {waited})", ticket_id=ticket["id"],
+                                             keepalive_s=ticket["keepalive_s"],
+                                             spender=await self.leases.budgets.spender_of_ticket(ticket["token_id"]))
+        except APIError as refusal:  # its token's budget is spent: the ticket ends saying so, the next one may take it
+            if refusal.code != ErrorCode.BUDGET_SPENT:
+                raise
+            return await self._end_spent(ticket, str(refusal)) and await self._grant(device)
         if answer is None:  # leased a moment ago in another process: not free after all
             return False
         now = life.clock()
@@ -186,6 +199,19 @@ class Scheduler:
         life.notify(ticket_key(ticket["id"]), BOARD_KEY)
         seconds = now - ticket["created_at"]
         self.store.after_commit(lambda: life.metrics.ticket_waits.labels(kind=ticket["kind"]).observe(seconds))
+        return True
+
+    async def _end_spent(self, ticket: TicketRow, reason: str) -> bool:
+        """A waiting ticket whose token's budget is spent ends (cancelled, with the budget's
+        words): whether it did (it was still waiting)."""
+        now = self.life.clock()
+        if not await self.tickets_sql.end_ticket(ticket["id"], TicketState.CANCELLED, reason, now,
+                                                 (TicketState.WAITING,)):
+            return False
+        await self.tickets_sql.uncount_ticket(ticket["requester"])
+        await self.life.audit(COORDINATOR, "ticket_cancel", ticket["device"], None,
+                              {"ticket": ticket["id"], "reason": reason})
+        self.life.notify(ticket_key(ticket["id"]), BOARD_KEY)
         return True
 
     async def expire_unclaimed(self, now: float, actor: str) -> None:

@@ -273,6 +273,30 @@ class TokenAnswer(TypedDict, total=False):
     note: str
 
 
+class BudgetAnswer(TypedDict):
+    """A scoped token's budget now (docs/architecture.md, "Shares of one lab"): device-seconds
+    held ahead by its live leases, used by its ended ones, and left, in the current period."""
+    budget_s: float
+    period: str              # day (UTC) or token (its life)
+    held_s: float
+    used_s: float
+    left_s: float
+    renews_at: str | None    # the end of the period (a day's: the next 00:00 UTC); None: never
+    words: str               # "budget: 3 of 120 device-minutes left today; it renews at 00:00 UTC"
+
+
+class WhoamiAnswer(TypedDict):
+    """Who the coordinator takes the caller for, and what its token may still do."""
+    name: str
+    kind: str                # person, agent, trusted (the trust mode), ...
+    admin: bool
+    token_id: str | None
+    band: Band
+    scope: dict[str, Any] | None  # a TokenScope as JSON; None: unscoped
+    live_leases: int | None  # leases counted against the scope's most leases at once (None: no such bound)
+    budget: BudgetAnswer | None
+
+
 class CandidateAnswer(TypedDict):
     identifier: str
     host: str

@@ -30,7 +30,8 @@ RING_SLOTS = 20  # state changes each device keeps (docs/architecture.md, "Lifec
 _JSON_COLUMNS = {"tags", "plugins", "services", "superseded_boots", "busy_by", "detail", "resources", "host_services",
                  "seconds", "args", "result", "steps", "facts", "spec", "fingerprint", "readings", "samples"}
 _BOOL_COLUMNS = {"online", "present", "retired", "admin", "draining", "host_online", "host_draining", "link_lost",
-                 "host_link_lost", "exclusive", "destructive", "warmup", "interrupted"}
+                 "host_link_lost", "exclusive", "destructive", "warmup", "interrupted", "budget_capped",
+                 "token_counted"}
 
 
 class UniqueViolation(Exception):
@@ -102,6 +103,13 @@ class Store:
             return f"CAST({wanted} AS jsonb) <@ CAST({having} AS jsonb)"
         return (f"NOT EXISTS (SELECT 1 FROM json_each({wanted}) w WHERE w.value NOT IN "
                 f"(SELECT value FROM json_each({having})))")
+
+    def tags_overlap(self, wanted: str, having: str) -> str:
+        """SQL: one tag at least of the JSON list ``wanted`` is in the JSON list ``having``."""
+        if self.dialect == "postgresql":
+            return (f"jsonb_exists_any(CAST({having} AS jsonb), "
+                    f"ARRAY(SELECT jsonb_array_elements_text(CAST({wanted} AS jsonb))))")
+        return f"EXISTS (SELECT 1 FROM json_each({having}) h WHERE h.value IN (SELECT value FROM json_each({wanted})))"
 
     async def connect(self) -> None:
         """Open the database, bring its tables to the latest migration, and (PostgreSQL)

@@ -151,9 +151,12 @@ class DeviceQueries:
         await self.db.run(f"DELETE FROM devices WHERE {by_name}", **params)
 
     def _of_class_with_tags(self, device_class: str | None, tags: list[str],
-                            fidelities: tuple[str, ...] | None = None) -> tuple[str, dict[str, Any]]:
+                            fidelities: tuple[str, ...] | None = None, classes: tuple[str, ...] | None = None,
+                            any_tags: tuple[str, ...] | None = None) -> tuple[str, dict[str, Any]]:
         """SQL (and its values): device ``d`` is of ``device_class`` (any: None) with all of
-        ``tags``, and of one of ``fidelities`` (any: None)."""
+        ``tags``, and of one of ``fidelities`` (any: None); of one of ``classes`` and with one of
+        ``any_tags`` at least, where given (a scoped token's pick: docs/architecture.md,
+        "Shares of one lab")."""
         where = "TRUE" if fidelities is None else f"d.fidelity IN {sql_list(fidelities)}"
         values: dict[str, Any] = {}
         if device_class is not None:
@@ -162,6 +165,13 @@ class DeviceQueries:
         if tags:
             where += " AND " + self.db.tags_within(":tags", "d.tags")
             values["tags"] = json.dumps(sorted(tags))
+        if classes is not None:
+            within, params = self.db.in_list("d.class", "scope_classes", list(classes))
+            where += f" AND {within}"
+            values |= params
+        if any_tags is not None:
+            where += " AND " + self.db.tags_overlap(":scope_tags", "d.tags")
+            values["scope_tags"] = json.dumps(sorted(any_tags))
         return where, values
 
     async def free_devices_named(self, names: list[str]) -> list[DeviceFacts]:
@@ -171,13 +181,15 @@ class DeviceQueries:
 
     async def free_devices(self, device_class: str | None, tags: list[str], limit: int,
                            fidelities: tuple[str, ...] | None = None, virtual_first: bool = False,
-                           running: str | None = None) -> list[DeviceFacts]:
+                           running: str | None = None, classes: tuple[str, ...] | None = None,
+                           any_tags: tuple[str, ...] | None = None) -> list[DeviceFacts]:
         """Devices free to lease of ``device_class`` (any, if None) with every one of ``tags``
         and of one of ``fidelities`` (any, if None), idle the longest first (wear spreads over
         the class), the virtual ones before any other with ``virtual_first``, and before all
-        those already running image ``running`` (a digest: ``RUNNING_FIRST``). Not locked: a
+        those already running image ``running`` (a digest: ``RUNNING_FIRST``); of one of
+        ``classes`` and one of ``any_tags`` where given (a scoped token's). Not locked: a
         lease is taken under its host's lock (``lock_hosts``), and the partial UNIQUE index decides."""
-        where, values = self._of_class_with_tags(device_class, tags, fidelities)
+        where, values = self._of_class_with_tags(device_class, tags, fidelities, classes, any_tags)
         first = f"{VIRTUAL_FIRST}, " if virtual_first else ""
         if running is not None:
             first = f"{RUNNING_FIRST}, {first}"

@@ -4,6 +4,8 @@ may use them: ``OWNERS`` and ``LENT_TO``
 (docs/architecture.md, "A service reaches only its tables")."""
 from __future__ import annotations
 
+from typing import Any
+
 from ..rows import LeaseRow, LeaseView
 from .core import Store
 from .counts import count_down, count_up
@@ -84,21 +86,23 @@ class LeaseQueries:
                                   f"({marks}) AND l.{column} < :before ORDER BY d.host, l.id", before=before)
 
     async def end_lease(self, lease_id: str, state: str, reason: str, now: float, overdue: bool = False,
-                        pending: bool = False) -> bool:
-        """Move a live lease to a final state; False if it was no longer live (here or in
-        another coordinator process), or no longer ``overdue`` (renewed meanwhile) or
-        ``pending`` (its services came up meanwhile) when asked to be. The conditions are
-        in the statement: a commit of another process in between is what it sees."""
+                        pending: bool = False) -> dict | None:
+        """Move a live lease to a final state: what it held of its token's budget (to settle),
+        or None if it was no longer live (here or in another coordinator process), or no
+        longer ``overdue`` (renewed meanwhile) or ``pending`` (its services came up meanwhile)
+        when asked to be. The conditions are in the statement: a commit of another process in
+        between is what it sees."""
         where = f"id = :id AND state IN {LIVE_SQL}"
         where += " AND expires_at <= :now" if overdue else ""
         where += " AND state = 'pending'" if pending else ""
         ended = await self.db.row(  # its secret dies with it: nothing keeps it longer
             f"UPDATE leases SET state = :state, end_reason = :reason, ended_at = :now, secret = NULL WHERE {where} "
-            "RETURNING holder", state=state, reason=reason, now=now, id=lease_id)
+            "RETURNING holder, token_id, held_s, held_from, held_period, token_counted", state=state, reason=reason,
+            now=now, id=lease_id)
         if ended is None:
-            return False
+            return None
         await count_down(self.db, "live_leases", ended["holder"])
-        return True
+        return ended
 
     async def insert_lease_if_free(self, row: LeaseRow) -> bool:
         """Insert a lease unless its device has a live one (the partial UNIQUE index says so):
@@ -123,10 +127,14 @@ class LeaseQueries:
         return await self.db.rows(f"UPDATE leases SET state = 'active' WHERE state = 'pending' AND {where} "
                                   "RETURNING id, created_at", **params)
 
-    async def set_lease_expiry(self, lease_id: str, expires_at: float, ends_at: float) -> bool:
-        """False if the lease is no longer live (ended by another process meanwhile)."""
-        renewed = await self.db.row(f"UPDATE leases SET expires_at = :e, ends_at = :end WHERE id = :id AND state IN "
-                                    f"{LIVE_SQL} RETURNING id", e=expires_at, end=ends_at, id=lease_id)
+    async def set_lease_expiry(self, lease_id: str, expires_at: float, ends_at: float,
+                               hold: dict[str, Any] | None = None) -> bool:
+        """False if the lease is no longer live (ended by another process meanwhile). With
+        ``hold``, what it holds of its token's budget now (its ``held_*`` columns)."""
+        sets = "".join(f", {column} = :{column}" for column in hold or {})
+        renewed = await self.db.row(f"UPDATE leases SET expires_at = :e, ends_at = :end{sets} WHERE id = :id AND "
+                                    f"state IN {LIVE_SQL} RETURNING id", e=expires_at, end=ends_at, id=lease_id,
+                                    **(hold or {}))
         return renewed is not None
 
     async def keep_alive(self, lease_id: str, now: float) -> None:

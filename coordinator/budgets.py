@@ -1,0 +1,198 @@
+"""A scoped token's budget and its leases at once (docs/architecture.md, "Shares of one lab":
+"A budget is held ahead, then settled").
+
+Granting a lease to a budgeted token holds its whole length against the current period
+(a UTC day, or the token's life) in one conditional statement, or what is left if less: the
+lease then ends at the budget's end. A renewal with a ttl settles what the lease held so far
+and holds afresh from now (each hold charged to the period it was made in); a lease that ends
+gives back what it did not use. Left = budget - held - used. The live leases of a token whose
+scope bounds them are counted the same way, one statement each.
+"""
+from __future__ import annotations
+
+import calendar
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from device_loop.core.answers import BudgetAnswer, WhoamiAnswer
+from device_loop.core.durations import iso
+from device_loop.core.errors import ErrorCode
+from device_loop.core.scopes import TokenScope
+from device_loop.core.vocabulary import BudgetPeriod
+
+from .errors import APIError
+from .identity import scope_of
+from .lease_scope import out_of_scope
+from .lifecycle import Lifecycle
+from .rows import LeaseRow, TokenUsageRow
+from .store.budgets import BudgetQueries
+from .who import Who
+
+LEAST_HOLD_S = 1.0  # less left than this is nothing left: no lease is granted for under a second
+TOKEN_PERIOD = "token"  # the period of a budget for the token's whole life
+
+
+def period_of(now: float, period: BudgetPeriod) -> str:
+    """The period a hold made at ``now`` is charged to: its UTC day, or the token's life."""
+    return time.strftime("%Y-%m-%d", time.gmtime(now)) if period == BudgetPeriod.DAY else TOKEN_PERIOD
+
+
+def period_end(now: float, period: BudgetPeriod) -> float | None:
+    """When the period holding ``now`` ends (the next 00:00 UTC), or None: a token's never does."""
+    if period != BudgetPeriod.DAY:
+        return None
+    day = time.gmtime(now)
+    return calendar.timegm((day.tm_year, day.tm_mon, day.tm_mday, 0, 0, 0)) + 86400.0
+
+
+def _minutes(seconds: float) -> str:
+    """Device-minutes in words: whole ones, or tenths below ten."""
+    minutes = max(0.0, seconds) / 60
+    return f"{minutes:.0f}" if minutes >= 10 or minutes == int(minutes) else f"{minutes:.1f}"
+
+
+def budget_words(budget_s: float, period: BudgetPeriod, left_s: float, now: float) -> str:
+    """``budget: 3 of 120 device-minutes left today; it renews at 00:00 UTC``."""
+    if period == BudgetPeriod.DAY:
+        return (f"budget: {_minutes(left_s)} of {_minutes(budget_s)} device-minutes left today; it renews at "
+                "00:00 UTC")
+    return (f"budget: {_minutes(left_s)} of {_minutes(budget_s)} device-minutes left for this token's life; an admin "
+            "raises it (device-loop admin token set TOKEN_ID --budget ...)")
+
+
+@dataclass(frozen=True)
+class Spender:
+    """A scoped token a lease is granted to: what its budget and its leases at once are kept under."""
+    token_id: str
+    scope: TokenScope
+
+    @staticmethod
+    def of(who: Who) -> Spender | None:
+        """The caller's scoped token, or None (unscoped: nothing is held or counted)."""
+        return None if who.scope is None or who.token_id is None else Spender(who.token_id, who.scope)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What a grant or a renewal held: ``seconds`` in ``period``, fewer than asked if ``capped``."""
+    seconds: float
+    period: str
+    capped: bool
+
+    def columns(self, now: float) -> dict[str, Any]:
+        """The lease's columns that record it."""
+        return {"held_s": self.seconds, "held_from": now, "held_period": self.period, "budget_capped": self.capped}
+
+
+NO_HOLD: dict[str, Any] = {"held_s": None, "held_from": None, "held_period": None, "budget_capped": False}
+
+
+def used_of(lease: LeaseRow | dict, now: float) -> float:
+    """What a lease's current hold used by ``now`` (never more than it held)."""
+    held, start = lease["held_s"], lease["held_from"]
+    return 0.0 if held is None or start is None else min(max(0.0, now - start), held)
+
+
+class Budgets:
+    """Holds and settlements of scoped tokens' budgets, and their leases at once."""
+
+    def __init__(self, life: Lifecycle, *, budgets_sql: BudgetQueries):
+        self.life = life
+        self.budgets_sql = budgets_sql
+
+    async def spender_of_ticket(self, token_id: str | None) -> Spender | None:
+        """The scoped token a ticket was made with, under the scope it has now (an admin may
+        have changed it since)."""
+        if token_id is None:
+            return None
+        scope = scope_of(await self.budgets_sql.token_scope(token_id))
+        return None if scope is None else Spender(token_id, scope)
+
+    async def hold(self, spender: Spender | None, want: float, now: float) -> Hold | None:
+        """Hold ``want`` seconds of ``spender``'s budget from ``now`` (what is left, if less):
+        None if it has no budget; 403 ``budget_spent`` if nothing is left."""
+        if spender is None or spender.scope.budget_s is None:
+            return None
+        scope = spender.scope
+        period = period_of(now, scope.budget_period)
+        held = await self.budgets_sql.hold(spender.token_id, period, want, scope.budget_s, LEAST_HOLD_S)
+        if held is None:
+            raise await self.spent(spender, now)
+        return Hold(held, period, held < want - 1e-6)
+
+    async def spent(self, spender: Spender, now: float) -> APIError:
+        """403 ``budget_spent``, saying what is left and when it renews."""
+        scope = spender.scope
+        budget = scope.budget_s or 0.0
+        usage = await self.budgets_sql.usage(spender.token_id, period_of(now, scope.budget_period))
+        left = budget - (usage["held_s"] + usage["used_s"] if usage else 0.0)
+        return APIError(403, ErrorCode.BUDGET_SPENT, budget_words(budget, scope.budget_period, left, now))
+
+    async def give_back(self, spender: Spender | None, hold: Hold | None, counted: bool) -> None:
+        """What was held and counted for a lease that was not granted after all (its device
+        taken meanwhile by another process)."""
+        if spender is None:
+            return
+        if hold is not None:
+            await self.budgets_sql.settle(spender.token_id, hold.period, hold.seconds, 0.0)
+        if counted:
+            await self.budgets_sql.uncount_lease(spender.token_id)
+
+    async def count(self, spender: Spender | None, admitted: bool) -> bool:
+        """Count a new lease against ``spender``'s most leases at once: whether it was
+        counted (its scope bounds them). Refused (403 ``out_of_scope``) at the bound, unless
+        ``admitted`` (a ticket's grant: the ticket was admitted, as the per-person count)."""
+        if spender is None or spender.scope.max_leases is None:
+            return False
+        limit = spender.scope.max_leases
+        if not await self.budgets_sql.count_lease(spender.token_id, None if admitted else limit):
+            raise out_of_scope(f"this token may hold {limit} lease{'s' if limit > 1 else ''} at once; release one first")
+        return True
+
+    async def settle(self, lease: dict, now: float) -> None:
+        """A lease ended at ``now`` (the row ``end_lease`` returned): what it held and did not
+        use is given back, and it no longer counts against its token's leases at once."""
+        token_id = lease["token_id"]
+        if token_id is None:
+            return
+        if lease["held_s"] is not None:
+            await self.budgets_sql.settle(token_id, lease["held_period"], lease["held_s"], used_of(lease, now))
+        if lease["token_counted"]:
+            await self.budgets_sql.uncount_lease(token_id)
+
+    async def renewal(self, lease: LeaseRow, spender: Spender | None, want: float, now: float) -> Hold | None:
+        """A renewal with a ttl: what the lease held so far is settled as used to ``now``, and
+        ``want`` seconds from now held afresh in the current period (None: no budget now)."""
+        if lease["held_s"] is not None and lease["token_id"] is not None:
+            await self.budgets_sql.settle(lease["token_id"], lease["held_period"] or "", lease["held_s"],
+                                          used_of(lease, now))
+        return await self.hold(spender, want, now)
+
+    async def whoami(self, who: Who) -> WhoamiAnswer:
+        """Who the caller is, its scope, and (a budgeted token) its budget now."""
+        scope, budget, live = who.scope, None, None
+        if scope is not None and who.token_id is not None:
+            if scope.max_leases is not None:
+                live = await self.budgets_sql.live_leases(who.token_id)
+            if scope.budget_s is not None:
+                budget = await self.budget(who.token_id, scope, self.life.clock())
+        return {"name": who.name, "kind": str(who.kind), "admin": who.admin, "token_id": who.token_id,
+                "band": who.band, "scope": None if scope is None else scope.model_dump(mode="json"),
+                "live_leases": live, "budget": budget}
+
+    async def budget(self, token_id: str, scope: TokenScope, now: float) -> BudgetAnswer:
+        """``token_id``'s budget in the period of ``now``."""
+        usage = await self.budgets_sql.usage(token_id, period_of(now, scope.budget_period))
+        return budget_answer(scope, usage, now)
+
+
+def budget_answer(scope: TokenScope, usage: TokenUsageRow | None, now: float) -> BudgetAnswer:
+    """A budget as whoami, the web page and the metrics show it."""
+    budget = scope.budget_s or 0.0
+    held = usage["held_s"] if usage else 0.0
+    used = usage["used_s"] if usage else 0.0
+    left = max(0.0, budget - held - used)
+    return {"budget_s": budget, "period": scope.budget_period, "held_s": round(held, 3), "used_s": round(used, 3),
+            "left_s": round(left, 3), "renews_at": iso(period_end(now, scope.budget_period)),
+            "words": budget_words(budget, scope.budget_period, left, now)}

@@ -1,0 +1,182 @@
+"""What a scoped token's lease may take, and its budget (docs/architecture.md, "Shares of one
+lab"): classes and tags filter the pick, most leases at once and the longest lease bound it,
+and a budget is held ahead, then settled. Driven in-process with a hand-moved clock (on
+SQLite, and on PostgreSQL where the suite has one)."""
+import pytest
+
+from device_loop.coordinator.identity import issue_token
+from device_loop.core.durations import parse_iso
+from device_loop.core.scopes import TokenScope
+from device_loop.core.vocabulary import TokenKind
+from lab_in_process import FakeExporter, device, in_process_lab
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+# (no exporter starts the leases' services here: a pending lease must not fail while the clock moves)
+SETTINGS = {"allocating_timeout_s": 7 * 86400.0}
+DAY = 86400.0
+
+
+async def token(rules, name: str, scope: TokenScope | None = None, admin: bool = False,
+                kind: TokenKind = TokenKind.PERSON) -> str:
+    """A token for ``name``, scoped as an admin would scope it (the row's scope column)."""
+    made = await issue_token(rules.store, rules.clock, name, admin=admin, kind=kind)
+    if scope is not None:
+        await rules.store.run("UPDATE tokens SET scope = :s WHERE id = :id", s=scope.model_dump_json(), id=made["id"])
+    return made["token"]
+
+
+async def exporter_of(client, rules) -> FakeExporter:
+    return FakeExporter(client(token=(await issue_token(rules.store, rules.clock, host="host-a"))["token"]), "host-a")
+
+
+def board(name: str, device_class: str = "sim-board", tags=("sim",)) -> dict:
+    return {**device(name), "class": device_class, "tags": list(tags)}
+
+
+def has(answer: dict, **expected) -> bool:
+    """Whether ``answer`` says at least ``expected``."""
+    return {k: answer.get(k) for k in expected} == expected
+
+
+def length(lease: dict) -> float:
+    return parse_iso(lease["ends_at"]) - parse_iso(lease["created_at"])
+
+
+async def audit(root, action: str) -> list[dict]:
+    return [e["detail"] for e in (await root.get("/admin/audit")).json() if e["action"] == action]
+
+
+async def test_a_budget_spent_to_zero_refuses_the_next_reserve_and_a_lease_ends_at_the_budgets_end(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        agent = client(token=await token(rules, "bot", TokenScope(budget_s=120), kind=TokenKind.AGENT))
+        root = client(token=await token(rules, "root", admin=True))
+        exporter = await exporter_of(client, rules)
+        await exporter.beat([board("b0"), board("b1")])
+
+        lease = (await agent.post("/leases", json={"device": "b0", "ttl_s": 600})).json()
+        assert length(lease) == 120, "a lease that would outrun the budget is granted only to the budget's end"
+        assert has((await audit(root, "reserve"))[-1], held_s=120, budget_capped=True)
+        spent = await agent.post("/leases", json={"device": "b1"})
+        assert spent.status_code == 403 and spent.json()["error"] == "budget_spent", spent.text
+        assert spent.json()["message"] == "budget: 0 of 2 device-minutes left today; it renews at 00:00 UTC"
+        assert (await agent.post("/leases", json={"class": "sim-board"})).status_code == 403, "by class too"
+
+        clock.advance(121)
+        await rules.reap()
+        ended = (await agent.get(f"/leases/{lease['id']}")).json()
+        assert ended["state"] == "expired" and "budget ran out" in ended["end_reason"], ended
+        assert (await audit(root, "expire"))[-1] == {"used_s": 120}
+        await exporter.beat([board("b0"), board("b1")])  # (its host still there)
+        still = await agent.post("/leases", json={"device": "b1"})
+        assert still.status_code == 403 and "0 of 2" in still.json()["message"], still.text
+
+        clock.advance(DAY)  # the next UTC day: its budget is whole again
+        await exporter.beat([board("b0"), board("b1")])
+        again = await agent.post("/leases", json={"device": "b1", "ttl_s": 60})
+        assert again.status_code == 201 and length(again.json()) == 60, again.text
+
+
+async def test_a_lease_ended_early_gives_back_what_it_did_not_use_and_a_renewal_holds_its_extension(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        agent = client(token=await token(rules, "bot", TokenScope(budget_s=600, budget_period="token")))
+        root = client(token=await token(rules, "root", admin=True))
+        await (await exporter_of(client, rules)).beat([board("b0"), board("b1")])
+
+        async def budget() -> dict:
+            return (await agent.get("/whoami")).json()["budget"]
+
+        first = (await agent.post("/leases", json={"device": "b0", "ttl_s": 300})).json()
+        assert has(await budget(), held_s=300, used_s=0, left_s=300, period="token", renews_at=None)
+        clock.advance(60)
+        released = await agent.post(f"/leases/{first['id']}/release")
+        assert released.status_code == 200
+        assert (await audit(root, "release"))[-1] == {"used_s": 60}
+        assert has(await budget(), held_s=0, used_s=60, left_s=540)
+
+        second = (await agent.post("/leases", json={"device": "b1", "ttl_s": 100})).json()
+        clock.advance(50)
+        renewed = (await agent.post(f"/leases/{second['id']}/renew", json={"ttl_s": 200})).json()
+        assert parse_iso(renewed["ends_at"]) == clock.now + 200
+        assert has(await budget(), held_s=200, used_s=110, left_s=290)
+        too_long = (await agent.post(f"/leases/{second['id']}/renew", json={"ttl_s": 1000})).json()
+        assert parse_iso(too_long["ends_at"]) == clock.now + 490, "a renewal is granted only to the budget's end"
+        assert (await budget())["left_s"] == 0
+        await agent.post(f"/leases/{second['id']}/release")
+        assert has(await budget(), held_s=0, used_s=110, left_s=490)
+
+
+async def test_scoped_classes_and_tags_filter_the_pick_and_refuse_what_is_outside_them(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        scope = TokenScope(classes=("rpi4", "rock5"), tags=("lab-b", "lab-c"))
+        agent = client(token=await token(rules, "bot", scope))
+        await (await exporter_of(client, rules)).beat(
+            [board("x0", "x86"), board("p0", "rpi4", ("lab-a",)), board("p1", "rpi4", ("lab-c", "usb")),
+             board("r0", "rock5", ("lab-b",))])
+        picked = []
+        for _ in range(2):
+            lease = await agent.post("/leases", json={"class": "rpi4"})
+            if lease.status_code == 201:
+                picked.append(lease.json()["device"])
+        assert picked == ["p1"], "of its classes, only a device with one of its tags"
+        anyone = (await agent.post("/leases", json={"needs": "real-hw"})).json()
+        assert anyone["device"] == "r0", "without a class: its classes and tags filter the pick"
+        for asked, named in (({"device": "x0"}, "x0 (class x86)"), ({"device": "p0"}, "p0 (tags: lab-a)"),
+                             ({"class": "x86"}, "class x86")):
+            refused = await agent.post("/leases", json=asked)
+            assert refused.status_code == 403 and refused.json()["error"] == "out_of_scope", refused.text
+            assert refused.json()["message"].startswith("scope: this token may reserve") and named in \
+                refused.json()["message"]
+        queued = await agent.post("/leases", json={"needs": "real-hw", "queue": True})
+        assert queued.status_code == 403 and "name one of them to queue" in queued.json()["message"], queued.text
+
+
+async def test_most_leases_at_once_and_the_longest_lease_bound_a_scoped_token(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        agent = client(token=await token(rules, "bot", TokenScope(max_leases=1, max_lease_s=3600)))
+        await (await exporter_of(client, rules)).beat([board("b0"), board("b1")])
+
+        too_long = await agent.post("/leases", json={"device": "b0", "ttl_s": 7200})
+        assert too_long.status_code == 403 and "at most 1h" in too_long.json()["message"], too_long.text
+        lease = (await agent.post("/leases", json={"device": "b0", "keepalive_s": 60})).json()
+        assert length(lease) == 3600, "a keepalive lease's end without a ttl: the scope's longest lease"
+        second = await agent.post("/leases", json={"device": "b1"})
+        assert second.status_code == 403 and second.json()["message"] == \
+            "scope: this token may hold 1 lease at once; release one first"
+        assert (await agent.get("/whoami")).json()["live_leases"] == 1
+        clock.advance(600)
+        past = await agent.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 3300})
+        assert past.status_code == 403 and "at the latest" in past.json()["message"], past.text
+        assert (await agent.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 3000})).status_code == 200
+
+        await agent.post(f"/leases/{lease['id']}/release")
+        assert (await agent.post("/leases", json={"device": "b1"})).status_code == 201, "released: room again"
+
+
+async def test_a_ticket_granted_to_a_spent_budget_ends_saying_so_and_the_next_ticket_is_served(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        agent = client(token=await token(rules, "bot", TokenScope(budget_s=60)))
+        ann = client(token=await token(rules, "ann"))
+        bob = client(token=await token(rules, "bob"))
+        exporter = await exporter_of(client, rules)
+        await exporter.beat([board("b0"), board("b1")])
+        held = (await bob.post("/leases", json={"device": "b0"})).json()
+        ticket = (await agent.post("/leases", json={"device": "b0", "queue": True})).json()
+        clock.advance(1)  # (the agent's ticket first)
+        other = (await ann.post("/leases", json={"device": "b0", "queue": True})).json()
+        assert (ticket["state"], other["state"]) == ("waiting", "waiting")
+        await agent.post("/leases", json={"device": "b1", "ttl_s": 60})  # its whole budget, held
+
+        await bob.post(f"/leases/{held['id']}/release")
+        await exporter.beat([board("b0"), board("b1")])  # reclaimed: b0 is free and granted
+        ended = (await agent.get(f"/tickets/{ticket['ticket']}")).json()
+        assert ended["state"] == "cancelled" and ended["reason"].startswith("budget: 0 of 1 device-minutes"), ended
+        assert (await ann.get(f"/tickets/{other['ticket']}")).json()["state"] == "claimed", "the next one is served"
+
+
+async def test_whoami_answers_an_unscoped_caller_too(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        ann = client(token=await token(rules, "ann"))
+        me = (await ann.get("/whoami")).json()
+        assert has(me, name="ann", kind="person", admin=False, band="normal", scope=None, budget=None,
+                   live_leases=None)

@@ -112,11 +112,11 @@ class Budgets:
     async def hold(self, spender: Spender | None, want: float, now: float) -> Hold | None:
         """Hold ``want`` seconds of ``spender``'s budget from ``now`` (what is left, if less):
         None if it has no budget; 403 ``budget_spent`` if nothing is left."""
-        if spender is None or spender.scope.budget_s is None:
+        budget = None if spender is None else spender.scope.budget_s
+        if spender is None or budget is None:
             return None
-        scope = spender.scope
-        period = period_of(now, scope.budget_period)
-        held = await self.budgets_sql.hold(spender.token_id, period, want, scope.budget_s, LEAST_HOLD_S)
+        period = period_of(now, spender.scope.budget_period)
+        held = await self.budgets_sql.hold(spender.token_id, period, want, budget, LEAST_HOLD_S)
         if held is None:
             raise await self.spent(spender, now)
         return Hold(held, period, held < want - 1e-6)
@@ -147,7 +147,8 @@ class Budgets:
             return False
         limit = spender.scope.max_leases
         if not await self.budgets_sql.count_lease(spender.token_id, None if admitted else limit):
-            raise out_of_scope(f"this token may hold {limit} lease{'s' if limit > 1 else ''} at once; release one first")
+            plural = "s" if limit > 1 else ""
+            raise out_of_scope(f"this token may hold {limit} lease{plural} at once; release one first")
         return True
 
     async def settle(self, lease: dict, now: float) -> None:

@@ -99,7 +99,7 @@ class Scheduler:
         if keepalive_s is not None and (problem := keepalive_problem(keepalive_s)):  # (MCP's checked by its model too)
             raise APIError(422, ErrorCode.INVALID, problem)
         ttl = self.leases.lease_ttl(ttl_s, keepalive_s, who)
-        if device is None:  # (docs/architecture.md, "Shares of one lab": a ticket waits only for what its token may take)
+        if device is None:  # (docs/architecture.md, "Shares of one lab": a ticket waits for what its token may take)
             device_class, tags = lease_scope.narrowed(who.scope, device_class, tags)
         async with self.store.tx():
             running = None

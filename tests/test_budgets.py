@@ -2,7 +2,12 @@
 lab"): classes and tags filter the pick, most leases at once and the longest lease bound it,
 and a budget is held ahead, then settled. Driven in-process with a hand-moved clock (on
 SQLite, and on PostgreSQL where the suite has one)."""
+import json
+
+import httpx2
 import pytest
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from device_loop.coordinator.identity import issue_token
 from device_loop.core.durations import parse_iso
@@ -19,11 +24,8 @@ DAY = 86400.0
 
 async def token(rules, name: str, scope: TokenScope | None = None, admin: bool = False,
                 kind: TokenKind = TokenKind.PERSON) -> str:
-    """A token for ``name``, scoped as an admin would scope it (the row's scope column)."""
-    made = await issue_token(rules.store, rules.clock, name, admin=admin, kind=kind)
-    if scope is not None:
-        await rules.store.run("UPDATE tokens SET scope = :s WHERE id = :id", s=scope.model_dump_json(), id=made["id"])
-    return made["token"]
+    """A token for ``name``, scoped as an admin scopes it."""
+    return (await issue_token(rules.store, rules.clock, name, admin=admin, kind=kind, scope=scope))["token"]
 
 
 async def exporter_of(client, rules) -> FakeExporter:
@@ -180,3 +182,22 @@ async def test_whoami_answers_an_unscoped_caller_too(tmp_path):
         me = (await ann.get("/whoami")).json()
         assert has(me, name="ann", kind="person", admin=False, band="normal", scope=None, budget=None,
                    live_leases=None)
+
+
+async def test_an_agent_sees_its_budget_over_mcp_as_whoami_and_my_budget(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        scope = TokenScope(classes=("sim-board",), budget_s=7200, max_leases=2)
+        bearer = await token(rules, "bot", scope, kind=TokenKind.AGENT)
+        await (await exporter_of(client, rules)).beat([board("b0")])
+        await client(token=bearer).post("/leases", json={"device": "b0", "ttl_s": 1800})
+        http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=client.app),
+                                  headers={"Authorization": f"Bearer {bearer}"}, timeout=30)
+        async with Client(streamable_http_client("http://127.0.0.1/mcp", http_client=http)) as agent:
+            for name in ("whoami", "my_budget"):
+                result = await agent.call_tool(name, {})
+                me = json.loads(result.content[0].text)
+                assert has(me, name="bot", kind="agent", band="normal", live_leases=1), me
+                assert me["scope"]["classes"] == ["sim-board"]
+                assert has(me["budget"], budget_s=7200, held_s=1800, used_s=0, left_s=5400, period="day",
+                           renews_at="2027-01-16T00:00:00Z",
+                           words="budget: 90 of 120 device-minutes left today; it renews at 00:00 UTC"), me

@@ -29,8 +29,9 @@ class BudgetQueries:
         least_of = "MIN" if self.db.dialect == "sqlite" else "LEAST"
         grant = f"{least_of}(:want, :budget - token_usage.held_s - token_usage.used_s)"
         row = await self.db.row(
-            "INSERT INTO token_usage (token_id, period, held_s, used_s, last_hold_s) VALUES (:t, :p, :first, 0, :first) "
-            f"ON CONFLICT (token_id, period) DO UPDATE SET held_s = token_usage.held_s + {grant}, last_hold_s = {grant} "
+            "INSERT INTO token_usage (token_id, period, held_s, used_s, last_hold_s) "
+            "VALUES (:t, :p, :first, 0, :first) ON CONFLICT (token_id, period) DO UPDATE "
+            f"SET held_s = token_usage.held_s + {grant}, last_hold_s = {grant} "
             "WHERE token_usage.held_s + token_usage.used_s + :least <= :budget RETURNING last_hold_s",
             t=token_id, p=period, first=min(want, budget), want=want, budget=budget, least=least)
         return None if row is None else float(row["last_hold_s"])

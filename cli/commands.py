@@ -22,7 +22,8 @@ from device_loop.client.http import CoordinatorError
 from device_loop.client.interrupt import not_interrupted, sigterm_as_ctrl_c
 from device_loop.client.lab import Lab, Lease, LeaseFailed, Ticket, follow_op, telling_place
 from device_loop.core.errors import ErrorCode
-from .output import emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left
+from .output import (emit, fail, lease_text, table, terminal_width, ticket_text, tickets_text, time_left,
+                     whoami_text)
 
 if TYPE_CHECKING:  # (a type only: --help loads no pydantic)
     from device_loop.core.answers import LogEntry
@@ -484,5 +485,13 @@ def log_command(lab: Lab, device: str, as_json: bool):
     emit(as_json, lab.log(device), text)
 
 
+@click.command("whoami")
+@json_option
+@lab_command
+def whoami_command(lab: Lab, as_json: bool):
+    """Who the lab takes you for: your kind, priority band and scope, and your token's budget left."""
+    emit(as_json, lab.whoami(), whoami_text)
+
+
 COMMANDS = [ls_command, hosts_command, reserve_command, release_command, renew_command, status_command, log_command,
-            tickets_command, ticket_command, cancel_command, settle_command]
+            tickets_command, ticket_command, cancel_command, settle_command, whoami_command]

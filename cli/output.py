@@ -138,3 +138,24 @@ def progress_bar(label: str, done: int, total: int, end: bool = False) -> None:
     sys.stderr.write(f"\r  {label:<10} [{'#' * filled}{'.' * (30 - filled)}] {done >> 20}/{total >> 20} MiB\033[K"
                      + ("\n" if end else ""))
     sys.stderr.flush()
+
+
+def whoami_text(me: dict) -> str:
+    """``device-loop whoami``: who, then a scoped token's scope and budget, one line each."""
+    lines = [f"{me['name']} ({me['kind']}{', admin' if me['admin'] else ''}), band {me['band']}"]
+    scope = me.get("scope")
+    if scope is None:
+        lines.append("unscoped")
+    else:
+        said = [f"{key}: {', '.join(value) if isinstance(value, list) else value}"
+                for key, value in scope.items() if value is not None and key != "budget_period"]
+        lines.append("scope: " + ("; ".join(said) or "nothing listed"))
+    if me.get("live_leases") is not None:
+        lines.append(f"leases at once: {me['live_leases']} of {scope['max_leases'] if scope else '?'}")
+    budget = me.get("budget")
+    if budget is not None:
+        minutes = {key: round(budget[key] / 60, 1) for key in ("used_s", "held_s", "left_s")}
+        lines.append(f"{budget['words']} (used {minutes['used_s']}, held {minutes['held_s']} by live leases"
+                     + (f"; period ends {budget['renews_at']}" if budget["renews_at"] else "") + ")")
+    return "\n".join(lines)
+

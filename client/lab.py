@@ -183,6 +183,11 @@ class Lab:
         answer = self.api.post("/leases", body, key=idempotency_key)
         return Ticket(self.api, answer) if "ticket" in answer else Lease(self.api, answer)
 
+    def whoami(self) -> dict:
+        """Who the lab takes you for: name, kind, band, scope, and a scoped token's budget left
+        (a ``WhoamiAnswer``)."""
+        return self.api.get("/whoami")
+
     def tickets(self, everyone: bool = False) -> list["Ticket"]:
         """Your queue tickets, open ones first (an admin's ``everyone``: all)."""
         return [Ticket(self.api, data) for data in self.api.get("/tickets", **({"all": "true"} if everyone else {}))]

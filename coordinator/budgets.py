@@ -13,7 +13,9 @@ from __future__ import annotations
 import calendar
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import TypedDict
 
 from device_loop.core.answers import BudgetAnswer, WhoamiAnswer
 from device_loop.core.durations import iso
@@ -24,11 +26,14 @@ from device_loop.core.vocabulary import BudgetPeriod
 from .errors import APIError
 from .identity import scope_of
 from .lease_scope import out_of_scope
-from .lifecycle import Lifecycle
 from .rows import LeaseRow, TokenUsageRow
 from .store.budgets import BudgetQueries
 from .who import Who
 
+if TYPE_CHECKING:  # (lifecycle imports the metrics, which read the periods here)
+    from .lifecycle import Lifecycle
+
+MAX_BOARD_TOKENS = 200  # scoped tokens the web page's table shows
 LEAST_HOLD_S = 1.0  # less left than this is nothing left: no lease is granted for under a second
 TOKEN_PERIOD = "token"  # the period of a budget for the token's whole life
 
@@ -59,6 +64,17 @@ def budget_words(budget_s: float, period: BudgetPeriod, left_s: float, now: floa
                 "00:00 UTC")
     return (f"budget: {_minutes(left_s)} of {_minutes(budget_s)} device-minutes left for this token's life; an admin "
             "raises it (device-loop admin token set TOKEN_ID --budget ...)")
+
+
+class TokenUsage(TypedDict):
+    """A scoped token's row of the admins' "Tokens" table."""
+    token_id: str
+    user: str
+    kind: str
+    band: str
+    live_leases: int
+    max_leases: int | None
+    budget: BudgetAnswer | None
 
 
 @dataclass(frozen=True)
@@ -181,6 +197,29 @@ class Budgets:
         return {"name": who.name, "kind": str(who.kind), "admin": who.admin, "token_id": who.token_id,
                 "band": who.band, "scope": None if scope is None else scope.model_dump(mode="json"),
                 "live_leases": live, "budget": budget}
+
+    async def tokens_board(self) -> list[TokenUsage]:
+        """The scoped tokens and what they hold and used of their budgets now, for the admins'
+        "Tokens" table on the web page (``MAX_BOARD_TOKENS`` at most)."""
+        now = self.life.clock()
+        rows = await self.budgets_sql.scoped_tokens([period_of(now, BudgetPeriod.DAY), TOKEN_PERIOD],
+                                                    MAX_BOARD_TOKENS)
+        shown: dict[str, TokenUsage] = {}
+        for row in rows:
+            scope = scope_of(row["scope"])
+            if scope is None:
+                continue
+            usage: TokenUsageRow | None = None
+            if row["period"] is not None and row["period"] == period_of(now, scope.budget_period):
+                usage = {"token_id": row["token_id"], "period": row["period"], "held_s": row["held_s"],
+                         "used_s": row["used_s"]}
+            if usage is None and row["token_id"] in shown:
+                continue  # (a row of the period its budget is not in now)
+            shown[row["token_id"]] = {
+                "token_id": row["token_id"], "user": row["username"], "kind": row["kind"], "band": row["band"],
+                "live_leases": int(row["live_leases"]), "max_leases": scope.max_leases,
+                "budget": None if scope.budget_s is None else budget_answer(scope, usage, now)}
+        return list(shown.values())
 
     async def budget(self, token_id: str, scope: TokenScope, now: float) -> BudgetAnswer:
         """``token_id``'s budget in the period of ``now``."""

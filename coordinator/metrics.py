@@ -15,6 +15,9 @@ from pydantic import ValidationError
 
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.protocol import PluginMetrics
+from device_loop.core.vocabulary import BudgetPeriod
+
+from .budgets import TOKEN_PERIOD, period_of
 
 from .store.metrics import MetricQueries
 
@@ -82,8 +85,24 @@ class LabMetrics:
         for row in await self.metrics_sql.waiting_ticket_counts():
             waiting.add_metric([row["class"], row["kind"]], row["n"])
         plugins = await self.plugin_gauges()
-        return (generate_latest(_Families([devices, leases, age, online, waiting, *plugins]))
+        tokens = await self.token_gauge(now)
+        return (generate_latest(_Families([devices, leases, age, online, waiting, tokens, *plugins]))
                 + generate_latest(self.registry))
+
+    async def token_gauge(self, now: float) -> GaugeMetricFamily:
+        """``device_loop_token_device_seconds{token, user, period, state}``: what each scoped
+        token's leases hold ahead and have used of its budget, today (UTC) or over its life
+        (docs/architecture.md, "Shares of one lab")."""
+        family = GaugeMetricFamily("device_loop_token_device_seconds", "Device-seconds of each budgeted token's "
+                                   "leases, held ahead by live ones and used by ended ones, in its budget's current "
+                                   "period (day: today UTC; token: its life)",
+                                   labels=["token", "user", "period", "state"])
+        today = period_of(now, BudgetPeriod.DAY)
+        for row in await self.metrics_sql.token_usage([today, TOKEN_PERIOD]):
+            period = "token" if row["period"] == TOKEN_PERIOD else "day"
+            family.add_metric([row["token_id"], row["username"], period, "held"], round(row["held_s"], 3))
+            family.add_metric([row["token_id"], row["username"], period, "used"], round(row["used_s"], 3))
+        return family
 
     async def plugin_gauges(self) -> list[GaugeMetricFamily]:
         """``device_loop_plugin_NAME{host, plugin}``: each online host's plugins' metrics as

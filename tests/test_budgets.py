@@ -184,7 +184,8 @@ async def test_whoami_answers_an_unscoped_caller_too(tmp_path):
                    live_leases=None)
 
 
-async def test_an_agent_sees_its_budget_over_mcp_as_whoami_and_my_budget(tmp_path):
+async def test_an_agent_sees_its_budget_over_mcp_and_admins_see_each_tokens_usage_in_metrics_and_on_the_page(
+        tmp_path):
     async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
         scope = TokenScope(classes=("sim-board",), budget_s=7200, max_leases=2)
         bearer = await token(rules, "bot", scope, kind=TokenKind.AGENT)
@@ -201,3 +202,13 @@ async def test_an_agent_sees_its_budget_over_mcp_as_whoami_and_my_budget(tmp_pat
                 assert has(me["budget"], budget_s=7200, held_s=1800, used_s=0, left_s=5400, period="day",
                            renews_at="2027-01-16T00:00:00Z",
                            words="budget: 90 of 120 device-minutes left today; it renews at 00:00 UTC"), me
+
+        root = client(token=await token(rules, "root", admin=True))
+        metrics = (await root.get("http://127.0.0.1/metrics")).text
+        token_id = me["token_id"]
+        assert f'device_loop_token_device_seconds{{period="day",state="held",token="{token_id}",user="bot"}} 1800.0' \
+            in metrics, metrics
+        page = (await root.get("http://127.0.0.1/")).text
+        row = page.split(f'<tr data-token="{token_id}">', 1)[1].split("</tr>", 1)[0]
+        assert "bot" in row and "1 of 2" in row and "90 of 120 device-minutes left today" in row, row
+        assert 'data-token=' not in (await client(token=bearer).get("http://127.0.0.1/")).text, "admins only"

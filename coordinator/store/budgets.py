@@ -52,6 +52,18 @@ class BudgetQueries:
         return await self.db.rows(f"SELECT token_id, period, held_s, used_s FROM token_usage WHERE {where} "
                                   "ORDER BY token_id, period", **params)
 
+    async def scoped_tokens(self, periods: list[str], limit: int) -> list[dict]:
+        """The scoped tokens not revoked (``limit`` at most), each with its usage in any of
+        ``periods`` (a row per period; none: nothing held there yet), for the admins' table."""
+        where, params = self.db.in_list("u.period", "periods", periods)
+        return await self.db.rows(
+            "SELECT t.id AS token_id, t.username AS username, t.kind AS kind, t.band AS band, t.scope AS scope, "
+            "u.period AS period, u.held_s AS held_s, u.used_s AS used_s, COALESCE(c.live_leases, 0) AS live_leases "
+            f"FROM tokens t LEFT JOIN token_usage u ON u.token_id = t.id AND {where} "
+            "LEFT JOIN token_counts c ON c.token_id = t.id "
+            "WHERE t.scope IS NOT NULL AND t.revoked_at IS NULL ORDER BY t.username, t.id LIMIT :n", n=limit,
+            **params)
+
     async def count_lease(self, token_id: str, limit: int | None) -> bool:
         """Count a new live lease of ``token_id``: False, and nothing counted, if it holds
         ``limit`` already (None: counted, never refused). One statement (as ``counts.count_up``)."""

@@ -43,3 +43,13 @@ class MetricQueries:
                                   "COUNT(*) AS n FROM tickets t LEFT JOIN devices d ON d.name = t.device "
                                   "WHERE t.state = :w GROUP BY COALESCE(t.device_class, d.class, ''), t.kind",
                                   w=TicketState.WAITING)
+
+    async def token_usage(self, periods: list[str]) -> list[dict]:
+        """Each scoped token's device-seconds held and used in any of ``periods`` (today's and
+        the tokens' lives), with its owner's name."""
+        where, params = self.db.in_list("u.period", "periods", periods)
+        return await self.db.rows("SELECT u.token_id AS token_id, t.username AS username, u.period AS period, "
+                                  "u.held_s AS held_s, u.used_s AS used_s FROM token_usage u "
+                                  f"JOIN tokens t ON t.id = u.token_id WHERE {where} ORDER BY u.token_id, u.period",
+                                  **params)
+

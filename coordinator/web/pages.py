@@ -153,10 +153,11 @@ async def board(request: Request) -> Response:
     """The devices board: live over /api/v1/events."""
     rules, viewer = request.app.state.rules, await viewer_of(request)
     candidates = [c for c in await rules.devices.candidates() if not c["adopted_as"]] if viewer.admin else []
+    tokens = await rules.budgets.tokens_board() if viewer.admin else []  # (docs/architecture.md, "Shares of one lab")
     tickets = await _my_tickets(request, viewer)
     mine = await _my_leases(request, viewer)
     devices = await rules.devices.list_devices()
-    return render(request, "board.html", viewer, devices=devices, mine=mine, candidates=candidates,
+    return render(request, "board.html", viewer, devices=devices, mine=mine, candidates=candidates, tokens=tokens,
                  tickets=_not_shown(tickets, mine), queue=await _queue(request),
                  classes=sorted({d["class"] for d in devices}))
 

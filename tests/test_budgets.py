@@ -212,3 +212,23 @@ async def test_an_agent_sees_its_budget_over_mcp_and_admins_see_each_tokens_usag
         row = page.split(f'<tr data-token="{token_id}">', 1)[1].split("</tr>", 1)[0]
         assert "bot" in row and "1 of 2" in row and "90 of 120 device-minutes left today" in row, row
         assert 'data-token=' not in (await client(token=bearer).get("http://127.0.0.1/")).text, "admins only"
+
+
+async def test_a_scoped_reserve_and_release_cost_a_fixed_few_statements_more_than_an_unscoped_one(tmp_path):
+    """The scope comes with the token's row (no statement); a budget is one conditional
+    statement at the grant and one at the end, most leases at once one more each."""
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        await (await exporter_of(client, rules)).beat([board("b0"), board("b1"), board("b2")])
+        scopes = {"unscoped": None, "budget": TokenScope(classes=("sim-board",), budget_s=DAY),
+                  "budget and leases": TokenScope(classes=("sim-board",), budget_s=DAY, max_leases=5)}
+        costs = {}
+        for (kind, scope), name in zip(scopes.items(), ("b0", "b1", "b2")):
+            api = client(token=await token(rules, f"user-{len(costs)}", scope))
+            before = rules.store.statements
+            lease = (await api.post("/leases", json={"device": name})).json()
+            reserved = rules.store.statements
+            assert (await api.post(f"/leases/{lease['id']}/release")).status_code == 200
+            costs[kind] = (reserved - before, rules.store.statements - reserved)
+        plain = costs["unscoped"]
+        assert costs["budget"] == (plain[0] + 1, plain[1] + 1), costs
+        assert costs["budget and leases"] == (plain[0] + 2, plain[1] + 2), costs

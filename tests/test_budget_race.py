@@ -1,0 +1,81 @@
+"""Two coordinator processes on one PostgreSQL share one token's budget and its leases at
+once (docs/architecture.md, "Shares of one lab": held "in one conditional statement that
+cannot overspend, even from two coordinator processes at once")."""
+import asyncio
+import time
+
+import asyncpg
+import httpx2
+import pytest
+
+from conftest import Coordinator
+from device_loop.coordinator.identity import issue_token
+from device_loop.coordinator.store import Store
+from device_loop.core.scopes import TokenScope
+from device_loop.core.vocabulary import TokenKind
+from lab_in_process import FakeExporter, device
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+
+BUDGET_S, TTL_S, MOST = 600.0, 70.0, 3
+DEVICES = 24
+
+
+async def tokens(url: str) -> dict[str, dict]:
+    store = Store(url)
+    await store.connect()
+    try:
+        return {"host": await issue_token(store, time.time, host="host-a"),
+                "bot": await issue_token(store, time.time, "bot", kind=TokenKind.AGENT,
+                                         scope=TokenScope(budget_s=BUDGET_S)),
+                "bee": await issue_token(store, time.time, "bee", kind=TokenKind.AGENT,
+                                         scope=TokenScope(max_leases=MOST))}
+    finally:
+        await store.disconnect()
+
+
+def api(url: str, token: str) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+
+
+async def test_two_processes_racing_reserves_never_overspend_a_budget_nor_pass_most_leases_at_once(
+        tmp_path, env, postgres_database):
+    made = await tokens(postgres_database)
+    procs = []
+    try:
+        for n in range(2):
+            (tmp_path / f"c{n}").mkdir()
+            procs.append(Coordinator(tmp_path / f"c{n}", env, extra=("--database-url", postgres_database)))
+        async with api(procs[0].url, made["host"]["token"]) as host:
+            assert (await FakeExporter(host, "host-a").beat([device(f"b{i}") for i in range(DEVICES)])).status_code \
+                == 200
+        clients = [api(p.url, made[who]["token"]) for who in ("bot", "bee") for p in procs]
+        try:
+            asked = [c.post("/leases", json={"class": "sim-board", "ttl_s": TTL_S}) for _ in range(12) for c in clients]
+            answers = await asyncio.gather(*asked)
+        finally:
+            for c in clients:
+                await c.aclose()
+        refusals = {a.json()["error"] for a in answers if a.status_code >= 400}
+        assert refusals <= {"budget_spent", "out_of_scope", "none_free", "busy"}, [a.text for a in answers][:5]
+
+        db = await asyncpg.connect(postgres_database)
+        try:
+            bot, bee = made["bot"]["id"], made["bee"]["id"]
+            held = await db.fetchval("SELECT COALESCE(SUM(held_s), 0) FROM leases WHERE token_id = $1 AND state IN "
+                                     "('pending', 'active')", bot)
+            usage = await db.fetchrow("SELECT held_s, used_s FROM token_usage WHERE token_id = $1", bot)
+            live_bee = await db.fetchval("SELECT COUNT(*) FROM leases WHERE token_id = $1 AND state IN "
+                                         "('pending', 'active')", bee)
+            counted = await db.fetchval("SELECT live_leases FROM token_counts WHERE token_id = $1", bee)
+            live_bot = await db.fetchval("SELECT COUNT(*) FROM leases WHERE token_id = $1", bot)
+        finally:
+            await db.close()
+        assert 0 < held <= BUDGET_S + 1e-6, f"the budget overspent: {held} s held of {BUDGET_S}"
+        assert (usage["held_s"], usage["used_s"]) == (pytest.approx(held), 0), "what is held is what leases hold"
+        assert 0 < live_bee <= MOST and counted == live_bee, (live_bee, counted)
+        granted = sum(a.status_code == 201 for a in answers)
+        assert granted == live_bee + live_bot, "every grant is one of theirs"
+    finally:
+        for proc in procs:
+            proc.stop()

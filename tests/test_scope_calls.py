@@ -146,3 +146,30 @@ async def test_a_scoped_token_is_checked_on_every_call(tmp_path):
             names = [name for name, (_, n) in WALK.items() if n == needed]
             for key, (error, said) in (await _outcomes(client, rules, (needed,), names)).items():
                 assert error != "out_of_scope", f"{key} allowed {needed}: {said}"
+
+
+async def test_a_scoped_call_costs_no_statement_more_and_a_refused_one_only_its_token_s(tmp_path):
+    """The scope is read with the token's row, which every call reads anyway, and parsed once
+    per distinct scope (docs/architecture.md, "Shares of one lab"): a scoped token's call runs
+    as many statements as an unscoped one's, and a call refused by its scope only that lookup."""
+    from lab_in_process import FakeExporter, device
+
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        exporter = client(token=(await issue_token(rules.store, rules.clock, host="host-a"))["token"])
+        await FakeExporter(exporter, "host-a").beat([device("b0"), device("b1")])
+        agents = {}
+        for name, device_name, scope in (("plain", "b0", None), ("scoped", "b1", TokenScope(operations=("settle",)))):
+            token = (await issue_token(rules.store, rules.clock, name, kind=TokenKind.AGENT, scope=scope))["token"]
+            api = client(token=token)
+            agents[name] = (api, (await api.post("/leases", json={"device": device_name})).json()["id"])
+
+        async def cost(name: str, method: str, path: str) -> tuple[int, int]:
+            api, lease = agents[name]
+            before = rules.store.statements
+            answer = await api.request(method, path.format(lease=lease))
+            return answer.status_code, rules.store.statements - before
+
+        for method, path in (("GET", "/leases/{lease}"), ("POST", "/leases/{lease}/settle")):
+            plain, scoped = await cost("plain", method, path), await cost("scoped", method, path)
+            assert plain == scoped and plain[0] < 300, (path, plain, scoped)
+        assert await cost("scoped", "POST", "/leases/{lease}/recover") == (403, 1)

@@ -96,6 +96,9 @@ def ticket_text(ticket: dict) -> str:
     if ticket["state"] == "waiting":
         head += (f", position {ticket['position']}; follow it with 'device-loop ticket {ticket['ticket']} --wait', "
                  f"or cancel it: device-loop cancel {ticket['ticket']}")
+        estimate = ticket.get("estimate")
+        head += (f"\n  likely granted {_when(estimate)}: {estimate['basis']}" if estimate else
+                 "\n  no device that could serve it is in service now (offline or faulty): no estimate")
     elif ticket["state"] == "granted":
         head += (f"; claim it by {ticket['claim_by']} (device-loop ticket {ticket['ticket']}), or it passes to the "
                  "next ticket")
@@ -107,12 +110,21 @@ def ticket_text(ticket: dict) -> str:
     return head + ("\n" + lease_text(lease) if lease else "")
 
 
+def _when(estimate: dict) -> str:
+    """A waiting ticket's estimate in a few words: ``by 14:05Z (14:02Z to 14:31Z)``."""
+    def hm(at: str) -> str:
+        return at[11:16] + "Z"
+    return f"by {hm(estimate['likely_at'])} ({hm(estimate['earliest_at'])} to {hm(estimate['latest_at'])})"
+
+
 def tickets_text(tickets: list[dict]) -> str:
     if not tickets:
         return "you have no queue tickets"
-    return table(["TICKET", "STATE", "KIND", "WANTS", "POSITION", "SINCE", "LEASE"],
-                 [[t["ticket"], t["state"], t["kind"], t["wants"], str(t["position"] or "-"), t["created_at"],
-                   _ticket_lease(t)] for t in tickets])
+    return table(["TICKET", "STATE", "KIND", "WANTS", "POSITION", "LIKELY", "SINCE", "LEASE"],
+                 [[t["ticket"], t["state"], t["kind"] + ("" if t.get("band", "normal") == "normal" else
+                                                         f" {t['band']}"),
+                   t["wants"], str(t["position"] or "-"), _when(t["estimate"]) if t.get("estimate") else "-",
+                   t["created_at"], _ticket_lease(t)] for t in tickets])
 
 
 def _ticket_lease(ticket: dict) -> str:

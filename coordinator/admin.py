@@ -65,6 +65,8 @@ class Admin:
             await self.life.audit(admin, "retire" if retired else "unretire", name, lease_id, {})
             if not retired:
                 await self.scheduler.grant_free([name])
+            else:
+                await self.scheduler.end_none_can_serve(device, admin)
         return await self.devices.device_info(name)
 
     async def clear_fault(self, name: str, admin: str) -> DeviceAnswer:

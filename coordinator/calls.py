@@ -191,8 +191,9 @@ async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer | TicketAnswer:
 
 
 async def ticket_status(ctx: Ctx, args: TicketWait) -> TicketAnswer:
-    """A queue ticket: state (waiting, granted, claimed, cancelled, expired), position while
-    waiting, and once granted its lease (seeing it claims it: a grant not seen within the
+    """A queue ticket: state (waiting, granted, claimed, cancelled, expired), position and an
+    estimate of when it is granted (likely_at, earliest_at to latest_at) while waiting, and once
+    granted its lease (seeing it claims it: a grant not seen within the
     claim window passes to the next ticket). With wait_s, answers at its first change."""
     return await ctx.rules.scheduler.wait(args.ticket_id, ctx.caller,
                                           await _until(ctx, args.wait_s), ctx.gone)

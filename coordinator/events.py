@@ -195,9 +195,10 @@ class Broadcaster:
         everything); what was sent."""
         texts = {d["name"]: json.dumps(d, sort_keys=True) for d in devices}
         self._rows = {name: row for name, row in self._rows.items() if name in texts}
-        # the time a ticket waited grows at every read: a change is a ticket that came, went or moved
+        # the time a ticket waited grows at every read, and its estimate moves with the clock: a
+        # change is a ticket that came, went or moved (which sends the estimates afresh too)
         queue_text = None if queue is None else json.dumps(
-            [{k: v for k, v in e.items() if k != "waiting_s"} for e in queue], sort_keys=True)
+            [{k: v for k, v in e.items() if k not in ("waiting_s", "estimate")} for e in queue], sort_keys=True)
         encoded = _Encoded(devices, [d for d in devices if sent.get(d["name"]) != texts[d["name"]]],
                            self._row_of(texts, self._render_row) if self._render_row else None,
                            queue, queue_text != queue_sent, self._render_entry)

@@ -263,7 +263,11 @@ class Leases:
         them), else 409 with how the matching ones stand."""
         wanted = describe_want(None, device_class, tags, need)
         states = await self.devices_sql.matching_device_states(device_class, tags, need.fidelities(fallen_back=True))
-        states.pop(DeviceState.RETIRED, None)
+        retired = states.pop(DeviceState.RETIRED, 0)
+        if not states and retired:  # (never queued: docs/architecture.md, "Shares of one lab")
+            return conflict(ErrorCode.NONE_CAN_SERVE, f"no device can serve this: every device {wanted} ({retired}) is "
+                                                      "retired; an admin brings one back with device-loop admin "
+                                                      "unretire DEVICE")
         if not states:
             classes = ", ".join(await self.devices_sql.device_classes()) or "none yet"
             return APIError(404, ErrorCode.NO_SUCH_DEVICES, f"no device in the lab is {wanted} (classes: {classes})")

@@ -269,6 +269,16 @@ class TicketRow(TypedDict):
     token_id: str | None           # a scoped token's (its grant holds that token's budget), else None
 
 
+class CouldServe(TypedDict):
+    """A device (not retired) that could serve a ticket, with the live lease on it if any
+    (docs/architecture.md, "Shares of one lab": a ticket's estimate, and none_can_serve)."""
+    name: str
+    device_class: str
+    state: DeviceState
+    since: float | None   # its live lease's grant (None: unleased)
+    until: float | None   # ... and its end (a keepalive lease's own end), renewals aside
+
+
 class JobRow(TypedDict):
     """A job (docs/architecture.md, "Jobs and evidence"): its spec as submitted, whose it is,
     the kind of its tickets (its submitter's), and the worker that runs it."""

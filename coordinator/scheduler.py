@@ -21,7 +21,7 @@ from device_loop.core.durations import format_duration, iso, keepalive_problem
 from device_loop.core.needs import ANY_DEVICE, Need
 from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, LeaseState
 
-from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer
+from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer, TicketEstimate
 from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
 from .images import Images
@@ -29,6 +29,7 @@ from . import lease_scope
 from .leases import Leases, describe_want, lease_json
 from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, ticket_key
+from .estimates import Estimates
 from .rows import DeviceFacts, TicketRow
 from .store import Store
 from .who import COORDINATOR, Who
@@ -52,7 +53,8 @@ def need_of(row: TicketRow) -> Need:
     return Need(row["needs"], row["fallback"], after)
 
 
-def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None, claim_window_s: float) -> TicketAnswer:
+def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None, claim_window_s: float,
+                estimate: TicketEstimate | None = None) -> TicketAnswer:
     need = need_of(row)
     return {
         "ticket": row["id"], "state": row["state"], "kind": row["kind"], "band": row["band"],
@@ -60,7 +62,7 @@ def ticket_json(row: TicketRow, position: int | None, lease: LeaseAnswer | None,
         "wants": describe_want(row["device"], row["device_class"], row["tags"], need), "device": row["device"],
         "device_class": row["device_class"], "tags": row["tags"], "needs": row["needs"], "fallback": row["fallback"],
         "fallback_at": iso(row["fallback_at"]), "ttl_s": row["ttl_s"], "keepalive_s": row["keepalive_s"],
-        "position": position,
+        "position": position, "estimate": estimate,
         "created_at": iso(row["created_at"]), "granted_at": iso(row["granted_at"]),
         "claim_by": iso(row["granted_at"] + claim_window_s) if row["state"] == TicketState.GRANTED
         and row["granted_at"] is not None else None,
@@ -78,6 +80,7 @@ class Scheduler:
         self.tickets_sql = tickets_sql
         self.leases_sql = leases_sql
         self.devices_sql = devices_sql
+        self.estimates = Estimates(tickets_sql, lambda: life.clock())  # (the clock a test may swap later)
 
     # ---- reserve --------------------------------------------------------------------------
 
@@ -142,7 +145,8 @@ class Scheduler:
                                                                  {"keepalive_s": keepalive_s}))
         life.notify(BOARD_KEY)
         position = await self.tickets_sql.tickets_ahead(row, self._aged(now)) + 1
-        return ticket_json(row, position, None, life.settings.claim_window_s)
+        return ticket_json(row, position, None, life.settings.claim_window_s,
+                           await self.estimates.estimate(row, position - 1))
 
     def _aged(self, now: float) -> float:
         """Batch tickets made before this have waited long enough to be served as interactive ones."""
@@ -204,15 +208,27 @@ class Scheduler:
     async def _end_spent(self, ticket: TicketRow, reason: str) -> bool:
         """A waiting ticket whose token's budget is spent ends (cancelled, with the budget's
         words): whether it did (it was still waiting)."""
+        return await self._end_waiting(ticket, reason, COORDINATOR, ticket["device"])
+
+    async def _end_waiting(self, ticket: TicketRow, reason: str, actor: str, device: str | None) -> bool:
+        """A waiting ticket ends ``cancelled`` for ``reason``: whether it did (it was still
+        waiting: not granted, cancelled or lapsed meanwhile, here or in another process)."""
         now = self.life.clock()
         if not await self.tickets_sql.end_ticket(ticket["id"], TicketState.CANCELLED, reason, now,
                                                  (TicketState.WAITING,)):
             return False
         await self.tickets_sql.uncount_ticket(ticket["requester"])
-        await self.life.audit(COORDINATOR, "ticket_cancel", ticket["device"], None,
-                              {"ticket": ticket["id"], "reason": reason})
+        await self.life.audit(actor, "ticket_cancel", device, None, {"ticket": ticket["id"], "reason": reason})
         self.life.notify(ticket_key(ticket["id"]), BOARD_KEY)
         return True
+
+    async def end_none_can_serve(self, device: DeviceFacts, actor: str) -> None:
+        """``device`` was just retired (in the caller's transaction): the waiting tickets no
+        device left could ever serve end ``cancelled``, saying so, rather than wait for ever
+        (docs/architecture.md, "Shares of one lab")."""
+        reason = f"no device can serve it: {device['name']}, the last that could, was retired"
+        for ticket in await self.tickets_sql.tickets_none_can_serve(device, MAX_LISTED):
+            await self._end_waiting(ticket, reason, actor, device["name"])
 
     async def expire_unclaimed(self, now: float, actor: str) -> None:
         """Grants their requesters did not claim within the claim window: the lease ends, the
@@ -282,15 +298,16 @@ class Scheduler:
             row = await self._own(ticket_id, who)
         return await self._json(row)
 
-    async def _json(self, row: TicketRow) -> TicketAnswer:
-        position = None
+    async def _json(self, row: TicketRow, cache: dict | None = None) -> TicketAnswer:
+        position = estimate = None
         if row["state"] == TicketState.WAITING:
             position = await self.tickets_sql.tickets_ahead(row, self._aged(self.life.clock())) + 1
+            estimate = await self.estimates.estimate(row, position - 1, cache)
         lease = None
         if row["lease_id"]:
             view = await self.leases_sql.lease_view(row["lease_id"])
             lease = lease_json(view) if view else None
-        return ticket_json(row, position, lease, self.life.settings.claim_window_s)
+        return ticket_json(row, position, lease, self.life.settings.claim_window_s, estimate)
 
     async def wait(self, ticket_id: str, who: Who, wait_s: float,
                    gone: Callable[[], Awaitable[None]]) -> TicketAnswer:
@@ -329,7 +346,8 @@ class Scheduler:
         claims nothing: a grant is claimed by its requester following that one ticket
         (``status``), so a ticket nobody follows any more passes on when its window ends."""
         rows = await self.tickets_sql.tickets_of(None if everyone else caller, MAX_LISTED)
-        return [await self._json(row) for row in rows]
+        cache: dict = {}  # (what each distinct thing waited for is read once)
+        return [await self._json(row, cache) for row in rows]
 
     async def queue(self, who: Who | None = None) -> list[QueueEntry]:
         """The waiting tickets in the order they are served (per thing they wait for), as the
@@ -338,6 +356,7 @@ class Scheduler:
         now = self.life.clock()
         rows = await self.tickets_sql.waiting_tickets(MAX_LISTED, self._aged(now))
         seen: dict[tuple, int] = {}
+        cache: dict = {}
         entries: list[QueueEntry] = []
         for row in rows:
             want = (row["device"], row["device_class"], tuple(row["tags"]), row["needs"])
@@ -348,5 +367,6 @@ class Scheduler:
                             "wants": describe_want(row["device"], row["device_class"], row["tags"], need_of(row)),
                             "device": row["device"], "device_class": row["device_class"], "tags": row["tags"],
                             "needs": row["needs"], "fallback": row["fallback"],
-                            "waiting_s": round(now - row["created_at"], 1), "position": seen[want]})
+                            "waiting_s": round(now - row["created_at"], 1), "position": seen[want],
+                            "estimate": await self.estimates.estimate(row, seen[want] - 1, cache)})
         return entries

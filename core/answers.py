@@ -168,6 +168,20 @@ class ImageSummary(TypedDict):
     size: int | None
 
 
+class TicketEstimate(TypedDict):
+    """When a waiting ticket is likely granted (docs/architecture.md, "Shares of one lab"):
+    reckoned from the leases on the devices that could serve it, the recent lease durations
+    of their class and the tickets served before it."""
+    earliest_at: str            # not before this, most likely (the leases' 10th percentile)
+    likely_at: str              # about half the time by this (their median)
+    latest_at: str              # almost surely by this (their 90th percentile)
+    devices: int                # the devices that could serve it, in service now
+    ahead: int                  # tickets served before it
+    lease_p50_s: float | None   # the recent leases' median and 90th percentile (None: no history yet:
+    lease_p90_s: float | None   # ... the ticket's own ttl stands in)
+    basis: str                  # the same, in words
+
+
 class TicketAnswer(TypedDict):
     """A queue ticket as its requester (or an admin) sees it (docs/architecture.md, "Who
     gets the next lease")."""
@@ -186,6 +200,7 @@ class TicketAnswer(TypedDict):
     ttl_s: float                # the lease's length, from its grant
     keepalive_s: float | None   # it lapses unless read this often; its lease is a keepalive lease
     position: int | None        # while waiting: 1 is served next among tickets for the same thing
+    estimate: TicketEstimate | None  # while waiting: when it is likely granted (None: no device could serve it now)
     created_at: str | None
     granted_at: str | None
     claim_by: str | None        # granted: see its lease before this, or it passes on
@@ -209,6 +224,7 @@ class QueueEntry(TypedDict):
     fallback: Needs | None
     waiting_s: float
     position: int
+    estimate: TicketEstimate | None
 
 
 class ProgressAnswer(TypedDict):

@@ -1,6 +1,7 @@
 """The queue is fair, by band (docs/architecture.md, "Shares of one lab"): one requester's
 many tickets are served alternately with another's one, an urgent ticket (its token's band,
-set by an admin) before normal ones, and a request cannot name its band. In-process, with a
+set by an admin) before normal ones, and a request cannot name its band; what no device can
+serve is refused at once, and a waiting ticket ends with its last device. In-process, with a
 hand-moved clock, on SQLite and on PostgreSQL."""
 import pytest
 
@@ -93,3 +94,36 @@ async def test_an_urgent_ticket_is_served_before_normal_ones_and_a_request_canno
             "a ticket keeps the band it was made with"
         audit = (await apis["root"].get("/admin/audit")).json()
         assert any(a["action"] == "queue" and a["detail"].get("band") == "urgent" for a in audit)
+
+
+async def test_what_no_device_can_serve_is_refused_at_once_and_a_ticket_ends_with_its_last_device(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        ann, root = client("ann"), client("root")
+        exporter = FakeExporter(root, "host-a")
+        boards = [board("r0"), {**board("r1"), "tags": ["rvv", "8gb"]}, {**board("a0"), "class": "arm-sbc"}]
+        await exporter.beat(boards)
+        for name in ("r0", "r1"):
+            assert (await root.post("/leases", json={"device": name})).status_code == 201
+        by_class = (await ann.post("/leases", json={"class": "riscv-sbc", "queue": True})).json()
+        by_tag = (await ann.post("/leases", json={"tags": ["8gb"], "queue": True})).json()
+        assert by_class["state"] == by_tag["state"] == "waiting" and by_tag["estimate"]["devices"] == 1
+
+        assert (await root.post("/admin/devices/r1/retire", json={"force": True})).status_code == 200
+        ended = (await ann.get(f"/tickets/{by_tag['ticket']}")).json()
+        assert ended["state"] == "cancelled" and "no device can serve it: r1" in ended["reason"], ended
+        assert (await ann.get(f"/tickets/{by_class['ticket']}")).json()["state"] == "waiting", "r0 still could"
+        refused = await ann.post("/leases", json={"tags": ["8gb"], "queue": True})
+        assert refused.status_code == 409 and refused.json()["error"] == "none_can_serve", refused.text
+        assert "retired" in refused.json()["message"]
+        unknown = await ann.post("/leases", json={"tags": ["avx512f"], "queue": True})
+        assert unknown.status_code == 404 and unknown.json()["error"] == "no_such_devices", \
+            "what the lab never had is a wrong request, as an unknown device's name"
+
+        await exporter.beat(boards[:2])  # a0 unplugged: offline, it comes back
+        waits = (await ann.post("/leases", json={"class": "arm-sbc", "queue": True})).json()
+        assert waits["state"] == "waiting" and waits["estimate"] is None, "offline counts: it waits, without a when"
+        assert (await root.post("/admin/devices/r0/retire", json={"force": True})).status_code == 200
+        assert (await ann.get(f"/tickets/{by_class['ticket']}")).json()["state"] == "cancelled"
+        gone = await ann.post("/leases", json={"class": "riscv-sbc", "queue": True})
+        assert gone.status_code == 409 and gone.json()["error"] == "none_can_serve"
+        assert (await ann.get(f"/tickets/{waits['ticket']}")).json()["state"] == "waiting"

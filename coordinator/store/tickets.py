@@ -8,13 +8,13 @@ from typing import Any
 
 from device_loop.core.vocabulary import BAND_RANK, OPEN_TICKET_STATES, Band, TicketKind, TicketState, sql_list
 
-from ..rows import DeviceFacts, TicketRow
+from ..rows import CouldServe, DeviceFacts, TicketRow
 from .core import Store
 from .counts import count_down, count_up
-from .facts import DEVICE_FACTS, FREE, VIRTUAL_FIRST, needs_met
+from .facts import DEVICE_FACTS, FREE, LIVE_SQL, VIRTUAL_FIRST, needs_met
 
 # the coordinator modules whose tables these are, and those handed them besides (in rules.py)
-OWNERS = ("scheduler.py",)
+OWNERS = ("scheduler.py", "estimates.py")
 LENT_TO = ("jobs.py",)
 
 
@@ -27,6 +27,7 @@ _BAND = "CASE t.band " + " ".join(f"WHEN '{band}' THEN {rank}" for band, rank in
 _TIER = "CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END"
 _ORDER = (_BAND, _TIER, "t.turn", "t.created_at", "t.id")
 _FIRST = ", ".join(_ORDER)
+_EVER = 1e15  # a time past every ticket's fallback: what could serve it once its wait is over
 # the same thing waited for: what tickets_ahead counts and a turn is reckoned among
 _SAME_WANT = ("COALESCE(t.device, '') = :d AND COALESCE(t.device_class, '') = :c AND t.tags = :tags AND "
               "COALESCE(t.needs, '') = :needs")
@@ -102,6 +103,46 @@ class TicketQueries:
             f"{self._matching('d.name', 'd.class', 'd.tags', 'd.fidelity')}) ORDER BY {VIRTUAL_FIRST}, d.host, "
             "COALESCE(d.state_since, 0), d.name LIMIT :n",
             n=limit, waiting=TicketState.WAITING, now=now)
+
+    async def could_serve(self, device: str | None, device_class: str | None, tags: list[str], needs: str | None,
+                          fallback: str | None, limit: int) -> list[CouldServe]:
+        """The devices, retired ones aside, that a ticket (or a request) for ``device``, or
+        ``device_class`` and ``tags``, with ``needs`` could ever be granted (its ``fallback``'s
+        devices counted: its wait ends), with the live lease on each: one query, at most
+        ``limit`` rows."""
+        return await self.db.rows(
+            "SELECT d.name, d.class AS device_class, d.state, l.created_at AS since, "
+            "COALESCE(l.ends_at, l.expires_at) AS until FROM devices d "
+            f"LEFT JOIN leases l ON l.device = d.name AND l.state IN {LIVE_SQL} "
+            "WHERE NOT d.retired AND (:d = '' OR d.name = :d) AND (:c = '' OR d.class = :c) AND "
+            f"{self.db.tags_within(':tags', 'd.tags')} AND "
+            f"{needs_met('CAST(:needs AS TEXT)', 'CAST(:fallback_at AS DOUBLE PRECISION)', 'd.fidelity')} "
+            "ORDER BY d.name LIMIT :n",
+            d=device or "", c=device_class or "", tags=json.dumps(tags),
+            needs=needs, fallback_at=None if fallback is None else 0.0, now=0.0, n=limit)
+
+    async def tickets_none_can_serve(self, device: DeviceFacts, limit: int) -> list[TicketRow]:
+        """The waiting tickets retired ``device`` could have served that no device left (not
+        retired) could ever serve (a fallback's devices counted): one query."""
+        of_device: dict[str, Any] = {"name": device["name"], "class": device["class"],
+                                     "tags": json.dumps(device["tags"]), "fidelity": device["fidelity"]}
+        return await self.db.rows(
+            f"SELECT t.* FROM tickets t WHERE {self._matching(':name', ':class', ':tags', ':fidelity')} AND NOT EXISTS "
+            "(SELECT 1 FROM devices d WHERE NOT d.retired AND "
+            f"{self._matching('d.name', 'd.class', 'd.tags', 'd.fidelity')}) ORDER BY t.created_at, t.id LIMIT :n",
+            waiting=TicketState.WAITING, now=_EVER, n=limit, **of_device)
+
+    async def lease_durations(self, classes: list[str], limit: int) -> list[float]:
+        """How long the latest ``limit`` ended leases of devices of ``classes`` lasted, from
+        grant to end: one query."""
+        if not classes:
+            return []
+        names: dict[str, Any] = {f"c{i}": name for i, name in enumerate(classes)}
+        rows = await self.db.rows(
+            "SELECT l.ended_at - l.created_at AS s FROM leases l JOIN devices d ON d.name = l.device WHERE "
+            f"l.ended_at IS NOT NULL AND d.class IN ({', '.join(':' + key for key in names)}) "
+            "ORDER BY l.ended_at DESC LIMIT :n", n=limit, **names)
+        return [row["s"] for row in rows]
 
     async def grant_ticket(self, ticket_id: str, lease_id: str, device: str, now: float,
                            lapses_at: float | None = None) -> bool:

@@ -1,0 +1,82 @@
+"""A waiting ticket's estimate (docs/architecture.md, "Shares of one lab": every waiting
+ticket has an estimate): what the store says of the devices that could serve it and of the
+recent leases of their class, reckoned by ``core/queue_estimate.py``. Two bounded queries per
+distinct thing waited for; a listing reads each once (``cache``)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from device_loop.core.answers import TicketEstimate
+from device_loop.core.durations import format_duration, iso
+from device_loop.core.queue_estimate import Estimate, Holding, quantile, reckon
+from device_loop.core.vocabulary import DeviceState
+
+from .rows import CouldServe, TicketRow
+from .store.tickets import TicketQueries
+
+MAX_DEVICES = 500   # devices an estimate reads (a class of more is reckoned from these)
+HISTORY = 200       # the latest ended leases of their class whose durations it takes
+#: the states of a device that serves tickets now (an offline or faulty one may come back:
+#: it still counts for none_can_serve, not for when)
+IN_SERVICE = frozenset({DeviceState.IDLE, DeviceState.ALLOCATING, DeviceState.IN_USE, DeviceState.RECLAIMING})
+
+Cache = dict[tuple, "_Read"]
+
+
+def _at(when: float) -> str:
+    return iso(when) or ""  # (never None: a time)
+
+
+def _want(row: TicketRow) -> tuple:
+    return row["device"], row["device_class"], tuple(row["tags"]), row["needs"], row["fallback"]
+
+
+class _Read:
+    """What the store said of one thing waited for, and the reckoning so far."""
+
+    def __init__(self, devices: list[CouldServe], durations: list[float]):
+        self.serving = [d for d in devices if d["state"] in IN_SERVICE]
+        self.durations = durations
+        self.reckoned: list[Estimate] = []
+
+
+class Estimates:
+    """When waiting tickets are likely granted."""
+
+    def __init__(self, tickets_sql: TicketQueries, clock: Callable[[], float]):
+        self.tickets_sql, self.clock = tickets_sql, clock
+
+    async def _read(self, row: TicketRow, cache: Cache | None) -> _Read:
+        key = _want(row)
+        if cache is not None and key in cache:
+            return cache[key]
+        devices = await self.tickets_sql.could_serve(row["device"], row["device_class"], row["tags"], row["needs"],
+                                                     row["fallback"], MAX_DEVICES)
+        classes = sorted({d["device_class"] for d in devices})
+        read = _Read(devices, await self.tickets_sql.lease_durations(classes, HISTORY))
+        if cache is not None:
+            cache[key] = read
+        return read
+
+    async def estimate(self, row: TicketRow, ahead: int, cache: Cache | None = None) -> TicketEstimate | None:
+        """The estimate of waiting ticket ``row`` with ``ahead`` tickets served before it; None
+        when no device that could serve it is in service now."""
+        read = await self._read(row, cache)
+        now = self.clock()
+        if ahead >= len(read.reckoned):  # (a listing asks further back each time: reckoned ahead, doubling)
+            read.reckoned = reckon([Holding(d["since"], d["until"]) for d in read.serving],
+                                   max(ahead, 2 * len(read.reckoned), 8), now, read.durations, row["ttl_s"])
+        if not read.reckoned:
+            return None
+        reckoned = read.reckoned[min(ahead, len(read.reckoned) - 1)]
+        ordered = sorted(read.durations)
+        p50, p90 = (quantile(ordered, 0.5), quantile(ordered, 0.9)) if ordered else (None, None)
+        leased = sum(1 for d in read.serving if d["since"] is not None)
+        lasts = (f"recent leases last {format_duration(p50)} (median) to {format_duration(p90)} (9 in 10)"
+                 if p50 is not None and p90 is not None else
+                 f"no lease of theirs ended yet: its ttl ({format_duration(row['ttl_s'])}) stands in")
+        return {"earliest_at": _at(reckoned.earliest), "likely_at": _at(reckoned.likely),
+                "latest_at": _at(reckoned.latest), "devices": len(read.serving), "ahead": ahead,
+                "lease_p50_s": p50, "lease_p90_s": p90,
+                "basis": f"{len(read.serving)} device(s) could serve it ({leased} leased), {ahead} ticket(s) before "
+                         f"it; {lasts}"}

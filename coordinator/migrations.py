@@ -645,4 +645,9 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
             live_leases BIGINT NOT NULL
         )""",
     ],
+    # 27: a waiting ticket's estimate reads the latest ended leases of a class
+    # (docs/architecture.md, "Shares of one lab"): read newest first, not sorted from all of them
+    [
+        "CREATE INDEX leases_ended ON leases(ended_at)",
+    ],
 ]

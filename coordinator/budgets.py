@@ -27,7 +27,7 @@ from .errors import APIError
 from .identity import scope_of
 from .lease_scope import out_of_scope
 from .rows import LeaseRow, TokenUsageRow
-from .store.budgets import BudgetQueries
+from .store.budgets import BudgetQueries, HoldAsk
 from .who import Who
 
 if TYPE_CHECKING:  # (lifecycle imports the metrics, which read the periods here)
@@ -125,17 +125,44 @@ class Budgets:
         scope = scope_of(await self.budgets_sql.token_scope(token_id))
         return None if scope is None else Spender(token_id, scope)
 
+    async def take(self, spender: Spender | None, want: float, now: float,
+                   admitted: bool) -> tuple[Hold | None, bool]:
+        """For a new lease of ``spender``: hold ``want`` seconds of its budget from ``now`` (what
+        is left, if less; 403 ``budget_spent`` if nothing is), and count it against its most
+        leases at once (403 ``out_of_scope`` at the bound, unless ``admitted``: a ticket's grant,
+        the ticket was admitted, as the per-person count). (the hold or None: no budget,
+        whether it was counted: its scope bounds them)."""
+        if spender is None:
+            return None, False
+        scope = spender.scope
+        ask = None if scope.budget_s is None else HoldAsk(period_of(now, scope.budget_period), want, scope.budget_s,
+                                                          LEAST_HOLD_S)
+        limit = scope.max_leases
+        if ask is None and limit is None:
+            return None, False
+        held, counted = await self.budgets_sql.take(spender.token_id, ask, limit is not None,
+                                                    None if admitted else limit)
+        hold = None if ask is None or held is None else Hold(held, ask.period, held < want - 1e-6)
+        if ask is not None and hold is None:
+            await self.give_back(spender, None, counted)  # (a ticket's grant goes on in its transaction)
+            raise await self.spent(spender, now)
+        if limit is not None and not counted:
+            await self.give_back(spender, hold, False)
+            plural = "s" if limit > 1 else ""
+            raise out_of_scope(f"this token may hold {limit} lease{plural} at once; release one first")
+        return hold, counted
+
     async def hold(self, spender: Spender | None, want: float, now: float) -> Hold | None:
-        """Hold ``want`` seconds of ``spender``'s budget from ``now`` (what is left, if less):
-        None if it has no budget; 403 ``budget_spent`` if nothing is left."""
+        """Hold ``want`` seconds of ``spender``'s budget from ``now`` (a renewal's; what is left,
+        if less): None if it has no budget; 403 ``budget_spent`` if nothing is left."""
         budget = None if spender is None else spender.scope.budget_s
         if spender is None or budget is None:
             return None
-        period = period_of(now, spender.scope.budget_period)
-        held = await self.budgets_sql.hold(spender.token_id, period, want, budget, LEAST_HOLD_S)
+        ask = HoldAsk(period_of(now, spender.scope.budget_period), want, budget, LEAST_HOLD_S)
+        held, _ = await self.budgets_sql.take(spender.token_id, ask, False, None)
         if held is None:
             raise await self.spent(spender, now)
-        return Hold(held, period, held < want - 1e-6)
+        return Hold(held, ask.period, held < want - 1e-6)
 
     async def spent(self, spender: Spender, now: float) -> APIError:
         """403 ``budget_spent``, saying what is left and when it renews."""
@@ -147,43 +174,26 @@ class Budgets:
 
     async def give_back(self, spender: Spender | None, hold: Hold | None, counted: bool) -> None:
         """What was held and counted for a lease that was not granted after all (its device
-        taken meanwhile by another process)."""
-        if spender is None:
-            return
-        if hold is not None:
-            await self.budgets_sql.settle(spender.token_id, hold.period, hold.seconds, 0.0)
-        if counted:
-            await self.budgets_sql.uncount_lease(spender.token_id)
-
-    async def count(self, spender: Spender | None, admitted: bool) -> bool:
-        """Count a new lease against ``spender``'s most leases at once: whether it was
-        counted (its scope bounds them). Refused (403 ``out_of_scope``) at the bound, unless
-        ``admitted`` (a ticket's grant: the ticket was admitted, as the per-person count)."""
-        if spender is None or spender.scope.max_leases is None:
-            return False
-        limit = spender.scope.max_leases
-        if not await self.budgets_sql.count_lease(spender.token_id, None if admitted else limit):
-            plural = "s" if limit > 1 else ""
-            raise out_of_scope(f"this token may hold {limit} lease{plural} at once; release one first")
-        return True
+        taken meanwhile by another process, or the other half of ``take`` refused)."""
+        if spender is not None and (hold is not None or counted):
+            await self.budgets_sql.settle(spender.token_id, None if hold is None else hold.period,
+                                          0.0 if hold is None else hold.seconds, 0.0, counted)
 
     async def settle(self, lease: dict, now: float) -> None:
         """A lease ended at ``now`` (the row ``end_lease`` returned): what it held and did not
         use is given back, and it no longer counts against its token's leases at once."""
         token_id = lease["token_id"]
-        if token_id is None:
+        if token_id is None or (lease["held_s"] is None and not lease["token_counted"]):
             return
-        if lease["held_s"] is not None:
-            await self.budgets_sql.settle(token_id, lease["held_period"], lease["held_s"], used_of(lease, now))
-        if lease["token_counted"]:
-            await self.budgets_sql.uncount_lease(token_id)
+        await self.budgets_sql.settle(token_id, None if lease["held_s"] is None else lease["held_period"],
+                                      lease["held_s"] or 0.0, used_of(lease, now), bool(lease["token_counted"]))
 
     async def renewal(self, lease: LeaseRow, spender: Spender | None, want: float, now: float) -> Hold | None:
         """A renewal with a ttl: what the lease held so far is settled as used to ``now``, and
         ``want`` seconds from now held afresh in the current period (None: no budget now)."""
         if lease["held_s"] is not None and lease["token_id"] is not None:
-            await self.budgets_sql.settle(lease["token_id"], lease["held_period"] or "", lease["held_s"],
-                                          used_of(lease, now))
+            await self.budgets_sql.settle(lease["token_id"], lease["held_period"], lease["held_s"], used_of(lease, now),
+                                          False)
         return await self.hold(spender, want, now)
 
     async def whoami(self, who: Who) -> WhoamiAnswer:

@@ -287,11 +287,10 @@ class Leases:
         budget's end if less is left (docs/architecture.md, "Shares of one lab")."""
         life = self.life
         now = life.clock()
-        hold = await self.budgets.hold(spender, ttl, now)  # (403 budget_spent: nothing written yet)
+        # (403 budget_spent or out_of_scope: nothing of it left written)
+        hold, counted = await self.budgets.take(spender, ttl, now, admitted=ticket_id is not None)
         if hold is not None:
             ttl = hold.seconds
-        # (a refusal rolls the hold back with the transaction)
-        counted = await self.budgets.count(spender, admitted=ticket_id is not None)
         lease: LeaseRow = {"id": LEASE_PREFIX + secrets.token_hex(8), "device": device["name"], "holder": holder,
                            "state": LeaseState.PENDING, "created_at": now,
                            "expires_at": lapse(now, ttl, keepalive_s), "ends_at": now + ttl,

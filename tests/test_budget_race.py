@@ -29,7 +29,7 @@ async def tokens(url: str) -> dict[str, dict]:
                 "bot": await issue_token(store, time.time, "bot", kind=TokenKind.AGENT,
                                          scope=TokenScope(budget_s=BUDGET_S)),
                 "bee": await issue_token(store, time.time, "bee", kind=TokenKind.AGENT,
-                                         scope=TokenScope(max_leases=MOST))}
+                                         scope=TokenScope(max_leases=MOST, budget_s=10 * BUDGET_S))}
     finally:
         await store.disconnect()
 
@@ -69,11 +69,13 @@ async def test_two_processes_racing_reserves_never_overspend_a_budget_nor_pass_m
                                          "('pending', 'active')", bee)
             counted = await db.fetchval("SELECT live_leases FROM token_counts WHERE token_id = $1", bee)
             live_bot = await db.fetchval("SELECT COUNT(*) FROM leases WHERE token_id = $1", bot)
+            bee_held = await db.fetchval("SELECT held_s FROM token_usage WHERE token_id = $1", bee)
         finally:
             await db.close()
         assert 0 < held <= BUDGET_S + 1e-6, f"the budget overspent: {held} s held of {BUDGET_S}"
         assert (usage["held_s"], usage["used_s"]) == (pytest.approx(held), 0), "what is held is what leases hold"
         assert 0 < live_bee <= MOST and counted == live_bee, (live_bee, counted)
+        assert bee_held == pytest.approx(live_bee * TTL_S), "a lease refused at most leases at once holds nothing"
         granted = sum(a.status_code == 201 for a in answers)
         assert granted == live_bee + live_bot, "every grant is one of theirs"
     finally:

@@ -5,6 +5,8 @@ so that two coordinator processes cannot both see room for one more. Who may use
 ``OWNERS`` and ``LENT_TO`` (docs/architecture.md, "A service reaches only its tables")."""
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from ..rows import TokenUsageRow
 from .core import Store
 
@@ -13,33 +15,79 @@ OWNERS = ("budgets.py",)
 LENT_TO = ()
 
 
+class HoldAsk(NamedTuple):
+    """What a hold asks of a budget: up to ``want`` seconds of ``budget`` in ``period``, none if
+    less than ``least`` is left."""
+    period: str
+    want: float
+    budget: float
+    least: float
+
+
 class BudgetQueries:
     """The statements on token_usage and token_counts (and the scope a ticket's token has now)."""
 
     def __init__(self, db: Store):
         self.db = db
 
-    async def hold(self, token_id: str, period: str, want: float, budget: float, least: float) -> float | None:
-        """Hold up to ``want`` seconds of ``token_id``'s ``budget`` in ``period``: what is held
-        (``want``, or what is left if less), or None, and nothing held, if less than ``least``
-        is left. One statement: the row's lock orders two processes, and the second sees the
-        first's hold in its condition."""
-        if budget < least:
-            return None  # (the INSERT below holds a first amount without asking)
+    def _hold_sql(self, ask: HoldAsk) -> tuple[str, dict[str, Any]]:
+        """Hold up to ``ask.want`` seconds of the budget in ``ask.period`` (what is left, if
+        less), unless less than ``ask.least`` is left: returns ``last_hold_s``, or no row. The
+        row's lock orders two processes; the second sees the first's hold in its condition."""
         least_of = "MIN" if self.db.dialect == "sqlite" else "LEAST"
         grant = f"{least_of}(:want, :budget - token_usage.held_s - token_usage.used_s)"
-        row = await self.db.row(
-            "INSERT INTO token_usage (token_id, period, held_s, used_s, last_hold_s) "
-            "VALUES (:t, :p, :first, 0, :first) ON CONFLICT (token_id, period) DO UPDATE "
-            f"SET held_s = token_usage.held_s + {grant}, last_hold_s = {grant} "
-            "WHERE token_usage.held_s + token_usage.used_s + :least <= :budget RETURNING last_hold_s",
-            t=token_id, p=period, first=min(want, budget), want=want, budget=budget, least=least)
-        return None if row is None else float(row["last_hold_s"])
+        return ("INSERT INTO token_usage (token_id, period, held_s, used_s, last_hold_s) "
+                "VALUES (:t, :p, :first, 0, :first) ON CONFLICT (token_id, period) DO UPDATE "
+                f"SET held_s = token_usage.held_s + {grant}, last_hold_s = {grant} "
+                "WHERE token_usage.held_s + token_usage.used_s + :least <= :budget RETURNING last_hold_s",
+                {"p": ask.period, "first": min(ask.want, ask.budget), "want": ask.want, "budget": ask.budget,
+                 "least": ask.least})
 
-    async def settle(self, token_id: str, period: str, held: float, used: float) -> None:
-        """A hold of ``held`` seconds ends having used ``used`` of them: the rest is given back."""
-        await self.db.run("UPDATE token_usage SET held_s = held_s - :held, used_s = used_s + :used "
-                          "WHERE token_id = :t AND period = :p", held=held, used=used, t=token_id, p=period)
+    _COUNT = ("INSERT INTO token_counts (token_id, live_leases) VALUES (:t, 1) ON CONFLICT (token_id) DO UPDATE "
+              "SET live_leases = token_counts.live_leases + 1 WHERE token_counts.live_leases + 1 <= :limit "
+              "RETURNING token_id")
+
+    async def take(self, token_id: str, ask: HoldAsk | None, count: bool,
+                   limit: int | None) -> tuple[float | None, bool]:
+        """For a new lease of ``token_id``: hold what ``ask`` asks of its budget, and (``count``)
+        count it against its leases at once unless it holds ``limit`` (None: never refused).
+        (seconds held or None, counted). Each is conditional, so two coordinator processes
+        cannot both see room for one more; on PostgreSQL both are one statement (two
+        data-modifying parts), on SQLite (one writer) one each. What one did when the other
+        refused is the caller's to give back (``settle``)."""
+        if ask is not None and ask.budget < ask.least:
+            return None, False  # nothing to hold, nothing counted (its INSERT would hold a first amount unasked)
+        values: dict[str, Any] = {"t": token_id, "limit": 2**62 if limit is None else limit}
+        hold_sql = None
+        if ask is not None:
+            hold_sql, hold_values = self._hold_sql(ask)
+            values |= hold_values
+        if self.db.dialect == "postgresql" and hold_sql is not None and count:
+            row = await self.db.row(f"WITH h AS ({hold_sql}), c AS ({self._COUNT}) SELECT (SELECT last_hold_s FROM h) "
+                                    "AS held, (SELECT COUNT(*) FROM c) AS counted", **values)
+            return (None if row["held"] is None else float(row["held"])), bool(row["counted"])
+        held: float | None = None
+        if hold_sql is not None:
+            row = await self.db.row(hold_sql, **values)
+            held = None if row is None else float(row["last_hold_s"])
+        counted = count and (limit is None or limit >= 1) and await self.db.row(self._COUNT, **values) is not None
+        return held, bool(counted)
+
+    async def settle(self, token_id: str, period: str | None, held: float, used: float, uncount: bool) -> None:
+        """A hold of ``held`` seconds in ``period`` (None: none) ends having used ``used`` of
+        them: the rest is given back; with ``uncount``, one live lease fewer. One statement."""
+        give_back = ("UPDATE token_usage SET held_s = held_s - :held, used_s = used_s + :used "
+                     "WHERE token_id = :t AND period = :p")
+        fewer = "UPDATE token_counts SET live_leases = live_leases - 1 WHERE token_id = :t"
+        values = {"t": token_id, "held": held, "used": used, "p": period}
+        if period is not None and uncount and self.db.dialect == "postgresql":
+            await self.db.run(f"WITH g AS ({give_back} RETURNING token_id), f AS ({fewer} RETURNING token_id) "
+                              "SELECT 1", **values)
+            return
+        if period is not None:
+            await self.db.run(give_back, **values)
+        if uncount:
+            await self.db.run(fewer, t=token_id)
 
     async def usage(self, token_id: str, period: str) -> TokenUsageRow | None:
         """``token_id``'s budget in ``period``: None if nothing was ever held there."""
@@ -63,21 +111,6 @@ class BudgetQueries:
             "LEFT JOIN token_counts c ON c.token_id = t.id "
             "WHERE t.scope IS NOT NULL AND t.revoked_at IS NULL ORDER BY t.username, t.id LIMIT :n", n=limit,
             **params)
-
-    async def count_lease(self, token_id: str, limit: int | None) -> bool:
-        """Count a new live lease of ``token_id``: False, and nothing counted, if it holds
-        ``limit`` already (None: counted, never refused). One statement (as ``counts.count_up``)."""
-        if limit is not None and limit < 1:
-            return False
-        row = await self.db.row(
-            "INSERT INTO token_counts (token_id, live_leases) VALUES (:t, 1) ON CONFLICT (token_id) DO UPDATE "
-            "SET live_leases = token_counts.live_leases + 1 WHERE token_counts.live_leases + 1 <= :limit "
-            "RETURNING token_id", t=token_id, limit=2**62 if limit is None else limit)
-        return row is not None
-
-    async def uncount_lease(self, token_id: str) -> None:
-        """One live lease fewer for ``token_id``."""
-        await self.db.run("UPDATE token_counts SET live_leases = live_leases - 1 WHERE token_id = :t", t=token_id)
 
     async def live_leases(self, token_id: str) -> int:
         """How many live leases count against ``token_id``'s most leases at once."""

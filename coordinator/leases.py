@@ -287,6 +287,8 @@ class Leases:
         budget's end if less is left (docs/architecture.md, "Shares of one lab")."""
         life = self.life
         now = life.clock()
+        if spender is not None:  # (a ticket's token's scope may have been narrowed since it was made)
+            lease_scope.check_device(spender.scope, device)
         # (403 budget_spent or out_of_scope: nothing of it left written)
         hold, counted = await self.budgets.take(spender, ttl, now, admitted=ticket_id is not None)
         if hold is not None:

@@ -188,8 +188,8 @@ class Scheduler:
                                              f"waited {waited})", ticket_id=ticket["id"],
                                              keepalive_s=ticket["keepalive_s"],
                                              spender=await self.leases.budgets.spender_of_ticket(ticket["token_id"]))
-        except APIError as refusal:  # its token's budget is spent: the ticket ends saying so, the next one may take it
-            if refusal.code != ErrorCode.BUDGET_SPENT:
+        except APIError as refusal:  # its token's budget is spent, or its scope no longer takes the device: the
+            if refusal.code not in (ErrorCode.BUDGET_SPENT, ErrorCode.OUT_OF_SCOPE):  # ticket ends saying so
                 raise
             return await self._end_spent(ticket, str(refusal)) and await self._grant(device)
         if answer is None:  # leased a moment ago in another process: not free after all
@@ -206,8 +206,8 @@ class Scheduler:
         return True
 
     async def _end_spent(self, ticket: TicketRow, reason: str) -> bool:
-        """A waiting ticket whose token's budget is spent ends (cancelled, with the budget's
-        words): whether it did (it was still waiting)."""
+        """A waiting ticket whose token's budget is spent (or whose scope an admin narrowed
+        since) ends cancelled, with the refusal's words: whether it did (it was still waiting)."""
         return await self._end_waiting(ticket, reason, COORDINATOR, ticket["device"])
 
     async def _end_waiting(self, ticket: TicketRow, reason: str, actor: str, device: str | None) -> bool:

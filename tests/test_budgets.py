@@ -155,7 +155,7 @@ async def test_most_leases_at_once_and_the_longest_lease_bound_a_scoped_token(tm
         assert (await agent.post("/leases", json={"device": "b1"})).status_code == 201, "released: room again"
 
 
-async def test_a_ticket_granted_to_a_spent_budget_ends_saying_so_and_the_next_ticket_is_served(tmp_path):
+async def test_a_ticket_granted_to_a_spent_budget_or_a_narrowed_scope_ends_saying_so_and_the_next_is_served(tmp_path):
     async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
         agent = client(token=await token(rules, "bot", TokenScope(budget_s=60, max_leases=5)))
         ann = client(token=await token(rules, "ann"))
@@ -175,6 +175,19 @@ async def test_a_ticket_granted_to_a_spent_budget_ends_saying_so_and_the_next_ti
         assert ended["state"] == "cancelled" and ended["reason"].startswith("budget: 0 of 1 device-minutes"), ended
         assert (await ann.get(f"/tickets/{other['ticket']}")).json()["state"] == "claimed", "the next one is served"
         assert (await agent.get("/whoami")).json()["live_leases"] == 1, "the refused grant counts no lease"
+
+        # a scope an admin narrowed after the ticket was made: its grant is refused as a reserve would be
+        narrowed = await issue_token(rules.store, rules.clock, "bee", scope=TokenScope(classes=("sim-board",)))
+        bee = client(token=narrowed["token"])
+        clock.advance(1)
+        waiting = (await bee.post("/leases", json={"device": "b0", "queue": True})).json()
+        await rules.store.run("UPDATE tokens SET scope = :s WHERE id = :id", id=narrowed["id"],
+                              s=TokenScope(classes=("rpi4",)).model_dump_json())
+        lease = (await ann.get(f"/tickets/{other['ticket']}")).json()["lease"]
+        await ann.post(f"/leases/{lease['id']}/release")
+        await exporter.beat([board("b0"), board("b1")])
+        ended = (await bee.get(f"/tickets/{waiting['ticket']}")).json()
+        assert ended["state"] == "cancelled" and "may reserve devices of class rpi4; not b0" in ended["reason"], ended
 
 
 async def test_whoami_answers_an_unscoped_caller_too(tmp_path):

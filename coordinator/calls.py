@@ -368,7 +368,8 @@ async def exec_command(ctx: Ctx, args: ExecIn) -> ExecAnswer:
     console): at most timeout_s seconds (120 at most; then it is interrupted) and 64 KiB of
     each output (truncated says it was cut). channel says which way it went."""
     lease = await ctx.rules.leases.status(args.lease_id, ctx.caller)
-    return await device_commands.exec_on(lease, args.command, args.timeout_s, ctx.rules.settings.ssh_logins)
+    return await device_commands.exec_on(lease, args.command, args.timeout_s, ctx.rules.settings.ssh_logins,
+                                         ctx.caller.name)
 
 
 async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
@@ -380,7 +381,8 @@ async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
     rules, caller = ctx.rules, ctx.caller
     lease = await rules.leases.status(args.lease_id, caller)
     device = await rules.devices.device_info(lease["device"])
-    return await device_commands.fingerprint(lease, dict(device), __version__, rules.settings.ssh_logins)
+    return await device_commands.fingerprint(lease, dict(device), __version__, rules.settings.ssh_logins,
+                                             caller.name)
 
 
 # ---- jobs (docs/architecture.md, "Jobs and evidence") -------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from typing import Any, Mapping
 
 from device_loop.core.device_exec import ExecError, exec_on_lease
@@ -39,31 +40,72 @@ def _refusal(exc: ExecError) -> APIError:
     return APIError(_STATUS.get(exc.code, 409), exc.code, message)
 
 
-_running = asyncio.Semaphore(EXEC_AT_ONCE)
+class ExecSlots:
+    """The coordinator's exec slots, shared per person (docs/architecture.md, "Shares of one
+    lab"): at most ``total`` at once, and one person at most half of them, so another always
+    finds a slot one person's many leases cannot take. A slot is taken and counted with no
+    await between (one event loop): two calls never both see the last one free."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.per_person = max(1, total // 2)
+        self.held: Counter[str] = Counter()
+
+    def refusal(self, person: str) -> APIError | None:
+        """Why ``person`` may not take a slot now (a 503 naming the share), else None."""
+        if self.held[person] >= self.per_person:
+            return APIError(503, ErrorCode.BUSY, f"{person} runs {self.held[person]} commands on devices through this "
+                                                 f"coordinator already, the most one person may (half of its "
+                                                 f"{self.total} exec slots, shared per person): try again when one "
+                                                 f"of them ends")
+        if sum(self.held.values()) >= self.total:
+            return APIError(503, ErrorCode.BUSY, f"this coordinator runs {self.total} commands on devices already: "
+                                                 f"try again in a moment")
+        return None
+
+    def take(self, person: str) -> None:
+        """Take a slot for ``person``, or raise the refusal."""
+        refused = self.refusal(person)
+        if refused is not None:
+            raise refused
+        self.held[person] += 1
+
+    def give(self, person: str) -> None:
+        self.held[person] -= 1
+        if self.held[person] <= 0:
+            del self.held[person]
+
+
+_slots = ExecSlots(EXEC_AT_ONCE)
 _per_lease: dict[str, asyncio.Lock] = {}
 
 
 @contextlib.asynccontextmanager
-async def _one_at_a_time(lease: LeaseAnswer):
+async def _one_at_a_time(lease: LeaseAnswer, person: str):
     """One exec per lease at a time (two on one console would type into the same shell),
-    and at most ``EXEC_AT_ONCE`` in all: past them a clear 503, not threads held for minutes."""
-    if _running.locked():
-        raise APIError(503, ErrorCode.BUSY, f"this coordinator runs {EXEC_AT_ONCE} commands on devices already: try "
-                                            f"again in a moment")
+    and a slot of ``_slots`` for ``person``: past them a clear 503, not threads held for minutes."""
+    refused = _slots.refusal(person)
+    if refused is not None:  # at once, not after waiting for the lease's other exec
+        raise refused
     lock = _per_lease.setdefault(lease["id"], asyncio.Lock())
     try:
-        async with lock, _running:
-            yield
+        async with lock:
+            _slots.take(person)
+            try:
+                yield
+            finally:
+                _slots.give(person)
     finally:
         if not lock.locked() and _per_lease.get(lease["id"]) is lock:
             del _per_lease[lease["id"]]
 
 
-async def exec_on(lease: LeaseAnswer, command: str, timeout_s: float, logins: SshLogins) -> ExecAnswer:
-    """``command`` run on the device of ``lease`` (its holder's view of it); over ssh as ``logins`` say."""
+async def exec_on(lease: LeaseAnswer, command: str, timeout_s: float, logins: SshLogins, person: str) -> ExecAnswer:
+    """``command`` run on the device of ``lease`` (its holder's view of it) for ``person``
+    (who asks: their share of the exec slots); over ssh as ``logins`` say."""
     login = logins.login_for(lease["device"], lease["host"])
     try:
-        async with _one_at_a_time(lease):
+        async with _one_at_a_time(lease, person):
             result = await asyncio.to_thread(exec_on_lease, lease, command, timeout_s, max_output=EXEC_MAX_OUTPUT,
                                              ssh=login)
     except ExecError as exc:
@@ -73,9 +115,10 @@ async def exec_on(lease: LeaseAnswer, command: str, timeout_s: float, logins: Ss
 
 
 async def fingerprint(lease: LeaseAnswer, device: Mapping[str, Any], coordinator_version: str,
-                      logins: SshLogins) -> dict[str, Any]:
-    """The fingerprint of the device of ``lease`` (``core.ab.fingerprint.gather``), as JSON;
-    ``device`` is its answer, with the image last flashed onto it; over ssh as ``logins`` say."""
+                      logins: SshLogins, person: str) -> dict[str, Any]:
+    """The fingerprint of the device of ``lease`` (``core.ab.fingerprint.gather``), as JSON, for
+    ``person`` (as ``exec_on``); ``device`` is its answer, with the image last flashed onto it;
+    over ssh as ``logins`` say."""
     from device_loop.core.ab import fingerprint as fingerprints
 
     login = logins.login_for(lease["device"], lease["host"])
@@ -85,7 +128,7 @@ async def fingerprint(lease: LeaseAnswer, device: Mapping[str, Any], coordinator
                              ssh=login)
 
     try:
-        async with _one_at_a_time(lease):
+        async with _one_at_a_time(lease, person):
             found = await asyncio.to_thread(fingerprints.gather, run, lease, device, coordinator_version)
     except ExecError as exc:
         raise _refusal(exc) from None

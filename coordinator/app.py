@@ -38,7 +38,7 @@ JOB_ROUTES = [*job_pages.routes]
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.to_json(), status_code=exc.status)
+    return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -607,6 +607,7 @@ def _kind_started(args: OperationIn) -> str:
 # A heartbeat of 1000 devices (the most a report has) with 4 resources each, their services
 # and 1000 network finds is 2.3 MiB; every field at its bound would allow 37 MiB, which no host
 # sends: 8 MiB.
+_RATED = frozenset({429})  # a lease's operations: a burst, then a steady rate (operation_shares.py)
 CALLS: list[Call] = [
     Call("health", ANYONE, health, answer=HealthAnswer, method="GET", path="/health"),
     Call("list_devices", ANYONE, list_devices, DeviceFilter, list[DeviceAnswer], "GET", "/devices", tool=True,
@@ -643,17 +644,18 @@ CALLS: list[Call] = [
     Call("release", USER, release, LeaseId, LeaseAnswer, "POST", "/leases/{lease_id}/release", tool=True,
          idempotent=True),
     Call("start_operation", USER, start_operation, OperationIn, OperationAnswer,
-         "POST", "/leases/{lease_id}/operations", tool=True, status=201, idempotent=True, needs=_kind_started),
+         "POST", "/leases/{lease_id}/operations", tool=True, status=201, idempotent=True, needs=_kind_started,
+         refusals=_RATED),
     Call("flash", USER, flash, FlashIn, OperationAnswer, "POST", "/leases/{lease_id}/flash", tool=True,
-         status=201, idempotent=True, needs=FLASH_KIND),
+         status=201, idempotent=True, needs=FLASH_KIND, refusals=_RATED),
     Call("recover", USER, recover, LeaseId, OperationAnswer, "POST", "/leases/{lease_id}/recover", tool=True,
-         status=201, idempotent=True, needs="recover"),
+         status=201, idempotent=True, needs="recover", refusals=_RATED),
     Call("operation_status", USER, operation_status, OpWait, OperationAnswer, "GET", "/ops/{op_id}", tool=True,
          aliases=("flash_status",)),
     Call("settle", USER, settle, LeaseId, OperationAnswer, "POST", "/leases/{lease_id}/settle", tool=True,
-         status=201, idempotent=True, needs=SETTLE_KIND),
+         status=201, idempotent=True, needs=SETTLE_KIND, refusals=_RATED),
     Call("power", USER, power, PowerIn, OperationAnswer, "POST", "/leases/{lease_id}/power", tool=True,
-         status=201, idempotent=True, needs=_power_action),
+         status=201, idempotent=True, needs=_power_action, refusals=_RATED),
     Call("camera_snapshot", USER, camera_snapshot, LeaseId, bytes, tool=True, needs="camera"),
     Call("uart_exchange", USER, uart_exchange, UartExchangeIn, dict, tool=True, needs="uart"),
     Call("exec", USER, exec_command, ExecIn, ExecAnswer, tool=True, needs="exec"),

@@ -9,6 +9,7 @@ class APIError(Exception):
         self.status = status
         self.code = code
         self.message = message
+        self.headers: dict[str, str] | None = None  # what REST answers besides (a 429's Retry-After)
 
     def to_json(self) -> dict:
         return {"error": self.code, "message": self.message}

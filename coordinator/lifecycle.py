@@ -42,6 +42,10 @@ class Settings:
     # what exporters report is data (docs/architecture.md, "What exporters report is data")
     ssh_logins: SshLogins = field(default_factory=SshLogins)  # how an MCP exec logs in to a board's sshd
     private_addresses: tuple[tuple[str, int], ...] = ()  # (host, port) it owns: no snapshot is fetched there
+    # what is finite, shared (docs/architecture.md, "Shares of one lab")
+    operation_retention_s: float | None = 30 * 86400.0  # operations that ended longer ago are pruned (None: kept)
+    audit_retention_s: float | None = None              # audit entries older than this are pruned (None: kept)
+    max_stored_runs: int = 20_000                       # job runs one person may have stored (0: no limit)
 
 
 def fault(kind: FaultKind, words: str) -> dict[str, Any]:
@@ -154,6 +158,17 @@ class Lifecycle:
     def notify(self, *keys: str) -> None:
         """Wake the long-polls watching ``keys``, in every process, once the current transaction commits."""
         self.store.changed(*keys)
+
+    async def prune_audit(self, now: float, batch: int, batches: int) -> None:
+        """Entries of the audit log older than the lab keeps them (``audit_retention_s``; None:
+        kept, the default) go, ``batch`` a transaction, at most ``batches`` of them."""
+        kept_s = self.settings.audit_retention_s
+        if kept_s is None:
+            return
+        for _ in range(batches):
+            async with self.store.tx():
+                if await self.audit_sql.prune_audit(now - kept_s, batch) < batch:
+                    return
 
     async def audit(self, actor: str, action: str, device: str | None, lease_id: str | None,
                     detail: dict[str, Any]) -> int:

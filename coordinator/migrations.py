@@ -650,4 +650,18 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     [
         "CREATE INDEX leases_ended ON leases(ended_at)",
     ],
+    # 28: what is finite, shared (docs/architecture.md, "Shares of one lab"): the runs a person
+    # has stored (finished jobs' too, until deleted), counted as the other shares; operations
+    # found by their lease (a status coalesced) and pruned by their end, the audit by its time
+    [
+        "ALTER TABLE user_counts ADD COLUMN stored_runs BIGINT NOT NULL DEFAULT 0",
+        """INSERT INTO user_counts (name, live_leases, image_bytes, open_tickets, open_jobs, stored_runs)
+           SELECT j.owner, 0, 0, 0, 0, 0 FROM jobs j WHERE NOT EXISTS (SELECT 1 FROM user_counts c
+               WHERE c.name = j.owner) GROUP BY j.owner""",
+        """UPDATE user_counts SET stored_runs = (SELECT COUNT(*) FROM job_runs r JOIN jobs j ON j.id = r.job
+               WHERE j.owner = user_counts.name)""",
+        "CREATE INDEX operations_lease ON operations(lease_id, state)",
+        "CREATE INDEX operations_ended ON operations(ended_at)",
+        "CREATE INDEX audit_at ON audit(at)",
+    ],
 ]

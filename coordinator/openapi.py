@@ -109,6 +109,8 @@ REFUSALS = {
     422: "a request the rules refuse: a body the model refuses (and what no JSON Schema says: a repeated name in a "
          "report, a regular expression Python cannot read, an upload whose bytes are not what it declared), an "
          "Idempotency-Key used before for another request",
+    429: "a lease that starts operations faster than its share (a burst, then a few a second): Retry-After says "
+         "when the next may start",
     507: "the image registry's disk is full: nothing of the upload is kept",
 }
 ERROR = {"type": "object", "required": ["error", "message"], "additionalProperties": False,

@@ -28,6 +28,7 @@ from device_loop.core.vocabulary import FIRST_PHASES, LIVE_OP_STATES, OperationS
 from device_loop.core.answers import OperationAnswer
 from device_loop.core.errors import ErrorCode
 from . import kinds
+from .operation_shares import LeaseBuckets, status_only
 from .errors import APIError, conflict, not_found
 from .hidden_paths import hide_paths_in
 from .images import Images
@@ -100,6 +101,8 @@ class Operations:
         # image of the registry, resolved here): one entry a kind (docs/architecture.md, "Operations")
         self.starters: dict[str, Callable[[str, dict[str, Any], Who], Awaitable[OperationAnswer]]] = {
             FLASH_KIND: self._flash_asked}
+        # how fast each lease starts operations (docs/architecture.md, "Shares of one lab")
+        self.buckets = LeaseBuckets()
 
     # ---- starting one -----------------------------------------------------------------------
 
@@ -232,6 +235,10 @@ class Operations:
         spec, resource = offered[kind]
         if image is None:
             args = self._checked_args(kind, spec, args)
+        if lease_id is not None and step is None:
+            live = await self.shared(kind, args, lease_id, name)
+            if live is not None:
+                return live
         if not (device["host_online"] and device["present"]):
             raise conflict(ErrorCode.OFFLINE, f"{name} is offline (host {device['host']}): nothing runs on it now")
         if spec.get("exclusive", True) and device["op_id"]:
@@ -240,6 +247,33 @@ class Operations:
         return await self.queue(device, kind, resource["identifier"], resource["plugin"], args, lease_id, caller,
                                 exclusive=spec.get("exclusive", True), destructive=spec.get("destructive", False),
                                 image=image, action=action, audit=audit, purpose=purpose, step=step)
+
+    async def shared(self, kind: str, args: dict[str, Any], lease_id: str, device: str) -> OperationAnswer | None:
+        """What a lease's holder's request of ``kind`` on ``device`` takes of its share
+        (docs/architecture.md, "Shares of one lab"): a status-only one while one of its kind is
+        live on the lease is answered by that one (returned: nothing is started); any other
+        spends one of the lease's operations (``LeaseBuckets``: past them, 429)."""
+        if status_only(kind, args):
+            # two at once in two processes would each find none live: its host's lock, the
+            # first of the lock order (docs/architecture.md, "Leases"), makes them take turns
+            await self.leases_sql.lock_host_of_device(device)
+            for live in await self.operations_sql.live_operations_of_lease(lease_id, kind):
+                if status_only(live["kind"], live["args"]) and live["args"] == args:
+                    return op_json(live, theirs=True)
+        self.buckets.take(lease_id, self.life.clock())
+        return None
+
+    async def prune(self, now: float, batch: int, batches: int) -> None:
+        """Operations that ended longer ago than the lab keeps them (``operation_retention_s``)
+        go, ``batch`` a transaction (the writer is not held for long), at most ``batches`` of
+        them: the rest at the next pass (docs/architecture.md, "Shares of one lab")."""
+        kept_s = self.life.settings.operation_retention_s
+        if kept_s is None:
+            return
+        for _ in range(batches):
+            async with self.store.tx():
+                if await self.operations_sql.prune_operations(now - kept_s, batch) < batch:
+                    return
 
     async def queue(self, device: DeviceFacts, kind: str, identifier: str, plugin: str, args: dict[str, Any],
                     lease_id: str | None, requester: str, *, exclusive: bool, destructive: bool, purpose: Purpose,

@@ -58,6 +58,9 @@ from .who import COORDINATOR
 __all__ = ["Rules", "Settings"]
 
 IDEMPOTENCY_KEPT_S = 86400.0
+PRUNE_EVERY_S = 60.0    # how often the reaper prunes old operations and audit entries ...
+PRUNE_BATCH = 1000      # ... this many rows a transaction (the writer is not held for long) ...
+PRUNE_BATCHES = 10      # ... at most this many transactions a pass: the rest at the next
 
 
 class Rules:
@@ -90,6 +93,7 @@ class Rules:
                            tokens_sql=TokenQueries(store))
         self.jobs = Jobs(self.life, self.scheduler, self.leases, jobs_sql=JobQueries(store), leases_sql=leases_sql,
                          tickets_sql=tickets_sql, devices_sql=devices_sql)
+        self._next_prune = 0.0
         self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first
 
     # what tests and tools reach for: the lifecycle's own
@@ -122,7 +126,7 @@ class Rules:
         allocations that took too long, mark silent hosts offline, take back grants nobody
         claimed, expire the keepalive tickets nobody asks about any more, grant free devices
         to tickets a grant did not see, forget old idempotency keys, fail the jobs whose worker was lost; sweep the
-        registry's files when that is due."""
+        registry's files, prune old operations and audit entries (as the lab keeps them) when that is due."""
         async with self.life.store.tx():
             now = self.life.clock()
             await self.leases.end_overdue(now, COORDINATOR)
@@ -133,3 +137,8 @@ class Rules:
         await self.scheduler.grant_wanted()
         await self.jobs.end_silent(self.life.clock(), COORDINATOR)
         await self.images.sweep_files_if_due()
+        now = self.life.clock()
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_EVERY_S
+            await self.operations.prune(now, PRUNE_BATCH, PRUNE_BATCHES)
+            await self.life.prune_audit(now, PRUNE_BATCH, PRUNE_BATCHES)

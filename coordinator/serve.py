@@ -41,6 +41,11 @@ def _seconds(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
+def _kept(ctx, param, value):
+    """A retention: a duration, or 'forever' (None: nothing is pruned)."""
+    return None if value == "forever" else _seconds(ctx, param, value)
+
+
 def _check_database(url: str) -> None:
     """Open (and migrate) the database once before serving: one clear line if it cannot be."""
     async def check() -> None:
@@ -110,6 +115,13 @@ def _ssh_logins(ctx, param, path):
               callback=_seconds,
               help="a running job whose worker does not beat within this fails (worker lost) and its leases are "
                    "released")
+@click.option("--operation-retention", default=format_duration(Settings.operation_retention_s or 0), show_default=True,
+              callback=_kept, help="operations that ended longer ago are pruned ('forever': kept)")
+@click.option("--audit-retention", default="forever", show_default=True, callback=_kept,
+              help="audit log entries older than this are pruned ('forever': kept)")
+@click.option("--max-stored-runs", default=Settings.max_stored_runs, show_default=True, type=click.IntRange(0),
+              help="job runs one person may have stored, finished jobs' included until deleted (device-loop job rm; "
+                   "0: no limit; admins are counted, not limited)")
 @click.option("--header-timeout", default=format_duration(HEAD_TIMEOUT_S), show_default=True, callback=_seconds,
               help="how long a connection may take to send a request's head (its headers) before it is closed")
 @click.option("--body-timeout", default=format_duration(BODY_GAP_S), show_default=True, callback=_seconds,
@@ -121,7 +133,8 @@ def _ssh_logins(ctx, param, path):
 @click.option("--private-address", "named_private", multiple=True, metavar="HOST:PORT",
               help="an address the coordinator never fetches a camera's snapshot from (repeatable; where it "
                    "listens and its PostgreSQL are always such)")
-def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, job_worker_timeout, header_timeout,
+def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, job_worker_timeout, operation_retention,
+                        audit_retention, max_stored_runs, header_timeout,
                         body_timeout, database_url, data_dir, host, port, allocating_timeout, default_ttl, max_ttl,
                         single_user, allowed_hosts, tailnet_socket, tailnet_admins, max_leases_per_user, image_dir,
                         max_image_size, image_quota, ssh_logins, named_private):
@@ -143,7 +156,8 @@ def coordinator_command(batch_max_wait, claim_window, max_tickets_per_user, job_
                         max_leases_per_user=max_leases_per_user, max_image_bytes=max_image_size << 20,
                         image_quota_bytes=(image_quota << 20) or None, batch_max_wait_s=batch_max_wait,
                         claim_window_s=claim_window, max_tickets_per_user=max_tickets_per_user,
-                        job_worker_timeout_s=job_worker_timeout,
+                        job_worker_timeout_s=job_worker_timeout, operation_retention_s=operation_retention,
+                        audit_retention_s=audit_retention, max_stored_runs=max_stored_runs,
                         image_dir=str(image_dir or Path(data_dir).expanduser() / "images"),
                         ssh_logins=ssh_logins, private_addresses=private)
     _check_database(database_url)

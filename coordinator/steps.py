@@ -111,6 +111,9 @@ class Steps:
             if first is None:
                 raise conflict(ErrorCode.NO_RESOURCES, f"{device['name']} reports no resource to run on")
             settling = [s["step"] for s in device["steps"] if s.get("settle")]
+            live = await self.operations.shared(SETTLE_KIND, {}, lease_id, device["name"])
+            if live is not None:
+                return live
             answer = await self.operations.queue(device, SETTLE_KIND, first["identifier"], EXPORTER_STEPS, {},
                                                  lease_id, who.name, exclusive=False, destructive=False,
                                                  purpose=Purpose.SETTLE, audit={"steps": settling})

@@ -28,3 +28,9 @@ class AuditQueries:
 
     async def audit(self, limit: int = 100) -> list[AuditRow]:
         return await self.db.rows("SELECT * FROM audit ORDER BY id DESC LIMIT :n", n=limit)
+
+    async def prune_audit(self, before: float, limit: int) -> int:
+        """Delete at most ``limit`` entries written before ``before``, the oldest first; how many went."""
+        gone = await self.db.rows("DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE at < :b ORDER BY at, id "
+                                  "LIMIT :n) RETURNING id", b=before, n=limit)
+        return len(gone)

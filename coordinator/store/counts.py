@@ -1,12 +1,12 @@
 """What each person holds (``user_counts``), counted where it changes: one column a
-service's (live leases, image bytes, open tickets, open jobs), each counted by its own
+service's (live leases, image bytes, open tickets, open jobs, stored job runs), each counted by its own
 query module through these two."""
 from __future__ import annotations
 
 from .core import Store
 
 _NO_LIMIT = 2**62  # a count's limit where there is none (BIGINT)
-_COUNTED = ("live_leases", "image_bytes", "open_tickets", "open_jobs")
+_COUNTED = ("live_leases", "image_bytes", "open_tickets", "open_jobs", "stored_runs")
 
 
 async def count_up(db: Store, column: str, name: str, amount: int, limit: int | None) -> bool:

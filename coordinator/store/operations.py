@@ -9,13 +9,14 @@ from device_loop.core.vocabulary import OperationState
 
 from ..rows import FlashedImage, OperationRow, OperationView
 from .core import Store
-from .facts import LIVE_OP_SQL
+from .facts import ENDED_OP_SQL, LIVE_OP_SQL
 
 # the coordinator modules whose tables these are, and those handed them besides (in rules.py)
 OWNERS = ("operations.py",)
 LENT_TO = ("hosts.py", "steps.py", "admin.py", "images.py", "devices.py")
 
 
+DONE_SQL = f"('{OperationState.DONE}')"
 _OPERATION_VIEW = "SELECT o.*, h.online AS host_online FROM operations o LEFT JOIN hosts h ON h.name = o.host"
 
 
@@ -69,3 +70,21 @@ class OperationQueries:
 
     async def update_operation(self, op_id: str, fields: dict[str, Any]) -> None:
         await self.db.update("operations", "id", op_id, fields)
+
+    async def live_operations_of_lease(self, lease_id: str, kind: str) -> list[OperationRow]:
+        """The live operations of ``kind`` on lease ``lease_id``, oldest first."""
+        return await self.db.rows(f"SELECT * FROM operations WHERE lease_id = :l AND state IN {LIVE_OP_SQL} "
+                                  "AND kind = :k ORDER BY created_at, id", l=lease_id, k=kind)
+
+    async def prune_operations(self, before: float, limit: int) -> int:
+        """Delete at most ``limit`` operations that ended before ``before``, the oldest first;
+        never a device's latest flash that ended, nor its latest that completed (what a
+        fingerprint names, what a reserve's image prefers). How many went."""
+        latest = (f"(SELECT g.id FROM operations g WHERE g.device = o.device AND g.kind = '{FLASH_KIND}' AND g.state "
+                  "IN {states} ORDER BY g.created_at DESC, g.id DESC LIMIT 1)")
+        gone = await self.db.rows(
+            f"DELETE FROM operations WHERE id IN (SELECT o.id FROM operations o WHERE o.ended_at < :b "
+            f"AND o.state IN {ENDED_OP_SQL} AND NOT (o.kind = '{FLASH_KIND}' AND "
+            f"(o.id = {latest.format(states=ENDED_OP_SQL)} OR o.id = {latest.format(states=DONE_SQL)})) "
+            "ORDER BY o.ended_at LIMIT :n) RETURNING id", b=before, n=limit)
+        return len(gone)

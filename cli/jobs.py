@@ -1,6 +1,6 @@
 """The job commands (docs/architecture.md, "Jobs and evidence"): ``run``, ``ab`` and
 ``matrix`` (this process is the job's worker, in the foreground, unless ``--submit`` queues
-it for a ``device-loop worker``), ``jobs``, and ``job show | evidence | cancel``.
+it for a ``device-loop worker``), ``jobs``, and ``job show | evidence | cancel | rm``.
 
 ``matrix`` takes its device groups as ``--over`` options, or as arguments after the first
 (``device-loop matrix --over tags=sve2 tags=rvv ab --baseline … --patch …``, the word ``ab``
@@ -424,7 +424,7 @@ def jobs_command(lab: Lab, everyone: bool, as_json: bool):
 
 @click.group("job")
 def job_group():
-    """One job: show, evidence, cancel."""
+    """One job: show, evidence, cancel, rm."""
 
 
 def _job_text(job: JobView) -> str:
@@ -480,6 +480,17 @@ def job_evidence_command(lab: Lab, job_id: str, plot: str | None, as_json: bool,
         charts.png(job, analysis_of(job), plot)
         markdown = markdown.rstrip("\n") + f"\n\n![the runs of {job.id} over time, with temperature]({plot})\n"
     click.echo(markdown, nl=not markdown.endswith("\n"))
+
+
+@job_group.command("rm")
+@click.argument("job_id", metavar="ID")
+@json_option
+@lab_command
+def job_rm_command(lab: Lab, job_id: str, as_json: bool):
+    """Delete an ended job (done, failed or cancelled) with its runs, for good: they no longer
+    count against your stored runs (the lab's --max-stored-runs)."""
+    gone = lab.jobs.delete(job_id)
+    emit(as_json, gone, lambda _: f"{job_id}: deleted ({gone['runs']} runs)")
 
 
 @job_group.command("cancel")

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from device_loop.core import API_PREFIX
+from device_loop.core.answers import MAX_RUNS_PAGE
 from device_loop.core.ab.jobs import CellReport, JobSpec, JobSummary, JobView, RunRecord, Target
 from device_loop.core.vocabulary import OPEN_JOB_STATES, JobState
 from device_loop.core.errors import ErrorCode
@@ -63,12 +64,30 @@ class Jobs:
             body["worker"] = worker_label()
         return view(self.api.post("/jobs", body))
 
-    def get(self, job_id: str, wait_s: float = 0, unless: JobState | None = None) -> JobView:
-        """One job; with ``wait_s``, as soon as its state is not ``unless`` (or then)."""
+    def get(self, job_id: str, wait_s: float = 0, unless: JobState | None = None, runs: bool = True) -> JobView:
+        """One job with all its runs (read in pages past the first: ``runs_page``), or
+        (``runs`` false) without any; with ``wait_s``, as soon as its state is not ``unless``
+        (or then)."""
         params: dict = {"wait": wait_s} if wait_s else {}
         if wait_s and unless is not None:
             params["unless"] = str(unless)
-        return view(self.api.get(f"/jobs/{job_id}", **params))
+        if not runs:
+            params["runs"] = "false"
+        answer = self.api.get(f"/jobs/{job_id}", **params)
+        after = answer.get("runs_next")
+        while after:
+            page = self.runs_page(job_id, after)
+            answer["runs"] += page["runs"]
+            after = page["next"]
+        return view(answer)
+
+    def runs_page(self, job_id: str, after: str | None = None, limit: int = MAX_RUNS_PAGE) -> dict[str, Any]:
+        """A page of the job's runs after the cursor ``after`` (a ``JobRunsAnswer``)."""
+        return self.api.get(f"/jobs/{job_id}/runs", limit=limit, **({"after": after} if after else {}))
+
+    def delete(self, job_id: str) -> dict[str, Any]:
+        """Delete an ended job with its runs, for good: they no longer count against your stored runs."""
+        return self.api.post(f"/jobs/{job_id}/delete")
 
     def list(self, everyone: bool = False) -> list[JobSummary]:
         """Your jobs, open ones first (an admin's ``everyone``: all)."""
@@ -78,14 +97,14 @@ class Jobs:
         """Block until the job ended (done, failed or cancelled); ``CoordinatorError("timeout")``
         after ``timeout`` seconds (it goes on)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        job = self.get(job_id)
+        job = self.get(job_id, runs=False)  # (its runs are read once, when it ended)
         while job.state in OPEN_JOB_STATES:
             left = 25.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise CoordinatorError(ErrorCode.TIMEOUT, f"{job_id} is still {job.state} after {timeout:g}s; "
                                                           f"follow it with: device-loop job show {job_id}")
-            job = self.get(job_id, wait_s=min(left, 25.0), unless=job.state)
-        return job
+            job = self.get(job_id, wait_s=min(left, 25.0), unless=job.state, runs=False)
+        return self.get(job_id)
 
     def evidence(self, job_id: str) -> str:
         """The job's evidence markdown, as the coordinator makes it from the stored runs."""

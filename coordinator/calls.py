@@ -24,13 +24,14 @@ from device_loop.core.vocabulary import LIVE_OP_STATES, JobState, PowerAction, T
 
 from . import device_commands, relays
 from device_loop.core.answers import (AuditEntry, CandidateAnswer, CdiAnswer, ClaimAnswer, DeviceAnswer, ExecAnswer,
-                                      HealthAnswer, HostAnswer, ImageAnswer, JobAnswer, LeaseAnswer, LogEntry,
-                                      OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer, WhoamiAnswer)
+                                      HealthAnswer, HostAnswer, ImageAnswer, JobAnswer, JobRunsAnswer, LeaseAnswer,
+                                      LogEntry, OperationAnswer, QueueEntry, TicketAnswer, TokenAnswer, WhoamiAnswer)
 from device_loop.core.errors import ErrorCode
 from .errors import APIError
 from .evidence import evidence_markdown
 from .identity import ADMIN, ANYONE, EXPORTER, USER, issue_token, token_view
-from .job_schemas import ClaimJobIn, ExecIn, FinishJobIn, JobFilter, JobId, JobReserveIn, JobWait, SubmitJobIn
+from .job_schemas import (ClaimJobIn, ExecIn, FinishJobIn, JobFilter, JobId, JobReserveIn, JobRunsPage, JobWait,
+                          SubmitJobIn)
 from .power import power_args
 from .rules import Rules
 from .schemas import (AdminDevice, AdminPowerIn, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName,
@@ -407,8 +408,21 @@ async def job_status(ctx: Ctx, args: JobWait) -> JobAnswer:
     job = await ctx.rules.jobs.status(args.job_id, ctx.caller, await _until(ctx, args.wait_s),
                                       args.unless, ctx.gone)
     if not args.runs:
-        job["runs"] = []
+        job["runs"], job["runs_next"] = [], None
     return job
+
+
+async def job_runs(ctx: Ctx, args: JobRunsPage) -> JobRunsAnswer:
+    """A page of a job's runs in order (cell, attempt, seq): at most limit, after the cursor
+    after (job_status's runs_next, or this call's next); next is where the following page
+    begins, null after the last."""
+    return await ctx.rules.jobs.runs_page(args.job_id, ctx.caller, args.after, args.limit)
+
+
+async def delete_job(ctx: Ctx, args: JobId) -> dict:
+    """Delete an ended job (done, failed or cancelled) with its cells and runs, for good (its
+    owner, or an admin): its runs no longer count against the owner's stored runs."""
+    return await ctx.rules.jobs.delete(args.job_id, ctx.caller)
 
 
 async def job_evidence(ctx: Ctx, args: JobId) -> str:
@@ -666,6 +680,8 @@ CALLS: list[Call] = [
     Call("claim_job", USER, claim_job, ClaimJobIn, ClaimAnswer, "POST", "/jobs/claim", idempotent=True,
          ready=a_job_is_queued, needs="job"),
     Call("job_status", USER, job_status, JobWait, JobAnswer, "GET", "/jobs/{job_id}", tool=True),
+    Call("job_runs", USER, job_runs, JobRunsPage, JobRunsAnswer, "GET", "/jobs/{job_id}/runs", tool=True),
+    Call("delete_job", USER, delete_job, JobId, dict, "POST", "/jobs/{job_id}/delete", tool=True, idempotent=True),
     Call("job_evidence", USER, job_evidence, JobId, str, "GET", "/jobs/{job_id}/evidence", tool=True,
          media_type="text/markdown; charset=utf-8"),
     Call("beat_job", USER, beat_job, JobId, JobSummary, "POST", "/jobs/{job_id}/beat", needs="job"),

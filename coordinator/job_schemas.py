@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
+from device_loop.core.answers import MAX_RUNS_PAGE
 from device_loop.core.device_exec import MAX_COMMAND_BYTES
 from device_loop.core.ab.jobs import MAX_CELLS, MAX_RETRY, MAX_TEXT_CHARS, JobSpec, metric_pattern
 from device_loop.core.protocol import MAX_TAGS, Strict, Tag
@@ -34,6 +35,17 @@ class JobId(Strict):
     job_id: str = JOB_ID
 
 
+#: Where a page of a job's runs begins: after the run ``CELL.ATTEMPT.SEQ`` (``runs_next``).
+RUNS_CURSOR = r"^\d{1,6}\.\d{1,6}\.\d{1,9}$"
+
+
+class JobRunsPage(JobId):
+    after: str | None = Field(default=None, max_length=30, pattern=RUNS_CURSOR,
+                              description="the cursor a page ended at (runs_next of job_status, next of job_runs), "
+                                          "e.g. '0.0.199'; default: from the first run")
+    limit: int = Field(default=200, ge=1, le=MAX_RUNS_PAGE, description="runs a page holds (1 to 500, default 200)")
+
+
 class JobWait(JobId):
     wait_s: float = Field(default=0, alias="wait", ge=0, le=MAX_WAIT_S,
                           description="long-poll, in seconds: answer as soon as the job's state differs from "
@@ -43,9 +55,10 @@ class JobWait(JobId):
                                description="with wait_s: the state the caller last saw (queued, running, done, "
                                            "failed, cancelled), e.g. 'running'; the answer comes once the state is "
                                            "another (at most 32 characters; default: the state it has now)")
-    runs: bool = Field(default=True, description="include every run (a long A/B or matrix has thousands); false "
-                                                 "for the state, cells and analysis alone, e.g. false for an agent "
-                                                 "that follows a job (default true)")
+    runs: bool = Field(default=True, description="include its first runs (at most 500: run_count says how many it "
+                                                 "has, runs_next where job_runs goes on); false for the state, cells "
+                                                 "and analysis alone, e.g. false for an agent that follows a job "
+                                                 "(default true)")
 
 
 class SubmitJobIn(Strict):

@@ -29,7 +29,8 @@ from device_loop.core.ab.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_M
 from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, FailureKind,
                                          FaultKind, JobState, LeaseState, TicketKind, TicketState)
 
-from device_loop.core.answers import ClaimAnswer, JobAnswer, JobReservation, LeaseAnswer, TicketAnswer
+from device_loop.core.answers import (MAX_RUNS_PAGE, ClaimAnswer, JobAnswer, JobReservation, JobRunsAnswer,
+                                      LeaseAnswer, TicketAnswer)
 from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
 from .leases import Leases
@@ -50,6 +51,7 @@ SILENT_PER_PASS = 20       # jobs whose worker was lost, ended by one reaper pas
 
 QUEUED_KEY = "jobs:queued"  # a job was queued: claims long-polling wake up
 ANALYSES_KEPT = 32
+JOB_RUNS_SHOWN = MAX_RUNS_PAGE  # runs a job's answer holds: job_runs pages through the rest
 MAX_OPEN_JOBS = 50            # queued or running jobs one person may have (admins are counted, not limited)
 RESERVATIONS_PER_CELL = 4     # tickets and leases a job may make for one attempt of a cell (a lease that ended, again)
 LAB_FAILURES_FAULTY = 2       # lab failures in a row that take a device out of service ("Lab failures")
@@ -101,6 +103,11 @@ def _run(row: JobRunRow) -> dict[str, Any]:
     run["samples"] = [{**s, "value": _within(s.get("value"), -MAX_MEASURE, MAX_MEASURE)}
                       for s in run.get("samples") or []]
     return run
+
+
+def runs_cursor(run: dict[str, Any]) -> str:
+    """Where a page of runs that ends at ``run`` goes on (``job_schemas.RUNS_CURSOR``)."""
+    return f"{run['cell']}.{run['attempt']}.{run['seq']}"
 
 
 def _within(value: Any, low: float, high: float) -> Any:
@@ -164,13 +171,25 @@ class Jobs:
             if not await self.jobs_sql.count_job(who.name, MAX_OPEN_JOBS if who.limited else None):
                 raise conflict(ErrorCode.TOO_MANY_JOBS, f"you have {MAX_OPEN_JOBS} queued or running jobs, this lab's "
                                                         f"limit per person; cancel one or wait for one to end")
+            if await self.jobs_sql.stored_runs_full(who.name, self._stored_runs_limit()):
+                raise self._runs_full(who.name)
             await self.jobs_sql.insert_job(row)
             await self.life.audit(who.name, "job_submit", None, None, {"job": row["id"], "kind": kind,
                                                                     "title": spec.title})
             if claim:
                 await self.life.audit(who.name, "job_claim", None, None, {"job": row["id"], "worker": row["worker"]})
             self.life.notify(job_key(row["id"]), *(() if claim else (QUEUED_KEY,)))
-        return await self.view(row)
+        return await self.view(row, JOB_RUNS_SHOWN)
+
+    def _stored_runs_limit(self) -> int | None:
+        return self.life.settings.max_stored_runs or None
+
+    def _runs_full(self, owner: str) -> APIError:
+        most = self.life.settings.max_stored_runs
+        return conflict(ErrorCode.TOO_MANY_STORED_RUNS,
+                        f"{owner} has {most} job runs stored, this lab's limit per person (a finished job's runs count "
+                        f"until it is deleted): delete jobs you no longer need (device-loop jobs, then device-loop job "
+                        f"rm ID)")
 
     async def _readable(self, job_id: str, who: Who, for_update: bool = False) -> JobRow:
         """The job, if ``who`` may act on its owner or its worker (docs/architecture.md, "Who may act
@@ -203,10 +222,36 @@ class Jobs:
             if unless is not None or seen in OPEN_JOB_STATES:
                 row = await self.life.notifier.long_poll(job_key(job_id), lambda: self._readable(job_id, who),
                                                          lambda r: r["state"] != seen, wait_s, gone)
-        return await self.view(row)
+        return await self.view(row, JOB_RUNS_SHOWN)
 
-    async def view(self, row: JobRow) -> JobAnswer:
-        """What ``GET /api/v1/jobs/{id}`` answers of a job."""
+    async def runs_page(self, job_id: str, who: Who, after: str | None, limit: int) -> JobRunsAnswer:
+        """A page of the job's runs: at most ``limit``, after the run ``after`` names (``runs_cursor``)."""
+        row = await self._readable(job_id, who)
+        at = None if after is None else tuple(int(part) for part in after.split("."))
+        runs = [_run(r) for r in await self.jobs_sql.job_runs_page(row["id"], at, limit)]  # type: ignore[arg-type]
+        return {"runs": runs, "run_count": await self.jobs_sql.job_run_count(row["id"]),  # type: ignore[typeddict-item]
+                "next": runs_cursor(runs[-1]) if len(runs) == limit else None}
+
+    async def delete(self, job_id: str, who: Who) -> dict[str, Any]:
+        """Its owner (or an admin) deletes an ended job, its cells and runs: they no longer count
+        against the owner's stored runs (docs/architecture.md, "Shares of one lab")."""
+        async with self.store.tx():
+            row = await self._readable(job_id, who, for_update=True)
+            if not who.may_act_on(row["owner"]):
+                raise APIError(403, ErrorCode.NOT_THE_OWNER, f"{job_id} is {row['owner']}'s: only they (or an admin) "
+                                                             f"delete it")
+            if row["state"] in OPEN_JOB_STATES:
+                raise conflict(ErrorCode.JOB_OPEN, f"{job_id} is {row['state']}: cancel it first (device-loop job "
+                                                   f"cancel {job_id})")
+            runs = await self.jobs_sql.delete_job(job_id, row["owner"])
+            await self.life.audit(who.name, "job_delete", None, None, {"job": job_id, "owner": row["owner"],
+                                                                       "runs": runs})
+            self.life.notify(job_key(job_id))
+        return {"deleted": job_id, "runs": runs}
+
+    async def view(self, row: JobRow, shown: int | None = None) -> JobAnswer:
+        """What ``GET /api/v1/jobs/{id}`` answers of a job: its first ``shown`` runs (None: all),
+        and where ``job_runs`` goes on; the analysis is of all of them."""
         cells = [_cell(c) for c in await self.jobs_sql.job_cells(row["id"])]
         runs = [_run(r) for r in await self.jobs_sql.job_runs(row["id"])]
         answer: JobAnswer = {
@@ -214,13 +259,16 @@ class Jobs:
             "reason": row["reason"], "spec": row["spec"],  # type: ignore[typeddict-item]  # (its JSON, checked at submit)
             "created_at": row["created_at"], "started_at": row["started_at"], "ended_at": row["ended_at"],
             "worker": row["worker"], "cells": cells, "runs": runs,  # type: ignore[typeddict-item]
-            "run_count": len(runs),
+            "run_count": len(runs), "runs_next": None,
             "coordinator_version": _version(),
             "reservations": [_reservation(r) for r in await self.jobs_sql.job_leases(row["id"])],
             "analysis": None,
         }
         if runs:
             answer["analysis"] = _jsonable(await self._analysis(answer))
+        if shown is not None and len(runs) > shown:  # (the answer's size is bounded: "Shares of one lab")
+            answer["runs"] = runs[:shown]  # type: ignore[typeddict-item]
+            answer["runs_next"] = runs_cursor(runs[shown - 1])
         return answer
 
     @staticmethod
@@ -287,7 +335,7 @@ class Jobs:
                 await self.life.audit(who.name, "job_claim", None, None, {"job": row["id"], "worker": label,
                                                                       "owner": row["owner"]})
                 self.life.notify(job_key(row["id"]))
-        return {"job": await self.view(row) if row is not None else None}
+        return {"job": await self.view(row, JOB_RUNS_SHOWN) if row is not None else None}
 
     async def beat(self, job_id: str, who: Who) -> dict[str, Any]:
         """The worker is alive. Grants its tickets were given are claimed by this (the
@@ -405,6 +453,8 @@ class Jobs:
                 raise APIError(409, ErrorCode.TOO_MANY_RUNS, f"a cell of {job_id} has at most {most} runs (its spec's "
                                                              f"rounds): seq {run.seq} is past them")
             dumped = run.model_dump(mode="json", by_alias=True)
+            if not await self.jobs_sql.count_stored_run(row["owner"], self._stored_runs_limit()):
+                raise self._runs_full(row["owner"])
             if not await self.jobs_sql.insert_job_run({"job": job_id, **dumped}):  # type: ignore[typeddict-item]
                 raise conflict(ErrorCode.DUPLICATE_RUN, f"{job_id} has run {run.seq} of cell {run.cell} (attempt "
                                                         f"{run.attempt}) already: runs are never changed")
@@ -450,7 +500,7 @@ class Jobs:
             row = await self._worked(job_id, who, "finishes it")
             ended = await self._end(row, state, reason or ("every run it asked for ran" if state == JobState.DONE
                                                            else "its worker said it failed"), who.name, "job_finish")
-        return await self.view(ended)
+        return await self.view(ended, JOB_RUNS_SHOWN)
 
     async def cancel(self, job_id: str, who: Who) -> JobAnswer:
         """Its owner (or an admin) cancels a queued or running job: its leases are released."""
@@ -462,7 +512,7 @@ class Jobs:
             if row["state"] not in OPEN_JOB_STATES:
                 raise conflict(ErrorCode.JOB_ENDED, f"{job_id} is {row['state']} already")
             ended = await self._end(row, JobState.CANCELLED, f"cancelled by {who.name}", who.name, "job_cancel")
-        return await self.view(ended)
+        return await self.view(ended, JOB_RUNS_SHOWN)
 
     async def _end(self, row: JobRow, state: JobState, reason: str, actor: str, action: str) -> JobRow:
         """End a job (in the caller's transaction, its row locked): its open tickets cancelled,

@@ -364,11 +364,22 @@ class JobAnswer(TypedDict):
     ended_at: float | None
     worker: str | None
     cells: list[CellReport]
-    runs: list[RunRecord]          # empty when asked without them (runs=false)
+    runs: list[RunRecord]          # its first runs (at most JOB_RUNS_SHOWN); empty when asked without them (runs=false)
     run_count: int                 # how many it has, asked with them or not
+    runs_next: str | None          # where ``job_runs`` goes on after ``runs`` (None: they are all, or none asked)
     coordinator_version: str
     reservations: list[JobReservation]
     analysis: dict[str, Any] | None
+
+
+MAX_RUNS_PAGE = 500  # runs a page of ``job_runs`` holds at most (and a job's answer: the rest are paged)
+
+
+class JobRunsAnswer(TypedDict):
+    """A page of a job's runs, in order (cell, attempt, seq), and where the next begins."""
+    runs: list[RunRecord]
+    run_count: int                 # how many the job has
+    next: str | None               # the next page's ``after`` (None: this was the last)
 
 
 class ClaimAnswer(TypedDict):

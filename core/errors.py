@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     INVALID = "invalid"
     JOB_CHANGED = "job_changed"
     JOB_ENDED = "job_ended"
+    JOB_OPEN = "job_open"  # a queued or running job cannot be deleted: cancel it first
     JOB_NOT_RUNNING = "job_not_running"
     LEASE_ENDED = "lease_ended"
     LEASED = "leased"
@@ -104,6 +105,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_OPERATIONS = "too_many_operations"  # a lease starts operations faster than its share
     TOO_MANY_LEASES = "too_many_leases"
     TOO_MANY_RESERVATIONS = "too_many_reservations"
+    TOO_MANY_STORED_RUNS = "too_many_stored_runs"  # a person's stored job runs at the lab's limit (--max-stored-runs)
     TOO_MANY_RUNS = "too_many_runs"
     TOO_MANY_TICKETS = "too_many_tickets"
     TRY_AGAIN = "try_again"

@@ -55,7 +55,8 @@ EXPECTED = {
     ("GET", "/api/v1/jobs/{job_id}"): "user", ("POST", "/api/v1/jobs/{job_id}/beat"): "user",
     ("POST", "/api/v1/jobs/{job_id}/reserve"): "user", ("POST", "/api/v1/jobs/{job_id}/cells"): "user",
     ("POST", "/api/v1/jobs/{job_id}/runs"): "user", ("POST", "/api/v1/jobs/{job_id}/finish"): "user",
-    ("POST", "/api/v1/jobs/{job_id}/cancel"): "user", ("GET", "/api/v1/jobs/{job_id}/evidence"): "user",
+    ("POST", "/api/v1/jobs/{job_id}/cancel"): "user", ("GET", "/api/v1/jobs/{job_id}/runs"): "user",
+    ("POST", "/api/v1/jobs/{job_id}/delete"): "user", ("GET", "/api/v1/jobs/{job_id}/evidence"): "user",
     ("POST", "/mcp"): "tools",  # each tool checks its caller: tests/test_mcp.py calls them all
     # the board's event stream and metrics are public like GET /api/v1/devices; so are the
     # web pages, which act only through the routes above (tests/test_web.py)

@@ -58,6 +58,8 @@ OWNED: dict[str, tuple[str, dict[str, Any]]] = {
     "report_run": ("job", {}),
     "finish_job": ("job", {"state": "done"}),
     "cancel_job": ("job", {}),
+    "job_runs": ("job", {}),
+    "delete_job": ("job", {}),
     "remove_image": ("image", {}),
 }
 ID_FIELD = {"lease": "lease_id", "ticket": "ticket_id", "job": "job_id", "image": "ref"}

@@ -119,6 +119,40 @@ class JobQueries:
     async def job_runs(self, job_id: str) -> list[JobRunRow]:
         return await self.db.rows("SELECT * FROM job_runs WHERE job = :j ORDER BY cell, attempt, seq", j=job_id)
 
+    async def job_runs_page(self, job_id: str, after: tuple[int, int, int] | None, limit: int) -> list[JobRunRow]:
+        """At most ``limit`` runs of ``job_id`` in order, after the run ``after`` (cell, attempt, seq)."""
+        if after is None:
+            return await self.db.rows("SELECT * FROM job_runs WHERE job = :j ORDER BY cell, attempt, seq LIMIT :n",
+                                      j=job_id, n=limit)
+        return await self.db.rows("SELECT * FROM job_runs WHERE job = :j AND (cell > :c OR (cell = :c AND "
+                                  "(attempt > :a OR (attempt = :a AND seq > :s)))) ORDER BY cell, attempt, seq "
+                                  "LIMIT :n", j=job_id, c=after[0], a=after[1], s=after[2], n=limit)
+
+    async def job_run_count(self, job_id: str) -> int:
+        row = await self.db.row("SELECT COUNT(*) AS n FROM job_runs WHERE job = :j", j=job_id)
+        return row["n"]
+
+    async def count_stored_run(self, owner: str, limit: int | None) -> bool:
+        """Count a stored run of ``owner``'s: False, and nothing counted, at ``limit``."""
+        return await count_up(self.db, "stored_runs", owner, 1, limit)
+
+    async def stored_runs_full(self, owner: str, limit: int | None) -> bool:
+        """Whether ``owner`` has ``limit`` runs stored (a read: it takes nothing)."""
+        if limit is None:
+            return False
+        row = await self.db.row("SELECT stored_runs FROM user_counts WHERE name = :n", n=owner)
+        return row is not None and row["stored_runs"] >= limit
+
+    async def delete_job(self, job_id: str, owner: str) -> int:
+        """Delete an ended job with its cells, runs and the record of its tickets and leases (those
+        keep their own rows), its runs no longer counted as ``owner``'s; how many runs it had."""
+        runs = await self.job_run_count(job_id)
+        for table in ("job_runs", "job_cells", "job_leases"):
+            await self.db.run(f"DELETE FROM {table} WHERE job = :j", j=job_id)
+        await self.db.run("DELETE FROM jobs WHERE id = :j", j=job_id)
+        await count_down(self.db, "stored_runs", owner, runs)
+        return runs
+
     async def add_job_lease(self, job_id: str, cell: int, ticket_id: str | None, lease_id: str | None,
                             now: float) -> None:
         await self.db.insert("job_leases", {"job": job_id, "cell": cell, "ticket_id": ticket_id, "lease_id": lease_id,

@@ -3,6 +3,7 @@ something other than JSON (the board's event stream, metrics, this API's descrip
 web page). A route parses what the call takes, asks the call, and answers JSON."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import re
@@ -141,10 +142,10 @@ def route_handler(call: Call):
         check_scope(ctx.caller, call.operation(args))
 
         async def act() -> Response:
-            return _response(call, ctx, await call.run(ctx, args))
+            return await _response(call, ctx, await call.run(ctx, args))
 
         if not call.idempotent:
-            return _response(call, ctx, await call.carry_out(ctx, args))
+            return await _response(call, ctx, await call.carry_out(ctx, args))
         ready = call.ready
         return await idempotently(request, ctx.caller.name, act,
                                   None if ready is None else functools.partial(ready, ctx, args))
@@ -160,13 +161,58 @@ def route_handler(call: Call):
     return handle
 
 
-def _response(call: Call, ctx: Ctx, answer: Any) -> Response:
+async def _response(call: Call, ctx: Ctx, answer: Any) -> Response:
     if call.answer is bytes:  # a file of the registry, streamed
         return _ImageFile(answer, media_type="application/octet-stream")
     if call.media_type is not None:  # text to read as it is (a job's evidence markdown)
         return Response(answer, status_code=call.status, media_type=call.media_type,
                         headers={"Cache-Control": "no-store"})
-    return JSONResponse(answer, status_code=ctx.status or call.status)
+    status = ctx.status or call.status
+    if not _larger_than(answer, LARGE_ANSWER):
+        return JSONResponse(answer, status_code=status)
+    # a large answer (a job's runs) is rendered in a thread, piece by piece, so that /health and
+    # every other request are served meanwhile (docs/architecture.md, "Shares of one lab")
+    return Response(await asyncio.to_thread(_in_pieces, answer, 2), status_code=status,
+                    media_type="application/json")
+
+
+LARGE_ANSWER = 256 << 10  # characters of text (and values) past which an answer is rendered off the event loop
+
+
+def _larger_than(value: Any, budget: int) -> bool:
+    """Whether ``value`` holds more than ``budget`` characters of text and values; it stops
+    looking once it knows, so a small answer costs what it holds."""
+    left, pending = budget, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+            left -= len(item)
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+            left -= 1
+        else:
+            left -= len(item) if isinstance(item, str) else 1
+        if left < 0:
+            return True
+    return False
+
+
+def _rendered(value: Any) -> bytes:
+    """``value`` as JSONResponse renders it."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+
+
+def _in_pieces(value: Any, depth: int) -> bytes:
+    """``value`` rendered as ``_rendered`` does, its lists' items and objects' values ``depth``
+    levels down one by one: a thread rendering it lets the event loop's thread run between
+    two (one ``json.dumps`` holds the interpreter until it ends)."""
+    if depth and isinstance(value, list):
+        return b"[" + b",".join(_in_pieces(item, depth - 1) for item in value) + b"]"
+    if depth and isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return b"{" + b",".join(_rendered(key) + b":" + _in_pieces(item, depth - 1)
+                                for key, item in value.items()) + b"}"
+    return _rendered(value)
 
 
 @openapi.answers("text/event-stream")

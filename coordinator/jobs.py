@@ -52,6 +52,7 @@ SILENT_PER_PASS = 20       # jobs whose worker was lost, ended by one reaper pas
 QUEUED_KEY = "jobs:queued"  # a job was queued: claims long-polling wake up
 ANALYSES_KEPT = 32
 JOB_RUNS_SHOWN = MAX_RUNS_PAGE  # runs a job's answer holds: job_runs pages through the rest
+RUNS_READ_AT_ONCE = 100        # runs one statement reads (other requests are served in between)
 MAX_OPEN_JOBS = 50            # queued or running jobs one person may have (admins are counted, not limited)
 RESERVATIONS_PER_CELL = 4     # tickets and leases a job may make for one attempt of a cell (a lease that ended, again)
 LAB_FAILURES_FAULTY = 2       # lab failures in a row that take a device out of service ("Lab failures")
@@ -228,7 +229,7 @@ class Jobs:
         """A page of the job's runs: at most ``limit``, after the run ``after`` names (``runs_cursor``)."""
         row = await self._readable(job_id, who)
         at = None if after is None else tuple(int(part) for part in after.split("."))
-        runs = [_run(r) for r in await self.jobs_sql.job_runs_page(row["id"], at, limit)]  # type: ignore[arg-type]
+        runs = await self._runs(row["id"], limit, at)  # type: ignore[arg-type]
         return {"runs": runs, "run_count": await self.jobs_sql.job_run_count(row["id"]),  # type: ignore[typeddict-item]
                 "next": runs_cursor(runs[-1]) if len(runs) == limit else None}
 
@@ -253,42 +254,68 @@ class Jobs:
         """What ``GET /api/v1/jobs/{id}`` answers of a job: its first ``shown`` runs (None: all),
         and where ``job_runs`` goes on; the analysis is of all of them."""
         cells = [_cell(c) for c in await self.jobs_sql.job_cells(row["id"])]
-        runs = [_run(r) for r in await self.jobs_sql.job_runs(row["id"])]
+        count = await self.jobs_sql.job_run_count(row["id"])
+        runs = await self._runs(row["id"], count if shown is None else min(shown, count))
         answer: JobAnswer = {
             "id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
             "reason": row["reason"], "spec": row["spec"],  # type: ignore[typeddict-item]  # (its JSON, checked at submit)
             "created_at": row["created_at"], "started_at": row["started_at"], "ended_at": row["ended_at"],
             "worker": row["worker"], "cells": cells, "runs": runs,  # type: ignore[typeddict-item]
-            "run_count": len(runs), "runs_next": None,
+            "run_count": count, "runs_next": runs_cursor(runs[-1]) if runs and len(runs) < count else None,
             "coordinator_version": _version(),
             "reservations": [_reservation(r) for r in await self.jobs_sql.job_leases(row["id"])],
             "analysis": None,
         }
-        if runs:
+        if count:
             answer["analysis"] = _jsonable(await self._analysis(answer))
-        if shown is not None and len(runs) > shown:  # (the answer's size is bounded: "Shares of one lab")
-            answer["runs"] = runs[:shown]  # type: ignore[typeddict-item]
-            answer["runs_next"] = runs_cursor(runs[shown - 1])
         return answer
+
+    async def _runs(self, job_id: str, most: int, after: tuple[int, int, int] | None = None) -> list[dict[str, Any]]:
+        """The job's first ``most`` runs (after the run ``after``), read ``RUNS_READ_AT_ONCE``
+        at a time: other requests are served between two reads (a job may have 7,040 runs of
+        10 KB; SQLite reads on the event loop's thread: docs/architecture.md, "Shares of one lab")."""
+        runs: list[dict[str, Any]] = []
+        while len(runs) < most:
+            page = await self.jobs_sql.job_runs_page(job_id, after, min(RUNS_READ_AT_ONCE, most - len(runs)))
+            runs += [_run(r) for r in page]
+            if not page:
+                break
+            after = (page[-1]["cell"], page[-1]["attempt"], page[-1]["seq"])
+            await asyncio.sleep(0)  # (a turn for the other requests, not a wait for anything)
+        return runs
 
     @staticmethod
     def as_view(answer: JobAnswer) -> JobView:
-        """An answer as the analysis and the evidence read it."""
-        return JobView.model_validate({k: answer[k] for k in JobView.model_fields})  # type: ignore[literal-required]
+        """An answer as the analysis and the evidence read it: its runs validated one by one,
+        so that in a thread the event loop gets its turns between them (one validation of
+        thousands holds the interpreter until it ends)."""
+        runs = [RunRecord.model_validate(run) for run in answer["runs"]]
+        job = JobView.model_validate({k: answer[k] for k in JobView.model_fields  # type: ignore[literal-required]
+                                      if k != "runs"})
+        job.runs = runs
+        return job
 
     async def _analysis(self, answer: JobAnswer) -> Any:
-        """``core.ab.abstats.analyse`` of the job's runs, off the event loop; None where it is not
-        installed. Imported at the first job read: scipy is slow to import."""
-        try:
-            from device_loop.core.ab import abstats
-        except ImportError:
-            return None
-        key = (answer["id"], answer["state"], len(answer["runs"]), len(answer["cells"]))
+        """``core.ab.abstats.analyse`` of all the job's runs (read again where ``answer`` holds
+        only the first), off the event loop; None where it is not installed (imported at the
+        first job read, in the thread: scipy is slow to import)."""
+        key = (answer["id"], answer["state"], answer["run_count"], len(answer["cells"]))
         if key in self._analyses:
             self._analyses.move_to_end(key)
             return self._analyses[key]
-        view = self.as_view(answer)
-        analysis = await asyncio.to_thread(abstats.analyse, view.spec, view.runs, view.cells)
+        whole = answer
+        if len(answer["runs"]) < answer["run_count"]:
+            whole = {**answer, "runs": await self._runs(answer["id"], answer["run_count"])}  # type: ignore[typeddict-item]
+
+        def analyse() -> Any:
+            try:  # (in the thread too: importing scipy takes seconds)
+                from device_loop.core.ab import abstats
+            except ImportError:
+                return None
+            view = self.as_view(whole)
+            return abstats.analyse(view.spec, view.runs, view.cells)
+
+        analysis = await asyncio.to_thread(analyse)
         self._analyses[key] = analysis
         while len(self._analyses) > ANALYSES_KEPT:
             self._analyses.popitem(last=False)
@@ -298,7 +325,7 @@ class Jobs:
         """A job as the evidence and charts read it, and the analysis of its runs (None where
         the analysis is not installed)."""
         answer = await self.view(await self._readable(job_id, who))
-        return self.as_view(answer), await self._analysis(answer)
+        return await asyncio.to_thread(self.as_view, answer), await self._analysis(answer)
 
     async def jobs(self, caller: str, everyone: bool) -> list[dict[str, Any]]:
         """The jobs the caller owns or works on (an admin's ``everyone``: all), open ones first."""

@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable
 from device_loop.core.durations import format_duration
 from device_loop.core.ab.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEASURE, CellReport, JobSpec, JobView,
                                    RunRecord, runs_per_cell)
-from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, FailureKind,
+from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, Band, FailureKind,
                                          FaultKind, JobState, LeaseState, TicketKind, TicketState)
 
 from device_loop.core.answers import (MAX_RUNS_PAGE, ClaimAnswer, JobAnswer, JobReservation, JobRunsAnswer,
@@ -162,7 +162,7 @@ class Jobs:
         open jobs of a person are counted by the database (``MAX_OPEN_JOBS``)."""
         self.leases.check_ttl(spec.lease_ttl_s)  # its leases' length: refused now rather than at its first reserve
         now = self.life.clock()
-        row: JobRow = {"id": JOB_PREFIX + secrets.token_hex(8), "owner": who.name, "kind": kind,
+        row: JobRow = {"id": JOB_PREFIX + secrets.token_hex(8), "owner": who.name, "kind": kind, "band": who.band,
                        "state": JobState.RUNNING if claim else JobState.QUEUED, "reason": "",
                        "spec": spec.model_dump(mode="json", by_alias=True), "created_at": now,
                        "started_at": now if claim else None, "ended_at": None,
@@ -396,7 +396,8 @@ class Jobs:
             if exclude:
                 device = await self._other_device(device, device_class, tags, spec, exclude, row["owner"])
                 device_class, tags = None, []
-            owner = Who(row["owner"])  # the job's leases are its owner's, counted and limited as theirs
+            # the job's leases are its owner's, counted and limited as theirs; its tickets of its submitter's band
+            owner = Who(row["owner"], band=Band(row["band"]))
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
                                                   owner, TicketKind(row["kind"]), spec.need)
             made: dict[str, Any] = dict(answer)  # a lease, or a ticket (which has a key of that name)

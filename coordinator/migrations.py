@@ -664,4 +664,9 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
         "CREATE INDEX operations_ended ON operations(ended_at)",
         "CREATE INDEX audit_at ON audit(at)",
     ],
+    # 29: a job's tickets have its submitter's band, as its kind (docs/architecture.md, "Shares
+    # of one lab": a ticket's band is its requester's token's)
+    [
+        f"ALTER TABLE jobs ADD COLUMN band TEXT NOT NULL DEFAULT 'normal' {_one_of('band', BANDS)}",
+    ],
 ]

@@ -285,6 +285,7 @@ class JobRow(TypedDict):
     id: str
     owner: str
     kind: TicketKind
+    band: Band                   # its tickets' band (its submitter's token's, when it was submitted)
     state: JobState
     reason: str
     spec: dict[str, Any]         # a JobSpec, as JSON

@@ -6,7 +6,9 @@ hand-moved clock, on SQLite and on PostgreSQL."""
 import pytest
 
 from device_loop.coordinator.identity import issue_token
-from device_loop.core.vocabulary import Band, TokenKind
+from device_loop.coordinator.who import CallerKind, Who
+from device_loop.core.ab.jobs import JobSpec
+from device_loop.core.vocabulary import Band, TicketKind, TokenKind
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
@@ -94,6 +96,11 @@ async def test_an_urgent_ticket_is_served_before_normal_ones_and_a_request_canno
             "a ticket keeps the band it was made with"
         audit = (await apis["root"].get("/admin/audit")).json()
         assert any(a["action"] == "queue" and a["detail"].get("band") == "urgent" for a in audit)
+        urgent_bot = Who("bot", CallerKind.AGENT, band=Band.URGENT)  # (its token's band, as the call reads it)
+        job = await rules.jobs.submit(JobSpec.model_validate({"target": {"class": "riscv-sbc"}, "run": ["true"]}),
+                                      True, None, urgent_bot, TicketKind.BATCH)
+        cell = await rules.jobs.reserve(job["id"], 0, None, "riscv-sbc", [], urgent_bot)
+        assert (cell["band"], cell["position"]) == ("urgent", 1), "a job's tickets have its submitter's band"
 
 
 async def test_what_no_device_can_serve_is_refused_at_once_and_a_ticket_ends_with_its_last_device(tmp_path):

@@ -24,7 +24,8 @@ CHECKED = {("devices", "state"): DeviceState, ("devices", "health"): HealthStatu
            ("jobs", "state"): JobState, ("jobs", "kind"): TicketKind, ("job_runs", "arm"): Arm,
            ("devices", "fault_kind"): FaultKind, ("devices", "fidelity"): Fidelity, ("operations", "purpose"): Purpose,
            ("tickets", "needs"): Needs, ("tickets", "fallback"): Needs, ("job_runs", "failure"): FailureKind,
-           ("job_cells", "failure"): FailureKind, ("tokens", "band"): Band, ("tickets", "band"): Band}
+           ("job_cells", "failure"): FailureKind, ("tokens", "band"): Band, ("tickets", "band"): Band,
+           ("jobs", "band"): Band}
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A waiting ticket's estimate (docs/architecture.md, "Shares of one lab": every waiting
 ticket has an estimate): what the store says of the devices that could serve it and of the
 recent leases of their class, reckoned by ``core/queue_estimate.py``. Two bounded queries per
-distinct thing waited for; a listing reads each once (``cache``)."""
+distinct thing waited for; a listing reads each once (``Cache``), and at most ``MAX_WANTS``."""
 from __future__ import annotations
 
 from typing import Callable
@@ -20,7 +20,16 @@ HISTORY = 200       # the latest ended leases of their class whose durations it 
 #: it still counts for none_can_serve, not for when)
 IN_SERVICE = frozenset({DeviceState.IDLE, DeviceState.ALLOCATING, DeviceState.IN_USE, DeviceState.RECLAIMING})
 
-Cache = dict[tuple, "_Read"]
+MAX_WANTS = 64      # distinct things waited for one listing reckons (those further down: no estimate)
+
+
+class Cache:
+    """What one listing read: per thing waited for, and the durations per set of classes
+    (the things of one class share them)."""
+
+    def __init__(self) -> None:
+        self.reads: dict[tuple, _Read] = {}
+        self.durations: dict[tuple[str, ...], list[float]] = {}
 
 
 def _at(when: float) -> str:
@@ -46,22 +55,29 @@ class Estimates:
     def __init__(self, tickets_sql: TicketQueries, clock: Callable[[], float]):
         self.tickets_sql, self.clock = tickets_sql, clock
 
-    async def _read(self, row: TicketRow, cache: Cache | None) -> _Read:
+    async def _read(self, row: TicketRow, cache: Cache | None) -> _Read | None:
         key = _want(row)
-        if cache is not None and key in cache:
-            return cache[key]
+        if cache is not None and key in cache.reads:
+            return cache.reads[key]
+        if cache is not None and len(cache.reads) >= MAX_WANTS:
+            return None  # (a listing's cost stays bounded whatever the queue holds)
         devices = await self.tickets_sql.could_serve(row["device"], row["device_class"], row["tags"], row["needs"],
                                                      row["fallback"], MAX_DEVICES)
-        classes = sorted({d["device_class"] for d in devices})
-        read = _Read(devices, await self.tickets_sql.lease_durations(classes, HISTORY))
+        classes = tuple(sorted({d["device_class"] for d in devices}))
+        durations = None if cache is None else cache.durations.get(classes)
+        if durations is None:
+            durations = await self.tickets_sql.lease_durations(list(classes), HISTORY)
+        read = _Read(devices, durations)
         if cache is not None:
-            cache[key] = read
+            cache.reads[key], cache.durations[classes] = read, durations
         return read
 
     async def estimate(self, row: TicketRow, ahead: int, cache: Cache | None = None) -> TicketEstimate | None:
         """The estimate of waiting ticket ``row`` with ``ahead`` tickets served before it; None
         when no device that could serve it is in service now."""
         read = await self._read(row, cache)
+        if read is None:
+            return None
         now = self.clock()
         if ahead >= len(read.reckoned):  # (a listing asks further back each time: reckoned ahead, doubling)
             read.reckoned = reckon([Holding(d["since"], d["until"]) for d in read.serving],

@@ -29,7 +29,7 @@ from . import lease_scope
 from .leases import Leases, describe_want, lease_json
 from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, ticket_key
-from .estimates import Estimates
+from .estimates import Cache, Estimates
 from .rows import DeviceFacts, TicketRow
 from .store import Store
 from .who import COORDINATOR, Who
@@ -298,7 +298,7 @@ class Scheduler:
             row = await self._own(ticket_id, who)
         return await self._json(row)
 
-    async def _json(self, row: TicketRow, cache: dict | None = None) -> TicketAnswer:
+    async def _json(self, row: TicketRow, cache: Cache | None = None) -> TicketAnswer:
         position = estimate = None
         if row["state"] == TicketState.WAITING:
             position = await self.tickets_sql.tickets_ahead(row, self._aged(self.life.clock())) + 1
@@ -346,7 +346,7 @@ class Scheduler:
         claims nothing: a grant is claimed by its requester following that one ticket
         (``status``), so a ticket nobody follows any more passes on when its window ends."""
         rows = await self.tickets_sql.tickets_of(None if everyone else caller, MAX_LISTED)
-        cache: dict = {}  # (what each distinct thing waited for is read once)
+        cache = Cache()  # (what each distinct thing waited for is read once)
         return [await self._json(row, cache) for row in rows]
 
     async def queue(self, who: Who | None = None) -> list[QueueEntry]:
@@ -356,7 +356,7 @@ class Scheduler:
         now = self.life.clock()
         rows = await self.tickets_sql.waiting_tickets(MAX_LISTED, self._aged(now))
         seen: dict[tuple, int] = {}
-        cache: dict = {}
+        cache = Cache()
         entries: list[QueueEntry] = []
         for row in rows:
             want = (row["device"], row["device_class"], tuple(row["tags"]), row["needs"])

@@ -12,8 +12,10 @@ from datetime import datetime
 
 import pytest
 
+from device_loop.coordinator import estimates
 from device_loop.core.queue_estimate import Estimate, Holding, estimate
 from lab_in_process import FakeExporter, device, in_process_lab
+from test_statement_counts import add_waiting_ticket
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -122,3 +124,19 @@ def test_the_reckoning_counts_the_leases_ahead_their_age_and_the_queue():
     assert all(e.earliest <= e.likely <= e.latest for e in reckoned)
     assert reckoned[0].latest < reckoned[2].earliest, "far back in the queue is later, whatever the draws"
     assert estimate(held * 3, 5, 1000.0, varied, TTL) == reckoned[1], "the same inputs, the same estimate"
+
+
+@pytest.mark.usefixtures("database")
+async def test_a_listing_reads_each_thing_waited_for_once_and_a_bounded_number_of_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(estimates, "MAX_WANTS", 3)
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        boards = [{**device(f"b{i}"), "class": "riscv-sbc", "tags": [f"t{i}"]} for i in range(5)]
+        assert (await FakeExporter(client(), "host-a").beat(boards)).status_code == 200
+        for i in range(10):  # five things waited for, two tickets each
+            await add_waiting_ticket(rules, f"tk-{i}", f"u{i}", None, "riscv-sbc", [f"t{i % 5}"])
+        before = rules.store.statements
+        entries = await rules.scheduler.queue()
+        cost = rules.store.statements - before
+        assert cost == 1 + 3 + 1, "the tickets; what could serve each of 3 things; their one class's durations"
+        reckoned = {tuple(e["tags"]) for e in entries if e["estimate"] is not None}
+        assert len(entries) == 10 and len(reckoned) == 3, "the things past the bound: no estimate"

@@ -163,6 +163,7 @@ class Jobs:
         self.leases.check_ttl(spec.lease_ttl_s)  # its leases' length: refused now rather than at its first reserve
         now = self.life.clock()
         row: JobRow = {"id": JOB_PREFIX + secrets.token_hex(8), "owner": who.name, "kind": kind, "band": who.band,
+                       "token_id": who.token_id,
                        "state": JobState.RUNNING if claim else JobState.QUEUED, "reason": "",
                        "spec": spec.model_dump(mode="json", by_alias=True), "created_at": now,
                        "started_at": now if claim else None, "ended_at": None,
@@ -396,8 +397,11 @@ class Jobs:
             if exclude:
                 device = await self._other_device(device, device_class, tags, spec, exclude, row["owner"])
                 device_class, tags = None, []
-            # the job's leases are its owner's, counted and limited as theirs; its tickets of its submitter's band
-            owner = Who(row["owner"], band=Band(row["band"]))
+            # the job's leases are its owner's, counted and limited as theirs; its tickets of its submitter's
+            # band; held to its submitting token's scope and budget as they are now ("Shares of one lab")
+            spender = await self.leases.budgets.spender_of_ticket(row["token_id"])
+            owner = Who(row["owner"], band=Band(row["band"]), token_id=row["token_id"],
+                        scope=None if spender is None else spender.scope)
             answer = await self.scheduler.reserve(device, device_class, tags, row["spec"]["lease_ttl_s"], True,
                                                   owner, TicketKind(row["kind"]), spec.need)
             made: dict[str, Any] = dict(answer)  # a lease, or a ticket (which has a key of that name)

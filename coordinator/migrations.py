@@ -669,4 +669,7 @@ MIGRATIONS: list[list[str | dict[str, str]]] = [
     [
         f"ALTER TABLE jobs ADD COLUMN band TEXT NOT NULL DEFAULT 'normal' {_one_of('band', BANDS)}",
     ],
+    # 30: the token that submitted a job (docs/architecture.md, "Shares of one lab"): its leases
+    # are held to that token's scope and budget as they are now (NULL: a job of before, unscoped)
+    ["ALTER TABLE jobs ADD COLUMN token_id TEXT"],
 ]

@@ -286,6 +286,7 @@ class JobRow(TypedDict):
     owner: str
     kind: TicketKind
     band: Band                   # its tickets' band (its submitter's token's, when it was submitted)
+    token_id: str | None         # the token that submitted it: its leases are held to that token's scope as it is now
     state: JobState
     reason: str
     spec: dict[str, Any]         # a JobSpec, as JSON

@@ -1,12 +1,16 @@
-"""What a person's jobs may keep (docs/architecture.md, "Shares of one lab"): stored runs are
+"""What a person's jobs may keep and take (docs/architecture.md, "Shares of one lab"): stored runs are
 bounded per person (a finished job's count until it is deleted), a job's runs are read in
 pages, and its answer holds only the first of them."""
 from __future__ import annotations
 
 import pytest
 
+from device_loop.coordinator.identity import issue_token
 from device_loop.coordinator.jobs import JOB_RUNS_SHOWN
+from device_loop.core.scopes import TokenScope
+from device_loop.core.vocabulary import TokenKind
 from lab_in_process import in_process_lab
+from test_budgets import board, exporter_of, length, token
 from test_jobs_api import run, submitted
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
@@ -64,3 +68,23 @@ async def test_a_job_with_many_runs_is_read_in_pages(tmp_path):
                         {"limit": 0}, {"limit": 501}, {"limit": "many"}):
             refused = await alice.get(f"/jobs/{job['id']}/runs", params=hostile)
             assert refused.status_code == 400, (hostile, refused.text)
+
+
+async def test_a_job_s_leases_are_held_to_its_submitting_token_s_scope_and_budget(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, allocating_timeout_s=7 * 86400.0) as (client, rules, clock):
+        scope = TokenScope(classes=("rpi4",), budget_s=120)
+        bot = client(token=await token(rules, "bot", scope, kind=TokenKind.AGENT))
+        await (await exporter_of(client, rules)).beat([board("b0"), board("p0", "rpi4"), board("p1", "rpi4")])
+        spec = {"target": {"class": "rpi4"}, "run": ["true"], "lease_ttl_s": 600}
+        job = (await bot.post("/jobs", json={"spec": spec, "claim": True})).json()
+        outside = await bot.post(f"/jobs/{job['id']}/reserve", json={"cell": 0, "device": "b0"})
+        assert outside.status_code == 403 and outside.json()["error"] == "out_of_scope", outside.text
+        lease = (await bot.post(f"/jobs/{job['id']}/reserve", json={"cell": 0, "class": "rpi4"})).json()
+        assert lease["device"] in ("p0", "p1") and length(lease) == 120, "to its token's budget's end"
+        spent = await bot.post(f"/jobs/{job['id']}/reserve", json={"cell": 0, "class": "rpi4"})
+        assert spent.status_code == 403 and spent.json()["error"] == "budget_spent", spent.text
+        # a job of an unscoped token's is not held to anything
+        root = client(token=(await issue_token(rules.store, rules.clock, "root", admin=True))["token"])
+        theirs = (await root.post("/jobs", json={"spec": spec, "claim": True})).json()
+        free = (await root.post(f"/jobs/{theirs['id']}/reserve", json={"cell": 0, "device": "b0"})).json()
+        assert length(free) == 600, free

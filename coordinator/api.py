@@ -176,26 +176,24 @@ async def _response(call: Call, ctx: Ctx, answer: Any) -> Response:
                     media_type="application/json")
 
 
-LARGE_ANSWER = 256 << 10  # characters of text (and values) past which an answer is rendered off the event loop
+LARGE_ANSWER = 256 << 10  # bytes of JSON past which an answer is rendered off the event loop
 
 
 def _larger_than(value: Any, budget: int) -> bool:
-    """Whether ``value`` holds more than ``budget`` characters of text and values; it stops
-    looking once it knows, so a small answer costs what it holds."""
-    left, pending = budget, [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            pending.extend(item.values())
-            left -= len(item)
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
-            left -= 1
-        else:
-            left -= len(item) if isinstance(item, str) else 1
-        if left < 0:
-            return True
-    return False
+    """Whether ``value`` renders to more than about ``budget`` bytes, guessed at the cost of
+    rendering one item of each list (``_size``)."""
+    return _size(value) > budget
+
+
+def _size(value: Any) -> int:
+    """About how many bytes ``value`` renders to: a list as its length times its first item's
+    size, an object as its values' (what answers grow by is lists of things alike)."""
+    if isinstance(value, list):
+        return len(value) * len(_rendered(value[0])) if value else 2
+    if isinstance(value, dict):
+        return sum(len(key) + 4 + (_size(item) if isinstance(item, (list, dict, str)) else 8)
+                   for key, item in value.items())
+    return len(value) + 2 if isinstance(value, str) else 8
 
 
 def _rendered(value: Any) -> bytes:

@@ -71,6 +71,7 @@ def test_an_answer_rendered_in_pieces_is_what_json_response_renders():
         assert _in_pieces(value, 2) == JSONResponse(value).body
     with pytest.raises(ValueError):
         _in_pieces({"runs": [float("nan")]}, 2)  # as JSONResponse refuses it
-    assert not _larger_than(answer, LARGE_ANSWER)
+    assert not _larger_than(answer, LARGE_ANSWER) and not _larger_than([answer] * 20, LARGE_ANSWER)
     assert _larger_than({"runs": [{"output_tail": "x" * 4000}] * 100}, LARGE_ANSWER)
+    assert _larger_than([{"name": f"d{n}", "state": "idle", "tags": ["a", "b"]} for n in range(10_000)], LARGE_ANSWER)
     assert json.loads(_in_pieces({"runs": list(range(3))}, 2)) == {"runs": [0, 1, 2]}

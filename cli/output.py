@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from typing import NoReturn
@@ -112,9 +113,11 @@ def ticket_text(ticket: dict) -> str:
 
 def _when(estimate: dict) -> str:
     """A waiting ticket's estimate in a few words: ``by 14:05Z (14:02Z to 14:31Z)``."""
-    def hm(at: str) -> str:
-        return at[11:16] + "Z"
-    return f"by {hm(estimate['likely_at'])} ({hm(estimate['earliest_at'])} to {hm(estimate['latest_at'])})"
+    def hm(at: str, later: bool = True) -> str:  # "by" a minute is its end: a time is rounded up to it
+        minute = parse_iso(at) / 60
+        return time.strftime("%H:%MZ", time.gmtime(60 * (math.ceil(minute) if later else math.floor(minute))))
+    return (f"by {hm(estimate['likely_at'])} ({hm(estimate['earliest_at'], later=False)} to "
+            f"{hm(estimate['latest_at'])})")
 
 
 def tickets_text(tickets: list[dict]) -> str:
@@ -159,9 +162,8 @@ def whoami_text(me: dict) -> str:
     if scope is None:
         lines.append("unscoped")
     else:
-        said = [f"{key}: {', '.join(value) if isinstance(value, list) else value}"
-                for key, value in scope.items() if value is not None and key != "budget_period"]
-        lines.append("scope: " + ("; ".join(said) or "nothing listed"))
+        from device_loop.core.scopes import TokenScope, describe_scope  # (pydantic: only where a scope is shown)
+        lines.append("scope: " + describe_scope(TokenScope.model_validate(scope)))
     if me.get("live_leases") is not None:
         lines.append(f"leases at once: {me['live_leases']} of {scope['max_leases'] if scope else '?'}")
     budget = me.get("budget")

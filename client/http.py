@@ -117,8 +117,11 @@ class Coordinator:
             target += "?" + urllib.parse.urlencode({k: _query_value(v) for k, v in params.items()}, doseq=True)
         for attempt in range(self.retries):
             try:
-                status, content = self._exchange(method, target, body, self.headers | (headers or {}),
-                                                 timeout or self.timeout)
+                status, content, retry_after = self._exchange(method, target, body, self.headers | (headers or {}),
+                                                              timeout or self.timeout)
+                if status == 429 and retry_after is not None and attempt < self.retries - 1:
+                    time.sleep(retry_after)  # a share's "not yet" (docs/architecture.md, "Shares of one lab")
+                    continue
                 break
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()  # a kept-alive connection the server closed, or no server: a new one
@@ -130,7 +133,8 @@ class Coordinator:
         return self._answer(status, content)
 
     def _exchange(self, method: str, target: str, body: bytes | None, headers: dict[str, str],
-                  timeout: float) -> tuple[int, bytes]:
+                  timeout: float) -> tuple[int, bytes, float | None]:
+        """(status, body, how long a 429 asks to wait: its Retry-After, at most ``MAX_RETRY_AFTER_S``)."""
         connection = getattr(self._connections, "connection", None)
         if connection is None:
             connection_class = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
@@ -145,7 +149,7 @@ class Coordinator:
         content = response.read()
         if response.will_close:
             self._drop()
-        return response.status, content
+        return response.status, content, _retry_after(response.getheader("Retry-After"))
 
     def _drop(self) -> None:
         """Close this thread's connection; its next request opens another."""
@@ -178,3 +182,15 @@ def _query_value(value):
     if isinstance(value, (list, tuple)):
         return [_query_value(v) for v in value]
     return value
+
+
+MAX_RETRY_AFTER_S = 5.0  # a wait longer than this is the caller's to decide: the refusal is raised
+
+
+def _retry_after(header: str | None) -> float | None:
+    """A Retry-After in seconds worth waiting here, or None (absent, a date, or too long)."""
+    try:
+        seconds = float(header) if header is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds <= MAX_RETRY_AFTER_S else None

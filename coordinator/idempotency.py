@@ -65,7 +65,9 @@ async def idempotently(request: Request, caller: str, act: Callable[[], Awaitabl
                 if seen is None:
                     response = await act()
                     await rules.idempotency_sql.save_idempotency_key(record(response))
-        except APIError as exc:  # refused: nothing changed, and a repeat gets the same refusal
+        except APIError as exc:  # refused: nothing changed, and a repeat gets the same refusal ...
+            if exc.status == 429:  # ... but "not yet" (a share's rate): the repeat, later, is tried afresh
+                raise
             response = _json(exc.to_json(), exc.status)
             try:
                 await rules.idempotency_sql.save_idempotency_key(record(response))

@@ -12,8 +12,11 @@ from device_loop.core.errors import ErrorCode
 
 from .errors import APIError
 
-OPERATION_BURST = 10        # operations a lease may start at once ...
-OPERATIONS_PER_S = 2.0      # ... then this many a second
+# An A/B job settles before each run, and a benchmark's run may take a tenth of a second:
+# the steady rate must not be what times a job's loop; a runaway client's hundreds a second are
+# what it stops (and the client waits out a 429's Retry-After rather than failing).
+OPERATION_BURST = 30        # operations a lease may start at once ...
+OPERATIONS_PER_S = 10.0     # ... then this many a second
 BUCKETS_KEPT = 10_000       # leases whose bucket is remembered; a full bucket is forgotten first
 
 

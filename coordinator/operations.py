@@ -243,6 +243,8 @@ class Operations:
             raise conflict(ErrorCode.OFFLINE, f"{name} is offline (host {device['host']}): nothing runs on it now")
         if spec.get("exclusive", True) and device["op_id"]:
             raise self._busy(name, device["op_id"], device["op_kind"])
+        if lease_id is not None and step is None:  # (what is refused above spends nothing of its share)
+            self.buckets.take(lease_id, self.life.clock())
         purpose = Purpose.STEP if step is not None else Purpose.LEASE if lease_id else Purpose.RECOVERY
         return await self.queue(device, kind, resource["identifier"], resource["plugin"], args, lease_id, caller,
                                 exclusive=spec.get("exclusive", True), destructive=spec.get("destructive", False),
@@ -251,8 +253,8 @@ class Operations:
     async def shared(self, kind: str, args: dict[str, Any], lease_id: str, device: str) -> OperationAnswer | None:
         """What a lease's holder's request of ``kind`` on ``device`` takes of its share
         (docs/architecture.md, "Shares of one lab"): a status-only one while one of its kind is
-        live on the lease is answered by that one (returned: nothing is started); any other
-        spends one of the lease's operations (``LeaseBuckets``: past them, 429)."""
+        live on the lease is answered by that one (returned: nothing is started); any other,
+        once it may start, spends one of the lease's operations (``LeaseBuckets``: past them, 429)."""
         if status_only(kind, args):
             # two at once in two processes would each find none live: its host's lock, the
             # first of the lock order (docs/architecture.md, "Leases"), makes them take turns
@@ -260,7 +262,6 @@ class Operations:
             for live in await self.operations_sql.live_operations_of_lease(lease_id, kind):
                 if status_only(live["kind"], live["args"]) and live["args"] == args:
                     return op_json(live, theirs=True)
-        self.buckets.take(lease_id, self.life.clock())
         return None
 
     async def prune(self, now: float, batch: int, batches: int) -> None:

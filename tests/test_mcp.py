@@ -52,7 +52,7 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
                          "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
                          "camera_snapshot", "start_operation", "operation_status", "device_operations",
                          "ticket_status", "cancel_ticket", "my_tickets", "settle", "power", "exec", "fingerprint",
-                         "submit_job", "job_status", "job_evidence", "whoami", "my_budget"}
+                         "submit_job", "job_status", "job_evidence", "whoami", "my_budget", "job_runs", "delete_job"}
         assert (await call(alice, "list_images", device="sim-board-0")) == {"images": []}
         idle = await call(alice, "list_devices", state="idle")
         assert {d["name"] for d in idle["devices"]} == {"sim-board-0", "sim-board-1"}

@@ -84,6 +84,18 @@ async def test_a_lease_starts_operations_at_a_burst_then_a_steady_rate(tmp_path)
                  for _ in range(int(OPERATIONS_PER_S) + 1)]
         assert later == [201] * int(OPERATIONS_PER_S) + [429]
         assert len(await operation_rows(rules, lease["id"])) == OPERATION_BURST + int(OPERATIONS_PER_S)
+        # "not yet" is not what an Idempotency-Key keeps: its repeat, later, starts the operation
+        keyed = {"Idempotency-Key": "probe-after-its-429"}
+        url = f"/leases/{lease['id']}/operations"
+        assert (await api.post(url, json={"kind": "probe"}, headers=keyed)).status_code == 429
+        clock.advance(1.0)
+        assert (await api.post(url, json={"kind": "probe"}, headers=keyed)).status_code == 201
+        # what is refused for another reason spends nothing of the share: d0 offline, then back
+        await exporter.beat([other])
+        offline = [(await api.post(url, json={"kind": "probe"})).status_code for _ in range(OPERATION_BURST)]
+        assert set(offline) == {409}
+        await exporter.beat([board(probe), other])
+        assert (await api.post(url, json={"kind": "probe"})).status_code == 201
 
 
 def ended_op(op_id: str, kind: str, ended_at: float, state: str = "done", device_name: str = "d0",

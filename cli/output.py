@@ -123,9 +123,9 @@ def _when(estimate: dict) -> str:
 def tickets_text(tickets: list[dict]) -> str:
     if not tickets:
         return "you have no queue tickets"
-    return table(["TICKET", "STATE", "KIND", "WANTS", "POSITION", "LIKELY", "SINCE", "LEASE"],
-                 [[t["ticket"], t["state"], t["kind"] + ("" if t.get("band", "normal") == "normal" else
-                                                         f" {t['band']}"),
+    return table(["TICKET", "WHO", "STATE", "KIND", "WANTS", "POSITION", "LIKELY", "SINCE", "LEASE"],
+                 [[t["ticket"], t["requester"], t["state"], t["kind"] + ("" if t.get("band", "normal") == "normal"
+                                                                         else f" {t['band']}"),
                    t["wants"], str(t["position"] or "-"), _when(t["estimate"]) if t.get("estimate") else "-",
                    t["created_at"], _ticket_lease(t)] for t in tickets])
 

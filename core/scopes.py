@@ -84,6 +84,9 @@ def parse_scope(options: list[str] | tuple[str, ...]) -> dict[str, Any]:
             fields[field] = int(value)
         else:
             fields[field] = parse_duration(value)
+            if fields[field] > MAX_SCOPE_LEASE_S:
+                raise ValueError(f"{option[:80]!r}: a scope's longest lease is at most "
+                                 f"{format_duration(MAX_SCOPE_LEASE_S)} (and the lab's own longest)")
     return fields
 
 

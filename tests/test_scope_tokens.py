@@ -132,6 +132,8 @@ def test_the_command_line_s_words_for_a_scope():
     for wrong in (["class"], ["colour=red"], ["leases=two"], ["lease=forever"]):
         with pytest.raises(ValueError):
             parse_scope(wrong)
+    with pytest.raises(ValueError, match="longest lease is at most 7d"):
+        parse_scope(["lease=3650d"])  # in words, not the model's "less than or equal to 604800"
     for wrong in ("-5m/day", "120m/week", "lots"):
         with pytest.raises(ValueError):
             parse_budget(wrong)

@@ -416,10 +416,13 @@ class Leases:
             if ttl is None and keepalive is None:
                 raise APIError(422, ErrorCode.INVALID, f"{lease_id} has no keepalive: renew it with a ttl_s (e.g. "
                                                        "3600)")
-            now = self.life.clock()
+            held = ttl is not None and view["token_id"] is not None  # (a keep-alive moves nothing the grant held)
+            if held:
+                view = await self._locked(view)
+            now = self.life.clock()  # (after the lock: what the hold used is counted to the moment it is settled)
             ends_at = now + ttl if ttl is not None else (view["ends_at"] or view["expires_at"])
             hold: dict[str, Any] | None = None
-            if ttl is not None:  # (a keep-alive moves nothing the grant did not hold)
+            if held:
                 ends_at, hold = await self._hold_renewal(view, who, ends_at, now)
             view["expires_at"], view["ends_at"] = lapse(now, ends_at - now, keepalive), ends_at
             if not await self.leases_sql.set_lease_expiry(lease_id, view["expires_at"], ends_at, hold):
@@ -430,14 +433,24 @@ class Leases:
             self.life.notify(lease_key(lease_id), BOARD_KEY)
         return lease_json(view)
 
+    async def _locked(self, view: LeaseView) -> LeaseView:
+        """``view`` with its hold as it is under its row's lock, taken in the order a lease's end
+        takes it (its host's, then the lease's; its token's budget after: docs/architecture.md,
+        "Leases": one lock order), so two renewals, or a renewal and the lease's end, settle
+        one hold once (409 ``lease_ended`` if it ended meanwhile)."""
+        await self.leases_sql.lock_host_of_device(view["device"])
+        lease = await self.leases_sql.lease(view["id"], for_update=True)
+        if lease is None or lease["state"] not in LIVE_LEASE_STATES:
+            raise conflict(ErrorCode.LEASE_ENDED, f"{view['id']} ended just now; reserve {view['device']} again")
+        return {**view, **lease}
+
     async def _hold_renewal(self, lease: LeaseView, who: Who, ends_at: float,
                             now: float) -> tuple[float, dict[str, Any] | None]:
         """A renewal to ``ends_at`` within the lease's token's scope: its longest lease, and
         its budget held afresh from now (docs/architecture.md, "Shares of one lab"). The end
         the budget allows, and the lease's hold columns (None: it has none, nor needs one)."""
         token_id = lease["token_id"]
-        if token_id is None:
-            return ends_at, None
+        assert token_id is not None  # (renew asks only for a token's lease)
         spender = Spender.of(who) if who.token_id == token_id else await self.budgets.spender_of_ticket(token_id)
         lease_scope.check_renewal(None if spender is None else spender.scope, lease["created_at"], ends_at)
         if lease["held_s"] is None and (spender is None or spender.scope.budget_s is None):

@@ -1,6 +1,7 @@
 """Two coordinator processes on one PostgreSQL share one token's budget and its leases at
 once (docs/architecture.md, "Shares of one lab": held "in one conditional statement that
-cannot overspend, even from two coordinator processes at once")."""
+cannot overspend, even from two coordinator processes at once"), and renew and end its
+leases at once: each hold is settled once (docs/architecture.md, "Leases": one lock order)."""
 import asyncio
 import time
 
@@ -78,6 +79,56 @@ async def test_two_processes_racing_reserves_never_overspend_a_budget_nor_pass_m
         assert bee_held == pytest.approx(live_bee * TTL_S), "a lease refused at most leases at once holds nothing"
         granted = sum(a.status_code == 201 for a in answers)
         assert granted == live_bee + live_bot, "every grant is one of theirs"
+        await race_renewals_and_releases(procs, made, [a.json() for a in answers if a.status_code == 201],
+                                         postgres_database)
     finally:
         for proc in procs:
             proc.stop()
+
+
+async def usage(db, token_id: str) -> tuple[float, float, float]:
+    """(held in token_usage, held by its live leases, used in token_usage) of ``token_id``."""
+    row = await db.fetchrow("SELECT held_s, used_s FROM token_usage WHERE token_id = $1", token_id)
+    live = await db.fetchval("SELECT COALESCE(SUM(held_s), 0) FROM leases WHERE token_id = $1 AND state IN "
+                             "('pending', 'active')", token_id)
+    return row["held_s"], live, row["used_s"]
+
+
+async def race_renewals_and_releases(procs, made: dict, leases: list[dict], url: str) -> None:
+    """Each lease renewed three times at once from each process, then renewed and released at
+    once: no hold settled twice nor left behind, the budget never passed, no deadlock (a 500)."""
+    clients = {(who, n): api(p.url, made[who]["token"]) for who in ("bot", "bee") for n, p in enumerate(procs)}
+    owner = {made[who]["id"]: who for who in ("bot", "bee")}
+    db = await asyncpg.connect(url)
+    try:
+        tokens = {lease["id"]: await db.fetchval("SELECT token_id FROM leases WHERE id = $1", lease["id"])
+                  for lease in leases}
+
+        def renew(lease_id: str, n: int):
+            return clients[owner[tokens[lease_id]], n].post(f"/leases/{lease_id}/renew", json={"ttl_s": TTL_S / 2})
+
+        def release(lease_id: str, n: int):
+            return clients[owner[tokens[lease_id]], n].post(f"/leases/{lease_id}/release")
+
+        renewed = await asyncio.gather(*(renew(lease["id"], n) for lease in leases for n in (0, 1, 0, 1, 0, 1)))
+        assert {a.status_code for a in renewed} <= {200, 403}, [a.text for a in renewed if a.status_code != 200][:3]
+        for token_id, budget in ((made["bot"]["id"], BUDGET_S), (made["bee"]["id"], 10 * BUDGET_S)):
+            held, live, used = await usage(db, token_id)
+            assert held == pytest.approx(live, abs=1e-6), "what is held is what the live leases hold: none settled " \
+                                                          "twice, none left behind"
+            assert 0 <= held and held + used <= budget + 1e-6, (held, used, budget)
+
+        ended = await asyncio.gather(*(call(lease["id"], n) for lease in leases
+                                       for call, n in ((renew, 0), (release, 1), (renew, 1), (release, 0))))
+        assert all(a.status_code < 500 for a in ended), [a.text for a in ended if a.status_code >= 500][:3]
+        for token_id in (made["bot"]["id"], made["bee"]["id"]):
+            held, live, used = await usage(db, token_id)
+            lengths = await db.fetchval("SELECT SUM(ended_at - created_at) FROM leases WHERE token_id = $1", token_id)
+            assert (held, live) == (pytest.approx(0, abs=1e-6), 0), "every hold settled once the leases ended"
+            assert used == pytest.approx(lengths, abs=1e-3), "what was used is how long the leases lasted"
+        counted = await db.fetchval("SELECT live_leases FROM token_counts WHERE token_id = $1", made["bee"]["id"])
+        assert counted == 0, counted
+    finally:
+        await db.close()
+        for client in clients.values():
+            await client.aclose()

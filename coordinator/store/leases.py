@@ -46,8 +46,11 @@ class LeaseQueries:
             await self.db.rows("SELECT h.name FROM hosts h JOIN devices d ON d.host = h.name WHERE d.name = :d "
                                "FOR UPDATE OF h", d=device)
 
-    async def lease(self, lease_id: str) -> LeaseRow | None:
-        return await self.db.row("SELECT * FROM leases WHERE id = :id", id=lease_id)
+    async def lease(self, lease_id: str, for_update: bool = False) -> LeaseRow | None:
+        """The lease ``lease_id``; ``for_update``: its row locked to the transaction's end (take
+        its host's lock first: ``lock_host_of_device``)."""
+        return await self.db.row("SELECT * FROM leases WHERE id = :id" + (self.db.for_update if for_update else ""),
+                                 id=lease_id)
 
     async def lease_holders(self, lease_ids: list[str]) -> dict[str, str]:
         """Lease id -> its holder, for ``lease_ids`` (those that exist)."""

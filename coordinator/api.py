@@ -3,7 +3,6 @@ something other than JSON (the board's event stream, metrics, this API's descrip
 web page). A route parses what the call takes, asks the call, and answers JSON."""
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import re
@@ -11,13 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from device_loop.core import API_PREFIX
 from device_loop.core.errors import ErrorCode
 
 from . import openapi
+from .answer_json import answer_bytes
 from .calls import CALLS, Call, Ctx
 from .errors import APIError, bad_request
 from .identity import ANYONE, caller_identity, check_access
@@ -167,50 +167,10 @@ async def _response(call: Call, ctx: Ctx, answer: Any) -> Response:
     if call.media_type is not None:  # text to read as it is (a job's evidence markdown)
         return Response(answer, status_code=call.status, media_type=call.media_type,
                         headers={"Cache-Control": "no-store"})
-    status = ctx.status or call.status
-    if not _larger_than(answer, LARGE_ANSWER):
-        return JSONResponse(answer, status_code=status)
-    # a large answer (a job's runs) is rendered in a thread, piece by piece, so that /health and
-    # every other request are served meanwhile (docs/architecture.md, "Shares of one lab")
-    return Response(await asyncio.to_thread(_in_pieces, answer, 2), status_code=status,
+    # an answer is rendered on the event loop while it is small, the rest in a thread, so that
+    # /health and every other request are served meanwhile (docs/architecture.md, "Shares of one lab")
+    return Response(await answer_bytes(answer), status_code=ctx.status or call.status,
                     media_type="application/json")
-
-
-LARGE_ANSWER = 256 << 10  # bytes of JSON past which an answer is rendered off the event loop
-
-
-def _larger_than(value: Any, budget: int) -> bool:
-    """Whether ``value`` renders to more than about ``budget`` bytes, guessed at the cost of
-    rendering one item of each list (``_size``)."""
-    return _size(value) > budget
-
-
-def _size(value: Any) -> int:
-    """About how many bytes ``value`` renders to: a list as its length times its first item's
-    size, an object as its values' (what answers grow by is lists of things alike)."""
-    if isinstance(value, list):
-        return len(value) * len(_rendered(value[0])) if value else 2
-    if isinstance(value, dict):
-        return sum(len(key) + 4 + (_size(item) if isinstance(item, (list, dict, str)) else 8)
-                   for key, item in value.items())
-    return len(value) + 2 if isinstance(value, str) else 8
-
-
-def _rendered(value: Any) -> bytes:
-    """``value`` as JSONResponse renders it."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
-
-
-def _in_pieces(value: Any, depth: int) -> bytes:
-    """``value`` rendered as ``_rendered`` does, its lists' items and objects' values ``depth``
-    levels down one by one: a thread rendering it lets the event loop's thread run between
-    two (one ``json.dumps`` holds the interpreter until it ends)."""
-    if depth and isinstance(value, list):
-        return b"[" + b",".join(_in_pieces(item, depth - 1) for item in value) + b"]"
-    if depth and isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        return b"{" + b",".join(_rendered(key) + b":" + _in_pieces(item, depth - 1)
-                                for key, item in value.items()) + b"}"
-    return _rendered(value)
 
 
 @openapi.answers("text/event-stream")

@@ -22,14 +22,17 @@ from pydantic import BaseModel, Field, ValidationError
 from device_loop.core import __version__
 from device_loop.core.errors import ErrorCode
 
+from .answer_json import LARGE_ANSWER, cut_to
 from .calls import TOOLS, Call, Ctx
 from .errors import APIError
 from .identity import caller_identity, check_access
+from .jobs import runs_cursor
 from .origin import allowed_hosts
 from .scope_check import check_scope
 from .who import Who
 
 TOOL_MAX_WAIT_S = 30.0  # a tool's long-poll: an agent's call never hangs for long
+TOOL_ANSWER = LARGE_ANSWER  # bytes a tool answers at most (about: a list keeps at least one item)
 
 
 async def _never_hangs_up() -> None:
@@ -110,7 +113,7 @@ def _tool(rules, call: Call):
             raise ToolError(f"{exc.message} [{exc.code}]") from None
         if isinstance(answer, bytes):
             return Image(data=answer, format="jpeg")
-        return {call.tool_key: answer} if call.tool_key else answer
+        return await _within_bound(call, answer)
 
     parameters = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context)]
     for name, field in call.args.model_fields.items():
@@ -123,6 +126,19 @@ def _tool(rules, call: Call):
     tool.__signature__ = inspect.Signature(parameters, return_annotation=returns)  # type: ignore[attr-defined]
     tool.__name__ = call.name
     return tool
+
+
+async def _within_bound(call: Call, answer: Any) -> Any:
+    """A tool's answer cut to ``TOOL_ANSWER`` bytes (the SDK renders it on the event loop, and an
+    agent reads it whole): a job's runs up to a cursor where ``job_runs`` goes on, a list's first
+    items with how many were left off (docs/architecture.md, "Shares of one lab")."""
+    shown = await cut_to(answer, TOOL_ANSWER, runs_cursor)
+    if not call.tool_key:
+        return shown
+    if len(shown) == len(answer):
+        return {call.tool_key: shown}
+    return {call.tool_key: shown, "left_off": len(answer) - len(shown),
+            "why": f"a tool answers at most {TOOL_ANSWER >> 10} KiB: narrow what you ask for"}
 
 
 def build_mcp(rules) -> MCPServer:

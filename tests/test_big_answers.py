@@ -14,7 +14,10 @@ import device_loop.core.ab
 import pytest
 from starlette.responses import JSONResponse
 
-from device_loop.coordinator.api import LARGE_ANSWER, _in_pieces, _larger_than
+from device_loop.coordinator import answer_json, mcp_tools
+from device_loop.coordinator.answer_json import LARGE_ANSWER, answer_bytes, larger_than, pieces
+from device_loop.coordinator.calls import CALLS
+from device_loop.coordinator.jobs import runs_cursor
 from lab_in_process import in_process_lab
 from test_job_shares import LONG
 from test_jobs_api import submitted
@@ -67,11 +70,66 @@ async def test_health_answers_while_a_big_job_is_read(tmp_path, quick_analysis):
 def test_an_answer_rendered_in_pieces_is_what_json_response_renders():
     answer = {"id": "job-1", "runs": [{"seq": n, "text": "é\u2028\"", "v": [1.5, None, True]} for n in range(50)],
               "nested": {"a": [[]], "b": {}}, "empty": [], "count": 3}
-    for value in (answer, [answer, answer], [], {}, "text", 3):
-        assert _in_pieces(value, 2) == JSONResponse(value).body
+    for value in (answer, [answer, answer], [], {}, "text", 3, {"a": 1, "b": "c"}):
+        assert b"".join(pieces(value)) == JSONResponse(value).body
     with pytest.raises(ValueError):
-        _in_pieces({"runs": [float("nan")]}, 2)  # as JSONResponse refuses it
-    assert not _larger_than(answer, LARGE_ANSWER) and not _larger_than([answer] * 20, LARGE_ANSWER)
-    assert _larger_than({"runs": [{"output_tail": "x" * 4000}] * 100}, LARGE_ANSWER)
-    assert _larger_than([{"name": f"d{n}", "state": "idle", "tags": ["a", "b"]} for n in range(10_000)], LARGE_ANSWER)
-    assert json.loads(_in_pieces({"runs": list(range(3))}, 2)) == {"runs": [0, 1, 2]}
+        b"".join(pieces({"runs": [float("nan")]}))  # as JSONResponse refuses it
+    assert not larger_than(answer, LARGE_ANSWER) and not larger_than([answer] * 20, LARGE_ANSWER)
+    assert larger_than({"runs": [{"output_tail": "x" * 4000}] * 100}, LARGE_ANSWER)
+    assert larger_than([{"name": f"d{n}", "state": "idle", "tags": ["a", "b"]} for n in range(10_000)], LARGE_ANSWER)
+    assert json.loads(b"".join(pieces({"runs": list(range(3))}))) == {"runs": [0, 1, 2]}
+
+
+def lopsided_job(runs: int = 40) -> dict:
+    """A job's answer whose first run is tiny and the others as large as a run is reported
+    (128 KiB): what one item tells of a list is nothing."""
+    big = {"cell": 0, "attempt": 0, "arm": "run", "output_tail": "y" * (127 << 10)}
+    return {"id": "job-1", "state": "done", "run_count": runs, "runs_next": None,
+            "runs": [{"cell": 0, "attempt": 0, "seq": 0, "arm": "run"}] + [{**big, "seq": n} for n in range(1, runs)]}
+
+
+@pytest.fixture
+def threads(monkeypatch):
+    """The calls answer_json hands to a thread, and the bytes the event loop rendered before."""
+    handed: list[int] = []
+    real = asyncio.to_thread
+
+    async def spy(function, *args):
+        handed.append(1)
+        return await real(function, *args)
+
+    monkeypatch.setattr(answer_json.asyncio, "to_thread", spy)
+    return handed
+
+
+async def test_an_answer_whose_first_run_is_small_is_still_rendered_in_a_thread(threads):
+    job = lopsided_job()
+    on_loop = 0
+    for part in pieces(job):  # what the loop renders before handing off: at most the bound and one run
+        on_loop += len(part)
+        if on_loop > LARGE_ANSWER:
+            break
+    assert on_loop < LARGE_ANSWER + (130 << 10)
+    assert await answer_bytes(job) == JSONResponse(job).body and threads == [1]
+
+
+async def test_a_small_answer_is_rendered_on_the_event_loop(threads):
+    lease = {"id": "lease-1", "device": "sim-0", "state": "ready", "expires_at": 1.5, "endpoints": {"uart": "h:1"},
+             "tags": ["a", "b"], "reason": None}
+    assert await answer_bytes(lease) == JSONResponse(lease).body and threads == []
+
+
+async def test_a_tool_answer_is_cut_to_its_bound_where_paging_goes_on():
+    by_name = {call.name: call for call in CALLS}
+    job = lopsided_job()
+    shown = await mcp_tools._within_bound(by_name["job_status"], job)
+    assert 1 < len(shown["runs"]) < len(job["runs"]) and len(JSONResponse(shown).body) <= mcp_tools.TOOL_ANSWER
+    assert shown["runs_next"] == runs_cursor(shown["runs"][-1]) and shown["run_count"] == job["run_count"]
+    page = {"runs": job["runs"], "run_count": 40, "next": None}
+    assert (await mcp_tools._within_bound(by_name["job_runs"], page))["next"] is not None
+    devices = [{"name": f"d{n}", "tags": ["t"] * 20} for n in range(20_000)]
+    listed = await mcp_tools._within_bound(by_name["list_devices"], devices)
+    assert listed["left_off"] == len(devices) - len(listed["devices"]) > 0
+    assert len(JSONResponse(listed["devices"]).body) <= mcp_tools.TOOL_ANSWER
+    small = [{"name": "d0"}]
+    assert await mcp_tools._within_bound(by_name["list_devices"], small) == {"devices": small}

@@ -13,7 +13,7 @@ from datetime import datetime
 import pytest
 
 from device_loop.coordinator import estimates
-from device_loop.core.queue_estimate import Estimate, Holding, estimate
+from device_loop.core.queue_estimate import MAX_DRAWS, MIN_REPLAYS, REPLAYS, Estimate, Holding, estimate, replays
 from lab_in_process import FakeExporter, device, in_process_lab
 from test_statement_counts import add_waiting_ticket
 
@@ -140,3 +140,39 @@ async def test_a_listing_reads_each_thing_waited_for_once_and_a_bounded_number_o
         assert cost == 1 + 3 + 1, "the tickets; what could serve each of 3 things; their one class's durations"
         reckoned = {tuple(e["tags"]) for e in entries if e["estimate"] is not None}
         assert len(entries) == 10 and len(reckoned) == 3, "the things past the bound: no estimate"
+
+
+@pytest.mark.usefixtures("database")
+async def test_a_reckoning_is_made_once_per_thing_waited_for_and_state_of_its_leases(tmp_path):
+    """Every board read, listing and ticket long-poll asks for estimates: the reckoning (CPU) is
+    made again only when a lease on a device that could serve changed, or it is old."""
+    async with in_process_lab(tmp_path, max_tickets_per_user=0, max_leases_per_user=0) as (client, rules, clock):
+        assert (await FakeExporter(client("lab"), "host-a").beat(BOARDS)).status_code == 200
+        leases = [(await client(f"h{i}").post("/leases", json={"device": b["name"], "ttl_s": TTL})).json()
+                  for i, b in enumerate(BOARDS)]
+        tickets = [(await client(f"u{n}").post("/leases", json={"class": "riscv-sbc", "queue": True,
+                                                                "ttl_s": TTL})).json() for n in range(4)]
+        kept = rules.scheduler.estimates.reckonings
+        made = kept.made
+        for _ in range(5):  # the board, each ticket's status, a listing: the leases ahead as they were
+            board = (await client("lab").get("/queue")).json()
+            for ticket in tickets:
+                assert (await client(ticket["requester"]).get(f"/tickets/{ticket['ticket']}")).json()["estimate"]
+            await rules.scheduler.tickets("lab", True)
+        assert kept.made - made <= 1, "one reckoning for one thing waited for, while its leases stand"
+        assert all(e["estimate"] is not None for e in board) and len(board) == 4
+        assert (await client("h0").post(f"/leases/{leases[0]['id']}/release")).status_code == 200
+        made = kept.made
+        await client("lab").get("/queue")
+        await client("lab").get("/queue")
+        assert kept.made == made + 1, "a lease ended: reckoned again, once"
+        clock.advance(estimates.REUSE_S)
+        await client("lab").get("/queue")
+        assert kept.made == made + 2, "an old reckoning is made again"
+
+
+def test_a_class_of_hundreds_is_reckoned_in_a_bounded_number_of_draws():
+    assert replays(3, 24) == REPLAYS, "a small class keeps every replay"
+    assert replays(100, 8) * 109 <= MAX_DRAWS and replays(500, 8) == replays(500, 1000) == MIN_REPLAYS
+    held = [Holding(since=1000.0 - i, until=None) for i in range(500)]
+    assert estimate(held, 8, 1000.0, [float(d) for d in range(60, 3600, 20)], TTL).earliest >= 1000.0

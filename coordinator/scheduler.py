@@ -45,6 +45,8 @@ QUEUEABLE = frozenset({ErrorCode.BUSY, ErrorCode.FAULTY, ErrorCode.OFFLINE, Erro
                        ErrorCode.NEEDS_RECOVERY, ErrorCode.ALLOCATING, ErrorCode.IN_USE, ErrorCode.RECLAIMING,
                        ErrorCode.NONE_FREE, ErrorCode.UNREGISTERED})
 MAX_LISTED = 200  # tickets a listing shows
+MAX_ENDED = 200  # tickets one statement ends together (a token's refused, or none can serve)
+MAX_REFUSED_TOKENS = 8  # tokens refused a device whose tickets one grant ends before it leaves the rest to the reaper
 
 
 def need_of(row: TicketRow) -> Need:
@@ -175,7 +177,21 @@ class Scheduler:
                 await self._grant(device)
 
     async def _grant(self, device: DeviceFacts) -> bool:
-        """Grant ``device`` to its first waiting ticket, if any: True if one was."""
+        """Grant ``device`` to its first waiting ticket, if any: True if one was. A ticket whose
+        token's budget is spent, or whose scope an admin narrowed since so that it no longer
+        takes the device, ends saying so, with every waiting ticket of that token the device
+        would serve (each would be refused alike), and the next is tried: for at most
+        ``MAX_REFUSED_TOKENS`` such tokens, the rest left to the reaper's pass (``grant_wanted``).
+        A fixed number of statements for each ticket handled."""
+        for _ in range(MAX_REFUSED_TOKENS):
+            granted = await self._grant_first(device)
+            if granted is not None:
+                return granted
+        return False
+
+    async def _grant_first(self, device: DeviceFacts) -> bool | None:
+        """Grant ``device`` to its first waiting ticket: whether one was, or None if that
+        ticket's token was refused it (its tickets ended: try the next)."""
         life = self.life
         now = life.clock()
         ticket = await self.tickets_sql.first_ticket_for(device, self._aged(now), now)
@@ -189,9 +205,10 @@ class Scheduler:
                                              keepalive_s=ticket["keepalive_s"],
                                              spender=await self.leases.budgets.spender_of_ticket(ticket["token_id"]))
         except APIError as refusal:  # its token's budget is spent, or its scope no longer takes the device: the
-            if refusal.code not in (ErrorCode.BUDGET_SPENT, ErrorCode.OUT_OF_SCOPE):  # ticket ends saying so
+            if refusal.code not in (ErrorCode.BUDGET_SPENT, ErrorCode.OUT_OF_SCOPE):  # tickets end saying so
                 raise
-            return await self._end_spent(ticket, str(refusal)) and await self._grant(device)
+            await self._end_refused(ticket, device, str(refusal), now)
+            return None
         if answer is None:  # leased a moment ago in another process: not free after all
             return False
         now = life.clock()
@@ -205,10 +222,14 @@ class Scheduler:
         self.store.after_commit(lambda: life.metrics.ticket_waits.labels(kind=ticket["kind"]).observe(seconds))
         return True
 
-    async def _end_spent(self, ticket: TicketRow, reason: str) -> bool:
-        """A waiting ticket whose token's budget is spent (or whose scope an admin narrowed
-        since) ends cancelled, with the refusal's words: whether it did (it was still waiting)."""
-        return await self._end_waiting(ticket, reason, COORDINATOR, ticket["device"])
+    async def _end_refused(self, ticket: TicketRow, device: DeviceFacts, reason: str, now: float) -> None:
+        """``ticket``'s grant of ``device`` was refused its token (a spent budget, a narrowed
+        scope): it ends cancelled with the refusal's words, and so do that token's other waiting
+        tickets ``device`` would serve (``MAX_ENDED`` at most a statement)."""
+        await self._end_waiting(ticket, reason, COORDINATOR, ticket["device"])
+        assert ticket["token_id"] is not None  # (only a token's ticket is refused its grant)
+        await self._ended(await self.tickets_sql.end_tickets_of_token(ticket["token_id"], device, reason, now,
+                                                                      MAX_ENDED), reason, COORDINATOR)
 
     async def _end_waiting(self, ticket: TicketRow, reason: str, actor: str, device: str | None) -> bool:
         """A waiting ticket ends ``cancelled`` for ``reason``: whether it did (it was still
@@ -222,13 +243,30 @@ class Scheduler:
         self.life.notify(ticket_key(ticket["id"]), BOARD_KEY)
         return True
 
+    async def _ended(self, ended: list[TicketRow], reason: str, actor: str, device: str | None = None) -> None:
+        """Tickets just ended ``cancelled`` for ``reason`` together: uncounted (one statement
+        a requester), audited (one entry each) and woken."""
+        requesters: dict[str, int] = {}
+        for ticket in ended:
+            requesters[ticket["requester"]] = requesters.get(ticket["requester"], 0) + 1
+            await self.life.audit(actor, "ticket_cancel", device or ticket["device"], None,
+                                  {"ticket": ticket["id"], "reason": reason})
+            self.life.notify(ticket_key(ticket["id"]))
+        for requester, tickets in requesters.items():
+            await self.tickets_sql.uncount_ticket(requester, tickets)
+        if ended:
+            self.life.notify(BOARD_KEY)
+
     async def end_none_can_serve(self, device: DeviceFacts, actor: str) -> None:
         """``device`` was just retired (in the caller's transaction): the waiting tickets no
         device left could ever serve end ``cancelled``, saying so, rather than wait for ever
-        (docs/architecture.md, "Shares of one lab")."""
+        (docs/architecture.md, "Shares of one lab"): ``MAX_ENDED`` a statement, until none is left."""
         reason = f"no device can serve it: {device['name']}, the last that could, was retired"
-        for ticket in await self.tickets_sql.tickets_none_can_serve(device, MAX_LISTED):
-            await self._end_waiting(ticket, reason, actor, device["name"])
+        while True:
+            ended = await self.tickets_sql.end_none_can_serve(device, reason, self.life.clock(), MAX_ENDED)
+            await self._ended(ended, reason, actor, device["name"])
+            if len(ended) < MAX_ENDED:
+                return
 
     async def expire_unclaimed(self, now: float, actor: str) -> None:
         """Grants their requesters did not claim within the claim window: the lease ends, the

@@ -121,16 +121,36 @@ class TicketQueries:
             d=device or "", c=device_class or "", tags=json.dumps(tags),
             needs=needs, fallback_at=None if fallback is None else 0.0, now=0.0, n=limit)
 
-    async def tickets_none_can_serve(self, device: DeviceFacts, limit: int) -> list[TicketRow]:
+    async def end_none_can_serve(self, device: DeviceFacts, reason: str, now: float,
+                                 limit: int) -> list[TicketRow]:
         """The waiting tickets retired ``device`` could have served that no device left (not
-        retired) could ever serve (a fallback's devices counted): one query."""
-        of_device: dict[str, Any] = {"name": device["name"], "class": device["class"],
-                                     "tags": json.dumps(device["tags"]), "fidelity": device["fidelity"]}
+        retired) could ever serve (a fallback's devices counted) end ``cancelled`` for
+        ``reason``, the first ``limit`` of them: the ended rows. One statement."""
+        served = self._matching("d.name", "d.class", "d.tags", "d.fidelity")
+        where = (f"{self._matching(':name', ':class', ':tags', ':fidelity')} AND NOT EXISTS "
+                 f"(SELECT 1 FROM devices d WHERE NOT d.retired AND {served})")
+        return await self._end_waiting(where, {**_of_device(device), "now": _EVER}, reason, now, limit)
+
+    async def end_tickets_of_token(self, token_id: str, device: DeviceFacts, reason: str, now: float,
+                                   limit: int) -> list[TicketRow]:
+        """The waiting tickets of token ``token_id`` that ``device`` would serve at ``now`` end
+        ``cancelled`` for ``reason`` (its grant to each would be refused alike), the first
+        ``limit`` of them, those another grant holds skipped: the ended rows. One statement."""
+        where = f"t.token_id = :token AND {self._matching(':name', ':class', ':tags', ':fidelity')}"
+        return await self._end_waiting(where, {**_of_device(device), "now": now, "token": token_id}, reason, now,
+                                       limit, skip_locked=True)
+
+    async def _end_waiting(self, where: str, values: dict[str, Any], reason: str, now: float, limit: int,
+                           skip_locked: bool = False) -> list[TicketRow]:
+        """The waiting tickets ``t`` that ``where`` holds of end ``cancelled``: the first
+        ``limit``, oldest first (on PostgreSQL, ``skip_locked``: not those another transaction
+        holds: its grant of one then ends it, and no lock is waited for out of order)."""
+        lock = " FOR UPDATE SKIP LOCKED" if skip_locked and self.db.dialect == "postgresql" else ""
         return await self.db.rows(
-            f"SELECT t.* FROM tickets t WHERE {self._matching(':name', ':class', ':tags', ':fidelity')} AND NOT EXISTS "
-            "(SELECT 1 FROM devices d WHERE NOT d.retired AND "
-            f"{self._matching('d.name', 'd.class', 'd.tags', 'd.fidelity')}) ORDER BY t.created_at, t.id LIMIT :n",
-            waiting=TicketState.WAITING, now=_EVER, n=limit, **of_device)
+            "UPDATE tickets SET state = :cancelled, reason = :reason, ended_at = :ended WHERE state = :waiting AND id "
+            f"IN (SELECT t.id FROM tickets t WHERE {where} ORDER BY t.created_at, t.id LIMIT :n{lock}) RETURNING *",
+            cancelled=TicketState.CANCELLED, reason=reason, ended=now, waiting=TicketState.WAITING, n=limit,
+            **values)
 
     async def lease_durations(self, classes: list[str], limit: int) -> list[float]:
         """How long the latest ``limit`` ended leases of devices of ``classes`` lasted, from
@@ -209,5 +229,12 @@ class TicketQueries:
         """Count an open ticket of ``requester``: False, and nothing counted, at ``limit``."""
         return await count_up(self.db, "open_tickets", requester, 1, limit)
 
-    async def uncount_ticket(self, requester: str) -> None:
-        await count_down(self.db, "open_tickets", requester)
+    async def uncount_ticket(self, requester: str, tickets: int = 1) -> None:
+        """``tickets`` fewer open tickets of ``requester``."""
+        await count_down(self.db, "open_tickets", requester, tickets)
+
+
+def _of_device(device: DeviceFacts) -> dict[str, Any]:
+    """What ``TicketQueries._matching`` binds of ``device``."""
+    return {"name": device["name"], "class": device["class"], "tags": json.dumps(device["tags"]),
+            "fidelity": device["fidelity"]}

@@ -16,7 +16,7 @@ from device_loop.core.queue_estimate import Estimate, Holding, quantile, reckon,
 from device_loop.core.vocabulary import DeviceState
 
 from .rows import CouldServe, TicketRow
-from .store.tickets import TicketQueries
+from .store.tickets import TicketQueries, Want, want_of
 
 MAX_DEVICES = 500   # devices an estimate reads (a class of more is reckoned from these)
 HISTORY = 200       # the latest ended leases of their class whose durations it takes
@@ -35,7 +35,7 @@ class Cache:
     (the things of one class share them)."""
 
     def __init__(self) -> None:
-        self.reads: dict[tuple, _Read] = {}
+        self.reads: dict[tuple[Want, bool], _Read] = {}
         self.durations: dict[tuple[str, ...], list[float]] = {}
 
 
@@ -43,8 +43,9 @@ def _at(when: float) -> str:
     return iso(when) or ""  # (never None: a time)
 
 
-def _want(row: TicketRow) -> tuple:
-    return row["device"], row["device_class"], tuple(row["tags"]), row["needs"], row["fallback"]
+def _read_key(row: TicketRow) -> tuple[Want, bool]:
+    """What a read is for: the thing waited for, and whether a fallback's devices count."""
+    return want_of(row), row["fallback"] is not None
 
 
 class _Read:
@@ -116,7 +117,7 @@ class Estimates:
         self.reckonings = Reckonings()
 
     async def _read(self, row: TicketRow, cache: Cache | None) -> _Read | None:
-        key = _want(row)
+        key = _read_key(row)
         if cache is not None and key in cache.reads:
             return cache.reads[key]
         if cache is not None and len(cache.reads) >= MAX_WANTS:

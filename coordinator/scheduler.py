@@ -35,7 +35,7 @@ from .store import Store
 from .who import COORDINATOR, Who
 from .store.devices import DeviceQueries
 from .store.leases import LeaseQueries
-from .store.tickets import TicketQueries
+from .store.tickets import TicketQueries, Want, want_of
 
 TICKET_PREFIX = "tk-"
 #: The refusals of a reserve by name that a ticket waits out (a held, reclaimed, faulty,
@@ -393,11 +393,11 @@ class Scheduler:
         whoever may see all."""
         now = self.life.clock()
         rows = await self.tickets_sql.waiting_tickets(MAX_LISTED, self._aged(now))
-        seen: dict[tuple, int] = {}
+        seen: dict[Want, int] = {}
         cache = Cache()
         entries: list[QueueEntry] = []
         for row in rows:
-            want = (row["device"], row["device_class"], tuple(row["tags"]), row["needs"])
+            want = want_of(row)
             seen[want] = seen.get(want, 0) + 1
             shown = who is not None and (who.may_see_all or who.may_act_on(row["requester"]))
             entries.append({"ticket": row["id"] if shown else None,

@@ -3,8 +3,12 @@ many tickets are served alternately with another's one, an urgent ticket (its to
 set by an admin) before normal ones, and a request cannot name its band; what no device can
 serve is refused at once, and a waiting ticket ends with its last device. In-process, with a
 hand-moved clock, on SQLite and on PostgreSQL."""
+import re
+from pathlib import Path
+
 import pytest
 
+from device_loop.coordinator import scheduler
 from device_loop.coordinator.identity import issue_token
 from device_loop.coordinator.who import CallerKind, Who
 from device_loop.core.ab.jobs import JobSpec
@@ -134,3 +138,28 @@ async def test_what_no_device_can_serve_is_refused_at_once_and_a_ticket_ends_wit
         gone = await ann.post("/leases", json={"class": "riscv-sbc", "queue": True})
         assert gone.status_code == 409 and gone.json()["error"] == "none_can_serve"
         assert (await ann.get(f"/tickets/{waits['ticket']}")).json()["state"] == "waiting"
+
+
+async def test_a_tickets_place_is_its_place_on_the_board_in_a_mixed_queue(tmp_path):
+    """The order of service and the thing waited for are written once (store/tickets.py:
+    ``_order`` in SQL, ``want_of``): the place a ticket is told and its place on the board agree
+    over bands, kinds, an aged batch ticket, turns and two things waited for."""
+    async with in_process_lab(tmp_path, max_tickets_per_user=0) as (client, rules, clock):
+        await FakeExporter(client("root"), "host-a").beat([board("d0"), {**board("d1"), "tags": ["other"]}])
+        now = clock()
+        rows = []
+        for n in range(16):
+            row = {"id": f"tk-{n:02}", "requester": f"u{n % 3}", "kind": ("batch", "interactive")[n % 2],
+                   "device": None, "device_class": "riscv-sbc", "tags": [["rvv"], ["other"]][n % 4 == 3],
+                   "ttl_s": 600.0, "state": "waiting", "created_at": now - (4000 if n == 6 else 16 - n),
+                   "granted_at": None, "ended_at": None, "lease_id": None, "granted_device": None, "reason": "",
+                   "band": ("urgent", "normal", "background")[n % 3 if n % 5 else 1], "turn": n % 4}
+            await rules.store.insert("tickets", row)
+            rows.append(row)
+        board_places = {e["ticket"]: e["position"] for e in await rules.scheduler.queue(Who("root", admin=True))}
+        aged, tickets = rules.scheduler._aged(clock()), rules.scheduler.tickets_sql
+        told = {row["id"]: await tickets.tickets_ahead(await tickets.ticket(row["id"]), aged) + 1 for row in rows}
+        assert told == board_places and max(board_places.values()) == 12, "12 for one thing, 4 for another"
+    coordinator = "".join(p.read_text() for p in Path(scheduler.__file__).parent.rglob("*.py"))
+    assert len(re.findall(r'created_at\W*<=', coordinator)) == 1, "the order of service: written once, in SQL"
+    assert len(re.findall(r'tuple\(\w+\["tags"\]\)', coordinator)) == 1, "the thing waited for: read once (want_of)"

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
-from device_loop.core.vocabulary import BAND_RANK, OPEN_TICKET_STATES, Band, TicketKind, TicketState, sql_list
+from device_loop.core.vocabulary import BAND_RANK, OPEN_TICKET_STATES, TicketKind, TicketState, sql_list
 
 from ..rows import CouldServe, DeviceFacts, TicketRow
 from .core import Store
@@ -21,29 +21,44 @@ LENT_TO = ("jobs.py",)
 _OPEN_TICKETS_SQL = sql_list(OPEN_TICKET_STATES)
 # The order of service (docs/architecture.md, "Shares of one lab": the queue is fair, by band):
 # band, then interactive before batch (an aged batch ticket counts as interactive), then turn,
-# then first come, then id. One key, so a grant, a place and the board read the same order.
-_BAND = "CASE t.band " + " ".join(f"WHEN '{band}' THEN {rank}" for band, rank in BAND_RANK.items()) + " ELSE " \
-        f"{len(BAND_RANK)} END"
-_TIER = "CASE WHEN t.kind = :interactive OR t.created_at <= :aged THEN 0 ELSE 1 END"
-_ORDER = (_BAND, _TIER, "t.turn", "t.created_at", "t.id")
-_FIRST = ", ".join(_ORDER)
+# then first come, then id. One key, in SQL only, so a grant, a place and the board read the
+# same order (a place compares a ticket's key with its own row's: ``tickets_ahead``).
+
+
+def _order(t: str) -> str:
+    """The key of ticket ``t`` (an alias of ``tickets``) in the order of service, as SQL."""
+    band = " ".join(f"WHEN '{band}' THEN {rank}" for band, rank in BAND_RANK.items())
+    return (f"CASE {t}.band {band} ELSE {len(BAND_RANK)} END, "
+            f"CASE WHEN {t}.kind = :interactive OR {t}.created_at <= :aged THEN 0 ELSE 1 END, "
+            f"{t}.turn, {t}.created_at, {t}.id")
+
+
+_FIRST = _order("t")
 _EVER = 1e15  # a time past every ticket's fallback: what could serve it once its wait is over
-# the same thing waited for: what tickets_ahead counts and a turn is reckoned among
+
+
+class Want(NamedTuple):
+    """The thing a ticket waits for: tickets for the same one are placed and take turns among
+    themselves (its fallback aside: it changes which devices could serve it, not its place)."""
+    device: str
+    device_class: str
+    tags: tuple[str, ...]
+    needs: str
+
+
+def want_of(ticket: TicketRow) -> Want:
+    """What ``ticket`` waits for (an absent name, class or needs as ''; SQL's ``_SAME_WANT``)."""
+    return Want(ticket["device"] or "", ticket["device_class"] or "", tuple(ticket["tags"]), ticket["needs"] or "")
+
+
+# ``want_of`` in SQL: waiting ticket ``t`` waits for the Want bound by ``_want_binds``
 _SAME_WANT = ("COALESCE(t.device, '') = :d AND COALESCE(t.device_class, '') = :c AND t.tags = :tags AND "
               "COALESCE(t.needs, '') = :needs")
 
 
-def _want(ticket: TicketRow) -> dict[str, Any]:
-    return {"d": ticket["device"] or "", "c": ticket["device_class"] or "", "tags": json.dumps(ticket["tags"]),
-            "needs": ticket["needs"] or ""}
-
-
-def service_key(ticket: TicketRow, aged_before: float) -> tuple:
-    """``ticket``'s key in the order of service, as ``_FIRST`` orders in SQL (for a list sorted
-    in Python: the board's)."""
-    tier = 0 if ticket["kind"] == TicketKind.INTERACTIVE or ticket["created_at"] <= aged_before else 1
-    return (BAND_RANK.get(Band(ticket["band"]), len(BAND_RANK)), tier, ticket["turn"], ticket["created_at"],
-            ticket["id"])
+def _want_binds(ticket: TicketRow) -> dict[str, Any]:
+    want = want_of(ticket)
+    return {"d": want.device, "c": want.device_class, "tags": json.dumps(list(want.tags)), "needs": want.needs}
 
 
 class TicketQueries:
@@ -63,7 +78,7 @@ class TicketQueries:
         row = await self.db.row(
             f"SELECT MAX(CASE WHEN t.requester = :r THEN t.turn + 1 END) AS mine, "
             f"MIN(CASE WHEN {_SAME_WANT} THEN t.turn END) AS low FROM tickets t WHERE t.state = :w AND t.band = :b",
-            r=ticket["requester"], w=TicketState.WAITING, b=ticket["band"], **_want(ticket))
+            r=ticket["requester"], w=TicketState.WAITING, b=ticket["band"], **_want_binds(ticket))
         return max(row["mine"] or 0, row["low"] or 0)
 
     async def ticket(self, ticket_id: str, for_update: bool = False) -> TicketRow | None:
@@ -216,13 +231,13 @@ class TicketQueries:
                                   w=TicketState.WAITING, n=limit, interactive=TicketKind.INTERACTIVE, aged=aged_before)
 
     async def tickets_ahead(self, ticket: TicketRow, aged_before: float) -> int:
-        """How many waiting tickets for the same thing are served before ``ticket``."""
-        band, tier, turn, at, id_ = service_key(ticket, aged_before)
+        """How many waiting tickets for the same thing are served before ``ticket`` (its key in
+        the order of service read from its own row)."""
         row = await self.db.row(
-            f"SELECT COUNT(*) AS n FROM tickets t WHERE t.state = :w AND {_SAME_WANT} AND t.id <> :id AND "
-            f"({_FIRST}) < (:band, :tier, :turn, :at, :id)",
-            w=TicketState.WAITING, interactive=TicketKind.INTERACTIVE, aged=aged_before, band=band, tier=tier,
-            turn=turn, at=at, id=id_, **_want(ticket))
+            f"SELECT COUNT(*) AS n FROM tickets t JOIN tickets me ON me.id = :id WHERE t.state = :w AND "
+            f"{_SAME_WANT} AND t.id <> me.id AND ({_FIRST}) < ({_order('me')})",
+            w=TicketState.WAITING, interactive=TicketKind.INTERACTIVE, aged=aged_before, id=ticket["id"],
+            **_want_binds(ticket))
         return row["n"]
 
     async def count_ticket(self, requester: str, limit: int | None) -> bool:

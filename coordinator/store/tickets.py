@@ -33,7 +33,7 @@ def _order(t: str) -> str:
             f"{t}.turn, {t}.created_at, {t}.id")
 
 
-_FIRST = _order("t")
+_FIRST, _ITS_OWN = _order("t"), _order("me")
 _EVER = 1e15  # a time past every ticket's fallback: what could serve it once its wait is over
 
 
@@ -235,7 +235,7 @@ class TicketQueries:
         the order of service read from its own row)."""
         row = await self.db.row(
             f"SELECT COUNT(*) AS n FROM tickets t JOIN tickets me ON me.id = :id WHERE t.state = :w AND "
-            f"{_SAME_WANT} AND t.id <> me.id AND ({_FIRST}) < ({_order('me')})",
+            f"{_SAME_WANT} AND t.id <> me.id AND ({_FIRST}) < ({_ITS_OWN})",
             w=TicketState.WAITING, interactive=TicketKind.INTERACTIVE, aged=aged_before, id=ticket["id"],
             **_want_binds(ticket))
         return row["n"]

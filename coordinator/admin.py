@@ -15,7 +15,7 @@ from device_loop.core.errors import ErrorCode
 from . import kinds
 from .devices import Devices
 from .errors import APIError, conflict, not_found
-from .identity import check_token_scope, scope_of, scope_text
+from .identity import check_token_scope, scope_text, stored_scope
 from .leases import Leases
 from .lifecycle import NO_FAULT, Lifecycle, fault, switched_off
 from .notify import BOARD_KEY, host_key, op_key
@@ -268,27 +268,31 @@ class Admin:
         takes it away) or band in place: its next call is held to them, no new token."""
         if unscoped and scope is not None:
             raise APIError(422, ErrorCode.INVALID, "unscoped: a token is unscoped or given a scope, not both")
-        token = await self.tokens_sql.token(token_id)
-        if token is None:
-            raise not_found("token", token_id)
-        if token["revoked_at"] is not None:
-            raise conflict(ErrorCode.ALREADY_REVOKED, f"token {token_id} was revoked at {iso(token['revoked_at'])}")
-        now = scope_of(token["scope"])
-        if scope is not None:
-            given = scope.model_dump(include=scope.model_fields_set)
-            try:
-                scope = TokenScope.model_validate({**(now.model_dump() if now else {}), **given})
-            except ValidationError as exc:  # (each field was valid; only together can they not be)
-                raise APIError(422, ErrorCode.INVALID, f"scope: {exc.errors()[0]['msg']}") from None
-        new_scope = None if unscoped else scope if scope is not None else now
-        new_band = Band(band or token["band"])
-        check_token_scope(bool(token["admin"]), token["host"], new_scope, new_band)
-        await self.judge_scope(new_scope if scope is not None else None)
-        async with self.store.tx():
-            await self.tokens_sql.set_scope(token_id, scope_text(new_scope), new_band)
+        async with self.store.tx():  # (read, merged and written under its row's lock: two admins' changes both hold)
+            token = await self.tokens_sql.token(token_id, for_update=True)
+            if token is None:
+                raise not_found("token", token_id)
+            if token["revoked_at"] is not None:
+                raise conflict(ErrorCode.ALREADY_REVOKED, f"token {token_id} was revoked at {iso(token['revoked_at'])}")
+            stored = stored_scope(token["scope"])  # (as stored: one that no longer holds is set again here)
+            if scope is not None:
+                given = scope.model_dump(include=scope.model_fields_set)
+                try:
+                    scope = TokenScope.model_validate({**(stored or {}), **given})
+                except ValidationError as exc:  # (each field was valid; only together, or with what it kept, not)
+                    error = exc.errors()[0]
+                    field = ".".join(str(part) for part in error["loc"])
+                    raise APIError(422, ErrorCode.INVALID, f"scope{'.' + field if field else ''}: "
+                                                           f"{error['msg']}") from None
+            text = None if unscoped else scope_text(scope) if scope is not None else token["scope"]
+            new_band = Band(band or token["band"])
+            # (a scope kept as it is: any scope is one, for what takes none)
+            check_token_scope(bool(token["admin"]), token["host"], None if text is None else scope or TokenScope(),
+                              new_band)
+            await self.judge_scope(scope)
+            await self.tokens_sql.set_scope(token_id, text, new_band)
             await self.life.audit(admin, "token_set", None, None, {
-                "id": token_id, "band": new_band, "scope": None if new_scope is None else new_scope.model_dump(
-                    mode="json", exclude_none=True)})
+                "id": token_id, "band": new_band, "scope": stored_scope(text)})
         updated = await self.tokens_sql.token(token_id)
         assert updated is not None  # (tokens are revoked, never deleted)
         return updated

@@ -35,12 +35,17 @@ if TYPE_CHECKING:  # (lifecycle imports the metrics, which read the periods here
 
 MAX_BOARD_TOKENS = 200  # scoped tokens the web page's table shows
 LEAST_HOLD_S = 1.0  # less left than this is nothing left: no lease is granted for under a second
-TOKEN_PERIOD = "token"  # the period of a budget for the token's whole life
+USAGE_KEPT_DAYS = 400  # a day's usage per token is kept this long (a year's look back, and a month)
 
 
 def period_of(now: float, period: BudgetPeriod) -> str:
     """The period a hold made at ``now`` is charged to: its UTC day, or the token's life."""
-    return time.strftime("%Y-%m-%d", time.gmtime(now)) if period == BudgetPeriod.DAY else TOKEN_PERIOD
+    return time.strftime("%Y-%m-%d", time.gmtime(now)) if period == BudgetPeriod.DAY else BudgetPeriod.TOKEN.value
+
+
+def period_kind(period: str) -> BudgetPeriod:
+    """What kind of period ``period`` (as ``period_of`` names it) is."""
+    return BudgetPeriod.TOKEN if period == BudgetPeriod.TOKEN.value else BudgetPeriod.DAY
 
 
 def period_end(now: float, period: BudgetPeriod) -> float | None:
@@ -96,6 +101,12 @@ class Hold:
     period: str
     capped: bool
 
+    @staticmethod
+    def of(held: float, want: float, period: str) -> Hold:
+        """``held`` seconds of the ``want`` asked, in ``period``: capped if less (a float's
+        rounding in the database's sum aside)."""
+        return Hold(held, period, held < want - 1e-6)
+
     def columns(self, now: float) -> dict[str, Any]:
         """The lease's columns that record it."""
         return {"held_s": self.seconds, "held_from": now, "held_period": self.period, "budget_capped": self.capped}
@@ -142,7 +153,7 @@ class Budgets:
             return None, False
         held, counted = await self.budgets_sql.take(spender.token_id, ask, limit is not None,
                                                     None if admitted else limit)
-        hold = None if ask is None or held is None else Hold(held, ask.period, held < want - 1e-6)
+        hold = None if ask is None or held is None else Hold.of(held, want, ask.period)
         if ask is not None and hold is None:
             await self.give_back(spender, None, counted)  # (a ticket's grant goes on in its transaction)
             raise await self.spent(spender, now)
@@ -162,7 +173,7 @@ class Budgets:
         held, _ = await self.budgets_sql.take(spender.token_id, ask, False, None)
         if held is None:
             raise await self.spent(spender, now)
-        return Hold(held, ask.period, held < want - 1e-6)
+        return Hold.of(held, want, ask.period)
 
     async def spent(self, spender: Spender, now: float) -> APIError:
         """403 ``budget_spent``, saying what is left and when it renews."""
@@ -196,6 +207,12 @@ class Budgets:
                                           False)
         return await self.hold(spender, want, now)
 
+    async def prune(self, now: float) -> None:
+        """Days of usage older than ``USAGE_KEPT_DAYS`` go (a token's life's is kept): one
+        statement, run with the reaper's other pruning."""
+        async with self.life.store.tx():
+            await self.budgets_sql.prune_usage(period_of(now - USAGE_KEPT_DAYS * 86400.0, BudgetPeriod.DAY))
+
     async def whoami(self, who: Who) -> WhoamiAnswer:
         """Who the caller is, its scope, and (a budgeted token) its budget now."""
         scope, budget, live = who.scope, None, None
@@ -212,11 +229,14 @@ class Budgets:
         """The scoped tokens and what they hold and used of their budgets now, for the admins'
         "Tokens" table on the web page (``MAX_BOARD_TOKENS`` at most)."""
         now = self.life.clock()
-        rows = await self.budgets_sql.scoped_tokens([period_of(now, BudgetPeriod.DAY), TOKEN_PERIOD],
-                                                    MAX_BOARD_TOKENS)
+        periods = [period_of(now, BudgetPeriod.DAY), period_of(now, BudgetPeriod.TOKEN)]
+        rows = await self.budgets_sql.scoped_tokens(periods, MAX_BOARD_TOKENS)
         shown: dict[str, TokenUsage] = {}
         for row in rows:
-            scope = scope_of(row["scope"])
+            try:
+                scope = scope_of(row["scope"])
+            except APIError:  # (a scope that no longer holds: its calls are refused; admin token ls shows it)
+                continue
             if scope is None:
                 continue
             usage: TokenUsageRow | None = None

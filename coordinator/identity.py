@@ -22,11 +22,13 @@ import functools
 import getpass
 import hashlib
 import hmac
+import json
 import re
 import secrets
-from typing import Callable
+from typing import Any, Callable
 
 import httpx2
+from pydantic import ValidationError
 from starlette.requests import Request
 
 from device_loop.core.durations import iso
@@ -129,12 +131,40 @@ async def token_identity(rules, token: str) -> Who | None:
                band=Band(row["band"]))
 
 
-@functools.lru_cache(maxsize=1024)
 def scope_of(text: str | None) -> TokenScope | None:
     """A token's scope as its row keeps it (JSON), parsed once per distinct scope: the check
     of every call costs the token's one lookup, which it made anyway (docs/architecture.md,
-    "Shares of one lab")."""
-    return None if text is None else TokenScope.model_validate_json(text)
+    "Shares of one lab"). A stored scope that no longer holds (a bound this version of the lab
+    tightened) refuses its token's every call: 403 ``out_of_scope``, an admin sets it again."""
+    if text is None:
+        return None
+    scope = _parsed_scope(text)
+    if scope is None:
+        raise APIError(403, ErrorCode.OUT_OF_SCOPE, "scope: this token's scope, as stored, no longer holds in this "
+                                                    "version of the lab: an admin sets it again (device-loop admin "
+                                                    "token set TOKEN_ID --scope ..., or --unscoped)")
+    return scope
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_scope(text: str) -> TokenScope | None:
+    """``text`` as a scope, or None if it no longer validates."""
+    try:
+        return TokenScope.model_validate_json(text)
+    except ValidationError:
+        return None
+
+
+def stored_scope(text: str | None) -> dict[str, Any] | None:
+    """A token's scope as stored, whether or not it still validates (what an admin sees and
+    changes: ``admin token ls``/``set``); None: unscoped."""
+    if text is None:
+        return None
+    try:
+        stored = json.loads(text)
+    except ValueError:
+        return {}
+    return {k: v for k, v in stored.items() if v is not None} if isinstance(stored, dict) else {}
 
 
 async def _tailnet_identity(request: Request) -> Who:
@@ -233,8 +263,9 @@ def scope_text(scope: TokenScope | None) -> str | None:
 
 def token_view(row: TokenRow) -> TokenAnswer:
     """A token as lists show it: everything but the secret and its hash."""
-    scope = scope_of(row["scope"])
+    scope = _parsed_scope(row["scope"]) if row["scope"] is not None else None
+    shown = stored_scope(row["scope"]) if scope is None else scope.model_dump(mode="json")
     return {"id": row["id"], "user": row["username"], "admin": bool(row["admin"]), "host": row["host"],
-            "kind": row["kind"], "scope": None if scope is None else scope.model_dump(mode="json"), "band": row["band"],
+            "kind": row["kind"], "scope": shown, "band": row["band"],
             "created_at": iso(row["created_at"]), "expires_at": iso(row["expires_at"]),
             "revoked_at": iso(row["revoked_at"])}

@@ -17,7 +17,7 @@ from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.protocol import PluginMetrics
 from device_loop.core.vocabulary import BudgetPeriod
 
-from .budgets import TOKEN_PERIOD, period_of
+from .budgets import period_kind, period_of
 
 from .store.metrics import MetricQueries
 
@@ -97,9 +97,9 @@ class LabMetrics:
                                    "leases, held ahead by live ones and used by ended ones, in its budget's current "
                                    "period (day: today UTC; token: its life)",
                                    labels=["token", "user", "period", "state"])
-        today = period_of(now, BudgetPeriod.DAY)
-        for row in await self.metrics_sql.token_usage([today, TOKEN_PERIOD]):
-            period = "token" if row["period"] == TOKEN_PERIOD else "day"
+        for row in await self.metrics_sql.token_usage([period_of(now, BudgetPeriod.DAY),
+                                                        period_of(now, BudgetPeriod.TOKEN)]):
+            period = period_kind(row["period"]).value
             family.add_metric([row["token_id"], row["username"], period, "held"], round(row["held_s"], 3))
             family.add_metric([row["token_id"], row["username"], period, "used"], round(row["used_s"], 3))
         return family

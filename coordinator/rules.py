@@ -142,3 +142,4 @@ class Rules:
             self._next_prune = now + PRUNE_EVERY_S
             await self.operations.prune(now, PRUNE_BATCH, PRUNE_BATCHES)
             await self.life.prune_audit(now, PRUNE_BATCH, PRUNE_BATCHES)
+            await self.budgets.prune(now)

@@ -10,6 +10,7 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from device_loop.coordinator.identity import issue_token
+from device_loop.coordinator.rules import PRUNE_EVERY_S
 from device_loop.core.durations import parse_iso
 from device_loop.core.scopes import TokenScope
 from device_loop.core.vocabulary import TokenKind
@@ -248,3 +249,50 @@ async def test_a_scoped_reserve_and_release_cost_a_fixed_few_statements_more_tha
         assert costs["budget"] == (plain[0] + 1, plain[1] + 1), costs
         both = 1 if rules.store.dialect == "postgresql" else 2  # (one statement of two parts; SQLite: one writer)
         assert costs["budget and leases"] == (plain[0] + both, plain[1] + both), costs
+
+
+@pytest.mark.parametrize("end", ["revoke", "unclaimed", "keepalive"])
+async def test_a_hold_is_settled_however_its_lease_ends(tmp_path, end):
+    """An admin's revoke, a grant nobody claimed, a keepalive lease whose client went quiet:
+    each gives back what was held and counts what the lease lasted as used."""
+    async with in_process_lab(tmp_path, single_user=False, claim_window_s=30.0, **SETTINGS) as (client, rules, clock):
+        agent = client(token=await token(rules, "bot", TokenScope(budget_s=3600, budget_period="token")))
+        root = client(token=await token(rules, "root", admin=True))
+        exporter = await exporter_of(client, rules)
+        await exporter.beat([board("b0")])
+        if end == "unclaimed":
+            held = (await root.post("/leases", json={"device": "b0"})).json()
+            ticket = (await agent.post("/leases", json={"device": "b0", "ttl_s": 600, "queue": True})).json()
+            await root.post(f"/leases/{held['id']}/release")
+            await exporter.beat([board("b0")])  # reclaimed: granted to the ticket, which nobody claims
+            lease_id = (await root.get(f"/tickets/{ticket['ticket']}")).json()["lease"]["id"]
+        else:
+            asked = {"keepalive_s": 60} if end == "keepalive" else {"ttl_s": 600}
+            lease_id = (await agent.post("/leases", json={"device": "b0", **asked})).json()["id"]
+        me = (await agent.get("/whoami")).json()["budget"]
+        assert me["held_s"] > 0 and me["used_s"] == 0, me
+
+        clock.advance(100)
+        if end == "revoke":
+            assert (await root.post(f"/admin/leases/{lease_id}/revoke")).status_code == 200
+        else:
+            await rules.reap()
+        lease = await rules.store.row("SELECT state, created_at, ended_at FROM leases WHERE id = :id", id=lease_id)
+        assert lease["state"] == ("revoked" if end == "revoke" else "expired"), lease
+        assert has((await agent.get("/whoami")).json()["budget"], held_s=0, used_s=lease["ended_at"] -
+                   lease["created_at"], left_s=3600 - 100), "given back, and what it lasted counted"
+
+
+async def test_days_of_usage_older_than_they_are_kept_are_pruned_by_the_reaper(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        agent = client(token=await token(rules, "bot", TokenScope(budget_s=600)))
+        token_id = (await agent.get("/whoami")).json()["token_id"]
+        days = {"2025-01-01": "gone", "2026-06-01": "kept", "token": "kept"}  # (the lab's clock: January 2027)
+        for period in days:
+            await rules.store.run("INSERT INTO token_usage (token_id, period, held_s, used_s, last_hold_s) VALUES "
+                                  "(:t, :p, 0, 60, 0)", t=token_id, p=period)
+        clock.advance(PRUNE_EVERY_S)  # (its pruning is due)
+        await rules.reap()
+        left = {r["period"] for r in await rules.store.rows("SELECT period FROM token_usage WHERE token_id = :t",
+                                                           t=token_id)}
+        assert left == {period for period, fate in days.items() if fate == "kept"}

@@ -5,6 +5,8 @@ hostile scopes never reach the table, and a scope or band changed in place holds
 next call without a new token. The command line's words for them (``--scope``, ``--budget``)."""
 from __future__ import annotations
 
+import asyncio
+
 import httpx2
 import pytest
 from click.testing import CliRunner
@@ -120,6 +122,43 @@ async def test_a_scope_changed_in_place_holds_the_token_s_next_call(tmp_path):
         await root.post(f"/admin/tokens/{made['id']}/revoke")
         assert (await root.post(f"/admin/tokens/{made['id']}", json={"band": "normal"})).status_code == 409
         assert ("root", "token_set") in [(a["actor"], a["action"]) for a in (await root.get("/admin/audit")).json()]
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("database")
+async def test_two_admins_setting_one_token_at_once_both_hold_and_a_stale_scope_is_refused_not_a_500(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
+        root = await _lab_with_root(client, rules)
+        made = (await root.post("/admin/tokens", json={"user": "agent-1", "kind": "agent",
+                                                       "scope": {"classes": ["sim-board"]}})).json()
+        for n in range(3):  # (each change read, merged and written under the token's row lock)
+            first, second = await asyncio.gather(
+                root.post(f"/admin/tokens/{made['id']}", json={"scope": {"operations": ["exec", f"power.{OPS[n]}"]}}),
+                root.post(f"/admin/tokens/{made['id']}", json={"scope": {"max_leases": n + 2}}))
+            assert first.status_code == second.status_code == 200, (first.text, second.text)
+            scope = (await root.get("/admin/tokens")).json()[-1]["scope"]
+            assert (scope["operations"], scope["max_leases"], scope["classes"]) == (
+                ["exec", f"power.{OPS[n]}"], n + 2, ["sim-board"]), scope
+
+        # a scope stored by an older lab that a bound here no longer takes (a twenty-year lease)
+        await rules.store.run("UPDATE tokens SET scope = :s WHERE id = :id", id=made["id"],
+                              s='{"classes": ["sim-board"], "max_lease_s": 630720000}')
+        agent = client(token=made["token"])
+        for refused in (await agent.get("/whoami"), await agent.post("/leases", json={"device": "b0"})):
+            assert refused.status_code == 403 and refused.json()["error"] == "out_of_scope", refused.text
+            assert "no longer holds" in refused.json()["message"] and "admin token set" in refused.json()["message"]
+        listed = (await root.get("/admin/tokens")).json()[-1]
+        assert listed["scope"] == {"classes": ["sim-board"], "max_lease_s": 630720000}, "the admin sees it as stored"
+        assert (await root.get("http://127.0.0.1/")).status_code == 200, "the admins' Tokens table leaves it out"
+        kept = await root.post(f"/admin/tokens/{made['id']}", json={"scope": {"max_leases": 2}})
+        assert kept.status_code == 422 and kept.json()["message"].startswith("scope.max_lease_s:"), kept.text
+        assert (await root.post(f"/admin/tokens/{made['id']}", json={"band": "urgent"})).status_code == 200
+        fixed = await root.post(f"/admin/tokens/{made['id']}", json={"scope": {"max_lease_s": 3600}})
+        assert fixed.status_code == 200 and fixed.json()["scope"]["classes"] == ["sim-board"], fixed.text
+        assert (await agent.get("/whoami")).status_code == 200, "set again: the token works at once"
+
+
+OPS = ("on", "off", "cycle")
 
 
 def test_the_command_line_s_words_for_a_scope():

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from device_loop.core.vocabulary import BudgetPeriod
+
 from ..rows import TokenUsageRow
 from .core import Store
 
@@ -34,8 +36,7 @@ class BudgetQueries:
         """Hold up to ``ask.want`` seconds of the budget in ``ask.period`` (what is left, if
         less), unless less than ``ask.least`` is left: returns ``last_hold_s``, or no row. The
         row's lock orders two processes; the second sees the first's hold in its condition."""
-        least_of = "MIN" if self.db.dialect == "sqlite" else "LEAST"
-        grant = f"{least_of}(:want, :budget - token_usage.held_s - token_usage.used_s)"
+        grant = f"{self.db.least}(:want, :budget - token_usage.held_s - token_usage.used_s)"
         return ("INSERT INTO token_usage (token_id, period, held_s, used_s, last_hold_s) "
                 "VALUES (:t, :p, :first, 0, :first) ON CONFLICT (token_id, period) DO UPDATE "
                 f"SET held_s = token_usage.held_s + {grant}, last_hold_s = {grant} "
@@ -94,12 +95,6 @@ class BudgetQueries:
         return await self.db.row("SELECT token_id, period, held_s, used_s FROM token_usage "
                                  "WHERE token_id = :t AND period = :p", t=token_id, p=period)
 
-    async def usage_in(self, periods: list[str]) -> list[TokenUsageRow]:
-        """Every token's budget in any of ``periods`` (today's, and the tokens' lives)."""
-        where, params = self.db.in_list("period", "periods", periods)
-        return await self.db.rows(f"SELECT token_id, period, held_s, used_s FROM token_usage WHERE {where} "
-                                  "ORDER BY token_id, period", **params)
-
     async def scoped_tokens(self, periods: list[str], limit: int) -> list[dict]:
         """The scoped tokens not revoked (``limit`` at most), each with its usage in any of
         ``periods`` (a row per period; none: nothing held there yet), for the admins' table."""
@@ -111,6 +106,11 @@ class BudgetQueries:
             "LEFT JOIN token_counts c ON c.token_id = t.id "
             "WHERE t.scope IS NOT NULL AND t.revoked_at IS NULL ORDER BY t.username, t.id LIMIT :n", n=limit,
             **params)
+
+    async def prune_usage(self, before_day: str) -> None:
+        """The days' usage rows of days before ``before_day`` (YYYY-MM-DD) go; a token's life's stays."""
+        await self.db.run("DELETE FROM token_usage WHERE period < :day AND period <> :token", day=before_day,
+                          token=BudgetPeriod.TOKEN.value)
 
     async def live_leases(self, token_id: str) -> int:
         """How many live leases count against ``token_id``'s most leases at once."""

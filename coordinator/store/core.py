@@ -76,6 +76,7 @@ class Store:
         self.driver = Databases(url) if self.dialect == "postgresql" else SQLite(url.split("sqlite:///", 1)[1])
         # lock the host's row for the whole heartbeat (SQLite has one writer anyway)
         self.for_update = " FOR UPDATE" if self.dialect == "postgresql" else ""
+        self.least = "LEAST" if self.dialect == "postgresql" else "MIN"  # the smaller of several values
         self.statements = 0
         self._heard: Callable[[set[str] | None], None] = lambda keys: None
         self._listener: Listener | None = None

@@ -144,6 +144,5 @@ class LeaseQueries:
         """A keepalive lease that still lives lapses ``keepalive_s`` from ``now``, never past
         its end (docs/architecture.md, "Leases that live as long as their client"); any other
         is left as it is."""
-        least = "MIN" if self.db.dialect == "sqlite" else "LEAST"
-        await self.db.run(f"UPDATE leases SET expires_at = {least}(:now + keepalive_s, ends_at) WHERE id = :id AND "
-                          f"keepalive_s IS NOT NULL AND state IN {LIVE_SQL}", now=now, id=lease_id)
+        await self.db.run(f"UPDATE leases SET expires_at = {self.db.least}(:now + keepalive_s, ends_at) WHERE "
+                          f"id = :id AND keepalive_s IS NOT NULL AND state IN {LIVE_SQL}", now=now, id=lease_id)

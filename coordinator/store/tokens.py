@@ -20,8 +20,10 @@ class TokenQueries:
         async with self.db.tx():
             await self.db.insert("tokens", row)
 
-    async def token(self, token_id: str) -> TokenRow | None:
-        return await self.db.row("SELECT * FROM tokens WHERE id = :id", id=token_id)
+    async def token(self, token_id: str, for_update: bool = False) -> TokenRow | None:
+        """Token ``token_id``; ``for_update``: its row locked to the transaction's end."""
+        return await self.db.row("SELECT * FROM tokens WHERE id = :id" + (self.db.for_update if for_update else ""),
+                                 id=token_id)
 
     async def token_by_hash(self, digest: str) -> TokenRow | None:
         return await self.db.row("SELECT * FROM tokens WHERE hash = :h", h=digest)

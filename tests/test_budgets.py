@@ -251,11 +251,13 @@ async def test_a_scoped_reserve_and_release_cost_a_fixed_few_statements_more_tha
         assert costs["budget and leases"] == (plain[0] + both, plain[1] + both), costs
 
 
-@pytest.mark.parametrize("end", ["revoke", "unclaimed", "keepalive"])
+@pytest.mark.parametrize("end", ["revoke", "unclaimed", "keepalive", "failed"])
 async def test_a_hold_is_settled_however_its_lease_ends(tmp_path, end):
-    """An admin's revoke, a grant nobody claimed, a keepalive lease whose client went quiet:
-    each gives back what was held and counts what the lease lasted as used."""
-    async with in_process_lab(tmp_path, single_user=False, claim_window_s=30.0, **SETTINGS) as (client, rules, clock):
+    """An admin's revoke, a grant nobody claimed, a keepalive lease whose client went quiet, an
+    allocation whose services never came up: each gives back what was held and counts what
+    the lease lasted as used."""
+    settings = SETTINGS | ({"allocating_timeout_s": 50.0} if end == "failed" else {})
+    async with in_process_lab(tmp_path, single_user=False, claim_window_s=30.0, **settings) as (client, rules, clock):
         agent = client(token=await token(rules, "bot", TokenScope(budget_s=3600, budget_period="token")))
         root = client(token=await token(rules, "root", admin=True))
         exporter = await exporter_of(client, rules)
@@ -278,7 +280,7 @@ async def test_a_hold_is_settled_however_its_lease_ends(tmp_path, end):
         else:
             await rules.reap()
         lease = await rules.store.row("SELECT state, created_at, ended_at FROM leases WHERE id = :id", id=lease_id)
-        assert lease["state"] == ("revoked" if end == "revoke" else "expired"), lease
+        assert lease["state"] == {"revoke": "revoked", "failed": "failed"}.get(end, "expired"), lease
         assert has((await agent.get("/whoami")).json()["budget"], held_s=0, used_s=lease["ended_at"] -
                    lease["created_at"], left_s=3600 - 100), "given back, and what it lasted counted"
 
@@ -296,3 +298,17 @@ async def test_days_of_usage_older_than_they_are_kept_are_pruned_by_the_reaper(t
         left = {r["period"] for r in await rules.store.rows("SELECT period FROM token_usage WHERE token_id = :t",
                                                            t=token_id)}
         assert left == {period for period, fate in days.items() if fate == "kept"}
+
+
+async def test_a_renewal_across_midnight_settles_the_old_day_and_holds_in_the_new(tmp_path):
+    async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
+        agent = client(token=await token(rules, "bot", TokenScope(budget_s=3600)))
+        await (await exporter_of(client, rules)).beat([board("b0")])
+        clock.advance(DAY - clock.now % DAY - 100)  # 100 s before 00:00 UTC
+        lease = (await agent.post("/leases", json={"device": "b0", "ttl_s": 600})).json()
+        clock.advance(200)
+        assert (await agent.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 300})).status_code == 200
+        days = {r["period"]: (r["held_s"], r["used_s"]) for r in await rules.store.rows(
+            "SELECT period, held_s, used_s FROM token_usage")}
+        assert sorted(days.values()) == [(0, 200), (300, 0)], days
+        assert has((await agent.get("/whoami")).json()["budget"], held_s=300, used_s=0, left_s=3300)

@@ -73,6 +73,8 @@ def lease_text(lease: dict) -> str:
     elif lease["state"] in LIVE_LEASE_STATES:
         head += f", expires {lease['expires_at']} (in {time_left(lease['expires_at'])})"
     lines = [head]
+    if lease["state"] in LIVE_LEASE_STATES and lease.get("budget_capped"):
+        lines.append("  granted only to its token's budget's end, less than asked (device-loop whoami: what is left)")
     if not lease["ready"]:
         lines.append(f"  {lease['reason']}")
     if lease.get("flashing"):

@@ -82,6 +82,7 @@ def lease_json(view: LeaseView) -> LeaseAnswer:
         "expires_at": iso(view["expires_at"]),
         "keepalive_s": view["keepalive_s"],
         "ends_at": iso(view["ends_at"] if view["ends_at"] is not None else view["expires_at"]),
+        "budget_capped": bool(view["budget_capped"]),
         "ended_at": iso(view["ended_at"]),
         "end_reason": view["end_reason"],
         "device_state": view["device_state"],
@@ -267,7 +268,7 @@ class Leases:
         if not states and retired:  # (never queued: docs/architecture.md, "Shares of one lab")
             return conflict(ErrorCode.NONE_CAN_SERVE, f"no device can serve this: every device {wanted} ({retired}) is "
                                                       "retired; an admin brings one back with device-loop admin "
-                                                      "unretire DEVICE")
+                                                      "retire DEVICE --undo")
         if not states:
             classes = ", ".join(await self.devices_sql.device_classes()) or "none yet"
             return APIError(404, ErrorCode.NO_SUCH_DEVICES, f"no device in the lab is {wanted} (classes: {classes})")
@@ -425,6 +426,8 @@ class Leases:
             if held:
                 ends_at, hold = await self._hold_renewal(view, who, ends_at, now)
             view["expires_at"], view["ends_at"] = lapse(now, ends_at - now, keepalive), ends_at
+            if hold is not None:
+                view = {**view, **hold}  # type: ignore[typeddict-item]  # (its answer says a new cap, or none)
             if not await self.leases_sql.set_lease_expiry(lease_id, view["expires_at"], ends_at, hold):
                 raise conflict(ErrorCode.LEASE_ENDED, f"{lease_id} ended just now; reserve the device again")
             if ttl is not None:

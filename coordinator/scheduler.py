@@ -19,7 +19,7 @@ from typing import Awaitable, Callable
 
 from device_loop.core.durations import format_duration, iso, keepalive_problem
 from device_loop.core.needs import ANY_DEVICE, Need
-from device_loop.core.vocabulary import OPEN_TICKET_STATES, TicketKind, TicketState, LeaseState
+from device_loop.core.vocabulary import LIVE_LEASE_STATES, OPEN_TICKET_STATES, LeaseState, TicketKind, TicketState
 
 from device_loop.core.answers import LeaseAnswer, QueueEntry, TicketAnswer, TicketEstimate
 from device_loop.core.errors import ErrorCode
@@ -327,7 +327,16 @@ class Scheduler:
         elif row["state"] == TicketState.GRANTED:
             async with self.store.tx():
                 now = self.life.clock()
-                if await self.tickets_sql.claim_ticket(ticket_id, now):
+                lease = await self.leases_sql.lease(row["lease_id"] or "")
+                if lease is None or lease["state"] not in LIVE_LEASE_STATES:
+                    # its lease ended before it was claimed (revoked with its device's retirement, say):
+                    # nothing to offer, and saying "held for you" would be untrue
+                    reason = f"its lease {row['lease_id']} ended before it was claimed" + (
+                        f" ({lease['end_reason']})" if lease is not None and lease["end_reason"] else "")
+                    if await self.tickets_sql.end_ticket(ticket_id, TicketState.CANCELLED, reason, now,
+                                                         (TicketState.GRANTED,)):
+                        self.life.notify(ticket_key(ticket_id), BOARD_KEY)
+                elif await self.tickets_sql.claim_ticket(ticket_id, now):
                     if row["keepalive_s"] is not None and row["lease_id"]:
                         await self.leases_sql.keep_alive(row["lease_id"], now)
                     await self.life.audit(caller, "ticket_claim", row["granted_device"], row["lease_id"],

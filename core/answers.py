@@ -117,6 +117,7 @@ class LeaseAnswer(TypedDict):
     expires_at: str | None         # when it ends unless renewed (a keepalive lease: kept alive)
     keepalive_s: float | None      # a keepalive lease: renew it without a ttl this often at least
     ends_at: str | None            # its own end, which no keep-alive passes
+    budget_capped: bool            # its end is its token's budget's, not what was asked (whoami: what is left)
     ended_at: str | None
     end_reason: str | None
     device_state: DeviceState

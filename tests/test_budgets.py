@@ -59,6 +59,7 @@ async def test_a_budget_spent_to_zero_refuses_the_next_reserve_and_a_lease_ends_
 
         lease = (await agent.post("/leases", json={"device": "b0", "ttl_s": 600})).json()
         assert length(lease) == 120, "a lease that would outrun the budget is granted only to the budget's end"
+        assert lease["budget_capped"] is True, "and its answer says so"
         assert has((await audit(root, "reserve"))[-1], held_s=120, budget_capped=True)
         spent = await agent.post("/leases", json={"device": "b1"})
         assert spent.status_code == 403 and spent.json()["error"] == "budget_spent", spent.text
@@ -100,10 +101,11 @@ async def test_a_lease_ended_early_gives_back_what_it_did_not_use_and_a_renewal_
         second = (await agent.post("/leases", json={"device": "b1", "ttl_s": 100})).json()
         clock.advance(50)
         renewed = (await agent.post(f"/leases/{second['id']}/renew", json={"ttl_s": 200})).json()
-        assert parse_iso(renewed["ends_at"]) == clock.now + 200
+        assert parse_iso(renewed["ends_at"]) == clock.now + 200 and renewed["budget_capped"] is False
         assert has(await budget(), held_s=200, used_s=110, left_s=290)
         too_long = (await agent.post(f"/leases/{second['id']}/renew", json={"ttl_s": 1000})).json()
         assert parse_iso(too_long["ends_at"]) == clock.now + 490, "a renewal is granted only to the budget's end"
+        assert too_long["budget_capped"] is True
         assert (await budget())["left_s"] == 0
         await agent.post(f"/leases/{second['id']}/release")
         assert has(await budget(), held_s=0, used_s=110, left_s=490)

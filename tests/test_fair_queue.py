@@ -163,3 +163,21 @@ async def test_a_tickets_place_is_its_place_on_the_board_in_a_mixed_queue(tmp_pa
     coordinator = "".join(p.read_text() for p in Path(scheduler.__file__).parent.rglob("*.py"))
     assert len(re.findall(r'created_at\W*<=', coordinator)) == 1, "the order of service: written once, in SQL"
     assert len(re.findall(r'tuple\(\w+\["tags"\]\)', coordinator)) == 1, "the thing waited for: read once (want_of)"
+
+
+async def test_a_grant_whose_lease_ended_before_it_was_claimed_is_not_offered(tmp_path):
+    """A granted ticket whose lease an admin ended (a device retired with force) says so when
+    its requester reads it, never "held for you" with a lease that is gone."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        ann, root = client("ann"), client("root")
+        exporter = FakeExporter(root, "host-a")
+        await exporter.beat([board("r0")])
+        held = (await root.post("/leases", json={"device": "r0"})).json()
+        ticket = (await ann.post("/leases", json={"device": "r0", "queue": True})).json()
+        await root.post(f"/leases/{held['id']}/release")
+        await exporter.beat([board("r0")])  # its reclaim done: r0 goes to ann's ticket
+        assert (await root.get("/tickets", params={"all": "true"})).json()[0]["state"] == "granted"
+        assert (await root.post("/admin/devices/r0/retire", json={"force": True})).status_code == 200
+        seen = (await ann.get(f"/tickets/{ticket['ticket']}")).json()
+        assert seen["state"] == "cancelled" and "ended before it was claimed" in seen["reason"], seen
+        assert seen["lease"]["state"] == "revoked"

@@ -44,10 +44,40 @@ def pieces(value: Any, depth: int = PIECES_DEPTH) -> Iterator[bytes]:
         yield rendered(value)
 
 
+SMALL_ENTRIES = 64          # an answer of at most this many keys, items and values ...
+SMALL_TEXT = 16 << 10       # ... whose texts are at most this many characters in all is small
+
+
+def small(value: Any) -> bool:
+    """Whether ``value`` is small for certain (rendered at once: a lease's answer): at most
+    ``SMALL_ENTRIES`` keys, items and values and ``SMALL_TEXT`` characters of text, counted
+    until either is passed (what renders to more is counted, not guessed)."""
+    entries, text, todo = 0, 0, [value]
+    while todo:
+        item = todo.pop()
+        entries += 1
+        if isinstance(item, str):
+            text += len(item)
+        elif isinstance(item, (dict, list)):
+            entries += len(item)
+            if entries > SMALL_ENTRIES:  # (before a list of thousands is looked into)
+                return False
+            if isinstance(item, dict):
+                text += sum(len(key) for key in item if isinstance(key, str))
+                todo.extend(item.values())
+            else:
+                todo.extend(item)
+        if entries > SMALL_ENTRIES or text > SMALL_TEXT:
+            return False
+    return True
+
+
 async def answer_bytes(value: Any, bound: int = LARGE_ANSWER) -> bytes:
-    """``value`` rendered: its pieces on the event loop until they pass ``bound`` bytes (a small
-    answer never leaves the loop), the rest in a thread. At most ``bound`` and one piece (a run:
-    128 KiB as reported) are rendered on the loop, whatever the answer."""
+    """``value`` rendered: a small one at once, others in pieces on the event loop until they
+    pass ``bound`` bytes, the rest in a thread. At most ``bound`` and one piece (a run: 128 KiB
+    as reported) are rendered on the loop, whatever the answer."""
+    if small(value):
+        return rendered(value)
     parts = pieces(value)
     head: list[bytes] = []
     size = 0

@@ -15,7 +15,7 @@ import pytest
 from starlette.responses import JSONResponse
 
 from device_loop.coordinator import answer_json, mcp_tools
-from device_loop.coordinator.answer_json import LARGE_ANSWER, answer_bytes, larger_than, pieces
+from device_loop.coordinator.answer_json import LARGE_ANSWER, answer_bytes, larger_than, pieces, small
 from device_loop.coordinator.calls import CALLS
 from device_loop.coordinator.jobs import runs_cursor
 from lab_in_process import in_process_lab
@@ -116,7 +116,10 @@ async def test_an_answer_whose_first_run_is_small_is_still_rendered_in_a_thread(
 async def test_a_small_answer_is_rendered_on_the_event_loop(threads):
     lease = {"id": "lease-1", "device": "sim-0", "state": "ready", "expires_at": 1.5, "endpoints": {"uart": "h:1"},
              "tags": ["a", "b"], "reason": None}
-    assert await answer_bytes(lease) == JSONResponse(lease).body and threads == []
+    assert small(lease) and await answer_bytes(lease) == JSONResponse(lease).body and threads == []
+    devices = [{"name": f"d{n}", "state": "idle", "tags": ["a"]} for n in range(100)]  # not small, under the bound
+    assert not small(devices) and await answer_bytes(devices) == JSONResponse(devices).body and threads == []
+    assert not small({"output": "x" * 20_000}) and not small({"runs": [0] * 1_000_000})
 
 
 async def test_a_tool_answer_is_cut_to_its_bound_where_paging_goes_on():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from device_loop.core.vocabulary import HELD_OFF, DeviceState, FaultKind, HealthStatus, LeaseState
 
@@ -163,11 +163,16 @@ class Lifecycle:
         """Entries of the audit log older than the lab keeps them (``audit_retention_s``; None:
         kept, the default) go, ``batch`` a transaction, at most ``batches`` of them."""
         kept_s = self.settings.audit_retention_s
-        if kept_s is None:
-            return
+        if kept_s is not None:
+            await self.prune_in_batches(self.audit_sql.prune_audit, now - kept_s, batch, batches)
+
+    async def prune_in_batches(self, prune: Callable[[float, int], Awaitable[int]], before: float, batch: int,
+                               batches: int) -> None:
+        """What ``prune`` deletes of before ``before``, ``batch`` rows a transaction (the writer
+        is not held for long), at most ``batches`` of them: the rest at the reaper's next pass."""
         for _ in range(batches):
             async with self.store.tx():
-                if await self.audit_sql.prune_audit(now - kept_s, batch) < batch:
+                if await prune(before, batch) < batch:
                     return
 
     async def audit(self, actor: str, action: str, device: str | None, lease_id: str | None,

@@ -269,12 +269,8 @@ class Operations:
         go, ``batch`` a transaction (the writer is not held for long), at most ``batches`` of
         them: the rest at the next pass (docs/architecture.md, "Shares of one lab")."""
         kept_s = self.life.settings.operation_retention_s
-        if kept_s is None:
-            return
-        for _ in range(batches):
-            async with self.store.tx():
-                if await self.operations_sql.prune_operations(now - kept_s, batch) < batch:
-                    return
+        if kept_s is not None:
+            await self.life.prune_in_batches(self.operations_sql.prune_operations, now - kept_s, batch, batches)
 
     async def queue(self, device: DeviceFacts, kind: str, identifier: str, plugin: str, args: dict[str, Any],
                     lease_id: str | None, requester: str, *, exclusive: bool, destructive: bool, purpose: Purpose,

@@ -244,7 +244,7 @@ class Operations:
         if spec.get("exclusive", True) and device["op_id"]:
             raise self._busy(name, device["op_id"], device["op_kind"])
         if lease_id is not None and step is None:  # (what is refused above spends nothing of its share)
-            self.buckets.take(lease_id, self.life.clock())
+            self.take_share(lease_id)
         purpose = Purpose.STEP if step is not None else Purpose.LEASE if lease_id else Purpose.RECOVERY
         return await self.queue(device, kind, resource["identifier"], resource["plugin"], args, lease_id, caller,
                                 exclusive=spec.get("exclusive", True), destructive=spec.get("destructive", False),
@@ -263,6 +263,12 @@ class Operations:
                 if status_only(live["kind"], live["args"]) and live["args"] == args:
                     return op_json(live, theirs=True)
         return None
+
+    def take_share(self, lease_id: str) -> None:
+        """Spend one of the lease's operations (``LeaseBuckets``: past them, 429
+        ``too_many_operations``): what every operation a holder starts does, once nothing else
+        refuses it (docs/architecture.md, "Shares of one lab")."""
+        self.buckets.take(lease_id, self.life.clock())
 
     async def prune(self, now: float, batch: int, batches: int) -> None:
         """Operations that ended longer ago than the lab keeps them (``operation_retention_s``)

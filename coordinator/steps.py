@@ -114,6 +114,7 @@ class Steps:
             live = await self.operations.shared(SETTLE_KIND, {}, lease_id, device["name"])
             if live is not None:
                 return live
+            self.operations.take_share(lease_id)  # (one with no cool-down step too: it is a row and an entry)
             answer = await self.operations.queue(device, SETTLE_KIND, first["identifier"], EXPORTER_STEPS, {},
                                                  lease_id, who.name, exclusive=False, destructive=False,
                                                  purpose=Purpose.SETTLE, audit={"steps": settling})

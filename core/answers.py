@@ -173,9 +173,9 @@ class TicketEstimate(TypedDict):
     """When a waiting ticket is likely granted (docs/architecture.md, "Shares of one lab"):
     reckoned from the leases on the devices that could serve it, the recent lease durations
     of their class and the tickets served before it."""
-    earliest_at: str            # not before this, most likely (the leases' 10th percentile)
+    earliest_at: str            # not before this, most likely (the 5th percentile of the replays)
     likely_at: str              # about half the time by this (their median)
-    latest_at: str              # almost surely by this (their 90th percentile)
+    latest_at: str              # almost surely by this (their 95th percentile)
     devices: int                # the devices that could serve it, in service now
     ahead: int                  # tickets served before it
     lease_p50_s: float | None   # the recent leases' median and 90th percentile (None: no history yet:

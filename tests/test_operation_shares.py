@@ -139,3 +139,14 @@ async def test_the_audit_is_pruned_as_the_admin_configures(tmp_path):
         await rules.life.audit("alice", "new", None, None, {})
         await rules.reap()
         assert [e["action"] for e in await rules.devices.audit_sql.audit()] == ["new"]
+
+
+async def test_settles_of_a_device_without_a_cool_down_step_take_their_share_too(tmp_path):
+    """Such a settle is done at once (nothing live to answer the next), yet each is a row and an
+    audit entry: past the lease's burst, 429 as any operation."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client("alice")
+        await FakeExporter(api, "host-a").beat([device("d1")])
+        lease = (await api.post("/leases", json={"device": "d1"})).json()
+        settled = [(await api.post(f"/leases/{lease['id']}/settle")).status_code for _ in range(OPERATION_BURST + 1)]
+        assert settled == [201] * OPERATION_BURST + [429]

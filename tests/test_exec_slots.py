@@ -19,12 +19,22 @@ def _lease(n: int) -> dict:
     return {"id": f"lease-{n}", "device": f"b{n}", "host": "host-a"}
 
 
+async def until(condition: threading.Condition, holds) -> None:
+    """Return once ``holds()`` is true, as the threads that change it notify ``condition``."""
+    def wait() -> None:
+        with condition:
+            assert condition.wait_for(holds, timeout=10), "not within 10 s"
+    await asyncio.to_thread(wait)
+
+
 async def test_a_person_with_eight_leases_leaves_slots_for_another(monkeypatch):
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Condition()
     started: list[str] = []
 
     def blocked_exec(lease, command, timeout_s, max_output, ssh):
-        started.append(lease["id"])
+        with entered:
+            started.append(lease["id"])
+            entered.notify_all()
         release.wait(20)
         return ExecResult(stdout="ok\n", stderr="", status=0, channel="uart", elapsed_s=0.0, truncated=False)
 
@@ -33,8 +43,7 @@ async def test_a_person_with_eight_leases_leaves_slots_for_another(monkeypatch):
     share = total // 2
     alices = [asyncio.create_task(device_commands.exec_on(_lease(n), "true", 10, logins, "alice"))
               for n in range(total)]
-    while len(started) < share or sum(t.done() for t in alices) < total - share:
-        await asyncio.sleep(0.01)
+    await until(entered, lambda: len(started) >= share)  # (the others refused on their first step, before)
     refused = [t for t in alices if t.done()]
     assert len(refused) == total - share
     for task in refused:
@@ -43,8 +52,7 @@ async def test_a_person_with_eight_leases_leaves_slots_for_another(monkeypatch):
         assert seen.value.status == 503 and "alice runs 4 commands" in seen.value.message
         assert "shared per person" in seen.value.message
     bob = asyncio.create_task(device_commands.exec_on(_lease(99), "true", 10, logins, "bob"))
-    while "lease-99" not in started:
-        await asyncio.sleep(0.01)
+    await until(entered, lambda: "lease-99" in started)
     release.set()
     assert (await bob)["stdout"] == "ok\n"
     assert [(await t)["status"] for t in alices if t not in refused] == [0] * share

@@ -9,6 +9,7 @@ from typing import Any
 
 from device_loop.core import POWER_KIND, SETTLE_KIND
 from device_loop.core.errors import ErrorCode
+from device_loop.core.vocabulary import PowerAction
 
 from .errors import APIError
 
@@ -23,7 +24,7 @@ BUCKETS_KEPT = 10_000       # leases whose bucket is remembered; a full bucket i
 def status_only(kind: str, args: dict[str, Any]) -> bool:
     """Whether an operation of ``kind`` with ``args`` only reads (a power status, a settle:
     it waits for the device to be cool), so one live of its kind on the lease answers it."""
-    return kind == SETTLE_KIND or (kind == POWER_KIND and args.get("action") == "status")
+    return kind == SETTLE_KIND or (kind == POWER_KIND and args.get("action") == PowerAction.STATUS)
 
 
 class LeaseBuckets:

@@ -16,6 +16,7 @@ from device_loop.cli.output import emit, lease_text, table
 from device_loop.core import LEASE_PREFIX
 from device_loop.core.durations import parse_duration
 from device_loop.core.errors import ErrorCode
+from device_loop.core.vocabulary import Band
 
 direct_options = [
     click.option("--database-url", envvar="DEVICE_LOOP_DATABASE_URL", help="work on this database directly"),
@@ -65,7 +66,7 @@ def _token_text(made: dict) -> str:
     where = ("the exporter's token_file (chmod 600)" if made["host"] else
              "~/.config/device-loop/token, e.g.: mkdir -p ~/.config/device-loop && "
              "(umask 077; cat > ~/.config/device-loop/token)")
-    limits = "" if made.get("scope") is None and made.get("band", "normal") == "normal" else (
+    limits = "" if made.get("scope") is None and made.get("band", Band.NORMAL) == Band.NORMAL else (
         f"\n{_token_line(made)}")
     return f"token {made['id']} for {who}; it is shown this once:\n{made['token']}\nkeep it in {where}{limits}"
 
@@ -81,7 +82,8 @@ def _tokens_text(rows: list[dict]) -> str:
     return table(["ID", "FOR", "KIND", "ADMIN", "BAND", "SCOPE", "BUDGET", "CREATED", "EXPIRES", "REVOKED"],
                  [[r["id"], r["host"] and f"exporter {r['host']}" or r["user"],
                    "-" if r["host"] else r.get("kind", "-"), "yes" if r["admin"] else "-",
-                   "-" if r["host"] else r.get("band", "normal"), describe_scope(scope(r)), describe_budget(scope(r)),
+                   "-" if r["host"] else r.get("band", Band.NORMAL), describe_scope(scope(r)),
+                   describe_budget(scope(r)),
                    r["created_at"], r["expires_at"] or "-", r["revoked_at"] or "-"]
                   for r in rows])
 
@@ -134,7 +136,7 @@ scope_options = [
                       "most at once), lease=2h (the longest lease)"),
     click.option("--budget", help="device-time it may hold leases for: 120m/day (each UTC day) or 10h/token "
                                   "(its whole life)"),
-    click.option("--band", type=click.Choice(["urgent", "normal", "background"]),
+    click.option("--band", type=click.Choice([band.value for band in Band]),
                  help="its queue tickets' priority band (default: normal)"),
 ]
 
@@ -180,14 +182,13 @@ def token_create(ctx, user, admin, host, expires, kind, scope, budget, band, dat
     if url:
         from device_loop.coordinator.identity import issue_token
         from device_loop.coordinator.rules import Rules
-        from device_loop.core.vocabulary import Band
 
         given = _scope_model(fields)
 
         async def create(store):
             await Rules(store).admin.judge_scope(given)
             made = await issue_token(store, time.time, user, admin, host, expires_s, kind, given,
-                                     Band(band or "normal"))
+                                     Band(band or Band.NORMAL))
             await _audit_direct(store, "token_create", {k: made[k] for k in ("id", "user", "admin", "host", "kind",
                                                                              "scope", "band")})
             return made
@@ -202,7 +203,7 @@ def token_create(ctx, user, admin, host, expires, kind, scope, budget, band, dat
 def _token_create_api(lab, username, admin, host, expires_s, kind, scope, band, as_json):
     made = lab.api.post("/admin/tokens", {"user": username, "admin": admin, "exporter_host": host,
                                           "expires_s": expires_s, "kind": kind, "scope": scope,
-                                          "band": band or "normal"})
+                                          "band": band or Band.NORMAL})
     emit(as_json, made, _token_text)
 
 
@@ -227,7 +228,6 @@ def token_set(ctx, token_id, scope, budget, band, lifted, unscoped, database_url
         from device_loop.coordinator.identity import token_view
         from device_loop.coordinator.rules import Rules
         from device_loop.core.scopes import TokenScope
-        from device_loop.core.vocabulary import Band
 
         given = None if fields is None else TokenScope.model_construct(**fields)  # (judged whole, once merged)
 

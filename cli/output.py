@@ -11,7 +11,7 @@ import click
 
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.durations import format_duration, parse_iso
-from device_loop.core.vocabulary import TicketState
+from device_loop.core.vocabulary import Band, TicketState
 
 
 MIN_WRAPPED = 24  # the narrowest a wrapped last column gets, however narrow the terminal
@@ -94,7 +94,7 @@ def lease_text(lease: dict) -> str:
 
 def ticket_text(ticket: dict) -> str:
     """A queue ticket for people: what it waits for and where it stands, its lease once granted."""
-    band = "" if ticket.get("band", "normal") == "normal" else f", {ticket['band']}"
+    band = "" if ticket.get("band", Band.NORMAL) == Band.NORMAL else f", {ticket['band']}"
     head = f"{ticket['ticket']} ({ticket['kind']}{band}) for a device {ticket['wants']}: {ticket['state']}"
     if ticket["state"] == "waiting":
         head += (f", position {ticket['position']}; follow it with 'device-loop ticket {ticket['ticket']} --wait', "
@@ -126,7 +126,7 @@ def tickets_text(tickets: list[dict]) -> str:
     if not tickets:
         return "you have no queue tickets"
     return table(["TICKET", "WHO", "STATE", "KIND", "WANTS", "POSITION", "LIKELY", "SINCE", "LEASE"],
-                 [[t["ticket"], t["requester"], t["state"], t["kind"] + ("" if t.get("band", "normal") == "normal"
+                 [[t["ticket"], t["requester"], t["state"], t["kind"] + ("" if t.get("band", Band.NORMAL) == Band.NORMAL
                                                                          else f" {t['band']}"),
                    t["wants"], str(t["position"] or "-"), _when(t["estimate"]) if t.get("estimate") else "-",
                    t["created_at"], _ticket_lease(t)] for t in tickets])

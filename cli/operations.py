@@ -337,9 +337,9 @@ def recover_command(lab: Lab, target: str, detach: bool, as_json: bool):
         lease = _my_lease(lab, target)
         device, path = lease.data["device"], f"/leases/{lease.id}/recover"
     except CoordinatorError as exc:
-        if (exc.code not in (ErrorCode.NO_LEASE, ErrorCode.LEASE_ENDED)
-                or not lab.api.get("/devices/" + target).get("needs_recovery")):
+        if exc.code not in (ErrorCode.NO_LEASE, ErrorCode.LEASE_ENDED):
             raise
+        # (a VM slot's base, too, is written by an admin's recovery: not only a device that needs it)
         device, path = target, f"/admin/devices/{target}/recover"  # admins only: says so otherwise
     if not as_json and not lab.api.get(f"/devices/{device}")["needs_recovery"]:
         click.echo(f"note: {device} does not need recovery; writing its known-good image anyway", err=True)

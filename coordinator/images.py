@@ -13,6 +13,7 @@ import re
 from typing import Any, AsyncIterator
 
 from device_loop.core import NAME_PATTERN
+from device_loop.core.disk_images import disk_problem
 from device_loop.core.durations import iso
 
 from device_loop.core.answers import ImageAnswer
@@ -151,6 +152,12 @@ class Images:
         target = await self._target(target_name)
         limit, too_large = await self._upload_limit(caller)
         received = await self.image_files.receive(chunks, limit, too_large, declared_sha256, declared_size)
+        # an image is a whole file: one that names another (a qcow2's backing or data file) would
+        # have a tool open that file of the exporter's host (docs/architecture.md, "Virtual devices")
+        problem = await asyncio.to_thread(disk_problem, received.partial)
+        if problem is not None:
+            self.image_files.discard(received)
+            raise APIError(422, ErrorCode.INVALID, f"the image is refused: {problem}")
         try:
             async with self.store.tx():
                 existing = await self.images_sql.image(received.sha256)

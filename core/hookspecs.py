@@ -43,7 +43,8 @@ PROJECT = "device_loop"
 #: ``LOGIN_NAME_PATTERN``, ``Fidelity`` (``Resource.fidelity``), a plugin's
 #: ``DEVLOOP_API_VERSION``, ``devloop_metrics``, ``Health.kind`` (``HealthKind``),
 #: ``devloop_environment`` (``ContainerEnvironment``, ``DeviceNode``, ``Mount``, ``device_node``,
-#: ``tty_environment``).
+#: ``tty_environment``), ``Operation.purpose`` (``Purpose``), ``disk_format``, ``disk_problem``
+#: (``DiskFormat``).
 API_VERSION = 2
 #: What a plugin names (on its module or class) to say which ``API_VERSION`` it needs.
 NEEDS_API = "DEVLOOP_API_VERSION"

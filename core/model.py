@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .vocabulary import Fidelity, HealthKind, HealthStatus
+from .vocabulary import Fidelity, HealthKind, HealthStatus, Purpose
 
 HEALTH_STATES = tuple(status.value for status in HealthStatus)
 
@@ -183,6 +183,9 @@ class Operation:
     """One operation, as ``devloop_operate`` gets it: its ``kind``, who asked (``requester``),
     its ``args`` (bounded scalars, unchecked: the plugin checks them, ``OperationError`` on
     a bad one), and ``image`` when it writes one of the registry (fetched and verified).
+    ``purpose``: why it runs (``Purpose``), which the coordinator decides, never the requester:
+    ``lease`` inside a lease, by its holder (what it writes is the lease's), ``step`` between
+    two leases, ``recovery`` an admin's or the coordinator's on a device no lease holds.
     ``progress(phase, done, total, unit, detail)`` says how it goes."""
 
     id: str
@@ -191,6 +194,7 @@ class Operation:
     requester: str
     args: dict[str, Any]
     image: FlashImage | None = None
+    purpose: Purpose = Purpose.LEASE
     report_progress: Callable[[str, int | None, int | None, str, str], None] = field(
         default=lambda phase, done, total, unit, detail: None, repr=False)
 

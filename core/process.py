@@ -10,6 +10,7 @@ process the next start finds in /proc instead.
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -198,6 +200,7 @@ class ProcessRegistry:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._lifeline: Lifeline | None = None
         self._lifeline_lock = threading.Lock()
+        self._spawner: ThreadPoolExecutor | None = None
 
     def lifeline(self) -> Lifeline:
         """This run's lifeline (made at the first call): what its children check to know
@@ -222,22 +225,32 @@ class ProcessRegistry:
         A ``job`` runs to its end for whoever started it (a flash tool), not for a lease:
         only a later start finds it as a leftover.
 
-        ``die_with_parent`` sends it SIGTERM when this process dies, however it dies. Use
-        it only from the main thread: the kernel ties it to the thread that spawned.
+        ``die_with_parent`` sends it SIGTERM when this process dies, however it dies (kill -9
+        too), from any thread: the kernel ties that signal to the *thread* that forked, so such
+        a process is forked by the registry's own thread, which lives as long as the process.
         """
         log_path = self.logs / f"{name}.log"
         env = {**(os.environ if env is None else env), SPAWNED_BY: str(self.dir)}
         with open(log_path, "ab") as out:
             offset = out.tell()
-            popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start = functools.partial(
+                subprocess.Popen, argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 pass_fds=pass_fds, env=env, start_new_session=True,
-                preexec_fn=term_when_parent_dies(os.getpid()) if die_with_parent else None,
-            )
+                preexec_fn=term_when_parent_dies(os.getpid()) if die_with_parent else None)
+            popen = self._spawning_thread().submit(start).result() if die_with_parent else start()
         record = {"pid": popen.pid, "start_ticks": start_ticks(popen.pid), "name": name,
                   "lease": lease, "argv": argv, "log": str(log_path), "log_offset": offset, "job": job}
         write_atomically(self.dir / f"{popen.pid}.json", json.dumps(record))
         return Proc(self, record, popen)
+
+    def _spawning_thread(self) -> ThreadPoolExecutor:
+        """One thread that forks every process that must die with this one: a worker thread
+        that started a service ends long before the process (a pool's), and with it would go
+        its children's parent-death signal."""
+        with self._lifeline_lock:
+            if self._spawner is None:
+                self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
+            return self._spawner
 
     def forget(self, proc: Proc) -> None:
         (self.dir / f"{proc.pid}.json").unlink(missing_ok=True)

@@ -1,7 +1,8 @@
 """A TCP relay process: ``python -m device_loop.core.tcp_relay --fd N --to HOST:PORT``.
 
-Every connection accepted on the inherited listening socket is piped to ``HOST:PORT``.
-Plugins whose device already speaks TCP (a console server, a BMC) serve it with this.
+Every connection accepted on the inherited listening socket is piped to ``HOST:PORT`` (or to
+the unix socket ``unix:PATH``). Plugins whose device already speaks TCP (a console server, a
+BMC) serve it with this.
 """
 from __future__ import annotations
 
@@ -30,12 +31,23 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
         writer.close()
 
 
-async def _relay(listener: socket.socket, target_host: str, target_port: int) -> None:
+UNIX = "unix:"  # a target that is a unix socket's path
+
+
+async def connect(target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to ``target``: ``HOST:PORT``, or ``unix:PATH``."""
+    if target.startswith(UNIX):
+        return await asyncio.open_unix_connection(target[len(UNIX):])
+    host, _, port = target.rpartition(":")
+    return await asyncio.open_connection(host.strip("[]"), int(port))
+
+
+async def _relay(listener: socket.socket, target: str) -> None:
     async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         try:
-            target_reader, target_writer = await asyncio.open_connection(target_host, target_port)
+            target_reader, target_writer = await connect(target)
         except OSError as exc:
-            client_writer.write(f"cannot reach {target_host}:{target_port}: {exc.strerror}\r\n".encode())
+            client_writer.write(f"cannot reach {target}: {exc.strerror}\r\n".encode())
             client_writer.close()
             return
         await asyncio.gather(pipe(client_reader, target_writer), pipe(target_reader, client_writer))
@@ -47,7 +59,7 @@ async def _relay(listener: socket.socket, target_host: str, target_port: int) ->
 
 def start_relay(host: HostContext, resource: Resource, lease: LeaseRef, target: str, command: str | None = None,
                 protocol: str = "raw", role: str | None = None) -> Service:
-    """Relay a free port of ``host`` to ``target`` (``host:port``) for ``lease``; ``command``
+    """Relay a free port of ``host`` to ``target`` (``host:port``, or ``unix:PATH``) for ``lease``; ``command``
     tells clients how to use it, ``protocol`` what they speak there, ``role`` what it is for
     (see ``Endpoint``)."""
     argv = [*python_module("device_loop.core.tcp_relay"), "--fd", "{fd}", "--to", target]
@@ -57,10 +69,9 @@ def start_relay(host: HostContext, resource: Resource, lease: LeaseRef, target: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="inherited listening socket")
-    parser.add_argument("--to", required=True, help="HOST:PORT to relay to")
+    parser.add_argument("--to", required=True, help="HOST:PORT (or unix:PATH) to relay to")
     args = parser.parse_args()
-    target_host, _, target_port = args.to.rpartition(":")
-    asyncio.run(_relay(inherited_listener(args.fd), target_host, int(target_port)))
+    asyncio.run(_relay(inherited_listener(args.fd), args.to))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ new ``API_VERSION``). ``docs/plugins.md`` describes each.
 from device_loop.core import POWER_KIND
 from device_loop.core.hookspecs import API_VERSION, hookimpl
 from device_loop.core.container_env import ContainerEnvironment, DeviceNode, Mount, device_node, tty_environment
+from device_loop.core.disk_images import DiskFormat, disk_format, disk_problem
 from device_loop.core.durations import parse_duration
 from device_loop.core.host import HostContext
 from device_loop.core.plugin_config import Duration, PluginConfig
@@ -22,7 +23,7 @@ from device_loop.core.serial_bridge import CONSOLE_COMMAND, parse_framing, start
 from device_loop.core.ssh_keys import LOGIN_NAME_PATTERN, pinned_host_key, public_host_key
 from device_loop.core.tcp_relay import start_relay
 from device_loop.core.usb import UsbDevice, UsbTty, usb_devices, usb_ttys
-from device_loop.core.vocabulary import EndpointRole, Fidelity, HealthKind
+from device_loop.core.vocabulary import EndpointRole, Fidelity, HealthKind, Purpose
 
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     # operations: what devloop_operations declares, devloop_operate is handed and raises
     # (FlashError is OperationError's old name; FlashImage, an image an operation writes)
     "Operation", "OperationError", "OperationKind", "FlashError", "FlashImage",
+    # why an operation runs (Operation.purpose): in a lease, a step between two, a recovery
+    "Purpose",
     # steps between leases: what devloop_steps declares (run through devloop_operate)
     "StepKind",
     # a fault that may pass by itself or needs a person (Health.kind)
@@ -52,6 +55,8 @@ __all__ = [
     "inherited_listener", "port_is_free", "python_module", "run", "wait_port_free", "wait_port_open",
     # programs: one found on PATH or in the sbin folders; what an error quotes of its output
     "find_program", "last_lines",
+    # a disk image's format from its own bytes, and whether it names a file of the host (a qcow2's backing file)
+    "DiskFormat", "disk_format", "disk_problem",
     # USB facts from sysfs (read-only, for discovery)
     "UsbDevice", "UsbTty", "usb_devices", "usb_ttys",
     # who has a device node open, from /proc (spawns nothing, opens nothing)

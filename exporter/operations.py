@@ -245,7 +245,7 @@ class Operations:
         """Hand the operation to its plugin; what the plugin returned."""
         self._begin(job, image)
         op = Operation(id=want.op, kind=want.kind, device=want.device, requester=want.requester, args=dict(want.args),
-                       image=image, report_progress=lambda *said: self._progress(job, *said))
+                       image=image, purpose=want.purpose, report_progress=lambda *said: self._progress(job, *said))
         try:
             return self.plugins.call(resource.plugin, "devloop_operate", host=self.host, resource=resource, op=op)
         except Interrupted as exc:  # (a plugin's failure, whatever it raised: only the exporter's runners interrupt)

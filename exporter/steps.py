@@ -83,6 +83,11 @@ class PlannedStep:
     def name(self) -> str:
         return self.config.step
 
+    @property
+    def operation_kind(self) -> str:
+        """The kind of the operation the coordinator asks for it as (a reflash: a flash)."""
+        return FLASH_KIND if isinstance(self.config, ReflashStep) else self.name
+
     def report(self) -> StepReport:
         return StepReport(step=self.name, plugin=self.plugin, identifier=self.identifier,
                           timeout_s=min(self.timeout_s, MAX_STEP_TIMEOUT_S), settle=self.config.settles)
@@ -260,8 +265,7 @@ class StepRunner:
             raise OperationError(f"{want.device} has {len(planned)} step(s) here: there is no step {index}",
                                  changed=False)
         step = planned[index]
-        kind = FLASH_KIND if isinstance(step.config, ReflashStep) else step.name
-        if kind != want.kind:
+        if step.operation_kind != want.kind:
             raise OperationError(f"step {index} of {want.device} is {step.name!r} here, not {want.kind!r} "
                                  "(was the exporter's config changed?)", changed=False)
         return step
@@ -449,7 +453,8 @@ class StepRunner:
         assert isinstance(step.config, PluginStepConfig)
         want = run.want
         op = Operation(id=want.op, kind=step.name, device=want.device, requester=want.requester,
-                       args={**step.config.settings, "timeout_s": step.timeout_s}, report_progress=progress)
+                       args={**step.config.settings, "timeout_s": step.timeout_s}, purpose=want.purpose,
+                       report_progress=progress)
         key = (step.plugin, step.identifier, step.name)
         with self._lock:
             if key in self._running:

@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import socket
+import struct
 import subprocess
 import time
 
@@ -132,6 +133,31 @@ async def test_a_quota_per_person_holds_and_frees_with_removal(tmp_path):
         assert [p.name for p in (tmp_path / "images").iterdir() if p.name.startswith(".upload-")] == []
         assert (await alice.post(f"/images/sha256:{sha(first)}/remove")).status_code == 200
         assert (await upload(alice, "second", os.urandom(2 << 20))).status_code == 201
+
+
+def qcow2_naming(data_file: bytes) -> bytes:
+    """A qcow2 (version 3) whose data lives in ``data_file``, as QEMU writes the header
+    (QEMU's docs/interop/qcow2.txt): what a user uploads to have a VM read a host file."""
+    header = struct.pack(">4sIQIIQIIQQIIQQQQII", b"QFI\xfb", 3, 0, 0, 16, 1 << 20, 0, 1, 1 << 16, 2 << 16, 1, 0, 0,
+                         1 << 2, 0, 1, 4, 104)
+    name = data_file + b"\0" * (-len(data_file) % 8)
+    extension = struct.pack(">II", 0x44415441, len(data_file)) + name + struct.pack(">II", 0, 0)
+    return (header + extension).ljust(4 << 16, b"\0")
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("database")
+async def test_an_image_that_names_a_host_file_is_refused_at_upload(tmp_path):
+    """A qcow2 naming an external data file (or a backing file) would have QEMU open that file of
+    the exporter's host: the registry keeps no such image, whatever it is uploaded for."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        alice = client("alice")
+        await FakeExporter(alice, "host-a").beat([board()])
+        refused = await upload(alice, "sneaky", qcow2_naming(b"/etc/device-loop/exporter.token"))
+        assert refused.status_code == 422, refused.text
+        assert "external data file" in refused.json()["message"] and "exporter.token" in refused.json()["message"]
+        assert [p.name for p in (tmp_path / "images").iterdir()] == [] and (await alice.get("/images")).json() == []
+        assert (await upload(alice, "fine", b"QFI-not-quite" + os.urandom(4096))).status_code == 201
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ PUBLIC = [
     "parse_framing", "port_is_free", "python_module", "run", "start_bridge", "start_relay", "usb_devices", "usb_ttys",
     "wait_port_free", "wait_port_open", "command_of", "holders", "PowerReading", "POWER_KIND",
     "find_program", "last_lines", "public_host_key", "pinned_host_key", "LOGIN_NAME_PATTERN", "Fidelity",
+    "Purpose", "DiskFormat", "disk_format", "disk_problem",
 ]
 DOCS = SRC / "docs" / "plugins.md"
 # what the docs call the objects hooks are handed (``host.entries``, ``op.args``...), and their

@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from device_loop.core.model import FlashImage, Operation
+from device_loop.core.model import FlashImage, Operation, OperationError
+from device_loop.core.vocabulary import Purpose
 from device_loop.core.plugins import LOAD_ENV
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter as InProcessExporter
@@ -76,11 +77,57 @@ def test_a_base_file_that_changed_behind_the_exporter_fails_until_a_flash_record
     flash = next(r for r in exporter.discover() if r.kind == "flash" and r.device == uart.device)
     (kind,) = exporter.plugins.call("qemu", "devloop_operations", host=exporter.host, resource=flash)
     assert kind.destructive and kind.exclusive
+    # an admin's recovery (a known-good image) replaces the slot's base
     said = exporter.plugins.call("qemu", "devloop_operate", host=exporter.host, resource=flash,
-                                 op=Operation("op-1", kind.kind, uart.device, "alice", {},
-                                              image=FlashImage(image, digest, image.stat().st_size, "initrd")))
+                                 op=Operation("op-1", kind.kind, uart.device, "admin", {},
+                                              image=FlashImage(image, digest, image.stat().st_size, "initrd"),
+                                              purpose=Purpose.RECOVERY))
     assert "checked by read-back" in said and initrd.read_bytes() == b"initrd three"
     assert exporter.health(uart).status == "ok"
+
+
+def test_a_flash_in_a_lease_never_touches_the_slot_s_base(exporter, tmp_path):
+    """A holder's flash writes their lease's VM alone: with no VM of a lease on the device there
+    is nothing it may write, and the base stays as it is (test_qemu_lab.py: with a VM)."""
+    flash = next(r for r in exporter.discover() if r.kind == "flash" and r.device == "vm-0")
+    image = tmp_path / "planted"
+    image.write_bytes(b"planted by the last user")
+    digest = hashlib.sha256(image.read_bytes()).hexdigest()
+    initrd = exporter.host.state_dir / "qemu" / "images" / "initrd.gz"
+    with pytest.raises(OperationError, match="no VM of a lease runs on vm-0") as refused:
+        exporter.plugins.call("qemu", "devloop_operate", host=exporter.host, resource=flash,
+                              op=Operation("op-2", "flash", "vm-0", "mallory", {},
+                                           image=FlashImage(image, digest, image.stat().st_size, "planted")))
+    assert refused.value.changed is False and initrd.read_bytes() == b"initrd one"
+
+
+def test_a_base_disk_that_names_a_host_file_fails_its_slot_and_is_never_flashed_in(exporter, tmp_path):
+    """The slot's configured disk is held to the same check as a user's image: a qcow2 over a
+    backing file (or with an external data file) would have QEMU open that file of the host."""
+    import subprocess
+
+    images = exporter.host.state_dir / "qemu" / "images"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(images / "whole.qcow2"), "1M"], check=True,
+                   timeout=60)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", str(images / "whole.qcow2"), "-F", "qcow2",
+                    str(images / "over.qcow2")], check=True, timeout=60)
+    config = QemuConfig.model_validate({"kernel": "vmlinuz", "disk": "over.qcow2"},
+                                       context={"state_dir": exporter.host.state_dir})
+    plugin = exporter.plugins.pm.get_plugin("qemu")
+    plugin.images.check_base(config.disk)
+    assert "over a backing file" in plugin.images.problem(config.files())
+
+    flash = next(r for r in exporter.discover() if r.kind == "flash" and r.device == "vm-1")
+    disk, whole = images / "over.qcow2", images / "whole.qcow2"
+    digest, before = hashlib.sha256(disk.read_bytes()).hexdigest(), whole.read_bytes()
+    slot = plugin.slot_of["vm-1"]
+    slot.config = slot.config.model_copy(update={"disk": str(whole)})  # (a slot with a disk: the flash writes one)
+    with pytest.raises(OperationError, match="may not be booted: it is a qcow2 over a backing file"):
+        exporter.plugins.call("qemu", "devloop_operate", host=exporter.host, resource=flash,
+                              op=Operation("op-3", "flash", "vm-1", "admin", {},
+                                           image=FlashImage(disk, digest, disk.stat().st_size, "over"),
+                                           purpose=Purpose.RECOVERY))
+    assert whole.read_bytes() == before and not list(images.glob(".*.flash"))
 
 
 def test_a_missing_base_fails_the_slot(exporter, tmp_path):

@@ -6,10 +6,11 @@ Config: a ``[[devices]]`` entry with ``plugin = "qemu"`` is a slot (``config.py`
 ``instances``, ``warm``, ``prompt``, ``boot_timeout``, ``ssh``, ``ssh_user``). It is
 ``instances`` devices: its name when one, else ``NAME-0`` ... Each device has a ``uart``
 resource (the VM's serial console, served by the serial bridge like a board's), a ``power``
-one (QMP: off is the VM's end, on a fresh boot of the same disk), a ``flash`` one (replaces
-the slot's base disk, or its initramfs when it has no disk) and an ``ssh`` one when the guest
-runs sshd (QEMU's user network forwards a loopback port to its port 22, relayed like the
-``ssh`` plugin's).
+one (QMP: off is the VM's end, on a fresh boot of the same disk), a ``flash`` one (in a lease,
+writes that lease's own disk, or initramfs when the slot has no disk, gone at its end; an
+admin's recovery or a reflash step between leases, both a known-good image, replaces the
+slot's base) and an ``ssh`` one when the guest runs sshd (QEMU's user network forwards a
+loopback port to its port 22, relayed like the ``ssh`` plugin's).
 
 A lease's first service takes a VM from the slot's pool (``pool.py``: booted ahead, else
 booted then), its last one's stop ends it, overlay and all (``vm.py``). Fidelity is
@@ -28,22 +29,22 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from device_loop.plugin import (POWER_KIND, EndpointRole, Fidelity, Health, HostContext, LeaseRef, Operation,
-                                OperationError, OperationKind, PluginConfig, PowerReading, Resource, Service,
+                                OperationError, OperationKind, PluginConfig, PowerReading, Purpose, Resource, Service,
                                 ServiceError, find_program, hookimpl, last_lines, run, start_bridge, start_relay)
 
 from .config import QemuConfig
-from .images import BaseImages
+from .images import BaseImages, install
 from .isa import isa_tags
 from .kvm import KvmVerdict, try_kvm
 from .pool import Pool, PoolCounts, PoolRefused
 from .vm import VM, VmError, program_of, socket_path_problem
 
-FLASH = OperationKind("flash", "replace the slot's base disk (its initramfs when it has no disk) with an image of "
-                               "the registry; VMs booted from then on start from it", exclusive=True,
-                      destructive=True)
+FLASH = OperationKind("flash", "write an image of the registry as the lease's VM disk (its initramfs when the slot "
+                               "has no disk), booted from its next power-on and gone at the lease's end; an admin's "
+                               "recovery between leases replaces the slot's base", exclusive=True, destructive=True)
 SSH_COMMAND = "ssh -p {port} {user}@{host}"
 VNC_COMMAND = "device-loop vnc {lease}"
 BAUD = 115200  # what the console endpoint says (a pty has no speed)
@@ -121,7 +122,7 @@ class QemuPlugin:
         for entry in host.entries:
             self.images.first_sight(entry.config.files())
             if entry.config.disk:
-                self.images.check_disk(host, entry.config.disk)
+                self.images.check_base(entry.config.disk)
         if any(entry.config.arch == "x86_64" for entry in host.entries):
             self.kvm = try_kvm(host)
         for program in {program_of(entry.config.arch) for entry in host.entries}:
@@ -264,8 +265,7 @@ class QemuPlugin:
                           **({"host_key": slot.config.ssh_host_key} if slot.config.ssh_host_key else {})}
                 service.endpoints = [replace(e, params=params) for e in service.endpoints]
             elif resource.kind == "vnc":
-                assert attached.vm.launch.vnc_port is not None
-                service = start_relay(host, resource, lease, f"127.0.0.1:{attached.vm.launch.vnc_port}",
+                service = start_relay(host, resource, lease, f"unix:{attached.vm.launch.vnc_socket}",
                                       command=VNC_COMMAND, protocol="rfb", role=EndpointRole.RFB)
             else:
                 raise ServiceError(f"a VM slot serves no {resource.kind!r} to a lease")
@@ -365,14 +365,38 @@ class QemuPlugin:
         target = slot.config.disk or slot.config.initrd
         if target is None:
             raise OperationError(f"slot {slot.name} has neither a disk nor an initrd to replace", changed=False)
-        assert self.images is not None
-        image = op.image
+        image, is_disk = op.image, bool(slot.config.disk)
+        progress = lambda done: op.progress("writing", done, image.size, "bytes")  # noqa: E731
         try:
-            message = self.images.replace(host, Path(target), image.path, image.sha256, is_disk=bool(slot.config.disk),
-                                          progress=lambda done: op.progress("writing", done, image.size, "bytes"))
+            if op.purpose == Purpose.LEASE:  # the holder's: their VM's own, gone with their lease
+                return self._flash_lease(resource.device, image.path, image.sha256, is_disk, progress)
+            assert self.images is not None
+            # an admin's recovery or a step between leases: a known-good image (the coordinator's
+            # rule), the slot's base for every VM booted from now on
+            message = self.images.replace(Path(target), image.path, image.sha256, is_disk, progress)
         except OSError as exc:
             raise OperationError(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
         for other in self.slots.values():  # idle VMs booted from the old file: booted again
             if target in other.config.files().values():
                 other.pool.flush()
         return message
+
+    def _flash_lease(self, device: str, image: Path, sha256: str, is_disk: bool,
+                     progress: Callable[[int], None]) -> str:
+        """Write ``image`` into the folder of the VM of ``device``'s lease, as the disk (or the
+        initramfs) it boots from its next power-on: the slot's base is not touched, and the
+        folder goes with the VM at the lease's end."""
+        attached = self.attached.get(device)
+        if attached is None:
+            raise OperationError(f"no VM of a lease runs on {device} now: a flash in a lease writes that lease's VM",
+                                 changed=False)
+        vm = attached.vm
+        target = vm.launch.flashed_disk if is_disk else vm.launch.flashed_initrd
+        install(target, image, sha256, is_disk, progress)  # (not under the device's lock: the lease may end meanwhile)
+        with self.locks[device]:
+            if self.attached.get(device) is not attached:
+                raise OperationError(f"the lease of {device} ended while its VM's disk was written", changed=False)
+            vm.flashed(target, is_disk)
+        what = "disk" if is_disk else "initramfs"
+        return (f"written as this lease's VM {what} (sha256 {sha256[:12]}), checked by read-back: booted from its next "
+                f"power-on (device-loop power cycle); the slot's base is unchanged, and this is gone at release")

@@ -7,6 +7,10 @@ again, and health compares its size and time on each scan: a base that changed b
 exporter's back is ``failed`` with both digests, until a flash (which records the new one)
 or an admin who deletes the record. A flash writes next to the file and renames over it, so
 running VMs keep the file they booted and a torn write never becomes a base.
+
+No disk is booted that names a file of the host (a qcow2's backing or external data file:
+``disk_problem``), the slot's own included: a slot whose base does is ``failed`` saying why,
+and a flash of such an image fails before anything is replaced.
 """
 from __future__ import annotations
 
@@ -17,9 +21,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from device_loop.plugin import HostContext, find_program, last_lines, run
-
-from .vm import disk_format
+from device_loop.plugin import DiskFormat, disk_format, disk_problem, find_program, last_lines, run
 
 CHUNK = 1 << 20
 
@@ -51,6 +53,7 @@ class BaseImages:
         except (OSError, ValueError):
             self.known = {}
         self.changed: dict[str, str] = {}  # path -> why it is not what was first seen
+        self.refused: dict[str, str] = {}  # path -> why a slot's base disk may not be booted
 
     def _save(self) -> None:
         self.record.parent.mkdir(parents=True, exist_ok=True)
@@ -77,20 +80,16 @@ class BaseImages:
                     known["stat"] = _stat(file)
             self._save()
 
-    def check_disk(self, host: HostContext, path: str) -> None:
-        """A base disk is raw, or a qcow2 with no backing file (which could name any file of the
-        host): ``ValueError`` otherwise."""
+    def check_base(self, path: str) -> None:
+        """Hold a slot's configured base disk to ``disk_problem``: one that names a file of the
+        host makes its slot ``failed`` (``problem``), saying why."""
         if not Path(path).is_file():
             return
-        fmt = disk_format(path)
-        if fmt == "qcow2":
-            program = find_program("qemu-img")
-            code, output = run([program or "qemu-img", "info", "--output=json", "-f", "qcow2", path], timeout=30)
-            if code != 0:
-                raise ValueError(f"qemu-img cannot read the disk {path}: {last_lines(output)}")
-            if "backing-filename" in json.loads(output):
-                raise ValueError(f"the disk {path} is a qcow2 over a backing file: give a whole image "
-                                 f"(qemu-img convert -O qcow2 {path} whole.qcow2)")
+        problem = disk_problem_of(path)
+        if problem is None:
+            self.refused.pop(path, None)
+        else:
+            self.refused[path] = f"its disk {path} may not be booted: {problem}"
 
     def problem(self, files: dict[str, str]) -> str:
         """Why the slot's files cannot be booted ("" when they can): one is missing, or is not
@@ -101,39 +100,63 @@ class BaseImages:
                 return f"its {key} {path} is missing"
             if path in self.changed:
                 return self.changed[path]
+            if path in self.refused:
+                return self.refused[path]
             known = self.known.get(path)
             if known is not None and known.get("stat") != _stat(file):
                 return (f"its {key} {path} changed since it was hashed (sha256 {known['sha256'][:12]}): flash it, or "
                         f"delete {self.record} to take the file as it is")
         return ""
 
-    def replace(self, host: HostContext, target: Path, image: Path, sha256: str, is_disk: bool,
-                progress: Callable[[int], None]) -> str:
-        """Put ``image`` in ``target``'s place: copied beside it, checked by read-back, renamed over
-        it. The new digest is recorded."""
-        temporary = target.with_name(f".{target.name}.flash")
-        try:
-            with open(image, "rb") as source, open(temporary, "wb") as out:
-                done = 0
-                while chunk := source.read(CHUNK):
-                    out.write(chunk)
-                    done += len(chunk)
-                    progress(done)
-                out.flush()
-                os.fsync(out.fileno())
-            written = sha256_of(temporary)
-            if written != sha256:
-                raise OSError(f"the copy reads back as sha256 {written[:12]}, not {sha256[:12]}")
-            if is_disk:
-                try:
-                    self.check_disk(host, str(temporary))
-                except ValueError as exc:
-                    raise OSError(str(exc)) from None
-            os.replace(temporary, target)
-        finally:
-            temporary.unlink(missing_ok=True)
+    def replace(self, target: Path, image: Path, sha256: str, is_disk: bool, progress: Callable[[int], None]) -> str:
+        """Put ``image`` in the slot's file ``target``'s place (``install``). The new digest is
+        recorded."""
+        install(target, image, sha256, is_disk, progress)
         with self._lock:
             self.known[str(target)] = {"sha256": sha256, "stat": _stat(target)}
             self.changed.pop(str(target), None)
+            self.refused.pop(str(target), None)
             self._save()
         return f"{target.name} replaced by the image (sha256 {sha256[:12]}), checked by read-back"
+
+
+def install(target: Path, image: Path, sha256: str, is_disk: bool, progress: Callable[[int], None]) -> None:
+    """Put ``image`` in ``target``'s place: copied beside it, checked by read-back (and, for a
+    disk, held to ``disk_problem``), renamed over it. ``OSError`` saying why otherwise, with
+    ``target`` as it was."""
+    temporary = target.with_name(f".{target.name}.flash")
+    try:
+        with open(image, "rb") as source, open(temporary, "wb") as out:
+            done = 0
+            while chunk := source.read(CHUNK):
+                out.write(chunk)
+                done += len(chunk)
+                progress(done)
+            out.flush()
+            os.fsync(out.fileno())
+        written = sha256_of(temporary)
+        if written != sha256:
+            raise OSError(f"the copy reads back as sha256 {written[:12]}, not {sha256[:12]}")
+        if is_disk:
+            problem = disk_problem_of(str(temporary))
+            if problem is not None:
+                raise OSError(f"the image may not be booted: {problem}")
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def disk_problem_of(path: str) -> str | None:
+    """Why the disk at ``path`` may not be booted, or None: ``disk_problem`` (the header, read
+    here before any tool opens the file), then ``qemu-img info`` as a second opinion on a qcow2
+    the first found clean (it opens no other file then: none is named)."""
+    problem = disk_problem(path)
+    if problem is not None or disk_format(path) != DiskFormat.QCOW2:
+        return problem
+    program = find_program("qemu-img")
+    code, output = run([program or "qemu-img", "info", "--output=json", "-f", DiskFormat.QCOW2, path], timeout=30)
+    if code != 0:
+        return f"qemu-img cannot read it: {last_lines(output)}"
+    info = json.loads(output)
+    named = info.get("backing-filename") or info.get("format-specific", {}).get("data", {}).get("data-file")
+    return f"qemu-img says it names {named!r}" if named else None

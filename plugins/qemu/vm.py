@@ -3,9 +3,13 @@ the console's prompt, and its end.
 
 The command line is built from the slot's config alone (``argv``: no lease, no operation
 reaches it) and run without a shell, in a process group of its own, recorded by the
-exporter's process registry: a ``kill -9`` of the exporter leaves a QEMU that its next start
-stops. Everything a VM owns is in its folder ``STATE_DIR/qemu/run/VM-ID/``: the QMP socket
-and the qcow2 overlay over the slot's base disk, deleted with the VM.
+exporter's process registry, and gets SIGTERM the moment the exporter is gone, however it
+went (``kill -9`` too). Everything a VM owns is in its folder ``STATE_DIR/qemu/run/VM-ID/``:
+the QMP socket, the VNC server's socket, the qcow2 overlay over the slot's base disk, and what
+its lease flashed (its own disk or initramfs), deleted with the VM.
+
+A guest's network is QEMU's user networking with ``restrict=on``: it reaches nothing of the
+host or beyond, and the host reaches its sshd only through the slot's forward.
 
 The console is a pty (``-chardev pty``). QEMU drops what the guest prints while nobody
 holds the pty's other end, so the VM holds it itself from the start to its end (a file
@@ -25,22 +29,20 @@ import termios
 import threading
 import time
 import tty
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from qemu.qmp import QMPClient, QMPError
 
-from device_loop.plugin import HostContext, find_program, last_lines
+from device_loop.plugin import DiskFormat, HostContext, disk_format, find_program, last_lines
 
 from .config import DISPLAY_DEVICE, QemuConfig
 
-QCOW2_MAGIC = b"QFI\xfb"
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, its NUL included
 QMP_TIMEOUT_S = 5.0
 QUIT_WAIT_S = 3.0  # after QMP quit, before the process group is killed
 NUDGE_S = 1.0  # a boot's console is sent a newline this often until its prompt shows
-VNC_BASE_PORT = 5900  # QEMU's -vnc takes a display number: the port less this
 _ESCAPES = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
 
 
@@ -50,13 +52,6 @@ class VmError(Exception):
 
 def program_of(arch: str) -> str:
     return f"qemu-system-{arch}"
-
-
-def disk_format(path: str) -> str:
-    """``qcow2`` if the file says so (its magic), else ``raw``: the format is never left to QEMU
-    to guess, which would let a raw image that looks like qcow2 name a backing file anywhere."""
-    with open(path, "rb") as image:
-        return "qcow2" if image.read(4) == QCOW2_MAGIC else "raw"
 
 
 def socket_path_problem(state_dir: Path, slot: str) -> str | None:
@@ -73,20 +68,36 @@ def socket_path_problem(state_dir: Path, slot: str) -> str | None:
 @dataclass(frozen=True)
 class Launch:
     """What one VM is started with, besides the slot's config: where it lives, how it is
-    accelerated, and the host port its sshd is forwarded to (None: no ssh)."""
+    accelerated, the host port its sshd is forwarded to (None: no ssh), whether it has a
+    screen, and the initramfs its lease flashed in place of the slot's (in its folder)."""
 
     folder: Path
     accel: str  # tcg or kvm
     ssh_port: int | None = None
-    vnc_port: int | None = None  # its VNC server's (a display's): 5900 and above
+    display: bool = False
+    initrd: Path | None = None
 
     @property
     def qmp_socket(self) -> Path:
         return self.folder / "qmp.sock"
 
     @property
+    def vnc_socket(self) -> Path:
+        """Its VNC server's: a unix socket in its folder, which only the exporter's account enters."""
+        return self.folder / "vnc.sock"
+
+    @property
     def overlay(self) -> Path:
         return self.folder / "disk.qcow2"
+
+    @property
+    def flashed_disk(self) -> Path:
+        """Where a flash in its lease puts the disk it boots from then on (its overlay's base)."""
+        return self.folder / "flashed-disk"
+
+    @property
+    def flashed_initrd(self) -> Path:
+        return self.folder / "flashed-initrd"
 
 
 def argv(config: QemuConfig, launch: Launch, program: str) -> list[str]:
@@ -101,23 +112,19 @@ def argv(config: QemuConfig, launch: Launch, program: str) -> list[str]:
             "-chardev", "pty,id=console", "-serial", "chardev:console",
             "-qmp", f"unix:{launch.qmp_socket},server=on,wait=off",
             "-kernel", config.kernel, "-append", config.command_line()]
-    if config.initrd:
-        line += ["-initrd", config.initrd]
+    initrd = str(launch.initrd) if launch.initrd is not None else config.initrd
+    if initrd:
+        line += ["-initrd", initrd]
     if config.disk:
+        # the overlay's format stated (never probed); it names its base and the base's format itself
         line += ["-drive", f"file={launch.overlay},format=qcow2,if=virtio"]
     if launch.ssh_port is not None:
-        line += ["-nic", f"user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{launch.ssh_port}-:22"]
-    if launch.vnc_port is not None:
-        line += ["-device", DISPLAY_DEVICE[config.arch], "-vnc", f"127.0.0.1:{launch.vnc_port - VNC_BASE_PORT}"]
+        # restrict=on: the guest reaches nothing outside (not the host's loopback services at
+        # 10.0.2.2, not the network); the forward to its port 22 is all that crosses
+        line += ["-nic", f"user,model=virtio-net-pci,restrict=on,hostfwd=tcp:127.0.0.1:{launch.ssh_port}-:22"]
+    if launch.display:
+        line += ["-device", DISPLAY_DEVICE[config.arch], "-vnc", f"unix:{launch.vnc_socket}"]
     return line
-
-
-def vnc_port(host: HostContext) -> int:
-    """A free port that QEMU's ``-vnc 127.0.0.1:N`` can name (5900 + N)."""
-    for _ in range(100):  # (free ports are the kernel's ephemeral ones: 32768 and above, as it is set up)
-        if (port := host.free_port()) >= VNC_BASE_PORT:
-            return port
-    raise VmError(f"no free port above {VNC_BASE_PORT} for the VM's VNC server")
 
 
 def qmp(socket_path: Path, command: str, timeout: float = QMP_TIMEOUT_S, **args: Any) -> Any:
@@ -152,8 +159,7 @@ class VM:
         self.host, self.config, self.slot, self.accel = host, config, slot, accel
         self.id = f"{slot[:24]}-{secrets.token_hex(4)}"
         self.launch = Launch(host.state_dir / "qemu" / "run" / self.id, accel,
-                             host.free_port() if config.ssh else None,
-                             vnc_port(host) if config.display else None)
+                             host.free_port() if config.ssh else None, config.display)
         self.prompt = re.compile(config.prompt)
         self.proc: Any = None  # the process registry's record of its QEMU, while it runs
         self.pty: str | None = None
@@ -164,6 +170,7 @@ class VM:
         self._power_lock = threading.Lock()
         self.booted_s: float | None = None  # how long its last boot took, to the prompt
         self._overlay_base: tuple[int, int] | None = None  # the base file its overlay was made over
+        self.own_disk: Path | None = None  # what its lease flashed: the base of its overlay from then on
 
     # ---- start -------------------------------------------------------------------------------
 
@@ -184,8 +191,9 @@ class VM:
             self._overlay()
         self.launch.qmp_socket.unlink(missing_ok=True)
         # a job: the plugin ends it, not the sweep of strays (it serves no lease while in the pool)
+        # it dies with the exporter (kill -9 included): a VM outliving its exporter serves nobody
         self.proc = self.host.processes.spawn(argv(self.config, self.launch, program), name=f"qemu-{self.id}",
-                                              job=True)
+                                              job=True, die_with_parent=True)
         self.pty = self._wait_monitor(time.monotonic() + QMP_TIMEOUT_S * 2)
         fd = os.open(self.pty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
         tty.setraw(fd)
@@ -194,21 +202,25 @@ class VM:
         termios.tcsetattr(fd, termios.TCSANOW, attributes)
         self._console = fd
 
+    def base(self) -> str:
+        """The disk its overlay is made over: what its lease flashed, else the slot's."""
+        assert self.config.disk is not None
+        return str(self.own_disk) if self.own_disk is not None else self.config.disk
+
     def _base_id(self) -> tuple[int, int]:
         """Which file the base is now (a flash renames another over it)."""
-        assert self.config.disk is not None
-        info = os.stat(self.config.disk)
+        info = os.stat(self.base())
         return info.st_dev, info.st_ino
 
     def _overlay(self) -> None:
-        assert self.config.disk is not None
+        base = self.base()
         self._overlay_base = self._base_id()
-        base_format = disk_format(self.config.disk)  # (read again: a flash may have changed it)
+        base_format = disk_format(base)  # (read again: a flash may have changed it)
         program = find_program("qemu-img")
         if program is None:
             raise VmError("qemu-img is not installed")
         code, output = self.host.run_to_end(
-            [program, "create", "-q", "-f", "qcow2", "-b", self.config.disk, "-F", base_format,
+            [program, "create", "-q", "-f", DiskFormat.QCOW2, "-b", base, "-F", base_format,
              str(self.launch.overlay)], name=f"qemu-img-{self.id}", timeout=30)
         if code != 0:
             raise VmError(f"qemu-img could not make the VM's overlay: {last_lines(output)}")
@@ -340,6 +352,15 @@ class VM:
             proc.signal(signal.SIGKILL)
             proc.wait(10.0)
         proc.registry.forget(proc)
+
+    def flashed(self, path: Path, is_disk: bool) -> None:
+        """Boot what its lease flashed (``path``, in its folder) from its next start on: its
+        disk (a new overlay over it) or its initramfs. The running guest goes on as it is,
+        as a board goes on running until it is reset."""
+        if is_disk:
+            self.own_disk = path
+        else:
+            self.launch = replace(self.launch, initrd=path)
 
     def end(self) -> None:
         """Power it off and delete its folder (the overlay with it): nothing it did survives."""

@@ -1,7 +1,9 @@
 """The lease gate (docs/architecture.md, "The lease gate"): endpoints that admit only the
 lease's holder.
 
-In an authenticated lab every service of a lease listens on the exporter's loopback, and
+In an authenticated lab every service of a lease listens where only its gate reaches it (a
+unix socket in a folder only the exporter's account enters: ``HostContext.private_dir``; a
+program that can only take a port listens on loopback, and asks for the secret itself), and
 what is published is a gate: a relay process that reads one line, ``DEVLOOP <secret>``,
 answers ``OK`` and only then relays to the service. A connection without the secret is
 closed before a byte reaches the device. The secret comes with the lease and dies with it.
@@ -46,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .ports import inherited_listener
 from .process import python_module
-from .tcp_relay import pipe
+from .tcp_relay import UNIX, connect, pipe
 
 if TYPE_CHECKING:
     from .host import HostContext
@@ -142,7 +144,7 @@ async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
         writer.close()
 
 
-async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes, lifeline: int, grace: float,
+async def _gate(listener: socket.socket, target: str, secret: bytes, lifeline: int, grace: float,
                 http: bool = False) -> None:
     live: set[asyncio.Task] = set()
 
@@ -171,7 +173,7 @@ async def _gate(listener: socket.socket, target: tuple[str, int], secret: bytes,
             writer.close()
             return
         try:
-            service_reader, service_writer = await asyncio.open_connection(*target)
+            service_reader, service_writer = await connect(target)
         except OSError:
             writer.close()
             return
@@ -203,7 +205,8 @@ def gate_service(host: HostContext, resource: Resource, lease: LeaseRef, service
     grace = grace_s()
     for endpoint in service.endpoints:
         http = endpoint.protocol == "http"
-        argv = [*python_module("device_loop.core.gate"), "--fd", "{fd}", "--to", f"127.0.0.1:{endpoint.port}",
+        target = f"{UNIX}{endpoint.path}" if endpoint.path else f"127.0.0.1:{endpoint.port}"
+        argv = [*python_module("device_loop.core.gate"), "--fd", "{fd}", "--to", target,
                 "--lifeline", "{lifeline}", "--grace", f"{grace:g}", *(["--http"] if http else [])]
         front = host.serve_on_free_port(argv, resource, lease, name=f"gate-{endpoint.protocol or endpoint.kind}",
                                         protocol=endpoint.protocol, params=endpoint.params,
@@ -310,7 +313,7 @@ class LocalForward:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="inherited listening socket")
-    parser.add_argument("--to", required=True, help="HOST:PORT of the service")
+    parser.add_argument("--to", required=True, help="HOST:PORT (or unix:PATH) of the service")
     parser.add_argument("--http", action="store_true", help="also admit HTTP requests under /<secret>/")
     parser.add_argument("--lifeline", type=int, required=True,
                         help="inherited read end of the exporter's lifeline: its end ends the gate")
@@ -329,9 +332,7 @@ def main() -> None:
     if not is_pipe:
         sys.exit(f"--lifeline {args.lifeline} is not an inherited pipe: a gate must end with the exporter "
                  f"that started it")
-    host, _, port = args.to.rpartition(":")
-    asyncio.run(_gate(inherited_listener(args.fd), (host, int(port)), secret.encode(), args.lifeline, args.grace,
-                      args.http))
+    asyncio.run(_gate(inherited_listener(args.fd), args.to, secret.encode(), args.lifeline, args.grace, args.http))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from . import ports
 from .model import ConfiguredResource, Endpoint, LeaseRef, Resource, Service
@@ -18,7 +19,11 @@ class HostContext:
     """The exporter's host, as plugins see it.
 
     ``bind_address`` is where services listen; ``advertise_address`` is what endpoints
-    tell clients to dial (the host's tailnet name or address in a real lab). ``entries``
+    tell clients to dial (the host's tailnet name or address in a real lab). ``private_dir``
+    is set for the start of a service behind a lease's gates (docs/architecture.md, "The
+    lease gate"): it then listens on a unix socket there (``listen``, ``private_socket``), in
+    a folder only the exporter's account enters, so that nothing but its gate reaches it.
+    ``entries``
     are the config entries addressed to the plugin whose hook is called, each parsed by its
     model (``entry.config``): the exporter hands each plugin its own view (``for_plugin``).
     """
@@ -30,6 +35,7 @@ class HostContext:
     advertise_address: str = "127.0.0.1"
     entries: list[ConfiguredResource] = field(default_factory=list)
     processes: ProcessRegistry = None  # type: ignore[assignment]  # (None: __post_init__ makes one)
+    private_dir: Path | None = None
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -43,11 +49,30 @@ class HostContext:
         return dataclasses.replace(self, entries=[e for e in self.entries if e.plugin == plugin])
 
     def listen(self) -> socket.socket:
-        """A listening socket on a free port of ``bind_address``."""
-        return ports.listen_socket(self.bind_address)
+        """A listening socket: on a free port of ``bind_address``, or, for a service behind a
+        gate, a unix socket in ``private_dir``."""
+        path = self.private_socket("listen")
+        return ports.listen_unix(path) if path is not None else ports.listen_socket(self.bind_address)
 
     def free_port(self) -> int:
         return ports.free_port(self.bind_address)
+
+    def private_socket(self, name: str) -> str | None:
+        """For a service behind a lease's gate that takes a path to listen on (ser2net, x11vnc,
+        adb): a path for its unix socket in ``private_dir`` (new: named ``name`` and a random
+        word), whose folder only the exporter's account enters. None when the service has no
+        gate: it listens on a port then (``free_port``)."""
+        if self.private_dir is None:
+            return None
+        return str(self.private_dir / f"{name[:24]}-{secrets.token_hex(4)}.sock")
+
+    def endpoint(self, listener: socket.socket, resource: Resource, **fields: Any) -> Endpoint:
+        """The endpoint of a service listening on ``listener`` (a port, or a private socket:
+        then ``Endpoint.path``), with ``fields`` (protocol, params, command, role...)."""
+        address = listener.getsockname()
+        if isinstance(address, str):
+            return Endpoint(kind=resource.kind, host=self.advertise_address, port=0, path=address, **fields)
+        return Endpoint(kind=resource.kind, host=self.advertise_address, port=address[1], **fields)
 
     def serve_on_free_port(self, argv: list[str], resource: Resource, lease: LeaseRef, *,
                            name: str, protocol: str | None = "raw", params: dict | None = None,
@@ -70,11 +95,10 @@ class HostContext:
                 argv = [a.replace(placeholder, str(fd)) for a in argv]
             proc = self.processes.spawn(argv, name=f"{name}-{resource.device}-{lease.id}",
                                         lease=lease.id, pass_fds=tuple(fds.values()), env=env)
-            port = listener.getsockname()[1]
+            endpoint = self.endpoint(listener, resource, protocol=protocol, params=params, command=command,
+                                     role=role)
         finally:
             listener.close()  # the child holds it now; our copy would keep the port bound
-        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=port, protocol=protocol,
-                            params=params, command=command, role=role)
         return Service(endpoints=[endpoint], processes=[proc])
 
     def serve_in_thread(self, serve: Callable[[socket.socket, int], None], resource: Resource, lease: LeaseRef, *,
@@ -86,8 +110,7 @@ class HostContext:
         ``serve_on_free_port`` supervises."""
         listener = self.listen()
         server = ThreadServer(f"{name}-{resource.device}-{lease.id}", serve, listener)
-        endpoint = Endpoint(kind=resource.kind, host=self.advertise_address, port=listener.getsockname()[1],
-                            protocol=protocol, params=params, command=command, role=role)
+        endpoint = self.endpoint(listener, resource, protocol=protocol, params=params, command=command, role=role)
         return Service(endpoints=[endpoint], processes=[server])
 
     def run_to_end(self, argv: list[str], *, name: str, timeout: float,

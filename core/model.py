@@ -89,6 +89,10 @@ class Endpoint:
     filled with ``{host}``, ``{port}``, ``{url}``, ``{lease}`` and the keys of ``params``
     (``adb -H {host} -P {port} -s {serial} shell``). ``device-loop status``, ``device-loop
     env`` and the MCP ``lease_status`` show them.
+
+    ``path``: where a service behind a lease's gate listens, a unix socket, instead of
+    ``host:port`` (``HostContext.private_socket``); its gate's endpoint replaces it, so no
+    client ever sees one.
     """
 
     kind: str
@@ -100,6 +104,7 @@ class Endpoint:
     params: dict[str, str | int] | None = None  # what a client needs to speak it: baud, serial...
     command: str | None = None
     env: dict[str, str] | None = None
+    path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

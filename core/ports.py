@@ -1,6 +1,12 @@
-"""Free TCP ports, picked by the exporter (plugins never choose numbers)."""
+"""Free TCP ports, picked by the exporter (plugins never choose numbers), and the unix
+sockets services behind a lease's gates listen on instead."""
+import os
 import socket
 import time
+from pathlib import Path
+
+UNIX_TABLE = "/proc/net/unix"
+ACCEPTING = 0x10000  # __SO_ACCEPTCON in /proc/net/unix's flags: a listening socket
 
 
 def listen_socket(address: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -10,6 +16,35 @@ def listen_socket(address: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock.bind((address, port))
     sock.listen(64)
     return sock
+
+
+def listen_unix(path: str | os.PathLike) -> socket.socket:
+    """A listening unix socket bound at ``path`` (which must not exist): who may connect is who
+    may enter its folder."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(os.fspath(path))
+        sock.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def unix_listening(paths: set[str]) -> set[str]:
+    """Which of ``paths`` a socket listens on now (the kernel's table of unix sockets): for a
+    program that takes a path to listen on, without connecting to it (a connection may be a
+    client to it: ser2net opens the serial device for one)."""
+    try:
+        lines = Path(UNIX_TABLE).read_text().splitlines()[1:]
+    except OSError:
+        return set()
+    found = set()
+    for line in lines:
+        fields = line.split(maxsplit=7)
+        if len(fields) == 8 and fields[7] in paths and int(fields[3], 16) & ACCEPTING:
+            found.add(fields[7])
+    return found
 
 
 def inherited_listener(fd: int) -> socket.socket:

@@ -22,10 +22,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import AbstractSet, Callable
 
 from .files import write_atomically
 from .holders import listening_ports
+from .ports import unix_listening
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -163,15 +164,16 @@ class Proc:
             pause = min(2 * pause, 0.02)
         return True
 
-    def wait_listening(self, ports: set[int], timeout: float = 5.0, failure_signs: tuple[str, ...] = ()) -> str | None:
-        """Wait until the process listens on every one of ``ports``.
+    def wait_listening(self, ports: set[int], timeout: float = 5.0, failure_signs: tuple[str, ...] = (),
+                       paths: AbstractSet[str] = frozenset()) -> str | None:
+        """Wait until the process listens on every one of ``ports`` (and unix sockets at ``paths``).
 
-        For programs that take a port number rather than an inherited socket. Returns
-        None once they listen, else why not: it exited, its output shows one of
+        For programs that take a port number (or a path) rather than an inherited socket.
+        Returns None once they listen, else why not: it exited, its output shows one of
         ``failure_signs``, or ``timeout`` ran out (its last line of output, if any).
         """
         deadline = time.monotonic() + timeout
-        while not ports <= listening_ports(self.pid):
+        while not (ports <= listening_ports(self.pid) and paths <= unix_listening(set(paths))):
             output = self.output()
             if not self.alive() or any(sign in output for sign in failure_signs) or time.monotonic() > deadline:
                 lines = output.strip().splitlines()

@@ -134,6 +134,7 @@ class Exporter:
         self.reconciler.sync_cdi()  # nothing runs yet: an earlier run's specs go (their leases' come back)
         for record in self.host.processes.stop_leftovers():
             log.warning("stopped leftover %s of lease %s from an earlier run", record["name"], record["lease"])
+        self.reconciler.sockets.remove_leftover()  # (its services' sockets: they are stopped)
         for skipped in self.plugins.skipped:
             self.skipped.append(skipped)
             log.warning("plugin %s skipped: %s", skipped["name"], skipped["reason"])

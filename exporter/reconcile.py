@@ -30,6 +30,7 @@ from .cdi import CdiFolder, ask_environment
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines
 from .orphans import OrphanWatch
 from .service_records import ServiceRecords
+from .socket_folders import SocketFolders
 
 log = logging.getLogger("device_loop.exporter")
 WORKERS = 16
@@ -55,6 +56,7 @@ class Reconciler:
         self.gated_only = gated_only  # an exporter with a token serves only gated leases
         self.on_change = on_change
         self.records = ServiceRecords(host.state_dir)
+        self.sockets = SocketFolders(host.state_dir)
         self.running: dict[Key, Running] = {}
         self.stopping: dict[Key, Running] = {}  # still reported until really gone
         self.start_errors: dict[Key, dict] = {}
@@ -140,10 +142,11 @@ class Reconciler:
             self._failed(key, resource.device, resource.kind, "the lease has no secret: this exporter serves "
                                                               "only gated endpoints (its coordinator has tokens)")
             return
-        # A gated lease's service listens on loopback only; its gates face the network.
-        host = dataclasses.replace(self.host, bind_address="127.0.0.1", advertise_address="127.0.0.1") \
-            if lease.secret else self.host
         try:
+            # A gated lease's service listens where only its gates reach it (its lease's folder of
+            # unix sockets, else loopback); its gates face the network.
+            host = dataclasses.replace(self.host, bind_address="127.0.0.1", advertise_address="127.0.0.1",
+                                       private_dir=self.sockets.of_lease(lease.id)) if lease.secret else self.host
             service = self.plugins.call(resource.plugin, "devloop_start", host=host, resource=resource, lease=lease)
             if not isinstance(service, Service):
                 raise TypeError(f"plugin {resource.plugin} returned {service!r}, not a Service")
@@ -218,6 +221,9 @@ class Reconciler:
             with self._lock:
                 self.stopping.pop(key, None)
                 self.recheck.add(run.resource.device)
+                served = {lease for lease, _ in [*self.running, *self.stopping, *self._desired]}
+                if key[0] not in served:  # its last service is gone: its sockets with it
+                    self.sockets.lease_ended(key[0])
 
     def stop_strays(self, also: str | None = None) -> None:
         """Stop recorded processes that no service owns and whose lease is not wanted (or
@@ -302,3 +308,4 @@ class Reconciler:
         self.converge(desired=[])
         self.wait_idle()
         self._pool.shutdown()
+        self.sockets.close()

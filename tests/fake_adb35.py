@@ -41,11 +41,20 @@ if "--help" in args or args[:1] == ["help"]:
     print("Android Debug Bridge version 1.0.41\nVersion 35.0.2-12147458\n\nglobal options:\n"
           " -a                       listen on all network interfaces, not just localhost\n"
           " -P                       port of adb server [default=5037]\n"
+          " -L SOCKET                listen on given socket for adb server [default=tcp:localhost:5037]\n"
           " --one-device SERIAL|USB  only allowed with 'start-server' or 'server nodaemon', server will"
           " only connect to one USB device, specified by a serial number or USB device address.")
     sys.exit(0)
 
 port = int(args[args.index("-P") + 1]) if "-P" in args else global_port
+# -L localfilesystem:PATH: the server's unix socket (as adb's own: it fails if the path is taken)
+where = args[args.index("-L") + 1] if "-L" in args else None
+if where is not None and not where.startswith(("localfilesystem:", "tcp:")):
+    print(f"fake adb: -L {where} is not faked", file=sys.stderr)
+    sys.exit(1)
+unix_path = where.removeprefix("localfilesystem:") if where and where.startswith("localfilesystem:") else None
+if where and where.startswith("tcp:"):
+    port = int(where.rsplit(":", 1)[1])
 
 SERVER_VERSION = 41  # what Debian's adb 29 client asks for
 FEATURES = "shell_v2,cmd,stat_v2,ls_v2,fixed_push_mkdir,apex,abb,fixed_push_symlink_timestamp,abb_exec"
@@ -158,14 +167,25 @@ def serve(conn, serial: str | None) -> None:
 
 if "server" in args and "nodaemon" in args:
     time.sleep(0.3)  # a real server needs a moment before it listens
-    server = socket.create_server(("0.0.0.0" if "-a" in args else "127.0.0.1", port))
+    if unix_path is not None:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(unix_path)
+        server.listen(16)
+    else:
+        server = socket.create_server(("0.0.0.0" if "-a" in args else "127.0.0.1", port))
     phone = args[args.index("--one-device") + 1] if "--one-device" in args else None
     while True:
         conn, _ = server.accept()
         threading.Thread(target=serve, args=(conn, phone), daemon=True).start()
 
 if "kill-server" in args:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+    if unix_path is not None:
+        reach = socket.socket(socket.AF_UNIX)
+        reach.settimeout(5)
+        reach.connect(unix_path)
+    else:
+        reach = socket.create_connection(("127.0.0.1", port), timeout=5)
+    with reach as conn:
         conn.sendall(b"0009host:kill")
         conn.recv(4)
     sys.exit(0)

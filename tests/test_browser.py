@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import SRC
+from conftest import SRC, Coordinator, Exporter, lab_tokens, wait_for
 from helpers import run_cli, wait_state
 from test_video import with_camera
 
@@ -44,6 +44,35 @@ def test_the_viewer_url_shows_the_screen(env, coordinator, exporter_factory, vnc
     page.wait_for_timeout(1000)  # the first frame update
     shot = screenshot(page, "novnc-viewer")
     assert share_of(shot, ORANGE_BGR) > 0.2, "the display's colour is not on the viewer page"
+
+
+def test_behind_its_gate_a_display_s_viewer_shows_the_screen(tmp_path, env, display, browser):
+    """A token lab: x11vnc serves the display on a unix socket only the gate reaches, websockify
+    bridges only a websocket whose token is the lease's secret, and the viewer's URL (the
+    capability in its path) carries both through the gate: the screen shows."""
+    coordinator = Coordinator(tmp_path, env, extra=())
+    made, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
+    exporter = Exporter(tmp_path, env, coordinator.url,
+                        [{"name": "desk", "class": "vm", "plugin": "vnc", "display": f":{display}"}],
+                        token_file=str(token_file))
+    alice = {**env, "DEVICE_LOOP_TOKEN": made["alice"]}
+    try:
+        wait_for(lambda: coordinator.api("/devices/desk", headers={}).json().get("state") == "idle", 20)
+        lease = json.loads(run_cli(alice, coordinator.url, "reserve", "desk", "--wait", "--json").stdout)
+        (web,) = [e for e in lease["endpoints"] if e["kind"] == "vnc-web"]
+        page = browser.new_page(viewport={"width": 1000, "height": 700})
+        page.goto(web["url"])
+        # (painted once x11vnc serves the display: it sends what changes, as a screen's user sees it)
+        subprocess.run(["xsetroot", "-display", f":{display}", "-solid", "#ff8000"], check=True)
+        page.wait_for_function("() => { const c = document.querySelector('canvas');"
+                               " if (!c || c.width < 640) return false;"
+                               " const [r, g, b] = c.getContext('2d').getImageData(c.width / 2, c.height / 2, 1, 1).data;"
+                               " return r > 200 && g > 100 && g < 160 && b < 60; }", timeout=30_000)
+        shot = screenshot(page, "novnc-viewer-gated")
+        assert share_of(shot, ORANGE_BGR) > 0.2, "the display's colour is not on the gated viewer page"
+    finally:
+        exporter.stop()
+        coordinator.stop()
 
 
 def test_the_camera_stream_renders_in_an_img(env, coordinator, exporter_factory, browser):

@@ -5,6 +5,7 @@ import base64
 import json
 import os
 import socket
+import urllib.parse
 
 import pytest
 
@@ -84,9 +85,19 @@ def test_behind_the_gate_the_screen_needs_the_lease(tmp_path, env, vnc_server):
         with socket.create_connection((rfb["host"], rfb["port"]), timeout=10) as sock:
             sock.sendall(b"RFB 003.008\n")
             assert not sock.recv(100).startswith(b"RFB"), "no RFB byte without the lease's secret"
-        assert f"/{lease['secret']}/vnc.html?" in web["url"] and f"path={lease['secret']}/websockify" in web["url"]
-        assert upgrade(web["host"], web["port"], f"/{lease['secret']}/websockify").startswith("HTTP/1.1 101")
+        secret = lease["secret"]
+        socket_path = urllib.parse.quote(f"{secret}/websockify?token={secret}", safe="")
+        assert f"/{secret}/vnc.html?" in web["url"] and f"path={socket_path}" in web["url"]
+        assert upgrade(web["host"], web["port"], f"/{secret}/websockify?token={secret}").startswith("HTTP/1.1 101")
         assert upgrade(web["host"], web["port"], "/websockify").startswith("HTTP/1.1 403")
+        # websockify can only listen on a port: a local process that skips the gate finds it, and
+        # gets no screen without the lease's secret as its token
+        (inner,) = [int(word.rsplit(":", 1)[1]) for record in (exporter.state_dir / "processes").glob("*.json")
+                    if (argv := json.loads(record.read_text())["argv"])[0] == "websockify"
+                    for word in argv if word.startswith("127.0.0.1:")]
+        assert not upgrade("127.0.0.1", inner, "/websockify").startswith("HTTP/1.1 101")
+        assert not upgrade("127.0.0.1", inner, "/websockify?token=guessed").startswith("HTTP/1.1 101")
+        assert upgrade("127.0.0.1", inner, f"/websockify?token={secret}").startswith("HTTP/1.1 101")
         said = json.loads(run_cli(alice, coordinator.url, "vnc", "desk", "--json").stdout)
         assert said["vncviewer"].startswith(f"device-loop forward {lease['id']}")
     finally:

@@ -14,7 +14,9 @@ A container reaches the phone through the lease's server (``devloop_environment`
 reads. In a lab with tokens that endpoint is the lease's gate, which a plain adb client does
 not pass: there the container needs the gate opened for it (``device-loop forward``). An
 exporter bound to loopback serves it there, which a container reaches only on the host's
-network (``podman run --network host``).
+network (``podman run --network host``). Behind a lease's gates the lease's server listens
+on a unix socket (``adb -L localfilesystem:PATH``, ``host.private_socket``) that only the gate
+reaches: the gated endpoint is the one way to the phone.
 
 An adb that knows ``--one-device`` (platform-tools 35+) serves exactly one phone per
 server. Debian's adb 29 does not: its private server would claim every phone on the
@@ -97,7 +99,7 @@ class AdbPlugin:
     def __init__(self):
         self.one_device = False            # does this host's adb know --one-device
         self.serving: set[str] = set()     # serials with a server of ours
-        self.ports: dict[str, int] = {}    # serial -> the port of its lease's server
+        self.servers: dict[str, list[str]] = {}  # serial -> how an adb client reaches its lease's server
         self.starting = threading.Lock()   # starts run in parallel; the global server is stopped once
         self.readings: dict[str, tuple[float, dict[str, float] | None]] = {}  # serial -> (when, its zones)
 
@@ -153,22 +155,24 @@ class AdbPlugin:
         if not self.one_device and len(_phones(host)) > 1:
             raise ServiceError(f"{len(_phones(host))} phones are on this host; {NO_ONE_DEVICE}")
         _stop_global_server()
-        port = host.free_port()
-        everywhere = [] if host.bind_address in ("127.0.0.1", "localhost") else ["-a"]
-        argv = (["adb", *everywhere, "-P", str(port), "server", "nodaemon"]
+        private = host.private_socket("adb")
+        port = 0 if private else host.free_port()
+        everywhere = [] if private or host.bind_address in ("127.0.0.1", "localhost") else ["-a"]
+        reach = ["-L", f"localfilesystem:{private}"] if private else ["-P", str(port)]
+        argv = (["adb", *everywhere, *reach, "server", "nodaemon"]
                 + (["--one-device", serial] if self.one_device else []))
         proc = host.processes.spawn(argv, name=f"adb-{resource.device}-{lease.id}", lease=lease.id)
-        problem = proc.wait_listening({port})
+        problem = proc.wait_listening({port} - {0}, paths={private} if private else set())
         if problem is not None:
             proc.stop()
             raise ServiceError(f"adb server did not start: {problem}")
         self.serving.add(serial)
-        self.ports[serial] = port
+        self.servers[serial] = reach
         endpoint = Endpoint("adb", host.advertise_address, port, protocol="adb", role=EndpointRole.ADB,
                             params={"serial": serial},
                             command="adb -H {host} -P {port} -s {serial} shell",
                             env={"ANDROID_ADB_SERVER_ADDRESS": "{host}", "ANDROID_ADB_SERVER_PORT": "{port}",
-                                 "ANDROID_SERIAL": "{serial}"})
+                                 "ANDROID_SERIAL": "{serial}"}, path=private)
         return Service(endpoints=[endpoint], processes=[proc], data={"serial": serial})
 
     @hookimpl
@@ -186,20 +190,21 @@ class AdbPlugin:
     @hookimpl
     def devloop_stop(self, host: HostContext, service: Service) -> object:
         self.serving.discard(service.data["serial"])
-        self.ports.pop(service.data["serial"], None)
+        self.servers.pop(service.data["serial"], None)
         return None  # lets the default stop the server process
 
     @contextlib.contextmanager
-    def _server(self, host, resource) -> Iterator[int | None]:
-        """The port of an adb server that serves this phone alone: its lease's, else one
-        started for the while (and stopped after: it holds the phone, as an orphan would);
-        None where none can be (another phone here and no --one-device). No lease of the
-        phone starts meanwhile: the device is between two leases."""
+    def _server(self, host, resource) -> Iterator[list[str] | None]:
+        """How an adb client reaches a server that serves this phone alone (``-P PORT`` or
+        ``-L SOCKET``): its lease's, else one started for the while (and stopped after: it
+        holds the phone, as an orphan would); None where none can be (another phone here and
+        no --one-device). No lease of the phone starts meanwhile: the device is between two
+        leases."""
         serial = _serial(resource)
         with self.starting:  # (starts stop the global server and count the phones: one at a time)
-            port = self.ports.get(serial)
+            reach = self.servers.get(serial)
             proc = None
-            if port is None:
+            if reach is None:
                 if serial in self.serving or not self.one_device and (len(_phones(host)) > 1 or self.serving):
                     yield None
                     return
@@ -213,8 +218,9 @@ class AdbPlugin:
                     proc.stop()
                     raise OperationError(f"adb server did not start: {problem}", changed=False)
                 self.serving.add(serial)
+                reach = ["-P", str(port)]
         try:
-            yield port
+            yield reach
         finally:
             if proc is not None:
                 proc.stop()
@@ -227,10 +233,10 @@ class AdbPlugin:
         when, zones = self.readings.get(serial, (float("-inf"), None))
         if time.monotonic() - when < THERMAL_EVERY_S:
             return zones
-        with self._server(host, resource) as port:
-            if port is None:
+        with self._server(host, resource) as reach:
+            if reach is None:
                 return None
-            code, output = run(["adb", "-P", str(port), "-s", serial, "wait-for-device", "shell", THERMAL_SCRIPT],
+            code, output = run(["adb", *reach, "-s", serial, "wait-for-device", "shell", THERMAL_SCRIPT],
                                timeout=THERMAL_TIMEOUT_S)
         if code != 0:
             raise RuntimeError(f"adb shell on {serial} failed: {output.strip()[-200:]}")
@@ -249,11 +255,11 @@ class AdbPlugin:
         serial = _serial(resource)
         timeout = float(op.args.get("timeout_s", WAIT_BOOT.timeout_s))
         began = time.monotonic()
-        with self._server(host, resource) as port:
-            if port is None:
+        with self._server(host, resource) as reach:
+            if reach is None:
                 raise OperationError(f"no adb server can serve {serial} alone here ({NO_ONE_DEVICE})", changed=False)
             op.progress("waiting", detail=f"waiting for {serial} to boot")
-            code, output = host.run_to_end(["adb", "-P", str(port), "-s", serial, "wait-for-device", "shell",
+            code, output = host.run_to_end(["adb", *reach, "-s", serial, "wait-for-device", "shell",
                                             BOOTED_SCRIPT], name=f"adb-{resource.device}-wait-boot",
                                            timeout=max(1.0, timeout - (time.monotonic() - began)))
         if code is None:

@@ -21,7 +21,8 @@ def _connection(name: str, accepter: str, device: str, baud: int, framing: str) 
 
 
 def start_ser2net(host, resource, lease, ser2net: str, device: str, baud: int, framing: str, raw: bool) -> Service:
-    """Start ser2net and return once it listens on every port we gave it.
+    """Start ser2net and return once it listens on every port (or, behind a gate, every unix
+    socket: ``host.private_socket``) we gave it.
 
     ser2net takes port numbers, not sockets, so another process can take a port between
     our pick and its bind. It then says so and keeps running (ignoring the first
@@ -29,20 +30,24 @@ def start_ser2net(host, resource, lease, ser2net: str, device: str, baud: int, f
     """
     folder = host.state_dir / "ser2net"
     folder.mkdir(parents=True, exist_ok=True)
+    protocols = ["rfc2217", "raw"] if raw else ["rfc2217"]
     for _ in range(ATTEMPTS):
-        ports = {"rfc2217": host.free_port()} | ({"raw": host.free_port()} if raw else {})
-        accepters = {"rfc2217": f"telnet(rfc2217),tcp,{host.bind_address},{ports['rfc2217']}",
-                     "raw": f"tcp,{host.bind_address},{ports.get('raw')}"}
+        private = {p: host.private_socket(f"ser2net-{p}") for p in protocols}
+        ports = {p: 0 if private[p] else host.free_port() for p in protocols}
+        where = {p: f"unix,{private[p]}" if private[p] else f"tcp,{host.bind_address},{ports[p]}" for p in protocols}
+        accepters = {"rfc2217": f"telnet(rfc2217),{where['rfc2217']}", "raw": where.get("raw", "")}
         config = folder / f"{lease.id}-{resource.device}.yaml"
-        config.write_text("".join(_connection(f"c_{p}", accepters[p], device, baud, framing) for p in ports))
+        config.write_text("".join(_connection(f"c_{p}", accepters[p], device, baud, framing) for p in protocols))
         proc = host.processes.spawn([ser2net, "-n", "-d", "-u", "-c", str(config)],
                                     name=f"ser2net-{resource.device}-{lease.id}", lease=lease.id)
-        problem = proc.wait_listening(set(ports.values()), failure_signs=FAILED)
+        problem = proc.wait_listening({port for port in ports.values() if port}, failure_signs=FAILED,
+                                      paths={path for path in private.values() if path})
         if problem is None:
             params: dict[str, str | int] = {"baud": baud, "framing": framing}
-            return Service(endpoints=[Endpoint(resource.kind, host.advertise_address, port, protocol=p, params=params,
-                                               command=CONSOLE_COMMAND, role=EndpointRole.CONSOLE)
-                                      for p, port in ports.items()], processes=[proc])
+            return Service(endpoints=[Endpoint(resource.kind, host.advertise_address, ports[p], protocol=p,
+                                               params=params, command=CONSOLE_COMMAND, role=EndpointRole.CONSOLE,
+                                               path=private[p])
+                                      for p in protocols], processes=[proc])
         proc.stop(grace=0.5)  # a ser2net that failed to bind ignores the first SIGTERM anyway
         if "invalid" in problem:
             break  # another port will not help

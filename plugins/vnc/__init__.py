@@ -9,6 +9,11 @@ Config: a ``[[devices.resources]]`` entry with ``plugin = "vnc"`` and one of
 A lease gets two endpoints: ``vnc`` (RFB, for any VNC viewer) and ``vnc-web``, an
 ``http://`` URL of noVNC, a viewer that runs in the browser, served by websockify with
 Debian's noVNC files (``novnc`` and ``websockify`` packages; ``x11vnc`` for displays).
+
+Behind a lease's gates (``host.private_socket``) x11vnc listens on a unix socket that only
+the gate reaches. websockify can only listen on a port; there it bridges a websocket only to
+a request that names the lease's secret as its ``token`` (its token file, in the lease's
+private folder), so a local process that skips the gate gets noVNC's files and no screen.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from collections.abc import Sequence
 import re
 import shutil
 import socket
+import urllib.parse
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -105,18 +111,22 @@ def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Ser
     service = Service(endpoints=[])
     try:
         if kind == "display":
-            port = host.free_port()
-            where = ["-localhost"] if host.bind_address == "127.0.0.1" else ["-listen", host.bind_address]
-            server = host.processes.spawn(["x11vnc", "-display", f":{value}", "-rfbport", str(port), *where,
+            private = host.private_socket("x11vnc")
+            port = 0 if private else host.free_port()
+            # (-rfbport 0 alone still listens on [::]:5900: x11vnc's IPv6 listener ignores it)
+            where = (["-unixsock", private, "-rfbport", "0", "-localhost", "-no6"] if private else
+                     ["-rfbport", str(port), *(["-localhost"] if host.bind_address == "127.0.0.1"
+                                               else ["-listen", host.bind_address])])
+            server = host.processes.spawn(["x11vnc", "-display", f":{value}", *where,
                                            "-nopw", "-forever", "-shared", "-quiet", "-noxdamage"],
                                           name=f"x11vnc-{resource.device}-{lease.id}", lease=lease.id)
             service.processes.append(server)
-            failed = server.wait_listening({port}, timeout=10)
+            failed = server.wait_listening({port} - {0}, timeout=10, paths={private} if private else set())
             if failed:
                 raise ServiceError(f"x11vnc did not start on display :{value}: {failed}")
-            target = f"127.0.0.1:{port}"
+            target = f"unix_socket:{private}" if private else f"127.0.0.1:{port}"
             service.endpoints.append(Endpoint(kind="vnc", host=host.advertise_address, port=port, protocol="rfb",
-                                              command=COMMAND, role=EndpointRole.RFB))
+                                              command=COMMAND, role=EndpointRole.RFB, path=private))
         else:
             target = value
             _reachable(value)
@@ -142,16 +152,24 @@ def _reachable(target: str) -> None:
 
 
 def _web_viewer(host, resource, lease, target: str, service: Service) -> Endpoint:
-    """noVNC over websockify, bridging the browser's websocket to ``target``."""
+    """noVNC over websockify, bridging the browser's websocket to ``target`` (``host:port``, or
+    ``unix_socket:PATH``); behind a gate, only for a request whose token is the lease's secret."""
     port = host.free_port()
-    bridge = host.processes.spawn(["websockify", "--web", str(NOVNC), f"{host.bind_address}:{port}", target],
+    if host.private_dir is not None and lease.secret:
+        tokens = host.private_dir / "websockify-tokens"
+        tokens.touch(mode=0o600)
+        tokens.write_text(f"{lease.secret}: {target}\n")
+        towards = ["--token-plugin", "TokenFile", "--token-source", str(tokens)]
+        # the websocket's path carries the capability for the gate, and the token for websockify
+        socket_path = urllib.parse.quote(f"{lease.secret}/websockify?token={lease.secret}", safe="")
+    else:
+        towards, socket_path = [target], "websockify"
+    bridge = host.processes.spawn(["websockify", "--web", str(NOVNC), f"{host.bind_address}:{port}", *towards],
                                   name=f"websockify-{resource.device}-{lease.id}", lease=lease.id)
     service.processes.append(bridge)
     failed = bridge.wait_listening({port}, timeout=10)
     if failed:
         raise ServiceError(f"websockify did not start: {failed}")
-    # behind a gate the websocket's path carries the lease's capability too (noVNC asks for it)
-    socket_path = f"{lease.secret}/websockify" if lease.secret else "websockify"
     url = f"http://{host.advertise_address}:{port}/vnc.html?autoconnect=1&resize=scale&path={socket_path}"
     return Endpoint(kind="vnc-web", host=host.advertise_address, port=port, protocol="http", url=url,
                     command=COMMAND, role=EndpointRole.WEB_VIEWER)

@@ -1,6 +1,8 @@
 """What the lab looks like: devices, their logs, hosts, network finds, the audit log. Reads only."""
 from __future__ import annotations
 
+from typing import Any
+
 from device_loop.core import FLASH_KIND
 from device_loop.core.durations import iso
 
@@ -22,11 +24,14 @@ from .store.devices import DeviceQueries
 from .store.hosts import HostQueries
 from .store.operations import OperationQueries
 
+SHOWN_HOLDERS = 3  # named in an admin's reason; the rest are counted (its page lists them all)
+
 
 def device_json(row: DeviceFacts, in_full: bool = False) -> DeviceAnswer:
-    """A device as anyone sees it (``in_full``, for a caller that may see all: with the command
-    lines of who else holds its nodes, the id of its live lease, to act on it, and the
-    exporter's file paths in its reasons)."""
+    """A device as anyone sees it: how many other processes hold its node, never which
+    (``in_full``, for a caller that may see all: who they are — pid, program, command line,
+    cgroup —, the id of its live lease, to act on it, and the exporter's file paths in its
+    reasons)."""
     step = running_step(row)
     shown = (lambda text: text) if in_full else hide_paths_in
     quarantine = decoded(row["quarantine"])
@@ -43,7 +48,7 @@ def device_json(row: DeviceFacts, in_full: bool = False) -> DeviceAnswer:
         "health_reason": shown(row["health_reason"]),
         # its owner first, then a host that claims it too (the owner keeps serving it)
         "conflict_hosts": [row["host"] or "", row["conflict_host"]] if row["conflict_host"] else [],
-        "busy_by": [holder_json(h, in_full) for h in row["busy_by"]],  # public: program and pid only
+        "busy_count": len(row["busy_by"]),  # who they are is an admin's to see: other people's processes
         "resources": [{**r, "reason": shown(r["reason"])} if r.get("reason") else r for r in row["resources"]],
         # a failed destructive operation left it half-changed: no lease until it is recovered
         "needs_recovery": row["needs_recovery"] is not None,
@@ -57,11 +62,12 @@ def device_json(row: DeviceFacts, in_full: bool = False) -> DeviceAnswer:
         "fault_kind": row["fault_kind"],
         "quarantine": quarantine_answer(quarantine, shown) if quarantine else None,
         "fidelity": row["fidelity"],  # a board, a simulation, a virtual machine or an emulator
-        "reason": shown(state_reason(row, step)),
+        "reason": shown(state_reason(row, step, in_full)),
         "facts": row.get("facts") or {},  # what its plugins add to its fingerprint
     }
     if in_full:
         answer["lease"] = row["lease_id"]
+        answer["busy_by"] = [holder_json(h, in_full) for h in row["busy_by"]]
     return answer
 
 
@@ -75,23 +81,32 @@ def running_step(device: DeviceFacts) -> RunningStep | None:
             "detail": detail}
 
 
-def state_reason(row: DeviceFacts, step: RunningStep | None) -> str:
+def state_reason(row: DeviceFacts, step: RunningStep | None, in_full: bool = False) -> str:
     """Why a device is in its state, in words, where that is not plain: the step it runs
-    while reclaimed, the fault or health that makes it faulty."""
+    while reclaimed, the processes that still hold it (which ones, ``in_full`` only), the
+    fault or health that makes it faulty."""
     if row["state"] == DeviceState.RECLAIMING:
         if step is not None:
             where = step["detail"] or ("queued" if row["op_id"] == step["op"] else "starting")
             return f"step {step['index'] + 1}/{step['of']} {step['step']}: {where}"
         if row["busy_by"]:  # (docs/architecture.md, "Lifecycle": an orphan keeps it reclaiming)
-            held = ", ".join(f"pid {h['pid']} ({h['program']})" for h in map(holder_json, row["busy_by"][:3]))
-            more = f" and {len(row['busy_by']) - 3} more" if len(row["busy_by"]) > 3 else ""
-            return f"still held after its lease by {held}{more}: reclaimed once they end (or an admin has them killed)"
+            held = held_by(row["busy_by"], in_full)
+            return f"still held after its lease by {held}: reclaimed once they end (or an admin has them killed)"
         return "waiting for its exporter to stop the last lease's services"
     if row["state"] == DeviceState.FAULTY:
         quarantine = decoded(row["quarantine"])
         return row["fault"] or (summary(quarantine) if quarantine else None) or row["health_reason"] or \
             "health check failed"
     return switched_off(row["fault"], row["fault_kind"]) or ""  # (its holder switched it off, and holds it still)
+
+
+def held_by(holders: list[dict[str, Any]], in_full: bool) -> str:
+    """Who still holds a device's node, in words: pid and program of the first few for a
+    caller that may see all; how many, and that an admin sees which, for anyone else."""
+    if not in_full:
+        return f"{len(holders)} process{'es' if len(holders) != 1 else ''} (an admin sees which on its page)"
+    held = ", ".join(f"pid {h['pid']} ({h['program']})" for h in map(holder_json, holders[:SHOWN_HOLDERS]))
+    return held + (f" and {len(holders) - SHOWN_HOLDERS} more" if len(holders) > SHOWN_HOLDERS else "")
 
 
 def running_operation(op_id: str | None, kind: str | None) -> RunningOperation | None:

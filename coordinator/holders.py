@@ -1,7 +1,8 @@
-"""Who else holds a device node (``busy_by``), as the board shows it: anyone sees the
-program and its pid; admins also see its cgroup and the command line, with what looks like a secret in
-it replaced by ``[redacted]``. The command line is what an exporter read from /proc, or
-what a stolen exporter token says: data, and as public as a ``--password=`` argument.
+"""Who else holds a device node (``busy_by``), as admins see it: the program and its pid,
+its cgroup and the command line, with what looks like a secret in it replaced by
+``[redacted]`` (anyone else sees only how many: they may be other people's processes). The
+command line is what an exporter read from /proc, or what a stolen exporter token says:
+data, and as public as a ``--password=`` argument.
 
 What looks like a secret (``redact``), word by word:
 
@@ -35,8 +36,8 @@ _RUN = re.compile(r"[A-Za-z0-9+=_-]{20,}")
 
 
 def holder_json(holder: Mapping[str, Any], in_full: bool = False) -> HolderAnswer:
-    """A process holding a device node: ``pid`` and ``program``, and ``in_full`` (for a caller
-    that may see all) ``command`` and ``cgroup`` (a container's names its container)."""
+    """A process holding a device node: ``pid`` and ``program`` (what an admin's reason names),
+    and ``in_full`` ``command`` and ``cgroup`` (a container's names its container)."""
     command = redact(str(holder.get("command", "")))
     program = posixpath.basename(command.split(" ", 1)[0])[:MAX_PROGRAM_CHARS] or "?"
     # (a report's holders all have a pid: core.protocol.Holder)

@@ -22,8 +22,8 @@ class FlashedImage(TypedDict):
 
 
 class HolderAnswer(TypedDict, total=False):
-    """A process that holds a device node: its program and pid for anyone, its command line
-    (secrets redacted) and cgroup for admins."""
+    """A process that holds a device node, for admins only (anyone else sees how many): its
+    pid and program, its command line (secrets redacted) and cgroup."""
     pid: int
     program: str
     command: str
@@ -68,7 +68,8 @@ DeviceAnswer = TypedDict("DeviceAnswer", {
     "health": HealthStatus,
     "health_reason": str,
     "conflict_hosts": list[str],   # its owner, then another host that reports it too
-    "busy_by": list[HolderAnswer],
+    "busy_count": int,             # how many processes besides the lab's own hold its node
+    "busy_by": list[HolderAnswer],  # admins only: which they are
     "resources": list[dict[str, Any]],
     "needs_recovery": bool,
     "recovery_reason": str | None,

@@ -11,22 +11,48 @@ from typing import AbstractSet
 PTY_SLAVE_MAJORS = range(136, 144)
 
 
+#: Where the kernel puts the nodes of its devices (``/dev``, and any bind mount of it).
+MOUNTINFO = "/proc/self/mountinfo"
+KERNEL_NODES_FS = "devtmpfs"
+
+
 @dataclass(frozen=True)
 class _Target:
-    """A node asked about, as what an fd may show of it: its path, and its inode and device
-    number (a process in a container sees the node by another name: a bind mount, its own /dev)."""
+    """A node asked about, as what an fd may show of it: its path, its inode, and its device
+    number where that names it (a process in a container sees the node by another name: a
+    bind mount, or a node of its own /dev)."""
     node: str
     inode: tuple[int, int]               # (st_dev, st_ino): the same file, under any name
-    device: tuple[int, int] | None       # (file type, st_rdev) of a character or block node; None for a pty
+    device: tuple[int, int] | None       # (file type, st_rdev) of the kernel's own node; None for any other
 
 
-def _target(node: str) -> _Target | None:
+def kernel_node_filesystems(mountinfo: str = MOUNTINFO) -> set[int]:
+    """The ``st_dev`` of each devtmpfs mounted here: a node on one is the kernel's own node
+    of its device (made by the kernel, or by root on the host), so its device number names
+    that device wherever another node of it is opened. Empty when it cannot be read."""
+    found: set[int] = set()
+    try:
+        lines = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:  # ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE ...
+        mount, _, filesystem = line.partition(" - ")
+        fields = mount.split()
+        if len(fields) > 2 and filesystem.split()[:1] == [KERNEL_NODES_FS]:
+            major, _, minor = fields[2].partition(":")
+            if major.isdigit() and minor.isdigit():
+                found.add(os.makedev(int(major), int(minor)))
+    return found
+
+
+def _target(node: str, kernel_filesystems: set[int]) -> _Target | None:
     try:
         info = os.stat(node)
     except OSError:
         return None
     device = None
-    if (stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)) and os.major(info.st_rdev) not in PTY_SLAVE_MAJORS:
+    if (stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)) and os.major(info.st_rdev) not in PTY_SLAVE_MAJORS \
+            and info.st_dev in kernel_filesystems:
         device = (stat.S_IFMT(info.st_mode), info.st_rdev)
     return _Target(node, (info.st_dev, info.st_ino), device)
 
@@ -39,15 +65,20 @@ def holders(nodes: set[str], skip: AbstractSet[int] = frozenset(),
 
     An fd holds a node when its link is the node's real path; or, for an fd whose link is a
     path under /dev (a container's view: a bind mount, or a node of its own /dev), when it is
-    the node's inode or a character/block node of the same device number (docs/architecture.md,
-    "Containers and CDI"). Only such fds are stat()ed."""
+    the node's inode, or — the node being the kernel's own (on devtmpfs) — a character/block
+    node of the same device number: every such node opens that device. A node elsewhere (a
+    copy made by mknod, a test's fake tree) is only itself: its number is a claim, and may be
+    another device's (docs/architecture.md, "Lifecycle"). Only such fds are stat()ed."""
     targets: dict[str, _Target] = {}
+    kernel_filesystems: set[int] | None = None
     for node in nodes:
         try:
             real = os.path.realpath(node)
         except OSError:
             continue
-        target = _target(real)
+        if kernel_filesystems is None:
+            kernel_filesystems = kernel_node_filesystems()
+        target = _target(real, kernel_filesystems)
         if target is not None:
             targets[real] = _Target(node, target.inode, target.device)
     found: dict[str, set[int]] = {node: set() for node in nodes}

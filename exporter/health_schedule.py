@@ -11,6 +11,13 @@ after ``period_s``, then at an interval doubled after each failed probe up to
 ``quarantine_ceiling_s``, and is re-admitted after ``good_probes`` probes in a row that are
 not ``failed``. A ``permanent`` failure is never quarantined: it waits for a person.
 
+Only the lab's failures count toward a quarantine, never a holder's: a failure that begins
+while a lease holds the resource (``held``; a kernel panic of its holder's own image) is
+reported, but not counted, and no quarantine begins during the lease. One still reported
+when the lease lets go of the resource is its holder's until the health is next not
+``failed`` (the steps between leases reset the device), or until ``steps_done`` says the
+steps are over: then it counts, once, as the lab's.
+
 The schedule runs no check itself and reads no clock but the one it is given: the
 reporter asks which resources are due, checks them, and hands it the results.
 """
@@ -44,6 +51,12 @@ class _Track:
     pending: Health | None = None  # a result that differs from the reported one, not confirmed yet
     turned_failed: deque[float] = field(default_factory=deque)  # when the reported health turned failed
     quarantine: Quarantine | None = None
+    held: bool = False  # a lease holds it: its failures are its holder's
+    left_failed: bool = False  # its last holder left it failed, and the steps after the lease are not over
+
+
+def _failed_transient(health: Health | None) -> bool:
+    return health is not None and health.status == HealthStatus.FAILED and health.kind == HealthKind.TRANSIENT
 
 
 def _key(health: Health) -> tuple[str, str]:
@@ -58,13 +71,14 @@ class HealthSchedule:
         self.rules = rules or HealthRules()
         self.clock = clock
         self._tracks: dict[str, _Track] = {}
+        self._held: set[str] = set()
 
     def sync(self, identifiers: Iterable[str]) -> None:
         """Follow exactly ``identifiers`` (the resources as last discovered): a new one is due
         at once, one no longer discovered is forgotten."""
         now, wanted = self.clock(), set(identifiers)
         for identifier in wanted - self._tracks.keys():
-            self._tracks[identifier] = _Track(due=now)
+            self._tracks[identifier] = _Track(due=now, held=identifier in self._held)
         for identifier in self._tracks.keys() - wanted:
             del self._tracks[identifier]
 
@@ -86,6 +100,30 @@ class HealthSchedule:
         """``identifier``'s quarantine, None when it is not in one."""
         track = self._tracks.get(identifier)
         return track.quarantine if track is not None else None
+
+    def held(self, identifiers: Iterable[str]) -> None:
+        """The resources a lease holds now (all others: none). One it lets go of while its
+        reported health is failed is left failed by its holder (see the module's words)."""
+        holding = self._held = set(identifiers)
+        for identifier, track in self._tracks.items():
+            if track.held and identifier not in holding:
+                track.left_failed = _failed_transient(track.reported)
+            elif identifier in holding:
+                track.left_failed = False
+            track.held = identifier in holding
+
+    def steps_done(self, identifiers: Iterable[str]) -> bool:
+        """The steps between leases of ``identifiers`` are over: a failure their last holder
+        left that is still reported counts now, as the lab's. True if a quarantine began."""
+        now, began = self.clock(), False
+        for identifier in identifiers:
+            track = self._tracks.get(identifier)
+            if track is None or not track.left_failed:
+                continue
+            track.left_failed = False
+            if track.quarantine is None and track.reported is not None and _failed_transient(track.reported):
+                began |= self._count(track, track.reported, now)
+        return began
 
     def record(self, identifier: str, result: Health) -> bool:
         """Take the result of ``identifier``'s check; True if what is reported of it changed
@@ -113,18 +151,27 @@ class HealthSchedule:
         return False
 
     def _turned(self, track: _Track, result: Health, now: float) -> None:
-        """The reported health became ``result``: count a transient failure, and quarantine
-        the resource when they keep coming back."""
-        if result.status != HealthStatus.FAILED or result.kind != HealthKind.TRANSIENT:
-            return
+        """The reported health became ``result``: count a transient failure of the lab's
+        (not of a lease's holder), and quarantine the resource when they keep coming back."""
+        if result.status != HealthStatus.FAILED:
+            track.left_failed = False  # (what its last holder left failed was reset)
+        if _failed_transient(result) and not track.held:
+            self._count(track, result, now)
+
+    def _count(self, track: _Track, result: Health, now: float) -> bool:
+        """Count a failure, and quarantine the resource when they keep coming back; True if a
+        quarantine began."""
         rules = self.rules
         track.turned_failed.append(now)
         while track.turned_failed[0] < now - rules.quarantine_window_s:
             track.turned_failed.popleft()
-        if len(track.turned_failed) >= rules.quarantine_failures:
-            track.quarantine = Quarantine(failures=len(track.turned_failed), window_s=rules.quarantine_window_s,
-                                          probe_s=rules.period_s, needed=rules.good_probes,
-                                          reason=result.reason[:MAX_REASON_CHARS])
+        if len(track.turned_failed) < rules.quarantine_failures:
+            return False
+        track.quarantine = Quarantine(failures=len(track.turned_failed), window_s=rules.quarantine_window_s,
+                                      probe_s=rules.period_s, needed=rules.good_probes,
+                                      reason=result.reason[:MAX_REASON_CHARS])
+        track.due = now + rules.period_s
+        return True
 
     def _probe(self, track: _Track, result: Health, now: float) -> bool:
         """A quarantined resource's probe: re-admitted after enough good ones in a row, else

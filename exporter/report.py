@@ -33,6 +33,7 @@ from device_loop.core.vocabulary import Fidelity
 from .config import StepConfig
 from .health_schedule import HealthRules, HealthSchedule
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines, HookTimedOut
+from .lease_watch import LeaseWatch
 from .orphans import OrphanWatch
 from .power import POWER
 from .steps import plan, plugin_steps, step_kinds
@@ -67,6 +68,7 @@ class Reporter:
         self._last_found: dict[str, list[Resource]] = {}
         self.failing: dict[str, str] = {}  # plugin -> why its last discovery failed
         self.schedule = HealthSchedule(health_rules)  # each resource's checks and reported health
+        self.leases = LeaseWatch()  # whose failures they are: a lease's holder's, or the lab's
         self._busy: dict[str, list[Holder]] = {}
         self._devices: list[DeviceReport] | None = None  # as last scanned, until the next scan
 
@@ -242,6 +244,8 @@ class Reporter:
                 self._busy.pop(resource.identifier, None)
             self._busy |= self.orphans.orphans(again, ours)
             self._devices = None
+        if self._whose_failures(services, operations):
+            self._devices = None
         if self._devices is None:
             self._devices = self._device_reports()
         self.generation += 1
@@ -257,6 +261,21 @@ class Reporter:
             applied=sorted(applied), operations=list(operations),
             candidates=[CandidateReport(identifier=c.identifier, kind=c.kind, plugin=c.plugin, label=c.device)
                         for c in self.candidates])
+
+    def _whose_failures(self, services: Sequence[ServiceReport], operations: Sequence[OperationReport]) -> bool:
+        """Tell the health schedule which resources leases hold, and those whose steps after a
+        lease are over (docs/architecture.md, "Health that heals"); True if a quarantine began."""
+        leased, done = self.leases.follow(services, operations, self._step_kinds_of)
+        self.schedule.held(r.identifier for r in self.resources if r.device in leased)
+        return self.schedule.steps_done(r.identifier for r in self.resources if r.device in done)
+
+    def _step_kinds_of(self, device: str) -> list[str]:
+        """``device``'s steps between leases here, as the kinds of the operations they are asked for as."""
+        mine = [r for r in self.resources if r.device == device]
+        if not mine:
+            return []
+        return [step.operation_kind for step in plan(self.steps_of(device, mine[0].device_class), mine,
+                                                     self.step_kinds)]
 
     def _plugin_steps(self) -> list[dict]:
         """Every step this exporter can run: its own, then those its plugins offer (asked at

@@ -86,6 +86,25 @@ def test_a_board_that_keeps_failing_is_quarantined_probed_later_and_later_and_re
     assert BOARD in ls and "quarantined" not in ls
 
 
+def test_a_holder_s_panics_inside_the_lease_neither_quarantine_the_board_nor_count_after_it(lab):
+    coordinator, exporter = lab
+    lease = wait_active(coordinator, reserve(coordinator, BOARD)["id"])
+    for _ in range(3):  # the holder's own image panics the board three times
+        set_health(exporter, "failed transient kernel panic")
+        wait_for(lambda: device(coordinator, BOARD)["health"] == "failed", 10, what="health failed")
+        set_health(exporter, "ok")
+        wait_for(lambda: device(coordinator, BOARD)["health"] == "ok", 10, what="health ok again")
+    shown = device(coordinator, BOARD)
+    assert (shown["state"], shown["quarantine"]) == ("in_use", None), "no quarantine during the lease"
+    assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
+    wait_state(coordinator, BOARD, "idle")
+    set_health(exporter, "failed transient link down")  # the lab's own, with the three of the lease: four
+    wait_state(coordinator, BOARD, "faulty", timeout=10)
+    set_health(exporter, "ok")
+    wait_state(coordinator, BOARD, "idle", timeout=10)
+    assert not [c for c in log_causes(coordinator) if "quarantine" in c], "the lease's three did not count after it"
+
+
 def test_a_permanent_failure_and_a_person_s_fault_stay_until_an_admin_clears_them(lab):
     coordinator, exporter = lab
     set_health(exporter, "failed permanent AER fatal errors: 3")

@@ -180,6 +180,59 @@ def test_permanent_failures_are_never_quarantined(schedule, clock):
     assert schedule.quarantine("card") is None
 
 
+# ---- whose failures count: a lease's holder's never, the lab's always -------------------------
+
+def test_three_failures_inside_a_lease_neither_quarantine_it_nor_count_after_it(schedule, clock):
+    schedule.held(["card"])  # its holder's image panics the board, three times
+    for _ in range(3):
+        fail_confirmed(schedule, clock)
+    assert schedule.quarantine("card") is None, "no quarantine during the lease"
+    check(schedule, clock, OK)
+    check(schedule, clock, OK)
+    schedule.held([])
+    assert schedule.steps_done(["card"]) is False
+    fail_confirmed(schedule, clock)  # the lab's own now: counted from nothing
+    fail_confirmed(schedule, clock)
+    assert schedule.quarantine("card") is None, "the lease's three do not count after it"
+    fail_confirmed(schedule, clock)
+    assert schedule.quarantine("card") is not None
+
+
+def test_the_same_failures_with_no_lease_quarantine_it(schedule, clock):
+    schedule.held(["card"])
+    schedule.held([])  # (a lease that ended without a failure)
+    for _ in range(3):
+        fail_confirmed(schedule, clock)
+    assert schedule.quarantine("card") is not None
+
+
+def test_a_failure_its_holder_left_is_forgiven_when_the_steps_reset_it(schedule, clock):
+    fail_confirmed(schedule, clock)
+    fail_confirmed(schedule, clock)  # two of the lab's
+    schedule.held(["card"])
+    fail_confirmed(schedule, clock)
+    schedule.held([])  # the lease ends with the board panicked
+    check(schedule, clock, OK)
+    check(schedule, clock, OK)  # a step rebooted it
+    assert schedule.steps_done(["card"]) is False
+    assert schedule.quarantine("card") is None
+
+
+def test_a_failure_its_holder_left_that_outlives_the_steps_counts_once(schedule, clock):
+    fail_confirmed(schedule, clock)
+    fail_confirmed(schedule, clock)  # two of the lab's
+    schedule.held(["card"])
+    fail_confirmed(schedule, clock)
+    schedule.held([])
+    check(schedule, clock, FAILED)  # still failed while the steps run: not counted yet
+    assert schedule.quarantine("card") is None
+    assert schedule.steps_done(["card"]) is True, "failed still after the steps: the lab's"
+    quarantine = schedule.quarantine("card")
+    assert quarantine is not None and quarantine.failures == 3
+    assert schedule.next_due() == clock.now + 10, "probed first after a period"
+    assert schedule.steps_done(["card"]) is False, "counted once"
+
+
 # ---- the exporter config's keys ---------------------------------------------------------------
 
 def load(tmp_path, section: str):
@@ -270,3 +323,54 @@ def test_a_health_answer_that_is_no_health_is_a_failure(clock):
     reporter.check_health()
     reported = reporter.schedule.reported("a")
     assert reported.status == "failed" and "not a Health" in reported.reason
+
+
+def test_the_reporter_counts_no_failure_of_a_lease_s_holder_and_one_its_steps_could_not_reset(clock, tmp_path):
+    """The reporter tells the schedule whose failures they are (exporter/lease_watch.py): a
+    device is held while this exporter runs a service of a lease on it; its steps after the
+    lease are over once each has ended as an operation this exporter reports."""
+    from device_loop.core.host import HostContext
+    from device_loop.core.model import Resource
+    from device_loop.core.protocol import OperationReport, ServiceReport
+    from device_loop.exporter.config import CommandStep
+    from device_loop.exporter.orphans import OrphanWatch
+    from device_loop.exporter.report import Reporter
+
+    plugins = Plugins({"a": OK})
+    steps = [CommandStep(step="command", command=["true"]), CommandStep(step="command", command=["true"])]
+    reporter = Reporter(host=HostContext("h", tmp_path), plugins=plugins, orphans=OrphanWatch(tmp_path),
+                        heartbeat_s=30, boot_id="boot", steps_of=lambda device, device_class: steps)
+    reporter.schedule = HealthSchedule(RULES, clock)
+    reporter.resources = [Resource("d-a", "uart", "a", plugin="p")]
+    lease = [ServiceReport(lease="lease-1", device="d-a", identifier="a", kind="uart")]
+    reporter.build(lease, set(), set())
+    reporter.check_health()  # (its first check)
+
+    def fails_and_recovers(times: int) -> None:
+        for _ in range(times):
+            for answer in (FAILED, FAILED, OK, OK):
+                plugins.answers["a"] = answer
+                clock.now = reporter.schedule.next_due()
+                reporter.check_health()
+                reporter.build(lease, set(), set())
+
+    fails_and_recovers(3)  # three panics inside the lease
+    assert reporter.schedule.quarantine("a") is None
+    lease = []
+    fails_and_recovers(2)  # two of the lab's
+    assert reporter.schedule.quarantine("a") is None, "the lease's three do not count after it"
+
+    lease = [ServiceReport(lease="lease-2", device="d-a", identifier="a", kind="uart")]
+    reporter.build(lease, set(), set())
+    for answer in (FAILED, FAILED):  # the next holder leaves it failed
+        plugins.answers["a"] = answer
+        clock.now = reporter.schedule.next_due()
+        reporter.check_health()
+    holder_s = OperationReport(op="op-0", device="d-a", kind="command", state="done", phase="done")
+    reporter.build([], set(), set(), operations=[holder_s])
+    step = [OperationReport(op=f"op-{n}", device="d-a", kind="command", state="done", phase="done") for n in (1, 2)]
+    reporter.build([], set(), set(), operations=[holder_s, step[0]])
+    assert reporter.schedule.quarantine("a") is None, "one step of two is over: its failure is still the holder's"
+    beat = reporter.build([], set(), set(), operations=step)
+    assert reporter.schedule.quarantine("a") is not None, "failed still after its steps: the lab's third"
+    assert beat.devices[0].quarantine is not None, "and reported at once"

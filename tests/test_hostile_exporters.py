@@ -316,33 +316,39 @@ async def tokens_lab(client, rules) -> dict:
 
 
 @pytest.mark.usefixtures("database")
-async def test_anyone_sees_who_holds_a_device_node_by_program_and_pid_only(tmp_path):
+async def test_anyone_sees_how_many_hold_a_device_node_and_only_admins_see_which(tmp_path):
     async with in_process_lab(tmp_path, single_user=False) as (client, rules, clock):
         who = await tokens_lab(client, rules)
         await FakeExporter(who["host-a"], "host-a").beat([device("b0", busy_by=HOLDERS), device("b1")])
-        public = [{"pid": 4242, "program": "mysql"}, {"pid": 4243, "program": "curl"}]
+        hidden = ("4242", "4243", "mysql", "curl", SECRET, "--password")  # other people's processes: an admin's to see
         for viewer in ("anyone", "alice"):
-            assert (await who[viewer].get("/devices/b0")).json()["busy_by"] == public
+            shown = await who[viewer].get("/devices/b0")
+            assert shown.json()["busy_count"] == 2 and "busy_by" not in shown.json()
             listed = await who[viewer].get("/devices")
-            assert [d["busy_by"] for d in listed.json()] == [public, []] and SECRET not in listed.text
+            assert [(d["busy_count"], "busy_by" in d) for d in listed.json()] == [(2, False), (0, False)]
+            assert not [word for word in hidden if word in shown.text + listed.text]
             for page in ("/", "/devices/b0"):
                 html = (await who[viewer].get(SITE + page)).text
-                assert "b0" in html and SECRET not in html and "--password" not in html, page
+                assert "b0" in html and "pid 4242" not in html and "<b>mysql</b>" not in html, page
+                assert SECRET not in html and "--password" not in html, page
         async with Client(streamable_http_client(f"{SITE}/mcp", http_client=who["anyone"])) as agent:
             for tool, args in (("device_info", {"device": "b0"}), ("list_devices", {})):
                 answer = await agent.call_tool(tool, args)
-                assert not answer.is_error and SECRET not in json.dumps(answer.structured_content), tool
+                said = json.dumps(answer.structured_content)
+                assert not answer.is_error and not [word for word in hidden if word in said], tool
 
         stream = Broadcaster(rules.devices.list_devices, rules.life.notifier, device_row).stream(html=True)  # as the app's
         assert (await anext(stream)).startswith(b"retry: ")
         sent = (await anext(stream)).decode()
-        assert sent.startswith("event: snapshot") and '"program": "mysql"' in sent and SECRET not in sent
+        assert sent.startswith("event: snapshot") and '"busy_count": 2' in sent
+        assert '"program": "mysql"' not in sent and SECRET not in sent
         await stream.aclose()
 
         admin = (await who["root"].get("/devices/b0")).json()["busy_by"]
-        assert admin == [{**public[0], "command": "mysql --password=[redacted] -u root /dev/ttyUSB0", "cgroup": ""},
-                         {**public[1], "command": "/usr/bin/curl -H Authorization: Bearer [redacted] "
-                                                  "https://bob:[redacted]@db.example/x", "cgroup": ""}]
+        assert admin == [{"pid": 4242, "program": "mysql", "command": "mysql --password=[redacted] -u root /dev/ttyUSB0",
+                          "cgroup": ""},
+                         {"pid": 4243, "program": "curl", "command": "/usr/bin/curl -H Authorization: Bearer [redacted] "
+                                                                    "https://bob:[redacted]@db.example/x", "cgroup": ""}]
 
 
 @pytest.mark.parametrize("command, shown", [

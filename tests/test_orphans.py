@@ -1,7 +1,8 @@
 """Orphans (docs/architecture.md, "Lifecycle" and "Containers and CDI"): a process still
 holding a board's node after its lease ended keeps the board reclaiming and is reported
-with its pid and cgroup; an admin has the exporter kill it, and the board is idle again.
-How a node is matched by another name (a container's view) is held here too."""
+with its pid and cgroup to admins (anyone else sees how many); an admin has the exporter
+kill it, and the board is idle again. How a node is matched by another name (a container's
+view) is held here too."""
 import json
 import os
 import pty
@@ -15,17 +16,25 @@ from conftest import Coordinator, Exporter, lab_tokens, sim_devices, wait_for
 from device_loop.core.holders import cgroup_of, holders, start_time_of
 from device_loop.exporter.orphans import Orphan, _kill
 from helpers import run_cli
+from own_dev import held_in_its_own_dev
 
 HOLD = "import sys, time; f = open(sys.argv[1], 'rb+', buffering=0); print('held', flush=True); time.sleep(600)"
 
 
-def test_a_node_is_held_under_another_name_by_its_device_number(tmp_path):
-    """A character node of the same device number, by another name (a container's own /dev
-    node), is the node; a pty's number is not enough (each devpts numbers its own)."""
-    same = tmp_path / "null-by-another-name"
-    os.mknod(same, 0o600 | 0o020000, os.makedev(1, 3))
-    with open("/dev/null", "rb"):
-        assert os.getpid() in holders({str(same)})[str(same)]
+@pytest.mark.service
+def test_the_kernel_s_node_is_held_through_a_container_s_node_of_its_number_a_copy_is_only_itself(tmp_path):
+    """The kernel's own node (/dev/null, on devtmpfs) is held by a process that opened a node
+    of its device number in a /dev of its own (a rootful container's): it opens that device.
+    A node of the same number made elsewhere (a copy, a test's fake tree) is only itself: who
+    opened another node of its number does not hold it, who opened it does. A pty's number
+    is not enough (each devpts numbers its own)."""
+    copy = tmp_path / "null-by-another-name"
+    os.mknod(copy, 0o600 | 0o020000, os.makedev(1, 3))
+    with held_in_its_own_dev("/dev/null", 1, 3) as container:
+        assert holders({"/dev/null"}, among={container.pid})["/dev/null"] == {container.pid}
+        assert holders({str(copy)}, among={container.pid})[str(copy)] == set(), "another node of its number"
+    with open(copy, "rb"):
+        assert os.getpid() in holders({str(copy)})[str(copy)]
     master, slave = pty.openpty()
     try:
         lookalike = tmp_path / "pty-lookalike"
@@ -93,17 +102,22 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
                                         "command": f"{sys.executable} -c {HOLD} {exporter.state_dir}/sim/sim-board-0",
                                         "cgroup": cgroup_of(holder.pid)}]
         assert reported["busy_by"][0]["cgroup"], "this machine's processes run in a cgroup"
-        public = coordinator.api("/devices/sim-board-0", **alice).json()["busy_by"]
-        assert public == [{"pid": holder.pid, "program": os.path.basename(sys.executable)}]
+        assert reported["busy_count"] == 1
         assert reported["reason"] == (f"still held after its lease by pid {holder.pid} "
                                       f"({os.path.basename(sys.executable)}): reclaimed once they end (or an admin "
                                       "has them killed)"), "ls says why"
+        public = coordinator.api("/devices/sim-board-0", **alice).json()
+        assert "busy_by" not in public and public["busy_count"] == 1, "which processes: an admin's to see"
+        assert public["reason"] == ("still held after its lease by 1 process (an admin sees which on its page): "
+                                    "reclaimed once they end (or an admin has them killed)")
 
         page = httpx2.get(f"{coordinator.url}/devices/sim-board-0", timeout=10, **admin).text
         assert f"pid {holder.pid}" in page and reported["busy_by"][0]["cgroup"] in page
         assert 'data-act="kill-orphans"' in page and '<span class="word">kill-orphans</span>' in page
         page = httpx2.get(f"{coordinator.url}/devices/sim-board-0", timeout=10, **alice).text
-        assert f"pid {holder.pid}" in page and reported["busy_by"][0]["cgroup"] not in page
+        assert "1 process: an admin sees which on this page" in page
+        assert f"pid {holder.pid}" not in page and f"<b>{os.path.basename(sys.executable)}</b>" not in page
+        assert reported["busy_by"][0]["cgroup"] not in page
         assert "kill-orphans" not in page
 
         refused = coordinator.api("/admin/devices/sim-board-0/orphans/kill", "POST", **alice)
@@ -122,7 +136,7 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
         assert killed.startswith(f"pid {holder.pid} (cgroup {reported['busy_by'][0]['cgroup']}): {sys.executable} -c ")
         assert holder.wait(10) == -9
         wait_for(lambda: board()["state"] == "idle", 20, what="sim-board-0 idle again")
-        assert board()["busy_by"] == []
+        assert board()["busy_by"] == [] and board()["busy_count"] == 0
         audit = coordinator.api("/admin/audit", **admin).json()
         (entry,) = [e for e in audit if e["action"] == "kill_orphans"]
         assert entry["actor"] == "root" and entry["device"] == "sim-board-0"

@@ -24,8 +24,10 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from device_loop.core.ab.jobs import MAX_METRICS, MAX_TEXT_CHARS, MetricSpec, Sample, metric_pattern
+from device_loop.core.ab.jobs import (METRIC_CPU_S_PER_MIB, MAX_METRICS, MAX_TEXT_CHARS, MetricSpec, Sample,
+                                      metric_pattern, metric_regex_refusal)
 from device_loop.core.process import term_when_parent_dies
 
 from .accounts import Account
@@ -33,6 +35,7 @@ from .job_cgroups import JobCgroup
 
 #: What a command's output keeps: the metrics are read from the last MiB of stdout.
 KEEP_BYTES = 1 << 20
+_MIB = 1 << 20
 TAIL_CHARS = MAX_TEXT_CHARS // 2
 # The leader: the go-ahead read first, then the command in the background, and a dead
 # worker's SIGTERM turned into a SIGKILL of the whole group ("$1" is the command, passed as an
@@ -154,27 +157,47 @@ class LocalCommand:
             os.killpg(self.popen.pid, signal.SIGKILL)
 
 
-def samples(result: LocalResult, metrics: Sequence[MetricSpec]) -> list[Sample]:
+@dataclass(frozen=True)
+class MetricsRead:
+    """What a run's output gave: its samples, and why a declared metric's regex was not read
+    to the end (refused, or cut at the CPU it is given: ``METRIC_CPU_S_PER_MIB``), one
+    sentence a metric."""
+    samples: list[Sample]
+    unread: list[str]
+
+
+def read_metrics(result: LocalResult, metrics: Sequence[MetricSpec]) -> MetricsRead:
     """The samples a run's output gives: each declared metric's last value (from its regex,
     over stdout then stderr, else from JSON lines on stdout); with none declared, every
     metric the JSON lines name (at most ``MAX_METRICS``). Values that are not finite
-    numbers, and lines that are not metric objects, are skipped."""
+    numbers, and lines that are not metric objects, are skipped; a regex refused, or cut at
+    the CPU it is given, is said in ``unread``."""
     reported = _json_lines(result.stdout)
     if not metrics:
         named = list(reported.items())[:MAX_METRICS]
-        return [Sample(metric=name, value=value, unit=unit) for name, (value, unit) in named]
-    found = []
+        return MetricsRead([Sample(metric=name, value=value, unit=unit) for name, (value, unit) in named], [])
+    found: list[Sample] = []
+    unread: list[str] = []
     for metric in metrics:
         if metric.regex is not None:
-            value = _last_match(metric.regex, result.stdout)
-            if value is None:
-                value = _last_match(metric.regex, result.stderr)
+            refusal = metric_regex_refusal(metric)  # (a spec stored before the coordinator refused such regexes)
+            if refusal is not None:
+                unread.append(refusal)
+                continue
+            pattern = metric_pattern(metric.regex)
+            try:
+                value = _last_match(pattern, result.stdout)
+                if value is None:
+                    value = _last_match(pattern, result.stderr)
+            except _Cut as exc:
+                unread.append(f"metric {metric.name}: its regex was cut {exc}")
+                continue
             if value is not None:
                 found.append(Sample(metric=metric.name, value=value, unit=metric.unit))
         elif metric.name in reported:
             value, unit = reported[metric.name]
             found.append(Sample(metric=metric.name, value=value, unit=metric.unit or unit))
-    return found
+    return MetricsRead(found, unread)
 
 
 def _json_lines(stdout: str) -> dict[str, tuple[float, str]]:
@@ -193,16 +216,32 @@ def _json_lines(stdout: str) -> dict[str, tuple[float, str]]:
     return reported
 
 
-def _last_match(regex: str, text: str) -> float | None:
-    try:
-        pattern = metric_pattern(regex)
-    except ValueError:  # a spec stored before RE2 read them (the coordinator refuses such regexes now)
-        return None
+class _Cut(Exception):
+    """A regex's search ran past the CPU it is given."""
+
+
+def _last_match(pattern: Any, text: str) -> float | None:
+    """The last value ``pattern`` finds in ``text``, within ``METRIC_CPU_S_PER_MIB`` of this
+    thread's CPU a MiB of it (and as much for less), else ``_Cut``. RE2's work at each byte
+    is bounded (``metric_pattern``), not how many matches the output makes it find, nor how
+    far past each its search reads: a match at every byte of a MiB took 4 s here, and
+    ``(?P<value>[0-9])(?s:.*x)?`` over a MiB of digits, a search to the end for each, would
+    take some 40 minutes."""
+    data = text.encode()  # (read as bytes: half the time a match that str costs)
+    budget_s = METRIC_CPU_S_PER_MIB * max(len(data), _MIB) / _MIB
+    started = time.thread_time()
     value = None
-    for match in pattern.finditer(text):
+    for match in pattern.finditer(data):
+        if time.thread_time() - started > budget_s:
+            raise _Cut(f"after {budget_s:g} s of CPU over {len(data) / _MIB:.2g} MiB of output (a worker gives a "
+                       f"metric's regex {METRIC_CPU_S_PER_MIB:g} s a MiB, and as much for less): it matched too "
+                       f"often, or searched far past its matches")
+        said = match.group("value")
+        if said is None:
+            continue
         try:
-            number = float(match.group("value"))
-        except (TypeError, ValueError):
+            number = float(said.decode(errors="replace"))
+        except ValueError:
             continue
         if number == number and abs(number) != float("inf"):
             value = number

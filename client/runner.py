@@ -46,7 +46,7 @@ from .job_cgroups import JobCgroup, JobCgroups
 from .lab_trouble import lab_trouble, lost_reason, wrong_request
 from .jobs_api import Jobs
 from .lab import Lease, Ticket, TicketEnded
-from .local_run import LocalCommand, LocalResult, samples
+from .local_run import LocalCommand, LocalResult, read_metrics
 from .schedule import Cell, cells, measured_arms, warmup_arms
 
 #: ``exec(lease_answer, command, timeout_s)``: a command on the device (``core/device_exec.py``)
@@ -563,7 +563,8 @@ class CellRun:
         merged = LocalResult(status=last.status, stdout="".join(r.stdout for r in results),
                              stderr="".join(r.stderr for r in results), started_at=started, ended_at=ended,
                              timed_out=last.timed_out)
-        found = samples(merged, self.spec.metrics)
+        metrics_read = read_metrics(merged, self.spec.metrics)
+        found = metrics_read.samples
         failure, trouble = self._whose(last) if last.status != 0 else (None, None)
         record = RunRecord(cell=self.cell.index, attempt=self.attempt, seq=self._seq, arm=arm, warmup=warmup,
                            started_at=started, ended_at=ended, status=last.status, readings=read, samples=found,
@@ -580,6 +581,8 @@ class CellRun:
             what = f"run {record.seq} ({arm}) {commands[len(results) - 1]!r}"
             raise CellFailed(f"{trouble} ({what} exited {last.status}){_tail_text(last)}" if trouble
                              else self._failure(what, last), failure)
+        if metrics_read.unread:
+            raise CellFailed(f"run {record.seq} ({arm}): {'; '.join(metrics_read.unread)}" + _tail_text(merged))
         missing = [m.name for m in self.spec.metrics if m.name not in {s.metric for s in found}]
         if missing:
             raise CellFailed(f"run {record.seq} ({arm}) printed no value for {', '.join(missing)}"

@@ -11,7 +11,7 @@ from pydantic import Field, StringConstraints, model_validator
 
 from device_loop.core.answers import MAX_RUNS_PAGE
 from device_loop.core.device_exec import MAX_COMMAND_BYTES
-from device_loop.core.ab.jobs import MAX_CELLS, MAX_RETRY, MAX_TEXT_CHARS, JobSpec, metric_pattern
+from device_loop.core.ab.jobs import MAX_CELLS, MAX_RETRY, MAX_TEXT_CHARS, JobSpec, metric_regex_refusal
 from device_loop.core.protocol import MAX_TAGS, Strict, Tag
 
 from .identity import USERNAME
@@ -78,16 +78,13 @@ class SubmitJobIn(Strict):
 
     @model_validator(mode="after")
     def _regexes_a_worker_reads(self) -> SubmitJobIn:
-        """A metric's regex is read by RE2 (``core.ab.jobs.metric_pattern``): refused now, not
-        when a worker runs the job. (Checked here, not in the spec: a spec stored before
-        is read as it is.)"""
+        """A metric's regex is read by RE2 (``core.ab.jobs.metric_pattern``), within bounded
+        work a byte: refused now, not when a worker runs the job. (Checked here, not in the
+        spec: a spec stored before is read as it is.)"""
         for metric in self.spec.metrics:
-            if metric.regex is not None:
-                try:
-                    metric_pattern(metric.regex)
-                except ValueError as exc:
-                    raise ValueError(f"metric {metric.name}: a worker reads its regex with RE2, which does not "
-                                     f"take it: {exc}") from None
+            refusal = metric_regex_refusal(metric)
+            if refusal is not None:
+                raise ValueError(refusal)
         return self
 
 

@@ -5,6 +5,7 @@ import pytest
 from device_loop.coordinator.identity import issue_token
 from device_loop.core.ab.jobs import COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_COMMANDS, MAX_MEASURE, RunRecord
 from lab_in_process import FakeExporter, device, in_process_lab
+from test_metric_regex_cost import HOSTILE, ORDINARY
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
 
@@ -58,6 +59,23 @@ async def test_a_bad_spec_is_refused_and_nothing_is_stored(tmp_path):
                               headers={"Content-Type": "application/json"})
         assert huge.status_code == 413
         assert (await counts(rules))["jobs"] == 0
+
+
+async def test_a_regex_that_could_hold_a_worker_is_refused_and_those_people_write_are_not(tmp_path):
+    """RE2 works at each byte for each place of a regex that can be matching there: these
+    held a worker 26.6 s over 64 KiB of output, 16.8 s over 64 KiB, 8.6 s over a MiB
+    (tests/test_metric_regex_cost.py has the bound, and the worker's side)."""
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        for regex in HOSTILE:
+            refused = await api.post("/jobs", json={"spec": {**SPEC, "metrics": [{"name": "decode_ms", "regex": regex}]}})
+            assert refused.status_code == 422, f"{regex}: {refused.text}"
+            assert ("metric decode_ms: a worker reads its regex with RE2, which would work too hard at it: "
+                    in refused.json()["message"]), refused.json()["message"]
+        assert (await counts(rules))["jobs"] == 0
+        for regex in ORDINARY:
+            taken = await api.post("/jobs", json={"spec": {**SPEC, "metrics": [{"name": "decode_ms", "regex": regex}]}})
+            assert taken.status_code == 201, f"{regex}: {taken.text}"
 
 
 async def test_another_users_job_is_not_there_for_them(tmp_path):

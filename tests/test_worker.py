@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Coordinator, Exporter, Proc, lab_tokens, wait_for
-from device_loop.client.local_run import LocalCommand, samples
+from device_loop.client.local_run import LocalCommand, read_metrics
 from device_loop.core.ab.jobs import MetricSpec
 from helpers import device_loop_for_anyone, open_folder, pid_alive, unused_uids, wait_state
 from test_mcp import agent as mcp_client, call
@@ -57,9 +57,9 @@ def test_status_output_and_samples_of_a_command():
                         'echo \'{"metric": "decode_ms", "value": "NaN"}\'; echo "fps: 59.9" >&2; exit 3',
                         {"PATH": os.environ["PATH"]}).wait(10)
     assert said.status == 3 and not said.timed_out and "fps: 59.9" in said.tail()
-    assert [(s.metric, s.value, s.unit) for s in samples(said, [])] == [("decode_ms", 12.5, "ms")]
+    assert [(s.metric, s.value, s.unit) for s in read_metrics(said, []).samples] == [("decode_ms", 12.5, "ms")]
     declared = [MetricSpec(name="decode_ms"), MetricSpec(name="fps", better="higher", regex=r"fps: (?P<value>[0-9.]+)")]
-    assert [(s.metric, s.value) for s in samples(said, declared)] == [("decode_ms", 12.5), ("fps", 59.9)]
+    assert [(s.metric, s.value) for s in read_metrics(said, declared).samples] == [("decode_ms", 12.5), ("fps", 59.9)]
 
 
 def test_a_worker_killed_outright_takes_its_commands_with_it(tmp_path):

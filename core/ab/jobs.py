@@ -32,6 +32,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
+from . import regex_cost
 from ..needs import MAX_FALLBACK_AFTER_S, Need, check, fidelity_text, timing_note
 from ..protocol import MAX_FACTS, FactKey, Tag
 from ..vocabulary import Arm, FailureKind, Fidelity, JobState, Needs, TicketKind
@@ -111,12 +112,24 @@ class MetricSpec(Strict):
         return regex
 
 
+#: The CPU a worker gives a metric's regex over each MiB of output it reads (and over less).
+METRIC_CPU_S_PER_MIB = 1.0
+#: The places of a metric's regex that may be matching at once (``regex_cost``): at most 12
+#: cost RE2 0.42 s of CPU a MiB at their worst on a busy 2-core machine, well within the above.
+MAX_METRIC_AT_ONCE = 12
+
+
+class CostlyRegex(ValueError):
+    """RE2 takes the regex, but could work too hard at each byte of a run's output."""
+
+
 @functools.lru_cache(maxsize=256)
 def metric_pattern(regex: str) -> Any:
     """A metric's regex as RE2 reads it, in time linear in the text whatever the regex
     (Python's ``re`` can take exponential time, and a job's regex is its owner's to write);
     ``ValueError`` saying why RE2 does not take it (lookarounds and backreferences, for
-    instance), or why it is no metric's (no group named ``value``)."""
+    instance), or why it is no metric's (no group named ``value``); ``CostlyRegex`` where
+    RE2's work at each byte could be too much (too many places matching at once)."""
     import re2
 
     options = re2.Options()
@@ -131,7 +144,28 @@ def metric_pattern(regex: str) -> Any:
     if pattern.search("") is not None:  # (it would match at every character of the output: seconds a MiB)
         raise ValueError("it matches empty text, so at every place in the output: make its value need a "
                          "character, (?P<value>[0-9.]+) rather than (?P<value>[0-9.]*)")
+    try:
+        at_once = regex_cost.at_once(regex, MAX_METRIC_AT_ONCE)
+    except regex_cost.Unbounded as exc:
+        raise CostlyRegex(str(exc)) from None
+    if at_once > MAX_METRIC_AT_ONCE:
+        raise CostlyRegex(f"as many as {at_once} of its places (a character, a class or a ., each copy of a "
+                          f"repetition counted) may be matching at once, and it works at each byte for each: at "
+                          f"most {MAX_METRIC_AT_ONCE} may be; repeat less, or use fewer .*")
     return pattern
+
+
+def metric_regex_refusal(metric: MetricSpec) -> str | None:
+    """Why a worker does not read ``metric``'s regex (the coordinator refuses the job), or None."""
+    if metric.regex is None:
+        return None
+    try:
+        metric_pattern(metric.regex)
+    except CostlyRegex as exc:
+        return f"metric {metric.name}: a worker reads its regex with RE2, which would work too hard at it: {exc}"
+    except ValueError as exc:
+        return f"metric {metric.name}: a worker reads its regex with RE2, which does not take it: {exc}"
+    return None
 
 
 class Target(Strict):

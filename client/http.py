@@ -4,6 +4,14 @@ Plain requests go through the standard library's ``http.client`` on one kept-ali
 connection: a command starts for every ``device-loop exec`` a job runs, and importing and
 setting up httpx2's transport cost some 300 ms of each. httpx2 is loaded only for what
 needs it: uploads and event streams (``http``).
+
+A request is asked again only if repeating it is safe: a GET, a request with an
+Idempotency-Key (the coordinator answers a repeat once), or one its caller says is harmless
+to repeat (a keep-alive). Such a request is sent again when it went unanswered (the
+coordinator restarted, a kept-alive connection it closed) and after a "not now" with a short
+Retry-After (429, a share's rate; 503, the lab's database away for a moment), while the
+call's time lasts. Any other request is sent once, on a connection of its own: a refusal or
+an unanswered request is reported in words.
 """
 from __future__ import annotations
 
@@ -95,7 +103,8 @@ class Coordinator:
         none when not ``keyed`` (a call that is harmless to repeat, and too frequent to have a
         key stored for each: a keep-alive). ``timeout``: each try's, else the client's."""
         headers = {"Content-Type": "application/json"} | ({"Idempotency-Key": key or uuid.uuid4().hex} if keyed else {})
-        return self._request("POST", path, body=json.dumps(body or {}).encode(), headers=headers, timeout=timeout)
+        return self._request("POST", path, body=json.dumps(body or {}).encode(), headers=headers, timeout=timeout,
+                             repeatable=True)
 
     def upload(self, path: str, params: dict, chunks):
         """POST a body streamed from ``chunks`` (an iterator of bytes); tried once: a body
@@ -111,30 +120,46 @@ class Coordinator:
         return self._answer(response.status_code, response.content)
 
     def _request(self, method: str, path: str, params: dict | None = None, body: bytes | None = None,
-                 headers: dict[str, str] | None = None, timeout: float | None = None):
+                 headers: dict[str, str] | None = None, timeout: float | None = None, repeatable: bool = False):
+        """The answer to one call; ``timeout``: each try's and the whole call's, else the
+        client's. ``repeatable``: harmless to send twice, though neither a GET nor keyed."""
         target = f"{self._base_path}{API_PREFIX}{path}"
         if params:
             target += "?" + urllib.parse.urlencode({k: _query_value(v) for k, v in params.items()}, doseq=True)
-        for attempt in range(self.retries):
+        headers = self.headers | (headers or {})
+        repeatable = repeatable or method == "GET" or "Idempotency-Key" in headers
+        timeout = timeout or self.timeout
+        deadline = time.monotonic() + timeout
+        unanswered = 0
+        while True:
+            if not repeatable:  # (a kept-alive connection the coordinator closed meanwhile would lose it)
+                self._drop()
             try:
-                status, content, retry_after = self._exchange(method, target, body, self.headers | (headers or {}),
-                                                              timeout or self.timeout)
-                if status == 429 and retry_after is not None and attempt < self.retries - 1:
-                    time.sleep(retry_after)  # a share's "not yet" (docs/architecture.md, "Shares of one lab")
-                    continue
-                break
+                status, content, retry_after = self._exchange(method, target, body, headers, timeout)
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()  # a kept-alive connection the server closed, or no server: a new one
-                if attempt == self.retries - 1:
+                unanswered += 1
+                if not repeatable and not isinstance(exc, ConnectionRefusedError):  # (refused: nothing was sent)
+                    raise CoordinatorError(ErrorCode.UNREACHABLE, f"the coordinator at {self.url} did not answer "
+                                           f"{method} {path} ({exc}); it may or may not have been carried out, and "
+                                           "was not sent again (it has no Idempotency-Key)") from None
+                if unanswered == self.retries:
                     raise CoordinatorError(ErrorCode.UNREACHABLE,
                                            f"cannot reach the coordinator at {self.url}: {exc}") from None
                 if not isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)):
-                    time.sleep(0.2 * 2 ** attempt)
-        return self._answer(status, content)
+                    time.sleep(0.2 * 2 ** (unanswered - 1))
+                continue
+            # "not now": a share's rate (429: nothing was done, docs/architecture.md "Shares of one lab"),
+            # the lab's database away for a moment (503: repeated only if that is safe)
+            if retry_after is not None and (status == 429 or status == 503 and repeatable) \
+                    and time.monotonic() + retry_after < deadline:
+                time.sleep(retry_after)
+                continue
+            return self._answer(status, content)
 
     def _exchange(self, method: str, target: str, body: bytes | None, headers: dict[str, str],
                   timeout: float) -> tuple[int, bytes, float | None]:
-        """(status, body, how long a 429 asks to wait: its Retry-After, at most ``MAX_RETRY_AFTER_S``)."""
+        """(status, body, how long a 429 or 503 asks to wait: its Retry-After, at most ``MAX_RETRY_AFTER_S``)."""
         connection = getattr(self._connections, "connection", None)
         if connection is None:
             connection_class = http.client.HTTPSConnection if self._https else http.client.HTTPConnection

@@ -19,14 +19,14 @@ from starlette.routing import Match, Route
 from device_loop.core.errors import ErrorCode
 
 from .api import routes
-from .errors import APIError
+from .errors import APIError, database_unavailable
 from .agents import LazyAgents
 from .events import Broadcaster
 from .limits import BODY_GAP_S, BoundedBodies
 from .notify import CallerGone
 from .origin import KnownOrigins, allowed_hosts as known_hosts
 from .rules import Rules, Settings
-from .store import Store
+from .store import DatabaseUnavailable, Store
 from .web import job_pages
 from .web.pages import device_row, queue_row
 
@@ -54,6 +54,10 @@ async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
                         status_code=exc.status_code, headers=headers)
 
 
+async def _database_unavailable(request: Request, exc: DatabaseUnavailable) -> JSONResponse:
+    return await _api_error(request, database_unavailable(exc))  # (the store logged the outage, once)
+
+
 async def _hung_up(request: Request, exc: CallerGone) -> Response:
     return Response(status_code=499)  # nobody reads it: the caller hung up (nginx's code for that)
 
@@ -69,6 +73,8 @@ async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
     while not stopping.is_set():
         try:
             await rules.reap()
+        except DatabaseUnavailable:
+            pass  # the store logged the outage, once; the next pass reaps what this one could not
         except Exception:
             log.exception("reaper pass failed; retrying")
         rules.reap_passes += 1
@@ -126,7 +132,8 @@ def create_app(database_url: str, settings: Settings | None = None, single_user:
 
     # (each handler takes its own exception class, which Starlette's type cannot say)
     handlers: dict[Any, Callable[..., Any]] = {APIError: _api_error, HTTPException: _http_error,
-                                               CallerGone: _hung_up, Exception: _crash}
+                                               CallerGone: _hung_up, DatabaseUnavailable: _database_unavailable,
+                                               Exception: _crash}
     app = Starlette(
         # /mcp is stateless: no GET event stream
         routes=[*routes, *JOB_ROUTES, Route("/mcp", endpoint=agents, methods=["POST"])],

@@ -2,6 +2,8 @@
 a sentence."""
 from device_loop.core.errors import ErrorCode
 
+from .store.outage import DatabaseUnavailable
+
 
 class APIError(Exception):
     def __init__(self, status: int, code: ErrorCode, message: str):
@@ -26,3 +28,11 @@ def conflict(code: ErrorCode, message: str) -> APIError:
 
 def bad_request(message: str, code: ErrorCode = ErrorCode.BAD_REQUEST) -> APIError:
     return APIError(400, code, message)
+
+
+def database_unavailable(exc: DatabaseUnavailable) -> APIError:
+    """503 ``database_unavailable``, with the Retry-After the store asks for: the database
+    cannot be reached for now (a refusal in words, never a 500)."""
+    error = APIError(503, ErrorCode.DATABASE_UNAVAILABLE, str(exc))
+    error.headers = {"Retry-After": str(exc.retry_after_s)}
+    return error

@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from device_loop.core import EVENTS_KEEPALIVE_S
 
 from .notify import BOARD_KEY, Notifier, op_key
+from .store import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,9 @@ class Broadcaster:
             try:
                 devices = await self._read()
                 queue = await self._read_queue() if self._read_queue is not None else None
+            except DatabaseUnavailable:  # (the store logged the outage, once)
+                await asyncio.sleep(RETRY_S)
+                continue
             except Exception:
                 log.exception("the board's event stream could not read the devices; retrying")
                 await asyncio.sleep(RETRY_S)

@@ -24,11 +24,12 @@ from device_loop.core.errors import ErrorCode
 
 from .answer_json import LARGE_ANSWER, cut_to
 from .calls import TOOLS, Call, Ctx
-from .errors import APIError
+from .errors import APIError, database_unavailable
 from .identity import caller_identity, check_access
 from .jobs import runs_cursor
 from .origin import allowed_hosts
 from .scope_check import check_scope
+from .store import DatabaseUnavailable
 from .who import Who
 
 TOOL_MAX_WAIT_S = 30.0  # a tool's long-poll: an agent's call never hangs for long
@@ -47,12 +48,19 @@ async def _who(ctx: Context, access: str) -> Who:
         assert request is not None  # (streamable HTTP: every call is a request)
         identity = await caller_identity(request)
         check_access(access, identity)
+    except DatabaseUnavailable as exc:
+        raise _refusal(database_unavailable(exc)) from None
     except APIError as exc:
         if exc.code == ErrorCode.UNAUTHENTICATED:  # an agent has no token file: say what it sends
             raise ToolError("this needs a token: send it as the HTTP header 'Authorization: Bearer TOKEN' "
                             "(ask a lab admin for one)") from None
         raise ToolError(exc.message) from None
     return identity
+
+
+def _refusal(exc: APIError) -> ToolError:
+    """A refusal as a tool's error, with the code REST answers with, for agents that branch on it."""
+    return ToolError(f"{exc.message} [{exc.code}]")
 
 
 def _enum_of(annotation: Any) -> type[enum.Enum] | None:
@@ -109,11 +117,13 @@ def _tool(rules, call: Call):
         try:
             check_scope(caller, call.operation(args))
             answer = await call.carry_out(Ctx(rules, caller, _never_hangs_up, TOOL_MAX_WAIT_S, via_tool=True), args)
-        except APIError as exc:  # the same code REST answers with, for agents that branch on it
-            raise ToolError(f"{exc.message} [{exc.code}]") from None
-        if isinstance(answer, bytes):
-            return Image(data=answer, format="jpeg")
-        return await _within_bound(call, answer)
+            if isinstance(answer, bytes):
+                return Image(data=answer, format="jpeg")
+            return await _within_bound(call, answer)
+        except APIError as exc:
+            raise _refusal(exc) from None
+        except DatabaseUnavailable as exc:  # (REST answers it 503 with Retry-After)
+            raise _refusal(database_unavailable(exc)) from None
 
     parameters = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Context)]
     for name, field in call.args.model_fields.items():

@@ -34,6 +34,7 @@ class ErrorCode(StrEnum):
     CONSOLE_UNREACHABLE = "console_unreachable"
     CROSS_SITE = "cross_site"
     CSRF = "csrf"
+    DATABASE_UNAVAILABLE = "database_unavailable"  # the lab's database is unreachable for now: 503, Retry-After
     DRAINING = "draining"
     DUPLICATE_RUN = "duplicate_run"
     FAULTY = "faulty"

@@ -13,7 +13,7 @@ from conftest import SRC
 
 COORDINATOR = SRC / "coordinator"
 STORE = COORDINATOR / "store"
-SHARED = {"__init__", "core", "drivers", "counts", "facts"}  # the core and the SQL the query modules share
+SHARED = {"__init__", "core", "drivers", "outage", "counts", "facts"}  # the core and the SQL the query modules share
 WIRING = {"rules.py"}  # hands every service its query objects
 QUERY_MODULES = sorted(p.stem for p in STORE.glob("*.py") if p.stem not in SHARED)
 

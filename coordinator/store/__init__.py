@@ -8,5 +8,6 @@ services that own those tables or are lent them
 (docs/architecture.md, "A service reaches only its tables").
 """
 from .core import Store, UniqueViolation
+from .outage import DatabaseUnavailable
 
-__all__ = ["Store", "UniqueViolation"]
+__all__ = ["DatabaseUnavailable", "Store", "UniqueViolation"]

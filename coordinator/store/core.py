@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 from device_loop.core.vocabulary import VOCABULARY
 
 from ..migrations import MIGRATIONS, SERIAL
-from .drivers import CHANNEL, Databases, Listener, SQLite
+from .drivers import CHANNEL, Listener, PostgreSQL, SQLite
 
 # A state is its text to the database. sqlite3 binds a plain str at once but looks a str
 # subclass up as a type to adapt first; registered, it costs what a str does (a changed
@@ -73,7 +73,7 @@ class Store:
     def __init__(self, url: str):
         self.url = url
         self.dialect = "postgresql" if url.startswith(("postgres", "postgresql")) else "sqlite"
-        self.driver = Databases(url) if self.dialect == "postgresql" else SQLite(url.split("sqlite:///", 1)[1])
+        self.driver = PostgreSQL(url) if self.dialect == "postgresql" else SQLite(url.split("sqlite:///", 1)[1])
         # lock the host's row for the whole heartbeat (SQLite has one writer anyway)
         self.for_update = " FOR UPDATE" if self.dialect == "postgresql" else ""
         self.least = "LEAST" if self.dialect == "postgresql" else "MIN"  # the smaller of several values

@@ -72,6 +72,7 @@ class Call:
     max_body: int | None = None                    # its body's limit, where not the default (limits.py)
     streamed: bool = False                         # its body is bytes, streamed (ctx.stream); what it takes: the query
     refusals: frozenset[int] = frozenset()         # what it refuses besides what its shape tells (openapi.py)
+    database: bool = True                          # it reads or writes the lab's database (out of reach: 503)
     aliases: tuple[str, ...] = ()                  # other names of its tool
     media_type: str | None = None                  # an answer that is text of this type, not JSON
     description: str = field(default="")
@@ -207,7 +208,7 @@ async def cancel_ticket(ctx: Ctx, args: TicketId) -> TicketAnswer:
 
 async def my_tickets(ctx: Ctx, args: TicketFilter) -> list[TicketAnswer]:
     """The caller's queue tickets, open ones first (an admin's all=true: everyone's)."""
-    return await ctx.rules.scheduler.tickets(ctx.caller.name, args.everyone and ctx.caller.may_see_all)
+    return await ctx.rules.scheduler.tickets(ctx.caller, args.everyone and ctx.caller.may_see_all)
 
 
 async def queue_board(ctx: Ctx, args: NoArgs) -> list[QueueEntry]:
@@ -232,7 +233,7 @@ async def whoami(ctx: Ctx, args: NoArgs) -> WhoamiAnswer:
 
 async def my_leases(ctx: Ctx, args: MyLeases) -> list[LeaseAnswer]:
     """The caller's live leases (on one device: their lease there, live or the last that ended)."""
-    return await ctx.rules.leases.mine(ctx.caller.name, args.device)
+    return await ctx.rules.leases.mine(ctx.caller, args.device)
 
 
 async def lease_status(ctx: Ctx, args: LeaseWait) -> LeaseAnswer:
@@ -348,7 +349,7 @@ async def camera_snapshot(ctx: Ctx, args: LeaseId) -> bytes:
     """The current frame of the leased device's camera, as an image: see its screen (a boot
     menu, a panic, a login prompt) even when its OS is dead."""
     rules, caller = ctx.rules, ctx.caller
-    lease = await rules.leases.status(args.lease_id, caller)
+    lease = await rules.leases.reached(args.lease_id, caller)
     return await relays.camera_snapshot(lease, await rules.devices.host_address(lease["host"] or ""),
                                         rules.settings.private_addresses)
 
@@ -359,7 +360,7 @@ async def uart_exchange(ctx: Ctx, args: UartExchangeIn) -> dict:
     regular expression (e.g. '# $', a shell prompt), it answers as soon as the output matches.
     The answer: output, truncated (cut at 64 KiB), matched (whether until matched; false
     without one) and waited_s (how long it listened)."""
-    lease = await ctx.rules.leases.status(args.lease_id, ctx.caller)
+    lease = await ctx.rules.leases.reached(args.lease_id, ctx.caller)
     return await relays.uart_exchange(lease, args.send, args.wait_s, args.until)
 
 
@@ -368,7 +369,7 @@ async def exec_command(ctx: Ctx, args: ExecIn) -> ExecAnswer:
     (127: no such command), through the device's own channel (adb shell, ssh, else its UART
     console): at most timeout_s seconds (120 at most; then it is interrupted) and 64 KiB of
     each output (truncated says it was cut). channel says which way it went."""
-    lease = await ctx.rules.leases.status(args.lease_id, ctx.caller)
+    lease = await ctx.rules.leases.reached(args.lease_id, ctx.caller)
     return await device_commands.exec_on(lease, args.command, args.timeout_s, ctx.rules.settings.ssh_logins,
                                          ctx.caller.name)
 
@@ -380,7 +381,7 @@ async def fingerprint(ctx: Ctx, args: LeaseId) -> dict:
     flashed, its host and the device-loop version; emulated says its numbers are not for
     timing."""
     rules, caller = ctx.rules, ctx.caller
-    lease = await rules.leases.status(args.lease_id, caller)
+    lease = await rules.leases.reached(args.lease_id, caller)
     device = await rules.devices.device_info(lease["device"])
     return await device_commands.fingerprint(lease, dict(device), __version__, rules.settings.ssh_logins,
                                              caller.name)
@@ -623,7 +624,7 @@ def _kind_started(args: OperationIn) -> str:
 # sends: 8 MiB.
 _RATED = frozenset({429})  # a lease's operations: a burst, then a steady rate (operation_shares.py)
 CALLS: list[Call] = [
-    Call("health", ANYONE, health, answer=HealthAnswer, method="GET", path="/health"),
+    Call("health", ANYONE, health, answer=HealthAnswer, method="GET", path="/health", database=False),
     Call("list_devices", ANYONE, list_devices, DeviceFilter, list[DeviceAnswer], "GET", "/devices", tool=True,
          tool_key="devices"),
     Call("device_info", ANYONE, device_info, DeviceName, DeviceAnswer, "GET", "/devices/{name}", tool=True),
@@ -640,7 +641,7 @@ CALLS: list[Call] = [
     Call("image_content", EXPORTER, image_content, ImageOfHost, bytes, "GET", "/hosts/{name}/images/{sha256}",
          refusals=frozenset({410})),  # only images its own operations write
     Call("reserve", USER, reserve, ReserveIn, LeaseAnswer | TicketAnswer, "POST", "/leases", tool=True,
-         status=201, idempotent=True),
+         status=201, idempotent=True, refusals=frozenset({404})),  # a device or an image it names
     Call("ticket_status", USER, ticket_status, TicketWait, TicketAnswer, "GET", "/tickets/{ticket_id}", tool=True),
     Call("cancel_ticket", USER, cancel_ticket, TicketId, TicketAnswer, "POST", "/tickets/{ticket_id}/cancel",
          tool=True, idempotent=True),
@@ -696,11 +697,11 @@ CALLS: list[Call] = [
          idempotent=True, needs="job"),
     Call("cancel_job", USER, cancel_job, JobId, JobAnswer, "POST", "/jobs/{job_id}/cancel", idempotent=True),
     Call("upload_image", USER, upload_image, UploadQuery, ImageAnswer, "POST", "/images", status=201, streamed=True,
-         refusals=frozenset({507}), needs="image"),
+         refusals=frozenset({404, 507}), needs="image"),  # what it is for may not exist; a full disk
     Call("list_images", USER, list_images, ImageFilter, list[ImageAnswer], "GET", "/images", tool=True,
          tool_key="images", refusals=frozenset({404})),  # what it names in the query may not exist
     Call("image_info", USER, image_info, ImageRefIn, ImageAnswer, "GET", "/images/{ref}",
-         refusals=frozenset({422})),  # a reference may be malformed, or name several images
+         refusals=frozenset({409, 422})),  # a reference may name several images, or be malformed
     Call("remove_image", USER, remove_image, ImageRefIn, dict, "POST", "/images/{ref}/remove", idempotent=True,
          needs="image"),
     Call("create_token", ADMIN, create_token, TokenIn, TokenAnswer, "POST", "/admin/tokens", status=201,
@@ -726,7 +727,8 @@ CALLS: list[Call] = [
          idempotent=True),
     Call("drain_host", ADMIN, drain_host, DrainIn, HostAnswer, "POST", "/admin/hosts/{host}/drain",
          idempotent=True),
-    Call("forget", ADMIN, forget, ForgetIn, dict, "POST", "/admin/forget", idempotent=True),
+    Call("forget", ADMIN, forget, ForgetIn, dict, "POST", "/admin/forget", idempotent=True,
+         refusals=frozenset({404})),  # what it names may not exist
     Call("audit_log", ADMIN, audit_log, answer=list[AuditEntry], method="GET", path="/admin/audit"),
     Call("list_candidates", ADMIN, list_candidates, NoArgs, list[CandidateAnswer], "GET", "/admin/candidates"),
     Call("adopt_candidate", ADMIN, adopt_candidate, AdoptIn, dict,

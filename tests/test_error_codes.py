@@ -8,8 +8,12 @@ from pathlib import Path
 import pytest
 
 from conftest import SRC
+from device_loop.coordinator.calls import CALLS
 from device_loop.coordinator.errors import APIError, not_found
 from device_loop.coordinator.identity import RESERVED_NAMES, usable_name
+from device_loop.coordinator.idempotency import MAX_KEY_CHARS
+from device_loop.coordinator.openapi import document
+from device_loop.coordinator.schemas import MAX_WAIT_S
 from device_loop.coordinator.who import COORDINATOR
 from device_loop.core.errors import ErrorCode
 from device_loop.core.vocabulary import DeviceState
@@ -71,6 +75,25 @@ def test_every_code_the_coordinator_raises_is_an_error_code():
     assert named > 60, f"the scan found {named} codes: has the way errors are raised changed?"
     assert not written, "codes written as strings, not ErrorCode members:\n" + "\n".join(written)
     assert not unknown, "codes ErrorCode lacks:\n" + "\n".join(unknown)
+
+
+def test_the_openapi_document_lists_the_codes_the_coordinator_answers():
+    """The document's ``Error.error`` is an enum of every code the coordinator's code answers
+    (named, an ``unknown_KIND`` of a ``not_found``, a device's state that refuses a reserve),
+    and of none of the client's own."""
+    # a device's state that refuses a reserve is its code (leases.py makes it from the state's value)
+    answered = {ErrorCode(state.value) for state in DeviceState if state != DeviceState.IDLE}
+    for path, tree in _modules("coordinator"):
+        for node in ast.walk(tree) if path.name != "openapi.py" else ():  # (it describes them, answers none)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "ErrorCode":
+                answered.add(ErrorCode[node.attr])
+            elif isinstance(node, ast.Call) and _called(node) == "not_found" and isinstance(node.args[0], ast.Constant):
+                answered.add(ErrorCode(f"unknown_{node.args[0].value}"))
+    for single_user in (False, True):
+        error = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS, single_user=single_user)["components"]["schemas"]["Error"]
+        codes = error["properties"]["error"]["enum"]
+        assert len(codes) == len(set(codes)) and set(codes) == {code.value for code in answered}, \
+            "the codes core/errors.py lists as the coordinator's are those it answers"
 
 
 def test_a_not_found_answers_an_error_code():

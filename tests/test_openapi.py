@@ -1,6 +1,7 @@
 """The OpenAPI description (GET /api/v1/openapi.json) is valid and lists every route of the
-table, and schemathesis, run against a real coordinator on a small lab, finds no 5xx and
-no answer the description does not allow.
+table, each with every status its code can answer (read from the code: raised_statuses.py),
+and schemathesis, run against a real coordinator on a small lab, finds no 5xx and no answer
+the description does not allow.
 
 schemathesis runs as its command (``schemathesis run``: its pytest integration does not
 work with pytest 9.2) and loads this file as its hooks: see ``before_call``.
@@ -23,14 +24,16 @@ import tomli_w
 from jsonschema import Draft202012Validator
 
 from conftest import Coordinator
-from device_loop.coordinator.api import ROUTES, path_names
-from device_loop.coordinator.calls import CALLS
+from device_loop.coordinator.api import ROUTES, _guarded, path_names, route_handler
+from device_loop.coordinator.calls import BY_NAME, CALLS
 from device_loop.coordinator.idempotency import MAX_KEY_CHARS
+from device_loop.coordinator.limits import _Reader
 from device_loop.coordinator.openapi import document, documented, openapi_path
 from device_loop.coordinator.schemas import MAX_WAIT_S, aliases
 from device_loop.core import API_PREFIX, PROTOCOL_VERSION
 from device_loop.core.protocol import CandidateReport, DeviceReport, Heartbeat, ResourceReport
 from lab_in_process import FakeExporter, device, flash_target, in_process_lab
+from raised_statuses import reach
 
 pytestmark = pytest.mark.service
 
@@ -41,22 +44,28 @@ JSON = {"Content-Type": "application/json"}
 NOT_IN_THE_TRUST_MODE = ["ignored_auth"]  # no route needs credentials there
 # Schema-valid requests the rules refuse (422) for what no JSON Schema can say. What one can
 # say, the document says (openapi.CHECKED: a device or a class and/or tags to reserve, run or
-# an A/B pair, off_time_s with a cycle), and a name that names nothing is a 404, a name several
-# images have a 409, as the document says of them.
-# (upload_image: bytes that are not the size or the sha256 the query declared)
-# (heartbeat: a device name or identifier repeated in a report)
-# (start_operation: the arguments an operation takes are its kind's, which the device's plugins declare)
-# (submit_job: a metric's regex is one Python reads, with a group named value, and a matrix's
-# groups name targets: no JSON Schema says that a text is a regular expression or a target)
-# (a job's cell and run must be ones its spec has; a cell's reservation names a target: the
-# document cannot say either)
-# (reserve: the document says a device excludes a class, tags and needs, but the stateful
-# phase's inferred links write a device named by an earlier answer into a body generated with
-# a class, and still count the request as one the document allows)
-# (create_token, set_token: a scope's classes are ones some device has, its operations ones
-# something here runs; set_token's fields merge with the token's scope, and no admin's token is scoped)
-REFUSED_WHEN_STATE_SAYS = {"reserve", "upload_image", "heartbeat", "start_operation", "submit_job", "reserve_for_job",
-                           "report_cell", "report_run", "create_token", "set_token"}
+# an A/B pair, a fallback with needs any, a matrix's groups, off_time_s with a cycle, a flash's
+# image, an image's ref, an address, keys that follow their pattern...), and a name that names
+# nothing is a 404, a name several images have a 409, as the document says of them. What is
+# left, by operation:
+REFUSED_WHEN_STATE_SAYS = {
+    "heartbeat": "a device name or a resource identifier repeated in a report (no keyword says an item's field is "
+                 "unique); a device node's mode that is world-writable (no keyword tests a bit of a number)",
+    "upload_image": "bytes that are not the size or the sha256 the query declared",
+    "start_operation": "the arguments of a kind the device's plugins declare (a flash's, the coordinator's own, the "
+                       "document says)",
+    "submit_job": "a metric's regex that Python or RE2 does not read (the document says it has a group named value)",
+    "reserve_for_job": "a cell its job's spec does not have (and as reserve's, below)",
+    "report_cell": "a cell its job's spec does not have",
+    "report_run": "a cell or an attempt its job's spec does not have",
+    "create_token": "a scope's class no device has, or an operation nothing here runs: the lab judges them "
+                    "(docs/architecture.md, \"Shares of one lab\")",
+    "set_token": "as create_token's, of its fields merged with the token's scope; a scope for an admin's token",
+    # (a value named in the test's dictionaries, or by an earlier answer, is written into a body
+    # generated without it, a device into one with a class: a request the document does not
+    # allow, which schemathesis still counts as one it does)
+    "reserve": "none of its own",
+}
 # negative_data_rejection's own list, and 413: data too large to be valid is refused for its size first
 REJECTED = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]  # positive_data_acceptance's own list
@@ -100,6 +109,56 @@ def test_every_argument_of_a_call_is_described_where_its_route_takes_it():
             body = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
             properties = schemas[body["$ref"].rsplit("/", 1)[1]]["properties"] if names else {}
             assert set(properties) == names, call.name
+
+
+def around_the_call(call, single_user: bool) -> set[int]:
+    """What a route can answer besides what its call's code does, from how a request reaches
+    it: a NUL in its URL (api.py), a page of another origin, a Host it is not reached by
+    (origin.py); with tokens, one refused, on any route it is sent to, and looked up in the
+    database (identity.py); a body's pace and size (limits.py), what its model refuses, its
+    type where it is JSON (api.py); an Idempotency-Key too long or used before (idempotency.py)."""
+    statuses = {400, 403, 421} | (set() if single_user else {401, 503})
+    if call.method == "POST":
+        statuses |= {408, 413, 422} | (set() if call.streamed else {415})
+    return statuses
+
+
+# Where the reading of the code (raised_statuses.py, which does not tell branches apart) finds
+# more than a route can answer: a lease's share of operations (429) is spent by an operation
+# started in a lease (Operations._start), never by a step between leases (a heartbeat's) nor by
+# an admin's on a device nobody holds.
+NOT_FROM_THIS_ROUTE = {"heartbeat": {429}, "recover_unleased": {429}, "power_unleased": {429}}
+
+
+def listed(described: dict, call) -> set[int]:
+    """The refusals the document lists for ``call``'s route."""
+    operation = described["paths"][openapi_path(call.route)][call.method.lower()]
+    return {int(status) for status, answer in operation["responses"].items() if "$ref" in answer}
+
+
+def test_each_route_lists_every_status_its_code_can_answer():
+    """What a call's code raises (read from it), what its database answers while it is out of
+    reach (503), and what every request meets on its way, each route lists; and what the table
+    says of a call beyond its shape is what its code does."""
+    framework = reach(route_handler, _guarded, _Reader.receive)
+    post = next(c for c in CALLS if c.method == "POST" and c.idempotent and not c.streamed)
+    assert framework.statuses <= around_the_call(post, False), "a refusal on the way to a call the test lacks"
+    codes = {call.name: reach(call.run, call.ready) for call in documented(CALLS)}
+    for call in documented(CALLS):
+        code = codes[call.name]
+        assert call.database == code.store, f"{call.name} reads the database: {code.store}"
+        assert call.refusals <= code.statuses, f"{call.name} lists what its code never answers"
+    for single_user in (False, True):
+        described = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS, 86400, single_user=single_user)
+        for call in documented(CALLS):
+            code = codes[call.name]
+            answers = (code.statuses - NOT_FROM_THIS_ROUTE.get(call.name, set())) | ({503} if code.store else set())
+            missing = (answers | around_the_call(call, single_user)) - listed(described, call)
+            assert not missing, f"{call.name} ({call.method} {call.path}) does not list {sorted(missing)}"
+    described = document(CALLS, MAX_WAIT_S, MAX_KEY_CHARS, 86400, single_user=True)
+    assert {409, 503} <= listed(described, BY_NAME["image_info"]), "a name several images have: ambiguous_image"
+    assert 503 not in listed(described, BY_NAME["health"]), "the trust mode's /health reads no database"
+    assert all(503 in listed(described, call) for call in documented(CALLS) if call.name != "health")
 
 
 @pytest.mark.anyio
@@ -162,7 +221,8 @@ async def test_the_document_and_the_rules_agree_on_what_a_request_may_be(tmp_pat
         api = client()
         await FakeExporter(api, "host-a").beat([device("b0"), device("b1")])
         lease = (await api.post("/leases", json={"device": "b1"})).json()
-        run = {"run": ["true"]}
+        run, ab = {"run": ["true"]}, {"ab": {"baseline": ["a"], "patch": ["b"]}}
+        nowhere = "sha256:0123456789"  # (an image nobody has: 404)
         cases = [  # (path, body, what the document says)
             ("/api/v1/leases", {}, False), ("/api/v1/leases", {"tags": []}, False),
             ("/api/v1/leases", {"device": "b0", "class": "sim-board"}, False),
@@ -177,6 +237,27 @@ async def test_the_document_and_the_rules_agree_on_what_a_request_may_be(tmp_pat
             ("/api/v1/leases/{lease_id}/power", {"action": "on", "off_time_s": 5}, False),
             ("/api/v1/leases/{lease_id}/power", {"action": "cycle", "off_time_s": 5}, True),
             ("/api/v1/admin/devices/{device}/power", {"action": "status", "off_time_s": 0}, False),
+            ("/api/v1/jobs", {"spec": {**run, "fallback": "real-hw"}}, False),  # (needs: real-hw)
+            ("/api/v1/jobs", {"spec": {**run, "needs": "any", "fallback_after_s": 5}}, False),
+            ("/api/v1/jobs", {"spec": {**run, "needs": "any", "fallback": "real-hw", "fallback_after_s": 5}}, True),
+            ("/api/v1/jobs", {"spec": {**ab, "matrix": {"over": ["colour=red"]}}}, False),
+            ("/api/v1/jobs", {"spec": {**ab, "matrix": {"over": ["tags= , "]}}}, False),
+            ("/api/v1/jobs", {"spec": {**ab, "matrix": {"over": ["device=" + "b" * 65]}}}, False),
+            ("/api/v1/jobs", {"spec": {**ab, "target": {"device": "b0"}, "matrix": {"over": ["class=sim-board"]}}},
+             False),
+            ("/api/v1/jobs", {"spec": {**ab, "target": {"device": "b0"}, "matrix": {"over": [" device = b1 "]}}},
+             True),
+            ("/api/v1/jobs", {"spec": {**ab, "matrix": {"over": ["tags=sim,, fast ", "class=sim-board"]}}}, True),
+            ("/api/v1/jobs", {"spec": {**ab, "target": {"device": "b0", "tags": ["sim"]}}}, False),
+            ("/api/v1/jobs", {"spec": {**run, "metrics": [{"name": "t", "regex": "took ([0-9]+)"}]}}, False),
+            ("/api/v1/leases/{lease_id}/operations", {"kind": "flash"}, False),
+            ("/api/v1/leases/{lease_id}/operations", {"kind": "flash", "args": {"image": "sha256:no"}}, False),
+            ("/api/v1/leases/{lease_id}/operations", {"kind": "flash", "args": {"image": nowhere, "to": 1}},
+             False),
+            ("/api/v1/leases/{lease_id}/operations", {"kind": "flash", "args": {"image": nowhere}}, True),
+            ("/api/v1/leases/{lease_id}/flash", {"image": "sha256:0123"}, False),
+            ("/api/v1/leases/{lease_id}/flash", {"image": nowhere}, True),
+            ("/api/v1/leases", {"class": "sim-board", "image": "sha256:" + "0" * 65}, False),
         ]
         for path, body, takes in cases:
             assert body_schema_says(described, path, body) is takes, (path, body)

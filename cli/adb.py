@@ -9,7 +9,7 @@ import sys
 import click
 
 from device_loop.core.gate import LocalForward
-from device_loop.core.usage import by_role, environment
+from device_loop.core.usage import by_role, environment, gated, out_of_scope
 from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
@@ -25,14 +25,16 @@ def adb_environment(lease, forward: bool = False) -> dict[str, str]:
     endpoint = next(iter(by_role(lease.data, EndpointRole.ADB)), None)
     if endpoint is None and not lease.data["ready"]:
         raise CoordinatorError(ErrorCode.NOT_READY, f"{lease.data['device']} is not ready: {lease.data['reason']}")
+    if endpoint is None and (withheld := out_of_scope(lease.data, "adb", "ADB")):
+        raise CoordinatorError(ErrorCode.OUT_OF_SCOPE, withheld)
     if endpoint is None:
         raise CoordinatorError(ErrorCode.NO_ADB, f"{lease.data['device']} has no ADB")
-    if lease.data.get("secret"):
+    if secret := endpoint.get("secret"):
         if not forward:
             raise CoordinatorError(ErrorCode.GATED, f"this lab's endpoints ask for the lease's secret: run "
                                                     f"'device-loop forward {lease.id}' and point adb at the port it "
                                                     f"prints")
-        endpoint = LocalForward(endpoint, lease.data["secret"]).endpoint  # for as long as this process runs
+        endpoint = LocalForward(endpoint, secret).endpoint  # for as long as this process runs
     return environment(lease.data, [endpoint])
 
 
@@ -63,7 +65,7 @@ def env_command(lab: Lab, target: str, as_json: bool):
     lease = _my_lease(lab, target)
     if not lease.data["ready"]:
         raise CoordinatorError(ErrorCode.NOT_READY, f"{lease.data['device']} is not ready: {lease.data['reason']}")
-    if lease.data.get("secret"):
+    if gated(lease.data):
         raise CoordinatorError(ErrorCode.GATED, f"this lab's endpoints ask for the lease's secret: run "
                                                 f"'device-loop forward {lease.id}' and point your tools at the ports "
                                                 f"it prints")

@@ -22,7 +22,7 @@ import serial
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.gate import LocalForward
 from device_loop.core.uart_client import open_uart
-from device_loop.core.usage import EndpointJSON, by_role
+from device_loop.core.usage import EndpointJSON, by_role, out_of_scope
 from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
@@ -49,6 +49,8 @@ def uart_endpoint(lease) -> EndpointJSON:
     endpoints = by_role(lease.data, EndpointRole.CONSOLE)
     if endpoints:
         return min(endpoints, key=lambda e: e.get("protocol") != "rfc2217")
+    if withheld := out_of_scope(lease.data, "uart", "console"):
+        raise CoordinatorError(ErrorCode.OUT_OF_SCOPE, withheld)
     if not lease.data["ready"]:
         raise CoordinatorError(ErrorCode.NOT_READY, f"{lease.data['device']} is not ready: {lease.data['reason']}")
     raise CoordinatorError(ErrorCode.NO_UART, f"{lease.data['device']} has no UART")
@@ -132,7 +134,7 @@ def console_command(lab: Lab, target: str, log_path: str | None, baud: int | Non
     """A terminal on the UART of your lease (Ctrl-] leaves)."""
     lease = _my_lease(lab, target)
     device, endpoint = lease.data["device"], uart_endpoint(lease)
-    if secret := lease.data.get("secret"):  # a gated endpoint: speak its handshake through a local port
+    if secret := endpoint.get("secret"):  # a gated endpoint: speak its handshake through a local port
         endpoint = LocalForward(endpoint, secret).endpoint  # for as long as the console runs
     where = f"{endpoint['host']}:{endpoint['port']}"
     if baud and endpoint.get("protocol") != "rfc2217":

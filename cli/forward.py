@@ -12,6 +12,7 @@ import click
 
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.gate import LocalForward
+from device_loop.core.usage import gated
 from device_loop.core.vocabulary import EndpointRole
 
 from .commands import _my_lease, json_option, lab_command
@@ -26,7 +27,7 @@ def local_url(url: str, port: int, secret: str) -> str:
     """A gated HTTP endpoint's URL through its local port: the local port spoke the gate's
     handshake already, so the capability (``<secret>/``, in the path and in noVNC's
     websocket path) comes out."""
-    parts = urllib.parse.urlsplit(url.replace(f"{secret}/", ""))
+    parts = urllib.parse.urlsplit(url.replace(f"{secret}/", "").replace(f"{secret}%2F", ""))
     return urllib.parse.urlunsplit(("http", f"127.0.0.1:{port}", parts.path, parts.query, parts.fragment))
 
 
@@ -65,17 +66,17 @@ def forward_command(lab: Lab, target: str, as_json: bool):
     lease = _my_lease(lab, target)
     if not lease.data["ready"]:
         lease.wait_ready(60)
-    secret = lease.data.get("secret")
-    if not secret:
+    if not gated(lease.data):
         click.echo(json.dumps(lease.endpoints) if as_json else
                    "this lab does not gate endpoints: connect to them directly:\n" +
                    "\n".join(f"  {e['kind']:<8} {_address(e)}" for e in lease.endpoints))
         return
     forwards: list[LocalForward] = []  # each serves its port from a thread of its own
     try:
-        forwards += [LocalForward(e, secret) for e in lease.endpoints]
+        secrets = [(e, secret) for e in lease.endpoints if (secret := e.get("secret"))]
+        forwards += [LocalForward(e, secret) for e, secret in secrets]
         local = [{**f.endpoint, "url": local_url(f.endpoint["url"], f.endpoint["port"], secret)
-                  if f.endpoint.get("url") else None} for f in forwards]
+                  if f.endpoint.get("url") else None} for f, (_, secret) in zip(forwards, secrets)]
         if as_json:
             click.echo(json.dumps(local), nl=True)
         else:

@@ -11,6 +11,7 @@ import click
 
 from device_loop.core import LIVE_LEASE_STATES
 from device_loop.core.durations import format_duration, parse_iso
+from device_loop.core.usage import gated
 from device_loop.core.vocabulary import Band, TicketState
 
 
@@ -86,7 +87,7 @@ def lease_text(lease: dict) -> str:
     for e in lease["endpoints"]:
         where = e.get("url") or f"{e['host']}:{e['port']}"
         lines.append(f"  {e['kind']:<7} {where}" + (f"  ({e['protocol']})" if e.get("protocol") else ""))
-    if lease["endpoints"] and lease.get("secret"):
+    if gated(lease):
         lines.append(f"  gated: connect through 'device-loop forward {lease['id']}' (or use console / adb)")
     lines += [f"  $ {command}" for command in lease.get("commands", [])]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 import httpx2
 
-from device_loop.core.usage import camera_urls
+from device_loop.core.usage import camera_urls, out_of_scope
 
 from .commands import _my_lease, json_option, lab_command
 from device_loop.client.http import CoordinatorError
@@ -23,6 +23,8 @@ def _camera(lease: Mapping[str, Any]) -> dict:
     tokens: only its holder has them)."""
     require_ready(lease)
     urls = camera_urls(lease)
+    if urls is None and (withheld := out_of_scope(lease, "camera", "camera")):
+        raise CoordinatorError(ErrorCode.OUT_OF_SCOPE, withheld)
     if urls is None:
         kinds = ", ".join(sorted({e["kind"] for e in lease["endpoints"]})) or "none"
         raise CoordinatorError(ErrorCode.NO_CAMERA, f"{lease['device']} has no camera (kinds: {kinds})")

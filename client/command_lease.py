@@ -478,12 +478,11 @@ class _Run:
         """What the command sees: the caller's environment, what ``device-loop env`` exports
         (through local forwards in a lab with gates), the lease, and who to be to the lab."""
         lease = self.lease
-        endpoints = [e for e in lease.endpoints if e.get("env")]
-        if (secret := lease.data.get("secret")) and endpoints:
-            from device_loop.core.gate import LocalForward
+        endpoints: list[Any] = [e for e in lease.endpoints if e.get("env")]
+        if endpoints:
+            from device_loop.core.gate import local_forwards
 
-            self._forwards = [LocalForward(e, secret) for e in endpoints]
-            endpoints = [f.endpoint for f in self._forwards]
+            self._forwards, endpoints = local_forwards(endpoints)
         env = {**self.base_env, **environment(lease.data, endpoints),
                "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_DEVICE": lease.device,
                "DEVICE_LOOP_COORDINATOR": self.lab.api.url,

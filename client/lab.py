@@ -270,10 +270,10 @@ class Lease:
     def connect(self, what: str, protocol: str | None = None, timeout: float = 10.0) -> socket.socket:
         """A TCP connection to the first endpoint of role ``what`` (else of resource kind
         ``what``; and of ``protocol``), past the lease gate where there is one: in a lab with
-        tokens the connection first sends ``DEVLOOP <secret>\n`` and reads ``OK\n``, and
-        then it is the service's."""
+        tokens the connection first sends ``DEVLOOP <secret>\n`` (the endpoint's own) and reads
+        ``OK\n``, and then it is the service's."""
         endpoint = self._endpoint(what, protocol)
-        if secret := self.data.get("secret"):
+        if secret := endpoint.get("secret"):
             from device_loop.core.gate import connect_gated  # (asyncio and friends: only when needed)
 
             return connect_gated(endpoint["host"], endpoint["port"], secret, timeout)

@@ -488,17 +488,16 @@ class CellRun:
         """What a command sees: the worker's environment (under another account, only its
         path and locale: ``Account.environment``), what ``device-loop env`` exports (through
         local forwards in a lab with gates), the lease, and who to be to the lab."""
-        endpoints = [e for e in lease.endpoints if e.get("env")]
-        if (secret := lease.data.get("secret")) and endpoints:
-            from device_loop.core.gate import LocalForward
+        endpoints: list[Any] = [e for e in lease.endpoints if e.get("env")]
+        if endpoints:
+            from device_loop.core.gate import local_forwards
 
-            self._forwards = [LocalForward(e, secret) for e in endpoints]
-            endpoints = [f.endpoint for f in self._forwards]
+            self._forwards, endpoints = local_forwards(endpoints)
         account = self.placement.account
         base = self.runner.base_env if account is None else account.environment(self.runner.base_env)
         env = {**base, **environment(lease.data, endpoints),
                "DEVICE_LOOP_LEASE": lease.id, "DEVICE_LOOP_COORDINATOR": self.jobs.api.url,
-               # the lease itself (its endpoints and secret): `device-loop exec $DEVICE_LOOP_LEASE` needs no token
+               # the lease itself (its endpoints, their secrets): `device-loop exec $DEVICE_LOOP_LEASE` needs no token
                LEASE_ANSWER_ENV: json.dumps(lease.data)}
         if (OWN_BIN / "device-loop").exists():  # this worker's device-loop first, even from an inactive venv
             env["PATH"] = os.pathsep.join([str(OWN_BIN), *filter(None, env.get("PATH", os.defpath).split(os.pathsep))])

@@ -6,7 +6,8 @@ from typing import Any
 
 from device_loop.core import POWER_KIND
 from device_loop.core.durations import format_duration, iso
-from device_loop.core.scopes import CALL_OPERATIONS, POWER_OPERATIONS, TokenScope
+from device_loop.core.scopes import (CALL_OPERATIONS, DATA_PLANE_OPERATIONS, POWER_OPERATIONS, TokenScope,
+                                     data_plane_operation)
 from device_loop.core.vocabulary import Band, FaultKind, LeaseState, OperationState
 from pydantic import ValidationError
 
@@ -237,7 +238,8 @@ class Admin:
         """Refuse (422, the field named) what in ``scope`` only the lab can judge
         (docs/architecture.md, "Shares of one lab"): a class no device has, an operation
         nothing runs (not a call's, not a power action, not a kind some device's resources
-        run), a longest lease beyond the lab's longest lease."""
+        run, not the data plane: its words, or a resource kind some device has), a longest
+        lease beyond the lab's longest lease."""
         if scope is None:
             return
         max_ttl_s = self.life.settings.max_ttl_s
@@ -252,15 +254,20 @@ class Admin:
                 raise APIError(422, ErrorCode.INVALID, f"scope.classes: no device has class {_named(unknown)} "
                                                        f"(classes: {_named(known) or 'none yet'})")
         if scope.operations:
-            runnable = {*CALL_OPERATIONS, *POWER_OPERATIONS}
+            runnable = {*CALL_OPERATIONS, *POWER_OPERATIONS, *DATA_PLANE_OPERATIONS}
             if not set(scope.operations) <= runnable:
-                runnable |= {kind for device in await self.devices_sql.devices() for kind in kinds_of(device)}
+                devices = await self.devices_sql.devices()
+                runnable |= {kind for device in devices for kind in kinds_of(device)}
+                runnable |= {data_plane_operation(r["kind"]) for device in devices for r in device["resources"]
+                             if r.get("service", True)}
                 runnable.discard(POWER_KIND)  # (a power action is named: power.cycle)
             unknown = [name for name in scope.operations if name not in runnable]
             if unknown:
                 raise APIError(422, ErrorCode.INVALID, f"scope.operations: nothing here runs {_named(unknown)} "
                                                        f"(name {', '.join(CALL_OPERATIONS)}, "
-                                                       f"{', '.join(POWER_OPERATIONS)}, or a kind device_info lists)")
+                                                       f"{', '.join(POWER_OPERATIONS)}, the endpoints' "
+                                                       f"{', '.join(DATA_PLANE_OPERATIONS)}, or a kind device_info "
+                                                       f"lists)")
 
     async def set_token(self, token_id: str, scope: TokenScope | None, band: Band | None, unscoped: bool,
                         admin: str) -> TokenRow:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Awaitable, Callable
+import re
+from typing import Any, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from device_loop.core import LEASE_PREFIX
 from device_loop.core.errors import ErrorCode
+from device_loop.core.gate import gate_secret
 
 from .errors import APIError, bad_request
 from .rows import IdempotencyRow
@@ -83,11 +85,21 @@ async def idempotently(request: Request, caller: str, act: Callable[[], Awaitabl
                     media_type="application/json")
 
 
-# Fields of an answer that are credentials. A stored answer outlives them (a day), and a copy
-# of the database must not give them away: they are taken out of it wherever they appear (a
-# lease's secret is also in the capability URLs of its endpoints).
-CREDENTIALS = ("secret", "token")
-SECRET_MARK = "<lease secret>"
+# Credentials in an answer. A stored answer outlives them (a day), and a copy of the database
+# must not give them away: they are taken out of it wherever they appear (a gate's secret is
+# also in the capability URLs of its endpoints, and in the commands that use them). A gate's
+# secret leaves a mark naming its part of the data plane, from which a replay derives it again.
+SECRET_MARK = "<gate secret for {scope}>"
+_MARKED = re.compile(r"<gate secret for ([a-z][a-z0-9._-]{0,63})>")
+_SCOPE_WORD = re.compile(r"[a-z][a-z0-9._-]{0,63}")
+
+
+def _endpoints(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """The endpoints of the lease an answer is, or holds (a ticket's)."""
+    lease = answer if isinstance(answer.get("endpoints"), list) else answer.get("lease")
+    if not isinstance(lease, dict) or not isinstance(lease.get("endpoints"), list):
+        return []
+    return [e for e in lease["endpoints"] if isinstance(e, dict)]
 
 
 def _storable(body: bytes) -> str:
@@ -95,23 +107,34 @@ def _storable(body: bytes) -> str:
     text = body.decode()
     answer = json.loads(text)
     if isinstance(answer, dict):
-        for field in CREDENTIALS:
-            value = answer.get(field)
-            if isinstance(value, str) and value:
-                text = text.replace(value, SECRET_MARK if field == "secret" else "")
+        token = answer.get("token")
+        if isinstance(token, str) and token:
+            text = text.replace(token, "")
+        for endpoint in _endpoints(answer):
+            secret, scope = endpoint.get("secret"), str(endpoint.get("scope", ""))
+            if isinstance(secret, str) and secret:
+                text = text.replace(secret, SECRET_MARK.format(scope=scope) if _SCOPE_WORD.fullmatch(scope) else "")
     return text
 
 
+def _lease_id(answer: dict[str, Any]) -> str | None:
+    lease = answer if str(answer.get("id", "")).startswith(LEASE_PREFIX) else answer.get("lease")
+    return str(lease["id"]) if isinstance(lease, dict) and str(lease.get("id", "")).startswith(LEASE_PREFIX) else None
+
+
 async def _replayed(rules: Rules, body: str) -> str:
-    """A stored answer, replayed: a lease's secret back while the lease lives (the first answer
-    had it; it ends with the lease), and a token never (it was shown once: the answer says so)."""
+    """A stored answer, replayed: its gates' secrets back while the lease lives (the first
+    answer had them; they end with the lease), and a token never (it was shown once: the
+    answer says so)."""
     answer = json.loads(body)
     if not isinstance(answer, dict):
         return body
-    if str(answer.get("id", "")).startswith(LEASE_PREFIX) and SECRET_MARK in body:
-        secret = await rules.leases.secret(answer["id"])
-        answer = json.loads(body.replace(SECRET_MARK, secret or ""))
-        answer["secret"] = secret
+    lease_id = _lease_id(answer)
+    if lease_id is not None and _MARKED.search(body):
+        secret = await rules.leases.secret(lease_id)
+        answer = json.loads(_MARKED.sub(lambda found: gate_secret(secret, found[1]) if secret else "", body))
+        for endpoint in _endpoints(answer):
+            endpoint["secret"] = endpoint.get("secret") or None
     if answer.get("token") == "":
         answer["token"] = None
         answer["note"] = (f"already done: token {answer.get('id')} was made by the first request with this "

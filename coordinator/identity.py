@@ -138,7 +138,7 @@ def scope_of(text: str | None) -> TokenScope | None:
     tightened) refuses its token's every call: 403 ``out_of_scope``, an admin sets it again."""
     if text is None:
         return None
-    scope = _parsed_scope(text)
+    scope = parsed_scope(text)
     if scope is None:
         raise APIError(403, ErrorCode.OUT_OF_SCOPE, "scope: this token's scope, as stored, no longer holds in this "
                                                     "version of the lab: an admin sets it again (device-loop admin "
@@ -147,7 +147,7 @@ def scope_of(text: str | None) -> TokenScope | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed_scope(text: str) -> TokenScope | None:
+def parsed_scope(text: str) -> TokenScope | None:
     """``text`` as a scope, or None if it no longer validates."""
     try:
         return TokenScope.model_validate_json(text)
@@ -263,7 +263,7 @@ def scope_text(scope: TokenScope | None) -> str | None:
 
 def token_view(row: TokenRow) -> TokenAnswer:
     """A token as lists show it: everything but the secret and its hash."""
-    scope = _parsed_scope(row["scope"]) if row["scope"] is not None else None
+    scope = parsed_scope(row["scope"]) if row["scope"] is not None else None
     shown = stored_scope(row["scope"]) if scope is None else scope.model_dump(mode="json")
     return {"id": row["id"], "user": row["username"], "admin": bool(row["admin"]), "host": row["host"],
             "kind": row["kind"], "scope": shown, "band": row["band"],

@@ -8,11 +8,14 @@ device, so two coordinator processes on one PostgreSQL stay correct.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from device_loop.core import FLASH_KIND, LEASE_PREFIX
 from device_loop.core.durations import format_duration, iso
+from device_loop.core.gate import gate_secret
 from device_loop.core.needs import ANY_DEVICE, Need
+from device_loop.core.scopes import TokenScope, allows, data_plane_operation
 from device_loop.core.usage import commands
 from device_loop.core.vocabulary import LIVE_LEASE_STATES, DeviceState, LeaseState
 
@@ -24,6 +27,7 @@ from . import kinds, lease_scope
 from .budgets import NO_HOLD, Budgets, Hold, Spender, used_of
 from .devices import Devices, running_operation
 from .errors import APIError, conflict, not_found
+from .identity import parsed_scope
 from .lifecycle import Lifecycle, held_off, switched_off
 from .notify import BOARD_KEY, host_key, lease_key
 from .rows import DeviceFacts, LeaseRow, LeaseView
@@ -63,9 +67,36 @@ def expiry_reason(lease: LeaseRow) -> str:
     return "its ttl ran out"
 
 
-def lease_json(view: LeaseView) -> LeaseAnswer:
+@dataclass(frozen=True)
+class Sight:
+    """Which parts of a lease's data plane an answer shows (docs/architecture.md, "Shares of
+    one lab"): those that each of ``scopes`` allows (``core.scopes.data_plane_operation``) —
+    its reader's token's and the one it was reserved with (a job's lease: its submitter's).
+    ``EVERY_PART``: the coordinator's own reach (a relayed exchange, exec, a fingerprint),
+    which a call's own scope check allowed first."""
+    scopes: tuple[TokenScope | None, ...]
+
+    def shows(self, operation: str) -> bool:
+        return all(allows(scope, operation) for scope in self.scopes)
+
+
+EVERY_PART = Sight(())
+#: A scope that no longer holds as stored shows no part of the data plane.
+_NONE_OF_IT = TokenScope(operations=())
+
+
+def seen_by(who: Who, view: LeaseView) -> Sight:
+    """What ``who`` is shown of ``view``'s data plane."""
+    text = view.get("token_scope")
+    reserved_with = None if text is None else (parsed_scope(text) or _NONE_OF_IT)
+    return Sight((who.scope, reserved_with))
+
+
+def lease_json(view: LeaseView, sight: Sight) -> LeaseAnswer:
     """A lease as its holder sees it, from ``Store.lease_view``'s row: with its endpoints
-    once its services are up, and why not while they are not."""
+    once its services are up, and why not while they are not. An endpoint shows only where
+    ``sight`` allows its part of the data plane, with its gate's secret (``gate_secret``):
+    a part withheld is neither listed nor opened by another part's secret."""
     live = view["state"] in LIVE_LEASE_STATES
     reachable = view["host_online"] and not view["host_link_lost"]
     services = [s for s in (view["host_services"] or []) if s["lease"] == view["id"]] if reachable else []
@@ -87,11 +118,11 @@ def lease_json(view: LeaseView) -> LeaseAnswer:
         "end_reason": view["end_reason"],
         "device_state": view["device_state"],
         "host": view["device_host"],
-        "endpoints": [e for s in services for e in s["endpoints"]] if live else [],
+        "endpoints": _shown_endpoints(services, view["secret"], sight) if live else [],
+        "withheld": sorted({part for s in services if not sight.shows(part := data_plane_operation(s["kind"]))})
+        if live else [],
         "ready": ready,
         "reason": "ready" if ready else _lease_reason(view, services),
-        # the gate's password: only the holder (and admins) ever see a lease
-        "secret": view["secret"] if live else None,
         "needs_recovery": view["needs_recovery"],  # why (a failed destructive operation), or None
         # by whom and when, while a person's power off holds
         "switched_off": switched_off(view["device_fault"], view["device_fault_kind"]),
@@ -102,6 +133,19 @@ def lease_json(view: LeaseView) -> LeaseAnswer:
     if ready:
         answer["commands"] = commands(answer)  # how to use it, as its plugins said
     return answer
+
+
+def _shown_endpoints(services: list[dict[str, Any]], secret: str | None, sight: Sight) -> list[Any]:
+    """The endpoints of ``services`` that ``sight`` shows, each with the scope operation it
+    needs and its gate's secret (None in a lab without gates). Only the holder (and admins)
+    ever see a lease."""
+    shown = []
+    for service in services:
+        operation = data_plane_operation(service["kind"])
+        if sight.shows(operation):
+            part = gate_secret(secret, operation) if secret else None
+            shown += [{**endpoint, "scope": operation, "secret": part} for endpoint in service["endpoints"]]
+    return shown
 
 
 def _lease_reason(view: LeaseView, services: list[dict[str, Any]]) -> str:
@@ -128,7 +172,7 @@ def _view(lease: LeaseRow, device: DeviceFacts, device_state: DeviceState) -> Le
             "host_online": device["host_online"], "host_link_lost": False, "host_services": [],
             "needs_recovery": device["needs_recovery"], "device_fault": device["fault"],
             "device_fault_kind": device["fault_kind"], "op_id": device["op_id"],
-            "op_kind": device["op_kind"]}
+            "op_kind": device["op_kind"], "token_scope": None}
 
 
 class Leases:
@@ -165,7 +209,14 @@ class Leases:
         return view
 
     async def status(self, lease_id: str, who: Who) -> LeaseAnswer:
-        return lease_json(await self.own_view(lease_id, who))
+        view = await self.own_view(lease_id, who)
+        return lease_json(view, seen_by(who, view))
+
+    async def reached(self, lease_id: str, who: Who) -> LeaseAnswer:
+        """The lease as the coordinator itself reaches it for ``who`` (a relayed exchange, exec,
+        a fingerprint): every endpoint, with its gate's secret. Never an answer: the call's
+        scope check allowed what it does with it."""
+        return lease_json(await self.own_view(lease_id, who), EVERY_PART)
 
     async def cdi(self, lease_id: str, who: Who) -> CdiAnswer:
         """The lease's CDI spec, made from the environments its exporter reported with its
@@ -175,11 +226,14 @@ class Leases:
         services = sorted((s for s in (view["host_services"] or []) if s["lease"] == lease_id and not s.get("error")),
                           key=lambda s: s["identifier"]) if reachable else []
         if not services:
-            raise conflict(ErrorCode.NOT_READY, f"{lease_id} has no service up yet: {lease_json(view)['reason']}")
+            raise conflict(ErrorCode.NOT_READY, f"{lease_id} has no service up yet: "
+                                                f"{lease_json(view, seen_by(who, view))['reason']}")
         device = await self.devices_sql.device(view["device"])
         if device is None:  # (forgotten meanwhile: an admin's forget refuses a leased device, but says it)
             raise not_found("device", view["device"])
-        environments = [EnvironmentReport.model_validate(s["environment"]) for s in services if s.get("environment")]
+        sight = seen_by(who, view)  # (a container's part of the data plane is its resources' too)
+        environments = [EnvironmentReport.model_validate(s["environment"]) for s in services
+                        if s.get("environment") and sight.shows(data_plane_operation(s["kind"]))]
         try:
             spec = cdi_spec(device["class"], view["device"], environments)
         except CdiRefused as exc:
@@ -193,12 +247,12 @@ class Leases:
                 "cdi_version": spec.version, "file": spec_file_name(host or "", lease_id), "spec": spec.spec,
                 "note": spec.note()}
 
-    async def mine(self, caller: str, device: str | None = None) -> list[LeaseAnswer]:
+    async def mine(self, who: Who, device: str | None = None) -> list[LeaseAnswer]:
         """The caller's live leases; on one ``device``, their lease there, live or the last that ended."""
         if device is not None:
-            view = await self.leases_sql.last_lease_view(caller, device)
-            return [lease_json(view)] if view else []
-        return [lease_json(v) for v in await self.leases_sql.live_lease_views_of_holder(caller)]
+            view = await self.leases_sql.last_lease_view(who.name, device)
+            return [lease_json(view, seen_by(who, view))] if view else []
+        return [lease_json(v, seen_by(who, v)) for v in await self.leases_sql.live_lease_views_of_holder(who.name)]
 
     async def wait(self, lease_id: str, who: Who, unless_state: str | None, wait_s: float,
                    gone: Callable[[], Awaitable[None]]) -> LeaseAnswer:
@@ -316,7 +370,7 @@ class Leases:
         await life.audit(holder, "reserve", device["name"], lease["id"], detail)
         life.notify(host_key(device["host"] or ""))
         self.store.after_commit(life.metrics.leases_granted.inc)
-        return lease_json(_view(lease, device, state))
+        return lease_json(_view(lease, device, state), EVERY_PART)  # (just granted: no service, no endpoint yet)
 
     def lease_ttl(self, ttl_s: float | None, keepalive_s: float | None, who: Who | None = None) -> float:
         """The ttl a reserve asks for, checked: without one the lab's default, or for a
@@ -434,7 +488,7 @@ class Leases:
                 await self.life.audit(who.name, "renew", view["device"], lease_id, {"ttl_s": ttl} | (
                     {} if hold is None or hold["held_s"] is None else {"held_s": hold["held_s"]}))
             self.life.notify(lease_key(lease_id), BOARD_KEY)
-        return lease_json(view)
+        return lease_json(view, seen_by(who, view))
 
     async def _locked(self, view: LeaseView) -> LeaseView:
         """``view`` with its hold as it is under its row's lock, taken in the order a lease's end
@@ -489,10 +543,10 @@ class Leases:
             if view is None:  # and an admin has forgotten its device since
                 raise conflict(ErrorCode.LEASE_ENDED, f"{lease['id']} is {lease['state']} ({lease['end_reason']}), and "
                                                       f"its device {lease['device']} is no longer in the lab")
-            return lease_json(view)
+            return lease_json(view, EVERY_PART)  # (ended: it shows no endpoint)
         await self.life.audit(actor, action, lease["device"], lease["id"], detail | self._used(lease))
         now_ended: LeaseRow = {**lease, "state": state, "end_reason": reason, "ended_at": self.life.clock()}
-        return lease_json(_view(now_ended, device, device["state"]))
+        return lease_json(_view(now_ended, device, device["state"]), EVERY_PART)  # (ended: no endpoint)
 
     async def end(self, lease: LeaseRow, state: LeaseState, reason: str, actor: str,
                   **still: bool) -> DeviceFacts | None:
@@ -527,7 +581,7 @@ class Leases:
         for lease in await self.leases_sql.leases_past("created_at", (LeaseState.PENDING,), now - timeout):
             view = await self.leases_sql.lease_view(lease["id"])
             reason = f"services did not come up within {format_duration(timeout)}"
-            shown = lease_json(view)["reason"] if view else ""
+            shown = lease_json(view, EVERY_PART)["reason"] if view else ""
             if shown.startswith("service failed"):
                 reason += f" ({shown})"
             if await self.end(lease, LeaseState.FAILED, reason, actor, pending=True):

@@ -82,7 +82,7 @@ async def uart_exchange(lease: LeaseAnswer, send: str, wait_s: float, until: str
         raise APIError(409, ErrorCode.NO_CONSOLE, f"{lease['device']} has no UART to talk to now: {lease['reason']}")
     wait = min(max(wait_s, 0.0), EXCHANGE_MAX_WAIT_S)
     try:
-        return await asyncio.to_thread(_exchange, consoles[0], data, wait, lease["secret"], until)
+        return await asyncio.to_thread(_exchange, consoles[0], data, wait, consoles[0].get("secret"), until)
     except _NoSearcher as exc:
         raise APIError(503, ErrorCode.NO_SEARCHER, f"cannot search {lease['device']}'s output for until now: "
                                                    f"{exc}") from None

@@ -117,6 +117,7 @@ class LeaseView(LeaseRow):
     host_services: list[dict[str, Any]] | None
     op_id: str | None
     op_kind: str | None
+    token_scope: str | None  # the scope of the token it was reserved with, as stored (JSON)
 
 
 class OperationRow(TypedDict):

@@ -26,7 +26,7 @@ from device_loop.core.errors import ErrorCode
 from .errors import APIError, conflict, not_found
 from .images import Images
 from . import lease_scope
-from .leases import Leases, describe_want, lease_json
+from .leases import Leases, describe_want, lease_json, seen_by
 from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, ticket_key
 from .estimates import Cache, Estimates
@@ -320,7 +320,7 @@ class Scheduler:
         keepalive ticket's grant keeps its lease alive too (a read of it)."""
         row, caller = await self._own(ticket_id, who), who.name
         if row["requester"] != caller:  # (an admin looking is not its client asking)
-            return await self._json(row)
+            return await self._json(row, who)
         if row["state"] == TicketState.WAITING and row["keepalive_s"] is not None:
             async with self.store.tx():  # (no wake: the long-poll that reads it would wake itself)
                 await self.tickets_sql.keep_waiting(ticket_id, self.life.clock())
@@ -343,9 +343,10 @@ class Scheduler:
                                           {"ticket": ticket_id})
                     self.life.notify(ticket_key(ticket_id))
             row = await self._own(ticket_id, who)
-        return await self._json(row)
+        return await self._json(row, who)
 
-    async def _json(self, row: TicketRow, cache: Cache | None = None) -> TicketAnswer:
+    async def _json(self, row: TicketRow, who: Who, cache: Cache | None = None) -> TicketAnswer:
+        """``row`` as ``who`` sees it (its lease's data plane too: ``seen_by``)."""
         position = estimate = None
         if row["state"] == TicketState.WAITING:
             position = await self.tickets_sql.tickets_ahead(row, self._aged(self.life.clock())) + 1
@@ -353,7 +354,7 @@ class Scheduler:
         lease = None
         if row["lease_id"]:
             view = await self.leases_sql.lease_view(row["lease_id"])
-            lease = lease_json(view) if view else None
+            lease = lease_json(view, seen_by(who, view)) if view else None
         return ticket_json(row, position, lease, self.life.settings.claim_window_s, estimate)
 
     async def wait(self, ticket_id: str, who: Who, wait_s: float,
@@ -386,15 +387,15 @@ class Scheduler:
             await self.life.audit(caller, "ticket_cancel", ended["granted_device"] or ended["device"],
                                   ended["lease_id"], {"ticket": ticket_id})
             self.life.notify(ticket_key(ticket_id), BOARD_KEY)
-            return await self._json(ended)
+            return await self._json(ended, who)
 
-    async def tickets(self, caller: str, everyone: bool) -> list[TicketAnswer]:
+    async def tickets(self, who: Who, everyone: bool) -> list[TicketAnswer]:
         """The caller's tickets (an admin's ``everyone``: all), the open ones first. Listing
         claims nothing: a grant is claimed by its requester following that one ticket
         (``status``), so a ticket nobody follows any more passes on when its window ends."""
-        rows = await self.tickets_sql.tickets_of(None if everyone else caller, MAX_LISTED)
+        rows = await self.tickets_sql.tickets_of(None if everyone else who.name, MAX_LISTED)
         cache = Cache()  # (what each distinct thing waited for is read once)
-        return [await self._json(row, cache) for row in rows]
+        return [await self._json(row, who, cache) for row in rows]
 
     async def queue(self, who: Who | None = None) -> list[QueueEntry]:
         """The waiting tickets in the order they are served (per thing they wait for), as the

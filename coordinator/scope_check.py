@@ -8,7 +8,7 @@ where the lease is granted, not here: this is the operations a token may run.
 from __future__ import annotations
 
 from device_loop.core.errors import ErrorCode
-from device_loop.core.scopes import TokenScope
+from device_loop.core.scopes import TokenScope, allows
 
 from .errors import APIError
 from .who import Who
@@ -22,7 +22,7 @@ def allowed_operations(scope: TokenScope) -> str:
 def scope_refusal(who: Who, operation: str | None) -> APIError | None:
     """Why ``who`` may not run ``operation`` (None: a call that needs none), or None if it may."""
     scope = who.scope
-    if operation is None or scope is None or scope.operations is None or operation in scope.operations:
+    if operation is None or scope is None or allows(scope, operation):
         return None
     return APIError(403, ErrorCode.OUT_OF_SCOPE,
                     f"scope: this token may run {allowed_operations(scope)}; not {operation[:64]}")

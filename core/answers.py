@@ -106,6 +106,8 @@ class EndpointAnswer(TypedDict, total=False):
     params: dict[str, str | int]
     command: str
     env: dict[str, str]
+    scope: str                     # the scope operation that shows it: uart, adb, camera, screen, ssh, a plugin's kind
+    secret: str | None             # its gate's password while the lease lives (None: a lab without gates)
 
 
 class LeaseAnswer(TypedDict):
@@ -124,9 +126,9 @@ class LeaseAnswer(TypedDict):
     device_state: DeviceState
     host: str | None
     endpoints: list[EndpointAnswer]
+    withheld: list[str]            # the parts of its data plane its reader's scope does not show (uart, camera...)
     ready: bool
     reason: str
-    secret: str | None             # the gate's password while it lives
     needs_recovery: str | None
     switched_off: str | None       # a person switched it off: by whom, when, how to switch it on
     operation: RunningOperation | None

@@ -24,7 +24,7 @@ The channel is chosen by the lease's endpoints, in this order:
   that outlives its deadline is interrupted (Ctrl-C) and the prompt waited for, so the
   console stays usable. A console merges stderr into stdout, as a terminal shows them.
 
-Gated endpoints (the lease has a ``secret``) are reached past the lease gate: a console's
+Gated endpoints (each with its gate's ``secret``) are reached past the lease gate: a console's
 raw socket speaks the handshake itself, adb and ssh connect through a ``LocalForward`` that
 lives for the call. Synchronous and thread-safe: the CLI and the Python client call it
 directly, the coordinator's MCP ``exec`` through ``asyncio.to_thread``. It imports nothing
@@ -151,21 +151,25 @@ def _exec_on_lease(lease: Mapping[str, Any], command: str, timeout_s: float, ide
     if not lease.get("ready"):
         raise ExecError(ErrorCode.NO_CHANNEL, f"{device} is not ready: {lease.get('reason') or lease.get('state')}")
     endpoints = list(lease.get("endpoints") or [])
-    secret = lease.get("secret") or None
     run: Callable[[], tuple[str, str, int, bool]]
     if endpoint := _first(endpoints, EndpointRole.ADB):
         channel: Channel = "adb"
-        run = functools.partial(_adb, endpoint, secret, device, command, timeout_s, max_output)
+        run = functools.partial(_adb, endpoint, endpoint.get("secret"), device, command, timeout_s, max_output)
     elif (endpoint := _first(endpoints, EndpointRole.SSH)) and ssh is not None:
         channel = "ssh"
-        run = functools.partial(_ssh, endpoint, secret, device, command, timeout_s, max_output, identity_file, ssh)
+        run = functools.partial(_ssh, endpoint, endpoint.get("secret"), device, command, timeout_s, max_output,
+                                identity_file, ssh)
     elif consoles := [e for e in endpoints if e.get("role") == EndpointRole.CONSOLE]:
         channel = "console"
         console = sorted(consoles, key=lambda e: e.get("protocol") != "raw")[0]  # a plain socket first
-        run = lambda: _console(console, secret, device, command, timeout_s, max_output)  # noqa: E731
+        run = lambda: _console(console, console.get("secret"), device, command, timeout_s, max_output)  # noqa: E731
     elif endpoint:
         raise ExecError(ErrorCode.NO_LOGIN, f"{device} is reached through ssh, and no ssh login to it is configured "
                                             f"here")
+    elif withheld := [part for part in ("adb", "ssh", "uart") if part in (lease.get("withheld") or ())]:
+        raise ExecError(ErrorCode.OUT_OF_SCOPE, f"{device}'s {', '.join(withheld)} is not shown to this token: its "
+                                                f"scope does not name {' or '.join(withheld)}, which a command run "
+                                                f"from here goes through")
     else:
         raise ExecError(ErrorCode.NO_CHANNEL, f"{device} has no adb, ssh or console endpoint to run a command through "
                                               f"(its endpoints: {', '.join(_roles(endpoints)) or 'none'})")

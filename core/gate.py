@@ -12,6 +12,11 @@ Clients speak the handshake through :class:`LocalForward` (the CLI's console and
 the coordinator's ``uart_exchange``) or ``device-loop forward`` (local ports for
 unmodified tools).
 
+Each part of the data plane has a secret of its own (``gate_secret``: the lease's secret and
+the scope operation its endpoints need, ``uart``, ``camera``...), so a token whose scope gives
+it a lease's camera and not its console is shown the camera's secret alone, and the console's
+gate refuses that one.
+
 A browser cannot send that line, so the gate of an HTTP endpoint (a camera's stream, a
 VNC viewer) also admits requests whose path starts with ``/<secret>/``: the capability is
 in the URL, which goes only to the lease's holder. The gate checks every request of the
@@ -34,7 +39,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import base64
 import dataclasses
+import hashlib
 import hmac
 import math
 import os
@@ -44,7 +51,7 @@ import stat
 import sys
 import threading
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .ports import inherited_listener
 from .process import python_module
@@ -65,6 +72,14 @@ ORPHANED_DENIED = b"DENIED: " + _ORPHANED
 HTTP_ORPHANED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n" + _ORPHANED
 HTTP_DENIED = (b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
                b"this endpoint belongs to a lease: use the URL its lease gives (device-loop status)\n")
+
+
+def gate_secret(lease_secret: str, operation: str) -> str:
+    """The secret of a lease's gates whose endpoints need scope ``operation`` (``uart``,
+    ``camera``...: ``core.scopes.data_plane_operation``): derived from the lease's secret, which
+    only the coordinator and the exporter hold, so one part's secret opens no other's."""
+    digest = hmac.new(lease_secret.encode(), b"device-loop gate " + operation.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")[:32]
 
 
 def _gone(lifeline: int) -> bool:
@@ -308,6 +323,20 @@ class LocalForward:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def local_forwards(endpoints: Sequence[Mapping[str, Any]]) -> tuple[list[LocalForward], list[dict[str, Any]]]:
+    """A ``LocalForward`` for each gated endpoint (past its gate with its own secret), and the
+    endpoints to use: each gated one replaced by its forward's. Close the forwards when done."""
+    forwards, usable = [], []
+    for endpoint in endpoints:
+        secret = endpoint.get("secret")
+        if secret:
+            forwards.append(LocalForward(endpoint, secret))
+            usable.append(forwards[-1].endpoint)
+        else:
+            usable.append(dict(endpoint))
+    return forwards, usable
 
 
 def main() -> None:

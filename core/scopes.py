@@ -29,6 +29,19 @@ POWER_OPERATION = POWER_KIND + ".{action}"
 #: The power actions a scope names (``power.cycle``): ``power`` alone names none of them.
 POWER_OPERATIONS = tuple(POWER_OPERATION.format(action=action.value) for action in PowerAction)
 
+#: The data plane: what a scope names for a lease's endpoints of each resource kind, and their
+#: gates' secret (``core/gate.py``, ``gate_secret``). A console is a shell: a scope that lists
+#: operations and not these gives none of a lease's endpoints. ``uart`` and ``camera`` also
+#: name the coordinator's relayed exchange and snapshot (the same console, the same camera); a
+#: plugin's resource kind names its own endpoints.
+DATA_PLANE = {"uart": "uart", "adb": "adb", "video": "camera", "vnc": "screen", "ssh": "ssh"}
+DATA_PLANE_OPERATIONS = tuple(dict.fromkeys(DATA_PLANE.values()))
+
+
+def data_plane_operation(kind: str) -> str:
+    """The scope operation that gives a lease's endpoints of resource ``kind``."""
+    return DATA_PLANE.get(kind, kind)
+
 _Name = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:=-]*$")
 #: A class, tag or operation a scope lists (each one bounded, as the lists are).
 ScopeName = Annotated[str, _Name]
@@ -45,13 +58,20 @@ class TokenScope(BaseModel):
     operations: tuple[ScopeName, ...] | None = Field(default=None, max_length=MAX_SCOPE_NAMES,
                                                description="the operations it may run: exec, uart, camera, "
                                                            "fingerprint, flash, recover, settle, job, image, "
-                                                           "power.on/off/cycle/status, or a plugin's kind")
+                                                           "power.on/off/cycle/status, or a plugin's kind; and "
+                                                           "the endpoints it is shown: uart, adb, camera, screen, "
+                                                           "ssh, or a plugin's resource kind")
     max_leases: int | None = Field(default=None, ge=1, le=MAX_SCOPE_LEASES, description="the most leases at once")
     max_lease_s: float | None = Field(default=None, ge=60, le=MAX_SCOPE_LEASE_S,
                                       description="the longest a lease may last, from its grant")
     budget_s: float | None = Field(default=None, ge=0, le=MAX_BUDGET_S,
                                    description="device-seconds it may hold leases for, each period")
     budget_period: BudgetPeriod = Field(default=BudgetPeriod.DAY, description="day (UTC) or token (its life)")
+
+
+def allows(scope: TokenScope | None, operation: str) -> bool:
+    """Whether ``scope`` lets its token run ``operation`` (None: an unscoped token may)."""
+    return scope is None or scope.operations is None or operation in scope.operations
 
 
 # ---- the command line's words for a scope (``admin token create/set --scope KEY=VALUE``) -------

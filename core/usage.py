@@ -61,17 +61,31 @@ def template_problem(template: str, params_keys: Iterable[str]) -> str | None:
     return None
 
 
+def out_of_scope(lease: LeaseJSON, operation: str, what: str) -> str | None:
+    """Why ``lease`` shows no ``what`` (its endpoints of scope ``operation``: uart, adb, camera,
+    screen, ssh), when its reader's token's scope withholds it; None otherwise."""
+    if operation not in (lease.get("withheld") or ()):
+        return None
+    return (f"{lease.get('device', 'the device')}'s {what} is not shown to this token: its scope does not name "
+            f"{operation} (an admin adds it: device-loop admin token set TOKEN_ID --scope op=...,{operation})")
+
+
+def gated(lease: LeaseJSON) -> bool:
+    """Whether a lease's endpoints ask for their gates' secrets (a lab with tokens)."""
+    return any(endpoint.get("secret") for endpoint in lease.get("endpoints") or ())
+
+
 def commands(lease: LeaseJSON) -> list[str]:
     """Ready-to-run commands for a lease's endpoints (``device-loop forward`` first where the
-    endpoints ask for the lease's secret)."""
-    out = [f"device-loop forward {lease['id']}"] if lease.get("secret") and lease["endpoints"] else []
+    endpoints ask for their gates' secrets)."""
+    out = [f"device-loop forward {lease['id']}"] if gated(lease) else []
     for endpoint in lease["endpoints"]:
         if endpoint.get("command"):
             out.append(fill(endpoint["command"], endpoint, lease["id"]))
     return list(dict.fromkeys(out))
 
 
-#: The lease a job's command runs for, as JSON (its endpoints and secret), set by the worker:
+#: The lease a job's command runs for, as JSON (its endpoints and their secrets), set by the worker:
 #: ``device-loop exec $DEVICE_LOOP_LEASE`` uses it without asking the coordinator, so a shared
 #: worker need not hand its own token to its users' commands.
 LEASE_ANSWER_ENV = "DEVICE_LOOP_LEASE_ANSWER"

@@ -19,12 +19,13 @@ from typing import Callable
 from pydantic import ValidationError
 
 from device_loop.core.cdi_spec import CdiRefused, CdiSpec, cdi_spec
-from device_loop.core.gate import gate_service
+from device_loop.core.gate import gate_secret, gate_service
 from device_loop.core.host import HostContext
 from device_loop.core.model import LeaseRef, Resource, Service
 from device_loop.core.plugins import PluginSet
 from device_loop.core.ports import wait_port_free
 from device_loop.core.protocol import DesiredService, EndpointReport, EnvironmentReport, ServiceReport
+from device_loop.core.scopes import data_plane_operation
 
 from .cdi import CdiFolder, ask_environment
 from .hook_deadlines import DEFAULT_TIMEOUT_S, HookDeadlines
@@ -104,7 +105,9 @@ class Reconciler:
                     continue
                 if not resource.serves_lease:  # reached through operations alone (a flash target)
                     continue
-                self._begin(key, self._start, key, resource, LeaseRef(spec.lease, spec.holder, spec.secret))
+                # (its gates' secret: its part of the data plane's, docs/architecture.md "The lease gate")
+                secret = gate_secret(spec.secret, data_plane_operation(resource.kind)) if spec.secret else None
+                self._begin(key, self._start, key, resource, LeaseRef(spec.lease, spec.holder, secret))
                 began = True
             return began
 

@@ -361,11 +361,13 @@ def exporters():
         exporter.stop(signal.SIGKILL)
 
 
-def lab_tokens(env: dict, coordinator: "Coordinator", folder: Path, *users: str) -> tuple[dict, Path]:
+def lab_tokens(env: dict, coordinator: "Coordinator", folder: Path, *users: str,
+               scopes: dict | None = None) -> tuple[dict, Path]:
     """Tokens made on the lab's database, as its first admin makes them (``device-loop admin
     token create --data-dir``, which tests/test_tokens_end_to_end.py runs; here the same
     function in this process, without a Python start a token): (user -> token, the token
-    file of exporter ``host-a``, readable by its owner only)."""
+    file of exporter ``host-a``, readable by its owner only). ``scopes``: user -> the
+    ``TokenScope`` of that user's token."""
     from device_loop.coordinator.identity import issue_token
     from device_loop.coordinator.serve import sqlite_url
     from device_loop.coordinator.store import Store
@@ -374,7 +376,8 @@ def lab_tokens(env: dict, coordinator: "Coordinator", folder: Path, *users: str)
         store = Store(sqlite_url(folder / "coord"))
         await store.connect()
         try:
-            made = {user: (await issue_token(store, time.time, user))["token"] for user in users}
+            made = {user: (await issue_token(store, time.time, user, scope=(scopes or {}).get(user)))["token"]
+                    for user in users}
             made["host-a"] = (await issue_token(store, time.time, host="host-a"))["token"]
         finally:
             await store.disconnect()

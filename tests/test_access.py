@@ -99,7 +99,7 @@ async def test_no_public_answer_carries_a_lease_secret(tmp_path):
         await exporter.beat([device("b0")])
         lease = (await alice.post("/leases", json={"device": "b0"})).json()
         await exporter.serve(lease)
-        secret = (await alice.get(f"/leases/{lease['id']}")).json()["secret"]
+        secret = (await alice.get(f"/leases/{lease['id']}")).json()["endpoints"][0]["secret"]
         assert secret
         anyone = client()
         for (method, path), access in EXPECTED.items():

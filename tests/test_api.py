@@ -374,15 +374,21 @@ async def test_no_secret_outlives_its_lease(tmp_path):
                                 "host-a")
         await exporter.beat([device("b0")])
         lease = (await alice.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k"})).json()
-        assert lease["secret"]
+        await exporter.serve(lease)
+        renewed = (await alice.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 600},
+                                    headers={"Idempotency-Key": "r"})).json()
+        secret = renewed["endpoints"][0]["secret"]
+        assert secret
         stored = await rules.store.read("SELECT body FROM idempotency")
-        assert lease["secret"] not in stored[0]["body"], "a stored answer keeps no secret"
-        replay = (await alice.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k"})).json()
-        assert replay["secret"] == lease["secret"], "a replay while the lease lives has it, as the first answer"
+        assert all(secret not in row["body"] for row in stored), "a stored answer keeps no secret"
+        replay = (await alice.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 600},
+                                   headers={"Idempotency-Key": "r"})).json()
+        assert replay["endpoints"][0]["secret"] == secret, "a replay while the lease lives has it, as the first answer"
         await alice.post(f"/leases/{lease['id']}/release")
         assert (await rules.store.read("SELECT secret FROM leases"))[0]["secret"] is None
-        after = (await alice.post("/leases", json={"device": "b0"}, headers={"Idempotency-Key": "k"})).json()
-        assert after["id"] == lease["id"] and after["secret"] is None
+        after = (await alice.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 600},
+                                  headers={"Idempotency-Key": "r"})).json()
+        assert after["id"] == lease["id"] and secret not in json.dumps(after)
 
 
 async def test_a_deeply_nested_body_is_a_400_not_a_crash(tmp_path):

@@ -62,7 +62,9 @@ def test_behind_its_gate_a_display_s_viewer_shows_the_screen(tmp_path, env, disp
         (web,) = [e for e in lease["endpoints"] if e["kind"] == "vnc-web"]
         page = browser.new_page(viewport={"width": 1000, "height": 700})
         page.goto(web["url"])
-        # (painted once x11vnc serves the display: it sends what changes, as a screen's user sees it)
+        page.wait_for_function("() => { const c = document.querySelector('canvas'); return c && c.width >= 640; }",
+                               timeout=30_000)  # connected: x11vnc serves the display to the viewer
+        # (painted once it does: it sends what changes, as a screen's user sees it)
         subprocess.run(["xsetroot", "-display", f":{display}", "-solid", "#ff8000"], check=True)
         page.wait_for_function("() => { const c = document.querySelector('canvas');"
                                " if (!c || c.width < 640) return false;"

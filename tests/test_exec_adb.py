@@ -58,7 +58,7 @@ def adb_lab(tmp_path_factory):
 def test_exec_over_adb_gives_stdout_stderr_and_status(adb_lab):
     lab, alice, coordinator, lease = adb_lab
     (endpoint,) = lease.endpoints
-    assert endpoint["role"] == "adb" and lease.data["secret"], "through the gate, as a phone of a lab with tokens"
+    assert endpoint["role"] == "adb" and endpoint["secret"], "through the gate, as a phone of a lab with tokens"
     said = lease.exec("echo out; echo err >&2; exit 3")
     assert (said.stdout, said.stderr, said.status, said.channel) == ("out\n", "err\n", 3, "adb")
     assert lease.exec("frobnicate").status == 127

@@ -65,7 +65,7 @@ def console_lab(tmp_path_factory):
         for name in ("sb", "realsh", "mute"):
             wait_state(coordinator, name, "idle")
         leases = {name: lab.reserve(name).wait_ready() for name in ("sb", "realsh", "mute")}
-        assert all(lease.data["secret"] for lease in leases.values()), "a lab with tokens gates its endpoints"
+        assert all(e["secret"] for lease in leases.values() for e in lease.endpoints), "a lab with tokens gates them"
         yield lab, {**env, "DEVICE_LOOP_TOKEN": tokens["alice"]}, coordinator, leases
     finally:
         lab.api.close()

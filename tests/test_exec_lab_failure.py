@@ -20,7 +20,7 @@ NOWHERE = "http://127.0.0.1:9"  # (the lease is given: no request is made)
 
 def lease_answer(**change) -> str:
     return json.dumps({"id": "lease-0123456789abcdef", "device": "sim-board-0", "state": "active", "ready": True,
-                       "reason": None, "secret": None,
+                       "reason": None,
                        "endpoints": [{"kind": "uart", "role": "console", "protocol": "raw", "host": "127.0.0.1",
                                       "port": free_port()}], **change})
 

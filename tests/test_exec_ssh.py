@@ -129,7 +129,7 @@ def test_exec_over_ssh_with_the_host_key_pinned(ssh_lab):
     assert (endpoint["kind"], endpoint["role"], endpoint["protocol"]) == ("ssh", "ssh", "ssh")
     assert endpoint["params"] == {"user": sshd.user, "host_key": sshd.host_key.rsplit(" ", 1)[0]}, \
         "the key as the exporter's config pins it, without its comment"
-    assert lease.data["secret"] and any(c.startswith("ssh -p ") for c in lease.data["commands"])
+    assert endpoint["secret"] and any(c.startswith("ssh -p ") for c in lease.data["commands"])
     said = lease.exec("echo hi; echo err >&2; exit 3", identity_file=str(sshd.identity))
     assert (said.stdout, said.stderr, said.status, said.channel) == ("hi\n", "err\n", 3, "ssh")
     assert lease.exec("uname -s", identity_file=str(sshd.identity)).stdout == "Linux\n"
@@ -183,7 +183,7 @@ def test_an_exporter_s_ssh_user_is_never_an_option_of_ssh(tmp_path):
 
     planted = tmp_path / "planted"
     for user in (f"-oProxyCommand=touch {planted}", "root -oProxyCommand=x", "a@b"):
-        lease = {"id": "lease-x", "device": "b0", "ready": True, "secret": None, "endpoints": [
+        lease = {"id": "lease-x", "device": "b0", "ready": True, "endpoints": [
             {"kind": "ssh", "role": "ssh", "host": "127.0.0.1", "port": free_port(), "params": {"user": user}}]}
         with pytest.raises(ExecError) as refused:
             exec_on_lease(lease, "true", 5)

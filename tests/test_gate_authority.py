@@ -63,7 +63,7 @@ def test_a_revoked_holder_loses_the_board_when_its_exporter_dies(tmp_path, env, 
         lease_id = coordinator.api("/leases", "POST", json={"device": "jupiter", "ttl_s": 600}, **alice).json()["id"]
         lease = wait_for(lambda: ready(coordinator, lease_id, alice), 20, what="the lease ready")
         endpoint = raw_endpoint(lease)
-        live = connect_gated(endpoint["host"], endpoint["port"], lease["secret"])
+        live = connect_gated(endpoint["host"], endpoint["port"], endpoint["secret"])
         live.sendall(b"BEFORE")
         assert far.read(6) == b"BEFORE"
         gates, old_boot = gate_pids(exporter.state_dir), spawned_by(exporter.state_dir)
@@ -75,7 +75,7 @@ def test_a_revoked_holder_loses_the_board_when_its_exporter_dies(tmp_path, env, 
                                   headers={"Authorization": f"Bearer {root}"})
         assert revoked.status_code == 200 and revoked.json()["state"] == "revoked", revoked.text
         with pytest.raises(ConnectionRefusedError):
-            connect_gated(endpoint["host"], endpoint["port"], lease["secret"], timeout=5).sendall(b"AFTER-REVOKE")
+            connect_gated(endpoint["host"], endpoint["port"], endpoint["secret"], timeout=5).sendall(b"AFTER-REVOKE")
 
         wait_cut(live, GRACE_S + 10 - (time.monotonic() - killed))
         try:
@@ -97,7 +97,7 @@ def test_a_revoked_holder_loses_the_board_when_its_exporter_dies(tmp_path, env, 
         lease_id = coordinator.api("/leases", "POST", json={"device": "jupiter", "ttl_s": 600}, **alice).json()["id"]
         lease = wait_for(lambda: ready(coordinator, lease_id, alice), 20, what="the new lease ready")
         endpoint = raw_endpoint(lease)
-        live = connect_gated(endpoint["host"], endpoint["port"], lease["secret"])
+        live = connect_gated(endpoint["host"], endpoint["port"], endpoint["secret"])
         exporter.stop()
         assert spawned_by(exporter.state_dir) == set()
         wait_cut(live, 5)

@@ -7,6 +7,7 @@ lab's processes listen on are the gates' and that one, nothing else; another acc
 even reach the sockets' folder."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pwd
@@ -15,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx2
 import pytest
 
 from conftest import Coordinator, Exporter, lab_tokens, uart_device, wait_for
@@ -23,6 +25,7 @@ from test_video import with_camera
 
 from device_loop.core.gate import connect_gated
 from device_loop.core.holders import listening_ports
+from device_loop.core.scopes import TokenScope
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 # another account runs this one (this venv's Python may lie in a folder only root enters)
@@ -75,10 +78,16 @@ def test_every_service_behind_a_gate_listens_where_only_its_gate_reaches_it(tmp_
                                   user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], cwd="/")
             assert said.stdout.strip() == "PermissionError", (path, said.stdout, said.stderr)
 
-        # the gates themselves still let the holder in
+        # the gates themselves still let the holder in, to services that answer
         console = next(e for e in endpoints if e["role"] == "console" and e["protocol"] == "raw")
-        with connect_gated(console["host"], console["port"], leases[0]["secret"]):
+        with connect_gated(console["host"], console["port"], console["secret"]):
             pass
+        rfb = next(e for e in endpoints if e["role"] == "rfb")
+        with connect_gated(rfb["host"], rfb["port"], rfb["secret"]) as screen:
+            screen.settimeout(10)
+            assert screen.recv(12) == b"RFB 003.008\n"
+            screen.sendall(b"RFB 003.008\n")
+            assert screen.recv(2) == b"\x01\x01", "x11vnc takes a client on its unix socket (no security)"
         for lease in leases:
             run_cli(alice, coordinator.url, "release", lease["id"])
         for device in ("jupiter", "sim-board-0", "desk"):
@@ -88,3 +97,50 @@ def test_every_service_behind_a_gate_listens_where_only_its_gate_reaches_it(tmp_
         exporter.stop()
         coordinator.stop()
     assert not Path(root).exists(), "the exporter's socket folder goes with it"
+
+
+async def agent_calls(url: str, token: str, calls: list[tuple[str, dict]]) -> list[str]:
+    """What an agent is told by the MCP tools ``calls`` (name, arguments): each one's error text."""
+    from mcp.client.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    said = []
+    async with Client(streamable_http_client(f"{url}/mcp", http_client=http)) as agent:
+        for name, arguments in calls:
+            result = await agent.call_tool(name, arguments)
+            said.append(result.content[0].text if result.is_error and result.content else "ok")
+    return said
+
+
+def test_a_scope_without_the_console_gets_neither_its_endpoint_nor_a_secret_its_gate_takes(tmp_path, env):
+    """A token scoped to the camera (and power): its lease shows the camera alone, whose secret
+    opens the camera; the console's gate, found by whoever scans the host's ports, refuses
+    that secret; the relayed exchange and exec are refused by the scope check."""
+    coordinator = Coordinator(tmp_path, env, extra=())
+    made, token_file = lab_tokens(env, coordinator, tmp_path, "bot",
+                                  scopes={"bot": TokenScope(operations=("camera", "power.cycle"))})
+    exporter = Exporter(tmp_path, env, coordinator.url, [with_camera("sim-board-0")], token_file=str(token_file))
+    bot = {**env, "DEVICE_LOOP_TOKEN": made["bot"]}
+    try:
+        wait_for(lambda: coordinator.api("/devices/sim-board-0", headers={}).json().get("state") == "idle", 20)
+        lease = json.loads(run_cli(bot, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
+        (camera,) = lease["endpoints"]
+        assert (camera["role"], camera["scope"]) == ("http-stream", "camera"), lease["endpoints"]
+        snapshot = httpx2.get(camera["url"] + "snapshot.jpg", timeout=10)
+        assert snapshot.status_code == 200 and snapshot.content.startswith(b"\xff\xd8")
+
+        (console_gate,) = [port for pid, name in lab_processes(exporter).items() if name.startswith("gate-raw-")
+                           for port in listening_ports(pid)]
+        with pytest.raises(ConnectionRefusedError, match="DENIED"):
+            connect_gated("127.0.0.1", console_gate, camera["secret"], timeout=5)
+        said = asyncio.run(agent_calls(coordinator.url, made["bot"], [
+            ("uart_exchange", {"lease_id": lease["id"], "send": "uname\r", "wait_s": 1}),
+            ("exec", {"lease_id": lease["id"], "command": "uname"})]))
+        assert all(text.endswith("[out_of_scope]") for text in said), said
+        assert lease["withheld"] == ["uart"], lease
+        said = run_cli(bot, coordinator.url, "console", lease["id"], check=False)
+        assert said.returncode != 0 and "its scope does not name uart" in said.stderr, said
+    finally:
+        exporter.stop()
+        coordinator.stop()

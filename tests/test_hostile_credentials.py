@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from device_loop.core.gate import gate_secret
+
 from conftest import coordinator_pair
 from device_loop.coordinator.identity import issue_token
 from lab_in_process import FakeExporter, device, in_process_lab
@@ -52,27 +54,31 @@ async def test_no_stored_answer_keeps_a_credential(tmp_path):
         await exporter.beat([device("b0")])
         key = {"Idempotency-Key": "reserve-b0"}
         lease = (await alice.post("/leases", json={"device": "b0"}, headers=key)).json()
-        secret = lease["secret"]
-        assert secret and await holding(rules.store, secret) == {"leases"}, "only the live lease keeps its secret"
+        (row,) = await rules.store.read("SELECT secret FROM leases")
+        master = row["secret"]
+        assert master and await holding(rules.store, master) == {"leases"}, "only the live lease keeps its secret"
+        secret = gate_secret(master, "camera")  # (the camera's gate's, as its exporter derives it)
         camera = {"kind": "video", "host": "127.0.0.1", "port": 5000, "protocol": "http",
                   "url": f"http://127.0.0.1:5000/{secret}/", "params": {"stream": "stream.mjpg",
                                                                        "snapshot": "snapshot.jpg"}}
-        service = {"lease": lease["id"], "device": "b0", "identifier": "sim:b0", "kind": "uart", "endpoints": [camera]}
+        service = {"lease": lease["id"], "device": "b0", "identifier": "sim:b0", "kind": "video", "endpoints": [camera]}
         await exporter.beat([device("b0")], [service], [lease["id"]])
         renew_key = {"Idempotency-Key": "renew-b0"}
         renewed = (await alice.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 600}, headers=renew_key)).json()
         assert secret in renewed["endpoints"][0]["url"], "the first answer has the capability URL"
+        assert renewed["endpoints"][0]["secret"] == secret and master not in json.dumps(renewed)
         # the live lease's row, and its host's snapshot of the services it runs now: nothing else
-        assert await holding(rules.store, secret) == {"leases", "hosts"}, "not in a stored answer's URLs either"
+        assert await holding(rules.store, secret) == {"hosts"}, "not in a stored answer's URLs either"
         replayed = (await alice.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 600}, headers=renew_key)).json()
         assert replayed == renewed, "while the lease lives a replay is the first answer, secret and URLs included"
-        assert (await alice.post("/leases", json={"device": "b0"}, headers=key)).json()["secret"] == secret
+        assert (await alice.post("/leases", json={"device": "b0"}, headers=key)).json()["id"] == lease["id"]
 
         await alice.post(f"/leases/{lease['id']}/release")
         await exporter.beat([device("b0")])  # its services stopped
-        assert await holding(rules.store, secret) == set(), "a lease's secret dies with it"
+        assert await holding(rules.store, master) == set(), "a lease's secret dies with it"
+        assert await holding(rules.store, secret) == set(), "and its gates' with it"
         after = (await alice.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 600}, headers=renew_key)).json()
-        assert after["secret"] is None and secret not in json.dumps(after)
+        assert secret not in json.dumps(after) and all(e.get("secret") is None for e in after["endpoints"])
 
 
 @pytest.mark.anyio

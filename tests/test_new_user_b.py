@@ -50,7 +50,9 @@ def test_forward_ends_at_once_on_ctrl_c_and_gives_a_browser_its_url(camera_lab_w
         uart = re.search(r"uart\s+127\.0\.0\.1:(\d+)\s+nc 127\.0\.0\.1 (\d+)$", said[1].rstrip())
         video = re.search(r"video\s+127\.0\.0\.1:(\d+)\s+a browser: (http://127\.0\.0\.1:(\d+)/)$", said[2].rstrip())
         assert uart and video and video[1] == video[3], said
-        assert lease["secret"] not in said[2], "the local port spoke the gate's handshake: no capability in its URL"
+        secrets = [e["secret"] for e in lease["endpoints"]]
+        assert all(secret not in said[2] for secret in secrets), "the local port spoke the gate's handshake: no " \
+                                                                 "capability in its URL"
         snapshot = httpx2.get(video[2] + "snapshot.jpg", timeout=10)  # a browser's request, through the gate
         assert snapshot.status_code == 200 and snapshot.content.startswith(b"\xff\xd8")
         uart_exchange("127.0.0.1", int(uart[1]), b"\r", b"sim-board-0:~# ")
@@ -83,11 +85,14 @@ def test_forward_gives_a_browser_the_screen_s_viewer(tmp_path, env, vnc_server):
         proc = subprocess.Popen([*CLI, "--coordinator", coordinator.url, "forward", lease["id"], "--json"], env=alice,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         viewer = next(e for e in json.loads(proc.stdout.readline()) if e["kind"] == "vnc-web")
-        port = viewer["port"]
-        assert viewer["url"] == f"http://127.0.0.1:{port}/vnc.html?autoconnect=1&resize=scale&path=websockify"
+        port, secret = viewer["port"], next(e["secret"] for e in lease["endpoints"] if e["kind"] == "vnc-web")
+        # (websockify asks for the secret itself, as its token: it listens where a gate cannot stand for it)
+        assert viewer["url"] == (f"http://127.0.0.1:{port}/vnc.html?autoconnect=1&resize=scale&path=websockify"
+                                 f"%3Ftoken%3D{secret}")
         page = httpx2.get(viewer["url"], timeout=10)
         assert page.status_code == 200 and "noVNC" in page.text
-        assert upgrade("127.0.0.1", port, "/websockify").startswith("HTTP/1.1 101"), "the viewer's websocket"
+        assert upgrade("127.0.0.1", port, f"/websockify?token={secret}").startswith("HTTP/1.1 101"), \
+            "the viewer's websocket"
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGINT)

@@ -152,10 +152,10 @@ def test_a_new_endpoint_kind_says_how_it_is_used():
     power = {"kind": "power", "host": "10.0.0.7", "port": 4000, "params": {"outlet": 3},
              "command": "relayctl --host {host} --port {port} --outlet {outlet} on",
              "env": {"RELAY_ADDRESS": "{host}:{port}", "RELAY_LEASE": "{lease}"}}
-    lease = {"id": "lease-1", "endpoints": [power], "secret": None}
+    lease = {"id": "lease-1", "endpoints": [power]}
     assert commands(lease) == ["relayctl --host 10.0.0.7 --port 4000 --outlet 3 on"]
     assert environment(lease) == {"RELAY_ADDRESS": "10.0.0.7:4000", "RELAY_LEASE": "lease-1"}
-    gated = {**lease, "secret": "s3cret"}
+    gated = {**lease, "endpoints": [{**power, "secret": "s3cret"}]}
     assert commands(gated)[0] == "device-loop forward lease-1"
 
 

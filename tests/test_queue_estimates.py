@@ -13,6 +13,7 @@ from datetime import datetime
 import pytest
 
 from device_loop.coordinator import estimates
+from device_loop.coordinator.who import Who
 from device_loop.core.queue_estimate import MAX_DRAWS, MIN_REPLAYS, REPLAYS, Estimate, Holding, estimate, replays
 from lab_in_process import FakeExporter, device, in_process_lab
 from test_statement_counts import add_waiting_ticket
@@ -65,7 +66,7 @@ async def test_estimates_hold_their_grant_within_their_range_on_a_scripted_workl
         asks: list[tuple[float, dict[str, dict]]] = []  # (when, each waiting ticket's estimate then)
         granted: dict[str, float] = {}
         while True:
-            waiting = {t["ticket"]: t["estimate"] for t in await rules.scheduler.tickets("lab", True)
+            waiting = {t["ticket"]: t["estimate"] for t in await rules.scheduler.tickets(Who("lab", admin=True), True)
                        if t["state"] == "waiting"}
             if not waiting:
                 break
@@ -158,7 +159,7 @@ async def test_a_reckoning_is_made_once_per_thing_waited_for_and_state_of_its_le
             board = (await client("lab").get("/queue")).json()
             for ticket in tickets:
                 assert (await client(ticket["requester"]).get(f"/tickets/{ticket['ticket']}")).json()["estimate"]
-            await rules.scheduler.tickets("lab", True)
+            await rules.scheduler.tickets(Who("lab", admin=True), True)
         assert kept.made - made <= 1, "one reckoning for one thing waited for, while its leases stand"
         assert all(e["estimate"] is not None for e in board) and len(board) == 4
         assert (await client("h0").post(f"/leases/{leases[0]['id']}/release")).status_code == 200

@@ -252,7 +252,8 @@ def test_a_phone_with_a_lease_is_read_through_the_lease_s_server(tmp_path, fake_
     plugin = AdbPlugin()
     (resource,) = plugin.devloop_discover(host)
     with socket.create_server(("127.0.0.1", 0)) as lease_server:  # as the plugin's devloop_start noted it
-        port = plugin.ports["8AAY0GCXH"] = lease_server.getsockname()[1]
+        port = lease_server.getsockname()[1]
+        plugin.servers["8AAY0GCXH"] = ["-P", str(port)]
         plugin.serving.add("8AAY0GCXH")
         assert plugin.devloop_thermal(host, resource) == {"battery": 31.0, "cpu": 45.5}
     (call,) = fake_adb.read_text().splitlines()

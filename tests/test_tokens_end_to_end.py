@@ -48,7 +48,7 @@ def test_a_lab_with_tokens(tmp_path, env):
 
             bob = {**env, "DEVICE_LOOP_USER": "bob"}  # the name means nothing: the token says alice
             lease = json.loads(run_cli(bob, url, "reserve", "sim-board-0", "--wait", "--json").stdout)
-            assert lease["holder"] == "alice" and lease["secret"]
+            assert lease["holder"] == "alice" and all(e["secret"] for e in lease["endpoints"])
             uart_exchange("127.0.0.1", lease["endpoints"][0]["port"], b"uname\r\n", b"DENIED")  # the gate
             said = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", url, "console",
                                    lease["id"], "--timeout", "1"], input=b"uname\r", env=env,

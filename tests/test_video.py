@@ -115,19 +115,20 @@ def test_behind_the_gate_only_the_lease_s_url_shows_frames(gated_lab):
     coordinator, env = gated_lab
     lease = json.loads(run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
     camera = camera_of(lease)
-    secret_url = camera["url"]
-    assert lease["secret"] in secret_url, "the capability is in the URL, which only the holder gets"
+    secret_url, secret = camera["url"], camera["secret"]
+    assert secret in secret_url, "the capability is in the URL, which only the holder gets"
     bare = f"http://{camera['host']}:{camera['port']}/"
-    for path in ("stream.mjpg", "snapshot.jpg", "", f"not-{lease['secret']}/stream.mjpg"):
+    console = next(e for e in lease["endpoints"] if e["role"] == "console")
+    for path in ("stream.mjpg", "snapshot.jpg", "", f"not-{secret}/stream.mjpg", f"{console['secret']}/stream.mjpg"):
         refused = httpx2.get(bare + path, timeout=10)
         assert refused.status_code == 403 and b"\xff\xd8" not in refused.content, path
     assert len(frames(secret_url + "stream.mjpg", 2)) == 2
     assert httpx2.get(secret_url + "snapshot.jpg", timeout=10).content.startswith(b"\xff\xd8")
-    with LocalForward(camera, lease["secret"]) as forward:  # what device-loop forward does
+    with LocalForward(camera, secret) as forward:  # what device-loop forward does
         local = f"http://{forward.endpoint['host']}:{forward.endpoint['port']}/snapshot.jpg"
         assert httpx2.get(local, timeout=10).content.startswith(b"\xff\xd8")
     anonymous = json.loads(run_cli({**env, "DEVICE_LOOP_TOKEN": ""}, coordinator.url, "ls", "--json").stdout)
-    assert lease["secret"] not in json.dumps(anonymous)
+    assert secret not in json.dumps(anonymous)
 
     run_cli(env, coordinator.url, "release", lease["id"])
     wait_state(coordinator, "sim-board-0", "idle")

@@ -80,12 +80,12 @@ def test_behind_the_gate_the_screen_needs_the_lease(tmp_path, env, vnc_server):
         wait_for(lambda: coordinator.api("/devices/desk", headers={}).json().get("state") == "idle", 20)
         lease = json.loads(run_cli(alice, coordinator.url, "reserve", "desk", "--wait", "--json").stdout)
         rfb, web = screen_of(lease)
-        with connect_gated(rfb["host"], rfb["port"], lease["secret"]) as sock:
+        with connect_gated(rfb["host"], rfb["port"], rfb["secret"]) as sock:
             assert banner(sock).startswith(b"RFB 003.00")
         with socket.create_connection((rfb["host"], rfb["port"]), timeout=10) as sock:
             sock.sendall(b"RFB 003.008\n")
             assert not sock.recv(100).startswith(b"RFB"), "no RFB byte without the lease's secret"
-        secret = lease["secret"]
+        secret = web["secret"]
         socket_path = urllib.parse.quote(f"{secret}/websockify?token={secret}", safe="")
         assert f"/{secret}/vnc.html?" in web["url"] and f"path={socket_path}" in web["url"]
         assert upgrade(web["host"], web["port"], f"/{secret}/websockify?token={secret}").startswith("HTTP/1.1 101")

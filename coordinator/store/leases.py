@@ -19,9 +19,10 @@ LENT_TO = ("scheduler.py", "jobs.py", "admin.py", "hosts.py", "operations.py")
 _LEASE_VIEW = ("SELECT l.*, d.state AS device_state, d.host AS device_host, d.resources, d.needs_recovery, "
                "d.fault AS device_fault, d.fault_kind AS device_fault_kind, "
                "h.online AS host_online, h.link_lost AS host_link_lost, h.services AS host_services, "
-               "o.id AS op_id, o.kind AS op_kind FROM leases l "
+               "o.id AS op_id, o.kind AS op_kind, t.scope AS token_scope FROM leases l "
                "JOIN devices d ON d.name = l.device LEFT JOIN hosts h ON h.name = d.host "
-               f"LEFT JOIN operations o ON o.device = l.device AND {LIVE_EXCLUSIVE}")
+               f"LEFT JOIN operations o ON o.device = l.device AND {LIVE_EXCLUSIVE} "
+               "LEFT JOIN tokens t ON t.id = l.token_id")
 
 
 class LeaseQueries:

@@ -106,7 +106,7 @@ def _shown(lease: dict) -> dict:
 async def _my_leases(request: Request, viewer: Viewer, device: str | None = None) -> list[dict]:
     if viewer.name is None:
         return []
-    leases = await request.app.state.rules.leases.mine(viewer.name, device)
+    leases = await request.app.state.rules.leases.mine(viewer.who, device)
     return [_shown(lease) for lease in leases if lease["state"] in LIVE_LEASE_STATES]
 
 
@@ -123,7 +123,7 @@ async def _my_tickets(request: Request, viewer: Viewer) -> list[dict]:
     ticket and so claims it; a board left open holds nothing for somebody who left."""
     if viewer.name is None:
         return []
-    tickets = await request.app.state.rules.scheduler.tickets(viewer.name, False)
+    tickets = await request.app.state.rules.scheduler.tickets(viewer.who, False)
     return [t for t in tickets if t["state"] in OPEN_TICKET_STATES or (
         t["state"] == TicketState.CLAIMED and t["lease"] and t["lease"]["state"] in LIVE_LEASE_STATES)]
 

@@ -113,8 +113,9 @@ def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Ser
         if kind == "display":
             private = host.private_socket("x11vnc")
             port = 0 if private else host.free_port()
-            # (-rfbport 0 alone still listens on [::]:5900: x11vnc's IPv6 listener ignores it)
-            where = (["-unixsock", private, "-rfbport", "0", "-localhost", "-no6"] if private else
+            # (-rfbport 0 alone still listens on [::]:5900: its IPv6 listener has a port of its own;
+            # and -localhost would refuse the unix socket's peer, which has no address)
+            where = (["-unixsock", private, "-rfbport", "0", "-rfbportv6", "-1"] if private else
                      ["-rfbport", str(port), *(["-localhost"] if host.bind_address == "127.0.0.1"
                                                else ["-listen", host.bind_address])])
             server = host.processes.spawn(["x11vnc", "-display", f":{value}", *where,

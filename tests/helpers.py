@@ -236,3 +236,25 @@ def _linked(tree: Path, to: Path) -> Path:
         shutil.rmtree(to, ignore_errors=True)
         subprocess.run(["cp", "-a", str(tree), str(to)], check=True)
     return to
+
+
+@contextlib.contextmanager
+def token_lab(tmp_path: Path, env: dict, devices: list[dict], *users: str, scopes: dict | None = None):
+    """A lab with tokens, its endpoints gated: ``(coordinator, exporter, {user: env with that
+    user's token})``, every device of ``devices`` idle; both stopped at the end. ``scopes``:
+    user -> its token's ``TokenScope``."""
+    from conftest import Coordinator, Exporter, lab_tokens
+
+    coordinator = Coordinator(tmp_path, env, extra=())
+    exporter = None
+    try:
+        made, token_file = lab_tokens(env, coordinator, tmp_path, *users, scopes=scopes)
+        exporter = Exporter(tmp_path, env, coordinator.url, devices, token_file=str(token_file))
+        for name in (d["name"] for d in devices):
+            wait_for(lambda name=name: coordinator.api(f"/devices/{name}", headers={}).json().get("state") == "idle",
+                     20, what=f"{name} idle")
+        yield coordinator, exporter, {user: {**env, "DEVICE_LOOP_TOKEN": token} for user, token in made.items()}
+    finally:
+        if exporter is not None:
+            exporter.stop()
+        coordinator.stop()

@@ -8,8 +8,8 @@ import cv2
 import numpy as np
 import pytest
 
-from conftest import SRC, Coordinator, Exporter, lab_tokens, wait_for
-from helpers import run_cli, wait_state
+from conftest import SRC
+from helpers import run_cli, token_lab, wait_state
 from test_video import with_camera
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
@@ -50,15 +50,9 @@ def test_behind_its_gate_a_display_s_viewer_shows_the_screen(tmp_path, env, disp
     """A token lab: x11vnc serves the display on a unix socket only the gate reaches, websockify
     bridges only a websocket whose token is the lease's secret, and the viewer's URL (the
     capability in its path) carries both through the gate: the screen shows."""
-    coordinator = Coordinator(tmp_path, env, extra=())
-    made, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
-    exporter = Exporter(tmp_path, env, coordinator.url,
-                        [{"name": "desk", "class": "vm", "plugin": "vnc", "display": f":{display}"}],
-                        token_file=str(token_file))
-    alice = {**env, "DEVICE_LOOP_TOKEN": made["alice"]}
-    try:
-        wait_for(lambda: coordinator.api("/devices/desk", headers={}).json().get("state") == "idle", 20)
-        lease = json.loads(run_cli(alice, coordinator.url, "reserve", "desk", "--wait", "--json").stdout)
+    desk = {"name": "desk", "class": "vm", "plugin": "vnc", "display": f":{display}"}
+    with token_lab(tmp_path, env, [desk], "alice") as (coordinator, _, users):
+        lease = json.loads(run_cli(users["alice"], coordinator.url, "reserve", "desk", "--wait", "--json").stdout)
         (web,) = [e for e in lease["endpoints"] if e["kind"] == "vnc-web"]
         page = browser.new_page(viewport={"width": 1000, "height": 700})
         page.goto(web["url"])
@@ -72,9 +66,6 @@ def test_behind_its_gate_a_display_s_viewer_shows_the_screen(tmp_path, env, disp
                                " return r > 200 && g > 100 && g < 160 && b < 60; }", timeout=30_000)
         shot = screenshot(page, "novnc-viewer-gated")
         assert share_of(shot, ORANGE_BGR) > 0.2, "the display's colour is not on the gated viewer page"
-    finally:
-        exporter.stop()
-        coordinator.stop()
 
 
 def test_the_camera_stream_renders_in_an_img(env, coordinator, exporter_factory, browser):

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from conftest import Coordinator, Exporter, lab_tokens, uart_device, wait_for
-from helpers import run_cli, wait_state
+from conftest import Exporter, uart_device
+from helpers import run_cli, token_lab, wait_state
 from test_video import with_camera
 
 from device_loop.core.gate import connect_gated
@@ -42,16 +42,10 @@ def lab_processes(exporter: Exporter) -> dict[int, str]:
 
 
 def test_every_service_behind_a_gate_listens_where_only_its_gate_reaches_it(tmp_path, env, pty_pair, display):
-    coordinator = Coordinator(tmp_path, env, extra=())
-    made, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
     devices = [*uart_device(pty_pair, raw=True, server="ser2net"), with_camera("sim-board-0"),
                {"name": "desk", "class": "vm", "plugin": "vnc", "display": f":{display}"}]
-    exporter = Exporter(tmp_path, env, coordinator.url, devices, token_file=str(token_file))
-    alice = {**env, "DEVICE_LOOP_TOKEN": made["alice"]}
-    try:
-        for device in ("jupiter", "sim-board-0", "desk"):
-            wait_for(lambda: coordinator.api(f"/devices/{device}", headers={}).json().get("state") == "idle", 20,
-                     what=f"{device} idle")
+    with token_lab(tmp_path, env, devices, "alice") as (coordinator, exporter, users):
+        alice = users["alice"]
         leases = [json.loads(run_cli(alice, coordinator.url, "reserve", device, "--wait", "--json").stdout)
                   for device in ("jupiter", "sim-board-0", "desk")]
         endpoints = [e for lease in leases for e in lease["endpoints"]]
@@ -93,9 +87,6 @@ def test_every_service_behind_a_gate_listens_where_only_its_gate_reaches_it(tmp_
         for device in ("jupiter", "sim-board-0", "desk"):
             wait_state(coordinator, device, "idle")
         assert not list(Path(root).iterdir()), "a lease's sockets go with its services"
-    finally:
-        exporter.stop()
-        coordinator.stop()
     assert not Path(root).exists(), "the exporter's socket folder goes with it"
 
 
@@ -117,13 +108,10 @@ def test_a_scope_without_the_console_gets_neither_its_endpoint_nor_a_secret_its_
     """A token scoped to the camera (and power): its lease shows the camera alone, whose secret
     opens the camera; the console's gate, found by whoever scans the host's ports, refuses
     that secret; the relayed exchange and exec are refused by the scope check."""
-    coordinator = Coordinator(tmp_path, env, extra=())
-    made, token_file = lab_tokens(env, coordinator, tmp_path, "bot",
-                                  scopes={"bot": TokenScope(operations=("camera", "power.cycle"))})
-    exporter = Exporter(tmp_path, env, coordinator.url, [with_camera("sim-board-0")], token_file=str(token_file))
-    bot = {**env, "DEVICE_LOOP_TOKEN": made["bot"]}
-    try:
-        wait_for(lambda: coordinator.api("/devices/sim-board-0", headers={}).json().get("state") == "idle", 20)
+    scope = TokenScope(operations=("camera", "power.cycle"))
+    with token_lab(tmp_path, env, [with_camera("sim-board-0")], "bot", scopes={"bot": scope}) as (
+            coordinator, exporter, users):
+        bot = users["bot"]
         lease = json.loads(run_cli(bot, coordinator.url, "reserve", "sim-board-0", "--wait", "--json").stdout)
         (camera,) = lease["endpoints"]
         assert (camera["role"], camera["scope"]) == ("http-stream", "camera"), lease["endpoints"]
@@ -134,13 +122,10 @@ def test_a_scope_without_the_console_gets_neither_its_endpoint_nor_a_secret_its_
                            for port in listening_ports(pid)]
         with pytest.raises(ConnectionRefusedError, match="DENIED"):
             connect_gated("127.0.0.1", console_gate, camera["secret"], timeout=5)
-        said = asyncio.run(agent_calls(coordinator.url, made["bot"], [
+        said = asyncio.run(agent_calls(coordinator.url, bot["DEVICE_LOOP_TOKEN"], [
             ("uart_exchange", {"lease_id": lease["id"], "send": "uname\r", "wait_s": 1}),
             ("exec", {"lease_id": lease["id"], "command": "uname"})]))
         assert all(text.endswith("[out_of_scope]") for text in said), said
         assert lease["withheld"] == ["uart"], lease
         said = run_cli(bot, coordinator.url, "console", lease["id"], check=False)
         assert said.returncode != 0 and "its scope does not name uart" in said.stderr, said
-    finally:
-        exporter.stop()
-        coordinator.stop()

@@ -9,10 +9,10 @@ import urllib.parse
 
 import pytest
 
-from conftest import Coordinator, Exporter, lab_tokens, wait_for
+from conftest import wait_for
 from device_loop.core.gate import connect_gated
 from device_loop.core.ports import free_port
-from helpers import run_cli, wait_state
+from helpers import run_cli, token_lab, wait_state
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
@@ -70,14 +70,9 @@ def test_an_x_display_is_served_by_x11vnc_for_the_lease_only(tmp_path, env, coor
 
 def test_behind_the_gate_the_screen_needs_the_lease(tmp_path, env, vnc_server):
     port, _ = vnc_server
-    coordinator = Coordinator(tmp_path, env, extra=())
-    made, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
-    exporter = Exporter(tmp_path, env, coordinator.url,
-                        [{"name": "desk", "class": "vm", "plugin": "vnc", "upstream": f"127.0.0.1:{port}"}],
-                        token_file=str(token_file))
-    alice = {**env, "DEVICE_LOOP_TOKEN": made["alice"]}
-    try:
-        wait_for(lambda: coordinator.api("/devices/desk", headers={}).json().get("state") == "idle", 20)
+    desk = {"name": "desk", "class": "vm", "plugin": "vnc", "upstream": f"127.0.0.1:{port}"}
+    with token_lab(tmp_path, env, [desk], "alice") as (coordinator, exporter, users):
+        alice = users["alice"]
         lease = json.loads(run_cli(alice, coordinator.url, "reserve", "desk", "--wait", "--json").stdout)
         rfb, web = screen_of(lease)
         with connect_gated(rfb["host"], rfb["port"], rfb["secret"]) as sock:
@@ -100,9 +95,6 @@ def test_behind_the_gate_the_screen_needs_the_lease(tmp_path, env, vnc_server):
         assert upgrade("127.0.0.1", inner, f"/websockify?token={secret}").startswith("HTTP/1.1 101")
         said = json.loads(run_cli(alice, coordinator.url, "vnc", "desk", "--json").stdout)
         assert said["vncviewer"].startswith(f"device-loop forward {lease['id']}")
-    finally:
-        exporter.stop()
-        coordinator.stop()
 
 
 def test_a_vnc_server_that_does_not_answer_fails_the_start_with_the_reason(env, coordinator, exporter_factory):

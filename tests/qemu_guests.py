@@ -1,10 +1,10 @@
-"""Guests for the tests that boot QEMU: where their files are cached, and a guest booted by
-hand (QEMU under TCG, its serial console on a loopback TCP port) to compare with or to
-drive over its console as ``exec`` does."""
+"""Guests for the tests that boot QEMU: built from the Debian packages ./lab test fetched
+before pytest started (tests/prepare.py: nothing is fetched here, a missing one fails the
+test), and a guest booted by hand (QEMU under TCG, its serial console on a loopback TCP port)
+to compare with or to drive over its console as ``exec`` does."""
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import shutil
 import socket
@@ -16,23 +16,12 @@ from typing import Iterator
 import pytest
 
 from device_loop.core.ports import free_port
-from device_loop.plugins.qemu.guest import ARCHES, PROMPT_PATTERN, Guest, build_guest
+from device_loop.plugins.qemu.guest import ARCHES, PROMPT_PATTERN, Guest, GuestNotFetched, build_guest
+from prepare import guest_cache, not_prepared
 
-#: A folder to keep the guests' packages in across test runs (else each session fetches them
-#: again into its own temporary folder).
-GUEST_CACHE_ENV = "DEVICE_LOOP_TEST_GUEST_CACHE"
 BOOT_WAIT_S = 120.0  # a TCG boot takes seconds; two cores shared with other tests make it slower
 MEMORY_MIB = {"x86_64": 256, "aarch64": 512}
 MACHINE = {"x86_64": ["-M", "pc"], "aarch64": ["-M", "virt", "-cpu", "max,pauth-impdef=on"]}
-
-
-def guest_cache(tmp_path_factory) -> Path:
-    """The folder the session's guests are built in: ``$DEVICE_LOOP_TEST_GUEST_CACHE``, else
-    one under the session's temporary base (shared by xdist's workers: the builder locks it)."""
-    if os.environ.get(GUEST_CACHE_ENV):
-        return Path(os.environ[GUEST_CACHE_ENV])
-    base = tmp_path_factory.getbasetemp()
-    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "guest-cache"
 
 
 def need_qemu(arch: str) -> None:
@@ -41,9 +30,15 @@ def need_qemu(arch: str) -> None:
     assert shutil.which(program), f"{program} is not installed (./lab test installs it; Debian: qemu-system-*)"
 
 
-def session_guest(tmp_path_factory, arch: str) -> Guest:
+def prepared_guest(arch: str, authorized_key: str | None = None) -> Guest:
+    """``arch``'s guest built from the packages ./lab test fetched (the initramfs is the
+    session's: a fraction of a CPU-second); the test fails, saying so, if one is missing."""
+    try:
+        guest = build_guest(arch, guest_cache(), authorized_key=authorized_key, fetch=False)
+    except GuestNotFetched as exc:
+        not_prepared(f"the {arch} VM guest's Debian packages", str(exc))
     need_qemu(arch)
-    return build_guest(arch, guest_cache(tmp_path_factory))
+    return guest
 
 
 def boot_argv(guest: Guest, console_port: int, disk: Path | None = None, ssh_port: int | None = None) -> list[str]:
@@ -106,11 +101,9 @@ def wait_prompt(process: subprocess.Popen, port: int, timeout: float = BOOT_WAIT
                 sock.sendall(b"\r")
 
 
-def ssh_guest(tmp_path_factory, arch: str, identity: Path) -> Guest:
+def ssh_guest(arch: str, identity: Path) -> Guest:
     """``arch``'s guest whose dropbear lets the key ``identity`` (its ``.pub`` beside it) in."""
-    need_qemu(arch)
-    return build_guest(arch, guest_cache(tmp_path_factory),
-                       authorized_key=identity.with_name(identity.name + ".pub").read_text())
+    return prepared_guest(arch, authorized_key=identity.with_name(identity.name + ".pub").read_text())
 
 
 @pytest.fixture(scope="session")
@@ -122,10 +115,10 @@ def guest_identity(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def x86_64_guest(tmp_path_factory) -> Guest:
-    return session_guest(tmp_path_factory, "x86_64")
+def x86_64_guest() -> Guest:
+    return prepared_guest("x86_64")
 
 
 @pytest.fixture(scope="session")
-def aarch64_guest(tmp_path_factory) -> Guest:
-    return session_guest(tmp_path_factory, "aarch64")
+def aarch64_guest() -> Guest:
+    return prepared_guest("aarch64")

@@ -146,8 +146,7 @@ def test_a_with_is_one_testcase_named_by_its_command(said):
     assert "\x1b" not in text and "<script>" not in _outside_fences(text)    # the command line, fenced
 
 
-@pytest.mark.service   # (it fetches the schema with pip, once per venv)
-def test_every_document_keeps_to_the_jenkins_junit_schema():
+def test_every_document_keeps_to_the_jenkins_junit_schema():  # (./lab test, --fast too, fetched the schema)
     import xmlschema
 
     from junit_schema import validator
@@ -163,6 +162,16 @@ def test_every_document_keeps_to_the_jenkins_junit_schema():
     with pytest.raises(xmlschema.XMLSchemaValidationError):
         schema.validate('<testsuites><testsuite name="x" tests="1" failures="0" errors="0">'
                         '<error message="misplaced"/></testsuite></testsuites>')
+
+
+def test_a_junit_schema_not_prepared_fails_the_test_saying_to_run_lab_test(tmp_path, monkeypatch):
+    import prepare
+    from junit_schema import validator
+
+    monkeypatch.setattr(prepare, "FOLDER", tmp_path)
+    with pytest.raises(pytest.fail.Exception, match=r"not prepared: the JUnit schema .*\./lab test fetches"):
+        validator()
+    assert list(tmp_path.iterdir()) == [], "nothing is fetched inside pytest"
 
 
 @pytest.mark.parametrize("args, said", [

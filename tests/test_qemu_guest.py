@@ -17,12 +17,13 @@ import pytest
 from device_loop.core.device_exec import ExecError, exec_on_lease
 from device_loop.core.errors import ErrorCode
 from device_loop.plugins.qemu import guest
-from device_loop.plugins.qemu.guest import (ARCHES, PROMPT, PROMPT_PATTERN, Entry, Guest, GuestError, build_disk,
-                                            build_guest, cpio_newc, gzip_cpio, init_script, is_static, load_order,
-                                            modinfo)
+from device_loop.plugins.qemu.guest import (ARCHES, PROMPT, PROMPT_PATTERN, Entry, Guest, GuestError,
+                                            GuestNotFetched, build_disk, build_guest, cpio_newc, fetch_guest,
+                                            gzip_cpio, init_script, is_static, load_order, modinfo)
+import prepare
 from conftest import wait_for
 from device_loop.core.ports import free_port
-from qemu_guests import booted, guest_identity, ssh_guest  # noqa: F401 (fixtures)
+from qemu_guests import booted, guest_identity, prepared_guest, ssh_guest  # noqa: F401 (fixtures)
 
 
 # ---- bytes ---------------------------------------------------------------------------------
@@ -173,11 +174,11 @@ class HandBooted(NamedTuple):
 
 
 @pytest.fixture(scope="module", params=list(ARCHES))
-def hand_booted(request, tmp_path_factory, data_disk, guest_identity):  # noqa: F811 (the fixture)
+def hand_booted(request, data_disk, guest_identity):  # noqa: F811 (the fixture)
     """Each architecture's guest with sshd, booted by hand once for the tests of this module
     (a TCG boot is CPU-bound: the console's tests and the ssh login share it, each on a
     shell of its own)."""
-    vm = ssh_guest(tmp_path_factory, request.param, guest_identity)
+    vm = ssh_guest(request.param, guest_identity)
     port = free_port()
     with booted(vm, disk=data_disk, ssh_port=port) as lease:
         yield HandBooted(request.param, vm, lease, port, guest_identity)
@@ -287,3 +288,53 @@ def test_the_kernel_cached_stands_in_when_apt_names_none(tmp_path, monkeypatch):
     (tmp_path / "debs" / "linux-image-6.1.0-57-cloud-amd64_6.1.192-3_amd64.deb").write_bytes(b"")
     assert guest._current_kernel(ARCHES["x86_64"], tmp_path) == "linux-image-6.1.0-57-cloud-amd64"
     assert said == ["apt-cache", "apt-cache"]
+
+
+def no_apt(argv, cwd=None):
+    raise AssertionError(f"apt was asked: {argv}")
+
+
+def test_a_build_that_may_not_fetch_asks_no_apt_and_says_what_the_cache_lacks(tmp_path, monkeypatch):
+    monkeypatch.setattr(guest, "_apt", no_apt)
+    monkeypatch.setattr(guest, "run", lambda argv, *args, **kwargs: pytest.fail(f"{argv} was run"))
+    with pytest.raises(GuestNotFetched, match="no amd64 kernel has been fetched"):
+        build_guest("x86_64", tmp_path, fetch=False)
+    (tmp_path / "x86_64").mkdir()
+    (tmp_path / "x86_64" / "kernel-package").write_text("linux-image-6.1.0-57-cloud-amd64\n")
+    with pytest.raises(GuestNotFetched, match="linux-image-6.1.0-57-cloud-amd64:amd64 has not been fetched"):
+        build_guest("x86_64", tmp_path, fetch=False)
+    (tmp_path / "debs" / "linux-image-6.1.0-57-cloud-amd64_6.1.192-3_amd64.deb").write_bytes(b"")
+    with pytest.raises(GuestNotFetched, match="has not been unpacked"):  # (nor unpacked: dpkg-deb is not run)
+        fetch_guest("x86_64", tmp_path, ssh=True, fetch=False)
+
+
+def test_a_vm_test_whose_guest_is_not_prepared_fails_saying_to_run_lab_test(tmp_path, monkeypatch):
+    monkeypatch.setenv(prepare.GUEST_CACHE_ENV, str(tmp_path / "empty"))
+    monkeypatch.setattr(guest, "_apt", no_apt)
+    with pytest.raises(pytest.fail.Exception, match=r"not prepared: the aarch64 VM guest's Debian packages "
+                                                    r"\(no arm64 kernel .*\)\. \./lab test fetches"):
+        prepared_guest("aarch64")
+
+
+@pytest.mark.service
+@pytest.mark.timeout(120)
+def test_a_second_preparation_finds_every_guests_packages_and_fetches_nothing(monkeypatch):
+    """What ./lab test does before pytest when it has prepared once (and apt's lists are as
+    they were then): it checks, and asks apt nothing."""
+    cache = prepare.guest_cache()
+    stamp = cache / "apt-lists"
+    if not stamp.is_file():
+        prepare.not_prepared("the VM guests' Debian packages", f"there is no {stamp}")
+    real_apt, real_run = guest._apt, guest.run
+
+    def apt(argv, cwd=None):  # (the host key's architecture: dpkg says which it is)
+        assert argv == ["dpkg", "--print-architecture"], f"apt was asked: {argv}"
+        return real_apt(argv, cwd)
+
+    def run(argv, *args, **kwargs):  # (that dpkg, and dropbearkey -y: the host key's public half)
+        assert (Path(argv[0]).name, argv[1]) in {("dpkg", "--print-architecture"), ("dropbearkey", "-y")}, argv
+        return real_run(argv, *args, **kwargs)
+    monkeypatch.setattr(guest, "_apt", apt)
+    monkeypatch.setattr(guest, "run", run)
+    monkeypatch.setattr(prepare, "apt_lists_state", lambda: stamp.read_text().strip())
+    assert prepare.prepare_guests(cache) is False

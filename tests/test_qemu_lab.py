@@ -122,7 +122,7 @@ def lab(tmp_path_factory, x86_64_guest, aarch64_guest, guest_identity):  # noqa:
     env.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
                DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
                PYTHONUNBUFFERED="1", **{LOAD_ENV: ""})
-    lab = Lab(folder, env, x86_64_guest, aarch64_guest, ssh_guest(tmp_path_factory, "x86_64", guest_identity))
+    lab = Lab(folder, env, x86_64_guest, aarch64_guest, ssh_guest("x86_64", guest_identity))
     lab.identity = guest_identity
     yield lab
     lab.stop()

@@ -20,7 +20,8 @@ from device_loop.plugins.qemu.config import QemuConfig
 from device_loop.plugins.qemu.isa import isa_tags
 from device_loop.core.ports import free_port
 from helpers import pid_alive, recorded_pids, run_cli
-from qemu_guests import aarch64_guest, guest_cache, x86_64_guest  # noqa: F401 (fixtures)
+from prepare import guest_cache
+from qemu_guests import aarch64_guest, x86_64_guest  # noqa: F401 (fixtures)
 from qemu_lab import with_qemu
 
 
@@ -94,7 +95,7 @@ def path_without(folder: Path, *programs: str) -> str:
 @pytest.mark.service
 @pytest.mark.timeout(600)
 def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(
-        short_tmp, tmp_path_factory, env, monkeypatch, x86_64_guest, aarch64_guest):  # noqa: F811 (the fixtures)
+        short_tmp, env, monkeypatch, x86_64_guest, aarch64_guest):  # noqa: F811 (the fixtures)
     """Both slots as ``up`` makes them, checked as the exporter loads them; then a lab up on a
     machine with QEMU for x86_64 alone, whose slot (booted ahead) a ``--needs any`` reserve
     takes, end to end. (A VM boots under TCG, CPU-bound: the aarch64 slot's VM, SVE2 in its
@@ -102,7 +103,7 @@ def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(
     made = short_tmp / "made"
     with monkeypatch.context() as built:  # (the session's guests: the same build, not made again here)
         built.setattr(up_vms, "build_guest", {"x86_64": x86_64_guest, "aarch64": aarch64_guest}.get)
-        entries, line = up_vms.vm_slots(made, {}, guest_cache(tmp_path_factory))
+        entries, line = up_vms.vm_slots(made, {}, guest_cache())
     assert line == "vm-x86_64 (x86_64, 1 booted ahead), vm-aarch64 (aarch64, 1 booted ahead)"
     config = parse_config(lab_config(made, "http://127.0.0.1:9", None, entries))
     slots = {entry.device: entry.config for entry in parse_entries(config, {"qemu": QemuConfig}) if entry}
@@ -115,7 +116,7 @@ def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(
     tmp_path = short_tmp
     lab_env = {**with_qemu(env, tmp_path / "entry-point"),
                "PATH": path_without(tmp_path / "bin", "qemu-system-aarch64")}
-    proc, url, log = start_up(tmp_path, lab_env, "--guest-cache", str(guest_cache(tmp_path_factory)))
+    proc, url, log = start_up(tmp_path, lab_env, "--guest-cache", str(guest_cache()))
     try:
         said = log.read_text()
         assert ("VMs          vm-x86_64 (x86_64, 1 booted ahead); vm-aarch64: QEMU is not installed "

@@ -11,7 +11,9 @@ it). ``build_guest(..., authorized_key=...)`` adds dropbear listening on port 22
 ``build_disk(folder, out)``: a base disk (ext4 of a folder, as qcow2) for ``/data``.
 
 Everything lands in the caller's cache folder, reused by later builds (a file lock keeps two
-builders from fetching the same package at once).
+builders from fetching the same package at once). ``fetch_guest(arch, cache)`` fetches and
+unpacks a guest's packages alone, building nothing; ``build_guest(..., fetch=False)`` then
+builds from the cache without apt or the network (``GuestNotFetched`` for what it lacks).
 """
 from __future__ import annotations
 
@@ -54,6 +56,10 @@ class GuestError(Exception):
     """A guest that could not be built, with the reason a lab admin can act on."""
 
 
+class GuestNotFetched(GuestError):
+    """A package a guest is built from is not in the cache, and the build may not fetch it."""
+
+
 @dataclass(frozen=True)
 class Arch:
     """What differs between the architectures a guest is built for."""
@@ -89,31 +95,54 @@ class Guest:
     host_key: str | None = None
 
 
-def build_guest(arch: str, cache: Path, *, authorized_key: str | None = None) -> Guest:
+def build_guest(arch: str, cache: Path, *, authorized_key: str | None = None, fetch: bool = True) -> Guest:
     """A guest for ``arch`` (``x86_64``, ``aarch64``) whose files live in ``cache`` (fetched
     and unpacked there on the first call, reused after); with ``authorized_key`` (an OpenSSH
-    public key line), dropbear lets that key log in as root. ``GuestError`` otherwise."""
-    spec = ARCHES.get(arch)
-    if spec is None:
-        raise GuestError(f"no guest for {arch!r}: {', '.join(ARCHES)}")
+    public key line), dropbear lets that key log in as root. ``GuestError`` otherwise. With
+    ``fetch=False`` apt is not asked (the kernel is the one the last fetch chose): a package
+    not in the cache is ``GuestNotFetched``."""
+    spec = _arch(arch)
     cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     with _locked(cache / ".lock"):
-        kernel_root = _unpacked(cache, spec, _current_kernel(spec, cache))
+        kernel_root = _kernel_root(spec, cache, fetch)
         version, vmlinuz = _kernel_of(kernel_root)
         modules = load_order(_module_index(kernel_root / "lib/modules" / version), WANTED_MODULES,
                              _builtin(kernel_root / "lib/modules" / version))
-        entries = _base_entries(spec, _busybox(spec, cache))
+        entries = _base_entries(spec, _busybox(spec, cache, fetch))
         entries += [Entry(f"lib/modules/{name}.ko", _module_bytes(path)) for name, path in modules]
         entries.append(Entry("etc/modules", "".join(f"{name}\n" for name, _ in modules).encode()))
         host_key = None
         if authorized_key is not None:
-            ssh_entries, host_key = _dropbear(spec, cache, authorized_key)
+            ssh_entries, host_key = _dropbear(spec, cache, authorized_key, fetch)
             entries += ssh_entries
         entries.append(Entry("init", init_script(spec, ssh=authorized_key is not None).encode(), 0o755))
         initrd = _write_once(cache / arch, "initrd", ".cpio.gz", gzip_cpio(entries))
     append = f"console={spec.console} quiet panic=-1"
     return Guest(arch, vmlinuz, initrd, append, spec.console, version, tuple(name for name, _ in modules), host_key)
+
+
+def fetch_guest(arch: str, cache: Path, *, ssh: bool = False, fetch: bool = True) -> None:
+    """Every Debian package a guest for ``arch`` is built from (with ``ssh``, dropbear's, and
+    its host key made) fetched and unpacked into ``cache``, as ``build_guest`` would, building
+    nothing: ``build_guest(..., fetch=False)`` needs no apt after it. With ``fetch=False``, only
+    checked: ``GuestNotFetched`` for the first one the cache lacks."""
+    spec = _arch(arch)
+    cache = Path(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache / ".lock"):
+        _kernel_of(_kernel_root(spec, cache, fetch))
+        _busybox(spec, cache, fetch)
+        if ssh:
+            _dropbear_roots(spec, cache, fetch)
+            _host_key(cache, cache / HOST_KEY_FILE, fetch)
+
+
+def _arch(arch: str) -> Arch:
+    spec = ARCHES.get(arch)
+    if spec is None:
+        raise GuestError(f"no guest for {arch!r}: {', '.join(ARCHES)}")
+    return spec
 
 
 # ---- the initramfs ----------------------------------------------------------------------------
@@ -332,6 +361,25 @@ def _ensure_architecture(spec: Arch) -> None:
     _apt(["apt-get", "update", "-qq"])
 
 
+def _kernel_root(spec: Arch, cache: Path, fetch: bool) -> Path:
+    """The kernel package apt names today, unpacked in the cache (its name kept in
+    ``cache/ARCH/kernel-package``); with ``fetch=False``, the one kept there."""
+    record = cache / spec.name / "kernel-package"
+    if not fetch:
+        try:
+            package = record.read_text().strip()
+        except FileNotFoundError:
+            raise GuestNotFetched(f"no {spec.deb_arch} kernel has been fetched into {cache}") from None
+        return _unpacked(cache, spec, package, fetch=False)
+    package = _current_kernel(spec, cache)
+    root = _unpacked(cache, spec, package)
+    if not record.exists() or record.read_text().strip() != package:
+        partial = record.with_name(f"{record.name}.{os.getpid()}.partial")
+        partial.write_text(package + "\n")
+        os.replace(partial, record)
+    return root
+
+
 def _current_kernel(spec: Arch, cache: Path) -> str:
     """The name of the kernel package ``spec.kernel_meta`` depends on today
     (``linux-image-6.1.0-57-cloud-amd64``); the one already unpacked in the cache if apt
@@ -351,13 +399,16 @@ def _current_kernel(spec: Arch, cache: Path) -> str:
         return cached[-1].name.split("_", 1)[0]
 
 
-def _deb(cache: Path, spec: Arch, package: str) -> Path:
-    """The ``.deb`` of ``package`` for ``spec``, downloaded once into ``cache/debs``."""
+def _deb(cache: Path, spec: Arch, package: str, fetch: bool = True) -> Path:
+    """The ``.deb`` of ``package`` for ``spec``, downloaded once into ``cache/debs`` (with
+    ``fetch=False``, ``GuestNotFetched`` if it is not there)."""
     debs = cache / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     found = sorted(debs.glob(f"{package}_*_{spec.deb_arch}.deb")) or sorted(debs.glob(f"{package}_*_all.deb"))
     if found:
         return found[-1]
+    if not fetch:
+        raise GuestNotFetched(f"{spec.package(package)} has not been fetched into {debs}")
     _ensure_architecture(spec)
     with tempfile.TemporaryDirectory(dir=debs) as folder:
         _apt(["apt-get", "download", "-q=2", spec.package(package)], cwd=Path(folder))
@@ -369,12 +420,15 @@ def _deb(cache: Path, spec: Arch, package: str) -> Path:
     return target
 
 
-def _unpacked(cache: Path, spec: Arch, package: str) -> Path:
-    """``package`` unpacked (``dpkg-deb -x``, nothing installed) in the cache."""
-    deb = _deb(cache, spec, package)
+def _unpacked(cache: Path, spec: Arch, package: str, fetch: bool = True) -> Path:
+    """``package`` unpacked (``dpkg-deb -x``, nothing installed) in the cache (with
+    ``fetch=False``, ``GuestNotFetched`` unless it is there already)."""
+    deb = _deb(cache, spec, package, fetch)
     root = cache / spec.name / deb.name.removesuffix(".deb")
     if (root / ".unpacked").exists():
         return root
+    if not fetch:
+        raise GuestNotFetched(f"{deb.name} has not been unpacked into {root.parent}")
     shutil.rmtree(root, ignore_errors=True)
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as folder:
@@ -410,7 +464,7 @@ def is_static(data: bytes) -> bool:
     return all(struct.unpack_from("<I", data, phoff + index * phentsize)[0] != 3 for index in range(phnum))  # PT_INTERP
 
 
-def _busybox(spec: Arch, cache: Path) -> bytes:
+def _busybox(spec: Arch, cache: Path, fetch: bool = True) -> bytes:
     """A static busybox for ``spec``: the host's when it is one (busybox-static), else the
     ``busybox-static`` package of that architecture, unpacked in the cache."""
     host = find_program("busybox")
@@ -418,7 +472,7 @@ def _busybox(spec: Arch, cache: Path) -> bytes:
         data = Path(host).read_bytes()
         if _elf_machine(data) == spec.elf_machine and is_static(data):
             return data
-    data = (_unpacked(cache, spec, "busybox-static") / "bin/busybox").read_bytes()
+    data = (_unpacked(cache, spec, "busybox-static", fetch) / "bin/busybox").read_bytes()
     if _elf_machine(data) != spec.elf_machine or not is_static(data):
         raise GuestError(f"busybox-static for {spec.deb_arch} is not a static {spec.name} program")
     return data
@@ -426,19 +480,24 @@ def _busybox(spec: Arch, cache: Path) -> bytes:
 
 #: The packages dropbear and the libraries it loads come from, for the guest's architecture.
 DROPBEAR_PACKAGES = ("dropbear-bin", "libtomcrypt1", "libtommath1", "libgmp10", "zlib1g", "libcrypt1", "libc6")
+HOST_KEY_FILE = "dropbear_ed25519_host_key"
 
 
-def _dropbear(spec: Arch, cache: Path, authorized_key: str) -> tuple[list[Entry], str]:
+def _dropbear_roots(spec: Arch, cache: Path, fetch: bool = True) -> list[Path]:
+    return [_unpacked(cache, spec, name, fetch) for name in DROPBEAR_PACKAGES]
+
+
+def _dropbear(spec: Arch, cache: Path, authorized_key: str, fetch: bool = True) -> tuple[list[Entry], str]:
     """dropbear (Debian's dropbear-bin, dynamic) with the libraries it loads (the guest
     architecture's packages, found by the names its ELF files ask for), a host key made here,
     and root's authorized key: the initramfs entries and the host key's public half."""
     key = authorized_key.strip()
     if not re.fullmatch(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]{16,8192}( [^\n]{0,200})?", key):
         raise GuestError("authorized_key must be one OpenSSH public key line (ssh-ed25519 AAAA...)")
-    roots = [_unpacked(cache, spec, name) for name in DROPBEAR_PACKAGES]
+    roots = _dropbear_roots(spec, cache, fetch)
     dropbear = roots[0] / "usr/sbin/dropbear"
-    host_key_file = cache / "dropbear_ed25519_host_key"
-    public = _host_key(cache, host_key_file)
+    host_key_file = cache / HOST_KEY_FILE
+    public = _host_key(cache, host_key_file, fetch)
     entries = [Entry("usr/sbin/dropbear", dropbear.read_bytes(), 0o755),
                Entry("etc/dropbear/host_key", host_key_file.read_bytes(), 0o600),
                Entry("root/.ssh", kind="dir", mode=0o700),
@@ -450,14 +509,15 @@ def _dropbear(spec: Arch, cache: Path, authorized_key: str) -> tuple[list[Entry]
     return entries, public
 
 
-def _host_key(cache: Path, host_key_file: Path) -> str:
+def _host_key(cache: Path, host_key_file: Path, fetch: bool = True) -> str:
     """The guests' dropbear host key (made once with dropbearkey of this host's own
     architecture: a key is the same bytes on every one), and its public half."""
     native = _apt(["dpkg", "--print-architecture"]).strip()
     spec = next((arch for arch in ARCHES.values() if arch.deb_arch == native), None)
     if spec is None:
         raise GuestError(f"an ssh guest's host key is made with dropbearkey, and this host ({native}) runs none here")
-    roots = [_unpacked(cache, spec, name) for name in ("dropbear-bin", "libtomcrypt1", "libtommath1", "libgmp10")]
+    roots = [_unpacked(cache, spec, name, fetch)
+             for name in ("dropbear-bin", "libtomcrypt1", "libtommath1", "libgmp10")]
     env = {"PATH": os.environ.get("PATH", os.defpath), "LD_LIBRARY_PATH": ":".join(map(str, _library_folders(roots)))}
     dropbearkey = str(roots[0] / "usr/bin/dropbearkey")
     if not host_key_file.exists():

@@ -15,7 +15,6 @@ import tempfile
 import threading
 import time
 import tomllib
-import uuid
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -233,7 +232,8 @@ def postgres_admin_url() -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database(request):
     """Run the test on SQLite, and again on PostgreSQL: every in-process lab it makes then
-    gets a database of its own on that server."""
+    gets a database of its own on that server, which nobody else uses meanwhile and holds
+    what the migrations leave, nothing else (lab_databases.py)."""
     import lab_in_process
 
     if request.param == "postgresql":
@@ -405,28 +405,18 @@ def coordinator(tmp_path, env):
     proc.stop()
 
 
-async def _admin_execute(admin_url: str, sql: str) -> None:
-    import asyncpg
-
-    connection = await asyncpg.connect(admin_url)
-    try:
-        await connection.execute(sql)
-    finally:
-        await connection.close()
-
-
 @pytest.fixture
 def postgres_database():
     """A database of its own on the throwaway PostgreSQL server, at the latest migration (a
-    copy of lab_in_process's template: a coordinator opening it has nothing to migrate): its URL."""
-    import lab_in_process
+    coordinator opening it has nothing to migrate) and holding nothing else: one of this
+    process's, reset, as an in-process lab's (lab_databases.take_migrated_database; one a
+    process of an earlier test is still on is dropped, not reset): its URL."""
+    import lab_databases
 
     admin = postgres_admin_url()
-    name = f"lab_{uuid.uuid4().hex[:12]}"
-    template = asyncio.run(lab_in_process.migrated_template(admin))
-    asyncio.run(_admin_execute(admin, f"CREATE DATABASE {name} TEMPLATE {template}"))
-    yield f"{admin.rsplit('/', 1)[0]}/{name}"
-    asyncio.run(_admin_execute(admin, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    name = asyncio.run(lab_databases.take_migrated_database(admin))
+    yield lab_databases.database_url(admin, name)
+    lab_databases.give_back(admin, name)  # (after the coordinators of the fixtures that use this one stopped)
 
 
 @contextlib.contextmanager

@@ -2,19 +2,19 @@
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
+import shutil
 import uuid
 
 import httpx2
 
 from device_loop.coordinator.app import create_app
 from device_loop.coordinator.rules import Settings
-from device_loop.coordinator.store.core import Store
 from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.protocol import (DeviceReport, EndpointReport, Heartbeat, Holder, OperationKindReport,
                                        PluginsReport, ResourceReport, ServiceReport)
 from device_loop.core.vocabulary import Fidelity, HealthStatus
+from lab_databases import database_url, give_back, migrated_sqlite_template, take_migrated_database
 
 
 class FakeClock:
@@ -29,66 +29,43 @@ class FakeClock:
 
 
 #: The PostgreSQL server the ``database`` fixture (conftest.py) points in-process labs at: an
-#: admin URL (each lab gets a database of its own there), or None for SQLite.
+#: admin URL (each lab gets a database of its own there: ``_database``), or None for SQLite.
 POSTGRES: dict[str, str | None] = {"admin_url": None}
 
-
-#: admin URL -> a database of this process's at the latest migration, which a lab's database
-#: copies (CREATE DATABASE ... TEMPLATE): running the migrations into each new PostgreSQL
-#: database took 1.5-4.5 s a test beside the rest of the suite, copying one 0.3-0.5 s (0.14 s
-#: against 0.03-0.07 s on a quiet machine). Each
-#: process migrates its own template once (from empty, as a coordinator does); a test of the
-#: migrations themselves takes an empty database (``_database``).
-_TEMPLATES: dict[str, str] = {}
-
-
-async def migrated_template(admin_url: str) -> str:
-    """The name of this process's migrated template database on ``admin_url``'s server
-    (made at the first call, dropped when the process exits). No connection to it is left
-    open: PostgreSQL copies only a database nobody is connected to."""
-    if admin_url not in _TEMPLATES:
-        import asyncpg
-
-        name = f"template_{uuid.uuid4().hex[:12]}"
-        admin = await asyncpg.connect(admin_url)
-        try:
-            await admin.execute(f"CREATE DATABASE {name}")
-        finally:
-            await admin.close()
-        store = Store(f"{admin_url.rsplit('/', 1)[0]}/{name}")
-        await store.connect()
-        await store.disconnect()
-        _TEMPLATES[admin_url] = name
-        atexit.register(lambda: asyncio.run(_drop(admin_url, name)))
-    return _TEMPLATES[admin_url]
-
-
-async def _drop(admin_url: str, name: str) -> None:
-    import asyncpg
-
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    finally:
-        await admin.close()
+#: The pool of a lab's Store on PostgreSQL (``databases`` reads it from the URL's query): one
+#: connection opened at the start, where the default opened ten, a server process each (a
+#: lab's calls mostly come one at a time); at most ten, the default, so that the tests that
+#: race transactions (claims, reserves, long-polls at once) race as many as a coordinator does.
+LAB_POOL = "min_size=1&max_size=10"
 
 
 @contextlib.asynccontextmanager
 async def _database(tmp_path, migrated: bool = False):
-    """A fresh database for one lab: a SQLite file, or a PostgreSQL database; empty, or
-    (``migrated``, PostgreSQL) already at the latest migration, as a coordinator leaves it."""
+    """A database for one lab, which nobody else uses meanwhile: a SQLite file, or a
+    PostgreSQL database; empty, or (``migrated``) as a coordinator leaves it at the latest
+    migration, with nothing else in it (on SQLite a copy of a migrated file, on PostgreSQL
+    one of this process's databases reset: ``take_migrated_database``)."""
     admin_url = POSTGRES["admin_url"]
     if admin_url is None:
-        yield f"sqlite:///{tmp_path / f'lab-{uuid.uuid4().hex[:6]}.sqlite'}"
+        path = tmp_path / f"lab-{uuid.uuid4().hex[:6]}.sqlite"
+        if migrated:
+            shutil.copyfile(await migrated_sqlite_template(), path)
+        yield f"sqlite:///{path}"
+        return
+    if migrated:
+        name = await take_migrated_database(admin_url)
+        try:
+            yield database_url(admin_url, name)
+        finally:
+            give_back(admin_url, name)
         return
     import asyncpg
 
     name = f"lab_{uuid.uuid4().hex[:12]}"
-    template = f" TEMPLATE {await migrated_template(admin_url)}" if migrated else ""
     admin = await asyncpg.connect(admin_url)
     try:
-        await admin.execute(f"CREATE DATABASE {name}{template}")
-        yield f"{admin_url.rsplit('/', 1)[0]}/{name}"
+        await admin.execute(f"CREATE DATABASE {name}")
+        yield database_url(admin_url, name)
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
@@ -107,6 +84,8 @@ async def in_process_lab(tmp_path, single_user=True, tailnet_socket=None, tailne
 
 @contextlib.asynccontextmanager
 async def _lab(url: str, single_user, tailnet_socket, tailnet_admins, settings):
+    if url.startswith("postgres") and "?" not in url:
+        url = f"{url}?{LAB_POOL}"
     app = create_app(url, Settings(**settings),
                      single_user=single_user, tailnet_socket=tailnet_socket, tailnet_admins=tailnet_admins)
     clock = FakeClock()

@@ -239,9 +239,8 @@ async def _holds_nothing(lab: Lab) -> None:
         assert not store.driver.lock.locked(), "a waiting call holds SQLite's one writer"
         assert not store.driver.writer.in_transaction
         return
-    database = store.url.rsplit("/", 1)[1]
-    rows = await store.read("SELECT state, query FROM pg_stat_activity WHERE datname = :db "
-                            "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()", db=database)
+    rows = await store.read("SELECT state, query FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND state LIKE 'idle in transaction%' AND pid <> pg_backend_pid()")
     assert rows == [], f"a waiting call holds a PostgreSQL transaction: {rows}"
 
 

@@ -1,35 +1,37 @@
 """The OpenAPI description (GET /api/v1/openapi.json) is valid and lists every route of the
 table, each with every status its code can answer (read from the code: raised_statuses.py),
-and schemathesis, run against a real coordinator on a small lab, finds no 5xx and no answer
+and schemathesis, run against a coordinator's app on a small lab, finds no 5xx and no answer
 the description does not allow.
 
-schemathesis runs as its command (``schemathesis run``: its pytest integration does not
-work with pytest 9.2) and loads this file as its hooks: see ``before_call``.
+schemathesis runs as its command does (``schemathesis run``: its pytest integration does not
+work with pytest 9.2), in this process against the app (schemathesis_in_process.py), with
+this file's hooks: see ``before_call``.
 """
 from __future__ import annotations
 
 import hashlib
 import inspect
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-import httpx2
 import pytest
+import requests
 import schemathesis
-import tomli_w
+from click.testing import CliRunner
 from jsonschema import Draft202012Validator
 
-from conftest import Coordinator
+import schemathesis_in_process
+from device_loop.cli.main import cli
 from device_loop.coordinator.api import ROUTES, _guarded, path_names, route_handler
+from device_loop.coordinator.app import create_app
 from device_loop.coordinator.calls import BY_NAME, CALLS
 from device_loop.coordinator.idempotency import MAX_KEY_CHARS
 from device_loop.coordinator.limits import _Reader
 from device_loop.coordinator.openapi import document, documented, openapi_path
+from device_loop.coordinator.rules import Settings
 from device_loop.coordinator.schemas import MAX_WAIT_S, aliases
+from device_loop.coordinator.serve import sqlite_url
 from device_loop.core import API_PREFIX, PROTOCOL_VERSION
 from device_loop.core.protocol import CandidateReport, DeviceReport, Heartbeat, ResourceReport
 from lab_in_process import FakeExporter, device, flash_target, in_process_lab
@@ -37,7 +39,6 @@ from raised_statuses import reach
 
 pytestmark = pytest.mark.service
 
-TESTS = Path(__file__).resolve().parent
 JSON = {"Content-Type": "application/json"}
 # every check of schemathesis runs ("all"), conformance to the document included
 # (positive_data_acceptance: a request the document allows is not refused as malformed)
@@ -287,11 +288,11 @@ async def test_the_document_and_the_rules_agree_on_what_a_request_may_be(tmp_pat
 
 @schemathesis.hook
 def before_call(context, case, kwargs):
-    """(In schemathesis' process.) A long-poll answers once what it watches changes, so a
-    wait it may take (up to a minute) is cut to a hundredth of a second; a wait the
-    coordinator must refuse is sent as it was generated. An Idempotency-Key it generated is
-    made the request's own: its few values ("0", "00...0") would otherwise come back with
-    other requests, which are refused (422) as the key's reuse they are."""
+    """(Of every schemathesis run in this process: this test's.) A long-poll answers once what
+    it watches changes, so a wait it may take (up to a minute) is cut to a hundredth of a
+    second; a wait the coordinator must refuse is sent as it was generated. An Idempotency-Key
+    it generated is made the request's own: its few values ("0", "00...0") would otherwise come
+    back with other requests, which are refused (422) as the key's reuse they are."""
     wait = (case.query or {}).get("wait")
     if isinstance(wait, (int, float)) and not isinstance(wait, bool) and 0 < wait <= MAX_WAIT_S:
         case.query["wait"] = 0.01
@@ -303,16 +304,17 @@ def before_call(context, case, kwargs):
 
 @pytest.fixture
 def database_url(database, request):
-    """An empty database for a coordinator process: None (its own SQLite file) or a
-    database of its own on the test PostgreSQL server."""
+    """An empty database for a coordinator: None (its own SQLite file) or a database of its
+    own on the test PostgreSQL server."""
     return None if database == "sqlite" else request.getfixturevalue("postgres_database")
 
 
-def admin_token(env: dict, database: list[str]) -> str:
-    """A new admin token, made on the database itself (``--database-url URL`` or ``--data-dir DIR``)."""
-    made = subprocess.run([sys.executable, "-m", "device_loop.cli", "admin", "token", "create", "root", "--admin",
-                           *database, "--json"], env=env, capture_output=True, text=True, timeout=60, check=True)
-    return json.loads(made.stdout)["token"]
+def admin_token(database_url: str) -> str:
+    """A new admin token, made on the database itself (``admin token create --database-url URL``)."""
+    made = CliRunner().invoke(cli, ["admin", "token", "create", "root", "--admin", "--database-url", database_url,
+                                    "--json"])
+    assert made.exit_code == 0, made.output
+    return json.loads(made.output)["token"]
 
 
 def board(name: str) -> DeviceReport:
@@ -322,26 +324,24 @@ def board(name: str) -> DeviceReport:
         ResourceReport.model_validate(flash_target(name))])
 
 
-def made(answer: httpx2.Response, status: int = 201) -> dict:
-    """The JSON of an answer that must have ``status``."""
-    assert answer.status_code == status, answer.text
-    return answer.json()
-
-
-def seed(api: httpx2.Client) -> dict[str, list]:
+def seed(api: requests.Session) -> dict[str, list]:
     """A host with two boards and a network find, a lease, an image, a flash, a token:
     what there is, by the parameters that name it (so that a request reaches more than
     a 404)."""
+    def made(path: str, status: int = 201, **request) -> dict:
+        answer = api.post(API_PREFIX + path, **request)
+        assert answer.status_code == status, answer.text
+        return answer.json()
+
     report = Heartbeat(protocol=PROTOCOL_VERSION, version="test", boot_id="boot-1", generation=1, heartbeat_s=1,
                        devices=[board("b0"), board("b1")],
                        candidates=[CandidateReport(identifier="10.0.0.9:5555", kind="adb", plugin="adb")])
-    made(api.post("/hosts/host-a/heartbeat", content=report.model_dump_json(by_alias=True),
-                   headers={"Content-Type": "application/json"}), 200)
-    lease = made(api.post("/leases", json={"device": "b0"}))
+    made("/hosts/host-a/heartbeat", 200, data=report.model_dump_json(by_alias=True), headers=JSON)
+    lease = made("/leases", json={"device": "b0"})
     image = b"firmware" * 128
-    made(api.post("/images", params={"name": "build-7", "for": "b0"}, content=image))
-    op = made(api.post(f"/leases/{lease['id']}/flash", json={"image": "build-7"}))
-    token = made(api.post("/admin/tokens", json={"user": "carol"}))
+    made("/images", params={"name": "build-7", "for": "b0"}, data=image)
+    op = made(f"/leases/{lease['id']}/flash", json={"image": "build-7"})
+    token = made("/admin/tokens", json={"user": "carol"})
     sha256 = hashlib.sha256(image).hexdigest()
     return {"path.name": ["b0", "host-a"], "path.device": ["b0", "b1"], "path.host": ["host-a"],
             "path.lease_id": [lease["id"]], "path.op_id": [op["id"]], "path.ref": ["build-7", sha256],
@@ -352,14 +352,16 @@ def seed(api: httpx2.Client) -> dict[str, list]:
 
 
 @pytest.mark.timeout(240)  # a minute alone; up to two beside the other tests (./lab test runs three at once)
-def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(database, database_url, tmp_path, env):
+def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(database, database_url, tmp_path):
+    """schemathesis' run, in this process, against the app a coordinator serves, made as ``device-loop
+    coordinator`` makes it (the HTTP server in front of it, uvicorn, is test_hostile_http.py's)."""
     # each database as labs run on it: SQLite under `device-loop up` (the trust mode), PostgreSQL with tokens
-    trust, on = database == "sqlite", ("--database-url", database_url) if database_url else ()
-    coordinator = Coordinator(tmp_path, env, extra=(("--single-user",) if trust else ()) + on)
+    trust, url = database == "sqlite", database_url or sqlite_url(tmp_path / "coord")
+    token = None if trust else admin_token(url)
+    app = create_app(url, Settings(image_dir=str(tmp_path / "coord" / "images")), single_user=trust)
     try:
-        token = None if trust else admin_token(env, list(on) or ["--data-dir", str(tmp_path / "coord")])
-        headers = {"Authorization": f"Bearer {token}"} if token else {"X-Device-Loop-User": "alice"}
-        with httpx2.Client(base_url=f"{coordinator.url}/api/v1", headers=headers, timeout=10) as api:
+        with schemathesis_in_process.client(app, {"Authorization": f"Bearer {token}"} if token
+                                            else {"X-Device-Loop-User": "alice"}) as api:
             known = seed(api)
         # half of the values of these parameters name what there is, half are schemathesis'
         config = {"dictionaries": {f"known-{n}": {"values": values} for n, values in enumerate(known.values())},
@@ -371,24 +373,16 @@ def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(datab
                   "checks": {"negative_data_rejection": {"expected-statuses": REJECTED}}}
         if token:  # the document's own scheme: its checks may then leave it out (a global -H would not)
             config["auth"] = {"openapi": {"token": {"bearer": token}}}
-        (tmp_path / "schemathesis.toml").write_text(tomli_w.dumps(config))
-        run = subprocess.run(
-            [sys.executable, "-m", "schemathesis.cli", "--config-file", "schemathesis.toml", "run",
-             f"{coordinator.url}/api/v1/openapi.json", "--checks", "all", "--max-examples", "2",
-             *(["--exclude-checks", ",".join(NOT_IN_THE_TRUST_MODE)] if trust else []),
-             # the coverage phase (every boundary of every parameter, most of the run's time) once,
-             # on SQLite: the routes and their models are the same on PostgreSQL
-             *([] if trust else ["--phases", "examples,fuzzing,stateful"]),
-             "--generation-deterministic", "--workers", "1", "--no-color", "--output-sanitize", "false"],
-            # it loads this file as its hooks, whose imports need the tests' folder (and the package
-            # from where the tests import it)
-            cwd=tmp_path, env={**env, "SCHEMATHESIS_HOOKS": __file__,
-                               "PYTHONPATH": os.pathsep.join([str(TESTS), *filter(None, [env.get("PYTHONPATH")])])},
-            capture_output=True, text=True, timeout=210)
+        code, report = schemathesis_in_process.run(
+            app, API_PREFIX + "/openapi.json", config, tmp_path, checks=["all"],
+            exclude_checks=NOT_IN_THE_TRUST_MODE if trust else [],
+            # the coverage phase (every boundary of every parameter, most of the run's time) once,
+            # on SQLite: the routes and their models are the same on PostgreSQL
+            phases=["examples", "coverage", "fuzzing", "stateful"] if trust else ["examples", "fuzzing", "stateful"],
+            max_examples=2)
     finally:
-        coordinator.stop()
-    assert run.returncode == 0, f"{run.stdout[-20000:]}\n{run.stderr[-5000:]}\ncoordinator log:\n" \
-                                f"{coordinator.output()[-10000:]}"
+        schemathesis_in_process.stop()
+    assert code == 0, report[-20000:]
 
 
 def test_the_api_prefix_is_written_once_and_every_route_of_the_table_is_its_calls():

@@ -28,6 +28,11 @@ from device_loop.core.plugins import ENTRY_POINT_GROUP, LOAD_ENV
 from device_loop.core.ports import free_port, wait_port_open
 from device_loop.exporter import config as exporter_config
 from podman_lab import podman, podman_names  # noqa: F401  (fixtures: podman, one busybox image a session)
+import areas
+import zygote
+
+# At the end of a run nothing it started is alive (tests/leftovers.py)
+pytest_plugins = ["leftovers"]
 
 SRC = Path(__file__).resolve().parent.parent
 # A plugin someone installed into this venv (the example's README suggests it) must not
@@ -144,12 +149,26 @@ def pytest_xdist_make_scheduler(config, log):
 SERVICE_FIXTURES = {"coordinator", "exporters", "postgres_database", "pty_pair", "display", "browser"}
 
 
+def pytest_configure(config):
+    # a run started in the background of a non-interactive shell (`./lab test &`) inherits SIGINT
+    # and SIGQUIT ignored, and so would each process a test starts: its Ctrl-C would reach nothing
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    for area, what in areas.all_areas().items():
+        config.addinivalue_line("markers", f"{area}: a test of {what} (tests/areas.py; ./lab test --area {area})")
+
+
 @pytest.hookimpl(tryfirst=True)  # (before -m deselects by marker)
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
         on_postgresql = getattr(item, "callspec", None) and item.callspec.params.get("database") == "postgresql"
-        if on_postgresql or SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if on_postgresql or SERVICE_FIXTURES & fixtures:
             item.add_marker(pytest.mark.service)
+        for area in areas.item_areas(Path(item.path), fixtures):
+            item.add_marker(area)
 
 
 def stale_install(environ: dict | None = None) -> str | None:
@@ -182,6 +201,7 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    zygote.Zygote.stop_mine()  # (and what it started: before leftovers.py looks for what is alive)
     reached = DEFAULT_COORDINATOR_GUARD.take()  # a process that outlived its test, say
     if reached:
         print("\nsomething reached the default coordinator URL after the last test:\n  " + "\n  ".join(reached))
@@ -208,7 +228,14 @@ def only_a_service_test_starts_a_process(request, monkeypatch):
             started.append(args if isinstance(args, (str, bytes)) else " ".join(map(str, args)))
         return execute_child(self, args, *rest, **kwargs)
 
+    fork = zygote.Zygote.popen
+
+    def forked(self, argv, *rest, **kwargs):
+        started.append("device-loop " + " ".join(map(str, argv)))
+        return fork(self, argv, *rest, **kwargs)
+
     monkeypatch.setattr(subprocess.Popen, "_execute_child", recorded)
+    monkeypatch.setattr(zygote.Zygote, "popen", forked)
     yield
     if started:
         pytest.fail("a test that starts a process is marked service (the fast tier leaves it out): it started "
@@ -276,18 +303,17 @@ class Proc:
         self.start()
 
     def start(self):
-        with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen([sys.executable, "-m", "device_loop.cli", *self.args], env=self.env,
-                                          stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.log, "ab") as out:  # (forked from this worker's zygote: tests/zygote.py)
+            self.popen = zygote.popen(self.args, self.env, stdout=out.fileno(), stderr=out.fileno())
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def stop(self, sig=signal.SIGTERM, timeout=20):
+    def stop(self, sig=signal.SIGTERM, timeout=None):
         if self.popen.poll() is None:
             self.popen.send_signal(sig)
             try:
-                self.popen.wait(timeout)
+                self.popen.wait(WAIT_S if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
@@ -295,7 +321,17 @@ class Proc:
         return self.popen.returncode
 
 
-def wait_for(predicate, timeout=15.0, interval=0.05, what="condition"):
+#: The suite's one safety net for a wait (DEVICE_LOOP_TEST_WAIT_S overrides it): the default
+#: timeout of every wait for something that should happen, which only ends a wait that would
+#: otherwise hang; no wait's success depends on it, however busy the machine.
+WAIT_S = float(os.environ.get("DEVICE_LOOP_TEST_WAIT_S") or 120)
+
+
+def wait_for(predicate, timeout=WAIT_S, interval=0.05, what="condition"):
+    """Call ``predicate`` until it returns something true, and return that. ``timeout``: the
+    safety net ``WAIT_S`` (a wait follows progress, not a number found on an idle machine),
+    or, where the test checks that something happens within a bound, a bound derived from
+    the setting it checks (``1.5 * GRACE_S``), never a bare number (tests/test_suite_rules.py)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -312,7 +348,10 @@ class Coordinator(Proc):
     def __init__(self, tmp_path: Path, env: dict, extra=("--single-user",)):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        super().__init__(["coordinator", "--data-dir", str(tmp_path / "coord"), "--port", str(self.port), *extra],
+        # a lease's services have the suite's safety net to come up (its default, 30 s, was
+        # a number from a quiet machine); a test of the timeout sets its own (the last one counts)
+        super().__init__(["coordinator", "--data-dir", str(tmp_path / "coord"), "--port", str(self.port),
+                          "--allocating-timeout", f"{WAIT_S:g}s", *extra],
                          env, tmp_path / "coordinator.log")
         self.wait_ready()
 
@@ -494,12 +533,12 @@ class PtyPair:
         self.proc = subprocess.Popen(["socat", "pty,raw,echo=0,link=" + str(self.board_side),
                                       "pty,raw,echo=0,link=" + str(self.far_side)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: self.board_side.exists() and self.far_side.exists(), 5, what="socat links")
+        wait_for(lambda: self.board_side.exists() and self.far_side.exists(), what="socat links")
 
     def unplug(self):
         self.proc.terminate()
         self.proc.wait(5)
-        wait_for(lambda: not self.board_side.exists(), 5, what="links gone")
+        wait_for(lambda: not self.board_side.exists(), what="links gone")
 
     def far(self, timeout=3):
         return serial.Serial(str(self.far_side), 115200, timeout=timeout)
@@ -570,7 +609,7 @@ def vnc_server(display):
     server = subprocess.Popen(["x11vnc", "-display", f":{display}", "-rfbport", str(port), "-localhost", "-nopw",
                                "-forever", "-shared", "-quiet", "-noxdamage"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert wait_port_open("127.0.0.1", port, timeout=15), "x11vnc did not start"
+    assert wait_port_open("127.0.0.1", port, timeout=WAIT_S), "x11vnc did not start"
     yield port, display
     server.terminate()
     server.wait(10)

@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import wait_for
+from conftest import WAIT_S, wait_for
+import zygote
 
 
 def device(coordinator, name):
@@ -18,8 +19,8 @@ def device(coordinator, name):
     return coordinator.api(f"/devices/{name}").json()
 
 
-def wait_state(coordinator, name, state, timeout=15):
-    """Wait until device ``name`` is in ``state``."""
+def wait_state(coordinator, name, state, timeout=WAIT_S):
+    """Wait until device ``name`` is in ``state`` (``timeout``: as ``wait_for``'s)."""
     wait_for(lambda: device(coordinator, name).get("state") == state, timeout, what=f"{name} {state}")
 
 
@@ -31,11 +32,11 @@ def reserve(coordinator, name, ttl_s=600):
 
 
 def wait_active(coordinator, lease_id):
-    """Wait until lease ``lease_id`` is ready: the lease."""
+    """Wait until lease ``lease_id`` is ready (for ``wait_for``'s safety net at most): the lease."""
     def active():
         lease = coordinator.api(f"/leases/{lease_id}", params={"wait": 5, "unless": "pending"}).json()
         return lease if lease["ready"] else None
-    return wait_for(active, 20, what=f"{lease_id} ready")
+    return wait_for(active, what=f"{lease_id} ready")
 
 
 def written_cdi_spec(folder: Path, host: str, lease_id: str) -> Path:
@@ -43,7 +44,7 @@ def written_cdi_spec(folder: Path, host: str, lease_id: str) -> Path:
     environment is asked off the way to ready (docs/architecture.md, "Containers and CDI"), so
     the spec of a lease just ready may come a moment later."""
     path = folder / f"device-loop_{host}_{lease_id}.json"
-    wait_for(path.exists, 20, what=f"the CDI spec of {lease_id} written")
+    wait_for(path.exists, what=f"the CDI spec of {lease_id} written")
     return path
 
 
@@ -55,14 +56,13 @@ def raw_endpoint(lease):
 def run_cli(env, url, *args, check=True):
     """``device-loop --coordinator URL ARGS`` with this interpreter: the finished process
     (asserted to succeed unless ``check`` is false)."""
-    result = subprocess.run([sys.executable, "-m", "device_loop.cli", "--coordinator", url, *args],
-                            env=env, capture_output=True, text=True, timeout=60)
+    result = zygote.run(["--coordinator", url, *args], env, timeout=WAIT_S)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result
 
 
-def read_until(sock: socket.socket, expect: bytes, timeout: float = 5.0) -> bytes:
+def read_until(sock: socket.socket, expect: bytes, timeout: float = WAIT_S) -> bytes:
     """Read ``sock`` until ``expect`` shows up (asserted), for ``timeout`` seconds at most."""
     received, deadline = b"", time.monotonic() + timeout
     while expect not in received:
@@ -78,7 +78,7 @@ def read_until(sock: socket.socket, expect: bytes, timeout: float = 5.0) -> byte
     return received
 
 
-def uart_exchange(host: str, port: int, send: bytes, expect: bytes, timeout: float = 5.0) -> bytes:
+def uart_exchange(host: str, port: int, send: bytes, expect: bytes, timeout: float = WAIT_S) -> bytes:
     """Send ``send`` over a raw TCP endpoint and read until ``expect`` shows up."""
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(send)
@@ -252,7 +252,7 @@ def token_lab(tmp_path: Path, env: dict, devices: list[dict], *users: str, scope
         exporter = Exporter(tmp_path, env, coordinator.url, devices, token_file=str(token_file))
         for name in (d["name"] for d in devices):
             wait_for(lambda name=name: coordinator.api(f"/devices/{name}", headers={}).json().get("state") == "idle",
-                     20, what=f"{name} idle")
+                     what=f"{name} idle")
         yield coordinator, exporter, {user: {**env, "DEVICE_LOOP_TOKEN": token} for user, token in made.items()}
     finally:
         if exporter is not None:

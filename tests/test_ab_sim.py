@@ -74,7 +74,7 @@ def test_abab_with_settle_finds_the_5_percent_and_aabb_without_it_does_not(coord
     exporter = Exporter(tmp_path, env, coordinator.url, [{"name": name, **HOT_BOARD} for name in ("abab", "aabb")])
     try:
         for name in ("abab", "aabb"):
-            wait_state(coordinator, name, "idle", timeout=30)
+            wait_state(coordinator, name, "idle")
         # the same board (its seed, its model), one job each, side by side
         jobs = {"abab": ab_cli(env, coordinator, "abab", "--order", "abab"),
                 "aabb": ab_cli(env, coordinator, "aabb", "--order", "aabb", "--no-settle")}

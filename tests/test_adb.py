@@ -129,7 +129,7 @@ def test_one_device_serves_each_phone_on_its_own_server(tmp_path, adb_env, adb35
     global_server = subprocess.Popen(["adb", "-P", str(global_port), "server", "nodaemon"])  # the stand-in
     exporter = exporter_for(tmp_path, phones(tmp_path, "PHONE1", "PHONE2"))
     try:
-        wait_for(lambda: not port_is_free("127.0.0.1", global_port), 5, what="the global server listening")
+        wait_for(lambda: not port_is_free("127.0.0.1", global_port), what="the global server listening")
         resources = exporter.discover()
         assert {exporter.health(r).status for r in resources} == {"ok"}
         converge(exporter, desired("PHONE1", "PHONE2"))

@@ -64,7 +64,7 @@ def test_a_candidate_is_adopted_then_served(tmp_path, coordinator, echo_server):
 
         lease = coordinator.api("/leases", "POST", json={"device": "bmc-7"}).json()
         exporter.cycle()
-        lease = wait_for(lambda: (l := coordinator.api(f"/leases/{lease['id']}").json())["ready"] and l, 10,
+        lease = wait_for(lambda: (l := coordinator.api(f"/leases/{lease['id']}").json())["ready"] and l,
                          what="lease ready")
         (endpoint,) = lease["endpoints"]
         with socket.create_connection((endpoint["host"], endpoint["port"]), timeout=5) as conn:

@@ -93,7 +93,7 @@ def record(path, **expected):
         return now if now is not None and now.bytes > above and all(
             getattr(now, k) == v for k, v in expected.items()) else None
 
-    return wait_for(shows, 10, what=f"the record to show {expected}, more than {above} bytes")
+    return wait_for(shows, what=f"the record to show {expected}, more than {above} bytes")
 
 
 def test_with_nobody_connected_the_node_is_free_and_a_client_opens_it(tmp_path):
@@ -107,7 +107,7 @@ def test_with_nobody_connected_the_node_is_free_and_a_client_opens_it(tmp_path):
             probe = os.open(pair.board_side, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
             try:
                 far.write(b"before anyone came\n")  # left in the line: the bridge does not read it
-                wait_for(lambda: waiting(probe) == len(b"before anyone came\n"), 5, what="socat to pass it on")
+                wait_for(lambda: waiting(probe) == len(b"before anyone came\n"), what="socat to pass it on")
                 client = socket.create_connection(("127.0.0.1", port), timeout=5)
                 record(activity, open=True)
             finally:
@@ -127,7 +127,7 @@ def test_with_nobody_connected_the_node_is_free_and_a_client_opens_it(tmp_path):
             left = record(activity, open=False)
             assert left.hangups == 0, "a client leaving is no hang-up"
             assert (left.bytes, left.typed) == (two.bytes, two.typed)
-            wait_for(lambda: not held_by(pair.board_side), 5, what="the bridge to let the node go")
+            wait_for(lambda: not held_by(pair.board_side), what="the bridge to let the node go")
             reader = os.open(pair.board_side, os.O_RDONLY | os.O_NOCTTY)  # another program reads it
             try:
                 far.write(b"for the reader\n")
@@ -158,7 +158,7 @@ def test_a_client_stays_across_an_unplug_and_one_coming_meanwhile_is_told_once(t
                 with socket.create_connection(("127.0.0.1", port), timeout=5) as second:
                     told = recv_until(second, b"\r\n")
                     assert told.startswith(b"device open failure: ") and b"ttyA" in told, told
-                    wait_for(lambda: closed(first), 5, what="the newcomer to take over")
+                    wait_for(lambda: closed(first), what="the newcomer to take over")
                     pair.plug()
                     back = record(activity, open=True, hangups=1)
                     with pair.far(timeout=0.5) as far:
@@ -197,12 +197,12 @@ def test_an_rfc2217_client_across_a_reopen_still_changes_the_speed(tmp_path):
                     far.write(b"from the board\n")
                     assert client.read_until(b"\n") == b"from the board\n"
                 client.baudrate = 57600
-                wait_for(lambda: line_speed(pair.board_side) == termios.B57600, 5, what="57600 baud on the line")
+                wait_for(lambda: line_speed(pair.board_side) == termios.B57600, what="57600 baud on the line")
             finally:
                 client.close()
             newcomer = open_uart(endpoint, timeout=3)  # a new client starts at the configured speed
             try:
-                wait_for(lambda: line_speed(pair.board_side) == termios.B115200, 5, what="115200 baud again")
+                wait_for(lambda: line_speed(pair.board_side) == termios.B115200, what="115200 baud again")
             finally:
                 newcomer.close()
     finally:
@@ -232,7 +232,7 @@ def test_the_bridge_process_holds_the_node_only_while_a_client_is_connected(tmp_
                 assert far.read_until(b"\n") == b"hi\n"
                 assert record(path, bytes_above=6 * n + 5, typed=3 * (n + 1)).hangups == 0
             assert record(path, open=False).hangups == 0
-            wait_for(lambda: not held_by(pty_pair.board_side, proc.pid), 5, what="the bridge to let the node go")
+            wait_for(lambda: not held_by(pty_pair.board_side, proc.pid), what="the bridge to let the node go")
     finally:
         proc.stop()
     assert not path.exists(), "stopped with SIGTERM, it removed its record"
@@ -269,7 +269,7 @@ def test_each_service_makes_its_own_record_and_removes_only_that(tmp_path):
             late.enter_context(bridge(device, path, removes=False))
             first = record(path, open=False) and os.stat(path).st_ino
             port = next_one.enter_context(bridge(device, path))
-            wait_for(lambda: os.stat(path).st_ino != first, 5, what="the next service's record: a new file")
+            wait_for(lambda: os.stat(path).st_ino != first, what="the next service's record: a new file")
             late.close()
             assert path.exists(), "the late one stopping left the next one's record"
             with socket.create_connection(("127.0.0.1", port), timeout=5):

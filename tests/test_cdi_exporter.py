@@ -77,4 +77,4 @@ def test_a_live_leases_spec_is_written_again_after_a_restart(tmp_path, coordinat
     exporter.stop(signal.SIGKILL)
     path.write_text("{}")  # a spec the dead exporter was halfway through: never trusted
     exporter.start()
-    wait_for(lambda: path.exists() and path.read_text() == written, 30, what="the live lease's spec written again")
+    wait_for(lambda: path.exists() and path.read_text() == written, what="the live lease's spec written again")

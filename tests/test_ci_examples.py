@@ -103,7 +103,7 @@ def lab(tmp_path_factory):
     exporter = Exporter(folder, environ, coordinator.url, boards)
     try:
         for name in BOARDS:
-            wait_state(coordinator, name, "idle", timeout=30)
+            wait_state(coordinator, name, "idle")
         yield coordinator, environ
     finally:
         exporter.stop()
@@ -274,7 +274,7 @@ def github_job(project: Project, lab_url: str, event: str = "pull_request", canc
         proc = subprocess.Popen(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)],
                                 cwd=project.checkout, env=env, start_new_session=True)
         if cancel is not None and cancel.at == name:
-            wait_for(cancel.ready, 60, what=f"{name} started")
+            wait_for(cancel.ready, what=f"{name} started")
             cancel.sent_at = time.monotonic()
             proc.send_signal(signal.SIGINT)                 # to the entry process alone, as the runner does
             if not _wait_exit(proc, GITHUB_SIGINT_TO_SIGTERM_S, cancel):
@@ -310,7 +310,7 @@ def gitlab_job(project: Project, lab_url: str, cancel: Cancel | None = None, upt
     proc = _Piped(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=project.checkout, env=env,
                   start_new_session=True)
     if cancel is not None:
-        wait_for(cancel.ready, 60, what="the job's command started")
+        wait_for(cancel.ready, what="the job's command started")
         cancel.sent_at = time.monotonic()
         os.killpg(proc.pid, signal.SIGTERM)              # the whole group at once, as the runner does
         if not _wait_exit(proc, GITLAB_SIGTERM_TO_SIGKILL_S, cancel):
@@ -356,7 +356,7 @@ def test_the_github_workflow_builds_tests_on_a_board_and_posts_the_evidence(lab,
     assert args == ["pr", "comment", "7", "--body-file", "ab.md"] and "B (patch) is" in body and "slower" in body
     assert "device-loop with: passed" in steps["Test on a board running the build"].summary
     assert "## Results" in steps["A/B of the base against this pull request"].summary
-    wait_for(lambda: _holders(coordinator) == {name: None for name in BOARDS}, 15, what="the boards given back")
+    wait_for(lambda: _holders(coordinator) == {name: None for name in BOARDS}, what="the boards given back")
 
 
 def test_the_gitlab_job_builds_tests_on_a_board_and_posts_the_note(lab, project):
@@ -376,7 +376,7 @@ def test_the_gitlab_job_builds_tests_on_a_board_and_posts_the_note(lab, project)
     assert again.returncode == 0, again.stderr
     assert (project.checkout / "again.xml").read_text() == (project.checkout / "ab.xml").read_text()
     assert (project.checkout / "again.md").read_text() == (project.checkout / "ab.md").read_text()
-    wait_for(lambda: _holders(coordinator) == {name: None for name in BOARDS}, 15, what="the boards given back")
+    wait_for(lambda: _holders(coordinator) == {name: None for name in BOARDS}, what="the boards given back")
 
 
 class BoardWatch:

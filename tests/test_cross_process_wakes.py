@@ -7,6 +7,7 @@ import asyncpg
 import httpx2
 import pytest
 
+import conftest
 from lab_in_process import FakeExporter, device
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -22,7 +23,7 @@ READ_DONE = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_data
 async def parked(admin: asyncpg.Connection, since, poll: asyncio.Task) -> None:
     """Wait until the long-poll ``poll``, sent after ``since`` (the server's clock), read the
     desired state and waits."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + conftest.WAIT_S
     while not await admin.fetchval(READ_DONE, since):
         assert not poll.done(), f"the long-poll answered before anything changed: {poll.result().text}"
         assert time.monotonic() < deadline, "the long-poll did not read the desired state"
@@ -60,7 +61,7 @@ async def test_a_long_poll_wakes_at_a_change_made_by_another_process(two_coordin
             assert await admin.fetchval(listening.format("count(pg_terminate_backend(pid))")) == 2, \
                 "each coordinator process listens on a connection of its own"
             assert await reserve_and_watch(admin, two, one, "b1") < WAIT_S / 2
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + conftest.WAIT_S
             while await admin.fetchval(listening.format("count(*)")) < 2:
                 assert time.monotonic() < deadline, "a process did not listen again"
                 await asyncio.sleep(0.2)  # (polling the condition)

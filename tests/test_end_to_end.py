@@ -73,7 +73,7 @@ def test_exporter_killed_and_restarted_converges(coordinator, exporter_factory, 
         pids = recorded_pids(exporter.state_dir)
         if current["ready"] and pids and old_pid not in pids:
             return current
-    current = wait_for(republished, 20, what="service back with a new process")
+    current = wait_for(republished, what="service back with a new process")
     assert current["state"] == "active" and current["id"] == lease["id"]
     assert not pid_alive(old_pid), "the old ser2net was left running"
     endpoint = raw_endpoint(current)
@@ -87,7 +87,7 @@ def test_leases_of_a_killed_exporter_are_not_ready_at_once(coordinator, exporter
 
     exporter.stop(signal.SIGKILL)
     gone = wait_for(lambda: (lambda s: s if not s["ready"] else None)(coordinator.api(f"/leases/{lease['id']}").json()),
-                    5, what="the lease no longer ready")
+                    what="the lease no longer ready")
     assert gone["endpoints"] == [] and "lost its connection" in gone["reason"], gone
     assert gone["device_state"] == "in_use" and coordinator.api("/hosts").json()[0]["online"], \
         "its long-poll was cut: that is not silence (the host is taken for offline only after 3 periods)"
@@ -110,7 +110,7 @@ def test_a_service_that_dies_is_restarted(coordinator, exporter_factory, pty_pai
         current = coordinator.api(f"/leases/{lease['id']}").json()
         fresh = current["endpoints"] and current["endpoints"] != lease["endpoints"]
         return current if pids and old_pid not in pids and fresh else None
-    current = wait_for(restarted, 15, what="a new ser2net")
+    current = wait_for(restarted, what="a new ser2net")
     endpoint = raw_endpoint(current)
     uart_exchange(endpoint["host"], endpoint["port"], b"ping", b"ping")
     assert "died; restarting it" in exporter.output()
@@ -158,7 +158,7 @@ def test_allocation_timeout_fails_lease_cleanly(tmp_path, env):
         assert waited.returncode == 1 and answer["error"] == "timeout"
         lease = {"id": answer["lease"]}  # the lease left behind is named as a field, not only in the message
         failed = wait_for(lambda: (l := coordinator.api(f"/leases/{lease['id']}").json())["state"] == "failed" and l,
-                          10, what="lease failed")
+                          what="lease failed")
         assert "did not come up within 2s" in failed["end_reason"]
         assert device(coordinator, "sim-board-0")["state"] == "reclaiming"
         exporter.popen.send_signal(signal.SIGCONT)

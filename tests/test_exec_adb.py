@@ -69,7 +69,7 @@ def test_exec_over_adb_gives_stdout_stderr_and_status(adb_lab):
     with pytest.raises(ExecError) as timed_out:
         lease.exec("sleep 31.5", timeout_s=1)
     assert timed_out.value.code == "timeout"
-    wait_for(lambda: not processes_with("sleep 31.5"), 10, what="the phone's shell hung up on with its client")
+    wait_for(lambda: not processes_with("sleep 31.5"), what="the phone's shell hung up on with its client")
 
 
 def test_the_cli_over_adb(adb_lab):

@@ -29,7 +29,7 @@ class RealShell:
         self.proc = subprocess.Popen(["socat", f"PTY,link={self.link},raw,echo=0",
                                       "EXEC:sh -i,pty,stderr,setsid,sigint,ctty"],
                                      env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self.link.exists, 5, what="the shell's pty")
+        wait_for(self.link.exists, what="the shell's pty")
 
     def stop(self):
         self.proc.terminate()

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from conftest import WAIT_S
 from device_loop.coordinator import device_commands
 from device_loop.coordinator.errors import APIError
 from device_loop.coordinator.ssh_logins import SshLogins
@@ -23,7 +24,7 @@ async def until(condition: threading.Condition, holds) -> None:
     """Return once ``holds()`` is true, as the threads that change it notify ``condition``."""
     def wait() -> None:
         with condition:
-            assert condition.wait_for(holds, timeout=10), "not within 10 s"
+            assert condition.wait_for(holds, timeout=WAIT_S), f"not within {WAIT_S:g} s"
     await asyncio.to_thread(wait)
 
 

@@ -55,7 +55,7 @@ class Sshd:
         self.log = folder / "sshd.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: self.proc.poll() is not None or not port_is_free("127.0.0.1", self.port), 10,
+        wait_for(lambda: self.proc.poll() is not None or not port_is_free("127.0.0.1", self.port),
                  what="sshd listening")
         assert self.proc.poll() is None, self.log.read_text()
 

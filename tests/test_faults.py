@@ -155,7 +155,7 @@ async def test_acknowledged_leases_survive_a_kill_9_in_a_burst(tmp_path, env, co
     coordinator = Coordinator(tmp_path, env, extra=coordinator_args)
     exporter = Exporter(tmp_path, env, coordinator.url, sim_devices(*names), heartbeat_s=HEARTBEAT_S)
     try:
-        wait_for(lambda: lab_state(coordinator) == dict.fromkeys(names, "idle"), 30, what="32 idle boards")
+        wait_for(lambda: lab_state(coordinator) == dict.fromkeys(names, "idle"), what="32 idle boards")
         # killed at the 3rd answer; the other answers are held (however late this client reads,
         # the kill lands with requests unanswered: some made, some not)
         acked, unanswered = await reserve_burst(coordinator, names[:28], kill_after=3)
@@ -222,7 +222,7 @@ def test_exporter_killed_with_several_kinds_of_service_leaves_none_behind(tmp_pa
     exporter = Exporter(tmp_path, env, coordinator.url, devices)
     try:
         for name in ("jupiter", "cam-0", "screen-0", "sim-board-0"):
-            wait_state(coordinator, name, "idle", timeout=30)
+            wait_state(coordinator, name, "idle")
         leases = [wait_active(coordinator, reserve(coordinator, name)["id"])
                   for name in ("jupiter", "cam-0", "screen-0", "sim-board-0")]
         before = recorded_pids(exporter.state_dir)
@@ -234,7 +234,7 @@ def test_exporter_killed_with_several_kinds_of_service_leaves_none_behind(tmp_pa
         exporter.stop(signal.SIGKILL)
         assert all(pid_alive(pid) for pid in before), "services outlive a kill -9 of their exporter: the orphans"
         exporter.start()
-        current = wait_for(lambda: ready_again(coordinator, leases, old_boot), 30, what="every lease served again")
+        current = wait_for(lambda: ready_again(coordinator, leases, old_boot), what="every lease served again")
 
         left = [before[pid]["name"] for pid in before if pid_alive(pid)]
         assert not left, f"processes of the killed exporter still run: {left}"
@@ -270,14 +270,14 @@ def test_exporter_killed_while_a_start_is_in_flight(tmp_path, env, coordinator):
     exporter = Exporter(tmp_path, env, coordinator.url,
                         [with_camera("cam-f", source=None, file=str(source)), *sim_devices("sim-board-0")])
     try:
-        wait_state(coordinator, "cam-f", "idle", timeout=30)
+        wait_state(coordinator, "cam-f", "idle")
         wait_state(coordinator, "sim-board-0", "idle")
         board = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
         lease = reserve(coordinator, "cam-f")
 
         def started():
             return [pid for pid, record in recorded_pids(exporter.state_dir).items() if record["lease"] == lease["id"]]
-        (stuck,) = wait_for(started, 20, interval=0.01, what="the camera's stream process started")
+        (stuck,) = wait_for(started, interval=0.01, what="the camera's stream process started")
         old_boot = coordinator.api("/hosts").json()[0]["boot_id"]
         exporter.stop(signal.SIGKILL)
         assert pid_alive(stuck) and coordinator.api(f"/leases/{lease['id']}").json()["state"] == "pending", \
@@ -285,7 +285,7 @@ def test_exporter_killed_while_a_start_is_in_flight(tmp_path, env, coordinator):
 
         os.replace(write_clip(tmp_path / "clip.avi"), source)
         exporter.start()
-        cam, board = wait_for(lambda: ready_again(coordinator, [lease, board], old_boot), 40,
+        cam, board = wait_for(lambda: ready_again(coordinator, [lease, board], old_boot),
                               what="the camera and the board served by the new exporter")
         assert not pid_alive(stuck), "the stream process stuck in its start was left running"
         assert spawned_by(exporter.state_dir) == recorded_pids(exporter.state_dir).keys()

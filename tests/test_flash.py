@@ -10,7 +10,7 @@ import time
 import anyio
 import pytest
 
-from conftest import HEARTBEAT_S, wait_for
+from conftest import HEARTBEAT_S, WAIT_S, wait_for
 from helpers import device, run_cli, wait_state
 from test_mcp import agent, call
 
@@ -47,7 +47,7 @@ def op(coordinator, op_id: str) -> dict:
     return coordinator.api(f"/ops/{op_id}").json()
 
 
-def wait_op(coordinator, op_id: str, predicate, what: str, timeout: float = 30) -> dict:
+def wait_op(coordinator, op_id: str, predicate, what: str, timeout: float = WAIT_S) -> dict:
     def seen():
         current = op(coordinator, op_id)
         return current if predicate(current) else None
@@ -89,7 +89,7 @@ def test_a_flash_writes_the_image_verifies_it_and_is_audited(tmp_path, env, coor
     target.unlink()
     target.mkdir()  # a target that cannot even be opened: the flash fails and the device was not touched
     # (a scan between the two lines saw no target at all: its health failed, and says so; wait that out)
-    wait_for(lambda: device(coordinator, "sim-board-0")["health"] == "ok", 15, what="its health ok again")
+    wait_for(lambda: device(coordinator, "sim-board-0")["health"] == "ok", what="its health ok again")
     refused = run_cli(env, coordinator.url, "flash", "sim-board-0", "build-1", "--json", check=False)
     said = json.loads(refused.stdout)
     assert refused.returncode == 1 and "cannot open the flash target" in said["message"], said
@@ -98,8 +98,9 @@ def test_a_flash_writes_the_image_verifies_it_and_is_audited(tmp_path, env, coor
 
 
 def test_heartbeats_and_other_leases_go_on_during_a_long_flash(tmp_path, env, coordinator, exporter_factory):
-    out = tmp_path / "written.img"
-    slow_tool = f"sh -c 'sleep 6; cp \"$0\" \"$1\"' {{image}} {out}"
+    out, done_writing = tmp_path / "written.img", tmp_path / "done-writing"
+    # a flash as long as the test needs: its tool writes once the test lets it
+    slow_tool = f"sh -c 'until [ -e {done_writing} ]; do sleep 0.05; done; cp \"$0\" \"$1\"' {{image}} {out}"
     exporter_factory([flashable("sim-board-0", command=slow_tool), {"name": "sim-board-1", "plugin": "sim",
                                                                     "class": "sim-board"}])
     wait_state(coordinator, "sim-board-1", "idle")
@@ -107,16 +108,25 @@ def test_heartbeats_and_other_leases_go_on_during_a_long_flash(tmp_path, env, co
     cli_json(env, coordinator, "images", "upload", str(build), "--name", "build-1", "--for", "sim-board")
     cli_json(env, coordinator, "reserve", "sim-board-0", "--wait")
     op_id = run_cli(env, coordinator.url, "flash", "sim-board-0", "build-1", "--detach").stdout.strip()
-    wait_op(coordinator, op_id, lambda o: o["phase"] == "writing", "the slow tool to run")
-    other = cli_json(env, coordinator, "reserve", "sim-board-1", "--wait", "--timeout", "5s")
-    assert other["ready"], "another lease of the host is served during the flash"
-    ages = []
-    while op(coordinator, op_id)["state"] == "running":
-        ages.append(coordinator.api("/hosts").json()[0]["heartbeat_age_s"])
-        time.sleep(0.25)
-    # (the coordinator takes a host for offline after 3 periods of silence)
-    assert len(ages) >= 6 and max(ages) < 2.5 * HEARTBEAT_S, f"heartbeats stalled during the flash: {ages}"
-    finished = op(coordinator, op_id)
+    try:
+        wait_op(coordinator, op_id, lambda o: o["phase"] == "writing", "the slow tool to run")
+        other = cli_json(env, coordinator, "reserve", "sim-board-1", "--wait", "--timeout", f"{WAIT_S:g}s")
+        assert other["ready"], "another lease of the host is served during the flash"
+        # (the coordinator takes a host for offline after 3 periods of silence: 3 heartbeats, each
+        # on time, while the flash writes)
+        ages: list[float] = []
+        since = coordinator.api("/hosts").json()[0]["generation"]
+
+        def beaten() -> bool:
+            (host,) = coordinator.api("/hosts").json()
+            ages.append(host["heartbeat_age_s"])
+            return host["generation"] >= since + 3
+        wait_for(beaten, interval=0.25, what="3 heartbeats during the flash")
+        assert op(coordinator, op_id)["phase"] == "writing", "the flash was writing all along"
+        assert max(ages) < 2.5 * HEARTBEAT_S, f"heartbeats stalled during the flash: {ages}"
+    finally:
+        done_writing.touch()
+    finished = wait_op(coordinator, op_id, lambda o: o["state"] != "running", "the flash's end")
     assert finished["state"] == "done" and "written by sh" in finished["message"]
     assert out.read_bytes() == build.read_bytes()
 
@@ -162,7 +172,7 @@ def test_kill_9_while_writing_needs_recovery_and_recover_brings_it_back(tmp_path
     exporter_factory(devices)  # the same host, started again
     failed = wait_op(coordinator, op_id, lambda o: o["state"] != "running", "the flash to be found interrupted")
     assert failed["state"] == "failed" and "interrupted while writing" in failed["message"]
-    wait_for(lambda: subprocess.run(["pgrep", "-f", "sleep 61.5"]).returncode == 1, 10,
+    wait_for(lambda: subprocess.run(["pgrep", "-f", "sleep 61.5"]).returncode == 1,
              what="the dead exporter's flash tool to be stopped by the next start")
     info = coordinator.api("/devices/sim-board-0").json()
     assert info["needs_recovery"] and info["holder"] == "alice"

@@ -61,7 +61,7 @@ def test_a_revoked_holder_loses_the_board_when_its_exporter_dies(tmp_path, env, 
     try:
         wait_state(coordinator, "jupiter", "idle")
         lease_id = coordinator.api("/leases", "POST", json={"device": "jupiter", "ttl_s": 600}, **alice).json()["id"]
-        lease = wait_for(lambda: ready(coordinator, lease_id, alice), 20, what="the lease ready")
+        lease = wait_for(lambda: ready(coordinator, lease_id, alice), what="the lease ready")
         endpoint = raw_endpoint(lease)
         live = connect_gated(endpoint["host"], endpoint["port"], endpoint["secret"])
         live.sendall(b"BEFORE")
@@ -89,13 +89,13 @@ def test_a_revoked_holder_loses_the_board_when_its_exporter_dies(tmp_path, env, 
         assert all(pid_alive(pid) for pid in ser2net), "services outlive a kill -9 of their exporter"
 
         exporter.start()
-        wait_for(lambda: not any(pid_alive(pid) for pid in old_boot), 30, what="the old boot's processes stopped")
-        wait_for(lambda: spawned_by(exporter.state_dir) == set(), 10, what="nothing running for the revoked lease")
+        wait_for(lambda: not any(pid_alive(pid) for pid in old_boot), what="the old boot's processes stopped")
+        wait_for(lambda: spawned_by(exporter.state_dir) == set(), what="nothing running for the revoked lease")
         assert "stopped leftover ser2net" in exporter.output()
 
         wait_state(coordinator, "jupiter", "idle")  # and a plain stop (SIGTERM) still stops everything
         lease_id = coordinator.api("/leases", "POST", json={"device": "jupiter", "ttl_s": 600}, **alice).json()["id"]
-        lease = wait_for(lambda: ready(coordinator, lease_id, alice), 20, what="the new lease ready")
+        lease = wait_for(lambda: ready(coordinator, lease_id, alice), what="the new lease ready")
         endpoint = raw_endpoint(lease)
         live = connect_gated(endpoint["host"], endpoint["port"], endpoint["secret"])
         exporter.stop()

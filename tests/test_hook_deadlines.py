@@ -16,6 +16,7 @@ from device_loop.exporter.hook_deadlines import PARALLEL_CALLS, HookDeadlines, H
 from helpers import reserve, wait_active, wait_state
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
+SCANS_WATCHED = 6  # heartbeats, each a scan, during which a hung call must not be started again
 
 # Its first discovery finds its devices, every later one hangs; its health check hangs.
 # Each call is written down, so that the test sees which calls were started.
@@ -85,27 +86,31 @@ def test_a_hung_health_check_degrades_its_device_and_stops_no_heartbeat(tmp_path
     exporter = Exporter(tmp_path, env, coordinator.url, devices, heartbeat_s=heartbeat_s, hook_timeout_s=1)
     try:
         stuck = wait_for(lambda: (lambda d: d if d.get("health") == "degraded" else None)(
-            coordinator.api("/devices/tar-pit").json()), 20, what="tar-pit degraded")
+            coordinator.api("/devices/tar-pit").json()), what="tar-pit degraded")
         assert stuck["health_reason"] == "stuck: health check timed out after 1 s", stuck
         assert stuck["state"] == "idle", "a check that hangs is no evidence the device is broken"
 
         def failing():
             (host,) = coordinator.api("/hosts").json()
             return {f["name"]: f["reason"] for f in host["plugins"]["failing"]}
-        assert wait_for(lambda: failing().get("stuck"), 20, what="stuck failing in hosts") == \
+        assert wait_for(lambda: failing().get("stuck"), what="stuck failing in hosts") == \
             "discovery timed out after 1 s; serving what it found before"
 
         wait_state(coordinator, "sim-board-0", "idle")
         lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
         assert lease["endpoints"], lease
 
-        # heartbeats keep coming, each a scan (heartbeat_s 0.5), while both calls hang
-        watched_until, ages = time.monotonic() + 3, []
-        while time.monotonic() < watched_until:
+        # heartbeats keep coming, each a scan (heartbeat_s 0.5), while both calls hang: watched
+        # for as many scans as would each have started a hung discovery again
+        ages: list[float] = []
+        since = coordinator.api("/hosts").json()[0]["generation"]
+
+        def scanned() -> bool:
             (host,) = coordinator.api("/hosts").json()
             assert host["online"], host
             ages.append(host["heartbeat_age_s"])
-            time.sleep(0.1)  # how often the host is sampled (what is awaited is the window's end)
+            return host["generation"] >= since + SCANS_WATCHED
+        wait_for(scanned, interval=0.1, what=f"{SCANS_WATCHED} more heartbeats while both calls hang")
         assert max(ages) < 3 * heartbeat_s, f"a heartbeat came {max(ages)} s late"  # (3 periods: offline)
         assert calls.read_text().split() == ["discover", "health", "discover"], \
             "a call that had not returned was started again"
@@ -137,7 +142,7 @@ def test_a_call_past_its_deadline_times_out_and_is_not_started_again_until_it_re
     assert len(started) == 1 and deadlines.hung() == ["hang"]
 
     release.set()
-    wait_for(lambda: not deadlines.hung(), 5, what="the hung call's end noticed")
+    wait_for(lambda: not deadlines.hung(), what="the hung call's end noticed")
     release.clear()
     release.set()
     assert deadlines.run({"hang": hangs})["hang"] == Returned("late") and len(started) == 2

@@ -28,6 +28,7 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import BaseModel
 
+from conftest import WAIT_S
 from device_loop.coordinator import relays
 from device_loop.coordinator.events import Broadcaster
 from device_loop.coordinator.identity import issue_token
@@ -275,7 +276,7 @@ async def test_an_agent_sees_through_a_real_exporter_s_gate(gated_lab):
     assert [(h["name"], h["address"]) for h in coordinator.api("/hosts").json()] == [("host-a", ADDRESS)]
     async with agent(coordinator.url, env["DEVICE_LOOP_TOKEN"]) as alice:
         lease = (await alice.call_tool("reserve", {"device": "sim-board-0"})).structured_content
-        with anyio.fail_after(30):
+        with anyio.fail_after(WAIT_S):
             while not (await alice.call_tool("lease_status", {"lease_id": lease["id"]})).structured_content["ready"]:
                 await anyio.sleep(0.05)
         shot = await alice.call_tool("camera_snapshot", {"lease_id": lease["id"]})

@@ -453,7 +453,7 @@ def test_with_fewer_descriptors_than_slow_clients_a_request_is_answered_once_the
         answer = httpx2.get(f"{coordinator.url}/api/v1/health", timeout=40)
         assert answer.status_code == 200, "answered once the deadline freed descriptors"
         assert time.monotonic() - asked > 1.5, "(it had to wait for them)"
-        wait_for(slow.all_closed, 30, what="every slow connection cut")
+        wait_for(slow.all_closed, what="every slow connection cut")
     finally:
         slow.close()
         coordinator.stop()

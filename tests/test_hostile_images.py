@@ -279,7 +279,9 @@ def _race_uploads_and_removals(images, spread: Spread, db: LabDatabase) -> None:
         def send(via: int, name: str, data: bytes) -> int:
             return spread.request(via, "POST", "/images", params={"name": name, "for": "b0"}, content=data).status_code
 
+        round_s = 0.0  # the longest round: the sweeps after a round's removal have run by the next one's end
         for round_ in range(40):
+            began = time.monotonic()
             # the same bytes under two names through two processes: one row, and its file stays
             data = rng.randbytes(64 << 10)
             statuses = spread.at_once((send, 0, f"a-{round_}", data), (send, 1, f"b-{round_}", data))
@@ -292,7 +294,9 @@ def _race_uploads_and_removals(images, spread: Spread, db: LabDatabase) -> None:
             removed, uploaded = spread.at_once((remove,), (again,))
             assert removed == 200 and uploaded in (201, 409), (removed, uploaded)
             _every_row_has_its_file(db, images)
-        deadline = time.monotonic() + 2  # the sweeps after each removal have run: still true
+            round_s = max(round_s, time.monotonic() - began)
+        # the sweeps after the last removal leave no trace to wait for: watched for two rounds' time, still true
+        deadline = time.monotonic() + 2 * round_s
         while time.monotonic() < deadline:
             _every_row_has_its_file(db, images)
     finally:

@@ -45,7 +45,7 @@ def lab(one_lab):
     for board in BOARDS:
         if one_lab.api(f"/devices/{board['name']}").json().get("fault_kind") == "lab-failures":
             one_lab.api(f"/admin/devices/{board['name']}/clear-fault", "POST")
-        wait_state(one_lab, board["name"], "idle", timeout=30)
+        wait_state(one_lab, board["name"], "idle")
     client = Lab(one_lab.url, user="alice")
     yield one_lab, client
     client.api.close()
@@ -124,7 +124,7 @@ def test_whose_failure_a_failed_run_was(lab, tmp_path):
         "run": [f"touch {ready}; while [ ! -e {go} ]; do sleep 0.02; done; exit 1"]})))
     worker.start()
     try:
-        wait_for(ready.exists, 30, what="the run under way")
+        wait_for(ready.exists, what="the run under way")
         (lease,) = coordinator.api("/leases").json()
         assert coordinator.api(f"/admin/leases/{lease['id']}/revoke", "POST").status_code == 200
     finally:

@@ -44,7 +44,7 @@ def one_lab(tmp_path_factory):
 @pytest.fixture
 def lab(one_lab):
     """The module's lab, its board idle; the environment of a CLI pointed at it."""
-    wait_state(one_lab[0], "sim-board-0", "idle", timeout=30)
+    wait_state(one_lab[0], "sim-board-0", "idle")
     return one_lab
 
 
@@ -158,7 +158,7 @@ def test_a_lease_revoked_mid_job_fails_it_with_that_reason(lab, tmp_path):
     running = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "run", "--json", str(tmp_path / "job.toml")],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(ready.exists, 30, what="the first run under way")
+        wait_for(ready.exists, what="the first run under way")
         (lease,) = coordinator.api("/leases").json()
         assert coordinator.api(f"/admin/leases/{lease['id']}/revoke", "POST").status_code == 200
         go.touch()
@@ -247,7 +247,7 @@ def test_a_worker_stopped_by_sigterm_fails_its_job_and_releases(lab, tmp_path):
     running = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "run", "--json", str(tmp_path / "job.toml")],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(started.exists, 30, what="the command running")
+        wait_for(started.exists, what="the command running")
         running.terminate()
         out, err = running.communicate(timeout=30)
     finally:
@@ -266,7 +266,7 @@ def test_a_running_job_cancelled_stops_its_worker_and_its_command(lab, tmp_path,
     running = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "run", "--json", str(tmp_path / "job.toml")],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: pid.exists() and pid.read_text().strip(), 30, what="the command running")
+        wait_for(lambda: pid.exists() and pid.read_text().strip(), what="the command running")
         (job,) = [j for j in json.loads(here(capsys, coordinator, "jobs", "--json")[1]) if j["state"] == "running"]
         assert here(capsys, coordinator, "job", "cancel", job["id"])[0] == 0
         out, err = running.communicate(timeout=30)  # its next beat says so

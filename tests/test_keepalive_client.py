@@ -42,7 +42,7 @@ def lab(tmp_path_factory):
 
 def idle(coordinator: Coordinator, *names: str) -> None:
     """Wait until ``names`` are idle (reported, the last lease's reclaim done)."""
-    wait_for(lambda: all(coordinator.api(f"/devices/{n}").json().get("state") == "idle" for n in names), timeout=20,
+    wait_for(lambda: all(coordinator.api(f"/devices/{n}").json().get("state") == "idle" for n in names),
              what=f"{', '.join(names)} idle")
 
 

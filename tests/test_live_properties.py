@@ -204,7 +204,7 @@ class LiveLab(RuleBasedStateMachine):
         def ended():
             live = self.live_ids()
             return not any(k.id in live for k in self.expiring())
-        wait_for(ended, 10, interval=0.1, what="leases renewed to 1 s to expire")
+        wait_for(ended, interval=0.1, what="leases renewed to 1 s to expire")
         if self.online:  # the same as its newest report, a generation later (else it would go silent)
             newest = next(b for b in self.exporter.sent if b["generation"] == self.newest)
             self._accepted(self.exporter.beat(0, [d["name"] for d in newest["devices"]], newest["services"]),

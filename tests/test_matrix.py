@@ -34,7 +34,7 @@ def test_a_matrix_over_three_groups_one_without_a_device(coordinator, tmp_path, 
         board("neon-board", "neon", ["fp", "asimd"], "aarch64")])
     try:
         for name in ("sve-board", "rvv-board", "neon-board"):
-            wait_state(coordinator, name, "idle", timeout=30)
+            wait_state(coordinator, name, "idle")
         held = coordinator.api("/leases", "POST", json={"device": "neon-board"}, headers={"X-Device-Loop-User": "bob"})
         assert held.status_code == 201, "bob holds the only neon board all along"
         env = {**env, "DEVICE_LOOP_COORDINATOR": coordinator.url}

@@ -162,7 +162,7 @@ def test_ctrl_c_while_following_a_flash_says_so_on_a_line_of_its_own(tmp_path, e
     assert message, shown
     assert bar.endswith(b"\n") and b"MiB" in bar.splitlines()[-1], f"not on a line of its own: {shown!r}"
     op = wait_for(lambda: [o for o in coordinator.api("/devices/sim-board-0/flashes").json()
-                           if o["state"] == "done"], 20, what="the flash going on, to its end")
+                           if o["state"] == "done"], what="the flash going on, to its end")
     assert op[0]["image"]["name"] == "build-1"
 
 

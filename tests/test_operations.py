@@ -36,7 +36,7 @@ def start(tmp_path, env, site, fake):
         before = {beat.boot_id for beat in fake.heartbeats}
         proc = Exporter(tmp_path, with_testkit(env, site), fake.url, devices, **settings)
         started.append(proc)
-        wait_for(lambda: any(b.boot_id not in before and b.devices for b in fake.heartbeats), 20,
+        wait_for(lambda: any(b.boot_id not in before and b.devices for b in fake.heartbeats),
                  what="the exporter's first report")
         return proc
 
@@ -69,25 +69,25 @@ def test_a_resource_reports_the_operations_its_plugin_runs_and_serves_no_lease(f
 def test_an_operation_reports_its_progress_then_its_result_once(fake, start):
     proc = start([BENCH], heartbeat_s=0.5)
     fake.begin(operation("op-count", "count", to=6, step_s=0.2))
-    running = wait_for(lambda: (r := fake.last("op-count")) and r.progress.done >= 2 and r, 10,
+    running = wait_for(lambda: (r := fake.last("op-count")) and r.progress.done >= 2 and r,
                        what="the count to be under way")
     assert (running.state, running.phase, running.progress.total, running.progress.unit) == (
         "running", "counting", 6, "steps")
     assert running.changed, "its plugin was called: the device may have been changed"
-    done = wait_for(lambda: fake.ended("op-count"), 10, what="the count's end")
+    done = wait_for(lambda: fake.ended("op-count"), what="the count's end")
     assert (done.state, done.message, done.result) == ("done", "counted to 6", {"counted": 6, "by": "alice"})
     assert done.progress.done == 6 and done.seconds["counting"] >= 1.0
     seen = [r.progress.done for _, r in fake.reports("op-count")]
     assert seen == sorted(seen) and len(set(seen)) >= 3, f"progress went {seen}"
     # the desired state carried it all along, until its end was reported: it was begun once
-    wait_for(lambda: fake.heartbeats[-1].operations == [], 5, what="the acknowledged result to leave the reports")
+    wait_for(lambda: fake.heartbeats[-1].operations == [], what="the acknowledged result to leave the reports")
     assert begun(proc) == ["op-count"]
 
 
 def test_progress_wakes_the_report_loop_at_most_twice_a_second(fake, start):
     start([BENCH], heartbeat_s=30)  # no periodic report while it runs: each is one of its wake-ups
     fake.begin(operation("op-fast", "count", to=300, step_s=0.005))
-    wait_for(lambda: fake.ended("op-fast"), 20, what="the count's end")
+    wait_for(lambda: fake.ended("op-fast"), what="the count's end")
     running = [r for _, r in fake.reports("op-fast") if r.state == "running"]
     took = fake.ended("op-fast").seconds["counting"]
     # one at its start and at each phase it enters, then one a half second at most
@@ -117,7 +117,7 @@ def test_each_outcome_says_why_and_whether_the_device_changed(fake, start):
     }
     fake.begin(*(desired for desired, *_ in cases.values()))
     for op, (_, state, said, changed) in cases.items():
-        report = wait_for(lambda: fake.ended(op), 15, what=f"the end of {op}")
+        report = wait_for(lambda: fake.ended(op), what=f"the end of {op}")
         assert (report.state, report.changed) == (state, changed), report
         assert said in report.message, report
     assert fake.ended("op-dict").result == {"lines": 3, "log": "a\nb\nc"}
@@ -131,17 +131,17 @@ def test_kill_9_while_running_is_reported_interrupted_by_the_next_start(fake, st
     devices = [BENCH]
     first = start(devices, heartbeat_s=0.5)
     fake.begin(operation("op-long", "count", to=1000, step_s=0.05))
-    wait_for(lambda: (r := fake.last("op-long")) and r.progress.done >= 2, 10, what="the count to be under way")
+    wait_for(lambda: (r := fake.last("op-long")) and r.progress.done >= 2, what="the count to be under way")
     first.stop(signal.SIGKILL)
     killed_boot = fake.heartbeats[-1].boot_id
 
     start(devices, heartbeat_s=0.5)  # the same host, its state folder, started again
-    failed = wait_for(lambda: fake.ended("op-long"), 15, what="the count to be found interrupted")
+    failed = wait_for(lambda: fake.ended("op-long"), what="the count to be found interrupted")
     assert failed.state == "failed" and failed.message == "interrupted while counting: the exporter stopped"
     assert failed.changed and failed.kind == "count" and failed.interrupted
     after = [(boot, r.state) for boot, r in fake.reports("op-long") if boot != killed_boot]
     assert after and all(state == "failed" for _, state in after), f"begun again after the restart: {after}"
-    wait_for(lambda: fake.heartbeats[-1].operations == [], 5, what="the acknowledged failure to leave the reports")
+    wait_for(lambda: fake.heartbeats[-1].operations == [], what="the acknowledged failure to leave the reports")
     assert not list((first.state_dir / "operations").glob("*.json")), "the marker outlived its acknowledgement"
     assert begun(first) == ["op-long"]
 
@@ -149,7 +149,7 @@ def test_kill_9_while_running_is_reported_interrupted_by_the_next_start(fake, st
 def test_sigterm_waits_for_a_running_operation_and_reports_its_end(fake, start):
     proc = start([BENCH], heartbeat_s=0.5)
     fake.begin(operation("op-finish", "count", to=10, step_s=0.2))
-    wait_for(lambda: (r := fake.last("op-finish")) and r.progress.done >= 1, 10, what="the count to be under way")
+    wait_for(lambda: (r := fake.last("op-finish")) and r.progress.done >= 1, what="the count to be under way")
     assert proc.stop(signal.SIGTERM, timeout=30) == 0
     last = fake.heartbeats[-1]
     assert last.stopping, "the exporter's last report says it is going away"
@@ -172,7 +172,7 @@ def test_a_flash_fetches_writes_and_verifies_its_image_and_a_damaged_one_is_neve
     flash = {"kind": "flash", "device": "b0", "identifier": "flash:host-a:b0", "plugin": "flash", "requester": "alice",
              "image": {"sha256": digest, "size": len(image), "name": "build-1"}}
     fake.begin({"op": "op-flash", **flash})
-    done = wait_for(lambda: fake.ended("op-flash"), 20, what="the flash's end")
+    done = wait_for(lambda: fake.ended("op-flash"), what="the flash's end")
     assert done.state == "done" and "verified by read-back" in done.message, done
     assert target.read_bytes() == image
     assert (done.phase, done.progress.done, done.progress.total, done.progress.unit) == (
@@ -186,7 +186,7 @@ def test_a_flash_fetches_writes_and_verifies_its_image_and_a_damaged_one_is_neve
     other = hashlib.sha256(b"another" + image).hexdigest()
     fake.images[other] = bytes(damaged)  # served under a digest its bytes do not have
     fake.begin({"op": "op-damaged", **flash, "image": {"sha256": other, "size": len(image), "name": "build-2"}})
-    failed = wait_for(lambda: fake.ended("op-damaged"), 20, what="the damaged flash's end")
+    failed = wait_for(lambda: fake.ended("op-damaged"), what="the damaged flash's end")
     assert failed.state == "failed" and "nothing written" in failed.message, failed
     assert (failed.phase, failed.changed) == ("fetching", False)
     assert target.read_bytes() == image

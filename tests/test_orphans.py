@@ -87,9 +87,9 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
         return coordinator.api("/devices/sim-board-0", **admin).json()
 
     try:
-        wait_for(lambda: board().get("state") == "idle", 20, what="sim-board-0 idle")
+        wait_for(lambda: board().get("state") == "idle", what="sim-board-0 idle")
         lease = coordinator.api("/leases", "POST", json={"device": "sim-board-0", "ttl_s": 600}, **alice).json()
-        wait_for(lambda: coordinator.api(f"/leases/{lease['id']}", **alice).json()["ready"], 20, what="lease ready")
+        wait_for(lambda: coordinator.api(f"/leases/{lease['id']}", **alice).json()["ready"], what="lease ready")
         # someone's program opens the board's console node during the lease, and outlives it
         holder = subprocess.Popen([sys.executable, "-c", HOLD, str(exporter.state_dir / "sim" / "sim-board-0")],
                                   stdout=subprocess.PIPE, start_new_session=True)
@@ -97,7 +97,7 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
         assert coordinator.api(f"/leases/{lease['id']}/release", "POST", **alice).status_code == 200
 
         reported = wait_for(lambda: (lambda d: d if d["state"] == "reclaiming" and d["busy_by"] else None)(board()),
-                            20, what="the orphan reported")
+                            what="the orphan reported")
         assert reported["busy_by"] == [{"pid": holder.pid, "program": os.path.basename(sys.executable),
                                         "command": f"{sys.executable} -c {HOLD} {exporter.state_dir}/sim/sim-board-0",
                                         "cgroup": cgroup_of(holder.pid)}]
@@ -135,7 +135,7 @@ def test_an_orphan_keeps_its_board_reclaiming_until_an_admin_has_it_killed(tmp_p
         (killed,) = op["result"]["processes"]
         assert killed.startswith(f"pid {holder.pid} (cgroup {reported['busy_by'][0]['cgroup']}): {sys.executable} -c ")
         assert holder.wait(10) == -9
-        wait_for(lambda: board()["state"] == "idle", 20, what="sim-board-0 idle again")
+        wait_for(lambda: board()["state"] == "idle", what="sim-board-0 idle again")
         assert board()["busy_by"] == [] and board()["busy_count"] == 0
         audit = coordinator.api("/admin/audit", **admin).json()
         (entry,) = [e for e in audit if e["action"] == "kill_orphans"]

@@ -45,16 +45,16 @@ def test_only_a_holder_of_the_card_s_own_node_keeps_it_reclaiming_and_only_admin
     def leased_and_released(during) -> None:
         """A lease of the card by alice, ``during`` it (a process that outlives it), released."""
         lease = coordinator.api("/leases", "POST", json={"device": CARD, "ttl_s": 600}, **alice).json()
-        wait_for(lambda: coordinator.api(f"/leases/{lease['id']}", **alice).json()["ready"], 20, what="lease ready")
+        wait_for(lambda: coordinator.api(f"/leases/{lease['id']}", **alice).json()["ready"], what="lease ready")
         during()
         assert coordinator.api(f"/leases/{lease['id']}/release", "POST", **alice).status_code == 200
 
     try:
-        wait_for(lambda: card(admin).get("state") == "idle", 30, what="the card idle")
+        wait_for(lambda: card(admin).get("state") == "idle", what="the card idle")
         # someone's container has a node of the card's numbers in its own /dev, opened during the lease
         with held_in_its_own_dev("/dev/dri/renderD128", *NULL) as other:
             leased_and_released(lambda: None)
-            wait_for(lambda: card(admin)["state"] == "idle", 20, what="the card idle after its lease")
+            wait_for(lambda: card(admin)["state"] == "idle", what="the card idle after its lease")
             assert card(admin)["busy_by"] == [] and other.poll() is None, "another node is not the card's"
 
         def hold_the_card() -> None:
@@ -65,7 +65,7 @@ def test_only_a_holder_of_the_card_s_own_node_keeps_it_reclaiming_and_only_admin
         leased_and_released(hold_the_card)
         program = os.path.basename(sys.executable)
         shown = wait_for(lambda: (lambda d: d if d["state"] == "reclaiming" and d["busy_by"] else None)(card(admin)),
-                         20, what="the holder of the card's own node reported")
+                         what="the holder of the card's own node reported")
         assert [(h["pid"], h["program"]) for h in shown["busy_by"]] == [(holder.pid, program)]
         assert shown["busy_count"] == 1 and f"pid {holder.pid} ({program})" in shown["reason"]
 
@@ -82,7 +82,7 @@ def test_only_a_holder_of_the_card_s_own_node_keeps_it_reclaiming_and_only_admin
 
         holder.kill()
         holder.wait()
-        wait_for(lambda: card(admin)["state"] == "idle", 20, what="the card idle once its holder ended")
+        wait_for(lambda: card(admin)["state"] == "idle", what="the card idle once its holder ended")
     finally:
         if holder is not None and holder.poll() is None:
             holder.kill()

@@ -49,11 +49,11 @@ def test_a_card_pulled_out_is_faulty_with_the_reason_and_back_when_it_is(tmp_pat
                      **SCHEDULE)
     wait_state(coordinator, "gpu-a", "idle")
     kept = remove_card(sysfs, GPU)
-    wait_for(lambda: device(coordinator, "gpu-a").get("health") == "failed", 30, what="gpu-a failed")
+    wait_for(lambda: device(coordinator, "gpu-a").get("health") == "failed", what="gpu-a failed")
     said = device(coordinator, "gpu-a")
     assert said["state"] == "faulty" and f"{GPU} is gone from the PCI bus" in json.dumps(said)
     put_back(sysfs, GPU, kept, real)
-    wait_state(coordinator, "gpu-a", "idle", timeout=30)
+    wait_state(coordinator, "gpu-a", "idle")
 
 
 def test_aer_fatal_errors_are_a_fault_that_waits_for_a_person(tmp_path, coordinator, exporter_factory):
@@ -63,12 +63,12 @@ def test_aer_fatal_errors_are_a_fault_that_waits_for_a_person(tmp_path, coordina
                                 **SCHEDULE)
     wait_state(coordinator, "gpu-b", "idle")
     set_attr(sysfs, GPU, aer_dev_fatal=aer_text("TOTAL_ERR_FATAL", 3).strip())
-    wait_state(coordinator, "gpu-b", "faulty", timeout=15)
+    wait_state(coordinator, "gpu-b", "faulty")
     shown = device(coordinator, "gpu-b")
     assert (shown["fault_kind"], shown["fault"]) == ("health-permanent",
                                                      "health failed for good: pci: AER fatal errors: 3"), shown
     set_attr(sysfs, GPU, aer_dev_fatal=aer_text("TOTAL_ERR_FATAL", 0).strip())  # (a reset card: counters at 0)
-    wait_for(lambda: device(coordinator, "gpu-b")["health"] == "ok", 15, what="health ok again")
+    wait_for(lambda: device(coordinator, "gpu-b")["health"] == "ok", what="health ok again")
     assert device(coordinator, "gpu-b")["state"] == "faulty", "a permanent fault waits for a person"
     run_cli(exporter.env, coordinator.url, "admin", "clear-fault", "gpu-b")
     wait_state(coordinator, "gpu-b", "idle")

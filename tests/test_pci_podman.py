@@ -27,7 +27,7 @@ def test_a_leased_gpu_in_a_container(tmp_path, env, coordinator, podman, podman_
                         [{"name": device, "plugin": "pci", "address": GPU, "class": podman_names["class"]}],
                         name=podman_names["host"], cdi_dir=str(CDI_DIR), sysfs_root=str(sysfs))
     try:
-        wait_state(coordinator, device, "idle", timeout=30)
+        wait_state(coordinator, device, "idle")
         lease = wait_active(coordinator, reserve(coordinator, device)["id"])
         spec = written_cdi_spec(CDI_DIR, podman_names["host"], lease["id"])
         said = podman.container(qualified, "stat -c %t:%T /dev/dri/renderD128; echo $DEVICE_LOOP_PCI_ADDRESS")
@@ -35,7 +35,7 @@ def test_a_leased_gpu_in_a_container(tmp_path, env, coordinator, podman, podman_
         rdev = os.stat(node).st_rdev
         assert said.stdout.split() == [f"{os.major(rdev):x}:{os.minor(rdev):x}", GPU], said.stdout
         assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
-        wait_for(lambda: not spec.exists(), 20, what="the lease's CDI spec removed")
+        wait_for(lambda: not spec.exists(), what="the lease's CDI spec removed")
         gone = podman.container(qualified, "true")
         assert gone.returncode == 126 and UNRESOLVABLE in gone.stderr, gone.stderr
     finally:

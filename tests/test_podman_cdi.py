@@ -38,7 +38,7 @@ def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator
     exporter = Exporter(tmp_path, env, coordinator.url, [board], name=podman_names["host"], cdi_dir=str(CDI_DIR))
     holder = None
     try:
-        wait_state(coordinator, device, "idle", timeout=30)
+        wait_state(coordinator, device, "idle")
         bare = podman.container(None, "ls /dev")
         assert bare.returncode == 0, bare.stderr
         assert podman.container(qualified, "true").returncode == 126, "no lease, no spec: podman cannot resolve it"
@@ -68,14 +68,14 @@ def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator
         assert holder.stdout.readline() == "held\n", holder.stderr.read() if holder.poll() is not None else ""
         assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
 
-        wait_for(lambda: not spec.exists(), 20, what="the lease's CDI spec removed")
+        wait_for(lambda: not spec.exists(), what="the lease's CDI spec removed")
         gone = podman.container(qualified, "true")
         assert gone.returncode == 126 and UNRESOLVABLE in gone.stderr, gone.stderr
 
         def orphan_reported():
             row = coordinator.api(f"/devices/{device}").json()
             return row if row["state"] == "reclaiming" and row["busy_by"] else None
-        row = wait_for(orphan_reported, 20, what="the container's process reported as an orphan")
+        row = wait_for(orphan_reported, what="the container's process reported as an orphan")
         (orphan,) = row["busy_by"]
         assert orphan["program"] == "sleep" and orphan["command"] == "sleep 600", orphan
         assert "libpod" in orphan["cgroup"] and orphan["cgroup"] == cgroup_of(orphan["pid"]), orphan
@@ -83,10 +83,10 @@ def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator
 
         op = coordinator.api(f"/admin/devices/{device}/orphans/kill", "POST").json()
         done = wait_for(lambda: (lambda o: o if o["state"] not in ("queued", "running") else None)(
-            coordinator.api(f"/ops/{op['id']}").json()), 20, what="the kill done")
+            coordinator.api(f"/ops/{op['id']}").json()), what="the kill done")
         assert done["state"] == "done" and done["result"]["killed"] == [orphan["pid"]], done
         assert holder.wait(30) == 137, "the container ends with its process killed"
-        wait_state(coordinator, device, "idle", timeout=20)
+        wait_state(coordinator, device, "idle")
         assert podman.container(qualified, "true").returncode == 126
 
         # ... or until it ends by itself (here: when its standard input closes)
@@ -97,11 +97,11 @@ def test_a_leased_board_in_a_container_and_its_orphan(tmp_path, env, coordinator
                               "sh", "-c", f"exec 3<>{CONSOLE}; echo held; exec cat")
         assert holder.stdout.readline() == "held\n", holder.stderr.read() if holder.poll() is not None else ""
         assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
-        (orphan,) = wait_for(orphan_reported, 20, what="the second container reported as an orphan")["busy_by"]
+        (orphan,) = wait_for(orphan_reported, what="the second container reported as an orphan")["busy_by"]
         assert orphan["program"] == "cat" and "libpod" in orphan["cgroup"], orphan
         holder.stdin.close()
         assert holder.wait(30) == 0
-        wait_state(coordinator, device, "idle", timeout=20)
+        wait_state(coordinator, device, "idle")
     finally:
         if holder is not None and holder.poll() is None:
             podman.remove(f"{device}-held", f"{device}-ends")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from conftest import wait_for
+from conftest import WAIT_S, wait_for
 from device_loop.core.host import HostContext
 from device_loop.core.ports import free_port, wait_port_open
 from device_loop.plugin import POWER_KIND, ConfiguredResource, OperationError
@@ -86,7 +86,7 @@ def pdudaemon(tmp_path, start):
     conf.write_text(json.dumps(config))
     log = open(tmp_path / "pdudaemon.log", "wb")
     start(["pdudaemon", "--conf", str(conf), "--loglevel", "DEBUG"], stdout=log, stderr=subprocess.STDOUT)
-    assert wait_port_open("127.0.0.1", port, timeout=20), (tmp_path / "pdudaemon.log").read_text()
+    assert wait_port_open("127.0.0.1", port, timeout=WAIT_S), (tmp_path / "pdudaemon.log").read_text()
     return port, outlets
 
 
@@ -161,7 +161,7 @@ set_working_mc 0x20
     state.mkdir()
     log = open(tmp_path / "ipmi_sim.log", "wb")
     start(["ipmi_sim", "-c", str(lan), "-f", str(emu), "-s", str(state), "-n"], stdout=log, stderr=subprocess.STDOUT)
-    wait_for(lambda: udp_bound(port), 10, what="ipmi_sim's port")
+    wait_for(lambda: udp_bound(port), what="ipmi_sim's port")
     return port, power_file
 
 
@@ -210,7 +210,7 @@ def start_sushy(tmp_path, start, *options: str) -> str:
     log = open(tmp_path / "sushy.log", "wb")
     start([str(VENV_BIN / "sushy-emulator"), "--fake", "-i", "127.0.0.1", "-p", str(port), *options], env=env,
           stdout=log, stderr=subprocess.STDOUT)
-    assert wait_port_open("127.0.0.1", port, timeout=20), (tmp_path / "sushy.log").read_text()
+    assert wait_port_open("127.0.0.1", port, timeout=WAIT_S), (tmp_path / "sushy.log").read_text()
     return f"http://127.0.0.1:{port}"
 
 
@@ -595,7 +595,7 @@ def test_the_sim_backend_switches_a_simulated_board(tmp_path):
         assert power.devloop_power(host, resource, "status").state == "off"
         on = power.devloop_power(host, resource, "on")
         assert on.state == "on" and board.powered
-        wait_for(link.exists, 5, what="the board's link after power-on")
+        wait_for(link.exists, what="the board's link after power-on")
         assert power.devloop_power(host, resource, "status").state == "on"
     finally:
         board.power_off()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import Exporter, wait_for
+from conftest import WAIT_S, Exporter, wait_for
 from helpers import device, reserve, run_cli, wait_active, wait_state
 from test_power_backends import pdudaemon, start  # noqa: F401 (fixtures)
 
@@ -25,7 +25,7 @@ def power(coordinator, lease_id: str, action: str, headers=None, **args):
                            **({"headers": headers} if headers else {}))
 
 
-def finished(coordinator, op: dict, timeout=60) -> dict:
+def finished(coordinator, op: dict, timeout=WAIT_S) -> dict:
     def ended():
         now = coordinator.api(f"/ops/{op['id']}", params={"wait": 5, "unless": "running"}).json()
         return now if now["state"] in ("done", "failed") else None
@@ -41,13 +41,16 @@ def log_causes(coordinator, name: str) -> list[str]:
     return [e["cause"] for e in coordinator.api(f"/devices/{name}/log").json()]
 
 
+CONSOLE_TIMEOUT_S = 10.0  # how long a cycle waits for the console's first byte after power-on
+
+
 def test_a_cycle_through_pdudaemon_silences_the_console_hangs_up_its_pty_and_is_verified_by_the_banner(
         coordinator, tmp_path, env, exporters, pdudaemon):  # noqa: F811
     port, outlets = pdudaemon
     exporters.append(Exporter(tmp_path, env, coordinator.url, [
         board("sim-board-0", outlets / "1", {"backend": "pdudaemon", "port": port, "pdu": "pdu01", "outlet": 1,
-                                             "console_timeout": "10s"})]))
-    wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+                                             "console_timeout": f"{CONSOLE_TIMEOUT_S:g}s"})]))
+    wait_state(coordinator, "sim-board-0", "idle")
     lease = wait_active(coordinator, reserve(coordinator, "sim-board-0")["id"])
     with console(lease) as uart:  # a person watching the console across the cycle
         uart.settimeout(0.2)
@@ -56,7 +59,7 @@ def test_a_cycle_through_pdudaemon_silences_the_console_hangs_up_its_pty_and_is_
         assert power(coordinator, lease["id"], "cycle", headers=BOB).status_code == 404  # not bob's lease
         op = finished(coordinator, asked.json())
         seen = b""
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + WAIT_S
         while b"simulated board sim-board-0" not in seen and time.monotonic() < deadline:
             try:
                 seen += uart.recv(4096)
@@ -66,7 +69,7 @@ def test_a_cycle_through_pdudaemon_silences_the_console_hangs_up_its_pty_and_is_
     result = op["result"]
     assert result["verdict"] == "verified", result
     assert result["console_silent"] is True and result["console_hung_up"] is True, result
-    assert 0 <= result["first_byte_s"] < 10 and result["off_s"] >= 1.5, result
+    assert 0 <= result["first_byte_s"] < CONSOLE_TIMEOUT_S and result["off_s"] >= 1.5, result
     assert result["backend"] == "pdudaemon" and result["state_after_off"] is None
     assert b"simulated board sim-board-0" in seen, "the person at the console sees the board boot again"
     assert (outlets / "1").read_text() == "on"
@@ -102,7 +105,7 @@ def test_a_command_backend_reads_back_and_a_hung_one_is_killed_at_its_timeout(co
         board("hung-board", tmp_path / "other", {"backend": "command", "on": ["sleep", str(HANG_S)], "off": ["true"],
                                                  "timeout": "1s"})]))
     for name in ("cmd-board", "hung-board"):
-        wait_state(coordinator, name, "idle", timeout=30)
+        wait_state(coordinator, name, "idle")
     lease = wait_active(coordinator, reserve(coordinator, "cmd-board")["id"])
     off = finished(coordinator, power(coordinator, lease["id"], "off").json())
     assert off["state"] == "done" and off["result"]["verdict"] == "verified", off
@@ -112,12 +115,12 @@ def test_a_command_backend_reads_back_and_a_hung_one_is_killed_at_its_timeout(co
     # switched off and given back: not handed to the next person dead
     assert finished(coordinator, power(coordinator, lease["id"], "off").json())["state"] == "done"
     assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
-    wait_state(coordinator, "cmd-board", "faulty", timeout=30)
+    wait_state(coordinator, "cmd-board", "faulty")
     assert "switched off by alice" in device(coordinator, "cmd-board")["reason"]
     again = coordinator.api("/admin/devices/cmd-board/power", "POST", json={"action": "on"})
     assert again.status_code == 201, again.text
     assert finished(coordinator, again.json())["state"] == "done"
-    wait_state(coordinator, "cmd-board", "idle", timeout=30)
+    wait_state(coordinator, "cmd-board", "idle")
 
     hung = wait_active(coordinator, reserve(coordinator, "hung-board")["id"])
     began = time.monotonic()
@@ -140,11 +143,11 @@ def test_an_idle_board_that_stays_silent_and_an_echo_after_on_verify_nothing(coo
     exporters.append(Exporter(tmp_path, env, coordinator.url, [
         board("unfed", tmp_path / "unfed.power", {"backend": "command", "on": ["true"], "off": ["true"],
                                                   "console_timeout": "6s"})]))
-    wait_state(coordinator, "unfed", "idle", timeout=30)
+    wait_state(coordinator, "unfed", "idle")
     lease = wait_active(coordinator, reserve(coordinator, "unfed")["id"])
     with console(lease) as uart:
         op = power(coordinator, lease["id"], "cycle", off_time_s=1.5).json()
-        wait_for(lambda: coordinator.api(f"/ops/{op['id']}").json()["phase"] == "booting", 20,
+        wait_for(lambda: coordinator.api(f"/ops/{op['id']}").json()["phase"] == "booting",
                  what="the cycle waiting for the first byte")
         uart.sendall(b"\r")  # the holder presses Enter: the board answers with a prompt
         op = finished(coordinator, op)
@@ -170,18 +173,18 @@ def test_a_hung_board_nobody_holds_is_power_cycled_once_and_a_power_cycle_step_r
         {**board("stepped", tmp_path / "stepped.power", {"backend": "sim", "switch": str(tmp_path / "stepped.power")}),
          "steps": [{"step": "power-cycle", "off_time": "0.5s", "timeout": "60s"}]}]))
     for name in ("panicky", "stubborn", "stepped"):
-        wait_state(coordinator, name, "idle", timeout=30)
+        wait_state(coordinator, name, "idle")
     for name in ("panicky", "stubborn"):
         lease = wait_active(coordinator, reserve(coordinator, name)["id"])
         with console(lease) as uart:
             uart.sendall(b"hang\r")
-            wait_for(lambda: b"Kernel panic" in uart.recv(4096), 10, what="the panic")
-        wait_for(lambda name=name: device(coordinator, name)["health"] == "failed", 30,
+            wait_for(lambda: b"Kernel panic" in uart.recv(4096), what="the panic")
+        wait_for(lambda name=name: device(coordinator, name)["health"] == "failed",
                  what=f"{name}'s health failed")
         assert not coordinator.api(f"/devices/{name}/operations", params={"kind": "power"}).json(), \
             "nobody power-cycles a board under its holder"
         assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
-    wait_for(lambda: device(coordinator, "panicky")["state"] == "idle", 60, what="panicky recovered")
+    wait_for(lambda: device(coordinator, "panicky")["state"] == "idle", what="panicky recovered")
     [auto] = coordinator.api("/devices/panicky/operations", params={"kind": "power"}).json()
     auto = finished(coordinator, auto)
     assert auto["requester"] == "coordinator" and auto["result"]["verdict"] == "verified", auto
@@ -191,13 +194,13 @@ def test_a_hung_board_nobody_holds_is_power_cycled_once_and_a_power_cycle_step_r
 
     def stubborn_ops():
         return coordinator.api("/devices/stubborn/operations", params={"kind": "power"}).json()
-    wait_for(lambda: stubborn_ops() and stubborn_ops()[0]["state"] == "done", 60, what="stubborn's one cycle")
+    wait_for(lambda: stubborn_ops() and stubborn_ops()[0]["state"] == "done", what="stubborn's one cycle")
     generation = coordinator.api("/hosts").json()[0]["generation"]
-    wait_for(lambda: coordinator.api("/hosts").json()[0]["generation"] >= generation + 3, 20,
+    wait_for(lambda: coordinator.api("/hosts").json()[0]["generation"] >= generation + 3,
              what="three more heartbeats")
     assert len(stubborn_ops()) == 1 and device(coordinator, "stubborn")["state"] == "faulty", "once, then a person"
 
     lease = wait_active(coordinator, reserve(coordinator, "stepped")["id"])
     assert coordinator.api(f"/leases/{lease['id']}/release", "POST").status_code == 200
-    wait_for(lambda: any("power-cycle" in c for c in log_causes(coordinator, "stepped")), 60, what="the step")
-    wait_state(coordinator, "stepped", "idle", timeout=60)
+    wait_for(lambda: any("power-cycle" in c for c in log_causes(coordinator, "stepped")), what="the step")
+    wait_state(coordinator, "stepped", "idle")

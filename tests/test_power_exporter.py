@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import WAIT_S, wait_for
 from device_loop.plugin import POWER_KIND, Duration, PluginConfig, PowerReading, hookimpl
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
@@ -72,7 +72,7 @@ def power(exporter, op: str, **args) -> None:
                                         "plugin": "relay", "requester": "alice", "args": args}]})
 
 
-def ended(exporter, op: str, timeout=30.0):
+def ended(exporter, op: str, timeout=WAIT_S):
     def report():
         found = next((r for r in exporter.operations.reports() if r.op == op), None)
         return found if found is not None and found.state != "running" else None

@@ -249,7 +249,7 @@ def test_an_ssh_guest_lets_the_authorized_key_in_with_the_host_key_it_was_built_
     arch, vm, port = hand_booted.arch, hand_booted.guest, hand_booted.ssh_port
     assert vm.host_key and vm.host_key.startswith("ssh-ed25519 ")
     # QEMU accepts the connection before the guest listens: wait for dropbear's banner
-    wait_for(lambda: ssh_banner(port).startswith(b"SSH-"), 120, what="dropbear's banner")
+    wait_for(lambda: ssh_banner(port).startswith(b"SSH-"), what="dropbear's banner")
     lease = {"device": "hand-ssh", "ready": True, "endpoints": [
         {"kind": "ssh", "role": "ssh", "protocol": "raw", "host": "127.0.0.1", "port": port,
          "params": {"user": "root", "host_key": vm.host_key}}]}

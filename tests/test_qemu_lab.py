@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from conftest import Coordinator, Exporter, wait_for
+from conftest import WAIT_S, Coordinator, Exporter, wait_for
 from helpers import reserve, run_cli, wait_state
-from qemu_guests import aarch64_guest, guest_identity, ssh_guest, x86_64_guest  # noqa: F401 (fixtures)
+from qemu_guests import BOOT_WAIT_S, aarch64_guest, guest_identity, ssh_guest, x86_64_guest  # noqa: F401 (fixtures)
 from qemu_lab import slot_files, with_qemu
 from device_loop.core.process import start_ticks
 from device_loop.exporter.config import load_config, parse_entries
@@ -58,13 +58,18 @@ class Lab:
     def __init__(self, folder: Path, env: dict, guest, arm_guest, ssh_guest):
         self.folder, self.env = folder, with_qemu(env, folder / "entry-point")
         self.leases: dict[str, dict] = {}  # device -> the lease the tests share (held)
-        self.coordinator = Coordinator(folder, self.env)
+        # a lease that boots a VM is pending for as long as the boot takes: only the suite's
+        # safety net fails it (the coordinator's own default, 30 s, is a TCG boot on a busy machine)
+        self.coordinator = Coordinator(folder, self.env,
+                                       extra=("--single-user", "--allocating-timeout", f"{WAIT_S:g}s"))
         self.state_dir = folder / "state-host-a"
-        self.slots = [{"name": "vm", "plugin": "qemu", "instances": 2, "warm": 1, **slot_files(self.state_dir, guest)},
-                      {"name": "arm", "plugin": "qemu", "memory": 512,
+        boot = {"boot_timeout": BOOT_WAIT_S}  # (the plugin's default, 25 s, is one on an idle machine)
+        self.slots = [{"name": "vm", "plugin": "qemu", "instances": 2, "warm": 1, **boot,
+                       **slot_files(self.state_dir, guest)},
+                      {"name": "arm", "plugin": "qemu", "memory": 512, **boot,
                        **slot_files(self.state_dir, arm_guest, disk=False)},
                       {"name": "sshvm", "plugin": "qemu", "ssh": True, "ssh_host_key": ssh_guest.host_key,
-                       "display": True, **slot_files(self.state_dir, ssh_guest, disk=False, folder="ssh")}]
+                       "display": True, **boot, **slot_files(self.state_dir, ssh_guest, disk=False, folder="ssh")}]
         self.exporter = self.start_exporter()
 
     def start_exporter(self) -> Exporter:
@@ -73,17 +78,17 @@ class Lab:
     def cli(self, *args, check=True):
         return run_cli(self.env, self.coordinator.url, *args, check=check)
 
-    def warm_ready(self, count: int = 1, timeout: float = 120) -> None:
-        wait_for(lambda: self.exporter.output().count("ready at its prompt") >= count, timeout=timeout,
+    def warm_ready(self, count: int = 1) -> None:
+        wait_for(lambda: self.exporter.output().count("ready at its prompt") >= count,
                  what=f"{count} VMs booted ahead")
 
-    def active(self, lease_id: str, timeout: float = 90) -> dict:
+    def active(self, lease_id: str) -> dict:
         """Wait for a lease whose VM may boot cold (longer than a board's start)."""
         def ready():
             lease = self.coordinator.api(f"/leases/{lease_id}", params={"wait": 5, "unless": "pending"}).json()
             assert lease["state"] in ("pending", "active"), lease
             return lease if lease["ready"] else None
-        return wait_for(ready, timeout, what=f"{lease_id} ready")
+        return wait_for(ready, what=f"{lease_id} ready")
 
     def held(self, device: str) -> dict:
         """The active lease on ``device`` that the tests share, reserved (its VM booted, or
@@ -94,7 +99,7 @@ class Lab:
             if now.get("state") == "active" and now.get("ready"):
                 return now
             self.leases.pop(device)
-        wait_state(self.coordinator, device, "idle", timeout=60)
+        wait_state(self.coordinator, device, "idle")
         self.leases[device] = self.active(reserve(self.coordinator, device)["id"])
         return self.leases[device]
 
@@ -102,7 +107,7 @@ class Lab:
         """Release the lease held on ``device``; wait for the device's state ``then``."""
         lease = self.leases.pop(device)
         self.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-        wait_state(self.coordinator, device, then, timeout=30)
+        wait_state(self.coordinator, device, then)
 
     def stop(self):
         for lease in self.leases.values():  # (best effort: the exporter's stop ends their VMs anyway)
@@ -130,7 +135,7 @@ def lab(tmp_path_factory, x86_64_guest, aarch64_guest, guest_identity):  # noqa:
 
 
 def test_a_lease_gets_a_warm_vm_and_the_next_lease_sees_nothing_of_it(lab):
-    wait_state(lab.coordinator, "vm-0", "idle", timeout=60)
+    wait_state(lab.coordinator, "vm-0", "idle")
     lab.warm_ready()
     (warm,) = vm_folders(lab.state_dir)
 
@@ -143,14 +148,14 @@ def test_a_lease_gets_a_warm_vm_and_the_next_lease_sees_nothing_of_it(lab):
     assert said.stdout.split() == ["x86_64", "kept"], said.stdout
 
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "vm-0", "idle", timeout=30)
+    wait_state(lab.coordinator, "vm-0", "idle")
     assert warm not in vm_folders(lab.state_dir), "the used VM's folder (its overlay) is gone"
 
     lease = lab.active(reserve(lab.coordinator, "vm-0")["id"])
     said = lab.cli("exec", lease["id"], "test -e /data/mark && echo there || echo absent")
     assert said.stdout.split() == ["absent"], said.stdout
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "vm-0", "idle", timeout=30)
+    wait_state(lab.coordinator, "vm-0", "idle")
     print(f"warm lease active in {granted_s:.2f}s")
 
     def boots() -> float:
@@ -176,7 +181,7 @@ def test_the_vm_s_command_line_is_the_slot_s_alone(lab):
         running = [words[1:] for words in qemu_processes(lab.state_dir).values()
                    if any("/qemu/run/vm-" in word for word in words)]
         return sorted(running) == sorted(expected)
-    wait_for(same, timeout=30, what="each QEMU's command line to be its slot's")
+    wait_for(same, what="each QEMU's command line to be its slot's")
 
 
 def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
@@ -188,14 +193,14 @@ def test_a_power_cycle_is_a_fresh_boot_seen_on_the_console(lab):
     assert result["result"]["verdict"] == "verified", result
     assert set(qemu_processes(lab.state_dir)) - before, "a new QEMU runs the device"
     wait_for(lambda: lab.cli("exec", lease["id"], "uname -m", check=False).stdout.strip() == "x86_64",
-             timeout=90, interval=1, what="the console after the cycle")
+             interval=1, what="the console after the cycle")
 
 
 def test_a_slot_whose_guest_runs_sshd_serves_it_and_exec_takes_it(lab):
     """The guest's port 22 forwarded by QEMU to a loopback port, relayed like a board's sshd, its
     host key pinned; exec prefers ssh to the console. Its screen (display = true) is QEMU's VNC
     server, relayed as a vnc endpoint."""
-    wait_state(lab.coordinator, "sshvm", "idle", timeout=60)
+    wait_state(lab.coordinator, "sshvm", "idle")
     lease = lab.active(reserve(lab.coordinator, "sshvm")["id"])
     ssh = next(e for e in lease["endpoints"] if e["kind"] == "ssh")
     assert ssh["params"] == {"user": "root", "host_key": lab.slots[2]["ssh_host_key"]}
@@ -208,7 +213,7 @@ def test_a_slot_whose_guest_runs_sshd_serves_it_and_exec_takes_it(lab):
     answer = json.loads(said.stdout)
     assert (answer["channel"], answer["stdout"].split()) == ("ssh", ["x86_64", "0"]), answer
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "sshvm", "idle", timeout=30)
+    wait_state(lab.coordinator, "sshvm", "idle")
 
 
 @pytest.mark.parametrize("device", ["vm-1", "arm"])
@@ -230,7 +235,7 @@ def test_a_leased_vm_that_dies_fails_its_device_and_the_next_lease_gets_a_fresh_
     (pid,) = [pid for pid, words in qemu_processes(lab.state_dir).items() if "qemu-system-aarch64" in words[0]]
     os.kill(pid, signal.SIGKILL)
     dead = wait_for(lambda: (d := lab.coordinator.api("/devices/arm").json())["health"] == "failed" and d,
-                    timeout=30, what="the device failed")
+                    what="the device failed")
     assert "its VM exited" in dead["health_reason"], dead
     lab.give_back("arm")
     lease = lab.held("arm")  # (kept for the next test that needs an aarch64 VM)
@@ -256,7 +261,7 @@ def test_a_flash_in_a_lease_is_that_lease_s_and_only_an_admin_s_recovery_changes
     assert base.read_bytes() == before, "the slot's base is not the holder's to change"
     lab.cli("power", "cycle", lease["id"], check=False)
     wait_for(lambda: lab.cli("exec", lease["id"], "cat /data/hello", check=False).stdout.strip()
-             == "from the registry", timeout=90, interval=1, what="the flashed disk after a power cycle")
+             == "from the registry", interval=1, what="the flashed disk after a power cycle")
 
     lab.give_back("vm-1")
     lease = lab.held("vm-1")
@@ -276,7 +281,7 @@ def test_a_guest_reaches_nothing_of_its_host_but_what_its_slot_forwards(lab):
     """From inside a real guest with a network (QEMU's user networking, restrict=on): the host's
     loopback services at 10.0.2.2 (the coordinator, another lease's VM console, any service a
     gate fronts) and the world beyond are out of reach; its own ssh forward still works."""
-    wait_state(lab.coordinator, "sshvm", "idle", timeout=60)
+    wait_state(lab.coordinator, "sshvm", "idle")
     lease = lab.active(reserve(lab.coordinator, "sshvm")["id"])
     other = lab.held("vm-1")
     console = next(e for e in other["endpoints"] if e["role"] == "console")
@@ -296,7 +301,7 @@ def test_a_guest_reaches_nothing_of_its_host_but_what_its_slot_forwards(lab):
     finally:
         bystander.close()
         lab.coordinator.api(f"/leases/{lease['id']}/release", "POST").raise_for_status()
-    wait_state(lab.coordinator, "sshvm", "idle", timeout=30)
+    wait_state(lab.coordinator, "sshvm", "idle")
 
 
 def test_a_vm_switched_off_by_its_holder_is_switched_on_by_an_admin_after_the_lease(lab):
@@ -309,22 +314,22 @@ def test_a_vm_switched_off_by_its_holder_is_switched_on_by_an_admin_after_the_le
     lab.give_back("arm", then="faulty")
     said = lab.cli("power", "on", "arm", "--json", check=False)
     assert said.returncode == 0, said.stdout + said.stderr
-    wait_state(lab.coordinator, "arm", "idle", timeout=30)
+    wait_state(lab.coordinator, "arm", "idle")
 
 
 def test_an_exporter_killed_with_vms_running_leaves_none_running(lab):
     for device in list(lab.leases):  # (the exporter started again would boot a VM for each live lease)
         lab.give_back(device)
-    wait_state(lab.coordinator, "vm-0", "idle", timeout=60)
+    wait_state(lab.coordinator, "vm-0", "idle")
     lease = lab.active(reserve(lab.coordinator, "vm-0")["id"])
     running = qemu_processes(lab.state_dir)
     assert running, "a VM for the lease (and one booted ahead)"
     folders = vm_folders(lab.state_dir)
     lab.exporter.stop(signal.SIGKILL)
-    wait_for(lambda: not set(qemu_processes(lab.state_dir)) & set(running), timeout=30,
+    wait_for(lambda: not set(qemu_processes(lab.state_dir)) & set(running),
              what="the QEMUs ended with their exporter, killed outright")
 
     lab.exporter = lab.start_exporter()
-    wait_for(lambda: not vm_folders(lab.state_dir) & folders, timeout=30, what="their folders removed")
+    wait_for(lambda: not vm_folders(lab.state_dir) & folders, what="their folders removed")
     lab.coordinator.api(f"/leases/{lease['id']}/release", "POST")
-    wait_state(lab.coordinator, "vm-0", "idle", timeout=60)
+    wait_state(lab.coordinator, "vm-0", "idle")

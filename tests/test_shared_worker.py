@@ -105,7 +105,7 @@ def test_commands_under_two_accounts_cannot_read_each_others_environment(tmp_pat
         holder = LocalCommand(f"echo $$ > {box}/holder; exec sleep 60", {**alice.environment(os.environ),
                                                                           "LEASE_SECRET": secret},
                               job=job, account=alice)
-        wait_for(lambda: (box / "holder").exists() and (box / "holder").read_text().strip(), 10,
+        wait_for(lambda: (box / "holder").exists() and (box / "holder").read_text().strip(),
                  what="alice's command started")
         look = f"cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c {secret}; id -u"
         by_bob = LocalCommand(look, bob.environment(os.environ), job=job, account=bob).wait(10)
@@ -164,14 +164,14 @@ def test_a_starting_worker_removes_what_a_worker_killed_with_its_keeper_left(tmp
     dead = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         keeper = int(dead.stdout.readline().split()[1])
-        child = int(wait_for(lambda: left.exists() and left.read_text().strip(), 10, what="the setsid child"))
+        child = int(wait_for(lambda: left.exists() and left.read_text().strip(), what="the setsid child"))
         os.kill(keeper, signal.SIGKILL)
         dead.kill()
         dead.wait()
         assert pid_alive(child), "with its keeper gone too, nothing killed it"
         assert [c.path.name.startswith(f"{FOLDER_PREFIX}{dead.pid}-") for c in base.children()] == [True]
         JobCgroups.start(print, base=base).close()
-        wait_for(lambda: not pid_alive(child), 10, what="the next worker killing what the gone one left")
+        wait_for(lambda: not pid_alive(child), what="the next worker killing what the gone one left")
         assert base.children() == []
     finally:
         if dead.poll() is None:
@@ -230,8 +230,10 @@ async def test_a_shared_workers_jobs_see_no_credential_but_their_own_and_leave_n
     exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}], token_file=str(token_file))
     running: Proc | None = None
     try:
-        await asyncio.to_thread(wait_state, coordinator, "sim-board-0", "idle", 30)
-        reader = (f"setsid sh -c 'echo $$ > {box}/left; while :; do cat /proc/[0-9]*/environ 2>/dev/null | "
+        await asyncio.to_thread(wait_state, coordinator, "sim-board-0", "idle")
+        # (what it saw is there, if only empty, once it says it runs: it may be killed before it read once)
+        reader = (f"setsid sh -c ': >> {box}/seen; echo $$ > {box}/left; "
+                  f"while :; do cat /proc/[0-9]*/environ 2>/dev/null | "
                   f"tr \"\\0\" \"\\n\" | grep ^DEVICE_LOOP_LEASE_ANSWER= >> {box}/seen; sleep 0.05; done' & "
                   f"while [ ! -s {box}/left ]; do sleep 0.01; done")
         exec_ = f"{device_loop_for_anyone(box)} exec $DEVICE_LOOP_LEASE -- run-workload --cost 0.1"
@@ -249,7 +251,7 @@ async def test_a_shared_workers_jobs_see_no_credential_but_their_own_and_leave_n
                 wait_for, lambda job=job: (j := coordinator.api(
                     f"/jobs/{job['id']}", params={"wait": 5, "unless": "running"},
                     headers={"Authorization": f"Bearer {tokens['ops']}"}).json())["state"] not in ("queued", "running")
-                and j, 60, 0.05, f"{user}'s job")
+                and j, interval=0.05, what=f"{user}'s job")
             assert ended[user]["state"] == "done", (ended[user]["reason"], running.output()[-3000:])
         left = int((box / "left").read_text())
         assert not pid_alive(left), "alice's setsid reader died with her job, before bob's began"
@@ -283,7 +285,7 @@ def test_running_another_persons_job_shows_its_commands_asks_first_and_keeps_the
     _, token_file = lab_tokens(env, coordinator, tmp_path)
     exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}], token_file=str(token_file))
     try:
-        wait_state(coordinator, "sim-board-0", "idle", 30)
+        wait_state(coordinator, "sim-board-0", "idle")
         hidden = "echo looks harmless\r\x1b[2Kecho"
         said = ('[ -n "$DEVICE_LOOP_TOKEN" ] && t=1 || t=0; '
                 'echo "{\\"metric\\": \\"token_given\\", \\"value\\": $t}"')

@@ -13,7 +13,7 @@ import time
 import pytest
 import serial
 
-from conftest import wait_for
+from conftest import WAIT_S, wait_for
 from device_loop.core.console_activity import read_activity, record_path
 from device_loop.core.model import LeaseRef
 from device_loop.plugins.sim.board import SimBoard
@@ -25,6 +25,7 @@ from test_sim_board import read_until
 pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
 
 BANNER = b"device-loop simulated board b0"
+ANSWERS_OF_SILENCE = 5  # a hung board's silence is watched for as long as this many of its answers took
 PROMPT = b"b0:~# "
 
 
@@ -74,10 +75,10 @@ def flip(board, word: str) -> None:
     the board says it is ``word``."""
     done = looked(board)
     board.switch.write_text(word + "\n")
-    wait_for(lambda: done() and state(board) == word + "\n", 10, what=f"the board to say it is {word}")
+    wait_for(lambda: done() and state(board) == word + "\n", what=f"the board to say it is {word}")
 
 
-def read_port_until(port, marker: bytes, timeout=5.0) -> bytes:
+def read_port_until(port, marker: bytes, timeout=WAIT_S) -> bytes:
     return read_until(port, marker, timeout)
 
 
@@ -118,7 +119,7 @@ def test_switching_off_hangs_the_uart_up_and_on_boots_a_new_one(lab):
     reader = os.open(board.link, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
     try:
         flip(board, "off")
-        wait_for(lambda: hung_up(reader), 5, what="the old pty to hang up")
+        wait_for(lambda: hung_up(reader), what="the old pty to hang up")
         assert not os.path.lexists(board.link) and board.node is None and not board.powered
         assert (lab.health().status, lab.health().reason) == ("degraded", "powered off (its switch says off)")
     finally:
@@ -136,19 +137,19 @@ def test_the_banner_comes_on_the_new_pty_and_other_words_change_nothing(lab):
     flip(board, "off")
     done = looked(board)
     board.switch.write_text("maybe\n")  # another word: nothing changes
-    wait_for(done, 5, what="the board to look at its switch")
+    wait_for(done, what="the board to look at its switch")
     assert state(board) == "off\n" and not board.powered
     done = looked(board)
     board.switch.unlink()  # a missing switch: nothing changes either
-    wait_for(done, 5, what="the board to look at its switch")
+    wait_for(done, what="the board to look at its switch")
     assert state(board) == "off\n"
     done = looked(board)
     board.switch.write_text("on")  # no newline: the first word is what counts
-    wait_for(lambda: done() and board.powered, 5, what="the board to power on")
+    wait_for(lambda: done() and board.powered, what="the board to power on")
     assert state(board) == "on\n"
     fd = os.open(board.link, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)  # (pyserial's open would flush it)
     try:
-        said, deadline = b"", time.monotonic() + 5
+        said, deadline = b"", time.monotonic() + WAIT_S
         while PROMPT not in said and time.monotonic() < deadline:
             if select.select([fd], [], [], 0.1)[0]:
                 said += os.read(fd, 4096)
@@ -162,33 +163,33 @@ def test_a_console_client_stays_connected_across_a_power_cycle_and_the_record_sh
     port, service = lab.start_console()
     record = record_path(lab.exporter.host.state_dir, lab.resource().identifier)
     try:
-        idle = wait_for(lambda: read_activity(record), 5, what="a record")
+        idle = wait_for(lambda: read_activity(record), what="a record")
         assert (idle.open, idle.bytes, idle.hangups, idle.typed) == (False, 0, 0, 0) and idle.pid == os.getpid()
         assert not bridge_holds(board), "nobody connected: the bridge leaves the link alone"
         with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
             client.sendall(b"hostname\r")
-            recv_until(client, b"\r\nb0\r\n" + PROMPT, timeout=8.0)
-            seen = wait_for(lambda: (a := read_activity(record)) and a.bytes > 0 and a.typed == 9 and a, 5,
+            recv_until(client, b"\r\nb0\r\n" + PROMPT, timeout=WAIT_S)
+            seen = wait_for(lambda: (a := read_activity(record)) and a.bytes > 0 and a.typed == 9 and a,
                             what="a record of what was printed and typed")
             assert seen.open and seen.hangups == 0 and seen.typed_ns > 0 and bridge_holds(board)
             flip(board, "off")
-            off = wait_for(lambda: (a := read_activity(record)) and not a.open and a, 5, what="the record: hung up")
+            off = wait_for(lambda: (a := read_activity(record)) and not a.open and a, what="the record: hung up")
             assert off.hangups == 1 and off.bytes >= seen.bytes
             client.sendall(b"typed into the void\r")  # dropped: the device is not there
             flip(board, "on")
-            banner = recv_until(client, PROMPT, timeout=8.0)
+            banner = recv_until(client, PROMPT, timeout=WAIT_S)
             assert BANNER in banner and b"void" not in banner, banner
-            back = wait_for(lambda: (a := read_activity(record)) and a.open and a.bytes > off.bytes and a, 5,
+            back = wait_for(lambda: (a := read_activity(record)) and a.open and a.bytes > off.bytes and a,
                             what="the record: open again, bytes counted")
             assert back.hangups == 1 and back.last_ns > off.last_ns and back.typed == seen.typed
             client.sendall(b"hostname\r")
-            said = recv_until(client, b"\r\nb0\r\n" + PROMPT, timeout=8.0)
+            said = recv_until(client, b"\r\nb0\r\n" + PROMPT, timeout=WAIT_S)
             assert b"not found" not in said, "what was typed while it was off never reached the new board"
-            typed = wait_for(lambda: (a := read_activity(record)) and a.typed == 18 and a, 5, what="typed counted")
+            typed = wait_for(lambda: (a := read_activity(record)) and a.typed == 18 and a, what="typed counted")
             assert typed.typed_ns > seen.typed_ns
-        left = wait_for(lambda: (a := read_activity(record)) and not a.open and a, 5, what="the record: closed")
+        left = wait_for(lambda: (a := read_activity(record)) and not a.open and a, what="the record: closed")
         assert left.hangups == 1, "the client leaving is no hang-up"
-        wait_for(lambda: not bridge_holds(board), 5, what="the bridge to let the link go")
+        wait_for(lambda: not bridge_holds(board), what="the bridge to let the link go")
     finally:
         service.processes[0].stop()
     assert read_activity(record) is None and not record.exists(), "a stopped service has no record"
@@ -202,8 +203,8 @@ def test_with_no_console_client_another_reader_has_the_board_to_itself(lab):
     record = record_path(lab.exporter.host.state_dir, lab.resource().identifier)
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5):  # someone came and went
-            wait_for(lambda: (a := read_activity(record)) and a.open, 5, what="the record: open")
-        wait_for(lambda: (a := read_activity(record)) and not a.open and not bridge_holds(board), 5,
+            wait_for(lambda: (a := read_activity(record)) and a.open, what="the record: open")
+        wait_for(lambda: (a := read_activity(record)) and not a.open and not bridge_holds(board),
                  what="the bridge to let the link go")
         for _ in range(2):  # also across a power cycle, which the bridge does not follow with nobody there
             with serial.Serial(str(board.link), 115200, timeout=0.1) as reader:
@@ -221,12 +222,16 @@ def test_a_hung_board_answers_nothing_and_fails_until_power_cycled(lab):
     board = lab.board
     with serial.Serial(str(board.link), 115200, timeout=0.1) as port:
         port.reset_input_buffer()
+        asked = time.monotonic()
         port.write(b"hang\r")
         read_port_until(port, PANIC.encode())
-        wait_for(lambda: lab.health().status == "failed", 5, what="health to turn failed")
+        answered_s = time.monotonic() - asked  # how long this board takes to answer a line, on this machine now
+        wait_for(lambda: lab.health().status == "failed", what="health to turn failed")
         assert lab.health().reason.startswith("console hung: "), lab.health().reason
         port.write(b"hostname\r\x03\r")
-        silence_until = time.monotonic() + 0.5  # (a silence is waited for: nothing may come)
+        # (a silence is waited for: nothing may come, in the time of a few answers; a hung board
+        # reads and drops what is typed, and nothing marks that it did)
+        silence_until = time.monotonic() + ANSWERS_OF_SILENCE * answered_s
         heard = b""
         while time.monotonic() < silence_until:
             heard += port.read(4096)
@@ -246,7 +251,7 @@ def test_a_power_cycle_interrupts_the_job_and_the_new_board_starts_clean(lab):
         port.reset_input_buffer()
         port.write(b"sleep 100\r")
         read_port_until(port, b"sleep 100\r\n")
-        wait_for(lambda: board._job is not None, 5, what="the job to run")
+        wait_for(lambda: board._job is not None, what="the job to run")
         port.write(b"false")  # type-ahead of the old board: gone with its power
     flip(board, "off")
     flip(board, "on")
@@ -276,7 +281,7 @@ def test_power_changes_are_idempotent_and_safe_from_many_threads(tmp_path):
         for t in threads:
             t.start()
         for t in threads:
-            t.join(20)
+            t.join(WAIT_S)
         assert not errors and not any(t.is_alive() for t in threads)
         board.power_on()
         with serial.Serial(str(board.link), 115200, timeout=0.1) as port:

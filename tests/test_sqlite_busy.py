@@ -9,7 +9,7 @@ import time
 import httpx2
 import pytest
 
-from conftest import wait_for
+from conftest import WAIT_S, wait_for
 from helpers import wait_state
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
@@ -54,10 +54,10 @@ def test_requests_are_answered_while_another_process_holds_the_write_lock(tmp_pa
                 answered += 1
         assert answered >= 10 and not reserved, "the reserve did not wait for the write lock"
     finally:
-        holder.communicate("release\n", timeout=10)
+        holder.communicate("release\n", timeout=WAIT_S)
 
-    reserve.join(15)
+    reserve.join(WAIT_S)
     (response,) = reserved
     assert response.status_code == 201, response.text
     assert response.json()["device"] == "sim-board-0"
-    wait_for(lambda: coordinator.api(f"/leases/{response.json()['id']}").json()["ready"], 20, what="the lease ready")
+    wait_for(lambda: coordinator.api(f"/leases/{response.json()['id']}").json()["ready"], what="the lease ready")

@@ -30,7 +30,7 @@ def stress(coordinator, name: str, seconds: int = 2) -> dict:
     lease = wait_active(coordinator, reserve(coordinator, name)["id"])
     with console(lease) as uart:
         uart.sendall(f"stress {seconds}\r".encode())
-        wait_for(lambda: b"stress" in uart.recv(4096), 5, what="the console's echo")
+        wait_for(lambda: b"stress" in uart.recv(4096), what="the console's echo")
     return lease
 
 
@@ -63,26 +63,26 @@ def test_a_hot_board_stays_reclaiming_until_it_is_cool_and_failing_steps_leave_t
         sim("bad-command", {"step": "command", "command": ["sh", "-c", "echo broken >&2; exit 3"],
                             "timeout": "10s"})]))
     for name in ("sim-board-0", "never-cool", "rebooted", "bad-command"):
-        wait_state(coordinator, name, "idle", timeout=30)
+        wait_state(coordinator, name, "idle")
     others = {name: wait_active(coordinator, reserve(coordinator, name)["id"])
               for name in ("never-cool", "rebooted", "bad-command")}
     lease = stress(coordinator, "sim-board-0", seconds=4)
-    wait_for(lambda: temperature(lease) > 55, 10, what="the board hot")
+    wait_for(lambda: temperature(lease) > 55, what="the board hot")
     for ended in (lease, *others.values()):  # all given back at once: their steps run side by side
         release(coordinator, ended)
     seen = wait_for(lambda: (d := device(coordinator, "sim-board-0"))["state"] == "reclaiming"
-                    and "cooling down" in d["reason"] and d, 15, what="the cooldown under way")
+                    and "cooling down" in d["reason"] and d, what="the cooldown under way")
     assert seen["reason"].startswith("step 1/1 cooldown: cooling down: ") and f"< {THRESHOLD[:-1]}" in seen["reason"]
 
-    wait_state(coordinator, "never-cool", "faulty", timeout=30)
+    wait_state(coordinator, "never-cool", "faulty")
     faulty = device(coordinator, "never-cool")
     assert faulty["fault"].startswith("step 1/1 cooldown failed:") and "10" in faulty["fault"], faulty
 
-    wait_for(lambda: any(c.startswith("step 1/1 reboot done") for c in causes(coordinator, "rebooted")), 30,
+    wait_for(lambda: any(c.startswith("step 1/1 reboot done") for c in causes(coordinator, "rebooted")),
              what="the reboot step through the console")
     wait_state(coordinator, "rebooted", "idle")
 
-    wait_state(coordinator, "bad-command", "faulty", timeout=30)
+    wait_state(coordinator, "bad-command", "faulty")
     fault = device(coordinator, "bad-command")["fault"]
     assert fault.startswith("step 1/1 command failed:") and "3" in fault and "broken" in fault, fault
     refused = coordinator.api("/leases", "POST", json={"device": "bad-command"})
@@ -90,7 +90,7 @@ def test_a_hot_board_stays_reclaiming_until_it_is_cool_and_failing_steps_leave_t
     cleared = coordinator.api("/admin/devices/bad-command/clear-fault", "POST").json()
     assert cleared["state"] == "idle"
 
-    wait_state(coordinator, "sim-board-0", "idle", timeout=60)
+    wait_state(coordinator, "sim-board-0", "idle")
     assert any(c.startswith("step 1/1 cooldown done") for c in causes(coordinator, "sim-board-0"))
     ops = coordinator.api("/devices/sim-board-0/operations").json()
     assert ops[0]["kind"] == "cooldown" and ops[0]["state"] == "done" and ops[0]["requester"] == "coordinator"
@@ -100,13 +100,13 @@ def test_settle_waits_inside_a_lease_and_a_killed_exporter_runs_the_steps_again(
     cooldown = {"step": "cooldown", "below": THRESHOLD, "timeout": "60s"}
     exporter = Exporter(tmp_path, env, coordinator.url, [sim("sim-board-0", cooldown, tau="4s")])
     exporters.append(exporter)
-    wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+    wait_state(coordinator, "sim-board-0", "idle")
     lease = stress(coordinator, "sim-board-0", seconds=3)
-    wait_for(lambda: temperature(lease) > 45, 10, what="the board hot")
+    wait_for(lambda: temperature(lease) > 45, what="the board hot")
     op = coordinator.api(f"/leases/{lease['id']}/settle", "POST").json()
     assert op["kind"] == "settle"
     ended = wait_for(lambda: (o := coordinator.api(f"/ops/{op['id']}", params={"wait": 5}).json())["state"]
-                     in ("done", "failed") and o, 60, what="settle")
+                     in ("done", "failed") and o, what="settle")
     assert ended["state"] == "done", ended
     assert coordinator.api(f"/leases/{lease['id']}").json()["state"] == "active", "settle keeps the lease"
     assert sum(ended["seconds"].values()) >= 1, f"it waited for the board to cool: {ended}"
@@ -114,12 +114,12 @@ def test_settle_waits_inside_a_lease_and_a_killed_exporter_runs_the_steps_again(
 
     with console(lease) as uart:  # hot again, and given back: the exporter dies during the cooldown
         uart.sendall(b"stress 3\r")
-        wait_for(lambda: b"stress" in uart.recv(4096), 5, what="the console's echo")
+        wait_for(lambda: b"stress" in uart.recv(4096), what="the console's echo")
     release(coordinator, lease)
-    wait_for(lambda: "cooling down" in device(coordinator, "sim-board-0")["reason"], 15, what="the cooldown")
+    wait_for(lambda: "cooling down" in device(coordinator, "sim-board-0")["reason"], what="the cooldown")
     exporter.stop(signal.SIGKILL)
     exporter.start()  # its next start: the step was interrupted, and the steps run again from the first
-    wait_state(coordinator, "sim-board-0", "idle", timeout=60)
+    wait_state(coordinator, "sim-board-0", "idle")
     log = causes(coordinator, "sim-board-0")
     assert any("interrupted" in c and "again from the first" in c for c in log), log
     kinds = [(o["kind"], o["state"]) for o in coordinator.api("/devices/sim-board-0/operations").json()]

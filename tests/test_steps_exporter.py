@@ -18,7 +18,7 @@ from device_loop.core.ports import free_port
 from device_loop.core.protocol import EXPORTER_STEPS, DesiredOperation
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
-from conftest import wait_for
+from conftest import WAIT_S, wait_for
 from exporter_testkit import converge
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
@@ -124,7 +124,7 @@ def report_of(exporter, op: str):
     return next((r for r in exporter.operations.reports() if r.op == op), None)
 
 
-def ended(exporter, op: str, timeout=20.0):
+def ended(exporter, op: str, timeout=WAIT_S):
     return wait_for(lambda: (r := report_of(exporter, op)) and r.state != "running" and r, timeout,
                     what=f"{op} to end")
 
@@ -132,7 +132,7 @@ def ended(exporter, op: str, timeout=20.0):
 def heat(exporter, above: float, device="b0"):
     board = board_of(exporter, device)
     board.thermal.stress(2)
-    wait_for(lambda: board.thermal.read() > above, 10, what=f"the board to pass {above} °C")
+    wait_for(lambda: board.thermal.read() > above, what=f"the board to pass {above} °C")
 
 
 # ---- what is reported --------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_a_cooldown_waits_until_the_board_is_below_its_threshold_saying_how_hot_
     exporter = lab([{"name": "b0", "resources": [BOARD], "steps": [{"step": "cooldown", "below": "33C"}]}])
     heat(exporter, 45)
     begin(exporter, "op-cool", "cooldown")
-    running = wait_for(lambda: (r := report_of(exporter, "op-cool")) and r.progress.detail and r, 10,
+    running = wait_for(lambda: (r := report_of(exporter, "op-cool")) and r.progress.detail and r,
                        what="the cooldown's progress")
     assert running.state == "running" and running.phase == "cooldown"
     assert running.progress.detail.startswith("cooling down: ") and "°C (cpu), waiting for < 33 °C" in \
@@ -188,7 +188,7 @@ def test_a_cooldown_of_a_device_nothing_measures_fails_at_once(lab):
     exporter = lab([{"name": "b0", "resources": [{"plugin": "bench"}],
                      "steps": [{"step": "cooldown", "below": 40}]}])
     begin(exporter, "op-cool", "cooldown")
-    failed = ended(exporter, "op-cool", timeout=5)
+    failed = ended(exporter, "op-cool")
     assert (failed.state, failed.message) == (
         "failed", "no thermal zone to read on b0 (no plugin of its resources reports one)")
     assert not failed.changed
@@ -232,7 +232,7 @@ def test_a_reboot_the_console_refuses_is_no_reboot(lab):
 def test_a_reboot_of_a_device_without_a_console_fails_before_touching_it(lab):
     exporter = lab([{"name": "b0", "resources": [{"plugin": "bench"}], "steps": [{"step": "reboot"}]}])
     begin(exporter, "op-reboot", "reboot")
-    failed = ended(exporter, "op-reboot", timeout=5)
+    failed = ended(exporter, "op-reboot")
     assert failed.state == "failed" and "b0 has no console to reboot it through" in failed.message
     assert not failed.changed
 
@@ -262,7 +262,7 @@ def test_a_command_that_hangs_is_killed_at_its_timeout_with_all_it_started(lab, 
         "step": "command", "timeout": "1s",
         "command": ["sh", "-c", f"sleep 60 & echo $$ $! > {pids}; echo started; wait"]}]}])
     begin(exporter, "op-cmd", "command")
-    failed = ended(exporter, "op-cmd", timeout=15)
+    failed = ended(exporter, "op-cmd")
     assert failed.state == "failed", failed
     assert failed.message == "sh did not finish within 1s; killed it and all it started; it said: started"
     for pid in map(int, pids.read_text().split()):
@@ -296,10 +296,10 @@ def test_a_plugin_step_past_its_timeout_fails_and_its_thread_is_left(lab):
     exporter = lab([{"name": "b0", "resources": [{"plugin": "bench"}], "steps": [{"step": "hang", "timeout": "1s"}]}])
     (step,) = steps_reported(exporter)
     begin(exporter, "op-hang", "hang", plugin=step.plugin, identifier=step.identifier)
-    failed = ended(exporter, "op-hang", timeout=10)
+    failed = ended(exporter, "op-hang")
     assert (failed.state, failed.message) == ("failed", "timed out after 1s")
     begin(exporter, "op-hang-again", "hang", plugin=step.plugin, identifier=step.identifier)
-    again = ended(exporter, "op-hang-again", timeout=10)
+    again = ended(exporter, "op-hang-again")
     assert again.state == "failed" and "the last hang of bench:b0 has not returned yet" in again.message
     assert not again.changed
     exporter.bench.release.set()
@@ -347,7 +347,7 @@ def test_a_settle_runs_only_the_steps_that_settle_in_order(lab, tmp_path):
 def test_a_step_the_device_does_not_have_there_is_refused_untouched(lab, kind, purpose, step, args, complaint):
     exporter = lab([{"name": "b0", "resources": [BOARD], "steps": [{"step": "cooldown", "below": 90}]}])
     begin(exporter, "op-x", kind, args=args, purpose=purpose, step=step)
-    failed = ended(exporter, "op-x", timeout=5)
+    failed = ended(exporter, "op-x")
     assert failed.state == "failed" and complaint in failed.message, failed.message
     assert not failed.changed
     assert not (exporter.host.state_dir / "operations" / "op-x.json").exists(), "no marker: nothing was begun"
@@ -375,7 +375,7 @@ def test_a_step_on_a_resource_of_another_device_is_refused(lab):
                     {"name": "b1", "resources": [BOARD]}])
     other = next(r.identifier for r in exporter.reporter.scan(set()) if r.device == "b1")
     begin(exporter, "op-x", "cooldown", identifier=other)
-    failed = ended(exporter, "op-x", timeout=5)
+    failed = ended(exporter, "op-x")
     assert failed.state == "failed" and f"{other} is not a resource of b0" in failed.message
 
 
@@ -384,7 +384,7 @@ def test_a_stopping_exporter_interrupts_a_waiting_step_so_the_steps_run_again(la
     exporter = lab([{"name": "b0", "resources": [BOARD],
                      "steps": [{"step": "cooldown", "below": 20, "timeout": f"{timeout_s}s"}]}])
     begin(exporter, "op-cool", "cooldown")
-    wait_for(lambda: (r := report_of(exporter, "op-cool")) and r.progress.detail, 10, what="the cooldown to wait")
+    wait_for(lambda: (r := report_of(exporter, "op-cool")) and r.progress.detail, what="the cooldown to wait")
     began = time.monotonic()
     exporter.shutdown()
     exporter.shut_down = True

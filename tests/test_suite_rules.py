@@ -3,8 +3,10 @@ time only by a duration it set or measured: a wait, a timeout, a period, a basel
 the tests share their helpers through tests/helpers.py, not through another test module."""
 from __future__ import annotations
 
+import ast
 import os
 import re
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,13 +20,26 @@ ELAPSED = re.compile(r"(?:time\.(?:monotonic|perf_counter)\(\)\s*-\s*\w+|\b(?:to
 BOUND_END = re.compile(r",|\band\b|\bor\b|#|\\$|$")
 
 
+def _assertions(text: str) -> list[str]:
+    """The lines of ``text`` that assert, and each assertion written over several lines joined
+    into one line."""
+    lines = [line for line in text.splitlines() if "assert" in line]
+    try:
+        source = textwrap.dedent(text)
+        tree = ast.parse(source)
+    except SyntaxError:  # (a fragment)
+        return lines
+    spread = [ast.get_source_segment(source, node) or "" for node in ast.walk(tree)
+              if isinstance(node, ast.Assert) and node.end_lineno != node.lineno]
+    return lines + [re.sub(r"\\?\n\s*", " ", statement) for statement in spread]
+
+
 def literal_time_bounds(text: str) -> list[str]:
-    """The lines of ``text`` whose assertion bounds a measured time from above by a bare
-    number (``took < 2.0``), not by a duration the test names (``took < 2 * timeout_s``)."""
+    """The assertions of ``text`` that bound a measured time from above by a bare number
+    (``took < 2.0``), not by a duration the test names (``took < 2 * timeout_s``); in a test
+    module or in a fixture, on one line or over several."""
     found = []
-    for line in text.splitlines():
-        if "assert" not in line:
-            continue
+    for line in _assertions(text):
         for match in ELAPSED.finditer(line):
             rest = line[match.end():]
             bound = rest[:BOUND_END.search(rest).start()]
@@ -45,10 +60,151 @@ def test_the_time_bound_check_tells_a_goal_from_a_relative_bound():
     assert literal_time_bounds("    assert len(got) == 40 and took < 3.5, took") != []
     assert literal_time_bounds("    assert max(ages) < 1.5, ages") != []
     assert literal_time_bounds("    assert said.elapsed_s < 5") != []
+    assert literal_time_bounds("def f():\n    assert (len(got) == 40\n            and took < 3.5), took\n") != []
     assert literal_time_bounds("    assert took < (batches + 1) * deadlines.timeout_s, took") == []
     assert literal_time_bounds("    assert time.monotonic() - asked < started_s, 'at once'") == []
     assert literal_time_bounds("    assert 0.95 * timeout_s <= took <= 1.6 * timeout_s, took") == []
     assert literal_time_bounds("    assert time.monotonic() - ended >= GRACE_S") == []
+
+
+# ---- a wait is bounded by progress or a setting (conftest.py: wait_for, WAIT_S) ---------------
+
+#: the suite's waits: the place of their timeout among their arguments, and its keyword (by the
+#: name called: ``asyncio.wait_for``, ``threading.Condition.wait_for`` and ``anyio.fail_after``
+#: too); a function of the tests that passes one of its parameters on as a wait's timeout is a
+#: wait too (``_waits_of``)
+WAITS = {"wait_for": (1, "timeout"), "wait_state": (3, "timeout"), "wait_active": (2, "timeout"),
+         "fail_after": (0, "delay")}
+#: the clocks a hand-made wait's deadline is read on (``deadline = time.monotonic() + timeout``)
+CLOCKS = ("time.monotonic", "time.time", "time.perf_counter", "monotonic", "perf_counter")
+
+
+def bare_number(node: ast.expr) -> bool:
+    """Whether ``node`` is a number written out (``5``, ``2 * 60``, ``-1.5``): no name of a
+    setting, a measured duration or the safety net in it."""
+    parts = list(ast.walk(node))
+    return (all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop)) for n in parts)
+            and any(isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) for n in parts))
+
+
+def _callee(call: ast.Call) -> str | None:
+    return call.func.id if isinstance(call.func, ast.Name) else \
+        call.func.attr if isinstance(call.func, ast.Attribute) else None
+
+
+#: what calls a function given as its first argument with the arguments that follow (on a thread)
+CALLERS = ("to_thread", "run_sync")
+
+
+def _waited(call: ast.Call, waits: dict[str, tuple[int, str]]) -> tuple[int, str, list, list] | None:
+    """When ``call`` is a wait (``wait_for(...)``, or ``asyncio.to_thread(wait_for, ...)``): the
+    place of its timeout among ``args``, its keyword, ``args`` and ``keywords``."""
+    name, args = _callee(call), call.args
+    if name in CALLERS and args and isinstance(args[0], (ast.Name, ast.Attribute)):
+        name, args = ast.unparse(args[0]).rsplit(".", 1)[-1], args[1:]
+    if name not in waits:
+        return None
+    return (*waits[name], args, call.keywords)
+
+
+def _timeout_of(call: ast.Call, waits: dict[str, tuple[int, str]]) -> ast.expr | None:
+    """The timeout given to the wait ``call``, if it is one and is given one."""
+    if (waited := _waited(call, waits)) is None:
+        return None
+    place, keyword, args, keywords = waited
+    for given in keywords:
+        if given.arg == keyword:
+            return given.value
+    return args[place] if len(args) > place and not isinstance(args[place], ast.Starred) else None
+
+
+def _waits_of(trees: dict[str, ast.Module]) -> dict[str, tuple[int, str]]:
+    """Every wait of the suite: name -> (place of its timeout, its keyword); the functions that
+    pass a parameter on as a wait's timeout included, and those that call them, and so on."""
+    waits = dict(WAITS)
+    while True:
+        found = dict(waits)
+        for tree in trees.values():
+            for function in ast.walk(tree):
+                if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or function.name in found:
+                    continue
+                params = [a.arg for a in function.args.posonlyargs + function.args.args]
+                if params[:1] in (["self"], ["cls"]):
+                    params = params[1:]
+                params += [a.arg for a in function.args.kwonlyargs]
+                for call in ast.walk(function):
+                    if isinstance(call, ast.Call):
+                        timeout = _timeout_of(call, waits)
+                        if isinstance(timeout, ast.Name) and timeout.id in params:
+                            found[function.name] = (params.index(timeout.id), timeout.id)
+        if found == waits:
+            return waits
+        waits = found
+
+
+def _default_of(function: ast.FunctionDef | ast.AsyncFunctionDef, param: str) -> ast.expr | None:
+    positional = function.args.posonlyargs + function.args.args
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(function.args.defaults):],
+                        function.args.defaults))
+    defaults |= {a.arg: d for a, d in zip(function.args.kwonlyargs, function.args.kw_defaults) if d is not None}
+    return defaults.get(param)
+
+
+def bare_wait_bounds(trees: dict[str, ast.Module]) -> list[str]:
+    """Where a wait of the suite is bounded by a bare number: a wait given one as its timeout,
+    a function passing its timeout on to a wait with one as its default, a deadline of a
+    hand-made loop (``time.monotonic() + 5``). ``trees``: file name -> its module."""
+    waits = _waits_of(trees)
+    found = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and (timeout := _timeout_of(node, waits)) is not None:
+                if bare_number(timeout):
+                    found.append(f"{name}:{node.lineno}: {ast.unparse(node)[:120]}")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in waits:
+                default = _default_of(node, waits[node.name][1])
+                if default is not None and bare_number(default):
+                    found.append(f"{name}:{node.lineno}: def {node.name}(... "
+                                 f"{waits[node.name][1]}={ast.unparse(default)})")
+            elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and bare_number(node.right)
+                  and isinstance(node.left, ast.Call) and ast.unparse(node.left.func) in CLOCKS):
+                found.append(f"{name}:{node.lineno}: a deadline {ast.unparse(node)}")
+    return found
+
+
+def test_no_wait_is_bounded_by_a_bare_number():
+    """A wait for what should happen is bounded by the safety net alone (conftest.WAIT_S); one
+    whose bound is what the test checks, by the setting it checks: never by a number found
+    on an idle machine, in a test module or in a fixture (conftest.py, helpers.py...)."""
+    trees = {path.name: ast.parse(path.read_text()) for path in sorted(TESTS.glob("*.py"))}
+    offending = bare_wait_bounds(trees)
+    assert not offending, ("bound a wait by progress (the default timeout, conftest.WAIT_S, is only a safety net) "
+                           "or by the setting it checks, not by a bare number:\n  " + "\n  ".join(offending))
+
+
+def test_the_wait_bound_check_finds_bare_numbers_in_waits_their_wrappers_and_deadlines():
+    def found(source: str) -> list[str]:
+        return bare_wait_bounds({"t.py": ast.parse(source)})
+
+    assert found("wait_for(ready, 5, what='up')") and found("wait_for(ready, timeout=2 * 10)")
+    assert found("helpers.wait_state(lab, 'b0', 'idle', 30)") and found("wait_state(lab, 'b0', 'idle', timeout=-1)")
+    assert found("await asyncio.wait_for(next_frame(), 5)") and found("with anyio.fail_after(30): pass")
+    assert found("def ended(lab, op, timeout=20.0):\n    return wait_for(lambda: op, timeout)")
+    assert found("def ended(lab, op, within=None):\n    return wait_for(lambda: op, within)\n"
+                 "ended(lab, 'op-1', within=3)"), "a wait's wrapper is a wait"
+    assert found("class Lab:\n    def active(self, lease, timeout=WAIT_S):\n        wait_for(up, timeout)\n"
+                 "lab.active('l1', 90)"), "(a method's self is not among its arguments)"
+    assert found("await asyncio.to_thread(wait_state, lab, 'b0', 'idle', 30)"), "a wait run on a thread is a wait"
+    assert found("await asyncio.to_thread(wait_for, ready, 60, 0.05, 'up')")
+    assert found("deadline = time.monotonic() + 10") and found("until = monotonic() + 0.5")
+    assert found("wait_for(ready)") == [] and found("wait_for(ready, what='up', interval=0.01)") == []
+    assert found("wait_for(ready, 1.5 * GRACE_S)") == []
+    assert found("wait_state(lab, 'b0', 'idle', timeout=WAIT_S)") == []
+    assert found("await asyncio.wait_for(call, QUICK_S)") == [] and found("deadline = time.monotonic() + timeout") == []
+    assert found("def ended(lab, op, timeout=WAIT_S):\n    return wait_for(lambda: op, timeout)") == []
+    assert found("time.sleep(0.05)") == [] and found("sock.settimeout(5)") == []
+    assert found("await asyncio.to_thread(wait_state, lab, 'b0', 'idle')") == []
+    assert found("await asyncio.to_thread(time.sleep, 5)") == []
 
 
 def test_no_test_imports_helpers_from_another_tests_end_to_end_module():

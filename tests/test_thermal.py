@@ -115,9 +115,9 @@ def test_stress_typed_on_the_console_heats_what_the_hook_reads(tmp_path):
         assert read()["cpu"] == pytest.approx(30.0, abs=0.5)
         with serial.Serial(resource.node, 115200, timeout=0.1) as port:
             port.write(b"stress 1\r")
-            hot = wait_for(lambda: (t := read()["cpu"]) > 40 and t, 10, what="the board to heat up")
+            hot = wait_for(lambda: (t := read()["cpu"]) > 40 and t, what="the board to heat up")
         assert hot < 30 + STRESS_RISE_C
-        wait_for(lambda: read()["cpu"] < 32, 15, what="the board to cool back toward 30 °C")
+        wait_for(lambda: read()["cpu"] < 32, what="the board to cool back toward 30 °C")
     finally:
         exporter.shutdown()
 

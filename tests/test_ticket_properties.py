@@ -43,7 +43,8 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from conftest import wait_for
+from conftest import WAIT_S, wait_for
+from device_loop.coordinator.lifecycle import Settings
 from lab_in_process import device
 from live_lab import LIVE, LabDatabase, LiveExporter, Spread, service
 
@@ -51,7 +52,7 @@ DEVICES = 5
 VIA = st.integers(0, 1)                 # the coordinator process a request goes through
 CLAIM_WINDOW_S = 120.0                  # the coordinators' defaults: a grant not claimed within this expires,
 ALLOCATING_TIMEOUT_S = 30.0             # and a lease pending longer than this fails
-REAPED_WITHIN_S = 5.0                   # a reaper passes every second: what it must have granted by then
+REAPED_WITHIN_S = 5 * Settings.reaper_interval_s  # five passes of each reaper: what they must have granted by then
 EXAMPLES = itertools.count()            # each example has devices, a class, a host and users of its own
 MCP_ACCEPT = {"Accept": "application/json, text/event-stream"}
 
@@ -607,14 +608,14 @@ def test_a_storm_of_40_tickets_on_5_devices_through_two_processes(two_coordinato
         try:
             for n, lease in enumerate(held):
                 lab.release(n, lease)
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + WAIT_S
             for n in itertools.count():
                 lab.beat(n, serve=n % 2 == 0)  # serving the leases' services, and not (a release races both)
                 snap = lab.check()
                 if failures or not any(t.is_alive() for t in threads):
                     break
                 assert time.monotonic() < deadline, (
-                    f"served {len(served)} of {STORM_TICKETS} in 60 s; open: "
+                    f"served {len(served)} of {STORM_TICKETS} in {WAIT_S:g} s; open: "
                     f"{[t for t in snap['tickets'] if t['state'] in ('waiting', 'granted')]}; devices: "
                     f"{snap['devices']}; live leases: {[x for x in snap['leases'] if x['state'] in LIVE]}")
         finally:

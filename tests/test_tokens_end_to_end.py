@@ -125,10 +125,10 @@ def test_an_exporter_without_its_token_is_refused(tmp_path, env):
     heartbeats = CountingProxy(coordinator.port, b"POST /api/v1/hosts/host-a/heartbeat ")
     exporter = Exporter(tmp_path, env, heartbeats.url, sim_devices("sim-board-0"), heartbeat_s=0.2)
     try:
-        wait_for(lambda: "heartbeat refused (401)" in exporter.output(), 15, what="the refusal in the log")
+        wait_for(lambda: "heartbeat refused (401)" in exporter.output(), what="the refusal in the log")
         refused = heartbeats.count
         # one heartbeat goes only once the answer to the one before came: 3 more refusals taken
-        wait_for(lambda: heartbeats.count >= refused + 4, 15, what="more heartbeats")
+        wait_for(lambda: heartbeats.count >= refused + 4, what="more heartbeats")
         assert coordinator.api("/devices").json() == []
         assert exporter.output().count("heartbeat refused") == 1 and "Traceback" not in exporter.output()
     finally:

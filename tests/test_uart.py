@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from conftest import Exporter, uart_device, wait_for
+from conftest import WAIT_S, Exporter, uart_device, wait_for
 from device_loop.core.uart_client import open_uart
 from helpers import port_open, recorded_pids, reserve, run_cli, wait_active, wait_state
 
@@ -31,9 +31,9 @@ def change_speed(endpoint, line, before, before_code, after, after_code):
     client = open_uart(endpoint)
     try:
         assert client.baudrate == before
-        wait_for(lambda: line_speed(line) == before_code, 5, what=f"{before} baud on the line")
+        wait_for(lambda: line_speed(line) == before_code, what=f"{before} baud on the line")
         client.baudrate = after
-        wait_for(lambda: line_speed(line) == after_code, 5, what=f"{after} baud on the line")
+        wait_for(lambda: line_speed(line) == after_code, what=f"{after} baud on the line")
     finally:
         client.close()
 
@@ -103,13 +103,13 @@ def test_unplugging_turns_the_device_offline_and_back(tmp_path, env, coordinator
             console.stdin.write(b"are you there\n")
             console.stdin.flush()
             heard = bytearray()
-            wait_for(lambda: heard.extend(board.read(256)) or b"are you there" in heard, 20,
+            wait_for(lambda: heard.extend(board.read(256)) or b"are you there" in heard,
                      what="the console's line on the board's side")
         pty_pair.unplug()
-        _, err = console.communicate(timeout=20)
+        _, err = console.communicate(timeout=WAIT_S)
         assert console.returncode == 1 and b"the connection to jupiter's UART was lost" in err
         offline = wait_for(lambda: (l := coordinator.api(f"/leases/{lease['id']}").json())["device_state"] == "offline"
-                           and l, 15, what="lease shows the device offline")
+                           and l, what="lease shows the device offline")
         assert offline["state"] == "active" and not offline["ready"] and "offline" in offline["reason"]
         assert exporter.popen.poll() is None, "the exporter must survive an unplug"
         pty_pair.plug()
@@ -173,7 +173,7 @@ def test_console_interactive_on_a_terminal_until_ctrl_bracket(tmp_path, env, coo
             if select.select([master], [], [], 0.1)[0]:
                 screen += os.read(master, 4096)
             return marker in screen
-        wait_for(seen, 10, what=f"{marker!r} on the terminal")
+        wait_for(seen, what=f"{marker!r} on the terminal")
         return screen
 
     try:

@@ -40,20 +40,20 @@ def lab(tmp_path, env):
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=here)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: "Ctrl-C stops the lab" in (tmp_path / "up.log").read_text() or proc.poll() is not None,
-             30, what="lab up")
+             what="lab up")
     assert proc.poll() is None, (tmp_path / "up.log").read_text()
     yield url, data_dir, proc
     if proc.poll() is None:
         proc.kill()  # the harshest end: its children must still go (they die with their parent)
         proc.wait()
-    wait_for(lambda: not any(pid_alive(p) for p in recorded_pids(data_dir / "up")), 30, what="lab children gone")
+    wait_for(lambda: not any(pid_alive(p) for p in recorded_pids(data_dir / "up")), what="lab children gone")
 
 
 def test_up_serves_sim_boards_and_stops_cleanly_on_ctrl_c(lab, env, tmp_path):
     url, data_dir, proc = lab
     wait_for(lambda: {"sim-board-0", "sim-board-1", "sim-extra"} <= {
         line.split()[0] for line in run_cli(env, url, "ls").stdout.splitlines()[1:] if "idle" in line},
-        20, what="three idle boards")
+        what="three idle boards")
     out = run_cli(env, url, "reserve", "sim-extra", "--ttl", "30m", "--wait").stdout
     assert "active" in out and "uart" in out
     port = int(out.split("127.0.0.1:")[1].split()[0])
@@ -87,7 +87,7 @@ def test_client_library_waits_and_releases_even_on_error(lab):
     url, _, _ = lab
     lab_client = Lab(url, user="carol")
     wait_for(lambda: any(d["name"] == "sim-board-1" and d["state"] == "idle" for d in lab_client.devices()),
-             20, what="sim-board-1 idle")
+             what="sim-board-1 idle")
     with pytest.raises(RuntimeError, match="test failure"):
         with lab_client.reserve("sim-board-1", ttl="10m") as lease:
             assert lease.state == "active"
@@ -102,7 +102,7 @@ def test_client_library_waits_and_releases_even_on_error(lab):
 def test_the_demo_boards_flash_and_recover_without_hardware(lab, env):
     url, data_dir, _ = lab
     lab_client = Lab(url, user="carol")
-    wait_for(lambda: any(i["name"] == "sim-firmware-1.0" for i in lab_client.api.get("/images")), 20,
+    wait_for(lambda: any(i["name"] == "sim-firmware-1.0" for i in lab_client.api.get("/images")),
              what="the demo firmware in the registry")
     firmware = next(i for i in lab_client.api.get("/images") if i["name"] == "sim-firmware-1.0")
     assert firmware["known_good_for"] == ["class:sim-board"]
@@ -162,7 +162,7 @@ def test_up_without_xvfb_serves_the_boards_without_screens(tmp_path, env):
                                  "--port", str(port)], env={**env, "PATH": str(bare)}, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_for(lambda: "Ctrl-C stops the lab" in log.read_text() or proc.poll() is not None, 30, what="lab up")
+        wait_for(lambda: "Ctrl-C stops the lab" in log.read_text() or proc.poll() is not None, what="lab up")
         assert "  screens      none (Xvfb, x11vnc, websockify not installed" in log.read_text(), log.read_text()
         lease = json.loads(run_cli(env, f"http://127.0.0.1:{port}", "reserve", "sim-board-0", "--wait",
                                    "--json").stdout)

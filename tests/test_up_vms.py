@@ -21,7 +21,7 @@ from device_loop.plugins.qemu.isa import isa_tags
 from device_loop.core.ports import free_port
 from helpers import pid_alive, recorded_pids, run_cli
 from prepare import guest_cache
-from qemu_guests import aarch64_guest, x86_64_guest  # noqa: F401 (fixtures)
+from qemu_guests import BOOT_WAIT_S, aarch64_guest, x86_64_guest  # noqa: F401 (fixtures)
 from qemu_lab import with_qemu
 
 
@@ -47,7 +47,7 @@ def start_up(tmp_path: Path, env: dict, *args: str) -> tuple[subprocess.Popen, s
     proc = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "up", "--data-dir", str(tmp_path / "lab"),
                              "--port", str(port), *args], env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-    wait_for(lambda: "Ctrl-C stops the lab" in log.read_text() or proc.poll() is not None, 60, what="lab up")
+    wait_for(lambda: "Ctrl-C stops the lab" in log.read_text() or proc.poll() is not None, what="lab up")
     assert proc.poll() is None, log.read_text()
     return proc, f"http://127.0.0.1:{port}", log
 
@@ -72,7 +72,7 @@ def test_up_without_qemu_on_path_starts_the_lab_as_before_and_says_why_no_vm(tmp
         assert "--needs any" not in said
         wait_for(lambda: {"sim-board-0", "sim-board-1"} <= {
             line.split()[0] for line in run_cli(env, url, "ls").stdout.splitlines()[1:] if "idle" in line},
-            30, what="the simulated boards idle")
+            what="the simulated boards idle")
         names = {line.split()[0] for line in run_cli(env, url, "ls").stdout.splitlines()[1:]}
         assert not names & set(up_vms.VM_SLOTS), names
     finally:
@@ -125,7 +125,8 @@ def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(
 
         def devices() -> dict:
             return {d["name"]: d for d in json.loads(run_cli(env, url, "ls", "--json").stdout)}
-        wait_for(lambda: devices().get("vm-x86_64", {}).get("state") == "idle", 300, what="the VM slot idle")
+        wait_for(lambda: devices().get("vm-x86_64", {}).get("state") == "idle", BOOT_WAIT_S,
+                 what="the VM slot idle (its VM booted ahead)")
         vm = devices()["vm-x86_64"]
         assert vm["fidelity"] == "emulated" and {"x86_64", "avx2"} <= set(vm["tags"]), vm
         # what needs any fidelity lands on the VM; what needs real hardware, on a board

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from conftest import Coordinator, Exporter, lab_tokens, wait_for
+from conftest import WAIT_S, Coordinator, Exporter, lab_tokens, wait_for
 from device_loop.core.gate import LocalForward
 from device_loop.core.host import HostContext
 from device_loop.core.model import ConfiguredResource
@@ -72,7 +72,7 @@ def test_a_sim_camera_streams_to_two_viewers_and_ends_when_it_fails(tmp_path, en
     for viewer in viewers:
         viewer.start()
     for viewer in viewers:
-        viewer.join(30)
+        viewer.join(WAIT_S)
     assert [len(seen[n]) for n in range(2)] == [5, 5], "both viewers get frames at once"
     assert all(frame.shape == (SIZE[1], SIZE[0], 3) for frame in seen[0] + seen[1])
     assert not np.array_equal(seen[0][0], seen[0][-1]), "the pattern moves"
@@ -87,15 +87,23 @@ def test_a_sim_camera_streams_to_two_viewers_and_ends_when_it_fails(tmp_path, en
     assert urls["stream"] == base + "stream.mjpg"
 
     watched: list = []
-    watcher = threading.Thread(target=frames, args=(base + "stream.mjpg", 10_000), kwargs={"into": watched})
+    ended: list = []  # how the watcher's stream ended: its frames (it ended), or what its read raised
+
+    def watch() -> None:
+        try:
+            ended.append(frames(base + "stream.mjpg", 10_000, into=watched))
+        except httpx2.HTTPError as exc:  # (a read left hanging times out)
+            ended.append(exc)
+    watcher = threading.Thread(target=watch)
     watcher.start()
-    wait_for(lambda: len(watched) >= 2, 10, what="the stream flowing before the camera fails")
+    wait_for(lambda: len(watched) >= 2, what="the stream flowing before the camera fails")
     switch = video.fail_switch(HostContext("host-a", exporter.state_dir), "sim-board-0")
     switch.parent.mkdir(parents=True, exist_ok=True)
     switch.write_text("lens cap on")
-    watcher.join(10)
-    assert not watcher.is_alive(), "the stream ends when the source fails, viewers are not left hanging"
-    wait_for(lambda: coordinator.api("/devices/sim-board-0").json()["health"] == "failed", 10, what="health failed")
+    watcher.join(WAIT_S)
+    assert not watcher.is_alive() and len(ended) == 1 and ended[0] is watched, \
+        f"the stream ends when the source fails, viewers are not left hanging: {[e for e in ended if e is not watched]}"
+    wait_for(lambda: coordinator.api("/devices/sim-board-0").json()["health"] == "failed", what="health failed")
     assert "lens cap on" in coordinator.api("/devices/sim-board-0").json()["health_reason"]
     assert httpx2.get(base + "snapshot.jpg", timeout=10).status_code == 503
 
@@ -105,7 +113,7 @@ def gated_lab(tmp_path, env):
     coordinator = Coordinator(tmp_path, env, extra=())
     made, token_file = lab_tokens(env, coordinator, tmp_path, "alice")
     exporter = Exporter(tmp_path, env, coordinator.url, [with_camera("sim-board-0")], token_file=str(token_file))
-    wait_for(lambda: httpx2.get(f"{coordinator.url}/api/v1/devices/sim-board-0").json().get("state") == "idle", 20)
+    wait_for(lambda: httpx2.get(f"{coordinator.url}/api/v1/devices/sim-board-0").json().get("state") == "idle")
     yield coordinator, {**env, "DEVICE_LOOP_TOKEN": made["alice"]}
     exporter.stop()
     coordinator.stop()
@@ -145,7 +153,7 @@ async def test_an_agent_sees_the_board_s_screen(tmp_path, env, coordinator, expo
     wait_state(coordinator, "sim-board-0", "idle")
     async with agent(coordinator.url) as bot:
         lease = (await bot.call_tool("reserve", {"device": "sim-board-0"})).structured_content
-        wait_for(lambda: coordinator.api(f"/leases/{lease['id']}", headers={}).json().get("ready"), 15)
+        wait_for(lambda: coordinator.api(f"/leases/{lease['id']}", headers={}).json().get("ready"))
         shot = await bot.call_tool("camera_snapshot", {"lease_id": lease["id"]})
         assert not shot.is_error, shot.content
         image = shot.content[0]
@@ -184,9 +192,23 @@ def send_buffer_full(port: int, peer_port: int) -> bool:
     return bool(memory) and int(memory[2]) >= int(memory[1])
 
 
+def sim_frame_number(frame: np.ndarray) -> int:
+    """Which frame of the simulated camera ``frame`` is, modulo a quarter of its width: its
+    pattern moves 4 pixels a frame (plugins/video/sources.py), so the column where the bottom
+    row's blue ramp falls from 255 to 0 tells how far it has moved."""
+    ramp = frame[-1, :, 0].astype(int)
+    return round(int(np.argmax(np.roll(ramp, 1) - ramp)) / 4) % (frame.shape[1] // 4)
+
+
+def frames_spanned(got: list[np.ndarray]) -> int:
+    """How many frames the simulated camera made from the first of ``got`` to the last (``got``
+    in the order they came; fewer than a quarter of its width apart each)."""
+    numbers = [sim_frame_number(frame) for frame in got]
+    return sum((later - earlier) % (got[0].shape[1] // 4) for earlier, later in zip(numbers, numbers[1:]))
+
+
 def test_a_viewer_that_reads_nothing_slows_no_one(tmp_path, env, coordinator, exporter_factory):
     import socket
-    import time
     # big frames (3 MB/s), so that the camera's buffers for a viewer fill in a second, not ten
     fps, count = 20, 40
     exporter_factory([with_camera("sim-board-0", width=1280, height=960, fps=fps, quality=100)])
@@ -196,13 +218,14 @@ def test_a_viewer_that_reads_nothing_slows_no_one(tmp_path, env, coordinator, ex
     stuck = socket.create_connection((camera["host"], camera["port"]))
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stuck.sendall(b"GET /stream.mjpg HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads a byte
-    wait_for(lambda: send_buffer_full(camera["port"], stuck.getsockname()[1]), 30,
+    wait_for(lambda: send_buffer_full(camera["port"], stuck.getsockname()[1]),
              what="the camera's socket to the stuck viewer to be full (a write to it would block)")
-    began = time.monotonic()
     got = frames(camera["url"] + "stream.mjpg", count)
-    took = time.monotonic() - began
-    assert len(got) == count and took < 1.75 * count / fps, \
-        f"{count} frames at {fps} fps took {took:.1f}s beside a stuck viewer"
+    # at the camera's pace: timed by the camera's own frames (it makes fewer on a busy machine,
+    # and so sends fewer); how fast they flow is bench/video.py's
+    spanned = frames_spanned(got)
+    assert len(got) == count and spanned < 1.75 * count, \
+        f"{count} frames came while the camera made {spanned + 1} beside a stuck viewer"
     stuck.close()
 
 
@@ -232,4 +255,4 @@ def test_a_camera_that_cannot_open_fails_the_start_with_the_reason(tmp_path, env
     def reason():
         said = coordinator.api(f"/leases/{lease['id']}").json()["reason"]
         return said if "cannot be used" in said else None
-    assert "the camera cannot be used: cannot open" in wait_for(reason, 20, what="the start's failure")
+    assert "the camera cannot be used: cannot open" in wait_for(reason, what="the start's failure")

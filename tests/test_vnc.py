@@ -106,4 +106,4 @@ def test_a_vnc_server_that_does_not_answer_fails_the_start_with_the_reason(env, 
     def reason():
         said = coordinator.api(f"/leases/{lease['id']}").json()["reason"]
         return said if "cannot reach" in said else None
-    assert f"cannot reach the VNC server 127.0.0.1:{nobody}" in wait_for(reason, 15, what="the start's failure")
+    assert f"cannot reach the VNC server 127.0.0.1:{nobody}" in wait_for(reason, what="the start's failure")

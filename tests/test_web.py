@@ -14,7 +14,7 @@ import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import SRC, Coordinator, lab_tokens, sim_devices
+from conftest import SRC, WAIT_S, Coordinator, lab_tokens, sim_devices
 from device_loop.coordinator import events
 from device_loop.coordinator.events import Broadcaster
 from device_loop.coordinator.identity import csrf_token, issue_token
@@ -429,7 +429,7 @@ async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_view
         asleep = broadcaster.stream()  # a viewer that reads nothing more
         for stream in [*viewers, asleep]:
             assert (await anext(stream)).startswith(b"retry: ")
-        snapshots = [frame(await asyncio.wait_for(anext(stream), 5)) for stream in viewers]
+        snapshots = [frame(await asyncio.wait_for(anext(stream), WAIT_S)) for stream in viewers]
         assert {event for event, _ in snapshots} == {"snapshot"}
         assert [d["name"] for d in snapshots[1][1]] == ["b0", "b1"] and "html" not in snapshots[1][1][0]
         assert snapshots[0][1][0]["html"].startswith('<tr data-name="b0" data-state="idle"')
@@ -438,7 +438,7 @@ async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_view
         for n, path, body in [(1, "/leases", {"device": "b0"}), (2, "/leases", {"device": "b1"}),
                               (3, "/admin/devices/b1/retire", {"force": True})]:
             assert (await api.post(path, json=body)).status_code in (200, 201)
-            changes = [frame(await asyncio.wait_for(anext(stream), 5)) for stream in viewers]
+            changes = [frame(await asyncio.wait_for(anext(stream), WAIT_S)) for stream in viewers]
             assert len({json.dumps(c) for c in changes[0::2]}) == len({json.dumps(c) for c in changes[1::2]}) == 1
             assert len(reads) == 1 + n, "one read per change"
         assert rendered[2:] == ["b0", "b1", "b1"], "each changed row rendered once, for 20 viewers"
@@ -447,10 +447,10 @@ async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_view
         assert changes[0][1]["html"].startswith('<tr data-name="b1" data-state="retired"')
 
         with pytest.raises(StopAsyncIteration):  # 3 events behind: dropped (a browser reconnects)
-            await asyncio.wait_for(anext(asleep), 5)
+            await asyncio.wait_for(anext(asleep), WAIT_S)
 
         monkeypatch.setattr(events, "KEEPALIVE_S", 0.05)
-        assert await asyncio.wait_for(anext(viewers[1]), 5) == b": keepalive\n\n"
+        assert await asyncio.wait_for(anext(viewers[1]), WAIT_S) == b": keepalive\n\n"
         for stream in viewers:
             await stream.aclose()
         await broadcaster.close()
@@ -468,7 +468,7 @@ async def test_every_change_the_board_shows_reaches_the_stream(tmp_path):
 
         async def next_change() -> dict:
             if not pending:  # the changes of one read come together
-                pending.extend(frames(await asyncio.wait_for(anext(stream), 5)))
+                pending.extend(frames(await asyncio.wait_for(anext(stream), WAIT_S)))
             event, data = pending.pop(0)
             assert event == "device"
             return data
@@ -514,25 +514,25 @@ async def test_the_stream_sends_the_queue_when_a_ticket_comes_goes_or_moves(tmp_
         rows, plain = broadcaster.stream(html=True), broadcaster.stream()
         for stream in (rows, plain):
             assert (await anext(stream)).startswith(b"retry: ")
-        first = frames(await asyncio.wait_for(anext(rows), 5))
+        first = frames(await asyncio.wait_for(anext(rows), WAIT_S))
         assert [event for event, _ in first] == ["snapshot", "queue"] and first[1][1] == [], "the queue, empty"
-        assert [event for event, _ in frames(await asyncio.wait_for(anext(plain), 5))] == ["snapshot", "queue"]
+        assert [event for event, _ in frames(await asyncio.wait_for(anext(plain), WAIT_S))] == ["snapshot", "queue"]
 
         ticket = (await bob.post("/leases", json={"class": "sim-board", "queue": True})).json()
-        event, (entry,) = frame(await asyncio.wait_for(anext(rows), 5))  # (b0 did not change: the queue alone)
+        event, (entry,) = frame(await asyncio.wait_for(anext(rows), WAIT_S))  # (b0 did not change: the queue alone)
         assert event == "queue" and entry["ticket"] is None, "no ticket ids: every viewer gets the same"
         assert (entry["requester"], entry["position"], entry["kind"]) == ("bob", 1, "interactive")
         assert entry["html"].startswith('<tr data-requester="bob">')
         assert "any device of class sim-board" in entry["html"]
-        _, (bare,) = frame(await asyncio.wait_for(anext(plain), 5))
+        _, (bare,) = frame(await asyncio.wait_for(anext(plain), WAIT_S))
         assert "html" not in bare and ticket["ticket"] not in json.dumps(bare)
 
         clock.advance(30)
         await api.post(f"/leases/{lease['id']}/renew", json={"ttl_s": 7200})
-        changes = frames(await asyncio.wait_for(anext(rows), 5))
+        changes = frames(await asyncio.wait_for(anext(rows), WAIT_S))
         assert [event for event, _ in changes] == ["device"], "a ticket waiting longer is no change of the queue"
         await bob.post(f"/tickets/{ticket['ticket']}/cancel")
-        assert frame(await asyncio.wait_for(anext(rows), 5)) == ("queue", [])
+        assert frame(await asyncio.wait_for(anext(rows), WAIT_S)) == ("queue", [])
         await rows.aclose()
         await plain.aclose()
         await broadcaster.close()
@@ -552,11 +552,11 @@ async def test_a_step_s_progress_reaches_the_stream_though_it_marks_only_its_ope
         broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier, device_row)
         stream = broadcaster.stream(html=True)
         await anext(stream)
-        ((_, (shown,)),) = frames(await asyncio.wait_for(anext(stream), 5))
+        ((_, (shown,)),) = frames(await asyncio.wait_for(anext(stream), WAIT_S))
         assert shown["reason"] == "step 1/2 cooldown: queued"
         for detail in ("cooling down: 51.2 °C", "cooling down: 48.0 °C"):  # (the second: no change of state)
             await exporter.beat([report], operations=[op_report(op, "running", detail=detail)])
-            event, changed = frame(await asyncio.wait_for(anext(stream), 5))
+            event, changed = frame(await asyncio.wait_for(anext(stream), WAIT_S))
             assert (event, changed["reason"]) == ("device", f"step 1/2 cooldown: {detail}")
             assert f'<span class="why">step 1/2 cooldown: {detail}</span>' in changed["html"]
         await stream.aclose()
@@ -569,15 +569,15 @@ async def test_a_broadcaster_made_without_the_queue_follows_it_once_told(tmp_pat
         broadcaster = Broadcaster(rules.devices.list_devices, rules.life.notifier, device_row)  # as app.py makes it
         stream = broadcaster.stream(html=True)
         await anext(stream)
-        assert frame(await asyncio.wait_for(anext(stream), 5))[0] == "snapshot"
+        assert frame(await asyncio.wait_for(anext(stream), WAIT_S))[0] == "snapshot"
         broadcaster.follow_queue(lambda: rules.scheduler.queue(), queue_row)  # what a page does
-        assert frame(await asyncio.wait_for(anext(stream), 5)) == ("queue", [])
+        assert frame(await asyncio.wait_for(anext(stream), WAIT_S)) == ("queue", [])
         broadcaster.follow_queue(lambda: [], queue_row)  # (told twice: the first stays)
         await client("bob").post("/leases", json={"device": "b0"})
         await client("carol").post("/leases", json={"device": "b0", "queue": True})
         seen = []
         while not any(event == "queue" for event, _ in seen):
-            seen += frames(await asyncio.wait_for(anext(stream), 5))
+            seen += frames(await asyncio.wait_for(anext(stream), WAIT_S))
         assert [e["requester"] for e in seen[-1][1]] == ["carol"]
         await stream.aclose()
         await broadcaster.close()
@@ -598,7 +598,7 @@ async def event_stream(url: str, html: bool = False):
             yield aiter(source)
 
 
-async def next_event(source, kind: str = "device", timeout: float = 5.0):
+async def next_event(source, kind: str = "device", timeout: float = WAIT_S):
     async def first():
         async for event in source:
             if event.event == kind:
@@ -654,9 +654,13 @@ def test_watch_prints_each_change_until_ctrl_c(tmp_path, env, coordinator, expor
         for watcher in watchers:
             assert "watching 1 devices" in watcher.stderr.readline()
         run_cli(env, coordinator.url, "reserve", "sim-board-0", "--wait")
-        run_cli(env, coordinator.url, "release", "sim-board-0")
         seen = []
-        while not seen or seen[-1]["to"] != "idle":
+        # (released once the watcher saw it in use: the stream tells a device's state as it is
+        # when it sends, and a release at once may come before it sent the lease's start)
+        while not seen or seen[-1]["to"] != "in_use":
+            seen.append(json.loads(watchers[0].stdout.readline()))
+        run_cli(env, coordinator.url, "release", "sim-board-0")
+        while seen[-1]["to"] != "idle":
             seen.append(json.loads(watchers[0].stdout.readline()))
         assert all(s["device"] == "sim-board-0" for s in seen)
         assert all(a["to"] == b["from"] for a, b in zip(seen, seen[1:])), "each line goes on from the last"

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import Coordinator, Exporter, own_environment, sim_devices, wait_for
+from conftest import WAIT_S, Coordinator, Exporter, own_environment, sim_devices, wait_for
 from helpers import device, pid_alive, wait_state
 from device_loop.client.command_lease import GRACE_S
 from device_loop.coordinator.lifecycle import Settings
@@ -30,7 +30,7 @@ def start_with(env, coordinator, *args, **popen) -> subprocess.Popen:
                             start_new_session=True, **popen)
 
 
-def outcome_of(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, dict, str]:
+def outcome_of(proc: subprocess.Popen, timeout: float = WAIT_S) -> tuple[int, dict, str]:
     """(exit status, the --json outcome: stdout's last line, stderr)."""
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, json.loads(out.strip().splitlines()[-1]), err
@@ -50,7 +50,7 @@ def shared_lab(tmp_path_factory):
 
 @pytest.fixture
 def lab(shared_lab):
-    wait_state(shared_lab, "sim-board-0", "idle", timeout=20)
+    wait_state(shared_lab, "sim-board-0", "idle")
     return shared_lab
 
 
@@ -82,7 +82,7 @@ def test_max_time_cuts_the_command_with_124_and_its_children_go_too(lab, env, tm
 def test_a_lease_revoked_while_the_command_runs_is_a_lab_failure(lab, env, tmp_path):
     started = tmp_path / "started"
     proc = start_with(env, lab, "sim-board-0", "--json", "--", "sh", "-c", f"touch {started}; sleep 1000")
-    wait_for(started.exists, 20, what="the command started")
+    wait_for(started.exists, what="the command started")
     lease_id = device(lab, "sim-board-0")["lease"] or lab.api("/leases").json()[0]["id"]
     assert lab.api(f"/admin/leases/{lease_id}/revoke", "POST").status_code == 200
     status, outcome, err = outcome_of(proc)
@@ -100,7 +100,7 @@ def test_cancel_as_runners_send_it_frees_the_board_within_a_second(lab, env, tmp
     ignore = 'trap "" INT TERM HUP; ' if ignored else ""
     script = f"{ignore}sleep 1000 & sleep 1000 & echo $$ $(jobs -p) > {pids}.tmp; mv {pids}.tmp {pids}; wait; wait"
     proc = start_with(env, lab, "sim-board-0", "--json", "--", "sh", "-c", script)
-    wait_for(pids.exists, 20, what="the command started")
+    wait_for(pids.exists, what="the command started")
     lease_id = lab.api("/leases").json()[0]["id"]
     sent = time.monotonic()
     proc.send_signal(first)
@@ -112,7 +112,7 @@ def test_cancel_as_runners_send_it_frees_the_board_within_a_second(lab, env, tmp
     if ignored:
         assert proc.poll() is None and all(pid_alive(int(p)) for p in pids.read_text().split())
         proc.send_signal(signal.SIGTERM)  # the second: the group is killed
-    status, outcome, err = outcome_of(proc, timeout=10)
+    status, outcome, err = outcome_of(proc)
     assert (status, outcome["cancelled"], outcome["failure"]) == (128 + first, first.name, None), err
     assert not any(pid_alive(int(p)) for p in pids.read_text().split())
 
@@ -121,13 +121,13 @@ def test_kill_9_of_with_leaves_no_process_and_the_board_free_within_the_keepaliv
     pids = tmp_path / "pids"
     script = f"sleep 1000 & echo $$ $! > {pids}.tmp; mv {pids}.tmp {pids}; wait"
     proc = start_with(env, lab, "sim-board-0", "--keepalive", f"{KEEPALIVE_S:g}s", "--", "sh", "-c", script)
-    wait_for(pids.exists, 20, what="the command started")
+    wait_for(pids.exists, what="the command started")
     lease_id = lab.api("/leases").json()[0]["id"]
     assert lab.api(f"/leases/{lease_id}").json()["keepalive_s"] == KEEPALIVE_S
     proc.kill()
     killed = time.monotonic()
     proc.wait()
-    wait_for(lambda: not any(pid_alive(int(p)) for p in pids.read_text().split()), 5,
+    wait_for(lambda: not any(pid_alive(int(p)) for p in pids.read_text().split()),
              what="the command's processes gone")
     # its last keep-alive came up to a third of the keepalive before; the reaper passes every second
     wait_for(lambda: lab.api(f"/leases/{lease_id}").json()["state"] == "expired", KEEPALIVE_S + 3 * REAPER_S,
@@ -161,7 +161,7 @@ def test_the_exporter_killed_while_the_command_runs_is_a_lab_failure(coordinator
     script = tmp_path / "reader.py"
     script.write_text(CONSOLE_READER)
     proc = start_with(env, coordinator, "sim-board-0", "--json", "--", sys.executable, str(script), str(started))
-    wait_for(started.exists, 20, what="the command reading the console")
+    wait_for(started.exists, what="the command reading the console")
     exporter.stop(signal.SIGKILL)
     status, outcome, err = outcome_of(proc)
     assert (status, outcome["failure"], outcome["command_status"]) == (75, "lab", 1), err
@@ -179,7 +179,7 @@ def test_queued_it_says_its_place_and_runs_once_granted_and_gives_up_at_its_time
     assert not [t for t in lab.api("/tickets").json() if t["state"] in ("waiting", "granted")]
 
     proc = start_with(env, lab, "sim-board-0", "--queue", "--json", "--", "true")
-    wait_for(lambda: any(t["state"] == "waiting" for t in lab.api("/tickets").json()), 20, what="queued")
+    wait_for(lambda: any(t["state"] == "waiting" for t in lab.api("/tickets").json()), what="queued")
     lab.api(f"/leases/{holder['id']}/release", "POST", headers={"X-Device-Loop-User": "bob"})
     status, outcome, err = outcome_of(proc)
     assert (status, outcome["device"]) == (0, "sim-board-0"), err
@@ -203,7 +203,7 @@ def test_at_a_terminal_the_command_is_its_foreground_and_ctrl_c_reaches_it(lab, 
                             preexec_fn=controlling_terminal)
     os.close(secondary)
     try:
-        wait_for(lambda: said.exists() and said.read_text().strip(), 20, what="the command started")
+        wait_for(lambda: said.exists() and said.read_text().strip(), what="the command started")
         assert said.read_text().strip() == "True", "the command's group is the terminal's foreground"
         os.write(primary, b"\x03")  # Ctrl-C: the terminal sends SIGINT to its foreground group
         status, outcome, err = outcome_of(proc)
@@ -232,11 +232,11 @@ def test_a_with_frozen_past_its_keepalive_finds_its_lease_lapsed_a_lab_failure(l
     started = tmp_path / "started"
     proc = start_with(env, lab, "sim-board-0", "--keepalive", "5s", "--json", "--", "sh", "-c",
                       f"touch {started}; sleep 1000")
-    wait_for(started.exists, 20, what="the command started")
+    wait_for(started.exists, what="the command started")
     lease_id = lab.api("/leases").json()[0]["id"]
     proc.send_signal(signal.SIGSTOP)
     try:
-        wait_for(lambda: lab.api(f"/leases/{lease_id}").json()["state"] == "expired", 10, interval=0.1,
+        wait_for(lambda: lab.api(f"/leases/{lease_id}").json()["state"] == "expired", interval=0.1,
                  what="the lease lapsed")
     finally:
         proc.send_signal(signal.SIGCONT)

@@ -46,10 +46,10 @@ def group_alive(pgid: int) -> list[int]:
 
 def test_a_command_past_its_deadline_is_killed_with_all_it_started():
     command = LocalCommand("sleep 30 & sleep 30; echo never", os.environ)
-    wait_for(lambda: len(group_alive(command.pid)) >= 3, 5, what="the command and its children")
+    wait_for(lambda: len(group_alive(command.pid)) >= 3, what="the command and its children")
     result = command.wait(0.3)
     assert result.timed_out and result.status < 0 and "never" not in result.stdout
-    wait_for(lambda: not group_alive(command.pid), 5, what="the whole group gone")
+    wait_for(lambda: not group_alive(command.pid), what="the whole group gone")
 
 
 def test_status_output_and_samples_of_a_command():
@@ -74,11 +74,11 @@ def test_a_worker_killed_outright_takes_its_commands_with_it(tmp_path):
     """)
     worker = subprocess.Popen([sys.executable, "-c", script])
     try:
-        leader = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 10, what="the command started"))
-        wait_for(lambda: len(group_alive(leader)) >= 3, 5, what="the command's children")
+        leader = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), what="the command started"))
+        wait_for(lambda: len(group_alive(leader)) >= 3, what="the command's children")
         worker.send_signal(signal.SIGKILL)
         worker.wait(10)
-        wait_for(lambda: not group_alive(leader), 10, what="the command's group gone with its worker")
+        wait_for(lambda: not group_alive(leader), what="the command's group gone with its worker")
         assert not pid_alive(leader)
     finally:
         if worker.poll() is None:
@@ -126,7 +126,7 @@ async def test_an_agents_job_through_mcp_runs_on_a_worker_and_the_agent_reads_th
     running = None
     box = open_folder("dl-mcp-")
     try:
-        await asyncio.to_thread(wait_state, coordinator, "sim-board-0", "idle", 30)
+        await asyncio.to_thread(wait_state, coordinator, "sim-board-0", "idle")
         # a shared worker's token (an admin's) never reaches its users' commands, which run as
         # alice's account: they reach their lease's device all the same (the worker hands them
         # the lease, not its token)
@@ -174,23 +174,23 @@ def test_a_worker_killed_mid_job_loses_it_and_leaves_nothing_running(tmp_path, e
                f"else echo started > {pids}; echo '{{\"metric\": \"m\", \"value\": 1}}'; fi")
     running = None
     try:
-        wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+        wait_state(coordinator, "sim-board-0", "idle")
         job = coordinator.api("/jobs", "POST", json={"spec": {"target": {"device": "sim-board-0"}, "run": [command],
                                                               "rounds": 3}}).json()
         running = worker(tmp_path, {**env, "DEVICE_LOOP_USER": "alice"}, coordinator)
-        wait_for(lambda: len(pids.read_text().split()) == 4 if pids.exists() else False, 30,
+        wait_for(lambda: len(pids.read_text().split()) == 4 if pids.exists() else False,
                  what="the second run's command and its children")
         started = [int(p) for p in pids.read_text().split()[1:]]
         assert all(pid_alive(p) for p in started)
         running.stop(signal.SIGKILL)
 
         ended = wait_for(lambda: (j := coordinator.api(f"/jobs/{job['id']}", params={"wait": 5, "unless": "running"})
-                                  .json())["state"] != "running" and j, 30, what="the reaper ending the job")
+                                  .json())["state"] != "running" and j, what="the reaper ending the job")
         assert ended["state"] == "failed" and ended["reason"].startswith("worker lost"), ended["reason"]
         assert [r["seq"] for r in ended["runs"]] == [0], "the run that ended is kept"
         assert all(r["lease_state"] == "released" for r in ended["reservations"] if r["lease"]), ended["reservations"]
-        wait_for(lambda: not any(pid_alive(p) for p in started), 10, what="the worker's commands gone with it")
-        wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+        wait_for(lambda: not any(pid_alive(p) for p in started), what="the worker's commands gone with it")
+        wait_state(coordinator, "sim-board-0", "idle")
     finally:
         if running is not None:
             running.stop(signal.SIGKILL)
@@ -206,13 +206,13 @@ def test_a_regex_that_would_take_forever_does_not_stop_the_worker(tmp_path, env)
     exporter = Exporter(tmp_path, env, coordinator.url, [{"name": "sim-board-0", **SIM}])
     running = None
     try:
-        wait_state(coordinator, "sim-board-0", "idle", timeout=30)
+        wait_state(coordinator, "sim-board-0", "idle")
         spec = {"target": {"device": "sim-board-0"}, "run": ["echo " + "a" * 30 + "!"],
                 "metrics": [{"name": "m", "regex": "(?P<value>(a+)+)$"}]}
         job = coordinator.api("/jobs", "POST", json={"spec": spec}).json()
         running = worker(tmp_path, {**env, "DEVICE_LOOP_USER": "alice"}, coordinator)
         ended = wait_for(lambda: (j := coordinator.api(f"/jobs/{job['id']}", params={"wait": 5, "unless": "running"})
-                                  .json())["state"] not in ("queued", "running") and j, 30, what="the job's end")
+                                  .json())["state"] not in ("queued", "running") and j, what="the job's end")
         assert ended["state"] == "failed" and "printed no value for m" in ended["reason"], ended["reason"]
         assert [(r["seq"], r["samples"]) for r in ended["runs"]] == [(0, [])]
     finally:

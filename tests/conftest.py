@@ -323,8 +323,9 @@ class Proc:
 
 #: The suite's one safety net for a wait (DEVICE_LOOP_TEST_WAIT_S overrides it): the default
 #: timeout of every wait for something that should happen, which only ends a wait that would
-#: otherwise hang; no wait's success depends on it, however busy the machine.
-WAIT_S = float(os.environ.get("DEVICE_LOOP_TEST_WAIT_S") or 120)
+#: otherwise hang; no wait's success depends on it, however busy the machine. Below a test's
+#: own timeout (pytest-timeout's 120 s), so that a wait that hangs says what it waited for.
+WAIT_S = float(os.environ.get("DEVICE_LOOP_TEST_WAIT_S") or 90)
 
 
 def wait_for(predicate, timeout=WAIT_S, interval=0.05, what="condition"):

@@ -20,8 +20,18 @@ def device(coordinator, name):
 
 
 def wait_state(coordinator, name, state, timeout=WAIT_S):
-    """Wait until device ``name`` is in ``state`` (``timeout``: as ``wait_for``'s)."""
-    wait_for(lambda: device(coordinator, name).get("state") == state, timeout, what=f"{name} {state}")
+    """Wait until device ``name`` is in ``state`` (``timeout``: as ``wait_for``'s); one that never
+    gets there fails saying where it is."""
+    seen: dict = {}
+
+    def there() -> bool:
+        seen.update(device(coordinator, name))
+        return seen.get("state") == state
+    try:
+        wait_for(there, timeout, what=f"{name} {state}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; it is {seen.get('state')} ({seen.get('reason') or 'no reason'}, "
+                             f"health {seen.get('health')}, quarantine {seen.get('quarantine')})") from None
 
 
 def reserve(coordinator, name, ttl_s=600):

@@ -626,8 +626,25 @@ def browser():
             executable_path="/usr/bin/chromium", chromium_sandbox=False,
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"])
-        yield chromium
+        yield BrowserWaitingUpToTheSafetyNet(chromium)
         chromium.close()
+
+
+class BrowserWaitingUpToTheSafetyNet:
+    """A Playwright browser whose contexts' waits (``wait_for_selector``, ``wait_for_function``,
+    a click's wait for its element...) are bounded by the safety net, WAIT_S, as every wait of
+    the suite is (Playwright's own default, 30 s, is a number found on an idle machine)."""
+
+    def __init__(self, chromium):
+        self.chromium = chromium
+
+    def new_context(self, **options):
+        context = self.chromium.new_context(**options)
+        context.set_default_timeout(WAIT_S * 1000)
+        return context
+
+    def new_page(self, **options):
+        return self.new_context(**options).new_page()
 
 
 @pytest.fixture

@@ -29,6 +29,13 @@ def share_of(image: np.ndarray, bgr: tuple[int, int, int]) -> float:
     return float(close.mean())
 
 
+#: the viewer's canvas shows the display's colour (#ff8000) at its middle
+PAINTED_ORANGE = ("() => { const c = document.querySelector('canvas');"
+                  " if (!c || c.width < 640) return false;"
+                  " const [r, g, b] = c.getContext('2d').getImageData(c.width / 2, c.height / 2, 1, 1).data;"
+                  " return r > 200 && g > 100 && g < 160 && b < 60; }")
+
+
 def test_the_viewer_url_shows_the_screen(env, coordinator, exporter_factory, vnc_server, browser):
     port, number = vnc_server
     subprocess.run(["xsetroot", "-display", f":{number}", "-solid", "#ff8000"], check=True)
@@ -38,10 +45,10 @@ def test_the_viewer_url_shows_the_screen(env, coordinator, exporter_factory, vnc
     url = json.loads(run_cli(env, coordinator.url, "vnc", "desk", "--json").stdout)["browser"]
     page = browser.new_page(viewport={"width": 1000, "height": 700})
     page.goto(url)
-    page.wait_for_selector("canvas", timeout=20_000)
+    page.wait_for_selector("canvas")
     page.wait_for_function("() => { const c = document.querySelector('canvas');"
-                           " return c && c.width >= 640 && c.height >= 480; }", timeout=20_000)
-    page.wait_for_timeout(1000)  # the first frame update
+                           " return c && c.width >= 640 && c.height >= 480; }")
+    page.wait_for_function(PAINTED_ORANGE)  # the first frame update
     shot = screenshot(page, "novnc-viewer")
     assert share_of(shot, ORANGE_BGR) > 0.2, "the display's colour is not on the viewer page"
 
@@ -56,14 +63,11 @@ def test_behind_its_gate_a_display_s_viewer_shows_the_screen(tmp_path, env, disp
         (web,) = [e for e in lease["endpoints"] if e["kind"] == "vnc-web"]
         page = browser.new_page(viewport={"width": 1000, "height": 700})
         page.goto(web["url"])
-        page.wait_for_function("() => { const c = document.querySelector('canvas'); return c && c.width >= 640; }",
-                               timeout=30_000)  # connected: x11vnc serves the display to the viewer
+        # connected: x11vnc serves the display to the viewer
+        page.wait_for_function("() => { const c = document.querySelector('canvas'); return c && c.width >= 640; }")
         # (painted once it does: it sends what changes, as a screen's user sees it)
         subprocess.run(["xsetroot", "-display", f":{display}", "-solid", "#ff8000"], check=True)
-        page.wait_for_function("() => { const c = document.querySelector('canvas');"
-                               " if (!c || c.width < 640) return false;"
-                               " const [r, g, b] = c.getContext('2d').getImageData(c.width / 2, c.height / 2, 1, 1).data;"
-                               " return r > 200 && g > 100 && g < 160 && b < 60; }", timeout=30_000)
+        page.wait_for_function(PAINTED_ORANGE)
         shot = screenshot(page, "novnc-viewer-gated")
         assert share_of(shot, ORANGE_BGR) > 0.2, "the display's colour is not on the gated viewer page"
 
@@ -75,8 +79,7 @@ def test_the_camera_stream_renders_in_an_img(env, coordinator, exporter_factory,
     urls = json.loads(run_cli(env, coordinator.url, "video", "sim-board-0", "--json").stdout)
     page = browser.new_page(viewport={"width": 800, "height": 600})
     page.goto(urls["page"])
-    page.wait_for_function("() => { const i = document.querySelector('img'); return i && i.naturalWidth === 320; }",
-                           timeout=20_000)
+    page.wait_for_function("() => { const i = document.querySelector('img'); return i && i.naturalWidth === 320; }")
     page.wait_for_timeout(500)
     shot = screenshot(page, "camera-stream")
     assert shot[40:200, 20:300].std() > 10, "the stream's picture is not on the page"

@@ -137,7 +137,7 @@ def answers_to_page(page, url: str, coordinator: Coordinator) -> list[int]:
             statuses.append(response.status)
     page.on("response", answered)
     page.goto(url)
-    page.wait_for_function("window.done === true", timeout=10_000)
+    page.wait_for_function("window.done === true")
     page.remove_listener("response", answered)
     return statuses
 

@@ -69,12 +69,22 @@ def test_the_time_bound_check_tells_a_goal_from_a_relative_bound():
 
 # ---- a wait is bounded by progress or a setting (conftest.py: wait_for, WAIT_S) ---------------
 
+#: no argument's place: a timeout given by its keyword only
+KEYWORD_ONLY = 1 << 16
+
+
 #: the suite's waits: the place of their timeout among their arguments, and its keyword (by the
 #: name called: ``asyncio.wait_for``, ``threading.Condition.wait_for`` and ``anyio.fail_after``
 #: too); a function of the tests that passes one of its parameters on as a wait's timeout is a
 #: wait too (``_waits_of``)
 WAITS = {"wait_for": (1, "timeout"), "wait_state": (3, "timeout"), "wait_active": (2, "timeout"),
-         "fail_after": (0, "delay")}
+         "fail_after": (0, "delay"),
+         # Playwright's, whose timeout is a keyword only (in ms): a page's waits are bounded by
+         # the context's default, the safety net (conftest.BrowserWaitingUpToTheSafetyNet)
+         **{name: (KEYWORD_ONLY, "timeout") for name in (
+             "wait_for_selector", "wait_for_function", "wait_for_url", "wait_for_load_state", "wait_for_event",
+             "expect_response", "expect_request", "expect_event")},
+         "set_default_timeout": (0, "timeout")}
 #: the clocks a hand-made wait's deadline is read on (``deadline = time.monotonic() + timeout``)
 CLOCKS = ("time.monotonic", "time.time", "time.perf_counter", "monotonic", "perf_counter")
 
@@ -205,6 +215,10 @@ def test_the_wait_bound_check_finds_bare_numbers_in_waits_their_wrappers_and_dea
     assert found("time.sleep(0.05)") == [] and found("sock.settimeout(5)") == []
     assert found("await asyncio.to_thread(wait_state, lab, 'b0', 'idle')") == []
     assert found("await asyncio.to_thread(time.sleep, 5)") == []
+    assert found("page.wait_for_selector('#live.on', timeout=10_000)") and found(
+        "page.wait_for_function('() => window.done', timeout=20_000)"), "Playwright's waits too"
+    assert found("context.set_default_timeout(30_000)") and found("context.set_default_timeout(WAIT_S * 1000)") == []
+    assert found("page.wait_for_selector('#live.on', state='detached')") == []
 
 
 def test_no_test_imports_helpers_from_another_tests_end_to_end_module():

@@ -29,7 +29,7 @@ def open_board(browser, url: str, **options):
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto(url)
-    page.wait_for_selector("#live.on", timeout=10_000)  # the event stream is connected
+    page.wait_for_selector("#live.on")  # the event stream is connected
     return page, errors
 
 
@@ -82,8 +82,8 @@ def test_signed_in_the_board_reserves_and_follows_a_release_made_elsewhere(gated
     board.evaluate("window.sameDocument = true")
 
     board.click(f'{ROW.format("sim-board-0", "idle")} button.reserve')
-    board.wait_for_selector(ROW.format("sim-board-0", "in_use") + ".mine", timeout=15_000)
-    board.wait_for_selector('#mine [data-device="sim-board-0"] .commands', timeout=10_000)
+    board.wait_for_selector(ROW.format("sim-board-0", "in_use") + ".mine")
+    board.wait_for_selector('#mine [data-device="sim-board-0"] .commands')
     assert "device-loop forward lease-" in board.inner_text("#mine"), "the lease's commands, to copy"
     assert fits(board), "1366x768: nothing sticks out"
     assert mid_token_breaks(board) == []
@@ -92,7 +92,7 @@ def test_signed_in_the_board_reserves_and_follows_a_release_made_elsewhere(gated
     device = board.context.new_page()  # a second tab, signed in too
     device.goto(f"{coordinator.url}/devices/sim-board-0")
     device.wait_for_function("() => { const i = document.querySelector('img.camera');"
-                             " return i && i.naturalWidth === 320; }", timeout=20_000)
+                             " return i && i.naturalWidth === 320; }")
     device.wait_for_timeout(500)
     shot = screenshot(device, "web-device")
     box = device.locator("img.camera").bounding_box()
@@ -102,12 +102,11 @@ def test_signed_in_the_board_reserves_and_follows_a_release_made_elsewhere(gated
 
     run_cli(alice, coordinator.url, "release", "sim-board-0")  # another client gives it back
     # the board shows it, pushed (how soon: bench/live_feed.py)
-    board.wait_for_selector(f'{ROW.format("sim-board-0", "reclaiming")}, {ROW.format("sim-board-0", "idle")}',
-                            timeout=5_000)
-    board.wait_for_selector('#mine [data-device="sim-board-0"]', state="detached", timeout=5_000)
-    board.wait_for_selector(ROW.format("sim-board-0", "idle"), timeout=15_000)
+    board.wait_for_selector(f'{ROW.format("sim-board-0", "reclaiming")}, {ROW.format("sim-board-0", "idle")}')
+    board.wait_for_selector('#mine [data-device="sim-board-0"]', state="detached")
+    board.wait_for_selector(ROW.format("sim-board-0", "idle"))
     assert board.evaluate("window.sameDocument") is True, "live, not reloaded"
-    device.wait_for_selector("img.camera", state="detached", timeout=5_000)
+    device.wait_for_selector("img.camera", state="detached")
     assert errors == []
 
 
@@ -121,8 +120,8 @@ def test_in_the_trust_mode_a_phone_reserves_a_screen_in_the_dark(env, coordinato
     assert "Single-user trust mode" in board.inner_text("header")
     assert board.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(21, 23, 26)", "dark"
     board.click(f'{ROW.format("desk", "idle")} button.reserve')
-    board.wait_for_selector(ROW.format("desk", "in_use") + ".mine", timeout=15_000)
-    board.wait_for_selector('#mine [data-device="desk"] .links a', timeout=10_000)
+    board.wait_for_selector(ROW.format("desk", "in_use") + ".mine")
+    board.wait_for_selector('#mine [data-device="desk"] .links a')
     assert fits(board), "a phone's width: nothing sticks out"
     assert mid_token_breaks(board) == []
     screenshot(board, "web-board-phone-dark")
@@ -153,13 +152,12 @@ def test_a_device_page_shows_what_the_board_has_and_release_asks_first(tmp_path,
     assert page.locator("h2", has_text="Flashes").count() == 0
     assert page.locator(".terminal").is_visible()
     page.click(f'{ROW.format("sim-board-0", "idle")} button.reserve')
-    page.wait_for_selector('#mine [data-device="sim-board-0"] .commands', timeout=15_000)
+    page.wait_for_selector('#mine [data-device="sim-board-0"] .commands')
     said = page.inner_text("#notice")  # (news: it fades after 8 s, and the lease was ready at once)
     assert "waiting for" not in said, "the lease is active: its panel says so, the news does not contradict it"
     assert re.fullmatch(r"sim-board-0 is yours until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", said), said  # ISO
     assert page.locator(".terminal").count() == 0, "no 'reserve' hint while the board is yours"
-    page.wait_for_function("() => { const i = document.querySelector('img.camera'); return i && i.naturalWidth; }",
-                           timeout=20_000)
+    page.wait_for_function("() => { const i = document.querySelector('img.camera'); return i && i.naturalWidth; }")
     assert fits(page), "a phone's width: nothing sticks out"
     assert mid_token_breaks(page) == []
     screenshot(page, "web-device-phone")
@@ -172,8 +170,8 @@ def test_a_device_page_shows_what_the_board_has_and_release_asks_first(tmp_path,
     assert coordinator.api("/devices/sim-board-0").json()["holder"], "cancelled: still held"
     page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
     page.click('#mine [data-act="release"]')
-    page.wait_for_selector('#mine [data-device="sim-board-0"]', state="detached", timeout=10_000)
-    page.wait_for_selector(".terminal", timeout=5_000)
+    page.wait_for_selector('#mine [data-device="sim-board-0"]', state="detached")
+    page.wait_for_selector(".terminal")
     assert len(asked) == 2 and coordinator.api("/devices/sim-board-0").json()["holder"] is None
     assert errors == []
 
@@ -214,28 +212,28 @@ def test_queued_for_a_class_the_board_shows_the_lease_once_its_device_is_reclaim
         board.wait_for_selector("#live.on")
         board.evaluate("window.sameDocument = true")
         board.click(f'{ROW.format("q0", "in_use")} button.enqueue')  # held: queue for it by name, then think again
-        board.wait_for_selector('#tickets [data-ticket][data-state="waiting"]', timeout=10_000)
+        board.wait_for_selector('#tickets [data-ticket][data-state="waiting"]')
         assert "Your ticket for q0" in board.inner_text("#tickets")
-        board.wait_for_selector('#queue tr.mine[data-requester="bob"]', timeout=5_000)
+        board.wait_for_selector('#queue tr.mine[data-requester="bob"]')
         board.click('#tickets [data-act="cancel-ticket"]')
-        board.wait_for_selector("#tickets [data-ticket]", state="detached", timeout=5_000)
-        board.wait_for_selector("#queue", state="hidden", timeout=5_000)
+        board.wait_for_selector("#tickets [data-ticket]", state="detached")
+        board.wait_for_selector("#queue", state="hidden")
 
         board.fill('.reserve-any input[name="class"]', "bench")
         board.fill('.reserve-any input[name="tags"]', "rvv")
         board.click('.reserve-any button[data-act="reserve-any"]')  # "else queue" is ticked
-        board.wait_for_selector('#tickets [data-ticket][data-state="waiting"]', timeout=10_000)
+        board.wait_for_selector('#tickets [data-ticket][data-state="waiting"]')
         assert "Number 1 in the queue (interactive)" in board.inner_text("#tickets")
-        board.wait_for_selector('#queue tr.mine[data-requester="bob"]', timeout=5_000)  # the stream's, not a reload
+        board.wait_for_selector('#queue tr.mine[data-requester="bob"]')  # the stream's, not a reload
         queued = board.inner_text("#queue")
         assert "any device of class bench with tag rvv" in queued and "interactive" in queued
-        board.wait_for_selector(f'{ROW.format("q0", "in_use")} .queued:text("1 waiting")', timeout=5_000)
+        board.wait_for_selector(f'{ROW.format("q0", "in_use")} .queued:text("1 waiting")')
         ticket = board.get_attribute("#tickets [data-ticket]", "data-ticket")
         assert ticket.startswith("tk-") and ticket in board.inner_text("#tickets"), "its id, to its requester"
         screenshot(board, "web-queue")
 
         assert alice.post(f"/leases/{lease['id']}/release").status_code == 200
-        board.wait_for_selector(ROW.format("q0", "reclaiming"), timeout=5_000)
+        board.wait_for_selector(ROW.format("q0", "reclaiming"))
         beat()  # the lease's services are gone: its step between leases begins
         (step,) = host.get("/hosts/host-a/desired").json()["operations"]
         progress = {"done": 0, "total": None, "unit": "", "detail": "cooling down: 51.2 °C, waiting for < 45 °C"}
@@ -243,19 +241,17 @@ def test_queued_for_a_class_the_board_shows_the_lease_once_its_device_is_reclaim
                    "progress": progress, "message": "", "seconds": {}, "result": None, "changed": True}
         beat(operations=[running])
         board.wait_for_selector(f'{ROW.format("q0", "reclaiming")} .why:text("step 1/1 cooldown: cooling down: '
-                                '51.2 °C")', timeout=5_000)
+                                '51.2 °C")')
         beat(operations=[{**running, "state": "done", "message": "44.9 °C after 31 s"}])  # reclaimed: granted
 
         # the grant is offered, not taken by the page: a board left open holds nothing for nobody
-        board.wait_for_selector('#tickets [data-ticket][data-state="granted"] [data-act="claim-ticket"]',
-                                timeout=10_000)
+        board.wait_for_selector('#tickets [data-ticket][data-state="granted"] [data-act="claim-ticket"]')
         assert "q0 is held for you until" in board.inner_text("#tickets")
         board.click('#tickets [data-act="claim-ticket"]')
-        board.wait_for_selector('#mine [data-device="q0"]', timeout=10_000)
-        board.wait_for_selector(f'{ROW.format("q0", "allocating")}.mine, {ROW.format("q0", "in_use")}.mine',
-                                timeout=5_000)
-        board.wait_for_selector("#tickets [data-ticket]", state="detached", timeout=5_000)
-        board.wait_for_selector("#queue", state="hidden", timeout=5_000)
+        board.wait_for_selector('#mine [data-device="q0"]')
+        board.wait_for_selector(f'{ROW.format("q0", "allocating")}.mine, {ROW.format("q0", "in_use")}.mine')
+        board.wait_for_selector("#tickets [data-ticket]", state="detached")
+        board.wait_for_selector("#queue", state="hidden")
         assert board.locator('tr[data-name="q0"] .queued').count() == 0
         assert board.evaluate("window.sameDocument") is True, "live, not reloaded"
         bob = httpx2.get(f"{coordinator.url}/api/v1/leases", headers={"Authorization": f"Bearer {tokens['bob']}"},
@@ -269,17 +265,17 @@ def test_queued_for_a_class_the_board_shows_the_lease_once_its_device_is_reclaim
         board.click('#mine [data-device="q0"] h3 a')
         board.wait_for_selector("#live.on")
         board.click('button[data-act="settle"]')
-        board.wait_for_selector('p.progress[data-op]:text("settle queued")', timeout=5_000)
+        board.wait_for_selector('p.progress[data-op]:text("settle queued")')
         (settle,) = [op for op in host.get("/hosts/host-a/desired").json()["operations"] if op["kind"] == "settle"]
         cooling = {**running, "op": settle["op"], "kind": "settle", "progress": {**progress, "detail": "47.0 °C"}}
         beat(served, operations=[cooling])
-        board.wait_for_selector('p.progress:text("settle running: 47.0 °C")', timeout=5_000)
+        board.wait_for_selector('p.progress:text("settle running: 47.0 °C")')
         screenshot(board, "web-device-settle")
         beat(served, operations=[{**cooling, "progress": {**progress, "detail": "45.5 °C"}}])  # (its state the same)
-        board.wait_for_selector('p.progress:text("settle running: 45.5 °C")', timeout=10_000)
+        board.wait_for_selector('p.progress:text("settle running: 45.5 °C")')
         beat(served, operations=[{**cooling, "state": "done", "message": "44 °C: settled"}])
-        board.wait_for_selector("#notice:text('q0: settle done: 44 °C: settled')", timeout=10_000)
-        board.wait_for_selector("p.progress", state="detached", timeout=5_000)
+        board.wait_for_selector("#notice:text('q0: settle done: 44 °C: settled')")
+        board.wait_for_selector("p.progress", state="detached")
         assert errors == []
     finally:
         coordinator.stop()

@@ -249,18 +249,17 @@ def test_in_a_browser_power_cycle_shows_its_outcome_in_place(tmp_path, env, brow
         page.fill("input[name=token]", alice_token)
         page.click("form.login button")
         page.wait_for_selector("text=Signed in as alice")
-        page.wait_for_selector("#live.on", timeout=10_000)
+        page.wait_for_selector("#live.on")
         page.fill('input[name="off_time_s"]', "2")
         page.click('button[data-act="power"][data-action="cycle"]')
-        page.wait_for_selector('#power-outcome:text("power cycle queued")', timeout=5_000)
+        page.wait_for_selector('#power-outcome:text("power cycle queued")')
         (queued,) = [op for op in host.get("/hosts/host-a/desired").json()["operations"] if op["kind"] == "power"]
         assert queued["args"] == {"action": "cycle", "off_time_s": 2}
         said = "verified (console): <b>off</b> 2 s, then on"
         beat(served, operations=[reported(queued, "done", said, verified())])
-        page.wait_for_selector('#power-outcome.pv-verified:text("power cycle: verified; first console byte 0.42 s")',
-                               timeout=10_000)
+        page.wait_for_selector('#power-outcome.pv-verified:text("power cycle: verified; first console byte 0.42 s")')
         assert said in page.inner_text("#power-outcome"), "the message, as text"
-        page.wait_for_selector('#power table .pv-verified:text("verified")', timeout=10_000)  # and its row
+        page.wait_for_selector('#power table .pv-verified:text("verified")')  # and its row
         assert "0.42 s" in page.inner_text("#power table")
         assert page.locator("#power b").count() == 0, "an exporter's words are text, never HTML"
         screenshot(page, "web-device-power")

@@ -303,7 +303,11 @@ class Exporter:
             woken = True
             while not self.stopping.is_set():
                 self.reconciler.wait_idle(REPORT_GAP_S)
-                self.wake.clear()
+                # a change that woke it while it waited for idle (a stop's end, an operation's)
+                # is reported now: cleared unseen, it would wait for the next heartbeat period
+                if self.wake.is_set():
+                    self.wake.clear()
+                    woken = True
                 scan = time.monotonic() >= next_scan or self.scan_due.is_set()
                 if scan:
                     self.scan_due.clear()

@@ -22,7 +22,7 @@ from conftest import BUILT_IN_PLUGINS
 from device_loop.core import PROTOCOL_VERSION
 from device_loop.core.plugins import LOAD_ENV
 from device_loop.core.ports import free_port
-from device_loop.core.protocol import DesiredOperation, DesiredState, Heartbeat, OperationReport
+from device_loop.core.protocol import DesiredOperation, DesiredService, DesiredState, Heartbeat, OperationReport
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter
 
@@ -92,6 +92,7 @@ class FakeCoordinator:
         self.heartbeats: list[Heartbeat] = []
         self.images: dict[str, bytes] = {}
         self._operations: list[DesiredOperation] = []
+        self._services: list[DesiredService] = []
         self._version = 0
         self._changed = threading.Condition()
         fake = self
@@ -143,6 +144,13 @@ class FakeCoordinator:
             self._version += 1
             self._changed.notify_all()
 
+    def serve(self, *services: dict) -> None:
+        """Make these the services the exporter should run (each a ``DesiredService``'s fields)."""
+        with self._changed:
+            self._services = [DesiredService.model_validate(s) for s in services]
+            self._version += 1
+            self._changed.notify_all()
+
     def reports(self, op: str) -> list[tuple[str, OperationReport]]:
         """(boot id, report) of ``op`` in every heartbeat so far, oldest first."""
         with self._changed:
@@ -159,7 +167,8 @@ class FakeCoordinator:
     # ---- what the exporter calls ----------------------------------------------------------------
 
     def _state(self) -> DesiredState:
-        return DesiredState(operations=self._operations, etag=f"e{self._version}", as_of=time.time())
+        return DesiredState(services=self._services, operations=self._operations, etag=f"e{self._version}",
+                            as_of=time.time())
 
     def _heartbeat(self, body: bytes) -> tuple[int, str]:
         try:

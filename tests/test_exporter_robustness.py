@@ -1,9 +1,15 @@
 """A misbehaving plugin cannot take the exporter down, leak processes, or drop leases."""
+import sys
+import threading
+
 import pytest
 
+from conftest import wait_for
 from device_loop.core.model import Resource
 from device_loop.core.protocol import DesiredState
-from exporter_testkit import converge, in_process_exporter, installed_testkit, load_testkit
+from device_loop.exporter.config import parse_config
+from device_loop.exporter.daemon import Exporter
+from exporter_testkit import FakeCoordinator, converge, in_process_exporter, installed_testkit, load_testkit
 from helpers import pid_alive
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(30)]
@@ -141,3 +147,46 @@ def test_what_a_plugin_changed_is_undone_after_its_exporter_died(tmp_path, monke
         assert unserved["reason"] == "plugin 'relay': relay_serial is missing"
     finally:
         second.shutdown()
+
+
+def in_wait_idle(thread: threading.Thread) -> bool:
+    """Whether ``thread`` (an exporter's loop) waits for its services' starts and stops now."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == "wait_idle":
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_that_ends_while_the_loop_waits_for_it_is_reported_at_once(tmp_path, monkeypatch, site):
+    """The loop, woken by its health schedule (not by a change), waits for a stop under way
+    before it reports: the stop's end, which wakes it while it waits, is reported then, not
+    a heartbeat period later (an hour here; a device stayed reclaiming that long)."""
+    load_testkit(monkeypatch, site)
+    fake = FakeCoordinator()
+    config = parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+                                        "cdi_dir": str(tmp_path / "cdi"), "coordinator": fake.url,
+                                        "heartbeat_s": 3600, "health_period": 0.1, "health_recheck": 0.05},
+                           "devices": [{"name": "x0", "plugin": "flaky"}]})
+    exporter = Exporter(config)
+    loop = threading.Thread(target=exporter.run, name="exporter-loop")
+    loop.start()
+    try:
+        service = {"lease": "lease-1", "holder": "alice", "device": "x0", "identifier": "flaky:x0", "kind": "uart",
+                   "plugin": "flaky"}
+        fake.serve(service)
+        wait_for(lambda: fake.heartbeats and any(s.lease == "lease-1" and s.endpoints
+                                                 for s in fake.heartbeats[-1].services), what="the service reported")
+        gate = flaky(exporter).stop_gate = threading.Event()
+        fake.serve()  # the lease ended
+        wait_for(lambda: exporter.reconciler.stopping, what="the stop under way")
+        wait_for(lambda: in_wait_idle(loop), what="the loop waiting for the stop", interval=0.001)
+        gate.set()
+        wait_for(lambda: not fake.heartbeats[-1].services and "lease-1" not in fake.heartbeats[-1].applied,
+                 what="a report without the service")
+    finally:
+        exporter.stop()
+        loop.join()
+        fake.close()

@@ -2,6 +2,7 @@
 service is a real process."""
 import dataclasses
 import sys
+import threading
 
 from device_loop.plugin import PluginConfig, hookimpl
 
@@ -14,6 +15,7 @@ class Flaky:
     def __init__(self):
         self.discover_fails = self.stop_fails = self.start_fails_after_spawn = self.startup_fails = False
         self.endpoint_fields = {}  # what its service's endpoints say, besides where they are
+        self.stop_gate: threading.Event | None = None  # a stop waits until the test sets it
 
     @hookimpl
     def devloop_config_model(self):
@@ -43,4 +45,6 @@ class Flaky:
     def devloop_stop(self, host, service):
         if self.stop_fails:
             raise RuntimeError("stop hook broke")
+        if self.stop_gate is not None:
+            self.stop_gate.wait()
         return None  # fall through to the default: stop the processes

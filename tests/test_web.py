@@ -451,6 +451,11 @@ async def test_one_read_and_one_rendering_per_change_whatever_the_number_of_view
 
         monkeypatch.setattr(events, "KEEPALIVE_S", 0.05)
         assert await asyncio.wait_for(anext(viewers[1]), WAIT_S) == b": keepalive\n\n"
+        # ... and after a keepalive the stream goes on: the next change still comes
+        assert (await api.post("/admin/devices/b0/retire", json={"force": True})).status_code == 200
+        while (said := await asyncio.wait_for(anext(viewers[1]), WAIT_S)) == b": keepalive\n\n":
+            pass
+        assert frame(said)[1]["name"] == "b0" and frame(said)[1]["state"] == "retired"
         for stream in viewers:
             await stream.aclose()
         await broadcaster.close()

@@ -39,6 +39,7 @@ def installed_testkit(tmp_path_factory) -> Path:
         source = tmp_path_factory.mktemp("testkit-source") / "devloop-testkit"
         shutil.copytree(TESTKIT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                        "--no-index", "--disable-pip-version-check",
                         "--target", str(site), str(source)], check=True, capture_output=True, timeout=120)
     return site
 

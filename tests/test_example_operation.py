@@ -34,7 +34,8 @@ def site(tmp_path_factory):
     source = tmp_path_factory.mktemp("bootlog-source") / "devloop-bootlog"
     shutil.copytree(EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(site), str(source)], check=True, capture_output=True, timeout=120)
+                    "--no-index", "--disable-pip-version-check", "--target", str(site), str(source)],
+                   check=True, capture_output=True, timeout=120)
     assert (site / "devloop_bootlog" / "__init__.py").exists()
     return site
 

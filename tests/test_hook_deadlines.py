@@ -71,6 +71,7 @@ def stuck_site(tmp_path_factory):
     """))
     target = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--disable-pip-version-check",
                     "--target", str(target), str(root)], check=True, capture_output=True, timeout=120)
     return target
 

@@ -52,6 +52,7 @@ def site(tmp_path_factory):
         """))
     target = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--disable-pip-version-check",
                     "--target", str(target), *(str(root / name) for name in PACKAGES)],
                    check=True, capture_output=True, timeout=120)
     return target

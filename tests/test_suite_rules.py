@@ -221,6 +221,35 @@ def test_the_wait_bound_check_finds_bare_numbers_in_waits_their_wrappers_and_dea
     assert found("page.wait_for_selector('#live.on', state='detached')") == []
 
 
+def online_pip_calls(trees: dict[str, ast.Module]) -> list[str]:
+    """Where a test runs pip to install or download without ``--no-index`` (pip then asks an
+    index, and checks its own version online unless ``--disable-pip-version-check``).
+    ``trees``: file name -> its module."""
+    found = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.List):
+                words = {n.value for n in node.elts if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+                if "pip" in words and words & {"install", "download"} and not {
+                        "--no-index", "--disable-pip-version-check"} <= words:
+                    found.append(f"{name}:{node.lineno}: {ast.unparse(node)[:120]}")
+    return found
+
+
+def test_no_test_reaches_a_package_index():
+    """Nothing is downloaded inside pytest: a test's pip installs a package it has (the plugin
+    it checks) from its folder, offline; what the tests need from an index, tests/prepare.py
+    fetched before pytest started."""
+    trees = {path.name: ast.parse(path.read_text()) for path in sorted(TESTS.glob("*.py"))
+             if path.name != "prepare.py"}
+    offending = online_pip_calls(trees)
+    assert not offending, "pip with --no-index --disable-pip-version-check:\n  " + "\n  ".join(offending)
+    assert online_pip_calls({"t.py": ast.parse('run([python, "-m", "pip", "install", "--target", t, src])')})
+    assert online_pip_calls({"t.py": ast.parse('run(["pip", "download", "--no-index", "x"])')})
+    assert not online_pip_calls({"t.py": ast.parse(
+        'run(["pip", "install", "--no-index", "--disable-pip-version-check", src])')})
+
+
 def test_no_test_imports_helpers_from_another_tests_end_to_end_module():
     importing = [path.name for path in sorted(TESTS.glob("*.py"))
                  if re.search(r"^\s*(from|import) test_end_to_end\b", path.read_text(), re.M)]

@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 def test_pip_installed_plugin_serves_its_device(tmp_path, env, coordinator, echo_server):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--disable-pip-version-check",
                     "--target", str(target), str(SRC / "examples" / "devloop-netconsole")],
                    check=True, capture_output=True, timeout=120)
     plugin_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(target), env.get("PYTHONPATH")])),

@@ -56,15 +56,18 @@ def with_testkit(env: dict, site: Path) -> dict:
             LOAD_ENV: f"{BUILT_IN_PLUGINS},{TESTKIT_PLUGINS}"}
 
 
-def in_process_exporter(tmp_path: Path, devices: list[dict], coordinator: str | None = None) -> Exporter:
-    """An exporter in this process, set up (its plugins loaded and checked); by default its
-    coordinator is a free port nobody listens on."""
+def in_process_exporter(tmp_path: Path, devices: list[dict], coordinator: str | None = None,
+                        set_up: bool = True, **settings) -> Exporter:
+    """An exporter in this process, set up (its plugins loaded and checked) unless ``set_up``
+    is false (its ``run`` sets it up); by default its coordinator is a free port nobody listens
+    on; ``settings``: more of its ``[exporter]`` section."""
     config = parse_config({
         "exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "cdi_dir": str(tmp_path / "cdi"),
-                     "coordinator": coordinator or f"http://127.0.0.1:{free_port()}"},
+                     "coordinator": coordinator or f"http://127.0.0.1:{free_port()}", **settings},
         "devices": devices})
     exporter = Exporter(config)
-    exporter.setup()
+    if set_up:
+        exporter.setup()
     return exporter
 
 

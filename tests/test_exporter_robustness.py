@@ -7,8 +7,6 @@ import pytest
 from conftest import wait_for
 from device_loop.core.model import Resource
 from device_loop.core.protocol import DesiredState
-from device_loop.exporter.config import parse_config
-from device_loop.exporter.daemon import Exporter
 from exporter_testkit import FakeCoordinator, converge, in_process_exporter, installed_testkit, load_testkit
 from helpers import pid_alive
 
@@ -166,11 +164,9 @@ def test_a_stop_that_ends_while_the_loop_waits_for_it_is_reported_at_once(tmp_pa
     a heartbeat period later (an hour here; a device stayed reclaiming that long)."""
     load_testkit(monkeypatch, site)
     fake = FakeCoordinator()
-    config = parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
-                                        "cdi_dir": str(tmp_path / "cdi"), "coordinator": fake.url,
-                                        "heartbeat_s": 3600, "health_period": 0.1, "health_recheck": 0.05},
-                           "devices": [{"name": "x0", "plugin": "flaky"}]})
-    exporter = Exporter(config)
+    exporter = in_process_exporter(tmp_path, [{"name": "x0", "plugin": "flaky"}], fake.url, set_up=False,
+                                   heartbeat_s=3600, health_period=0.1, health_recheck=0.05)
+    gate = threading.Event()
     loop = threading.Thread(target=exporter.run, name="exporter-loop")
     loop.start()
     try:
@@ -179,7 +175,7 @@ def test_a_stop_that_ends_while_the_loop_waits_for_it_is_reported_at_once(tmp_pa
         fake.serve(service)
         wait_for(lambda: fake.heartbeats and any(s.lease == "lease-1" and s.endpoints
                                                  for s in fake.heartbeats[-1].services), what="the service reported")
-        gate = flaky(exporter).stop_gate = threading.Event()
+        flaky(exporter).stop_gate = gate
         fake.serve()  # the lease ended
         wait_for(lambda: exporter.reconciler.stopping, what="the stop under way")
         wait_for(lambda: in_wait_idle(loop), what="the loop waiting for the stop", interval=0.001)
@@ -187,6 +183,7 @@ def test_a_stop_that_ends_while_the_loop_waits_for_it_is_reported_at_once(tmp_pa
         wait_for(lambda: not fake.heartbeats[-1].services and "lease-1" not in fake.heartbeats[-1].applied,
                  what="a report without the service")
     finally:
+        gate.set()  # (a stop held open would hold the exporter's own stop)
         exporter.stop()
         loop.join()
         fake.close()

@@ -1,7 +1,7 @@
 """Podman from Debian for the tests, as a person runs it (docs/architecture.md, "Testing"):
 rootful, runc, the ulimits, a local image imported from busybox-static once a session; its
-storage, run state, temporary files, network config and events in the session's folder
-(``CONTAINERS_CONF``, ``CONTAINERS_STORAGE_CONF``). ``podman import`` runs in a mount
+storage, temporary files, network config and events in the session's folder, its run state
+in a short folder of /tmp removed after (``CONTAINERS_CONF``, ``CONTAINERS_STORAGE_CONF``). ``podman import`` runs in a mount
 namespace of its own with a throwaway /var/lib (podman 4.3 keeps a blob cache in
 /var/lib/containers/cache whatever it is told), so nothing is written to /var/lib/containers.
 
@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -23,6 +24,7 @@ import pytest
 
 CDI_DIR = Path("/var/run/cdi")  # the folder podman 4.3 reads (besides /etc/cdi)
 UNRESOLVABLE = "unresolvable CDI devices"  # what podman says of a name no spec has
+RUNROOT_MAX = 50  # the longest runroot podman 4.3's `container cleanup` accepts
 
 
 @dataclass
@@ -54,7 +56,7 @@ class Podman:
                         timeout=timeout)
 
 
-def _configure(folder: Path) -> None:
+def _configure(folder: Path, runroot: Path) -> None:
     (folder / "containers.conf").write_text(f"""\
 [containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
@@ -73,7 +75,7 @@ network_config_dir = "{folder}/networks"
 [storage]
 driver = "vfs"
 graphroot = "{folder}/storage"
-runroot = "{folder}/run"
+runroot = "{runroot}"
 """)
 
 
@@ -99,7 +101,12 @@ def podman(tmp_path_factory) -> Iterator[Podman]:
     if os.geteuid() != 0:
         pytest.skip("rootful podman: run as root")
     folder = tmp_path_factory.mktemp("podman")
-    _configure(folder)
+    # podman's `container cleanup` (conmon runs it as a container ends) refuses a runroot longer
+    # than 50 characters, and `podman run --rm` then waits 20 s for conmon's timeout: an xdist
+    # worker's folder (/tmp/pytest-of-root/pytest-N/popen-gwN/podman0/run) is longer than that
+    runroot = Path(tempfile.mkdtemp(prefix="dl-podman-run-"))
+    assert len(str(runroot)) <= RUNROOT_MAX, runroot
+    _configure(folder, runroot)
     _busybox_rootfs(folder / "rootfs")
     tool = Podman(folder, f"localhost/device-loop-busybox-{secrets.token_hex(4)}")
     archive = subprocess.run(["tar", "-C", folder / "rootfs", "-c", "."], capture_output=True, check=True).stdout
@@ -111,6 +118,7 @@ def podman(tmp_path_factory) -> Iterator[Podman]:
     assert made.returncode == 0, made.stderr.decode(errors="replace")
     yield tool
     tool.run("rm", "--all", "--force", "--time", "0")  # (a container's /dev/shm is a mount in the folder)
+    shutil.rmtree(runroot, ignore_errors=True)
 
 
 @pytest.fixture

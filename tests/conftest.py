@@ -256,11 +256,25 @@ def postgres_admin_url() -> str:
     return admin
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+#: The databases a test that takes ``database`` runs on, unless its module says ``DATABASES``.
+BOTH_DATABASES = ("sqlite", "postgresql")
+#: What a module of rules whose SQL is the same on both says (docs/architecture.md, "Testing").
+SQLITE_ONLY = ("sqlite",)
+
+
+def pytest_generate_tests(metafunc):
+    chosen = any("database" in (m.args[0].split(",") if isinstance(m.args[0], str) else m.args[0])
+                 for m in metafunc.definition.iter_markers("parametrize"))  # a test's own choice
+    if "database" in metafunc.fixturenames and not chosen:
+        metafunc.parametrize("database", getattr(metafunc.module, "DATABASES", BOTH_DATABASES), indirect=True)
+
+
+@pytest.fixture
 def database(request):
-    """Run the test on SQLite, and again on PostgreSQL: every in-process lab it makes then
-    gets a database of its own on that server, which nobody else uses meanwhile and holds
-    what the migrations leave, nothing else (lab_databases.py)."""
+    """Run the test on SQLite, and again on PostgreSQL (unless its module's ``DATABASES`` says
+    SQLite only): every in-process lab it makes then gets a database of its own on that
+    server, which nobody else uses meanwhile and holds what the migrations leave, nothing
+    else (lab_databases.py)."""
     import lab_in_process
 
     if request.param == "postgresql":

@@ -5,10 +5,15 @@ import re
 
 import pytest
 
+from conftest import SQLITE_ONLY
 from device_loop.coordinator.identity import issue_token
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 
 def concrete(path: str) -> str:

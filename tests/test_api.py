@@ -5,6 +5,7 @@ import sqlite3
 import asyncpg
 import pytest
 
+from conftest import SQLITE_ONLY
 from device_loop.coordinator.store import core as store_core
 from device_loop.coordinator.identity import issue_token
 from device_loop.coordinator.migrations import MIGRATIONS
@@ -14,6 +15,10 @@ from lab_in_process import FakeClock, FakeExporter, _database, _lab, device, in_
 from test_flash_rules import board, lab_with_board
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30), pytest.mark.usefixtures("database")]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 
 async def state_of(api, name):

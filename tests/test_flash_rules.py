@@ -4,9 +4,14 @@ import hashlib
 
 import pytest
 
+from conftest import SQLITE_ONLY
 from lab_in_process import FakeExporter, board, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 IMAGE = bytes(range(256)) * 4096  # 1 MiB
 GOOD = b"known good" * 1000

@@ -28,7 +28,7 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from pydantic import BaseModel
 
-from conftest import WAIT_S
+from conftest import SQLITE_ONLY, WAIT_S
 from device_loop.coordinator import relays
 from device_loop.coordinator.events import Broadcaster
 from device_loop.coordinator.identity import issue_token
@@ -48,6 +48,10 @@ from test_video import gated_lab  # noqa: F401 (a fixture: a lab with tokens, a 
 from test_web import section
 
 pytestmark = [pytest.mark.service, pytest.mark.anyio, pytest.mark.timeout(60)]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 SITE = "http://127.0.0.1"  # the in-process clients' base URL is SITE/api/v1
 ADDRESS = "127.0.0.1"      # host-a's own address, as its exporter reports it
 SECRET = "hunter2"

@@ -15,13 +15,17 @@ import time
 
 import pytest
 
-from conftest import Coordinator, coordinator_pair, wait_for
+from conftest import SQLITE_ONLY, Coordinator, coordinator_pair, wait_for
 from lab_in_process import FakeExporter, board, device, in_process_lab
 from live_lab import LabDatabase, Spread
 
 from device_loop.coordinator.image_files import PARTIAL_GRACE_S, ImageFiles
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 in_process = [pytest.mark.anyio, pytest.mark.usefixtures("database")]
 
 

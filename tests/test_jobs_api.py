@@ -7,11 +7,16 @@ import asyncio
 
 import pytest
 
+from conftest import SQLITE_ONLY
 from device_loop.coordinator.identity import issue_token
 from device_loop.core.vocabulary import TokenKind
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 PLAIN = {"title": "uname", "target": {"class": "sim-board"}, "run": ["device-loop exec $DEVICE_LOOP_LEASE -- uname"],
          "rounds": 2}

@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from conftest import SQLITE_ONLY
 from device_loop.coordinator.operation_shares import OPERATION_BURST, OPERATIONS_PER_S
 from device_loop.core.protocol import OperationKindReport
 from lab_in_process import FakeExporter, device, in_process_lab
@@ -16,6 +17,10 @@ from test_steps_rules import COOLDOWN, desired_ops, op_report
 from test_web_power import power_switch
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.usefixtures("database")]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 DAY_S = 86400.0
 

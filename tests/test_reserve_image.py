@@ -7,9 +7,14 @@ import hashlib
 
 import pytest
 
+from conftest import SQLITE_ONLY
 from lab_in_process import FakeExporter, board, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 ROOTFS = b"rootfs v2 " * 1000
 OTHER = b"another build " * 1000

@@ -14,6 +14,7 @@ import httpx2
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from conftest import SQLITE_ONLY
 from device_loop.coordinator.identity import issue_token
 from device_loop.core.gate import gate_secret
 from device_loop.core.protocol import ResourceReport
@@ -22,6 +23,10 @@ from device_loop.core.vocabulary import EndpointRole, HealthStatus, TokenKind
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.usefixtures("database")]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 PLUGIN_KIND = "relay-box"  # a third-party plugin's resource kind: its endpoints are its own part
 # resource kind -> the endpoints its service has (each role a client knows, and a plugin's own)

@@ -7,9 +7,14 @@ import contextlib
 
 import pytest
 
+from conftest import SQLITE_ONLY
 from lab_in_process import FakeExporter, device, flash_target, in_process_lab
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60), pytest.mark.usefixtures("database")]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 COOLDOWN = {"step": "cooldown", "plugin": "exporter", "identifier": "sim:d0", "timeout_s": 600.0, "settle": True}
 REBOOT = {"step": "reboot", "plugin": "exporter", "identifier": "sim:d0", "timeout_s": 300.0, "settle": False}

@@ -363,3 +363,23 @@ def test_lab_installs_nothing_into_a_venv_linked_from_another_checkout(tmp_path)
     assert done.returncode == 0 and "installing nothing" in done.stderr, done.stderr
     said = calls.read_text()
     assert "pip" not in said and f"device-loop up --help PYTHONPATH={checkout}" in said, said
+
+
+#: The modules where the SQL itself is what is checked (the store, statement counts, migrations,
+#: waits that hold nothing, races, outages, the labs' databases, kills, properties, expiries,
+#: budgets, the scheduler's queries): their tests run on SQLite and on PostgreSQL.
+SQL_IS_THE_POINT = re.compile(r"test_(\w*store\w*|statement_counts|\w*migration\w*|waits_hold_nothing|\w*race\w*|"
+                              r"database_outage|lab_databases|\w*faults|\w*properties|keepalive\w*|budget\w*|"
+                              r"needs|\w*tickets?\w*)\.py")
+
+
+def test_a_module_runs_on_sqlite_only_where_its_sql_is_not_the_point():
+    """A module of rules says ``DATABASES = SQLITE_ONLY`` (docs/architecture.md, "Testing");
+    none of those whose SQL is what they check does."""
+    sqlite_only = {path.name for path in TESTS.glob("test_*.py")
+                   if re.search(r"^DATABASES = SQLITE_ONLY$", path.read_text(), re.M)}
+    assert "test_who_rule.py" in sqlite_only, "the check reads what it should"
+    assert not {name for name in sqlite_only if SQL_IS_THE_POINT.fullmatch(name)}
+    assert {name for name in ("test_statement_counts.py", "test_lab_databases.py", "test_waits_hold_nothing.py")
+            if SQL_IS_THE_POINT.fullmatch(name)} == {"test_statement_counts.py", "test_lab_databases.py",
+                                                     "test_waits_hold_nothing.py"}

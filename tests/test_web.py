@@ -14,7 +14,7 @@ import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import SRC, WAIT_S, Coordinator, lab_tokens, sim_devices
+from conftest import SQLITE_ONLY, SRC, WAIT_S, Coordinator, lab_tokens, sim_devices
 from device_loop.coordinator import events
 from device_loop.coordinator.events import Broadcaster
 from device_loop.coordinator.identity import csrf_token, issue_token
@@ -27,6 +27,10 @@ from test_flash_rules import board, flash_report, lab_with_board
 from test_steps_rules import COOLDOWN, REBOOT, desired_ops, op_report, stepped
 
 pytestmark = [pytest.mark.service, pytest.mark.anyio, pytest.mark.timeout(90)]
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 SITE = "http://127.0.0.1"  # the in-process clients' base URL is SITE/api/v1
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from conftest import SQLITE_ONLY
 from device_loop.coordinator.calls import CALLS, Call, Ctx
 from device_loop.coordinator.errors import APIError
 from device_loop.coordinator.identity import USER
@@ -17,6 +18,10 @@ from device_loop.core.ab.jobs import JobSpec
 from device_loop.core.vocabulary import TicketKind
 from lab_in_process import FakeExporter, device, in_process_lab
 from test_images import upload
+
+# the rules here run the same SQL on either database, which the store's own tests, the
+# statement counts and the OpenAPI run check on PostgreSQL: SQLite only (docs/architecture.md, "Testing")
+DATABASES = SQLITE_ONLY
 
 OWNER = "alice"
 SPEC = JobSpec.model_validate({"target": {"class": "sim-board"}, "run": ["true"]})

@@ -120,7 +120,7 @@ def nothing_reaches_the_default_coordinator():
 # ...): dealt out in turn, one share at the head of each worker's first batch
 # (tests/scheduling.py), so that none is left for the run's end. A name part of a test's id; a
 # kept-together module's is its file's.
-LONGEST_FIRST = ("test_qemu_lab.py::", "test_podman_cdi.py::test_a_leased_board", "test_openapi.py::test_schemathesis",
+LONGEST_FIRST = ("test_qemu_lab.py::", "test_openapi.py::test_schemathesis",
                  "test_static_checks.py::test_mypy", "test_qemu_guest.py::", "test_tokens_end_to_end.py::test_a_lab",
                  "test_up_vms.py::test_up_with_qemu", "test_ab_sim.py::test_abab",
                  "test_new_user_c.py::test_a_board_its_holder_switched_off",

@@ -162,12 +162,15 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)  # (before -m deselects by marker)
 def pytest_collection_modifyitems(session, config, items):
+    # the areas read every test module's imports (a CPU-second a collection, and each worker
+    # collects): marked only where a run selects by marker (./lab test --area, --fast)
+    by_marker = bool(config.option.markexpr)
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         on_postgresql = getattr(item, "callspec", None) and item.callspec.params.get("database") == "postgresql"
         if on_postgresql or SERVICE_FIXTURES & fixtures:
             item.add_marker(pytest.mark.service)
-        for area in areas.item_areas(Path(item.path), fixtures):
+        for area in areas.item_areas(Path(item.path), fixtures) if by_marker else ():
             item.add_marker(area)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,14 @@ def test_a_test_module_is_in_what_it_imports_through_helpers_and_what_its_name_s
     assert {"coordinator", "exporter"} <= areas.item_areas(TESTS / "test_suite_rules.py", {"coordinator", "exporters"})
 
 
-def test_the_collected_tests_carry_their_areas_as_markers(request):
-    assert request.node.get_closest_marker("suite") is not None
+@pytest.mark.service  # (a pytest of its own: a run that selects by marker)
+def test_the_collected_tests_carry_their_areas_as_markers_where_a_run_selects_by_marker():
+    def collected(*options: str) -> list[str]:
+        listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                 *options, __file__], capture_output=True, text=True, cwd=TESTS.parent)
+        return [line.split("::")[1] for line in listed.stdout.splitlines() if "::" in line]
+    assert "test_every_package_and_plugin_is_an_area" in collected("-m", "suite")
+    assert collected("-m", "uart") == []
 
 
 @pytest.mark.service

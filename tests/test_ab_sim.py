@@ -52,16 +52,22 @@ def test_matrix_groups_and_their_refusals():
             JobSpec(target=target, ab=ab(), matrix={"over": over})
 
 
-# A board whose run-workload heats it fast and throttles above 70 °C, and whose cooldown
-# (its settle step) waits for < 67 °C: ABAB with settle starts every run below the knee, while
-# AABB without settle heats it run after run, so its B half runs throttled (for gaps between
-# runs of up to some 2.5 s, as the model plays it: beyond, the board cools by itself between runs).
-# plugins/sim/workload.py's first model: AABB misleads with its runs anything up to 1.5 s
-# apart, and twelve runs back to back leave the board far below what a thermal zone can read
-# (work_heat 120 had it past 250 °C once the runs came 0.2 s apart, and read as no temperature)
-HOT_BOARD = {"plugin": "sim", "class": "sim-board", "ambient": 40, "tau": "8s", "workload_s": 0.1, "work_heat": 50,
-             "throttle_above": 55, "throttle_per_c": 0.02, "noise": 0.01, "seed": 20,
-             "steps": [{"step": "cooldown", "below": "53C", "timeout": "60s"}]}
+# A board whose run-workload heats it fast (some 7 °C a run with its commands) and throttles
+# above 64 °C, 5 % slower a degree above it, and whose cooldown (its settle step) waits for
+# < 62 °C: ABAB with settle starts every run below the knee, while AABB without settle heats it
+# run after run, so its B half runs throttled. The cooldown reads the board once a second
+# (exporter/steps.py, POLL_S), so ABAB's time is its rounds' readings: with the knee 24 °C above
+# the ambient and a tau of 7 s, a run's heat is shed in one or two of them and ABAB takes some
+# 19 s, where the first model here (knee 55 °C, cooldown below 53 °C, tau 8 s, 2 % a degree)
+# took three a round, 31 s. As the model plays it (the same seed), AABB still misleads with its
+# runs up to some 1.4 s apart (0.4 s on an idle machine, 0.5 s beside two busy loops; the first
+# model up to some 2.2 s): beyond, the board cools by itself between runs. Runs back to back
+# (0.35 s apart) take it to some 150 °C, within what a thermal zone can read: plugins/sim/
+# workload.py's first model (work_heat 120) had it past 250 °C once the runs came 0.2 s apart,
+# and read as no temperature.
+HOT_BOARD = {"plugin": "sim", "class": "sim-board", "ambient": 40, "tau": "7s", "workload_s": 0.1, "work_heat": 60,
+             "throttle_above": 64, "throttle_per_c": 0.05, "noise": 0.01, "seed": 20,
+             "steps": [{"step": "cooldown", "below": "62C", "timeout": "60s"}]}
 WORKLOAD = "device-loop exec $DEVICE_LOOP_LEASE -- run-workload --cost {cost}"
 
 

@@ -11,8 +11,10 @@ pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 BOARD = "sim-board-0"
 STEPPED = {"name": "stepped", "plugin": "sim", "class": "sim-board",  # a board whose step between leases fails
            "steps": [{"step": "command", "command": ["sh", "-c", "echo no luck >&2; exit 3"], "timeout": "10s"}]}
-# short periods, and a heartbeat far longer: a change is seen by the health schedule's own wake-ups
-SCHEDULE = {"health_period": 0.4, "health_recheck": 0.2, "quarantine_window": "10m", "quarantine_ceiling": 1.6}
+# short periods, and a heartbeat far longer: a change is seen by the health schedule's own wake-ups.
+# A quarantine's probes come 0.2, 0.4, 0.8 s apart, then 1 s, the ceiling (not 1.6 s): the
+# ceiling is also how long a test has to see the board still faulty between its good probes
+SCHEDULE = {"health_period": 0.2, "health_recheck": 0.1, "quarantine_window": "10m", "quarantine_ceiling": 1.0}
 # the longest an exporter allows: no heartbeat (no scan) comes during a test, however long the
 # machine makes it, so whatever reports a change between a lab's start and its end is the schedule
 HEARTBEAT_S = 3600.0
@@ -72,11 +74,11 @@ def test_a_board_that_keeps_failing_is_quarantined_probed_later_and_later_and_re
         wait_state(coordinator, BOARD, "idle")
     assert device(coordinator, BOARD)["quarantine"] is None
     set_health(exporter, "failed transient link down")
-    wait_line(coordinator, "quarantine: failed 3 times in 10 min; next probe in 0.4 s")
+    wait_line(coordinator, "quarantine: failed 3 times in 10 min; next probe in 0.2 s")
     shown = device(coordinator, BOARD)
     assert shown["state"] == "faulty" and shown["quarantine"]["needed"] == 3, shown
     assert shown["reason"].startswith("quarantined: "), shown
-    for interval in ("0.8 s", "1.6 s"):  # doubled after each failed probe, up to the ceiling
+    for interval in ("0.4 s", "0.8 s", "1 s"):  # doubled after each failed probe, up to the ceiling
         wait_line(coordinator, f"quarantine: probe failed (link down); next probe in {interval}")
     set_health(exporter, "ok")
     for good in (1, 2):

@@ -23,6 +23,7 @@ from test_exec_console import environment
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 
 KEEPALIVE_S = 5  # the shortest there is: the tests wait it out
+SENTINEL = "erin"  # who queues the tickets nobody follows (reaped_past_a_lapse)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,21 @@ def past(moment: str, seconds: float) -> bool:
     return time.time() > parse_iso(moment) + seconds
 
 
+def reaped_past_a_lapse(url: str, coordinator: Coordinator, held: str) -> None:
+    """Return once whatever lapses within ``KEEPALIVE_S`` from now has lapsed and the reaper has
+    passed after it (in place of a wait for the keepalive and a margin for the reaper's period):
+    a keepalive ticket nobody follows, queued now for ``held`` (a device someone holds), lapses
+    ``KEEPALIVE_S`` from now, and the reaper's pass that expires it ends, in the same
+    transaction and at the same moment, every lease that lapsed before it."""
+    ticket = Lab(url, user=SENTINEL).reserve(held, queue=True, keepalive=KEEPALIVE_S)
+    assert ticket.state == "waiting", ticket
+
+    def expired() -> bool:  # (listing its tickets is no read of one: it keeps nothing alive)
+        tickets = coordinator.api("/tickets", headers={"X-Device-Loop-User": SENTINEL}).json()
+        return [t["state"] for t in tickets if t["ticket"] == ticket.id] == ["expired"]
+    wait_for(expired, what=f"the reaper to expire {ticket.id}, a ticket nobody follows, {KEEPALIVE_S}s on")
+
+
 def test_a_with_block_keeps_its_lease_alive_and_a_followed_ticket_waits_alive(lab):
     url, coordinator, _ = lab
     idle(coordinator, "sim-board-0")
@@ -66,7 +82,8 @@ def test_a_with_block_keeps_its_lease_alive_and_a_followed_ticket_waits_alive(la
         follower = threading.Thread(target=lambda: got.update(lease=ticket.wait(timeout=60)))
         follower.start()
         # past the first lapse and a reaper pass: kept alive, both of them
-        wait_for(lambda: past(first_lapse, 1.5), timeout=KEEPALIVE_S + 5, what="the first lapse passed")
+        reaped_past_a_lapse(url, coordinator, "sim-board-0")
+        assert past(first_lapse, 0), "(the sentinel lapsed after the lease's first lapse)"
         assert lease_of(coordinator, lease.id)["state"] == "active", "the with block keeps it alive"
         tickets = coordinator.api("/tickets", headers={"X-Device-Loop-User": "bob"}).json()
         assert [t["state"] for t in tickets if t["ticket"] == ticket.id] == ["waiting"], "wait() keeps it"
@@ -129,8 +146,9 @@ def test_a_queued_keepalive_reserve_and_ticket_wait_hold_their_grant(lab):
         queued = _hold(url, env, "sim-board-0", "--queue", "--keepalive", f"{KEEPALIVE_S}s", user="bob")
         ticket = carol.reserve("sim-board-1", queue=True, keepalive=KEEPALIVE_S)
         follower = _hold(url, env, ticket.id, command=("ticket",), user="carol", *("--wait",))
-        lapsed = time.time() + KEEPALIVE_S + 1.5  # (and a reaper pass)
-        wait_for(lambda: time.time() > lapsed, timeout=KEEPALIVE_S + 5, what="the tickets' first lapse passed")
+        wait_for(lambda: [t for t in coordinator.api("/tickets", headers={"X-Device-Loop-User": "bob"}).json()
+                          if t["state"] == "waiting"], what="bob's ticket")  # (the command made it)
+        reaped_past_a_lapse(url, coordinator, "sim-board-0")  # the tickets' first lapse passed, and a reaper pass
     leases = [_printed_lease(process) for process in (queued, follower)]
     assert [lease["device"] for lease in leases] == ["sim-board-0", "sim-board-1"], "granted, not lapsed"
     for process in (queued, follower):
@@ -158,7 +176,8 @@ def test_reserve_keepalive_holds_its_lease_until_its_input_ends_or_it_is_told_to
     by_input, by_signal = (_hold(url, env, name, "--keepalive", f"{KEEPALIVE_S}s") for name in ("sim-board-0",
                                                                                              "sim-board-1"))
     first, second = _printed_lease(by_input), _printed_lease(by_signal)
-    wait_for(lambda: past(first["expires_at"], 1.5), timeout=KEEPALIVE_S + 5, what="the first lapse passed")
+    reaped_past_a_lapse(url, coordinator, "sim-board-0")
+    assert past(first["expires_at"], 0), "(the sentinel lapsed after the lease's first lapse)"
     assert lease_of(coordinator, first["id"])["state"] == "active", "it keeps its lease alive while it runs"
     by_input.stdin.close()  # (as a pipe's writer that exits does)
     by_signal.send_signal(signal.SIGTERM)

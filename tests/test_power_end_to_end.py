@@ -12,6 +12,7 @@ from test_power_backends import pdudaemon, start  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 HANG_S = 60  # how long the hung board's switch command would run
+HUNG_TIMEOUT_S = 0.5  # the hung board's switch timeout: its command is killed then
 BOB = {"X-Device-Loop-User": "bob"}
 
 
@@ -103,7 +104,7 @@ def test_a_command_backend_reads_back_and_a_hung_one_is_killed_at_its_timeout(co
         board("cmd-board", switch, {"backend": "command", "on": [*flip, "on"], "off": [*flip, "off"],
                                     "status": ["cat", f"{switch}.state"]}),
         board("hung-board", tmp_path / "other", {"backend": "command", "on": ["sleep", str(HANG_S)], "off": ["true"],
-                                                 "timeout": "1s"})]))
+                                                 "timeout": f"{HUNG_TIMEOUT_S:g}s"})]))
     for name in ("cmd-board", "hung-board"):
         wait_state(coordinator, name, "idle")
     lease = wait_active(coordinator, reserve(coordinator, "cmd-board")["id"])
@@ -125,7 +126,8 @@ def test_a_command_backend_reads_back_and_a_hung_one_is_killed_at_its_timeout(co
     hung = wait_active(coordinator, reserve(coordinator, "hung-board")["id"])
     began = time.monotonic()
     stuck = finished(coordinator, power(coordinator, hung["id"], "on").json())
-    assert stuck["state"] == "failed" and "did not finish within 1s; killed it" in stuck["message"], stuck
+    assert stuck["state"] == "failed" and f"did not finish within {HUNG_TIMEOUT_S:g}s; killed it" in stuck["message"], \
+        stuck
     assert time.monotonic() - began < HANG_S / 3, "killed at its timeout, not left to run its course"
     for refused in (power(coordinator, hung["id"], "dance"), power(coordinator, hung["id"], "on", off_time_s=2),
                     power(coordinator, hung["id"], "cycle", off_time_s=601),
@@ -137,12 +139,17 @@ def test_a_command_backend_reads_back_and_a_hung_one_is_killed_at_its_timeout(co
         assert refused.status_code == 422, refused.text
 
 
+# how long the unfed board's cycles wait for a first byte: the first cycle's, time for its holder
+# to press Enter once the test saw it booting; the second's, waited out (nothing comes)
+UNFED_CONSOLE_TIMEOUT_S = 2.0
+
+
 def test_an_idle_board_that_stays_silent_and_an_echo_after_on_verify_nothing(coordinator, tmp_path, env, exporters):
     """A switch that does not feed the board (the wrong outlet): the idle board says nothing
     while "off", and what it prints after "on" is the echo of a key its holder pressed."""
     exporters.append(Exporter(tmp_path, env, coordinator.url, [
         board("unfed", tmp_path / "unfed.power", {"backend": "command", "on": ["true"], "off": ["true"],
-                                                  "console_timeout": "6s"})]))
+                                                  "console_timeout": f"{UNFED_CONSOLE_TIMEOUT_S:g}s"})]))
     wait_state(coordinator, "unfed", "idle")
     lease = wait_active(coordinator, reserve(coordinator, "unfed")["id"])
     with console(lease) as uart:
@@ -160,6 +167,9 @@ def test_an_idle_board_that_stays_silent_and_an_echo_after_on_verify_nothing(coo
     assert short["result"]["verdict"] == "unverified", short  # no silence to speak of
 
 
+RECOVERY_HEARTBEAT_S = 0.5
+
+
 def test_a_hung_board_nobody_holds_is_power_cycled_once_and_a_power_cycle_step_runs_between_leases(
         coordinator, tmp_path, env, exporters):
     exporters.append(Exporter(tmp_path, env, coordinator.url, [
@@ -168,10 +178,12 @@ def test_a_hung_board_nobody_holds_is_power_cycled_once_and_a_power_cycle_step_r
                  auto_recover="power-cycle"), "steps": [{"step": "cooldown", "below": "70C", "timeout": "30s"}]},
         # its switch feeds some other board: a cycle changes nothing here, and is never repeated
         board("stubborn", tmp_path / "stubborn.power", {"backend": "command", "on": ["true"], "off": ["true"],
-                                                         "console_timeout": "3s"},
+                                                         "off_time": "0.5s", "console_timeout": "1s"},
               auto_recover="power-cycle"),
         {**board("stepped", tmp_path / "stepped.power", {"backend": "sim", "switch": str(tmp_path / "stepped.power")}),
-         "steps": [{"step": "power-cycle", "off_time": "0.5s", "timeout": "60s"}]}]))
+         "steps": [{"step": "power-cycle", "off_time": "0.5s", "timeout": "60s"}]}],
+        # (its heartbeats, and so its health checks, twice a second: the rule looks at each report)
+        heartbeat_s=RECOVERY_HEARTBEAT_S))
     for name in ("panicky", "stubborn", "stepped"):
         wait_state(coordinator, name, "idle")
     for name in ("panicky", "stubborn"):

@@ -128,6 +128,15 @@ def login_form(coordinator_url: str, token: str) -> str:
             "<script>document.forms[0].submit();</script>")
 
 
+def close_then_stop(context, coordinator: Coordinator) -> None:
+    """Close the browser ``context``, then stop ``coordinator``: a lab's page open in it keeps a
+    live-updates stream open, which held the coordinator's stop for its shutdown grace (3 s)."""
+    try:
+        context.close()
+    finally:
+        coordinator.stop()
+
+
 def answers_to_page(page, url: str, coordinator: Coordinator) -> list[int]:
     """Open the no-cors page at ``url`` in ``page``: the statuses the coordinator answered it."""
     statuses = []
@@ -310,10 +319,11 @@ def test_a_page_on_another_port_cannot_use_or_replace_a_signed_in_cookie(tmp_pat
     """A lab with tokens: alice is signed in on the page; a page on another port posts with
     her cookie (which goes along: same site), and tries to sign her in as mallory."""
     coordinator = Coordinator(tmp_path, env, extra=())
+    context = browser.new_context()
     try:
         tokens, token_file = lab_tokens(env, coordinator, tmp_path, "alice", "mallory")
         Host(coordinator.url, token=token_file.read_text()).report([board("b0")])
-        page = browser.new_context().new_page()
+        page = context.new_page()
         page.goto(f"{coordinator.url}/")
         page.fill("input[name=token]", tokens["alice"])
         page.click("form.login button")
@@ -334,7 +344,7 @@ def test_a_page_on_another_port_cannot_use_or_replace_a_signed_in_cookie(tmp_pat
         page.goto(f"{coordinator.url}/")
         page.wait_for_selector("text=Signed in as alice")
     finally:
-        coordinator.stop()
+        close_then_stop(context, coordinator)
 
 
 IMG = '<img src=x onerror="window.pwned=1;alert(1)">'  # (64 characters at most: a tag's, a class's)
@@ -345,13 +355,14 @@ CODE = "javascript:window.pwned=4;alert(4)//"
 
 def test_what_an_exporter_reports_is_shown_as_text_never_run_or_linked(tmp_path, env, browser):
     coordinator = Coordinator(tmp_path, env)
+    context = browser.new_context()
     try:
         host = Host(coordinator.url)
         reported = [board("b0", device_class=IMG, tags=[SCRIPT, SVG]),
                     board("b1", health="failed", reason=IMG + SCRIPT + SVG)]
         finds = [CandidateReport(identifier=f"10.0.0.9:5555{SVG}", kind="adb", plugin="adb", label=IMG + SCRIPT)]
         host.report(reported, candidates=finds)
-        page = browser.new_context().new_page()
+        page = context.new_page()
         dialogs = []
         page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
         page.goto(f"{coordinator.url}/")
@@ -378,7 +389,7 @@ def test_what_an_exporter_reports_is_shown_as_text_never_run_or_linked(tmp_path,
         page.wait_for_timeout(300)  # an onerror would have run by now
         assert page.evaluate("typeof window.pwned") == "undefined" and dialogs == []
     finally:
-        coordinator.stop()
+        close_then_stop(context, coordinator)
 
 
 # ---- 7. slow clients: a deadline for the head, a gap limit for the body, descriptors --------------
@@ -425,7 +436,7 @@ class SlowClients:
 
 
 def test_slow_request_heads_are_cut_at_their_deadline_and_lock_nobody_out(tmp_path, env):
-    deadline = 3.0
+    deadline = 2.0  # (the slow heads send four lines within it)
     coordinator = Coordinator(tmp_path, env, extra=("--single-user", "--header-timeout", f"{deadline}s"))
     slow = SlowClients(coordinator.port, 200)
     try:
@@ -442,7 +453,8 @@ def test_slow_request_heads_are_cut_at_their_deadline_and_lock_nobody_out(tmp_pa
 
 
 def test_with_fewer_descriptors_than_slow_clients_a_request_is_answered_once_they_are_cut(tmp_path, env):
-    coordinator = Coordinator(tmp_path, env, extra=("--single-user", "--header-timeout", "1.5s"))
+    deadline = 1.0
+    coordinator = Coordinator(tmp_path, env, extra=("--single-user", "--header-timeout", f"{deadline}s"))
     pid = coordinator.popen.pid
     room = 40  # descriptors left for connections
     limit = len(os.listdir(f"/proc/{pid}/fd")) + room
@@ -452,7 +464,7 @@ def test_with_fewer_descriptors_than_slow_clients_a_request_is_answered_once_the
         asked = time.monotonic()
         answer = httpx2.get(f"{coordinator.url}/api/v1/health", timeout=40)
         assert answer.status_code == 200, "answered once the deadline freed descriptors"
-        assert time.monotonic() - asked > 1.5, "(it had to wait for them)"
+        assert time.monotonic() - asked > deadline, "(it had to wait for them)"
         wait_for(slow.all_closed, what="every slow connection cut")
     finally:
         slow.close()
@@ -491,15 +503,15 @@ def test_a_body_that_stops_is_cut_and_a_slow_upload_that_moves_is_not(tmp_path, 
         sock.close()
         assert coordinator.api("/devices/b0").json()["holder"] is None
 
-        data = os.urandom(64 * 1024)
+        data, pieces = os.urandom(64 * 1024), 5
 
-        def moving():  # 3 s in all, never a second without a byte
-            for _ in range(8):
+        def moving():  # twice the gap in all, never a gap without a byte
+            for _ in range(pieces):
                 yield data
                 time.sleep(gap * 0.4)
         upload = httpx2.post(f"{coordinator.url}/api/v1/images", params={"name": "slow-build", "for": "b0"},
                              content=moving(), timeout=30)
         assert upload.status_code == 201, upload.text
-        assert upload.json()["sha256"] == hashlib.sha256(data * 8).hexdigest()
+        assert upload.json()["sha256"] == hashlib.sha256(data * pieces).hexdigest()
     finally:
         coordinator.stop()

@@ -14,8 +14,9 @@ import threading
 
 import pytest
 
-from conftest import Coordinator, Exporter, own_environment, wait_for
+from conftest import WAIT_S, Coordinator, Exporter, own_environment, wait_for
 from helpers import pid_alive, wait_state
+import zygote
 from device_loop.cli import main as cli_main
 from device_loop.client import Lab
 from device_loop.client.runner import Runner, Stopper
@@ -62,11 +63,34 @@ def here(capsys, coordinator, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def cli(env, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "device_loop.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def cli(env, *args: str) -> subprocess.CompletedProcess:
+    """``device-loop ARGS`` in a process of its own (forked from the zygote), to its end."""
+    done = zygote.run(list(args), env, timeout=WAIT_S)
     assert "Traceback" not in done.stderr, done.stderr
     return done
+
+
+class Running:
+    """``device-loop ARGS`` running in a process of its own (forked from the zygote), its
+    output in files of ``folder``; killed on the way out if it still runs."""
+
+    def __init__(self, env, folder, *args: str):
+        self.out, self.err = folder / "cli.out", folder / "cli.err"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.process = zygote.popen(list(args), env, stdout=out.fileno(), stderr=err.fileno())
+
+    def __enter__(self) -> "Running":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(WAIT_S)
+
+    def ended(self) -> tuple[int, str, str]:
+        """Its exit status, standard output and standard error, once it ended."""
+        code = self.process.wait(WAIT_S)
+        return code, self.out.read_text(), self.err.read_text()
 
 
 def test_a_job_file_its_table_listing_page_evidence_and_rerun(lab, tmp_path, capsys):
@@ -155,18 +179,13 @@ def test_a_lease_revoked_mid_job_fails_it_with_that_reason(lab, tmp_path):
     ready, go = tmp_path / "ready", tmp_path / "go"
     command = f"touch {ready}; while [ ! -e {go} ]; do sleep 0.05; done; {WORKLOAD.format(cost=1.0)}"
     (tmp_path / "job.toml").write_text(f'run = [{json.dumps(command)}]\nrounds = 2\n[target]\ndevice = "sim-board-0"\n')
-    running = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "run", "--json", str(tmp_path / "job.toml")],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with Running(env, tmp_path, "run", "--json", str(tmp_path / "job.toml")) as running:
         wait_for(ready.exists, what="the first run under way")
         (lease,) = coordinator.api("/leases").json()
         assert coordinator.api(f"/admin/leases/{lease['id']}/revoke", "POST").status_code == 200
         go.touch()
-        out, err = running.communicate(timeout=60)
-    finally:
-        if running.poll() is None:
-            running.kill()
-    assert running.returncode == 75, err  # the lab failed it (docs/architecture.md, "Lab failures")
+        code, out, err = running.ended()
+    assert code == 75, err  # the lab failed it (docs/architecture.md, "Lab failures")
     job = json.loads(out)
     assert job["state"] == "failed" and f"the lease {lease['id']} on sim-board-0 is revoked" in job["reason"], job["reason"]
     assert len(job["runs"]) == 1 and job["runs"][0]["status"] != 0
@@ -244,16 +263,11 @@ def test_a_worker_stopped_by_sigterm_fails_its_job_and_releases(lab, tmp_path):
     coordinator, env = lab
     started = tmp_path / "started"
     (tmp_path / "job.toml").write_text(f'run = ["touch {started}; sleep 60"]\n[target]\ndevice = "sim-board-0"\n')
-    running = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "run", "--json", str(tmp_path / "job.toml")],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with Running(env, tmp_path, "run", "--json", str(tmp_path / "job.toml")) as running:
         wait_for(started.exists, what="the command running")
-        running.terminate()
-        out, err = running.communicate(timeout=30)
-    finally:
-        if running.poll() is None:
-            running.kill()
-    assert running.returncode == 128 + signal.SIGTERM, err  # as a shell says it (CI runners cancel so)
+        running.process.terminate()
+        code, out, err = running.ended()
+    assert code == 128 + signal.SIGTERM, err  # as a shell says it (CI runners cancel so)
     job = json.loads(out)
     assert job["state"] == "failed" and "SIGTERM" in job["reason"] and job["runs"] == []
     wait_state(coordinator, "sim-board-0", "idle")
@@ -263,17 +277,12 @@ def test_a_running_job_cancelled_stops_its_worker_and_its_command(lab, tmp_path,
     coordinator, env = lab
     pid = tmp_path / "pid"
     (tmp_path / "job.toml").write_text(f'run = ["echo $$ > {pid}; sleep 60"]\n[target]\ndevice = "sim-board-0"\n')
-    running = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "run", "--json", str(tmp_path / "job.toml")],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with Running(env, tmp_path, "run", "--json", str(tmp_path / "job.toml")) as running:
         wait_for(lambda: pid.exists() and pid.read_text().strip(), what="the command running")
         (job,) = [j for j in json.loads(here(capsys, coordinator, "jobs", "--json")[1]) if j["state"] == "running"]
         assert here(capsys, coordinator, "job", "cancel", job["id"])[0] == 0
-        out, err = running.communicate(timeout=30)  # its next beat says so
-    finally:
-        if running.poll() is None:
-            running.kill()
-    assert running.returncode == 1, err
+        code, out, err = running.ended()  # its next beat says so
+    assert code == 1, err
     ended = json.loads(out)
     assert ended["state"] == "cancelled" and ended["reason"] == "cancelled by alice"
     assert not pid_alive(int(pid.read_text())), "the command was killed"

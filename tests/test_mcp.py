@@ -1,5 +1,7 @@
 """Agents through the MCP route, with the SDK's own client, against a coordinator under
-uvicorn: the same rules as REST, tools that never block, refusals an agent can act on."""
+uvicorn: the same rules as REST, tools that never block, refusals an agent can act on. One
+lab (coordinator, exporter, tokens) for the module: every test gives back what it holds, and
+starts with both boards idle."""
 
 import sys
 import time
@@ -11,8 +13,8 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import SRC, Coordinator, Exporter, lab_tokens, sim_devices, wait_for
-from device_loop.core import __version__
+from conftest import SRC, Coordinator, Exporter, lab_tokens, own_environment, sim_devices, wait_for
+from device_loop.core import LIVE_LEASE_STATES, __version__
 from device_loop.core.holders import listening_ports
 from helpers import wait_state
 
@@ -31,16 +33,41 @@ async def call(client: Client, tool: str, **args) -> dict:
     return result.structured_content
 
 
+BOARDS = ("sim-board-0", "sim-board-1")
+
+
+@pytest.fixture(scope="module")
+def one_lab(tmp_path_factory):
+    """The module's lab with tokens: (its coordinator, {user: token}) for alice and bob."""
+    folder = tmp_path_factory.mktemp("mcp-lab")
+    environ = own_environment(folder)
+    coordinator = Coordinator(folder, environ, extra=("--allowed-host", "lab.example:7420"))
+    exporter = None
+    try:
+        made, token_file = lab_tokens(environ, coordinator, folder, "alice", "bob")
+        exporter = Exporter(folder, environ, coordinator.url, sim_devices(*BOARDS), token_file=str(token_file))
+        yield coordinator, made
+    finally:
+        if exporter is not None:
+            exporter.stop()
+        coordinator.stop()
+
+
 @pytest.fixture
-def lab_with_tokens(tmp_path, env):
-    coordinator = Coordinator(tmp_path, env, extra=("--allowed-host", "lab.example:7420"))
-    made, token_file = lab_tokens(env, coordinator, tmp_path, "alice", "bob")
-    exporter = Exporter(tmp_path, env, coordinator.url, sim_devices("sim-board-0", "sim-board-1"),
-                        token_file=str(token_file))
-    wait_state(coordinator, "sim-board-0", "idle")
+def lab_with_tokens(one_lab):
+    """The module's lab, both boards idle; what a test left held (a failed one) is given back after it."""
+    coordinator, made = one_lab
+    for name in BOARDS:
+        wait_state(coordinator, name, "idle")
     yield coordinator, made
-    exporter.stop()
-    coordinator.stop()
+    for token in made.values():
+        headers = {"Authorization": f"Bearer {token}"}
+        for ticket in coordinator.api("/tickets", headers=headers).json():
+            if ticket["state"] == "waiting":
+                coordinator.api(f"/tickets/{ticket['ticket']}/cancel", "POST", headers=headers)
+        for lease in coordinator.api("/leases", headers=headers).json():
+            if lease["state"] in LIVE_LEASE_STATES:
+                coordinator.api(f"/leases/{lease['id']}/release", "POST", headers=headers)
 
 
 async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):

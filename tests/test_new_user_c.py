@@ -26,12 +26,12 @@ import pytest
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import SRC, Coordinator, wait_for
+from conftest import SRC, WAIT_S, Coordinator, wait_for
 from helpers import reserve, run_cli, uart_exchange, wait_active, wait_state
 from lab_in_process import FakeExporter, device
+import zygote
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
-CLI = [sys.executable, "-m", "device_loop.cli"]
 BOB = {"X-Device-Loop-User": "bob"}
 
 
@@ -54,17 +54,44 @@ def tickets(env, url) -> list[dict]:
     return json.loads(run_cli(env, url, "tickets", "--json").stdout)
 
 
+class Piped:
+    """``device-loop ARGS`` in a process of its own (forked from the zygote) as much of a
+    ``subprocess.Popen`` as the tests use, its standard input ``stdin`` (None: /dev/null), its
+    standard output (unless ``stdout`` is given) and error pipes, read through ``stdout`` and
+    ``stderr`` (bytes)."""
+
+    def __init__(self, argv: list[str], env, stdin: int | None = None, stdout: int | None = None):
+        err_read, err_write = os.pipe()
+        out_read, out_write = os.pipe() if stdout is None else (None, stdout)
+        try:
+            self.process = zygote.popen(argv, env, stdin=stdin, stdout=out_write, stderr=err_write)
+        finally:
+            os.close(err_write)
+            if out_read is not None:
+                os.close(out_write)
+        self.stdout = open(out_read, "rb") if out_read is not None else None
+        self.stderr = open(err_read, "rb")
+
+    def __getattr__(self, name: str):  # poll, wait, send_signal, kill, pid, returncode
+        return getattr(self.process, name)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(WAIT_S)
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+
+
 @contextlib.contextmanager
 def queued_wait(url: str, env, name: str):
     """``device-loop reserve NAME --queue --wait`` running; killed on the way out if it still runs."""
-    waiting = subprocess.Popen([*CLI, "--coordinator", url, "reserve", name, "--queue", "--wait"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    waiting = Piped(["--coordinator", url, "reserve", name, "--queue", "--wait"], env)
     try:
         yield waiting
     finally:
-        if waiting.poll() is None:
-            waiting.kill()
-            waiting.wait()
+        waiting.close()
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -251,7 +278,7 @@ def test_a_wait_that_times_out_says_how_to_follow_that_ticket_and_no_listing_cla
     exporter_factory()
     wait_state(coordinator, "sim-board-0", "idle")
     held = coordinator.api("/leases", "POST", json={"device": "sim-board-0"}, headers=BOB).json()
-    timed_out = run_cli(env, coordinator.url, "reserve", "sim-board-0", "--queue", "--wait", "--timeout", "2s",
+    timed_out = run_cli(env, coordinator.url, "reserve", "sim-board-0", "--queue", "--wait", "--timeout", "0.5s",
                         check=False)
     assert timed_out.returncode == 1, timed_out.stdout + timed_out.stderr
     hint = re.search(r"follow it with: (device-loop ticket tk-[0-9a-f]+ --wait)", timed_out.stderr)
@@ -354,9 +381,10 @@ def terminal_run(env: dict, args: list[str], columns: int) -> str:
     """What the CLI prints on a terminal ``columns`` wide (a pty, as a person's)."""
     ours, theirs = pty.openpty()
     termios.tcsetwinsize(theirs, (40, columns))
-    proc = subprocess.Popen([*CLI, *args], env={k: v for k, v in env.items() if k != "COLUMNS"},
-                            stdin=theirs, stdout=theirs, stderr=subprocess.PIPE)
-    os.close(theirs)
+    try:
+        proc = Piped(args, {k: v for k, v in env.items() if k != "COLUMNS"}, stdin=theirs, stdout=theirs)
+    finally:
+        os.close(theirs)
     out = b""
     try:
         while True:
@@ -367,8 +395,9 @@ def terminal_run(env: dict, args: list[str], columns: int) -> str:
             if not chunk:
                 break
             out += chunk
-        assert proc.wait(30) == 0, proc.stderr.read()
+        assert proc.wait(WAIT_S) == 0, proc.stderr.read()
     finally:
+        proc.close()
         os.close(ours)
     return out.decode().replace("\r\n", "\n")
 

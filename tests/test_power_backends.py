@@ -1,8 +1,9 @@
 """The power plugin's backends against the real programs they drive: pdudaemon (its
 localcmdline driver), ipmi_sim with ipmitool, sushy-emulator's fake driver, uhubctl (with
 no hub here), commands of our own, and the simulated boards' switch file (a simulated board
-itself, too); and against small HTTP servers of the tests' own: one that answers a byte a
-second, a Redfish service that names another host's URL."""
+itself, too); and against small HTTP servers of the tests' own: one that answers a byte at a
+time, a Redfish service that names another host's URL. sushy-emulator's fake system changes
+its power state a moment after a reset (``POWER_DELAY_S``), not its own 1 to 11 s."""
 from __future__ import annotations
 
 import base64
@@ -25,6 +26,7 @@ from device_loop.core.host import HostContext
 from device_loop.core.ports import free_port, wait_port_open
 from device_loop.plugin import POWER_KIND, ConfiguredResource, OperationError
 from device_loop.plugins import power, sim
+from device_loop.plugins.power import redfish
 from device_loop.plugins.power import sim as power_sim
 from device_loop.plugins.power.config import PowerConfig
 from device_loop.plugins.sim import board as sim_board
@@ -32,7 +34,6 @@ from device_loop.plugins.sim import board as sim_board
 pytestmark = [pytest.mark.service, pytest.mark.timeout(60)]
 
 SECRET = "s3cr3t-Pa55-7Zq"  # a password that must appear in no message, argv or log
-VENV_BIN = Path(sys.executable).parent
 
 
 def switch_of(tmp_path, device="board0", **settings):
@@ -204,12 +205,37 @@ def test_ipmi_says_the_bmc_refused_the_password_and_never_shows_it(tmp_path, bmc
 
 # ---- sushy-emulator (Redfish) -------------------------------------------------------------------------------------
 
+#: How long after a reset the fake system's PowerState changes: the fake driver's own delay is
+#: 1 to 11 s at random (``FakeDriver.set_power_state``), which no setting of sushy-tools
+#: shortens, so the emulator is started with that one delay set to this. The backend reads the
+#: state every ``redfish.POLL_S``: it still finds the reset pending, and polls until it is done.
+POWER_DELAY_S = 2 * redfish.POLL_S
+#: sushy-emulator's own entry point (its ``sushy-emulator`` script), the fake driver's delay set
+#: to ``POWER_DELAY_S`` (argv[1]) first.
+SUSHY_EMULATOR = """import sys, time
+from sushy_tools.emulator.main import main
+from sushy_tools.emulator.resources.systems import fakedriver
+delay_s = float(sys.argv.pop(1))
+set_power_state = fakedriver.FakeDriver.set_power_state
+
+def set_power_state_after_the_delay(self, identity, state):
+    set_power_state(self, identity, state)
+    system = self._get(identity)
+    if system.get("pending_power"):
+        self._update(system, pending_power={**system["pending_power"], "apply_time": time.time() + delay_s})
+
+fakedriver.FakeDriver.set_power_state = set_power_state_after_the_delay
+sys.argv[0] = "sushy-emulator"
+sys.exit(main())
+"""
+
+
 def start_sushy(tmp_path, start, *options: str) -> str:
     port = free_port("127.0.0.1")
     env = {**os.environ, "SUSHY_EMULATOR_STATE_DIR": str(tmp_path / "sushy")}
     log = open(tmp_path / "sushy.log", "wb")
-    start([str(VENV_BIN / "sushy-emulator"), "--fake", "-i", "127.0.0.1", "-p", str(port), *options], env=env,
-          stdout=log, stderr=subprocess.STDOUT)
+    start([sys.executable, "-c", SUSHY_EMULATOR, str(POWER_DELAY_S), "--fake", "-i", "127.0.0.1", "-p", str(port),
+           *options], env=env, stdout=log, stderr=subprocess.STDOUT)
     assert wait_port_open("127.0.0.1", port, timeout=WAIT_S), (tmp_path / "sushy.log").read_text()
     return f"http://127.0.0.1:{port}"
 
@@ -277,11 +303,16 @@ def test_redfish_says_the_service_refused_the_credentials(tmp_path, redfish_with
 
 # ---- HTTP servers of our own: slow ones, and a Redfish service naming another host ------------------------------
 
+#: How often the slow server sends a byte: a few times within the backends' timeout of the test,
+#: so that a timeout of each read alone (urllib's) would never end the call; the call's own does.
+BYTE_EVERY_S = 0.25
+
+
 @pytest.fixture
 def slow_server(request):
     """A server on a free port that, to whatever it is asked, sends its status line and
-    headers (``mode`` "body": at once, "headers": a byte a second), then its body a byte a
-    second, until the client goes or the test ends."""
+    headers (``mode`` "body": at once, "headers": a byte every ``BYTE_EVERY_S``), then its
+    body a byte every ``BYTE_EVERY_S``, until the client goes or the test ends."""
     stop = threading.Event()
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.2)
@@ -301,7 +332,7 @@ def slow_server(request):
                     connection.sendall(head)
                     head = b""
                 for byte in head + b" " * 1000:
-                    if stop.wait(1.0):
+                    if stop.wait(BYTE_EVERY_S):
                         return
                     connection.sendall(bytes([byte]))
             except OSError:
@@ -327,17 +358,17 @@ def slow_server(request):
 
 @pytest.mark.parametrize("mode", ["body", "headers"])
 @pytest.mark.parametrize("backend", ["pdudaemon", "redfish"])
-def test_a_server_answering_a_byte_a_second_is_given_up_at_the_timeout(tmp_path, slow_server, backend, mode):
+def test_a_server_answering_a_byte_at_a_time_is_given_up_at_the_timeout(tmp_path, slow_server, backend, mode):
     port = slow_server(mode)
     settings = ({"port": port, "pdu": "pdu01", "outlet": 1} if backend == "pdudaemon" else
                 {"url": f"http://127.0.0.1:{port}", "system": "1"})
-    timeout_s = 2
-    host, resource = switch_of(tmp_path, backend=backend, timeout=f"{timeout_s}s", **settings)
+    timeout_s = 4 * BYTE_EVERY_S  # (a byte comes well within each read's share of it)
+    host, resource = switch_of(tmp_path, backend=backend, timeout=f"{timeout_s:g}s", **settings)
     began = time.monotonic()
     with pytest.raises(OperationError) as late:
         power.devloop_power(host, resource, "on")
     took = time.monotonic() - began
-    assert "within 2s" in str(late.value) and "did not answer" in str(late.value), late.value
+    assert f"within {timeout_s:g}s" in str(late.value) and "did not answer" in str(late.value), late.value
     assert 0.95 * timeout_s <= took <= 1.6 * timeout_s, took
     if backend == "redfish":
         assert late.value.changed is False  # it was reading the system (a GET): nothing was switched

@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Coordinator, Exporter, Proc, lab_tokens, wait_for
+from conftest import WAIT_S, Coordinator, Exporter, Proc, lab_tokens, wait_for
 from device_loop.client.accounts import parse_account
 from device_loop.client.job_cgroups import FOLDER_PREFIX, CgroupsUnavailable, JobCgroups
 from device_loop.client.local_run import LocalCommand
 from device_loop.core.cgroups import Cgroup, own_cgroup
 from helpers import device_loop_for_anyone, importable_by_anyone, open_folder, pid_alive, unused_uids, wait_state
 from test_worker import SIM, make_tokens, worker
+import zygote
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
 
@@ -135,14 +136,21 @@ def test_the_worker_is_not_readable_by_its_own_accounts_children(tmp_path):
         look = "tr '\\\\0' '\\\\n' < /proc/$PPID/environ | grep -c WORKER_SECRET; head -c 1 /proc/$PPID/mem; echo $?"
         print(subprocess.run(["sh", "-c", look], capture_output=True, text=True).stdout)
     """))
+    started: dict[str, subprocess.Popen] = {}
     try:
-        said = {mode: subprocess.run([python, "-I", "-S", str(box / "worker.py"), mode], user=uid, group=uid,
-                                     extra_groups=[], cwd="/", capture_output=True, text=True, timeout=30,
-                                     env={"PATH": os.environ["PATH"], "USER": str(uid), "WORKER_SECRET": "s3"})
-                for mode in ("plain", "private")}
-        assert said["plain"].stdout.split()[0] == "1", said["plain"]
-        assert said["private"].stdout.split() == ["0", "1"], said["private"]
+        for mode in ("plain", "private"):  # (side by side: a Python start each)
+            started[mode] = subprocess.Popen([python, "-I", "-S", str(box / "worker.py"), mode], user=uid, group=uid,
+                                             extra_groups=[], cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True, env={"PATH": os.environ["PATH"], "USER": str(uid),
+                                                             "WORKER_SECRET": "s3"})
+        said = {mode: proc.communicate(timeout=WAIT_S) for mode, proc in started.items()}
+        assert said["plain"][0].split()[0] == "1", said["plain"]
+        assert said["private"][0].split() == ["0", "1"], said["private"]
     finally:
+        for proc in started.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         shutil.rmtree(box)
 
 
@@ -181,13 +189,14 @@ def test_a_starting_worker_removes_what_a_worker_killed_with_its_keeper_left(tmp
 
 
 def test_a_worker_will_not_serve_others_without_an_account_each(tmp_path, env):
-    """Refused before it reaches the coordinator (there is none): each a Python start, run side by side."""
+    """Refused before it reaches the coordinator (there is none), run side by side: root's
+    workers forked from the zygote, those of an account that is not root (which the zygote,
+    root's, cannot fork) a Python start each."""
     uid = str(unused_uids(1)[0])
     env = {**env, "DEVICE_LOOP_COORDINATOR": "http://127.0.0.1:9", "DEVICE_LOOP_TOKEN": "dl_unused"}
     box = open_folder("dl-refusals-")
     # not root (below): it may not switch accounts, and has no cgroup it may use
     as_user = {"user": int(uid), "group": int(uid), "extra_groups": [], "cwd": "/", "env": {**env, "USER": uid}}
-    as_root = [sys.executable, "-m", "device_loop.cli", "worker"]
     try:
         not_root = [str(device_loop_for_anyone(box)), "worker"]
         refusals = {
@@ -200,10 +209,12 @@ def test_a_worker_will_not_serve_others_without_an_account_each(tmp_path, env):
             ("--account", f"alice={uid}"): "--account is for a worker that serves others",
             ("not root", "--users", "alice", "--account", f"alice={int(uid) + 1}"): "CAP_SETUID",
         }
-        started = {args: subprocess.Popen([*not_root, *args[1:]], stderr=subprocess.PIPE, text=True, **as_user)
-                   if args[0] == "not root" else
-                   subprocess.Popen([*as_root, "--once", *args], env=env, stderr=subprocess.PIPE, text=True)
-                   for args in refusals}
+        started, errors = {}, {args: tmp_path / f"refusal-{n}.err" for n, args in enumerate(refusals)}
+        for args in refusals:
+            with open(errors[args], "wb") as stderr:
+                started[args] = (subprocess.Popen([*not_root, *args[1:]], stderr=stderr, **as_user)
+                                 if args[0] == "not root" else
+                                 zygote.popen(["worker", "--once", *args], env, stderr=stderr.fileno()))
         own = subprocess.Popen([*not_root, "--once"], stderr=subprocess.PIPE, text=True, **as_user)
         try:
             warned = own.stderr.readline()
@@ -212,8 +223,8 @@ def test_a_worker_will_not_serve_others_without_an_account_each(tmp_path, env):
             own.kill()
             own.wait()
         for args, said in refusals.items():
-            _, stderr = started[args].communicate(timeout=60)
-            assert started[args].returncode == 2 and said in stderr, (args, stderr)
+            code, stderr = started[args].wait(WAIT_S), errors[args].read_text()
+            assert code == 2 and said in stderr, (args, stderr)
     finally:
         shutil.rmtree(box)
 
@@ -294,9 +305,14 @@ def test_running_another_persons_job_shows_its_commands_asks_first_and_keeps_the
                                                 "run": [said]}}).json()
         ops = {**env, "DEVICE_LOOP_COORDINATOR": coordinator.url, "DEVICE_LOOP_TOKEN": tokens["ops"]}
 
-        def rerun(*args: str, stdin=subprocess.DEVNULL) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, "-m", "device_loop.cli", "run", "--from-job", alices["id"],
-                                   "--json", *args], env=ops, stdin=stdin, capture_output=True, text=True, timeout=60)
+        def rerun(*args: str, stdin: int | None = None) -> subprocess.CompletedProcess:
+            """``device-loop run --from-job`` of alice's job, its standard input ``stdin`` (None: /dev/null)."""
+            out, err = tmp_path / "rerun.out", tmp_path / "rerun.err"
+            with open(out, "wb") as stdout, open(err, "wb") as stderr:
+                ran = zygote.popen(["run", "--from-job", alices["id"], "--json", *args], ops, stdin=stdin,
+                                   stdout=stdout.fileno(), stderr=stderr.fileno())
+            code = ran.wait(WAIT_S)
+            return subprocess.CompletedProcess(ran.args, code, out.read_text(), err.read_text())
 
         def ops_jobs() -> list[dict]:
             return coordinator.api("/jobs", headers={"Authorization": f"Bearer {tokens['ops']}"}).json()

@@ -40,6 +40,10 @@ SRC = Path(__file__).resolve().parent.parent
 BUILT_IN_PLUGINS = ",".join(sorted(e.name for e in entry_points(group=ENTRY_POINT_GROUP)
                                    if e.value.startswith("device_loop.plugins.")))
 os.environ[LOAD_ENV] = BUILT_IN_PLUGINS
+# every process a test starts is unbuffered (own_environment), and a zygote forks only a process
+# whose interpreter settings are its own, which are this process's: without this line, where the
+# shell running ./lab test had not set it (CI), each of them was a Python start of its own
+os.environ["PYTHONUNBUFFERED"] = "1"
 
 
 def _process_with_port(port: int) -> str:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from device_loop.core.ab import abstats
 from device_loop.core.device_exec import exec_on_lease
 from device_loop.core.durations import format_duration, parse_iso
 from device_loop.core.ab.fingerprint import gather, readings, unfit
@@ -360,6 +359,8 @@ class CellRun:
             for _ in range(self.spec.rounds):
                 self._run(Arm.RUN, warmup=False)
             return
+        from device_loop.core.ab import abstats  # (numpy and scipy: an A/B's alone, 0.9 CPU-s to import)
+
         ab = self.spec.ab
         for arm in warmup_arms(ab):
             self._run(arm, warmup=True)
@@ -615,6 +616,8 @@ class CellRun:
         """Whether this cell's runs so far decide every metric, at α split over the looks and,
         in a matrix, over its cells too: the other cells' runs are not here, and the evidence
         adjusts across all of them (docs/architecture.md, "The A/B analysis")."""
+        from device_loop.core.ab import abstats
+
         assert self.report is not None and self.spec.ab is not None
         cells = len(self.spec.matrix.over) if self.spec.matrix else 1
         alpha = abstats.alpha_per_look(self.spec.ab) / cells

@@ -388,7 +388,6 @@ def test_a_module_runs_on_sqlite_only_where_its_sql_is_not_the_point():
 def test_a_process_a_test_starts_in_its_own_environment_is_a_fork_of_the_zygote(tmp_path):
     """What Python reads at its start is the same in a test's environment as in the zygote's
     (this process's): so its coordinators, exporters and CLI calls fork, not start."""
-    import zygote
-    from conftest import own_environment
+    from conftest import own_environment, zygote
 
     assert zygote._interpreter_settings(own_environment(tmp_path)) == zygote._interpreter_settings(os.environ)

@@ -17,7 +17,6 @@ import os
 import random
 import select
 import shutil
-import signal
 import socket
 import threading
 from pathlib import Path
@@ -28,6 +27,7 @@ import tomli_w
 from device_loop.coordinator.serve import default_data_dir
 from device_loop.core.ports import free_port, port_is_free, wait_port_open
 from device_loop.core.process import ProcessRegistry, python_module, start_ticks
+from device_loop.core.stop_signals import on_stop_signals
 from device_loop.core.plugins import PluginSet
 from device_loop.exporter.config import ConfigError, load_config, parse_config, parse_entries
 from device_loop.exporter.run import ConfigRefused
@@ -240,8 +240,7 @@ def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: s
         config = lab_config(data_dir, url, config_path, vms)
     registry.stop_leftovers()
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
-        signal.signal(sig, lambda *_: stop.set())
+    on_stop_signals(lambda signum: stop.set())
 
     run = python_module("device_loop.cli")
     # a token in the caller's shell is for some other lab: this one has none

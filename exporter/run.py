@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import logging
-import signal
 
 import click
 
+from device_loop.core.stop_signals import on_stop_signals
 from device_loop.core.tokens import TokenFileError
 
 from .config import ConfigError, load_config
@@ -35,8 +35,7 @@ def exporter_command(config_path):
         exporter.check_config()  # against the plugins' models, before it logs or serves anything
     except ConfigError as exc:
         raise ConfigRefused(str(exc)) from None
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: exporter.stop())
+    on_stop_signals(lambda signum: exporter.stop())
     logging.getLogger("device_loop.exporter").info(
         "exporter %s -> %s, state in %s", exporter.name, config.exporter.coordinator, config.state_dir)
     exporter.run()

@@ -138,11 +138,13 @@ def close_then_stop(context, coordinator: Coordinator) -> None:
 
 
 def answers_to_page(page, url: str, coordinator: Coordinator) -> list[int]:
-    """Open the no-cors page at ``url`` in ``page``: the statuses the coordinator answered it."""
+    """Open the no-cors page at ``url`` in ``page``: the statuses the coordinator answered it
+    (its POSTs: a request the lab's own page still had under way, a GET of its live updates,
+    may be answered after the listener is on)."""
     statuses = []
 
     def answered(response) -> None:
-        if response.url.startswith(coordinator.url):
+        if response.url.startswith(coordinator.url) and response.request.method == "POST":
             statuses.append(response.status)
     page.on("response", answered)
     page.goto(url)

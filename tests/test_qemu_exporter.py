@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 
 import pytest
 
@@ -18,7 +19,7 @@ from device_loop.exporter.daemon import Exporter as InProcessExporter
 from device_loop.plugins.qemu.config import QemuConfig
 from device_loop.plugins.qemu.kvm import try_kvm
 from device_loop.plugins.qemu.pool import Pool, PoolRefused
-from conftest import wait_for
+from conftest import WAIT_S, wait_for
 from qemu_lab import ENTRY_POINT, with_qemu
 
 pytestmark = pytest.mark.service  # the exporter's start tries KVM: a QEMU run
@@ -208,3 +209,70 @@ def test_the_pool_s_stop_ends_a_vm_a_lease_holds_and_one_being_given_back():
     assert ended == [given_back]
     pool.stop()
     assert ended == [given_back, held], "the VM a lease held is ended with the pool"
+
+
+def _idle_pool(probe):
+    """A pool of one slot with one VM ready (booted by ``take``, given back to ``ready`` as the
+    warm thread would leave it) whose console answers as ``probe(vm, timeout)`` says."""
+    config = QemuConfig.model_validate({"kernel": "/s/k", "instances": 1, "warm": 1}, context={"state_dir": "/s"})
+    made, ended = [], []
+
+    class Stand:
+        id = "stand-in"
+
+        def boot(self, stop=None):
+            return 0.1
+
+        def probe(self, timeout):
+            return probe(self, timeout)
+
+        def end(self):
+            ended.append(self)
+
+    def make():
+        made.append(Stand())
+        return made[-1]
+
+    pool = Pool("vm", config, make=make, memory=lambda: 1 << 20)
+    with pool._changed:
+        pool.booting += 1  # (as the warm thread counts a boot before it)
+    assert pool._boot_one() and pool.counts().ready == 1
+    return pool, made, ended
+
+
+def test_a_lease_that_comes_while_the_warm_vm_is_probed_waits_for_it_and_boots_nothing():
+    """The idle probe takes the warm VM out of ``ready`` while its console answers (under load,
+    seconds): a lease that comes then gets that VM once it answers, not a cold boot."""
+    probed, answer = threading.Event(), threading.Event()
+
+    def probe(vm, timeout):
+        if not probed.is_set():  # (the idle probe's; the lease's own probe answers at once)
+            probed.set()
+            return answer.wait(timeout)
+        return True
+
+    pool, made, ended = _idle_pool(probe)
+    prober = threading.Thread(target=pool._probe_idle)
+    prober.start()
+    probed.wait(WAIT_S)
+    taken: list = []
+    taker = threading.Thread(target=lambda: taken.append(pool.take()))
+    taker.start()
+    # (the Condition's own waiters: the lease's take is in its wait, else it booted one cold)
+    wait_for(lambda: len(made) > 1 or len(pool._changed._waiters) == 1,  # type: ignore[attr-defined]
+             what="the lease waiting for the probe")
+    assert len(made) == 1 and not taken
+    answer.set()
+    prober.join(WAIT_S)
+    taker.join(WAIT_S)
+    assert taken == made == [made[0]] and pool.counts().waits == 0, "the probed VM, and no cold boot"
+    assert ended == []
+
+
+def test_an_idle_vm_is_replaced_only_when_two_probes_in_a_row_go_unanswered():
+    answers = iter([False, True, False, False])
+    pool, made, ended = _idle_pool(lambda vm, timeout: next(answers))
+    for expected_ready in (1, 1, 1, 0):
+        pool._probe_idle()
+        assert pool.counts().ready == expected_ready
+    assert ended == made and pool.counts().replaced == 1, "a miss, an answer, then two misses"

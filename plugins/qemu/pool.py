@@ -5,7 +5,10 @@ A lease takes a warm VM whose console still answers (tens of milliseconds), else
 cold in its own start. A VM comes back only to be ended: the pool then boots a fresh one in
 the background. Limits: never more VMs than ``instances + warm`` for the slot, and never a
 boot while the host has less than the VM's memory and ``HEADROOM_MIB`` available, so a pool
-cannot starve the exporter. An idle VM whose console stops answering is ended and replaced.
+cannot starve the exporter. An idle VM whose console stops answering two probes in a row is
+ended and replaced (one missed answer is a guest starved of CPU as often as a dead one). A lease
+that comes while the only warm VM is out for its probe waits for the probe (milliseconds), never
+for a cold boot (seconds).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ PROBE_S = 10.0  # how often an idle VM's console is asked whether it still answe
 # milliseconds, but a TCG guest on a host whose cores are all busy can take seconds
 TAKE_PROBE_S = 10.0
 IDLE_PROBE_S = 5.0
+IDLE_MISSES = 2  # probes in a row an idle VM's console may leave unanswered before it is replaced
 RETRY_S = (2.0, 60.0)  # a failed background boot is tried again after this, doubling up to the second
 
 
@@ -64,10 +68,13 @@ class Pool:
         self.name, self.config, self.make = name, config, make
         self.memory = memory or available_memory_mib
         self.ready: list[VM] = []
+        self.probing = 0  # idle VMs out of ``ready`` for their probe: a lease waits for them
+        self._missed: dict[VM, int] = {}  # idle VMs whose last probes went unanswered: how many
         self.booting = 0
         self.in_use = 0
         self.boots = self.boot_failures = self.waits = self.replaced = 0
         self.boot_seconds = 0.0
+        self.flushes = 0  # a VM out for its probe when the base changed is ended on its return
         self.last_error = ""  # why the last background boot failed ("" once one succeeded)
         self._changed = threading.Condition()
         self._stop = threading.Event()
@@ -113,6 +120,7 @@ class Pool:
         """End the idle VMs (booted from a base that just changed): the thread boots new ones."""
         with self._changed:
             idle, self.ready = self.ready, []
+            self.flushes += 1
             self._changed.notify_all()
         for vm in idle:
             self._ended(vm)
@@ -127,10 +135,11 @@ class Pool:
         vm.end()
         with self._changed:
             self._live.discard(vm)
+            self._missed.pop(vm, None)
 
     def _room(self) -> str:
         """Why one more VM may not boot now ("" when it may). Called with the lock held."""
-        if self.booting + len(self.ready) + self.in_use >= self.limit:
+        if self.booting + len(self.ready) + self.probing + self.in_use >= self.limit:
             return f"slot {self.name} has its {self.limit} VMs (instances + warm) already"
         available = self.memory()
         if available < self.config.memory + HEADROOM_MIB:
@@ -151,7 +160,7 @@ class Pool:
         probed = time.monotonic()
         while not self._stop.is_set():
             with self._changed:
-                want = len(self.ready) + self.booting < self.config.warm
+                want = len(self.ready) + self.probing + self.booting < self.config.warm
                 room = self._room() if want else ""
                 if not want or room:
                     if room:
@@ -202,7 +211,8 @@ class Pool:
         return True
 
     def _probe_idle(self) -> None:
-        """End the idle VMs whose console no longer answers (the thread boots others)."""
+        """End the idle VMs whose console left ``IDLE_MISSES`` probes in a row unanswered (the
+        thread boots others)."""
         with self._changed:
             idle = list(self.ready)
         for vm in idle:
@@ -210,16 +220,32 @@ class Pool:
                 if vm not in self.ready:  # handed out meanwhile
                     continue
                 self.ready.remove(vm)
-            if vm.probe(IDLE_PROBE_S):
-                with self._changed:
-                    self.ready.append(vm)
-                    self._changed.notify_all()
-                continue
-            log.warning("a VM of slot %s stopped answering its console; replacing it", self.name)
-            self._ended(vm)
+                self.probing += 1
+                flushes = self.flushes
+            answered = vm.probe(IDLE_PROBE_S)
             with self._changed:
-                self.replaced += 1
+                self.probing -= 1
+                flushed = self.flushes != flushes  # (booted from the base that changed meanwhile)
+                before = self._missed.pop(vm, 0)
+                missed = 0 if answered else before + 1
+                keep = not flushed and missed < IDLE_MISSES
+                if keep:
+                    if missed:
+                        self._missed[vm] = missed
+                    self.ready.append(vm)
                 self._changed.notify_all()
+            if keep:
+                if missed:
+                    log.info("a VM of slot %s left its console's probe unanswered; probed again in %g s",
+                             self.name, PROBE_S)
+                continue
+            if not flushed:
+                log.warning("a VM of slot %s stopped answering its console; replacing it", self.name)
+            self._ended(vm)
+            if not flushed:
+                with self._changed:
+                    self.replaced += 1
+                    self._changed.notify_all()
 
     # ---- leases ------------------------------------------------------------------------------
 
@@ -228,7 +254,11 @@ class Pool:
         ``PoolRefused`` when none may boot (memory, the slot's limit); ``VmError`` when it did not boot."""
         while True:
             with self._changed:
+                while not self.ready and self.probing:  # (a probe answers within IDLE_PROBE_S)
+                    self._changed.wait(IDLE_PROBE_S)
                 vm = self.ready.pop(0) if self.ready else None
+                if vm is not None:
+                    self._missed.pop(vm, None)
                 if vm is None:
                     room = self._room()
                     if room:

@@ -196,7 +196,9 @@ def devloop_power(host: HostContext, resource: Resource, action: str) -> PowerRe
     resource config's ``timeout`` (seconds; 30 without one) the exporter fails the
     operation and leaves the call to run. A config model may give ``off_time`` (the
     cycle's default, seconds) and ``console_timeout`` (how long after on the console may
-    stay silent); the exporter reads both from ``resource.config``.
+    stay silent); the exporter reads both from ``resource.config``. A reading whose
+    ``console_follows`` is False (nothing runs whose console could print) ends an on at the
+    switch: the exporter awaits no first byte.
     """
 
 

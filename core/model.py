@@ -219,10 +219,13 @@ class PowerReading:
     uhubctl's port line, a Redfish ``PowerState``), ``None`` when it has no way to read it
     (pdudaemon, a command with no ``status``): then only the device's console can show what
     happened. ``detail``: a short sentence of what it did or read ("outlet 3 of pdu01
-    switched off"), for the operation's result."""
+    switched off"), for the operation's result. ``console_follows``: False when nothing runs
+    now whose console could show the switch (a VM slot between leases): no first byte is
+    then awaited after on, and the reading alone verifies it."""
 
     state: str | None = None  # a PowerState value, or None: not read back
     detail: str = ""
+    console_follows: bool = True
 
     def __post_init__(self) -> None:
         if self.state is not None and self.state not in ("on", "off"):

@@ -175,7 +175,7 @@ class PowerRunner:
         switched = time.monotonic()
         self._read_back(reading, PowerState.ON, observed)
         observed.values["switch_s"] = round(switched - began, 3)
-        if isinstance(watch, ConsoleWatch):
+        if isinstance(watch, ConsoleWatch) and reading.console_follows:
             printed = self._first_byte(watch, mark, switched, _console_timeout(switch), observed, progress,
                                        deadline)
             if printed and quiet and not _typed_since(mark, watch.seen()):
@@ -238,7 +238,7 @@ class PowerRunner:
         self._read_back(on, PowerState.ON, observed, evidence=False)
         if off.state == PowerState.OFF and on.state == PowerState.ON:
             observed.evidence.append("read back from the switch: off, then on")
-        if isinstance(watch, ConsoleWatch):
+        if isinstance(watch, ConsoleWatch) and on.console_follows:
             printed = self._first_byte(watch, mark, switched_on, _console_timeout(switch), observed, progress,
                                        deadline)
             echoed = _typed_since(mark, watch.seen()) and not observed.values.get("console_hung_up")

@@ -334,7 +334,8 @@ class QemuPlugin:
         attached = self.attached.get(resource.device)
         if attached is None:  # between leases: nothing runs, and the next lease boots (or takes) a fresh VM
             return PowerReading("off" if action == "off" else "on",
-                                "no VM between leases: the next lease gets a fresh one, powered on")
+                                "no VM between leases: the next lease gets a fresh one, powered on",
+                                console_follows=False)
         vm = attached.vm
         with self.locks[resource.device]:
             if action == "off" and vm.alive():

@@ -81,6 +81,25 @@ async def test_an_image_over_the_limit_is_refused_while_it_streams(tmp_path):
         assert files(tmp_path) == []
 
 
+async def test_a_file_the_registry_has_no_row_for_is_adopted_then_swept_once_its_pin_is_old(tmp_path):
+    """A file in the registry's folder that no row names (left by an earlier version, or a crash
+    between the file and its row) gets a row pinned now: the sweep leaves it for FILE_PIN_S,
+    then takes it (its SQL differs on each database: a list parameter as rows)."""
+    from device_loop.coordinator.images import FILE_PIN_S
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        await FakeExporter(api, "host-a").beat([device("b0")])
+        await upload(api)
+        left = [hashlib.sha256(b"left %d" % n).hexdigest() for n in range(3)]
+        for sha256 in left:
+            (tmp_path / "images" / sha256).write_bytes(b"left behind")
+        assert await rules.images.sweep_files() == [], "adopted and pinned: nothing taken yet"
+        assert set(left) <= await rules.images.images_sql.image_file_names()
+        clock.advance(FILE_PIN_S + 1)
+        assert sorted(await rules.images.sweep_files()) == sorted(left)
+        assert files(tmp_path) == [SHA], "the uploaded image's file stays"
+
+
 async def test_known_good_images_are_kept_and_the_rest_is_collected(tmp_path):
     async with in_process_lab(tmp_path) as (client, rules, clock):
         alice, bob = client("alice"), client("bob")

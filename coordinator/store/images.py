@@ -43,8 +43,9 @@ class ImageQueries:
         """Files found in the registry's folder without a row of their own (left by an earlier
         version, or a crash): rows for them, pinned ``at``, so the sweep treats them as any other."""
         if sha256s:
+            # (WHERE true: SQLite reads an INSERT ... SELECT's ON CONFLICT as a join's ON without it)
             await self.db.run("INSERT INTO image_files (sha256, pinned_at) SELECT value, :at FROM "
-                              f"({self.db.rows_of('value', 'shas')}) found ON CONFLICT (sha256) DO NOTHING",
+                              f"({self.db.rows_of('value', 'shas')}) found WHERE true ON CONFLICT (sha256) DO NOTHING",
                              at=at, shas=self.db.list_param(sha256s))
 
     async def image_file_names(self) -> set[str]:

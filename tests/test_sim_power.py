@@ -145,8 +145,9 @@ def test_the_banner_comes_on_the_new_pty_and_other_words_change_nothing(lab):
     assert state(board) == "off\n"
     done = looked(board)
     board.switch.write_text("on")  # no newline: the first word is what counts
-    wait_for(lambda: done() and board.powered, what="the board to power on")
-    assert state(board) == "on\n"
+    # (the board says it is on once its banner is written: powered comes first, the state file last)
+    wait_for(lambda: done() and state(board) == "on\n", what="the board to say it is on")
+    assert board.powered
     fd = os.open(board.link, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)  # (pyserial's open would flush it)
     try:
         said, deadline = b"", time.monotonic() + WAIT_S

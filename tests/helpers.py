@@ -268,3 +268,34 @@ def token_lab(tmp_path: Path, env: dict, devices: list[dict], *users: str, scope
         if exporter is not None:
             exporter.stop()
         coordinator.stop()
+
+
+class Piped:
+    """``device-loop ARGS`` in a process of its own (forked from the zygote) as much of a
+    ``subprocess.Popen`` as the tests use: its standard input ``stdin`` (None: /dev/null), its
+    standard output and error the descriptors ``stdout`` and ``stderr`` where given, else pipes
+    read through ``.stdout`` and ``.stderr`` (bytes). ``close()`` kills it if it still runs."""
+
+    def __init__(self, argv: list[str], env, stdin: int | None = None, stdout: int | None = None,
+                 stderr: int | None = None):
+        out_read, out_write = os.pipe() if stdout is None else (None, stdout)
+        err_read, err_write = os.pipe() if stderr is None else (None, stderr)
+        try:
+            self.process = zygote.popen(argv, env, stdin=stdin, stdout=out_write, stderr=err_write)
+        finally:
+            for read, write in ((out_read, out_write), (err_read, err_write)):
+                if read is not None:
+                    os.close(write)
+        self.stdout = open(out_read, "rb") if out_read is not None else None
+        self.stderr = open(err_read, "rb") if err_read is not None else None
+
+    def __getattr__(self, name: str):  # poll, wait, send_signal, kill, pid, returncode
+        return getattr(self.process, name)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(WAIT_S)
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()

@@ -15,7 +15,7 @@ import threading
 import pytest
 
 from conftest import WAIT_S, Coordinator, Exporter, own_environment, wait_for
-from helpers import pid_alive, wait_state
+from helpers import Piped, pid_alive, wait_state
 import zygote
 from device_loop.cli import main as cli_main
 from device_loop.client import Lab
@@ -71,21 +71,19 @@ def cli(env, *args: str) -> subprocess.CompletedProcess:
 
 
 class Running:
-    """``device-loop ARGS`` running in a process of its own (forked from the zygote), its
-    output in files of ``folder``; killed on the way out if it still runs."""
+    """``device-loop ARGS`` running in a process of its own (forked from the zygote: ``Piped``),
+    its output in files of ``folder``; killed on the way out if it still runs."""
 
     def __init__(self, env, folder, *args: str):
         self.out, self.err = folder / "cli.out", folder / "cli.err"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.process = zygote.popen(list(args), env, stdout=out.fileno(), stderr=err.fileno())
+            self.process = Piped(list(args), env, stdout=out.fileno(), stderr=err.fileno())
 
     def __enter__(self) -> "Running":
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(WAIT_S)
+        self.process.close()
 
     def ended(self) -> tuple[int, str, str]:
         """Its exit status, standard output and standard error, once it ended."""

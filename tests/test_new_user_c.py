@@ -27,9 +27,8 @@ from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from conftest import SRC, WAIT_S, Coordinator, wait_for
-from helpers import reserve, run_cli, uart_exchange, wait_active, wait_state
+from helpers import Piped, reserve, run_cli, uart_exchange, wait_active, wait_state
 from lab_in_process import FakeExporter, device
-import zygote
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 BOB = {"X-Device-Loop-User": "bob"}
@@ -52,36 +51,6 @@ def read_until(stream, marker: bytes, timeout: float = 20) -> bytes:
 
 def tickets(env, url) -> list[dict]:
     return json.loads(run_cli(env, url, "tickets", "--json").stdout)
-
-
-class Piped:
-    """``device-loop ARGS`` in a process of its own (forked from the zygote) as much of a
-    ``subprocess.Popen`` as the tests use, its standard input ``stdin`` (None: /dev/null), its
-    standard output (unless ``stdout`` is given) and error pipes, read through ``stdout`` and
-    ``stderr`` (bytes)."""
-
-    def __init__(self, argv: list[str], env, stdin: int | None = None, stdout: int | None = None):
-        err_read, err_write = os.pipe()
-        out_read, out_write = os.pipe() if stdout is None else (None, stdout)
-        try:
-            self.process = zygote.popen(argv, env, stdin=stdin, stdout=out_write, stderr=err_write)
-        finally:
-            os.close(err_write)
-            if out_read is not None:
-                os.close(out_write)
-        self.stdout = open(out_read, "rb") if out_read is not None else None
-        self.stderr = open(err_read, "rb")
-
-    def __getattr__(self, name: str):  # poll, wait, send_signal, kill, pid, returncode
-        return getattr(self.process, name)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(WAIT_S)
-        for stream in (self.stdout, self.stderr):
-            if stream is not None:
-                stream.close()
 
 
 @contextlib.contextmanager

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from device_loop.exporter.config import ConfigError, parse_config, parse_entries
 from device_loop.plugins.qemu import vm
 from device_loop.plugins.qemu.config import QemuConfig, host_memory_mib
+from device_loop.plugins.qemu import kvm
 from device_loop.plugins.qemu.isa import isa_tags
 from device_loop.plugins.qemu.kvm import MARKER, boot_sector
 
@@ -99,9 +103,24 @@ def test_the_cpu_model_and_machine_default_per_architecture_with_their_isa_tags(
     assert "sve" not in isa_tags("aarch64", "cortex-a72") and isa_tags("x86_64", "qemu64") == ()
 
 
-def test_the_kvm_try_boots_a_sector_that_prints_its_marker():
+@pytest.mark.service  # (it runs as and ld)
+def test_the_kvm_try_boots_the_sector_its_source_makes(tmp_path):
+    """kvm.py's bytes are kvm_try.S assembled as its header says (binutils: ./lab test installs it)."""
     sector = boot_sector()
     assert len(sector) == 512 and sector.endswith(b"\x55\xaa") and MARKER in sector
+    source = Path(kvm.__file__).with_name("kvm_try.S")
+    assert shutil.which("as") and shutil.which("ld"), "binutils (as, ld) is not installed: ./lab test installs it"
+    subprocess.run(["as", "--64", "-o", tmp_path / "t.o", source], check=True)
+    subprocess.run(["ld", "-Ttext=0x7c00", "-e", "_start", "--oformat", "binary", "-o", tmp_path / "t.bin",
+                    tmp_path / "t.o"], check=True)
+    assert (tmp_path / "t.bin").read_bytes() == sector
+
+
+def test_a_kvm_try_s_output_says_where_its_guest_stopped():
+    assert kvm.stopped_at(b"rplc") == "at cmpxchg16b (after cpuid)"
+    assert kvm.stopped_at(b"") == "at real mode (it printed nothing)"
+    assert kvm.stopped_at(b"rpx") == "at long mode with paging (after protected mode)"
+    assert kvm.stopped_at(b"rplcxis") == "before its marker"
 
 
 def test_a_pinned_host_key_longer_than_an_endpoint_carries_is_refused_for_a_slot_and_a_board(tmp_path):

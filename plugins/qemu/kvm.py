@@ -1,10 +1,13 @@
 """Whether KVM works on this host: tried, never assumed (docs/architecture.md, "Virtual devices").
 
 A ``/dev/kvm`` that opens proves little: under a nested hypervisor QEMU may start with
-``-accel kvm`` and die at the guest's first MSR or ``xrstor``. So the exporter boots a tiny
-guest once, with the CPU model a KVM slot would use (``host``): a 512-byte boot sector that
-prints a marker on the serial port and halts. KVM works only if the marker comes within
-the timeout. The answer is kept for the exporter's run.
+``-accel kvm``, run real mode, and die at the guest's first MSR, ``cmpxchg16b`` or ``xrstor``.
+So the exporter boots a tiny guest once, with the CPU model a KVM slot would use (``host``):
+one boot sector (``kvm_try.S``) that walks the steps a Linux kernel takes early (protected
+mode, an MSR write, long mode with paging, cpuid, cmpxchg16b, an interrupt, xsave/xrstor),
+printing a letter on the serial port after each, then a marker. KVM works only if the marker
+comes within the timeout; otherwise the letters say where the guest stopped. The answer is
+kept for the exporter's run.
 """
 from __future__ import annotations
 
@@ -18,20 +21,42 @@ from device_loop.plugin import HostContext, find_program, last_lines
 
 MARKER = b"DEVLOOP-KVM-OK"
 TRY_TIMEOUT_S = 10.0
+# what QEMU writes when KVM cannot run the guest's next instruction (it then pauses, alive)
+KVM_FAILED = ("KVM internal error", "emulation failure")
 
-# real mode, loaded at 0x7c00: ds = 0; si = the marker; each byte out to COM1 (0x3f8); then halt for good
-_CODE = bytes([0x31, 0xC0, 0x8E, 0xD8, 0xFC,  # xor ax,ax; mov ds,ax; cld
-               0xBA, 0xF8, 0x03,              # mov dx,0x3f8
-               0xBE, 0x17, 0x7C,              # mov si,0x7c17 (the marker, below)
-               0xAC, 0x84, 0xC0, 0x74, 0x03,  # lodsb; test al,al; jz +3
-               0xEE, 0xEB, 0xF8,              # out dx,al; jmp lodsb
-               0xFA, 0xF4, 0xEB, 0xFD])       # cli; hlt; jmp hlt
+# kvm_try.S assembled (its header says how; a test checks the two agree), without the zeros
+# before the boot signature
+_CODE = bytes.fromhex(
+    "fa31c08ed88ec08ed0bc007cbaf803b072ee660f0116487d0f20c06683c8010f22c066ea2a7c0000080066b810008ed8"
+    "8ec08ed0b070eebf0010000031c0b9000c0000f3abc7050010000003200000c7050020000003300000c7050030000083"
+    "0000000f20e083c8200f22e0b8001000000f22d8b9800000c00f320d000100000f300f20c00d000000800f22c0ea947c"
+    "0000180066baf803b06cee31c00fa266baf803b063ee31c031d231db31c9480fc70c250040000066baf803b078ee0f01"
+    "1c258e7d0000cc66baf803b069ee0f20e0480d000604000f22e031c9b80300000031d20f01d10fae2425005000000fae"
+    "2c250050000066baf803b073ee488d350e000000ac84c07403eeebf8faf4ebfc48cf4445564c4f4f502d4b564d2d4f4b"
+    "000f1f80000000000000000000000000ffff0000009acf00ffff00000092cf00ffff0000009aaf001f00287d00000000"
+    "00000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000107d"
+    "1800008e000000000000000000003f004e7d")
+
+# the letter the guest prints after each step (kvm_try.S), in order
+STEPS = (("r", "real mode"), ("p", "protected mode"), ("l", "long mode with paging"), ("c", "cpuid"),
+         ("x", "cmpxchg16b"), ("i", "an interrupt (int3)"), ("s", "xsave/xrstor"))
 
 
 def boot_sector() -> bytes:
-    """The try's whole disk: code, marker, the boot signature."""
-    body = _CODE + MARKER + b"\0"
-    return body + bytes(510 - len(body)) + b"\x55\xaa"
+    """The try's whole disk: code and marker, zeros, the boot signature."""
+    return _CODE + bytes(510 - len(_CODE)) + b"\x55\xaa"
+
+
+def stopped_at(serial: bytes) -> str:
+    """Where a try's guest stopped, from the letters it printed: "at cmpxchg16b (after cpuid)"."""
+    done = 0
+    for letter, _ in STEPS:
+        if serial[done:done + 1] != letter.encode():
+            break
+        done += 1
+    if done == len(STEPS):
+        return "before its marker"
+    return f"at {STEPS[done][1]}" + (f" (after {STEPS[done - 1][1]})" if done else " (it printed nothing)")
 
 
 @dataclass(frozen=True)
@@ -62,17 +87,24 @@ def try_kvm(host: HostContext, accel: str = "kvm", timeout_s: float = TRY_TIMEOU
     proc = host.processes.spawn(argv, name=f"qemu-{accel}-try", job=True)
     deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline and proc.alive():
+        while time.monotonic() < deadline and proc.alive() and not _kvm_failed(proc.output()):
             if MARKER in _read(out):
                 return KvmVerdict(True, f"a guest ran under -accel {accel}")
             time.sleep(0.05)
-        if MARKER in _read(out):
+        serial = _read(out)
+        if MARKER in serial:
             return KvmVerdict(True, f"a guest ran under -accel {accel}")
-        said = last_lines(proc.output(), 2, 200)
-        return KvmVerdict(False, f"a guest under -accel {accel} did not run "
-                                 f"({'exited: ' + said if not proc.alive() else f'nothing within {timeout_s:g}s'})")
+        said = proc.output()
+        how = ("QEMU said: " + next(line for line in said.splitlines() if _kvm_failed(line))[:120]
+               if _kvm_failed(said) else "exited: " + last_lines(said, 2, 200) if not proc.alive()
+               else f"nothing more within {timeout_s:g}s")
+        return KvmVerdict(False, f"a guest under -accel {accel} did not run: it stopped {stopped_at(serial)}; {how}")
     finally:
         proc.stop(grace=1.0)
+
+
+def _kvm_failed(said: str) -> bool:
+    return any(words in said for words in KVM_FAILED)
 
 
 def _read(path: Path) -> bytes:

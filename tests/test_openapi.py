@@ -352,7 +352,7 @@ def seed(api: requests.Session) -> dict[str, list]:
 
 
 @pytest.mark.timeout(480)  # a safety net: some 45 CPU-s in this process, 88 s beside the other tests
-# (./lab test runs four at once), 155 s with two busy loops beside them too
+# (./lab test runs five at once), 155 s with two busy loops beside them too
 def test_schemathesis_finds_no_server_error_and_no_answer_off_the_document(database, database_url, tmp_path):
     """schemathesis' run, in this process, against the app a coordinator serves, made as ``device-loop
     coordinator`` makes it (the HTTP server in front of it, uvicorn, is test_hostile_http.py's)."""

@@ -50,8 +50,11 @@ def qemu_processes(state_dir: Path) -> dict[int, list[str]]:
 
 
 def vm_folders(state_dir: Path) -> set[str]:
-    run = state_dir / "qemu" / "run"
-    return {p.name for p in run.iterdir()} if run.exists() else set()
+    """The VMs' folders of the moment (none while an exporter's start removes the last run's)."""
+    try:
+        return set(os.listdir(state_dir / "qemu" / "run"))
+    except FileNotFoundError:  # (between a check that it exists and the listing, it may go)
+        return set()
 
 
 class Lab:

@@ -105,3 +105,13 @@ def test_what_a_run_killed_outright_left_the_next_run_stops(tmp_path):
     out, _ = run(nothing).communicate(timeout=90)
     assert "stopping what an earlier test run left running" in out and f"pid {pid}: sleep 600" in out, out
     wait_for(lambda: not running(pid), what="the earlier run's sleep stopped")
+
+
+def test_a_test_s_own_environment_carries_the_run_s_mark(tmp_path):
+    """A process a test starts from ``own_environment`` (which drops the caller's DEVICE_LOOP_
+    settings) still carries the run's mark: a coordinator started the usual way (not forked
+    from a zygote, whose children show the zygote's environment) outlived a run unseen."""
+    from conftest import own_environment
+    from leftovers import MARK
+
+    assert os.environ[MARK] and own_environment(tmp_path)[MARK] == os.environ[MARK]

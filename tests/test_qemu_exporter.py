@@ -17,7 +17,7 @@ from device_loop.core.plugins import LOAD_ENV
 from device_loop.exporter.config import parse_config
 from device_loop.exporter.daemon import Exporter as InProcessExporter
 from device_loop.plugins.qemu.config import QemuConfig
-from device_loop.plugins.qemu.kvm import try_kvm
+from device_loop.plugins.qemu.kvm import MARKER, STEPS, try_kvm
 from device_loop.plugins.qemu.pool import Pool, PoolRefused
 from conftest import WAIT_S, wait_for
 from qemu_lab import ENTRY_POINT, with_qemu
@@ -142,6 +142,9 @@ def test_the_kvm_try_reaches_its_marker_when_the_accelerator_works(tmp_path):
 
     host = HostContext(name="t", state_dir=tmp_path)
     assert try_kvm(host, "tcg").works, "TCG runs the try's guest: the try itself is sound"
+    letters = "".join(letter for letter, _ in STEPS).encode()
+    assert (tmp_path / "qemu" / "tcg-try" / "serial.out").read_bytes().startswith(letters + MARKER), \
+        "the guest prints kvm.py's STEPS in their order (kvm_try.S and kvm.py say the same steps)"
     verdict = try_kvm(host, "kvm")
     assert verdict.works or verdict.reason == "no /dev/kvm" or (
         "did not run: it stopped at " in verdict.reason), verdict

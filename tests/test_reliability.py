@@ -47,9 +47,9 @@ async def test_a_reserve_storm_through_two_processes_grants_each_device_once(two
     assert sorted(single["b0"]) == [201] + [409] * 49, "exactly one lease; every other racer a clean 409"
 
     many = await storm(names[1:], 50)
+    # (only the wrong ones, whole: pytest cuts a long dict's repr, and the wrong ones were in what it cut)
     wrong = {n: sorted(s) for n, s in many.items() if sorted(s) != [201] + [409] * 49}
-    assert not wrong, f"devices whose racers were not one 201 and 49 409s: {wrong}"  # (whole: a dict's repr
-    # is cut short by pytest, and what went wrong is in the devices it cut)
+    assert not wrong, f"devices whose racers were not one 201 and 49 409s: {wrong}"
 
     async with httpx2.AsyncClient(base_url=f"{second.url}/api/v1", timeout=30) as check:
         devices = (await check.get("/devices")).json()

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PR_SET_DUMPABLE = 4
 SPAWNED_BY = "DEVICE_LOOP_SPAWNED_BY"  # in a spawned process's environment: the registry that started it
+DEFAULT_START_TIMEOUT_S = 30.0  # how long a started program gets to listen (the exporter's service_start_timeout_s)
 
 
 def start_ticks(pid: int) -> int | None:
@@ -164,14 +165,17 @@ class Proc:
             pause = min(2 * pause, 0.02)
         return True
 
-    def wait_listening(self, ports: set[int], timeout: float = 5.0, failure_signs: tuple[str, ...] = (),
+    def wait_listening(self, ports: set[int], timeout: float | None = None, failure_signs: tuple[str, ...] = (),
                        paths: AbstractSet[str] = frozenset()) -> str | None:
         """Wait until the process listens on every one of ``ports`` (and unix sockets at ``paths``).
 
         For programs that take a port number (or a path) rather than an inherited socket.
         Returns None once they listen, else why not: it exited, its output shows one of
-        ``failure_signs``, or ``timeout`` ran out (its last line of output, if any).
+        ``failure_signs``, or ``timeout`` ran out (its last line of output, if any). The
+        timeout is the registry's ``start_timeout_s`` unless given: a setting, since a
+        program's start on a loaded host takes many times what it takes on an idle one.
         """
+        timeout = self.registry.start_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while not (ports <= listening_ports(self.pid) and paths <= unix_listening(set(paths))):
             output = self.output()
@@ -193,9 +197,11 @@ class Proc:
 
 
 class ProcessRegistry:
-    """Starts processes and remembers them on disk until they are stopped."""
+    """Starts processes and remembers them on disk until they are stopped; ``start_timeout_s``
+    is how long one gets to listen (``Proc.wait_listening``)."""
 
-    def __init__(self, state_dir: str | os.PathLike):
+    def __init__(self, state_dir: str | os.PathLike, start_timeout_s: float = DEFAULT_START_TIMEOUT_S):
+        self.start_timeout_s = start_timeout_s
         self.dir = Path(state_dir) / "processes"
         self.logs = Path(state_dir) / "logs"
         self.dir.mkdir(parents=True, exist_ok=True)

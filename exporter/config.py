@@ -19,6 +19,7 @@ from device_loop.core import NAME_PATTERN
 from device_loop.core.durations import parse_duration
 from device_loop.core.model import ConfiguredResource, StepKind
 from device_loop.core.plugin_config import Duration, PluginConfig
+from device_loop.core.process import DEFAULT_START_TIMEOUT_S
 from device_loop.core.vocabulary import AutoRecover
 from device_loop.core.protocol import (HOST_PATTERN, MAX_STEPS, MAX_TAGS, Tag, Word, check_device_name,
                                        check_host)
@@ -53,6 +54,8 @@ class ExporterSection(BaseModel):
     token_file: Path | None = None
     image_cache_gib: float = Field(default=20.0, gt=0)
     hook_timeout_s: float = Field(default=DEFAULT_HOOK_TIMEOUT_S, gt=0, le=600)  # discovery and health checks
+    # how long a program a service starts gets to listen (a loaded host starts them many times slower)
+    service_start_timeout_s: float = Field(default=DEFAULT_START_TIMEOUT_S, gt=0, le=3600)
     cdi_dir: Path = DEFAULT_CDI_DIR  # where the leases' CDI specs go (docs/architecture.md, "Containers and CDI")
     # each resource's health schedule and quarantine (docs/architecture.md, "Health that heals")
     health_period: Duration = Field(default=HealthRules.period_s, ge=0.1, le=3600)

@@ -26,6 +26,7 @@ from device_loop.core.host import HostContext
 from device_loop.core.hotplug import watch_hotplug
 from device_loop.core.model import ConfiguredResource, Health, Resource
 from device_loop.core.plugins import PluginSet
+from device_loop.core.process import ProcessRegistry
 from device_loop.core.protocol import EXPORTER_STEPS, DesiredState, Heartbeat
 
 from .cdi import CdiFolder
@@ -58,6 +59,7 @@ class Exporter:
             name=self.name, state_dir=config.state_dir, sysfs_root=section.sysfs_root,
             bind_address=section.bind_address,
             advertise_address=section.advertise_address or section.bind_address,
+            processes=ProcessRegistry(config.state_dir, start_timeout_s=section.service_start_timeout_s),
         )
         # each config entry as written, with what its plugin's model made of it (setup parses them)
         self.entries: list[tuple[Entry, ConfiguredResource | None]] = [(entry, None) for entry in config.entries()]

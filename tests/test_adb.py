@@ -62,6 +62,7 @@ def test_server_lifecycle_with_the_real_adb(tmp_path, adb_env):
         resources = exporter.discover()
         assert exporter.health(resources[0]).status == "ok"
         converge(exporter, desired("8AAY0GCXH"))
+        assert len(exporter.running) == 1, exporter.start_errors
         (run,) = exporter.running.values()
         (endpoint,) = run.service.endpoints
         assert endpoint.kind == "adb" and endpoint.params == {"serial": "8AAY0GCXH"}

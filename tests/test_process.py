@@ -128,3 +128,21 @@ def test_a_process_started_but_never_recorded_is_found_by_the_next_start(tmp_pat
         for proc in (lost, others):
             proc.kill()
             proc.wait()
+
+
+def test_how_long_a_program_gets_to_listen_is_the_exporter_s_setting(tmp_path):
+    from device_loop.core.ports import free_port
+    from device_loop.exporter.config import parse_config
+    from device_loop.exporter.daemon import Exporter
+
+    exporter = Exporter(parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+                                                   "service_start_timeout_s": 0.3}}))
+    registry = exporter.host.processes
+    assert registry.start_timeout_s == 0.3
+    proc = registry.spawn(["sleep", "60"], name="never-listens")
+    try:
+        began = time.monotonic()
+        assert proc.wait_listening({free_port()}) == "no answer within 0.3s"
+        assert time.monotonic() - began >= 0.3
+    finally:
+        proc.stop()

@@ -122,7 +122,7 @@ def devloop_start(host: HostContext, resource: Resource, lease: LeaseRef) -> Ser
                                            "-nopw", "-forever", "-shared", "-quiet", "-noxdamage"],
                                           name=f"x11vnc-{resource.device}-{lease.id}", lease=lease.id)
             service.processes.append(server)
-            failed = server.wait_listening({port} - {0}, timeout=10, paths={private} if private else set())
+            failed = server.wait_listening({port} - {0}, paths={private} if private else set())
             if failed:
                 raise ServiceError(f"x11vnc did not start on display :{value}: {failed}")
             target = f"unix_socket:{private}" if private else f"127.0.0.1:{port}"
@@ -168,7 +168,7 @@ def _web_viewer(host, resource, lease, target: str, service: Service) -> Endpoin
     bridge = host.processes.spawn(["websockify", "--web", str(NOVNC), f"{host.bind_address}:{port}", *towards],
                                   name=f"websockify-{resource.device}-{lease.id}", lease=lease.id)
     service.processes.append(bridge)
-    failed = bridge.wait_listening({port}, timeout=10)
+    failed = bridge.wait_listening({port})
     if failed:
         raise ServiceError(f"websockify did not start: {failed}")
     url = f"http://{host.advertise_address}:{port}/vnc.html?autoconnect=1&resize=scale&path={socket_path}"

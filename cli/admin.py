@@ -68,7 +68,8 @@ def _token_text(made: dict) -> str:
              "(umask 077; cat > ~/.config/device-loop/token)")
     limits = "" if made.get("scope") is None and made.get("band", Band.NORMAL) == Band.NORMAL else (
         f"\n{_token_line(made)}")
-    return f"token {made['id']} for {who}; it is shown this once:\n{made['token']}\nkeep it in {where}{limits}"
+    note = f"\nnote: {made['note']}" if made.get("note") else ""
+    return f"token {made['id']} for {who}; it is shown this once:\n{made['token']}\nkeep it in {where}{limits}{note}"
 
 
 def _tokens_text(rows: list[dict]) -> str:

@@ -375,21 +375,23 @@ def _to_stderr(text: str) -> None:
 
 @click.command("ticket")
 @click.argument("ticket_id", metavar="TICKET")
-@click.option("--wait", is_flag=True, help="follow it to its lease, and that lease until its endpoints are up "
-                                           "(Ctrl-C then cancels a ticket that still waits); a keepalive ticket's "
-                                           "lease is then held as reserve --keepalive holds one")
+@click.option("--claim", is_flag=True, help="claim it now if it is granted (its lease is then yours), keep a "
+                                            "waiting keepalive ticket; without it, reading changes nothing")
+@click.option("--wait", is_flag=True, help="follow it to its lease (claiming it), and that lease until its endpoints "
+                                           "are up (Ctrl-C then cancels a ticket that still waits); a keepalive "
+                                           "ticket's lease is then held as reserve --keepalive holds one")
 @click.option("--timeout", callback=_ttl, help="how long --wait waits  [default: no limit]")
 @json_option
 @lab_command
-def ticket_command(lab: Lab, ticket_id: str, wait: bool, timeout: float | None, as_json: bool):
-    """One of your queue tickets: where it stands, its lease once granted. Reading a granted
-    ticket claims it: its lease is yours from then on."""
+def ticket_command(lab: Lab, ticket_id: str, claim: bool, wait: bool, timeout: float | None, as_json: bool):
+    """One of your queue tickets: where it stands, its lease once granted. Reading it changes
+    nothing: --claim (or --wait) claims a granted one, and its lease is yours from then on."""
     if timeout is not None and not wait:
         raise click.UsageError("--timeout is how long --wait waits: give --wait too")
     started = time.monotonic()
     ticket = lab.ticket(ticket_id)
     if not wait:
-        emit(as_json, ticket.data, ticket_text)
+        emit(as_json, (ticket.claim() if claim else ticket).data, ticket_text)
         return
     if ticket.data.get("keepalive_s"):  # its lease lives while a client keeps it alive: this one, as reserve's
         _hold(ticket, timeout, started, as_json)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from typing import NoReturn
 
@@ -60,6 +61,14 @@ def _lease_of_this_job(lab: Lab, target: str) -> Lease | None:
     return Lease(lab.api, data)  # type: ignore[arg-type]  # (the lease's answer, as `device-loop env` wrote it)
 
 
+def shell_line(words: tuple[str, ...]) -> str:
+    """The shell line ``exec`` runs for its arguments: one argument is a shell line already;
+    several are quoted, each reaching the command as it was given."""
+    if len(words) == 1:
+        return words[0]
+    return shlex.join(words)
+
+
 @click.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("target", metavar="DEVICE|LEASE")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -73,14 +82,16 @@ def exec_command(lab: Lab, target: str, command: tuple[str, ...], timeout_s: flo
     """Run a command on your leased device: device-loop exec DEVICE -- uname -a
 
     It goes through the device's own channel (adb shell, ssh, else its UART console: there
-    stderr comes with stdout); its words are joined by spaces into one shell command line, as
-    ssh does. Prints what it printed and exits with its status; 124 when it outlived
-    --timeout, 75 when the lab failed it (no channel, no prompt, unreachable, switched off).
+    stderr comes with stdout). Several arguments are each passed as given, as docker exec
+    does (exec DEV -- sh -c 'echo hi; exit 3'); one argument is a shell line (exec DEV --
+    'cd /data && ls | wc -l'). Prints what it printed and exits with its status; 124 when it
+    outlived --timeout, 75 when the lab failed it (no channel, no prompt, unreachable,
+    switched off).
     """
     lease = _lease_of_this_job(lab, target) or _my_lease(lab, target)
     words = command[1:] if command[:1] == ("--",) else command
     try:
-        result = lease.exec(" ".join(words), timeout_s, identity_file=identity)
+        result = lease.exec(shell_line(words), timeout_s, identity_file=identity)
     except ExecError as exc:
         if exc.code == ErrorCode.TIMEOUT:
             if as_json:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from typing import NoReturn
@@ -10,7 +9,7 @@ from typing import NoReturn
 import click
 
 from device_loop.core import LIVE_LEASE_STATES
-from device_loop.core.durations import format_duration, parse_iso
+from device_loop.core.durations import format_duration, parse_iso, when_granted
 from device_loop.core.usage import gated
 from device_loop.core.vocabulary import Band, TicketState
 
@@ -101,11 +100,11 @@ def ticket_text(ticket: dict) -> str:
         head += (f", position {ticket['position']}; follow it with 'device-loop ticket {ticket['ticket']} --wait', "
                  f"or cancel it: device-loop cancel {ticket['ticket']}")
         estimate = ticket.get("estimate")
-        head += (f"\n  likely granted {_when(estimate)}: {estimate['basis']}" if estimate else
+        head += (f"\n  likely granted {when_granted(estimate)}: {estimate['basis']}" if estimate else
                  "\n  no device that could serve it is in service now (offline or faulty): no estimate")
     elif ticket["state"] == "granted":
-        head += (f"; claim it by {ticket['claim_by']} (device-loop ticket {ticket['ticket']}), or it passes to the "
-                 "next ticket")
+        head += (f"; claim it by {ticket['claim_by']} (device-loop ticket {ticket['ticket']} --claim), or it passes "
+                 "to the next ticket")
     elif ticket["reason"]:
         head += f" ({ticket['reason']})"
     if ticket["state"] in ("waiting", "granted") and ticket.get("keepalive_s"):
@@ -114,22 +113,13 @@ def ticket_text(ticket: dict) -> str:
     return head + ("\n" + lease_text(lease) if lease else "")
 
 
-def _when(estimate: dict) -> str:
-    """A waiting ticket's estimate in a few words: ``by 14:05Z (14:02Z to 14:31Z)``."""
-    def hm(at: str, later: bool = True) -> str:  # "by" a minute is its end: a time is rounded up to it
-        minute = parse_iso(at) / 60
-        return time.strftime("%H:%MZ", time.gmtime(60 * (math.ceil(minute) if later else math.floor(minute))))
-    return (f"by {hm(estimate['likely_at'])} ({hm(estimate['earliest_at'], later=False)} to "
-            f"{hm(estimate['latest_at'])})")
-
-
 def tickets_text(tickets: list[dict]) -> str:
     if not tickets:
         return "you have no queue tickets"
     return table(["TICKET", "WHO", "STATE", "KIND", "WANTS", "POSITION", "LIKELY", "SINCE", "LEASE"],
                  [[t["ticket"], t["requester"], t["state"], t["kind"] + ("" if t.get("band", Band.NORMAL) == Band.NORMAL
                                                                          else f" {t['band']}"),
-                   t["wants"], str(t["position"] or "-"), _when(t["estimate"]) if t.get("estimate") else "-",
+                   t["wants"], str(t["position"] or "-"), when_granted(t["estimate"]) if t.get("estimate") else "-",
                    t["created_at"], _ticket_lease(t)] for t in tickets])
 
 

@@ -33,6 +33,7 @@ from device_loop.exporter.config import ConfigError, load_config, parse_config, 
 from device_loop.exporter.run import ConfigRefused
 from device_loop.plugins.vnc import NOVNC
 
+from .up_tokens import lab_tokens
 from .up_vms import vm_slots
 
 SIM_CLASS = "sim-board"
@@ -76,12 +77,12 @@ def _prepare_sim_flash(data_dir: Path) -> None:
             target.write_bytes(sim_firmware())
 
 
-def _register_sim_firmware(url: str, exporter, stop: threading.Event) -> str | None:
+def _register_sim_firmware(url: str, exporter, stop: threading.Event, token: str | None) -> str | None:
     """Put the simulated boards' firmware in the registry, known-good for their class, once
-    the boards are registered; None, or why it could not."""
+    the boards are registered (as ``token``'s admin, on a lab with tokens); None, or why it could not."""
     from device_loop.client.http import Coordinator, CoordinatorError
 
-    api = Coordinator(url)
+    api = Coordinator(url, token=token)
     try:
         while not stop.is_set() and exporter.alive():
             if {d["name"] for d in api.get("/devices")} >= set(SIM_NAMES):
@@ -213,14 +214,17 @@ def _claim_data_dir(data_dir: Path) -> None:
 @click.option("--ssh-logins", "ssh_logins", type=click.Path(dir_okay=False, exists=True),
               help="how the coordinator's MCP exec logs in to the ssh boards of --config (device-loop coordinator "
                    "--help)")
+@click.option("--tokens", is_flag=True, help="a lab with tokens, not the trust mode: an admin token is made (kept in "
+                                            "DATA_DIR/admin-token) and printed, to try tokens, scopes and budgets")
 @click.option("--no-vms", is_flag=True, help="start no VM slot, even where QEMU is installed")
 @click.option("--guest-cache", type=click.Path(file_okay=False, path_type=Path), envvar="DEVICE_LOOP_GUEST_CACHE",
               help="where the VM guests' Debian packages are kept (or DEVICE_LOOP_GUEST_CACHE; default "
                    "DATA_DIR/guests)")
-def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: str | None, no_vms: bool,
-               guest_cache: Path | None):
+def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: str | None, tokens: bool,
+               no_vms: bool, guest_cache: Path | None):
     """Start a local lab: coordinator + exporter + simulated boards, and VM slots where QEMU
-    is installed. Ctrl-C stops it."""
+    is installed. Ctrl-C stops it. Anyone on this machine may use it (the trust mode), unless
+    --tokens: then every caller needs a token, and an admin token is printed."""
     data_dir = data_dir.expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     if not port_is_free("127.0.0.1", port):  # before anything starts: its exporter would join that lab
@@ -252,9 +256,15 @@ def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: s
         config_file = data_dir / "exporter.toml"
         config_file.write_text(tomli_w.dumps(config))
         logins = ["--ssh-logins", str(Path(ssh_logins).resolve())] if ssh_logins else []
+        admin_token = None
+        if tokens:  # (made on the database before the coordinator opens it)
+            admin_file, exporter_file = lab_tokens(data_dir, config["exporter"]["name"])
+            admin_token = admin_file.read_text().strip()
+            config["exporter"]["token_file"] = str(exporter_file)
+            config_file.write_text(tomli_w.dumps(config))
+        trust = [] if tokens else ["--single-user"]
         coordinator = registry.spawn(run + ["coordinator", "--data-dir", str(data_dir), "--port", str(port),
-                                            "--single-user", *logins], name="coordinator", die_with_parent=True,
-                                     env=env)
+                                            *trust, *logins], name="coordinator", die_with_parent=True, env=env)
         children.append(coordinator)
         if not wait_port_open("127.0.0.1", port, timeout=20) or not coordinator.alive():
             raise click.ClickException(f"the coordinator did not start:\n{coordinator.output()[-2000:]}")
@@ -262,12 +272,19 @@ def up_command(data_dir: Path, port: int, config_path: str | None, ssh_logins: s
         exporter = registry.spawn(run + ["exporter", "--config", str(config_file)], name="exporter",
                                   die_with_parent=True, env=env)
         children.insert(0, exporter)
-        problem = _register_sim_firmware(url, exporter, stop)
+        problem = _register_sim_firmware(url, exporter, stop, admin_token)
         if problem:
             click.echo(f"note: the simulated boards' firmware is not in the registry: {problem}", err=True)
         devices = ", ".join(d["name"] for d in config["devices"])
         point = "" if port == 7420 else f"export DEVICE_LOOP_COORDINATOR={url}; "
-        click.echo(f"device-loop lab up (single-user trust mode: anyone on this machine may use it)\n"
+        if tokens:
+            point += f"export DEVICE_LOOP_TOKEN=$(cat {data_dir / 'admin-token'}); "
+            mode = "with tokens: every caller needs one"
+            token_line = (f"  admin token  {admin_token}  (kept in {data_dir / 'admin-token'}; make more: device-loop "
+                          f"admin token create NAME [--kind agent] [--scope ...] [--budget ...])\n")
+        else:
+            mode, token_line = "single-user trust mode: anyone on this machine may use it; tokens are ignored", ""
+        click.echo(f"device-loop lab up ({mode})\n{token_line}"
                    f"  coordinator  {url}  (SQLite in {data_dir})\n"
                    f"  web page     {url}/  (live board; /metrics for Prometheus)\n"
                    f"  exporter     {config['exporter']['name']}  devices: {devices}\n"

@@ -412,7 +412,8 @@ class _Run:
                         group.signal(signal.SIGKILL)
                 elif self.lost is not None and cut is None:
                     cut, kill_at = "lost", now + GRACE_S
-                    self.say(f"lab failure: {self.lost}; ending the command")
+                    # (the lab failure itself is said once, as the outcome: with_command.py)
+                    self.say("the lease was lost: ending the command (SIGTERM, then SIGKILL after a grace)")
                     group.signal(signal.SIGTERM)
                 elif deadline is not None and now >= deadline and cut is None:
                     cut, kill_at = "timeout", now + GRACE_S

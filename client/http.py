@@ -18,6 +18,7 @@ from __future__ import annotations
 import getpass
 import http.client
 import json
+import logging
 import os
 import threading
 import time
@@ -25,11 +26,12 @@ import urllib.parse
 import uuid
 from typing import Any
 
-from device_loop.core import API_PREFIX
+from device_loop.core import API_PREFIX, TOKEN_IGNORED_HEADER
 from device_loop.core.tokens import TokenFileError, load_token
 from device_loop.core.errors import ErrorCode
 
 DEFAULT_URL = "http://127.0.0.1:7420"
+log = logging.getLogger("device_loop.client")
 USER_HEADER = "X-Device-Loop-User"
 
 
@@ -72,6 +74,7 @@ class Coordinator:
         self._all: list[http.client.HTTPConnection] = []
         self._all_lock = threading.Lock()
         self._http: Any = None
+        self.token_ignored = False  # the coordinator said it did not use our token (the trust mode)
 
     @property
     def http(self):
@@ -174,6 +177,11 @@ class Coordinator:
         content = response.read()
         if response.will_close:
             self._drop()
+        if response.getheader(TOKEN_IGNORED_HEADER) and not self.token_ignored:
+            self.token_ignored = True  # (said once: logging's last resort writes a warning to stderr)
+            log.warning("device-loop: %s runs in the trust mode (device-loop up) and ignores tokens: yours was not "
+                        "used, and every local caller may do everything (a token's scope and budget do not apply "
+                        "here); a lab with tokens is started with `device-loop up --tokens`", self.url)
         return response.status, content, _retry_after(response.getheader("Retry-After"))
 
     def _drop(self) -> None:

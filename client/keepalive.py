@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 #: Keep-alives a keepalive holds: two may be lost to the network before the lease lapses.
 KEEPALIVES_A_LAPSE = 3
+#: After a keep-alive the network or the coordinator failed, the next try comes this soon (or a
+#: period, if less): a coordinator restarting is back within seconds, and counts its keepalives
+#: from then (docs/architecture.md, "A lab that was away")
+RETRY_S = 1.0
 
 
 def keepalive_period(keepalive_s: float) -> float:
@@ -60,12 +64,15 @@ class KeepAlive:
         self.stop()
 
     def _run(self) -> None:
-        while not self._stopping.wait(self.period):
+        pause = self.period
+        while not self._stopping.wait(pause):
+            pause = self.period
             try:
                 # (each try bounded by the period and the client's own timeout: stop() waits for it)
                 lease = self.lease.keep_alive(timeout=min(self.period, self.lease.api.timeout))
             except CoordinatorError as exc:
                 if exc.status == 0 or exc.status >= 500:  # the network or the coordinator: the next may pass
+                    pause = min(RETRY_S, self.period)
                     continue
                 self._lose(f"{self.lease.id} could not be kept alive: {exc.message}")
                 return

@@ -32,11 +32,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from device_loop.core import LIVE_LEASE_STATES, LIVE_OP_STATES
-from device_loop.core.durations import parse_duration
+from device_loop.core.durations import parse_duration, when_granted
 from device_loop.core.errors import ErrorCode
 
 from .http import Coordinator, CoordinatorError
-from .keepalive import KeepAlive, keepalive_period
+from .keepalive import RETRY_S, KeepAlive, keepalive_period
 
 if TYPE_CHECKING:  # (exec, fingerprints, the answers' types: loaded when used, pydantic is heavy for a short command)
     from device_loop.core.answers import (CdiAnswer, DeviceAnswer, EndpointAnswer, HostAnswer, LeaseAnswer, LogEntry,
@@ -193,7 +193,7 @@ class Lab:
         return [Ticket(self.api, data) for data in self.api.get("/tickets", **({"all": "true"} if everyone else {}))]
 
     def ticket(self, ticket_id: str) -> "Ticket":
-        """One of your tickets (seeing a granted one claims it)."""
+        """One of your tickets, as it stands (reading it claims nothing: ``Ticket.claim``)."""
         return Ticket(self.api, self.api.get(f"/tickets/{ticket_id}"))
 
     def lease(self, lease_id: str) -> "Lease":
@@ -452,21 +452,29 @@ class Ticket:
         return self.data["position"]
 
     def refresh(self, wait_s: float = 0) -> "Ticket":
-        """Fetch it again (this claims a granted one); ``wait_s``: at its first change, or then."""
+        """Read it again (this changes nothing); ``wait_s``: at its first change, or then."""
         self.data = self.api.get(f"/tickets/{self.id}", **({"wait": wait_s} if wait_s else {}))
+        return self
+
+    def claim(self, wait_s: float = 0) -> "Ticket":
+        """Follow it as its requester: a granted ticket is claimed (its lease is yours), a
+        waiting keepalive one is kept; ``wait_s``: at its first change, or then."""
+        # (unkeyed, as a keep-alive is: harmless to repeat, and made every few seconds while it waits)
+        self.data = self.api.post(f"/tickets/{self.id}/claim", {"wait_s": wait_s} if wait_s else {}, keyed=False,
+                                  timeout=self.api.timeout + wait_s)
         return self
 
     def wait(self, timeout: float | None = None, on_change: Callable[["Ticket"], object] | None = None) -> Lease:
         """Block until the ticket is granted (``on_change(ticket)`` at each news, the position
         while it waits); the lease, claimed. Raises ``TicketEnded`` if it is cancelled or its
         grant expired, ``CoordinatorError("timeout")`` after ``timeout`` seconds (it waits on).
-        A keepalive ticket is read at least every third of its keepalive meanwhile (each read
-        keeps it), and its lease must be kept alive from then on: ``with ticket.wait() as lease``."""
+        A keepalive ticket is followed at least every third of its keepalive meanwhile (each
+        ``claim`` keeps it), and its lease must be kept alive from then on: ``with ticket.wait() as lease``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         keepalive = self.data.get("keepalive_s")
         most = 5.0 if not keepalive else min(5.0, keepalive_period(keepalive))
-        while self.state == "waiting":
-            if on_change:
+        while self.state in ("waiting", "granted"):
+            if on_change and self.state == "waiting":
                 on_change(self)
             remaining = 25.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
@@ -474,9 +482,15 @@ class Ticket:
                                                           f"{self.position}); follow it with: device-loop ticket "
                                                           f"{self.id} --wait, or cancel it: device-loop cancel "
                                                           f"{self.id}")
-            self.refresh(wait_s=min(remaining, most))  # (the position may change meanwhile: say it)
-        if self.state == "granted":
-            self.refresh()  # seeing it claims it
+            try:  # (the position may change meanwhile: said at the next turn; a grant is claimed)
+                self.claim(wait_s=min(remaining, most) if self.state == "waiting" else 0)
+            except CoordinatorError as exc:
+                if 0 < exc.status < 500:
+                    raise
+                # the coordinator away (restarting, its database gone a moment): asked again soon;
+                # it counts the ticket's keepalive from when it is back (docs/architecture.md, "A lab
+                # that was away")
+                time.sleep(min(RETRY_S, max(0.0, remaining)))
         if self.data["lease"] is None or self.state not in ("granted", "claimed"):
             raise TicketEnded(self.state, f"{self.id} is {self.state}: {self.data['reason'] or 'no lease'}")
         if on_change:
@@ -500,5 +514,7 @@ def telling_place(say: Callable[[str], object]) -> Callable[[Ticket], None]:
             return
         last[:] = [said]
         where = f"position {ticket.position}" if ticket.state == "waiting" else ticket.state
-        say(f"{ticket.id}: {where} ({ticket.data['kind']}, for a device {ticket.data['wants']})")
+        estimate = ticket.data.get("estimate") if ticket.state == "waiting" else None
+        likely = f"; likely granted {when_granted(estimate)}" if estimate else ""
+        say(f"{ticket.id}: {where} ({ticket.data['kind']}, for a device {ticket.data['wants']}){likely}")
     return tell

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from device_loop.core import API_PREFIX
+from device_loop.core import API_PREFIX, TOKEN_IGNORED_HEADER
 from device_loop.core.errors import ErrorCode
 
 from . import openapi
@@ -145,10 +145,10 @@ def route_handler(call: Call):
             return await _response(call, ctx, await call.run(ctx, args))
 
         if not call.idempotent:
-            return await _response(call, ctx, await call.carry_out(ctx, args))
+            return _told(request, await _response(call, ctx, await call.carry_out(ctx, args)))
         ready = call.ready
-        return await idempotently(request, ctx.caller.name, act,
-                                  None if ready is None else functools.partial(ready, ctx, args))
+        return _told(request, await idempotently(request, ctx.caller.name, act,
+                                                 None if ready is None else functools.partial(ready, ctx, args)))
 
     handle.__name__ = handle.__qualname__ = call.name
     handle.__doc__ = call.doc
@@ -159,6 +159,13 @@ def route_handler(call: Call):
     elif call.body is not None:
         handle = takes_body(call.max_body)(handle)
     return handle
+
+
+def _told(request: Request, response: Response) -> Response:
+    """``response``, saying that the token its request carried was not used, in the trust mode."""
+    if request.app.state.single_user and "authorization" in request.headers:
+        response.headers[TOKEN_IGNORED_HEADER] = "the trust mode: every local caller is the lab's owner"
+    return response
 
 
 async def _response(call: Call, ctx: Ctx, answer: Any) -> Response:

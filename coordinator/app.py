@@ -69,12 +69,17 @@ async def _crash(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _reaper(rules: Rules, stopping: asyncio.Event) -> None:
-    """Reap every ``reaper_interval_s`` until ``stopping``; a pass is never cut in half."""
+    """Reap every ``reaper_interval_s`` until ``stopping``; a pass is never cut in half. The
+    first pass, and the first after the database was lost, begins with ``rules.back()``."""
+    away = True  # (this process just began serving: nobody could reach it before)
     while not stopping.is_set():
         try:
+            if away:
+                await rules.back()
+                away = False
             await rules.reap()
         except DatabaseUnavailable:
-            pass  # the store logged the outage, once; the next pass reaps what this one could not
+            away = True  # the store logged the outage, once; the next pass reaps what this one could not
         except Exception:
             log.exception("reaper pass failed; retrying")
         rules.reap_passes += 1

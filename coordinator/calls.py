@@ -34,11 +34,11 @@ from .job_schemas import (ClaimJobIn, ExecIn, FinishJobIn, JobFilter, JobId, Job
                           SubmitJobIn)
 from .power import power_args
 from .rules import Rules
-from .schemas import (AdminDevice, AdminPowerIn, AdoptIn, CollectIn, DesiredWait, DeviceFilter, DeviceName,
-                      DeviceOperations, DrainIn, FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost, ImageRefIn,
-                      KnownGoodIn, LeaseId, LeaseWait, MarkFaultyIn, MyLeases, NoArgs, OperationIn, OpWait, PowerIn,
-                      PowerSwitch, RenewIn, ReserveIn, RetireIn, TicketFilter, TicketId, TicketWait, TokenId, TokenIn,
-                      TokenSetIn, UartExchangeIn, UploadQuery, split_tags)
+from .schemas import (AdminDevice, AdminPowerIn, AdoptIn, ClaimTicketIn, CollectIn, DesiredWait, DeviceFilter,
+                      DeviceName, DeviceOperations, DrainIn, FlashIn, ForgetIn, HostName, ImageFilter, ImageOfHost,
+                      ImageRefIn, KnownGoodIn, LeaseId, LeaseWait, MarkFaultyIn, MyLeases, NoArgs, OperationIn, OpWait,
+                      PowerIn, PowerSwitch, RenewIn, ReserveIn, RetireIn, TicketFilter, TicketId, TicketWait, TokenId,
+                      TokenIn, TokenSetIn, UartExchangeIn, UploadQuery, split_tags)
 from .who import Who
 
 
@@ -183,7 +183,7 @@ async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer | TicketAnswer:
     the longest), of what needs takes ('any': a virtual machine or an emulator; 'real-hw': a
     board or a simulated one). Answers at once with a lease (state 'pending' until its
     endpoints are up: follow it with lease_status), or, with queue, a ticket when nothing that
-    matches is free (follow it with ticket_status until it holds a lease; with needs 'any' and
+    matches is free (follow it with claim_ticket until it holds a lease; with needs 'any' and
     fallback 'real-hw' it takes a board too after fallback_after_s), or says why not and what
     is free. With keepalive_s the lease lives only while renewed (renew without ttl_s every
     third of it) and a queued ticket while read; with image, a device already running that
@@ -195,10 +195,17 @@ async def reserve(ctx: Ctx, args: ReserveIn) -> LeaseAnswer | TicketAnswer:
 async def ticket_status(ctx: Ctx, args: TicketWait) -> TicketAnswer:
     """A queue ticket: state (waiting, granted, claimed, cancelled, expired), position and an
     estimate of when it is granted (likely_at, earliest_at to latest_at) while waiting, and once
-    granted its lease (seeing it claims it: a grant not seen within the
-    claim window passes to the next ticket). With wait_s, answers at its first change."""
-    return await ctx.rules.scheduler.wait(args.ticket_id, ctx.caller,
-                                          await _until(ctx, args.wait_s), ctx.gone)
+    granted its lease. Reading it changes nothing: a grant is claimed with claim_ticket. With
+    wait_s, answers at its first change."""
+    return await ctx.rules.scheduler.wait(args.ticket_id, ctx.caller, await _until(ctx, args.wait_s), ctx.gone)
+
+
+async def claim_ticket(ctx: Ctx, args: ClaimTicketIn) -> TicketAnswer:
+    """Follow your queue ticket: once granted, claim it (its lease is yours; a grant not
+    claimed within the claim window passes to the next ticket); a waiting keepalive ticket is
+    kept meanwhile. With wait_s, answers at its first change, claimed if granted."""
+    return await ctx.rules.scheduler.wait(args.ticket_id, ctx.caller, await _until(ctx, args.wait_s), ctx.gone,
+                                          claim=True)
 
 
 async def cancel_ticket(ctx: Ctx, args: TicketId) -> TicketAnswer:
@@ -452,7 +459,7 @@ async def beat_job(ctx: Ctx, args: JobId) -> dict[str, Any]:
 
 async def reserve_for_job(ctx: Ctx, args: JobReserveIn) -> LeaseAnswer | TicketAnswer:
     """A lease for one cell of a running job (held by its owner), or a queue ticket of the
-    job's kind when nothing that matches is free: follow it with ticket_status. A retry
+    job's kind when nothing that matches is free: follow it with claim_ticket. A retry
     names the devices it leaves out (exclude)."""
     return await ctx.rules.jobs.reserve(args.job_id, args.cell, args.device, args.device_class, args.tags,
                                         ctx.caller, args.exclude)
@@ -536,6 +543,8 @@ async def create_token(ctx: Ctx, args: TokenIn) -> TokenAnswer:
                              args.kind, args.scope, args.band)
     await rules.admin.record(ctx.caller.name, "token_create", {k: made[k] for k in ("id", "user", "admin", "host",
                                                                                    "kind", "scope", "band")})
+    if ctx.caller.trusted:
+        made["note"] = TRUST_MODE_TOKENS
     return made
 
 
@@ -617,6 +626,11 @@ def _kind_started(args: OperationIn) -> str:
             else POWER_KIND)
 
 
+TRUST_MODE_TOKENS = ("this lab runs in the trust mode (device-loop up): it ignores tokens, so this one's scope and "
+                     "budget bind nobody here (every local caller may do everything); it is used by a lab with "
+                     "tokens on this database: device-loop up --tokens, or device-loop coordinator")
+
+
 # The table: every call, who may make it, and where. Only the ANYONE rows take callers
 # without a token (tests/test_access.py calls every route and tool to hold this table to it).
 # A heartbeat of 1000 devices (the most a report has) with 4 resources each, their services
@@ -643,6 +657,8 @@ CALLS: list[Call] = [
     Call("reserve", USER, reserve, ReserveIn, LeaseAnswer | TicketAnswer, "POST", "/leases", tool=True,
          status=201, idempotent=True, refusals=frozenset({404})),  # a device or an image it names
     Call("ticket_status", USER, ticket_status, TicketWait, TicketAnswer, "GET", "/tickets/{ticket_id}", tool=True),
+    Call("claim_ticket", USER, claim_ticket, ClaimTicketIn, TicketAnswer, "POST", "/tickets/{ticket_id}/claim",
+         tool=True, idempotent=True),
     Call("cancel_ticket", USER, cancel_ticket, TicketId, TicketAnswer, "POST", "/tickets/{ticket_id}/cancel",
          tool=True, idempotent=True),
     Call("my_tickets", USER, my_tickets, TicketFilter, list[TicketAnswer], "GET", "/tickets", tool=True,

@@ -11,7 +11,8 @@ from device_loop.core.vocabulary import DeviceState
 from device_loop.core.answers import (AuditEntry, CandidateAnswer, DeviceAnswer, HostAnswer, LogEntry,
                                       RunningOperation, RunningStep)
 from device_loop.core.errors import ErrorCode
-from .errors import APIError, not_found
+from device_loop.core.suggestions import MAX_COMPARED, did_you_mean
+from .errors import APIError
 from .hidden_paths import hide_paths, hide_paths_in
 from .holders import holder_json
 from .lifecycle import Lifecycle, switched_off
@@ -137,7 +138,7 @@ class Devices:
         """A device as ``who`` sees it (in full if it may see all)."""
         row = await self.devices_sql.device(name)
         if row is None:
-            raise not_found("device", name)
+            raise await self.unknown(name)
         answer = device_json(row, who is not None and who.may_see_all)
         answer["image"] = await self.operations_sql.last_flashed_image(name)
         return answer
@@ -147,17 +148,19 @@ class Devices:
         that may see all)."""
         in_full = who is not None and who.may_see_all
         if await self.devices_sql.device(name) is None:
-            raise not_found("device", name)
+            raise await self.unknown(name)
         return [{"at": iso(e["at"]), "from": e["from_state"], "to": e["to_state"],
                  "cause": e["cause"] if in_full else hide_paths(e["cause"]), "actor": e["actor"]}
                 for e in await self.devices_sql.device_log(name)]
 
     async def unknown(self, name: str) -> APIError:
         """The refusal for a device name nobody knows, with some that exist."""
-        names = await self.devices_sql.device_names(10)
-        hint = f"; known devices: {', '.join(names)}" if names else "; no device is registered yet"
-        return APIError(404, ErrorCode.UNKNOWN_DEVICE, f"unknown device {name!r}{hint} (a configured device that no "
-                                                       "plugin serves is listed by 'device-loop hosts')")
+        names = await self.devices_sql.device_names(MAX_COMPARED)
+        hint = f"; known devices: {', '.join(names[:10])}" + (", ..." if len(names) > 10 else "") if names \
+            else "; no device is registered yet"
+        return APIError(404, ErrorCode.UNKNOWN_DEVICE, f"unknown device {name!r}{did_you_mean(name, names)}{hint} (a "
+                                                       "configured device that no plugin serves is listed by "
+                                                       "'device-loop hosts')")
 
     async def hosts(self, only: str | None = None) -> list[HostAnswer]:
         now = self.life.clock()

@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator
 from device_loop.core import NAME_PATTERN
 from device_loop.core.disk_images import disk_problem
 from device_loop.core.durations import iso
+from device_loop.core.suggestions import MAX_COMPARED, did_you_mean
 
 from device_loop.core.answers import ImageAnswer
 from device_loop.core.errors import ErrorCode
@@ -122,7 +123,9 @@ class Images:
         if not found:
             what = ("has a sha256 starting" if kind == "prefix" else "has the sha256" if kind == "digest"
                     else "is called")
-            raise APIError(404, ErrorCode.UNKNOWN_IMAGE, f"no image {what} {value!r}")
+            hint = did_you_mean(value, await self.images_sql.image_names(MAX_COMPARED)) if kind == "name" else ""
+            raise APIError(404, ErrorCode.UNKNOWN_IMAGE, f"no image {what} {value!r}{hint}; 'device-loop images ls' "
+                                                         "lists them")
         if len(found) > 1:
             raise conflict(ErrorCode.AMBIGUOUS_IMAGE, f"{ref!r} names several images: {_listed(found)}; name one by "
                                                       f"its sha256 (as shown) instead")

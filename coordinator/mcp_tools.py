@@ -155,7 +155,8 @@ def build_mcp(rules) -> MCPServer:
     server = MCPServer("device-loop", version=__version__, instructions=(
         "Reserve lab devices by name or by class and tags, wait until their endpoints are up, talk to them, give "
         "them back. reserve never blocks: poll lease_status (wait_s) until ready; with queue=true it may answer a "
-        "ticket instead: poll ticket_status (wait_s) until it holds a lease. Release what you no longer need."))
+        "ticket instead: follow it with claim_ticket (wait_s) until it holds a lease (ticket_status only reads "
+        "it). Release what you no longer need."))
     for call in TOOLS:
         tool = _tool(rules, call)
         for name in (call.name, *call.aliases):

@@ -93,6 +93,7 @@ class Rules:
                            tokens_sql=TokenQueries(store))
         self.jobs = Jobs(self.life, self.scheduler, self.leases, jobs_sql=JobQueries(store), leases_sql=leases_sql,
                          tickets_sql=tickets_sql, devices_sql=devices_sql)
+        self._lapses = (leases_sql, tickets_sql)  # (forgiven when the lab is back: ``back``)
         self._next_prune = 0.0
         self.reap_passes = 0  # the reaper's passes that ended, failed or not (app.py): tests wait for the first
 
@@ -121,18 +122,33 @@ class Rules:
     def serving_since(self, at: float) -> None:
         self.life.serving_since = at
 
+    async def back(self) -> None:
+        """The lab serves again after a time its clients could not reach it: this process
+        began serving, or its database is back (docs/architecture.md, "A lab that was away").
+        Silence counts from now (hosts' heartbeats, workers' beats), and every keepalive lease
+        and ticket lapses a keepalive from now at the earliest: the lab's own absence is held
+        against no client that kept asking meanwhile."""
+        now = self.life.clock()
+        self.life.serving_since = max(self.life.serving_since, now)
+        leases_sql, tickets_sql = self._lapses
+        async with self.life.store.tx():
+            await leases_sql.forgive_lapses(now)
+            await tickets_sql.forgive_lapses(now)
+
     async def reap(self) -> None:
         """Expire leases (a keepalive lease's client that stopped renewing among them), fail
         allocations that took too long, mark silent hosts offline, take back grants nobody
-        claimed, expire the keepalive tickets nobody asks about any more, grant free devices
-        to tickets a grant did not see, forget old idempotency keys, fail the jobs whose worker was lost; sweep the
-        registry's files, prune old operations and audit entries (as the lab keeps them) when that is due."""
+        claimed, end the grants whose lease ended unclaimed, expire the keepalive tickets nobody
+        asks about any more, grant free devices to tickets a grant did not see, forget old
+        idempotency keys, fail the jobs whose worker was lost; sweep the registry's files, prune
+        old operations and audit entries (as the lab keeps them) when that is due."""
         async with self.life.store.tx():
             now = self.life.clock()
             await self.leases.end_overdue(now, COORDINATOR)
             await self.hosts.mark_silent(now, COORDINATOR)
             await self.scheduler.expire_unclaimed(now, COORDINATOR)
             await self.scheduler.expire_lapsed(now, COORDINATOR)
+            await self.scheduler.end_past_their_lease(now)  # (after both: a grant they end says why)
             await self.idempotency_sql.drop_idempotency_keys_before(now - IDEMPOTENCY_KEPT_S)
         await self.scheduler.grant_wanted()
         await self.jobs.end_silent(self.life.clock(), COORDINATOR)

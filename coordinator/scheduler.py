@@ -30,7 +30,7 @@ from .leases import Leases, describe_want, lease_json, seen_by
 from .lifecycle import Lifecycle
 from .notify import BOARD_KEY, ticket_key
 from .estimates import Cache, Estimates
-from .rows import DeviceFacts, TicketRow
+from .rows import DeviceFacts, LeaseRow, TicketRow
 from .store import Store
 from .who import COORDINATOR, Who
 from .store.devices import DeviceQueries
@@ -281,6 +281,19 @@ class Scheduler:
                                       {"ticket": ticket["id"]})
                 self.life.notify(ticket_key(ticket["id"]), BOARD_KEY)
 
+    async def end_past_their_lease(self, now: float) -> None:
+        """Granted tickets whose lease ended before they were claimed (revoked with its device's
+        retirement, say) end ``cancelled``, saying so: no reader is told "held for you" of a
+        lease that is gone, and a claim of one says why."""
+        for row in await self.tickets_sql.granted_past_their_lease():
+            await self._end_past_its_lease(row, await self.leases_sql.lease(row["lease_id"] or ""), now)
+
+    async def _end_past_its_lease(self, row: TicketRow, lease: LeaseRow | None, now: float) -> None:
+        reason = f"its lease {row['lease_id']} ended before it was claimed" + (
+            f" ({lease['end_reason']})" if lease is not None and lease["end_reason"] else "")
+        if await self.tickets_sql.end_ticket(row["id"], TicketState.CANCELLED, reason, now, (TicketState.GRANTED,)):
+            self.life.notify(ticket_key(row["id"]), BOARD_KEY)
+
     async def expire_lapsed(self, now: float, actor: str) -> None:
         """Keepalive tickets their requesters stopped reading (docs/architecture.md, "Leases that
         live as long as their client"): ``expired``, a waiting one uncounted, a granted one's
@@ -314,14 +327,19 @@ class Scheduler:
         return row
 
     async def status(self, ticket_id: str, who: Who) -> TicketAnswer:
-        """A ticket as its requester sees it; a granted one is claimed by its requester seeing it,
-        and a waiting keepalive one lapses ``keepalive_s`` from now (docs/architecture.md,
-        "Leases that live as long as their client": its requester still asks). Claiming a
-        keepalive ticket's grant keeps its lease alive too (a read of it)."""
+        """A ticket as ``who`` sees it. Reading changes nothing (docs/architecture.md, "Reading
+        is never acting"): a granted ticket stays unclaimed, a keepalive one is not kept."""
+        return await self._json(await self._own(ticket_id, who), who)
+
+    async def claim(self, ticket_id: str, who: Who) -> TicketAnswer:
+        """The ticket followed: a granted one is claimed (its lease is its requester's), and, by
+        its requester alone, a keepalive one is kept: a waiting one lapses ``keepalive_s`` from
+        now, a claimed one's lease too (docs/architecture.md, "Leases that live as long as their
+        client"). Whoever may act on it may claim it (docs/architecture.md, "Who may act on
+        what"); an admin's claim keeps nothing alive."""
         row, caller = await self._own(ticket_id, who), who.name
-        if row["requester"] != caller:  # (an admin looking is not its client asking)
-            return await self._json(row, who)
-        if row["state"] == TicketState.WAITING and row["keepalive_s"] is not None:
+        asking = row["requester"] == caller  # (an admin following it is not its client asking)
+        if row["state"] == TicketState.WAITING and row["keepalive_s"] is not None and asking:
             async with self.store.tx():  # (no wake: the long-poll that reads it would wake itself)
                 await self.tickets_sql.keep_waiting(ticket_id, self.life.clock())
         elif row["state"] == TicketState.GRANTED:
@@ -329,15 +347,9 @@ class Scheduler:
                 now = self.life.clock()
                 lease = await self.leases_sql.lease(row["lease_id"] or "")
                 if lease is None or lease["state"] not in LIVE_LEASE_STATES:
-                    # its lease ended before it was claimed (revoked with its device's retirement, say):
-                    # nothing to offer, and saying "held for you" would be untrue
-                    reason = f"its lease {row['lease_id']} ended before it was claimed" + (
-                        f" ({lease['end_reason']})" if lease is not None and lease["end_reason"] else "")
-                    if await self.tickets_sql.end_ticket(ticket_id, TicketState.CANCELLED, reason, now,
-                                                         (TicketState.GRANTED,)):
-                        self.life.notify(ticket_key(ticket_id), BOARD_KEY)
+                    await self._end_past_its_lease(row, lease, now)
                 elif await self.tickets_sql.claim_ticket(ticket_id, now):
-                    if row["keepalive_s"] is not None and row["lease_id"]:
+                    if row["keepalive_s"] is not None and row["lease_id"] and asking:
                         await self.leases_sql.keep_alive(row["lease_id"], now)
                     await self.life.audit(caller, "ticket_claim", row["granted_device"], row["lease_id"],
                                           {"ticket": ticket_id})
@@ -358,12 +370,16 @@ class Scheduler:
         return ticket_json(row, position, lease, self.life.settings.claim_window_s, estimate)
 
     async def wait(self, ticket_id: str, who: Who, wait_s: float,
-                   gone: Callable[[], Awaitable[None]]) -> TicketAnswer:
-        """Long-poll: the ticket once its state changes (or ``wait_s`` passed)."""
-        first = await self.status(ticket_id, who)
+                   gone: Callable[[], Awaitable[None]], claim: bool = False) -> TicketAnswer:
+        """Long-poll: the ticket once its state changes (or ``wait_s`` passed); with ``claim``,
+        each look is its requester's ``claim`` (a grant seen is claimed), else a ``status``."""
+        def look() -> Awaitable[TicketAnswer]:
+            return self.claim(ticket_id, who) if claim else self.status(ticket_id, who)
+
+        first = await look()
         if not wait_s or first["state"] != TicketState.WAITING:
             return first
-        return await self.life.notifier.long_poll(ticket_key(ticket_id), lambda: self.status(ticket_id, who),
+        return await self.life.notifier.long_poll(ticket_key(ticket_id), look,
                                                   lambda t: t["state"] != TicketState.WAITING, wait_s, gone)
 
     async def cancel(self, ticket_id: str, who: Who) -> TicketAnswer:

@@ -121,7 +121,7 @@ class ReserveIn(NeedsIn):
                             description="any free device with every one of these tags, e.g. [\"rvv\", \"8gb\"] "
                                         f"(at most {MAX_TAGS})")
     queue: bool = Field(default=False, description="when nothing that matches is free, answer with a queue ticket "
-                                                   "(never waits: follow it with ticket_status) instead of a refusal")
+                                                   "(never waits: follow it with claim_ticket) instead of a refusal")
     ttl_s: float | None = Field(default=None, description="the lease's length in seconds, from when it is granted "
                                                           "(at least 1, at most the lab's maximum; default the lab's "
                                                           "default, e.g. 1800; with keepalive_s, the lab's maximum)")
@@ -130,7 +130,7 @@ class ReserveIn(NeedsIn):
         description=f"a keepalive lease: it ends (expired) unless renewed without ttl_s at least every this many "
                     f"seconds ({KEEPALIVE_RANGE_S[0]:g} to {KEEPALIVE_RANGE_S[1]:g}, e.g. 30; renew every third of "
                     "it), so a client that dies frees the device within it; with queue, the ticket likewise lapses "
-                    "unless read (ticket_status) this often. Default: none, the lease lasts its ttl")
+                    "unless followed (claim_ticket) this often. Default: none, the lease lasts its ttl")
     image: str | None = Field(default=None, min_length=1, max_length=128,
                               description="by class, tags or needs: prefer a free device whose last flash wrote this "
                                           "registry image and read it back (its ref 'sha256:...' or its name, 1 to "
@@ -383,6 +383,13 @@ class TicketWait(TicketId):
                           description="long-poll: answer at the ticket's first change (granted, expired, "
                                       "cancelled), or after this many seconds (an MCP call waits 30 s at most), "
                                       "e.g. 25")
+
+
+class ClaimTicketIn(TicketId):
+    wait_s: float = Field(default=0, ge=0, le=MAX_WAIT_S,
+                          description="long-poll, in seconds: answer at the ticket's first change (granted and "
+                                      "then claimed, expired, cancelled), or after this long (0 to 60; an MCP call "
+                                      "waits 30 s at most), e.g. 25")
 
 
 class TicketFilter(Strict):

@@ -30,6 +30,9 @@ OP_PREFIX = "op-"
 #: Where the coordinator's REST API lives: every route of its call table is under it (``coordinator/api.py``),
 #: and the client and the exporter ask there.
 API_PREFIX = "/api/v1"
+#: A coordinator in the trust mode (``device-loop up``) answers a request that carried a token with this header:
+#: the token was not used (every local caller is the lab's owner), and the client says so.
+TOKEN_IGNORED_HEADER = "X-Device-Loop-Token-Ignored"
 #: The event stream (``GET /api/v1/events``) sends at least a keepalive this often.
 EVENTS_KEEPALIVE_S = 15.0
 

@@ -1,5 +1,9 @@
 """Durations as people type them (``90s``, ``30m``, ``2h``, ``1d``) and ISO times."""
+import math
 import re
+import time
+from collections.abc import Mapping
+from typing import Any
 from datetime import datetime, timezone
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -69,3 +73,12 @@ def keepalive_problem(seconds: object) -> str | None:
     else:
         shown = f"{seconds!r}"[:40] if isinstance(seconds, (int, float, str)) else type(seconds).__name__
     return f"a keepalive is {low:g} to {high:g} seconds ({KEEPALIVE_RANGE}, e.g. 30s), not {shown}"
+
+
+def when_granted(estimate: Mapping[str, Any]) -> str:
+    """A waiting ticket's estimate in a few words: ``by 14:05Z (14:02Z to 14:31Z)`` (a time
+    "by" is rounded up to its minute, the earliest down)."""
+    def hm(at: str, later: bool = True) -> str:
+        minute = parse_iso(at) / 60
+        return time.strftime("%H:%MZ", time.gmtime(60 * (math.ceil(minute) if later else math.floor(minute))))
+    return f"by {hm(estimate['likely_at'])} ({hm(estimate['earliest_at'], later=False)} to {hm(estimate['latest_at'])})"

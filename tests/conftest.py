@@ -644,7 +644,9 @@ def vnc_server(display):
 
 @pytest.fixture
 def browser():
-    """Debian's Chromium, driven by Playwright (never ``playwright install``)."""
+    """Debian's Chromium, driven by Playwright (never ``playwright install``). One a test: the
+    sync API holds an event loop in its thread while it is open, which the worker's asyncio
+    tests after it could not run beside."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -50,7 +50,7 @@ EXPECTED = {
     ("POST", "/api/v1/leases/{lease_id}/operations"): "user", ("GET", "/api/v1/devices/{name}/operations"): "anyone",
     ("GET", "/api/v1/ops/{op_id}"): "user", ("POST", "/api/v1/admin/devices/{device}/recover"): "admin",
     ("GET", "/api/v1/tickets"): "user", ("GET", "/api/v1/tickets/{ticket_id}"): "user", ("GET", "/api/v1/whoami"): "user",
-    ("POST", "/api/v1/tickets/{ticket_id}/cancel"): "user", ("GET", "/api/v1/queue"): "anyone",
+    ("POST", "/api/v1/tickets/{ticket_id}/cancel"): "user", ("POST", "/api/v1/tickets/{ticket_id}/claim"): "user", ("GET", "/api/v1/queue"): "anyone",
     ("POST", "/api/v1/leases/{lease_id}/settle"): "user",
     ("POST", "/api/v1/leases/{lease_id}/power"): "user", ("POST", "/api/v1/admin/devices/{device}/power"): "admin",
     ("POST", "/api/v1/admin/devices/{device}/clear-fault"): "admin",

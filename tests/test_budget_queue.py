@@ -51,7 +51,7 @@ async def test_a_spent_tokens_many_tickets_end_together_and_the_next_is_served(t
         assert (await exporter.beat([board("b0"), board("b1")])).status_code == 200  # reclaimed: b0 granted
         spent = rules.store.statements - before
         assert spent <= MANY + 60, f"{spent} statements: an audit entry a ticket ended, and a fixed few besides"
-        assert (await ann.get(f"/tickets/{other['ticket']}")).json()["state"] == "claimed", "the next one is served"
+        assert (await ann.post(f"/tickets/{other['ticket']}/claim")).json()["state"] == "claimed", "the next one is served"
         assert await waiting(rules, "bot") == 0 and await open_tickets(rules, "bot") == 0
         ended = (await agent.get(f"/tickets/{ticket['ticket']}-{MANY - 2}")).json()
         assert ended["state"] == "cancelled" and ended["reason"].startswith("budget: 0 of 1 device-minutes"), ended

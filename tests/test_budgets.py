@@ -176,7 +176,7 @@ async def test_a_ticket_granted_to_a_spent_budget_or_a_narrowed_scope_ends_sayin
         await exporter.beat([board("b0"), board("b1")])  # reclaimed: b0 is free and granted
         ended = (await agent.get(f"/tickets/{ticket['ticket']}")).json()
         assert ended["state"] == "cancelled" and ended["reason"].startswith("budget: 0 of 1 device-minutes"), ended
-        assert (await ann.get(f"/tickets/{other['ticket']}")).json()["state"] == "claimed", "the next one is served"
+        assert (await ann.post(f"/tickets/{other['ticket']}/claim")).json()["state"] == "claimed", "the next one is served"
         assert (await agent.get("/whoami")).json()["live_leases"] == 1, "the refused grant counts no lease"
 
         # a scope an admin narrowed after the ticket was made: its grant is refused as a reserve would be

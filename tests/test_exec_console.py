@@ -9,11 +9,10 @@ import time
 
 import pytest
 
-from conftest import BUILT_IN_PLUGINS, DEFAULT_COORDINATOR_GUARD, Coordinator, Exporter, PtyPair, lab_tokens, wait_for
+from conftest import Coordinator, Exporter, PtyPair, lab_tokens, own_environment, wait_for
 from device_loop.client.lab import Lab
 from device_loop.core import device_exec
 from device_loop.core.device_exec import MAX_COMMAND_BYTES, ExecError, exec_on_lease
-from device_loop.core.plugins import LOAD_ENV
 from helpers import run_cli, wait_state
 
 pytestmark = [pytest.mark.service, pytest.mark.timeout(90)]
@@ -37,13 +36,9 @@ class RealShell:
 
 
 def environment(folder) -> dict:
-    """What conftest's ``env`` gives a test, for a lab the tests of this module share."""
-    home = folder / "home"
-    home.mkdir()
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_")}
-    return {**environ, "HOME": str(home), "XDG_DATA_HOME": str(home / "data"), "XDG_STATE_HOME": str(home / "state"),
-            "DEVICE_LOOP_USER": "alice", "DEVICE_LOOP_COORDINATOR": DEFAULT_COORDINATOR_GUARD.url,
-            "PYTHONUNBUFFERED": "1", LOAD_ENV: BUILT_IN_PLUGINS}
+    """What conftest's ``env`` gives a test (``own_environment``: the run's mark kept, so what it
+    starts is looked for at the end of the run), for a lab the tests of this module share."""
+    return own_environment(folder)
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +138,13 @@ def test_the_cli_exits_with_the_command_s_status(console_lab):
     answer = json.loads(run_cli(alice, url, "exec", "sb", "--json", "--", "uname", "-m").stdout)
     assert answer == {"stdout": "riscv64\n", "stderr": "", "status": 0, "channel": "console",
                       "elapsed_s": answer["elapsed_s"], "truncated": False}
+    # several arguments reach the command each as given (as docker exec passes them); one is a shell line
+    given = run_cli(alice, url, "exec", "realsh", "--", "sh", "-c", "echo hi; exit 3", check=False)
+    assert (given.stdout.replace("\r", ""), given.returncode) == ("hi\n", 3), given
+    assert run_cli(alice, url, "exec", "realsh", "--", "echo", "$HOME", "a  b").stdout.replace("\r", "") \
+        == "$HOME a  b\n"
+    line = run_cli(alice, url, "exec", "realsh", "--", "echo one; echo two", check=False)
+    assert line.stdout.replace("\r", "") == "one\ntwo\n"
     endless = run_cli(alice, url, "exec", "sb", "--timeout", "1s", "--", "run-workload", "--cost", "1000", check=False)
     assert endless.returncode == 124 and "did not end within 1s" in endless.stderr
     refused = run_cli(alice, url, "exec", "nowhere", "--", "true", check=False)

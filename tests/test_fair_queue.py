@@ -60,7 +60,7 @@ async def test_one_requesters_twenty_tickets_do_not_starve_anothers_one(tmp_path
             ticket = await serve_next(rules, exporter, root, lease)
             served.append(ticket["requester"])
             holder = client(ticket["requester"])
-            lease = (await holder.get(f"/tickets/{ticket['id']}")).json()["lease"]
+            lease = (await holder.post(f"/tickets/{ticket['id']}/claim")).json()["lease"]
             root = holder
         assert served == ["ann", "bea", "ann"], "B is served second"
         clock.advance(1)
@@ -166,8 +166,9 @@ async def test_a_tickets_place_is_its_place_on_the_board_in_a_mixed_queue(tmp_pa
 
 
 async def test_a_grant_whose_lease_ended_before_it_was_claimed_is_not_offered(tmp_path):
-    """A granted ticket whose lease an admin ended (a device retired with force) says so when
-    its requester reads it, never "held for you" with a lease that is gone."""
+    """A granted ticket whose lease an admin ended (a device retired with force) ends at the
+    reaper's next pass, or at its claim if that comes first, saying why: never "held for you"
+    with a lease that is gone."""
     async with in_process_lab(tmp_path) as (client, rules, clock):
         ann, root = client("ann"), client("root")
         exporter = FakeExporter(root, "host-a")
@@ -178,6 +179,16 @@ async def test_a_grant_whose_lease_ended_before_it_was_claimed_is_not_offered(tm
         await exporter.beat([board("r0")])  # its reclaim done: r0 goes to ann's ticket
         assert (await root.get("/tickets", params={"all": "true"})).json()[0]["state"] == "granted"
         assert (await root.post("/admin/devices/r0/retire", json={"force": True})).status_code == 200
+        await rules.reap()  # (its next pass ends such a grant; a claim before it would)
         seen = (await ann.get(f"/tickets/{ticket['ticket']}")).json()
         assert seen["state"] == "cancelled" and "ended before it was claimed" in seen["reason"], seen
         assert seen["lease"]["state"] == "revoked"
+        # the same, told by the claim that comes before the reaper's pass
+        await exporter.beat([board("r1")])
+        held = (await root.post("/leases", json={"device": "r1"})).json()
+        ticket = (await ann.post("/leases", json={"device": "r1", "queue": True})).json()
+        await root.post(f"/leases/{held['id']}/release")
+        await exporter.beat([board("r1")])
+        assert (await root.post("/admin/devices/r1/retire", json={"force": True})).status_code == 200
+        claimed = (await ann.post(f"/tickets/{ticket['ticket']}/claim")).json()
+        assert claimed["state"] == "cancelled" and "ended before it was claimed" in claimed["reason"], claimed

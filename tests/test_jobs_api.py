@@ -100,7 +100,7 @@ async def test_a_queued_ticket_of_a_job_is_granted_and_ends_with_the_job(tmp_pat
         await api.post(f"/leases/{mine['id']}/release")
         await exporter.beat([device("b0")])  # reclaimed: the ticket is granted the device
         assert (await api.post(f"/jobs/{job['id']}/beat")).status_code == 200  # (and claims the grant)
-        granted = (await api.get(f"/tickets/{ticket['ticket']}")).json()
+        granted = (await api.post(f"/tickets/{ticket['ticket']}/claim")).json()
         assert granted["state"] == "claimed" and granted["lease"]["device"] == "b0"
         cancelled = (await api.post(f"/jobs/{job['id']}/cancel")).json()
         assert cancelled["state"] == "cancelled" and cancelled["reason"] == "cancelled by alice"

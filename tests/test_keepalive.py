@@ -103,7 +103,7 @@ async def test_nan_and_infinity_are_a_clear_422(tmp_path):
             assert refused.status_code < 500
 
 
-async def test_a_keepalive_ticket_lapses_unless_read_and_its_grant_is_a_keepalive_lease(tmp_path):
+async def test_a_keepalive_ticket_lapses_unless_followed_and_its_grant_is_a_keepalive_lease(tmp_path):
     async with in_process_lab(tmp_path, **SETTINGS) as (client, rules, clock):
         alice, bob, carol = client("alice"), client("bob"), client("carol")
         exporter = FakeExporter(alice, "host-a")
@@ -112,9 +112,10 @@ async def test_a_keepalive_ticket_lapses_unless_read_and_its_grant_is_a_keepaliv
         asked = (await bob.post("/leases", json={"device": "b0", "queue": True, "keepalive_s": 30})).json()
         forgotten = (await carol.post("/leases", json={"device": "b0", "queue": True, "keepalive_s": 30})).json()
         assert (asked["state"], asked["keepalive_s"]) == ("waiting", 30)
-        for _ in range(3):  # bob reads his ticket every 20 s; carol never does
+        for _ in range(3):  # bob follows his ticket every 20 s; carol only reads hers (a GET keeps nothing)
             clock.advance(20)
-            assert (await bob.get(f"/tickets/{asked['ticket']}")).json()["state"] == "waiting"
+            assert (await bob.post(f"/tickets/{asked['ticket']}/claim")).json()["state"] == "waiting"
+            assert (await carol.get(f"/tickets/{forgotten['ticket']}")).status_code == 200
             await rules.reap()
         lapsed = (await carol.get(f"/tickets/{forgotten['ticket']}")).json()
         assert (lapsed["state"], lapsed["reason"]) == ("expired", "its client stopped asking (keepalive 30s)")
@@ -126,7 +127,7 @@ async def test_a_keepalive_ticket_lapses_unless_read_and_its_grant_is_a_keepaliv
         await alice.post(f"/leases/{held['id']}/release")
         await exporter.beat([device("b0")])  # reclaimed: granted to bob's ticket
         clock.advance(20)
-        granted = (await bob.get(f"/tickets/{asked['ticket']}")).json()  # reading it claims it, and keeps its lease
+        granted = (await bob.post(f"/tickets/{asked['ticket']}/claim")).json()  # claimed, and its lease kept
         lease = granted["lease"]
         assert (granted["state"], lease["keepalive_s"], ahead(lease, "ends_at")) == ("claimed", 30, MAX_TTL_S)
         assert parse_iso(lease["expires_at"]) == pytest.approx(clock() + 30, abs=1), "the claim kept it alive"
@@ -151,7 +152,7 @@ async def test_a_keepalive_grant_nobody_claims_lapses_with_its_lease(tmp_path):
         assert "keepalive 10s" in seen["lease"]["end_reason"], seen["lease"]  # (its lease lapsed in the same pass)
 
 
-async def test_only_its_requester_reading_a_ticket_keeps_it(tmp_path):
+async def test_only_its_requester_following_a_ticket_keeps_it(tmp_path):
     async with in_process_lab(tmp_path, single_user=False, **SETTINGS) as (client, rules, clock):
         tokens = {name: (await issue_token(rules.store, clock, name, admin=name == "root"))["token"]
                   for name in ("ann", "root")}
@@ -164,6 +165,8 @@ async def test_only_its_requester_reading_a_ticket_keeps_it(tmp_path):
         clock.advance(20)
         looked = await root.get(f"/tickets/{asked['ticket']}")  # an admin's look: not its client asking
         assert looked.status_code == 200 and looked.json()["state"] == "waiting"
+        followed = await root.post(f"/tickets/{asked['ticket']}/claim")  # nor an admin following it
+        assert followed.status_code == 200 and followed.json()["state"] == "waiting"
         clock.advance(11)
         await rules.reap()
         assert (await ann.get(f"/tickets/{asked['ticket']}")).json()["state"] == "expired"

@@ -119,7 +119,7 @@ def test_a_keep_alive_is_a_renewal_without_ttl_or_idempotency_key():
     assert api.asked == [("POST", "/leases/lease-1/renew", {}, {"keyed": False, "timeout": 2})]
 
 
-def test_a_keepalive_ticket_is_long_polled_for_a_third_of_its_keepalive_at_most():
+def test_a_keepalive_ticket_is_followed_for_a_third_of_its_keepalive_at_most():
     from device_loop.client.lab import Ticket
 
     waiting = {"ticket": "tk-1", "state": "waiting", "position": 1, "keepalive_s": 6.0, "lease": None}
@@ -127,7 +127,8 @@ def test_a_keepalive_ticket_is_long_polled_for_a_third_of_its_keepalive_at_most(
     api = RecordingApi(waiting, claimed)
     lease = Ticket(api, waiting).wait(timeout=60)  # type: ignore[arg-type]
     assert lease.id == "lease-1"
-    assert [params["wait"] for _, _, params in api.asked] == [2.0, 2.0], api.asked
+    assert [(method, path, body["wait_s"], options["keyed"]) for method, path, body, options in api.asked] == [
+        ("POST", "/tickets/tk-1/claim", 2.0, False)] * 2, api.asked
 
 
 def test_people_are_told_a_ticket_or_a_lease_lives_only_while_followed():

@@ -78,7 +78,7 @@ async def test_an_agent_reserves_talks_and_releases(lab_with_tokens):
         assert names == {"list_devices", "device_info", "reserve", "lease_status", "lease_cdi", "renew", "release",
                          "device_log", "uart_exchange", "list_images", "flash", "flash_status", "recover",
                          "camera_snapshot", "start_operation", "operation_status", "device_operations",
-                         "ticket_status", "cancel_ticket", "my_tickets", "settle", "power", "exec", "fingerprint",
+                         "ticket_status", "claim_ticket", "cancel_ticket", "my_tickets", "settle", "power", "exec", "fingerprint",
                          "submit_job", "job_status", "job_evidence", "whoami", "my_budget", "job_runs", "delete_job"}
         assert (await call(alice, "list_images", device="sim-board-0")) == {"images": []}
         idle = await call(alice, "list_devices", state="idle")
@@ -277,7 +277,8 @@ async def test_a_catastrophic_until_costs_its_wait_and_nothing_more(lab_with_tok
 
 async def test_an_agent_queues_on_a_class_polls_its_ticket_and_gets_the_lease(lab_with_tokens):
     """An agent's tool call never waits: reserve by class with queue answers a batch ticket at
-    once while both boards are held; ticket_status(wait_s) answers at its grant, with the lease."""
+    once while both boards are held; claim_ticket(wait_s) answers at its grant, claimed, with the
+    lease (ticket_status reads it and claims nothing)."""
     coordinator, tokens = lab_with_tokens
     async with agent(coordinator.url, tokens["alice"]) as alice, agent(coordinator.url, tokens["bob"]) as bob:
         held = [await call(alice, "reserve", device=name) for name in ("sim-board-0", "sim-board-1")]
@@ -286,7 +287,7 @@ async def test_an_agent_queues_on_a_class_polls_its_ticket_and_gets_the_lease(la
         waiting = await call(bob, "ticket_status", ticket_id=ticket["ticket"], wait_s=0)
         assert waiting["state"] == "waiting" and waiting["lease"] is None
         await call(alice, "release", lease_id=held[1]["id"])
-        granted = await call(bob, "ticket_status", ticket_id=ticket["ticket"], wait_s=25)
+        granted = await call(bob, "claim_ticket", ticket_id=ticket["ticket"], wait_s=25)
         assert granted["state"] == "claimed" and granted["lease"]["device"] == "sim-board-1", granted
         lease = await call(bob, "lease_status", lease_id=granted["lease"]["id"], wait_s=25, unless="pending")
         assert lease["holder"] == "bob" and lease["state"] == "active"

@@ -109,7 +109,7 @@ async def test_a_ticket_falls_back_to_real_hardware_only_after_its_wait(tmp_path
         clock.advance(2)
         await beat(exporter, vms)
         await rules.reap()
-        granted = (await api.get(f"/tickets/{ticket['ticket']}")).json()
+        granted = (await api.post(f"/tickets/{ticket['ticket']}/claim")).json()
         assert granted["state"] == "claimed" and granted["lease"]["device"] in ("hw0", "sim0"), granted
         clock.advance(1800)
         await beat(exporter, vms + [granted["lease"]])
@@ -141,12 +141,12 @@ async def test_an_aged_ticket_is_granted_where_a_board_becomes_free(tmp_path):
         clock.advance(61)
         await bob.post(f"/leases/{lease['id']}/release")
         await exporter.beat(lab_devices())  # freed after the wait: granted in that transaction
-        granted = (await api.get(f"/tickets/{falls_back['ticket']}")).json()
+        granted = (await api.post(f"/tickets/{falls_back['ticket']}/claim")).json()
         assert granted["state"] == "claimed" and granted["lease"]["device"] == "hw0", granted
         assert (await api.get(f"/tickets/{only_vm['ticket']}")).json()["state"] == "waiting"
         await bob.post(f"/leases/{held['vm0']['id']}/release")
         await exporter.beat(lab_devices())
-        assert (await api.get(f"/tickets/{only_vm['ticket']}")).json()["lease"]["device"] == "vm0"
+        assert (await api.post(f"/tickets/{only_vm['ticket']}/claim")).json()["lease"]["device"] == "vm0"
 
 
 async def test_a_real_hw_ticket_never_takes_a_virtual_device(tmp_path):

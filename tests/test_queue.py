@@ -65,7 +65,7 @@ async def test_a_device_that_is_not_free_is_never_picked(tmp_path):
         ticket = (await api.post("/leases", json={"class": "riscv-sbc", "queue": True})).json()
         assert ticket["state"] == "waiting" and ticket["position"] == 1 and ticket["kind"] == "interactive"
         await free(exporter, [board("sick"), boards[1], boards[2]])  # health back, plugged in again
-        granted = (await api.get(f"/tickets/{ticket['ticket']}")).json()
+        granted = (await api.post(f"/tickets/{ticket['ticket']}/claim")).json()
         assert granted["state"] == "claimed" and granted["lease"]["device"] in ("sick", "gone")
         assert granted["lease"]["device"] != "broken", "needs recovery: never picked"
 
@@ -113,11 +113,11 @@ async def test_people_are_served_before_agents_first_come_first_served_and_aged_
             assert (await api.post(f"/leases/{lease['id']}/release")).status_code == 200
             await free(exporter, [board("d0")])
             granted = [(n, t) for n, t in tickets.items() if n not in served
-                       and (await apis[n.split("-")[0]].get(f"/tickets/{t['ticket']}")).json()["state"] == "claimed"]
+                       and (await apis[n.split("-")[0]].post(f"/tickets/{t['ticket']}/claim")).json()["state"] == "claimed"]
             assert len(granted) == 1, f"turn {turn}: one ticket a free device"
             name, ticket = granted[0]
             served.append(name)
-            lease = (await apis[name.split("-")[0]].get(f"/tickets/{ticket['ticket']}")).json()["lease"]
+            lease = (await apis[name.split("-")[0]].post(f"/tickets/{ticket['ticket']}/claim")).json()["lease"]
             assert lease["state"] in ("pending", "active")
         assert served == ["ann", "bea", "bot1", "bot2", "bot3"], \
             "people first, first come first served; aged batch tickets before a later person's"
@@ -156,7 +156,7 @@ async def test_a_cancelled_ticket_never_gets_a_lease_and_an_unclaimed_grant_pass
         assert expired["state"] == "expired" and "not claimed" in expired["reason"]
         assert expired["lease"]["state"] == "expired"
         await free(exporter, [board("d0")])
-        dave = (await people["dave"].get(f"/tickets/{dave_ticket['ticket']}")).json()
+        dave = (await people["dave"].post(f"/tickets/{dave_ticket['ticket']}/claim")).json()
         assert dave["state"] == "claimed" and dave["lease"]["device"] == "d0"
         assert (await bob.get(f"/tickets/{bob_ticket['ticket']}")).json()["lease"] is None, "cancelled: no lease"
 

@@ -79,7 +79,7 @@ async def test_estimates_hold_their_grant_within_their_range_on_a_scripted_workl
             for row in await rules.scheduler.tickets_sql.tickets_of(None, 100):
                 if row["state"] == "granted":
                     granted[row["id"]] = row["granted_at"]
-                    claimed = (await client(row["requester"]).get(f"/tickets/{row['id']}")).json()
+                    claimed = (await client(row["requester"]).post(f"/tickets/{row['id']}/claim")).json()
                     releases.append((row["granted_at"] + script.pop(), claimed["lease"]["id"], row["requester"]))
 
     first_asked = asks[0][1]

@@ -35,7 +35,7 @@ WALK: dict[str, tuple[dict[str, Any], str | None]] = {
     "heartbeat": ({"name": "host-a"}, None), "desired": ({"name": "host-a"}, None),
     "image_content": ({"name": "host-a", "sha256": "ab"}, None),
     "reserve": ({"device": "b0"}, None), "ticket_status": ({"ticket_id": "t-nope"}, None),
-    "cancel_ticket": ({"ticket_id": "t-nope"}, None), "my_tickets": ({}, None), "queue_board": ({}, None),
+    "claim_ticket": ({"ticket_id": "t-nope"}, None), "cancel_ticket": ({"ticket_id": "t-nope"}, None), "my_tickets": ({}, None), "queue_board": ({}, None),
     "my_leases": ({}, None), "whoami": ({}, None), "lease_status": ({"lease_id": L}, None),
     "lease_cdi": ({"lease_id": L}, None),
     "renew": ({"lease_id": L, "ttl_s": 60}, None), "release": ({"lease_id": L}, None),

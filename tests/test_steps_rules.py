@@ -89,7 +89,7 @@ async def test_steps_run_in_order_as_operations_while_the_device_is_reclaimed(tm
         assert (second["kind"], second["args"], second["step"]) == ("reboot", {}, 1)
         assert (await api.get("/devices/d0")).json()["state"] == "reclaiming"
         await exporter.beat([report], operations=[op_report(second, "done", "prompt seen after 2.1 s")])
-        granted = (await bob.get(f"/tickets/{ticket['ticket']}")).json()
+        granted = (await bob.post(f"/tickets/{ticket['ticket']}/claim")).json()
         assert granted["state"] == "claimed" and granted["lease"]["device"] == "d0", \
             "granted in the report that ended the last step"
         causes = [e["cause"] for e in (await api.get("/devices/d0/log")).json()]

@@ -167,13 +167,13 @@ class QueueLab:
         return status, answer
 
     def claim(self, via: int, ticket: KnownTicket, wait_s: float = 0) -> dict:
-        """Its requester reads the ticket (a granted one is claimed by that)."""
-        response = self.spread.request(via, "GET", f"/tickets/{ticket.id}", user=ticket.user,
-                                       params={"wait": wait_s} if wait_s else None, timeout=wait_s + 30)
+        """Its requester claims the ticket (a granted one is claimed by that; reading it claims nothing)."""
+        response = self.spread.request(via, "POST", f"/tickets/{ticket.id}/claim", user=ticket.user,
+                                       json={"wait_s": wait_s} if wait_s else {}, timeout=wait_s + 30)
         assert response.status_code == 200, response.text
         answer = response.json()
         assert answer["ticket"] == ticket.id and answer["requester"] == ticket.user, answer
-        assert answer["state"] != "granted", f"its requester read it, yet it is not claimed: {answer}"
+        assert answer["state"] != "granted", f"its requester claimed it, yet it is not claimed: {answer}"
         if answer["state"] == "claimed":
             lease = answer["lease"]
             assert lease is not None and lease["holder"] == ticket.user and lease["device"] in self.devices, answer
@@ -463,15 +463,17 @@ class TicketLab(RuleBasedStateMachine):
 
     @rule(pick=st.integers(0, 50), via=VIA)
     def someone_else_reads(self, pick, via):
-        """Another name reads a ticket (in the trust mode, too, a ticket is its requester's:
-        docs/architecture.md, "Who may act on what"): it is told there is none, and a granted
-        one is not claimed by that, only by its requester."""
+        """Another name reads or claims a ticket (in the trust mode, too, a ticket is its
+        requester's: docs/architecture.md, "Who may act on what"): it is told there is none, and
+        a granted one is not claimed by that, only by its requester."""
         ticket = self._ticket(pick)
         if ticket is None:
             return
         other = self.users[(self.users.index(ticket.user) + 1) % 3]
         (before,) = self.db.rows("SELECT state FROM tickets WHERE id = $1", ticket.id)
         response = self.spread.request(via, "GET", f"/tickets/{ticket.id}", user=other)
+        assert response.status_code == 404, response.text
+        response = self.spread.request(via, "POST", f"/tickets/{ticket.id}/claim", user=other)
         assert response.status_code == 404, response.text
         (after,) = self.db.rows("SELECT state FROM tickets WHERE id = $1", ticket.id)
         if before["state"] == "granted":

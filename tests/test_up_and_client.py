@@ -54,6 +54,8 @@ def test_up_serves_sim_boards_and_stops_cleanly_on_ctrl_c(lab, env, tmp_path):
     wait_for(lambda: {"sim-board-0", "sim-board-1", "sim-extra"} <= {
         line.split()[0] for line in run_cli(env, url, "ls").stdout.splitlines()[1:] if "idle" in line},
         what="three idle boards")
+    told = run_cli({**env, "DEVICE_LOOP_TOKEN": "dl_from-another-lab"}, url, "whoami")
+    assert told.stderr.count("ignores tokens") == 1 and "device-loop up --tokens" in told.stderr, told.stderr
     out = run_cli(env, url, "reserve", "sim-extra", "--ttl", "30m", "--wait").stdout
     assert "active" in out and "uart" in out
     port = int(out.split("127.0.0.1:")[1].split()[0])

@@ -160,6 +160,14 @@ async def ticket_status(lab: Lab, key: str | None) -> Started:
     return _polling(lab, lambda: bob.get(f"/tickets/{ticket['ticket']}", params={"wait_s": WAIT_S}))
 
 
+async def claim_ticket(lab: Lab, key: str | None) -> Started:
+    await _lease_b0(lab)
+    bob = lab.client("bob")
+    ticket = (await bob.post("/leases", json={"device": "b0", "queue": True, "keepalive_s": 30})).json()
+    assert ticket.get("state") == "waiting", ticket
+    return _polling(lab, lambda: bob.post(f"/tickets/{ticket['ticket']}/claim", json={"wait_s": WAIT_S}))
+
+
 async def lease_status(lab: Lab, key: str | None) -> Started:
     alice, lease = await _lease_b0(lab, serve=False)  # pending: its services are not up
     return _polling(lab, lambda: alice.get(f"/leases/{lease['id']}", params={"wait": WAIT_S}))
@@ -218,7 +226,8 @@ async def camera_snapshot(lab: Lab, key: str | None) -> Started:
 #: Every call that waits, by name. The calls with a wait_s or timeout_s must all be here (the
 #: test below); fingerprint and camera_snapshot wait on a device without one.
 WAITERS: dict[str, Callable[[Lab, str | None], Awaitable[Started]]] = {
-    "desired": desired, "ticket_status": ticket_status, "lease_status": lease_status,
+    "desired": desired, "ticket_status": ticket_status, "claim_ticket": claim_ticket,
+    "lease_status": lease_status,
     "operation_status": operation_status, "job_status": job_status, "claim_job": claim_job, "exec": exec_command,
     "uart_exchange": uart_exchange, "fingerprint": fingerprint, "camera_snapshot": camera_snapshot,
 }

@@ -168,7 +168,7 @@ async def test_the_board_shows_the_queue_to_anyone_and_their_tickets_to_each(tmp
         offered = section((await who["bob"].get(f"{SITE}/")).text, '<div id="tickets"')
         assert f'data-ticket="{bob["ticket"]}" data-state="granted"' in offered and 'data-act="claim-ticket"' in offered
         assert (await rules.scheduler.tickets_sql.ticket(bob["ticket"]))["state"] == "granted", "the board claims nothing"
-        assert (await who["bob"].get(f"/tickets/{bob['ticket']}")).json()["state"] == "claimed"  # "Take it"
+        assert (await who["bob"].post(f"/tickets/{bob['ticket']}/claim")).json()["state"] == "claimed"  # "Take it"
         board_page = (await who["bob"].get(f"{SITE}/")).text
         assert 'data-device="b0"' in section(board_page, '<div id="mine"')
         assert "data-ticket=" not in board_page, "a claimed ticket: its lease is all there is to see"
@@ -192,7 +192,7 @@ async def test_the_page_offers_a_granted_ticket_and_only_taking_it_claims_it(tmp
         panel = section(elsewhere, '<div id="tickets"')
         assert '<a href="/devices/b0">b0</a> is held for you until' in panel
         assert 'data-act="claim-ticket"' in panel and 'data-act="cancel-ticket"' in panel
-        assert (await who["bob"].get(f"/tickets/{ticket['ticket']}")).json()["state"] == "claimed"  # "Take it"
+        assert (await who["bob"].post(f"/tickets/{ticket['ticket']}/claim")).json()["state"] == "claimed"  # "Take it"
         panel = section((await who["bob"].get(f"{SITE}/devices/b1")).text, '<div id="tickets"')
         assert "Granted: your lease on" in panel and '<a href="/devices/b0">b0</a>' in panel
         assert 'data-act="cancel-ticket"' not in panel

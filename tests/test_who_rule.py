@@ -54,6 +54,7 @@ OWNED: dict[str, tuple[str, dict[str, Any]]] = {
     "exec": ("lease", {"command": "true", "timeout_s": 1}),
     "fingerprint": ("lease", {}),
     "ticket_status": ("ticket", {}),
+    "claim_ticket": ("ticket", {}),
     "cancel_ticket": ("ticket", {}),
     "job_status": ("job", {}),
     "job_evidence": ("job", {}),

@@ -23,9 +23,9 @@ def test_whoami_says_the_scope_and_the_budget_left_and_an_unscoped_caller_is_sai
 
 
 def test_an_estimate_s_times_are_rounded_to_the_minute_they_fall_in_its_end_for_a_by():
-    from device_loop.cli.output import _when
+    from device_loop.core.durations import when_granted
 
-    said = _when({"likely_at": "2026-12-03T15:14:32Z", "earliest_at": "2026-12-03T15:14:02Z",
+    said = when_granted({"likely_at": "2026-12-03T15:14:32Z", "earliest_at": "2026-12-03T15:14:02Z",
                   "latest_at": "2026-12-03T15:20:00Z"})
     assert said == "by 15:15Z (15:14Z to 15:20Z)"  # never "by 15:14Z" for a ticket made at 15:14:32
 

@@ -88,6 +88,7 @@ def test_a_lease_revoked_while_the_command_runs_is_a_lab_failure(lab, env, tmp_p
     status, outcome, err = outcome_of(proc)
     assert (status, outcome["failure"]) == (75, "lab"), err
     assert "device-loop: lab failure: the lease" in err and "revoked" in outcome["reason"]
+    assert err.count("lab failure") == 1, f"said once:\n{err}"
 
 
 @pytest.mark.parametrize("first, ignored", [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False),

@@ -121,11 +121,15 @@ def test_a_queued_wait_says_the_ticket_s_place_each_time_it_changes_and_only_the
 
     said: list[str] = []
     tell = telling_place(said.append)
+    estimate = {"likely_at": "2026-12-08T14:04:10Z", "earliest_at": "2026-12-08T14:02:50Z",
+                "latest_at": "2026-12-08T14:30:01Z", "basis": "..."}
     for state, position in (("waiting", 2), ("waiting", 2), ("waiting", 1), ("granted", None), ("granted", None)):
         tell(Ticket(None, {"ticket": "tk-1", "state": state, "position": position, "kind": "interactive",  # type: ignore[arg-type]
-                           "wants": "of class sim-board"}))
-    assert said == ["tk-1: position 2 (interactive, for a device of class sim-board)",
-                    "tk-1: position 1 (interactive, for a device of class sim-board)",
+                           "wants": "of class sim-board", "estimate": estimate if state == "waiting" else None}))
+    assert said == ["tk-1: position 2 (interactive, for a device of class sim-board); likely granted by 14:05Z "
+                    "(14:02Z to 14:31Z)",
+                    "tk-1: position 1 (interactive, for a device of class sim-board); likely granted by 14:05Z "
+                    "(14:02Z to 14:31Z)",
                     "tk-1: granted (interactive, for a device of class sim-board)"]
 
 

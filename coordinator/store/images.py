@@ -30,6 +30,11 @@ class ImageQueries:
         """Images whose sha256 starts with ``prefix`` (lower-case hex): a few, to name them."""
         return await self.db.rows("SELECT * FROM images WHERE sha256 LIKE :p ORDER BY name LIMIT 5", p=prefix + "%")
 
+    async def image_names(self, limit: int) -> list[str]:
+        """The images' names (the first ``limit``, in order)."""
+        return [r["name"] for r in await self.db.rows("SELECT DISTINCT name FROM images WHERE name IS NOT NULL "
+                                                      "ORDER BY name LIMIT :n", n=limit)]
+
     async def images_named(self, name: str) -> list[ImageRow]:
         """The images called ``name`` (one per target at most)."""
         return await self.db.rows("SELECT * FROM images WHERE name = :n ORDER BY target", n=name)

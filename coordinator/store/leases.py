@@ -141,6 +141,14 @@ class LeaseQueries:
                                     **(hold or {}))
         return renewed is not None
 
+    async def forgive_lapses(self, now: float) -> None:
+        """Every live keepalive lease lapses ``keepalive_s`` from ``now`` at the earliest (never
+        past its end): the lab is back from a time its clients could not reach it
+        (docs/architecture.md, "A lab that was away")."""
+        await self.db.run(f"UPDATE leases SET expires_at = {self.db.least}(:now + keepalive_s, ends_at) WHERE "
+                          f"keepalive_s IS NOT NULL AND state IN {LIVE_SQL} AND expires_at < "
+                          f"{self.db.least}(:now + keepalive_s, ends_at)", now=now)
+
     async def keep_alive(self, lease_id: str, now: float) -> None:
         """A keepalive lease that still lives lapses ``keepalive_s`` from ``now``, never past
         its end (docs/architecture.md, "Leases that live as long as their client"); any other

@@ -203,6 +203,13 @@ class TicketQueries:
         await self.db.run("UPDATE tickets SET lapses_at = :now + keepalive_s WHERE id = :id AND state = :w AND "
                           "keepalive_s IS NOT NULL", now=now, id=ticket_id, w=TicketState.WAITING)
 
+    async def forgive_lapses(self, now: float) -> None:
+        """Every open keepalive ticket lapses ``keepalive_s`` from ``now`` at the earliest: the
+        lab is back from a time its clients could not reach it (docs/architecture.md, "A lab
+        that was away")."""
+        await self.db.run(f"UPDATE tickets SET lapses_at = :now + keepalive_s WHERE state IN {_OPEN_TICKETS_SQL} "
+                          "AND keepalive_s IS NOT NULL AND lapses_at < :now + keepalive_s", now=now)
+
     async def tickets_lapsed_before(self, now: float) -> list[TicketRow]:
         """Open keepalive tickets nobody read since their lapse (waiting, or granted and not claimed)."""
         return await self.db.rows(f"SELECT * FROM tickets WHERE state IN {_OPEN_TICKETS_SQL} AND lapses_at < :now "
@@ -213,6 +220,12 @@ class TicketQueries:
         row = await self.db.row("UPDATE tickets SET state = :c, ended_at = :now WHERE id = :id AND state = :g "
                                 "RETURNING id", c=TicketState.CLAIMED, now=now, id=ticket_id, g=TicketState.GRANTED)
         return row is not None
+
+    async def granted_past_their_lease(self) -> list[TicketRow]:
+        """Granted tickets whose lease ended before they were claimed (revoked with its device's
+        retirement, say)."""
+        return await self.db.rows(f"SELECT t.* FROM tickets t JOIN leases l ON l.id = t.lease_id WHERE t.state = :g "
+                                  f"AND l.state NOT IN {LIVE_SQL} ORDER BY t.granted_at", g=TicketState.GRANTED)
 
     async def tickets_granted_before(self, before: float) -> list[TicketRow]:
         return await self.db.rows("SELECT * FROM tickets WHERE state = :g AND granted_at < :b ORDER BY granted_at",

@@ -119,8 +119,8 @@ async def _queue(request: Request) -> list[dict]:
 
 async def _my_tickets(request: Request, viewer: Viewer) -> list[dict]:
     """The viewer's open tickets, and the claimed ones whose lease lives. Reading them claims
-    nothing (as GET /api/v1/tickets): a granted one offers "Take it", which reads that one
-    ticket and so claims it; a board left open holds nothing for somebody who left."""
+    nothing (as no GET does): a granted one offers "Take it", which claims that one ticket
+    (POST .../claim); a board left open holds nothing for somebody who left."""
     if viewer.name is None:
         return []
     tickets = await request.app.state.rules.scheduler.tickets(viewer.who, False)
@@ -158,7 +158,8 @@ async def board(request: Request) -> Response:
     mine = await _my_leases(request, viewer)
     devices = await rules.devices.list_devices()
     return render(request, "board.html", viewer, devices=devices, mine=mine, candidates=candidates, tokens=tokens,
-                 tickets=_not_shown(tickets, mine), queue=await _queue(request),
+                 tokens_ignored=request.app.state.single_user, tickets=_not_shown(tickets, mine),
+                 queue=await _queue(request),
                  classes=sorted({d["class"] for d in devices}))
 
 

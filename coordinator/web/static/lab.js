@@ -358,9 +358,9 @@
       if (needs) body.needs = needs;
       reserved(await call("POST", "/api/v1/leases", body));
     },
-    async "claim-ticket"(button) {  // reading one granted ticket claims it: its lease is the viewer's
+    async "claim-ticket"(button) {  // a granted ticket claimed: its lease is the viewer's
       const id = button.closest("[data-ticket]").dataset.ticket;
-      const ticket = await call("GET", `/api/v1/tickets/${encodeURIComponent(id)}`);
+      const ticket = await call("POST", `/api/v1/tickets/${encodeURIComponent(id)}/claim`);
       say(ticket.lease ? `${ticket.lease.device} is yours until ${ticket.lease.expires_at}` : `${ticket.ticket}: ${ticket.state}`);
       refreshParts();
     },

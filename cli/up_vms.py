@@ -59,7 +59,8 @@ def vm_slots(data_dir: Path, plugins: dict, cache: Path | None = None,
             entries.append(_slot(name, slot, data_dir, cache or data_dir / "guests"))
         except (GuestError, OSError) as exc:
             notes.append(f"{name}: no guest to boot ({exc})")
-    served = ", ".join(f"{e['name']} ({e['arch']}, {WARM} booted ahead)" for e in entries)
+    # (said as the lab starts, when its VMs begin to boot: `ls` shows a slot idle once one has)
+    served = ", ".join(f"{e['name']} ({e['arch']}, {WARM} booting ahead: idle in ls once booted)" for e in entries)
     return entries, "; ".join([served or "none", *notes])
 
 

@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 import threading
+import time
 
 import pytest
 
@@ -280,3 +281,53 @@ def test_an_idle_vm_is_replaced_only_when_two_probes_in_a_row_go_unanswered():
         pool._probe_idle()
         assert pool.counts().ready == expected_ready
     assert ended == made and pool.counts().replaced == 1, "a miss, an answer, then two misses"
+
+
+@pytest.mark.timeout(180)
+def test_a_boot_s_budget_is_the_time_qemu_runs_so_a_loaded_host_does_not_fail_it(short_tmp):
+    """A boot's ``boot_timeout`` counts QEMU's own CPU time: starved to a fifth of the clock
+    (stopped four tenths of a second in each half second, as a loaded host's scheduler would),
+    a guest that boots in some 2 s of its own time boots within a 4 s budget though it takes far
+    longer on the clock; a budget smaller than what the boot needs still ends it, saying so."""
+    import signal
+
+    from device_loop.core.host import HostContext
+    from device_loop.plugins.qemu.vm import VM, VmError
+    from qemu_guests import prepared_guest
+    from qemu_lab import slot_files
+
+    host = HostContext(name="host-a", state_dir=short_tmp / "state")  # (a QMP socket's path: 107 bytes at most)
+    keys = slot_files(host.state_dir, prepared_guest("x86_64"), disk=False)
+
+    def boot(budget_s: float) -> tuple[float, float, str]:
+        """(seconds on the clock, QEMU's CPU seconds, why it failed or "")."""
+        config = QemuConfig.model_validate({**keys, "boot_timeout": budget_s}, context={"state_dir": host.state_dir})
+        vm, done, said = VM(host, config, "slot-0", "tcg"), threading.Event(), [""]
+
+        def starve() -> None:  # (SIGSTOP and SIGCONT: no CPU spent to make the host busy)
+            while not done.is_set():
+                pid = vm.proc.pid if vm.proc is not None else None
+                if pid is not None:
+                    os.kill(pid, signal.SIGSTOP)
+                    done.wait(0.4)
+                    os.kill(pid, signal.SIGCONT)
+                done.wait(0.1)
+        starver = threading.Thread(target=starve, daemon=True)
+        starver.start()
+        began = time.monotonic()
+        try:
+            vm.boot()
+        except VmError as exc:
+            said[0] = str(exc)
+        finally:
+            done.set()
+            starver.join(10)
+        took, ran = time.monotonic() - began, vm.ran_s()
+        vm.end()
+        return took, ran, said[0]
+
+    took, ran, failed = boot(4.0)
+    assert not failed, failed
+    assert ran <= 4.0 < took, f"{took:.1f}s on the clock, {ran:.1f}s of QEMU's: not starved as meant"
+    took, ran, failed = boot(0.5)
+    assert "no prompt on the console after QEMU ran" in failed and "boot_timeout (0.5s" in failed, failed

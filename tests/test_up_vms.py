@@ -104,7 +104,7 @@ def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(
     with monkeypatch.context() as built:  # (the session's guests: the same build, not made again here)
         built.setattr(up_vms, "build_guest", {"x86_64": x86_64_guest, "aarch64": aarch64_guest}.get)
         entries, line = up_vms.vm_slots(made, {}, guest_cache())
-    assert line == "vm-x86_64 (x86_64, 1 booted ahead), vm-aarch64 (aarch64, 1 booted ahead)"
+    assert line == "vm-x86_64 (x86_64, 1 booting ahead: idle in ls once booted), vm-aarch64 (aarch64, 1 booting ahead: idle in ls once booted)"
     config = parse_config(lab_config(made, "http://127.0.0.1:9", None, entries))
     slots = {entry.device: entry.config for entry in parse_entries(config, {"qemu": QemuConfig}) if entry}
     assert {name: (slot.arch, slot.warm) for name, slot in slots.items()} == {
@@ -119,7 +119,7 @@ def test_up_with_qemu_serves_an_x86_64_and_an_sve2_aarch64_slot_booted_ahead(
     proc, url, log = start_up(tmp_path, lab_env, "--guest-cache", str(guest_cache()))
     try:
         said = log.read_text()
-        assert ("VMs          vm-x86_64 (x86_64, 1 booted ahead); vm-aarch64: QEMU is not installed "
+        assert ("VMs          vm-x86_64 (x86_64, 1 booting ahead: idle in ls once booted); vm-aarch64: QEMU is not installed "
                 "(apt-get install qemu-system-arm)") in said, said
         assert "device-loop reserve --needs any --wait  (a fresh VM, booted ahead: vm-x86_64)" in said
 

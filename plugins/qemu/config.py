@@ -85,7 +85,9 @@ class QemuConfig(PluginConfig):
     prompt: str = Field(default=DEFAULT_PROMPT, min_length=1, max_length=MAX_PROMPT_CHARS,
                         description="a regex of what the console shows once booted")
     boot_timeout: Duration = Field(default=25.0, gt=0, le=600,
-                                   description="how long a boot may take to the prompt")
+                                   description="how long a boot may take to the prompt, counted in the time QEMU "
+                                               "runs (its CPU time: a loaded host does not eat it), ten times that "
+                                               "on the clock at most")
     ssh: bool = Field(default=False, description="the guest runs sshd on port 22: served as an ssh resource")
     display: bool = Field(default=False, description="the VM has a screen: QEMU's VNC server on loopback, "
                                                      "relayed for the lease as a vnc endpoint")

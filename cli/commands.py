@@ -118,6 +118,13 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
     raise CoordinatorError(ErrorCode.NO_LEASE, f"you hold no lease on {target!r}")
 
 
+MAX_STATE_CELL = 30  # what `ls` shows of a state, so that a line stays within 100 columns or so
+
+
+def _cut(state: str) -> str:
+    return state if len(state) <= MAX_STATE_CELL else state[:MAX_STATE_CELL - 1] + "…"
+
+
 def _state(device: dict) -> str:
     why_faulty = [device.get("reason") or device.get("health_reason") or "no reason given"] \
         if device["state"] == "faulty" else []
@@ -147,12 +154,15 @@ def ls_command(lab: Lab, device_class: str | None, tags: list[str], as_json: boo
     """List devices: class, what each is (hardware, simulated, virtual, emulated), state, host,
     holder and time left."""
     def text(devices):
-        rows = [[d["name"], d["class"], _fidelity(d), _state(d), d["host"] or "-", d["holder"] or "-",
+        states = {d["name"]: _state(d) for d in devices}
+        rows = [[d["name"], d["class"], _fidelity(d), _cut(states[d["name"]]), d["host"] or "-", d["holder"] or "-",
                  time_left(d["expires_at"]), ",".join(sorted({r["kind"] for r in d["resources"]}))]
                 for d in devices]
         if not rows:
             return "no devices yet"
-        return table(["NAME", "CLASS", "FIDELITY", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows)
+        cut = [name for name, state in states.items() if len(state) > MAX_STATE_CELL]
+        return table(["NAME", "CLASS", "FIDELITY", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows) + (
+            f"\n(a state cut short: device-loop log {cut[0]} says it whole)" if cut else "")
     emit(as_json, lab.devices(device_class=device_class, tags=tags), text)
 
 
@@ -442,8 +452,15 @@ def settle_command(lab: Lab, target: str, timeout: float | None, as_json: bool):
 @json_option
 @lab_command
 def release_command(lab: Lab, target: str, as_json: bool):
-    """Release a lease (or your lease on a device)."""
-    emit(as_json, _my_lease(lab, target).release().data, lease_text)
+    """Release a lease (or your lease on a device). A board you switched off is given back
+    switched off: it is faulty until somebody switches it on, which it says."""
+    lease = _my_lease(lab, target)
+    off = lease.data.get("switched_off")
+    released = lease.release().data
+    if off and not as_json:
+        click.echo(f"device-loop: {lease.device} is given back switched off, and is faulty until it is switched "
+                   f"on ({off})", err=True)
+    emit(as_json, released, lease_text)
 
 
 @click.command("renew")

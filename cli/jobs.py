@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from device_loop.core.durations import format_duration
 from device_loop.core.ab.jobs import JobSpec, JobSummary, JobView, Order, group_target
-from device_loop.core.vocabulary import LAB_FAILURE_STATUS, FailureKind, JobState, Needs
+from device_loop.core.vocabulary import LAB_FAILURE_STATUS, Arm, FailureKind, JobState, Needs
 
 from .ci_results import check_distinct, ci_options, write_job_results
 from .commands import _tags, _ttl, json_option, lab_command
@@ -427,19 +427,47 @@ def job_group():
     """One job: show, evidence, cancel, rm."""
 
 
+SHOWN_RUNS = 8        # `job show` says the output of the last runs this many (--json has every run's)
+SHOWN_LINES = 3       # ... the last lines of each
+
+
+def _outputs(runs) -> list[str]:
+    """Each of the last runs' output, its last lines (what it printed is evidence too: a
+    `uname -m` job says its answer, not only that it exited 0)."""
+    lines = [f"  ({len(runs) - SHOWN_RUNS} runs before these: device-loop job show --json has them)"] \
+        if len(runs) > SHOWN_RUNS else []
+    for run in runs[-SHOWN_RUNS:]:
+        said = run.output_tail.rstrip("\n").splitlines()[-SHOWN_LINES:]
+        arm = "" if run.arm == Arm.RUN else f" {run.arm.value}"
+        head = f"  run {run.seq}{arm}{' (warmup)' if run.warmup else ''} exited {run.status}"
+        lines.append(head + (":" if said else ", printing nothing"))
+        lines += [f"    {line[:200]}" for line in said]
+    return lines
+
+
+def _isa_words(isa: list[str]) -> str:
+    """A cell's ISA in a few words: its vector and SIMD features (what a claim turns on), not
+    its cpuinfo's flags from the first (``fpu vme de pse``...); --json has them all."""
+    from device_loop.core.ab.fingerprint import notable_isa
+
+    notable = notable_isa(isa)
+    return (f"ISA {' '.join(notable[:12])}" if notable else "no vector ISA") + f" ({len(isa)} features)"
+
+
 def _job_text(job: JobView) -> str:
     lines = [f"{job.id}: {job.state}" + (f" ({job.reason})" if job.reason else ""),
              f"  {_what(job.spec)}; owner {job.owner} ({job.kind}), worker {job.worker or '-'}",
              f"  created {_when(job.created_at)}, started {_when(job.started_at)}, ended {_when(job.ended_at)}"]
     for cell in job.cells:
         where = cell.device or "-"
-        isa = " ".join(cell.fingerprint.isa[:12]) if cell.fingerprint else ""
+        isa = _isa_words(cell.fingerprint.isa) if cell.fingerprint else ""
         lines.append(f"  cell {cell.cell}{f' {cell.group}' if cell.group else ''}: "
                      + (f"not run: {cell.not_run}" if cell.not_run else f"{where} ({cell.lease_id or '-'})"
                         + (f" {isa}" if isa else "")))
     warmup = sum(r.warmup for r in job.runs)
     failed = sum(1 for r in job.runs if r.status != 0)
     lines.append(f"  runs: {len(job.runs)} ({warmup} warmup, {failed} failed)")
+    lines += _outputs(job.runs)
     if job.runs:
         from device_loop.core.ab import evidence
 

@@ -150,7 +150,7 @@ def run_command(lab: Lab, request: CommandRequest, say: Say, base_env: Mapping[s
     held = _Held()
     with CancelSignals() as signals:
         try:
-            digest = _image_digest(lab, request.image)
+            digest, request = _image_and_where(lab, request)
             lease = _acquire(lab, request, held, signals, say, started, clock)
             waited = clock() - started
             flash_s = _flash_if_needed(lab, lease, request, digest, held, say, started, clock)
@@ -206,16 +206,43 @@ def _refused(exc: CoordinatorError, what: str) -> Exception:
     return _LabFailed(f"{what}: {exc.message}")
 
 
-def _image_digest(lab: Lab, image: str | None) -> str | None:
-    """The registry's digest of ``image`` (refused when it has none such), looked up before anything is reserved."""
-    if image is None:
-        return None
+def _image_and_where(lab: Lab, request: CommandRequest) -> tuple[str | None, CommandRequest]:
+    """The registry's digest of ``request.image`` and the request narrowed to what the image is
+    for: its device, or its class (docs/architecture.md, "A lease bound to a command"), looked
+    up before anything is reserved; ``WrongRequest`` for an unknown image, or one for no
+    device the request could take (a device of another class, another device by name)."""
+    if request.image is None:
+        return None, request
+    image = request.image
     try:
-        return lab.api.get(f"/images/{urllib.parse.quote(image, safe='')}")["sha256"]  # (a name is no path)
+        found = lab.api.get(f"/images/{urllib.parse.quote(image, safe='')}")  # (a name is no path)
     except CoordinatorError as exc:
         if exc.status == 404:  # (also a name the router took for a path: no such image either way)
             raise WrongRequest(f"no image is called {image!r} (device-loop images ls: the registry's)") from None
         raise _refused(exc, f"could not look {image!r} up") from None
+    kind, _, name = str(found.get("for") or "").partition(":")
+    if kind == "device":
+        if request.device not in (None, name):
+            raise WrongRequest(f"{image} is for {name}, not {request.device}: flash it there, or name an image "
+                               f"for {request.device} (device-loop images ls --device {request.device})")
+        if request.device is None:  # the image's device, if it is what the request asks for (its needs: the reserve's)
+            device = lab.api.get(f"/devices/{urllib.parse.quote(name, safe='')}")
+            missing = sorted(set(request.tags) - set(device.get("tags") or ()))
+            if request.class_ not in (None, device["class"]) or missing:
+                raise WrongRequest(f"{image} is for {name}, which is not " + (
+                    f"of class {request.class_}" if request.class_ not in (None, device["class"])
+                    else f"tagged {', '.join(missing)}"))
+            request = replace(request, device=name, class_=None, tags=())
+    elif kind == "class":
+        if request.class_ not in (None, name):
+            raise WrongRequest(f"{image} is for class {name}, not {request.class_}")
+        if request.device is not None:
+            device_class = lab.api.get(f"/devices/{urllib.parse.quote(request.device, safe='')}")["class"]
+            if device_class != name:
+                raise WrongRequest(f"{image} is for class {name}; {request.device} is of class {device_class}")
+        else:
+            request = replace(request, class_=name)
+    return found["sha256"], request
 
 
 def _acquire(lab: Lab, request: CommandRequest, held: _Held, signals: CancelSignals, say: Say, started: float,

@@ -76,10 +76,24 @@ def _version() -> str:
     return __version__
 
 
+UNTITLED_CHARS = 80  # what a job without a title is listed as: the start of what it runs
+
+
+def _untitled(spec: dict[str, Any]) -> str:
+    """What a job without a title is listed as: what it runs (``A/B: BASELINE vs PATCH``)."""
+    ab = spec.get("ab") or {}
+    if ab.get("baseline") and ab.get("patch"):
+        said = f"A/B: {ab['baseline'][0]} vs {ab['patch'][0]}"
+    else:
+        said = (spec.get("run") or ["(nothing to run)"])[0]
+    return said if len(said) <= UNTITLED_CHARS else said[:UNTITLED_CHARS - 1] + "…"
+
+
 def _summary(row: JobRow) -> dict[str, Any]:
     """A ``core.ab.jobs.JobSummary``, as JSON."""
     return {"id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
-            "reason": row["reason"], "title": row["spec"].get("title", ""), "needs": row["spec"].get("needs"),
+            "reason": row["reason"], "title": row["spec"].get("title") or _untitled(row["spec"]),
+            "needs": row["spec"].get("needs"),
             "fallback": row["spec"].get("fallback"), "created_at": row["created_at"],
             "started_at": row["started_at"], "ended_at": row["ended_at"], "worker": row["worker"]}
 

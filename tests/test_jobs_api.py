@@ -211,3 +211,14 @@ async def test_an_admins_shared_worker_serves_named_users(tmp_path):
         assert (await bea.get(f"/jobs/{first['id']}")).status_code == 200
         assert (await ann.get(f"/jobs/{first['id']}")).status_code == 404
         assert [j["id"] for j in (await root.get("/jobs", params={"all": "true"})).json()][-1] == first["id"]
+
+
+async def test_a_job_without_a_title_is_listed_as_what_it_runs(tmp_path):
+    async with in_process_lab(tmp_path) as (client, rules, clock):
+        api = client()
+        untitled_ab = {k: v for k, v in AB.items() if k != "title"}
+        untitled = {k: v for k, v in PLAIN.items() if k != "title"}
+        ab, plain = await submitted(api, untitled_ab), await submitted(api, untitled)
+        titles = {j["id"]: j["title"] for j in (await api.get("/jobs")).json()}
+        assert titles[ab["id"]] == "A/B: run-workload --cost 1.0 vs run-workload --cost 0.95"
+        assert titles[plain["id"]] == "device-loop exec $DEVICE_LOOP_LEASE -- uname"

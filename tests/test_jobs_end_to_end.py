@@ -7,6 +7,7 @@ a clear message, never a traceback. One lab for the module: every test gives its
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -123,6 +124,8 @@ regex = 'frames: (?P<value>[0-9.]+)'
     assert code == 0 and job_id in listed and "decode on a board" in listed
     code, shown, _ = here(capsys, coordinator, "job", "show", job_id)
     assert "cell 0: sim-board-0" in shown and "runs: 3 (0 warmup, 0 failed)" in shown and "fps" in shown
+    assert "  run 2 exited 0:\n" in shown and "    frames: 60.5 fps" in shown, "what the runs printed is shown"
+    assert re.search(r"cell 0: sim-board-0 \(lease-\w+\) (ISA [\w ]+|no vector ISA) \(\d+ features\)", shown), shown
     page = json.loads(here(capsys, coordinator, "job", "show", job_id, "--json")[1])
     assert [sorted(s["metric"] for s in r["samples"]) for r in page["runs"]] == [["fps", "workload_ms"]] * 3
     assert {s["value"] for r in page["runs"] for s in r["samples"] if s["metric"] == "fps"} == {60.5}

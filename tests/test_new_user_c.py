@@ -318,10 +318,14 @@ def test_a_board_its_holder_switched_off_says_so_in_ls_and_exec_and_power_and_se
     wait_for(lambda: run_cli(env, url, "exec", "sim-board-0", "--", "hostname", check=False).returncode == 0,
              what="the board booted again")
 
-    # switched off, then given back: faulty, and its last holder's power on (the hint's) switches it on
+    # switched off, then given back: it says so; faulty, and its last holder's power on (the hint's) switches it on
     run_cli(env, url, "power", "off", "sim-board-0")
-    run_cli(env, url, "release", "sim-board-0")
+    released = run_cli(env, url, "release", "sim-board-0")
+    assert "sim-board-0 is given back switched off, and is faulty until it is switched on (switched off by alice" \
+        in released.stderr and "power on sim-board-0" in released.stderr, released.stderr
     wait_state(coordinator, "sim-board-0", "faulty")
+    listed = run_cli(env, url, "ls").stdout.splitlines()
+    assert max(len(line) for line in listed) <= 100, listed  # (the state's whole reason: device-loop log)
     run_cli(env, url, "power", "on", "sim-board-0")  # (the trust mode of this lab: anyone may, as an admin)
     wait_state(coordinator, "sim-board-0", "idle")
 

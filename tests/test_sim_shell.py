@@ -11,6 +11,7 @@ import time
 import pytest
 import serial
 
+from conftest import wait_for
 from device_loop.core.ab import fingerprint
 from device_loop.plugins.sim import SimConfig
 from device_loop.plugins.sim.board import SimBoard
@@ -160,7 +161,8 @@ def test_run_workload_prints_its_metric_and_ctrl_c_interrupts_it(tmp_path):
             port.write(b"run-workload --cost 1000; echo never\r")
             read_until(port, b"--cost 1000; echo never\r\n")
             port.write(b"uname -m\r")  # typed while it runs: it waits its turn, then Ctrl-C drops it
-            assert board.thermal.working()
+            # (the line is echoed as it is typed, before the work begins: its heat follows at once)
+            wait_for(board.thermal.working, what="the workload running")
             port.write(b"\x03")
             said = read_until(port, b"jupiter:~# ")
             assert said == b"^C\r\njupiter:~# ", said

@@ -64,3 +64,21 @@ def test_with_image_flashes_first_only_where_the_device_does_not_run_it(tmp_path
     assert (status, failed["failure"], failed["flashed"], failed["command_status"]) == (75, "lab", False, None), err
     assert failed["reason"].startswith("the flash of build-2 onto sim-board-2 failed")
     assert coordinator.api(f"/leases/{failed['lease']}").json()["state"] == "released"
+
+    # an image for one device: another named is a wrong request (2) before anything is reserved; a
+    # request by class or tags takes the image's device, never another
+    wait_state(coordinator, "sim-board-2", "idle")
+    leases_before = coordinator.api("/leases").json()
+    for_1 = tmp_path / "for-1.img"
+    for_1.write_bytes(os.urandom(1 << 16))
+    run_cli(env, coordinator.url, "images", "upload", str(for_1), "--name", "for-1", "--for", "sim-board-1")
+    wrong = run_cli(env, coordinator.url, "with", "sim-board-0", "--image", "for-1", "--", "true", check=False)
+    assert wrong.returncode == 2 and "for-1 is for sim-board-1, not sim-board-0" in wrong.stderr, wrong.stderr
+    wrong = run_cli(env, coordinator.url, "with", "sim-board-2", "--image", "build-1", "--", "true", check=False)
+    assert wrong.returncode == 2 and "build-1 is for class sim-board; sim-board-2 is of class sim-broken" \
+        in wrong.stderr, wrong.stderr
+    assert coordinator.api("/leases").json() == leases_before, "nothing is reserved for a wrong request"
+    wait_state(coordinator, "sim-board-1", "idle")
+    status, taken, err = outcome_of(start_with(env, coordinator, "--class", "sim-board", "--image", "for-1", "--json",
+                                               "--", "true"), timeout=60)
+    assert (status, taken.get("device")) == (0, "sim-board-1"), (taken, err)

@@ -118,11 +118,10 @@ def _my_lease(lab: Lab, target: str, ended_too: bool = False) -> Lease:
     raise CoordinatorError(ErrorCode.NO_LEASE, f"you hold no lease on {target!r}")
 
 
-MAX_STATE_CELL = 30  # what `ls` shows of a state, so that a line stays within 100 columns or so
-
-
-def _cut(state: str) -> str:
-    return state if len(state) <= MAX_STATE_CELL else state[:MAX_STATE_CELL - 1] + "…"
+# a state longer than this (a fault's whole reason) is said under `ls`'s table, not in it,
+# so that its lines stay within LS_COLUMNS
+MAX_STATE_CELL = 30
+LS_COLUMNS = 100
 
 
 def _state(device: dict) -> str:
@@ -155,14 +154,20 @@ def ls_command(lab: Lab, device_class: str | None, tags: list[str], as_json: boo
     holder and time left."""
     def text(devices):
         states = {d["name"]: _state(d) for d in devices}
-        rows = [[d["name"], d["class"], _fidelity(d), _cut(states[d["name"]]), d["host"] or "-", d["holder"] or "-",
-                 time_left(d["expires_at"]), ",".join(sorted({r["kind"] for r in d["resources"]}))]
+        long = {name: state for name, state in states.items() if len(state) > MAX_STATE_CELL}
+        rows = [[d["name"], d["class"], _fidelity(d),
+                 f"{d['state']} (below)" if d["name"] in long else states[d["name"]],
+                 d["host"] or "-", d["holder"] or "-", time_left(d["expires_at"]),
+                 ",".join(sorted({r["kind"] for r in d["resources"]}))]
                 for d in devices]
         if not rows:
             return "no devices yet"
-        cut = [name for name, state in states.items() if len(state) > MAX_STATE_CELL]
-        return table(["NAME", "CLASS", "FIDELITY", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows) + (
-            f"\n(a state cut short: device-loop log {cut[0]} says it whole)" if cut else "")
+        import textwrap  # (here: a short listing needs none of it)
+
+        below = [textwrap.fill(f"{name}: {state}", width=LS_COLUMNS, subsequent_indent="    ")
+                 for name, state in long.items()]
+        return "\n".join([table(["NAME", "CLASS", "FIDELITY", "STATE", "HOST", "HOLDER", "LEFT", "RESOURCES"], rows),
+                          *below])
     emit(as_json, lab.devices(device_class=device_class, tags=tags), text)
 
 

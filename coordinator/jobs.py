@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable
 
 from device_loop.core.durations import format_duration
 from device_loop.core.ab.jobs import (COLDEST_C, HOTTEST_C, LATEST_TIME_S, MAX_MEASURE, CellReport, JobSpec, JobView,
-                                   RunRecord, runs_per_cell)
+                                   RunRecord, runs_per_cell, shown_title)
 from device_loop.core.vocabulary import (LIVE_LEASE_STATES, OPEN_JOB_STATES, OPEN_TICKET_STATES, Band, FailureKind,
                                          FaultKind, JobState, LeaseState, TicketKind, TicketState)
 
@@ -76,23 +76,10 @@ def _version() -> str:
     return __version__
 
 
-UNTITLED_CHARS = 80  # what a job without a title is listed as: the start of what it runs
-
-
-def _untitled(spec: dict[str, Any]) -> str:
-    """What a job without a title is listed as: what it runs (``A/B: BASELINE vs PATCH``)."""
-    ab = spec.get("ab") or {}
-    if ab.get("baseline") and ab.get("patch"):
-        said = f"A/B: {ab['baseline'][0]} vs {ab['patch'][0]}"
-    else:
-        said = (spec.get("run") or ["(nothing to run)"])[0]
-    return said if len(said) <= UNTITLED_CHARS else said[:UNTITLED_CHARS - 1] + "…"
-
-
 def _summary(row: JobRow) -> dict[str, Any]:
     """A ``core.ab.jobs.JobSummary``, as JSON."""
     return {"id": row["id"], "owner": row["owner"], "kind": row["kind"], "state": row["state"],
-            "reason": row["reason"], "title": row["spec"].get("title") or _untitled(row["spec"]),
+            "reason": row["reason"], "title": shown_title(row["spec"]),
             "needs": row["spec"].get("needs"),
             "fallback": row["spec"].get("fallback"), "created_at": row["created_at"],
             "started_at": row["started_at"], "ended_at": row["ended_at"], "worker": row["worker"]}

@@ -325,7 +325,9 @@ def test_a_board_its_holder_switched_off_says_so_in_ls_and_exec_and_power_and_se
         in released.stderr and "power on sim-board-0" in released.stderr, released.stderr
     wait_state(coordinator, "sim-board-0", "faulty")
     listed = run_cli(env, url, "ls").stdout.splitlines()
-    assert max(len(line) for line in listed) <= 100, listed  # (the state's whole reason: device-loop log)
+    assert max(len(line) for line in listed) <= 100, listed
+    assert any(line.startswith("sim-board-0: faulty (switched off by alice at ") for line in listed), \
+        "the state's whole reason, under the table"
     run_cli(env, url, "power", "on", "sim-board-0")  # (the trust mode of this lab: anyone may, as an admin)
     wait_state(coordinator, "sim-board-0", "idle")
 

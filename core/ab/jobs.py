@@ -441,3 +441,19 @@ def last_attempts(cells: list[CellReport], runs: list[RunRecord]) -> tuple[list[
     for cell, attempt in [(c.cell, c.attempt) for c in cells] + [(r.cell, r.attempt) for r in runs]:
         last[cell] = max(last.get(cell, 0), attempt)
     return ([c for c in cells if c.attempt == last[c.cell]], [r for r in runs if r.attempt == last[r.cell]])
+
+
+UNTITLED_CHARS = 80  # what a job without a title is listed as: the start of what it runs
+
+
+def shown_title(spec: Mapping[str, Any]) -> str:
+    """A job spec's (as JSON) title, else what it runs: ``A/B: BASELINE vs PATCH``, or its
+    first command (at most ``UNTITLED_CHARS``)."""
+    if spec.get("title"):
+        return str(spec["title"])
+    ab = spec.get("ab") or {}
+    if ab.get("baseline") and ab.get("patch"):
+        said = f"A/B: {ab['baseline'][0]} vs {ab['patch'][0]}"
+    else:
+        said = (spec.get("run") or ["(nothing to run)"])[0]
+    return said if len(said) <= UNTITLED_CHARS else said[:UNTITLED_CHARS - 1] + "…"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
 import uuid
 
 import httpx2
@@ -181,3 +182,12 @@ async def leased_board(client) -> tuple[httpx2.AsyncClient, FakeExporter, dict]:
     lease = (await api.post("/leases", json={"device": "b0"})).json()
     await exporter.serve(lease)
     return api, exporter, lease
+
+
+async def reaper_passes(rules, more: int, interval_s: float) -> None:
+    """Wait until the lab's reaper, passing every ``interval_s``, made ``more`` passes."""
+    target = rules.reap_passes + more
+    deadline = time.monotonic() + 100 * more * interval_s
+    while rules.reap_passes < target:
+        assert time.monotonic() < deadline, "the reaper stopped"
+        await asyncio.sleep(interval_s)

@@ -190,12 +190,7 @@ def outage_lines(caplog, what: str) -> tuple[list[str], list[str]]:
 
 
 async def reaper_passes(rules, more: int) -> None:
-    """Wait until the reaper made ``more`` passes (each ``REAPER_S`` apart)."""
-    target = rules.reap_passes + more
-    deadline = time.monotonic() + 100 * more * REAPER_S
-    while rules.reap_passes < target:
-        assert time.monotonic() < deadline, "the reaper stopped"
-        await asyncio.sleep(REAPER_S)
+    await lab_in_process.reaper_passes(rules, more, REAPER_S)
 
 
 # ---- in process ----------------------------------------------------------------------------

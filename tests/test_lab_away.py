@@ -18,6 +18,7 @@ from conftest import SQLITE_ONLY, Coordinator, Exporter, sim_devices, wait_for
 from device_loop.coordinator.store.drivers import SQLite
 from device_loop.coordinator.store.outage import Outage
 from device_loop.core.durations import parse_iso
+import lab_in_process
 from lab_in_process import FakeExporter, device, in_process_lab
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,12 +28,7 @@ REAPER_S = 0.05  # the in-process lab's reaper interval: passes to count within 
 
 
 async def reaper_passes(rules, more: int) -> None:
-    """Wait until the reaper made ``more`` passes (each ``REAPER_S`` apart)."""
-    target = rules.reap_passes + more
-    deadline = time.monotonic() + 100 * more * REAPER_S
-    while rules.reap_passes < target:
-        assert time.monotonic() < deadline, "the reaper stopped"
-        await asyncio.sleep(REAPER_S)
+    await lab_in_process.reaper_passes(rules, more, REAPER_S)
 
 
 async def kept(api) -> tuple[dict, dict]:

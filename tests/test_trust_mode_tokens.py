@@ -2,17 +2,14 @@
 board's Tokens table), and `device-loop up --tokens` starts a lab that uses them: its admin
 token printed, a scoped agent token held to its scope (docs/architecture.md, "Identity")."""
 import re
-import signal
-import subprocess
-import sys
 
 import pytest
 
 from conftest import wait_for
 from device_loop.core import TOKEN_IGNORED_HEADER
-from device_loop.core.ports import free_port
 from helpers import run_cli
 from lab_in_process import FakeExporter, device, in_process_lab
+from test_up_vms import start_up, stop_up
 
 SITE = "http://127.0.0.1"
 
@@ -52,16 +49,10 @@ async def test_a_lab_with_tokens_says_nothing_of_the_kind(tmp_path):
 @pytest.mark.service
 @pytest.mark.timeout(120)
 def test_up_with_tokens_prints_an_admin_token_and_holds_a_scoped_one_to_its_scope(tmp_path, env):
-    port, log = free_port(), tmp_path / "up.log"
-    url = f"http://127.0.0.1:{port}"
     bare = tmp_path / "bin"  # no Xvfb: no screens to start (test_up_and_client.py has them)
     bare.mkdir()
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "device_loop.cli", "up", "--tokens", "--no-vms", "--data-dir",
-                                 str(tmp_path / "lab"), "--port", str(port)], env={**env, "PATH": str(bare)},
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, url, log = start_up(tmp_path, {**env, "PATH": str(bare)}, "--tokens", "--no-vms")
     try:
-        wait_for(lambda: "Ctrl-C stops the lab" in log.read_text() or proc.poll() is not None, what="lab up")
         banner = log.read_text()
         assert proc.poll() is None, banner
         assert "(with tokens: every caller needs one)" in banner, banner
@@ -82,8 +73,7 @@ def test_up_with_tokens_prints_an_admin_token_and_holds_a_scoped_one_to_its_scop
         assert "active" in lease.stdout
         flash = run_cli(bot, url, "flash", "sim-board-0", "sim-firmware-1.0", check=False)
         assert flash.returncode != 0 and "scope" in flash.stderr, flash.stderr
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 0
+        stop_up(proc, tmp_path / "lab")
     finally:
         if proc.poll() is None:
             proc.kill()

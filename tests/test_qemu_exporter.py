@@ -285,10 +285,11 @@ def test_an_idle_vm_is_replaced_only_when_two_probes_in_a_row_go_unanswered():
 
 @pytest.mark.timeout(180)
 def test_a_boot_s_budget_is_the_time_qemu_runs_so_a_loaded_host_does_not_fail_it(short_tmp):
-    """A boot's ``boot_timeout`` counts QEMU's own CPU time: starved to a fifth of the clock
-    (stopped four tenths of a second in each half second, as a loaded host's scheduler would),
-    a guest that boots in some 2 s of its own time boots within a 4 s budget though it takes far
-    longer on the clock; a budget smaller than what the boot needs still ends it, saying so."""
+    """A boot's ``boot_timeout`` counts QEMU's own CPU time: starved to a sixth of the clock
+    (stopped half a second in each 0.6 s, as a loaded host's scheduler would), a guest that
+    boots in some 2.3 s of its own time on a quiet host (4 s and more beside the whole suite:
+    a busy host's caches cost it too) boots within an 8 s budget though it takes far longer
+    on the clock; a budget smaller than what the boot needs still ends it, saying so."""
     import signal
 
     from device_loop.core.host import HostContext
@@ -309,7 +310,7 @@ def test_a_boot_s_budget_is_the_time_qemu_runs_so_a_loaded_host_does_not_fail_it
                 pid = vm.proc.pid if vm.proc is not None else None
                 if pid is not None:
                     os.kill(pid, signal.SIGSTOP)
-                    done.wait(0.4)
+                    done.wait(0.5)
                     os.kill(pid, signal.SIGCONT)
                 done.wait(0.1)
         starver = threading.Thread(target=starve, daemon=True)
@@ -326,8 +327,8 @@ def test_a_boot_s_budget_is_the_time_qemu_runs_so_a_loaded_host_does_not_fail_it
         vm.end()
         return took, ran, said[0]
 
-    took, ran, failed = boot(4.0)
+    took, ran, failed = boot(8.0)
     assert not failed, failed
-    assert ran <= 4.0 < took, f"{took:.1f}s on the clock, {ran:.1f}s of QEMU's: not starved as meant"
+    assert ran <= 8.0 < took, f"{took:.1f}s on the clock, {ran:.1f}s of QEMU's: not starved as meant"
     took, ran, failed = boot(0.5)
     assert "no prompt on the console after QEMU ran" in failed and "boot_timeout (0.5s" in failed, failed

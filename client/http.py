@@ -18,7 +18,6 @@ from __future__ import annotations
 import getpass
 import http.client
 import json
-import logging
 import os
 import threading
 import time
@@ -31,7 +30,6 @@ from device_loop.core.tokens import TokenFileError, load_token
 from device_loop.core.errors import ErrorCode
 
 DEFAULT_URL = "http://127.0.0.1:7420"
-log = logging.getLogger("device_loop.client")
 USER_HEADER = "X-Device-Loop-User"
 
 
@@ -179,9 +177,12 @@ class Coordinator:
             self._drop()
         if response.getheader(TOKEN_IGNORED_HEADER) and not self.token_ignored:
             self.token_ignored = True  # (said once: logging's last resort writes a warning to stderr)
-            log.warning("device-loop: %s runs in the trust mode (device-loop up) and ignores tokens: yours was not "
-                        "used, and every local caller may do everything (a token's scope and budget do not apply "
-                        "here); a lab with tokens is started with `device-loop up --tokens`", self.url)
+            import logging  # (here, not at the top: every command's start would pay 4 ms for it)
+
+            logging.getLogger("device_loop.client").warning(
+                "device-loop: %s runs in the trust mode (device-loop up) and ignores tokens: yours was not used, "
+                "and every local caller may do everything (a token's scope and budget do not apply here); a lab "
+                "with tokens is started with `device-loop up --tokens`", self.url)
         return response.status, content, _retry_after(response.getheader("Retry-After"))
 
     def _drop(self) -> None:

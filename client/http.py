@@ -26,7 +26,7 @@ import uuid
 from typing import Any
 
 from device_loop.core import API_PREFIX, TOKEN_IGNORED_HEADER
-from device_loop.core.tokens import TokenFileError, load_token
+from device_loop.core.tokens import TokenFileError, load_token, token_source
 from device_loop.core.errors import ErrorCode
 
 DEFAULT_URL = "http://127.0.0.1:7420"
@@ -57,10 +57,13 @@ class Coordinator:
         self.url = (url or default_url()).rstrip("/")
         self.user = user or default_user()
         self.retries = retries
+        # a token found where load_token looks (not one passed in): a refusal of it says where it is
+        self._token_found = not token
         try:
             token = token or load_token()
         except TokenFileError as exc:
             raise CoordinatorError(ErrorCode.TOKEN_FILE_UNSAFE, str(exc)) from None
+        self._token_found = self._token_found and token is not None
         self.headers = {USER_HEADER: self.user} | ({"Authorization": f"Bearer {token}"} if token else {})
         self.timeout = timeout
         parts = urllib.parse.urlsplit(self.url)
@@ -203,7 +206,11 @@ class Coordinator:
         if status >= 400:
             if not isinstance(data, dict):
                 raise CoordinatorError(ErrorCode.ERROR, content.decode(errors="replace")[:2000], status)
-            raise CoordinatorError(data.get("error", "error"), data.get("message", ""), status)
+            message = data.get("message", "")
+            if data.get("error") == ErrorCode.BAD_TOKEN and self._token_found:  # (what to do next, and where it is)
+                message += (f": the token in {token_source()} is not this lab's (a lab's admin makes one: device-loop "
+                            f"admin token create NAME), or unset it for what anyone may read")
+            raise CoordinatorError(data.get("error", "error"), message, status)
         return data
 
 

@@ -31,3 +31,10 @@ def load_token(path: str | os.PathLike | None = None) -> str | None:
     if mode & 0o077:
         raise TokenFileError(f"{file} can be read by others; fix it with: chmod 600 {file}")
     return file.read_text().strip() or None
+
+
+def token_source(path: str | os.PathLike | None = None) -> str:
+    """Where ``load_token`` finds the token, in words a refusal of it can say."""
+    if os.environ.get(TOKEN_ENV, "").strip():
+        return f"${TOKEN_ENV}"
+    return str(Path(path) if path else default_token_file())

@@ -61,6 +61,9 @@ def test_up_with_tokens_prints_an_admin_token_and_holds_a_scoped_one_to_its_scop
         assert (tmp_path / "lab" / "admin-token").stat().st_mode & 0o077 == 0, "only its owner reads it"
         nobody = run_cli(env, url, "reserve", "sim-board-0", check=False)
         assert nobody.returncode != 0 and "token" in nobody.stderr, nobody.stderr
+        wrong = run_cli({**env, "DEVICE_LOOP_TOKEN": "dl_from-another-lab"}, url, "ls", check=False)
+        assert wrong.returncode != 0 and "the token in $DEVICE_LOOP_TOKEN is not this lab's" in wrong.stderr \
+            and "admin token create" in wrong.stderr, wrong.stderr
         root = {**env, "DEVICE_LOOP_TOKEN": admin.group(1)}
         assert "admin" in run_cli(root, url, "whoami").stdout
         wait_for(lambda: "idle" in run_cli(root, url, "ls").stdout, what="the boards idle")

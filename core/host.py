@@ -36,6 +36,7 @@ class HostContext:
     entries: list[ConfiguredResource] = field(default_factory=list)
     processes: ProcessRegistry = None  # type: ignore[assignment]  # (None: __post_init__ makes one)
     private_dir: Path | None = None
+    port_range: tuple[int, int] | None = None  # the TCP ports endpoints take (None: any the kernel gives)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -52,9 +53,18 @@ class HostContext:
         """A listening socket: on a free port of ``bind_address``, or, for a service behind a
         gate, a unix socket in ``private_dir``."""
         path = self.private_socket("listen")
-        return ports.listen_unix(path) if path is not None else ports.listen_socket(self.bind_address)
+        if path is not None:
+            return ports.listen_unix(path)
+        if self.port_range is not None:
+            return ports.listen_in_range(self.bind_address, *self.port_range)
+        return ports.listen_socket(self.bind_address)
 
     def free_port(self) -> int:
+        """A port that was free a moment ago (in ``port_range``, if set), for a program that
+        only takes a number."""
+        if self.port_range is not None:
+            with ports.listen_in_range(self.bind_address, *self.port_range) as sock:
+                return sock.getsockname()[1]
         return ports.free_port(self.bind_address)
 
     def private_socket(self, name: str) -> str | None:

@@ -1,6 +1,8 @@
 """Free TCP ports, picked by the exporter (plugins never choose numbers), and the unix
 sockets services behind a lease's gates listen on instead."""
+import errno
 import os
+import random
 import socket
 import time
 from pathlib import Path
@@ -51,6 +53,26 @@ def inherited_listener(fd: int) -> socket.socket:
     """The listening socket a service process was started with: ``{fd}`` in the argv given
     to ``HostContext.serve_on_free_port``. Accept connections on it as on any socket."""
     return socket.socket(fileno=fd)
+
+
+class PortsExhausted(OSError):
+    """Every port of a range is taken."""
+
+
+def listen_in_range(address: str, first: int, last: int) -> socket.socket:
+    """A listening TCP socket on a free port of ``first``-``last`` (tried from a random one on,
+    so that two exporters of a host do not race for the same); ``PortsExhausted`` when every
+    one is taken."""
+    count = last - first + 1
+    start = random.randrange(count)
+    for step in range(count):
+        try:
+            return listen_socket(address, first + (start + step) % count)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise PortsExhausted(errno.EADDRINUSE, f"no free port in {first}-{last} on {address}: all {count} are taken "
+                                           f"(the exporter's port_range: widen it, or end some leases)")
 
 
 def free_port(address: str = "127.0.0.1") -> int:

@@ -56,6 +56,8 @@ class ExporterSection(BaseModel):
     hook_timeout_s: float = Field(default=DEFAULT_HOOK_TIMEOUT_S, gt=0, le=600)  # discovery and health checks
     # how long a program a service starts gets to listen (a loaded host starts them many times slower)
     service_start_timeout_s: float = Field(default=DEFAULT_START_TIMEOUT_S, gt=0, le=3600)
+    # the TCP ports endpoints take, "40000-40999", so that a firewall rule can name them (None: any)
+    port_range: str | None = Field(default=None, pattern=r"^\d{1,5}-\d{1,5}$")
     cdi_dir: Path = DEFAULT_CDI_DIR  # where the leases' CDI specs go (docs/architecture.md, "Containers and CDI")
     # each resource's health schedule and quarantine (docs/architecture.md, "Health that heals")
     health_period: Duration = Field(default=HealthRules.period_s, ge=0.1, le=3600)
@@ -66,6 +68,20 @@ class ExporterSection(BaseModel):
     quarantine_good_probes: int = Field(default=HealthRules.good_probes, ge=1, le=100)
 
     _addresses = field_validator("bind_address", "advertise_address")(check_host)
+
+    @property
+    def ports(self) -> tuple[int, int] | None:
+        """``port_range`` as (first, last)."""
+        if self.port_range is None:
+            return None
+        first, last = self.port_range.split("-")
+        return int(first), int(last)
+
+    @model_validator(mode="after")
+    def _port_range_in_order(self) -> "ExporterSection":
+        if self.ports is not None and not 1024 <= self.ports[0] <= self.ports[1] <= 65535:
+            raise ValueError(f"port_range {self.port_range!r}: FIRST-LAST, 1024 <= FIRST <= LAST <= 65535")
+        return self
 
     @model_validator(mode="after")
     def _health_times_in_order(self) -> "ExporterSection":

@@ -60,6 +60,7 @@ class Exporter:
             bind_address=section.bind_address,
             advertise_address=section.advertise_address or section.bind_address,
             processes=ProcessRegistry(config.state_dir, start_timeout_s=section.service_start_timeout_s),
+            port_range=section.ports,
         )
         # each config entry as written, with what its plugin's model made of it (setup parses them)
         self.entries: list[tuple[Entry, ConfiguredResource | None]] = [(entry, None) for entry in config.entries()]

@@ -146,3 +146,26 @@ def test_how_long_a_program_gets_to_listen_is_the_exporter_s_setting(tmp_path):
         assert time.monotonic() - began >= 0.3
     finally:
         proc.stop()
+
+
+def test_endpoints_take_ports_of_the_exporter_s_range_and_a_full_range_is_refused_in_words(tmp_path):
+    from device_loop.core.host import HostContext
+    from device_loop.core.ports import PortsExhausted, free_port
+    from device_loop.exporter.config import ConfigError, parse_config
+    from device_loop.exporter.daemon import Exporter
+
+    exporter = Exporter(parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"),
+                                                   "port_range": "40000-40999"}}))
+    assert exporter.host.port_range == (40000, 40999)
+    for wrong in ("9-1", "2000-1999", "1024-70000", "40000"):
+        with pytest.raises(ConfigError, match="port_range"):
+            parse_config({"exporter": {"name": "host-a", "state_dir": str(tmp_path / "state"), "port_range": wrong}})
+
+    port = free_port()
+    host = HostContext(name="host-a", state_dir=tmp_path / "one-port", port_range=(port, port))
+    with host.listen() as taken:
+        assert taken.getsockname()[1] == port
+        for use in (host.listen, host.free_port):
+            with pytest.raises(PortsExhausted, match=f"no free port in {port}-{port} on 127.0.0.1: all 1 are taken"):
+                use()
+    assert host.free_port() == port

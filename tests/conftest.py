@@ -302,11 +302,13 @@ def own_environment(folder: Path) -> dict[str, str]:
     nothing of the caller's device-loop settings (the default coordinator is the guard's)."""
     home = folder / "home"
     home.mkdir(exist_ok=True)
-    from leftovers import MARK  # (here: imported first as pytest's plugin, its asserts rewritten)
+    from leftovers import MARK, RUN_TMP  # (here: imported first as pytest's plugin, its asserts rewritten)
 
-    # (the run's mark stays: a process started from it is one the end of the run looks for)
+    # (the run's mark stays: a process started from it is one the end of the run looks for; its
+    # temporary files go in the run's folder, removed with the run)
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DEVICE_LOOP_") or k == MARK}
-    environ.update(HOME=str(home), XDG_DATA_HOME=str(home / "data"), XDG_STATE_HOME=str(home / "state"),
+    environ.update(TMPDIR=os.environ[RUN_TMP], HOME=str(home), XDG_DATA_HOME=str(home / "data"),
+                   XDG_STATE_HOME=str(home / "state"),
                    DEVICE_LOOP_USER="alice", DEVICE_LOOP_COORDINATOR=DEFAULT_COORDINATOR_GUARD.url,
                    PYTHONUNBUFFERED="1", **{LOAD_ENV: BUILT_IN_PLUGINS})
     return environ

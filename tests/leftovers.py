@@ -11,7 +11,9 @@ stops it before any test starts, saying so.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +22,11 @@ import pytest
 
 MARK = "DEVICE_LOOP_TEST_RUN"  # "<controller pid>:<start ticks>:<random>"
 GRACE_S = 10.0  # what a process gets to end after SIGTERM, before SIGKILL
+# The run's temporary folder, the TMPDIR of the processes tests start (conftest.own_environment):
+# what one killed outright leaves there (an exporter's socket folders) goes with the run. Short:
+# a unix socket's path inside it has 107 bytes at most.
+RUN_TMP = "DEVICE_LOOP_TEST_TMP"
+RUN_TMP_PREFIX = "dlr-"
 
 
 def _start_ticks(pid: int) -> str:
@@ -104,11 +111,25 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):  # (a worker: its controller's mark came with its environment)
         return
     os.environ[MARK] = f"{os.getpid()}:{_start_ticks(os.getpid())}:{uuid.uuid4().hex[:8]}"
+    folder = Path(tempfile.mkdtemp(prefix=RUN_TMP_PREFIX))
+    (folder / "run").write_text(os.environ[MARK])
+    os.environ[RUN_TMP] = str(folder)
+
+
+def _remove_run_tmp(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput"):
         return
+    for folder in Path(tempfile.gettempdir()).glob(f"{RUN_TMP_PREFIX}*"):  # what runs killed outright left
+        try:
+            mark = (folder / "run").read_text()
+        except OSError:
+            continue
+        if not _alive(mark):
+            _remove_run_tmp(folder)
     left = {pid: mark for pid, mark in _marked().items() if not _alive(mark) and _running(pid)}
     if left:
         print("\nstopping what an earlier test run left running (it was killed before it could):\n  "
@@ -128,6 +149,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)
+    _remove_run_tmp(Path(os.environ[RUN_TMP]))  # (after the wait: what ended meanwhile wrote there last)
     if left:
         named = [f"pid {pid}: {_command(pid)}" for pid in left]
         _stop(left)

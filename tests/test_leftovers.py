@@ -19,11 +19,12 @@ pytestmark = [pytest.mark.service, pytest.mark.timeout(120)]
 TESTS = Path(__file__).resolve().parent
 
 LEAVES_A_SLEEP = """
-import subprocess, time
+import os, subprocess, time
 from pathlib import Path
 
 def test_starts_a_sleep(tmp_path):
     sleep = subprocess.Popen(["sleep", "600"])
+    Path({pidfile!r}).with_name("run-tmp").write_text(os.environ["DEVICE_LOOP_TEST_TMP"])
     Path({pidfile!r}).write_text(str(sleep.pid))
     {then}
 """
@@ -101,10 +102,14 @@ def test_what_a_run_killed_outright_left_the_next_run_stops(tmp_path):
     killed.kill()
     killed.communicate(timeout=30)
     assert running(pid), "the sleep should outlive a run killed outright (its parent gone)"
+    left = Path((folder / "run-tmp").read_text())
+    assert left.is_dir(), "the killed run's temporary folder is left"
     nothing, _ = a_run(tmp_path, "next", "sleep.kill(); sleep.wait()")
     out, _ = run(nothing).communicate(timeout=90)
     assert "stopping what an earlier test run left running" in out and f"pid {pid}: sleep 600" in out, out
     wait_for(lambda: not running(pid), what="the earlier run's sleep stopped")
+    assert not left.exists(), "the next run removed the killed run's temporary folder"
+    assert not Path((nothing / "run-tmp").read_text()).exists(), "a run removes its own at its end"
 
 
 def test_a_test_s_own_environment_carries_the_run_s_mark(tmp_path):

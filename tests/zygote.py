@@ -79,6 +79,7 @@ def _child(request: dict[str, Any], fds: list[int], keep: list[socket.socket]) -
         sys.path.remove(str(Path(__file__).resolve().parent))  # (the zygote's own, no module of a command's)
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # (found again from the new environment's TMPDIR, as a new interpreter does)
     import random
     random.seed()  # (a fork shares its parent's generator)
     _name(request["argv"])
@@ -261,7 +262,9 @@ class Zygote:
     _mine: "Zygote | None" = None
 
     def __init__(self) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="devloop-zygote-"))
+        from leftovers import RUN_TMP  # (in the run's folder: a run killed outright leaves none in /tmp)
+
+        self.folder = Path(tempfile.mkdtemp(prefix="devloop-zygote-", dir=os.environ.get(RUN_TMP)))
         self.path = str(self.folder / "zygote.sock")
         here = str(Path(__file__).resolve().parent)
         self.process = subprocess.Popen(

@@ -292,7 +292,9 @@ async def migrated_sqlite_template() -> Path:
     empty as a coordinator makes it; removed when the process exits), in one file that a
     plain copy takes whole: 30 migrations ran into each lab's file before."""
     if "path" not in _SQLITE_TEMPLATE:
-        folder = Path(tempfile.mkdtemp(prefix="device-loop-template-"))
+        from leftovers import RUN_TMP  # (in the run's folder: a worker killed outright leaves none in /tmp)
+
+        folder = Path(tempfile.mkdtemp(prefix="device-loop-template-", dir=os.environ.get(RUN_TMP)))
         atexit.register(shutil.rmtree, folder, True)
         path = folder / "migrated.sqlite"
         store = Store(f"sqlite:///{path}")

@@ -232,7 +232,8 @@ sys.exit(main())
 
 def start_sushy(tmp_path, start, *options: str) -> str:
     port = free_port("127.0.0.1")
-    env = {**os.environ, "SUSHY_EMULATOR_STATE_DIR": str(tmp_path / "sushy")}
+    # (its fake driver keeps its state in TMPDIR/sushy-emulator whatever the state dir: the run's folder)
+    env = {**os.environ, "SUSHY_EMULATOR_STATE_DIR": str(tmp_path / "sushy"), "TMPDIR": str(tmp_path)}
     log = open(tmp_path / "sushy.log", "wb")
     start([sys.executable, "-c", SUSHY_EMULATOR, str(POWER_DELAY_S), "--fake", "-i", "127.0.0.1", "-p", str(port),
            *options], env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -255,3 +255,18 @@ def test_a_hostile_unit_is_escaped_in_tables_and_charts():
     lines = evidence.terminal_table(analysis).splitlines()               # a terminal: one line, no escapes
     row = lines[next(i for i, line in enumerate(lines) if line.startswith("metric")) + 1]
     assert row.startswith("m ") and "ms" not in row and "<b>|`x` &" in row
+
+
+def test_the_evidence_says_what_each_arm_s_last_run_printed_last():
+    def ran(seq: int, arm: Arm, said: str, warmup: bool = False, status: int = 0) -> RunRecord:
+        return RunRecord(seq=seq, arm=arm, warmup=warmup, started_at=float(seq), ended_at=seq + 0.5, status=status,
+                         output_tail=said)
+
+    runs = [ran(0, Arm.A, "warm\n", warmup=True), ran(1, Arm.A, "a first\n"), ran(2, Arm.B, "b first\n"),
+            ran(3, Arm.A, "".join(f"line {n}\n" for n in range(9)) + "x" * 300 + "\n"),
+            ran(4, Arm.B, "", status=1)]
+    said = "\n".join(evidence.printed(runs))
+    assert "Run 3 (A) exited 0, and printed last:" in said and "Run 4 (B) exited 1, printing nothing." in said
+    assert "line 5" in said and "line 4" not in said, "its last lines"
+    assert "x" * 200 in said and "x" * 201 not in said, "each line bounded"
+    assert "warm" not in said and "first" not in said, "the last run of each arm, not a warmup"

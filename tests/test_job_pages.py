@@ -16,7 +16,8 @@ SPEC = {"title": "decode <b>fast</b>", "target": {"class": "sim-board"},
 def run(seq: int, arm: str, value: float) -> dict:
     return {"seq": seq, "arm": arm, "started_at": 1_800_000_000.0 + seq, "ended_at": 1_800_000_001.0 + seq,
             "status": 0, "readings": {"temperatures": {"cpu": 40.0}, "unfit": "<script>x</script>"},
-            "samples": [{"metric": "decode_ms", "value": value, "unit": "ms"}]}
+            "samples": [{"metric": "decode_ms", "value": value, "unit": "ms"}],
+            "output_tail": f"warming\nloaded\ndecoded {seq} <i>frames</i>\ndecode_ms {value}\n"}
 
 
 async def test_a_jobs_page_shows_its_runs_and_analysis_escaped_to_its_readers_only(tmp_path):
@@ -37,6 +38,9 @@ async def test_a_jobs_page_shows_its_runs_and_analysis_escaped_to_its_readers_on
         assert "Analysis" in html and "decode_ms" in html and "rvv" in html
         assert "<svg" in html and "<script" not in html.split("<svg", 1)[1].split("</svg>", 1)[0]
         assert html.count('class="arm a-A"') == 6 and html.count('class="arm a-B"') == 6
+        # each run's last three lines of output, escaped
+        assert '<code class="tail">loaded\ndecoded 11 &lt;i&gt;frames&lt;/i&gt;\ndecode_ms ' in html
+        assert "warming" not in html and "<i>frames" not in html
         assert f"/api/v1/jobs/{job['id']}/evidence" in html and 'data-act="cancel-job"' in html
 
         listing = (await ann.get("http://127.0.0.1/jobs")).text

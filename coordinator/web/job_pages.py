@@ -58,6 +58,14 @@ def analysis_rows(analysis: Any) -> list[dict[str, Any]]:
     return rows
 
 
+SHOWN_LINES, SHOWN_CHARS = 3, 200  # of each run's output on its page (the whole tail: --json, the API)
+
+
+def _last_lines(output: str) -> str:
+    """What a run printed last, as its page shows it (escaped by the template, never run)."""
+    return "\n".join(line[:SHOWN_CHARS] for line in output.rstrip("\n").splitlines()[-SHOWN_LINES:])
+
+
 def run_rows(job: JobView) -> tuple[list[str], list[dict[str, Any]]]:
     """The job's metrics (as its runs report them), and a row per run."""
     metrics = list(dict.fromkeys([m.name for m in job.spec.metrics] + [s.metric for r in job.runs for s in r.samples]))
@@ -70,7 +78,8 @@ def run_rows(job: JobView) -> tuple[list[str], list[dict[str, Any]]]:
                      "started_at": run.started_at, "seconds": run.ended_at - run.started_at, "status": run.status,
                      "temperature": max(temperatures.values()) if temperatures else None,
                      "governor": run.readings.governor, "unfit": run.readings.unfit,
-                     "values": [_number(values.get(m)) if m in values else "" for m in metrics]})
+                     "values": [_number(values.get(m)) if m in values else "" for m in metrics],
+                     "output": _last_lines(run.output_tail)})
     return metrics, rows
 
 

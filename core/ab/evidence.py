@@ -20,6 +20,7 @@ import tomli_w
 
 from device_loop.core.ab.fingerprint import notable_isa
 from device_loop.core.ab.jobs import CellReport, Fingerprint, JobSpec, JobView, RunRecord, Verdict
+from device_loop.core.vocabulary import Arm
 
 if TYPE_CHECKING:  # (the analysis loads scipy: seconds that a `with`'s report, escaped here, need not wait)
     from device_loop.core.ab.abstats import Analysis, CellAnalysis, Comparison, MetricResult, Summary
@@ -296,6 +297,26 @@ def runs_table(runs: list[RunRecord], metrics: list[str], ab: bool) -> str:
     return table(header, rows)
 
 
+SHOWN_OUTPUT_LINES, SHOWN_OUTPUT_CHARS = 5, 200  # of the last run of each arm, in the evidence
+
+
+def printed(runs: list[RunRecord]) -> list[str]:
+    """What the last run of each arm printed last (its last lines, fenced): a reader sees the
+    answer a run gave, not only its status (the whole tail of every run: the job's API)."""
+    last: dict[Arm, RunRecord] = {}
+    for r in sorted(runs, key=lambda r: (r.attempt, r.seq)):
+        if not r.warmup:
+            last[r.arm] = r
+    out: list[str] = []
+    for arm, r in last.items():
+        tail = "\n".join(line[:SHOWN_OUTPUT_CHARS]
+                         for line in r.output_tail.rstrip("\n").splitlines()[-SHOWN_OUTPUT_LINES:])
+        said = f"Run {r.seq}" + ("" if arm == Arm.RUN else f" ({arm.value})") + f" exited {r.status}"
+        out += [f"{said}, and printed last:" if tail else f"{said}, printing nothing.", "",
+                *([fence(tail), ""] if tail else [])]
+    return out
+
+
 ATTEMPT_COLUMNS = ["cell", "attempt", "device", "runs", "ended", "cause"]
 
 
@@ -402,7 +423,7 @@ def markdown(job: JobView, analysis: Analysis) -> str:
         if runs:
             if len(analysis.cells) > 1:
                 out += [f"### {_cell_title(cell, reports.get(cell.cell), matrix)}", ""]
-            out += [runs_table(runs, metric_names, analysis.ab), ""]
+            out += [runs_table(runs, metric_names, analysis.ab), "", *printed(runs)]
     if not job.runs:
         out += ["No runs.", ""]
     out += ["## Commands", "", *commands(spec)]

@@ -437,11 +437,11 @@ def _outputs(runs) -> list[str]:
     lines = [f"  ({len(runs) - SHOWN_RUNS} runs before these: device-loop job show --json has them)"] \
         if len(runs) > SHOWN_RUNS else []
     for run in runs[-SHOWN_RUNS:]:
-        said = run.output_tail.rstrip("\n").splitlines()[-SHOWN_LINES:]
+        said = run.last_lines(SHOWN_LINES)
         arm = "" if run.arm == Arm.RUN else f" {run.arm.value}"
         head = f"  run {run.seq}{arm}{' (warmup)' if run.warmup else ''} exited {run.status}"
         lines.append(head + (":" if said else ", printing nothing"))
-        lines += [f"    {line[:200]}" for line in said]
+        lines += [f"    {line}" for line in said]
     return lines
 
 

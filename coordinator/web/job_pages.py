@@ -58,12 +58,7 @@ def analysis_rows(analysis: Any) -> list[dict[str, Any]]:
     return rows
 
 
-SHOWN_LINES, SHOWN_CHARS = 3, 200  # of each run's output on its page (the whole tail: --json, the API)
-
-
-def _last_lines(output: str) -> str:
-    """What a run printed last, as its page shows it (escaped by the template, never run)."""
-    return "\n".join(line[:SHOWN_CHARS] for line in output.rstrip("\n").splitlines()[-SHOWN_LINES:])
+SHOWN_LINES = 3  # of each run's output on its page (escaped by the template; the whole tail: the API)
 
 
 def run_rows(job: JobView) -> tuple[list[str], list[dict[str, Any]]]:
@@ -79,7 +74,7 @@ def run_rows(job: JobView) -> tuple[list[str], list[dict[str, Any]]]:
                      "temperature": max(temperatures.values()) if temperatures else None,
                      "governor": run.readings.governor, "unfit": run.readings.unfit,
                      "values": [_number(values.get(m)) if m in values else "" for m in metrics],
-                     "output": _last_lines(run.output_tail)})
+                     "output": "\n".join(run.last_lines(SHOWN_LINES))})
     return metrics, rows
 
 

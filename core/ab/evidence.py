@@ -297,7 +297,7 @@ def runs_table(runs: list[RunRecord], metrics: list[str], ab: bool) -> str:
     return table(header, rows)
 
 
-SHOWN_OUTPUT_LINES, SHOWN_OUTPUT_CHARS = 5, 200  # of the last run of each arm, in the evidence
+SHOWN_OUTPUT_LINES = 5  # of the last run of each arm, in the evidence
 
 
 def printed(runs: list[RunRecord]) -> list[str]:
@@ -309,8 +309,7 @@ def printed(runs: list[RunRecord]) -> list[str]:
             last[r.arm] = r
     out: list[str] = []
     for arm, r in last.items():
-        tail = "\n".join(line[:SHOWN_OUTPUT_CHARS]
-                         for line in r.output_tail.rstrip("\n").splitlines()[-SHOWN_OUTPUT_LINES:])
+        tail = "\n".join(r.last_lines(SHOWN_OUTPUT_LINES))
         said = f"Run {r.seq}" + ("" if arm == Arm.RUN else f" ({arm.value})") + f" exited {r.status}"
         out += [f"{said}, and printed last:" if tail else f"{said}, printing nothing.", "",
                 *([fence(tail), ""] if tail else [])]

@@ -45,6 +45,7 @@ MAX_CELLS = 16           # of a matrix
 MAX_WARMUP = 20          # AB blocks of an A/B pair run first and discarded
 MAX_RUNS = MAX_CELLS * 2 * (MAX_WARMUP + MAX_ROUNDS)  # of a job: every cell's runs_per_cell at their most
 MAX_TEXT_CHARS = 4000    # of a fingerprint field, an output tail, a reason
+SHOWN_LINE_CHARS = 200   # of a line of a run's output, where its last lines are shown
 MAX_RETRY = 5            # a job's retry: the times a cell's lab failure starts again on another device
 MAX_ATTEMPTS = MAX_RETRY + 1  # of one cell
 #: The latest time a run may say it started or ended (2100-01-01, in seconds since 1970):
@@ -321,6 +322,11 @@ class RunRecord(Strict):
     samples: Annotated[list[Sample], Field(max_length=MAX_METRICS)] = Field(default_factory=list)
     output_tail: Text = ""                         # the end of stdout+stderr, for a failed run's reason
     failure: FailureKind | None = None             # whose failure a failed run was (None: it did not fail)
+
+    def last_lines(self, count: int, chars: int = SHOWN_LINE_CHARS) -> list[str]:
+        """What it printed last: its output's last ``count`` lines, each cut at ``chars``
+        (``job show``, the job's page and the evidence say them)."""
+        return [line[:chars] for line in self.output_tail.rstrip("\n").splitlines()[-count:]]
 
 
 class Fingerprint(Strict):

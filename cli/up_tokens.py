@@ -23,11 +23,10 @@ async def _lab_tokens(data_dir: Path, host: str) -> tuple[Path, Path]:
     from device_loop.coordinator.identity import LAB_OWNER, issue_token, token_identity
     from device_loop.coordinator.rules import Rules
     from device_loop.coordinator.serve import sqlite_url
-    from device_loop.coordinator.store import Store
 
-    store = Store(sqlite_url(data_dir))
-    await store.connect()
-    try:
+    from .admin import _on_database  # (as `admin token create --data-dir` opens the lab's database)
+
+    async def made(store) -> tuple[Path, Path]:
         rules = Rules(store)
         for name, whose in ((ADMIN_FILE, {"username": LAB_OWNER, "admin": True}), (EXPORTER_FILE, {"host": host})):
             path = data_dir / name
@@ -37,13 +36,13 @@ async def _lab_tokens(data_dir: Path, host: str) -> tuple[Path, Path]:
                 held = ""
             if held and await token_identity(rules, held) is not None:
                 continue
-            made = await issue_token(store, time.time, **whose)
+            token = await issue_token(store, time.time, **whose)
             await rules.admin.record("device-loop up", "token_create",
-                                     {k: made[k] for k in ("id", "user", "admin", "host")})
-            _write_private(path, f"{made['token']}\n")
+                                     {k: token[k] for k in ("id", "user", "admin", "host")})
+            _write_private(path, f"{token['token']}\n")
         return data_dir / ADMIN_FILE, data_dir / EXPORTER_FILE
-    finally:
-        await store.disconnect()
+
+    return await _on_database(sqlite_url(data_dir), made)
 
 
 def _write_private(path: Path, text: str) -> None:
